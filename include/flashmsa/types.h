@@ -1,0 +1,70 @@
+// Element types, tensor descriptions and the fixed constants of MSA.
+// Torch-free and CUDA-free: included by the core, the reference, the kernels and the bindings.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MSA_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define MSA_HOST_DEVICE inline
+#endif
+
+namespace flashmsa {
+
+// MSA's fixed geometry (SPEC section 0, D7). Not template parameters: every op rejects anything else.
+inline constexpr int kBlockSize = 128;   // tokens per KV block == tokens per page
+inline constexpr int kHeadDim = 128;     // head_dim of every op
+inline constexpr int kNvfp4Width = 64;   // bytes per 128-value NVFP4 row (two e2m1 per byte)
+inline constexpr int kNvfp4ScaleCols = 8;  // one e4m3 scale per 16 values of a 128-value row
+inline constexpr int kMaxTopk = 64;      // D4: 1 <= topk <= 64
+
+// Element type of a tensor as the caller holds it (the binding maps torch dtypes onto this).
+enum class ScalarType : int32_t {
+  kBF16 = 0,
+  kFP16 = 1,
+  kFP8E4M3 = 2,  // float8_e4m3fn
+  kUInt8 = 3,    // packed NVFP4 data (two e2m1 per byte) or e4m3 block scales
+  kFloat32 = 4,
+  kInt32 = 5,
+  kInt64 = 6,
+  kOther = 7,    // anything else: always rejected with the argument's name
+};
+
+// Element type of the data an op computes on. kNVFP4 is stored as uint8, 64 bytes per 128 values.
+enum class DType : int32_t { kBF16 = 0, kFP16 = 1, kFP8E4M3 = 2, kNVFP4 = 3 };
+
+const char* scalar_type_name(ScalarType t);
+const char* dtype_name(DType t);
+
+// A strided view of caller memory, described without torch (DLPack-like). Sizes and strides are in
+// elements of `dtype`. `device` is -1 for host memory, else the CUDA device ordinal.
+inline constexpr int kMaxDims = 4;
+struct TensorRef {
+  void* data = nullptr;
+  ScalarType dtype = ScalarType::kOther;
+  int ndim = -1;  // -1: the argument was not given (None)
+  int64_t sizes[kMaxDims] = {0, 0, 0, 0};
+  int64_t strides[kMaxDims] = {0, 0, 0, 0};
+  int device = -1;
+
+  bool defined() const { return ndim >= 0; }
+  int64_t size(int d) const { return sizes[d]; }
+  int64_t stride(int d) const { return strides[d]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= sizes[d];
+    return n;
+  }
+  // Row-major contiguous (size-1 dims may have any stride, as in torch).
+  bool is_contiguous() const {
+    int64_t expected = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (sizes[d] != 1 && strides[d] != expected) return false;
+      expected *= sizes[d];
+    }
+    return true;
+  }
+};
+
+}  // namespace flashmsa

@@ -1,0 +1,24 @@
+// Exact CPU reference of the four MSA ops. Takes the same validated Params as the kernels, with
+// host pointers, and follows semantics.h rule for rule. Accumulates in fp32 except where a file
+// says otherwise; multithreaded over independent output rows (bit-identical for any thread count).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "flashmsa/params.h"
+
+namespace flashmsa::reference {
+
+void proxy_score(const ProxyScoreParams& p);
+void topk_select(const TopkSelectParams& p);
+void sparse_attention(const SparseAttnParams& p);
+void sparse_decode(const SparseDecodeParams& p);
+
+// Runs fn(begin, end) over [0, n) split into contiguous chunks on up to num_threads() threads.
+// Chunks are disjoint, so results never depend on the thread count.
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+// Threads used by parallel_for: FLASHMSA_NUM_THREADS if set, else std::thread::hardware_concurrency.
+int num_threads();
+
+}  // namespace flashmsa::reference
