@@ -1,0 +1,53 @@
+"""Command line: ``python -m flashmsa demo [options]`` (also the ``flashmsa`` console script).
+
+    flashmsa demo                      # the MSA pipeline on the default problem (CUDA if present)
+    flashmsa demo --device cpu --seqlen 2048 --layout paged --kv-dtype fp8 --json
+    flashmsa info                      # build and device information
+"""
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+
+def _info() -> dict:
+    import torch
+
+    import flashmsa
+
+    cuda = torch.cuda.is_available()
+    return {
+        "flashmsa": flashmsa.__version__,
+        "torch": torch.__version__,
+        "built_with_cuda": flashmsa.built_with_cuda(),
+        "cuda_available": cuda,
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda else [],
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from . import demo
+
+    parser = argparse.ArgumentParser(
+        prog="flashmsa", description="flashmsa: MiniMax Sparse Attention ops (drop-in for "
+        "flashinfer.msa_ops).")
+    sub = parser.add_subparsers(dest="command", metavar="{demo,info}")
+    demo_parser = sub.add_parser(
+        "demo", help="run proxy score -> top-k -> sparse attention on a synthetic M3 problem",
+        description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_arguments(demo_parser)
+    sub.add_parser("info", help="print build and device information (JSON)")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo.main(args, demo_parser)
+    if args.command == "info":
+        print(json.dumps(_info(), indent=2))
+        return 0
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

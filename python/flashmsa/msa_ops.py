@@ -1,0 +1,577 @@
+"""MiniMax Sparse Attention (MSA) ops: a drop-in for ``flashinfer.msa_ops``.
+
+``import flashmsa.msa_ops as msa_ops`` gives the four functions with FlashInfer's signatures,
+defaults, return conventions and errors (SPEC D1, D4, D9). CPU tensors run the C++ reference,
+CUDA tensors the kernels (every NVIDIA GPU from SM80 up).
+
+The wrappers only resolve defaults, do the host-side derivations FlashInfer does, allocate outputs
+and call ``torch.ops.flashmsa.*``; every check of shapes, dtypes and devices is the core's
+(``make_*_params``), raised as ``ValueError`` / ``TypeError`` naming the argument. Pipeline::
+
+    scores = msa_proxy_score(index_q, index_k, cu_q, cu_k)              # (H, P, total_q) fp32
+    sel    = msa_topk_select(scores, 16, nvp, force_end_blocks=1)       # (total_q, H, 16) int32
+    q2k    = sel.transpose(0, 1).contiguous()                           # (Hkv, total_q, 16)
+    out    = msa_sparse_attention(q, k, v, q2k, cu_q, cu_k, causal=True)
+"""
+
+import numbers
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import testing as _testing
+from ._library import ops as _ops
+
+__all__ = [
+    "MSASparseAttentionWorkspace",
+    "SUPPORTS_PACKED_KV",
+    "msa_proxy_score",
+    "msa_sparse_attention",
+    "msa_sparse_decode_attention",
+    "msa_topk_select",
+    "supports_packed_kv",
+]
+
+_BLK_KV = 128  # tokens per KV block == tokens per page
+_MAX_TOPK = 64  # SPEC D4
+
+# Capability flag kept for callers written against FlashInfer: both the CPU reference and the CUDA
+# kernels read K/V views split from a cache that packs K|V in one 2*head_dim content dim per token.
+SUPPORTS_PACKED_KV = True
+
+
+def supports_packed_kv(device: Union[torch.device, str]) -> bool:
+    """Whether the attention ops accept packed paged K|V views on ``device`` (SPEC 4.6).
+
+    True for CPU (the reference) and CUDA devices (the kernels read the views in place); False for
+    other device types, where flashmsa has no ops at all.
+    """
+    return torch.device(device).type in ("cpu", "cuda")
+
+
+class MSASparseAttentionWorkspace:
+    """Caller-owned device scratch for the sparse attention ops (CUDA graphs, SPEC D10).
+
+    Pass it as ``workspace=`` to :func:`msa_sparse_attention` /
+    :func:`msa_sparse_decode_attention`. A call grows it to the bytes that call needs when it is
+    eager; during CUDA-graph capture nothing may be allocated, so a workspace that is too small
+    raises ``ValueError`` there. Warm it with one eager call of the exact shapes before capture (or
+    construct it with ``nbytes`` large enough); the captured graph then reads and writes only this
+    buffer, which must outlive the graph.
+
+    Without a workspace the ops take their scratch from PyTorch's caching allocator (which graph
+    capture also handles, from the graph's private pool).
+    """
+
+    def __init__(self, device: Union[torch.device, str], nbytes: int = 0):
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if not isinstance(nbytes, numbers.Integral) or nbytes < 0:
+            raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+        self.device = device
+        self._buffer = torch.empty(int(nbytes), dtype=torch.uint8, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self._buffer.numel()
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The current ``(nbytes,)`` uint8 scratch tensor (replaced when the workspace grows)."""
+        return self._buffer
+
+    def reserve(self, nbytes: int) -> torch.Tensor:
+        """Grows the buffer to at least ``nbytes`` (outside CUDA-graph capture) and returns it."""
+        if nbytes <= self._buffer.numel():
+            return self._buffer
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError(
+                f"workspace holds {self.nbytes} bytes but this call needs {nbytes} bytes, and it "
+                "cannot grow during CUDA graph capture; warm it with an eager call of the same "
+                "shapes before capture, or construct MSASparseAttentionWorkspace(device, "
+                f"nbytes={nbytes})")
+        # Grow geometrically so that a sequence of slightly larger calls reallocates rarely.
+        size = max(int(nbytes), 2 * self._buffer.numel())
+        self._buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        return self._buffer
+
+    def __repr__(self) -> str:
+        return f"MSASparseAttentionWorkspace(device={self.device}, nbytes={self.nbytes})"
+
+
+# ---- argument helpers --------------------------------------------------------------------------
+
+def _int_arg(name: str, value, *, optional: bool = False) -> Optional[int]:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        expected = "an int or None" if optional else "an int"
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+    return int(value)
+
+
+def _float_arg(name: str, value, *, optional: bool = True) -> Optional[float]:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        expected = "a float or None" if optional else "a float"
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+    return float(value)
+
+
+def _tensor_or_none(name: str, value) -> Optional[torch.Tensor]:
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+    return value
+
+
+def _tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _index_tensor(name: str, value) -> Optional[torch.Tensor]:
+    """Small index tensors (cu_seqlens, seqused_k, page_table) are read in place when contiguous
+    and copied otherwise, as FlashInfer does; their dtype and shape are the core's to check."""
+    value = _tensor_or_none(name, value)
+    return value.contiguous() if value is not None else None
+
+
+def _q_offset_args(q_offset) -> Tuple[Optional[int], Optional[torch.Tensor]]:
+    """q_offset is None, a Python int (one offset for every sequence) or an int32 (B,) tensor."""
+    if q_offset is None:
+        return None, None
+    if isinstance(q_offset, torch.Tensor):
+        return None, q_offset
+    if isinstance(q_offset, numbers.Integral):
+        return int(q_offset), None
+    raise TypeError(
+        f"q_offset must be None, an int or an int32 tensor of shape (batch,), got "
+        f"{type(q_offset).__name__}")
+
+
+def _workspace_arg(workspace) -> Optional[MSASparseAttentionWorkspace]:
+    if workspace is not None and not isinstance(workspace, MSASparseAttentionWorkspace):
+        raise TypeError(
+            f"workspace must be an MSASparseAttentionWorkspace or None, got "
+            f"{type(workspace).__name__}")
+    return workspace
+
+
+def _host_seqlens(t: Optional[torch.Tensor], name: str, prefix_sums: bool,
+                  total: int = -1) -> Optional[torch.Tensor]:
+    """Per-sequence lengths read on the host (a device->host copy for CUDA tensors), or None when
+    ``t`` cannot hold them (the core then reports what is wrong with it). A CUDA tensor's copy goes
+    through the core's content checks, which make_* runs itself only on host tensors."""
+    if t is None or t.dim() != 1 or t.dtype != torch.int32 or (prefix_sums and t.numel() < 2):
+        return None
+    host = t.cpu()
+    if t.is_cuda:
+        if prefix_sums:
+            _ops.check_cu_seqlens(host, total, name)
+        else:
+            _ops.check_seqused_k(host, name)
+    host = host.long()
+    return host[1:] - host[:-1] if prefix_sums else host
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _shape3(t: torch.Tensor) -> Tuple[int, int, int]:
+    """(d0, d1, d2) of a 3-D tensor; zeros otherwise (the core rejects the tensor first)."""
+    return tuple(t.shape) if t.dim() == 3 else (0, 0, 0)
+
+
+# ---- stage 1 -----------------------------------------------------------------------------------
+
+def msa_proxy_score(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    *,
+    page_table: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    causal: bool = True,
+    max_seqlen_q: Optional[int] = None,
+    max_k_tiles: Optional[int] = None,
+    output: Optional[torch.Tensor] = None,
+    reduce_heads: bool = False,
+    q_offset=None,
+) -> torch.Tensor:
+    """MSA stage 1: per-KV-block maximum of the unscaled, masked ``Q K^T`` logits.
+
+    ``out[h, t, r] = max_{j in block t, visible} dot(q[r, h], k[j, h // G])`` and ``-inf`` where
+    block ``t`` holds no visible key (beyond the sequence, above the causal limit, padding columns).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``(total_q, Hq, 128)`` bf16 / fp16, or fp8 e4m3 when ``k`` is fp8 (index queries).
+    k : torch.Tensor
+        Flat ``(total_k, Hkv, 128)`` with ``cu_seqlens_k``, or paged ``(num_pages, Hkv, 128, 128)``
+        with ``page_table`` + ``seqused_k``; q's dtype or fp8 e4m3. ``Hq % Hkv == 0``.
+    cu_seqlens_q : torch.Tensor
+        ``(B + 1,)`` int32 query prefix sums.
+    cu_seqlens_k : torch.Tensor, optional
+        ``(B + 1,)`` int32 key prefix sums (flat layout; unused when paged).
+    page_table : torch.Tensor, optional
+        ``(B, max_pages)`` int32; block ``t`` of sequence ``b`` is page ``page_table[b, t]``.
+    seqused_k : torch.Tensor, optional
+        ``(B,)`` int32 key counts (paged layout).
+    causal : bool
+        Right-aligned causal masking, applied per key before the block max.
+    max_seqlen_q : int, optional
+        Longest query sequence; derived from ``cu_seqlens_q`` on the host when None.
+    max_k_tiles : int, optional
+        Block columns of the output; ``output.shape[1]`` when ``output`` is given, else
+        ``max_b ceil(seqlen_k[b] / 128)`` read on the host. Both must be given (or ``output``)
+        during CUDA-graph capture.
+    output : torch.Tensor, optional
+        Pre-allocated float32 ``(Hq, max_k_tiles, total_q)`` (``(1, ...)`` with ``reduce_heads``).
+    reduce_heads : bool
+        Max over the head axis: one ``(1, max_k_tiles, total_q)`` score shared by all heads.
+    q_offset : int or torch.Tensor, optional
+        Position of each sequence's first query (int, or int32 ``(B,)``); default right-aligned
+        ``seqlen_k - seqlen_q``.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``(Hq | 1, max_k_tiles, total_q)``, ready for :func:`msa_topk_select`.
+    """
+    q = _tensor("q", q)
+    k = _tensor("k", k)
+    cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
+    cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
+    page_table = _index_tensor("page_table", page_table)
+    seqused_k = _index_tensor("seqused_k", seqused_k)
+    output = _tensor_or_none("output", output)
+    max_seqlen_q = _int_arg("max_seqlen_q", max_seqlen_q, optional=True)
+    max_k_tiles = _int_arg("max_k_tiles", max_k_tiles, optional=True)
+    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+
+    if max_k_tiles is None and output is not None and output.dim() >= 2:
+        max_k_tiles = int(output.shape[1])
+    if max_seqlen_q is None or max_k_tiles is None:
+        # Deriving them reads cu_seqlens / seqused_k on the host, which would synchronise (and
+        # break) a CUDA-graph capture.
+        if _capturing(q):
+            raise ValueError(
+                "msa_proxy_score needs max_seqlen_q and max_k_tiles during CUDA graph capture "
+                "(deriving them from cu_seqlens would sync the stream); pass both (computed once "
+                "at plan time) or pre-allocate `output`")
+        total_q = q.shape[0] if q.dim() == 3 else -1
+        if max_seqlen_q is None:
+            lengths = _host_seqlens(cu_seqlens_q, "cu_seqlens_q", True, total_q)
+            if lengths is not None:
+                max_seqlen_q = max(int(lengths.max()), 0)
+        if max_k_tiles is None:
+            if page_table is not None:
+                lengths = _host_seqlens(seqused_k, "seqused_k", False)
+            else:
+                lengths = _host_seqlens(cu_seqlens_k, "cu_seqlens_k", True,
+                                        k.shape[0] if k.dim() == 3 else -1)
+            longest = int(lengths.max()) if lengths is not None and lengths.numel() else 0
+            # At least one column: an all-empty batch gives one column of -inf rather than an
+            # output with no columns (which the core refuses as max_k_tiles = 0).
+            max_k_tiles = max(-(-longest // _BLK_KV), 1)
+
+    if output is None:
+        total_q, num_heads, _ = _shape3(q)
+        output = _testing.empty(
+            (1 if reduce_heads else num_heads, max(max_k_tiles, 0), total_q), torch.float32,
+            q.device)
+    _ops.proxy_score(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal),
+                     max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
+                     bool(reduce_heads), output)
+    return output
+
+
+# ---- stage 2 -----------------------------------------------------------------------------------
+
+def msa_topk_select(
+    max_score: torch.Tensor,
+    topk: int,
+    num_valid_pages: Optional[Union[int, torch.Tensor]] = None,
+    output: Optional[torch.Tensor] = None,
+    force_begin_blocks: int = 0,
+    force_end_blocks: int = 0,
+) -> torch.Tensor:
+    """MSA stage 2: the ``topk`` best KV blocks of every (query token, head) row.
+
+    Candidates of row ``(s, h)`` are blocks ``[0, nvp)``; the first ``force_begin_blocks`` and last
+    ``force_end_blocks`` of them are always selected (inside the ``topk`` slots, whatever their
+    score), the rest by score (larger wins, +NaN first, ties to the lower block). A row holds
+    ``min(topk, nvp)`` ascending indices followed by ``-1``.
+
+    Parameters
+    ----------
+    max_score : torch.Tensor
+        float32 contiguous ``(H, max_k_tiles, total_q)`` (the layout of :func:`msa_proxy_score`).
+    topk : int
+        Blocks per row: 1..64 (FlashInfer accepts only 16, flashmsa's tuned path; SPEC D4).
+    num_valid_pages : int or torch.Tensor, optional
+        Candidate range ``[0, nvp)``: an int in ``(0, max_k_tiles]``, or an int32 ``(total_q,)``
+        tensor of per-token counts (clamped to ``[0, max_k_tiles]`` on the device). Default:
+        ``max_k_tiles``.
+    output : torch.Tensor, optional
+        Pre-allocated int32 ``(total_q, H, topk)``.
+    force_begin_blocks, force_end_blocks : int
+        Sink blocks ``[0, fb)`` and local-window blocks ``[nvp - fe, nvp)`` always selected;
+        ``fb + fe <= topk``.
+
+    Returns
+    -------
+    torch.Tensor
+        int32 ``(total_q, H, topk)``. Attention wants ``(Hkv, total_q, topk)`` contiguous:
+        ``out.transpose(0, 1).contiguous()``.
+    """
+    max_score = _tensor("max_score", max_score)
+    topk = _int_arg("topk", topk)
+    output = _tensor_or_none("output", output)
+    force_begin_blocks = _int_arg("force_begin_blocks", force_begin_blocks)
+    force_end_blocks = _int_arg("force_end_blocks", force_end_blocks)
+    if num_valid_pages is None or isinstance(num_valid_pages, torch.Tensor):
+        nvp_value, nvp_tensor = None, num_valid_pages
+    elif isinstance(num_valid_pages, numbers.Integral) and not isinstance(num_valid_pages, bool):
+        nvp_value, nvp_tensor = int(num_valid_pages), None
+    else:
+        raise TypeError(
+            f"num_valid_pages must be None, an int or an int32 tensor, got "
+            f"{type(num_valid_pages).__name__}")
+
+    if output is None:
+        num_heads, _, total_q = _shape3(max_score)
+        slots = topk if 1 <= topk <= _MAX_TOPK else 0
+        output = _testing.empty((total_q, num_heads, slots), torch.int32, max_score.device)
+    _ops.topk_select(max_score, topk, nvp_value, nvp_tensor, force_begin_blocks, force_end_blocks,
+                     output)
+    return output
+
+
+# ---- stage 3: prefill / general varlen ---------------------------------------------------------
+
+def _lse_outputs(q: torch.Tensor, want_lse: bool, want_lse_t: bool):
+    total_q, num_heads, _ = _shape3(q)
+    lse = _testing.empty((total_q, num_heads), torch.float32, q.device) if want_lse else None
+    lse_t = _testing.empty((total_q, num_heads), torch.float32, q.device) if want_lse_t else None
+    return lse, lse_t
+
+
+def msa_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q2k_indices: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    page_table: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    return_softmax_lse: bool = False,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    k_global_scale: Optional[float] = None,
+    v_global_scale: Optional[float] = None,
+    q_offset=None,
+    return_temperature_lse: bool = False,
+    lse_temperature_scale: float = 1.0,
+    workspace: Optional[MSASparseAttentionWorkspace] = None,
+):
+    """MSA stage 3 (prefill / general varlen): exact attention over the selected KV blocks.
+
+    Query row ``r`` (sequence ``b``), head ``hq`` attends the keys of the blocks listed in
+    ``q2k_indices[hq // G, r]`` (a set: entries before the first negative value, ids in
+    ``[0, nb_b)``, duplicates once), causally masked if ``causal``. Rows with no visible key give
+    output 0 and LSE ``-inf``.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``(total_q, Hq, 128)`` bf16 / fp16, contiguous; also the output dtype.
+    k, v : torch.Tensor
+        Flat ``(total_k, Hkv, W)`` with ``cu_seqlens_k`` or paged ``(num_pages, Hkv, 128, W)`` with
+        ``page_table`` + ``seqused_k``; ``W = 128`` for q's dtype or fp8 e4m3, ``W = 64`` for NVFP4
+        (uint8, with ``k_scale`` / ``v_scale``). Paged K/V may be packed K|V views of one cache
+        (:func:`supports_packed_kv`).
+    q2k_indices : torch.Tensor
+        int32 contiguous ``(Hkv, total_q, topk)``, ``1 <= topk <= 64``: batch-local block ids,
+        ascending, ``-1`` tail padded (``msa_topk_select(...).transpose(0, 1).contiguous()``).
+    cu_seqlens_q : torch.Tensor
+        ``(B + 1,)`` int32.
+    cu_seqlens_k : torch.Tensor, optional
+        ``(B + 1,)`` int32; required flat. When paged and given, it (not ``seqused_k``) gives the
+        key lengths.
+    causal : bool
+        Right-aligned causal masking (default False, as FlashInfer).
+    softmax_scale : float, optional
+        Default ``128 ** -0.5``.
+    page_table, seqused_k : torch.Tensor, optional
+        ``(B, max_pages)`` / ``(B,)`` int32, paged layout.
+    return_softmax_lse : bool
+        Also return the natural-log LSE ``(total_q, Hq)`` float32.
+    k_scale, v_scale : torch.Tensor, optional
+        NVFP4 only: uint8 e4m3 block scales, 128x4 swizzled (see :mod:`flashmsa.testing`).
+    k_global_scale : float, optional
+        NVFP4 only: multiplies the softmax scale.
+    v_global_scale : float, optional
+        Multiplies the output, any KV dtype (e.g. an fp8 V descale).
+    q_offset : int or torch.Tensor, optional
+        Position of each sequence's first query; default right-aligned.
+    return_temperature_lse : bool
+        Also return ``lse_t = ln sum exp(T * logits)``; the result is then ``(out, lse, lse_t)``
+        whatever ``return_softmax_lse`` says.
+    lse_temperature_scale : float
+        ``T`` of the temperature LSE.
+    workspace : MSASparseAttentionWorkspace, optional
+        Caller-owned device scratch (CUDA graphs).
+
+    Returns
+    -------
+    ``out`` ``(total_q, Hq, 128)`` in q's dtype; ``(out, lse)`` with ``return_softmax_lse``;
+    ``(out, lse, lse_t)`` with ``return_temperature_lse``.
+    """
+    q = _tensor("q", q)
+    k = _tensor("k", k)
+    v = _tensor("v", v)
+    q2k_indices = _tensor("q2k_indices", q2k_indices)
+    cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
+    cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
+    page_table = _index_tensor("page_table", page_table)
+    seqused_k = _index_tensor("seqused_k", seqused_k)
+    k_scale = _tensor_or_none("k_scale", k_scale)
+    v_scale = _tensor_or_none("v_scale", v_scale)
+    softmax_scale = _float_arg("softmax_scale", softmax_scale)
+    k_global_scale = _float_arg("k_global_scale", k_global_scale)
+    v_global_scale = _float_arg("v_global_scale", v_global_scale)
+    lse_temperature_scale = _float_arg("lse_temperature_scale", lse_temperature_scale,
+                                       optional=False)
+    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+    workspace = _workspace_arg(workspace)
+
+    want_lse_t = bool(return_temperature_lse)
+    want_lse = bool(return_softmax_lse) or want_lse_t
+    out = _testing.empty(_shape3(q), q.dtype, q.device)
+    lse, lse_t = _lse_outputs(q, want_lse, want_lse_t)
+    args = (q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale,
+            page_table, seqused_k, k_scale, v_scale, k_global_scale, v_global_scale,
+            q_offset_value, q_offset_tensor, lse_temperature_scale, out, lse, lse_t)
+    scratch = None
+    if workspace is not None:
+        scratch = workspace.buffer
+        if not torch.compiler.is_compiling():
+            scratch = workspace.reserve(_ops.sparse_attention_workspace_size(*args, scratch))
+    _ops.sparse_attention(*args, scratch)
+    if want_lse_t:
+        return out, lse, lse_t
+    if want_lse:
+        return out, lse
+    return out
+
+
+# ---- stage 3: decode / MTP ---------------------------------------------------------------------
+
+def msa_sparse_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q2k_indices: torch.Tensor,
+    *,
+    page_table: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    seqlen_q: int = 1,
+    causal: bool = True,
+    softmax_scale: Optional[float] = None,
+    return_softmax_lse: bool = False,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    k_global_scale: Optional[float] = None,
+    v_global_scale: Optional[float] = None,
+    q_offset=None,
+    partial_dtype: Optional[torch.dtype] = None,
+    force_fused: Optional[bool] = None,
+    workspace: Optional[MSASparseAttentionWorkspace] = None,
+):
+    """MSA stage 3 for decode / MTP: ``seqlen_q`` query tokens per request attend their selected
+    KV blocks. Token ``i`` of request ``b`` is row ``b * seqlen_q + i`` at position
+    ``seqlen_k[b] - seqlen_q + i`` (right-aligned) unless ``q_offset`` says otherwise.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``(B * seqlen_q, Hq, 128)`` bf16 / fp16 / fp8 e4m3 (fp8 q computes in bf16);
+        ``G = Hq / Hkv <= 16``.
+    k, v : torch.Tensor
+        Paged ``(num_pages, Hkv, 128, W)`` with ``page_table`` + ``seqused_k`` (packed K|V views
+        allowed), or flat ``(total_k, Hkv, W)`` with ``cu_seqlens_k``; dtypes as in
+        :func:`msa_sparse_attention`.
+    q2k_indices : torch.Tensor
+        int32 contiguous ``(Hkv, B * seqlen_q, topk)``, ascending, ``-1`` tail padded.
+    page_table, seqused_k, cu_seqlens_k : torch.Tensor, optional
+        ``(B, max_pages)`` / ``(B,)`` paged, or ``(B + 1,)`` flat; int32.
+    seqlen_q : int
+        Uniform query tokens per request (1, or more for speculative decoding).
+    causal : bool
+        Right-aligned causal masking (default True).
+    softmax_scale : float, optional
+        Default ``128 ** -0.5``.
+    return_softmax_lse : bool
+        Also return the natural-log LSE ``(B * seqlen_q, Hq)`` float32.
+    k_scale, v_scale, k_global_scale, v_global_scale, q_offset
+        As in :func:`msa_sparse_attention`.
+    partial_dtype : torch.dtype, optional
+        Split-K partial outputs: float32, bfloat16, float16 or float8_e4m3fn (default: the
+        compute dtype).
+    force_fused : bool, optional
+        True: one CTA per (token, kv head); False: split-K + combine; None: heuristic.
+    workspace : MSASparseAttentionWorkspace, optional
+        Caller-owned device scratch (CUDA graphs).
+
+    Returns
+    -------
+    ``out`` ``(B * seqlen_q, Hq, 128)`` (q's dtype; bf16 for fp8 q), or ``(out, lse)`` with
+    ``return_softmax_lse``.
+    """
+    q = _tensor("q", q)
+    k = _tensor("k", k)
+    v = _tensor("v", v)
+    q2k_indices = _tensor("q2k_indices", q2k_indices)
+    page_table = _index_tensor("page_table", page_table)
+    seqused_k = _index_tensor("seqused_k", seqused_k)
+    cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
+    seqlen_q = _int_arg("seqlen_q", seqlen_q)
+    softmax_scale = _float_arg("softmax_scale", softmax_scale)
+    k_scale = _tensor_or_none("k_scale", k_scale)
+    v_scale = _tensor_or_none("v_scale", v_scale)
+    k_global_scale = _float_arg("k_global_scale", k_global_scale)
+    v_global_scale = _float_arg("v_global_scale", v_global_scale)
+    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+    if partial_dtype is not None and not isinstance(partial_dtype, torch.dtype):
+        raise TypeError(
+            f"partial_dtype must be a torch.dtype or None, got {type(partial_dtype).__name__}")
+    if force_fused is not None and not isinstance(force_fused, bool):
+        raise TypeError(f"force_fused must be a bool or None, got {type(force_fused).__name__}")
+    workspace = _workspace_arg(workspace)
+
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    out = _testing.empty(_shape3(q), out_dtype, q.device)
+    lse, _ = _lse_outputs(q, bool(return_softmax_lse), False)
+    args = (q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q, bool(causal),
+            softmax_scale, k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value,
+            q_offset_tensor, partial_dtype, force_fused, out, lse)
+    scratch = None
+    if workspace is not None:
+        scratch = workspace.buffer
+        if not torch.compiler.is_compiling():
+            scratch = workspace.reserve(_ops.sparse_decode_workspace_size(*args, scratch))
+    _ops.sparse_decode(*args, scratch)
+    if return_softmax_lse:
+        return out, lse
+    return out

@@ -1,0 +1,316 @@
+"""msa_sparse_attention against the float64 torch reference (SPEC 4, D5, D6, D8): GQA groups,
+topk 1..64, every KV dtype and layout, index-list semantics (unsorted, duplicates, out of range,
+-1 holes, empty rows), q_offset, scales, LSE and temperature LSE; plus layout exactness (paged ==
+flat, packed views == contiguous) and the return conventions."""
+
+import dataclasses
+import math
+from typing import List, Optional, Union
+
+import pytest
+import torch
+
+import msa_reference as ref
+from conftest import DEVICES
+from flashmsa import msa_ops
+from flashmsa.testing import pack_kv, paginate, quantize_nvfp4
+
+FP8 = torch.float8_e4m3fn
+
+
+@dataclasses.dataclass
+class AttnCase:
+    name: str
+    seqs_q: List[int]
+    seqs_k: List[int]
+    hq: int
+    hkv: int
+    topk: int = 16
+    causal: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    kv: str = "same"          # same | fp8 | nvfp4
+    layout: str = "flat"      # flat | paged | packed | packed_nhd
+    selection: str = "random_sorted"
+    q_offset: Union[None, int, List[int]] = None
+    softmax_scale: Optional[float] = None
+    v_global_scale: Optional[float] = None
+    temperature: Optional[float] = None  # return_temperature_lse with this scale
+
+    def __str__(self):
+        return self.name
+
+
+CASES = [
+    AttnCase("one_head_topk4", [70], [1000], 1, 1, topk=4),
+    AttnCase("gqa2_two_seqs", [100, 37], [2048, 700], 4, 2),
+    AttnCase("mha_causal", [130, 64], [1024, 512], 2, 2, causal=True),
+    AttnCase("topk8_group4", [64], [4096], 8, 2, topk=8),
+    AttnCase("group16_m3", [60], [3000], 16, 1),
+    AttnCase("mha8_causal", [97, 51], [1111, 2222], 8, 8, causal=True),
+    AttnCase("group3_non_power_of_two", [40, 20], [900, 300], 6, 2, causal=True),
+    AttnCase("topk64", [30], [9000], 4, 1, topk=64, causal=True),
+    AttnCase("topk1", [50], [700], 4, 2, topk=1),
+    AttnCase("fp16", [64, 20], [1024, 640], 4, 2, causal=True, dtype=torch.float16),
+    AttnCase("unsorted_lists", [50, 30], [2000, 900], 4, 2, selection="unsorted"),
+    AttnCase("duplicated_ids", [50], [2000], 4, 2, causal=True, selection="duplicates"),
+    AttnCase("ids_beyond_sequence", [40, 40], [700, 1500], 4, 2, selection="out_of_range"),
+    AttnCase("ids_beyond_pages", [40, 40], [700, 1500], 4, 2, layout="paged",
+             selection="out_of_range"),
+    AttnCase("hole_ends_list", [40], [2000], 4, 2, selection="holes"),
+    AttnCase("empty_rows", [60], [1500], 4, 1, causal=True, selection="some_empty"),
+    AttnCase("future_blocks_only", [1024], [1024], 2, 1, causal=True, selection="last_two"),
+    AttnCase("empty_kv_sequence", [10, 20], [0, 300], 2, 1, causal=True),
+    AttnCase("empty_q_sequence", [0, 30], [500, 300], 2, 1, causal=True),
+    AttnCase("q_offset_int", [32, 32], [1000, 800], 4, 1, causal=True, q_offset=100),
+    AttnCase("q_offset_tensor_negative", [32, 32], [1000, 800], 4, 1, causal=True,
+             q_offset=[-50, 700]),
+    AttnCase("scales", [40], [1200], 4, 2, softmax_scale=0.05, v_global_scale=0.5),
+    AttnCase("temperature_lse_causal", [80, 50], [1024, 640], 4, 2, causal=True,
+             temperature=0.7),
+    AttnCase("temperature_lse", [80], [1024], 4, 2, temperature=1.3),
+    AttnCase("paged_causal", [150, 90], [2048, 1280], 8, 2, causal=True, layout="paged"),
+    AttnCase("packed_hnd", [60, 30], [1500, 700], 4, 2, causal=True, layout="packed"),
+    AttnCase("packed_nhd", [60, 30], [1500, 700], 4, 2, layout="packed_nhd"),
+    AttnCase("fp8_kv", [150, 90], [2048, 1280], 8, 2, causal=True, kv="fp8"),
+    AttnCase("fp8_kv_fp16_q_packed", [60], [1300], 4, 2, dtype=torch.float16, kv="fp8",
+             layout="packed"),
+    AttnCase("nvfp4_kv", [70, 30], [1500, 640], 4, 2, causal=True, kv="nvfp4"),
+    AttnCase("nvfp4_kv_paged", [70, 30], [1500, 640], 4, 2, kv="nvfp4", layout="paged"),
+]
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+def make_selection(case: AttnCase) -> torch.Tensor:
+    """q2k_indices (Hkv, total_q, topk) int32 of the case's selection kind."""
+    total_q = sum(case.seqs_q)
+    sel = torch.full((case.hkv, total_q, case.topk), -1, dtype=torch.int32)
+    row = 0
+    for sq, sk in zip(case.seqs_q, case.seqs_k):
+        nb = math.ceil(sk / 128)
+        for _ in range(sq):
+            for h in range(case.hkv):
+                kind = case.selection
+                n = int(torch.randint(0, min(case.topk, nb) + 1, (1,))) if nb else 0
+                ids = torch.randperm(nb)[:n]
+                if kind == "random_sorted" or kind == "some_empty":
+                    if kind == "some_empty" and torch.rand(1) < 0.35:
+                        ids = ids[:0]
+                    ids = ids.sort().values
+                elif kind == "unsorted":
+                    pass
+                elif kind == "duplicates":
+                    ids = torch.cat([ids, ids])[: case.topk] if n else ids
+                elif kind == "out_of_range":
+                    extra = torch.tensor([nb, nb + 3, 10 ** 6])[: max(case.topk - n, 0)]
+                    ids = torch.cat([ids, extra])[torch.randperm(n + len(extra))]
+                elif kind == "holes":
+                    # Entries after the first -1 are ignored, whatever they hold.
+                    k = max(n // 2, 0)
+                    ids = torch.cat([ids[:k], torch.tensor([-1]), ids[k:]])[: case.topk]
+                elif kind == "last_two":
+                    ids = torch.tensor([nb - 2, nb - 1])
+                sel[h, row, : len(ids)] = ids.to(torch.int32)
+            row += 1
+    return sel
+
+
+@dataclasses.dataclass
+class Built:
+    args: tuple
+    kwargs: dict
+    q: torch.Tensor
+    keys: list       # per sequence float64 (seqlen_k, Hkv, 128), what the op reads
+    values: list
+    q2k: torch.Tensor
+    out_scale: float
+
+
+def build(case: AttnCase, device: str, q2k: Optional[torch.Tensor] = None) -> Built:
+    total_q, total_k = sum(case.seqs_q), sum(case.seqs_k)
+    q = (torch.randn(total_q, case.hq, 128) / 3).to(case.dtype)
+    k = torch.randn(total_k, case.hkv, 128) / 3
+    v = torch.randn(total_k, case.hkv, 128) / 3
+    q2k = make_selection(case) if q2k is None else q2k
+    cu_q, cu_k = ref.cu_seqlens(case.seqs_q), ref.cu_seqlens(case.seqs_k)
+    paged = case.layout != "flat"
+    kw = {}
+    if paged:
+        cache, page_table, seqused = paginate(torch.cat([k, v], 1).to(case.dtype), case.seqs_k,
+                                              extra_pages=1)
+        k_st = cache[:, :case.hkv].contiguous()
+        v_st = cache[:, case.hkv:].contiguous()
+        kw.update(page_table=page_table, seqused_k=seqused)
+    else:
+        k_st, v_st = k.to(case.dtype), v.to(case.dtype)
+        kw.update(cu_seqlens_k=cu_k)
+    out_scale = 1.0
+    if case.kv == "fp8":
+        k_st, v_st = k_st.to(FP8), v_st.to(FP8)
+        k_deq, v_deq = ref.f64(k_st), ref.f64(v_st)
+    elif case.kv == "nvfp4":
+        # Global scales from the real rows, so that a flat and a paged cache of the same values
+        # quantise every row identically (garbage rows of a paged cache just saturate).
+        kd, ks, kgs = quantize_nvfp4(k_st, global_scale=448 * 6 / float(k.abs().max()))
+        vd, vs, vgs = quantize_nvfp4(v_st, global_scale=448 * 6 / float(v.abs().max()))
+        k_deq = ref.nvfp4_dequant(kd, ks) * kgs
+        v_deq = ref.nvfp4_dequant(vd, vs)
+        out_scale = vgs
+        k_st, v_st = kd, vd
+        kw.update(k_scale=ks, v_scale=vs, k_global_scale=kgs, v_global_scale=vgs)
+    else:
+        k_deq, v_deq = ref.f64(k_st), ref.f64(v_st)
+    if case.layout.startswith("packed"):
+        _, k_st, v_st = pack_kv(k_st, v_st, nhd=case.layout == "packed_nhd")
+    if case.v_global_scale is not None:
+        kw["v_global_scale"] = case.v_global_scale
+        out_scale = case.v_global_scale
+    q_offset = case.q_offset
+    if isinstance(q_offset, list):
+        q_offset = torch.tensor(q_offset, dtype=torch.int32)
+    kw.update(causal=case.causal, softmax_scale=case.softmax_scale, q_offset=q_offset)
+    if case.temperature is not None:
+        kw.update(return_temperature_lse=True, lse_temperature_scale=case.temperature)
+    else:
+        kw.update(return_softmax_lse=True)
+    loc = dict(page_table=kw.get("page_table"), seqused_k=kw.get("seqused_k"),
+               cu_seqlens_k=None if paged else cu_k)
+    keys = ref.sequences(k_deq, **loc)
+    values = ref.sequences(v_deq, **loc)
+    to = (lambda t: t.to(device) if isinstance(t, torch.Tensor) else t)
+    kw = {name: to(val) for name, val in kw.items()}
+    # Views must stay views of one buffer: move the cache, then re-take the views.
+    if case.layout.startswith("packed"):
+        k_st, v_st = _move_packed(k_st, v_st, device)
+    else:
+        k_st, v_st = k_st.to(device), v_st.to(device)
+    args = (q.to(device), k_st, v_st, q2k.to(device), cu_q.to(device))
+    return Built(args, kw, q, keys, values, q2k, out_scale)
+
+
+def _move_packed(k_view, v_view, device):
+    if device == "cpu":
+        return k_view, v_view
+    base = torch.as_strided(k_view, (k_view.untyped_storage().nbytes() // k_view.element_size(),),
+                            (1,), 0).to(device)
+    off = k_view.storage_offset()
+    k = torch.as_strided(base, k_view.shape, k_view.stride(), off)
+    v = torch.as_strided(base, v_view.shape, v_view.stride(), v_view.storage_offset())
+    return k, v
+
+
+def expected(case: AttnCase, b: Built):
+    starts = ref.cu_seqlens(case.seqs_q).tolist()[:-1]
+    return ref.attention(b.q, b.keys, b.values, b.q2k, starts, case.seqs_q, causal=case.causal,
+                         softmax_scale=case.softmax_scale, q_offset=b.kwargs["q_offset"],
+                         out_scale=b.out_scale, temperature=case.temperature or 1.0)
+
+
+# bf16 / fp16 output: a few units of the output's last place, relative L2 well under 1%.
+OUT_TOL = dict(atol=4e-3, rtol=2e-2, rel_l2=1e-2)
+LSE_TOL = dict(atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_sparse_attention_matches_reference(case, device):
+    b = build(case, device)
+    result = msa_ops.msa_sparse_attention(*b.args, **b.kwargs)
+    exp_out, exp_lse, exp_lse_t = expected(case, b)
+    if case.temperature is not None:
+        out, lse, lse_t = result
+        ref.assert_close(lse_t, exp_lse_t, **LSE_TOL, what="lse_t")
+    else:
+        out, lse = result
+    assert out.dtype == case.dtype and out.shape == b.args[0].shape
+    assert lse.dtype == torch.float32 and lse.shape == out.shape[:2]
+    ref.assert_close(out, exp_out, **OUT_TOL, what="out")
+    ref.assert_close(lse, exp_lse, **LSE_TOL, what="lse")
+    # D8: rows with no visible selected key are exactly 0 with LSE -inf.
+    empty = torch.isinf(exp_lse)
+    assert bool((out.cpu()[empty] == 0).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_attention_return_conventions(device):
+    case = AttnCase("c", [20], [600], 4, 2, causal=True)
+    b = build(case, device)
+    kw = {k: v for k, v in b.kwargs.items() if k != "return_softmax_lse"}
+    out = msa_ops.msa_sparse_attention(*b.args, **kw)
+    assert isinstance(out, torch.Tensor)
+    pair = msa_ops.msa_sparse_attention(*b.args, **kw, return_softmax_lse=True)
+    assert isinstance(pair, tuple) and len(pair) == 2
+    for flag in (False, True):  # the temperature LSE asks for all three, whatever the LSE flag
+        triple = msa_ops.msa_sparse_attention(*b.args, **kw, return_softmax_lse=flag,
+                                              return_temperature_lse=True)
+        assert isinstance(triple, tuple) and len(triple) == 3
+        assert torch.equal(triple[0], out) and torch.equal(triple[1], pair[1])
+    # T = 1: the temperature LSE is the LSE.
+    assert torch.equal(triple[2], triple[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
+def test_sparse_attention_paged_equals_flat(device, kv):
+    case = AttnCase("c", [150, 90], [2048, 1280], 8, 2, causal=True, kv=kv)
+    q2k = make_selection(case)
+    torch.manual_seed(1)
+    flat = build(case, device, q2k)
+    torch.manual_seed(1)
+    paged = build(dataclasses.replace(case, layout="paged"), device, q2k)
+    a = msa_ops.msa_sparse_attention(*flat.args, **flat.kwargs)
+    c = msa_ops.msa_sparse_attention(*paged.args, **paged.kwargs)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["packed", "packed_nhd"])
+@pytest.mark.parametrize("kv", ["same", "fp8"])
+def test_sparse_attention_packed_equals_contiguous(device, layout, kv):
+    case = AttnCase("c", [64, 33], [1500, 700], 8, 2, causal=True, kv=kv, layout="paged")
+    q2k = make_selection(case)
+    torch.manual_seed(2)
+    contiguous = build(case, device, q2k)
+    torch.manual_seed(2)
+    packed = build(dataclasses.replace(case, layout=layout), device, q2k)
+    assert not packed.args[1].is_contiguous()
+    a = msa_ops.msa_sparse_attention(*contiguous.args, **contiguous.kwargs)
+    c = msa_ops.msa_sparse_attention(*packed.args, **packed.kwargs)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_attention_k_global_scale_only_for_nvfp4(device):
+    case = AttnCase("c", [30], [900], 4, 2, causal=True)
+    b = build(case, device)
+    base = msa_ops.msa_sparse_attention(*b.args, **b.kwargs)
+    scaled = msa_ops.msa_sparse_attention(*b.args, **dict(b.kwargs, k_global_scale=3.0))
+    assert torch.equal(base[0], scaled[0]) and torch.equal(base[1], scaled[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_attention_paged_lengths_from_cu_seqlens_k(device):
+    # Paged with cu_seqlens_k given: lengths (and the default offset) come from cu_seqlens_k.
+    case = AttnCase("c", [40, 25], [1000, 700], 4, 2, causal=True, layout="paged")
+    b = build(case, device)
+    shorter = [900, 650]
+    kw = dict(b.kwargs, cu_seqlens_k=ref.cu_seqlens(shorter, device))
+    got = msa_ops.msa_sparse_attention(*b.args, **kw)
+    want = msa_ops.msa_sparse_attention(
+        *b.args, **dict(b.kwargs, seqused_k=torch.tensor(shorter, dtype=torch.int32,
+                                                         device=device)))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    keys = [k[:n] for k, n in zip(b.keys, shorter)]
+    values = [v[:n] for v, n in zip(b.values, shorter)]
+    exp = ref.attention(b.q, keys, values, b.q2k, [0, 40], case.seqs_q, causal=True)[0]
+    ref.assert_close(got[0], exp, **OUT_TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_attention_workspace(device):
+    case = AttnCase("c", [50, 20], [1000, 300], 4, 2, causal=True)
+    b = build(case, device)
+    ws = msa_ops.MSASparseAttentionWorkspace(device)
+    base = msa_ops.msa_sparse_attention(*b.args, **b.kwargs)
+    with_ws = msa_ops.msa_sparse_attention(*b.args, **b.kwargs, workspace=ws)
+    assert torch.equal(base[0], with_ws[0]) and torch.equal(base[1], with_ws[1])

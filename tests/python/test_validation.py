@@ -1,0 +1,362 @@
+"""Every validation error of SPEC ("Validation" of 1.1, 2.1, 4.1, 4.5, 4.6, 5; D4, D7, D9): the
+right Python exception, naming the argument, raised before anything is written."""
+
+import dataclasses
+import re
+from typing import Callable, Type
+
+import pytest
+import torch
+
+import msa_reference as ref
+from conftest import requires_cuda
+from flashmsa import msa_ops
+from flashmsa.testing import pack_kv, paginate
+
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+
+
+# ---- valid baselines (one call per op), which the cases then break -----------------------------
+
+def proxy_args():
+    return dict(q=torch.randn(10, 4, 128, dtype=BF16), k=torch.randn(300, 1, 128, dtype=BF16),
+                cu_seqlens_q=ref.cu_seqlens([10]), cu_seqlens_k=ref.cu_seqlens([300]))
+
+
+def proxy_paged_args():
+    k = torch.randn(300, 1, 128, dtype=BF16)
+    cache, table, used = paginate(k, [300])
+    return dict(q=torch.randn(10, 4, 128, dtype=BF16), k=cache, cu_seqlens_q=ref.cu_seqlens([10]),
+                page_table=table, seqused_k=used)
+
+
+def topk_args():
+    return dict(max_score=torch.randn(2, 10, 5), topk=16)
+
+
+def attn_args():
+    q2k = torch.arange(3, dtype=torch.int32).repeat(2, 20, 1)
+    return dict(q=torch.randn(20, 4, 128, dtype=BF16), k=torch.randn(300, 2, 128, dtype=BF16),
+                v=torch.randn(300, 2, 128, dtype=BF16),
+                q2k_indices=torch.cat([q2k, torch.full((2, 20, 13), -1, dtype=torch.int32)], -1),
+                cu_seqlens_q=ref.cu_seqlens([20]), cu_seqlens_k=ref.cu_seqlens([300]))
+
+
+def attn_paged_args():
+    a = attn_args()
+    cache, table, used = paginate(torch.cat([a["k"], a["v"]], 1), [300])
+    a.update(k=cache[:, :2].contiguous(), v=cache[:, 2:].contiguous(), page_table=table,
+             seqused_k=used)
+    del a["cu_seqlens_k"]
+    return a
+
+
+def nvfp4(a):
+    """Turn attention args into NVFP4 ones (k/v bytes plus scales)."""
+    rows = a["k"].shape[0] * a["k"].shape[1]
+    a.update(k=torch.randint(0, 255, (*a["k"].shape[:-1], 64), dtype=torch.uint8),
+             v=torch.randint(0, 255, (*a["v"].shape[:-1], 64), dtype=torch.uint8),
+             k_scale=torch.full((((rows + 127) // 128) * 1024,), 0x38, dtype=torch.uint8),
+             v_scale=torch.full((((rows + 127) // 128) * 1024,), 0x38, dtype=torch.uint8))
+    return a
+
+
+def decode_args():
+    k = torch.randn(700, 2, 128, dtype=BF16)
+    cache, table, used = paginate(torch.cat([k, k], 1), [100, 200, 300, 100])
+    q2k = torch.full((2, 4, 16), -1, dtype=torch.int32)
+    q2k[..., 0] = 0
+    return dict(q=torch.randn(4, 8, 128, dtype=BF16), k=cache[:, :2].contiguous(),
+                v=cache[:, 2:].contiguous(), q2k_indices=q2k, page_table=table, seqused_k=used)
+
+
+def decode_flat_args():
+    a = decode_args()
+    a.update(k=torch.randn(700, 2, 128, dtype=BF16), v=torch.randn(700, 2, 128, dtype=BF16),
+             cu_seqlens_k=ref.cu_seqlens([100, 200, 300, 100]))
+    del a["page_table"], a["seqused_k"]
+    return a
+
+
+OPS = {
+    "proxy": (msa_ops.msa_proxy_score, proxy_args),
+    "proxy_paged": (msa_ops.msa_proxy_score, proxy_paged_args),
+    "topk": (msa_ops.msa_topk_select, topk_args),
+    "attn": (msa_ops.msa_sparse_attention, attn_args),
+    "attn_paged": (msa_ops.msa_sparse_attention, attn_paged_args),
+    "attn_nvfp4": (msa_ops.msa_sparse_attention, lambda: nvfp4(attn_args())),
+    "decode": (msa_ops.msa_sparse_decode_attention, decode_args),
+    "decode_flat": (msa_ops.msa_sparse_decode_attention, decode_flat_args),
+}
+
+
+@dataclasses.dataclass
+class Bad:
+    name: str
+    op: str
+    mutate: Callable[[dict], None]
+    match: str  # regex the message must contain (names the argument)
+    exc: Type[Exception] = ValueError
+
+    def __str__(self):
+        return f"{self.op}-{self.name}"
+
+
+def setk(**kw):
+    return lambda a: a.update(kw)
+
+
+def cast(name, dtype):
+    return lambda a: a.update({name: a[name].to(dtype)})
+
+
+def drop(name):
+    return lambda a: a.pop(name)
+
+
+def noncontig(name):
+    return lambda a: a.update({name: a[name].transpose(0, 1).contiguous().transpose(0, 1)})
+
+
+CASES = [
+    # ---- msa_proxy_score (SPEC 1.1)
+    Bad("q_float32", "proxy", cast("q", torch.float32), r"q must be bf16, fp16, or fp8"),
+    Bad("q_2d", "proxy", lambda a: a.update(q=a["q"][:, 0]), r"q must be 3D"),
+    Bad("head_dim_64", "proxy", lambda a: a.update(q=a["q"][..., :64].contiguous()),
+        r"head_dim must be 128"),
+    Bad("heads_not_multiple", "proxy",
+        lambda a: a.update(q=torch.randn(10, 3, 128, dtype=BF16),
+                           k=torch.randn(300, 2, 128, dtype=BF16)),
+        r"num_qo_heads must be a multiple of num_kv_heads"),
+    Bad("fp8_q_bf16_k", "proxy", cast("q", FP8), r"fp8 q requires fp8 k"),
+    Bad("k_dtype_mismatch", "proxy", cast("k", torch.float16), r"k dtype must match q"),
+    Bad("q_noncontiguous", "proxy", noncontig("q"), r"q must be contiguous"),
+    Bad("flat_without_cu_seqlens_k", "proxy", drop("cu_seqlens_k"),
+        r"flat proxy requires cu_seqlens_k"),
+    Bad("flat_k_4d", "proxy", lambda a: a.update(k=a["k"][:256].reshape(2, 1, 128, 128)),
+        r"flat k must be"),
+    Bad("cu_seqlens_q_int64", "proxy", cast("cu_seqlens_q", torch.int64),
+        r"cu_seqlens_q must be 1-D int32"),
+    Bad("cu_seqlens_q_beyond_q", "proxy", setk(cu_seqlens_q=ref.cu_seqlens([11])),
+        r"cu_seqlens_q\[-1\] must be <= q.shape\[0\]"),
+    Bad("cu_seqlens_k_decreasing", "proxy",
+        setk(cu_seqlens_q=ref.cu_seqlens([5, 5]),
+             cu_seqlens_k=torch.tensor([0, 200, 300], dtype=torch.int32).flip(0)),
+        r"cu_seqlens_k"),
+    Bad("cu_seqlens_batch_mismatch", "proxy", setk(cu_seqlens_k=ref.cu_seqlens([100, 200])),
+        r"cu_seqlens_k must have batch_size \+ 1"),
+    Bad("output_shape", "proxy", setk(output=torch.empty(4, 3, 11)),
+        r"output must be \(4, 3, 10\)"),
+    Bad("output_dtype", "proxy", setk(output=torch.empty(4, 3, 10, dtype=torch.float16)),
+        r"output must be float32"),
+    Bad("max_k_tiles_zero", "proxy", setk(max_k_tiles=0), r"max_k_tiles must be >= 1"),
+    Bad("max_k_tiles_type", "proxy", setk(max_k_tiles=2.5), r"max_k_tiles must be an int",
+        TypeError),
+    Bad("max_seqlen_q_negative", "proxy", setk(max_seqlen_q=-1), r"max_seqlen_q must be >= 0"),
+    Bad("q_offset_int64", "proxy", setk(q_offset=torch.tensor([3])), r"q_offset must be int32"),
+    Bad("q_offset_length", "proxy", setk(q_offset=torch.tensor([3, 4], dtype=torch.int32)),
+        r"q_offset"),
+    Bad("q_offset_float", "proxy", setk(q_offset=1.5), r"q_offset must be None, an int", TypeError),
+    Bad("q_not_tensor", "proxy", setk(q=[1, 2]), r"q must be a torch.Tensor", TypeError),
+    Bad("paged_without_seqused_k", "proxy_paged", drop("seqused_k"),
+        r"paged proxy requires seqused_k"),
+    Bad("paged_k_shape", "proxy_paged", lambda a: a.update(k=a["k"][:, :, :64].contiguous()),
+        r"paged k must be \(num_pages, num_kv_heads, 128, 128\)"),
+    Bad("page_table_int64", "proxy_paged", cast("page_table", torch.int64),
+        r"page_table must be int32"),
+    Bad("page_table_rows", "proxy_paged",
+        lambda a: a.update(page_table=a["page_table"].repeat(2, 1)),
+        r"page_table must have batch_size"),
+    Bad("seqused_k_negative", "proxy_paged", setk(seqused_k=torch.tensor([-1], dtype=torch.int32)),
+        r"seqused_k\[0\] must be >= 0"),
+    # ---- msa_topk_select (SPEC 2.1, D4)
+    Bad("score_fp16", "topk", cast("max_score", torch.float16), r"max_score must be float32"),
+    Bad("score_noncontiguous", "topk",
+        lambda a: a.update(max_score=torch.randn(2, 5, 10).transpose(1, 2)),
+        r"max_score must be contiguous"),
+    Bad("score_2d", "topk", lambda a: a.update(max_score=a["max_score"][0]),
+        r"max_score must be 3D"),
+    Bad("topk_zero", "topk", setk(topk=0), r"topk must be >= 1"),
+    Bad("topk_above_64", "topk", setk(topk=65), r"topk must be <= 64", NotImplementedError),
+    Bad("topk_not_int", "topk", setk(topk="16"), r"topk must be an int", TypeError),
+    Bad("force_negative", "topk", setk(force_begin_blocks=-1), r"force_begin_blocks"),
+    Bad("force_over_topk", "topk", setk(topk=4, force_begin_blocks=3, force_end_blocks=2),
+        r"force_begin_blocks \+ force_end_blocks \(3 \+ 2\) must be <= topk \(4\)"),
+    Bad("nvp_zero", "topk", setk(num_valid_pages=0),
+        r"num_valid_pages must be in \(0, max_k_tiles=10\]"),
+    Bad("nvp_above_blocks", "topk", setk(num_valid_pages=11), r"num_valid_pages must be in"),
+    Bad("force_over_nvp", "topk", setk(num_valid_pages=3, force_begin_blocks=2, force_end_blocks=2),
+        r"must be <= num_valid_pages \(3\)"),
+    Bad("nvp_tensor_int64", "topk", setk(num_valid_pages=torch.ones(5, dtype=torch.int64)),
+        r"num_valid_pages tensor must be 1D int32"),
+    Bad("nvp_tensor_length", "topk", setk(num_valid_pages=torch.ones(4, dtype=torch.int32)),
+        r"num_valid_pages tensor must have total_qo_len \(5\) entries"),
+    Bad("nvp_tensor_noncontiguous", "topk",
+        setk(num_valid_pages=torch.ones(10, dtype=torch.int32)[::2]),
+        r"num_valid_pages tensor must be contiguous"),
+    Bad("nvp_float", "topk", setk(num_valid_pages=2.0), r"num_valid_pages must be None", TypeError),
+    Bad("output_shape", "topk", setk(output=torch.empty(5, 2, 8, dtype=torch.int32)),
+        r"output shape must be \(5, 2, 16\)"),
+    Bad("output_dtype", "topk", setk(output=torch.empty(5, 2, 16, dtype=torch.int64)),
+        r"output must be int32"),
+    # ---- msa_sparse_attention (SPEC 4.1, 4.5, 4.6)
+    Bad("q_float32", "attn", cast("q", torch.float32), r"q must be bf16/fp16"),
+    Bad("q_fp8", "attn", cast("q", FP8), r"q must be bf16/fp16"),
+    Bad("q_2d", "attn", lambda a: a.update(q=a["q"][:, 0]), r"q must be 3D"),
+    Bad("q_5d", "attn", lambda a: a.update(q=a["q"].reshape(20, 4, 2, 8, 8)),
+        r"q must have at most 4 dims"),
+    Bad("head_dim_64", "attn", lambda a: a.update(q=a["q"][..., :64].contiguous()),
+        r"head_dim must be 128"),
+    Bad("heads_not_multiple", "attn", lambda a: a.update(q=torch.randn(20, 3, 128, dtype=BF16)),
+        r"num_qo_heads must be a multiple of num_kv_heads"),
+    Bad("q_noncontiguous", "attn", noncontig("q"), r"q must be contiguous"),
+    Bad("q2k_int64", "attn", cast("q2k_indices", torch.int64), r"q2k_indices must be int32"),
+    Bad("q2k_bare_permute", "attn",
+        lambda a: a.update(q2k_indices=a["q2k_indices"].permute(1, 0, 2).contiguous()
+                           .permute(1, 0, 2)),
+        r"q2k_indices must be contiguous"),
+    Bad("q2k_kv_heads", "attn", lambda a: a.update(q2k_indices=a["q2k_indices"][:1]),
+        r"q2k_indices must be int32 of shape \(Hkv, total_q, topk\) = \(2, 20, topk\)"),
+    Bad("q2k_topk_65", "attn",
+        lambda a: a.update(q2k_indices=torch.full((2, 20, 65), -1, dtype=torch.int32)),
+        r"q2k_indices topk", NotImplementedError),
+    Bad("fp8_k_bf16_v", "attn", cast("k", FP8), r"k and v must both be float8_e4m3fn"),
+    Bad("uint8_k_bf16_v", "attn",
+        lambda a: a.update(k=torch.zeros(300, 2, 64, dtype=torch.uint8)),
+        r"k and v must both be packed uint8 for NVFP4"),
+    Bad("k_fp16", "attn", lambda a: a.update(k=a["k"].half(), v=a["v"].half()),
+        r"k/v dtype must match q"),
+    Bad("flat_without_cu_seqlens_k", "attn", drop("cu_seqlens_k"),
+        r"cu_seqlens_k is required for the non-paged path"),
+    Bad("flat_k_4d", "attn", lambda a: a.update(k=a["k"][:256].reshape(4, 2, 64, 128),
+                                                v=a["v"][:256].reshape(4, 2, 64, 128)),
+        r"flat k/v must be"),
+    Bad("v_shape", "attn", lambda a: a.update(v=a["v"][:299]), r"v must have the same shape"),
+    Bad("k_strided", "attn", lambda a: a.update(k=torch.randn(300, 2, 256, dtype=BF16)[..., :128]),
+        r"k/v must be contiguous"),
+    Bad("k_scale_for_bf16", "attn", setk(k_scale=torch.zeros(1024, dtype=torch.uint8),
+                                         v_scale=torch.zeros(1024, dtype=torch.uint8)),
+        r"k_scale/v_scale are NVFP4"),
+    Bad("softmax_scale_nan", "attn", setk(softmax_scale=float("nan")), r"softmax_scale"),
+    Bad("softmax_scale_str", "attn", setk(softmax_scale="0.1"), r"softmax_scale must be",
+        TypeError),
+    Bad("temperature_not_positive", "attn",
+        setk(return_temperature_lse=True, lse_temperature_scale=-1.0),
+        r"lse_temperature_scale must be > 0", NotImplementedError),
+    Bad("workspace_type", "attn", setk(workspace=object()), r"MSASparseAttentionWorkspace",
+        TypeError),
+    Bad("q_offset_float", "attn", setk(q_offset=2.0), r"q_offset must be None", TypeError),
+    Bad("cu_seqlens_batch_mismatch", "attn", setk(cu_seqlens_k=ref.cu_seqlens([100, 200])),
+        r"cu_seqlens_k must have batch_size \+ 1"),
+    Bad("paged_without_seqused_k", "attn_paged", drop("seqused_k"), r"paged KV requires seqused_k"),
+    Bad("paged_k_shape", "attn_paged",
+        lambda a: a.update(k=a["k"][:, :, :64].contiguous(), v=a["v"][:, :, :64].contiguous()),
+        r"paged k/v must be \(num_pages, num_kv_heads, 128, 128\)"),
+    Bad("page_table_1d", "attn_paged", lambda a: a.update(page_table=a["page_table"][0]),
+        r"page_table must be int32 of shape \(batch, max_pages\)"),
+    Bad("seqused_k_int64", "attn_paged", cast("seqused_k", torch.int64),
+        r"seqused_k must be 1-D int32"),
+    Bad("packed_views_misaligned", "attn_paged",
+        lambda a: a.update(**dict(zip(("k", "v"), _misaligned_views(a)))),
+        r"k/v must be contiguous, or K/V views"),
+    Bad("nvfp4_missing_scales", "attn_nvfp4", drop("v_scale"),
+        r"NVFP4 KV requires k_scale and v_scale"),
+    Bad("nvfp4_scale_dtype", "attn_nvfp4", cast("k_scale", torch.int32),
+        r"k_scale/v_scale must be uint8"),
+    Bad("nvfp4_scale_too_small", "attn_nvfp4", lambda a: a.update(k_scale=a["k_scale"][:100]),
+        r"k_scale must hold the 128-row-padded swizzled scale layout"),
+    # ---- msa_sparse_decode_attention (SPEC 5)
+    Bad("seqlen_q_zero", "decode", setk(seqlen_q=0), r"seqlen_q must be positive"),
+    Bad("rows_not_multiple", "decode", setk(seqlen_q=3), r"seqlen_q"),
+    Bad("seqlen_q_float", "decode", setk(seqlen_q=1.0), r"seqlen_q must be an int", TypeError),
+    Bad("q_float32", "decode", cast("q", torch.float32), r"q must be bf16/fp16/fp8_e4m3"),
+    Bad("q2k_rows", "decode", lambda a: a.update(q2k_indices=a["q2k_indices"][:, :3].contiguous()),
+        r"q2k_indices must be int32 of shape \(Hkv, total_q, topk\) = \(2, 4, topk\)"),
+    Bad("q2k_noncontiguous", "decode", noncontig("q2k_indices"), r"q2k_indices must be contiguous"),
+    Bad("paged_without_seqused_k", "decode", drop("seqused_k"), r"paged decode requires seqused_k"),
+    Bad("seqused_k_count", "decode", lambda a: a.update(seqused_k=a["seqused_k"][:3]),
+        r"seqused_k must have batch_size"),
+    Bad("page_table_rows", "decode", lambda a: a.update(page_table=a["page_table"][:2]),
+        r"page_table must have batch_size = 4 rows"),
+    Bad("partial_dtype_int", "decode", setk(partial_dtype=torch.int32), r"partial_dtype"),
+    Bad("partial_dtype_str", "decode", setk(partial_dtype="bf16"), r"partial_dtype must be",
+        TypeError),
+    Bad("force_fused_int", "decode", setk(force_fused=1), r"force_fused must be", TypeError),
+    Bad("workspace_type", "decode", setk(workspace="scratch"), r"MSASparseAttentionWorkspace",
+        TypeError),
+    Bad("flat_without_cu_seqlens_k", "decode_flat", drop("cu_seqlens_k"),
+        r"flat decode requires cu_seqlens_k"),
+    Bad("cu_seqlens_k_count", "decode_flat", setk(cu_seqlens_k=ref.cu_seqlens([700])),
+        r"cu_seqlens_k must have batch_size \+ 1 = 5 entries"),
+    Bad("cu_seqlens_k_beyond_k", "decode_flat",
+        setk(cu_seqlens_k=ref.cu_seqlens([100, 200, 300, 101])),
+        r"cu_seqlens_k\[-1\] must be <= k.shape\[0\]"),
+]
+
+
+def _misaligned_views(a):
+    """K/V views of a packed cache whose V does not start right after K's 128 values."""
+    cache = torch.cat([a["k"], torch.zeros_like(a["k"][..., :8]), a["v"]], -1)
+    return cache[..., :128], cache[..., 136:]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_bad_input_raises_naming_the_argument(case):
+    fn, baseline = OPS[case.op]
+    args = baseline()
+    fn(**args)  # the baseline itself is valid
+    case.mutate(args)
+    with pytest.raises(case.exc, match=case.match) as info:
+        fn(**args)
+    # Errors from the core start with the op's Python name.
+    if case.exc is not TypeError:
+        assert re.match(r"msa_\w+: ", str(info.value)), str(info.value)
+
+
+def test_packed_views_accepted():
+    """The positive counterpart of the packed-view errors: both HND and NHD packed caches work."""
+    a = attn_paged_args()
+    for nhd in (False, True):
+        _, k, v = pack_kv(a["k"], a["v"], nhd=nhd)
+        msa_ops.msa_sparse_attention(**dict(a, k=k, v=v))
+
+
+@pytest.mark.parametrize("op", ["proxy", "topk"])
+def test_nothing_written_on_error(op):
+    """D9: a failing call leaves a caller-provided output untouched."""
+    fn, baseline = OPS[op]
+    args = baseline()
+    good = fn(**args)
+    output = torch.full_like(good, 5)
+    bad = dict(args, output=output)
+    if op == "proxy":
+        bad["q_offset"] = torch.tensor([1], dtype=torch.int64)
+    else:
+        bad["num_valid_pages"] = 0
+    with pytest.raises(ValueError):
+        fn(**bad)
+    assert bool((output == 5).all())
+
+
+def test_workspace_grows_and_rejects_bad_sizes():
+    ws = msa_ops.MSASparseAttentionWorkspace("cpu", nbytes=16)
+    assert ws.nbytes == 16 and ws.reserve(8) is ws.buffer
+    assert ws.reserve(100).numel() >= 100
+    with pytest.raises(ValueError, match="nbytes"):
+        msa_ops.MSASparseAttentionWorkspace("cpu", nbytes=-1)
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("op,name", [("proxy", "k"), ("topk", "output"), ("attn", "v"),
+                                     ("attn", "cu_seqlens_k"), ("decode", "page_table")])
+def test_tensors_on_different_devices(op, name):
+    fn, baseline = OPS[op]
+    args = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in baseline().items()}
+    if name == "output":
+        args["output"] = torch.empty(5, 2, 16, dtype=torch.int32)
+    else:
+        args[name] = args[name].cpu()
+    with pytest.raises(ValueError, match=rf"{name} must be on the same device as"):
+        fn(**args)
