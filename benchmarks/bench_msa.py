@@ -1,0 +1,673 @@
+#!/usr/bin/env python3
+"""flashmsa benchmark: every stage of MSA on one GPU, one table.
+
+    python benchmarks/bench_msa.py [--quick] [--out results.json] [--stages proxy,topk,...]
+
+Shapes, selection patterns, FLOP/byte formulas and the timing method are written down in
+docs/benchmarks.md; this file implements exactly that. In short: CUDA events around each op, after
+warm-up, with L2 flushed by a 256 MB memset before every repetition and a GPU-side sleep queued
+ahead of the op so that host launch time is not timed; median of the repetitions. Useful TFLOP/s and
+GB/s are compared with a bf16 8192^3 matmul and a device-to-device copy measured in the same run.
+An op that raises NotImplementedError is skipped with its message; any other exception is an error
+row, and the exit status is 1 if any case errored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import inspect
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from flashmsa import testing as ft
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import msa_inputs as mi  # noqa: E402
+
+TABLE_MARKER = "### flashmsa benchmark table"
+KB = 1024
+K = 1024
+
+# Numbers from the issue brief (same H200, bf16): Triton kernels of vLLM's MiniMax-M3 path and
+# cuDNN dense attention. Printed beside ours; the speedup column is reference time / our time.
+REF_PROXY_32K = (1.32, "Triton 1.32 ms (418 TF)")
+REF_TOPK_32K = (0.48, "Triton 0.48 ms")
+REF_SPARSE_32K = (17.0, "Triton 17.0 ms (122 TF)")
+REF_DENSE_32K = (28.7, "cuDNN 28.7 ms (613 TF)")
+REF_PIPELINE = {8 * K: (4.0, "Triton 4.0 ms"), 32 * K: (18.7, "Triton 18.7 ms"),
+                128 * K: (100.0, "Triton 100 ms")}
+REF_DECODE_INDEX = (0.145, "Triton 0.145 ms")
+REF_DECODE_ATTN = (0.083, "Triton 0.083 ms")
+
+# M3 geometry (SPEC 3): TP1 64 q / 4 kv heads, indexer 4 q heads over 1 k head; TP4 16 / 1 / 1.
+TOPK = 16
+M3 = dict(hq=64, hkv=4, idx_hq=4, idx_hk=1)
+M3_TP4 = dict(hq=16, hkv=1, idx_hq=1, idx_hk=1)
+
+FULL = dict(
+    prefill_s=[8 * K, 32 * K, 128 * K],
+    decode=[(b, c, sq) for b in (1, 8, 64, 128) for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
+    sparse=[(s, kv, lay, pat) for s in (8 * K, 32 * K, 128 * K) for kv in ("bf16", "fp8")
+            for lay in ("flat", "paged") for pat in ("random", "clustered", "pipeline")],
+    decode_attn=[(b, c, sq, kv) for kv in ("bf16", "fp8") for b in (1, 8, 64, 128)
+                 for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
+    pipeline_s=[8 * K, 32 * K, 128 * K],
+    budget_s=0.3, max_reps=100,
+)
+QUICK = dict(
+    prefill_s=[32 * K],
+    decode=[(1, 32 * K, 1), (64, 32 * K, 1), (64, 32 * K, 4)],
+    sparse=[(32 * K, "bf16", "flat", "random"), (32 * K, "bf16", "flat", "clustered"),
+            (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered")],
+    decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
+                 (64, 32 * K, 1, "fp8")],
+    pipeline_s=[8 * K, 32 * K],
+    budget_s=0.15, max_reps=50,
+)
+STAGES = ("proxy", "topk", "sparse", "decode", "pipeline")
+SCHEDULE_ENV = "FLASHMSA_PREFILL_SCHEDULE"  # auto | query_major | kv_major (csrc/sparse_attn)
+
+
+def size_name(n: int) -> str:
+    return f"{n // K}K" if n % K == 0 else str(n)
+
+
+def paged_one_sequence(flat: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """flat (S, H, D), S a multiple of 128 -> paged (S/128, H, 128, D) with logical block t in
+    physical page perm[t]; on the device (flashmsa.testing.paginate builds ragged caches on the
+    host, too slowly for 128K-token benchmark inputs)."""
+    s, h, d = flat.shape
+    logical = flat.view(s // mi.BLOCK, mi.BLOCK, h, d).permute(0, 2, 1, 3)
+    paged = torch.empty(logical.shape, dtype=flat.dtype, device=flat.device)
+    paged[perm] = logical
+    return paged
+
+
+def accepts(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# ---- timing ----------------------------------------------------------------------------------
+
+class Timer:
+    """Cold-L2 CUDA-event timing (docs/benchmarks.md, "Timing")."""
+
+    HOST_PROBE_US = 20_000  # GPU sleep queued while the host time of one call is measured
+
+    def __init__(self, device, budget_s: float, max_reps: int, min_reps: int = 5):
+        self.device = device
+        self.budget_s = budget_s
+        self.max_reps = max_reps
+        self.min_reps = min_reps
+        self.flush_buf = torch.empty(256 * KB * KB, dtype=torch.uint8, device=device)
+        self.cycles_per_us = self._calibrate_sleep()
+
+    def _calibrate_sleep(self):
+        if not hasattr(torch.cuda, "_sleep"):
+            return None
+        torch.cuda._sleep(1000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 20_000_000
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize()
+        return cycles / (start.elapsed_time(end) * 1000.0)
+
+    def sleep_us(self, us: float) -> None:
+        if self.cycles_per_us and us > 0:
+            torch.cuda._sleep(int(us * self.cycles_per_us))
+
+    def flush(self) -> None:
+        self.flush_buf.zero_()
+
+    def host_us(self, fn):
+        """Host time of one call while the GPU is busy; a call that synchronizes with the host
+        waits for the queued sleep, which shows as a host time near HOST_PROBE_US."""
+        if not self.cycles_per_us:
+            return None
+        self.sleep_us(self.HOST_PROBE_US)
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return (t1 - t0) * 1e6
+
+    def time(self, fn) -> dict:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.flush()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate_us = start.elapsed_time(end) * 1000.0
+        host = self.host_us(fn)
+        host_sync = host is not None and host > 0.8 * self.HOST_PROBE_US
+        reps = int(self.budget_s * 1e6 / (estimate_us + 100.0))
+        reps = max(self.min_reps, min(self.max_reps, reps))
+        # The sleep keeps the GPU busy while the host enqueues the op, so the events bracket GPU
+        # work only. Useless (and skipped) when the op synchronizes with the host itself.
+        lead_us = 0.0 if (host is None or host_sync) else min(1.5 * host + 20.0, 20_000.0)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            self.flush()
+            self.sleep_us(lead_us)
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+        q = (statistics.quantiles(times, n=10, method="inclusive") if len(times) >= 2
+             else [times[0]] * 9)
+        return dict(median_us=statistics.median(times), min_us=times[0], p10_us=q[0],
+                    p90_us=q[-1], reps=reps, host_us=host, host_sync=host_sync)
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, args, ops, device):
+        self.args = args
+        self.ops = ops
+        self.device = device
+        self.cfg = QUICK if args.quick else FULL
+        self.timer = Timer(device, self.cfg["budget_s"], self.cfg["max_reps"])
+        self.rows: list[dict] = []
+        self.ceil: dict = {}
+        self.dense_us: dict = {}
+        self.selection_cache: dict = {}
+        self.dead = False
+        self.seed = 1234
+
+    # -- helpers --
+    def gen(self):
+        self.seed += 1
+        return mi.cuda_generator(self.seed, self.device)
+
+    def rnd(self, shape, gen, dtype=torch.bfloat16):
+        return mi.randn(shape, gen, self.device, dtype)
+
+    def kw_attention(self, fn, total_q_max: int | None = None) -> dict:
+        """Optional capture-friendly arguments the binding may accept beyond FlashInfer's."""
+        kw = {}
+        if total_q_max is not None and accepts(fn, "max_seqlen_q"):
+            kw["max_seqlen_q"] = total_q_max
+        return kw
+
+    def run_case(self, stage: str, case: str, build, bound: str, ref=None, extra=None, env=None):
+        """build() -> (fn, info) with info: flop, bytes, notes. Times fn and records one row.
+        env: environment variables set while the case is built and timed (schedule knobs)."""
+        row = dict(stage=stage, case=case, status="ok", bound=bound, notes="", **(extra or {}))
+        if ref:
+            row["ref_ms"], row["ref_label"] = ref
+        if self.dead:
+            row.update(status="error", notes="not run: the CUDA context failed earlier")
+            self._record(row)
+            return row
+        fn = info = None
+        saved_env = {name: os.environ.get(name) for name in (env or {})}
+        os.environ.update(env or {})
+        try:
+            fn, info = build()
+            result = fn()  # warm-up (compilation, plans, allocator) and a NaN check
+            torch.cuda.synchronize()
+            for t in result if isinstance(result, (tuple, list)) else [result]:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() <= 2**31:
+                    if bool(torch.isnan(t.float() if t.dtype.itemsize == 1 else t).any()):
+                        raise RuntimeError("output contains NaN")
+            del result
+            row.update(self.timer.time(fn))
+            sec = row["median_us"] * 1e-6
+            if info.get("flop"):
+                row["flop"] = info["flop"]
+                row["tflops"] = info["flop"] / sec / 1e12
+            if info.get("bytes"):
+                row["bytes"] = info["bytes"]
+                row["gbs"] = info["bytes"] / sec / 1e9
+            if bound == "compute" and "tflops" in row and self.ceil.get("matmul_tflops"):
+                row["pct_ceiling"] = 100.0 * row["tflops"] / self.ceil["matmul_tflops"]
+            if bound == "memory" and "gbs" in row and self.ceil.get("copy_gbs"):
+                row["pct_ceiling"] = 100.0 * row["gbs"] / self.ceil["copy_gbs"]
+            if ref:
+                row["speedup_vs_ref"] = ref[0] * 1000.0 / row["median_us"]
+            notes = list(info.get("notes", []))
+            if row["host_sync"]:
+                notes.append("op synchronizes with the host")
+            row["notes"] = "; ".join(notes)
+        except NotImplementedError as e:
+            row.update(status="skip", notes=f"NotImplementedError: {e}")
+        except Exception as e:  # an error row, never a silent gap
+            row.update(status="error", notes=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            for name, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            del fn, info
+            gc.collect()
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            except Exception as e:
+                self.dead = True
+                print(f"CUDA context unusable after {stage} {case}: {e}", file=sys.stderr)
+        self._record(row)
+        return row
+
+    def _record(self, row):
+        self.rows.append(row)
+        t = f"{row['median_us']:.1f} us" if "median_us" in row else row["status"]
+        print(f"[bench] {row['stage']:<9} {row['case']:<38} {t:>14}  {row['notes']}",
+              file=sys.stderr, flush=True)
+
+    # -- ceilings --
+    def measure_ceilings(self):
+        g = self.gen()
+        n = 8192
+        a, b = self.rnd((n, n), g), self.rnd((n, n), g)
+        c = torch.empty_like(a)
+        t = self.timer.time(lambda: torch.mm(a, b, out=c))
+        self.ceil["matmul_tflops"] = 2 * n**3 / (t["median_us"] * 1e-6) / 1e12
+        self.ceil["matmul_us"] = t["median_us"]
+        del a, b, c
+        numel = 512 * KB * KB  # 2 GiB of float32
+        src = torch.rand(numel, generator=g, device=self.device)
+        dst = torch.empty_like(src)
+        t = self.timer.time(lambda: dst.copy_(src))
+        self.ceil["copy_gbs"] = 2 * src.nbytes / (t["median_us"] * 1e-6) / 1e9
+        self.ceil["copy_us"] = t["median_us"]
+        del src, dst
+        torch.cuda.empty_cache()
+        print(f"[bench] ceilings: bf16 matmul {self.ceil['matmul_tflops']:.0f} TFLOP/s, "
+              f"copy {self.ceil['copy_gbs']:.0f} GB/s", file=sys.stderr, flush=True)
+
+    # -- selections --
+    def selection(self, s: int, pattern: str, hkv: int):
+        key = (s, pattern, hkv)
+        if key in self.selection_cache:
+            return self.selection_cache[key]
+        if len(self.selection_cache) > 3:
+            self.selection_cache.clear()
+        pos = torch.arange(s, device=self.device)
+        if pattern == "random":
+            sel = mi.random_selection(pos, hkv, TOPK, self.gen())
+        elif pattern == "clustered":
+            sel = mi.clustered_selection(s, hkv, TOPK, self.seed, self.device)
+            self.seed += 1
+        elif pattern == "pipeline":
+            sel = self.pipeline_selection(s, M3 if hkv == 4 else M3_TP4)
+        else:
+            raise ValueError(pattern)
+        try:
+            mi.check_selection(sel, pos, TOPK)
+        except AssertionError as e:
+            raise RuntimeError(f"{pattern} selection violates its contract: {e}") from e
+        self.selection_cache[key] = sel
+        return sel
+
+    def index_inputs(self, s: int, geo: dict):
+        iq, ik = mi.smooth_index_data(s, geo["idx_hq"], geo["idx_hk"], self.gen(), self.device)
+        cu = ft.cu_seqlens([s], self.device)
+        nvp = (torch.arange(s, device=self.device) // mi.BLOCK + 1).to(torch.int32)
+        return iq, ik, cu, nvp
+
+    def pipeline_selection(self, s: int, geo: dict):
+        iq, ik, cu, nvp = self.index_inputs(s, geo)
+        p = math.ceil(s / mi.BLOCK)
+        scores = self.ops.msa_proxy_score(iq, ik, cu, cu, causal=True, max_seqlen_q=s,
+                                          max_k_tiles=p)
+        sel = self.ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1)
+        return sel.transpose(0, 1).contiguous()
+
+    # -- stages --
+    def stage_proxy(self):
+        for s in self.cfg["prefill_s"]:
+            self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k", lambda s=s:
+                          self.build_proxy_prefill(s), "compute",
+                          REF_PROXY_32K if s == 32 * K else None)
+        for b, ctx, sq in self.cfg["decode"]:
+            name = f"decode B{b} ctx={size_name(ctx)} sq{sq}"
+            ref = REF_DECODE_INDEX if (b, ctx, sq) == (64, 32 * K, 1) else None
+            self.run_case("proxy", name, lambda b=b, c=ctx, q=sq: self.build_proxy_decode(b, c, q),
+                          "memory")
+            self.run_case("index", name + " +topk", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, with_topk=True), "memory", ref)
+
+    def build_proxy_prefill(self, s):
+        g = self.gen()
+        hq, hk = M3["idx_hq"], M3["idx_hk"]
+        q, k = self.rnd((s, hq, 128), g), self.rnd((s, hk, 128), g)
+        cu = ft.cu_seqlens([s], self.device)
+        p = math.ceil(s / mi.BLOCK)
+        out = torch.empty((hq, p, s), dtype=torch.float32, device=self.device)
+        ops = self.ops
+
+        def fn():
+            return ops.msa_proxy_score(q, k, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p,
+                                       output=out)
+        visible = s * (s + 1) // 2
+        return fn, dict(flop=2 * 128 * hq * visible, bytes=q.nbytes + k.nbytes + out.nbytes)
+
+    def build_proxy_decode(self, b, ctx, sq, with_topk=False):
+        g = self.gen()
+        hq, hk = M3["idx_hq"], M3["idx_hk"]
+        nb = ctx // mi.BLOCK
+        k = self.rnd((b * nb, hk, mi.BLOCK, 128), g)
+        page_table = torch.randperm(b * nb, generator=g, device=self.device).view(b, nb)
+        page_table = page_table.to(torch.int32).contiguous()
+        q = self.rnd((b * sq, hq, 128), g)
+        cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=self.device)
+        seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
+        out = torch.empty((hq, nb, b * sq), dtype=torch.float32, device=self.device)
+        pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
+        nvp = (pos // mi.BLOCK + 1).to(torch.int32)
+        sel = torch.empty((b * sq, hq, TOPK), dtype=torch.int32, device=self.device)
+        ops = self.ops
+
+        def proxy():
+            return ops.msa_proxy_score(q, k, cu_q, None, page_table=page_table, seqused_k=seqused,
+                                       causal=True, max_seqlen_q=sq, max_k_tiles=nb, output=out)
+
+        def index():
+            proxy()
+            return ops.msa_topk_select(out, TOPK, num_valid_pages=nvp, force_end_blocks=1,
+                                       output=sel)
+        visible = int((pos + 1).sum().item())
+        nbytes = q.nbytes + k.nbytes + out.nbytes
+        if with_topk:
+            nbytes += out.nbytes + sel.nbytes
+        return (index if with_topk else proxy), dict(flop=2 * 128 * hq * visible, bytes=nbytes)
+
+    def stage_topk(self):
+        for s in self.cfg["prefill_s"]:
+            self.run_case("topk", f"prefill S={size_name(s)} H4 P={math.ceil(s / 128)}",
+                          lambda s=s: self.build_topk(s), "memory",
+                          REF_TOPK_32K if s == 32 * K else None)
+
+    def build_topk(self, s):
+        g = self.gen()
+        h, p = M3["idx_hq"], math.ceil(s / mi.BLOCK)
+        scores = torch.randn((h, p, s), generator=g, device=self.device)
+        # Like the proxy's output: -inf for blocks past each token's causal limit.
+        blk = torch.arange(p, device=self.device).view(1, p, 1)
+        tok_blk = (torch.arange(s, device=self.device) // mi.BLOCK).view(1, 1, s)
+        scores.masked_fill_(blk > tok_blk, float("-inf"))
+        nvp = (torch.arange(s, device=self.device) // mi.BLOCK + 1).to(torch.int32)
+        out = torch.empty((s, h, TOPK), dtype=torch.int32, device=self.device)
+        ops = self.ops
+
+        def fn():
+            return ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, output=out,
+                                       force_end_blocks=1)
+        return fn, dict(bytes=h * p * s * 4 + s * h * TOPK * 4)
+
+    def stage_sparse(self):
+        done_dense = set()
+        for s, kv, layout, pattern in self.cfg["sparse"]:
+            if s not in done_dense:
+                done_dense.add(s)
+                self.dense_case(s, M3)
+            ref = REF_SPARSE_32K if (s == 32 * K and kv == "bf16") else None
+            # The schedule the library picks (auto), and for bf16 flat both forced schedules, so
+            # that the table shows what the choice costs.
+            schedules = ["auto"] + (["query_major", "kv_major"]
+                                    if (kv, layout) == ("bf16", "flat") else [])
+            for schedule in schedules:
+                tag = "" if schedule == "auto" else f" [{schedule}]"
+                self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",
+                              lambda s=s, kv=kv, lay=layout, pat=pattern:
+                              self.build_sparse(s, kv, lay, pat, M3), "compute", ref,
+                              env={SCHEDULE_ENV: schedule})
+
+    def build_sparse(self, s, kv, layout, pattern, geo):
+        sel = self.selection(s, pattern, geo["hkv"])
+        g = self.gen()
+        hq, hkv = geo["hq"], geo["hkv"]
+        q = self.rnd((s, hq, 128), g)
+        k, v = self.rnd((s, hkv, 128), g), self.rnd((s, hkv, 128), g)
+        cu = ft.cu_seqlens([s], self.device)
+        kw = {}
+        if layout == "paged":
+            perm = torch.randperm(s // mi.BLOCK, generator=g, device=self.device)
+            k, v = paged_one_sequence(k, perm), paged_one_sequence(v, perm)
+            kw.update(page_table=perm.to(torch.int32).view(1, -1).contiguous(),
+                      seqused_k=torch.tensor([s], dtype=torch.int32, device=self.device))
+            cu_k = None
+        else:
+            cu_k = cu
+        if kv == "fp8":
+            k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        ops = self.ops
+        kw.update(self.kw_attention(ops.msa_sparse_attention, s))
+
+        def fn():
+            return ops.msa_sparse_attention(q, k, v, sel, cu, cu_k, causal=True, **kw)
+        pos = torch.arange(s, device=self.device)
+        keys = mi.visible_keys(sel, pos, s)
+        notes = [f"{keys / (hkv * s):.0f} keys/token/kv-head",
+                 f"union/8 tokens {mi.mean_union_per_tile(sel):.1f} blocks"]
+        if s in self.dense_us.get(hq, {}):
+            notes.append(f"{self.dense_us[hq][s] / 1000:.2f} ms dense")
+        return fn, dict(flop=4 * 128 * (hq // hkv) * keys, notes=notes)
+
+    def dense_case(self, s, geo):
+        hq = geo["hq"]
+        ref = REF_DENSE_32K if (s == 32 * K and hq == 64) else None
+        row = self.run_case("dense", f"S={size_name(s)} SDPA causal {hq} heads",
+                            lambda: self.build_dense(s, geo), "compute", ref)
+        if row["status"] == "ok":
+            self.dense_us.setdefault(hq, {})[s] = row["median_us"]
+
+    def build_dense(self, s, geo):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        g = self.gen()
+        hq, hkv = geo["hq"], geo["hkv"]
+        q = self.rnd((1, hq, s, 128), g)
+        # GQA expanded once, outside the timing: the same FLOPs as attention over Hkv heads.
+        k = self.rnd((1, hkv, s, 128), g).repeat_interleave(hq // hkv, dim=1).contiguous()
+        v = self.rnd((1, hkv, s, 128), g).repeat_interleave(hq // hkv, dim=1).contiguous()
+        notes = []
+        backend = SDPBackend.CUDNN_ATTENTION
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q[:, :, :256], k[:, :, :256], v[:, :, :256],
+                                               is_causal=True)
+            torch.cuda.synchronize()
+            notes.append("cuDNN")
+        except RuntimeError as e:
+            backend = SDPBackend.FLASH_ATTENTION
+            notes.append(f"FLASH (cuDNN unavailable: {str(e).splitlines()[0][:80]})")
+
+        def fn():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return fn, dict(flop=4 * 128 * hq * s * s // 2, notes=notes)
+
+    def stage_decode(self):
+        for b, ctx, sq, kv in self.cfg["decode_attn"]:
+            ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
+            self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged",
+                          lambda b=b, c=ctx, q=sq, kv=kv: self.build_decode(b, c, q, kv),
+                          "memory", ref)
+
+    def build_decode(self, b, ctx, sq, kv):
+        g = self.gen()
+        hq, hkv = M3["hq"], M3["hkv"]
+        nb = ctx // mi.BLOCK
+        # One selection per (request, kv head), shared by the request's sq adjacent tokens.
+        req_pos = torch.full((b,), ctx - 1, device=self.device)
+        sel_req = mi.random_selection(req_pos, hkv, TOPK, g)
+        sel = sel_req.repeat_interleave(sq, dim=1).contiguous()
+        page_table, pages, unique_blocks = mi.decode_pages(sel_req, b, 1, nb)
+        k = self.rnd((pages, hkv, mi.BLOCK, 128), g)
+        v = self.rnd((pages, hkv, mi.BLOCK, 128), g)
+        if kv == "fp8":
+            k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        q = self.rnd((b * sq, hq, 128), g)
+        seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
+        ops = self.ops
+
+        def fn():
+            return ops.msa_sparse_decode_attention(q, k, v, sel, page_table=page_table,
+                                                   seqused_k=seqused, seqlen_q=sq, causal=True)
+        pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
+        keys = mi.visible_keys(sel, pos, ctx)
+        elt = k.element_size()
+        nbytes = unique_blocks * 2 * mi.BLOCK * 128 * elt + 2 * q.nbytes  # K+V, q, out (bf16)
+        return fn, dict(flop=4 * 128 * (hq // hkv) * keys, bytes=nbytes)
+
+    def stage_pipeline(self):
+        for geo, label in ((M3, "64q/4kv/4idx"), (M3_TP4, "TP4 16q/1kv/1idx")):
+            for s in self.cfg["pipeline_s"]:
+                if s not in self.dense_us.get(geo["hq"], {}):
+                    self.dense_case(s, geo)
+                ref = REF_PIPELINE.get(s) if geo is M3 else None
+                self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat",
+                              lambda s=s, geo=geo: self.build_pipeline(s, geo), "compute", ref,
+                              extra=dict(seq_len=s, num_heads=geo["hq"]))
+
+    def build_pipeline(self, s, geo):
+        iq, ik, cu, nvp = self.index_inputs(s, geo)
+        g = self.gen()
+        hq, hkv = geo["hq"], geo["hkv"]
+        q = self.rnd((s, hq, 128), g)
+        k, v = self.rnd((s, hkv, 128), g), self.rnd((s, hkv, 128), g)
+        p = math.ceil(s / mi.BLOCK)
+        scores = torch.empty((geo["idx_hq"], p, s), dtype=torch.float32, device=self.device)
+        sel = torch.empty((s, geo["idx_hq"], TOPK), dtype=torch.int32, device=self.device)
+        ops = self.ops
+        kw = self.kw_attention(ops.msa_sparse_attention, s)
+
+        def fn():
+            ops.msa_proxy_score(iq, ik, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p,
+                                output=scores)
+            ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1, output=sel)
+            q2k = sel.transpose(0, 1).contiguous()
+            return ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True, **kw)
+        fn()
+        torch.cuda.synchronize()
+        q2k = sel.transpose(0, 1).contiguous()
+        pos = torch.arange(s, device=self.device)
+        mi.check_selection(q2k, pos, TOPK)
+        keys = mi.visible_keys(q2k, pos, s)
+        flop = 2 * 128 * geo["idx_hq"] * s * (s + 1) // 2 + 4 * 128 * (hq // hkv) * keys
+        union = mi.mean_union_per_tile(q2k)
+        return fn, dict(flop=flop, notes=[f"union/8 tokens {union:.1f} blocks"])
+
+    # -- output --
+    def finish_pipeline_speedups(self):
+        for row in self.rows:
+            if row["stage"] == "pipeline" and row["status"] == "ok":
+                dense = self.dense_us.get(row["num_heads"], {}).get(row["seq_len"])
+                if dense:
+                    row["speedup_vs_dense"] = dense / row["median_us"]
+                    row["notes"] += (f"; dense {dense / 1000:.2f} ms, "
+                                     f"speedup {row['speedup_vs_dense']:.2f}x")
+
+    def table(self) -> str:
+        head = ("| stage | case | median µs | TFLOP/s | GB/s | % ceiling | reference (speedup) "
+                "| notes |")
+        lines = [TABLE_MARKER, "",
+                 f"ceilings (same run): bf16 matmul 8192^3 "
+                 f"{self.ceil.get('matmul_tflops', float('nan')):.0f} TFLOP/s, "
+                 f"device copy {self.ceil.get('copy_gbs', float('nan')):.0f} GB/s "
+                 f"(read+write); {'quick' if self.args.quick else 'full'} run", "",
+                 head, "|" + "---|" * 8]
+        for r in self.rows:
+            def f(key, fmt):
+                return format(r[key], fmt) if key in r else ""
+            ref = ""
+            if "ref_ms" in r:
+                ref = r["ref_label"] + (f" ({r['speedup_vs_ref']:.2f}x)"
+                                        if "speedup_vs_ref" in r else "")
+            med = f("median_us", ".1f") if r["status"] == "ok" else r["status"].upper()
+            pct = ""
+            if "pct_ceiling" in r:
+                pct = f"{r['pct_ceiling']:.0f}% {'mm' if r['bound'] == 'compute' else 'copy'}"
+            lines.append(f"| {r['stage']} | {r['case']} | {med} | {f('tflops', '.0f')} | "
+                         f"{f('gbs', '.0f')} | {pct} | {ref} | {r['notes']} |")
+        return "\n".join(lines)
+
+
+def meta(args, ops_module) -> dict:
+    prop = torch.cuda.get_device_properties(0)
+    commit = os.environ.get("FLASHMSA_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                                    timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        gpu=prop.name, sm_count=prop.multi_processor_count,
+        l2_bytes=getattr(prop, "L2_cache_size", None), gpu_mem_bytes=prop.total_memory,
+        torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+        flashmsa=getattr(ops_module, "__file__", None), commit=commit or "unknown",
+        mode="quick" if args.quick else "full", argv=sys.argv,
+        timing="CUDA events around each call, L2 flushed by a 256 MB memset and a GPU sleep "
+               "queued before each repetition, median of the repetitions",
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="subset that runs in < 2 minutes")
+    ap.add_argument("--out", help="write every row and the ceilings as JSON here")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help=f"comma-separated subset of {','.join(STAGES)}")
+    args = ap.parse_args(argv)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        ap.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    if not torch.cuda.is_available():
+        print("bench_msa: no CUDA device; nothing to time", file=sys.stderr)
+        return 2
+    from flashmsa import msa_ops
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    t0 = time.time()
+    bench = Bench(args, msa_ops, device)
+    bench.measure_ceilings()
+    for stage in STAGES:  # fixed order: sparse fills the dense results the pipeline compares with
+        if stage in stages:
+            getattr(bench, f"stage_{stage}")()
+    bench.finish_pipeline_speedups()
+    table = bench.table()
+    print(table, flush=True)
+    elapsed = time.time() - t0
+    print(f"\n{len(bench.rows)} cases in {elapsed:.0f} s: "
+          f"{sum(r['status'] == 'ok' for r in bench.rows)} ok, "
+          f"{sum(r['status'] == 'skip' for r in bench.rows)} skipped, "
+          f"{sum(r['status'] == 'error' for r in bench.rows)} errors", flush=True)
+    if args.out:
+        report = dict(meta=meta(args, msa_ops), ceilings=bench.ceil, rows=bench.rows,
+                      elapsed_s=elapsed)
+        with open(args.out, "w") as fh:
+            json.dump(report, fh, indent=1, default=str)
+    return 1 if any(r["status"] == "error" for r in bench.rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

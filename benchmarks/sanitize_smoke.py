@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Small calls of every flashmsa op and every major feature path, for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck --leak-check no --error-exitcode 97 \
+        python3 benchmarks/sanitize_smoke.py
+    compute-sanitizer --tool racecheck --error-exitcode 97 python3 benchmarks/sanitize_smoke.py
+
+Shapes are small (the sanitizers slow kernels down by orders of magnitude) but irregular: ragged
+sequences, partial last pages, permuted pages, empty sequences, rows with no selected block, ids
+out of range, per-token nvp values out of range. Each call is synchronized on its own so that a
+report points at one case. A NotImplementedError (or an op missing from flashmsa.msa_ops) is
+printed as SKIP; any other exception fails the script (exit 1) after the remaining cases ran.
+Results are checked only for NaN: correctness is the test suites' job.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import traceback
+
+import torch
+from flashmsa import testing as ft
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import msa_inputs as mi  # noqa: E402
+
+BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+
+
+class Smoke:
+    def __init__(self, ops, device):
+        self.ops = ops
+        self.dev = device
+        self.gen = mi.cuda_generator(7, device)
+        self.passed, self.skipped, self.failed = [], [], []
+
+    def run(self, name, fn):
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != FP8:
+                    if bool(torch.isnan(t).any()):
+                        raise RuntimeError("output contains NaN")
+            self.passed.append(name)
+            print(f"PASS {name}", flush=True)
+        except (NotImplementedError, AttributeError) as e:
+            if isinstance(e, AttributeError) and "msa_ops" not in str(e):
+                self._fail(name, e)
+            else:
+                self.skipped.append(name)
+                print(f"SKIP {name}: {type(e).__name__}: {e}", flush=True)
+        except Exception as e:
+            self._fail(name, e)
+
+    def _fail(self, name, e):
+        self.failed.append(name)
+        print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+        traceback.print_exc()
+        torch.cuda.synchronize()  # a sticky CUDA error ends the run here, loudly
+
+    # ---- data ----
+    def rnd(self, shape, dtype=BF16):
+        x = mi.randn(shape, self.gen, self.dev)
+        return x.to(dtype)
+
+    def i32(self, values):
+        return torch.tensor(values, dtype=torch.int32, device=self.dev)
+
+    def paged(self, lengths, heads, dtype=BF16, spare_pages=3):
+        """Paged cache for sequences of `lengths` keys: permuted pages plus unused spare pages,
+        the last page of each sequence partly filled. Returns (cache, page_table, seqused_k)."""
+        blocks = [math.ceil(n / mi.BLOCK) for n in lengths]
+        max_pages = max(max(blocks), 1) + 1  # one column more than needed: never read
+        total = sum(blocks) + spare_pages
+        perm = torch.randperm(total, generator=self.gen, device=self.dev).to(torch.int32)
+        table = torch.zeros((len(lengths), max_pages), dtype=torch.int32, device=self.dev)
+        at = 0
+        for b, nb in enumerate(blocks):
+            table[b, :nb] = perm[at:at + nb]
+            at += nb
+        cache = self.rnd((total, heads, mi.BLOCK, mi.HEAD_DIM), dtype)
+        return cache, table, self.i32(lengths)
+
+    def selection(self, seqs_q, seqs_k, hkv, topk, pattern="random"):
+        """Per-sequence causal (right-aligned) selections stacked over the varlen rows."""
+        parts = []
+        for sq, sk in zip(seqs_q, seqs_k):
+            pos = torch.arange(sk - sq, sk, device=self.dev).clamp(min=0)
+            if pattern == "clustered":
+                full = mi.clustered_selection(sk, hkv, topk, 3, self.dev)
+                parts.append(full[:, sk - sq:])
+            else:
+                parts.append(mi.random_selection(pos, hkv, topk, self.gen))
+        return torch.cat(parts, dim=1).contiguous()
+
+    # ---- ops ----
+    def proxy(self):
+        ops = self.ops
+        sq, sk = [100, 37, 0], [700, 300, 256]
+        cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
+        q4, k1 = self.rnd((sum(sq), 4, 128)), self.rnd((sum(sk), 1, 128))
+        p = math.ceil(max(sk) / 128)
+        self.run("proxy flat bf16 causal G4 ragged+empty", lambda: ops.msa_proxy_score(
+            q4, k1, cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p))
+        self.run("proxy flat bf16 reduce_heads", lambda: ops.msa_proxy_score(
+            q4, k1, cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p, reduce_heads=True))
+        self.run("proxy flat fp16 non-causal G2 derived dims", lambda: ops.msa_proxy_score(
+            self.rnd((sum(sq), 4, 128), FP16), self.rnd((sum(sk), 2, 128), FP16), cu_q, cu_k,
+            causal=False))
+        self.run("proxy flat bf16 q_offset tensor (negative too)", lambda: ops.msa_proxy_score(
+            q4, k1, cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p,
+            q_offset=self.i32([-5, 100, 0])))
+        s = 1024
+        cu = ft.cu_seqlens([s], self.dev)
+        self.run("proxy flat bf16 prefill S=1024 (MMA tiles)", lambda: ops.msa_proxy_score(
+            self.rnd((s, 4, 128)), self.rnd((s, 1, 128)), cu, cu, max_seqlen_q=s,
+            max_k_tiles=s // 128))
+        # Paged decode-like shapes: stream (sq 1) and packed (sq 4) schedules, ragged lengths.
+        lens = [700, 2048, 129, 0, 1000]
+        for hkv, dtype in ((1, BF16), (2, BF16), (1, FP8)):
+            cache, table, used = self.paged(lens, hkv, dtype)
+            for seqlen_q in (1, 4):
+                b = len(lens)
+                q = self.rnd((b * seqlen_q, 4, 128))
+                cu_qd = torch.arange(0, b * seqlen_q + 1, seqlen_q, dtype=torch.int32,
+                                     device=self.dev)
+                name = f"proxy paged {str(dtype)[6:]} k, G{4 // hkv}, sq{seqlen_q}"
+                self.run(name, lambda q=q, cu_qd=cu_qd, cache=cache, table=table, used=used,
+                         sqd=seqlen_q: ops.msa_proxy_score(
+                             q, cache, cu_qd, None, page_table=table, seqused_k=used,
+                             max_seqlen_q=sqd, max_k_tiles=table.shape[1]))
+        cache, table, used = self.paged(lens, 1, FP8)
+        b = len(lens)
+        cu_qd = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
+        self.run("proxy paged fp8 q + fp8 k", lambda: ops.msa_proxy_score(
+            self.rnd((b, 4, 128)).to(FP8), cache, cu_qd, None, page_table=table, seqused_k=used,
+            max_seqlen_q=1, max_k_tiles=table.shape[1], q_offset=self.i32([350, 1024, 64, 0, 0])))
+
+    def proxy_fp4(self):
+        ops = self.ops
+        lens = [700, 300]
+        b, hq, hkv = len(lens), 4, 1
+        cache, table, used = self.paged(lens, hkv)
+        k_fp4, k_sc, k_gs = ft.quantize_nvfp4(cache)
+        q_fp4, q_sc, q_gs = ft.quantize_nvfp4(self.rnd((b, hq, 128)))
+        cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
+        self.run("proxy_fp4 paged decode", lambda: ops.msa_proxy_score_fp4(
+            q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q, None, page_table=table, seqused_k=used,
+            max_seqlen_q=1, max_k_tiles=table.shape[1]))
+
+    def topk(self):
+        ops = self.ops
+        for h, p, s in ((2, 24, 12), (4, 128, 64), (2, 300, 40), (1, 2048, 8)):
+            score = torch.randn((h, p, s), generator=self.gen, device=self.dev)
+            score[:, ::7, ::3] = float("-inf")
+            score[0, 1, 0] = float("nan")
+            nvp = torch.randint(1, p + 1, (s,), generator=self.gen, device=self.dev)
+            nvp = nvp.to(torch.int32)
+            nvp[:6] = self.i32([p + 1, 2 * p, 2**31 - 1, 0, -5, p])[: min(6, s)]
+            for topk in (16, 8, 64):
+                fb, fe = (2, 1) if topk >= 3 else (0, 0)
+                self.run(f"topk H{h} P{p} S{s} k{topk} per-token nvp fb{fb} fe{fe}",
+                         lambda score=score, nvp=nvp, topk=topk, fb=fb, fe=fe: ops.msa_topk_select(
+                             score, topk, num_valid_pages=nvp, force_begin_blocks=fb,
+                             force_end_blocks=fe))
+            out = torch.empty((s, h, 16), dtype=torch.int32, device=self.dev)
+            self.run(f"topk H{h} P{p} S{s} scalar nvp, output=", lambda score=score, out=out,
+                     p=p: ops.msa_topk_select(score, 16, num_valid_pages=max(1, p - 3),
+                                              output=out, force_end_blocks=1))
+
+    def sparse_attention(self):
+        """Every prefill case under both schedules (FLASHMSA_PREFILL_SCHEDULE), and the KV-major
+        schedule once more with small launch groups (FLASHMSA_KV_MAJOR_CHUNK_ROWS)."""
+        for schedule, chunk_rows in (("query_major", None), ("kv_major", None),
+                                     ("kv_major", "100")):
+            os.environ["FLASHMSA_PREFILL_SCHEDULE"] = schedule
+            if chunk_rows:
+                os.environ["FLASHMSA_KV_MAJOR_CHUNK_ROWS"] = chunk_rows
+            tag = schedule + (f"/chunk{chunk_rows}" if chunk_rows else "")
+            try:
+                self._sparse_attention_cases(tag)
+            finally:
+                os.environ.pop("FLASHMSA_PREFILL_SCHEDULE", None)
+                os.environ.pop("FLASHMSA_KV_MAJOR_CHUNK_ROWS", None)
+
+    def _sparse_attention_cases(self, tag):
+        ops = self.ops
+
+        def run(name, fn):
+            self.run(f"sparse [{tag}] {name}", fn)
+        # M3 head layout, one causal sequence, low- and high-overlap selections.
+        s = 1024
+        cu = ft.cu_seqlens([s], self.dev)
+        q = self.rnd((s, 64, 128))
+        k, v = self.rnd((s, 4, 128)), self.rnd((s, 4, 128))
+        for pattern in ("random", "clustered"):
+            sel = self.selection([s], [s], 4, 16, pattern)
+            run(f"flat bf16 64/4 causal {pattern}", lambda sel=sel: ops.msa_sparse_attention(
+                q, k, v, sel, cu, cu, causal=True, return_softmax_lse=True))
+        # Ragged varlen, fp16, GQA 2, topk 8, non-causal, LSE + temperature LSE, q_offset int.
+        sq, sk = [100, 37], [2048, 700]
+        cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
+        q2, k2, v2 = (self.rnd((sum(sq), 4, 128), FP16), self.rnd((sum(sk), 2, 128), FP16),
+                      self.rnd((sum(sk), 2, 128), FP16))
+        sel2 = self.selection(sq, sk, 2, 8)
+        run("flat fp16 4/2 topk8 non-causal lse+temperature", lambda: ops.msa_sparse_attention(
+            q2, k2, v2, sel2, cu_q, cu_k, causal=False, return_softmax_lse=True,
+            return_temperature_lse=True, lse_temperature_scale=0.7))
+        run("flat fp16 causal q_offset=64", lambda: ops.msa_sparse_attention(
+            q2, k2, v2, sel2, cu_q, cu_k, causal=True, q_offset=64))
+        # Set semantics: -1 rows, a hole, duplicates and ids past the sequence.
+        odd = sel2.clone()
+        odd[:, :10] = -1
+        odd[:, 10:20, 3] = -1
+        odd[:, 20:30, 1] = odd[:, 20:30, 0]
+        odd[:, 30:40, 2] = 10_000
+        run("flat fp16 empty rows/holes/dups/out-of-range ids", lambda: ops.msa_sparse_attention(
+            q2, k2, v2, odd.contiguous(), cu_q, cu_k, causal=True, return_softmax_lse=True))
+        # G=1 with topk 32; TP4 head layout 16/1.
+        sel32 = self.selection(sq, sk, 2, 32)
+        run("flat bf16 2/2 topk32", lambda: ops.msa_sparse_attention(
+            self.rnd((sum(sq), 2, 128)), self.rnd((sum(sk), 2, 128)), self.rnd((sum(sk), 2, 128)),
+            sel32, cu_q, cu_k, causal=True))
+        sel1 = self.selection([s], [s], 1, 16, "clustered")
+        run("flat bf16 16/1 causal", lambda: ops.msa_sparse_attention(
+            self.rnd((s, 16, 128)), self.rnd((s, 1, 128)), self.rnd((s, 1, 128)), sel1, cu, cu,
+            causal=True))
+        # Paged: bf16, fp8, NVFP4 and a packed K|V view, ragged tails, permuted pages.
+        sq, sk = [150, 90], [2000, 1237]
+        cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
+        sel = self.selection(sq, sk, 2, 16)
+        qp = self.rnd((sum(sq), 8, 128))
+        for dtype in (BF16, FP8):
+            kc, table, used = self.paged(sk, 2, dtype)
+            vc = self.rnd(kc.shape).to(dtype)
+            run(f"paged {str(dtype)[6:]} 8/2 causal", lambda kc=kc, vc=vc, table=table, used=used:
+                ops.msa_sparse_attention(qp, kc, vc, sel, cu_q, None, causal=True,
+                                         page_table=table, seqused_k=used,
+                                         return_softmax_lse=True, v_global_scale=0.5))
+        kc, table, used = self.paged(sk, 2)
+        _, k_view, v_view = ft.pack_kv(kc, self.rnd(kc.shape))
+        run("paged bf16 packed K|V view", lambda: ops.msa_sparse_attention(
+            qp, k_view, v_view, sel, cu_q, None, causal=True, page_table=table, seqused_k=used))
+        k4, ks, kg = ft.quantize_nvfp4(kc)
+        v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+        run("paged nvfp4", lambda: ops.msa_sparse_attention(
+            qp, k4, v4, sel, cu_q, None, causal=True, page_table=table, seqused_k=used,
+            k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg))
+        kf, vf = self.rnd((sum(sk), 2, 128)), self.rnd((sum(sk), 2, 128))
+        k4, ks, kg = ft.quantize_nvfp4(kf)
+        v4, vs, vg = ft.quantize_nvfp4(vf)
+        run("flat nvfp4", lambda: ops.msa_sparse_attention(
+            qp, k4, v4, sel, cu_q, cu_k, causal=True, k_scale=ks, v_scale=vs, k_global_scale=kg,
+            v_global_scale=vg))
+        run("flat fp8", lambda: ops.msa_sparse_attention(
+            qp, kf.to(FP8), vf.to(FP8), sel, cu_q, cu_k, causal=True))
+
+    def decode(self):
+        ops = self.ops
+        lens = [700, 2048, 129, 1000, 384, 1900]
+        b = len(lens)
+        for hq, hkv, dtype in ((64, 4, BF16), (8, 2, FP8), (16, 1, BF16)):
+            kc, table, used = self.paged(lens, hkv, dtype)
+            vc = self.rnd(kc.shape).to(dtype)
+            for seqlen_q in (1, 4):
+                pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
+                sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
+                q = self.rnd((b * seqlen_q, hq, 128))
+                for fused in (True, False, None):
+                    for partial in ((None, torch.float32) if fused is False else (None,)):
+                        name = (f"decode paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} "
+                                f"fused={fused} partial={partial}")
+                        self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
+                                 sqd=seqlen_q, fused=fused, partial=partial:
+                                 ops.msa_sparse_decode_attention(
+                                     q, kc, vc, sel, page_table=table, seqused_k=used,
+                                     seqlen_q=sqd, return_softmax_lse=True, force_fused=fused,
+                                     partial_dtype=partial))
+        kc, table, used = self.paged(lens, 2)
+        pos = torch.tensor(lens, device=self.dev) - 1
+        sel = mi.random_selection(pos, 2, 16, self.gen)
+        k4, ks, kg = ft.quantize_nvfp4(kc)
+        v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+        for fused in (True, False):
+            self.run(f"decode paged nvfp4 fused={fused}", lambda fused=fused:
+                     ops.msa_sparse_decode_attention(
+                         self.rnd((b, 8, 128)), k4, v4, sel, page_table=table, seqused_k=used,
+                         k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg,
+                         force_fused=fused))
+        self.run("decode paged bf16 fp8 q", lambda: ops.msa_sparse_decode_attention(
+            self.rnd((b, 8, 128)).to(FP8), kc, self.rnd(kc.shape), sel, page_table=table,
+            seqused_k=used))
+        kf, vf = self.rnd((sum(lens), 2, 128)), self.rnd((sum(lens), 2, 128))
+        self.run("decode flat bf16 cu_seqlens_k", lambda: ops.msa_sparse_decode_attention(
+            self.rnd((b, 8, 128)), kf, vf, sel, cu_seqlens_k=ft.cu_seqlens(lens, self.dev)))
+
+    def pipeline(self):
+        """The M3 decode step at a small size: proxy (per-head) -> top-k -> decode."""
+        ops = self.ops
+        b, ctx = 8, 1024
+        lens = [ctx - 37 * i for i in range(b)]
+        ik, table, used = self.paged(lens, 1)
+        kc = self.rnd((ik.shape[0], 4, 128, 128))
+        vc = self.rnd(kc.shape)
+        cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
+
+        def step():
+            scores = ops.msa_proxy_score(self.rnd((b, 4, 128)), ik, cu_q, None, page_table=table,
+                                         seqused_k=used, max_seqlen_q=1,
+                                         max_k_tiles=table.shape[1])
+            nvp = ((used - 1) // mi.BLOCK + 1).to(torch.int32)
+            sel = ops.msa_topk_select(scores, 16, num_valid_pages=nvp, force_end_blocks=1)
+            return ops.msa_sparse_decode_attention(
+                self.rnd((b, 64, 128)), kc, vc, sel.transpose(0, 1).contiguous(),
+                page_table=table, seqused_k=used)
+        self.run("pipeline M3 decode step B8", step)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("sanitize_smoke: no CUDA device", file=sys.stderr)
+        return 2
+    from flashmsa import msa_ops
+    smoke = Smoke(msa_ops, torch.device("cuda", torch.cuda.current_device()))
+    for part in ("proxy", "proxy_fp4", "topk", "sparse_attention", "decode", "pipeline"):
+        getattr(smoke, part)()
+    print(f"sanitize_smoke: {len(smoke.passed)} passed, {len(smoke.skipped)} skipped, "
+          f"{len(smoke.failed)} failed", flush=True)
+    for name in smoke.failed:
+        print(f"  failed: {name}")
+    return 1 if smoke.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

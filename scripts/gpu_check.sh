@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# One-call GPU check of flashmsa, run on the GPU machine from the repository root:
+#
+#   bash scripts/gpu_check.sh                      # build, tests, sanitizers, quick benchmark
+#   FULL=1 SKIP_BUILD=1 SKIP_TESTS=1 SKIP_SANITIZER=1 bash scripts/gpu_check.sh   # full benchmark
+#
+# Steps, each timed, each logging to $OUT/<step>.log ($OUT if set, else ./.out):
+#   build      pip install of the package with CUDA for sm_80 and sm_90a (build dir build-gpu/,
+#              incremental), then a check that the installed package has CUDA kernels
+#   ctest      the C++ GoogleTest suites of that build (only when .deps/googletest is there)
+#   pytest     pytest tests/python -rs; fails if any test is skipped for want of CUDA/a GPU
+#   sanitizer  compute-sanitizer memcheck and racecheck on benchmarks/sanitize_smoke.py
+#   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
+# A one-screen summary is printed last and written to $OUT/summary.txt. The exit status is 1 if any
+# step failed; the summary is printed either way.
+#
+# Environment: SKIP_BUILD=1 SKIP_CTEST=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 FULL=1
+#   PYTEST_ARGS="..."          extra pytest arguments (e.g. "-k graphs")
+#   SANITIZER_TOOLS="..."      default "memcheck racecheck" (initcheck, synccheck also accepted)
+#   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
+#   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
+#                              600 s device call ends; a cut step counts as failed
+#   PYTHON=python3  CMAKE_BUILD_PARALLEL_LEVEL=16  FLASHMSA_COMMIT=<sha> (when the copy has no .git)
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+ROOT=$PWD
+OUT_DIR=${OUT:-$ROOT/.out}
+mkdir -p "$OUT_DIR"
+PY=${PYTHON:-python3}
+TIME_BUDGET=${TIME_BUDGET:-570}
+SUMMARY_RESERVE=15
+T0=$SECONDS
+export PYTHONUNBUFFERED=1
+# CMake and the sanitizer look for nvcc / compute-sanitizer on PATH.
+[[ -d /usr/local/cuda/bin ]] && export PATH="$PATH:/usr/local/cuda/bin"
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+
+STEP_NAMES=()
+STEP_RESULTS=()
+STEP_SECONDS=()
+STEP_DETAILS=()
+
+record() {  # name result seconds detail
+  STEP_NAMES+=("$1"); STEP_RESULTS+=("$2"); STEP_SECONDS+=("$3"); STEP_DETAILS+=("$4")
+  printf '== %-9s %-5s %4ss  %s\n' "$1" "$2" "$3" "$4"
+}
+
+remaining() { echo $(( TIME_BUDGET - (SECONDS - T0) - SUMMARY_RESERVE )); }
+
+# run_logged <log> <command...>: runs the command under the remaining time budget, output to log
+# (and the tail of it on the console); returns its exit status (124 when cut by the budget).
+run_logged() {
+  local log=$1; shift
+  local left; left=$(remaining)
+  if (( left < 5 )); then
+    echo "no time left in TIME_BUDGET=$TIME_BUDGET" >>"$log"
+    return 124
+  fi
+  timeout --signal=TERM --kill-after=10 "$left" "$@" >>"$log" 2>&1
+}
+
+trim_log() {  # keep logs under the 16 MiB a returned file may have
+  local f=$1
+  if [[ -f $f ]] && (( $(stat -c %s "$f") > 15000000 )); then
+    { head -c 2000000 "$f"; printf '\n... [trimmed] ...\n'; tail -c 12000000 "$f"; } >"$f.tmp"
+    mv "$f.tmp" "$f"
+  fi
+}
+
+find_sanitizer() {
+  local c
+  for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
+           /usr/local/cuda/compute-sanitizer/compute-sanitizer /opt/cuda/bin/compute-sanitizer; do
+    [[ -n $c && -x $c ]] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+
+# ---- header ---------------------------------------------------------------------------------
+HEADER=$(
+  echo "flashmsa gpu_check  $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit ${FLASHMSA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null \
+    | sed 's/^/gpu: /' || echo "gpu: nvidia-smi unavailable"
+  echo "nvcc: $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -1)  $($PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpu_visible", torch.cuda.is_available())' 2>&1 | tail -1)"
+)
+echo "$HEADER"
+
+# ---- (a) build ------------------------------------------------------------------------------
+step_build() {
+  local log=$OUT_DIR/build.log start=$SECONDS rc
+  : >"$log"
+  local defs=(-C build-dir=build-gpu
+              -C "cmake.define.FLASHMSA_ENABLE_CUDA=ON"
+              -C "cmake.define.CMAKE_CUDA_ARCHITECTURES=80;90a"
+              -C "cmake.define.FLASHMSA_CUTLASS_DIR=$ROOT/.deps/cutlass/include")
+  if [[ -z ${SKIP_CTEST:-} && -f .deps/googletest/CMakeLists.txt ]]; then
+    defs+=(-C "cmake.define.FLASHMSA_BUILD_TESTS=ON"
+           -C "cmake.define.FLASHMSA_GTEST_SOURCE_DIR=$ROOT/.deps/googletest")
+  else
+    defs+=(-C "cmake.define.FLASHMSA_BUILD_TESTS=OFF")
+  fi
+  if [[ ! -f pyproject.toml ]]; then
+    echo "no pyproject.toml in $ROOT" >>"$log"; rc=1
+  elif [[ ! -f .deps/cutlass/include/cute/tensor.hpp ]]; then
+    echo "CUTLASS headers missing: carry .deps/cutlass/include" >>"$log"; rc=1
+  else
+    run_logged "$log" "$PY" -m pip install --no-build-isolation --no-deps -v . "${defs[@]}"
+    rc=$?
+  fi
+  if (( rc == 0 )); then
+    # The installed package must run a kernel: a CPU-only build would raise NotImplementedError.
+    run_logged "$log" "$PY" - <<'EOF'
+import torch
+from flashmsa import msa_ops
+s = torch.randn((4, 24, 64), device="cuda")
+out = msa_ops.msa_topk_select(s, 16)
+torch.cuda.synchronize()
+assert out.is_cuda and out.shape == (64, 4, 16), out.shape
+print("flashmsa CUDA kernels: ok")
+EOF
+    rc=$?
+  fi
+  trim_log "$log"
+  local detail="pip install build-gpu/ (sm_80;sm_90a)"
+  (( rc == 124 )) && detail="cut by TIME_BUDGET"
+  if (( rc != 0 && rc != 124 )); then
+    detail=$(grep -m1 -E 'error:|Error:|FAILED|fatal' "$log" | cut -c1-120)
+    [[ -n $detail ]] || detail=$(tail -1 "$log" | cut -c1-120)
+  fi
+  record build "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "$detail"
+}
+
+step_ctest() {
+  local log=$OUT_DIR/ctest.log start=$SECONDS rc
+  : >"$log"
+  if [[ ! -f build-gpu/tests/cpp/CTestTestfile.cmake ]]; then
+    record ctest SKIP 0 "no C++ tests in build-gpu/ (needs .deps/googletest)"
+    return
+  fi
+  run_logged "$log" ctest --test-dir build-gpu --output-on-failure --timeout 300
+  rc=$?
+  trim_log "$log"
+  local detail
+  detail=$(grep -E 'tests passed|tests failed' "$log" | tail -1)
+  (( rc == 124 )) && detail="cut by TIME_BUDGET; $detail"
+  record ctest "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail:-no result line}"
+}
+
+# ---- (b) pytest -----------------------------------------------------------------------------
+step_pytest() {
+  local log=$OUT_DIR/pytest.log start=$SECONDS rc
+  : >"$log"
+  if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >>"$log" 2>&1; then
+    record pytest FAIL 0 "torch sees no CUDA device: GPU tests would only skip"
+    return
+  fi
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
+  run_logged "$log" "$PY" -m pytest tests/python -rs -p no:cacheprovider ${PYTEST_ARGS:-}
+  rc=$?
+  trim_log "$log"
+  local result gpu_skips
+  result=$(grep -E '[0-9]+ (passed|failed|errors?|skipped)|no tests ran' "$log" | grep -E ' in [0-9.]+s' | tail -1 | tr -d '=' | sed 's/^ *//;s/ *$//')
+  # A test skipped because CUDA or a GPU is missing did not run: on this machine that is a failure.
+  gpu_skips=$(grep -E '^SKIPPED' "$log" | grep -iE 'cuda|gpu' \
+              | sed -E 's/^SKIPPED \[([0-9]+)\].*/\1/' | awk '{n += $1} END {print n + 0}')
+  if (( gpu_skips > 0 )); then
+    echo "== $gpu_skips test(s) skipped for want of CUDA/GPU:" >>"$log"
+    grep -E '^SKIPPED' "$log" | grep -iE 'cuda|gpu' | head -5
+    (( rc == 0 )) && rc=1
+  fi
+  local detail="${result:-no result line}"
+  (( gpu_skips > 0 )) && detail="$detail; $gpu_skips skipped for want of CUDA"
+  (( rc == 124 )) && detail="cut by TIME_BUDGET; $detail"
+  record pytest "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "$detail"
+}
+
+# ---- (c) compute-sanitizer ------------------------------------------------------------------
+step_sanitizer() {
+  local log=$OUT_DIR/sanitizer.log start=$SECONDS rc=0 tool san detail="" trc part
+  : >"$log"
+  if ! san=$(find_sanitizer); then
+    record sanitizer FAIL 0 "compute-sanitizer not found"
+    return
+  fi
+  part=$(mktemp)
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+    local args=(--tool "$tool" --error-exitcode 97 --print-limit 100)
+    [[ $tool == memcheck ]] && args+=(--leak-check no)
+    : >"$part"
+    echo "===== compute-sanitizer ${args[*]} benchmarks/sanitize_smoke.py" >>"$part"
+    # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
+    # out-of-bounds accesses that would otherwise land inside a pooled block.
+    run_logged "$part" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+      "$san" "${args[@]}" "$PY" benchmarks/sanitize_smoke.py
+    trc=$?
+    local summary smoke errors
+    summary=$(grep -E '(ERROR|RACECHECK|INITCHECK|SYNCCHECK) SUMMARY' "$part" | tail -1 | sed 's/^========= //')
+    smoke=$(grep -E '^sanitize_smoke:' "$part" | tail -1 | sed 's/^sanitize_smoke: //')
+    # Errors: "ERROR SUMMARY: N errors" (memcheck) or "(N errors, M warnings)" (racecheck).
+    errors=$(grep -oE 'SUMMARY: [0-9]+ errors?|\([0-9]+ errors?' <<<"$summary" | grep -oE '[0-9]+' | tail -1)
+    if [[ -z $summary ]]; then
+      (( trc == 0 )) && trc=1
+    elif (( ${errors:-0} > 0 && trc == 0 )); then
+      trc=1
+    fi
+    (( trc == 124 )) && summary="cut by TIME_BUDGET"
+    detail+="$tool: ${summary:-no summary} [${smoke:-no smoke result}]; "
+    (( trc != 0 )) && rc=1
+    cat "$part" >>"$log"
+  done
+  rm -f "$part"
+  trim_log "$log"
+  record sanitizer "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail%; }"
+}
+
+# ---- (d) benchmarks -------------------------------------------------------------------------
+step_bench() {
+  local log=$OUT_DIR/bench.log start=$SECONDS rc mode=--quick
+  : >"$log"
+  [[ -n ${FULL:-} && ${FULL} != 0 ]] && mode=""
+  # shellcheck disable=SC2086
+  run_logged "$log" "$PY" benchmarks/bench_msa.py $mode --out "$OUT_DIR/bench.json" ${BENCH_ARGS:-}
+  rc=$?
+  trim_log "$log"
+  local detail
+  detail=$(grep -E '^[0-9]+ cases in' "$log" | tail -1)
+  [[ -n $detail ]] || detail=$(tail -1 "$log" | cut -c1-120)
+  (( rc == 124 )) && detail="cut by TIME_BUDGET; ${detail}"
+  record bench "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${mode:-full}: ${detail:-no result line}"
+}
+
+if [[ -n ${SKIP_BUILD:-} ]]; then record build SKIP 0 "SKIP_BUILD"; else step_build; fi
+if [[ -n ${SKIP_CTEST:-} ]]; then record ctest SKIP 0 "SKIP_CTEST"
+elif [[ -n ${SKIP_TESTS:-} ]]; then record ctest SKIP 0 "SKIP_TESTS"
+else step_ctest; fi
+if [[ -n ${SKIP_TESTS:-} ]]; then record pytest SKIP 0 "SKIP_TESTS"; else step_pytest; fi
+if [[ -n ${SKIP_SANITIZER:-} ]]; then record sanitizer SKIP 0 "SKIP_SANITIZER"; else step_sanitizer; fi
+if [[ -n ${SKIP_BENCH:-} ]]; then record bench SKIP 0 "SKIP_BENCH"; else step_bench; fi
+
+# ---- (e) summary ----------------------------------------------------------------------------
+failed=0
+{
+  echo "$HEADER"
+  echo
+  printf '%-10s %-5s %6s  %s\n' step result secs detail
+  for i in "${!STEP_NAMES[@]}"; do
+    printf '%-10s %-5s %6s  %s\n' "${STEP_NAMES[$i]}" "${STEP_RESULTS[$i]}" "${STEP_SECONDS[$i]}" "${STEP_DETAILS[$i]}"
+    [[ ${STEP_RESULTS[$i]} == FAIL ]] && failed=$((failed + 1))
+  done
+  echo "total $(( SECONDS - T0 ))s; logs in $OUT_DIR"
+  if [[ -f $OUT_DIR/bench.log ]] && grep -q '^### flashmsa benchmark table' "$OUT_DIR/bench.log"; then
+    echo
+    sed -n '/^### flashmsa benchmark table/,$p' "$OUT_DIR/bench.log" | grep -vE '^\[bench\]|^Traceback|^  '
+  fi
+  echo
+  (( failed == 0 )) && echo "gpu_check: PASS" || echo "gpu_check: FAIL ($failed step(s) failed)"
+} >"$OUT_DIR/summary.txt"
+echo
+cat "$OUT_DIR/summary.txt"
+(( failed == 0 ))

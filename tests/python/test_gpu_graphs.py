@@ -1,0 +1,381 @@
+"""CUDA graphs and determinism of the four ops on the GPU (SPEC D10, D11).
+
+* Each op captured in a torch.cuda.CUDAGraph with max_seqlen_q / max_k_tiles / output= /
+  workspace= given, replayed, and compared bit for bit with an eager call; then new inputs are
+  copied into the static buffers and the replay must match an eager call on those.
+* The whole MiniMax-M3 decode step (per-head selection: proxy over 4 index heads -> per-token top-k
+  with force_end_blocks=1 -> transpose -> decode) captured at B=64, ctx 4096 and replayed on new
+  inputs, including new sequence lengths.
+* Capturing the proxy without max_seqlen_q (or max_k_tiles) raises ValueError instead of syncing.
+* Every op run twice on the same inputs gives bit-identical results; prefill under both schedules
+  (FLASHMSA_PREFILL_SCHEDULE=query_major / kv_major) with random and clustered selections.
+
+Skipped (not passed) without a CUDA device or without a flashmsa build with CUDA kernels.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import flashmsa
+
+if not (torch.cuda.is_available() and flashmsa.built_with_cuda()):
+    pytest.skip("needs a CUDA device and a flashmsa build with CUDA kernels",
+                allow_module_level=True)
+
+from flashmsa import msa_ops  # noqa: E402
+from flashmsa import testing as ft  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import msa_inputs as mi  # noqa: E402
+
+DEV = torch.device("cuda")
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+TOPK = 16
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.uint8)
+
+
+def assert_bitwise_equal(actual, expected, what: str):
+    actual = actual if isinstance(actual, (tuple, list)) else (actual,)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    assert len(actual) == len(expected), what
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert a.shape == e.shape and a.dtype == e.dtype, f"{what}[{i}]: {a.shape} vs {e.shape}"
+        diff = (bits(a) != bits(e)).nonzero()
+        assert diff.numel() == 0, (f"{what}[{i}]: {diff.shape[0]} bytes differ, first at byte "
+                                   f"{diff[0].tolist()}")
+
+
+def clone(out):
+    return tuple(t.clone() for t in out) if isinstance(out, (tuple, list)) else out.clone()
+
+
+def poison(out):
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        else:
+            t.fill_(-7)
+
+
+def accepts(fn, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+def new_workspace():
+    return msa_ops.MSASparseAttentionWorkspace(DEV)
+
+
+def graph_kwargs(fn, *, output=None, workspace=None, max_seqlen_q=None) -> dict:
+    """The capture arguments an attention op takes in this build (FlashInfer's prefill has no
+    max_seqlen_q / output; flashmsa may add them). test_attention_ops_take_a_workspace pins the
+    one argument D10 requires."""
+    kw = {}
+    if workspace is not None:
+        kw["workspace"] = workspace
+    if output is not None and accepts(fn, "output"):
+        kw["output"] = output
+    if max_seqlen_q is not None and accepts(fn, "max_seqlen_q"):
+        kw["max_seqlen_q"] = max_seqlen_q
+    return kw
+
+
+def capture(fn):
+    """Warm up on a side stream, capture fn() on that stream; returns (graph, static outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def replay_and_check(graph, static_out, eager_fn, what):
+    expected = clone(eager_fn())
+    poison(static_out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(static_out, expected, what)
+
+
+def refill(*tensors, gen):
+    for t in tensors:
+        if t.is_floating_point():
+            t.copy_(mi.randn(t.shape, gen, DEV, torch.float32).to(t.dtype))
+        else:
+            raise TypeError("refill only floating-point inputs")
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+
+class Prefill:
+    """One causal sequence in the M3 head layout, flat or paged, bf16 or fp8 K/V."""
+
+    def __init__(self, s, gen, *, hq=64, hkv=4, layout="flat", kv_dtype=BF16, pattern="random"):
+        self.s, self.hq, self.hkv = s, hq, hkv
+        self.q = mi.randn((s, hq, 128), gen, DEV)
+        k, v = mi.randn((s, hkv, 128), gen, DEV), mi.randn((s, hkv, 128), gen, DEV)
+        self.cu_q = ft.cu_seqlens([s], DEV)
+        self.kw = {}
+        self.cu_k = self.cu_q
+        if layout == "paged":
+            cache, table, used = ft.paginate(torch.cat([k, v], dim=-1), [s], extra_pages=2,
+                                             generator=torch.Generator().manual_seed(s))
+            k, v = cache[..., :128].contiguous(), cache[..., 128:].contiguous()
+            self.kw = dict(page_table=table, seqused_k=used)
+            self.cu_k = None
+        self.k, self.v = k.to(kv_dtype), v.to(kv_dtype)
+        pos = torch.arange(s, device=DEV)
+        if pattern == "clustered":
+            self.sel = mi.clustered_selection(s, hkv, TOPK, 5, DEV)
+        else:
+            self.sel = mi.random_selection(pos, hkv, TOPK, gen)
+
+    def run(self, **kw):
+        return msa_ops.msa_sparse_attention(self.q, self.k, self.v, self.sel, self.cu_q, self.cu_k,
+                                            causal=True, return_softmax_lse=True, **self.kw, **kw)
+
+
+class Decode:
+    """A paged decode batch: b requests of ragged length <= ctx, seqlen_q tokens each."""
+
+    def __init__(self, b, ctx, seqlen_q, gen, *, hq=64, hkv=4, kv_dtype=BF16):
+        self.b, self.seqlen_q = b, seqlen_q
+        nb = ctx // mi.BLOCK
+        lengths = torch.randint(seqlen_q, ctx + 1, (b,), generator=gen, device=DEV)
+        lengths[0] = ctx
+        self.seqused = lengths.to(torch.int32)
+        self.page_table = torch.randperm(b * nb, generator=gen, device=DEV).view(b, nb)
+        self.page_table = self.page_table.to(torch.int32).contiguous()
+        self.k = mi.randn((b * nb, hkv, mi.BLOCK, 128), gen, DEV).to(kv_dtype)
+        self.v = mi.randn((b * nb, hkv, mi.BLOCK, 128), gen, DEV).to(kv_dtype)
+        self.q = mi.randn((b * seqlen_q, hq, 128), gen, DEV)
+        pos = (lengths.view(-1, 1) - seqlen_q + torch.arange(seqlen_q, device=DEV)).view(-1)
+        self.sel = mi.random_selection(pos, hkv, TOPK, gen)
+
+    def run(self, **kw):
+        return msa_ops.msa_sparse_decode_attention(
+            self.q, self.k, self.v, self.sel, page_table=self.page_table, seqused_k=self.seqused,
+            seqlen_q=self.seqlen_q, causal=True, return_softmax_lse=True, **kw)
+
+
+# ---- CUDA graphs -----------------------------------------------------------------------------
+
+def test_attention_ops_take_a_workspace():
+    assert hasattr(msa_ops, "MSASparseAttentionWorkspace")
+    assert accepts(msa_ops.msa_sparse_attention, "workspace")
+    assert accepts(msa_ops.msa_sparse_decode_attention, "workspace")
+
+
+@pytest.mark.parametrize("layout", ["flat", "paged"])
+def test_proxy_score_graph_replay(layout):
+    gen = mi.cuda_generator(11, DEV)
+    sq, sk = [300, 1, 77], [2048, 640, 1000]
+    hq, hk = 4, 1
+    p = math.ceil(max(sk) / mi.BLOCK)
+    q = mi.randn((sum(sq), hq, 128), gen, DEV)
+    cu_q = ft.cu_seqlens(sq, DEV)
+    k = mi.randn((sum(sk), hk, 128), gen, DEV)
+    if layout == "flat":
+        kw = dict(cu_seqlens_k=ft.cu_seqlens(sk, DEV))
+    else:
+        k, table, used = ft.paginate(k, sk, extra_pages=2,
+                                     generator=torch.Generator().manual_seed(1))
+        kw = dict(page_table=table, seqused_k=used)
+    static_out = torch.empty((hq, p, sum(sq)), dtype=torch.float32, device=DEV)
+
+    def eager():
+        return msa_ops.msa_proxy_score(q, k, cu_q, max_seqlen_q=max(sq), max_k_tiles=p, **kw)
+
+    def graphed():
+        return msa_ops.msa_proxy_score(q, k, cu_q, max_seqlen_q=max(sq), max_k_tiles=p,
+                                       output=static_out, **kw)
+    graph, out = capture(graphed)
+    assert out.data_ptr() == static_out.data_ptr()
+    replay_and_check(graph, static_out, eager, "proxy replay")
+    refill(q, k, gen=gen)
+    replay_and_check(graph, static_out, eager, "proxy replay on new inputs")
+
+
+def test_topk_select_graph_replay():
+    gen = mi.cuda_generator(12, DEV)
+    h, p, s = 4, 300, 512
+    score = torch.randn((h, p, s), generator=gen, device=DEV)
+    nvp = torch.randint(1, p + 1, (s,), generator=gen, device=DEV).to(torch.int32)
+    static_out = torch.empty((s, h, TOPK), dtype=torch.int32, device=DEV)
+
+    def eager():
+        return msa_ops.msa_topk_select(score, TOPK, num_valid_pages=nvp, force_end_blocks=1)
+
+    def graphed():
+        return msa_ops.msa_topk_select(score, TOPK, num_valid_pages=nvp, force_end_blocks=1,
+                                       output=static_out)
+    graph, _ = capture(graphed)
+    replay_and_check(graph, static_out, eager, "topk replay")
+    score.copy_(torch.randn(score.shape, generator=gen, device=DEV))
+    nvp.copy_(torch.randint(1, p + 1, (s,), generator=gen, device=DEV))
+    replay_and_check(graph, static_out, eager, "topk replay on new inputs")
+
+
+@pytest.fixture(params=["query_major", "kv_major"])
+def prefill_schedule(request, monkeypatch):
+    """Both prefill schedules, forced through the knob the kernels read at every call."""
+    monkeypatch.setenv("FLASHMSA_PREFILL_SCHEDULE", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("layout,kv_dtype,pattern", [
+    ("flat", BF16, "random"), ("flat", BF16, "clustered"), ("paged", FP8, "clustered")])
+def test_sparse_attention_graph_replay(layout, kv_dtype, pattern, prefill_schedule):
+    gen = mi.cuda_generator(13, DEV)
+    x = Prefill(1024, gen, layout=layout, kv_dtype=kv_dtype, pattern=pattern)
+    static_out = torch.empty_like(x.q)
+    ws = new_workspace()
+    kw = graph_kwargs(msa_ops.msa_sparse_attention, output=static_out, workspace=ws,
+                      max_seqlen_q=x.s)
+    graph, out = capture(lambda: x.run(**kw))
+    replay_and_check(graph, out, x.run, "sparse attention replay")
+    refill(x.q, gen=gen)
+    x.k.copy_(mi.randn(x.k.shape, gen, DEV, torch.float32).to(x.k.dtype))
+    replay_and_check(graph, out, x.run, "sparse attention replay on new inputs")
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("fused", [True, False])
+def test_sparse_decode_graph_replay(seqlen_q, fused):
+    gen = mi.cuda_generator(14, DEV)
+    x = Decode(16, 2048, seqlen_q, gen)
+    static_out = torch.empty_like(x.q)
+    ws = new_workspace()
+    kw = graph_kwargs(msa_ops.msa_sparse_decode_attention, output=static_out, workspace=ws)
+    graph, out = capture(lambda: x.run(force_fused=fused, **kw))
+    replay_and_check(graph, out, lambda: x.run(force_fused=fused), "decode replay")
+    refill(x.q, x.v, gen=gen)
+    replay_and_check(graph, out, lambda: x.run(force_fused=fused), "decode replay on new inputs")
+
+
+def test_m3_decode_pipeline_graph_replay():
+    """vLLM's M3 decode step, per-head selection (index heads == kv heads == 4), B=64, ctx 4096."""
+    gen = mi.cuda_generator(15, DEV)
+    b, ctx, hq, hkv, idx_hq, idx_hk = 64, 4096, 64, 4, 4, 1
+    nb = ctx // mi.BLOCK
+    page_table = torch.randperm(b * nb, generator=gen, device=DEV).view(b, nb)
+    page_table = page_table.to(torch.int32).contiguous()
+    seqused = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
+    cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=DEV)
+    idx_q = mi.randn((b, idx_hq, 128), gen, DEV)
+    idx_k = mi.randn((b * nb, idx_hk, mi.BLOCK, 128), gen, DEV)
+    q = mi.randn((b, hq, 128), gen, DEV)
+    k = mi.randn((b * nb, hkv, mi.BLOCK, 128), gen, DEV)
+    v = mi.randn((b * nb, hkv, mi.BLOCK, 128), gen, DEV)
+    score_buf = torch.empty((idx_hq, nb, b), dtype=torch.float32, device=DEV)
+    sel_buf = torch.empty((b, idx_hq, TOPK), dtype=torch.int32, device=DEV)
+    out_buf = torch.empty_like(q)
+    ws = new_workspace()
+
+    def step(static: bool):
+        scores = msa_ops.msa_proxy_score(
+            idx_q, idx_k, cu_q, None, page_table=page_table, seqused_k=seqused, causal=True,
+            max_seqlen_q=1, max_k_tiles=nb, reduce_heads=False,
+            output=score_buf if static else None)
+        nvp = ((seqused - 1) // mi.BLOCK + 1).to(torch.int32)  # position // 128 + 1, per token
+        sel = msa_ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1,
+                                      output=sel_buf if static else None)
+        q2k = sel.transpose(0, 1).contiguous()
+        kw = (graph_kwargs(msa_ops.msa_sparse_decode_attention, output=out_buf, workspace=ws)
+              if static else {})
+        return msa_ops.msa_sparse_decode_attention(q, k, v, q2k, page_table=page_table,
+                                                   seqused_k=seqused, seqlen_q=1, causal=True,
+                                                   **kw)
+    graph, out = capture(lambda: step(True))
+    replay_and_check(graph, out, lambda: step(False), "M3 decode step replay")
+    # New step: new data everywhere and new (ragged) lengths, same static buffers.
+    refill(idx_q, idx_k, q, k, v, gen=gen)
+    seqused.copy_(torch.randint(1, ctx + 1, (b,), generator=gen, device=DEV))
+    replay_and_check(graph, out, lambda: step(False), "M3 decode step replay on new inputs")
+
+
+@pytest.mark.parametrize("missing", ["max_seqlen_q", "max_k_tiles"])
+def test_proxy_capture_without_dims_raises(missing):
+    gen = mi.cuda_generator(16, DEV)
+    s = 256
+    q, k = mi.randn((s, 4, 128), gen, DEV), mi.randn((s, 1, 128), gen, DEV)
+    cu = ft.cu_seqlens([s], DEV)
+    dims = dict(max_seqlen_q=s, max_k_tiles=s // mi.BLOCK)
+    del dims[missing]
+    msa_ops.msa_proxy_score(q, k, cu, cu, **dims)  # eager is fine: it may read cu_seqlens
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=missing):
+        with torch.cuda.graph(graph):
+            msa_ops.msa_proxy_score(q, k, cu, cu, **dims)
+
+
+# ---- determinism -----------------------------------------------------------------------------
+
+def twice(fn):
+    first = clone(fn())
+    torch.cuda.synchronize()
+    return first, fn()
+
+
+@pytest.mark.parametrize("case", ["prefill", "decode-paged"])
+def test_proxy_score_deterministic(case):
+    gen = mi.cuda_generator(21, DEV)
+    if case == "prefill":
+        s = 8192
+        q, k = mi.randn((s, 4, 128), gen, DEV), mi.randn((s, 1, 128), gen, DEV)
+        cu = ft.cu_seqlens([s], DEV)
+        a, b = twice(lambda: msa_ops.msa_proxy_score(q, k, cu, cu, max_seqlen_q=s,
+                                                     max_k_tiles=s // mi.BLOCK))
+    else:
+        x = Decode(64, 8192, 1, gen, hq=4, hkv=1)
+        cu_q = torch.arange(0, 65, dtype=torch.int32, device=DEV)
+        a, b = twice(lambda: msa_ops.msa_proxy_score(
+            x.q, x.k, cu_q, None, page_table=x.page_table, seqused_k=x.seqused, max_seqlen_q=1,
+            max_k_tiles=x.page_table.shape[1]))
+    assert_bitwise_equal(b, a, f"proxy {case} run twice")
+
+
+@pytest.mark.parametrize("p,s", [(64, 8192), (1024, 2048)])
+def test_topk_select_deterministic(p, s):
+    gen = mi.cuda_generator(22, DEV)
+    score = torch.randn((4, p, s), generator=gen, device=DEV)
+    score[:, ::5] = score[:, 1::5][:, : score[:, ::5].shape[1]]  # exact ties across blocks
+    nvp = torch.randint(1, p + 1, (s,), generator=gen, device=DEV).to(torch.int32)
+    a, b = twice(lambda: msa_ops.msa_topk_select(score, TOPK, num_valid_pages=nvp,
+                                                 force_end_blocks=1))
+    assert_bitwise_equal(b, a, "topk run twice")
+
+
+@pytest.mark.parametrize("layout,kv_dtype", [("flat", BF16), ("paged", FP8)])
+@pytest.mark.parametrize("pattern", ["random", "clustered"])
+def test_sparse_attention_deterministic(layout, kv_dtype, pattern, prefill_schedule):
+    gen = mi.cuda_generator(23, DEV)
+    x = Prefill(4096, gen, layout=layout, kv_dtype=kv_dtype, pattern=pattern)
+    a, b = twice(x.run)
+    assert_bitwise_equal(b, a, f"sparse attention {pattern} {prefill_schedule} run twice")
+
+
+@pytest.mark.parametrize("fused", [True, False, None])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+def test_sparse_decode_deterministic(fused, seqlen_q):
+    gen = mi.cuda_generator(24, DEV)
+    x = Decode(64, 8192, seqlen_q, gen)
+    a, b = twice(lambda: x.run(force_fused=fused))
+    assert_bitwise_equal(b, a, "decode run twice")
