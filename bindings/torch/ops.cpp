@@ -274,6 +274,9 @@ void sparse_attention(MSA_SPARSE_ATTENTION_PARAMS) {
 int64_t sparse_attention_workspace_size(MSA_SPARSE_ATTENTION_PARAMS) {
   return translate_errors([&] {
     const SparseAttnParams p = sparse_attention_params(MSA_SPARSE_ATTENTION_INPUTS);
+    const int device = tensor_device(q);
+    if (device < 0) return int64_t{0};  // the CPU reference needs no scratch
+    DeviceScope scope(device);           // the plan reads the limits of q's device
     return static_cast<int64_t>(sparse_attention_workspace_bytes(p));
   });
 }
@@ -358,6 +361,9 @@ void sparse_decode(MSA_SPARSE_DECODE_PARAMS) {
 int64_t sparse_decode_workspace_size(MSA_SPARSE_DECODE_PARAMS) {
   return translate_errors([&] {
     const SparseDecodeParams p = sparse_decode_params(MSA_SPARSE_DECODE_INPUTS);
+    const int device = tensor_device(q);
+    if (device < 0) return int64_t{0};
+    DeviceScope scope(device);
     return static_cast<int64_t>(sparse_decode_workspace_bytes(p));
   });
 }

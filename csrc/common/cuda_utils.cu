@@ -1,0 +1,56 @@
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "common/cuda_utils.h"
+
+namespace flashmsa::cuda {
+
+const DeviceLimits& current_device_limits() {
+  // Entries are never erased, so references stay valid after the lock is released.
+  static std::mutex mutex;
+  static std::unordered_map<int, DeviceLimits> cache;
+  int device = -1;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  DeviceLimits limits{};
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&limits.num_sms, cudaDevAttrMultiProcessorCount, device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&limits.max_smem_per_block_optin,
+                                        cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&limits.max_smem_per_sm,
+                                        cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  return cache.emplace(device, limits).first->second;
+}
+
+int prepare_launch(const void* kernel, int threads, size_t smem_bytes) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
+  int device = -1;
+  MSA_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(kernel, device, threads, smem_bytes);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  const DeviceLimits& limits = current_device_limits();
+  MSA_CHECK_SUPPORTED(smem_bytes <= size_t(limits.max_smem_per_block_optin), "kernel needs ",
+                      smem_bytes, " bytes of shared memory per block but this GPU allows ",
+                      limits.max_smem_per_block_optin);
+  if (smem_bytes > 48 * 1024) {
+    MSA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+  }
+  int n = 0;
+  MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes));
+  MSA_CHECK_SUPPORTED(n > 0, "kernel cannot be resident on this GPU (", threads, " threads, ",
+                      smem_bytes, " bytes of shared memory)");
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.emplace(key, n);
+  return n;
+}
+
+}  // namespace flashmsa::cuda

@@ -1,0 +1,44 @@
+// Host-side schedule choices of the sparse-attention ops, as plain functions of the shapes (so the
+// grids are static under CUDA-graph capture). docs/design/sparse_attention.md gives the reasoning;
+// none of these is tuned by measurement yet.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace flashmsa::sparse_attn {
+
+// Query-major split-K: enough CTAs for ~6 per SM (2 waves at the 3 resident 16-row CTAs per SM),
+// because one item streams at most topk blocks and a small batch leaves SMs idle otherwise.
+inline constexpr int kQmTargetCtasPerSm = 6;
+
+// Splits of each (row, kv head, row tile) item's used blocks. force_fused: 1 -> 1 (fused);
+// 0 -> at least 2 (the split + combine path, even when the grid is already full); -1 -> heuristic.
+// The count is rounded so that no split of a full list is empty.
+inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fused) {
+  if (force_fused == 1 || items <= 0) return 1;
+  const int64_t target = int64_t(kQmTargetCtasPerSm) * num_sms;
+  int64_t splits = items >= target ? 1 : (target + items - 1) / items;
+  splits = std::min<int64_t>(splits, topk);
+  if (force_fused == 0) splits = std::max<int64_t>(splits, std::min(2, topk));
+  const int64_t per_split = (topk + splits - 1) / splits;
+  return int((topk + per_split - 1) / per_split);
+}
+
+// Prefill: the KV-major schedule pays a fixed cost per launch (list building, partial traffic of
+// ~2 * 4 KB per (token, kv head, block) at G = 16) that only large prefills amortize; query-major
+// moves every selected block once per token but has no setup. Below this many query rows the
+// query-major schedule is used.
+inline constexpr int kKvMajorMinRows = 1024;
+
+// KV-major partials of one launch group are bounded by this many bytes; larger prefills run as
+// several launch groups of query rows (each rebuilding its lists).
+inline constexpr int64_t kKvMajorPartialBudget = int64_t(1) << 30;
+
+// Bytes of KV-major workspace per query row of a launch group: per (kv head, q2k slot) a list entry
+// and G partial rows (128 values in the compute dtype + the log2 LSE [+ temperature LSE]).
+inline int64_t kv_major_bytes_per_row(int num_kv_heads, int topk, int group, bool has_temp) {
+  return int64_t(num_kv_heads) * topk * (4 + int64_t(group) * (128 * 2 + 4 * (has_temp ? 2 : 1)));
+}
+
+}  // namespace flashmsa::sparse_attn

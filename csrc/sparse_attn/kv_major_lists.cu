@@ -1,0 +1,227 @@
+// Device-side construction of the KV-major work lists (a counting sort of (row, q2k slot) pairs by
+// (kv head, flat block)), run once per launch group of query rows:
+//   block_base   flat block numbering: sequence b's blocks are columns [base[b], base[b+1]);
+//   zero_counts  clears the per-(kv head, column) counters once per call;
+//   count        histogram of the pairs with integer atomics; slots that get no pair (list end,
+//                duplicate, out-of-range id, invalid page, block the row cannot see, row of no
+//                sequence) have their partial LSE set to -inf right here, so the combine kernel
+//                can read every slot of a row;
+//   scan         one CTA: list offsets (exclusive scan of the counts) and the items (runs of at
+//                most tokens_per_item tokens of one list); clears the counts for the next group;
+//   scatter      writes each pair into its list at an atomically taken cursor position.
+// The order of the pairs inside a list depends on the atomics; the results do not (see kv_major.cuh).
+#include <cuda_runtime_api.h>
+
+#include <climits>
+
+#include "flashmsa/error.h"
+#include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/launch.h"
+
+namespace flashmsa::sparse_attn {
+
+namespace {
+
+constexpr int kScanThreads = 1024;
+constexpr int kListWarpsPerCta = 8;
+
+// Exclusive scan of one value per thread over a 1024-thread CTA; returns the total in *total.
+template <typename T>
+__device__ T block_exclusive_scan(T v, T* s_warp, T* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T incl = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const T up = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += up;
+  }
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    T w = s_warp[lane];
+    T wincl = w;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const T up = __shfl_up_sync(0xffffffffu, wincl, d);
+      if (lane >= d) wincl += up;
+    }
+    s_warp[lane] = wincl - w;
+    if (lane == 31) *total = wincl;
+  }
+  __syncthreads();
+  const T out = s_warp[warp] + incl - v;
+  __syncthreads();  // s_warp may be reused by the caller
+  return out;
+}
+
+__global__ void __launch_bounds__(kScanThreads) block_base_kernel(const __grid_constant__ KvMajorArgs a) {
+  __shared__ int64_t s_warp[32];
+  __shared__ int64_t s_total;
+  const int n = a.p.batch;
+  const int seg = (n + kScanThreads - 1) / kScanThreads;
+  const int begin = min(n, int(threadIdx.x) * seg), end = min(n, begin + seg);
+  int64_t sum = 0;
+  for (int b = begin; b < end; ++b) sum += num_blocks(kv_seqlen(a.p.kv, b));
+  int64_t run = block_exclusive_scan<int64_t>(sum, s_warp, &s_total);
+  // Columns past nb_bound (only malformed, overlapping flat sequences get there) are dropped by
+  // the builder; clamping keeps every stored base a valid int.
+  for (int b = begin; b < end; ++b) {
+    a.block_base[b] = int(run < a.nb_bound ? run : int64_t(a.nb_bound));
+    run += num_blocks(kv_seqlen(a.p.kv, b));
+  }
+  if (threadIdx.x == 0) a.block_base[n] = int(s_total < a.nb_bound ? s_total : int64_t(a.nb_bound));
+}
+
+__global__ void zero_counts_kernel(const __grid_constant__ KvMajorArgs a) {
+  const int nb = a.block_base[a.p.batch];
+  const int64_t n = int64_t(a.p.num_kv_heads) * nb;
+  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n;
+       x += int64_t(gridDim.x) * blockDim.x) {
+    const int kh = int(x / nb), col = int(x % nb);
+    a.counts[int64_t(kh) * a.nb_bound + col] = 0;
+  }
+}
+
+// What a row needs to classify its q2k entries.
+struct RowContext {
+  int b;
+  int nb;
+  int lim;   // col_limit of the row
+  int base;  // first flat column of sequence b
+};
+
+__device__ bool row_context(const KvMajorArgs& a, int r, RowContext& c) {
+  const SparseAttnParams& p = a.p;
+  c.b = find_sequence(p, r);
+  if (c.b < 0) return false;
+  const int seqlen_k = kv_seqlen(p.kv, c.b);
+  c.nb = num_blocks(seqlen_k);
+  const RowRange rr = q_rows(p.qi, p.total_q, c.b);
+  c.lim = col_limit(p.causal, q_offset_of(p.q_offset, c.b, rr.len, seqlen_k), r - rr.begin, seqlen_k);
+  c.base = a.block_base[c.b];
+  return true;
+}
+
+// Flat column of entry e of a row's list when it becomes a pair, else -1.
+__device__ int entry_column(const KvMajorArgs& a, const RowContext& c, const int* list, int len,
+                            int e) {
+  if (e >= len || !q2k_entry_used(list, e, c.nb)) return -1;
+  const int t = list[e];
+  if (int64_t(t) * kBlockSize >= c.lim) return -1;  // no visible key (t < nb follows from lim <= seqlen)
+  if (a.p.kv.page_table != nullptr && kv_page(a.p.kv, c.b, t) < 0) return -1;
+  const int64_t col = int64_t(c.base) + t;
+  return col < a.nb_bound ? int(col) : -1;
+}
+
+// One warp per (kv head, row of the group). kScatter = false: count; true: scatter.
+template <bool kScatter>
+__global__ void __launch_bounds__(kListWarpsPerCta * 32) pair_kernel(const __grid_constant__ KvMajorArgs a) {
+  const SparseAttnParams& p = a.p;
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (w >= int64_t(p.num_kv_heads) * a.rows) return;  // warp-uniform
+  const int kh = int(w / a.rows), rel = int(w % a.rows);
+  const int r = a.row_begin + rel;
+  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
+  RowContext c;
+  const bool covered = row_context(a, r, c);
+  int len = covered && lane == 0 ? q2k_length(list, p.topk) : 0;
+  len = __shfl_sync(0xffffffffu, len, 0);
+  for (int e = lane; e < p.topk; e += 32) {
+    const int col = covered ? entry_column(a, c, list, len, e) : -1;
+    const int64_t counter = int64_t(kh) * a.nb_bound + col;
+    if constexpr (!kScatter) {
+      if (col >= 0) {
+        atomicAdd(&a.counts[counter], 1);
+      } else {
+        const int64_t slot0 = ((int64_t(kh) * a.chunk_rows + rel) * p.topk + e) * a.group;
+        for (int g = 0; g < a.group; ++g) {
+          a.part_lse[slot0 + g] = -INFINITY;
+          if (a.part_lse_t != nullptr) a.part_lse_t[slot0 + g] = -INFINITY;
+        }
+      }
+    } else {
+      if (col >= 0) {
+        const int pos = atomicAdd(&a.cursors[counter], 1);
+        a.list[pos] = (uint32_t(rel) << 6) | uint32_t(e);
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constant__ KvMajorArgs a) {
+  __shared__ int64_t s_warp[32];
+  __shared__ int64_t s_total_pairs, s_total_items;
+  const int nb = a.block_base[a.p.batch];
+  const int64_t n = int64_t(a.p.num_kv_heads) * nb;
+  const int64_t seg = (n + kScanThreads - 1) / kScanThreads;
+  const int64_t begin = min(n, int64_t(threadIdx.x) * seg), end = min(n, begin + seg);
+  const int tpi = a.tokens_per_item;
+  auto counter = [&](int64_t x) { return (x / nb) * a.nb_bound + x % nb; };
+  int64_t pairs = 0, items = 0;
+  for (int64_t x = begin; x < end; ++x) {
+    const int cnt = a.counts[counter(x)];
+    pairs += cnt;
+    items += (cnt + tpi - 1) / tpi;
+  }
+  int64_t off = block_exclusive_scan<int64_t>(pairs, s_warp, &s_total_pairs);
+  int64_t io = block_exclusive_scan<int64_t>(items, s_warp, &s_total_items);
+  for (int64_t x = begin; x < end; ++x) {
+    const int64_t idx = counter(x);
+    const int cnt = a.counts[idx];
+    a.counts[idx] = 0;  // ready for the next launch group
+    a.cursors[idx] = int(off);
+    if (cnt > 0) {
+      const int kh = int(x / nb), col = int(x % nb);
+      // Sequence of the column: the last b with base[b] <= col (empty sequences share a base).
+      int lo = 0, hi = a.p.batch - 1, b = 0;
+      while (lo <= hi) {
+        const int mid = (lo + hi) >> 1;
+        if (a.block_base[mid] <= col) {
+          b = mid;
+          lo = mid + 1;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      for (int j = 0; j * tpi < cnt; ++j, ++io) {
+        if (io >= a.max_items) continue;  // cannot happen: max_items bounds the sum (see launcher)
+        KvMajorItem it{};
+        it.kh = kh;
+        it.b = b;
+        it.t = col - a.block_base[b];
+        it.start = int(off) + j * tpi;
+        it.count = min(tpi, cnt - j * tpi);
+        a.items[io] = it;
+      }
+    }
+    off += cnt;
+  }
+  if (threadIdx.x == 0) {
+    a.control->num_items = int(min(s_total_items, int64_t(a.max_items)));
+    a.control->next_item = 0;
+  }
+}
+
+}  // namespace
+
+void launch_kv_major_prepare(const KvMajorArgs& a, int num_sms, cudaStream_t stream) {
+  block_base_kernel<<<1, kScanThreads, 0, stream>>>(a);
+  MSA_CUDA_CHECK(cudaGetLastError());
+  zero_counts_kernel<<<2 * num_sms, 256, 0, stream>>>(a);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_kv_major_lists(const KvMajorArgs& a, cudaStream_t stream) {
+  const int64_t warps = int64_t(a.p.num_kv_heads) * a.rows;
+  const int64_t grid = (warps + kListWarpsPerCta - 1) / kListWarpsPerCta;
+  MSA_CHECK(grid <= INT_MAX, "msa_sparse_attention: too many query rows in one launch group");
+  pair_kernel<false><<<unsigned(grid), kListWarpsPerCta * 32, 0, stream>>>(a);
+  MSA_CUDA_CHECK(cudaGetLastError());
+  scan_kernel<<<1, kScanThreads, 0, stream>>>(a);
+  MSA_CUDA_CHECK(cudaGetLastError());
+  pair_kernel<true><<<unsigned(grid), kListWarpsPerCta * 32, 0, stream>>>(a);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashmsa::sparse_attn

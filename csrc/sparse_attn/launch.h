@@ -1,0 +1,35 @@
+// Host launchers of the sparse-attention kernels. The templated attention launchers are defined in
+// query_major.cuh / kv_major.cuh and explicitly instantiated once per (compute dtype, KV kind) in
+// instantiations/*.cu, so the heavy kernels compile in parallel and only once.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "sparse_attn/kernel_traits.h"
+
+namespace flashmsa::sparse_attn {
+
+// Query-major attention: one CTA per item (grid-stride over args.num_items).
+template <typename Elem, KvKind kKv, int kWarpsM>
+void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream);
+
+// KV-major attention: a persistent grid of `grid` CTAs of 256 threads with
+// kv_major_smem_bytes(q_stages) bytes of dynamic shared memory each.
+template <typename Elem, KvKind kKv>
+void launch_kv_major(const KvMajorArgs& args, int grid, cudaStream_t stream);
+template <typename Elem, KvKind kKv>
+int kv_major_smem_bytes(int q_stages);
+// CTAs of the KV-major kernel resident per SM with that much shared memory (0: does not fit).
+template <typename Elem, KvKind kKv>
+int kv_major_ctas_per_sm(int q_stages);
+
+// KV-major list building (kv_major_lists.cu): once per call, then once per launch group.
+void launch_kv_major_prepare(const KvMajorArgs& args, int num_sms, cudaStream_t stream);
+void launch_kv_major_lists(const KvMajorArgs& args, cudaStream_t stream);
+
+// Combine of partials into out (bf16 or fp16) and the LSEs (combine.cu).
+void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t stream);
+
+}  // namespace flashmsa::sparse_attn

@@ -1,0 +1,379 @@
+// Query-major sparse attention (decode, MTP, small prefills, and the fallback prefill schedule).
+//
+// Work item = (query row r, kv head kh, row tile rt of the G heads, split s). Warp 0 plans the
+// item: it reads r's q2k list (D5 set semantics through semantics.h), keeps the used, visible,
+// valid-page blocks in list order, takes split s's share of them and cuts each block into <= 2
+// tiles of 64 keys holding only the keys the row can see (all heads of a token share one causal
+// limit, so no key is loaded that every row would mask). The 4 warps then stream those tiles
+// through a kStages-deep cp.async pipeline; warp (w_m, w_n) owns query rows 16 w_m .. + 16 and keys
+// [w_n * 64 / kWarpsN, ...) of every tile, with its own online softmax. At the end the kWarpsN
+// states of a row tile are merged through shared memory in a fixed order (deterministic) and the
+// item writes either the final output / LSE (fused) or a partial for the combine kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <climits>
+
+#include "common/cuda_utils.h"
+#include "flashmsa/error.h"
+#include "sparse_attn/attention_core.cuh"
+
+namespace flashmsa::sparse_attn {
+
+template <typename Elem, KvKind kKv, int kWarpsM>
+struct QueryMajorConfig {
+  static constexpr int kWarps = kQmThreads / 32;
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kRows = 16 * kWarpsM;          // query heads per CTA
+  static constexpr int kWarpKeys = kQmTileKeys / kWarpsN;
+  static constexpr int kNT = kWarpKeys / 8;            // n8 key tiles per warp step
+  // Raw stages are cheaper for quantized KV, so more of them are kept in flight, within the
+  // 99 KB a CTA may use on every SM80+ GPU (sm_86 / sm_89 have the least).
+  static constexpr int kStages =
+      kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4);
+  static constexpr int kTileBytes = kQmTileKeys * 256;  // one K or V compute tile
+  static constexpr int kStageBytes =
+      kKv == KvKind::kNative ? 2 * kTileBytes : 2 * kRawTileBytes<kKv, kQmTileKeys>;
+  static constexpr int kPipeBytes = kStages * kStageBytes + (kKv == KvKind::kNative ? 0 : 2 * kTileBytes);
+  // Merge: per warp with w_n > 0, 64 accumulators + (m, l, lt) x 2 rows per lane.
+  static constexpr int kMergeFloats = 70;
+  static constexpr int kMergeBytes = ((kWarpsN - 1) * kWarpsM * kMergeFloats * 32 * 4 + 1023) / 1024 * 1024;
+  static constexpr int kStageOutBytes = 16 * 128 * 4;  // per warp, widest store kind
+  static constexpr int kEpilogueBytes = kMergeBytes + kWarpsM * kStageOutBytes;
+  static constexpr int kUnionBytes = kPipeBytes > kEpilogueBytes ? kPipeBytes : kEpilogueBytes;
+
+  // Shared memory plan (byte offsets). Q and the tile list live outside the union because the
+  // pipeline reads them until the last tile.
+  static constexpr int kQOffset = 0;
+  static constexpr int kTilesOffset = kQOffset + kRows * 256;
+  static constexpr int kListOffset = kTilesOffset + kQmMaxTiles * int(sizeof(TileDesc));
+  static constexpr int kMiscOffset = kListOffset + kMaxTopk * 4;
+  static constexpr int kUnionOffset = (kMiscOffset + 128 + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes = kUnionOffset + kUnionBytes;
+  // ldm_base_* fold the swizzle into an XOR, which needs 256-byte aligned tiles.
+  static_assert(kUnionOffset % 256 == 0 && kStageBytes % 256 == 0, "256-byte aligned tiles");
+  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
+};
+
+// Warp 0: builds the item's tile list in shared memory; returns the number of tiles (all lanes).
+template <int kWarpsM>
+MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, int split,
+                                     TileDesc* s_tiles, int* s_list, int lane) {
+  const SparseAttnParams& p = args.p;
+  const int b = find_sequence(p, r);
+  if (b < 0) return 0;
+  const int seqlen_k = kv_seqlen(p.kv, b);
+  const int nb = num_blocks(seqlen_k);
+  const RowRange rr = q_rows(p.qi, p.total_q, b);
+  const int64_t q_off = q_offset_of(p.q_offset, b, rr.len, seqlen_k);
+  const int lim = col_limit(p.causal, q_off, r - rr.begin, seqlen_k);
+
+  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
+  for (int e = lane; e < p.topk; e += 32) s_list[e] = list[e];
+  __syncwarp();
+  int len = lane == 0 ? q2k_length(s_list, p.topk) : 0;
+  len = __shfl_sync(0xffffffffu, len, 0);
+
+  // Entries lane and lane + 32 (topk <= 64).
+  bool used[2], two[2];
+  int blk[2], vis[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int e = lane + 32 * h;
+    used[h] = e < len && q2k_entry_used(s_list, e, nb);
+    blk[h] = used[h] ? s_list[e] : 0;
+    const int64_t vis64 = int64_t(lim) - int64_t(blk[h]) * kBlockSize;
+    vis[h] = used[h] ? int(vis64 < kBlockSize ? vis64 : int64_t(kBlockSize)) : 0;
+    used[h] = used[h] && vis[h] > 0;
+    if (used[h] && p.kv.page_table != nullptr) used[h] = kv_page(p.kv, b, blk[h]) >= 0;
+    two[h] = used[h] && vis[h] > kQmTileKeys;
+  }
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  const uint32_t u0 = __ballot_sync(0xffffffffu, used[0]);
+  const uint32_t u1 = __ballot_sync(0xffffffffu, used[1]);
+  const int n_used = __popc(u0) + __popc(u1);
+  const int per_split = (n_used + args.splits - 1) / args.splits;
+  const int s_begin = split * per_split;
+  const int s_end = min(n_used, s_begin + per_split);
+  bool keep[2];
+  keep[0] = used[0] && __popc(u0 & lt_mask) >= s_begin && __popc(u0 & lt_mask) < s_end;
+  const int rank1 = __popc(u0) + __popc(u1 & lt_mask);
+  keep[1] = used[1] && rank1 >= s_begin && rank1 < s_end;
+  const uint32_t k0 = __ballot_sync(0xffffffffu, keep[0]);
+  const uint32_t k1 = __ballot_sync(0xffffffffu, keep[1]);
+  const uint32_t t0 = __ballot_sync(0xffffffffu, keep[0] && two[0]);
+  const uint32_t t1 = __ballot_sync(0xffffffffu, keep[1] && two[1]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!keep[h]) continue;
+    const int idx = h == 0 ? __popc(k0 & lt_mask) + __popc(t0 & lt_mask)
+                           : __popc(k0) + __popc(t0) + __popc(k1 & lt_mask) + __popc(t1 & lt_mask);
+    const int j0 = blk[h] * kBlockSize;
+    TileDesc d;
+    d.k_off = kv_offset(p.k, p.kv, b, kh, j0);
+    d.v_off = kv_offset(p.v, p.kv, b, kh, j0);
+    d.scale_row = p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j0) : 0;
+    d.n_valid = min(kQmTileKeys, vis[h]);
+    d.pad = 0;
+    s_tiles[idx] = d;
+    if (two[h]) {
+      // Second half of the block: keys 64 .. vis; rows of a block are stride_token apart.
+      d.k_off += int64_t(kQmTileKeys) * p.k.stride_token;
+      d.v_off += int64_t(kQmTileKeys) * p.v.stride_token;
+      d.scale_row += int64_t(kQmTileKeys) * scale_row_step(p);
+      d.n_valid = vis[h] - kQmTileKeys;
+      s_tiles[idx + 1] = d;
+    }
+  }
+  return __popc(k0) + __popc(k1) + __popc(t0) + __popc(t1);
+}
+
+// Loads the item's query rows (heads rt * kRows + i of kv head kh of token r) into the Q tile;
+// rows past G are zero. bf16/fp16 q by cp.async (joins the first commit group); fp8 q (decode) is
+// converted to bf16 through registers.
+template <typename Elem, int kRows>
+MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int rt, uint8_t* sQ,
+                                int tid) {
+  const SparseAttnParams& p = args.p;
+  if (!args.q_fp8) {
+    const Elem* q = static_cast<const Elem*>(p.q);
+    for (int c = tid; c < kRows * 16; c += kQmThreads) {
+      const int row = c >> 4, ch = c & 15;
+      const int hh = rt * kRows + row;
+      const bool ok = hh < args.group;
+      const Elem* src =
+          q + int64_t(r) * p.q_stride_token + int64_t(kh * args.group + hh) * p.q_stride_head + ch * 8;
+      cp_async_16(smem_addr(sQ) + tile_offset(row, ch), ok ? src : q, ok);
+    }
+  } else {
+    const uint8_t* q = static_cast<const uint8_t*>(p.q);
+    for (int c = tid; c < kRows * 8; c += kQmThreads) {
+      const int row = c >> 3, ch = c & 7;
+      const int hh = rt * kRows + row;
+      uint4 in = make_uint4(0u, 0u, 0u, 0u);
+      if (hh < args.group)
+        in = *reinterpret_cast<const uint4*>(q + int64_t(r) * p.q_stride_token +
+                                             int64_t(kh * args.group + hh) * p.q_stride_head + ch * 16);
+      const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+      uint32_t out[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        out[2 * j] = e4m3x2_to<Elem>(uint16_t(w[j] & 0xFFFFu));
+        out[2 * j + 1] = e4m3x2_to<Elem>(uint16_t(w[j] >> 16));
+      }
+      *reinterpret_cast<uint4*>(sQ + tile_offset(row, 2 * ch)) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(sQ + tile_offset(row, 2 * ch + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+  }
+}
+
+// 3 CTAs per SM for 16-row tiles (decode: enough bytes in flight, ~150 registers); 2 for 64-row
+// tiles, whose shared memory allows no more and which need ~170 registers.
+template <typename Elem, KvKind kKv, int kWarpsM>
+__global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
+    query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
+  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM>;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const SparseAttnParams& p = args.p;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int w_m = warp % kWarpsM, w_n = warp / kWarpsM;
+
+  uint8_t* sQ = smem + Cfg::kQOffset;
+  TileDesc* s_tiles = reinterpret_cast<TileDesc*>(smem + Cfg::kTilesOffset);
+  int* s_list = reinterpret_cast<int*>(smem + Cfg::kListOffset);
+  int* s_misc = reinterpret_cast<int*>(smem + Cfg::kMiscOffset);
+  uint8_t* s_union = smem + Cfg::kUnionOffset;
+  const uint32_t sQ_addr = smem_addr(sQ);
+  check_smem_base(smem);
+  const int scale_step = scale_row_step(p);
+  const float temp = p.lse_temperature;
+
+  for (int64_t item = blockIdx.x; item < args.num_items; item += gridDim.x) {
+    const int split = int(item % args.splits);
+    int64_t rest = item / args.splits;
+    const int rt = int(rest % args.row_tiles);
+    rest /= args.row_tiles;
+    const int kh = int(rest % p.num_kv_heads);
+    const int r = int(rest / p.num_kv_heads);
+
+    __syncthreads();  // the previous item is done with every shared buffer
+    if (warp == 0) {
+      const int n = plan_query_major_item<kWarpsM>(args, r, kh, split, s_tiles, s_list, lane);
+      if (lane == 0) s_misc[0] = n;
+    }
+    load_query_rows<Elem, Cfg::kRows>(args, r, kh, rt, sQ, tid);
+    cp_async_commit();
+    __syncthreads();
+    const int n_tiles = s_misc[0];
+
+    // Stage st holds K then V (compute tiles for native KV, raw bytes otherwise).
+    auto stage_addr = [&](int st) { return smem_addr(s_union) + uint32_t(st * Cfg::kStageBytes); };
+    auto issue_tile = [&](int tile, int st) {
+      const TileDesc d = s_tiles[tile];
+      constexpr int kHalf = Cfg::kStageBytes / 2;
+      issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.k, d.k_off, d.scale_row, scale_step,
+                                                       d.n_valid, stage_addr(st), tid);
+      issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.v, d.v_off, d.scale_row, scale_step,
+                                                       d.n_valid, stage_addr(st) + kHalf, tid);
+    };
+#pragma unroll
+    for (int st = 0; st < Cfg::kStages - 1; ++st) {
+      if (st < n_tiles) issue_tile(st, st);
+      cp_async_commit();
+    }
+
+    float o[1][16][4];
+#pragma unroll
+    for (int d = 0; d < 16; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[0][d][e] = 0.0f;
+    SoftmaxState<1> st;
+    st.init();
+
+    for (int i = 0; i < n_tiles; ++i) {
+      cp_async_wait<Cfg::kStages - 2>();
+      __syncthreads();  // tile i landed for every thread; everyone is done with tile i - 1
+      const int nx = i + Cfg::kStages - 1;
+      if (nx < n_tiles) issue_tile(nx, nx % Cfg::kStages);
+      cp_async_commit();
+
+      uint32_t sK, sV;
+      if constexpr (kKv == KvKind::kNative) {
+        sK = stage_addr(i % Cfg::kStages);
+        sV = sK + Cfg::kTileBytes;
+      } else {
+        uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
+        uint8_t* cbuf = s_union + Cfg::kStages * Cfg::kStageBytes;
+        convert_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(raw, cbuf, tid);
+        convert_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(raw + Cfg::kStageBytes / 2,
+                                                            cbuf + Cfg::kTileBytes, tid);
+        __syncthreads();
+        sK = smem_addr(cbuf);
+        sV = sK + Cfg::kTileBytes;
+      }
+
+      const int key0 = w_n * Cfg::kWarpKeys;
+      const int lim_rel = s_tiles[i].n_valid - key0;
+      if (lim_rel > 0) {  // warp-uniform: skip a slice past the tile's last visible key
+        float s[1][Cfg::kNT][4];
+        gemm_qk<Elem, 1, Cfg::kNT>(s, ldm_base_a(sQ_addr, w_m * 16, lane), ldm_base_k(sK, key0, lane));
+        const int lim[1][2] = {{lim_rel, lim_rel}};
+        softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
+        gemm_pv<Elem, 1, Cfg::kNT>(o, s, ldm_base_v(sV, key0, lane));
+      }
+    }
+    st.quad_reduce();
+    cp_async_wait<0>();
+    __syncthreads();  // pipeline buffers are free for the merge / staging
+
+    if constexpr (Cfg::kWarpsN > 1) {
+      float* merge = reinterpret_cast<float*>(s_union);
+      if (w_n > 0) {
+        float* mine = merge + ((w_n - 1) * kWarpsM + w_m) * Cfg::kMergeFloats * 32;
+#pragma unroll
+        for (int d = 0; d < 16; ++d)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mine[(d * 4 + e) * 32 + lane] = o[0][d][e];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mine[(64 + h) * 32 + lane] = st.m[0][h];
+          mine[(66 + h) * 32 + lane] = st.l[0][h];
+          mine[(68 + h) * 32 + lane] = st.lt[0][h];
+        }
+      }
+      __syncthreads();
+      if (w_n == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float m_all = st.m[0][h];
+          for (int w = 1; w < Cfg::kWarpsN; ++w)
+            m_all = fmaxf(m_all, merge[(((w - 1) * kWarpsM + w_m) * Cfg::kMergeFloats + 64 + h) * 32 + lane]);
+          const float m_use = m_all == neg_inf() ? 0.0f : m_all;
+          const float f0 = merge_factor(st.m[0][h], m_use);
+          float l = st.l[0][h] * f0;
+          float lt = args.has_temp ? st.lt[0][h] * merge_factor_t(st.m[0][h], m_use, temp) : 0.0f;
+#pragma unroll
+          for (int d = 0; d < 16; ++d) {
+            o[0][d][2 * h] *= f0;
+            o[0][d][2 * h + 1] *= f0;
+          }
+          for (int w = 1; w < Cfg::kWarpsN; ++w) {
+            const float* other = merge + ((w - 1) * kWarpsM + w_m) * Cfg::kMergeFloats * 32;
+            const float m_w = other[(64 + h) * 32 + lane];
+            const float f = merge_factor(m_w, m_use);
+            l += other[(66 + h) * 32 + lane] * f;
+            if (args.has_temp) lt += other[(68 + h) * 32 + lane] * merge_factor_t(m_w, m_use, temp);
+#pragma unroll
+            for (int d = 0; d < 16; ++d) {
+              o[0][d][2 * h] += other[(d * 4 + 2 * h) * 32 + lane] * f;
+              o[0][d][2 * h + 1] += other[(d * 4 + 2 * h + 1) * 32 + lane] * f;
+            }
+          }
+          st.m[0][h] = m_all;
+          st.l[0][h] = l;
+          st.lt[0][h] = lt;
+        }
+      }
+    }
+
+    if (w_n == 0) {
+      uint8_t* stage = s_union + Cfg::kMergeBytes + w_m * Cfg::kStageOutBytes;
+      const int gid = lane >> 2, tig = lane & 3;
+      const int hh_lane = rt * Cfg::kRows + w_m * 16 + (lane & 15);  // row of lane i < 16
+      const bool row_ok = lane < 16 && hh_lane < args.group;
+      float mul[2];
+      if (args.write_final) {
+        const int64_t out_row = int64_t(r) * p.num_heads + kh * args.group + hh_lane;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? p.v_global_scale / st.l[0][h] : 0.0f;
+        store_rows<kElemStoreKind<Elem>>(o[0], mul, stage, p.out, row_ok ? out_row * 128 : -1, lane);
+        if (tig == 0) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int hh = rt * Cfg::kRows + w_m * 16 + gid + 8 * h;
+            if (hh >= args.group) continue;
+            const int64_t idx = int64_t(r) * p.num_heads + kh * args.group + hh;
+            if (p.lse != nullptr) p.lse[idx] = row_lse2(st.m[0][h], st.l[0][h]) * kLn2;
+            if (p.lse_temperature_out != nullptr)
+              p.lse_temperature_out[idx] = row_lse2_t(st.m[0][h], st.lt[0][h], temp) * kLn2;
+          }
+        }
+      } else {
+        const int64_t slot0 = ((int64_t(kh) * p.total_q + r) * args.splits + split) * args.group;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? 1.0f / st.l[0][h] : 0.0f;
+        const int64_t row_off = row_ok ? (slot0 + hh_lane) * 128 : -1;
+        switch (args.part_kind) {
+          case StoreKind::kF32: store_rows<StoreKind::kF32>(o[0], mul, stage, args.part_o, row_off, lane); break;
+          case StoreKind::kBF16: store_rows<StoreKind::kBF16>(o[0], mul, stage, args.part_o, row_off, lane); break;
+          case StoreKind::kF16: store_rows<StoreKind::kF16>(o[0], mul, stage, args.part_o, row_off, lane); break;
+          default: store_rows<StoreKind::kFP8>(o[0], mul, stage, args.part_o, row_off, lane); break;
+        }
+        if (tig == 0) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int hh = rt * Cfg::kRows + w_m * 16 + gid + 8 * h;
+            if (hh >= args.group) continue;
+            args.part_lse[slot0 + hh] = row_lse2(st.m[0][h], st.l[0][h]);
+            if (args.part_lse_t != nullptr)
+              args.part_lse_t[slot0 + hh] = row_lse2_t(st.m[0][h], st.lt[0][h], temp);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename Elem, KvKind kKv, int kWarpsM>
+void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
+  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM>;
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM>;
+  flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
+  // Items beyond the largest grid are picked up by the grid-stride loop.
+  const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
+  kernel<<<unsigned(grid), kQmThreads, Cfg::kSmemBytes, stream>>>(args);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashmsa::sparse_attn

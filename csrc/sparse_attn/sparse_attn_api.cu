@@ -1,0 +1,423 @@
+// CUDA entry points of msa_sparse_attention and msa_sparse_decode_attention (cuda_ops.h): host
+// checks of what the kernels assume, the schedule choice, the workspace plan (the same function
+// sizes it and carves it, so *_workspace_bytes and the run always agree), and the launches.
+// Stream-ordered: no host synchronization, no allocation, static grids.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/cuda_utils.h"
+#include "cuda_ops.h"
+#include "flashmsa/error.h"
+#include "flashmsa/semantics.h"
+#include "sparse_attn/heuristics.h"
+#include "sparse_attn/launch.h"
+
+namespace flashmsa::sparse_attn {
+
+namespace {
+
+constexpr float kLog2eHost = 1.4426950408889634f;
+constexpr size_t kSectionAlign = 256;
+
+struct DeviceInfo {
+  int num_sms;
+};
+
+DeviceInfo device_info() { return DeviceInfo{flashmsa::cuda::current_device_limits().num_sms}; }
+
+// ---- what the kernels assume -----------------------------------------------------------------
+
+bool compute_is_bf16(const SparseAttnParams& p) { return p.q_dtype != DType::kFP16; }
+
+KvKind kv_kind(const SparseAttnParams& p) {
+  switch (p.k.dtype) {
+    case DType::kNVFP4: return KvKind::kNvfp4;
+    case DType::kFP8E4M3: return KvKind::kFp8;
+    default: {
+      const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
+      MSA_CHECK(p.k.dtype == compute, "k: dtype ", dtype_name(p.k.dtype),
+                " must be the compute dtype ", dtype_name(compute), " (or fp8 e4m3 / NVFP4)");
+      return KvKind::kNative;
+    }
+  }
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+void check_kv(const char* name, const KVTensor& t, int elem_bytes) {
+  MSA_CHECK(aligned16(t.data), name, ": data must be 16-byte aligned");
+  MSA_CHECK((t.stride_token * elem_bytes) % 16 == 0 && (t.stride_head * elem_bytes) % 16 == 0 &&
+                (t.stride_page * elem_bytes) % 16 == 0,
+            name, ": token/head/page strides must be multiples of 16 bytes (got ", t.stride_token,
+            ", ", t.stride_head, ", ", t.stride_page, " elements)");
+  if (t.dtype == DType::kNVFP4)
+    MSA_CHECK((reinterpret_cast<uintptr_t>(t.scale) & 3u) == 0, name, "_scale must be 4-byte aligned");
+}
+
+// Checks the shapes and layouts the kernels rely on (validated Params satisfy them; a violation
+// is a clear error rather than a misaligned access).
+void check_params(const SparseAttnParams& p, const char* op) {
+  MSA_CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, op,
+            ": num_qo_heads must be a multiple of num_kv_heads");
+  MSA_CHECK(p.topk >= 1 && p.topk <= kMaxTopk, op, ": topk must be in [1, ", kMaxTopk, "], got ", p.topk);
+  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
+  MSA_CHECK(p.out_dtype == compute, op, ": output dtype ", dtype_name(p.out_dtype), " must be ",
+            dtype_name(compute));
+  const int q_bytes = p.q_dtype == DType::kFP8E4M3 ? 1 : 2;
+  MSA_CHECK(aligned16(p.q) && (p.q_stride_token * q_bytes) % 16 == 0 &&
+                (p.q_stride_head * q_bytes) % 16 == 0,
+            op, ": q must be 16-byte aligned with 16-byte multiple strides");
+  MSA_CHECK(aligned16(p.out), op, ": output must be 16-byte aligned");
+  const int kv_bytes = p.k.dtype == DType::kBF16 || p.k.dtype == DType::kFP16 ? 2 : 1;
+  check_kv("k", p.k, kv_bytes);
+  check_kv("v", p.v, kv_bytes);
+  (void)kv_kind(p);
+}
+
+// Runs fn.template operator()<Elem, kKv>() for the params' compute dtype and KV kind.
+template <typename Fn>
+auto dispatch_types(const SparseAttnParams& p, Fn&& fn) {
+  const KvKind kind = kv_kind(p);
+  if (compute_is_bf16(p)) {
+    switch (kind) {
+      case KvKind::kNative: return fn.template operator()<__nv_bfloat16, KvKind::kNative>();
+      case KvKind::kFp8: return fn.template operator()<__nv_bfloat16, KvKind::kFp8>();
+      default: return fn.template operator()<__nv_bfloat16, KvKind::kNvfp4>();
+    }
+  }
+  switch (kind) {
+    case KvKind::kNative: return fn.template operator()<__half, KvKind::kNative>();
+    case KvKind::kFp8: return fn.template operator()<__half, KvKind::kFp8>();
+    default: return fn.template operator()<__half, KvKind::kNvfp4>();
+  }
+}
+
+// ---- workspace carving -----------------------------------------------------------------------
+
+struct Carver {
+  size_t bytes = 0;
+  size_t take(size_t n) {
+    const size_t off = bytes;
+    bytes += (n + kSectionAlign - 1) / kSectionAlign * kSectionAlign;
+    return off;
+  }
+};
+
+template <typename T>
+T* at(const SparseAttnParams& p, size_t off) {
+  return reinterpret_cast<T*>(static_cast<uint8_t*>(p.workspace) + off);
+}
+
+void check_workspace(const SparseAttnParams& p, size_t needed, const char* op) {
+  if (needed == 0) return;
+  MSA_CHECK(p.workspace != nullptr && p.workspace_bytes >= needed, op, ": workspace needs ", needed,
+            " bytes of device scratch, got ", p.workspace_bytes);
+  MSA_CHECK((reinterpret_cast<uintptr_t>(p.workspace) % kSectionAlign) == 0, op,
+            ": workspace must be ", kSectionAlign, "-byte aligned");
+}
+
+// ---- query-major plan ------------------------------------------------------------------------
+
+struct QmPlan {
+  int warps_m;
+  int row_tiles;
+  int splits;
+  bool fused;
+  StoreKind part_kind;
+  int64_t num_items;
+  size_t part_o_off, part_lse_off, part_lse_t_off;
+  size_t bytes;
+};
+
+QmPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused, StoreKind part_kind) {
+  QmPlan plan{};
+  const int group = p.num_heads / p.num_kv_heads;
+  // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups take 64-row tiles.
+  plan.warps_m = group <= 16 ? 1 : 4;
+  const int rows = 16 * plan.warps_m;
+  plan.row_tiles = (group + rows - 1) / rows;
+  const int64_t items = int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
+  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused);
+  plan.fused = plan.splits == 1 && force_fused != 0;
+  plan.part_kind = part_kind;
+  plan.num_items = items * plan.splits;
+  if (!plan.fused) {
+    const int64_t slots = int64_t(p.total_q) * p.num_heads * plan.splits;
+    Carver c;
+    plan.part_o_off = c.take(size_t(slots) * 128 * store_kind_bytes(part_kind));
+    plan.part_lse_off = c.take(size_t(slots) * 4);
+    plan.part_lse_t_off = p.lse_temperature_out != nullptr ? c.take(size_t(slots) * 4) : 0;
+    plan.bytes = c.bytes;
+  }
+  return plan;
+}
+
+void run_query_major(const SparseAttnParams& p, const QmPlan& plan, cudaStream_t stream) {
+  QueryMajorArgs a{};
+  a.p = p;
+  a.group = p.num_heads / p.num_kv_heads;
+  a.row_tiles = plan.row_tiles;
+  a.splits = plan.splits;
+  a.write_final = plan.fused;
+  a.q_fp8 = p.q_dtype == DType::kFP8E4M3;
+  a.has_temp = p.lse_temperature_out != nullptr;
+  a.scale_log2 = effective_softmax_scale(p) * kLog2eHost;
+  a.num_items = plan.num_items;
+  a.part_kind = plan.part_kind;
+  if (!plan.fused) {
+    a.part_o = at<void>(p, plan.part_o_off);
+    a.part_lse = at<float>(p, plan.part_lse_off);
+    a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
+  }
+  dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+    if (plan.warps_m == 1) {
+      launch_query_major<Elem, kKv, 1>(a, stream);
+    } else {
+      launch_query_major<Elem, kKv, 4>(a, stream);
+    }
+  });
+  if (!plan.fused) {
+    CombineArgs c{};
+    c.row_begin = 0;
+    c.rows = p.total_q;
+    c.row_stride = p.total_q;
+    c.num_heads = p.num_heads;
+    c.num_kv_heads = p.num_kv_heads;
+    c.group = a.group;
+    c.num_slots = plan.splits;
+    c.part_o = a.part_o;
+    c.part_kind = plan.part_kind;
+    c.part_lse = a.part_lse;
+    c.part_lse_t = a.part_lse_t;
+    c.out = p.out;
+    c.lse = p.lse;
+    c.lse_t = p.lse_temperature_out;
+    c.v_scale = p.v_global_scale;
+    launch_combine(c, p.out_dtype, stream);
+  }
+}
+
+// ---- KV-major plan ---------------------------------------------------------------------------
+
+struct KvmPlan {
+  int chunk_rows;
+  int nb_bound;
+  int tokens_per_item;
+  int max_items;
+  int q_stages;
+  int grid;
+  size_t block_base_off, counts_off, cursors_off, control_off, items_off, list_off;
+  size_t part_o_off, part_lse_off, part_lse_t_off;
+  size_t bytes;
+};
+
+// Testing knob: FLASHMSA_KV_MAJOR_CHUNK_ROWS=<n> caps the query rows of one launch group, so small
+// inputs exercise the multi-group path.
+int64_t chunk_rows_override() {
+  const char* env = std::getenv("FLASHMSA_KV_MAJOR_CHUNK_ROWS");
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  MSA_CHECK(end != nullptr && *end == '\0' && v > 0, "FLASHMSA_KV_MAJOR_CHUNK_ROWS must be a positive "
+            "integer, got '", env, "'");
+  return v;
+}
+
+// False when the KV-major kernel does not fit this device's shared memory.
+bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& plan) {
+  plan = KvmPlan{};
+  int ctas = 0;
+  for (int stages = 2; stages >= 1 && ctas == 0; --stages) {
+    ctas = dispatch_types(p, [&]<typename Elem, KvKind kKv>() { return kv_major_ctas_per_sm<Elem, kKv>(stages); });
+    plan.q_stages = stages;
+  }
+  if (ctas == 0) return false;
+
+  const int group = p.num_heads / p.num_kv_heads;
+  const bool has_temp = p.lse_temperature_out != nullptr;
+  const int64_t per_row = kv_major_bytes_per_row(p.num_kv_heads, p.topk, group, has_temp);
+  int64_t chunk = std::max<int64_t>(1, kKvMajorPartialBudget / per_row);
+  if (const int64_t forced = chunk_rows_override(); forced > 0) chunk = forced;
+  // (row << 6 | slot) list entries and int list offsets bound one group's pairs.
+  chunk = std::min<int64_t>({chunk, p.total_q, (int64_t(1) << 28) / (int64_t(p.num_kv_heads) * p.topk)});
+  chunk = std::max<int64_t>(chunk, 1);
+  plan.chunk_rows = int(chunk);
+
+  const int64_t nb_bound = p.kv.page_table != nullptr
+                               ? int64_t(p.batch) * p.kv.max_pages
+                               : p.kv.total_k / kBlockSize + p.batch + 1;
+  MSA_CHECK(nb_bound * p.num_kv_heads < INT_MAX, "msa_sparse_attention: too many KV blocks (",
+            nb_bound, " per kv head) for the KV-major schedule");
+  plan.nb_bound = int(std::max<int64_t>(nb_bound, 1));
+  plan.tokens_per_item = std::max(1, kKvmMaxRowsPerItem / group);
+  // Items: every list contributes ceil(count / tokens_per_item) <= count / tpi + 1, and at most
+  // min(columns, pairs) lists are non-empty.
+  const int64_t pairs = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk;
+  const int64_t max_items =
+      (pairs + plan.tokens_per_item - 1) / plan.tokens_per_item +
+      std::min<int64_t>(int64_t(p.num_kv_heads) * plan.nb_bound, pairs);
+  plan.max_items = int(max_items);
+  plan.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_items, int64_t(ctas) * dev.num_sms)));
+
+  Carver c;
+  plan.block_base_off = c.take(size_t(p.batch + 1) * 4);
+  plan.counts_off = c.take(size_t(p.num_kv_heads) * plan.nb_bound * 4);
+  plan.cursors_off = c.take(size_t(p.num_kv_heads) * plan.nb_bound * 4);
+  plan.control_off = c.take(sizeof(KvMajorControl));
+  plan.items_off = c.take(size_t(max_items) * sizeof(KvMajorItem));
+  plan.list_off = c.take(size_t(pairs) * 4);
+  plan.part_o_off = c.take(size_t(pairs) * group * 128 * 2);
+  plan.part_lse_off = c.take(size_t(pairs) * group * 4);
+  plan.part_lse_t_off = has_temp ? c.take(size_t(pairs) * group * 4) : 0;
+  plan.bytes = c.bytes;
+  return true;
+}
+
+void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceInfo& dev,
+                  cudaStream_t stream) {
+  KvMajorArgs a{};
+  a.p = p;
+  a.group = p.num_heads / p.num_kv_heads;
+  a.has_temp = p.lse_temperature_out != nullptr;
+  a.scale_log2 = effective_softmax_scale(p) * kLog2eHost;
+  a.chunk_rows = plan.chunk_rows;
+  a.nb_bound = plan.nb_bound;
+  a.tokens_per_item = plan.tokens_per_item;
+  a.max_items = plan.max_items;
+  a.num_warps = kKvmMaxThreads / 32;
+  a.q_stages = plan.q_stages;
+  a.block_base = at<int>(p, plan.block_base_off);
+  a.counts = at<int>(p, plan.counts_off);
+  a.cursors = at<int>(p, plan.cursors_off);
+  a.control = at<KvMajorControl>(p, plan.control_off);
+  a.items = at<KvMajorItem>(p, plan.items_off);
+  a.list = at<uint32_t>(p, plan.list_off);
+  a.part_o = at<void>(p, plan.part_o_off);
+  a.part_lse = at<float>(p, plan.part_lse_off);
+  a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
+
+  launch_kv_major_prepare(a, dev.num_sms, stream);
+  for (int64_t r0 = 0; r0 < p.total_q; r0 += plan.chunk_rows) {
+    a.row_begin = int(r0);
+    a.rows = int(std::min<int64_t>(plan.chunk_rows, p.total_q - r0));
+    launch_kv_major_lists(a, stream);
+    dispatch_types(p, [&]<typename Elem, KvKind kKv>() { launch_kv_major<Elem, kKv>(a, plan.grid, stream); });
+    CombineArgs c{};
+    c.row_begin = a.row_begin;
+    c.rows = a.rows;
+    c.row_stride = plan.chunk_rows;
+    c.num_heads = p.num_heads;
+    c.num_kv_heads = p.num_kv_heads;
+    c.group = a.group;
+    c.num_slots = p.topk;
+    c.part_o = a.part_o;
+    c.part_kind = compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16;
+    c.part_lse = a.part_lse;
+    c.part_lse_t = a.part_lse_t;
+    c.out = p.out;
+    c.lse = p.lse;
+    c.lse_t = p.lse_temperature_out;
+    c.v_scale = p.v_global_scale;
+    launch_combine(c, p.out_dtype, stream);
+  }
+}
+
+// ---- prefill schedule choice -----------------------------------------------------------------
+
+enum class Schedule { kQueryMajor, kKvMajor };
+
+// FLASHMSA_PREFILL_SCHEDULE = auto (default) | query_major | kv_major forces a prefill schedule
+// (tests run both on the same data; benchmarks compare them).
+Schedule schedule_override(bool* forced) {
+  const char* env = std::getenv("FLASHMSA_PREFILL_SCHEDULE");
+  *forced = false;
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return Schedule::kQueryMajor;
+  *forced = true;
+  if (std::strcmp(env, "query_major") == 0) return Schedule::kQueryMajor;
+  if (std::strcmp(env, "kv_major") == 0) return Schedule::kKvMajor;
+  MSA_FAIL("FLASHMSA_PREFILL_SCHEDULE must be auto, query_major or kv_major, got '", env, "'");
+}
+
+struct PrefillPlan {
+  Schedule schedule;
+  QmPlan qm;
+  KvmPlan kvm;
+  size_t bytes;
+};
+
+PrefillPlan plan_prefill(const SparseAttnParams& p, const DeviceInfo& dev) {
+  PrefillPlan plan{};
+  bool forced = false;
+  const Schedule wanted = schedule_override(&forced);
+  const bool kv_major = forced ? wanted == Schedule::kKvMajor : p.total_q >= kKvMajorMinRows;
+  if (kv_major && plan_kv_major(p, dev, plan.kvm)) {
+    plan.schedule = Schedule::kKvMajor;
+    plan.bytes = plan.kvm.bytes;
+    return plan;
+  }
+  MSA_CHECK_SUPPORTED(!(forced && kv_major), "FLASHMSA_PREFILL_SCHEDULE=kv_major: the KV-major kernel "
+                      "does not fit this GPU's shared memory");
+  plan.schedule = Schedule::kQueryMajor;
+  plan.qm = plan_query_major(p, dev.num_sms, -1, compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16);
+  plan.bytes = plan.qm.bytes;
+  return plan;
+}
+
+StoreKind partial_kind(const SparseDecodeParams& dp) {
+  switch (dp.partial_dtype) {
+    case PartialDType::kFloat32: return StoreKind::kF32;
+    case PartialDType::kBF16: return StoreKind::kBF16;
+    case PartialDType::kFP16: return StoreKind::kF16;
+    case PartialDType::kFP8E4M3: return StoreKind::kFP8;
+    default: return compute_is_bf16(dp.attn) ? StoreKind::kBF16 : StoreKind::kF16;
+  }
+}
+
+}  // namespace
+
+}  // namespace flashmsa::sparse_attn
+
+namespace flashmsa::cuda {
+
+using namespace flashmsa::sparse_attn;
+
+size_t sparse_attention_workspace_bytes(const SparseAttnParams& p) {
+  if (p.total_q == 0) return 0;
+  check_params(p, "msa_sparse_attention");
+  return plan_prefill(p, device_info()).bytes;
+}
+
+void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
+  if (p.total_q == 0) return;
+  check_params(p, "msa_sparse_attention");
+  MSA_CHECK(p.q_dtype != DType::kFP8E4M3, "msa_sparse_attention: q must be bf16 or fp16");
+  const DeviceInfo dev = device_info();
+  const PrefillPlan plan = plan_prefill(p, dev);
+  check_workspace(p, plan.bytes, "msa_sparse_attention");
+  if (plan.schedule == Schedule::kKvMajor) {
+    run_kv_major(p, plan.kvm, dev, stream);
+  } else {
+    run_query_major(p, plan.qm, stream);
+  }
+}
+
+size_t sparse_decode_workspace_bytes(const SparseDecodeParams& dp) {
+  if (dp.attn.total_q == 0) return 0;
+  check_params(dp.attn, "msa_sparse_decode_attention");
+  return plan_query_major(dp.attn, device_info().num_sms, dp.force_fused, partial_kind(dp)).bytes;
+}
+
+void sparse_decode(const SparseDecodeParams& dp, cudaStream_t stream) {
+  const SparseAttnParams& p = dp.attn;
+  if (p.total_q == 0) return;
+  check_params(p, "msa_sparse_decode_attention");
+  const QmPlan plan = plan_query_major(p, device_info().num_sms, dp.force_fused, partial_kind(dp));
+  check_workspace(p, plan.bytes, "msa_sparse_decode_attention");
+  run_query_major(p, plan, stream);
+}
+
+}  // namespace flashmsa::cuda

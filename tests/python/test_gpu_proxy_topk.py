@@ -1,0 +1,471 @@
+"""CUDA kernels of stage 1 (msa_proxy_score) and stage 2 (msa_topk_select) against the C++ CPU
+reference, case by case on the same data (SPEC 1, 2, D3, D9-D11).
+
+The reference is the op itself on CPU tensors (flashmsa's C++ reference, which follows semantics.h
+rule for rule). Every GPU output is pre-filled with garbage (NaN / -7) through ``output=`` and the
+whole tensor is compared, so an element the kernel forgets to write fails the test.
+
+Proxy tolerance (finite entries, absolute): 1e-2. Baseline: each entry is a 128-term fp32 dot
+product of exact bf16/fp16/e4m3 products; the reference sums in one fixed order, the MMA in
+another. Recursive fp32 summation is off by at most n * 2^-24 * sum|q_d k_d| ~ 128 * 6e-8 * 82 ~
+6e-4 for unit-variance inputs (sum|q_d k_d| ~ 82 at randn), so two orders differ by < 1.3e-3; the
+max over a block is 1-Lipschitz and adds nothing. 1e-2 leaves 8x margin (inputs here are randn,
+never scaled up). The -inf pattern (blocks with no visible key) and the NaN pattern must match
+exactly, and fp8 / paged runs must equal their bf16 / flat GPU twins bit for bit.
+
+Top-k: indices must be identical (ties go to the lower block index at every P, D3).
+
+Skipped (not passed) without CUDA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from typing import List, Optional, Union
+
+import pytest
+import torch
+
+import flashmsa
+
+if not (torch.cuda.is_available() and flashmsa.built_with_cuda()):
+    pytest.skip("needs a CUDA GPU and a flashmsa build with CUDA kernels", allow_module_level=True)
+
+from flashmsa import msa_ops  # noqa: E402
+from flashmsa.testing import paginate  # noqa: E402
+
+DEV = torch.device("cuda")
+BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+BLK = 128
+PROXY_ATOL = 1e-2
+
+
+# ---- stage 1: proxy score ----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class ProxyCase:
+    name: str
+    seqs_q: List[int]
+    seqs_k: List[int]
+    hq: int = 4
+    hkv: int = 1
+    causal: bool = True
+    q_dtype: torch.dtype = BF16
+    k_dtype: Optional[torch.dtype] = None     # None: q_dtype
+    paged: bool = False
+    invalid_pages: bool = False               # some page ids outside the cache (-> -inf blocks)
+    reduce_heads: bool = False
+    q_offset: Union[None, int, List[int]] = None
+    max_k_tiles: Optional[int] = None         # None: max_b ceil(seqlen_k / 128), at least 1
+    max_seqlen_q: Optional[int] = None        # None: the true maximum; else a (too small) hint
+    extra_rows: int = 0                       # q rows after cu_seqlens_q[B] (no sequence)
+    nan_keys: bool = False                    # a few NaN keys (visible and masked ones)
+
+    def __str__(self):
+        return self.name
+
+
+def _decode_stream(groups: int, paged: bool, offset: bool) -> ProxyCase:
+    seqs_k = [700, 2048, 129, 0, 4096]
+    return ProxyCase(f"decode_stream_g{groups}_{'paged' if paged else 'flat'}"
+                     f"{'_qoff' if offset else ''}",
+                     [1] * 5, seqs_k, hq=groups, hkv=1, paged=paged,
+                     q_offset=[s // 2 for s in seqs_k] if offset else None)
+
+
+PROXY_CASES = [
+    # SPEC section 8 proxy shapes (B, Hq, Hkv, seqs_q, seqs_k, causal).
+    ProxyCase("spec_gqa2_causal", [100, 37], [2048, 700], hq=4, hkv=2),
+    ProxyCase("spec_noncausal", [130, 64], [1024, 512], hq=2, hkv=2, causal=False),
+    ProxyCase("spec_three_seqs", [1, 33, 7], [300, 1111, 256], hq=2, hkv=1),
+    ProxyCase("spec_packed_decode_8k", [1] * 4, [8192] * 4, hq=4, hkv=1),
+    ProxyCase("spec_packed_16tok", [16, 16], [4096, 4096], hq=4, hkv=1),
+    ProxyCase("spec_packed_g4_8tok", [8, 8, 8], [2048] * 3, hq=8, hkv=2),
+    ProxyCase("spec_packed_noncausal", [16, 16], [4096, 4096], hq=4, hkv=1, causal=False),
+    ProxyCase("spec_packed_paged", [8, 3, 1], [2048, 300, 1280], hq=4, hkv=1, paged=True),
+    ProxyCase("spec_packed_paged_g4", [2, 2], [1024, 640], hq=8, hkv=2, paged=True),
+    *[_decode_stream(g, paged, off) for g in (1, 3, 4, 8) for paged in (False, True)
+      for off in (False, True)],
+    ProxyCase("spec_reduce_heads_4", [300], [4096], hq=4, hkv=1, reduce_heads=True),
+    ProxyCase("spec_reduce_heads_8_2", [300], [4096], hq=8, hkv=2, reduce_heads=True),
+    ProxyCase("spec_paged_fp8", [150, 90], [2048, 1280], hq=8, hkv=2, k_dtype=FP8, paged=True),
+    ProxyCase("spec_q_offset_override", [256, 256], [8192, 4096], hq=2, hkv=1,
+              q_offset=[256, 128]),
+    # MiniMax-M3 indexer (4 index heads over 1 index-K head) and its mixed batches.
+    ProxyCase("m3_prefill_4k", [4096], [4096], hq=4, hkv=1, paged=True),
+    ProxyCase("m3_chunked_prefill", [1000], [5000], hq=4, hkv=1, paged=True),
+    ProxyCase("m3_mixed_prefill_decode", [777] + [1] * 8, [2000] + [300 * i + 1 for i in range(8)],
+              hq=4, hkv=1, paged=True),
+    ProxyCase("m3_mtp_decode", [4] * 16, [1000 + 97 * i for i in range(16)], hq=4, hkv=1,
+              paged=True),
+    ProxyCase("m3_decode_b64", [1] * 64, [128 * (i % 9) + 5 * i + 1 for i in range(64)], hq=4,
+              hkv=1, paged=True),
+    ProxyCase("m3_tp4_single_head", [200], [3000], hq=1, hkv=1),
+    # Group sizes: odd, non-power-of-two, above one CTA's 16 heads, MHA.
+    ProxyCase("g3_uneven", [33, 17], [400, 900], hq=6, hkv=2),
+    ProxyCase("g5_noncausal", [70, 1], [333, 1000], hq=5, hkv=1, causal=False),
+    ProxyCase("g16_full_heads", [40, 3], [1500, 700], hq=64, hkv=4),
+    ProxyCase("g20_split_heads", [9, 30], [640, 1024], hq=20, hkv=1),
+    ProxyCase("g20_reduce", [9, 30], [640, 1024], hq=40, hkv=2, reduce_heads=True),
+    ProxyCase("mha_g1", [64, 65], [64, 300], hq=2, hkv=2),
+    # Uneven / empty sequences, rows of no sequence.
+    ProxyCase("empty_kv_sequence", [5, 3, 4], [700, 0, 129], hq=4, hkv=1),
+    ProxyCase("empty_q_sequences", [0, 10, 0], [256, 300, 999], hq=2, hkv=1, paged=True),
+    ProxyCase("uncovered_rows", [20, 7], [300, 600], hq=4, hkv=1, extra_rows=11),
+    ProxyCase("uncovered_rows_reduce", [20], [300], hq=4, hkv=2, extra_rows=9, reduce_heads=True),
+    ProxyCase("uncovered_rows_many", [3, 1], [3000, 200], hq=8, hkv=2, extra_rows=5000),
+    ProxyCase("more_queries_than_keys", [300], [200], hq=2, hkv=1),
+    ProxyCase("seqlen_not_multiple", [129, 255], [129, 257], hq=4, hkv=1),
+    # Paged: permuted pages, invalid page ids, partial last page.
+    ProxyCase("paged_invalid_pages", [60, 5], [1500, 900], hq=4, hkv=1, paged=True,
+              invalid_pages=True),
+    ProxyCase("paged_invalid_reduce", [60], [1500], hq=8, hkv=2, paged=True,
+              invalid_pages=True, reduce_heads=True),
+    # fp8 and fp16.
+    ProxyCase("fp16", [100, 50], [1000, 2000], hq=4, hkv=1, q_dtype=FP16),
+    ProxyCase("fp16_q_fp8_k", [64, 20], [1024, 333], hq=4, hkv=1, q_dtype=FP16, k_dtype=FP8),
+    ProxyCase("fp8_q_fp8_k_paged", [3, 9], [1300, 500], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8,
+              paged=True),
+    ProxyCase("fp8_q_fp8_k_prefill", [600], [600], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8),
+    # q_offset modes.
+    ProxyCase("q_offset_int", [20, 20], [1000, 600], hq=4, hkv=1, q_offset=300),
+    ProxyCase("q_offset_negative_tensor", [16, 16, 8], [512, 512, 100], hq=2, hkv=2,
+              q_offset=[-5, 400, -100]),
+    ProxyCase("q_offset_negative_int", [40], [512], hq=4, hkv=1, q_offset=-20),
+    ProxyCase("q_offset_huge", [10], [512], hq=4, hkv=1, q_offset=2**31 - 5),
+    # max_k_tiles smaller / larger than the block counts; max_seqlen_q hint too small.
+    ProxyCase("padding_columns", [40, 3], [500, 100], hq=2, hkv=1, max_k_tiles=10),
+    ProxyCase("truncated_columns", [300], [2000], hq=4, hkv=1, max_k_tiles=3),
+    ProxyCase("truncated_columns_decode", [1] * 8, [2000] * 8, hq=4, hkv=1, max_k_tiles=5),
+    ProxyCase("single_column", [100], [1000], hq=4, hkv=1, max_k_tiles=1),
+    ProxyCase("max_seqlen_hint_too_small", [700, 5], [1000, 900], hq=4, hkv=1, max_seqlen_q=3),
+    ProxyCase("max_seqlen_hint_too_small_noncausal", [1000], [300], hq=2, hkv=1, causal=False,
+              max_seqlen_q=17),
+    # NaN keys: a visible one makes its block NaN (canonical 0x7FFFFFFF), a masked one nothing.
+    ProxyCase("nan_keys", [64, 4], [600, 300], hq=4, hkv=1, nan_keys=True),
+    ProxyCase("nan_keys_reduce", [64], [600], hq=8, hkv=2, nan_keys=True, reduce_heads=True),
+    # >= 64K query tokens (65600 one-token sequences: large B on the grid's x dimension).
+    ProxyCase("many_sequences_64k", [1] * 65600, [(37 * i) % 300 + 1 for i in range(65600)],
+              hq=4, hkv=1),
+    ProxyCase("long_prefill_70k_rows", [70000], [70000], hq=1, hkv=1, causal=False,
+              max_k_tiles=4),
+]
+
+
+def _randn(shape, dtype, gen, scale=1.0):
+    x = torch.randn(shape, generator=gen) * scale
+    return x.to(dtype)
+
+
+def make_proxy_inputs(c: ProxyCase, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    k_dtype = c.k_dtype or c.q_dtype
+    total_q = sum(c.seqs_q) + c.extra_rows
+    total_k = sum(c.seqs_k)
+    q = _randn((total_q, c.hq, 128), c.q_dtype, gen)
+    k_flat = _randn((total_k, c.hkv, 128), k_dtype, gen)
+    if c.nan_keys:
+        nan = torch.tensor(float("nan")).to(k_dtype)
+        for j in torch.randint(0, max(total_k, 1), (6,), generator=gen).tolist():
+            k_flat[j, :, 5] = nan
+    cu_q = torch.zeros(len(c.seqs_q) + 1, dtype=torch.int32)
+    cu_q[1:] = torch.tensor(c.seqs_q).cumsum(0)
+    cu_k = torch.zeros(len(c.seqs_k) + 1, dtype=torch.int32)
+    cu_k[1:] = torch.tensor(c.seqs_k).cumsum(0)
+    nb = [math.ceil(s / BLK) for s in c.seqs_k]
+    max_k_tiles = c.max_k_tiles or max(max(nb, default=0), 1)
+    inputs = dict(q=q, cu_seqlens_q=cu_q, max_k_tiles=max_k_tiles,
+                  max_seqlen_q=c.max_seqlen_q or max(max(c.seqs_q, default=0), 1))
+    if c.paged:
+        cache, page_table, seqused = paginate(k_flat, c.seqs_k, generator=gen, extra_pages=3)
+        if c.invalid_pages:
+            num_pages = cache.shape[0]
+            for b, n in enumerate(nb):
+                if n >= 2:
+                    page_table[b, 1] = -1 if b % 2 == 0 else num_pages + 7
+                if n >= 5:
+                    page_table[b, n - 1] = num_pages
+        inputs.update(k=cache, page_table=page_table, seqused_k=seqused, cu_seqlens_k=None)
+    else:
+        inputs.update(k=k_flat, cu_seqlens_k=cu_k, page_table=None, seqused_k=None)
+    if isinstance(c.q_offset, list):
+        inputs["q_offset"] = torch.tensor(c.q_offset, dtype=torch.int32)
+    else:
+        inputs["q_offset"] = c.q_offset
+    return inputs
+
+
+def _to(x, device):
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def run_proxy(c: ProxyCase, inputs: dict, device, fill=float("nan")) -> torch.Tensor:
+    args = {k: _to(v, device) for k, v in inputs.items()}
+    total_q = args["q"].shape[0]
+    out = torch.full((1 if c.reduce_heads else c.hq, args["max_k_tiles"], total_q), fill,
+                     dtype=torch.float32, device=device)
+    res = msa_ops.msa_proxy_score(
+        args["q"], args["k"], args["cu_seqlens_q"], args["cu_seqlens_k"],
+        page_table=args["page_table"], seqused_k=args["seqused_k"], causal=c.causal,
+        max_seqlen_q=args["max_seqlen_q"], max_k_tiles=args["max_k_tiles"], output=out,
+        reduce_heads=c.reduce_heads, q_offset=args["q_offset"])
+    assert res.data_ptr() == out.data_ptr()
+    return out
+
+
+def assert_proxy_close(got: torch.Tensor, want: torch.Tensor, what: str):
+    got = got.cpu()
+    assert got.shape == want.shape, what
+    for name, fn in (("-inf", torch.isneginf), ("+inf", torch.isposinf), ("NaN", torch.isnan)):
+        mismatch = (fn(got) != fn(want)).nonzero()
+        if mismatch.numel():
+            first = tuple(mismatch[0].tolist())
+            raise AssertionError(
+                f"{what}: {name} pattern differs at {mismatch.shape[0]} elements, first "
+                f"(head, block, row) {first}: got {got[first]}, want {want[first]}")
+    fin = torch.isfinite(want)
+    if fin.any():
+        diff = (got - want).abs().masked_fill(~fin, 0)
+        worst = diff.argmax()
+        idx = [int(i) for i in torch.unravel_index(worst, diff.shape)]
+        assert diff.flatten()[worst] <= PROXY_ATOL, (
+            f"{what}: |diff| {diff.flatten()[worst]:.3g} > {PROXY_ATOL} at (head, block, row) "
+            f"{idx}: got {got[tuple(idx)]}, want {want[tuple(idx)]}")
+
+
+@pytest.mark.parametrize("case", PROXY_CASES, ids=str)
+def test_proxy_matches_reference(case: ProxyCase):
+    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
+    want = run_proxy(case, inputs, "cpu")
+    got = run_proxy(case, inputs, DEV)
+    assert_proxy_close(got, want, case.name)
+
+
+def _twin(case: ProxyCase, **changes) -> ProxyCase:
+    return dataclasses.replace(case, **changes)
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("fp8_k_bf16_q", [150, 90], [2048, 1280], hq=8, hkv=2, k_dtype=FP8),
+    ProxyCase("fp8_k_fp16_q", [33, 1], [700, 1500], hq=4, hkv=1, q_dtype=FP16, k_dtype=FP8),
+    ProxyCase("fp8_q_fp8_k", [300, 2], [512, 4000], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8,
+              paged=True),
+], ids=str)
+def test_proxy_fp8_equals_upcast_bitwise(case: ProxyCase):
+    """fp8 operands are upconverted exactly: the GPU result equals the same op on the dequantized
+    tensors bit for bit (SPEC 1.2)."""
+    inputs = make_proxy_inputs(case, seed=7)
+    got = run_proxy(case, inputs, DEV)
+    up = BF16 if case.q_dtype in (BF16, FP8) else FP16
+    twin_inputs = dict(inputs, q=inputs["q"].to(up), k=inputs["k"].to(up))
+    twin = _twin(case, q_dtype=up, k_dtype=up)
+    want = run_proxy(twin, twin_inputs, DEV)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("paged_vs_flat_prefill", [500, 3], [1500, 4000], hq=4, hkv=1),
+    ProxyCase("paged_vs_flat_decode", [1] * 6, [129, 256, 700, 1, 2000, 3333], hq=8, hkv=2),
+    ProxyCase("paged_vs_flat_reduce", [77], [1000], hq=8, hkv=2, reduce_heads=True),
+], ids=str)
+def test_proxy_paged_equals_flat_bitwise(case: ProxyCase):
+    flat = make_proxy_inputs(case, seed=11)
+    paged_case = _twin(case, paged=True)
+    paged = make_proxy_inputs(paged_case, seed=11)
+    # Same keys: rebuild the paged cache from the flat tensor of the flat run.
+    cache, page_table, seqused = paginate(flat["k"], case.seqs_k,
+                                          generator=torch.Generator().manual_seed(3), extra_pages=2)
+    paged.update(q=flat["q"], k=cache, page_table=page_table, seqused_k=seqused)
+    got_flat = run_proxy(case, flat, DEV)
+    got_paged = run_proxy(paged_case, paged, DEV)
+    assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
+
+
+def test_proxy_reduce_heads_equals_amax_bitwise():
+    case = ProxyCase("reduce", [300, 40], [4096, 900], hq=8, hkv=2, paged=True)
+    inputs = make_proxy_inputs(case, seed=5)
+    per_head = run_proxy(case, inputs, DEV)
+    reduced = run_proxy(_twin(case, reduce_heads=True), inputs, DEV)
+    assert torch.equal(reduced.view(torch.int32), per_head.amax(0, keepdim=True).view(torch.int32))
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("det_prefill", [2000, 300], [2000, 5000], hq=4, hkv=1, paged=True),
+    ProxyCase("det_decode_split", [1] * 32, [8000] * 32, hq=4, hkv=1),
+    ProxyCase("det_reduce", [500], [3000], hq=8, hkv=2, reduce_heads=True),
+], ids=str)
+def test_proxy_deterministic(case: ProxyCase):
+    inputs = make_proxy_inputs(case, seed=13)
+    a = run_proxy(case, inputs, DEV, fill=0.0)
+    b = run_proxy(case, inputs, DEV, fill=1.0)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+# ---- stage 2: top-k select ---------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TopkCase:
+    name: str
+    H: int
+    P: int
+    S: int
+    topk: int = 16
+    nvp: Union[None, int, str, List[int]] = None  # None | scalar | "random" (per token) | list
+    fb: int = 0
+    fe: int = 0
+    scores: str = "randn"  # randn | ties | few | nan | inf | zeros | worst_forced | perm | causal
+    seed: int = 0
+
+    def __str__(self):
+        return self.name
+
+
+def make_scores(c: TopkCase) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(c.seed)
+    shape = (c.H, c.P, c.S)
+    if c.scores == "randn":
+        x = torch.randn(shape, generator=gen) * 10
+    elif c.scores == "ties":  # FlashInfer's tied scores: 1 + U * 2^-13 (many exact ties in fp32)
+        x = 1 + torch.randint(0, 8, shape, generator=gen).float() * 2.0**-13
+    elif c.scores == "few":  # a handful of distinct values: ties across chunk boundaries
+        x = torch.randint(0, 3, shape, generator=gen).float()
+    elif c.scores == "nan":  # +NaN ranks first, -NaN last, plus infinities and signed zeros
+        x = torch.randn(shape, generator=gen)
+        r = torch.rand(shape, generator=gen)
+        x[r < 0.05] = float("nan")
+        x[(r >= 0.05) & (r < 0.08)] = -float("nan")
+        x[(r >= 0.08) & (r < 0.10)] = float("inf")
+        x[(r >= 0.10) & (r < 0.20)] = -float("inf")
+        x[(r >= 0.20) & (r < 0.25)] = 0.0
+        x[(r >= 0.25) & (r < 0.30)] = -0.0
+        bits = x.view(torch.int32)
+        payload = torch.randint(0, 1 << 22, shape, generator=gen, dtype=torch.int32)
+        nan = torch.isnan(x)
+        bits[nan] = bits[nan] | payload[nan]  # varied NaN payloads (distinct order keys)
+    elif c.scores == "inf":  # mostly -inf: rows with fewer finite candidates than slots
+        x = torch.full(shape, -float("inf"))
+        r = torch.rand(shape, generator=gen)
+        x[r < 0.03] = torch.randn(shape, generator=gen)[r < 0.03]
+    elif c.scores == "zeros":
+        x = torch.where(torch.rand(shape, generator=gen) < 0.5, 0.0, -0.0)
+    elif c.scores == "worst_forced":  # forced blocks get the worst scores
+        x = torch.randn(shape, generator=gen)
+        x[:, : c.fb] = -float("inf")
+        x[:, c.P - 56 - c.fe: c.P - 56] = -1e30
+    elif c.scores == "perm":  # distinct scores
+        x = torch.stack([torch.stack([torch.randperm(c.P, generator=gen).float()
+                                      for _ in range(c.S)], 1) for _ in range(c.H)])
+    elif c.scores == "causal":  # proxy-like: -inf beyond each token's own block
+        x = torch.randn(shape, generator=gen) * 10
+        beyond = torch.arange(c.P)[:, None] > (torch.arange(c.S) // BLK)[None, :]  # (P, S)
+        x[:, beyond] = -float("inf")
+    else:
+        raise ValueError(c.scores)
+    return x.contiguous()
+
+
+def make_nvp(c: TopkCase):
+    if c.nvp is None or isinstance(c.nvp, int):
+        return c.nvp
+    gen = torch.Generator().manual_seed(c.seed + 1)
+    if c.nvp == "random":
+        return torch.randint(0, c.P + 1, (c.S,), generator=gen, dtype=torch.int32)
+    if c.nvp == "causal":
+        return (torch.arange(c.S, dtype=torch.int32) // BLK + 1).clamp(max=c.P)
+    if c.nvp == "clamp":
+        vals = [c.P + 1, 2 * c.P, 2**31 - 1, 0, -5, c.P, -(2**31), 1]
+        return torch.tensor([vals[s % len(vals)] for s in range(c.S)], dtype=torch.int32)
+    return torch.tensor(c.nvp, dtype=torch.int32)
+
+
+TOPK_CASES = [
+    # SPEC section 8.
+    TopkCase("spec_p128_forced_worst", 2, 128, 64, nvp=128 - 56, fb=3, fe=2, scores="worst_forced"),
+    TopkCase("spec_p256_forced_worst", 2, 256, 64, nvp=256 - 56, fb=3, fe=2, scores="worst_forced"),
+    TopkCase("spec_p16384_random", 2, 16384, 40),
+    TopkCase("spec_p16384_ties", 2, 16384, 40, scores="ties"),
+    TopkCase("spec_p16384_nan", 1, 16384, 24, scores="nan"),
+    *[TopkCase(f"spec_per_token_p{P}_fb{fb}_fe{fe}", 2, P, 12, nvp="random", fb=fb, fe=fe,
+               scores="perm", seed=P + fb * 7 + fe)
+      for P in (24, 160) for fb, fe in ((0, 0), (0, 1), (1, 1), (2, 3))],
+    TopkCase("spec_nvp_clamp", 2, 160, 40, nvp="clamp", fb=1, fe=2),
+    TopkCase("spec_nvp_clamp_chunks", 2, 700, 40, nvp="clamp", fb=2, fe=1, scores="ties"),
+    # topk 1 / 16 / 33 / 64 at single- and multi-chunk P.
+    *[TopkCase(f"topk{k}_p{P}", 3, P, 70, topk=k, scores=s, fb=min(2, k // 2), fe=min(1, k - 1))
+      for k in (1, 16, 33, 64) for P, s in ((64, "randn"), (256, "few"), (1000, "ties"))],
+    # Chunk boundaries (256 blocks per chunk), ties straddling them.
+    *[TopkCase(f"chunk_edge_p{P}_{s}", 2, P, 33, scores=s, nvp="random", fe=1, seed=P)
+      for P in (255, 256, 257, 511, 512, 513) for s in ("few", "randn")],
+    TopkCase("chunks_64_of_them", 1, 64 * 256 + 3, 5, topk=64, scores="few", fb=5, fe=7),
+    # Special values.
+    TopkCase("nan_inf_zero", 2, 300, 64, scores="nan", fb=1, fe=1),
+    TopkCase("nan_inf_zero_small", 2, 40, 64, scores="nan", topk=8),
+    TopkCase("mostly_neg_inf", 2, 512, 64, scores="inf", topk=32, nvp="random", fe=1),
+    TopkCase("signed_zeros", 2, 200, 40, scores="zeros", topk=20),
+    TopkCase("all_forced", 2, 40, 16, topk=16, fb=10, fe=6, nvp=16),
+    TopkCase("fewer_candidates_than_slots", 2, 10, 50, topk=64, fb=2, fe=3),
+    TopkCase("scalar_nvp_small", 3, 300, 50, nvp=7, fb=3, fe=3, topk=16),
+    TopkCase("tokens_not_multiple_of_32", 3, 256, 77, nvp="random", fe=1),
+    # MiniMax-M3 prefill at 32K: H=4, P=256, per-token nvp = pos // 128 + 1, local block forced.
+    TopkCase("m3_prefill_32k", 4, 256, 32768, nvp="causal", fe=1, scores="causal"),
+    TopkCase("m3_decode_b64", 4, 256, 64, nvp="random", fe=1),
+    # H * S > 2^24 rows.
+    TopkCase("rows_over_2p24", 256, 3, 70000, topk=2, fe=1),
+]
+
+
+def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7) -> torch.Tensor:
+    out = torch.full((c.S, c.H, c.topk), fill, dtype=torch.int32, device=device)
+    res = msa_ops.msa_topk_select(scores.to(device), c.topk, _to(nvp, device), output=out,
+                                  force_begin_blocks=c.fb, force_end_blocks=c.fe)
+    assert res.data_ptr() == out.data_ptr()
+    return out
+
+
+@pytest.mark.parametrize("case", TOPK_CASES, ids=str)
+def test_topk_matches_reference(case: TopkCase):
+    scores = make_scores(case)
+    nvp = make_nvp(case)
+    want = run_topk(case, scores, nvp, "cpu")
+    got = run_topk(case, scores, nvp, DEV).cpu()
+    mismatch = (got != want).any(-1).nonzero()
+    assert mismatch.numel() == 0, (
+        f"{case.name}: {mismatch.shape[0]} rows differ; first (token, head) "
+        f"{mismatch[0].tolist()}: got {got[tuple(mismatch[0])].tolist()}, "
+        f"want {want[tuple(mismatch[0])].tolist()}")
+
+
+@pytest.mark.parametrize("case", [
+    TopkCase("det_single_chunk", 4, 256, 4096, nvp="random", fe=1, scores="ties"),
+    TopkCase("det_multi_chunk", 2, 3000, 100, topk=64, scores="few", fb=1, fe=1),
+], ids=str)
+def test_topk_deterministic(case: TopkCase):
+    scores = make_scores(case).to(DEV)
+    nvp = _to(make_nvp(case), DEV)
+    a = run_topk(case, scores, nvp, DEV, fill=0)
+    b = run_topk(case, scores, nvp, DEV, fill=1)
+    assert torch.equal(a, b)
+
+
+def test_pipeline_proxy_then_topk_matches_reference():
+    """Stage 1 -> stage 2 on M3 shapes with vLLM's per-token nvp and local block. The proxy is
+    checked against the reference within its tolerance; the top-k then runs on the GPU's own scores
+    on both devices (the proxy's fp32 rounding may legitimately reorder blocks that are closer than
+    that tolerance, which must not count as a top-k failure)."""
+    case = ProxyCase("m3_pipeline", [1500, 1, 1], [1500, 3000, 700], hq=4, hkv=1, paged=True)
+    inputs = make_proxy_inputs(case, seed=21)
+    scores = run_proxy(case, inputs, DEV)
+    assert_proxy_close(scores, run_proxy(case, inputs, "cpu"), case.name)
+    total_q = scores.shape[-1]
+    nvp = torch.empty(total_q, dtype=torch.int32)
+    cu = inputs["cu_seqlens_q"].tolist()
+    for b, sk in enumerate(case.seqs_k):
+        sq = cu[b + 1] - cu[b]
+        pos = torch.arange(sq) + (sk - sq)
+        nvp[cu[b]:cu[b + 1]] = (pos // BLK + 1).to(torch.int32)
+    tk = TopkCase("m3_pipeline_topk", 4, scores.shape[1], total_q, nvp=None, fe=1)
+    got = run_topk(tk, scores, nvp, DEV).cpu()
+    want = run_topk(tk, scores.cpu(), nvp, "cpu")
+    assert torch.equal(got, want)

@@ -1,0 +1,567 @@
+"""msa_sparse_attention on the GPU against the same op on the same data as CPU tensors (the exact
+C++ reference), under both prefill schedules (FLASHMSA_PREFILL_SCHEDULE=query_major / kv_major).
+
+Tolerances come from a same-precision baseline (STYLE habit 13): a torch implementation that
+computes like a kernel does (compute-dtype inputs, fp32 scores and accumulation, P rounded to the
+compute dtype, output rounded) is compared with the reference, and the kernel may be at most twice
+as far from the reference plus two units in the last place of the output dtype. The -inf / zero
+patterns of rows with no visible key are checked exactly, LSEs within 1e-2.
+
+Cases are data (GpuCase): SPEC section 8's cases, the M3 shapes, GQA groups 1/3/4/16/64, topk
+1/8/16/33/64, uneven lengths, empty sequences, seqlen_q > seqlen_k, rows no sequence covers, q_offset
+as int / tensor / negative, unsorted / duplicated / -1-holed / out-of-range lists, paged caches with
+permuted pages, a partial last page and invalid page ids, packed HND / NHD views, fp8 and NVFP4
+K/V (with a quantizer written here), global scales, LSE and temperature LSE, fully masked rows.
+Plus: bit-exact equalities (paged == flat, packed == contiguous, KV-major launch groups of any size
+== one group), run-to-run determinism, and a large case (>= 64K tokens, total_q * Hq > 2^24).
+
+Skipped (not passed) without a CUDA device or without a CUDA build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import List, Optional, Union
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import flashmsa  # noqa: E402
+from flashmsa import msa_ops  # noqa: E402
+from flashmsa.testing import pack_kv, paginate  # noqa: E402
+
+import msa_reference as ref  # noqa: E402
+
+if not flashmsa.built_with_cuda():
+    pytest.skip("flashmsa was built without CUDA kernels", allow_module_level=True)
+
+DEV = torch.device("cuda")
+BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+BLOCK = 128
+SCHEDULES = ["query_major", "kv_major"]
+
+
+# ---- cases -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class GpuCase:
+    name: str
+    seqs_q: List[int]
+    seqs_k: List[int]
+    hq: int
+    hkv: int
+    topk: int = 16
+    causal: bool = False
+    dtype: torch.dtype = BF16
+    kv: str = "same"            # same | fp8 | nvfp4
+    layout: str = "flat"        # flat | paged | packed | packed_nhd
+    selection: str = "random"   # see make_q2k
+    q_offset: Union[None, int, List[int]] = None
+    softmax_scale: Optional[float] = None
+    v_global_scale: Optional[float] = None
+    temperature: Optional[float] = None
+    invalid_pages: bool = False  # point some selected blocks' page-table entries out of the cache
+    extra_rows: int = 0          # query rows past cu_seqlens_q[-1] (covered by no sequence)
+
+    def __str__(self):
+        return self.name
+
+
+CASES = [
+    # SPEC section 8, test_sparse_attention and friends.
+    GpuCase("spec_1_1_1_topk4", [70], [1000], 1, 1, topk=4),
+    GpuCase("spec_4_2_two_seqs", [100, 37], [2048, 700], 4, 2),
+    GpuCase("spec_2_2_causal", [130, 64], [1024, 512], 2, 2, causal=True),
+    GpuCase("spec_8_2_topk8", [200], [4096], 8, 2, topk=8),
+    GpuCase("spec_16_1", [333], [3000], 16, 1),
+    GpuCase("spec_8_8_causal", [97, 211], [1111, 2222], 8, 8, causal=True),
+    GpuCase("spec_fp16_topk32", [100, 64], [2048, 1024], 4, 2, topk=32, dtype=FP16),
+    GpuCase("spec_bf16_topk32", [100, 64], [2048, 1024], 4, 2, topk=32),
+    GpuCase("spec_lse", [80, 50], [1024, 640], 4, 2),
+    GpuCase("spec_paged", [150, 90], [2048, 1280], 8, 2, layout="paged"),
+    GpuCase("spec_fp8_causal", [150, 90], [2048, 1280], 8, 2, causal=True, kv="fp8"),
+    GpuCase("spec_fp8_fp16q", [150, 90], [2048, 1280], 8, 2, dtype=FP16, kv="fp8"),
+    GpuCase("spec_nvfp4_causal", [150, 90], [2048, 1280], 8, 2, causal=True, kv="nvfp4"),
+    GpuCase("spec_nvfp4", [150, 90], [2048, 1280], 8, 2, kv="nvfp4"),
+    GpuCase("spec_fully_masked", [1024], [1024], 2, 1, causal=True, selection="last_two"),
+    # MiniMax-M3 (64 q / 4 kv heads, top-16, causal, local block + earlier ones).
+    GpuCase("m3_1x1024", [1024], [1024], 64, 4, causal=True, selection="causal_local"),
+    GpuCase("m3_2x512", [512, 512], [512, 512], 64, 4, causal=True, selection="causal_local"),
+    GpuCase("m3_3x384_paged", [384] * 3, [384] * 3, 64, 4, causal=True, selection="causal_local",
+            layout="paged"),
+    # GQA groups (any G, not only powers of two) and topk 1..64.
+    GpuCase("g1", [300], [2500], 4, 4, causal=True),
+    GpuCase("g3", [120, 45], [1900, 800], 6, 2, causal=True),
+    GpuCase("g4_topk1", [150], [1500], 8, 2, topk=1),
+    GpuCase("g16_topk33", [90], [6000], 16, 1, topk=33, causal=True, selection="full"),
+    GpuCase("g64", [70, 20], [2000, 900], 64, 1, causal=True),
+    GpuCase("g64_topk64", [40], [9000], 64, 1, topk=64, selection="full"),
+    GpuCase("g24_two_row_tiles", [50], [1500], 48, 2, causal=True),
+    GpuCase("g5_topk64_causal", [60], [8300], 10, 2, topk=64, causal=True, selection="full"),
+    # Lengths, offsets, rows of no sequence.
+    GpuCase("uneven_lengths", [1, 129, 0, 77, 256], [1, 300, 128, 5000, 129], 4, 2, causal=True),
+    GpuCase("empty_kv_sequence", [10, 20], [0, 300], 4, 1, causal=True),
+    GpuCase("empty_q_sequence", [0, 30, 0], [500, 300, 0], 4, 1, causal=True),
+    GpuCase("seqlen_q_gt_seqlen_k", [400], [200], 4, 2, causal=True),
+    GpuCase("uncovered_rows", [30, 20], [700, 400], 4, 2, causal=True, extra_rows=13),
+    GpuCase("q_offset_int", [64, 64], [1000, 800], 4, 1, causal=True, q_offset=100),
+    GpuCase("q_offset_tensor_negative", [64, 64], [1000, 800], 4, 1, causal=True,
+            q_offset=[-50, 700]),
+    GpuCase("q_offset_beyond_keys", [40], [600], 4, 2, causal=True, q_offset=5000),
+    # Index lists (D5).
+    GpuCase("unsorted", [80, 40], [2000, 900], 8, 2, causal=True, selection="unsorted"),
+    GpuCase("duplicates", [80], [2000], 8, 2, causal=True, selection="duplicates"),
+    GpuCase("out_of_range", [60, 60], [700, 1500], 4, 2, selection="out_of_range"),
+    GpuCase("out_of_range_paged", [60, 60], [700, 1500], 4, 2, layout="paged",
+            selection="out_of_range"),
+    GpuCase("holes", [60], [2000], 4, 2, selection="holes"),
+    GpuCase("some_empty_rows", [100], [1500], 4, 1, causal=True, selection="some_empty"),
+    # Layouts, scales, LSEs.
+    GpuCase("paged_invalid_pages", [120, 70], [1500, 1000], 8, 2, causal=True, layout="paged",
+            invalid_pages=True),
+    GpuCase("packed_hnd", [90, 30], [1500, 700], 8, 2, causal=True, layout="packed"),
+    GpuCase("packed_nhd_fp8", [90, 30], [1500, 700], 8, 2, kv="fp8", layout="packed_nhd"),
+    GpuCase("nvfp4_paged_partial_page", [70, 30], [1500, 650], 8, 2, kv="nvfp4", layout="paged",
+            causal=True),
+    GpuCase("scales", [60], [1200], 4, 2, softmax_scale=0.05, v_global_scale=0.37),
+    GpuCase("fp16_scales_fp8", [60], [1200], 4, 2, dtype=FP16, kv="fp8", softmax_scale=0.2,
+            v_global_scale=2.5),
+    GpuCase("temperature_causal", [80, 50], [1024, 640], 4, 2, causal=True, temperature=0.7),
+    GpuCase("temperature_g16", [60], [3000], 16, 1, temperature=1.3),
+]
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+def q_offsets_of(case: GpuCase) -> List[int]:
+    if case.q_offset is None:
+        return [k - q for q, k in zip(case.seqs_q, case.seqs_k)]
+    if isinstance(case.q_offset, int):
+        return [case.q_offset] * len(case.seqs_q)
+    return list(case.q_offset)
+
+
+def make_q2k(case: GpuCase, rng: np.random.Generator) -> torch.Tensor:
+    """(Hkv, total_q + extra_rows, topk) int32 of the case's selection kind."""
+    total_q = sum(case.seqs_q) + case.extra_rows
+    sel = np.full((case.hkv, total_q, case.topk), -1, dtype=np.int32)
+    offs = q_offsets_of(case)
+    row = 0
+    for b, (sq, sk) in enumerate(zip(case.seqs_q, case.seqs_k)):
+        nb = math.ceil(sk / BLOCK)
+        for i in range(sq):
+            for h in range(case.hkv):
+                kind = case.selection
+                n = int(rng.integers(0, min(case.topk, nb) + 1)) if nb else 0
+                ids = np.sort(rng.permutation(nb)[:n])
+                if kind == "full":
+                    ids = np.sort(rng.permutation(nb)[:min(case.topk, nb)])
+                elif kind == "some_empty" and rng.random() < 0.35:
+                    ids = ids[:0]
+                elif kind == "unsorted":
+                    ids = rng.permutation(ids)
+                elif kind == "duplicates":
+                    ids = rng.permutation(np.concatenate([ids, ids]))[:case.topk]
+                elif kind == "out_of_range":
+                    extra = np.array([nb, nb + 3, 10 ** 6])[:max(case.topk - n, 0)]
+                    ids = rng.permutation(np.concatenate([ids, extra]))
+                elif kind == "holes":  # entries after the first -1 are ignored, whatever they hold
+                    k = n // 2
+                    ids = np.concatenate([ids[:k], [-1], ids[k:]])[:case.topk]
+                elif kind == "last_two":
+                    ids = np.array([nb - 2, nb - 1]) if i < 64 else ids
+                elif kind == "causal_local":
+                    local = min(max(offs[b] + i, 0) // BLOCK, nb - 1)
+                    earlier = rng.permutation(local)[:case.topk - 1]
+                    ids = np.sort(np.concatenate([earlier, [local]]))
+                sel[h, row, :len(ids)] = ids
+            row += 1
+    # Rows of no sequence carry ordinary lists: the kernels must still write 0 / -inf there.
+    sel[:, row:, :min(2, case.topk)] = 0
+    return torch.from_numpy(sel)
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def nvfp4_scale_offsets(rows: int) -> torch.Tensor:
+    """(rows, 8) byte offsets of the 128x4-swizzled e4m3 block scales (SPEC 4.5)."""
+    r = torch.arange(rows)[:, None]
+    c = torch.arange(8)[None, :]
+    return ((r // 128) * 2 + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+
+
+def quantize_nvfp4(x: torch.Tensor, gsf: float):
+    """x (..., 128) float -> (data (..., 64) uint8, scales uint8, e2m1 * e4m3 values float32).
+
+    Rows are taken in memory order; each 16-value block of x * gsf gets the e4m3 scale amax / 6 and
+    e2m1 codes rounded to the nearest magnitude; low nibble = even element. The returned values are
+    what the kernels dequantize (no global scale); the op receives 1 / gsf as its global scale."""
+    rows = x.numel() // 128
+    blocks = (x.float().reshape(rows, 8, 16) * gsf)
+    sf = (blocks.abs().amax(-1) / 6.0).clamp(max=448.0).to(FP8)
+    sf_f = sf.float()[..., None]
+    scaled = torch.where(sf_f > 0, blocks / torch.where(sf_f > 0, sf_f, 1.0), 0.0)
+    code = (scaled.abs()[..., None] - E2M1).abs().argmin(-1)
+    deq = E2M1[code] * torch.where(scaled < 0, -1.0, 1.0) * sf_f
+    code = code | ((scaled < 0) & (code > 0)).long() * 8
+    code = code.reshape(rows, 128).to(torch.uint8)
+    data = (code[:, 0::2] | (code[:, 1::2] << 4)).reshape(*x.shape[:-1], 64)
+    scales = torch.zeros(math.ceil(rows / 128) * 128 * 8, dtype=torch.uint8)
+    scales[nvfp4_scale_offsets(rows).reshape(-1)] = sf.view(torch.uint8).reshape(-1)
+    return data, scales, deq.reshape(x.shape)
+
+
+@dataclasses.dataclass
+class Problem:
+    """One case's inputs on CPU and on the GPU, plus what the baseline needs."""
+    cpu_args: tuple
+    cpu_kwargs: dict
+    gpu_args: tuple
+    gpu_kwargs: dict
+    q: torch.Tensor                 # CPU, compute dtype
+    keys: List[torch.Tensor]        # per sequence (seqlen_k, Hkv, 128) float32, dequantized
+    values: List[torch.Tensor]
+    dropped: List[set]              # per sequence: blocks whose page id is invalid
+    scale: float                    # effective softmax scale
+    out_scale: float
+
+
+def _to_device(t, device):
+    return t.to(device) if isinstance(t, torch.Tensor) else t
+
+
+def _views_on(cache: torch.Tensor, k_view: torch.Tensor, v_view: torch.Tensor, device):
+    """The packed views re-taken on a copy of their cache on `device` (views of one buffer)."""
+    base = cache.to(device)
+    k = torch.as_strided(base, k_view.shape, k_view.stride(), k_view.storage_offset())
+    v = torch.as_strided(base, v_view.shape, v_view.stride(), v_view.storage_offset())
+    return k, v
+
+
+def build(case: GpuCase, seed: int = 0, q2k: Optional[torch.Tensor] = None) -> Problem:
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    total_q = sum(case.seqs_q) + case.extra_rows
+    total_k = sum(case.seqs_k)
+    q = (torch.randn(total_q, case.hq, 128, generator=gen) / 3).to(case.dtype)
+    k = torch.randn(total_k, case.hkv, 128, generator=gen) / 3
+    v = torch.randn(total_k, case.hkv, 128, generator=gen) / 3
+    q2k = make_q2k(case, rng) if q2k is None else q2k
+    cu_q = ref.cu_seqlens(case.seqs_q)
+    cu_k = ref.cu_seqlens(case.seqs_k)
+    kw = dict(causal=case.causal, softmax_scale=case.softmax_scale)
+    scale = case.softmax_scale if case.softmax_scale is not None else 128 ** -0.5
+    out_scale = 1.0
+    paged = case.layout != "flat"
+    storage_dtype = FP8 if case.kv == "fp8" else case.dtype
+    dropped = [set() for _ in case.seqs_k]
+    if paged:
+        cache, page_table, seqused = paginate(torch.cat([k, v], 1).to(case.dtype), case.seqs_k,
+                                              generator=gen, extra_pages=2)
+        k_st, v_st = cache[:, :case.hkv].contiguous(), cache[:, case.hkv:].contiguous()
+        kw.update(page_table=page_table, seqused_k=seqused)
+    else:
+        k_st, v_st = k.to(case.dtype), v.to(case.dtype)
+        kw.update(cu_seqlens_k=cu_k)
+    if case.kv == "nvfp4":
+        # One global scale per tensor from the real rows, so flat and paged caches quantize every
+        # real row identically. The kernels dequantize e2m1 * e4m3 and fold k_global_scale into
+        # the softmax scale and v_global_scale into the output: so does the baseline.
+        kgs, vgs = float(k.abs().max()) / (448 * 6), float(v.abs().max()) / (448 * 6)
+        k_st, ks, k_deq = quantize_nvfp4(k_st, 1.0 / kgs)
+        v_st, vs, v_deq = quantize_nvfp4(v_st, 1.0 / vgs)
+        scale *= kgs
+        out_scale = vgs
+        kw.update(k_scale=ks, v_scale=vs, k_global_scale=kgs, v_global_scale=vgs)
+    else:
+        k_st, v_st = k_st.to(storage_dtype), v_st.to(storage_dtype)
+        k_deq, v_deq = k_st.float(), v_st.float()
+    if case.v_global_scale is not None:
+        kw["v_global_scale"] = case.v_global_scale
+        out_scale = case.v_global_scale
+    if case.temperature is not None:
+        kw.update(return_temperature_lse=True, lse_temperature_scale=case.temperature)
+    else:
+        kw.update(return_softmax_lse=True)
+    if isinstance(case.q_offset, list):
+        kw["q_offset"] = torch.tensor(case.q_offset, dtype=torch.int32)
+    elif case.q_offset is not None:
+        kw["q_offset"] = case.q_offset
+
+    loc = dict(page_table=kw.get("page_table"), seqused_k=kw.get("seqused_k"),
+               cu_seqlens_k=None if paged else cu_k)
+    keys = ref.sequences(k_deq, **loc)
+    values = ref.sequences(v_deq, **loc)
+    if case.invalid_pages:
+        # Selected blocks whose page id lies outside the cache contribute no key (semantics.h
+        # kv_page): -3, num_pages + 5 and num_pages, one per sequence. Values were read above.
+        table = kw["page_table"].clone()
+        num_pages = k_st.shape[0]
+        for b, sk in enumerate(case.seqs_k):
+            nb = math.ceil(sk / BLOCK)
+            if nb > 1:
+                t = 1 + b % (nb - 1)
+                table[b, t] = [-3, num_pages + 5, num_pages][b % 3]
+                dropped[b].add(t)
+        kw["page_table"] = table
+
+    cpu_kv = (k_st, v_st)
+    if case.layout.startswith("packed"):
+        cache, kv_k, kv_v = pack_kv(k_st, v_st, nhd=case.layout == "packed_nhd")
+        cpu_kv = (kv_k, kv_v)
+        gpu_kv = _views_on(cache, kv_k, kv_v, DEV)
+        assert not gpu_kv[0].is_contiguous()
+    else:
+        gpu_kv = (k_st.to(DEV), v_st.to(DEV))
+    cpu_args = (q, *cpu_kv, q2k, cu_q)
+    gpu_args = (q.to(DEV), *gpu_kv, q2k.to(DEV), cu_q.to(DEV))
+    gpu_kw = {name: _to_device(val, DEV) for name, val in kw.items()}
+    return Problem(cpu_args, kw, gpu_args, gpu_kw, q, keys, values, dropped, scale, out_scale)
+
+
+# ---- same-precision baseline -------------------------------------------------------------------
+
+def baseline(case: GpuCase, pb: Problem, q2k: torch.Tensor, rows: Optional[range] = None):
+    """Attention computed the way a kernel does it, on the GPU: compute-dtype Q / K / V (the
+    dequantized fp8 / NVFP4 values are exact there), fp32 scores, softmax and accumulation, P rounded
+    to the compute dtype before P V, output rounded to q's dtype. Returns (out, lse) on the CPU."""
+    total_q = pb.q.shape[0]
+    g = case.hq // case.hkv
+    out = torch.zeros(total_q, case.hq, 128, dtype=torch.float32)
+    lse = torch.full((total_q, case.hq), float("-inf"), dtype=torch.float32)
+    lists = q2k.tolist()
+    offs = q_offsets_of(case)
+    start = 0
+    cdt = case.dtype
+    for b, (sq, sk) in enumerate(zip(case.seqs_q, case.seqs_k)):
+        if sq == 0 or sk == 0:
+            start += sq
+            continue
+        nb = math.ceil(sk / BLOCK)
+        kb = pb.keys[b].to(cdt).float().to(DEV)    # (sk, Hkv, 128)
+        vb = pb.values[b].to(cdt).float().to(DEV)
+        i = torch.arange(sq, device=DEV)[:, None]
+        j = torch.arange(sk, device=DEV)[None, :]
+        visible = (j <= offs[b] + i) if case.causal else torch.ones(sq, sk, dtype=torch.bool,
+                                                                     device=DEV)
+        for kh in range(case.hkv):
+            block_mask = torch.zeros(sq, nb, dtype=torch.bool)
+            for r in range(sq):
+                for t in ref.selected_blocks(lists[kh][start + r], nb):
+                    if t not in pb.dropped[b]:
+                        block_mask[r, t] = True
+            mask = block_mask.to(DEV).repeat_interleave(BLOCK, dim=1)[:, :sk] & visible
+            qh = pb.q[start:start + sq, kh * g:(kh + 1) * g].to(DEV).float()   # (sq, G, 128)
+            s = torch.einsum("igd,jd->gij", qh, kb[:, kh]) * pb.scale          # (G, sq, sk)
+            s = s.masked_fill(~mask, float("-inf"))
+            m = s.amax(-1, keepdim=True)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            p = torch.exp(s - m)
+            l = p.sum(-1)                                                       # (G, sq)
+            o = torch.einsum("gij,jd->igd", p.to(cdt).float(), vb[:, kh])
+            o = o / torch.where(l > 0, l, 1.0).T[..., None] * pb.out_scale
+            out[start:start + sq, kh * g:(kh + 1) * g] = o.cpu()
+            lse[start:start + sq, kh * g:(kh + 1) * g] = (m.squeeze(-1) + torch.log(l)).T.cpu()
+        start += sq
+    return out.to(cdt), lse
+
+
+# ---- comparisons -------------------------------------------------------------------------------
+
+def ulp(dtype: torch.dtype, magnitude: float) -> float:
+    """Spacing of `dtype` values at `magnitude`."""
+    mant = {BF16: 7, FP16: 10}[dtype]
+    return 2.0 ** (math.floor(math.log2(max(magnitude, 2.0 ** -14))) - mant)
+
+
+def check_output(gpu: torch.Tensor, cpu: torch.Tensor, base: torch.Tensor, what: str,
+                 extra_tol: float = 0.0):
+    """|gpu - ref| <= 2 |base - ref| + 2 ulp (+ extra_tol), max over the tensor; no NaN."""
+    g = gpu.detach().cpu().double()
+    c = cpu.detach().double()
+    bb = base.detach().double()
+    assert not torch.isnan(g).any(), f"{what}: {int(torch.isnan(g).sum())} NaN elements"
+    err = float((g - c).abs().max()) if g.numel() else 0.0
+    base_err = float((bb - c).abs().max()) if g.numel() else 0.0
+    mag = float(c.abs().max()) if g.numel() else 0.0
+    tol = 2 * base_err + 2 * ulp(gpu.dtype, mag) + extra_tol
+    assert err <= tol, f"{what}: max |gpu - ref| {err:.3e} > {tol:.3e} (baseline {base_err:.3e})"
+
+
+def check_lse(gpu: torch.Tensor, cpu: torch.Tensor, what: str, atol: float = 1e-2):
+    g, c = gpu.detach().cpu().double(), cpu.detach().double()
+    assert not torch.isnan(g).any(), f"{what}: NaN"
+    assert torch.equal(torch.isinf(g), torch.isinf(c)), f"{what}: -inf pattern differs"
+    assert bool((g[torch.isinf(g)] < 0).all()), f"{what}: +inf"
+    fin = torch.isfinite(c)
+    if fin.any():
+        err = float((g[fin] - c[fin]).abs().max())
+        assert err <= atol, f"{what}: max |gpu - ref| {err:.3e} > {atol}"
+
+
+def check_empty_rows(out: torch.Tensor, lse_ref: torch.Tensor, what: str):
+    """D8: rows whose reference LSE is -inf are exactly 0."""
+    empty = torch.isinf(lse_ref)
+    assert bool((out.detach().cpu()[empty] == 0).all()), f"{what}: empty rows are not exactly 0"
+
+
+def run(pb: Problem, gpu: bool):
+    if gpu:
+        result = msa_ops.msa_sparse_attention(*pb.gpu_args, **pb.gpu_kwargs)
+        torch.cuda.synchronize()
+        return result
+    return msa_ops.msa_sparse_attention(*pb.cpu_args, **pb.cpu_kwargs)
+
+
+def bits_equal(a, b) -> bool:
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    return all(x.shape == y.shape and torch.equal(x.contiguous().view(torch.uint8),
+                                                  y.contiguous().view(torch.uint8))
+               for x, y in zip(a, b))
+
+
+@pytest.fixture(params=SCHEDULES)
+def schedule(request, monkeypatch):
+    monkeypatch.setenv("FLASHMSA_PREFILL_SCHEDULE", request.param)
+    return request.param
+
+
+# ---- tests -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_gpu_matches_cpu_reference(case, schedule):
+    pb = build(case)
+    gpu = run(pb, gpu=True)
+    cpu = run(pb, gpu=False)
+    base_out, _ = baseline(case, pb, pb.cpu_args[3])
+    out, lse = gpu[0], gpu[1]
+    assert out.dtype == case.dtype and out.shape == pb.gpu_args[0].shape and out.is_cuda
+    assert lse.dtype == torch.float32 and lse.shape == out.shape[:2]
+    check_output(out, cpu[0], base_out, f"{case}/{schedule} out")
+    check_lse(lse, cpu[1], f"{case}/{schedule} lse")
+    check_empty_rows(out, cpu[1], f"{case}/{schedule}")
+    if case.temperature is not None:
+        check_lse(gpu[2], cpu[2], f"{case}/{schedule} lse_t")
+
+
+@pytest.mark.parametrize("selection", ["random", "causal_local"])
+def test_schedules_agree(selection):
+    """Both schedules on the same M3-shaped input: each within the baseline bound of the reference,
+    and within 2 ulp-scale of each other."""
+    case = GpuCase("m3", [700], [1500], 64, 4, causal=True, selection=selection)
+    pb = build(case, seed=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLASHMSA_PREFILL_SCHEDULE", "query_major")
+        a = run(pb, gpu=True)
+        mp.setenv("FLASHMSA_PREFILL_SCHEDULE", "kv_major")
+        c = run(pb, gpu=True)
+    base_out, _ = baseline(case, pb, pb.cpu_args[3])
+    cpu = run(pb, gpu=False)
+    for name, got in (("query_major", a), ("kv_major", c)):
+        check_output(got[0], cpu[0], base_out, f"{name} out")
+        check_lse(got[1], cpu[1], f"{name} lse")
+    check_lse(a[1], c[1], "query_major vs kv_major lse", atol=1e-3)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 37, 500])
+def test_kv_major_launch_groups_are_exact(chunk_rows, monkeypatch):
+    """A KV-major partial depends only on its (row, block): any split of the rows into launch
+    groups gives bit-identical results (also exercises list rebuilding between groups)."""
+    case = GpuCase("groups", [300, 5, 211], [2000, 100, 3000], 16, 2, causal=True,
+                   temperature=0.9, selection="causal_local")
+    pb = build(case, seed=4)
+    monkeypatch.setenv("FLASHMSA_PREFILL_SCHEDULE", "kv_major")
+    whole = run(pb, gpu=True)
+    monkeypatch.setenv("FLASHMSA_KV_MAJOR_CHUNK_ROWS", str(chunk_rows))
+    grouped = run(pb, gpu=True)
+    assert bits_equal(whole, grouped)
+    cpu = run(pb, gpu=False)
+    check_lse(grouped[1], cpu[1], "lse")
+    check_lse(grouped[2], cpu[2], "lse_t")
+
+
+@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
+def test_paged_equals_flat(kv, schedule):
+    """Same values read through permuted pages (partial last page) or a flat cache: bit-identical.
+    NVFP4 scales are per row, so both caches dequantize every real row to the same values."""
+    case = GpuCase("c", [150, 90], [2048, 1280 - 13], 8, 2, causal=True, kv=kv)
+    q2k = make_q2k(case, np.random.default_rng(5))
+    flat = build(case, seed=6, q2k=q2k)
+    paged = build(dataclasses.replace(case, layout="paged"), seed=6, q2k=q2k)
+    assert bits_equal(run(flat, gpu=True), run(paged, gpu=True))
+
+
+@pytest.mark.parametrize("layout", ["packed", "packed_nhd"])
+@pytest.mark.parametrize("kv", ["same", "fp8"])
+def test_packed_equals_contiguous(layout, kv, schedule):
+    case = GpuCase("c", [64, 33], [1500, 700], 8, 2, causal=True, kv=kv, layout="paged")
+    q2k = make_q2k(case, np.random.default_rng(7))
+    contiguous = build(case, seed=8, q2k=q2k)
+    packed = build(dataclasses.replace(case, layout=layout), seed=8, q2k=q2k)
+    assert bits_equal(run(contiguous, gpu=True), run(packed, gpu=True))
+
+
+@pytest.mark.parametrize("selection", ["random", "causal_local", "unsorted", "duplicates"])
+def test_deterministic(selection, schedule):
+    """D11: two runs on identical inputs are bit-identical (the KV-major lists are built with
+    atomics, in a different order every run)."""
+    case = GpuCase("det", [1024, 300], [1024, 2000], 64, 4, causal=True, selection=selection,
+                   temperature=0.8)
+    pb = build(case, seed=9)
+    first = run(pb, gpu=True)
+    for _ in range(2):
+        assert bits_equal(first, run(pb, gpu=True))
+
+
+def test_workspace_object(schedule):
+    """A caller-owned workspace gives the same bits as the allocator-backed scratch."""
+    case = GpuCase("ws", [500, 30], [1000, 300], 16, 2, causal=True)
+    pb = build(case, seed=10)
+    base = run(pb, gpu=True)
+    ws = msa_ops.MSASparseAttentionWorkspace(DEV)
+    with_ws = msa_ops.msa_sparse_attention(*pb.gpu_args, **pb.gpu_kwargs, workspace=ws)
+    assert bits_equal(base, with_ws)
+
+
+@pytest.mark.parametrize("hq,hkv", [(256, 16), (4, 4)])
+def test_large(hq, hkv, schedule):
+    """>= 64K query rows and (first shape) total_q * Hq > 2^24: 64-bit offsets and grid limits.
+    Sequences of 16 tokens keep the reference cheap; rows of a few sequences at the start, middle
+    and end are checked against the CPU reference run on just those sequences."""
+    n_seq, seq = 4100, 16
+    total_q = seq * n_seq
+    assert total_q >= 65536 and (hq < 256 or total_q * hq > 2 ** 24)
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    q = (torch.randn(total_q, hq, 128, generator=gen, device=DEV) / 3).to(BF16)
+    k = (torch.randn(total_q, hkv, 128, generator=gen, device=DEV) / 3).to(BF16)
+    v = (torch.randn(total_q, hkv, 128, generator=gen, device=DEV) / 3).to(BF16)
+    q2k = torch.full((hkv, total_q, 2), -1, dtype=torch.int32, device=DEV)
+    q2k[:, :, 0] = 0
+    cu = ref.cu_seqlens([seq] * n_seq, DEV)
+    out, lse = msa_ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True,
+                                            return_softmax_lse=True)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any() and bool(torch.isfinite(lse).all())
+
+    seqs = [0, 1, n_seq // 2, n_seq - 2, n_seq - 1]
+    rows = torch.cat([torch.arange(b * seq, (b + 1) * seq) for b in seqs]).to(DEV)
+    sub = GpuCase("large_subset", [seq] * len(seqs), [seq] * len(seqs), hq, hkv, topk=2,
+                  causal=True)
+    cu_sub = ref.cu_seqlens(sub.seqs_q)
+    args = (q[rows].cpu(), k[rows].cpu(), v[rows].cpu(), q2k[:, rows].contiguous().cpu(), cu_sub)
+    kw = dict(causal=True, cu_seqlens_k=cu_sub, return_softmax_lse=True)
+    want = msa_ops.msa_sparse_attention(*args, **kw)
+    keys = ref.sequences(args[1].float(), cu_seqlens_k=cu_sub)
+    values = ref.sequences(args[2].float(), cu_seqlens_k=cu_sub)
+    sub_pb = Problem(args, kw, (), {}, args[0], keys, values, [set() for _ in seqs],
+                     128 ** -0.5, 1.0)
+    base_out, _ = baseline(sub, sub_pb, args[3])
+    check_output(out[rows], want[0], base_out, "large out")
+    check_lse(lse[rows], want[1], "large lse")

@@ -1,0 +1,290 @@
+"""msa_sparse_decode_attention on the GPU against the same op on the same data as CPU tensors (the
+exact C++ reference), with the same-precision baseline tolerances of test_gpu_sparse_attention.py:
+every q dtype (fp8 q computes in bf16), K/V bf16 / fp16 / fp8 / NVFP4, paged (permuted pages,
+partial last page, invalid page ids, empty sequences) / flat / packed, seqlen_q 1 / 2 / 4, GQA
+groups 1 / 3 / 4 / 16, topk 1..64, index-list edge cases, q_offset, global scales; the fused and the
+split-K + combine paths (force_fused) with every partial dtype; determinism; a large batch
+(>= 64K rows, total_q * Hq > 2^24).
+
+Skipped (not passed) without a CUDA device or without a CUDA build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import List, Optional, Union
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import flashmsa  # noqa: E402
+from flashmsa import msa_ops  # noqa: E402
+
+import msa_reference as ref  # noqa: E402
+
+if not flashmsa.built_with_cuda():
+    pytest.skip("flashmsa was built without CUDA kernels", allow_module_level=True)
+
+from test_gpu_sparse_attention import (  # noqa: E402
+    BF16, DEV, FP8, FP16, GpuCase, Problem, baseline, bits_equal, build, check_empty_rows,
+    check_lse, check_output)
+
+
+@dataclasses.dataclass
+class DecodeCase:
+    name: str
+    batch: int
+    seqlen_q: int
+    hq: int
+    hkv: int
+    topk: int = 16
+    q_dtype: torch.dtype = BF16
+    kv: str = "same"              # same | fp8 | nvfp4
+    layout: str = "paged"         # paged | flat | packed | packed_nhd
+    seqlens: Union[str, List[int]] = "ragged"  # ragged | multiples | explicit list
+    selection: str = "causal_local"
+    causal: bool = True
+    q_offset: Union[None, int, List[int]] = None
+    softmax_scale: Optional[float] = None
+    v_global_scale: Optional[float] = None
+    invalid_pages: bool = False
+
+    def __str__(self):
+        return self.name
+
+
+CASES = [
+    # SPEC section 8: test_sparse_decode / test_sparse_decode_fused shapes.
+    DecodeCase("spec_8_1_8_2_bf16_flat", 8, 1, 8, 2, layout="flat", seqlens="multiples"),
+    DecodeCase("spec_8_1_8_2_fp8_paged", 8, 1, 8, 2, kv="fp8", seqlens="multiples"),
+    DecodeCase("spec_4_2_16_2_bf16_paged", 4, 2, 16, 2, seqlens="multiples"),
+    DecodeCase("spec_16_1_4_4_topk8_fp8", 16, 1, 4, 4, topk=8, kv="fp8", seqlens="multiples"),
+    DecodeCase("spec_6_1_16_1_fp8", 6, 1, 16, 1, kv="fp8"),
+    DecodeCase("nvfp4_paged", 8, 1, 8, 2, kv="nvfp4"),
+    DecodeCase("nvfp4_flat_mtp", 4, 4, 16, 2, kv="nvfp4", layout="flat"),
+    # M3 decode (64 q / 4 kv heads, top-16) and its TP4 slice (16 / 1).
+    DecodeCase("m3_b64_ctx8k_fp8", 64, 1, 64, 4, kv="fp8", seqlens=[8192] * 64),
+    DecodeCase("m3_tp4_mtp2", 16, 2, 16, 1, seqlens="ragged"),
+    # q dtypes.
+    DecodeCase("fp16", 8, 1, 8, 2, q_dtype=FP16),
+    DecodeCase("fp16_fp8kv_mtp4", 4, 4, 8, 2, q_dtype=FP16, kv="fp8"),
+    DecodeCase("fp8_q_fp8_kv", 8, 2, 16, 4, q_dtype=FP8, kv="fp8"),
+    DecodeCase("fp8_q_bf16_kv", 8, 1, 16, 4, q_dtype=FP8),
+    DecodeCase("fp8_q_nvfp4_kv", 8, 1, 16, 4, q_dtype=FP8, kv="nvfp4"),
+    # GQA groups and topk.
+    DecodeCase("g1_topk1", 12, 1, 4, 4, topk=1),
+    DecodeCase("g3_topk33", 6, 2, 9, 3, topk=33, seqlens=[9000, 7000, 300, 129, 5000, 4300],
+               selection="full"),
+    DecodeCase("g4_topk64", 4, 1, 8, 2, topk=64, seqlens=[9000, 8200, 128, 1],
+               selection="full"),
+    DecodeCase("g16_topk64_mtp4", 3, 4, 16, 1, topk=64, seqlens=[12000, 8300, 700],
+               selection="full"),
+    # Lengths, offsets, index lists, pages, layouts, scales.
+    DecodeCase("empty_and_tiny_sequences", 6, 1, 8, 2, seqlens=[0, 1, 128, 129, 0, 3000]),
+    DecodeCase("mtp_seqlen_gt_keys", 3, 4, 8, 2, seqlens=[2, 3, 1000]),
+    DecodeCase("q_offset_int", 4, 2, 8, 2, q_offset=300, seqlens=[1000, 2000, 500, 4000]),
+    DecodeCase("q_offset_tensor_negative", 4, 2, 8, 2, q_offset=[-5, 130, 0, 3999],
+               seqlens=[1000, 2000, 500, 4000]),
+    DecodeCase("non_causal", 4, 2, 8, 2, causal=False, selection="random"),
+    DecodeCase("unsorted", 8, 1, 8, 2, selection="unsorted"),
+    DecodeCase("duplicates", 8, 2, 8, 2, selection="duplicates"),
+    DecodeCase("holes", 8, 1, 8, 2, selection="holes"),
+    DecodeCase("out_of_range", 8, 1, 8, 2, selection="out_of_range"),
+    DecodeCase("some_empty_rows", 8, 2, 8, 2, selection="some_empty"),
+    DecodeCase("invalid_pages", 6, 1, 16, 2, invalid_pages=True, selection="full"),
+    DecodeCase("packed_hnd_fp8", 8, 1, 8, 2, kv="fp8", layout="packed"),
+    DecodeCase("packed_nhd", 8, 2, 16, 2, layout="packed_nhd"),
+    DecodeCase("scales", 8, 1, 8, 2, softmax_scale=0.03, v_global_scale=1.7),
+]
+
+
+def seqlens_of(case: DecodeCase, rng: np.random.Generator) -> List[int]:
+    if isinstance(case.seqlens, list):
+        return list(case.seqlens)
+    if case.seqlens == "multiples":  # SPEC 8: random multiples of 128 in [256, 1920]
+        return [int(x) * 128 for x in rng.integers(2, 16, case.batch)]
+    # ragged: anything in [1, 4000], partial last pages
+    return [int(x) for x in rng.integers(1, 4000, case.batch)]
+
+
+def compute_dtype(case: DecodeCase) -> torch.dtype:
+    return BF16 if case.q_dtype == FP8 else case.q_dtype
+
+
+@dataclasses.dataclass
+class DecodeProblem:
+    gcase: GpuCase
+    pb: Problem
+    cpu_args: tuple
+    cpu_kwargs: dict
+    gpu_args: tuple
+    gpu_kwargs: dict
+
+
+def build_decode(case: DecodeCase, seed: int = 0, layout: Optional[str] = None) -> DecodeProblem:
+    """The decode problem as a prefill problem with uniform seqlen_q (same inputs, same baseline),
+    then re-expressed in msa_sparse_decode_attention's arguments."""
+    rng = np.random.default_rng(seed + 1000)
+    lens = seqlens_of(case, rng)
+    gcase = GpuCase(case.name, [case.seqlen_q] * case.batch, lens, case.hq, case.hkv,
+                    topk=case.topk, causal=case.causal, dtype=compute_dtype(case), kv=case.kv,
+                    layout=layout or case.layout, selection=case.selection,
+                    q_offset=case.q_offset, softmax_scale=case.softmax_scale,
+                    v_global_scale=case.v_global_scale, invalid_pages=case.invalid_pages)
+    pb = build(gcase, seed=seed)
+
+    q8 = pb.q.to(FP8) if case.q_dtype == FP8 else None  # rounded once, on the CPU
+
+    def decode_args(args, kwargs, device):
+        q, k, v, q2k, _cu_q = args
+        kw = {name: val for name, val in kwargs.items() if name != "return_softmax_lse"}
+        kw.update(seqlen_q=case.seqlen_q, return_softmax_lse=True)
+        if q8 is not None:
+            q = q8.to(device)
+        return (q, k, v, q2k), kw
+
+    cpu_args, cpu_kw = decode_args(pb.cpu_args, pb.cpu_kwargs, "cpu")
+    gpu_args, gpu_kw = decode_args(pb.gpu_args, pb.gpu_kwargs, DEV)
+    if q8 is not None:
+        pb.q = q8.to(BF16)  # what the kernels compute with (exact upconversion)
+    return DecodeProblem(gcase, pb, cpu_args, cpu_kw, gpu_args, gpu_kw)
+
+
+def run(dp: DecodeProblem, gpu: bool, **extra):
+    if gpu:
+        result = msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs, **extra)
+        torch.cuda.synchronize()
+        return result
+    return msa_ops.msa_sparse_decode_attention(*dp.cpu_args, **dp.cpu_kwargs)
+
+
+def max_abs_value(dp: DecodeProblem) -> float:
+    return max([float(v.abs().max()) for v in dp.pb.values if v.numel()] + [0.0]) * dp.pb.out_scale
+
+
+def check_against_reference(dp: DecodeProblem, got, want, base_out, what: str,
+                            partial_dtype: Optional[torch.dtype] = None):
+    out, lse = got
+    assert out.dtype == compute_dtype_of(dp) and out.shape == dp.gpu_args[0].shape
+    # fp8 partials keep 3 mantissa bits of each split's normalized output: up to 2^-4 of the
+    # largest |V| on top of the baseline bound.
+    extra = 2.0 ** -4 * max_abs_value(dp) if partial_dtype == FP8 else 0.0
+    check_output(out, want[0], base_out, f"{what} out", extra_tol=extra)
+    check_lse(lse, want[1], f"{what} lse")
+    check_empty_rows(out, want[1], what)
+
+
+def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
+    return dp.gcase.dtype
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_decode_matches_cpu_reference(case):
+    dp = build_decode(case)
+    got = run(dp, gpu=True)
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    check_against_reference(dp, got, want, base_out, str(case))
+
+
+FUSED_CASES = [c for c in CASES if c.name in (
+    "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "spec_16_1_4_4_topk8_fp8",
+    "spec_6_1_16_1_fp8", "nvfp4_flat_mtp", "g3_topk33", "g16_topk64_mtp4",
+    "empty_and_tiny_sequences", "fp8_q_fp8_kv", "invalid_pages")]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=str)
+def test_fused_and_split_paths(case):
+    """force_fused=True (one CTA per token and kv head, no combine) and False (split-K + combine):
+    both against the reference, and within 5e-3 of each other with the same -inf pattern."""
+    dp = build_decode(case)
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    fused = run(dp, gpu=True, force_fused=True)
+    split = run(dp, gpu=True, force_fused=False)
+    check_against_reference(dp, fused, want, base_out, f"{case} fused")
+    check_against_reference(dp, split, want, base_out, f"{case} split")
+    diff = float((fused[0].double() - split[0].double()).abs().max())
+    assert diff < 5e-3, f"fused vs split: max |diff| {diff:.3e}"
+    assert torch.equal(torch.isinf(fused[1]), torch.isinf(split[1]))
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "fp16_fp8kv_mtp4", "m3_tp4_mtp2", "g3_topk33")], ids=str)
+def test_partial_dtypes(case, partial_dtype):
+    dp = build_decode(case)
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    got = run(dp, gpu=True, force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"{case} partial {partial_dtype}",
+                            partial_dtype=partial_dtype)
+
+
+@pytest.mark.parametrize("force_fused", [None, True, False])
+@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
+def test_paged_equals_flat(kv, force_fused):
+    """Same values through permuted pages (partial last pages) or a flat cache: bit-identical."""
+    case = DecodeCase("c", 8, 2, 16, 2, kv=kv)
+    flat = build_decode(case, seed=2, layout="flat")
+    paged = build_decode(case, seed=2, layout="paged")
+    assert torch.equal(flat.pb.cpu_args[3], paged.pb.cpu_args[3])
+    assert bits_equal(run(flat, gpu=True, force_fused=force_fused),
+                      run(paged, gpu=True, force_fused=force_fused))
+
+
+@pytest.mark.parametrize("force_fused", [None, True, False])
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in (
+    "m3_b64_ctx8k_fp8", "duplicates", "g16_topk64_mtp4")], ids=str)
+def test_deterministic(case, force_fused):
+    dp = build_decode(case, seed=3)
+    first = run(dp, gpu=True, force_fused=force_fused)
+    for _ in range(2):
+        assert bits_equal(first, run(dp, gpu=True, force_fused=force_fused))
+
+
+def test_workspace_object():
+    dp = build_decode(CASES[0], seed=4)
+    base = run(dp, gpu=True, force_fused=False)
+    ws = msa_ops.MSASparseAttentionWorkspace(DEV)
+    assert bits_equal(base, run(dp, gpu=True, force_fused=False, workspace=ws))
+
+
+@pytest.mark.parametrize("force_fused", [None, True, False])
+def test_large_batch(force_fused):
+    """65600 requests x 256 query heads (total_q * Hq > 2^24, >= 64K rows): 64-bit offsets and
+    grid limits. Short flat sequences keep it small; a few requests at the start, middle and end
+    are checked against the CPU reference run on just those requests."""
+    batch, hq, hkv, klen = 65600, 256, 16, 8
+    assert batch * hq > 2 ** 24
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    q = (torch.randn(batch, hq, 128, generator=gen, device=DEV) / 3).to(BF16)
+    k = (torch.randn(batch * klen, hkv, 128, generator=gen, device=DEV) / 3).to(BF16)
+    v = (torch.randn(batch * klen, hkv, 128, generator=gen, device=DEV) / 3).to(BF16)
+    q2k = torch.full((hkv, batch, 1), 0, dtype=torch.int32, device=DEV)
+    cu_k = ref.cu_seqlens([klen] * batch, DEV)
+    out, lse = msa_ops.msa_sparse_decode_attention(q, k, v, q2k, cu_seqlens_k=cu_k,
+                                                   return_softmax_lse=True,
+                                                   force_fused=force_fused)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any() and bool(torch.isfinite(lse).all())
+
+    reqs = [0, 1, batch // 2, batch - 2, batch - 1]
+    rows = torch.tensor(reqs, device=DEV)
+    krows = torch.cat([torch.arange(b * klen, (b + 1) * klen) for b in reqs]).to(DEV)
+    cu_sub = ref.cu_seqlens([klen] * len(reqs))
+    args = (q[rows].cpu(), k[krows].cpu(), v[krows].cpu(), q2k[:, rows].contiguous().cpu())
+    want = msa_ops.msa_sparse_decode_attention(*args, cu_seqlens_k=cu_sub, return_softmax_lse=True)
+    sub = GpuCase("large_subset", [1] * len(reqs), [klen] * len(reqs), hq, hkv, topk=1, causal=True)
+    keys = ref.sequences(args[1].float(), cu_seqlens_k=cu_sub)
+    values = ref.sequences(args[2].float(), cu_seqlens_k=cu_sub)
+    sub_pb = Problem(args, {}, (), {}, args[0], keys, values, [set() for _ in reqs],
+                     128 ** -0.5, 1.0)
+    base_out, _ = baseline(sub, sub_pb, args[3])
+    check_output(out[rows], want[0], base_out, "large out")
+    check_lse(lse[rows], want[1], "large lse")
