@@ -384,8 +384,8 @@ def check_output(gpu: torch.Tensor, cpu: torch.Tensor, base: torch.Tensor, what:
                  extra_tol: float = 0.0):
     """|gpu - ref| <= 2 |base - ref| + 2 ulp (+ extra_tol), max over the tensor; no NaN."""
     g = gpu.detach().cpu().double()
-    c = cpu.detach().double()
-    bb = base.detach().double()
+    c = cpu.detach().cpu().double()
+    bb = base.detach().cpu().double()
     assert not torch.isnan(g).any(), f"{what}: {int(torch.isnan(g).sum())} NaN elements"
     err = float((g - c).abs().max()) if g.numel() else 0.0
     base_err = float((bb - c).abs().max()) if g.numel() else 0.0
@@ -395,7 +395,7 @@ def check_output(gpu: torch.Tensor, cpu: torch.Tensor, base: torch.Tensor, what:
 
 
 def check_lse(gpu: torch.Tensor, cpu: torch.Tensor, what: str, atol: float = 1e-2):
-    g, c = gpu.detach().cpu().double(), cpu.detach().double()
+    g, c = gpu.detach().cpu().double(), cpu.detach().cpu().double()
     assert not torch.isnan(g).any(), f"{what}: NaN"
     assert torch.equal(torch.isinf(g), torch.isinf(c)), f"{what}: -inf pattern differs"
     assert bool((g[torch.isinf(g)] < 0).all()), f"{what}: +inf"

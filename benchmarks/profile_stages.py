@@ -1,0 +1,80 @@
+"""Per-kernel time breakdown of the M3 sparse attention (prefill 32K, decode B64) for each schedule.
+
+    python benchmarks/profile_stages.py [--seq 32768] [--only prefill|decode]
+
+Prints torch.profiler's CUDA time per kernel (summed over one call after warm-up), so the share of
+list building, the main kernels and the combine is visible. Used to direct kernel work; the numbers
+of record come from bench_msa.py.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import msa_inputs  # noqa: E402
+import flashmsa.msa_ops as msa_ops  # noqa: E402
+
+
+def profile(label, fn, reps=3):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((t / reps, e.count // reps, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"\n## {label}: {total / 1000:.3f} ms of kernels per call")
+    for t, n, name in rows[:12]:
+        print(f"  {t / 1000:9.3f} ms  x{n:<4d} {name[:110]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=32768)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    gen = msa_inputs.cuda_generator(0, dev)
+    S, hq, hkv, topk = args.seq, 64, 4, 16
+    if args.only in ("", "prefill"):
+        q = msa_inputs.randn((S, hq, 128), gen, dev)
+        k = msa_inputs.randn((S, hkv, 128), gen, dev)
+        v = msa_inputs.randn((S, hkv, 128), gen, dev)
+        cu = torch.tensor([0, S], dtype=torch.int32, device=dev)
+        pos = torch.arange(S, device=dev)
+        sels = {"random": msa_inputs.random_selection(pos, hkv, topk, gen),
+                "clustered": msa_inputs.clustered_selection(S, hkv, topk, 0, dev)}
+        for pat, sel in sels.items():
+            for sched in ("kv_major", "query_major"):
+                os.environ["FLASHMSA_PREFILL_SCHEDULE"] = sched
+                profile(f"prefill S={S} {pat} {sched}",
+                        lambda: msa_ops.msa_sparse_attention(q, k, v, sel, cu, cu, causal=True))
+        os.environ.pop("FLASHMSA_PREFILL_SCHEDULE", None)
+    if args.only in ("", "decode"):
+        B, ctx = 64, 32768
+        nb = ctx // 128
+        pages = B * nb
+        kc = msa_inputs.randn((pages, hkv, 128, 128), gen, dev)
+        vc = msa_inputs.randn((pages, hkv, 128, 128), gen, dev)
+        pt = torch.arange(pages, dtype=torch.int32, device=dev).view(B, nb)
+        used = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+        qd = msa_inputs.randn((B, hq, 128), gen, dev)
+        pos = torch.full((B,), ctx - 1, device=dev)
+        sel = msa_inputs.random_selection(pos, hkv, topk, gen)
+        for fused in (None, True, False):
+            profile(f"decode B={B} ctx={ctx} force_fused={fused}",
+                    lambda: msa_ops.msa_sparse_decode_attention(
+                        qd, kc, vc, sel, page_table=pt, seqused_k=used, force_fused=fused))
+
+
+if __name__ == "__main__":
+    main()
