@@ -303,11 +303,24 @@ struct SoftmaxState {
 // Masks keys >= lim[mt][h] (relative to the step's first key), updates the running state, rescales
 // o, and leaves P = 2^(x - m) in s. The safe max (0 while a row has seen no visible key) keeps
 // fully masked rows at exactly 0 without NaN: 2^(-inf - 0) = 0.
-template <int kMT, int kNT>
+//
+// Lazy rescaling: a row's reference max m moves only when the step's max exceeds it by more than
+// `slack` (base-2 units), so P <= 2^slack and l, o are sums of terms <= 2^slack: exact up to
+// rounding for slack <= 8 (P rounds to the compute dtype with the same relative error, l stays
+// far from overflow). The 128 o-rescaling multiplies per thread, the largest non-MMA cost of a
+// step, are skipped for the whole warp when no row moved. The rule is per row, so a row's result
+// never depends on the other rows of its tile (D11); with slack 0 it is the eager rule (m = the
+// running max) and bit-identical to it (an unmoved row's factor is exactly 1).
+// kMask = false: the caller knows every key of the step is visible to every row (lim >= kNT * 8),
+// and the per-key compares are left out (the same values as with the mask).
+template <int kMT, int kNT, bool kMask = true>
 MSA_DEVICE void softmax_step(float (&s)[kMT][kNT][4], float (&o)[kMT][16][4], SoftmaxState<kMT>& st,
                              const int (&lim)[kMT][2], float scale_log2, bool has_temp, float temp,
-                             int lane) {
+                             int lane, float slack = 0.0f) {
   const int tig = lane & 3;
+  float alpha[kMT][2], m_use[kMT][2], m_prev[kMT][2];
+  bool moved[kMT][2];
+  bool any_moved = false;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -318,36 +331,52 @@ MSA_DEVICE void softmax_step(float (&s)[kMT][kNT][4], float (&o)[kMT][16][4], So
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = nt * 8 + 2 * tig + e;
-          const float x = key < lim[mt][h] ? s[mt][nt][2 * h + e] * scale_log2 : neg_inf();
+          const float x = !kMask || key < lim[mt][h] ? s[mt][nt][2 * h + e] * scale_log2 : neg_inf();
           s[mt][nt][2 * h + e] = x;
           mx = fmaxf(mx, x);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // -inf + slack = -inf: the first visible key always moves the row; NaN never does.
       const float m_old = st.m[mt][h];
-      const float m_new = fmaxf(m_old, mx);
-      const float m_use = m_new == neg_inf() ? 0.0f : m_new;
-      const float alpha = exp2_approx(m_old - m_use);
+      m_prev[mt][h] = m_old;
+      moved[mt][h] = mx > m_old + slack;
+      const float m_new = moved[mt][h] ? mx : m_old;
+      m_use[mt][h] = m_new == neg_inf() ? 0.0f : m_new;
+      alpha[mt][h] = moved[mt][h] ? exp2_approx(m_old - m_use[mt][h]) : 1.0f;
       st.m[mt][h] = m_new;
+      any_moved |= moved[mt][h];
+    }
+  }
+  if (__any_sync(0xffffffffu, any_moved)) {
 #pragma unroll
-      for (int d = 0; d < 16; ++d) {
-        o[mt][d][2 * h] *= alpha;
-        o[mt][d][2 * h + 1] *= alpha;
-      }
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int d = 0; d < 16; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][d][e] *= alpha[mt][e >> 1];
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
       float sum = 0.0f, sum_t = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float x = s[mt][nt][2 * h + e];
-          if (has_temp) sum_t += x == neg_inf() ? 0.0f : exp2_approx(temp * (x - m_use));
-          const float pr = exp2_approx(x - m_use);
+          if (has_temp) sum_t += x == neg_inf() ? 0.0f : exp2_approx(temp * (x - m_use[mt][h]));
+          const float pr = exp2_approx(x - m_use[mt][h]);
           s[mt][nt][2 * h + e] = pr;
           sum += pr;
         }
-      st.l[mt][h] = st.l[mt][h] * alpha + sum;
+      st.l[mt][h] = st.l[mt][h] * alpha[mt][h] + sum;
       if (has_temp) {
-        st.lt[mt][h] = st.lt[mt][h] * merge_factor_t(m_old, m_use, temp) + sum_t;
+        // An unmoved row keeps its temperature sum (factor 1: its old max is m_use, or it has seen
+        // nothing and the sum is 0).
+        const float f_t = moved[mt][h] ? merge_factor_t(m_prev[mt][h], m_use[mt][h], temp) : 1.0f;
+        st.lt[mt][h] = st.lt[mt][h] * f_t + sum_t;
       }
     }
   }

@@ -1,9 +1,16 @@
 // Combine of the split schedules (query-major split-K and KV-major): one warp per (row, head)
 // reads the row's partial LSEs (lanes = slots), weights w_s = 2^(lse_s - max) and sums the partial
-// outputs in slot order, so the result is deterministic. Slots with LSE -inf (empty, or never
-// written by the attention kernel and set to -inf by the list builder) get weight 0 and their
-// output is not read; other partial values are clamped to +-FLT_MAX so garbage can never turn a
-// zero weight into NaN (0 * inf). A row with no finite slot gets output 0 and LSE -inf.
+// outputs, so the result is deterministic. Slots with LSE -inf (empty, or never written by the
+// attention kernel and set to -inf by the list builder) get weight 0 and their output is not read;
+// other partial values are clamped to +-FLT_MAX so garbage can never turn a zero weight into NaN
+// (0 * inf). A row with no finite slot gets output 0 and LSE -inf.
+//
+// The kernel is a pure stream of the partials (KV-major prefill: 8.6 GB of bf16 at 32K tokens), so
+// it is shaped for bandwidth: a half-warp covers one slot's 128 values with 16-byte loads (8 values
+// per lane), the two half-warps take the even and odd slots, and each lane issues the loads of a
+// batch of 16 slots before using any of them (8 loads, 128 bytes in flight per lane, 4 KB per warp)
+// so the memory system sees enough requests. The half-warp sums meet through one shuffle at the
+// end: a fixed order, independent of the launch.
 #include <cuda_runtime_api.h>
 
 #include <climits>
@@ -21,28 +28,70 @@ constexpr int kCombineWarps = 8;
 MSA_DEVICE float sanitize_lse(float v) { return v == v ? fminf(v, FLT_MAX) : neg_inf(); }
 MSA_DEVICE float clamp_finite(float v) { return fminf(fmaxf(v, -FLT_MAX), FLT_MAX); }
 
-// Four consecutive partial values starting at element `elem` of the partial buffer.
-MSA_DEVICE float4 load4(const void* base, StoreKind kind, int64_t elem) {
-  switch (kind) {
-    case StoreKind::kF32:
-      return *reinterpret_cast<const float4*>(static_cast<const float*>(base) + elem);
-    case StoreKind::kBF16: {
-      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(base) + elem);
-      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-      return make_float4(a.x, a.y, b.x, b.y);
+// Eight consecutive values of the partial buffer starting at element `elem` (a multiple of 8), as
+// raw bits: 16 bytes for 2-byte kinds, 8 for fp8, 32 for f32 (two loads). Kept raw so that a batch
+// of loads can be issued before any conversion.
+struct Raw8 {
+  uint4 a;
+  uint4 b;  // f32 only: values 4..7
+};
+
+template <StoreKind kKind>
+MSA_DEVICE Raw8 load8(const void* base, int64_t elem) {
+  Raw8 r{};
+  switch (kKind) {
+    case StoreKind::kF32: {
+      const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(base) + elem);
+      r.a = p[0];
+      r.b = p[1];
+      break;
     }
-    case StoreKind::kF16: {
-      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __half*>(base) + elem);
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-      return make_float4(a.x, a.y, b.x, b.y);
-    }
+    case StoreKind::kBF16:
+    case StoreKind::kF16:
+      r.a = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + elem);
+      break;
     default: {
-      const uint32_t u = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(base) + elem);
-      return make_float4(e4m3_to_float(uint8_t(u)), e4m3_to_float(uint8_t(u >> 8)),
-                         e4m3_to_float(uint8_t(u >> 16)), e4m3_to_float(uint8_t(u >> 24)));
+      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + elem);
+      r.a = make_uint4(u.x, u.y, 0u, 0u);
+      break;
     }
+  }
+  return r;
+}
+
+template <StoreKind kKind>
+MSA_DEVICE void unpack8(const Raw8& r, float (&v)[8]) {
+  const uint32_t w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
+  switch (kKind) {
+    case StoreKind::kF32: {
+      const uint32_t w2[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[i] = __uint_as_float(w[i]);
+        v[4 + i] = __uint_as_float(w2[i]);
+      }
+      break;
+    }
+    case StoreKind::kBF16:
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+      }
+      break;
+    case StoreKind::kF16:
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+      }
+      break;
+    default:
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = e4m3_to_float(uint8_t(w[i >> 2] >> (8 * (i & 3))));
+      break;
   }
 }
 
@@ -65,7 +114,12 @@ MSA_DEVICE float combined_lse(float v0, float v1) {
   return (m + log2f(w)) * kLn2;
 }
 
-template <typename OutElem>
+// Slots per batch of loads: all of a lane's loads of a batch are in flight together. 16 is a
+// multiple of 2 (the half-warp split) and divides 32, so a batch's weights come from one lane
+// register (w0 for slots < 32, w1 above).
+constexpr int kCombineBatch = 16;
+
+template <typename OutElem, StoreKind kKind>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineArgs a) {
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -74,34 +128,56 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   const int kh = hq / a.group, g = hq - kh * a.group;
   const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
   const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + hq;
+  const int half = lane >> 4, hl = lane & 15;  // slot parity, 8-value chunk of the row
 
   const float v0 = lane < a.num_slots ? sanitize_lse(a.part_lse[base + int64_t(lane) * a.group]) : neg_inf();
   const float v1 = lane + 32 < a.num_slots ? sanitize_lse(a.part_lse[base + int64_t(lane + 32) * a.group]) : neg_inf();
   const float m = warp_max(fmaxf(v0, v1));
-  OutElem* out = static_cast<OutElem*>(a.out) + out_idx * 128 + 4 * lane;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
   float lse = neg_inf();
   if (m != neg_inf()) {
     const float w0 = exp2_approx(v0 - m), w1 = exp2_approx(v1 - m);
     const float wsum = warp_sum(w0 + w1);
-    for (int s = 0; s < a.num_slots; ++s) {
-      const float ws = __shfl_sync(0xffffffffu, s < 32 ? w0 : w1, s & 31);
-      if (ws == 0.0f) continue;  // warp-uniform
-      const float4 v = load4(a.part_o, a.part_kind, (base + int64_t(s) * a.group) * 128 + 4 * lane);
-      acc[0] += ws * clamp_finite(v.x);
-      acc[1] += ws * clamp_finite(v.y);
-      acc[2] += ws * clamp_finite(v.z);
-      acc[3] += ws * clamp_finite(v.w);
+    const int64_t elem0 = base * 128 + 8 * hl;
+    const int64_t slot_elems = int64_t(a.group) * 128;
+    for (int s0 = 0; s0 < a.num_slots; s0 += kCombineBatch) {
+      const float wsrc = s0 < 32 ? w0 : w1;
+      float ws[kCombineBatch / 2];
+      Raw8 raw[kCombineBatch / 2];
+#pragma unroll
+      for (int i = 0; i < kCombineBatch / 2; ++i) {
+        const int s = s0 + 2 * i + half;
+        ws[i] = __shfl_sync(0xffffffffu, wsrc, s & 31);
+        if (s >= a.num_slots) ws[i] = 0.0f;
+        raw[i] = Raw8{};
+        if (ws[i] != 0.0f) raw[i] = load8<kKind>(a.part_o, elem0 + int64_t(s) * slot_elems);
+      }
+#pragma unroll
+      for (int i = 0; i < kCombineBatch / 2; ++i) {
+        if (ws[i] == 0.0f) continue;
+        float v[8];
+        unpack8<kKind>(raw[i], v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += ws[i] * clamp_finite(v[e]);
+      }
     }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);
     const float mul = a.v_scale / wsum;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] *= mul;
+    for (int e = 0; e < 8; ++e) acc[e] *= mul;
     lse = (m + log2f(wsum)) * kLn2;
   }
-  uint2 packed;
-  packed.x = pack2<OutElem>(acc[0], acc[1]);
-  packed.y = pack2<OutElem>(acc[2], acc[3]);
-  *reinterpret_cast<uint2*>(out) = packed;
+  if (half == 0) {
+    uint4 packed;
+    packed.x = pack2<OutElem>(acc[0], acc[1]);
+    packed.y = pack2<OutElem>(acc[2], acc[3]);
+    packed.z = pack2<OutElem>(acc[4], acc[5]);
+    packed.w = pack2<OutElem>(acc[6], acc[7]);
+    *reinterpret_cast<uint4*>(static_cast<OutElem*>(a.out) + out_idx * 128 + 8 * hl) = packed;
+  }
   if (a.lse != nullptr && lane == 0) a.lse[out_idx] = lse;
   if (a.lse_t != nullptr) {
     const float t0 = lane < a.num_slots ? sanitize_lse(a.part_lse_t[base + int64_t(lane) * a.group]) : neg_inf();
@@ -118,10 +194,19 @@ void launch_combine(const CombineArgs& a, DType out_dtype, cudaStream_t stream) 
   if (warps == 0) return;
   const int64_t grid = (warps + kCombineWarps - 1) / kCombineWarps;
   MSA_CHECK(grid <= INT_MAX, "combine: too many (row, head) pairs in one launch (", warps, ")");
+  auto go = [&]<typename OutElem>() {
+    const dim3 g{unsigned(grid)}, b{unsigned(kCombineWarps * 32)};
+    switch (a.part_kind) {
+      case StoreKind::kF32: combine_kernel<OutElem, StoreKind::kF32><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kBF16: combine_kernel<OutElem, StoreKind::kBF16><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kF16: combine_kernel<OutElem, StoreKind::kF16><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kFP8: combine_kernel<OutElem, StoreKind::kFP8><<<g, b, 0, stream>>>(a); break;
+    }
+  };
   if (out_dtype == DType::kBF16) {
-    combine_kernel<__nv_bfloat16><<<unsigned(grid), kCombineWarps * 32, 0, stream>>>(a);
+    go.template operator()<__nv_bfloat16>();
   } else {
-    combine_kernel<__half><<<unsigned(grid), kCombineWarps * 32, 0, stream>>>(a);
+    go.template operator()<__half>();
   }
   MSA_CUDA_CHECK(cudaGetLastError());
 }

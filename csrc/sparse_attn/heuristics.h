@@ -8,9 +8,12 @@
 
 namespace flashmsa::sparse_attn {
 
-// Query-major split-K: enough CTAs for ~6 per SM (2 waves at the 3 resident 16-row CTAs per SM),
-// because one item streams at most topk blocks and a small batch leaves SMs idle otherwise.
-inline constexpr int kQmTargetCtasPerSm = 6;
+// Query-major split-K: for small batches, enough CTAs for ~3 per SM (one wave at the 3 resident
+// 16-row CTAs per SM), because one item streams at most topk blocks and leaves SMs idle otherwise.
+// Splitting costs the partial write + combine (a 5 us launch at decode size), so once the items
+// alone give one CTA per SM the fused path is taken: measured on an H200 at B = 64, 32K context
+// (items = 64 x 4 x 1 = 256 >= 132 SMs), fused 73 us vs split-4 86 us + combine 5 us.
+inline constexpr int kQmTargetCtasPerSm = 3;
 
 // Splits of each (row, kv head, row tile) item's used blocks. force_fused: 1 -> 1 (fused);
 // 0 -> at least 2 (the split + combine path, even when the grid is already full); -1 -> heuristic.
@@ -18,7 +21,7 @@ inline constexpr int kQmTargetCtasPerSm = 6;
 inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fused) {
   if (force_fused == 1 || items <= 0) return 1;
   const int64_t target = int64_t(kQmTargetCtasPerSm) * num_sms;
-  int64_t splits = items >= target ? 1 : (target + items - 1) / items;
+  int64_t splits = items >= num_sms ? 1 : (target + items - 1) / items;
   splits = std::min<int64_t>(splits, topk);
   if (force_fused == 0) splits = std::max<int64_t>(splits, std::min(2, topk));
   const int64_t per_split = (topk + splits - 1) / splits;
@@ -32,7 +35,10 @@ inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fu
 inline constexpr int kKvMajorMinRows = 1024;
 
 // KV-major partials of one launch group are bounded by this many bytes; larger prefills run as
-// several launch groups of query rows (each rebuilding its lists).
+// several equal launch groups of query rows (each rebuilding its lists and ending with a tail of
+// idle SMs, ~0.1 ms per group at 32K tokens). 1 GiB keeps the caller-visible workspace of a
+// 32K-token M3 prefill near 1.1 GB (9 groups); 4 GiB would save ~0.4 ms there but ask inference
+// engines for ~6 GB of scratch, which they size up front for the longest prefill.
 inline constexpr int64_t kKvMajorPartialBudget = int64_t(1) << 30;
 
 // Bytes of KV-major workspace per query row of a launch group: per (kv head, q2k slot) a list entry

@@ -21,6 +21,9 @@
 
 namespace flashmsa::sparse_attn {
 
+// Base-2 headroom of the lazy softmax rescaling of the KV-major kernel (see softmax_step).
+inline constexpr float kLazyRescaleSlack = 8.0f;
+
 template <typename Elem, KvKind kKv>
 struct KvMajorConfig {
   static constexpr int kWarps = kKvmMaxThreads / 32;
@@ -199,6 +202,9 @@ __global__ void __launch_bounds__(kKvmMaxThreads, 1)
 #pragma unroll
           for (int h = 0; h < 2; ++h) lim[mt][h] = __shfl_sync(0xffffffffu, cur.lim, mt * 16 + h * 8 + gid);
         const int lim_max = __reduce_max_sync(0xffffffffu, cur.lim);
+        // Steps below every row's limit (all but the diagonal block's, and a tile's padding rows)
+        // need no mask.
+        const int lim_min = __reduce_min_sync(0xffffffffu, cur.lim);
 
         float o[2][16][4];
 #pragma unroll
@@ -209,6 +215,13 @@ __global__ void __launch_bounds__(kKvmMaxThreads, 1)
             for (int e = 0; e < 4; ++e) o[mt][d][e] = 0.0f;
         SoftmaxState<2> st;
         st.init();
+        // Lazy rescaling (softmax_step): a row's reference max moves only when a step's max exceeds
+        // it by more than the slack (P <= 2^8), which skips most of the o rescales of the 8 steps.
+        // Temperature terms are 2^(T (x - m)) <= 2^(T slack), so the slack shrinks to 8 / T for
+        // T > 1 (and 0, the eager rule, for a T <= 0 the validator would have refused).
+        const float rescale_slack =
+            !args.has_temp ? kLazyRescaleSlack
+                           : (temp > 1.0f ? kLazyRescaleSlack / temp : (temp > 0.0f ? kLazyRescaleSlack : 0.0f));
         const uint32_t q_base = ldm_base_a(smem_addr(buf), 0, lane);
 #pragma unroll 1
         for (int key0 = 0; key0 < lim_max; key0 += Cfg::kStepKeys) {  // no row sees keys >= lim_max
@@ -219,7 +232,13 @@ __global__ void __launch_bounds__(kKvmMaxThreads, 1)
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) lim_rel[mt][h] = lim[mt][h] - key0;
-          softmax_step<2, Cfg::kStepKeys / 8>(s, o, st, lim_rel, args.scale_log2, args.has_temp, temp, lane);
+          if (key0 + Cfg::kStepKeys <= lim_min) {
+            softmax_step<2, Cfg::kStepKeys / 8, false>(s, o, st, lim_rel, args.scale_log2, args.has_temp,
+                                                       temp, lane, rescale_slack);
+          } else {
+            softmax_step<2, Cfg::kStepKeys / 8, true>(s, o, st, lim_rel, args.scale_log2, args.has_temp,
+                                                      temp, lane, rescale_slack);
+          }
           gemm_pv<Elem, 2, Cfg::kStepKeys / 8>(o, s, ldm_base_v(sV_addr, key0, lane));
         }
         st.quad_reduce();

@@ -245,6 +245,11 @@ bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& pl
   // (row << 6 | slot) list entries and int list offsets bound one group's pairs.
   chunk = std::min<int64_t>({chunk, p.total_q, (int64_t(1) << 28) / (int64_t(p.num_kv_heads) * p.topk)});
   chunk = std::max<int64_t>(chunk, 1);
+  // Equal launch groups: each group's persistent kernel ends with a tail of unevenly finishing
+  // CTAs, and a small last group (e.g. 536 of 32K rows at a 4029-row cap) pays a whole launch
+  // sequence for little work.
+  const int64_t groups = std::max<int64_t>(1, (int64_t(p.total_q) + chunk - 1) / chunk);
+  chunk = std::max<int64_t>(1, (int64_t(p.total_q) + groups - 1) / groups);
   plan.chunk_rows = int(chunk);
 
   const int64_t nb_bound = p.kv.page_table != nullptr
