@@ -32,6 +32,7 @@ void dispatch(const char* op, const Params& p, int device, cudaStream_t stream, 
     return;
   }
 #if defined(FLASHMSA_WITH_CUDA)
+  (void)op;
   check_current_device(device);
   cuda_fn(p, stream);
 #else
