@@ -4,17 +4,21 @@
     compute-sanitizer --tool memcheck --leak-check no --error-exitcode 97 \
         python3 benchmarks/sanitize_smoke.py
     compute-sanitizer --tool racecheck --error-exitcode 97 python3 benchmarks/sanitize_smoke.py
+    compute-sanitizer --tool racecheck python3 benchmarks/sanitize_smoke.py --only "[kv_major] flat bf16"
 
 Shapes are small (the sanitizers slow kernels down by orders of magnitude) but irregular: ragged
 sequences, partial last pages, permuted pages, empty sequences, rows with no selected block, ids
 out of range, per-token nvp values out of range. Each call is synchronized on its own so that a
 report points at one case. A NotImplementedError (or an op missing from flashmsa.msa_ops) is
 printed as SKIP; any other exception fails the script (exit 1) after the remaining cases ran.
-Results are checked only for NaN: correctness is the test suites' job.
+Results are checked only for NaN: correctness is the test suites' job. --only SUBSTRING runs just
+the cases whose name (as printed) contains SUBSTRING; the inputs of the others are still built,
+but no flashmsa op is called for them.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -30,13 +34,18 @@ BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 
 
 class Smoke:
-    def __init__(self, ops, device):
+    def __init__(self, ops, device, only=None):
         self.ops = ops
         self.dev = device
+        self.only = only
         self.gen = mi.cuda_generator(7, device)
         self.passed, self.skipped, self.failed = [], [], []
+        self.filtered = 0
 
     def run(self, name, fn):
+        if self.only is not None and self.only not in name:
+            self.filtered += 1
+            return
         try:
             out = fn()
             torch.cuda.synchronize()
@@ -320,17 +329,26 @@ class Smoke:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", metavar="SUBSTRING", default=None,
+                        help="run only the cases whose name contains SUBSTRING (case-sensitive)")
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         print("sanitize_smoke: no CUDA device", file=sys.stderr)
         return 2
     from flashmsa import msa_ops
-    smoke = Smoke(msa_ops, torch.device("cuda", torch.cuda.current_device()))
+    smoke = Smoke(msa_ops, torch.device("cuda", torch.cuda.current_device()), args.only)
     for part in ("proxy", "proxy_fp4", "topk", "sparse_attention", "decode", "pipeline"):
         getattr(smoke, part)()
     print(f"sanitize_smoke: {len(smoke.passed)} passed, {len(smoke.skipped)} skipped, "
-          f"{len(smoke.failed)} failed", flush=True)
+          f"{len(smoke.failed)} failed"
+          + (f", {smoke.filtered} not matching --only {args.only!r}" if args.only is not None else ""),
+          flush=True)
     for name in smoke.failed:
         print(f"  failed: {name}")
+    if args.only is not None and not (smoke.passed or smoke.skipped or smoke.failed):
+        print(f"sanitize_smoke: no case name contains {args.only!r}", file=sys.stderr)
+        return 2
     return 1 if smoke.failed else 0
 
 

@@ -243,7 +243,11 @@ __global__ void __launch_bounds__(kKvmMaxThreads, 1)
         }
         st.quad_reduce();
 
-        // The query tile was fully read into fragments: its buffer stages the output rows.
+        // The query tile's buffer stages the output rows. gemm_qk re-reads Q with ldmatrix at every
+        // step, and the shuffles since the last one order no memory: without this barrier a lane's
+        // staging store may overtake another lane's last ldmatrix of rows 0-15 (a WAR hazard that
+        // racecheck reports). Rows 16-31 (mt = 1) are ordered by store_rows' own final __syncwarp.
+        __syncwarp();
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           float mul[2];
