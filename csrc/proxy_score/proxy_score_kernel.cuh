@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "common/mma_sm80.cuh"
+#include "common/ptx.cuh"
 #include "flashmsa/params.h"
 #include "flashmsa/semantics.h"
 #include "proxy_score/proxy_score_config.h"
@@ -77,7 +77,7 @@ __device__ __forceinline__ void load_k_block(const KernelParams& kp, uint8_t* ti
     // hoist per-iteration address registers next to the Q fragments).
     const int c = threadIdx.x & 15;
     for (int r = threadIdx.x >> 4; r < n_keys; r += kThreads / 16) {
-      cp_async_16(smem_u32(dst + swizzle_128x16b(r, c) * 16),
+      cp_async_16(smem_addr(dst + swizzle_128x16b(r, c) * 16),
                   src + int64_t(r) * p.k.stride_token + c * 8);
     }
   } else {
@@ -85,7 +85,7 @@ __device__ __forceinline__ void load_k_block(const KernelParams& kp, uint8_t* ti
     uint8_t* dst = tiles + stage * kRawTileBytes;
     const int c = threadIdx.x & 7;  // 16-byte chunk of the fp8 row: elements [16c, 16c + 16)
     for (int r = threadIdx.x >> 3; r < n_keys; r += kThreads / 8) {
-      cp_async_16(smem_u32(dst + r * kHeadDim + c * 16),
+      cp_async_16(smem_addr(dst + r * kHeadDim + c * 16),
                   src + int64_t(r) * p.k.stride_token + c * 16);
     }
   }
@@ -125,7 +125,7 @@ __device__ __forceinline__ void multiply_block(const uint32_t (&qa)[Shape::kMTil
   // One n8 step at a time keeps 16 accumulators live next to the 32 x kMTiles Q registers.
   const int key_lane = lane & 7;
   const int chunk_lane = lane >> 3;
-  const uint32_t sK_u32 = smem_u32(sK);
+  const uint32_t sK_u32 = smem_addr(sK);
 
   // Not unrolled: the 8-key steps are independent, and unrolling them only lets the scheduler hoist
   // K fragments of later steps, which costs registers the Q fragments need.
@@ -316,7 +316,7 @@ __device__ __noinline__ void run_tile(const KernelParams& kp, TileWork work) {
         const int r =
             warp_m * Shape::kMTiles * 16 + mt * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
         ldmatrix_x4(qa[mt][ks],
-                    smem_u32(smem.tiles) + swizzle_128x16b(r, 2 * ks + (lane >> 4)) * 16);
+                    smem_addr(smem.tiles) + swizzle_128x16b(r, 2 * ks + (lane >> 4)) * 16);
       }
     __syncthreads();  // every warp holds its Q fragments before the K pipeline overwrites them
 

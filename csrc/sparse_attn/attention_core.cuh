@@ -6,7 +6,8 @@
 //   * the warp-level attention step on mma.sync m16n8k16: S = Q K^T, masking by a per-row key limit,
 //     online softmax in base 2 with the safe-max trick, P rounded to the compute dtype, O += P V;
 //   * the epilogue store of a 16 x 128 accumulator tile through a swizzled per-warp staging buffer.
-// Compute tiles are [rows][128] 16-bit elements, 256 bytes per row, chunk-swizzled (tile_offset).
+// Compute tiles are [rows][128] 16-bit elements, 256 bytes per row, chunk-swizzled
+// (swizzle_128x16b_bytes).
 #pragma once
 
 #include <cfloat>
@@ -14,7 +15,7 @@
 
 #include "flashmsa/semantics.h"
 #include "sparse_attn/kernel_traits.h"
-#include "sparse_attn/ptx.cuh"
+#include "common/ptx.cuh"
 
 namespace flashmsa::sparse_attn {
 
@@ -98,7 +99,8 @@ MSA_DEVICE void issue_kv_rows(const KVTensor& t, int64_t off, int64_t scale_row0
       const int row = c >> 4, ch = c & 15;
       const bool ok = row < n_valid;
       const Elem* src = ok ? src0 + int64_t(row) * t.stride_token + ch * 8 : src0;
-      cp_async_16(dst + tile_offset(row, ch), ok ? static_cast<const void*>(src) : base, ok);
+      cp_async_16_zfill(dst + swizzle_128x16b_bytes(row, ch),
+                        ok ? static_cast<const void*>(src) : base, ok);
     }
   } else {
     constexpr int kChunksPerRow = kRawRowBytes<kKv> / 16;
@@ -110,7 +112,7 @@ MSA_DEVICE void issue_kv_rows(const KVTensor& t, int64_t off, int64_t scale_row0
       const int row = c / kChunksPerRow, ch = c % kChunksPerRow;
       const bool ok = row < n_valid;
       const uint8_t* src = ok ? src0 + int64_t(row) * t.stride_token + ch * 16 : base;
-      cp_async_16(dst + uint32_t(row * kRawRowBytes<kKv> + ch * 16), src, ok);
+      cp_async_16_zfill(dst + uint32_t(row * kRawRowBytes<kKv> + ch * 16), src, ok);
     }
     if constexpr (kKv == KvKind::kNvfp4) {
       // Scale columns 0..3 and 4..7 of a row are two 4-byte runs 512 bytes apart (128x4 layout).
@@ -121,7 +123,7 @@ MSA_DEVICE void issue_kv_rows(const KVTensor& t, int64_t off, int64_t scale_row0
         const uint8_t* src =
             ok ? t.scale + nvfp4_scale_offset(scale_row0 + int64_t(row) * scale_step, 4 * half)
                : t.scale;
-        cp_async_4(dst_scale + uint32_t(row * 8 + half * 4), src, ok);
+        cp_async_4_zfill(dst_scale + uint32_t(row * 8 + half * 4), src, ok);
       }
     }
   }
@@ -145,9 +147,9 @@ MSA_DEVICE void convert_kv_rows(const uint8_t* raw, uint8_t* tile, int tid) {
         out[2 * j] = e4m3x2_to<Elem>(uint16_t(w[j] & 0xFFFFu));
         out[2 * j + 1] = e4m3x2_to<Elem>(uint16_t(w[j] >> 16));
       }
-      *reinterpret_cast<uint4*>(tile + tile_offset(row, 2 * ch)) =
+      *reinterpret_cast<uint4*>(tile + swizzle_128x16b_bytes(row, 2 * ch)) =
           make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(tile + tile_offset(row, 2 * ch + 1)) =
+      *reinterpret_cast<uint4*>(tile + swizzle_128x16b_bytes(row, 2 * ch + 1)) =
           make_uint4(out[4], out[5], out[6], out[7]);
     }
   } else if constexpr (kKv == KvKind::kNvfp4) {
@@ -167,7 +169,7 @@ MSA_DEVICE void convert_kv_rows(const uint8_t* raw, uint8_t* tile, int tid) {
         uint32_t out[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) out[j] = e2m1x2_to<Elem>((w[q] >> (8 * j)) & 0xFFu, scale);
-        *reinterpret_cast<uint4*>(tile + tile_offset(row, 4 * ch + q)) =
+        *reinterpret_cast<uint4*>(tile + swizzle_128x16b_bytes(row, 4 * ch + q)) =
             make_uint4(out[0], out[1], out[2], out[3]);
       }
     }
@@ -222,8 +224,8 @@ MSA_DEVICE void gemm_qk(float (&s)[kMT][kNT][4], uint32_t q_base, uint32_t k_bas
       ldmatrix_x4(b, (k_base + np * 16 * 256) ^ (kk << 5));
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        mma_16816<Elem>(s[mt][2 * np], a[mt], b[0], b[1]);
-        mma_16816<Elem>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+        mma_m16n8k16<Elem>(s[mt][2 * np], a[mt], b[0], b[1]);
+        mma_m16n8k16<Elem>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
       }
     }
   }
@@ -249,8 +251,8 @@ MSA_DEVICE void gemm_pv(float (&o)[kMT][16][4], const float (&s)[kMT][kNT][4], u
       ldmatrix_x4_trans(b, (v_base + ks * 16 * 256) ^ (dp << 5));
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        mma_16816<Elem>(o[mt][2 * dp], a[mt], b[0], b[1]);
-        mma_16816<Elem>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+        mma_m16n8k16<Elem>(o[mt][2 * dp], a[mt], b[0], b[1]);
+        mma_m16n8k16<Elem>(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
       }
     }
   }

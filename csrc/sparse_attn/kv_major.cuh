@@ -172,7 +172,8 @@ __global__ void __launch_bounds__(kKvmMaxThreads, 1)
         const int row = c >> 4, ch = c & 15;
         const int64_t qe = __shfl_sync(0xffffffffu, info.q_elem, row);
         const bool ok = qe >= 0;
-        cp_async_16(smem_addr(buf) + tile_offset(row, ch), ok ? q + qe + ch * 8 : q, ok);
+        cp_async_16_zfill(smem_addr(buf) + swizzle_128x16b_bytes(row, ch), ok ? q + qe + ch * 8 : q,
+                          ok);
       }
       cp_async_commit();
     };

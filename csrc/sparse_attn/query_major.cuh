@@ -144,7 +144,7 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
       const bool ok = hh < args.group;
       const Elem* src =
           q + int64_t(r) * p.q_stride_token + int64_t(kh * args.group + hh) * p.q_stride_head + ch * 8;
-      cp_async_16(smem_addr(sQ) + tile_offset(row, ch), ok ? src : q, ok);
+      cp_async_16_zfill(smem_addr(sQ) + swizzle_128x16b_bytes(row, ch), ok ? src : q, ok);
     }
   } else {
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
@@ -162,8 +162,8 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
         out[2 * j] = e4m3x2_to<Elem>(uint16_t(w[j] & 0xFFFFu));
         out[2 * j + 1] = e4m3x2_to<Elem>(uint16_t(w[j] >> 16));
       }
-      *reinterpret_cast<uint4*>(sQ + tile_offset(row, 2 * ch)) = make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(sQ + tile_offset(row, 2 * ch + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+      *reinterpret_cast<uint4*>(sQ + swizzle_128x16b_bytes(row, 2 * ch)) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(sQ + swizzle_128x16b_bytes(row, 2 * ch + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
     }
   }
 }

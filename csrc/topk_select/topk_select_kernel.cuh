@@ -17,7 +17,7 @@
 #include <climits>
 #include <cstdint>
 
-#include "common/mma_sm80.cuh"
+#include "common/ptx.cuh"
 #include "flashmsa/params.h"
 #include "flashmsa/semantics.h"
 #include "topk_select/topk_select_config.h"
@@ -183,7 +183,7 @@ __device__ __forceinline__ void load_chunk(const TopkSelectParams& p, uint32_t* 
     const int blk = p_begin + (idx >> 5);
     const int tk = idx & 31;
     if (tk < ntok)
-      cp_async_4(smem_u32(tile + (blk - p0) * kTileStride + tk),
+      cp_async_4(smem_addr(tile + (blk - p0) * kTileStride + tk),
                  src + int64_t(blk) * p.num_tokens + tk);
   }
   cp_async_commit();
