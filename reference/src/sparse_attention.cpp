@@ -10,13 +10,23 @@
 // rescaling error. Block order is canonical (ascending block id), so a q2k list gives bit-identical
 // results whatever its order or duplicates, and flat, paged and packed K/V views agree bit for bit.
 //
-// Work is split over (query row, kv head): each item dequantizes each selected block's K (then V)
-// once into float scratch and reuses it for the G query heads of that kv head. Items are
-// independent and write disjoint outputs, so results do not depend on the thread count.
+// Work is split over (query row, kv head) items, each computing the G query heads of its kv head.
+// A prefill block is selected by hundreds of items, so the K and V of every (sequence, kv head,
+// block) that kMinUses or more items select are dequantized to fp32 once per call into a cache
+// instead of once per item (NVFP4's decode would otherwise cost more than the attention math);
+// rarer blocks (decode) are dequantized by each item into its scratch. A serial pass counts the
+// uses; a second walks the items in (sequence, kv head, row) order and cuts them into chunks whose
+// cached blocks fit in kCacheBytes; each chunk dequantizes its blocks (parallel over blocks), then
+// runs its items (parallel over items). Blocks and items write disjoint memory, and every path
+// feeds the same exact fp32 values to the same loops, so results depend neither on the thread count
+// nor on which blocks are cached or where the chunks are cut.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "flashmsa/error.h"
@@ -60,22 +70,58 @@ const float* e4m3_table() {
   return table.data();
 }
 
-// One 128-value row of a 16-bit tensor (bf16 / fp16) or an fp8 tensor -> fp32.
+// One 128-value row of a 16-bit tensor (bf16 / fp16) -> fp32.
 MSA_REF_HOT void load_row_bf16(const uint16_t* src, float* dst) {
   for (int d = 0; d < kD; ++d) dst[d] = bits_to_float(uint32_t(src[d]) << 16);
 }
 void load_row_table16(const uint16_t* src, const float* table, float* dst) {
   for (int d = 0; d < kD; ++d) dst[d] = table[src[d]];
 }
-void load_row_table8(const uint8_t* src, const float* table, float* dst) {
-  for (int d = 0; d < kD; ++d) dst[d] = table[src[d]];
+
+// The two e2m1 values of each NVFP4 byte (low nibble first).
+struct E2m1Pair {
+  float lo, hi;
+};
+const E2m1Pair* e2m1_pair_table() {
+  static const std::vector<E2m1Pair> table = [] {
+    std::vector<E2m1Pair> t(256);
+    for (uint32_t b = 0; b < 256; ++b) t[b] = {e2m1_to_float(b & 0xFu), e2m1_to_float(b >> 4)};
+    return t;
+  }();
+  return table.data();
 }
 
-// One NVFP4 row: 64 bytes of e2m1 pairs (low nibble = even element) and 8 e4m3 block scales.
-void load_row_nvfp4(const uint8_t* src, const uint8_t* scales, int64_t scale_row, float* dst) {
+// Eight fp32 lanes: one AVX2 register, two SSE registers in the portable clone. Loads and stores go
+// through memcpy (unaligned, no aliasing questions).
+typedef float v8f __attribute__((vector_size(32)));
+constexpr int kLanes = 8;
+
+// One NVFP4 row: 64 bytes of e2m1 pairs (low nibble = even element) and 8 e4m3 block scales. The
+// products e2m1 * scale are those of nvfp4_value (both factors exact, so is the product); a table
+// of the two values of each byte and 8-lane multiplies only skip the per-element decode.
+MSA_REF_HOT void load_row_nvfp4(const uint8_t* src, const uint8_t* scales, int64_t scale_row,
+                                const E2m1Pair* t, const float* e4m3, float* dst) {
   for (int c = 0; c < kNvfp4ScaleCols; ++c) {
-    const float s = e4m3_bits_to_float(scales[nvfp4_scale_offset(scale_row, c)]);
-    for (int e = c * 16; e < c * 16 + 16; ++e) dst[e] = e2m1_to_float(nvfp4_code(src, e)) * s;
+    const float s = e4m3[scales[nvfp4_scale_offset(scale_row, c)]];
+    const uint8_t* q = src + c * 8;
+    v8f x0 = {t[q[0]].lo, t[q[0]].hi, t[q[1]].lo, t[q[1]].hi,
+              t[q[2]].lo, t[q[2]].hi, t[q[3]].lo, t[q[3]].hi};
+    v8f x1 = {t[q[4]].lo, t[q[4]].hi, t[q[5]].lo, t[q[5]].hi,
+              t[q[6]].lo, t[q[6]].hi, t[q[7]].lo, t[q[7]].hi};
+    x0 *= s;
+    x1 *= s;
+    __builtin_memcpy(dst + c * 16, &x0, sizeof(x0));
+    __builtin_memcpy(dst + c * 16 + 8, &x1, sizeof(x1));
+  }
+}
+
+// One fp8 row by table, 8 lanes at a time: building each 8-lane vector in registers (no scalar
+// stores that a vector load must then gather) is what makes a table row cheap.
+MSA_REF_HOT void load_row_table8(const uint8_t* src, const float* t, float* dst) {
+  for (int d = 0; d < kD; d += kLanes) {
+    const uint8_t* q = src + d;
+    const v8f x = {t[q[0]], t[q[1]], t[q[2]], t[q[3]], t[q[4]], t[q[5]], t[q[6]], t[q[7]]};
+    __builtin_memcpy(dst + d, &x, sizeof(x));
   }
 }
 
@@ -97,7 +143,8 @@ void load_keys(const KVTensor& t, const KVIndex& kv, int num_kv_heads, int b, in
         break;
       case DType::kNVFP4:
         load_row_nvfp4(static_cast<const uint8_t*>(t.data) + off, t.scale,
-                       kv_scale_row(kv, num_kv_heads, b, kh, j), row);
+                       kv_scale_row(kv, num_kv_heads, b, kh, j), e2m1_pair_table(), e4m3_table(),
+                       row);
         break;
     }
   }
@@ -117,11 +164,6 @@ void load_q(const SparseAttnParams& p, int r, int hq, float* dst) {
     case DType::kNVFP4: MSA_FAIL("sparse attention reference: q cannot be NVFP4");
   }
 }
-
-// Eight fp32 lanes: one AVX2 register, two SSE registers in the portable clone. Loads and stores go
-// through memcpy (unaligned, no aliasing questions).
-typedef float v8f __attribute__((vector_size(32)));
-constexpr int kLanes = 8;
 
 // Logits of 8 keys at a time with the G heads in the vector lanes:
 //   lg[k * Gp + h] = scale * sum_{d = 0..127, in order} q[h][d] * keys[k][d]
@@ -223,10 +265,125 @@ struct SelectedBlock {
   int n;
 };
 
+// Selected set of row r (of sequence b) and kv head kh (D5): used entries of the list, canonical
+// ascending order, keys below the limit, blocks whose page is outside the cache dropped.
+void select_blocks(const SparseAttnParams& p, int b, int r, int kh,
+                   std::vector<SelectedBlock>& blocks) {
+  const RowRange rows = q_rows(p.qi, p.total_q, b);
+  const int i = r - rows.begin;
+  const int seqlen_k = kv_seqlen(p.kv, b);
+  const int nb = num_blocks(seqlen_k);
+  const int64_t q_off = q_offset_of(p.q_offset, b, rows.len, seqlen_k);
+  const int limit = col_limit(p.causal, q_off, i, seqlen_k);
+  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
+  const int len = q2k_length(list, p.topk);
+  blocks.clear();
+  for (int e = 0; e < len; ++e) {
+    if (!q2k_entry_used(list, e, nb)) continue;
+    const int t = list[e];
+    const int n = std::min(kBlockSize, limit - t * kBlockSize);
+    if (n <= 0) continue;
+    if (p.kv.page_table != nullptr && kv_page(p.kv, b, t) < 0) continue;
+    blocks.push_back({t, n});
+  }
+  std::sort(blocks.begin(), blocks.end(),
+            [](const SelectedBlock& x, const SelectedBlock& y) { return x.t < y.t; });
+}
+
+// fp32 K and V of the blocks that many items select, for one chunk of items at a time. A block
+// selected by fewer than kMinUses items is dequantized by each item into its scratch instead (as a
+// decode block usually is): writing it to the cache and reading it back from memory costs more than
+// a few decodes (caching the blocks of 4 MTP rows was slower than decoding them, even for NVFP4).
+// 256 MB bounds the cache whatever the sequence lengths (2048 blocks of K and V; one item needs at
+// most kMaxTopk = 64) and holds every block of a 4K-token sequence with 64 kv heads.
+constexpr int kMinUses = 8;
+constexpr int64_t kCacheBytes = int64_t(256) << 20;
+constexpr int64_t kBlockFloats = int64_t(kBlockSize) * kD;
+constexpr int kCacheSlots = int(kCacheBytes / (2 * kBlockFloats * int64_t(sizeof(float))));
+static_assert(kCacheSlots >= kMaxTopk, "one item's blocks must fit in the cache");
+
+class BlockCache {
+ public:
+  explicit BlockCache(const SparseAttnParams& p) : p_(p), first_block_(size_t(p.batch) + 1, 0) {
+    for (int b = 0; b < p.batch; ++b)
+      first_block_[b + 1] = first_block_[b] + num_blocks(kv_seqlen(p.kv, b));
+    uses_.assign(size_t(first_block_[p.batch]) * p.num_kv_heads, 0);
+    slot_.assign(uses_.size(), -1);
+  }
+
+  // First pass: one more item selects block t of sequence b, kv head kh.
+  void count_use(int b, int kh, int t) { ++uses_[id(b, kh, t)]; }
+
+  // Whether the block is worth a slot and the current chunk has not claimed one for it yet.
+  bool wants(int b, int kh, int t) const {
+    const int64_t i = id(b, kh, t);
+    return uses_[i] >= kMinUses && slot_[i] < 0;
+  }
+
+  void claim(int b, int kh, int t) {
+    if (!wants(b, kh, t)) return;
+    slot_[id(b, kh, t)] = size();
+    blocks_.push_back({b, kh, t});
+  }
+
+  int size() const { return int(blocks_.size()); }
+
+  // Slot of the block in the current chunk, or -1.
+  int slot(int b, int kh, int t) const { return slot_[id(b, kh, t)]; }
+
+  // Dequantizes every claimed block, keys past the end of the sequence zero. The buffers are not
+  // value-initialized: fill writes every float of the claimed slots, in parallel.
+  void fill() {
+    if (size() > capacity_) {
+      capacity_ = size();
+      k_.reset(new float[size_t(capacity_) * kBlockFloats]);
+      v_.reset(new float[size_t(capacity_) * kBlockFloats]);
+    }
+    parallel_for(size(), [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s) {
+        const BlockRef& blk = blocks_[s];
+        const int j0 = blk.t * kBlockSize;
+        const int n = std::min(kBlockSize, kv_seqlen(p_.kv, blk.b) - j0);
+        for (const auto& [src, dst] : {std::pair{&p_.k, k_.get()}, std::pair{&p_.v, v_.get()}}) {
+          float* rows = dst + s * kBlockFloats;
+          load_keys(*src, p_.kv, p_.num_kv_heads, blk.b, blk.kh, j0, n, rows);
+          std::fill(rows + int64_t(n) * kD, rows + kBlockFloats, 0.f);
+        }
+      }
+    });
+  }
+
+  // Forgets every claim: the next chunk starts empty and reuses the buffers.
+  void clear() {
+    for (const BlockRef& blk : blocks_) slot_[id(blk.b, blk.kh, blk.t)] = -1;
+    blocks_.clear();
+  }
+
+  // [128 keys, 128] fp32 K / V of a claimed block.
+  const float* k(int slot) const { return k_.get() + int64_t(slot) * kBlockFloats; }
+  const float* v(int slot) const { return v_.get() + int64_t(slot) * kBlockFloats; }
+
+ private:
+  struct BlockRef {
+    int b, kh, t;
+  };
+  int64_t id(int b, int kh, int t) const {
+    return (first_block_[b] + t) * p_.num_kv_heads + kh;
+  }
+
+  const SparseAttnParams& p_;
+  std::vector<int64_t> first_block_;  // [B + 1]: blocks of the sequences before b
+  std::vector<int> uses_;             // [blocks of all sequences, Hkv]: items selecting it
+  std::vector<int> slot_;             // [blocks of all sequences, Hkv]: slot or -1
+  std::vector<BlockRef> blocks_;      // [slots]
+  int capacity_ = 0;                  // slots allocated in k_ and v_
+  std::unique_ptr<float[]> k_, v_;    // [capacity, 128, 128]
+};
+
 struct Scratch {
   std::vector<float> q;       // [128]: one head's query row at a time
   std::vector<float> qt;      // [128, Gp]: the G query rows transposed, padding heads zero
-  std::vector<float> kv;      // [128 keys, 128]: one block of K or V, rows past the keys zero
+  std::vector<float> kv;      // [128 keys, 128]: one uncached block of K or V
   std::vector<float> lg;      // [keys, Gp]: logits, then exp(logit - max)
   std::vector<float> acc;     // [G, 128]
   std::vector<float> sum, lse, lse_t;  // [Gp]
@@ -251,35 +408,13 @@ void write_empty_rows(const SparseAttnParams& p, int r, int kh, int G) {
 }
 
 // Row r (of sequence b, or b < 0 when no sequence covers it), kv head kh: the G heads kh*G ...
-void attend(const SparseAttnParams& p, const std::vector<int>& owner, int r, int kh,
-            Scratch& s) {
+void attend(const SparseAttnParams& p, const std::vector<int>& owner, const BlockCache& cache,
+            int r, int kh, Scratch& s) {
   const int G = p.num_heads / p.num_kv_heads;
   const int b = owner[r];
   if (b < 0) return write_empty_rows(p, r, kh, G);
-
-  const RowRange rows = q_rows(p.qi, p.total_q, b);
-  const int i = r - rows.begin;
-  const int seqlen_k = kv_seqlen(p.kv, b);
-  const int nb = num_blocks(seqlen_k);
-  const int64_t q_off = q_offset_of(p.q_offset, b, rows.len, seqlen_k);
-  const int limit = col_limit(p.causal, q_off, i, seqlen_k);
-
-  // Selected set (D5): used entries of the list, canonical ascending order, keys below the limit,
-  // blocks whose page is outside the cache dropped.
-  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
-  const int len = q2k_length(list, p.topk);
-  s.blocks.clear();
-  for (int e = 0; e < len; ++e) {
-    if (!q2k_entry_used(list, e, nb)) continue;
-    const int t = list[e];
-    const int n = std::min(kBlockSize, limit - t * kBlockSize);
-    if (n <= 0) continue;
-    if (p.kv.page_table != nullptr && kv_page(p.kv, b, t) < 0) continue;
-    s.blocks.push_back({t, n});
-  }
+  select_blocks(p, b, r, kh, s.blocks);
   if (s.blocks.empty()) return write_empty_rows(p, r, kh, G);
-  std::sort(s.blocks.begin(), s.blocks.end(),
-            [](const SelectedBlock& x, const SelectedBlock& y) { return x.t < y.t; });
   int64_t num_keys = 0;
   for (const SelectedBlock& blk : s.blocks) num_keys += blk.n;
 
@@ -290,22 +425,30 @@ void attend(const SparseAttnParams& p, const std::vector<int>& owner, int r, int
     load_q(p, r, kh * G + h, s.q.data());
     for (int d = 0; d < kD; ++d) s.qt[size_t(d) * Gp + h] = s.q[d];
   }
-  s.kv.assign(size_t(kBlockSize) * kD, 0.f);
   s.lg.resize(size_t(ceil_div(num_keys, kLanes) * kLanes + kBlockSize) * Gp);
   s.acc.assign(size_t(G) * kD, 0.f);
   s.sum.resize(Gp);
   s.lse.resize(Gp);
   s.lse_t.assign(Gp, kNegInf);
 
-  // Pass 1: logits of every selected key for the G heads. A block's padding rows (zero) give
-  // logits that the next block overwrites or that lie past num_keys.
+  // A selected block's K or V rows: cached, or dequantized into s.kv. The K pass reads n8 rows;
+  // rows past the block's n keys (later keys, or zero) give logits that the next block overwrites
+  // or that lie past num_keys.
+  s.kv.resize(size_t(kBlockSize) * kD);
+  auto block_rows = [&](bool v, const SelectedBlock& blk, int n8) -> const float* {
+    const int slot = cache.slot(b, kh, blk.t);
+    if (slot >= 0) return v ? cache.v(slot) : cache.k(slot);
+    load_keys(v ? p.v : p.k, p.kv, p.num_kv_heads, b, kh, blk.t * kBlockSize, blk.n, s.kv.data());
+    std::fill(s.kv.begin() + int64_t(blk.n) * kD, s.kv.begin() + int64_t(n8) * kD, 0.f);
+    return s.kv.data();
+  };
+
+  // Pass 1: logits of every selected key for the G heads.
   const float scale = effective_softmax_scale(p);
   int64_t col = 0;
   for (const SelectedBlock& blk : s.blocks) {
-    load_keys(p.k, p.kv, p.num_kv_heads, b, kh, blk.t * kBlockSize, blk.n, s.kv.data());
     const int n8 = int(ceil_div(blk.n, kLanes)) * kLanes;
-    std::fill(s.kv.begin() + int64_t(blk.n) * kD, s.kv.begin() + int64_t(n8) * kD, 0.f);
-    qk_logits(s.qt.data(), Gp, s.kv.data(), n8, scale, s.lg.data() + col * Gp);
+    qk_logits(s.qt.data(), Gp, block_rows(false, blk, n8), n8, scale, s.lg.data() + col * Gp);
     col += blk.n;
   }
 
@@ -315,8 +458,8 @@ void attend(const SparseAttnParams& p, const std::vector<int>& owner, int r, int
   // Pass 2: weighted V.
   col = 0;
   for (const SelectedBlock& blk : s.blocks) {
-    load_keys(p.v, p.kv, p.num_kv_heads, b, kh, blk.t * kBlockSize, blk.n, s.kv.data());
-    pv_accumulate(s.lg.data() + col * Gp, Gp, G, s.kv.data(), blk.n, s.acc.data());
+    pv_accumulate(s.lg.data() + col * Gp, Gp, G, block_rows(true, blk, blk.n), blk.n,
+                  s.acc.data());
     col += blk.n;
   }
 
@@ -356,12 +499,60 @@ void run(const SparseAttnParams& p) {
     for (int r = rows.begin; r < rows.begin + rows.len; ++r)
       if (owner[r] < 0) owner[r] = b;
   }
-  const int64_t items = int64_t(p.total_q) * p.num_kv_heads;
-  parallel_for(items, [&](int64_t begin, int64_t end) {
-    Scratch s;
-    for (int64_t w = begin; w < end; ++w)
-      attend(p, owner, int(w / p.num_kv_heads), int(w % p.num_kv_heads), s);
-  });
+
+  // Items (row, kv head): rows of no sequence first, then per sequence and kv head its rows, so
+  // that the items of a chunk share blocks.
+  struct Item {
+    int r, kh;
+  };
+  std::vector<Item> items;
+  items.reserve(size_t(p.total_q) * p.num_kv_heads);
+  for (int r = 0; r < p.total_q; ++r)
+    if (owner[r] < 0)
+      for (int kh = 0; kh < p.num_kv_heads; ++kh) items.push_back({r, kh});
+  for (int b = 0; b < p.batch; ++b) {
+    const RowRange rows = q_rows(p.qi, p.total_q, b);
+    for (int kh = 0; kh < p.num_kv_heads; ++kh)
+      for (int r = rows.begin; r < rows.begin + rows.len; ++r)
+        if (owner[r] == b) items.push_back({r, kh});
+  }
+
+  // Pass over the items: how many select each block.
+  BlockCache cache(p);
+  std::vector<SelectedBlock> blocks;
+  for (const Item& it : items) {
+    const int b = owner[it.r];
+    if (b < 0) continue;
+    select_blocks(p, b, it.r, it.kh, blocks);
+    for (const SelectedBlock& blk : blocks) cache.count_use(b, it.kh, blk.t);
+  }
+
+  // Chunks: items [first, w) while their cached blocks fit.
+  auto run_chunk = [&](size_t begin, size_t end) {
+    cache.fill();
+    parallel_for(int64_t(end - begin), [&](int64_t w0, int64_t w1) {
+      Scratch s;
+      for (int64_t w = w0; w < w1; ++w) {
+        const Item& it = items[begin + size_t(w)];
+        attend(p, owner, cache, it.r, it.kh, s);
+      }
+    });
+    cache.clear();
+  };
+  size_t first = 0;
+  for (size_t w = 0; w < items.size(); ++w) {
+    const int b = owner[items[w].r], kh = items[w].kh;
+    if (b < 0) continue;
+    select_blocks(p, b, items[w].r, kh, blocks);
+    int fresh = 0;
+    for (const SelectedBlock& blk : blocks) fresh += cache.wants(b, kh, blk.t);
+    if (cache.size() + fresh > kCacheSlots) {
+      run_chunk(first, w);
+      first = w;
+    }
+    for (const SelectedBlock& blk : blocks) cache.claim(b, kh, blk.t);
+  }
+  run_chunk(first, items.size());
 }
 
 }  // namespace

@@ -527,9 +527,9 @@ TEST(SparseAttentionReference, RejectsParamsItCannotCompute) {
 
 // Opt-in benchmark (run with --gtest_also_run_disabled_tests): the MiniMax-M3 4K prefill, 4096
 // tokens, 64 q heads / 4 kv heads, top-16 blocks, causal, random selections (the local block plus
-// 15 random earlier visible blocks per token and kv head, DESIGN.md); every 64th row is checked
-// against the oracle.
-TEST(SparseAttentionReference, DISABLED_M3Prefill4kTiming) {
+// 15 random earlier visible blocks per token and kv head, DESIGN.md), bf16 q with K/V in kv_dtype;
+// every 64th row is checked against the oracle.
+void m3_prefill_4k_timing(DType kv_dtype) {
   std::mt19937_64 rng(90);
   Problem pb;
   pb.hq = 64;
@@ -538,6 +538,7 @@ TEST(SparseAttentionReference, DISABLED_M3Prefill4kTiming) {
   pb.causal = true;
   pb.seqlen_q = {4096};
   pb.seqlen_k = {4096};
+  pb.kv_dtype = kv_dtype;
   Data d = make_data(pb, rng);
   for (int kh = 0; kh < pb.hkv; ++kh) {
     for (int r = 0; r < 4096; ++r) {
@@ -558,9 +559,19 @@ TEST(SparseAttentionReference, DISABLED_M3Prefill4kTiming) {
   timed.cpu_seconds = &cpu;
   timed.lse_t = false;
   const Result res = run_reference(d, s, d.q2k, timed);
-  std::printf("M3 4K prefill, reference::sparse_attention: %.2f s wall, %.2f s CPU, %d threads\n",
-              sec, cpu, reference::num_threads());
-  expect_matches_oracle(res, oracle(d, d.q2k, nullptr, 64), d, "M3 4K", true, false);
+  std::printf("M3 4K prefill, %s K/V, reference::sparse_attention: %.2f s wall, %.2f s CPU, %d "
+              "threads\n",
+              dtype_name(kv_dtype), sec, cpu, reference::num_threads());
+  expect_matches_oracle(res, oracle(d, d.q2k, nullptr, 64), d,
+                        std::string("M3 4K ") + dtype_name(kv_dtype), true, false);
+}
+
+TEST(SparseAttentionReference, DISABLED_M3Prefill4kTiming) { m3_prefill_4k_timing(DType::kBF16); }
+TEST(SparseAttentionReference, DISABLED_M3Prefill4kFp8Timing) {
+  m3_prefill_4k_timing(DType::kFP8E4M3);
+}
+TEST(SparseAttentionReference, DISABLED_M3Prefill4kNvfp4Timing) {
+  m3_prefill_4k_timing(DType::kNVFP4);
 }
 
 }  // namespace
