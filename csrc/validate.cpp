@@ -474,6 +474,23 @@ void check_host_cu_seqlens(const Ctx& c, const TensorRef& t, int64_t total, cons
                           t.size(0), total, name, total_what);
 }
 
+// Query rows of a varlen op: cu_seqlens_q, and max_seqlen_q as given or, when the offsets are
+// host-readable, their largest difference; else total_q, a bound that is always safe.
+QIndex varlen_q_index(const Ctx& c, const TensorRef& cu_seqlens_q,
+                      std::optional<int64_t> max_seqlen_q, int total_q) {
+  QIndex qi;
+  qi.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data);
+  qi.seqlen_q = 0;
+  if (max_seqlen_q) {
+    MSA_OP_CHECK(c, *max_seqlen_q >= 0, "max_seqlen_q must be >= 0, got ", *max_seqlen_q);
+    qi.max_seqlen_q = to_int(c, *max_seqlen_q, "max_seqlen_q");
+  } else {
+    qi.max_seqlen_q =
+        cu_seqlens_q.device < 0 ? max_seqlen(qi.cu_seqlens_q, cu_seqlens_q.size(0)) : total_q;
+  }
+  return qi;
+}
+
 }  // namespace
 
 // ---- public helpers --------------------------------------------------------------------------
@@ -583,16 +600,7 @@ ProxyScoreParams make_proxy_score_params(const ProxyScoreArgs& a) {
   p.q_stride_token = hq * kHeadDim;
   p.q_stride_head = kHeadDim;
   p.k = kv_tensor(k, k_fp8 ? DType::kFP8E4M3 : p.q_dtype, paged, /*packed=*/false);
-  p.qi.cu_seqlens_q = static_cast<const int*>(a.cu_seqlens_q.data);
-  p.qi.seqlen_q = 0;
-  if (a.max_seqlen_q) {
-    MSA_OP_CHECK(c, *a.max_seqlen_q >= 0, "max_seqlen_q must be >= 0, got ", *a.max_seqlen_q);
-    p.qi.max_seqlen_q = to_int(c, *a.max_seqlen_q, "max_seqlen_q");
-  } else {
-    p.qi.max_seqlen_q = a.cu_seqlens_q.device < 0
-                            ? max_seqlen(p.qi.cu_seqlens_q, a.cu_seqlens_q.size(0))
-                            : p.total_q;
-  }
+  p.qi = varlen_q_index(c, a.cu_seqlens_q, a.max_seqlen_q, p.total_q);
   p.q_offset = make_q_offset(c, a.q_offset, batch);
   p.out = static_cast<float*>(out.data);
   return p;
@@ -739,16 +747,7 @@ SparseAttnParams make_sparse_attention_params(const SparseAttnArgs& a) {
   p.q_stride_head = kHeadDim;
   p.k = kv.k;
   p.v = kv.v;
-  p.qi.cu_seqlens_q = static_cast<const int*>(a.cu_seqlens_q.data);
-  p.qi.seqlen_q = 0;
-  if (a.max_seqlen_q) {
-    MSA_OP_CHECK(c, *a.max_seqlen_q >= 0, "max_seqlen_q must be >= 0, got ", *a.max_seqlen_q);
-    p.qi.max_seqlen_q = to_int(c, *a.max_seqlen_q, "max_seqlen_q");
-  } else {
-    p.qi.max_seqlen_q = a.cu_seqlens_q.device < 0
-                            ? max_seqlen(p.qi.cu_seqlens_q, a.cu_seqlens_q.size(0))
-                            : p.total_q;
-  }
+  p.qi = varlen_q_index(c, a.cu_seqlens_q, a.max_seqlen_q, p.total_q);
   p.q_offset = make_q_offset(c, a.q_offset, batch);
   p.q2k = static_cast<const int*>(a.q2k_indices.data);
   return p;
