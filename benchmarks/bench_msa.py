@@ -78,6 +78,7 @@ QUICK = dict(
 )
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline")
 SCHEDULE_ENV = "FLASHMSA_PREFILL_SCHEDULE"  # auto | query_major | kv_major (csrc/sparse_attn)
+KERNEL_ENV = "FLASHMSA_KV_MAJOR_KERNEL"  # auto | mma_sync | wgmma
 
 
 def size_name(n: int) -> str:
@@ -428,14 +429,15 @@ class Bench:
             ref = REF_SPARSE_32K if (s == 32 * K and kv == "bf16") else None
             # The schedule the library picks (auto), and for bf16 flat both forced schedules, so
             # that the table shows what the choice costs.
-            schedules = ["auto"] + (["query_major", "kv_major"]
+            schedules = ["auto"] + (["query_major", "kv_major", "kv_major mma_sync"]
                                     if (kv, layout) == ("bf16", "flat") else [])
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
+                sched, _, kernel = schedule.partition(" ")
+                env = {SCHEDULE_ENV: sched, KERNEL_ENV: kernel or "auto"}
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",
                               lambda s=s, kv=kv, lay=layout, pat=pattern:
-                              self.build_sparse(s, kv, lay, pat, M3), "compute", ref,
-                              env={SCHEDULE_ENV: schedule})
+                              self.build_sparse(s, kv, lay, pat, M3), "compute", ref, env=env)
 
     def build_sparse(self, s, kv, layout, pattern, geo):
         sel = self.selection(s, pattern, geo["hkv"])

@@ -22,6 +22,8 @@ const DeviceLimits& current_device_limits() {
                                         cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   MSA_CUDA_CHECK(cudaDeviceGetAttribute(&limits.max_smem_per_sm,
                                         cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&limits.cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  MSA_CUDA_CHECK(cudaDeviceGetAttribute(&limits.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
   return cache.emplace(device, limits).first->second;
 }
 

@@ -24,6 +24,8 @@ struct DeviceLimits {
   int max_smem_per_block_optin;  // bytes a kernel may opt into
                                  // (cudaFuncAttributeMaxDynamicSharedMemorySize)
   int max_smem_per_sm;
+  int cc_major;  // compute capability
+  int cc_minor;
 };
 const DeviceLimits& current_device_limits();
 

@@ -83,10 +83,24 @@ inline constexpr int kRawScaleBytes = kKv == KvKind::kNvfp4 ? 8 : 0;
 template <KvKind kKv, int kRows>
 inline constexpr int kRawTileBytes = kRows * (kRawRowBytes<kKv> + kRawScaleBytes<kKv>);
 
+// Compute-tile layouts the loaders can write: RowTile is the [rows][128] row-swizzled tile of the
+// mma.sync kernels (swizzle_128x16b_bytes); Sw128Tile<kRows> the [2][kRows][64] 128-byte-swizzled
+// tile that wgmma reads (common/wgmma.cuh).
+struct RowTile {
+  static MSA_DEVICE uint32_t at(int row, int ch) { return swizzle_128x16b_bytes(row, ch); }
+};
+template <int kRows>
+struct Sw128Tile {
+  static MSA_DEVICE uint32_t at(int row, int ch) {
+    return uint32_t(ch >> 3) * uint32_t(kRows * 128) + uint32_t(row) * 128u +
+           (uint32_t((ch & 7) ^ (row & 7)) << 4);
+  }
+};
+
 // Issues the cp.async copies of keys [0, kRows) of one K or V tile starting at element offset
 // `off` of `t`; keys >= n_valid are zero-filled. Native: straight into the compute tile at `dst`.
 // fp8 / NVFP4: raw rows into `dst` ([kRows][raw row bytes], then [kRows][8] scale bytes).
-template <typename Elem, KvKind kKv, int kRows, int kThreads>
+template <typename Elem, KvKind kKv, int kRows, int kThreads, class Tile = RowTile>
 MSA_DEVICE void issue_kv_rows(const KVTensor& t, int64_t off, int64_t scale_row0, int scale_step,
                               int n_valid, uint32_t dst, int tid) {
   const uint8_t* base = static_cast<const uint8_t*>(t.data);
@@ -99,8 +113,7 @@ MSA_DEVICE void issue_kv_rows(const KVTensor& t, int64_t off, int64_t scale_row0
       const int row = c >> 4, ch = c & 15;
       const bool ok = row < n_valid;
       const Elem* src = ok ? src0 + int64_t(row) * t.stride_token + ch * 8 : src0;
-      cp_async_16_zfill(dst + swizzle_128x16b_bytes(row, ch),
-                        ok ? static_cast<const void*>(src) : base, ok);
+      cp_async_16_zfill(dst + Tile::at(row, ch), ok ? static_cast<const void*>(src) : base, ok);
     }
   } else {
     constexpr int kChunksPerRow = kRawRowBytes<kKv> / 16;
@@ -130,7 +143,7 @@ MSA_DEVICE void issue_kv_rows(const KVTensor& t, int64_t off, int64_t scale_row0
 }
 
 // Dequantizes a raw fp8 / NVFP4 tile (issue_kv_rows layout) into the compute tile at `tile`.
-template <typename Elem, KvKind kKv, int kRows, int kThreads>
+template <typename Elem, KvKind kKv, int kRows, int kThreads, class Tile = RowTile>
 MSA_DEVICE void convert_kv_rows(const uint8_t* raw, uint8_t* tile, int tid) {
   if constexpr (kKv == KvKind::kFp8) {
     // 16 fp8 values (one raw chunk) -> two compute chunks.
@@ -147,9 +160,9 @@ MSA_DEVICE void convert_kv_rows(const uint8_t* raw, uint8_t* tile, int tid) {
         out[2 * j] = e4m3x2_to<Elem>(uint16_t(w[j] & 0xFFFFu));
         out[2 * j + 1] = e4m3x2_to<Elem>(uint16_t(w[j] >> 16));
       }
-      *reinterpret_cast<uint4*>(tile + swizzle_128x16b_bytes(row, 2 * ch)) =
+      *reinterpret_cast<uint4*>(tile + Tile::at(row, 2 * ch)) =
           make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(tile + swizzle_128x16b_bytes(row, 2 * ch + 1)) =
+      *reinterpret_cast<uint4*>(tile + Tile::at(row, 2 * ch + 1)) =
           make_uint4(out[4], out[5], out[6], out[7]);
     }
   } else if constexpr (kKv == KvKind::kNvfp4) {
@@ -169,7 +182,7 @@ MSA_DEVICE void convert_kv_rows(const uint8_t* raw, uint8_t* tile, int tid) {
         uint32_t out[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) out[j] = e2m1x2_to<Elem>((w[q] >> (8 * j)) & 0xFFu, scale);
-        *reinterpret_cast<uint4*>(tile + swizzle_128x16b_bytes(row, 4 * ch + q)) =
+        *reinterpret_cast<uint4*>(tile + Tile::at(row, 4 * ch + q)) =
             make_uint4(out[0], out[1], out[2], out[3]);
       }
     }

@@ -53,6 +53,8 @@ struct QueryMajorArgs {
 inline constexpr int kKvmMaxThreads = 256;
 inline constexpr int kKvmWarpRows = 32;
 inline constexpr int kKvmMaxRowsPerItem = 4096;
+// The sm_90a kernel keeps an item's list in shared memory: at most this many tokens per item.
+inline constexpr int kKvm90MaxTokensPerItem = 1024;
 
 struct KvMajorItem {
   int kh;

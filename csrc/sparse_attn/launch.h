@@ -25,6 +25,13 @@ int kv_major_smem_bytes(int q_stages);
 template <typename Elem, KvKind kKv>
 int kv_major_ctas_per_sm(int q_stages);
 
+// The same schedule on sm_90a with warpgroup MMAs (kv_major_sm90.cuh): persistent grid of 128-thread
+// CTAs; ctas_per_sm is 0 where it cannot run (not sm_90, or no sm_90a image).
+template <typename Elem, KvKind kKv>
+void launch_kv_major_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream);
+template <typename Elem, KvKind kKv>
+int kv_major_sm90_ctas_per_sm();
+
 // KV-major list building (kv_major_lists.cu): once per call, then once per launch group.
 void launch_kv_major_prepare(const KvMajorArgs& args, int num_sms, cudaStream_t stream);
 void launch_kv_major_lists(const KvMajorArgs& args, cudaStream_t stream);

@@ -209,6 +209,7 @@ struct KvmPlan {
   int tokens_per_item;
   int max_items;
   int q_stages;
+  bool sm90;  // the sm_90a warpgroup-MMA kernel, else the portable mma.sync one
   int grid;
   size_t block_base_off, counts_off, cursors_off, control_off, items_off, list_off;
   size_t part_o_off, part_lse_off, part_lse_t_off;
@@ -227,10 +228,29 @@ int64_t chunk_rows_override() {
   return v;
 }
 
+// FLASHMSA_KV_MAJOR_KERNEL = auto (default: wgmma where it can run) | mma_sync | wgmma picks the
+// KV-major attention kernel (tests and benchmarks run both on an H100 / H200).
+enum class KvmKernel { kAuto, kMmaSync, kWgmma };
+KvmKernel kv_major_kernel_override() {
+  const char* env = std::getenv("FLASHMSA_KV_MAJOR_KERNEL");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return KvmKernel::kAuto;
+  if (std::strcmp(env, "mma_sync") == 0) return KvmKernel::kMmaSync;
+  if (std::strcmp(env, "wgmma") == 0) return KvmKernel::kWgmma;
+  MSA_FAIL("FLASHMSA_KV_MAJOR_KERNEL must be auto, mma_sync or wgmma, got '", env, "'");
+}
+
 // False when the KV-major kernel does not fit this device's shared memory.
 bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& plan) {
   plan = KvmPlan{};
   int ctas = 0;
+  const KvmKernel which = kv_major_kernel_override();
+  if (which != KvmKernel::kMmaSync) {
+    ctas = dispatch_types(p, [&]<typename Elem, KvKind kKv>() { return kv_major_sm90_ctas_per_sm<Elem, kKv>(); });
+    MSA_CHECK_SUPPORTED(ctas > 0 || which != KvmKernel::kWgmma, "FLASHMSA_KV_MAJOR_KERNEL=wgmma: the "
+                        "warpgroup-MMA kernel needs an sm_90 GPU and a library built for sm_90a");
+    plan.sm90 = ctas > 0;
+    plan.q_stages = 2;
+  }
   for (int stages = 2; stages >= 1 && ctas == 0; --stages) {
     ctas = dispatch_types(p, [&]<typename Elem, KvKind kKv>() { return kv_major_ctas_per_sm<Elem, kKv>(stages); });
     plan.q_stages = stages;
@@ -259,6 +279,7 @@ bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& pl
             nb_bound, " per kv head) for the KV-major schedule");
   plan.nb_bound = int(std::max<int64_t>(nb_bound, 1));
   plan.tokens_per_item = std::max(1, kKvmMaxRowsPerItem / group);
+  if (plan.sm90) plan.tokens_per_item = std::min(plan.tokens_per_item, kKvm90MaxTokensPerItem);
   // Items: every list contributes ceil(count / tokens_per_item) <= count / tpi + 1, and at most
   // min(columns, pairs) lists are non-empty.
   const int64_t pairs = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk;
@@ -310,7 +331,13 @@ void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceIn
     a.row_begin = int(r0);
     a.rows = int(std::min<int64_t>(plan.chunk_rows, p.total_q - r0));
     launch_kv_major_lists(a, stream);
-    dispatch_types(p, [&]<typename Elem, KvKind kKv>() { launch_kv_major<Elem, kKv>(a, plan.grid, stream); });
+    dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+      if (plan.sm90) {
+        launch_kv_major_sm90<Elem, kKv>(a, plan.grid, stream);
+      } else {
+        launch_kv_major<Elem, kKv>(a, plan.grid, stream);
+      }
+    });
     CombineArgs c{};
     c.row_begin = a.row_begin;
     c.rows = a.rows;

@@ -43,7 +43,20 @@ if not flashmsa.built_with_cuda():
 DEV = torch.device("cuda")
 BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 BLOCK = 128
-SCHEDULES = ["query_major", "kv_major"]
+# kv_major runs the sm_90a warpgroup-MMA kernel on an sm_90 GPU (forced there, so a library without
+# it fails instead of silently testing the portable one) and the mma.sync kernel elsewhere;
+# kv_major_mma_sync forces the portable kernel everywhere.
+SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync"]
+IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def set_schedule(mp, schedule):
+    """Environment of one schedule name of SCHEDULES on monkeypatch `mp`."""
+    mp.setenv("FLASHMSA_PREFILL_SCHEDULE", "query_major" if schedule == "query_major" else "kv_major")
+    if schedule == "kv_major_mma_sync":
+        mp.setenv("FLASHMSA_KV_MAJOR_KERNEL", "mma_sync")
+    elif schedule == "kv_major":
+        mp.setenv("FLASHMSA_KV_MAJOR_KERNEL", "wgmma" if IS_SM90 else "auto")
 
 
 # ---- cases -------------------------------------------------------------------------------------
@@ -429,7 +442,7 @@ def bits_equal(a, b) -> bool:
 
 @pytest.fixture(params=SCHEDULES)
 def schedule(request, monkeypatch):
-    monkeypatch.setenv("FLASHMSA_PREFILL_SCHEDULE", request.param)
+    set_schedule(monkeypatch, request.param)
     return request.param
 
 
@@ -457,27 +470,28 @@ def test_schedules_agree(selection):
     and within 2 ulp-scale of each other."""
     case = GpuCase("m3", [700], [1500], 64, 4, causal=True, selection=selection)
     pb = build(case, seed=3)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLASHMSA_PREFILL_SCHEDULE", "query_major")
-        a = run(pb, gpu=True)
-        mp.setenv("FLASHMSA_PREFILL_SCHEDULE", "kv_major")
-        c = run(pb, gpu=True)
+    got = {}
+    for name in SCHEDULES:
+        with pytest.MonkeyPatch.context() as mp:
+            set_schedule(mp, name)
+            got[name] = run(pb, gpu=True)
     base_out, _ = baseline(case, pb, pb.cpu_args[3])
     cpu = run(pb, gpu=False)
-    for name, got in (("query_major", a), ("kv_major", c)):
-        check_output(got[0], cpu[0], base_out, f"{name} out")
-        check_lse(got[1], cpu[1], f"{name} lse")
-    check_lse(a[1], c[1], "query_major vs kv_major lse", atol=1e-3)
+    for name, res in got.items():
+        check_output(res[0], cpu[0], base_out, f"{name} out")
+        check_lse(res[1], cpu[1], f"{name} lse")
+        check_lse(got["query_major"][1], res[1], f"query_major vs {name} lse", atol=1e-3)
 
 
+@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync"])
 @pytest.mark.parametrize("chunk_rows", [1, 37, 500])
-def test_kv_major_launch_groups_are_exact(chunk_rows, monkeypatch):
+def test_kv_major_launch_groups_are_exact(chunk_rows, kernel, monkeypatch):
     """A KV-major partial depends only on its (row, block): any split of the rows into launch
     groups gives bit-identical results (also exercises list rebuilding between groups)."""
     case = GpuCase("groups", [300, 5, 211], [2000, 100, 3000], 16, 2, causal=True,
                    temperature=0.9, selection="causal_local")
     pb = build(case, seed=4)
-    monkeypatch.setenv("FLASHMSA_PREFILL_SCHEDULE", "kv_major")
+    set_schedule(monkeypatch, kernel)
     whole = run(pb, gpu=True)
     monkeypatch.setenv("FLASHMSA_KV_MAJOR_CHUNK_ROWS", str(chunk_rows))
     grouped = run(pb, gpu=True)

@@ -1,6 +1,7 @@
 // Explicit instantiations of the attention kernels for compute dtype fp16, KV nvfp4
 // (one translation unit per pair so that they compile in parallel).
 #include "sparse_attn/kv_major.cuh"
+#include "sparse_attn/kv_major_sm90.cuh"
 #include "sparse_attn/launch.h"
 #include "sparse_attn/query_major.cuh"
 
@@ -9,6 +10,8 @@ namespace flashmsa::sparse_attn {
 template void launch_query_major<__half, KvKind::kNvfp4, 1>(const QueryMajorArgs&, cudaStream_t);
 template void launch_query_major<__half, KvKind::kNvfp4, 4>(const QueryMajorArgs&, cudaStream_t);
 template void launch_kv_major<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
+template void launch_kv_major_sm90<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
+template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNvfp4>();
 template int kv_major_smem_bytes<__half, KvKind::kNvfp4>(int);
 template int kv_major_ctas_per_sm<__half, KvKind::kNvfp4>(int);
 

@@ -1,0 +1,368 @@
+// KV-major sparse attention on Hopper (sm_90a): the same schedule, lists, items and partials as
+// kv_major.cuh, with the block's attention done by warpgroup MMAs.
+//
+// A CTA is two warpgroups (256 threads), one per SM. Per item it loads the 128-key K and V block
+// into 128-byte-swizzled tiles (dequantizing fp8 / NVFP4 through the idle query area) and the item's
+// list entries into shared memory; then each warpgroup streams its share of the item's 64-row query
+// tiles (rows = (token, head) pairs, gathered by cp.async through a 4-stage ring, 3 tiles in
+// flight: the gathers come from HBM and need the depth) through the block:
+//   S = Q K^T          8 x wgmma m64n128k16, Q and K from shared memory
+//   P = 2^(S scale log2e - m)   one softmax over the block's 128 keys (no running rescale: a
+//                      partial covers exactly one block), masked by each row's causal limit
+//   O = P V            8 x wgmma m64n128k16, P from registers (the S accumulator layout is the A
+//                      fragment layout), V read MN-major from the same tile layout as K
+// and writes O / l (compute dtype, staged through the consumed query buffer for whole-chunk stores)
+// and the log2 LSE as the row's partial, exactly where kv_major.cuh writes it; the combine kernel
+// is shared. Each output row depends only on its own query row and the block (row-independent
+// MMAs, a softmax reduced in a fixed order), so results are deterministic (D11).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "common/cuda_utils.h"
+#include "common/wgmma.cuh"
+#include "flashmsa/error.h"
+#include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/kv_major.cuh"
+
+namespace flashmsa::sparse_attn {
+
+template <KvKind kKv>
+struct KvMajorSm90Config {
+  static constexpr int kWarpgroups = 4;  // consumers of one K/V block, each with its own query ring
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kTileRows = 64;   // query rows per wgmma tile
+  static constexpr int kStages = 2;      // query ring per warpgroup: 1 tile in flight
+  static constexpr int kKvTileBytes = kBlockSize * 256;  // K or V of one block, compute dtype
+  static constexpr int kQTileBytes = kTileRows * 256;
+  static constexpr int kRawBytes = 2 * kRawTileBytes<kKv, kBlockSize>;
+  static constexpr int kQAreaBytes = kWarpgroups * kStages * kQTileBytes;
+  // wgmma operands must be 1024-byte aligned (128-byte swizzle atoms): K, V, Q buffers are.
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKvTileBytes;
+  static constexpr int kQOffset = kVOffset + kKvTileBytes;
+  // Row tables per (warpgroup, stage): query element offset, partial index (int64), visible keys.
+  static constexpr int kTables = kWarpgroups * kStages;
+  static constexpr int kRowQOffset = kQOffset + kQAreaBytes;
+  static constexpr int kRowSlotOffset = kRowQOffset + kTables * kTileRows * 8;
+  static constexpr int kRowLimOffset = kRowSlotOffset + kTables * kTileRows * 8;
+  // The item's list entries (the plan caps items at kKvm90MaxTokensPerItem tokens).
+  static constexpr int kListOffset = kRowLimOffset + kTables * kTileRows * 4;
+  static constexpr int kItemOffset = kListOffset + kKvm90MaxTokensPerItem * 4;
+  static constexpr int kSmemBytes = kItemOffset + 128;
+  static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "1024-byte aligned tiles");
+  static_assert(kRawBytes <= kQAreaBytes, "raw K/V staging fits the query area");
+};
+
+#if MSA_HAS_WGMMA
+// bar.sync on a named barrier of one warpgroup (ids 1.., 0 is __syncthreads).
+MSA_DEVICE void warpgroup_barrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
+
+// Fills the row table of one 64-row tile (threads 0-63 of the warpgroup, one row each): the query
+// element offset, the partial row index and the block's visible-key count of (token, head) row
+// `i` of the item (-1 / -1 / 0 for padding rows past the item).
+MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is, const uint32_t* s_list,
+                                 int tile, int64_t* s_q, int64_t* s_slot, int* s_lim, int wtid) {
+  if (wtid >= 64) return;
+  const SparseAttnParams& p = args.p;
+  const int G = args.group;
+  const int i = tile * 64 + wtid;
+  int64_t qe = -1, slot_idx = -1;
+  int lim = 0;
+  if (tile >= 0 && i < is.rows) {
+    const int e = i / G;
+    const int g = i - e * G;
+    const uint32_t v = s_list[e];
+    const int rel = int(v >> 6), slot = int(v & 63u);
+    const int r = args.row_begin + rel;
+    qe = int64_t(r) * p.q_stride_token + int64_t(is.kh * G + g) * p.q_stride_head;
+    slot_idx = ((int64_t(is.kh) * args.chunk_rows + rel) * p.topk + slot) * G + g;
+    lim = max(0, min(kBlockSize, col_limit(p.causal, is.q_off, r - is.q_begin, is.seqlen_k) - is.j0));
+  }
+  s_q[wtid] = qe;
+  s_slot[wtid] = slot_idx;
+  s_lim[wtid] = lim;
+}
+
+// cp.async of one 64-row query tile (rows from the table; padding rows zero-filled) into `dst`,
+// committed as one group (an empty group when the table is all padding).
+template <typename Elem>
+MSA_DEVICE void kvm90_issue_q(const Elem* q, const int64_t* s_q, uint32_t dst, int wtid) {
+#pragma unroll
+  for (int k = 0; k < 64 * 16 / 128; ++k) {
+    const int c = wtid + 128 * k;
+    const int row = c >> 4, ch = c & 15;
+    const int64_t qe = s_q[row];
+    const bool ok = qe >= 0;
+    cp_async_16_zfill(dst + Sw128Tile<64>::at(row, ch), ok ? q + qe + ch * 8 : q, ok);
+  }
+  cp_async_commit();
+}
+
+// Softmax of fragment row h (0: row gid, 1: gid + 8 of the warp's 16) over one block's 128 keys,
+// in base 2: x = S * sc (sc = scale * log2 e), m = max x over the visible keys (taken on the raw
+// scores: max x = |sc| * max(S * sign(sc)), 0 when nothing is visible), P = 2^(x - m) =
+// 2^fma(S, sc, -m) left in s, 0 for keys >= lim (kMask: only rows of the diagonal block have any).
+// l = sum P and lt = sum 2^(T (x - m)) are reduced over the row's 4 threads.
+template <bool kMask, bool kTemp>
+MSA_DEVICE void block_softmax_row(float (&s)[16][4], int h, int lim, float sc, float temp, int tig, float& m,
+                                  float& l, float& lt) {
+  auto visible = [&](int j, int e) { return !kMask || 8 * j + 2 * tig + e < lim; };
+  float ext = neg_inf();
+  if (sc >= 0.0f) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) ext = visible(j, e) ? fmaxf(ext, s[j][2 * h + e]) : ext;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) ext = visible(j, e) ? fmaxf(ext, -s[j][2 * h + e]) : ext;
+  }
+  ext = fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 1));
+  ext = fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 2));
+  const float m_use = ext == neg_inf() ? 0.0f : ext * fabsf(sc);
+  float sum = 0.0f, sum_t = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float sv = s[j][2 * h + e];
+      const bool vis = visible(j, e);
+      if constexpr (kTemp) sum_t += vis ? exp2_approx(temp * fmaf(sv, sc, -m_use)) : 0.0f;
+      const float pr = vis ? exp2_approx(fmaf(sv, sc, -m_use)) : 0.0f;
+      s[j][2 * h + e] = pr;
+      sum += pr;
+    }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  if constexpr (kTemp) {
+    sum_t += __shfl_xor_sync(0xffffffffu, sum_t, 1);
+    sum_t += __shfl_xor_sync(0xffffffffu, sum_t, 2);
+  }
+  m = m_use;
+  l = sum;
+  lt = sum_t;
+}
+#endif
+
+template <typename Elem, KvKind kKv>
+__global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
+    kv_major_sm90_kernel(const __grid_constant__ KvMajorArgs args) {
+#if MSA_HAS_WGMMA
+  using Cfg = KvMajorSm90Config<kKv>;
+  constexpr int S = Cfg::kStages;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const SparseAttnParams& p = args.p;
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+  const int lane = tid & 31, warp = wtid >> 5;  // warp within the warpgroup
+  const int gid = lane >> 2, tig = lane & 3;
+  KvmItemState* s_state = reinterpret_cast<KvmItemState*>(smem + Cfg::kItemOffset);
+  uint32_t* s_list = reinterpret_cast<uint32_t*>(smem + Cfg::kListOffset);
+  int64_t* s_rowq = reinterpret_cast<int64_t*>(smem + Cfg::kRowQOffset) + wg * S * 64;
+  int64_t* s_rowslot = reinterpret_cast<int64_t*>(smem + Cfg::kRowSlotOffset) + wg * S * 64;
+  int* s_rowlim = reinterpret_cast<int*>(smem + Cfg::kRowLimOffset) + wg * S * 64;
+  uint8_t* sK = smem + Cfg::kKOffset;
+  uint8_t* sV = smem + Cfg::kVOffset;
+  uint8_t* s_qarea = smem + Cfg::kQOffset;
+  uint8_t* my_q = s_qarea + wg * S * Cfg::kQTileBytes;
+  const uint32_t sK_addr = smem_addr(sK), sV_addr = smem_addr(sV), sQ_addr = smem_addr(s_qarea);
+  const uint32_t my_q_addr = smem_addr(my_q);
+  const Elem* q = static_cast<const Elem*>(p.q);
+  const float temp = p.lse_temperature;
+  if (tid == 0 && (smem_addr(smem) & 1023u) != 0) __trap();
+
+  while (true) {
+    if (tid == 0) {
+      const int idx = atomicAdd(&args.control->next_item, 1);
+      KvmItemState is{};
+      is.kh = -1;
+      if (idx < min(args.control->num_items, args.max_items)) {
+        const KvMajorItem it = args.items[idx];
+        is.kh = it.kh;
+        is.b = it.b;
+        is.j0 = it.t * kBlockSize;
+        is.start = it.start;
+        is.rows = it.count * args.group;
+        is.seqlen_k = kv_seqlen(p.kv, it.b);
+        const RowRange rr = q_rows(p.qi, p.total_q, it.b);
+        is.q_begin = rr.begin;
+        is.q_off = q_offset_of(p.q_offset, it.b, rr.len, is.seqlen_k);
+      }
+      *s_state = is;
+    }
+    __syncthreads();
+    // Read from shared memory where used (registers go to the accumulators); thread 0 rewrites
+    // the record only after the barrier that ends the item.
+    const KvmItemState& is = *s_state;
+    if (is.kh < 0) break;
+
+    // K / V block: native straight into the tiles (its cp.async group completes no later than the
+    // first query tile's); quantized through the query area, dequantized before any query tile
+    // is loaded. The item's list entries go to shared memory, so that building a tile's row table
+    // never waits on global memory.
+    {
+      const int n_valid = min(kBlockSize, is.seqlen_k - is.j0);
+      const int64_t k_off = kv_offset(p.k, p.kv, is.b, is.kh, is.j0);
+      const int64_t v_off = kv_offset(p.v, p.kv, is.b, is.kh, is.j0);
+      const int64_t srow = kKv == KvKind::kNvfp4 ? kv_scale_row(p.kv, p.num_kv_heads, is.b, is.kh, is.j0) : 0;
+      const int step = scale_row_step(p);
+      constexpr int T = Cfg::kThreads;
+      if constexpr (kKv == KvKind::kNative) {
+        issue_kv_rows<Elem, kKv, kBlockSize, T, Sw128Tile<kBlockSize>>(p.k, k_off, srow, step, n_valid, sK_addr, tid);
+        issue_kv_rows<Elem, kKv, kBlockSize, T, Sw128Tile<kBlockSize>>(p.v, v_off, srow, step, n_valid, sV_addr, tid);
+        cp_async_commit();
+      } else {
+        constexpr int kRawTile = kRawTileBytes<kKv, kBlockSize>;
+        issue_kv_rows<Elem, kKv, kBlockSize, T>(p.k, k_off, srow, step, n_valid, sQ_addr, tid);
+        issue_kv_rows<Elem, kKv, kBlockSize, T>(p.v, v_off, srow, step, n_valid, sQ_addr + kRawTile, tid);
+        cp_async_commit();
+      }
+      const int tokens = is.rows / args.group;
+      for (int e = tid; e < tokens; e += T) s_list[e] = args.list[is.start + e];
+      if constexpr (kKv != KvKind::kNative) {
+        constexpr int kRawTile = kRawTileBytes<kKv, kBlockSize>;
+        cp_async_wait<0>();
+        __syncthreads();
+        convert_kv_rows<Elem, kKv, kBlockSize, T, Sw128Tile<kBlockSize>>(s_qarea, sK, tid);
+        convert_kv_rows<Elem, kKv, kBlockSize, T, Sw128Tile<kBlockSize>>(s_qarea + kRawTile, sV, tid);
+      }
+      __syncthreads();  // the list is visible; raw bytes consumed before query tiles overwrite them
+    }
+
+    // Warpgroup wg takes tiles wg, wg + 2, ...: local tile i is tile wg + 2 i, in stage i % S.
+    const int n_tiles = (is.rows + Cfg::kTileRows - 1) / Cfg::kTileRows;
+    const int my_tiles = n_tiles > wg ? (n_tiles - wg + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups : 0;
+    auto prefetch = [&](int i) {  // row table and query loads of local tile i (an empty group past the end)
+      const int st = i % S;
+      kvm90_build_rows(args, is, s_list, i < my_tiles ? wg + Cfg::kWarpgroups * i : -1, s_rowq + st * 64,
+                       s_rowslot + st * 64, s_rowlim + st * 64, wtid);
+      warpgroup_barrier(wg);
+      kvm90_issue_q<Elem>(q, s_rowq + st * 64, my_q_addr + st * Cfg::kQTileBytes, wtid);
+    };
+#pragma unroll 1
+    for (int i = 0; i < S - 1; ++i) prefetch(i);
+
+#pragma unroll 1
+    for (int i = 0; i < my_tiles; ++i) {
+      const int st = i % S;
+      // Stage (i + S - 1) % S was last used by local tile i - 1, finished (epilogue included) by
+      // every thread of the warpgroup before the barrier that ended it.
+      prefetch(i + S - 1);
+      cp_async_wait<S - 1>();    // this thread's copies of tile i (and of the K/V block) landed
+      fence_proxy_async_smem();  // generic-proxy writes -> wgmma operand reads
+      warpgroup_barrier(wg);
+
+      const uint32_t q_addr = my_q_addr + st * Cfg::kQTileBytes;
+      float s[16][4];
+      wgmma_fence_operand(s);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint32_t koff = uint32_t(kk & 3) * 32u;  // 16 dims = 32 bytes into the 64-dim half
+        const uint64_t da = wgmma_desc_sw128(q_addr + uint32_t(kk >> 2) * (64 * 128) + koff, 0, 1024);
+        const uint64_t db = wgmma_desc_sw128(sK_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
+        wgmma_m64n128k16_ss<Elem, 0>(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(s);
+      // Softmax over the block's keys for this thread's rows r_h = 16 warp + gid + 8 h.
+      const int* lims = s_rowlim + st * 64;
+      float m_row[2], l_row[2], lt_row[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int lim = lims[16 * warp + gid + 8 * h];
+        // Uniform choices outside the element loops (a branch per element otherwise).
+        if (lim >= kBlockSize) {
+          if (args.has_temp) {
+            block_softmax_row<false, true>(s, h, lim, args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
+          } else {
+            block_softmax_row<false, false>(s, h, lim, args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
+          }
+        } else if (args.has_temp) {
+          block_softmax_row<true, true>(s, h, lim, args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
+        } else {
+          block_softmax_row<true, false>(s, h, lim, args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
+        }
+      }
+
+      // P in the compute dtype as the A fragments of the 8 k-steps (all converted before the first
+      // wgmma, so that no register the MMAs read is written while they run).
+      uint32_t pa[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        pa[kk][0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        wgmma_fence_operand(pa[kk]);
+      }
+      float o[16][4];
+      wgmma_fence_operand(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint64_t db = wgmma_desc_sw128(sV_addr + uint32_t(kk) * 2048u, kBlockSize * 128, 1024);
+        wgmma_m64n128k16_rs<Elem, 1>(o, pa[kk], db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+
+      // Epilogue: warp w's 16 rows through its quarter of the consumed query buffer.
+      const int64_t* slots = s_rowslot + st * 64;
+      float mul[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) mul[h] = l_row[h] > 0.0f ? 1.0f / l_row[h] : 0.0f;
+      const int64_t slot_lane = lane < 16 ? slots[16 * warp + lane] : -1;
+      store_rows<kElemStoreKind<Elem>>(o, mul, my_q + st * Cfg::kQTileBytes + warp * 16 * 256, args.part_o,
+                                       slot_lane >= 0 ? slot_lane * 128 : -1, lane);
+      if (tig == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t sl = slots[16 * warp + gid + 8 * h];
+          if (sl >= 0) {
+            args.part_lse[sl] = row_lse2(m_row[h], l_row[h]);
+            if (args.part_lse_t != nullptr) args.part_lse_t[sl] = row_lse2_t(m_row[h], lt_row[h], temp);
+          }
+        }
+      }
+      warpgroup_barrier(wg);  // stage st (buffer and table) is free for local tile i + S
+    }
+    cp_async_wait<0>();  // the empty groups past the end
+    __syncthreads();     // the block, the list and the item record are reused by the next item
+  }
+#else
+  __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
+#endif
+}
+
+// CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it: not an sm_90
+// device, or the library's image for it is not the sm_90a one (wgmma needs the "a" target).
+template <typename Elem, KvKind kKv>
+int kv_major_sm90_ctas_per_sm() {
+  const flashmsa::cuda::DeviceLimits& lim = flashmsa::cuda::current_device_limits();
+  constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
+  if (lim.cc_major != 9 || lim.cc_minor != 0 || smem > lim.max_smem_per_block_optin) return 0;
+  cudaFuncAttributes attr{};
+  MSA_CUDA_CHECK(cudaFuncGetAttributes(&attr, kv_major_sm90_kernel<Elem, kKv>));
+  if (attr.binaryVersion != 90) return 0;
+  return flashmsa::cuda::prepare_launch(kv_major_sm90_kernel<Elem, kKv>, KvMajorSm90Config<kKv>::kThreads,
+                                        size_t(smem));
+}
+
+template <typename Elem, KvKind kKv>
+void launch_kv_major_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream) {
+  auto* kernel = kv_major_sm90_kernel<Elem, kKv>;
+  constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
+  constexpr int threads = KvMajorSm90Config<kKv>::kThreads;
+  flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));
+  kernel<<<grid, threads, smem, stream>>>(args);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashmsa::sparse_attn
