@@ -54,7 +54,7 @@ def main():
         sels = {"random": msa_inputs.random_selection(pos, hkv, topk, gen),
                 "clustered": msa_inputs.clustered_selection(S, hkv, topk, 0, dev)}
         for pat, sel in sels.items():
-            for sched in ("kv_major", "kv_major mma_sync", "query_major"):
+            for sched in ("hybrid", "kv_major", "kv_major mma_sync", "query_major"):
                 os.environ["FLASHMSA_PREFILL_SCHEDULE"] = sched.split()[0]
                 os.environ["FLASHMSA_KV_MAJOR_KERNEL"] = "mma_sync" if "mma_sync" in sched else "auto"
                 profile(f"prefill S={S} {pat} {sched}",

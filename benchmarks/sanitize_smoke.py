@@ -181,10 +181,11 @@ class Smoke:
                                               output=out, force_end_blocks=1))
 
     def sparse_attention(self):
-        """Every prefill case under both schedules (FLASHMSA_PREFILL_SCHEDULE), and the KV-major
-        schedule once more with small launch groups (FLASHMSA_KV_MAJOR_CHUNK_ROWS)."""
+        """Every prefill case under each schedule (FLASHMSA_PREFILL_SCHEDULE: query_major, kv_major,
+        hybrid), and the KV-major schedule once more with small launch groups
+        (FLASHMSA_KV_MAJOR_CHUNK_ROWS)."""
         for schedule, chunk_rows in (("query_major", None), ("kv_major", None),
-                                     ("kv_major", "100")):
+                                     ("kv_major", "100"), ("hybrid", None)):
             os.environ["FLASHMSA_PREFILL_SCHEDULE"] = schedule
             if chunk_rows:
                 os.environ["FLASHMSA_KV_MAJOR_CHUNK_ROWS"] = chunk_rows

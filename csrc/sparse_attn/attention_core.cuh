@@ -57,6 +57,33 @@ MSA_DEVICE int find_sequence(const SparseAttnParams& p, int r) {
   return r < rr.begin + rr.len ? found : -1;
 }
 
+// The row's q2k entries, one per lane (entries lane and lane + 32; -1 past topk), with the list
+// length and, per lane, whether each of its entries is used (semantics.h q2k_length and
+// q2k_entry_used, computed with shuffles instead of each lane re-reading the earlier entries).
+struct WarpQ2k {
+  int v[2];
+  bool used[2];
+  int len;
+};
+
+MSA_DEVICE WarpQ2k warp_q2k_list(const int* list, int topk, int nb, int lane) {
+  WarpQ2k wl;
+  wl.v[0] = lane < topk ? list[lane] : -1;
+  wl.v[1] = lane + 32 < topk ? list[lane + 32] : -1;
+  const uint32_t neg0 = __ballot_sync(0xffffffffu, lane < topk && wl.v[0] < 0);
+  const uint32_t neg1 = __ballot_sync(0xffffffffu, lane + 32 < topk && wl.v[1] < 0);
+  wl.len = neg0 ? __ffs(neg0) - 1 : (neg1 ? 32 + __ffs(neg1) - 1 : topk);
+  bool dup[2] = {false, false};
+  for (int j = 0; j < min(topk, 64); ++j) {  // uniform trip count: every lane shuffles
+    const int x = __shfl_sync(0xffffffffu, j < 32 ? wl.v[0] : wl.v[1], j & 31);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) dup[k] |= j < lane + 32 * k && x == wl.v[k];
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) wl.used[k] = lane + 32 * k < wl.len && wl.v[k] < nb && !dup[k];
+  return wl;
+}
+
 // Where one K or V tile lives: element offset (bytes for NVFP4) of its first key, how many keys
 // are real (the rest are zero-filled), and the NVFP4 scale row of its first key.
 struct TileDesc {

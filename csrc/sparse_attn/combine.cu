@@ -13,8 +13,10 @@
 // end: a fixed order, independent of the launch.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <climits>
 
+#include "common/cuda_utils.h"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
 #include "sparse_attn/launch.h"
@@ -24,6 +26,8 @@ namespace flashmsa::sparse_attn {
 namespace {
 
 constexpr int kCombineWarps = 8;
+// Grid bound of the combine: CTAs per SM (a few waves of the ~3 resident ones).
+constexpr int kCombineCtasPerSm = 32;
 
 MSA_DEVICE float sanitize_lse(float v) { return v == v ? fminf(v, FLT_MAX) : neg_inf(); }
 MSA_DEVICE float clamp_finite(float v) { return fminf(fmaxf(v, -FLT_MAX), FLT_MAX); }
@@ -119,13 +123,15 @@ MSA_DEVICE float combined_lse(float v0, float v1) {
 // register (w0 for slots < 32, w1 above).
 constexpr int kCombineBatch = 16;
 
+// The combine of (row, head) pair w of the launch (one warp).
 template <typename OutElem, StoreKind kKind>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineArgs a) {
-  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (w >= int64_t(a.rows) * a.num_heads) return;  // warp-uniform
+MSA_DEVICE void combine_one(const CombineArgs& a, int64_t w, int lane) {
   const int rel = int(w / a.num_heads), hq = int(w % a.num_heads);
   const int kh = hq / a.group, g = hq - kh * a.group;
+  if (a.union_done != nullptr &&
+      a.union_done[int64_t(kh) * a.union_num_tiles + (a.row_begin + rel) / a.union_tile_tokens]) {
+    return;  // written by the shared-selection tile kernel
+  }
   const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
   const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + hq;
   const int half = lane >> 4, hl = lane & 15;  // slot parity, 8-value chunk of the row
@@ -187,13 +193,25 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
   }
 }
 
+// Warps stride over the (row, head) pairs: a bounded grid, so that rows done elsewhere (the
+// shared-selection tiles) cost a flag read each, not a CTA launch.
+template <typename OutElem, StoreKind kKind>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t total = int64_t(a.rows) * a.num_heads;
+  const int64_t stride = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < total; w += stride) {
+    combine_one<OutElem, kKind>(a, w, lane);  // warp-uniform loop
+  }
+}
+
 }  // namespace
 
 void launch_combine(const CombineArgs& a, DType out_dtype, cudaStream_t stream) {
   const int64_t warps = int64_t(a.rows) * a.num_heads;
   if (warps == 0) return;
-  const int64_t grid = (warps + kCombineWarps - 1) / kCombineWarps;
-  MSA_CHECK(grid <= INT_MAX, "combine: too many (row, head) pairs in one launch (", warps, ")");
+  const int64_t grid = std::min<int64_t>((warps + kCombineWarps - 1) / kCombineWarps,
+                                         int64_t(kCombineCtasPerSm) * flashmsa::cuda::current_device_limits().num_sms);
   auto go = [&]<typename OutElem>() {
     const dim3 g{unsigned(grid)}, b{unsigned(kCombineWarps * 32)};
     switch (a.part_kind) {

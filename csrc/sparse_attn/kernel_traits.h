@@ -93,9 +93,42 @@ struct KvMajorArgs {
   void* part_o;               // [Hkv, chunk_rows, topk, G, 128] compute dtype
   float* part_lse;            // [Hkv, chunk_rows, topk, G]
   float* part_lse_t;          // same or nullptr
+  const uint8_t* union_done;  // [Hkv, ceil(total_q / union_tile_tokens)] rows done by the
+  int union_tile_tokens;      // shared-selection tiles (skipped here), or nullptr
+  int union_num_tiles;
 };
 
 // ---- combine -----------------------------------------------------------------------------------
+// ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------
+// Where neighbouring tokens select nearly the same blocks (real models; DESIGN.md "clustered"), a
+// tile of 128 / G consecutive tokens (128 query rows of one kv head) walks the union of its tokens'
+// blocks once, K/V shared by all rows, each row masked to the blocks its token selected, and
+// writes final outputs: no partials. A tile qualifies when that wastes at most 1.5 x the useful
+// work (union blocks x tokens <= 1.5 x pairs): measured on an H200 (M3, 32K), a computed
+// (token, block) costs ~3.1 ns in the tile kernel and a pair ~5.0 ns the KV-major way (kernel,
+// combine, lists), so the break-even is ~1.6. The others go the KV-major way, whose list builder
+// and combine skip the rows done here (done flags).
+inline constexpr int kUnionRows = 128;
+inline constexpr int kUnionMaxWasteNum = 3;
+inline constexpr int kUnionMaxWasteDen = 2;
+inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
+
+struct UnionArgs {
+  SparseAttnParams p;
+  int group;
+  int tile_tokens;  // 128 / G
+  int num_tiles;    // ceil(total_q / tile_tokens)
+  int max_entries;  // tile_tokens * topk: the plan capacity of one tile
+  bool has_temp;
+  float scale_log2;
+  uint8_t* done;         // [Hkv, num_tiles] 1: the tile's rows of this kv head are computed here
+  int* plan_count;       // [Hkv, num_tiles] union size of a qualifying tile
+  int* plan_block;       // [Hkv, num_tiles, max_entries] union blocks, first-occurrence order
+  uint8_t* plan_mask;    // [Hkv, num_tiles, max_entries] tokens of the tile that selected each
+  int* work;             // [Hkv * num_tiles] qualifying (kh * num_tiles + tile)
+  int* control;          // [0] qualifying tiles, [1] work counter of the attention kernel
+};
+
 // out[r, hq] = v_global_scale * sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s) over
 // the slots of (kh, r); slot s of head g at ((kh * row_stride + r - row_begin) * num_slots + s) * G + g.
 struct CombineArgs {
@@ -114,6 +147,9 @@ struct CombineArgs {
   float* lse;      // [total_q, Hq] natural log, or nullptr
   float* lse_t;    // or nullptr
   float v_scale;
+  const uint8_t* union_done;  // rows done by shared-selection tiles are skipped (or nullptr)
+  int union_tile_tokens;
+  int union_num_tiles;
 };
 
 }  // namespace flashmsa::sparse_attn

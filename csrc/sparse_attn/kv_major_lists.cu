@@ -102,11 +102,10 @@ __device__ bool row_context(const KvMajorArgs& a, int r, RowContext& c) {
   return true;
 }
 
-// Flat column of entry e of a row's list when it becomes a pair, else -1.
-__device__ int entry_column(const KvMajorArgs& a, const RowContext& c, const int* list, int len,
-                            int e) {
-  if (e >= len || !q2k_entry_used(list, e, c.nb)) return -1;
-  const int t = list[e];
+// Flat column of entry e of a row's list (value t, `used` as in q2k_entry_used) when it becomes a
+// pair, else -1.
+__device__ int entry_column(const KvMajorArgs& a, const RowContext& c, int t, bool used) {
+  if (!used) return -1;
   if (int64_t(t) * kBlockSize >= c.lim) return -1;  // no visible key (t < nb follows from lim <= seqlen)
   if (a.p.kv.page_table != nullptr && kv_page(a.p.kv, c.b, t) < 0) return -1;
   const int64_t col = int64_t(c.base) + t;
@@ -122,13 +121,17 @@ __global__ void __launch_bounds__(kListWarpsPerCta * 32) pair_kernel(const __gri
   if (w >= int64_t(p.num_kv_heads) * a.rows) return;  // warp-uniform
   const int kh = int(w / a.rows), rel = int(w % a.rows);
   const int r = a.row_begin + rel;
+  // Rows of a shared-selection tile are done already; the combine skips them too.
+  if (a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens]) return;
   const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
   RowContext c;
   const bool covered = row_context(a, r, c);
-  int len = covered && lane == 0 ? q2k_length(list, p.topk) : 0;
-  len = __shfl_sync(0xffffffffu, len, 0);
-  for (int e = lane; e < p.topk; e += 32) {
-    const int col = covered ? entry_column(a, c, list, len, e) : -1;
+  const WarpQ2k wl = warp_q2k_list(list, p.topk, covered ? c.nb : 0, lane);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int e = lane + 32 * k;
+    if (e >= p.topk) break;
+    const int col = covered ? entry_column(a, c, wl.v[k], wl.used[k]) : -1;
     const int64_t counter = int64_t(kh) * a.nb_bound + col;
     if constexpr (!kScatter) {
       if (col >= 0) {

@@ -211,6 +211,14 @@ struct KvmPlan {
   int q_stages;
   bool sm90;  // the sm_90a warpgroup-MMA kernel, else the portable mma.sync one
   int grid;
+  // Shared-selection tiles (sm_90a, bf16 / fp16 K and V, G in {16, 32, 64, 128}): planned for
+  // every (kv head, tile), qualifying tiles computed before the KV-major groups, which skip them.
+  bool uni;
+  int uni_tile_tokens;
+  int uni_num_tiles;
+  int uni_max_entries;
+  int uni_grid;
+  size_t uni_done_off, uni_count_off, uni_block_off, uni_mask_off, uni_work_off, uni_control_off;
   size_t block_base_off, counts_off, cursors_off, control_off, items_off, list_off;
   size_t part_o_off, part_lse_off, part_lse_t_off;
   size_t bytes;
@@ -239,8 +247,16 @@ KvmKernel kv_major_kernel_override() {
   MSA_FAIL("FLASHMSA_KV_MAJOR_KERNEL must be auto, mma_sync or wgmma, got '", env, "'");
 }
 
-// False when the KV-major kernel does not fit this device's shared memory.
-bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& plan) {
+// CTAs per SM of the shared-selection tile kernel for this call, 0 when it does not apply.
+int union_ctas(const SparseAttnParams& p) {
+  const int group = p.num_heads / p.num_kv_heads;
+  if (kv_kind(p) != KvKind::kNative || group < kUnionRows / kUnionMaxTokens || kUnionRows % group != 0) return 0;
+  return compute_is_bf16(p) ? union_sm90_ctas_per_sm<__nv_bfloat16>() : union_sm90_ctas_per_sm<__half>();
+}
+
+// False when the KV-major kernel does not fit this device's shared memory. with_union: also plan
+// the shared-selection tiles where they apply.
+bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& plan, bool with_union) {
   plan = KvmPlan{};
   int ctas = 0;
   const KvmKernel which = kv_major_kernel_override();
@@ -299,6 +315,21 @@ bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& pl
   plan.part_o_off = c.take(size_t(pairs) * group * 128 * 2);
   plan.part_lse_off = c.take(size_t(pairs) * group * 4);
   plan.part_lse_t_off = has_temp ? c.take(size_t(pairs) * group * 4) : 0;
+  const int uctas = with_union ? union_ctas(p) : 0;
+  if (uctas > 0) {
+    plan.uni = true;
+    plan.uni_tile_tokens = kUnionRows / group;
+    plan.uni_num_tiles = int((int64_t(p.total_q) + plan.uni_tile_tokens - 1) / plan.uni_tile_tokens);
+    plan.uni_max_entries = plan.uni_tile_tokens * p.topk;
+    const size_t tiles = size_t(p.num_kv_heads) * plan.uni_num_tiles;
+    plan.uni_grid = uctas * dev.num_sms;
+    plan.uni_done_off = c.take(tiles);
+    plan.uni_count_off = c.take(tiles * 4);
+    plan.uni_block_off = c.take(tiles * plan.uni_max_entries * 4);
+    plan.uni_mask_off = c.take(tiles * plan.uni_max_entries);
+    plan.uni_work_off = c.take(tiles * 4);
+    plan.uni_control_off = c.take(2 * 4);
+  }
   plan.bytes = c.bytes;
   return true;
 }
@@ -326,6 +357,31 @@ void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceIn
   a.part_lse = at<float>(p, plan.part_lse_off);
   a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
 
+  if (plan.uni) {
+    UnionArgs u{};
+    u.p = p;
+    u.group = a.group;
+    u.tile_tokens = plan.uni_tile_tokens;
+    u.num_tiles = plan.uni_num_tiles;
+    u.max_entries = plan.uni_max_entries;
+    u.has_temp = a.has_temp;
+    u.scale_log2 = a.scale_log2;
+    u.done = at<uint8_t>(p, plan.uni_done_off);
+    u.plan_count = at<int>(p, plan.uni_count_off);
+    u.plan_block = at<int>(p, plan.uni_block_off);
+    u.plan_mask = at<uint8_t>(p, plan.uni_mask_off);
+    u.work = at<int>(p, plan.uni_work_off);
+    u.control = at<int>(p, plan.uni_control_off);
+    launch_union_plan(u, stream);
+    if (compute_is_bf16(p)) {
+      launch_union_sm90<__nv_bfloat16>(u, plan.uni_grid, stream);
+    } else {
+      launch_union_sm90<__half>(u, plan.uni_grid, stream);
+    }
+    a.union_done = u.done;
+    a.union_tile_tokens = u.tile_tokens;
+    a.union_num_tiles = u.num_tiles;
+  }
   launch_kv_major_prepare(a, dev.num_sms, stream);
   for (int64_t r0 = 0; r0 < p.total_q; r0 += plan.chunk_rows) {
     a.row_begin = int(r0);
@@ -354,16 +410,22 @@ void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceIn
     c.lse = p.lse;
     c.lse_t = p.lse_temperature_out;
     c.v_scale = p.v_global_scale;
+    c.union_done = a.union_done;
+    c.union_tile_tokens = a.union_tile_tokens;
+    c.union_num_tiles = a.union_num_tiles;
     launch_combine(c, p.out_dtype, stream);
   }
 }
 
 // ---- prefill schedule choice -----------------------------------------------------------------
 
-enum class Schedule { kQueryMajor, kKvMajor };
+enum class Schedule { kQueryMajor, kKvMajor, kHybrid };
 
-// FLASHMSA_PREFILL_SCHEDULE = auto (default) | query_major | kv_major forces a prefill schedule
-// (tests run both on the same data; benchmarks compare them).
+// FLASHMSA_PREFILL_SCHEDULE = auto (default) | query_major | kv_major | hybrid forces a prefill
+// schedule (tests run each on the same data; benchmarks compare them): kv_major is the KV-major
+// schedule alone, hybrid the shared-selection tiles for the tiles that qualify and KV-major for
+// the rest (what auto runs on large prefills). Where the tile kernel does not apply (not sm_90a,
+// quantized K/V, G not in {16, 32, 64, 128}) hybrid is the KV-major schedule.
 Schedule schedule_override(bool* forced) {
   const char* env = std::getenv("FLASHMSA_PREFILL_SCHEDULE");
   *forced = false;
@@ -371,7 +433,8 @@ Schedule schedule_override(bool* forced) {
   *forced = true;
   if (std::strcmp(env, "query_major") == 0) return Schedule::kQueryMajor;
   if (std::strcmp(env, "kv_major") == 0) return Schedule::kKvMajor;
-  MSA_FAIL("FLASHMSA_PREFILL_SCHEDULE must be auto, query_major or kv_major, got '", env, "'");
+  if (std::strcmp(env, "hybrid") == 0) return Schedule::kHybrid;
+  MSA_FAIL("FLASHMSA_PREFILL_SCHEDULE must be auto, query_major, kv_major or hybrid, got '", env, "'");
 }
 
 struct PrefillPlan {
@@ -385,8 +448,9 @@ PrefillPlan plan_prefill(const SparseAttnParams& p, const DeviceInfo& dev) {
   PrefillPlan plan{};
   bool forced = false;
   const Schedule wanted = schedule_override(&forced);
-  const bool kv_major = forced ? wanted == Schedule::kKvMajor : p.total_q >= kKvMajorMinRows;
-  if (kv_major && plan_kv_major(p, dev, plan.kvm)) {
+  const bool kv_major = forced ? wanted != Schedule::kQueryMajor : p.total_q >= kKvMajorMinRows;
+  const bool with_union = !forced || wanted == Schedule::kHybrid;
+  if (kv_major && plan_kv_major(p, dev, plan.kvm, with_union)) {
     plan.schedule = Schedule::kKvMajor;
     plan.bytes = plan.kvm.bytes;
     return plan;

@@ -46,14 +46,17 @@ BLOCK = 128
 # kv_major runs the sm_90a warpgroup-MMA kernel on an sm_90 GPU (forced there, so a library without
 # it fails instead of silently testing the portable one) and the mma.sync kernel elsewhere;
 # kv_major_mma_sync forces the portable kernel everywhere.
-SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync"]
+# hybrid: shared-selection tiles (sm_90a) for the tiles that qualify, KV-major for the rest.
+SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 def set_schedule(mp, schedule):
     """Environment of one schedule name of SCHEDULES on monkeypatch `mp`."""
-    mp.setenv("FLASHMSA_PREFILL_SCHEDULE", "query_major" if schedule == "query_major" else "kv_major")
-    if schedule == "kv_major_mma_sync":
+    mp.setenv("FLASHMSA_PREFILL_SCHEDULE", schedule if schedule in ("query_major", "hybrid") else "kv_major")
+    if schedule == "hybrid":
+        mp.setenv("FLASHMSA_KV_MAJOR_KERNEL", "auto")
+    elif schedule == "kv_major_mma_sync":
         mp.setenv("FLASHMSA_KV_MAJOR_KERNEL", "mma_sync")
     elif schedule == "kv_major":
         mp.setenv("FLASHMSA_KV_MAJOR_KERNEL", "wgmma" if IS_SM90 else "auto")
@@ -146,6 +149,17 @@ CASES = [
             v_global_scale=2.5),
     GpuCase("temperature_causal", [80, 50], [1024, 640], 4, 2, causal=True, temperature=0.7),
     GpuCase("temperature_g16", [60], [3000], 16, 1, temperature=1.3),
+    # Neighbouring tokens sharing their selections (the shared-selection tiles of the hybrid
+    # schedule; G in {16, 32, 64} gives tiles of 8, 4, 2 tokens), with partial last tiles, tiles
+    # across sequences, mixed qualifying / non-qualifying tiles, paged K/V, fp16, negative scale.
+    GpuCase("m3_tile_shared", [1024, 300], [1024, 300], 64, 4, causal=True, selection="tile_shared"),
+    GpuCase("m3_tile_mixed_temp", [700, 13], [1500, 13], 64, 4, causal=True, selection="tile_mixed",
+            temperature=0.8),
+    GpuCase("g32_tile_shared_paged", [256, 100], [600, 900], 64, 2, causal=True,
+            selection="tile_shared", layout="paged", softmax_scale=-0.07, v_global_scale=0.6),
+    GpuCase("g16_tile_shared_fp16", [400], [2000], 16, 1, causal=True, dtype=FP16,
+            selection="tile_shared"),
+    GpuCase("g64_tile_mixed_nocausal", [90], [3000], 128, 2, selection="tile_mixed"),
 ]
 
 
@@ -165,11 +179,30 @@ def make_q2k(case: GpuCase, rng: np.random.Generator) -> torch.Tensor:
     sel = np.full((case.hkv, total_q, case.topk), -1, dtype=np.int32)
     offs = q_offsets_of(case)
     row = 0
+    # tile_shared / tile_mixed: a token reuses the list of the first token of its group of
+    # `share` rows (global rows, as the tiles are cut; groups restart with each sequence); in
+    # tile_mixed every other group draws per-token lists instead.
+    group = case.hq // case.hkv
+    share = 128 // group if group >= 16 and 128 % group == 0 else 8
+    shared = {}
     for b, (sq, sk) in enumerate(zip(case.seqs_q, case.seqs_k)):
         nb = math.ceil(sk / BLOCK)
         for i in range(sq):
             for h in range(case.hkv):
                 kind = case.selection
+                if kind in ("tile_shared", "tile_mixed"):
+                    gstart = row // share
+                    if kind == "tile_mixed" and gstart % 2 == 1:
+                        kind = "causal_local"
+                    elif (h, gstart, b) in shared:
+                        ids = shared[(h, gstart, b)]
+                        sel[h, row, :len(ids)] = ids
+                        continue
+                    else:
+                        kind = "causal_local"
+                if kind == "causal_local" and case.selection in ("tile_shared", "tile_mixed") \
+                        and not case.causal:
+                    kind = "full"
                 n = int(rng.integers(0, min(case.topk, nb) + 1)) if nb else 0
                 ids = np.sort(rng.permutation(nb)[:n])
                 if kind == "full":
@@ -192,6 +225,8 @@ def make_q2k(case: GpuCase, rng: np.random.Generator) -> torch.Tensor:
                     local = min(max(offs[b] + i, 0) // BLOCK, nb - 1)
                     earlier = rng.permutation(local)[:case.topk - 1]
                     ids = np.sort(np.concatenate([earlier, [local]]))
+                if case.selection in ("tile_shared", "tile_mixed") and kind in ("causal_local", "full"):
+                    shared.setdefault((h, row // share, b), ids)
                 sel[h, row, :len(ids)] = ids
             row += 1
     # Rows of no sequence carry ordinary lists: the kernels must still write 0 / -inf there.
@@ -579,3 +614,28 @@ def test_large(hq, hkv, schedule):
     base_out, _ = baseline(sub, sub_pb, args[3])
     check_output(out[rows], want[0], base_out, "large out")
     check_lse(lse[rows], want[1], "large lse")
+
+
+def test_hybrid_runs_shared_tiles():
+    """On sm_90 the hybrid schedule computes the qualifying tiles with the shared-selection tile
+    kernel: its bits differ from the KV-major schedule's (another summation order), both match the
+    reference, and repeated runs are bit-identical."""
+    if not IS_SM90:
+        pytest.skip("the shared-selection tile kernel is sm_90a only (hybrid = kv_major elsewhere)")
+    case = next(c for c in CASES if c.name == "m3_tile_shared")
+    pb = build(case, seed=5)
+    res = {}
+    with pytest.MonkeyPatch.context() as mp:
+        set_schedule(mp, "kv_major")
+        res["kv_major"] = run(pb, gpu=True)
+        set_schedule(mp, "hybrid")
+        res["hybrid"] = run(pb, gpu=True)
+        again = run(pb, gpu=True)
+    assert not bits_equal(res["kv_major"], res["hybrid"]), "hybrid did not run the tile kernel"
+    assert bits_equal(res["hybrid"], again)
+    base_out, _ = baseline(case, pb, pb.cpu_args[3])
+    cpu = run(pb, gpu=False)
+    for name, got in res.items():
+        check_output(got[0], cpu[0], base_out, f"{name} out")
+        check_lse(got[1], cpu[1], f"{name} lse")
+        check_empty_rows(got[0], cpu[1], name)

@@ -4,6 +4,7 @@
 #include "sparse_attn/kv_major_sm90.cuh"
 #include "sparse_attn/launch.h"
 #include "sparse_attn/query_major.cuh"
+#include "sparse_attn/union_sm90.cuh"
 
 namespace flashmsa::sparse_attn {
 
@@ -14,5 +15,7 @@ template void launch_kv_major_sm90<__half, KvKind::kNative>(const KvMajorArgs&, 
 template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNative>();
 template int kv_major_smem_bytes<__half, KvKind::kNative>(int);
 template int kv_major_ctas_per_sm<__half, KvKind::kNative>(int);
+template void launch_union_sm90<__half>(const UnionArgs&, int, cudaStream_t);
+template int union_sm90_ctas_per_sm<__half>();
 
 }  // namespace flashmsa::sparse_attn
