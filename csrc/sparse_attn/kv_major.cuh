@@ -72,6 +72,27 @@ struct KvmRow {
   int lim;         // keys [0, lim) of the block are visible to the row (0 for padding)
 };
 
+// Takes the next item from the work counter (one thread) and derives what every tile needs.
+MSA_DEVICE KvmItemState fetch_kvm_item(const KvMajorArgs& args) {
+  const SparseAttnParams& p = args.p;
+  const int idx = atomicAdd(&args.control->next_item, 1);
+  KvmItemState is{};
+  is.kh = -1;
+  if (idx < min(args.control->num_items, args.max_items)) {
+    const KvMajorItem it = args.items[idx];
+    is.kh = it.kh;
+    is.b = it.b;
+    is.j0 = it.t * kBlockSize;
+    is.start = it.start;
+    is.rows = it.count * args.group;
+    is.seqlen_k = kv_seqlen(p.kv, it.b);
+    const RowRange rr = q_rows(p.qi, p.total_q, it.b);
+    is.q_begin = rr.begin;
+    is.q_off = q_offset_of(p.q_offset, it.b, rr.len, is.seqlen_k);
+  }
+  return is;
+}
+
 template <typename Elem, KvKind kKv>
 __global__ void __launch_bounds__(kKvmMaxThreads, 1)
     kv_major_kernel(const __grid_constant__ KvMajorArgs args) {
@@ -95,22 +116,7 @@ __global__ void __launch_bounds__(kKvmMaxThreads, 1)
     if (tid == 0) {
       // Thread 0 fetches the next item and the per-item values the warps need for every tile;
       // keeping them in shared memory (not registers) leaves the registers to the accumulators.
-      const int idx = atomicAdd(&args.control->next_item, 1);
-      KvmItemState is{};
-      is.kh = -1;
-      if (idx < min(args.control->num_items, args.max_items)) {
-        const KvMajorItem it = args.items[idx];
-        is.kh = it.kh;
-        is.b = it.b;
-        is.j0 = it.t * kBlockSize;
-        is.start = it.start;
-        is.rows = it.count * G;
-        is.seqlen_k = kv_seqlen(p.kv, it.b);
-        const RowRange rr = q_rows(p.qi, p.total_q, it.b);
-        is.q_begin = rr.begin;
-        is.q_off = q_offset_of(p.q_offset, it.b, rr.len, is.seqlen_k);
-      }
-      *s_state = is;
+      *s_state = fetch_kvm_item(args);
     }
     __syncthreads();
     if (s_state->kh < 0) break;

@@ -24,6 +24,7 @@
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
 #include "sparse_attn/kv_major.cuh"
+#include "sparse_attn/wgmma_tile.cuh"
 
 namespace flashmsa::sparse_attn {
 
@@ -55,11 +56,6 @@ struct KvMajorSm90Config {
 };
 
 #if MSA_HAS_WGMMA
-// bar.sync on a named barrier of one warpgroup (ids 1.., 0 is __syncthreads).
-MSA_DEVICE void warpgroup_barrier(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
-}
-
 // Fills the row table of one 64-row tile (threads 0-63 of the warpgroup, one row each): the query
 // element offset, the partial row index and the block's visible-key count of (token, head) row
 // `i` of the item (-1 / -1 / 0 for padding rows past the item).
@@ -109,34 +105,10 @@ MSA_DEVICE void kvm90_issue_q(const Elem* q, const int64_t* s_q, uint32_t dst, i
 template <bool kMask, bool kTemp>
 MSA_DEVICE void block_softmax_row(float (&s)[16][4], int h, int lim, float sc, float temp, int tig, float& m,
                                   float& l, float& lt) {
-  auto visible = [&](int j, int e) { return !kMask || 8 * j + 2 * tig + e < lim; };
-  float ext = neg_inf();
-  if (sc >= 0.0f) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) ext = visible(j, e) ? fmaxf(ext, s[j][2 * h + e]) : ext;
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) ext = visible(j, e) ? fmaxf(ext, -s[j][2 * h + e]) : ext;
-  }
-  ext = fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 1));
-  ext = fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 2));
+  const float ext = row_extreme<kMask>(s, h, lim, sc, tig);
   const float m_use = ext == neg_inf() ? 0.0f : ext * fabsf(sc);
   float sum = 0.0f, sum_t = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float sv = s[j][2 * h + e];
-      const bool vis = visible(j, e);
-      if constexpr (kTemp) sum_t += vis ? exp2_approx(temp * fmaf(sv, sc, -m_use)) : 0.0f;
-      const float pr = vis ? exp2_approx(fmaf(sv, sc, -m_use)) : 0.0f;
-      s[j][2 * h + e] = pr;
-      sum += pr;
-    }
+  row_exp_sum<kMask, kTemp>(s, h, lim, sc, temp, tig, m_use, sum, sum_t);
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
   if constexpr (kTemp) {
@@ -177,22 +149,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
 
   while (true) {
     if (tid == 0) {
-      const int idx = atomicAdd(&args.control->next_item, 1);
-      KvmItemState is{};
-      is.kh = -1;
-      if (idx < min(args.control->num_items, args.max_items)) {
-        const KvMajorItem it = args.items[idx];
-        is.kh = it.kh;
-        is.b = it.b;
-        is.j0 = it.t * kBlockSize;
-        is.start = it.start;
-        is.rows = it.count * args.group;
-        is.seqlen_k = kv_seqlen(p.kv, it.b);
-        const RowRange rr = q_rows(p.qi, p.total_q, it.b);
-        is.q_begin = rr.begin;
-        is.q_off = q_offset_of(p.q_offset, it.b, rr.len, is.seqlen_k);
-      }
-      *s_state = is;
+      *s_state = fetch_kvm_item(args);
     }
     __syncthreads();
     // Read from shared memory where used (registers go to the accumulators); thread 0 rewrites
@@ -256,20 +213,8 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       fence_proxy_async_smem();  // generic-proxy writes -> wgmma operand reads
       warpgroup_barrier(wg);
 
-      const uint32_t q_addr = my_q_addr + st * Cfg::kQTileBytes;
       float s[16][4];
-      wgmma_fence_operand(s);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const uint32_t koff = uint32_t(kk & 3) * 32u;  // 16 dims = 32 bytes into the 64-dim half
-        const uint64_t da = wgmma_desc_sw128(q_addr + uint32_t(kk >> 2) * (64 * 128) + koff, 0, 1024);
-        const uint64_t db = wgmma_desc_sw128(sK_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
-        wgmma_m64n128k16_ss<Elem, 0>(s, da, db, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(s);
+      wgmma_qk_tile<Elem>(s, my_q_addr + st * Cfg::kQTileBytes, sK_addr);
       // Softmax over the block's keys for this thread's rows r_h = 16 warp + gid + 8 h.
       const int* lims = s_rowlim + st * 64;
       float m_row[2], l_row[2], lt_row[2];
@@ -290,28 +235,8 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
         }
       }
 
-      // P in the compute dtype as the A fragments of the 8 k-steps (all converted before the first
-      // wgmma, so that no register the MMAs read is written while they run).
-      uint32_t pa[8][4];
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        pa[kk][0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        wgmma_fence_operand(pa[kk]);
-      }
       float o[16][4];
-      wgmma_fence_operand(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const uint64_t db = wgmma_desc_sw128(sV_addr + uint32_t(kk) * 2048u, kBlockSize * 128, 1024);
-        wgmma_m64n128k16_rs<Elem, 1>(o, pa[kk], db, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(o);
+      wgmma_pv_tile<Elem>(o, s, sV_addr, false);
 
       // Epilogue: warp w's 16 rows through its quarter of the consumed query buffer.
       const int64_t* slots = s_rowslot + st * 64;

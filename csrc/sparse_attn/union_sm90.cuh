@@ -21,6 +21,7 @@
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
 #include "sparse_attn/kv_major_sm90.cuh"
+#include "sparse_attn/wgmma_tile.cuh"
 
 namespace flashmsa::sparse_attn {
 
@@ -57,21 +58,7 @@ struct UnionTileState {
 template <bool kMask, bool kTemp>
 MSA_DEVICE void union_softmax_row(float (&s)[16][4], int h, int lim, float sc, float temp, int tig, float& m,
                                   float& l, float& lt, float& alpha) {
-  auto visible = [&](int j, int e) { return !kMask || 8 * j + 2 * tig + e < lim; };
-  float ext = neg_inf();
-  if (sc >= 0.0f) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) ext = visible(j, e) ? fmaxf(ext, s[j][2 * h + e]) : ext;
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) ext = visible(j, e) ? fmaxf(ext, -s[j][2 * h + e]) : ext;
-  }
-  ext = fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 1));
-  ext = fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 2));
+  const float ext = row_extreme<kMask>(s, h, lim, sc, tig);
   const float mx = ext == neg_inf() ? neg_inf() : ext * fabsf(sc);
   const float m_old = m;
   const bool moved = mx > m_old + kLazyRescaleSlack;  // -inf + slack = -inf: the first visible key moves
@@ -84,17 +71,7 @@ MSA_DEVICE void union_softmax_row(float (&s)[16][4], int h, int lim, float sc, f
   }
   const float m_use = m == neg_inf() ? 0.0f : m;
   float sum = 0.0f, sum_t = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float sv = s[j][2 * h + e];
-      const bool vis = visible(j, e);
-      if constexpr (kTemp) sum_t += vis ? exp2_approx(temp * fmaf(sv, sc, -m_use)) : 0.0f;
-      const float pr = vis ? exp2_approx(fmaf(sv, sc, -m_use)) : 0.0f;
-      s[j][2 * h + e] = pr;
-      sum += pr;
-    }
+  row_exp_sum<kMask, kTemp>(s, h, lim, sc, temp, tig, m_use, sum, sum_t);
   l += sum;
   if constexpr (kTemp) lt += sum_t;
 }
@@ -196,18 +173,7 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
       const uint32_t k_addr = sKV_addr + uint32_t(u & 1) * (2 * Cfg::kKvBytes);
       const uint32_t v_addr = k_addr + Cfg::kKvBytes;
       float s[16][4];
-      wgmma_fence_operand(s);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const uint32_t koff = uint32_t(kk & 3) * 32u;
-        const uint64_t da = wgmma_desc_sw128(my_q_addr + uint32_t(kk >> 2) * (64 * 128) + koff, 0, 1024);
-        const uint64_t db = wgmma_desc_sw128(k_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
-        wgmma_m64n128k16_ss<Elem, 0>(s, da, db, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(s);
+      wgmma_qk_tile<Elem>(s, my_q_addr, k_addr);
 
       const int j0 = s_block[u] * kBlockSize;
       const uint32_t msk = s_mask[u];
@@ -229,25 +195,7 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e >> 1];
       }
-      uint32_t pa[8][4];
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        pa[kk][0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        wgmma_fence_operand(pa[kk]);
-      }
-      wgmma_fence_operand(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const uint64_t db = wgmma_desc_sw128(v_addr + uint32_t(kk) * 2048u, kBlockSize * 128, 1024);
-        wgmma_m64n128k16_rs<Elem, 1>(o, pa[kk], db, 1);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operand(o);
+      wgmma_pv_tile<Elem>(o, s, v_addr, true);
       __syncthreads();  // both warpgroups are done with stage u % 2
       issue_block(u + 2);
     }

@@ -1,0 +1,115 @@
+// Warpgroup-level pieces shared by the sm_90a attention kernels (kv_major_sm90.cuh, union_sm90.cuh):
+// a 64-row query tile against one 128-key block.
+//   wgmma_qk_tile    S = Q K^T (8 x wgmma m64n128k16, both operands in shared memory)
+//   row_extreme      the largest scaled logit of a fragment row over its visible keys
+//   row_exp_sum      P = 2^(x - m) in place, and the row's partial sums
+//   wgmma_pv_tile    O (+)= P V (8 x wgmma m64n128k16, P from registers)
+// Tiles are common/wgmma.cuh's [2][rows][64] 128-byte-swizzled layout; fragment row h of a thread
+// is row 16 warp + gid + 8 h of the tile, its keys 8 j + 2 tig + e (j < 16, e < 2).
+#pragma once
+
+#include "common/wgmma.cuh"
+#include "sparse_attn/attention_core.cuh"
+
+namespace flashmsa::sparse_attn {
+
+#if MSA_HAS_WGMMA
+// bar.sync on the named barrier of warpgroup wg (ids 1.., 0 is __syncthreads).
+MSA_DEVICE void warpgroup_barrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
+
+// s = Q K^T for the 64 query rows at q_addr ([2][64][64]) and the 128 keys at k_addr ([2][128][64]);
+// returns once the MMAs are complete.
+template <typename Elem>
+MSA_DEVICE void wgmma_qk_tile(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
+  wgmma_fence_operand(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t koff = uint32_t(kk & 3) * 32u;  // 16 dims = 32 bytes into the 64-dim half
+    const uint64_t da = wgmma_desc_sw128(q_addr + uint32_t(kk >> 2) * (64 * 128) + koff, 0, 1024);
+    const uint64_t db = wgmma_desc_sw128(k_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
+    wgmma_m64n128k16_ss<Elem, 0>(s, da, db, kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operand(s);
+}
+
+// o (+)= P V with P = s (already exponentiated) rounded to the compute dtype and V the 128 keys at
+// v_addr, read MN-major; accumulate = false: o = P V. Returns once the MMAs are complete.
+template <typename Elem>
+MSA_DEVICE void wgmma_pv_tile(float (&o)[16][4], const float (&s)[16][4], uint32_t v_addr, bool accumulate) {
+  // The S accumulator layout is the A-fragment layout: k-step kk takes n8 tiles 2 kk and 2 kk + 1.
+  // All fragments are converted before the first wgmma, so that no register the MMAs read is
+  // written while they run.
+  uint32_t pa[8][4];
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    pa[kk][0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    wgmma_fence_operand(pa[kk]);
+  }
+  wgmma_fence_operand(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint64_t db = wgmma_desc_sw128(v_addr + uint32_t(kk) * 2048u, kBlockSize * 128, 1024);
+    wgmma_m64n128k16_rs<Elem, 1>(o, pa[kk], db, accumulate || kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operand(o);
+}
+
+// Whether key (j, e) of fragment row h is visible: kMask = false when the caller knows the whole
+// block is (lim >= 128).
+template <bool kMask>
+MSA_DEVICE bool key_visible(int j, int e, int lim, int tig) {
+  return !kMask || 8 * j + 2 * tig + e < lim;
+}
+
+// max over the row's visible keys of S * sign(sc), reduced over the row's 4 threads (-inf when
+// none is visible). The largest logit x = S * sc is then |sc| times it: taking the extreme on the
+// raw scores keeps the scale out of the per-key work (it goes into the exponent's fma).
+template <bool kMask>
+MSA_DEVICE float row_extreme(const float (&s)[16][4], int h, int lim, float sc, int tig) {
+  float ext = neg_inf();
+  if (sc >= 0.0f) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) ext = key_visible<kMask>(j, e, lim, tig) ? fmaxf(ext, s[j][2 * h + e]) : ext;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) ext = key_visible<kMask>(j, e, lim, tig) ? fmaxf(ext, -s[j][2 * h + e]) : ext;
+  }
+  ext = fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 1));
+  return fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 2));
+}
+
+// P = 2^(x - m_use) = 2^fma(S, sc, -m_use) in place (0 for invisible keys); sum += this thread's
+// share of sum P, sum_t += its share of sum 2^(T (x - m_use)) (kTemp).
+template <bool kMask, bool kTemp>
+MSA_DEVICE void row_exp_sum(float (&s)[16][4], int h, int lim, float sc, float temp, int tig, float m_use,
+                            float& sum, float& sum_t) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float sv = s[j][2 * h + e];
+      const bool vis = key_visible<kMask>(j, e, lim, tig);
+      if constexpr (kTemp) sum_t += vis ? exp2_approx(temp * fmaf(sv, sc, -m_use)) : 0.0f;
+      const float pr = vis ? exp2_approx(fmaf(sv, sc, -m_use)) : 0.0f;
+      s[j][2 * h + e] = pr;
+      sum += pr;
+    }
+}
+#endif  // MSA_HAS_WGMMA
+
+}  // namespace flashmsa::sparse_attn
