@@ -609,16 +609,24 @@ class Bench:
         return "\n".join(lines)
 
 
+def git_commit(cwd):
+    """Short HEAD, with "-dirty" when tracked files differ from it (a copied working tree whose
+    .git is older than its files says so instead of naming a commit it does not hold)."""
+    def git(*argv):
+        return subprocess.run(["git", *argv], capture_output=True, text=True, cwd=cwd,
+                              timeout=20).stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        if not head:
+            return None
+        return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def meta(args, ops_module) -> dict:
     prop = torch.cuda.get_device_properties(0)
-    commit = os.environ.get("FLASHMSA_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                                    timeout=10).stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            commit = None
+    commit = os.environ.get("FLASHMSA_COMMIT") or git_commit(os.path.dirname(os.path.abspath(__file__)))
     return dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         gpu=prop.name, sm_count=prop.multi_processor_count,

@@ -79,7 +79,13 @@ find_sanitizer() {
 
 # ---- header ---------------------------------------------------------------------------------
 HEADER=$(
-  echo "flashmsa gpu_check  $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit ${FLASHMSA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  commit=${FLASHMSA_COMMIT:-}
+  if [[ -z $commit ]]; then
+    # "-dirty": tracked files differ from HEAD (e.g. a copied working tree with an older .git).
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    [[ $commit != unknown && -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && commit+=-dirty
+  fi
+  echo "flashmsa gpu_check  $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit $commit"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null \
     | sed 's/^/gpu: /' || echo "gpu: nvidia-smi unavailable"
   echo "nvcc: $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -1)  $($PY -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpu_visible", torch.cuda.is_available())' 2>&1 | tail -1)"
