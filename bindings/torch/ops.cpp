@@ -171,6 +171,38 @@ void proxy_score(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_
   });
 }
 
+void proxy_score_fp4(const at::Tensor& q_fp4, const at::Tensor& k_fp4, const at::Tensor& q_scale,
+                     const at::Tensor& k_scale, double q_global_scale, double k_global_scale,
+                     const at::Tensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+                     const OptTensor& page_table, const OptTensor& seqused_k, bool causal,
+                     std::optional<int64_t> max_seqlen_q, int64_t max_k_tiles,
+                     std::optional<int64_t> q_offset_value, const OptTensor& q_offset, bool reduce_heads,
+                     const at::Tensor& output) {
+  translate_errors([&] {
+    const Describe ref("msa_proxy_score_fp4");
+    ProxyScoreArgs a;
+    a.q = ref(q_fp4, "q_fp4");
+    a.k = ref(k_fp4, "k_fp4");
+    a.q_scale = ref(q_scale, "q_scale");
+    a.k_scale = ref(k_scale, "k_scale");
+    a.q_global_scale = q_global_scale;
+    a.k_global_scale = k_global_scale;
+    a.cu_seqlens_q = ref(cu_seqlens_q, "cu_seqlens_q");
+    a.cu_seqlens_k = ref(cu_seqlens_k, "cu_seqlens_k");
+    a.page_table = ref(page_table, "page_table");
+    a.seqused_k = ref(seqused_k, "seqused_k");
+    a.causal = causal;
+    a.max_seqlen_q = max_seqlen_q;
+    a.max_k_tiles = max_k_tiles;
+    a.output = ref(output, "output");
+    a.reduce_heads = reduce_heads;
+    a.q_offset = q_offset_arg(ref, q_offset_value, q_offset);
+    const ProxyScoreParams p = make_proxy_score_fp4_params(a);
+    DeviceScope scope(tensor_device(q_fp4));
+    run_proxy_score(p, tensor_device(q_fp4), scope.stream());
+  });
+}
+
 // ---- msa_topk_select ---------------------------------------------------------------------------
 
 void topk_select(const at::Tensor& max_score, int64_t topk,
@@ -404,6 +436,11 @@ TORCH_LIBRARY(flashmsa, m) {
       "Tensor? page_table, Tensor? seqused_k, bool causal, int? max_seqlen_q, int max_k_tiles, "
       "int? q_offset_value, Tensor? q_offset, bool reduce_heads, Tensor(a!) output) -> ()");
   m.def(
+      "proxy_score_fp4(Tensor q_fp4, Tensor k_fp4, Tensor q_scale, Tensor k_scale, "
+      "float q_global_scale, float k_global_scale, Tensor cu_seqlens_q, Tensor? cu_seqlens_k, "
+      "Tensor? page_table, Tensor? seqused_k, bool causal, int? max_seqlen_q, int max_k_tiles, "
+      "int? q_offset_value, Tensor? q_offset, bool reduce_heads, Tensor(a!) output) -> ()");
+  m.def(
       "topk_select(Tensor max_score, int topk, int? num_valid_pages_value, "
       "Tensor? num_valid_pages, int force_begin_blocks, int force_end_blocks, "
       "Tensor(a!) output) -> ()");
@@ -434,6 +471,7 @@ TORCH_LIBRARY(flashmsa, m) {
 // tensors get the core's clear NotImplementedError instead of a dispatcher error.
 #define MSA_REGISTER_IMPLS(m)                                             \
   m.impl("proxy_score", &flashmsa::torch_binding::proxy_score);           \
+  m.impl("proxy_score_fp4", &flashmsa::torch_binding::proxy_score_fp4);   \
   m.impl("topk_select", &flashmsa::torch_binding::topk_select);           \
   m.impl("sparse_attention", &flashmsa::torch_binding::sparse_attention); \
   m.impl("sparse_attention_workspace_size",                               \

@@ -39,8 +39,14 @@ struct ProxyScoreArgs {
   TensorRef output;         // (Hq|1, max_k_tiles, total_q) float32, allocated by the caller
   bool reduce_heads = false;
   QOffsetArg q_offset;
+  // msa_proxy_score_fp4 only (q and k packed NVFP4 uint8, last dim 64):
+  TensorRef q_scale;                      // flat uint8 e4m3, 128x4-swizzled, row = token * Hq + head
+  TensorRef k_scale;                      // same; paged rows (page * Hkv + head) * 128 + token
+  std::optional<double> q_global_scale;   // dequant multipliers (1 / global scale)
+  std::optional<double> k_global_scale;
 };
 ProxyScoreParams make_proxy_score_params(const ProxyScoreArgs& args);
+ProxyScoreParams make_proxy_score_fp4_params(const ProxyScoreArgs& args);
 void run_proxy_score(const ProxyScoreParams& p, int device, cudaStream_t stream);
 
 struct TopkSelectArgs {

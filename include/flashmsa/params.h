@@ -67,6 +67,8 @@ struct QIndex {
 
 // ---------------------------------------------------------------------------------------------
 // Stage 1: out[h, t, r] = max over visible keys j of block t of dot(q[r, h], k[j, h / G]), unscaled.
+// The NVFP4 variant (msa_proxy_score_fp4, q and k both NVFP4) scores
+// logit_scale * dot(dequant(q), dequant(k)) with logit_scale = q_global_scale * k_global_scale.
 struct ProxyScoreParams {
   int batch;              // B
   int total_q;            // rows of q
@@ -75,11 +77,13 @@ struct ProxyScoreParams {
   int max_k_tiles;        // P: block columns of out
   bool causal;
   bool reduce_heads;      // out has one head row: the max over heads
-  const void* q;          // [total_q, Hq, 128]
-  DType q_dtype;          // bf16 / fp16 / fp8 (fp8 only with fp8 k)
-  int64_t q_stride_token;
+  const void* q;          // [total_q, Hq, 128] (NVFP4: [total_q, Hq, 64] bytes)
+  DType q_dtype;          // bf16 / fp16 / fp8 (fp8 only with fp8 k) / NVFP4 (only with NVFP4 k)
+  int64_t q_stride_token; // elements (bytes for NVFP4)
   int64_t q_stride_head;  // last dim contiguous
-  KVTensor k;             // bf16 / fp16 (== q_dtype) or fp8
+  const uint8_t* q_scale; // NVFP4 q: e4m3 block scales, 128x4-swizzled, row = token * Hq + head
+  KVTensor k;             // bf16 / fp16 (== q_dtype), fp8, or NVFP4 (with its scales, KVTensor.scale)
+  float logit_scale;      // NVFP4: q_global_scale * k_global_scale; 1 otherwise
   KVIndex kv;
   QIndex qi;
   QOffset q_offset;

@@ -1,7 +1,7 @@
 """Loads the native extension ``flashmsa._C`` and registers fake implementations of its ops.
 
-Importing ``_C`` registers ``torch.ops.flashmsa.{proxy_score, topk_select, sparse_attention,
-sparse_decode}`` (and the two workspace-size queries). Every op writes into caller-allocated
+Importing ``_C`` registers ``torch.ops.flashmsa.{proxy_score, proxy_score_fp4, topk_select,
+sparse_attention, sparse_decode}`` (and the two workspace-size queries). Every op writes into caller-allocated
 outputs passed as mutable arguments and returns nothing, so its fake (meta) implementation has
 nothing to compute: ``torch.compile`` traces the Python wrappers in :mod:`flashmsa.msa_ops`, whose
 ``torch.empty`` calls give the outputs their shapes.
@@ -28,6 +28,13 @@ def built_with_cuda() -> bool:
 @torch.library.register_fake("flashmsa::proxy_score")
 def _proxy_score_fake(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
                       max_seqlen_q, max_k_tiles, q_offset_value, q_offset, reduce_heads, output):
+    return None
+
+
+@torch.library.register_fake("flashmsa::proxy_score_fp4")
+def _proxy_score_fp4_fake(q_fp4, k_fp4, q_scale, k_scale, q_global_scale, k_global_scale,
+                          cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal, max_seqlen_q,
+                          max_k_tiles, q_offset_value, q_offset, reduce_heads, output):
     return None
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "MSASparseAttentionWorkspace",
     "SUPPORTS_PACKED_KV",
     "msa_proxy_score",
+    "msa_proxy_score_fp4",
     "msa_sparse_attention",
     "msa_sparse_decode_attention",
     "msa_topk_select",
@@ -251,10 +252,22 @@ def msa_proxy_score(
     page_table = _index_tensor("page_table", page_table)
     seqused_k = _index_tensor("seqused_k", seqused_k)
     output = _tensor_or_none("output", output)
+    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+    max_seqlen_q, max_k_tiles, output = _proxy_dims(
+        "msa_proxy_score", q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q,
+        max_k_tiles, output, reduce_heads)
+    _ops.proxy_score(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal),
+                     max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
+                     bool(reduce_heads), output)
+    return output
+
+
+def _proxy_dims(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q,
+                max_k_tiles, output, reduce_heads):
+    """(max_seqlen_q, max_k_tiles, output) of a proxy call: given values, else derived on the host
+    from cu_seqlens / seqused_k as FlashInfer does; the output allocated when not given."""
     max_seqlen_q = _int_arg("max_seqlen_q", max_seqlen_q, optional=True)
     max_k_tiles = _int_arg("max_k_tiles", max_k_tiles, optional=True)
-    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
-
     if max_k_tiles is None and output is not None and output.dim() >= 2:
         max_k_tiles = int(output.shape[1])
     if max_seqlen_q is None or max_k_tiles is None:
@@ -262,7 +275,7 @@ def msa_proxy_score(
         # break) a CUDA-graph capture.
         if _capturing(q):
             raise ValueError(
-                "msa_proxy_score needs max_seqlen_q and max_k_tiles during CUDA graph capture "
+                f"{op} needs max_seqlen_q and max_k_tiles during CUDA graph capture "
                 "(deriving them from cu_seqlens would sync the stream); pass both (computed once "
                 "at plan time) or pre-allocate `output`")
         total_q = q.shape[0] if q.dim() == 3 else -1
@@ -286,9 +299,77 @@ def msa_proxy_score(
         output = _testing.empty(
             (1 if reduce_heads else num_heads, max(max_k_tiles, 0), total_q), torch.float32,
             q.device)
-    _ops.proxy_score(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal),
-                     max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
-                     bool(reduce_heads), output)
+    return max_seqlen_q, max_k_tiles, output
+
+
+def msa_proxy_score_fp4(
+    q_fp4: torch.Tensor,
+    k_fp4: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_scale: torch.Tensor,
+    q_global_scale: float,
+    k_global_scale: float,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    *,
+    page_table: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    causal: bool = True,
+    max_seqlen_q: Optional[int] = None,
+    max_k_tiles: Optional[int] = None,
+    output: Optional[torch.Tensor] = None,
+    reduce_heads: bool = False,
+    q_offset=None,
+) -> torch.Tensor:
+    """MSA stage 1 on an NVFP4 indexer: :func:`msa_proxy_score` of the dequantized q and k, every
+    logit multiplied by ``q_global_scale * k_global_scale`` before the block max.
+
+    ``out[h, t, r] = max_{j in block t, visible} q_gs * k_gs * dot(deq(q[r, h]), deq(k[j, h // G]))``
+    with ``deq(x) = e2m1(x) * e4m3(block scale)`` (exact), ``-inf`` where block ``t`` has no visible
+    key. CPU tensors run the exact reference; there is no CUDA kernel yet (CUDA tensors raise
+    ``NotImplementedError``; dequantize to bf16 and call :func:`msa_proxy_score` meanwhile).
+
+    Parameters
+    ----------
+    q_fp4 : torch.Tensor
+        ``(total_q, Hq, 64)`` uint8, packed e2m1 (low nibble = even element).
+    k_fp4 : torch.Tensor
+        Flat ``(total_k, Hkv, 64)`` with ``cu_seqlens_k``, or paged ``(num_pages, Hkv, 128, 64)``
+        with ``page_table`` + ``seqused_k``; uint8 packed e2m1. ``Hq % Hkv == 0``.
+    q_scale, k_scale : torch.Tensor
+        Flat uint8 e4m3 block scales (one per 16 values) in the 128x4 swizzled layout, row
+        ``token * num_heads + head`` (paged k: ``(page * Hkv + kv_head) * 128 + token_in_page``),
+        as ``flashinfer.nvfp4_quantize(..., sf_vec_size=16)`` writes them.
+    q_global_scale, k_global_scale : float
+        Dequantization multipliers (``1 / global_scale``).
+    cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal, max_seqlen_q, max_k_tiles, output, \
+reduce_heads, q_offset
+        As in :func:`msa_proxy_score`.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``(Hq | 1, max_k_tiles, total_q)``, ready for :func:`msa_topk_select`.
+    """
+    q_fp4 = _tensor("q_fp4", q_fp4)
+    k_fp4 = _tensor("k_fp4", k_fp4)
+    q_scale = _tensor("q_scale", q_scale)
+    k_scale = _tensor("k_scale", k_scale)
+    q_global_scale = _float_arg("q_global_scale", q_global_scale, optional=False)
+    k_global_scale = _float_arg("k_global_scale", k_global_scale, optional=False)
+    cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
+    cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
+    page_table = _index_tensor("page_table", page_table)
+    seqused_k = _index_tensor("seqused_k", seqused_k)
+    output = _tensor_or_none("output", output)
+    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+    max_seqlen_q, max_k_tiles, output = _proxy_dims(
+        "msa_proxy_score_fp4", q_fp4, k_fp4, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
+        max_seqlen_q, max_k_tiles, output, reduce_heads)
+    _ops.proxy_score_fp4(q_fp4, k_fp4, q_scale.reshape(-1), k_scale.reshape(-1), q_global_scale,
+                         k_global_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
+                         bool(causal), max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
+                         bool(reduce_heads), output)
     return output
 
 

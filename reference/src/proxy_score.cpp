@@ -7,6 +7,9 @@
 //     input gives the same bits as its dequantized bf16 copy, and paged == flat.
 //   * dot = 8 partial sums, lane l accumulating dims d = l, l+8, ..., l+120 in increasing d with
 //     separate multiply and add (no FMA), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+//   * NVFP4 (msa_proxy_score_fp4): q and k dequantized exactly (e2m1 * e4m3 scale, in fp32), the
+//     same dot, then each dot times logit_scale = q_global_scale * k_global_scale (one fp32
+//     multiply) before the block max.
 //   * The block max and the head max (reduce_heads) propagate NaN like torch.amax; a NaN result
 //     is stored as the canonical CUDA NaN 0x7FFFFFFF (positive, so top-k ranks it first).
 //     Accumulators start at +0, so a zero dot is +0 and the max needs no signed-zero rule.
@@ -32,9 +35,16 @@ constexpr int kGroup = 4;         // query vectors sharing one pass over K (inde
 
 float canonical_nan() { return bits_to_float(0x7FFFFFFFu); }
 
-// dst[0:128] = src[0:128] as fp32; exact for every supported dtype.
-void load_row(const void* base, DType dtype, int64_t offset, float* dst) {
+// dst[0:128] = src[0:128] as fp32; exact for every supported dtype (NVFP4: offset in bytes, the
+// row's block scales at `scale_row` of `scales`; e2m1 * e4m3 is exact in fp32).
+void load_row(const void* base, DType dtype, int64_t offset, float* dst, const uint8_t* scales = nullptr,
+              int64_t scale_row = 0) {
   switch (dtype) {
+    case DType::kNVFP4: {
+      const uint8_t* src = static_cast<const uint8_t*>(base) + offset;
+      for (int d = 0; d < kHeadDim; ++d) dst[d] = nvfp4_value(src, scales, scale_row, d);
+      return;
+    }
     case DType::kBF16: {
       const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
       for (int d = 0; d < kHeadDim; ++d) dst[d] = bf16_bits_to_float(src[d]);
@@ -157,6 +167,7 @@ void run_item(const ProxyScoreParams& p, const std::vector<int>& owner, const It
   const int scored_keys =
       int(std::min<int64_t>(int64_t(num_blocks(seqlen_k)), p.max_k_tiles) * kBlockSize);
   const int group_size = p.num_heads / p.num_kv_heads;
+  const bool fp4 = p.q_dtype == DType::kNVFP4;
   const int64_t total_q = p.total_q;
   const int64_t out_head_stride = int64_t(p.max_k_tiles) * total_q;
 
@@ -179,7 +190,8 @@ void run_item(const ProxyScoreParams& p, const std::vector<int>& owner, const It
       if (!sc.valid[t]) continue;
       for (int j = t * kBlockSize; j < j_end; ++j)
         load_row(p.k.data, p.k.dtype, kv_offset(p.k, p.kv, b, kh, j),
-                 sc.kf.data() + int64_t(j) * kHeadDim);
+                 sc.kf.data() + int64_t(j) * kHeadDim, p.k.scale,
+                 p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j) : 0);
     }
 
     QueryVec group[kGroup];
@@ -191,6 +203,10 @@ void run_item(const ProxyScoreParams& p, const std::vector<int>& owner, const It
         if (!sc.valid[t]) continue;
         const int n = std::min(kBlockSize, group_limit - t * kBlockSize);
         dot_group(sc.q.data(), sc.kf.data() + int64_t(t) * kBlockSize * kHeadDim, n, sc.s.data());
+        if (fp4) {
+          for (int g = 0; g < n_group; ++g)
+            for (int jj = 0; jj < n; ++jj) sc.s[size_t(g) * kBlockSize + jj] *= p.logit_scale;
+        }
         for (int g = 0; g < n_group; ++g) {
           const int visible = std::min(n, group[g].limit - t * kBlockSize);
           if (visible <= 0) continue;
@@ -213,7 +229,7 @@ void run_item(const ProxyScoreParams& p, const std::vector<int>& owner, const It
       if (limit == 0) continue;
       for (int h = kh * group_size; h < (kh + 1) * group_size; ++h) {
         load_row(p.q, p.q_dtype, int64_t(r) * p.q_stride_token + int64_t(h) * p.q_stride_head,
-                 sc.q.data() + n_group * kHeadDim);
+                 sc.q.data() + n_group * kHeadDim, p.q_scale, int64_t(r) * p.num_heads + h);
         group[n_group++] = {r, h, limit};
         if (n_group == kGroup) flush();
       }
@@ -230,8 +246,10 @@ void proxy_score(const ProxyScoreParams& p) {
             p.num_kv_heads, ")");
   MSA_CHECK(p.max_k_tiles >= 0 && p.total_q >= 0 && p.batch >= 0,
             "proxy_score: negative max_k_tiles / total_q / batch");
-  MSA_CHECK_SUPPORTED(p.q_dtype != DType::kNVFP4 && p.k.dtype != DType::kNVFP4,
-                      "proxy_score: NVFP4 operands take the fp4 proxy path");
+  MSA_CHECK((p.q_dtype == DType::kNVFP4) == (p.k.dtype == DType::kNVFP4),
+            "proxy_score: NVFP4 q and k go together (msa_proxy_score_fp4)");
+  MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
+            "proxy_score: NVFP4 q / k need their block scales");
 
   // Padding columns, blocks without visible keys and rows of no sequence stay -inf.
   const int out_heads = p.reduce_heads ? 1 : p.num_heads;

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "flashmsa/numeric.h"
 #include "flashmsa/params.h"
 #include "flashmsa/reference/reference.h"
 #include "test_util.h"
@@ -683,6 +684,92 @@ TEST(ProxyScoreHost, QOffsetOverrideMasksFromTheRightBlock) {
   std::vector<int> rows;
   for (int r = 0; r < in.total_q; r += 37) rows.push_back(r);
   EXPECT_EQ(compare_rows(in, got, rows, "q_offset override"), 0);
+}
+
+// msa_proxy_score_fp4: NVFP4 q and k (random codes and e4m3 block scales, 128x4-swizzled) give,
+// with logit_scale 1, the bf16 result of their dequantized values bit for bit (e2m1 * e4m3 is a
+// bf16 value), which also matches the fp64 oracle; a logit_scale multiplies every logit before
+// the block max (for a positive scale: the unit result times the scale, bit for bit).
+struct Fp4Tensor {
+  std::vector<uint8_t> data;    // [rows, 64]
+  std::vector<uint8_t> scales;  // nvfp4_scale_bytes(rows)
+};
+
+Fp4Tensor random_fp4(int64_t rows, std::mt19937_64& rng) {
+  Fp4Tensor t;
+  t.data.resize(size_t(rows) * 64);
+  for (auto& b : t.data) b = uint8_t(rng());
+  t.scales.assign(size_t(nvfp4_scale_bytes(rows)), 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < 8; ++c) t.scales[size_t(nvfp4_scale_offset(r, c))] = uint8_t(0x28 + rng() % 0x20);
+  return t;
+}
+
+// Writes the dequantized values of t into the bf16 tensor dst ([rows, 128] elements) and values.
+void dequantize_into(const Fp4Tensor& t, int64_t rows, HostTensor& dst, std::vector<double>& values) {
+  values.clear();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int d = 0; d < kD; ++d) {
+      const float v = nvfp4_value(t.data.data() + r * 64, t.scales.data(), r, d);
+      dst.set(r * kD + d, v);
+      ASSERT_EQ(float(dst.get(r * kD + d)), v) << "dequantized value not exact in bf16";
+      values.push_back(v);
+    }
+}
+
+TEST(ProxyScoreHost, Fp4EqualsDequantizedBf16) {
+  std::vector<ProxyCase> cases(3);
+  cases[0].name = "fp4_gqa2";
+  cases[0].seqs_q = {100, 37};
+  cases[0].seqs_k = {700, 300};
+  cases[0].hq = 4;
+  cases[0].hkv = 2;
+  cases[1].name = "fp4_reduce_noncausal";
+  cases[1].seqs_q = {40};
+  cases[1].seqs_k = {1000};
+  cases[1].hq = 8;
+  cases[1].hkv = 2;
+  cases[1].causal = false;
+  cases[1].reduce_heads = true;
+  cases[2].name = "fp4_q_offset";
+  cases[2].seqs_q = {16, 16};
+  cases[2].seqs_k = {512, 300};
+  cases[2].hq = 2;
+  cases[2].offset_mode = QOffsetMode::kPerSequence;
+  cases[2].offsets = {-5, 400};
+  uint64_t seed = 31;
+  for (const ProxyCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    ProxyInstance in = make_instance(c, seed++);
+    std::mt19937_64 rng(seed);
+    const int64_t q_rows = int64_t(in.total_q) * c.hq, k_rows = int64_t(in.total_k) * c.hkv;
+    const Fp4Tensor q4 = random_fp4(q_rows, rng), k4 = random_fp4(k_rows, rng);
+    dequantize_into(q4, q_rows, in.q, in.q_values);
+    dequantize_into(k4, k_rows, in.k_flat, in.k_values);
+    const std::vector<float> bf16 = run_reference(in, in.q, in.k_flat, false);
+    EXPECT_EQ(compare_all(in, bf16, "dequantized bf16 vs oracle"), 0);
+
+    for (const float logit_scale : {1.0f, 0.75f}) {
+      std::vector<float> got;
+      ProxyScoreParams p = make_params(in, in.q, in.k_flat, false, got);
+      p.q = q4.data.data();
+      p.q_dtype = DType::kNVFP4;
+      p.q_stride_head = 64;
+      p.q_stride_token = int64_t(c.hq) * 64;
+      p.q_scale = q4.scales.data();
+      p.k.data = k4.data.data();
+      p.k.dtype = DType::kNVFP4;
+      p.k.stride_head = 64;
+      p.k.stride_token = int64_t(c.hkv) * 64;
+      p.k.scale = k4.scales.data();
+      p.k.scale_bytes = int64_t(k4.scales.size());
+      p.logit_scale = logit_scale;
+      reference::proxy_score(p);
+      std::vector<float> want = bf16;
+      for (float& v : want) v *= logit_scale;
+      EXPECT_TRUE(bit_equal(got, want)) << "logit_scale " << logit_scale;
+    }
+  }
 }
 
 // The block max runs after the per-key mask: a NaN key that is masked (above the causal limit,

@@ -39,6 +39,12 @@ def _opcheck_cases():
         torch.tensor([5, -2], dtype=torch.int32), False, torch.empty(4, 3, 20))
     yield "proxy_score_reduce", ops.proxy_score.default, (
         q, k, cu_q, cu_k, None, None, False, 12, 3, 7, None, True, torch.empty(1, 3, 20))
+    from flashmsa.testing import quantize_nvfp4
+    q4, qs, qg = quantize_nvfp4(q)
+    k4, ks, kg = quantize_nvfp4(k)
+    yield "proxy_score_fp4", ops.proxy_score_fp4.default, (
+        q4, k4, qs, ks, qg, kg, cu_q, cu_k, None, None, True, 12, 3, None, None, False,
+        torch.empty(4, 3, 20))
     score = torch.randn(2, 40, 9)
     yield "topk_select", ops.topk_select.default, (
         score, 16, None, None, 1, 1, torch.empty(9, 2, 16, dtype=torch.int32))

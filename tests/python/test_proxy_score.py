@@ -138,3 +138,106 @@ def test_proxy_score_output_and_dims(device):
     assert got is output
     assert torch.equal(output[:, :11], derived)
     assert bool((output[:, 11:] == float("-inf")).all())
+
+
+# ---- msa_proxy_score_fp4 (NVFP4 indexer; CPU reference only) --------------------------------------
+
+def fp4_inputs(case: ProxyCase, q_gsf: float = 1.0, k_gsf: float = 1.0):
+    """Packed NVFP4 q / k of a CPU case (global quantisation scales q_gsf / k_gsf) and the bf16
+    tensors of their exactly dequantized values (e2m1 * e4m3 is a bf16 value), plus the rest of
+    the call."""
+    from flashmsa.testing import dequantize_nvfp4, quantize_nvfp4
+    args, kwargs, *_ = make_inputs(dataclasses.replace(case, q_dtype=torch.bfloat16, k_dtype=None),
+                                   "cpu")
+    q, k = args[0], args[1]
+    q_fp4, q_scale, q_gs = quantize_nvfp4(q, 1.0 / q_gsf)
+    k_fp4, k_scale, k_gs = quantize_nvfp4(k, 1.0 / k_gsf)
+    q_deq = dequantize_nvfp4(q_fp4, q_scale).to(torch.bfloat16)
+    k_deq = dequantize_nvfp4(k_fp4, k_scale).to(torch.bfloat16)
+    assert torch.equal(q_deq.float(), dequantize_nvfp4(q_fp4, q_scale)), "dequant not exact in bf16"
+    rest = list(args[2:])
+    return (q_fp4, k_fp4, q_scale, k_scale, q_gs, k_gs), rest, kwargs, (q_deq, k_deq)
+
+
+FP4_CASES = [
+    ProxyCase("fp4_flat_gqa2", [100, 37], [2048, 700], 4, 2),
+    ProxyCase("fp4_paged", [1, 33, 7], [300, 1111, 256], 2, 1, paged=True),
+    ProxyCase("fp4_noncausal_q_offset", [16, 16], [512, 512], 2, 2, causal=False,
+              q_offset=[-5, 400]),
+    ProxyCase("fp4_reduce_heads", [50], [1000], 8, 2, reduce_heads=True),
+    ProxyCase("fp4_decode_paged", [1, 1, 1], [4096, 129, 700], 4, 1, paged=True),
+]
+
+
+@pytest.mark.parametrize("case", FP4_CASES, ids=str)
+def test_proxy_score_fp4_equals_proxy_of_dequantized(case):
+    """With unit global scales the fp4 op is msa_proxy_score of the dequantized tensors, bit for
+    bit; with global scales every logit is multiplied by q_gs * k_gs before the block max (for a
+    positive product: the unit-scale result times the product, bit for bit)."""
+    fp4_args, rest, kwargs, (q_deq, k_deq) = fp4_inputs(case)
+    got = msa_ops.msa_proxy_score_fp4(*fp4_args, *rest, **kwargs)
+    want = msa_ops.msa_proxy_score(q_deq, k_deq, *rest, **kwargs)
+    assert torch.equal(got, want)
+    assert bool(torch.isfinite(got).any())
+
+    fp4_args, rest, kwargs, (q_deq, k_deq) = fp4_inputs(case, q_gsf=0.37, k_gsf=2.5)
+    q_gs, k_gs = fp4_args[4], fp4_args[5]
+    got = msa_ops.msa_proxy_score_fp4(*fp4_args, *rest, **kwargs)
+    unit = msa_ops.msa_proxy_score(q_deq, k_deq, *rest, **kwargs)
+    product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
+    assert torch.equal(got, unit * product)
+    # A negative product flips which key wins: the block max of the scaled logits, i.e. the
+    # proxy of -q (negation is exact) times |product|.
+    neg = msa_ops.msa_proxy_score_fp4(*fp4_args[:4], -q_gs, k_gs, *rest, **kwargs)
+    flipped = msa_ops.msa_proxy_score(-q_deq, k_deq, *rest, **kwargs)
+    assert torch.equal(neg, flipped * product)
+
+
+def test_proxy_score_fp4_against_float64_reference():
+    case = ProxyCase("p", [40, 9], [900, 300], 4, 2, q_offset=[100, -3])
+    fp4_args, rest, kwargs, (q_deq, k_deq) = fp4_inputs(case, q_gsf=0.5, k_gsf=3.0)
+    got = msa_ops.msa_proxy_score_fp4(*fp4_args, *rest, **kwargs)
+    keys = ref.sequences(k_deq, cu_seqlens_k=rest[1])
+    scale = fp4_args[4] * fp4_args[5]
+    expected = ref.proxy_score(q_deq, keys, rest[0], causal=True, max_k_tiles=8,
+                               q_offset=kwargs["q_offset"]) * scale
+    ref.assert_close(got, expected, atol=2e-3 * scale, rtol=1e-4, what="proxy fp4")
+
+
+def test_proxy_score_fp4_validation():
+    case = ProxyCase("p", [10], [300], 2, 1)
+    (q4, k4, qs, ks, qg, kg), rest, kwargs, _ = fp4_inputs(case)
+    call = msa_ops.msa_proxy_score_fp4
+    with pytest.raises(ValueError, match="q_fp4 must be uint8"):
+        call(q4.to(torch.int8), k4, qs, ks, qg, kg, *rest, **kwargs)
+    with pytest.raises(ValueError, match=r"q_fp4 must be \(total_q, num_qo_heads, 64\)"):
+        call(q4[..., :32].contiguous(), k4, qs, ks, qg, kg, *rest, **kwargs)
+    with pytest.raises(ValueError, match="k_fp4 must be uint8"):
+        call(q4, k4.view(torch.int8), qs, ks, qg, kg, *rest, **kwargs)
+    with pytest.raises(ValueError, match="q_scale must hold"):
+        call(q4, k4, qs[:100], ks, qg, kg, *rest, **kwargs)
+    with pytest.raises(ValueError, match="k_scale must be uint8"):
+        call(q4, k4, qs, ks.view(torch.int8), qg, kg, *rest, **kwargs)
+    with pytest.raises(ValueError, match="q_global_scale must be a finite"):
+        call(q4, k4, qs, ks, float("nan"), kg, *rest, **kwargs)
+    with pytest.raises(ValueError, match=r"q_global_scale \* k_global_scale must be a finite"):
+        call(q4, k4, qs, ks, 1e30, 1e30, *rest, **kwargs)
+    with pytest.raises(TypeError, match="k_global_scale must be a float"):
+        call(q4, k4, qs, ks, qg, None, *rest, **kwargs)
+    with pytest.raises(ValueError, match="num_qo_heads must be a multiple of num_kv_heads"):
+        call(q4, torch.cat([k4, k4, k4], dim=1), qs, ks, qg, kg, *rest, **kwargs)
+    # The bf16 op refuses fp4 tensors with its own message.
+    with pytest.raises(ValueError, match="q must be bf16, fp16, or fp8"):
+        msa_ops.msa_proxy_score(q4, k4, *rest, **kwargs)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_proxy_score_fp4_cuda_is_not_supported_yet():
+    """No CUDA kernel yet: a clear NotImplementedError naming the op, never garbage."""
+    case = ProxyCase("p", [10], [300], 2, 1)
+    fp4_args, rest, kwargs, _ = fp4_inputs(case)
+    cuda = lambda t: t.cuda() if isinstance(t, torch.Tensor) else t  # noqa: E731
+    with pytest.raises(NotImplementedError, match="msa_proxy_score_fp4: no CUDA kernel yet"):
+        msa_ops.msa_proxy_score_fp4(*[cuda(a) for a in fp4_args], *[cuda(a) for a in rest],
+                                    **kwargs)

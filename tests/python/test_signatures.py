@@ -1,4 +1,4 @@
-"""Signature parity with flashinfer.msa_ops (SPEC D1): the four functions take the same parameters
+"""Signature parity with flashinfer.msa_ops (SPEC D1): the functions take the same parameters
 in the same order, with the same kinds (positional-or-keyword / keyword-only) and defaults, so
 ``import flashmsa.msa_ops as msa_ops`` replaces ``flashinfer.msa_ops`` in user code. The expected
 lists are FlashInfer main's (flashinfer/msa_ops/*.py), with ``workspace=None`` appended to both
@@ -20,6 +20,14 @@ EXPECTED = {
     "msa_proxy_score": [
         ("q", P, REQUIRED), ("k", P, REQUIRED), ("cu_seqlens_q", P, REQUIRED),
         ("cu_seqlens_k", P, None),
+        ("page_table", K, None), ("seqused_k", K, None), ("causal", K, True),
+        ("max_seqlen_q", K, None), ("max_k_tiles", K, None), ("output", K, None),
+        ("reduce_heads", K, False), ("q_offset", K, None),
+    ],
+    "msa_proxy_score_fp4": [
+        ("q_fp4", P, REQUIRED), ("k_fp4", P, REQUIRED), ("q_scale", P, REQUIRED),
+        ("k_scale", P, REQUIRED), ("q_global_scale", P, REQUIRED), ("k_global_scale", P, REQUIRED),
+        ("cu_seqlens_q", P, REQUIRED), ("cu_seqlens_k", P, None),
         ("page_table", K, None), ("seqused_k", K, None), ("causal", K, True),
         ("max_seqlen_q", K, None), ("max_k_tiles", K, None), ("output", K, None),
         ("reduce_heads", K, False), ("q_offset", K, None),
@@ -65,10 +73,10 @@ def test_docstring_documents_every_parameter(name):
 
 
 def test_module_exports_flashinfer_names():
-    # flashinfer.msa_ops.__all__ (PR #4355) less msa_proxy_score_fp4, which flashmsa lacks.
+    # flashinfer.msa_ops.__all__ (PR #4355).
     expected = {"MSASparseAttentionWorkspace", "SUPPORTS_PACKED_KV", "msa_proxy_score",
-                "msa_sparse_attention", "msa_sparse_decode_attention", "msa_topk_select",
-                "supports_packed_kv"}
+                "msa_proxy_score_fp4", "msa_sparse_attention", "msa_sparse_decode_attention",
+                "msa_topk_select", "supports_packed_kv"}
     assert expected <= set(msa_ops.__all__)
     for name in expected:
         assert hasattr(msa_ops, name)
