@@ -145,6 +145,38 @@ std::optional<at::Tensor> provide_workspace(const char* op, SparseAttnParams& at
 
 // ---- msa_proxy_score ---------------------------------------------------------------------------
 
+// The arguments both proxy ops share, after q and k.
+struct ProxyCommon {
+  const at::Tensor& cu_seqlens_q;
+  const OptTensor& cu_seqlens_k;
+  const OptTensor& page_table;
+  const OptTensor& seqused_k;
+  bool causal;
+  std::optional<int64_t> max_seqlen_q;
+  int64_t max_k_tiles;
+  std::optional<int64_t> q_offset_value;
+  const OptTensor& q_offset;
+  bool reduce_heads;
+  const at::Tensor& output;
+};
+
+// Fills a, validates (fp4: the msa_proxy_score_fp4 rules) and runs on q's device.
+void run_proxy(const Describe& ref, ProxyScoreArgs& a, const at::Tensor& q, const ProxyCommon& c, bool fp4) {
+  a.cu_seqlens_q = ref(c.cu_seqlens_q, "cu_seqlens_q");
+  a.cu_seqlens_k = ref(c.cu_seqlens_k, "cu_seqlens_k");
+  a.page_table = ref(c.page_table, "page_table");
+  a.seqused_k = ref(c.seqused_k, "seqused_k");
+  a.causal = c.causal;
+  a.max_seqlen_q = c.max_seqlen_q;
+  a.max_k_tiles = c.max_k_tiles;
+  a.output = ref(c.output, "output");
+  a.reduce_heads = c.reduce_heads;
+  a.q_offset = q_offset_arg(ref, c.q_offset_value, c.q_offset);
+  const ProxyScoreParams p = fp4 ? make_proxy_score_fp4_params(a) : make_proxy_score_params(a);
+  DeviceScope scope(tensor_device(q));
+  run_proxy_score(p, tensor_device(q), scope.stream());
+}
+
 void proxy_score(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens_q,
                  const OptTensor& cu_seqlens_k, const OptTensor& page_table,
                  const OptTensor& seqused_k, bool causal, std::optional<int64_t> max_seqlen_q,
@@ -155,19 +187,10 @@ void proxy_score(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_
     ProxyScoreArgs a;
     a.q = ref(q, "q");
     a.k = ref(k, "k");
-    a.cu_seqlens_q = ref(cu_seqlens_q, "cu_seqlens_q");
-    a.cu_seqlens_k = ref(cu_seqlens_k, "cu_seqlens_k");
-    a.page_table = ref(page_table, "page_table");
-    a.seqused_k = ref(seqused_k, "seqused_k");
-    a.causal = causal;
-    a.max_seqlen_q = max_seqlen_q;
-    a.max_k_tiles = max_k_tiles;
-    a.output = ref(output, "output");
-    a.reduce_heads = reduce_heads;
-    a.q_offset = q_offset_arg(ref, q_offset_value, q_offset);
-    const ProxyScoreParams p = make_proxy_score_params(a);
-    DeviceScope scope(tensor_device(q));
-    run_proxy_score(p, tensor_device(q), scope.stream());
+    run_proxy(ref, a, q,
+              {cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal, max_seqlen_q, max_k_tiles,
+               q_offset_value, q_offset, reduce_heads, output},
+              /*fp4=*/false);
   });
 }
 
@@ -187,19 +210,10 @@ void proxy_score_fp4(const at::Tensor& q_fp4, const at::Tensor& k_fp4, const at:
     a.k_scale = ref(k_scale, "k_scale");
     a.q_global_scale = q_global_scale;
     a.k_global_scale = k_global_scale;
-    a.cu_seqlens_q = ref(cu_seqlens_q, "cu_seqlens_q");
-    a.cu_seqlens_k = ref(cu_seqlens_k, "cu_seqlens_k");
-    a.page_table = ref(page_table, "page_table");
-    a.seqused_k = ref(seqused_k, "seqused_k");
-    a.causal = causal;
-    a.max_seqlen_q = max_seqlen_q;
-    a.max_k_tiles = max_k_tiles;
-    a.output = ref(output, "output");
-    a.reduce_heads = reduce_heads;
-    a.q_offset = q_offset_arg(ref, q_offset_value, q_offset);
-    const ProxyScoreParams p = make_proxy_score_fp4_params(a);
-    DeviceScope scope(tensor_device(q_fp4));
-    run_proxy_score(p, tensor_device(q_fp4), scope.stream());
+    run_proxy(ref, a, q_fp4,
+              {cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal, max_seqlen_q, max_k_tiles,
+               q_offset_value, q_offset, reduce_heads, output},
+              /*fp4=*/true);
   });
 }
 
