@@ -55,4 +55,13 @@ int prepare_launch(const void* kernel, int threads, size_t smem_bytes) {
   return n;
 }
 
+int prepare_sm90a_launch(const void* kernel, int threads, size_t smem_bytes) {
+  const DeviceLimits& lim = current_device_limits();
+  if (lim.cc_major != 9 || lim.cc_minor != 0 || smem_bytes > size_t(lim.max_smem_per_block_optin)) return 0;
+  cudaFuncAttributes attr{};
+  MSA_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (attr.binaryVersion != 90) return 0;
+  return prepare_launch(kernel, threads, smem_bytes);
+}
+
 }  // namespace flashmsa::cuda

@@ -41,6 +41,16 @@ int prepare_launch(Kernel* kernel, int threads, size_t smem_bytes) {
   return prepare_launch(reinterpret_cast<const void*>(kernel), threads, smem_bytes);
 }
 
+// prepare_launch for a kernel written for sm_90a (wgmma): 0 instead of an error when the current
+// device cannot run it, i.e. it is not a 9.0 device, lacks the shared memory, or the library's
+// image of the kernel for it is not the sm_90a one (an sm_90a kernel body is a trap elsewhere).
+int prepare_sm90a_launch(const void* kernel, int threads, size_t smem_bytes);
+
+template <typename Kernel>
+int prepare_sm90a_launch(Kernel* kernel, int threads, size_t smem_bytes) {
+  return prepare_sm90a_launch(reinterpret_cast<const void*>(kernel), threads, smem_bytes);
+}
+
 }  // namespace flashmsa::cuda
 
 // Checks the launch that just happened (configuration errors surface here; asynchronous faults

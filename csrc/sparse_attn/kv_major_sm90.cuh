@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const uint32_t my_q_addr = smem_addr(my_q);
   const Elem* q = static_cast<const Elem*>(p.q);
   const float temp = p.lse_temperature;
-  if (tid == 0 && (smem_addr(smem) & 1023u) != 0) __trap();
+  check_smem_base(smem);
 
   while (true) {
     if (tid == 0) {
@@ -266,18 +266,11 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
 #endif
 }
 
-// CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it: not an sm_90
-// device, or the library's image for it is not the sm_90a one (wgmma needs the "a" target).
+// CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it.
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm() {
-  const flashmsa::cuda::DeviceLimits& lim = flashmsa::cuda::current_device_limits();
-  constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
-  if (lim.cc_major != 9 || lim.cc_minor != 0 || smem > lim.max_smem_per_block_optin) return 0;
-  cudaFuncAttributes attr{};
-  MSA_CUDA_CHECK(cudaFuncGetAttributes(&attr, kv_major_sm90_kernel<Elem, kKv>));
-  if (attr.binaryVersion != 90) return 0;
-  return flashmsa::cuda::prepare_launch(kv_major_sm90_kernel<Elem, kKv>, KvMajorSm90Config<kKv>::kThreads,
-                                        size_t(smem));
+  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv>, KvMajorSm90Config<kKv>::kThreads,
+                                              size_t(KvMajorSm90Config<kKv>::kSmemBytes));
 }
 
 template <typename Elem, KvKind kKv>

@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
   const uint32_t my_q_addr = smem_addr(my_q);
   const Elem* q = static_cast<const Elem*>(p.q);
   const float sc = a.scale_log2, temp = p.lse_temperature;
-  if (tid == 0 && (smem_addr(smem) & 1023u) != 0) __trap();
+  check_smem_base(smem);
   // This thread's two fragment rows of the tile: token and head.
   int row_tok[2], row_head[2];
 #pragma unroll
@@ -235,16 +235,11 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
 #endif
 }
 
-// CTAs per SM of the union kernel, 0 where it cannot run (see kv_major_sm90_ctas_per_sm).
+// CTAs per SM of the union kernel, 0 where this device cannot run it.
 template <typename Elem>
 int union_sm90_ctas_per_sm() {
-  const flashmsa::cuda::DeviceLimits& lim = flashmsa::cuda::current_device_limits();
-  constexpr int smem = UnionSm90Config::kSmemBytes;
-  if (lim.cc_major != 9 || lim.cc_minor != 0 || smem > lim.max_smem_per_block_optin) return 0;
-  cudaFuncAttributes attr{};
-  MSA_CUDA_CHECK(cudaFuncGetAttributes(&attr, union_sm90_kernel<Elem>));
-  if (attr.binaryVersion != 90) return 0;
-  return flashmsa::cuda::prepare_launch(union_sm90_kernel<Elem>, UnionSm90Config::kThreads, size_t(smem));
+  return flashmsa::cuda::prepare_sm90a_launch(union_sm90_kernel<Elem>, UnionSm90Config::kThreads,
+                                              size_t(UnionSm90Config::kSmemBytes));
 }
 
 template <typename Elem>
