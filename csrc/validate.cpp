@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "flashmsa/api.h"
@@ -31,12 +30,15 @@ constexpr int64_t kIntMin = std::numeric_limits<int>::min();
 
 // ---- formatting ------------------------------------------------------------------------------
 
+// No iostreams in the library (see flashmsa/error.h): numbers through std::to_string.
 std::string dims_str(const int64_t* v, int n) {
-  std::ostringstream os;
-  os << '(';
-  for (int d = 0; d < n; ++d) os << (d ? ", " : "") << v[d];
-  os << (n == 1 ? ",)" : ")");
-  return os.str();
+  std::string s = "(";
+  for (int d = 0; d < n; ++d) {
+    if (d) s += ", ";
+    s += std::to_string(v[d]);
+  }
+  s += n == 1 ? ",)" : ")";
+  return s;
 }
 
 std::string shape_str(const TensorRef& t) {

@@ -124,6 +124,14 @@ out = msa_ops.msa_topk_select(s, 16)
 torch.cuda.synchronize()
 assert out.is_cuda and out.shape == (64, 4, 16), out.shape
 print("flashmsa CUDA kernels: ok")
+# A rejected call must raise (an iostream-formatted message once crashed the module instead).
+try:
+    msa_ops.msa_topk_select(s, 16, num_valid_pages=1000)
+except ValueError as e:
+    assert "num_valid_pages" in str(e) and "1000" in str(e), e
+else:
+    raise AssertionError("msa_topk_select(num_valid_pages=1000) did not raise")
+print("flashmsa errors: ok")
 EOF
     rc=$?
   fi

@@ -3,9 +3,11 @@
 // unsupported combination; RuntimeError for CUDA failures).
 #pragma once
 
-#include <sstream>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 namespace flashmsa {
 
@@ -21,11 +23,34 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+// Message pieces are appended without iostreams. With std::ostringstream in host code compiled by
+// nvcc, the torch extension built on the H200 machine carried its own instantiations of the iostream
+// templates (thousands of exported std:: symbols, no libstdc++.so.6 dependency) and the first error
+// message holding a number segfaulted inside num_put instead of raising. Numbers now go through
+// std::to_string / snprintf; the text is what operator<< would print (integers in decimal, floating
+// point as %g, bool as 1 / 0).
+inline void append_piece(std::string& s, std::string_view v) { s.append(v.data(), v.size()); }
+inline void append_piece(std::string& s, const char* v) { s += v != nullptr ? v : "(null)"; }
+inline void append_piece(std::string& s, char v) { s += v; }
+inline void append_piece(std::string& s, bool v) { s += v ? '1' : '0'; }
+template <typename T>
+  requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char>)
+void append_piece(std::string& s, T v) {
+  s += std::to_string(v);
+}
+template <typename T>
+  requires std::is_floating_point_v<T>
+void append_piece(std::string& s, T v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+  s += buf;
+}
+
 template <typename... Args>
 [[noreturn]] void throw_error(ErrorKind kind, const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  throw Error(kind, os.str());
+  std::string msg;
+  (append_piece(msg, args), ...);
+  throw Error(kind, msg);
 }
 }  // namespace detail
 

@@ -1022,5 +1022,27 @@ TEST_P(DecodeRejectTest, Throws) {
 INSTANTIATE_TEST_SUITE_P(ValidationDecode, DecodeRejectTest, ::testing::ValuesIn(kDecodeRejects),
                          case_name<DecodeSetup>);
 
+// ---- error messages ----------------------------------------------------------------------------
+
+// throw_error's text for every kind of piece the checks pass (what operator<< would print).
+TEST(ErrorMessage, FormatsEveryPieceKind) {
+  const std::string name = "q";
+  try {
+    MSA_CHECK(false, name, " ", std::string_view("view"), " ", int(-3), " ", int64_t(1) << 40, " ",
+              size_t(197792), " ", uint32_t(4000000000u), " ", 0.07, " ", 1e-9f, " ", true, " ",
+              'x', " ", static_cast<const char*>(nullptr));
+    FAIL() << "MSA_CHECK(false) returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kValue);
+    EXPECT_STREQ(e.what(), "q view -3 1099511627776 197792 4000000000 0.07 1e-09 1 x (null)");
+  }
+  try {
+    MSA_CHECK_SUPPORTED(false, "kernel needs ", size_t(240000), " bytes");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotSupported);
+    EXPECT_STREQ(e.what(), "kernel needs 240000 bytes");
+  }
+}
+
 }  // namespace
 }  // namespace flashmsa::testing
