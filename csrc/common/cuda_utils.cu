@@ -2,6 +2,7 @@
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 
 #include "common/cuda_utils.h"
 
@@ -28,29 +29,32 @@ const DeviceLimits& current_device_limits() {
 }
 
 int prepare_launch(const void* kernel, int threads, size_t smem_bytes) {
+  // The shared-memory opt-in is a property of the kernel, not of a launch: it only ever grows, to
+  // the largest size any launch asked for (setting it per size would shrink it under a cached larger
+  // launch: "invalid argument" at the next launch of that size).
   static std::mutex mutex;
   static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
+  static std::map<std::pair<const void*, int>, size_t> opted_in;
   int device = -1;
   MSA_CUDA_CHECK(cudaGetDevice(&device));
   const auto key = std::make_tuple(kernel, device, threads, smem_bytes);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
   const DeviceLimits& limits = current_device_limits();
   MSA_CHECK_SUPPORTED(smem_bytes <= size_t(limits.max_smem_per_block_optin), "kernel needs ",
                       smem_bytes, " bytes of shared memory per block but this GPU allows ",
                       limits.max_smem_per_block_optin);
-  if (smem_bytes > 48 * 1024) {
+  size_t& opted = opted_in[std::make_pair(kernel, device)];
+  if (smem_bytes > 48 * 1024 && smem_bytes > opted) {
     MSA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+    opted = smem_bytes;
   }
   int n = 0;
   MSA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes));
   MSA_CHECK_SUPPORTED(n > 0, "kernel cannot be resident on this GPU (", threads, " threads, ",
                       smem_bytes, " bytes of shared memory)");
-  std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, n);
   return n;
 }

@@ -437,6 +437,18 @@ def test_topk_matches_reference(case: TopkCase):
         f"want {want[tuple(mismatch[0])].tolist()}")
 
 
+def test_topk_shared_memory_opt_in_never_shrinks():
+    """Launches of alternating shared-memory size in one process: P > 256 (two score buffers, about
+    85 KB), P <= 256 (one buffer, about 51 KB), P > 256 again. The kernel's opt-in once followed the
+    last size set, and the third launch failed with "invalid argument"."""
+    for P in (1000, 100, 1000, 257, 64, 513):
+        case = TopkCase(f"alternate_p{P}", 2, P, 40, nvp="random", fe=1, seed=P)
+        scores, nvp = make_scores(case), make_nvp(case)
+        want = run_topk(case, scores, nvp, "cpu")
+        got = run_topk(case, scores, nvp, DEV).cpu()
+        assert torch.equal(got, want), case.name
+
+
 @pytest.mark.parametrize("case", [
     TopkCase("det_single_chunk", 4, 256, 4096, nvp="random", fe=1, scores="ties"),
     TopkCase("det_multi_chunk", 2, 3000, 100, topk=64, scores="few", fb=1, fe=1),
