@@ -123,15 +123,10 @@ MSA_DEVICE float combined_lse(float v0, float v1) {
 // register (w0 for slots < 32, w1 above).
 constexpr int kCombineBatch = 16;
 
-// The combine of (row, head) pair w of the launch (one warp).
+// The combine of row row_begin + rel, head kh * G + g (one warp).
 template <typename OutElem, StoreKind kKind>
-MSA_DEVICE void combine_one(const CombineArgs& a, int64_t w, int lane) {
-  const int rel = int(w / a.num_heads), hq = int(w % a.num_heads);
-  const int kh = hq / a.group, g = hq - kh * a.group;
-  if (a.union_done != nullptr &&
-      a.union_done[int64_t(kh) * a.union_num_tiles + (a.row_begin + rel) / a.union_tile_tokens]) {
-    return;  // written by the shared-selection tile kernel
-  }
+MSA_DEVICE void combine_one(const CombineArgs& a, int rel, int kh, int g, int lane) {
+  const int hq = kh * a.group + g;
   const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
   const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + hq;
   const int half = lane >> 4, hl = lane & 15;  // slot parity, 8-value chunk of the row
@@ -193,24 +188,40 @@ MSA_DEVICE void combine_one(const CombineArgs& a, int64_t w, int lane) {
   }
 }
 
-// Warps stride over the (row, head) pairs: a bounded grid, so that rows done elsewhere (the
-// shared-selection tiles) cost a flag read each, not a CTA launch.
+// Units of work: (kv head, run of unit_rows = max(1, 128 / G) rows) x its G heads, about 128
+// (row, head) pairs, taken by CTAs in a grid-stride loop (a bounded grid) and by the CTA's warps in
+// turn. With shared-selection tiles a unit is one tile (launch.h: the tile kernel uses the same
+// rows), so a tile done there costs one flag read and no work.
 template <typename OutElem, StoreKind kKind>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineArgs a) {
-  const int lane = threadIdx.x & 31;
-  const int64_t total = int64_t(a.rows) * a.num_heads;
-  const int64_t stride = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < total; w += stride) {
-    combine_one<OutElem, kKind>(a, w, lane);  // warp-uniform loop
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int t = a.unit_rows;
+  const int first = a.row_begin / t;
+  const int per_head = (a.row_begin + a.rows - 1) / t - first + 1;
+  const int units = a.num_kv_heads * per_head;  // < INT_MAX (launcher)
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {  // CTA-uniform loop
+    const int kh = u / per_head, tile = first + u % per_head;
+    if (a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + tile]) continue;
+    const int r_begin = max(tile * t, a.row_begin);
+    const int r_end = min((tile + 1) * t, a.row_begin + a.rows);
+    const int n = (r_end - r_begin) * a.group;
+    for (int i = warp; i < n; i += kCombineWarps) {  // warp-uniform loop
+      const int e = i / a.group;
+      combine_one<OutElem, kKind>(a, r_begin - a.row_begin + e, kh, i - e * a.group, lane);
+    }
   }
 }
 
 }  // namespace
 
 void launch_combine(const CombineArgs& a, DType out_dtype, cudaStream_t stream) {
-  const int64_t warps = int64_t(a.rows) * a.num_heads;
-  if (warps == 0) return;
-  const int64_t grid = std::min<int64_t>((warps + kCombineWarps - 1) / kCombineWarps,
+  if (a.rows <= 0) return;
+  MSA_CHECK(a.unit_rows == combine_unit_rows(a.group) &&
+                (a.union_done == nullptr || a.union_tile_tokens == a.unit_rows),
+            "combine: work units must be the shared-selection tiles");
+  const int64_t per_head = (int64_t(a.row_begin) + a.rows - 1) / a.unit_rows - a.row_begin / a.unit_rows + 1;
+  MSA_CHECK(int64_t(a.num_kv_heads) * per_head < INT_MAX, "combine: too many work units");
+  const int64_t grid = std::min<int64_t>(int64_t(a.num_kv_heads) * per_head,
                                          int64_t(kCombineCtasPerSm) * flashmsa::cuda::current_device_limits().num_sms);
   auto go = [&]<typename OutElem>() {
     const dim3 g{unsigned(grid)}, b{unsigned(kCombineWarps * 32)};

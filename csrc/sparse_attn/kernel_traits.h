@@ -112,6 +112,9 @@ inline constexpr int kUnionRows = 128;
 inline constexpr int kUnionMaxWasteNum = 3;
 inline constexpr int kUnionMaxWasteDen = 2;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
+// A qualifying tile has union x tokens <= 1.5 x pairs <= 1.5 x tokens x topk: at most 96 blocks
+// (the planner also checks it, the tile kernel's plan buffers hold that many).
+inline constexpr int kUnionMaxBlocks = kUnionMaxWasteNum * 64 / kUnionMaxWasteDen;
 
 struct UnionArgs {
   SparseAttnParams p;
@@ -123,7 +126,7 @@ struct UnionArgs {
   float scale_log2;
   uint8_t* done;         // [Hkv, num_tiles] 1: the tile's rows of this kv head are computed here
   int* plan_count;       // [Hkv, num_tiles] union size of a qualifying tile
-  int* plan_block;       // [Hkv, num_tiles, max_entries] union blocks, first-occurrence order
+  int* plan_block;       // [Hkv, num_tiles, max_entries] union blocks, ascending
   uint8_t* plan_mask;    // [Hkv, num_tiles, max_entries] tokens of the tile that selected each
   int* work;             // [Hkv * num_tiles] qualifying (kh * num_tiles + tile)
   int* control;          // [0] qualifying tiles, [1] work counter of the attention kernel
@@ -150,6 +153,11 @@ struct CombineArgs {
   const uint8_t* union_done;  // rows done by shared-selection tiles are skipped (or nullptr)
   int union_tile_tokens;
   int union_num_tiles;
+  int unit_rows;  // rows of one work unit: combine_unit_rows(group)
 };
+
+// Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly
+// a shared-selection tile (kUnionRows / G tokens).
+inline constexpr int combine_unit_rows(int group) { return group >= kUnionRows ? 1 : kUnionRows / group; }
 
 }  // namespace flashmsa::sparse_attn

@@ -197,6 +197,7 @@ void run_query_major(const SparseAttnParams& p, const QmPlan& plan, cudaStream_t
     c.lse = p.lse;
     c.lse_t = p.lse_temperature_out;
     c.v_scale = p.v_global_scale;
+    c.unit_rows = combine_unit_rows(c.group);
     launch_combine(c, p.out_dtype, stream);
   }
 }
@@ -413,6 +414,7 @@ void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceIn
     c.union_done = a.union_done;
     c.union_tile_tokens = a.union_tile_tokens;
     c.union_num_tiles = a.union_num_tiles;
+    c.unit_rows = combine_unit_rows(c.group);
     launch_combine(c, p.out_dtype, stream);
   }
 }

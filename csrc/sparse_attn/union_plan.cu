@@ -1,11 +1,13 @@
 // Planning of the shared-selection tiles (kernel_traits.h UnionArgs): one warp per (kv head, tile
 // of 128 / G tokens). It classifies the tile's q2k entries exactly as the KV-major list builder
-// does (a used, visible, valid-page entry is a pair), keeps the first occurrence of each block in
-// q2k order (token by token, slot by slot) as the tile's union with the mask of the tokens that
-// selected it, and decides whether the tile qualifies: all its tokens in one sequence and
-// union size x tokens <= 1.5 x pairs (kernel_traits.h). Qualifying tiles get done = 1 and a place in the
-// work list (taken with an atomic: the order of the list does not matter, a tile's result depends
-// only on its own plan); the others get done = 0 and are left to the KV-major path.
+// does (a used, visible, valid-page entry is a pair), sets one bit per pair in a per-token bitmap
+// over the tile's block range, and reads the union off the OR of the bitmaps in ascending block
+// order, each block with the mask of the tokens that selected it. The tile qualifies when all its
+// tokens are in one sequence and union size x tokens <= 1.5 x pairs (kernel_traits.h).
+// Qualifying tiles get done = 1 and a place in the work list (taken with an atomic: the order of
+// the list does not matter, a tile's result depends only on its own plan); the others get done = 0
+// and are left to the KV-major path, as are tiles whose pairs span more than 32 x kPlanMaxRangeWords
+// blocks (8192: all of a 1M-token context).
 #include <cuda_runtime_api.h>
 
 #include <climits>
@@ -18,20 +20,20 @@ namespace flashmsa::sparse_attn {
 
 namespace {
 
-constexpr int kPlanWarpsPerCta = 8;
-// Entries a warp classifies: tile_tokens * topk <= 8 * 64 (G >= 16).
-constexpr int kPlanMaxEntries = kUnionMaxTokens * 64;
+constexpr int kPlanWarpsPerCta = 4;
+constexpr int kPlanMaxRangeWords = 256;
 
 __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const __grid_constant__ UnionArgs a) {
-  __shared__ int s_ent[kPlanWarpsPerCta][kPlanMaxEntries];
+  // Per warp and token of the tile: bit j of the bitmap = block lo + j selected (a pair).
+  __shared__ uint32_t s_bits[kPlanWarpsPerCta][kUnionMaxTokens][kPlanMaxRangeWords];
   const SparseAttnParams& p = a.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t w = int64_t(blockIdx.x) * kPlanWarpsPerCta + warp;
   if (w >= int64_t(p.num_kv_heads) * a.num_tiles) return;  // warp-uniform
   const int kh = int(w / a.num_tiles), tile = int(w % a.num_tiles);
-  const int t = a.tile_tokens, topk = p.topk, n = t * topk;
+  const int t = a.tile_tokens, topk = p.topk;
   const int r0 = tile * t;
-  int* ent = s_ent[warp];
+  uint32_t (*bits)[kPlanMaxRangeWords] = s_bits[warp];
 
   // One sequence must hold all the tile's rows (a partial last tile or a tile across a sequence
   // boundary does not qualify).
@@ -51,52 +53,88 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
   }
   const int64_t q_off = q_offset_of(p.q_offset, b, rr.len, seqlen_k);
 
-  // Classify: ent[i] = block of entry i = (token i / topk, slot i % topk) when it is a pair, else -1.
-  for (int e = 0; e < t; ++e) {
+  // Classify: blk[e][k] = block of the lane's entry k of token e when it is a pair, else -1.
+  int blk[kUnionMaxTokens][2];
+  int lo = INT_MAX, hi = -1, my_pairs = 0;
+#pragma unroll
+  for (int e = 0; e < kUnionMaxTokens; ++e) {
+    blk[e][0] = blk[e][1] = -1;
+    if (e >= t) continue;  // warp-uniform
     const int r = r0 + e;
     const WarpQ2k wl = warp_q2k_list(p.q2k + (int64_t(kh) * p.total_q + r) * topk, topk, nb, lane);
     const int lim = col_limit(p.causal, q_off, r - rr.begin, seqlen_k);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const int slot = lane + 32 * k;
-      if (slot >= topk) break;
-      const int blk = wl.v[k];
-      const bool pair = wl.used[k] && int64_t(blk) * kBlockSize < lim &&
-                        (p.kv.page_table == nullptr || kv_page(p.kv, b, blk) >= 0);
-      ent[e * topk + slot] = pair ? blk : -1;
-    }
-  }
-  __syncwarp();
-
-  // First occurrences in entry order, their token masks, union size and pair count.
-  int pairs = 0, u = 0;
-  int* out_block = a.plan_block + w * a.max_entries;
-  uint8_t* out_mask = a.plan_mask + w * a.max_entries;
-  for (int base = 0; base < n; base += 32) {
-    const int i = base + lane;
-    const int val = i < n ? ent[i] : -1;
-    bool first = val >= 0;
-    uint32_t mask = 0;
-    if (val >= 0) {
-      for (int e = 0, j0 = 0; e < t; ++e, j0 += topk) {
-        for (int j = j0; j < j0 + topk; ++j) {
-          if (ent[j] == val) {
-            mask |= 1u << e;
-            first &= j >= i;
-          }
-        }
+      const int v = wl.v[k];
+      const bool pair = lane + 32 * k < topk && wl.used[k] && int64_t(v) * kBlockSize < lim &&
+                        (p.kv.page_table == nullptr || kv_page(p.kv, b, v) >= 0);
+      if (pair) {
+        blk[e][k] = v;
+        lo = min(lo, v);
+        hi = max(hi, v);
+        ++my_pairs;
       }
     }
-    pairs += __popc(__ballot_sync(0xffffffffu, val >= 0));
-    const uint32_t firsts = __ballot_sync(0xffffffffu, first);
-    if (first) {
-      const int rank = u + __popc(firsts & ((1u << lane) - 1u));
-      out_block[rank] = val;
-      out_mask[rank] = uint8_t(mask);
-    }
-    u += __popc(firsts);
   }
-  const bool qualifies = int64_t(u) * t * kUnionMaxWasteDen <= int64_t(kUnionMaxWasteNum) * pairs;
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  const int pairs = __reduce_add_sync(0xffffffffu, my_pairs);
+  const int words = hi >= lo ? (hi - lo) / 32 + 1 : 0;
+  if (words > kPlanMaxRangeWords) {
+    if (lane == 0) a.done[w] = 0;
+    return;
+  }
+
+  for (int e = 0; e < t; ++e)
+    for (int i = lane; i < words; i += 32) bits[e][i] = 0u;
+  __syncwarp();
+#pragma unroll
+  for (int e = 0; e < kUnionMaxTokens; ++e)
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      if (blk[e][k] >= 0) atomicOr(&bits[e][(blk[e][k] - lo) >> 5], 1u << ((blk[e][k] - lo) & 31));
+  __syncwarp();
+
+  // Union size, then (if the tile qualifies) its blocks in ascending order with their token masks.
+  auto union_word = [&](int i) {
+    uint32_t x = 0;
+    for (int e = 0; e < t; ++e) x |= bits[e][i];
+    return x;
+  };
+  int u = 0;
+  for (int i0 = 0; i0 < words; i0 += 32) {
+    const int i = i0 + lane;
+    u += __reduce_add_sync(0xffffffffu, i < words ? __popc(union_word(i)) : 0);
+  }
+  const bool qualifies =
+      int64_t(u) * t * kUnionMaxWasteDen <= int64_t(kUnionMaxWasteNum) * pairs && u <= kUnionMaxBlocks;
+  if (qualifies) {
+    int* out_block = a.plan_block + w * a.max_entries;
+    uint8_t* out_mask = a.plan_mask + w * a.max_entries;
+    int base = 0;
+    for (int i0 = 0; i0 < words; i0 += 32) {
+      const int i = i0 + lane;
+      uint32_t x = i < words ? union_word(i) : 0u;
+      const int cnt = __popc(x);
+      int incl = cnt;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += up;
+      }
+      int rank = base + incl - cnt;
+      while (x != 0u) {
+        const int bit = __ffs(x) - 1;
+        x &= x - 1u;
+        uint32_t mask = 0;
+        for (int e = 0; e < t; ++e) mask |= ((bits[e][i] >> bit) & 1u) << e;
+        out_block[rank] = lo + 32 * i + bit;
+        out_mask[rank] = uint8_t(mask);
+        ++rank;
+      }
+      base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+  }
   if (lane == 0) {
     a.done[w] = qualifies ? 1 : 0;
     if (qualifies) {
@@ -109,7 +147,8 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
 }  // namespace
 
 void launch_union_plan(const UnionArgs& a, cudaStream_t stream) {
-  MSA_CHECK(a.tile_tokens * a.p.topk <= kPlanMaxEntries, "union plan: too many entries per tile");
+  MSA_CHECK(a.tile_tokens <= kUnionMaxTokens && a.p.topk <= 64, "union plan: tile of ", a.tile_tokens,
+            " tokens x topk ", a.p.topk, " is out of range");
   MSA_CUDA_CHECK(cudaMemsetAsync(a.control, 0, 2 * sizeof(int), stream));
   const int64_t warps = int64_t(a.p.num_kv_heads) * a.num_tiles;
   const int64_t grid = (warps + kPlanWarpsPerCta - 1) / kPlanWarpsPerCta;

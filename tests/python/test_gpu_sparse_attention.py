@@ -160,6 +160,11 @@ CASES = [
     GpuCase("g16_tile_shared_fp16", [400], [2000], 16, 1, causal=True, dtype=FP16,
             selection="tile_shared"),
     GpuCase("g64_tile_mixed_nocausal", [90], [3000], 128, 2, selection="tile_mixed"),
+    # Tiles whose blocks span more than the planner's 8192-block bitmap (1M tokens): sink block 0
+    # and the local block ~8300 apart (tiles that would qualify otherwise). They must go the
+    # KV-major way, with correct results.
+    GpuCase("g16_tile_span_over_1m", [16], [8300 * 128 + 5], 16, 1, causal=True,
+            selection="sink_local"),
 ]
 
 
@@ -219,6 +224,9 @@ def make_q2k(case: GpuCase, rng: np.random.Generator) -> torch.Tensor:
                 elif kind == "holes":  # entries after the first -1 are ignored, whatever they hold
                     k = n // 2
                     ids = np.concatenate([ids[:k], [-1], ids[k:]])[:case.topk]
+                elif kind == "sink_local":
+                    local = min(max(offs[b] + i, 0) // BLOCK, nb - 1)
+                    ids = np.array([0, local // 2, local])[:case.topk]
                 elif kind == "last_two":
                     ids = np.array([nb - 2, nb - 1]) if i < 64 else ids
                 elif kind == "causal_local":
