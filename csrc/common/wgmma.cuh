@@ -47,6 +47,17 @@ MSA_DEVICE void wgmma_wait() {
 // visible to the async proxy that wgmma reads operands through; a barrier must follow.
 MSA_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Register budget of the calling warpgroup (warp-specialized kernels): dec gives registers back to
+// the CTA's pool, inc takes them (waiting until some warpgroup has given them back).
+template <int kRegs>
+MSA_DEVICE void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+MSA_DEVICE void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 // Keeps the compiler from moving accumulator reads / writes across wgmma issue and wait.
 MSA_DEVICE void wgmma_fence_operand(float (&d)[16][4]) {
 #pragma unroll

@@ -134,7 +134,9 @@ MSA_DEVICE void issue_kv_rows(const KVTensor& t, int64_t off, int64_t scale_row0
   if constexpr (kKv == KvKind::kNative) {
     const Elem* src0 = static_cast<const Elem*>(t.data) + off;
     static_assert((kRows * 16) % kThreads == 0, "whole chunks per thread");
-#pragma unroll
+    // At most 16 copies in flight per unrolled step: a single producer warp issues 64 per tile,
+    // and fully unrolled their 64 source pointers would all be live at once.
+#pragma unroll 16
     for (int i = 0; i < kRows * 16 / kThreads; ++i) {
       const int c = tid + i * kThreads;
       const int row = c >> 4, ch = c & 15;

@@ -1,22 +1,31 @@
 // Shared-selection tiles on Hopper (sm_90a): the attention of the tiles union_plan.cu qualified.
 //
-// Persistent CTAs of two warpgroups take qualifying (kv head, tile) pairs from a work counter. A
-// tile is 128 / G consecutive tokens x the kv head's G query heads = 128 rows; warpgroup w owns
-// rows 64 w .. 64 w + 63 (row = token * G + head). The CTA streams the tile's union of blocks
-// through a two-stage cp.async K/V pipeline (all 256 threads load), and per block each warpgroup
-//   S = Q K^T        8 x wgmma m64n128k16 (Q resident in shared memory for the whole tile)
-//   online softmax   rows of tokens that did not select the block see nothing of it; the others
-//                    their causal limit; lazy rescaling (slack 8, kv_major.cuh's rule)
-//   O += P V         8 x wgmma m64n128k16, P from registers
-// and finally writes out = O * v_global_scale / l and the LSEs, like the fused query-major path.
+// A tile is 128 / G consecutive tokens x the kv head's G query heads = 128 rows (row = token * G +
+// head). Persistent CTAs of three warpgroups, warp-specialized:
+//   producer      (one warpgroup, 72 registers) takes qualifying (kv head, tile) pairs from a work
+//                 counter, copies the tile's plan (union blocks ascending, token masks, causal
+//                 limits) and Q into one of two tile buffers, then streams the union's K and V
+//                 blocks through a two-stage ring (cp.async; completion signalled on mbarriers,
+//                 common/mbarrier.cuh). It runs ahead into the next tile: the ring never drains
+//                 between tiles.
+//   2 consumers   (216 registers each) own rows 64 w .. 64 w + 63 and, per block,
+//                   S = Q K^T        8 x wgmma m64n128k16 (Q resident for the tile)
+//                   online softmax   rows of tokens that did not select the block see nothing of
+//                                    it; the others their causal limit; lazy rescaling (slack 8,
+//                                    kv_major.cuh's rule)
+//                   O += P V         8 x wgmma m64n128k16, P from registers
+//                 releasing K after S and V after P V; then out = O * v_global_scale / l and the
+//                 LSEs, like the fused query-major path. The consumers never wait for each other,
+//                 so one's softmax overlaps the other's MMAs (the earlier lock-step version, one
+//                 __syncthreads per block, ran the M3 32K clustered case in 6.4 ms, this one in 4.9).
 // Only bf16 / fp16 K and V (quantized caches always take the KV-major path). A row's result
-// depends only on its tile's plan (union in q2k first-occurrence order), never on which CTA ran it
-// (D11).
+// depends only on its tile's plan, never on which CTA ran it (D11).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "common/cuda_utils.h"
+#include "common/mbarrier.cuh"
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
@@ -25,22 +34,7 @@
 
 namespace flashmsa::sparse_attn {
 
-struct UnionSm90Config {
-  static constexpr int kThreads = 256;
-  static constexpr int kQBytes = kUnionRows * 256;  // two 64-row wgmma tiles
-  static constexpr int kKvBytes = kBlockSize * 256;
-  static constexpr int kStages = 2;
-  static constexpr int kQOffset = 0;
-  static constexpr int kKvOffset = kQOffset + kQBytes;  // stage s: K at + 2 s kKvBytes, V after it
-  static constexpr int kPlanBlockOffset = kKvOffset + kStages * 2 * kKvBytes;
-  static constexpr int kMaxEntries = kUnionMaxTokens * 64;
-  static constexpr int kPlanMaskOffset = kPlanBlockOffset + kMaxEntries * 4;
-  static constexpr int kLimOffset = kPlanMaskOffset + kMaxEntries;
-  static constexpr int kStateOffset = kLimOffset + kUnionMaxTokens * 4;
-  static constexpr int kSmemBytes = kStateOffset + 64;
-};
-
-// What the CTA knows of its current tile (written by thread 0).
+// What the consumers know of a tile (written by the producer with the plan).
 struct UnionTileState {
   int w;  // kh * num_tiles + tile, -1: no work left
   int kh;
@@ -49,6 +43,38 @@ struct UnionTileState {
   int count;
   int seqlen_k;
 };
+
+struct UnionTilePlan {
+  UnionTileState st;
+  int lim[kUnionMaxTokens];      // causal limit of each token of the tile
+  int block[kUnionMaxBlocks];    // union blocks, ascending
+  uint8_t mask[kUnionMaxBlocks]; // tokens of the tile that selected each
+};
+
+struct UnionSm90Config {
+  static constexpr int kConsumerThreads = 256;  // two warpgroups
+  static constexpr int kProducerThreads = 128;  // one warpgroup
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  // Registers per thread: 168 at launch (65536 / 384); then the producer gives registers back to
+  // the consumers (setmaxnreg). Each SM sub-partition holds one warp of every warpgroup and a
+  // quarter of the register file: 2 x 216 + 72 = 3 x 168 (the producer keeps one value of its
+  // tile loop in local memory: a load per tile).
+  static constexpr int kProducerRegs = 72;
+  static constexpr int kConsumerRegs = 216;
+  static constexpr int kTileBufs = 2;  // Q + plan of the current and the next tile
+  static constexpr int kStages = 2;    // K / V ring
+  static constexpr int kQBytes = kUnionRows * 256;  // two 64-row wgmma tiles
+  static constexpr int kKvBytes = kBlockSize * 256;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kTileBufs * kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKvBytes;
+  static constexpr int kPlanOffset = kVOffset + kStages * kKvBytes;
+  static constexpr int kPlanBytes = (int(sizeof(UnionTilePlan)) + 15) / 16 * 16;
+  // mbarriers: q_full[2], q_empty[2], k_full[2], k_empty[2], v_full[2], v_empty[2]
+  static constexpr int kBarOffset = kPlanOffset + kTileBufs * kPlanBytes;
+  static constexpr int kSmemBytes = kBarOffset + 12 * 8;
+};
+static_assert(UnionSm90Config::kTileBufs == 2 && UnionSm90Config::kStages == 2, "parity arithmetic below");
 
 #if MSA_HAS_WGMMA
 // Online softmax of fragment row h over one block: keys >= lim are invisible (lim <= 0: the row
@@ -75,6 +101,84 @@ MSA_DEVICE void union_softmax_row(float (&s)[16][4], int h, int lim, float sc, f
   l += sum;
   if constexpr (kTemp) lt += sum_t;
 }
+
+// The producer warpgroup: plans, Q and the K / V ring (see the top of the file). ptid: thread
+// index within the warpgroup.
+template <typename Elem>
+MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars, int ptid) {
+  using Cfg = UnionSm90Config;
+  constexpr int T = Cfg::kProducerThreads;
+  const SparseAttnParams& p = a.p;
+  const int t = a.tile_tokens, G = a.group;
+  const uint32_t q_full = bars, q_empty = bars + 16, k_full = bars + 32, k_empty = bars + 48,
+                 v_full = bars + 64, v_empty = bars + 80;
+  const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
+  const Elem* q = static_cast<const Elem*>(p.q);
+  int kv = 0;  // K / V blocks issued so far (ring position)
+  for (int it = 0;; ++it) {
+    const int tb = it & 1;
+    mbar_wait(q_empty + 8 * tb, ((it >> 1) & 1) ^ 1);
+    UnionTilePlan& pl = *reinterpret_cast<UnionTilePlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
+    if (ptid == 0) {
+      UnionTileState st{};
+      st.w = -1;
+      const int idx = atomicAdd(&a.control[1], 1);
+      if (idx < a.control[0]) {
+        st.w = a.work[idx];
+        st.kh = st.w / a.num_tiles;
+        st.r0 = (st.w - st.kh * a.num_tiles) * t;
+        st.b = find_sequence(p, st.r0);
+        st.count = a.plan_count[st.w];
+        st.seqlen_k = kv_seqlen(p.kv, st.b);
+      }
+      pl.st = st;
+    }
+    warpgroup_barrier(2);  // the tile's state, for every producer thread
+    const int w = pl.st.w;
+    if (w < 0) {
+      mbar_arrive(q_full + 8 * tb);  // publishes "no work left" to the consumers
+      return;
+    }
+    const int kh = pl.st.kh, r0 = pl.st.r0, b = pl.st.b, U = pl.st.count, seqlen_k = pl.st.seqlen_k;
+    if (ptid < t) {
+      const RowRange rr = q_rows(p.qi, p.total_q, b);
+      pl.lim[ptid] = col_limit(p.causal, q_offset_of(p.q_offset, b, rr.len, seqlen_k), r0 + ptid - rr.begin, seqlen_k);
+    }
+    for (int i = ptid; i < U; i += T) {
+      pl.block[i] = a.plan_block[int64_t(w) * a.max_entries + i];
+      pl.mask[i] = a.plan_mask[int64_t(w) * a.max_entries + i];
+    }
+    // Q: 128 rows x 16 chunks of 16 bytes; row = token * G + head, in warpgroup (row / 64)'s tile.
+    const uint32_t sQ_addr = smem_addr(smem + Cfg::kQOffset + tb * Cfg::kQBytes);
+#pragma unroll 1
+    for (int c = ptid; c < kUnionRows * 16; c += T) {
+      const int row = c >> 4, ch = c & 15;
+      const int e = row / G, g = row - e * G;
+      const Elem* src = q + int64_t(r0 + e) * p.q_stride_token + int64_t(kh * G + g) * p.q_stride_head + ch * 8;
+      cp_async_16(sQ_addr + uint32_t(row >> 6) * (64 * 256) + Sw128Tile<64>::at(row & 63, ch), src);
+    }
+    mbar_arrive_cp_async(q_full + 8 * tb);
+    mbar_arrive(q_full + 8 * tb);  // also publishes the plan
+    warpgroup_barrier(2);          // the plan's blocks, written by all producer threads, are read by all
+
+    for (int u = 0; u < U; ++u, ++kv) {
+      const int st = kv & 1;
+      const uint32_t parity = ((kv >> 1) & 1) ^ 1;
+      const int j0 = pl.block[u] * kBlockSize;
+      const int n_valid = min(kBlockSize, seqlen_k - j0);
+      mbar_wait(k_empty + 8 * st, parity);
+      issue_kv_rows<Elem, KvKind::kNative, kBlockSize, T, Sw128Tile<kBlockSize>>(
+          p.k, kv_offset(p.k, p.kv, b, kh, j0), 0, 1, n_valid, sK_addr + st * Cfg::kKvBytes, ptid);
+      mbar_arrive_cp_async(k_full + 8 * st);
+      mbar_arrive(k_full + 8 * st);
+      mbar_wait(v_empty + 8 * st, parity);
+      issue_kv_rows<Elem, KvKind::kNative, kBlockSize, T, Sw128Tile<kBlockSize>>(
+          p.v, kv_offset(p.v, p.kv, b, kh, j0), 0, 1, n_valid, sV_addr + st * Cfg::kKvBytes, ptid);
+      mbar_arrive_cp_async(v_full + 8 * st);
+      mbar_arrive(v_full + 8 * st);
+    }
+  }
+}
 #endif
 
 template <typename Elem>
@@ -83,20 +187,34 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
   using Cfg = UnionSm90Config;
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = a.p;
-  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-  const int lane = tid & 31, warp = wtid >> 5, gid = lane >> 2, tig = lane & 3;
-  const int G = a.group, t = a.tile_tokens;
-  UnionTileState* s_state = reinterpret_cast<UnionTileState*>(smem + Cfg::kStateOffset);
-  int* s_block = reinterpret_cast<int*>(smem + Cfg::kPlanBlockOffset);
-  uint8_t* s_mask = smem + Cfg::kPlanMaskOffset;
-  int* s_lim = reinterpret_cast<int*>(smem + Cfg::kLimOffset);
-  const uint32_t sQ_addr = smem_addr(smem + Cfg::kQOffset);
-  const uint32_t sKV_addr = smem_addr(smem + Cfg::kKvOffset);
-  uint8_t* my_q = smem + Cfg::kQOffset + wg * (64 * 256);
-  const uint32_t my_q_addr = smem_addr(my_q);
-  const Elem* q = static_cast<const Elem*>(p.q);
-  const float sc = a.scale_log2, temp = p.lse_temperature;
+  const int tid = threadIdx.x;
   check_smem_base(smem);
+  const uint32_t bars = smem_addr(smem + Cfg::kBarOffset);
+  const uint32_t q_full = bars, q_empty = bars + 16, k_full = bars + 32, k_empty = bars + 48,
+                 v_full = bars + 64, v_empty = bars + 80;
+  if (tid == 0) {
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(q_full + 8 * i, Cfg::kProducerThreads);
+      mbar_init(q_empty + 8 * i, Cfg::kConsumerThreads);
+      mbar_init(k_full + 8 * i, Cfg::kProducerThreads);
+      mbar_init(k_empty + 8 * i, Cfg::kConsumerThreads);
+      mbar_init(v_full + 8 * i, Cfg::kProducerThreads);
+      mbar_init(v_empty + 8 * i, Cfg::kConsumerThreads);
+    }
+  }
+  __syncthreads();  // the only CTA-wide barrier: producer and consumers part here
+  if (tid >= Cfg::kConsumerThreads) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    union_producer<Elem>(a, smem, bars, tid - Cfg::kConsumerThreads);
+    return;
+  }
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
+
+  const int wg = tid >> 7, wtid = tid & 127;
+  const int lane = tid & 31, warp = wtid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int G = a.group;
+  const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
+  const float sc = a.scale_log2, temp = p.lse_temperature;
   // This thread's two fragment rows of the tile: token and head.
   int row_tok[2], row_head[2];
 #pragma unroll
@@ -106,57 +224,17 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
     row_head[h] = row - row_tok[h] * G;
   }
 
-  while (true) {
-    if (tid == 0) {
-      UnionTileState ts{};
-      ts.w = -1;
-      const int idx = atomicAdd(&a.control[1], 1);
-      if (idx < a.control[0]) {
-        ts.w = a.work[idx];
-        ts.kh = ts.w / a.num_tiles;
-        ts.r0 = (ts.w - ts.kh * a.num_tiles) * t;
-        ts.b = find_sequence(p, ts.r0);
-        ts.count = a.plan_count[ts.w];
-        ts.seqlen_k = kv_seqlen(p.kv, ts.b);
-      }
-      *s_state = ts;
-    }
-    __syncthreads();
-    const UnionTileState& ts = *s_state;
-    if (ts.w < 0) break;
-    const int kh = ts.kh, r0 = ts.r0, b = ts.b, U = ts.count, seqlen_k = ts.seqlen_k;
-    for (int i = tid; i < U; i += Cfg::kThreads) {
-      s_block[i] = a.plan_block[int64_t(ts.w) * a.max_entries + i];
-      s_mask[i] = a.plan_mask[int64_t(ts.w) * a.max_entries + i];
-    }
-    if (tid < t) {
-      const RowRange rr = q_rows(p.qi, p.total_q, b);
-      s_lim[tid] = col_limit(p.causal, q_offset_of(p.q_offset, b, rr.len, seqlen_k), r0 + tid - rr.begin, seqlen_k);
-    }
-    // Q: 128 rows x 16 chunks; row = token * G + head, in warpgroup (row / 64)'s 64-row tile.
-#pragma unroll
-    for (int k = 0; k < kUnionRows * 16 / Cfg::kThreads; ++k) {
-      const int c = tid + Cfg::kThreads * k;
-      const int row = c >> 4, ch = c & 15;
-      const int e = row / G, g = row - e * G;
-      const Elem* src = q + int64_t(r0 + e) * p.q_stride_token + int64_t(kh * G + g) * p.q_stride_head + ch * 8;
-      cp_async_16(sQ_addr + uint32_t(row >> 6) * (64 * 256) + Sw128Tile<64>::at(row & 63, ch), src);
-    }
-    __syncthreads();  // s_block / s_mask / s_lim
-    auto issue_block = [&](int u) {  // K / V of union block u into stage u % 2 (an empty group past the end)
-      if (u < U) {
-        const int j0 = s_block[u] * kBlockSize;
-        const int n_valid = min(kBlockSize, seqlen_k - j0);
-        const uint32_t k_dst = sKV_addr + uint32_t(u & 1) * (2 * Cfg::kKvBytes);
-        issue_kv_rows<Elem, KvKind::kNative, kBlockSize, Cfg::kThreads, Sw128Tile<kBlockSize>>(
-            p.k, kv_offset(p.k, p.kv, b, kh, j0), 0, 1, n_valid, k_dst, tid);
-        issue_kv_rows<Elem, KvKind::kNative, kBlockSize, Cfg::kThreads, Sw128Tile<kBlockSize>>(
-            p.v, kv_offset(p.v, p.kv, b, kh, j0), 0, 1, n_valid, k_dst + Cfg::kKvBytes, tid);
-      }
-      cp_async_commit();
-    };
-    issue_block(0);  // with Q
-    issue_block(1);
+  int kv = 0;  // K / V blocks consumed so far (ring position)
+  for (int it = 0;; ++it) {
+    const int tb = it & 1;
+    mbar_wait(q_full + 8 * tb, (it >> 1) & 1);
+    const UnionTilePlan& pl = *reinterpret_cast<const UnionTilePlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
+    const int w = pl.st.w;
+    if (w < 0) break;
+    const int kh = pl.st.kh, r0 = pl.st.r0, U = pl.st.count;
+    uint8_t* my_q = smem + Cfg::kQOffset + tb * Cfg::kQBytes + wg * (64 * 256);
+    const uint32_t my_q_addr = smem_addr(my_q);
+    fence_proxy_async_smem();  // Q landed through cp.async; wgmma reads it through the async proxy
 
     float o[16][4];
 #pragma unroll
@@ -166,21 +244,21 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
     float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f}, lt_row[2] = {0.0f, 0.0f};
 
 #pragma unroll 1
-    for (int u = 0; u < U; ++u) {
-      cp_async_wait<1>();
+    for (int u = 0; u < U; ++u, ++kv) {
+      const int st = kv & 1;
+      const uint32_t parity = (kv >> 1) & 1;
+      mbar_wait(k_full + 8 * st, parity);
       fence_proxy_async_smem();
-      __syncthreads();
-      const uint32_t k_addr = sKV_addr + uint32_t(u & 1) * (2 * Cfg::kKvBytes);
-      const uint32_t v_addr = k_addr + Cfg::kKvBytes;
       float s[16][4];
-      wgmma_qk_tile<Elem>(s, my_q_addr, k_addr);
+      wgmma_qk_tile<Elem>(s, my_q_addr, sK_addr + st * Cfg::kKvBytes);
+      mbar_arrive(k_empty + 8 * st);
 
-      const int j0 = s_block[u] * kBlockSize;
-      const uint32_t msk = s_mask[u];
+      const int j0 = pl.block[u] * kBlockSize;
+      const uint32_t msk = pl.mask[u];
       float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int lim = ((msk >> row_tok[h]) & 1u) ? min(kBlockSize, s_lim[row_tok[h]] - j0) : 0;
+        const int lim = ((msk >> row_tok[h]) & 1u) ? min(kBlockSize, pl.lim[row_tok[h]] - j0) : 0;
         if (lim >= kBlockSize) {
           if (a.has_temp) union_softmax_row<false, true>(s, h, lim, sc, temp, tig, m_row[h], l_row[h], lt_row[h], alpha[h]);
           else union_softmax_row<false, false>(s, h, lim, sc, temp, tig, m_row[h], l_row[h], lt_row[h], alpha[h]);
@@ -195,11 +273,11 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e >> 1];
       }
-      wgmma_pv_tile<Elem>(o, s, v_addr, true);
-      __syncthreads();  // both warpgroups are done with stage u % 2
-      issue_block(u + 2);
+      mbar_wait(v_full + 8 * st, parity);
+      fence_proxy_async_smem();
+      wgmma_pv_tile<Elem>(o, s, sV_addr + st * Cfg::kKvBytes, true);
+      mbar_arrive(v_empty + 8 * st);
     }
-    cp_async_wait<0>();
 
     // Epilogue: rows of the warp through its quarter of the warpgroup's (consumed) query tile.
     float mul[2];
@@ -228,7 +306,7 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
         if (p.lse_temperature_out != nullptr) p.lse_temperature_out[idx] = row_lse2_t(m_row[h], lt_row[h], temp) * kLn2;
       }
     }
-    __syncthreads();  // the query tile, plan and state are reused by the next tile
+    mbar_arrive(q_empty + 8 * tb);  // Q buffer and plan tb are free for tile it + 2
   }
 #else
   __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
