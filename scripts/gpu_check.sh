@@ -8,14 +8,17 @@
 #   build      pip install of the package with CUDA for sm_80 and sm_90a (build dir build-gpu/,
 #              incremental), then a check that the installed package has CUDA kernels
 #   ctest      the C++ GoogleTest suites of that build (only when .deps/googletest is there)
-#   pytest     pytest tests/python -rs; fails if any test is skipped for want of CUDA/a GPU
+#   pytest     pytest tests/python -rs (all of it, -n $PYTEST_WORKERS (8) where pytest-xdist is
+#              installed); fails if any test is skipped for want of CUDA/a GPU
 #   sanitizer  compute-sanitizer memcheck and racecheck on benchmarks/sanitize_smoke.py
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 # A one-screen summary is printed last and written to $OUT/summary.txt. The exit status is 1 if any
 # step failed; the summary is printed either way.
 #
 # Environment: SKIP_BUILD=1 SKIP_CTEST=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 FULL=1
-#   PYTEST_ARGS="..."          extra pytest arguments (e.g. "-k graphs")
+#   PYTEST_ARGS="..."          extra pytest arguments (e.g. "-k graphs"; note "-k gpu" leaves out the
+#                              cuda-parametrized and validation tests, which run on the GPU build too)
+#   PYTEST_WORKERS=8           pytest-xdist workers
 #   SANITIZER_TOOLS="..."      default "memcheck racecheck" (initcheck, synccheck also accepted)
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
@@ -169,8 +172,15 @@ step_pytest() {
     record pytest FAIL 0 "torch sees no CUDA device: GPU tests would only skip"
     return
   fi
+  # The whole suite, CPU-only tests included: they also run against the CUDA build of the module
+  # (a "-k gpu" selection once hid that any error message with a number crashed it). In parallel
+  # where pytest-xdist is installed (serially it does not fit one device call).
+  local par=()
+  if "$PY" -c 'import xdist, pytest_timeout' >/dev/null 2>&1; then
+    par=(-n "${PYTEST_WORKERS:-8}" --timeout 300)
+  fi
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
-  run_logged "$log" "$PY" -m pytest tests/python -rs -p no:cacheprovider ${PYTEST_ARGS:-}
+  run_logged "$log" "$PY" -m pytest tests/python -rs -p no:cacheprovider "${par[@]}" ${PYTEST_ARGS:-}
   rc=$?
   trim_log "$log"
   local result gpu_skips
