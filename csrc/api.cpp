@@ -64,11 +64,6 @@ DType decode_out_dtype(DType q_dtype) {
 #endif
 
 void run_proxy_score(const ProxyScoreParams& p, int device, cudaStream_t stream) {
-  // The fp4 indexer has the exact CPU reference only so far: its kernel (dequantize both NVFP4
-  // operands into the bf16 MMA path, exact) is not written yet.
-  MSA_CHECK_SUPPORTED(device < 0 || p.q_dtype != DType::kNVFP4,
-                      "msa_proxy_score_fp4: no CUDA kernel yet; CPU tensors run the exact reference "
-                      "(on the GPU, dequantize q_fp4 / k_fp4 to bf16 and call msa_proxy_score)");
   dispatch(p.q_dtype == DType::kNVFP4 ? "msa_proxy_score_fp4" : "msa_proxy_score", p, device, stream,
            reference::proxy_score, MSA_CUDA_FN(proxy_score));
 }

@@ -48,6 +48,7 @@ using LargeTile = TileShape<4, 1>;
 // One struct per kernel (STYLE habit 10). `tiles` is reused on purpose:
 //   16-bit K:  stage s at [s * 32 KB, +32 KB)
 //   fp8 K:     raw stage s at [s * 16 KB, +16 KB), the converted 16-bit block at [48 KB, 80 KB)
+//   NVFP4 K:   the same, a raw stage holding 8 KB of e2m1 pairs and 1 KB of scales
 //   Q staging: [0, rows * 256 B) before the K pipeline of a tile starts (Q then lives in registers)
 // `part` holds per-warp row maxima of a block, double-buffered so that block t is finalised while
 // block t + 1 is multiplied (one __syncthreads per block).
@@ -78,6 +79,9 @@ struct SharedStorage {
   TileState state;
 };
 static_assert(kStages * kRawTileBytes + kKTileBytes <= kStages * kKTileBytes, "fp8 plan overflows");
+// NVFP4 K raw stage: 128 rows x 64 bytes of e2m1 pairs, then 128 x 8 scale bytes, in an fp8 slot.
+inline constexpr int kFp4RawDataBytes = kBlockSize * kHeadDim / 2;
+static_assert(kFp4RawDataBytes + kBlockSize * 8 <= kRawTileBytes, "NVFP4 raw stage overflows");
 static_assert(LargeTile::kRows * kHeadDim * 2 <= kStages * kKTileBytes, "Q staging overflows");
 static_assert(SmallTile::kRows * SmallTile::kWarpsN <= LargeTile::kRows &&
                   MediumTile::kRows * MediumTile::kWarpsN <= LargeTile::kRows,
@@ -97,6 +101,8 @@ struct KernelParams {
   int n_fill;      // items writing -inf to rows outside [cu_seqlens_q[0], cu_seqlens_q[B])
   bool q_fp8;
   bool k_fp8;
+  bool q_fp4;  // NVFP4 q and k (msa_proxy_score_fp4): dequantized exactly into the MMA dtype,
+  bool k_fp4;  // every logit times p.logit_scale before the block max
 };
 
 }  // namespace flashmsa::cuda::proxy

@@ -47,7 +47,18 @@ __device__ __forceinline__ void load_q_tile(const KernelParams& kp, uint8_t* sQ,
     if (hl < st.nh && tok < st.ntok) {
       const int64_t off = (st.row_begin + tok) * p.q_stride_token +
                           int64_t(st.head0 + hl) * p.q_stride_head + int64_t(c) * 8;
-      if (kp.q_fp8) {
+      if (kp.q_fp4) {
+        // 8 values = 4 bytes of e2m1 pairs; their block scale is column c / 2 of the row's 8.
+        const int64_t row = (st.row_begin + tok) * p.num_heads + st.head0 + hl;
+        const uint8_t* src = static_cast<const uint8_t*>(p.q) + (st.row_begin + tok) * p.q_stride_token +
+                             int64_t(st.head0 + hl) * p.q_stride_head + c * 4;
+        const uint32_t raw = __ldg(reinterpret_cast<const uint32_t*>(src));
+        const float scale = e4m3_to_float(p.q_scale[nvfp4_scale_offset(row, c >> 1)]) * 16384.0f;
+        v.x = e2m1x2_to<Element>(raw & 0xFFu, scale);
+        v.y = e2m1x2_to<Element>((raw >> 8) & 0xFFu, scale);
+        v.z = e2m1x2_to<Element>((raw >> 16) & 0xFFu, scale);
+        v.w = e2m1x2_to<Element>(raw >> 24, scale);
+      } else if (kp.q_fp8) {
         const uint2 raw =
             __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.q) + off));
         v.x = e4m3x2_to_mma_bits<Element>(uint16_t(raw.x & 0xFFFFu));
@@ -80,6 +91,22 @@ __device__ __forceinline__ void load_k_block(const KernelParams& kp, uint8_t* ti
       cp_async_16(smem_addr(dst + swizzle_128x16b(r, c) * 16),
                   src + int64_t(r) * p.k.stride_token + c * 8);
     }
+  } else if (kp.k_fp4) {
+    // Raw stage: [128][64] bytes of e2m1 pairs, then [128][8] scale bytes (columns 0..3 and 4..7
+    // of a row's scales are two 4-byte runs 512 bytes apart in the 128x4 layout).
+    const uint8_t* src = static_cast<const uint8_t*>(p.k.data) + base;
+    uint8_t* dst = tiles + stage * kRawTileBytes;
+    const int c = threadIdx.x & 3;  // 16-byte chunk of the 64-byte row: elements [32c, 32c + 32)
+    for (int r = threadIdx.x >> 2; r < n_keys; r += kThreads / 4) {
+      cp_async_16(smem_addr(dst + r * (kHeadDim / 2) + c * 16), src + int64_t(r) * p.k.stride_token + c * 16);
+    }
+    const int64_t srow0 = kv_scale_row(p.kv, p.num_kv_heads, st.b, st.kh, t * kBlockSize);
+    const int step = p.kv.page_table == nullptr ? p.num_kv_heads : 1;
+    for (int e = threadIdx.x; e < n_keys * 2; e += kThreads) {
+      const int r = e >> 1, half = e & 1;
+      cp_async_4(smem_addr(dst + kFp4RawDataBytes + r * 8 + half * 4),
+                 p.k.scale + nvfp4_scale_offset(srow0 + int64_t(r) * step, 4 * half));
+    }
   } else {
     const uint8_t* src = static_cast<const uint8_t*>(p.k.data) + base;
     uint8_t* dst = tiles + stage * kRawTileBytes;
@@ -104,13 +131,35 @@ __device__ __forceinline__ void convert_k_block(const uint8_t* raw, uint8_t* con
   }
 }
 
+// NVFP4 stage -> the 16-bit swizzled block (exact: every e2m1 x e4m3 value is a bf16 / fp16 value).
+template <typename Element>
+__device__ __forceinline__ void convert_k_block_fp4(const uint8_t* raw, uint8_t* conv, int n_keys) {
+  const int c = threadIdx.x & 3;  // raw chunk: 32 values, scale columns 2c and 2c + 1
+  for (int r = threadIdx.x >> 2; r < n_keys; r += kThreads / 4) {
+    const uint4 in = *reinterpret_cast<const uint4*>(raw + r * (kHeadDim / 2) + c * 16);
+    const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // output chunk 4c + q: values 32c + 8q .., the 4 bytes of w[q]
+      const float scale = e4m3_to_float(raw[kFp4RawDataBytes + r * 8 + 2 * c + (q >> 1)]) * 16384.0f;
+      uint4 out;
+      out.x = e2m1x2_to<Element>(w[q] & 0xFFu, scale);
+      out.y = e2m1x2_to<Element>((w[q] >> 8) & 0xFFu, scale);
+      out.z = e2m1x2_to<Element>((w[q] >> 16) & 0xFFu, scale);
+      out.w = e2m1x2_to<Element>(w[q] >> 24, scale);
+      *reinterpret_cast<uint4*>(conv + swizzle_128x16b(r, 4 * c + q) * 16) = out;
+    }
+  }
+}
+
 // S = Q K^T for this warp's rows and keys of one block, masked per key when kMasked, reduced to
 // per-row maxima and stored in part[warp_n][row].
 //   qa:  (kMTiles, 8 k-steps, 4) A fragments      sK: (128 keys, 128 dims) swizzled 16-bit
-template <typename Element, typename Shape, bool kMasked>
+// kScaled (msa_proxy_score_fp4): every logit times `lscale` before the mask and the max, as the
+// reference does.
+template <typename Element, typename Shape, bool kMasked, bool kScaled = false>
 __device__ __forceinline__ void multiply_block(const uint32_t (&qa)[Shape::kMTiles][8][4],
                                                const uint8_t* sK, const int (*lim_rel)[2],
-                                               float* part) {
+                                               float* part, float lscale = 1.0f) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warp_m = warp % Shape::kWarpsM;
@@ -154,6 +203,7 @@ __device__ __forceinline__ void multiply_block(const uint32_t (&qa)[Shape::kMTil
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = acc[mt][e];
+        if constexpr (kScaled) v *= lscale;
         if constexpr (kMasked) {
           const int kk = key0 + (lane & 3) * 2 + (e & 1);
           v = kk < lim_rel[mt][e >> 1] ? v : neg_inf();
@@ -335,16 +385,24 @@ __device__ __noinline__ void run_tile(const KernelParams& kp, TileWork work) {
         load_k_block(kp, smem.tiles, st, t + kStages - 1, (i + kStages - 1) % kStages);
       cp_async_commit();
       const uint8_t* sK = smem.tiles + (i % kStages) * kKTileBytes;
-      if (kp.k_fp8) {
+      if (kp.k_fp8 || kp.k_fp4) {
         uint8_t* conv = smem.tiles + kStages * kRawTileBytes;
-        convert_k_block<Element>(smem.tiles + (i % kStages) * kRawTileBytes, conv,
-                                 min(kBlockSize, st.seqlen_k - t * kBlockSize));
+        const int n_keys = min(kBlockSize, st.seqlen_k - t * kBlockSize);
+        if (kp.k_fp4) {
+          convert_k_block_fp4<Element>(smem.tiles + (i % kStages) * kRawTileBytes, conv, n_keys);
+        } else {
+          convert_k_block<Element>(smem.tiles + (i % kStages) * kRawTileBytes, conv, n_keys);
+        }
         __syncthreads();
         sK = conv;
       }
       if ((t + 1) * kBlockSize <= st.lim_first) {
         // Every key of the block is visible to every row of the tile.
-        multiply_block<Element, Shape, false>(qa, sK, nullptr, smem.part[i & 1]);
+        if (kp.q_fp4) {
+          multiply_block<Element, Shape, false, true>(qa, sK, nullptr, smem.part[i & 1], p.logit_scale);
+        } else {
+          multiply_block<Element, Shape, false>(qa, sK, nullptr, smem.part[i & 1]);
+        }
       } else {
         // Visible keys of each row this thread accumulates, relative to the block (<= 0 for
         // padding rows). Only the 1-2 diagonal / tail blocks of a tile get here, so the row ->
@@ -362,7 +420,11 @@ __device__ __noinline__ void run_tile(const KernelParams& kp, TileWork work) {
                     ? col_limit(p.causal, st.q_off, st.tok0 + tok, st.seqlen_k) - t * kBlockSize
                     : 0;
           }
-        multiply_block<Element, Shape, true>(qa, sK, lim_rel, smem.part[i & 1]);
+        if (kp.q_fp4) {
+          multiply_block<Element, Shape, true, true>(qa, sK, lim_rel, smem.part[i & 1], p.logit_scale);
+        } else {
+          multiply_block<Element, Shape, true>(qa, sK, lim_rel, smem.part[i & 1]);
+        }
       }
     }
     cp_async_wait<0>();

@@ -24,8 +24,10 @@ template <typename Element>
 void launch_proxy_score(const ProxyScoreParams& p, cudaStream_t stream) {
   MSA_CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0, "proxy_score: num_heads (",
             p.num_heads, ") must be a multiple of num_kv_heads (", p.num_kv_heads, ")");
-  MSA_CHECK_SUPPORTED(p.q_dtype != DType::kNVFP4 && p.k.dtype != DType::kNVFP4,
-                      "proxy_score: NVFP4 operands take the fp4 proxy path");
+  MSA_CHECK((p.q_dtype == DType::kNVFP4) == (p.k.dtype == DType::kNVFP4),
+            "proxy_score: NVFP4 q and k go together (msa_proxy_score_fp4)");
+  MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
+            "proxy_score: NVFP4 q / k need their block scales");
   MSA_CHECK(p.k.dtype == DType::kFP8E4M3 || p.k.dtype == p.q_dtype, "proxy_score: k dtype ",
             dtype_name(p.k.dtype), " must be q's (", dtype_name(p.q_dtype), ") or fp8 e4m3");
   MSA_CHECK(p.q_dtype != DType::kFP8E4M3 || p.k.dtype == DType::kFP8E4M3,
@@ -67,13 +69,16 @@ void launch_proxy_score(const ProxyScoreParams& p, cudaStream_t stream) {
   kp.n_work = int64_t(kp.n_qt) * p.batch * kp.n_split;
   kp.n_fill = limits.num_sms;
 
-  // Q rows are read 16 bytes (fp8: 8 bytes) at a time and K rows by 16-byte cp.async. make_*
+  // Q rows are read 16 bytes (fp8: 8, NVFP4: 4) at a time and K rows by 16-byte cp.async. make_*
   // validation guarantees it (contiguous q and k, 16-byte aligned); checked here as the kernel's
   // precondition rather than assumed.
   kp.q_fp8 = p.q_dtype == DType::kFP8E4M3;
   kp.k_fp8 = p.k.dtype == DType::kFP8E4M3;
-  const int64_t q_elt = kp.q_fp8 ? 1 : 2;
-  const int64_t k_elt = kp.k_fp8 ? 1 : 2;
+  kp.q_fp4 = p.q_dtype == DType::kNVFP4;
+  kp.k_fp4 = p.k.dtype == DType::kNVFP4;
+  // Strides are in elements, bytes for fp8 and NVFP4.
+  const int64_t q_elt = kp.q_fp8 || kp.q_fp4 ? 1 : 2;
+  const int64_t k_elt = kp.k_fp8 || kp.k_fp4 ? 1 : 2;
   MSA_CHECK(aligned_to(p.q, 16) && (p.q_stride_token * q_elt) % 16 == 0 &&
                 (p.q_stride_head * q_elt) % 16 == 0,
             "proxy_score: q must be 16-byte aligned with 16-byte multiple strides");

@@ -326,8 +326,8 @@ def msa_proxy_score_fp4(
 
     ``out[h, t, r] = max_{j in block t, visible} q_gs * k_gs * dot(deq(q[r, h]), deq(k[j, h // G]))``
     with ``deq(x) = e2m1(x) * e4m3(block scale)`` (exact), ``-inf`` where block ``t`` has no visible
-    key. CPU tensors run the exact reference; there is no CUDA kernel yet (CUDA tensors raise
-    ``NotImplementedError``; dequantize to bf16 and call :func:`msa_proxy_score` meanwhile).
+    key. CUDA tensors run the proxy kernel with both operands dequantized exactly into bf16 (so the
+    result equals :func:`msa_proxy_score` on the dequantized tensors); CPU tensors the reference.
 
     Parameters
     ----------

@@ -142,7 +142,17 @@ def test_proxy_score_output_and_dims(device):
 
 # ---- msa_proxy_score_fp4 (NVFP4 indexer; CPU reference only) --------------------------------------
 
-def fp4_inputs(case: ProxyCase, q_gsf: float = 1.0, k_gsf: float = 1.0):
+def _to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    return x
+
+
+def fp4_inputs(case: ProxyCase, q_gsf: float = 1.0, k_gsf: float = 1.0, device: str = "cpu"):
     """Packed NVFP4 q / k of a CPU case (global quantisation scales q_gsf / k_gsf) and the bf16
     tensors of their exactly dequantized values (e2m1 * e4m3 is a bf16 value), plus the rest of
     the call."""
@@ -156,7 +166,8 @@ def fp4_inputs(case: ProxyCase, q_gsf: float = 1.0, k_gsf: float = 1.0):
     k_deq = dequantize_nvfp4(k_fp4, k_scale).to(torch.bfloat16)
     assert torch.equal(q_deq.float(), dequantize_nvfp4(q_fp4, q_scale)), "dequant not exact in bf16"
     rest = list(args[2:])
-    return (q_fp4, k_fp4, q_scale, k_scale, q_gs, k_gs), rest, kwargs, (q_deq, k_deq)
+    return (_to((q_fp4, k_fp4, q_scale, k_scale, q_gs, k_gs), device), _to(rest, device),
+            _to(kwargs, device), _to((q_deq, k_deq), device))
 
 
 FP4_CASES = [
@@ -169,22 +180,25 @@ FP4_CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", FP4_CASES, ids=str)
-def test_proxy_score_fp4_equals_proxy_of_dequantized(case):
+def test_proxy_score_fp4_equals_proxy_of_dequantized(case, device):
     """With unit global scales the fp4 op is msa_proxy_score of the dequantized tensors, bit for
-    bit; with global scales every logit is multiplied by q_gs * k_gs before the block max (for a
-    positive product: the unit-scale result times the product, bit for bit)."""
-    fp4_args, rest, kwargs, (q_deq, k_deq) = fp4_inputs(case)
+    bit (on the GPU too: the kernel dequantizes exactly into the same bf16 MMAs); with global
+    scales every logit is multiplied by q_gs * k_gs before the block max (for a positive product:
+    the unit-scale result times the product, bit for bit)."""
+    fp4_args, rest, kwargs, (q_deq, k_deq) = fp4_inputs(case, device=device)
     got = msa_ops.msa_proxy_score_fp4(*fp4_args, *rest, **kwargs)
     want = msa_ops.msa_proxy_score(q_deq, k_deq, *rest, **kwargs)
     assert torch.equal(got, want)
     assert bool(torch.isfinite(got).any())
 
-    fp4_args, rest, kwargs, (q_deq, k_deq) = fp4_inputs(case, q_gsf=0.37, k_gsf=2.5)
+    fp4_args, rest, kwargs, (q_deq, k_deq) = fp4_inputs(case, q_gsf=0.37, k_gsf=2.5, device=device)
     q_gs, k_gs = fp4_args[4], fp4_args[5]
     got = msa_ops.msa_proxy_score_fp4(*fp4_args, *rest, **kwargs)
     unit = msa_ops.msa_proxy_score(q_deq, k_deq, *rest, **kwargs)
-    product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
+    product = (torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
+               ).to(device)
     assert torch.equal(got, unit * product)
     # A negative product flips which key wins: the block max of the scaled logits, i.e. the
     # proxy of -q (negation is exact) times |product|.
@@ -193,10 +207,12 @@ def test_proxy_score_fp4_equals_proxy_of_dequantized(case):
     assert torch.equal(neg, flipped * product)
 
 
-def test_proxy_score_fp4_against_float64_reference():
+@pytest.mark.parametrize("device", DEVICES)
+def test_proxy_score_fp4_against_float64_reference(device):
     case = ProxyCase("p", [40, 9], [900, 300], 4, 2, q_offset=[100, -3])
-    fp4_args, rest, kwargs, (q_deq, k_deq) = fp4_inputs(case, q_gsf=0.5, k_gsf=3.0)
-    got = msa_ops.msa_proxy_score_fp4(*fp4_args, *rest, **kwargs)
+    fp4_args, rest, kwargs, (q_deq, k_deq) = _to(fp4_inputs(case, q_gsf=0.5, k_gsf=3.0), "cpu")
+    got = msa_ops.msa_proxy_score_fp4(*_to(fp4_args, device), *_to(rest, device),
+                                      **_to(kwargs, device)).cpu()
     keys = ref.sequences(k_deq, cu_seqlens_k=rest[1])
     scale = fp4_args[4] * fp4_args[5]
     expected = ref.proxy_score(q_deq, keys, rest[0], causal=True, max_k_tiles=8,
@@ -229,15 +245,3 @@ def test_proxy_score_fp4_validation():
     # The bf16 op refuses fp4 tensors with its own message.
     with pytest.raises(ValueError, match="q must be bf16, fp16, or fp8"):
         msa_ops.msa_proxy_score(q4, k4, *rest, **kwargs)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_proxy_score_fp4_cuda_is_not_supported_yet():
-    """No CUDA kernel yet: a clear NotImplementedError naming the op, never garbage."""
-    case = ProxyCase("p", [10], [300], 2, 1)
-    fp4_args, rest, kwargs, _ = fp4_inputs(case)
-    cuda = lambda t: t.cuda() if isinstance(t, torch.Tensor) else t  # noqa: E731
-    with pytest.raises(NotImplementedError, match="msa_proxy_score_fp4: no CUDA kernel yet"):
-        msa_ops.msa_proxy_score_fp4(*[cuda(a) for a in fp4_args], *[cuda(a) for a in rest],
-                                    **kwargs)
