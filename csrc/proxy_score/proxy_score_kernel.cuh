@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_k_block(const KernelParams& kp, uint8_t* ti
   const int64_t base = kv_offset(p.k, p.kv, st.b, st.kh, t * kBlockSize);
   if (base < 0) return;
   const int n_keys = min(kBlockSize, st.seqlen_k - t * kBlockSize);
-  if (!kp.k_fp8) {
+  if (!kp.k_fp8 && !kp.k_fp4) {
     const uint16_t* src = static_cast<const uint16_t*>(p.k.data) + base;
     uint8_t* dst = tiles + stage * kKTileBytes;
     // Thread -> fixed 16-byte chunk c of keys r0, r0 + 8, ... (cheap addresses: the loop must not
