@@ -49,8 +49,9 @@ struct KvMajorSm90Config {
   static constexpr int kRowLimOffset = kRowSlotOffset + kTables * kTileRows * 8;
   // The item's list entries (the plan caps items at kKvm90MaxTokensPerItem tokens).
   static constexpr int kListOffset = kRowLimOffset + kTables * kTileRows * 4;
+  // Two item records, used alternately (see the item loop).
   static constexpr int kItemOffset = kListOffset + kKvm90MaxTokensPerItem * 4;
-  static constexpr int kSmemBytes = kItemOffset + 128;
+  static constexpr int kSmemBytes = kItemOffset + 2 * 128;
   static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "1024-byte aligned tiles");
   static_assert(kRawBytes <= kQAreaBytes, "raw K/V staging fits the query area");
 };
@@ -147,14 +148,17 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const float temp = p.lse_temperature;
   check_smem_base(smem);
 
-  while (true) {
+#pragma unroll 1
+  for (int parity = 0;; parity ^= 1) {
+    // Item records alternate: thread 0 writes the next item's into the slot the current item did
+    // not use, so the write never meets a read of the record it replaces, whatever the barriers
+    // in between (racecheck flagged the single-record version on the small-G smoke cases).
     if (tid == 0) {
-      *s_state = fetch_kvm_item(args);
+      s_state[parity] = fetch_kvm_item(args);
     }
     __syncthreads();
-    // Read from shared memory where used (registers go to the accumulators); thread 0 rewrites
-    // the record only after the barrier that ends the item.
-    const KvmItemState& is = *s_state;
+    // Read from shared memory where used (registers go to the accumulators).
+    const KvmItemState& is = s_state[parity];
     if (is.kh < 0) break;
 
     // K / V block: native straight into the tiles (its cp.async group completes no later than the
