@@ -6,7 +6,8 @@
 #
 # On an H200 the build (~50 s) and the whole Python suite (~330-400 s) fill most of a 600 s call;
 # where calls are capped at 600 s run it twice: SKIP_SANITIZER=1 SKIP_BENCH=1 for the tests, then
-# SKIP_TESTS=1 for the sanitizers and the quick benchmark (each call rebuilds on a fresh machine).
+# SKIP_TESTS=1 for the sanitizers (~250 s for memcheck and racecheck over the 110 smoke
+# calls) and the quick benchmark (~15 s). Each call rebuilds on a fresh machine.
 #
 # Steps, each timed, each logging to $OUT/<step>.log ($OUT if set, else ./.out):
 #   build      pip install of the package with CUDA for sm_80 and sm_90a (build dir build-gpu/,
@@ -14,7 +15,8 @@
 #   ctest      the C++ GoogleTest suites of that build (only when .deps/googletest is there)
 #   pytest     pytest tests/python -rs (all of it, -n $PYTEST_WORKERS (8) where pytest-xdist is
 #              installed); fails if any test is skipped for want of CUDA/a GPU
-#   sanitizer  compute-sanitizer memcheck and racecheck on benchmarks/sanitize_smoke.py
+#   sanitizer  compute-sanitizer memcheck and racecheck on benchmarks/sanitize_smoke.py, one log per
+#              tool ($OUT/sanitizer-<tool>.log)
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 # A one-screen summary is printed last and written to $OUT/summary.txt. The exit status is 1 if any
 # step failed; the summary is printed either way.
@@ -24,6 +26,7 @@
 #                              cuda-parametrized and validation tests, which run on the GPU build too)
 #   PYTEST_WORKERS=8           pytest-xdist workers
 #   SANITIZER_TOOLS="..."      default "memcheck racecheck" (initcheck, synccheck also accepted)
+#   SANITIZER_ONLY=substring   only the smoke calls whose name holds it (sanitize_smoke.py --only)
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
 #                              600 s device call ends; a cut step counts as failed
@@ -205,26 +208,27 @@ step_pytest() {
 
 # ---- (c) compute-sanitizer ------------------------------------------------------------------
 step_sanitizer() {
-  local log=$OUT_DIR/sanitizer.log start=$SECONDS rc=0 tool san detail="" trc part
-  : >"$log"
+  local start=$SECONDS rc=0 tool san detail="" trc log
   if ! san=$(find_sanitizer); then
     record sanitizer FAIL 0 "compute-sanitizer not found"
     return
   fi
-  part=$(mktemp)
+  local smoke_args=()
+  [[ -n ${SANITIZER_ONLY:-} ]] && smoke_args=(--only "$SANITIZER_ONLY")
   for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+    # One log per tool, written as the tool runs: a run cut by the budget still shows how far it got.
+    log=$OUT_DIR/sanitizer-$tool.log
     local args=(--tool "$tool" --error-exitcode 97 --print-limit 100)
     [[ $tool == memcheck ]] && args+=(--leak-check no)
-    : >"$part"
-    echo "===== compute-sanitizer ${args[*]} benchmarks/sanitize_smoke.py" >>"$part"
+    echo "===== compute-sanitizer ${args[*]} benchmarks/sanitize_smoke.py ${smoke_args[*]}" >"$log"
     # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
     # out-of-bounds accesses that would otherwise land inside a pooled block.
-    run_logged "$part" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-      "$san" "${args[@]}" "$PY" benchmarks/sanitize_smoke.py
+    run_logged "$log" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+      "$san" "${args[@]}" "$PY" benchmarks/sanitize_smoke.py "${smoke_args[@]}"
     trc=$?
     local summary smoke errors
-    summary=$(grep -E '(ERROR|RACECHECK|INITCHECK|SYNCCHECK) SUMMARY' "$part" | tail -1 | sed 's/^========= //')
-    smoke=$(grep -E '^sanitize_smoke:' "$part" | tail -1 | sed 's/^sanitize_smoke: //')
+    summary=$(grep -E '(ERROR|RACECHECK|INITCHECK|SYNCCHECK) SUMMARY' "$log" | tail -1 | sed 's/^========= //')
+    smoke=$(grep -E '^sanitize_smoke:' "$log" | tail -1 | sed 's/^sanitize_smoke: //')
     # Errors: "ERROR SUMMARY: N errors" (memcheck) or "(N errors, M warnings)" (racecheck).
     errors=$(grep -oE 'SUMMARY: [0-9]+ errors?|\([0-9]+ errors?' <<<"$summary" | grep -oE '[0-9]+' | tail -1)
     if [[ -z $summary ]]; then
@@ -232,13 +236,11 @@ step_sanitizer() {
     elif (( ${errors:-0} > 0 && trc == 0 )); then
       trc=1
     fi
-    (( trc == 124 )) && summary="cut by TIME_BUDGET"
+    (( trc == 124 )) && summary="cut by TIME_BUDGET after $(grep -cE '^(PASS|SKIP|FAIL) ' "$log") smoke calls"
     detail+="$tool: ${summary:-no summary} [${smoke:-no smoke result}]; "
     (( trc != 0 )) && rc=1
-    cat "$part" >>"$log"
+    trim_log "$log"
   done
-  rm -f "$part"
-  trim_log "$log"
   record sanitizer "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail%; }"
 }
 
