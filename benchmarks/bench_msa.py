@@ -351,6 +351,9 @@ class Bench:
                           "memory")
             self.run_case("index", name + " +topk", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, with_topk=True), "memory", ref)
+            if sq == 1:  # the NVFP4 indexer (msa_proxy_score_fp4): a quarter of the K bytes
+                self.run_case("proxy", name + " nvfp4", lambda b=b, c=ctx, q=sq:
+                              self.build_proxy_decode(b, c, q, fp4=True), "memory")
 
     def build_proxy_prefill(self, s):
         g = self.gen()
@@ -367,7 +370,7 @@ class Bench:
         visible = s * (s + 1) // 2
         return fn, dict(flop=2 * 128 * hq * visible, bytes=q.nbytes + k.nbytes + out.nbytes)
 
-    def build_proxy_decode(self, b, ctx, sq, with_topk=False):
+    def build_proxy_decode(self, b, ctx, sq, with_topk=False, fp4=False):
         g = self.gen()
         hq, hk = M3["idx_hq"], M3["idx_hk"]
         nb = ctx // mi.BLOCK
@@ -383,16 +386,29 @@ class Bench:
         sel = torch.empty((b * sq, hq, TOPK), dtype=torch.int32, device=self.device)
         ops = self.ops
 
-        def proxy():
-            return ops.msa_proxy_score(q, k, cu_q, None, page_table=page_table, seqused_k=seqused,
-                                       causal=True, max_seqlen_q=sq, max_k_tiles=nb, output=out)
+        if fp4:  # the NVFP4 indexer: the same problem, q and k quantized
+            k4, k_sc, k_gs = ft.quantize_nvfp4(k)
+            q4, q_sc, q_gs = ft.quantize_nvfp4(q)
+            nbytes = q4.nbytes + q_sc.nbytes + k4.nbytes + k_sc.nbytes + out.nbytes
+
+            def proxy():
+                return ops.msa_proxy_score_fp4(q4, k4, q_sc, k_sc, q_gs, k_gs, cu_q, None,
+                                               page_table=page_table, seqused_k=seqused,
+                                               causal=True, max_seqlen_q=sq, max_k_tiles=nb,
+                                               output=out)
+        else:
+            nbytes = q.nbytes + k.nbytes + out.nbytes
+
+            def proxy():
+                return ops.msa_proxy_score(q, k, cu_q, None, page_table=page_table,
+                                           seqused_k=seqused, causal=True, max_seqlen_q=sq,
+                                           max_k_tiles=nb, output=out)
 
         def index():
             proxy()
             return ops.msa_topk_select(out, TOPK, num_valid_pages=nvp, force_end_blocks=1,
                                        output=sel)
         visible = int((pos + 1).sum().item())
-        nbytes = q.nbytes + k.nbytes + out.nbytes
         if with_topk:
             nbytes += out.nbytes + sel.nbytes
         return (index if with_topk else proxy), dict(flop=2 * 128 * hq * visible, bytes=nbytes)
