@@ -187,7 +187,9 @@ step_pytest() {
     par=(-n "${PYTEST_WORKERS:-8}" --timeout 300)
   fi
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
-  run_logged "$log" "$PY" -m pytest tests/python -rs -p no:cacheprovider "${par[@]}" ${PYTEST_ARGS:-}
+  # --durations: the slowest tests (mostly the CPU reference they compare with) in the log, to
+  # see where the device time of a full run goes.
+  run_logged "$log" "$PY" -m pytest tests/python -rs -p no:cacheprovider --durations=25 "${par[@]}" ${PYTEST_ARGS:-}
   rc=$?
   trim_log "$log"
   local result gpu_skips
