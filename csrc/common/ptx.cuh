@@ -186,18 +186,25 @@ MSA_DEVICE uint32_t e4m3x2_to_mma_bits(uint16_t x) {
   }
 }
 
-// 16 e4m3 bytes (one uint4) to 16 Elems (two uint4), element order preserved.
-template <typename Elem>
-MSA_DEVICE void e4m3x16_to_mma(const uint4& in, uint4& lo, uint4& hi) {
+// 16 e4m3 bytes (one uint4) to 16 converted values (two uint4: values 0-7, 8-15), element order
+// preserved; cvt maps two e4m3 bytes (low byte first) to a packed pair.
+template <typename Cvt>
+MSA_DEVICE void e4m3x16_convert(const uint4& in, uint4& lo, uint4& hi, Cvt cvt) {
   const uint32_t w[4] = {in.x, in.y, in.z, in.w};
   uint32_t o[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    o[2 * i] = e4m3x2_to_mma_bits<Elem>(uint16_t(w[i] & 0xFFFFu));
-    o[2 * i + 1] = e4m3x2_to_mma_bits<Elem>(uint16_t(w[i] >> 16));
+    o[2 * i] = cvt(uint16_t(w[i] & 0xFFFFu));
+    o[2 * i + 1] = cvt(uint16_t(w[i] >> 16));
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
   hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// 16 e4m3 bytes to 16 Elems through e4m3x2_to_mma_bits (the proxy kernel's conversion).
+template <typename Elem>
+MSA_DEVICE void e4m3x16_to_mma(const uint4& in, uint4& lo, uint4& hi) {
+  e4m3x16_convert(in, lo, hi, [](uint16_t x) { return e4m3x2_to_mma_bits<Elem>(x); });
 }
 
 // Two fp8 e4m3 values (low byte first) -> packed MMA dtype. Exact: every e4m3 value is an fp16
@@ -211,6 +218,12 @@ MSA_DEVICE uint32_t e4m3x2_to(uint16_t bits) {
     const float2 f = __half22float2(__half2(h));
     return pack2<Elem>(f.x, f.y);
   }
+}
+
+// 16 e4m3 bytes to 16 Elems through e4m3x2_to (the attention kernels' conversion).
+template <typename Elem>
+MSA_DEVICE void e4m3x16_to(const uint4& in, uint4& lo, uint4& hi) {
+  e4m3x16_convert(in, lo, hi, [](uint16_t x) { return e4m3x2_to<Elem>(x); });
 }
 
 MSA_DEVICE float e4m3_to_float(uint8_t bits) {

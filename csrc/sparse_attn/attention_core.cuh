@@ -182,17 +182,10 @@ MSA_DEVICE void convert_kv_rows(const uint8_t* raw, uint8_t* tile, int tid) {
       const int c = tid + i * kThreads;
       const int row = c >> 3, ch = c & 7;
       const uint4 in = *reinterpret_cast<const uint4*>(raw + row * 128 + ch * 16);
-      const uint32_t w[4] = {in.x, in.y, in.z, in.w};
-      uint32_t out[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        out[2 * j] = e4m3x2_to<Elem>(uint16_t(w[j] & 0xFFFFu));
-        out[2 * j + 1] = e4m3x2_to<Elem>(uint16_t(w[j] >> 16));
-      }
-      *reinterpret_cast<uint4*>(tile + Tile::at(row, 2 * ch)) =
-          make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(tile + Tile::at(row, 2 * ch + 1)) =
-          make_uint4(out[4], out[5], out[6], out[7]);
+      uint4 lo, hi;
+      e4m3x16_to<Elem>(in, lo, hi);
+      *reinterpret_cast<uint4*>(tile + Tile::at(row, 2 * ch)) = lo;
+      *reinterpret_cast<uint4*>(tile + Tile::at(row, 2 * ch + 1)) = hi;
     }
   } else if constexpr (kKv == KvKind::kNvfp4) {
     // 32 e2m1 values (one raw chunk, two scale groups of 16) -> four compute chunks.

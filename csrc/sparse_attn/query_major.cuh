@@ -155,15 +155,10 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
       if (hh < args.group)
         in = *reinterpret_cast<const uint4*>(q + int64_t(r) * p.q_stride_token +
                                              int64_t(kh * args.group + hh) * p.q_stride_head + ch * 16);
-      const uint32_t w[4] = {in.x, in.y, in.z, in.w};
-      uint32_t out[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        out[2 * j] = e4m3x2_to<Elem>(uint16_t(w[j] & 0xFFFFu));
-        out[2 * j + 1] = e4m3x2_to<Elem>(uint16_t(w[j] >> 16));
-      }
-      *reinterpret_cast<uint4*>(sQ + swizzle_128x16b_bytes(row, 2 * ch)) = make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(sQ + swizzle_128x16b_bytes(row, 2 * ch + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+      uint4 lo, hi;
+      e4m3x16_to<Elem>(in, lo, hi);
+      *reinterpret_cast<uint4*>(sQ + swizzle_128x16b_bytes(row, 2 * ch)) = lo;
+      *reinterpret_cast<uint4*>(sQ + swizzle_128x16b_bytes(row, 2 * ch + 1)) = hi;
     }
   }
 }
