@@ -14,7 +14,8 @@
 //                                    it; the others their causal limit; lazy rescaling (slack 8,
 //                                    kv_major.cuh's rule)
 //                   O += P V         8 x wgmma m64n128k16, P from registers
-//                 releasing K after S and V after P V; then out = O * v_global_scale / l and the
+//                 releasing K after S and V after P V (a block none of the warpgroup's tokens
+//                 selected is only waited for and released); then out = O * v_global_scale / l and the
 //                 LSEs, like the fused query-major path. The consumers never wait for each other,
 //                 so one's softmax overlaps the other's MMAs (the earlier lock-step version, one
 //                 __syncthreads per block, ran the M3 32K clustered case in 6.4 ms, this one in 4.9).
@@ -224,6 +225,11 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
     row_head[h] = row - row_tok[h] * G;
   }
 
+  // Tokens of the tile with rows in this warpgroup (rows 64 wg .. 64 wg + 63; G = 128: both own
+  // token 0): a block none of them selected is skipped (nothing of it is visible to these rows).
+  const int wg_tok = G >= 64 ? 1 : 64 / G;
+  const uint32_t wg_mask = ((1u << wg_tok) - 1u) << (64 * wg / G);
+
   int kv = 0;  // K / V blocks consumed so far (ring position)
   for (int it = 0;; ++it) {
     const int tb = it & 1;
@@ -247,6 +253,18 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
     for (int u = 0; u < U; ++u, ++kv) {
       const int st = kv & 1;
       const uint32_t parity = (kv >> 1) & 1;
+      const uint32_t msk = pl.mask[u];
+      if ((msk & wg_mask) == 0u) {
+        // Its rows would see nothing of the block: no MMA, m / l / o unchanged (exactly what the
+        // masked path computes). The slots are still waited for before they are released, so
+        // that this warpgroup's arrivals stay in the ring phase the producer is filling (an
+        // early release could complete a phase the other warpgroup is still reading).
+        mbar_wait(k_full + 8 * st, parity);
+        mbar_arrive(k_empty + 8 * st);
+        mbar_wait(v_full + 8 * st, parity);
+        mbar_arrive(v_empty + 8 * st);
+        continue;
+      }
       mbar_wait(k_full + 8 * st, parity);
       fence_proxy_async_smem();
       float s[16][4];
@@ -254,7 +272,6 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
       mbar_arrive(k_empty + 8 * st);
 
       const int j0 = pl.block[u] * kBlockSize;
-      const uint32_t msk = pl.mask[u];
       float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
