@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -218,6 +219,7 @@ struct KvmPlan {
   int uni_tile_tokens;
   int uni_num_tiles;
   int uni_max_entries;
+  int uni_max_waste_milli;
   int uni_grid;
   size_t uni_done_off, uni_count_off, uni_block_off, uni_mask_off, uni_work_off, uni_control_off;
   size_t block_base_off, counts_off, cursors_off, control_off, items_off, list_off;
@@ -235,6 +237,18 @@ int64_t chunk_rows_override() {
   MSA_CHECK(end != nullptr && *end == '\0' && v > 0, "FLASHMSA_KV_MAJOR_CHUNK_ROWS must be a positive "
             "integer, got '", env, "'");
   return v;
+}
+
+// Tuning knob: FLASHMSA_TILE_MAX_WASTE=<x>, 1 <= x <= 8, replaces the shared-selection tiles'
+// qualifying bound (computed (token, block) products <= x pairs; default 1.5, kernel_traits.h).
+int tile_max_waste_milli() {
+  const char* env = std::getenv("FLASHMSA_TILE_MAX_WASTE");
+  if (env == nullptr || *env == '\0') return kUnionMaxWasteMilli;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  MSA_CHECK(end != nullptr && *end == '\0' && v >= 1.0 && v <= 8.0,
+            "FLASHMSA_TILE_MAX_WASTE must be a number from 1 to 8, got '", env, "'");
+  return int(std::lround(v * 1000.0));
 }
 
 // FLASHMSA_KV_MAJOR_KERNEL = auto (default: wgmma where it can run) | mma_sync | wgmma picks the
@@ -322,6 +336,7 @@ bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& pl
     plan.uni_tile_tokens = kUnionRows / group;
     plan.uni_num_tiles = int((int64_t(p.total_q) + plan.uni_tile_tokens - 1) / plan.uni_tile_tokens);
     plan.uni_max_entries = plan.uni_tile_tokens * p.topk;
+    plan.uni_max_waste_milli = tile_max_waste_milli();
     const size_t tiles = size_t(p.num_kv_heads) * plan.uni_num_tiles;
     plan.uni_grid = uctas * dev.num_sms;
     plan.uni_done_off = c.take(tiles);
@@ -365,6 +380,7 @@ void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceIn
     u.tile_tokens = plan.uni_tile_tokens;
     u.num_tiles = plan.uni_num_tiles;
     u.max_entries = plan.uni_max_entries;
+    u.max_waste_milli = plan.uni_max_waste_milli;
     u.has_temp = a.has_temp;
     u.scale_log2 = a.scale_log2;
     u.done = at<uint8_t>(p, plan.uni_done_off);

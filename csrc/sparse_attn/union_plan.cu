@@ -4,7 +4,7 @@
 // over the tile's block range, and reads the union off the OR of the bitmaps in ascending block
 // order, each block with the mask of the tokens that selected it. The tile qualifies when all its
 // tokens are in one sequence, its union has at most kUnionMaxBlocks blocks and the (token, block)
-// products the tile kernel computes are <= 1.5 x pairs (kernel_traits.h).
+// products the tile kernel computes are <= 1.5 x pairs (kernel_traits.h; FLASHMSA_TILE_MAX_WASTE).
 // Qualifying tiles get done = 1 and a place in the work list (taken with an atomic: the order of
 // the list does not matter, a tile's result depends only on its own plan); the others get done = 0
 // and are left to the KV-major path, as are tiles whose pairs span more than 32 x kPlanMaxRangeWords
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
   }
   const int64_t computed = t == 1 ? int64_t(u) : int64_t(u_halves) * half;
   const bool qualifies =
-      computed * kUnionMaxWasteDen <= int64_t(kUnionMaxWasteNum) * pairs && u <= kUnionMaxBlocks;
+      computed * 1000 <= int64_t(a.max_waste_milli) * pairs && u <= kUnionMaxBlocks;
   if (qualifies) {
     int* out_block = a.plan_block + w * a.max_entries;
     uint8_t* out_mask = a.plan_mask + w * a.max_entries;
