@@ -265,8 +265,14 @@ KvmKernel kv_major_kernel_override() {
 // CTAs per SM of the shared-selection tile kernel for this call, 0 when it does not apply.
 int union_ctas(const SparseAttnParams& p) {
   const int group = p.num_heads / p.num_kv_heads;
-  if (kv_kind(p) != KvKind::kNative || group < kUnionRows / kUnionMaxTokens || kUnionRows % group != 0) return 0;
-  return compute_is_bf16(p) ? union_sm90_ctas_per_sm<__nv_bfloat16>() : union_sm90_ctas_per_sm<__half>();
+  if (kv_kind(p) == KvKind::kNvfp4 || group < kUnionRows / kUnionMaxTokens || kUnionRows % group != 0) return 0;
+  return dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+    if constexpr (kKv == KvKind::kNvfp4) {
+      return 0;  // NVFP4 K / V take the KV-major path
+    } else {
+      return union_sm90_ctas_per_sm<Elem, kKv>();
+    }
+  });
 }
 
 // False when the KV-major kernel does not fit this device's shared memory. with_union: also plan
@@ -390,11 +396,9 @@ void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceIn
     u.work = at<int>(p, plan.uni_work_off);
     u.control = at<int>(p, plan.uni_control_off);
     launch_union_plan(u, stream);
-    if (compute_is_bf16(p)) {
-      launch_union_sm90<__nv_bfloat16>(u, plan.uni_grid, stream);
-    } else {
-      launch_union_sm90<__half>(u, plan.uni_grid, stream);
-    }
+    dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+      if constexpr (kKv != KvKind::kNvfp4) launch_union_sm90<Elem, kKv>(u, plan.uni_grid, stream);
+    });
     a.union_done = u.done;
     a.union_tile_tokens = u.tile_tokens;
     a.union_num_tiles = u.num_tiles;

@@ -160,6 +160,11 @@ CASES = [
     GpuCase("g16_tile_shared_fp16", [400], [2000], 16, 1, causal=True, dtype=FP16,
             selection="tile_shared"),
     GpuCase("g64_tile_mixed_nocausal", [90], [3000], 128, 2, selection="tile_mixed"),
+    # fp8 K / V in the tile kernel (the producer dequantizes each block in place).
+    GpuCase("m3_tile_shared_fp8", [1024, 300], [1024, 300], 64, 4, causal=True,
+            selection="tile_shared", kv="fp8"),
+    GpuCase("g32_tile_mixed_fp8_paged_fp16", [256, 100], [600, 900], 64, 2, causal=True,
+            selection="tile_mixed", layout="paged", kv="fp8", dtype=FP16, v_global_scale=0.6),
     # Tiles whose blocks span more than the planner's 8192-block bitmap (1M tokens): sink block 0
     # and the local block ~8300 apart (tiles that would qualify otherwise). They must go the
     # KV-major way, with correct results.
@@ -650,7 +655,8 @@ def test_hybrid_runs_shared_tiles():
 
 
 @pytest.mark.parametrize("name", ["spec_16_1", "m3_1x1024", "m3_tile_mixed_temp",
-                                  "g32_tile_shared_paged", "g64_tile_mixed_nocausal"])
+                                  "g32_tile_shared_paged", "g64_tile_mixed_nocausal",
+                                  "m3_tile_shared_fp8", "g32_tile_mixed_fp8_paged_fp16"])
 def test_tile_kernel_on_unrelated_selections(name):
     """FLASHMSA_TILE_MAX_WASTE=8 sends every tile whose union fits the plan to the shared-selection
     tile kernel, also tiles of unrelated (random) selections, where a consumer warpgroup often skips
