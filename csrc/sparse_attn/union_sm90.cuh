@@ -120,15 +120,10 @@ MSA_DEVICE void union_fp8_dequantize_in_place(uint8_t* slot, int ptid) {
     const int row = (ptid >> 3) + (UnionSm90Config::kProducerThreads / 8) * i;
     const uint4 in = *reinterpret_cast<const uint4*>(raw + row * 128 + ch * 16);
     __syncwarp();
-    const uint32_t w[4] = {in.x, in.y, in.z, in.w};
-    uint32_t out[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      out[2 * j] = e4m3x2_to<Elem>(uint16_t(w[j] & 0xFFFFu));
-      out[2 * j + 1] = e4m3x2_to<Elem>(uint16_t(w[j] >> 16));
-    }
-    *reinterpret_cast<uint4*>(slot + Sw128Tile<kBlockSize>::at(row, 2 * ch)) = make_uint4(out[0], out[1], out[2], out[3]);
-    *reinterpret_cast<uint4*>(slot + Sw128Tile<kBlockSize>::at(row, 2 * ch + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+    uint4 lo, hi;
+    e4m3x16_to<Elem>(in, lo, hi);
+    *reinterpret_cast<uint4*>(slot + Sw128Tile<kBlockSize>::at(row, 2 * ch)) = lo;
+    *reinterpret_cast<uint4*>(slot + Sw128Tile<kBlockSize>::at(row, 2 * ch + 1)) = hi;
   }
   fence_proxy_async_smem();
 }
@@ -218,33 +213,33 @@ MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars,
       // (after P V(u - 2), and after S(u - 1) for consumers that look one block ahead: K(u - 1) is
       // dequantized and published just before).
       constexpr uint32_t kRawOffset = kBlockSize * 128;
-      for (int u = 0; u <= U; ++u) {
+      // One half of step u: the raw copy of block u into its slot, then block u - 1 dequantized
+      // and published (K, then V: each with its own barriers and ring).
+      auto step = [&](int u, const KVTensor& t, uint32_t empty, uint32_t full, int tile_off, bool last_wait0) {
         const int st = (kv + u) & 1, prev = (kv + u - 1) & 1;
-        const uint32_t parity = (((kv + u) >> 1) & 1) ^ 1;
-        const int j0 = u < U ? pl.block[u] * kBlockSize : 0;
-        const int n_valid = min(kBlockSize, seqlen_k - j0);
         if (u < U) {
-          mbar_wait(k_empty + 8 * st, parity);
-          issue_kv_rows<Elem, KvKind::kFp8, kBlockSize, T>(p.k, kv_offset(p.k, p.kv, b, kh, j0), 0, 1, n_valid,
-                                                          sK_addr + st * Cfg::kKvBytes + kRawOffset, ptid);
+          const int j0 = pl.block[u] * kBlockSize;
+          mbar_wait(empty + 8 * st, (((kv + u) >> 1) & 1) ^ 1);
+          issue_kv_rows<Elem, KvKind::kFp8, kBlockSize, T>(t, kv_offset(t, p.kv, b, kh, j0), 0, 1,
+                                                          min(kBlockSize, seqlen_k - j0),
+                                                          smem_addr(smem + tile_off + st * Cfg::kKvBytes) + kRawOffset, ptid);
           cp_async_commit();
         }
         if (u > 0) {
-          if (u < U) cp_async_wait<2>(); else cp_async_wait<1>();
-          union_fp8_dequantize_in_place<Elem>(smem + Cfg::kKOffset + prev * Cfg::kKvBytes, ptid);
-          mbar_arrive(k_full + 8 * prev);
+          if (u < U) {
+            cp_async_wait<2>();
+          } else if (last_wait0) {
+            cp_async_wait<0>();
+          } else {
+            cp_async_wait<1>();
+          }
+          union_fp8_dequantize_in_place<Elem>(smem + tile_off + prev * Cfg::kKvBytes, ptid);
+          mbar_arrive(full + 8 * prev);
         }
-        if (u < U) {
-          mbar_wait(v_empty + 8 * st, parity);
-          issue_kv_rows<Elem, KvKind::kFp8, kBlockSize, T>(p.v, kv_offset(p.v, p.kv, b, kh, j0), 0, 1, n_valid,
-                                                          sV_addr + st * Cfg::kKvBytes + kRawOffset, ptid);
-          cp_async_commit();
-        }
-        if (u > 0) {
-          if (u < U) cp_async_wait<2>(); else cp_async_wait<0>();
-          union_fp8_dequantize_in_place<Elem>(smem + Cfg::kVOffset + prev * Cfg::kKvBytes, ptid);
-          mbar_arrive(v_full + 8 * prev);
-        }
+      };
+      for (int u = 0; u <= U; ++u) {
+        step(u, p.k, k_empty, k_full, Cfg::kKOffset, false);
+        step(u, p.v, v_empty, v_full, Cfg::kVOffset, true);
       }
       kv += U;
     }
