@@ -79,6 +79,7 @@ QUICK = dict(
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline")
 SCHEDULE_ENV = "FLASHMSA_PREFILL_SCHEDULE"  # auto | query_major | kv_major (csrc/sparse_attn)
 KERNEL_ENV = "FLASHMSA_KV_MAJOR_KERNEL"  # auto | mma_sync | wgmma
+TILE_WASTE_ENV = "FLASHMSA_TILE_MAX_WASTE"  # shared-selection tile bound (tuning; empty: 1.5)
 
 
 def size_name(n: int) -> str:
@@ -447,10 +448,17 @@ class Bench:
             # that the table shows what the choice costs.
             schedules = ["auto"] + (["query_major", "kv_major", "kv_major mma_sync"]
                                     if (kv, layout) == ("bf16", "flat") else [])
+            # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
+            schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
+                          if (kv, layout) == ("bf16", "flat")]
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
                 sched, _, kernel = schedule.partition(" ")
-                env = {SCHEDULE_ENV: sched, KERNEL_ENV: kernel or "auto"}
+                env = {SCHEDULE_ENV: sched, KERNEL_ENV: "auto", TILE_WASTE_ENV: ""}
+                if kernel.startswith("waste="):
+                    env[TILE_WASTE_ENV] = kernel[len("waste="):]
+                elif kernel:
+                    env[KERNEL_ENV] = kernel
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",
                               lambda s=s, kv=kv, lay=layout, pat=pattern:
                               self.build_sparse(s, kv, lay, pat, M3), "compute", ref, env=env)
@@ -659,6 +667,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="subset that runs in < 2 minutes")
     ap.add_argument("--out", help="write every row and the ceilings as JSON here")
+    ap.add_argument("--tile-waste", default="", type=lambda v: [w for w in v.split(",") if w],
+                    help="comma-separated FLASHMSA_TILE_MAX_WASTE values: bf16 flat sparse cases "
+                         "also run under the hybrid schedule with each (tuning)")
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)}")
     args = ap.parse_args(argv)

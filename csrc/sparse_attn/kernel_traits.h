@@ -104,18 +104,20 @@ struct KvMajorArgs {
 // tile of 128 / G consecutive tokens (128 query rows of one kv head) walks the union of its tokens'
 // blocks once, K/V shared by all rows, each row masked to the blocks its token selected, and
 // writes final outputs: no partials. A tile qualifies when that wastes at most 1.5 x the useful
-// work (union blocks x tokens <= 1.5 x pairs): measured on an H200 (M3, 32K), a computed
+// work (computed (token, block) products <= 1.5 x pairs; each of the kernel's two 64-row halves
+// computes the blocks its own tokens selected, so that is (u0 + u1) x tokens / 2 for the unions
+// u0 / u1 of the halves, union blocks x tokens before): measured on an H200 (M3, 32K), a computed
 // (token, block) cost ~3.1 ns in the first (lock-step) tile kernel and a pair ~5.0 ns the KV-major
 // way (kernel, combine, lists), so the break-even was ~1.6; the warp-specialized kernel brought the
 // first figure to ~2.4 ns (break-even ~2.1), the threshold is not re-tuned yet. The others go the
 // KV-major way, whose list builder and combine skip the rows done here (done flags).
+// FLASHMSA_TILE_MAX_WASTE=<x> (a tuning knob, 1 <= x <= 8) replaces the 1.5.
 inline constexpr int kUnionRows = 128;
-inline constexpr int kUnionMaxWasteNum = 3;
-inline constexpr int kUnionMaxWasteDen = 2;
+inline constexpr int kUnionMaxWasteMilli = 1500;  // the 1.5, in thousandths
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
-// A qualifying tile has union x tokens <= 1.5 x pairs <= 1.5 x tokens x topk: at most 96 blocks
-// (the planner also checks it, the tile kernel's plan buffers hold that many).
-inline constexpr int kUnionMaxBlocks = kUnionMaxWasteNum * 64 / kUnionMaxWasteDen;
+// The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
+// most a tile of topk 64 could have under the default whole-union criterion.
+inline constexpr int kUnionMaxBlocks = 96;
 
 struct UnionArgs {
   SparseAttnParams p;
@@ -123,6 +125,7 @@ struct UnionArgs {
   int tile_tokens;  // 128 / G
   int num_tiles;    // ceil(total_q / tile_tokens)
   int max_entries;  // tile_tokens * topk: the plan capacity of one tile
+  int max_waste_milli;  // qualifying: computed (token, block) products x 1000 <= this x pairs
   bool has_temp;
   float scale_log2;
   uint8_t* done;         // [Hkv, num_tiles] 1: the tile's rows of this kv head are computed here

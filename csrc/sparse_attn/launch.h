@@ -33,11 +33,11 @@ template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm();
 
 // Shared-selection tiles (union_plan.cu, union_sm90.cuh): the plan of every (kv head, tile) and
-// the persistent sm_90a attention kernel over the qualifying ones (bf16 / fp16 K and V only).
+// the persistent sm_90a attention kernel over the qualifying ones (bf16 / fp16 / fp8 K and V).
 void launch_union_plan(const UnionArgs& args, cudaStream_t stream);
-template <typename Elem>
+template <typename Elem, KvKind kKv>
 void launch_union_sm90(const UnionArgs& args, int grid, cudaStream_t stream);
-template <typename Elem>
+template <typename Elem, KvKind kKv>
 int union_sm90_ctas_per_sm();
 
 // KV-major list building (kv_major_lists.cu): once per call, then once per launch group.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -218,6 +219,7 @@ struct KvmPlan {
   int uni_tile_tokens;
   int uni_num_tiles;
   int uni_max_entries;
+  int uni_max_waste_milli;
   int uni_grid;
   size_t uni_done_off, uni_count_off, uni_block_off, uni_mask_off, uni_work_off, uni_control_off;
   size_t block_base_off, counts_off, cursors_off, control_off, items_off, list_off;
@@ -237,6 +239,18 @@ int64_t chunk_rows_override() {
   return v;
 }
 
+// Tuning knob: FLASHMSA_TILE_MAX_WASTE=<x>, 1 <= x <= 8, replaces the shared-selection tiles'
+// qualifying bound (computed (token, block) products <= x pairs; default 1.5, kernel_traits.h).
+int tile_max_waste_milli() {
+  const char* env = std::getenv("FLASHMSA_TILE_MAX_WASTE");
+  if (env == nullptr || *env == '\0') return kUnionMaxWasteMilli;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  MSA_CHECK(end != nullptr && *end == '\0' && v >= 1.0 && v <= 8.0,
+            "FLASHMSA_TILE_MAX_WASTE must be a number from 1 to 8, got '", env, "'");
+  return int(std::lround(v * 1000.0));
+}
+
 // FLASHMSA_KV_MAJOR_KERNEL = auto (default: wgmma where it can run) | mma_sync | wgmma picks the
 // KV-major attention kernel (tests and benchmarks run both on an H100 / H200).
 enum class KvmKernel { kAuto, kMmaSync, kWgmma };
@@ -251,8 +265,14 @@ KvmKernel kv_major_kernel_override() {
 // CTAs per SM of the shared-selection tile kernel for this call, 0 when it does not apply.
 int union_ctas(const SparseAttnParams& p) {
   const int group = p.num_heads / p.num_kv_heads;
-  if (kv_kind(p) != KvKind::kNative || group < kUnionRows / kUnionMaxTokens || kUnionRows % group != 0) return 0;
-  return compute_is_bf16(p) ? union_sm90_ctas_per_sm<__nv_bfloat16>() : union_sm90_ctas_per_sm<__half>();
+  if (kv_kind(p) == KvKind::kNvfp4 || group < kUnionRows / kUnionMaxTokens || kUnionRows % group != 0) return 0;
+  return dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+    if constexpr (kKv == KvKind::kNvfp4) {
+      return 0;  // NVFP4 K / V take the KV-major path
+    } else {
+      return union_sm90_ctas_per_sm<Elem, kKv>();
+    }
+  });
 }
 
 // False when the KV-major kernel does not fit this device's shared memory. with_union: also plan
@@ -322,6 +342,7 @@ bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& pl
     plan.uni_tile_tokens = kUnionRows / group;
     plan.uni_num_tiles = int((int64_t(p.total_q) + plan.uni_tile_tokens - 1) / plan.uni_tile_tokens);
     plan.uni_max_entries = plan.uni_tile_tokens * p.topk;
+    plan.uni_max_waste_milli = tile_max_waste_milli();
     const size_t tiles = size_t(p.num_kv_heads) * plan.uni_num_tiles;
     plan.uni_grid = uctas * dev.num_sms;
     plan.uni_done_off = c.take(tiles);
@@ -365,6 +386,7 @@ void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceIn
     u.tile_tokens = plan.uni_tile_tokens;
     u.num_tiles = plan.uni_num_tiles;
     u.max_entries = plan.uni_max_entries;
+    u.max_waste_milli = plan.uni_max_waste_milli;
     u.has_temp = a.has_temp;
     u.scale_log2 = a.scale_log2;
     u.done = at<uint8_t>(p, plan.uni_done_off);
@@ -374,11 +396,9 @@ void run_kv_major(const SparseAttnParams& p, const KvmPlan& plan, const DeviceIn
     u.work = at<int>(p, plan.uni_work_off);
     u.control = at<int>(p, plan.uni_control_off);
     launch_union_plan(u, stream);
-    if (compute_is_bf16(p)) {
-      launch_union_sm90<__nv_bfloat16>(u, plan.uni_grid, stream);
-    } else {
-      launch_union_sm90<__half>(u, plan.uni_grid, stream);
-    }
+    dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+      if constexpr (kKv != KvKind::kNvfp4) launch_union_sm90<Elem, kKv>(u, plan.uni_grid, stream);
+    });
     a.union_done = u.done;
     a.union_tile_tokens = u.tile_tokens;
     a.union_num_tiles = u.num_tiles;

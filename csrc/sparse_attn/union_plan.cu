@@ -3,7 +3,8 @@
 // does (a used, visible, valid-page entry is a pair), sets one bit per pair in a per-token bitmap
 // over the tile's block range, and reads the union off the OR of the bitmaps in ascending block
 // order, each block with the mask of the tokens that selected it. The tile qualifies when all its
-// tokens are in one sequence and union size x tokens <= 1.5 x pairs (kernel_traits.h).
+// tokens are in one sequence, its union has at most kUnionMaxBlocks blocks and the (token, block)
+// products the tile kernel computes are <= 1.5 x pairs (kernel_traits.h; FLASHMSA_TILE_MAX_WASTE).
 // Qualifying tiles get done = 1 and a place in the work list (taken with an atomic: the order of
 // the list does not matter, a tile's result depends only on its own plan); the others get done = 0
 // and are left to the KV-major path, as are tiles whose pairs span more than 32 x kPlanMaxRangeWords
@@ -101,13 +102,23 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
     for (int e = 0; e < t; ++e) x |= bits[e][i];
     return x;
   };
-  int u = 0;
+  // Work the tile kernel does: each consumer warpgroup (64 rows, t / 2 tokens) computes only the
+  // union blocks its own tokens selected (union_sm90.cuh), i.e. (u0 + u1) x t / 2 (token, block)
+  // products with u0 / u1 the unions of the two halves; t = 1 (G = 128): both warpgroups hold the
+  // one token, u x 1.
+  const int half = t / 2;
+  int u = 0, u_halves = 0;
   for (int i0 = 0; i0 < words; i0 += 32) {
     const int i = i0 + lane;
-    u += __reduce_add_sync(0xffffffffu, i < words ? __popc(union_word(i)) : 0);
+    uint32_t h0 = 0u, h1 = 0u;
+    if (i < words)
+      for (int e = 0; e < t; ++e) (e < half ? h0 : h1) |= bits[e][i];
+    u += __reduce_add_sync(0xffffffffu, __popc(h0 | h1));
+    u_halves += __reduce_add_sync(0xffffffffu, __popc(h0) + __popc(h1));
   }
+  const int64_t computed = t == 1 ? int64_t(u) : int64_t(u_halves) * half;
   const bool qualifies =
-      int64_t(u) * t * kUnionMaxWasteDen <= int64_t(kUnionMaxWasteNum) * pairs && u <= kUnionMaxBlocks;
+      computed * 1000 <= int64_t(a.max_waste_milli) * pairs && u <= kUnionMaxBlocks;
   if (qualifies) {
     int* out_block = a.plan_block + w * a.max_entries;
     uint8_t* out_mask = a.plan_mask + w * a.max_entries;

@@ -14,12 +14,14 @@
 //                                    it; the others their causal limit; lazy rescaling (slack 8,
 //                                    kv_major.cuh's rule)
 //                   O += P V         8 x wgmma m64n128k16, P from registers
-//                 releasing K after S and V after P V; then out = O * v_global_scale / l and the
+//                 releasing K after S and V after P V (a block none of the warpgroup's tokens
+//                 selected is only waited for and released); then out = O * v_global_scale / l and the
 //                 LSEs, like the fused query-major path. The consumers never wait for each other,
 //                 so one's softmax overlaps the other's MMAs (the earlier lock-step version, one
 //                 __syncthreads per block, ran the M3 32K clustered case in 6.4 ms, this one in 4.9).
-// Only bf16 / fp16 K and V (quantized caches always take the KV-major path). A row's result
-// depends only on its tile's plan, never on which CTA ran it (D11).
+// bf16 / fp16 K and V, and fp8 ones dequantized by the producer into the ring (NVFP4 caches take
+// the KV-major path). A row's result depends only on its tile's plan, never on which CTA ran it
+// (D11).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -102,9 +104,33 @@ MSA_DEVICE void union_softmax_row(float (&s)[16][4], int h, int lim, float sc, f
   if constexpr (kTemp) lt += sum_t;
 }
 
+// fp8 K / V: the raw rows of a block are copied into the upper half of its ring slot ([128][128]
+// bytes at +16 KB, issue_kv_rows' layout) and dequantized in place into the slot's Sw128Tile<128>
+// compute tile (exact: every e4m3 value is a bf16 and an fp16 value). Raw row r occupies exactly
+// the bytes that the second half (dims 64..127) of compute row r goes to, so the eight threads of
+// a row, which sit in one warp and each copied one 16-byte chunk of it, all read their chunk before
+// any of them writes (__syncwarp); different rows never overlap. The writers fence their generic
+// writes for the consumers' wgmma (async proxy) before they arrive on the slot's "full" barrier.
+template <typename Elem>
+MSA_DEVICE void union_fp8_dequantize_in_place(uint8_t* slot, int ptid) {
+  const uint8_t* raw = slot + kBlockSize * 128;
+  const int ch = ptid & 7;  // the raw chunk this thread copied: values 16 ch .. 16 ch + 15
+#pragma unroll 2
+  for (int i = 0; i < kBlockSize * 8 / UnionSm90Config::kProducerThreads; ++i) {
+    const int row = (ptid >> 3) + (UnionSm90Config::kProducerThreads / 8) * i;
+    const uint4 in = *reinterpret_cast<const uint4*>(raw + row * 128 + ch * 16);
+    __syncwarp();
+    uint4 lo, hi;
+    e4m3x16_to<Elem>(in, lo, hi);
+    *reinterpret_cast<uint4*>(slot + Sw128Tile<kBlockSize>::at(row, 2 * ch)) = lo;
+    *reinterpret_cast<uint4*>(slot + Sw128Tile<kBlockSize>::at(row, 2 * ch + 1)) = hi;
+  }
+  fence_proxy_async_smem();
+}
+
 // The producer warpgroup: plans, Q and the K / V ring (see the top of the file). ptid: thread
 // index within the warpgroup.
-template <typename Elem>
+template <typename Elem, KvKind kKv>
 MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars, int ptid) {
   using Cfg = UnionSm90Config;
   constexpr int T = Cfg::kProducerThreads;
@@ -161,28 +187,69 @@ MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars,
     mbar_arrive(q_full + 8 * tb);  // also publishes the plan
     warpgroup_barrier(2);          // the plan's blocks, written by all producer threads, are read by all
 
-    for (int u = 0; u < U; ++u, ++kv) {
-      const int st = kv & 1;
-      const uint32_t parity = ((kv >> 1) & 1) ^ 1;
-      const int j0 = pl.block[u] * kBlockSize;
-      const int n_valid = min(kBlockSize, seqlen_k - j0);
-      mbar_wait(k_empty + 8 * st, parity);
-      issue_kv_rows<Elem, KvKind::kNative, kBlockSize, T, Sw128Tile<kBlockSize>>(
-          p.k, kv_offset(p.k, p.kv, b, kh, j0), 0, 1, n_valid, sK_addr + st * Cfg::kKvBytes, ptid);
-      mbar_arrive_cp_async(k_full + 8 * st);
-      mbar_arrive(k_full + 8 * st);
-      mbar_wait(v_empty + 8 * st, parity);
-      issue_kv_rows<Elem, KvKind::kNative, kBlockSize, T, Sw128Tile<kBlockSize>>(
-          p.v, kv_offset(p.v, p.kv, b, kh, j0), 0, 1, n_valid, sV_addr + st * Cfg::kKvBytes, ptid);
-      mbar_arrive_cp_async(v_full + 8 * st);
-      mbar_arrive(v_full + 8 * st);
+    if constexpr (kKv == KvKind::kNative) {
+      for (int u = 0; u < U; ++u, ++kv) {
+        const int st = kv & 1;
+        const uint32_t parity = ((kv >> 1) & 1) ^ 1;
+        const int j0 = pl.block[u] * kBlockSize;
+        const int n_valid = min(kBlockSize, seqlen_k - j0);
+        mbar_wait(k_empty + 8 * st, parity);
+        issue_kv_rows<Elem, KvKind::kNative, kBlockSize, T, Sw128Tile<kBlockSize>>(
+            p.k, kv_offset(p.k, p.kv, b, kh, j0), 0, 1, n_valid, sK_addr + st * Cfg::kKvBytes, ptid);
+        mbar_arrive_cp_async(k_full + 8 * st);
+        mbar_arrive(k_full + 8 * st);
+        mbar_wait(v_empty + 8 * st, parity);
+        issue_kv_rows<Elem, KvKind::kNative, kBlockSize, T, Sw128Tile<kBlockSize>>(
+            p.v, kv_offset(p.v, p.kv, b, kh, j0), 0, 1, n_valid, sV_addr + st * Cfg::kKvBytes, ptid);
+        mbar_arrive_cp_async(v_full + 8 * st);
+        mbar_arrive(v_full + 8 * st);
+      }
+    } else {
+      // fp8: this thread's raw copies of block u are in flight while it dequantizes block u - 1
+      // (cp.async groups, in order: K(u - 1), V(u - 1), K(u), V(u)); the last block of the tile is
+      // drained before the next tile's plan. A slot's "full" arrives after its dequantization.
+      // No wait here depends on a consumer release that needs a later block: K(u) needs K(u - 2)
+      // released (after S(u - 2), K(u - 2) dequantized at step u - 1), V(u) needs V(u - 2) released
+      // (after P V(u - 2), and after S(u - 1) for consumers that look one block ahead: K(u - 1) is
+      // dequantized and published just before).
+      constexpr uint32_t kRawOffset = kBlockSize * 128;
+      // One half of step u: the raw copy of block u into its slot, then block u - 1 dequantized
+      // and published (K, then V: each with its own barriers and ring).
+      auto step = [&](int u, const KVTensor& t, uint32_t empty, uint32_t full, int tile_off, bool last_wait0) {
+        const int st = (kv + u) & 1, prev = (kv + u - 1) & 1;
+        if (u < U) {
+          const int j0 = pl.block[u] * kBlockSize;
+          mbar_wait(empty + 8 * st, (((kv + u) >> 1) & 1) ^ 1);
+          issue_kv_rows<Elem, KvKind::kFp8, kBlockSize, T>(t, kv_offset(t, p.kv, b, kh, j0), 0, 1,
+                                                          min(kBlockSize, seqlen_k - j0),
+                                                          smem_addr(smem + tile_off + st * Cfg::kKvBytes) + kRawOffset, ptid);
+          cp_async_commit();
+        }
+        if (u > 0) {
+          if (u < U) {
+            cp_async_wait<2>();
+          } else if (last_wait0) {
+            cp_async_wait<0>();
+          } else {
+            cp_async_wait<1>();
+          }
+          union_fp8_dequantize_in_place<Elem>(smem + tile_off + prev * Cfg::kKvBytes, ptid);
+          mbar_arrive(full + 8 * prev);
+        }
+      };
+      for (int u = 0; u <= U; ++u) {
+        step(u, p.k, k_empty, k_full, Cfg::kKOffset, false);
+        step(u, p.v, v_empty, v_full, Cfg::kVOffset, true);
+      }
+      kv += U;
     }
   }
 }
 #endif
 
-template <typename Elem>
+template <typename Elem, KvKind kKv>
 __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kernel(const __grid_constant__ UnionArgs a) {
+  static_assert(kKv == KvKind::kNative || kKv == KvKind::kFp8, "NVFP4 K / V take the KV-major path");
 #if MSA_HAS_WGMMA
   using Cfg = UnionSm90Config;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -205,7 +272,7 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
   __syncthreads();  // the only CTA-wide barrier: producer and consumers part here
   if (tid >= Cfg::kConsumerThreads) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    union_producer<Elem>(a, smem, bars, tid - Cfg::kConsumerThreads);
+    union_producer<Elem, kKv>(a, smem, bars, tid - Cfg::kConsumerThreads);
     return;
   }
   setmaxnreg_inc<Cfg::kConsumerRegs>();
@@ -223,6 +290,11 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
     row_tok[h] = row / G;
     row_head[h] = row - row_tok[h] * G;
   }
+
+  // Tokens of the tile with rows in this warpgroup (rows 64 wg .. 64 wg + 63; G = 128: both own
+  // token 0): a block none of them selected is skipped (nothing of it is visible to these rows).
+  const int wg_tok = G >= 64 ? 1 : 64 / G;
+  const uint32_t wg_mask = ((1u << wg_tok) - 1u) << (64 * wg / G);
 
   int kv = 0;  // K / V blocks consumed so far (ring position)
   for (int it = 0;; ++it) {
@@ -247,6 +319,18 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
     for (int u = 0; u < U; ++u, ++kv) {
       const int st = kv & 1;
       const uint32_t parity = (kv >> 1) & 1;
+      const uint32_t msk = pl.mask[u];
+      if ((msk & wg_mask) == 0u) {
+        // Its rows would see nothing of the block: no MMA, m / l / o unchanged (exactly what the
+        // masked path computes). The slots are still waited for before they are released, so
+        // that this warpgroup's arrivals stay in the ring phase the producer is filling (an
+        // early release could complete a phase the other warpgroup is still reading).
+        mbar_wait(k_full + 8 * st, parity);
+        mbar_arrive(k_empty + 8 * st);
+        mbar_wait(v_full + 8 * st, parity);
+        mbar_arrive(v_empty + 8 * st);
+        continue;
+      }
       mbar_wait(k_full + 8 * st, parity);
       fence_proxy_async_smem();
       float s[16][4];
@@ -254,7 +338,6 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
       mbar_arrive(k_empty + 8 * st);
 
       const int j0 = pl.block[u] * kBlockSize;
-      const uint32_t msk = pl.mask[u];
       float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -314,15 +397,15 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
 }
 
 // CTAs per SM of the union kernel, 0 where this device cannot run it.
-template <typename Elem>
+template <typename Elem, KvKind kKv>
 int union_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(union_sm90_kernel<Elem>, UnionSm90Config::kThreads,
+  return flashmsa::cuda::prepare_sm90a_launch(union_sm90_kernel<Elem, kKv>, UnionSm90Config::kThreads,
                                               size_t(UnionSm90Config::kSmemBytes));
 }
 
-template <typename Elem>
+template <typename Elem, KvKind kKv>
 void launch_union_sm90(const UnionArgs& args, int grid, cudaStream_t stream) {
-  auto* kernel = union_sm90_kernel<Elem>;
+  auto* kernel = union_sm90_kernel<Elem, kKv>;
   constexpr int smem = UnionSm90Config::kSmemBytes;
   flashmsa::cuda::prepare_launch(kernel, UnionSm90Config::kThreads, size_t(smem));
   kernel<<<grid, UnionSm90Config::kThreads, smem, stream>>>(args);

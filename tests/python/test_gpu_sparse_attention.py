@@ -160,6 +160,11 @@ CASES = [
     GpuCase("g16_tile_shared_fp16", [400], [2000], 16, 1, causal=True, dtype=FP16,
             selection="tile_shared"),
     GpuCase("g64_tile_mixed_nocausal", [90], [3000], 128, 2, selection="tile_mixed"),
+    # fp8 K / V in the tile kernel (the producer dequantizes each block in place).
+    GpuCase("m3_tile_shared_fp8", [1024, 300], [1024, 300], 64, 4, causal=True,
+            selection="tile_shared", kv="fp8"),
+    GpuCase("g32_tile_mixed_fp8_paged_fp16", [256, 100], [600, 900], 64, 2, causal=True,
+            selection="tile_mixed", layout="paged", kv="fp8", dtype=FP16, v_global_scale=0.6),
     # Tiles whose blocks span more than the planner's 8192-block bitmap (1M tokens): sink block 0
     # and the local block ~8300 apart (tiles that would qualify otherwise). They must go the
     # KV-major way, with correct results.
@@ -647,3 +652,46 @@ def test_hybrid_runs_shared_tiles():
         check_output(got[0], cpu[0], base_out, f"{name} out")
         check_lse(got[1], cpu[1], f"{name} lse")
         check_empty_rows(got[0], cpu[1], name)
+
+
+@pytest.mark.parametrize("name", ["spec_16_1", "m3_1x1024", "m3_tile_mixed_temp",
+                                  "g32_tile_shared_paged", "g64_tile_mixed_nocausal",
+                                  "m3_tile_shared_fp8", "g32_tile_mixed_fp8_paged_fp16"])
+def test_tile_kernel_on_unrelated_selections(name):
+    """FLASHMSA_TILE_MAX_WASTE=8 sends every tile whose union fits the plan to the shared-selection
+    tile kernel, also tiles of unrelated (random) selections, where a consumer warpgroup often skips
+    blocks that none of its tokens selected: the results still match the reference, differ in their
+    bits from the KV-major schedule's (so the tile kernel ran), and repeat bit for bit."""
+    if not IS_SM90:
+        pytest.skip("the shared-selection tile kernel is sm_90a only (hybrid = kv_major elsewhere)")
+    case = next(c for c in CASES if c.name == name)
+    pb = build(case, seed=11)
+    with pytest.MonkeyPatch.context() as mp:
+        set_schedule(mp, "kv_major")
+        kvm = run(pb, gpu=True)
+        set_schedule(mp, "hybrid")
+        mp.setenv("FLASHMSA_TILE_MAX_WASTE", "8")
+        got = run(pb, gpu=True)
+        again = run(pb, gpu=True)
+    assert not bits_equal(kvm, got), "FLASHMSA_TILE_MAX_WASTE=8: the tile kernel did not run"
+    assert bits_equal(got, again)
+    base_out, _ = baseline(case, pb, pb.cpu_args[3])
+    cpu = run(pb, gpu=False)
+    check_output(got[0], cpu[0], base_out, f"{name} out")
+    check_lse(got[1], cpu[1], f"{name} lse")
+    check_empty_rows(got[0], cpu[1], name)
+    if case.temperature is not None:
+        check_lse(got[2], cpu[2], f"{name} lse_t")
+
+
+@pytest.mark.parametrize("value", ["abc", "0.5", "9", "nan", "1.5x"])
+def test_tile_max_waste_knob_rejects_bad_values(value):
+    if not IS_SM90:
+        pytest.skip("the knob is read where the shared-selection tiles can run (sm_90a)")
+    case = next(c for c in CASES if c.name == "m3_tile_shared")
+    pb = build(case)
+    with pytest.MonkeyPatch.context() as mp:
+        set_schedule(mp, "hybrid")
+        mp.setenv("FLASHMSA_TILE_MAX_WASTE", value)
+        with pytest.raises(ValueError, match="FLASHMSA_TILE_MAX_WASTE must be a number from 1 to 8"):
+            run(pb, gpu=True)

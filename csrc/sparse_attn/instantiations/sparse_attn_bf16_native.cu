@@ -15,7 +15,7 @@ template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNative>(const KvMajor
 template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNative>();
 template int kv_major_smem_bytes<__nv_bfloat16, KvKind::kNative>(int);
 template int kv_major_ctas_per_sm<__nv_bfloat16, KvKind::kNative>(int);
-template void launch_union_sm90<__nv_bfloat16>(const UnionArgs&, int, cudaStream_t);
-template int union_sm90_ctas_per_sm<__nv_bfloat16>();
+template void launch_union_sm90<__nv_bfloat16, KvKind::kNative>(const UnionArgs&, int, cudaStream_t);
+template int union_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNative>();
 
 }  // namespace flashmsa::sparse_attn

@@ -4,6 +4,7 @@
 #include "sparse_attn/kv_major_sm90.cuh"
 #include "sparse_attn/launch.h"
 #include "sparse_attn/query_major.cuh"
+#include "sparse_attn/union_sm90.cuh"
 
 namespace flashmsa::sparse_attn {
 
@@ -14,5 +15,7 @@ template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int
 template int kv_major_sm90_ctas_per_sm<__half, KvKind::kFp8>();
 template int kv_major_smem_bytes<__half, KvKind::kFp8>(int);
 template int kv_major_ctas_per_sm<__half, KvKind::kFp8>(int);
+template void launch_union_sm90<__half, KvKind::kFp8>(const UnionArgs&, int, cudaStream_t);
+template int union_sm90_ctas_per_sm<__half, KvKind::kFp8>();
 
 }  // namespace flashmsa::sparse_attn

@@ -15,7 +15,7 @@ template void launch_kv_major_sm90<__half, KvKind::kNative>(const KvMajorArgs&, 
 template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNative>();
 template int kv_major_smem_bytes<__half, KvKind::kNative>(int);
 template int kv_major_ctas_per_sm<__half, KvKind::kNative>(int);
-template void launch_union_sm90<__half>(const UnionArgs&, int, cudaStream_t);
-template int union_sm90_ctas_per_sm<__half>();
+template void launch_union_sm90<__half, KvKind::kNative>(const UnionArgs&, int, cudaStream_t);
+template int union_sm90_ctas_per_sm<__half, KvKind::kNative>();
 
 }  // namespace flashmsa::sparse_attn
