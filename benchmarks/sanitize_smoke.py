@@ -182,19 +182,23 @@ class Smoke:
 
     def sparse_attention(self):
         """Every prefill case under each schedule (FLASHMSA_PREFILL_SCHEDULE: query_major, kv_major,
-        hybrid), and the KV-major schedule once more with small launch groups
-        (FLASHMSA_KV_MAJOR_CHUNK_ROWS)."""
-        for schedule, chunk_rows in (("query_major", None), ("kv_major", None),
-                                     ("kv_major", "100"), ("hybrid", None)):
-            os.environ["FLASHMSA_PREFILL_SCHEDULE"] = schedule
-            if chunk_rows:
-                os.environ["FLASHMSA_KV_MAJOR_CHUNK_ROWS"] = chunk_rows
-            tag = schedule + (f"/chunk{chunk_rows}" if chunk_rows else "")
+        hybrid), the KV-major schedule once more with small launch groups
+        (FLASHMSA_KV_MAJOR_CHUNK_ROWS) and the hybrid one with every tile of up to 96 union blocks
+        taken (FLASHMSA_TILE_MAX_WASTE=8: consumer warpgroups skip blocks on unrelated selections)."""
+        knobs = ("FLASHMSA_PREFILL_SCHEDULE", "FLASHMSA_KV_MAJOR_CHUNK_ROWS", "FLASHMSA_TILE_MAX_WASTE")
+        for tag, values in (("query_major", ("query_major", None, None)),
+                            ("kv_major", ("kv_major", None, None)),
+                            ("kv_major/chunk100", ("kv_major", "100", None)),
+                            ("hybrid", ("hybrid", None, None)),
+                            ("hybrid/waste8", ("hybrid", None, "8"))):
+            for name, value in zip(knobs, values):
+                if value is not None:
+                    os.environ[name] = value
             try:
                 self._sparse_attention_cases(tag)
             finally:
-                os.environ.pop("FLASHMSA_PREFILL_SCHEDULE", None)
-                os.environ.pop("FLASHMSA_KV_MAJOR_CHUNK_ROWS", None)
+                for name in knobs:
+                    os.environ.pop(name, None)
 
     def _sparse_attention_cases(self, tag):
         ops = self.ops
@@ -210,6 +214,10 @@ class Smoke:
             sel = self.selection([s], [s], 4, 16, pattern)
             run(f"flat bf16 64/4 causal {pattern}", lambda sel=sel: ops.msa_sparse_attention(
                 q, k, v, sel, cu, cu, causal=True, return_softmax_lse=True))
+        # fp8 K / V on high-overlap selections (the shared-selection tiles take fp8 on sm_90a).
+        sel = self.selection([s], [s], 4, 16, "clustered")
+        run("flat fp8 64/4 causal clustered", lambda: ops.msa_sparse_attention(
+            q, k.to(FP8), v.to(FP8), sel, cu, cu, causal=True, return_softmax_lse=True))
         # Ragged varlen, fp16, GQA 2, topk 8, non-causal, LSE + temperature LSE, q_offset int.
         sq, sk = [100, 37], [2048, 700]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)

@@ -6,7 +6,7 @@
 #
 # On an H200 the build (~50 s) and the whole Python suite (~330-400 s) fill most of a 600 s call;
 # where calls are capped at 600 s run it twice: SKIP_SANITIZER=1 SKIP_BENCH=1 for the tests, then
-# SKIP_TESTS=1 for the sanitizers (~250 s for memcheck and racecheck over the 110 smoke
+# SKIP_TESTS=1 for the sanitizers (~350 s for memcheck and racecheck over the 128 smoke
 # calls) and the quick benchmark (~15 s). Each call rebuilds on a fresh machine.
 #
 # Steps, each timed, each logging to $OUT/<step>.log ($OUT if set, else ./.out):
