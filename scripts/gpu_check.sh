@@ -18,6 +18,9 @@
 #   sanitizer  compute-sanitizer memcheck and racecheck on benchmarks/sanitize_smoke.py, one log per
 #              tool ($OUT/sanitizer-<tool>.log)
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
+#   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
+#              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
+#              $OUT/profile.log (SOL, memory, occupancy, warp stalls, source hot spots)
 # A one-screen summary is printed last and written to $OUT/summary.txt. The exit status is 1 if any
 # step failed; the summary is printed either way.
 #
@@ -28,6 +31,7 @@
 #   SANITIZER_TOOLS="..."      default "memcheck racecheck" (initcheck, synccheck also accepted)
 #   SANITIZER_ONLY=substring   only the smoke calls whose name holds it (sanitize_smoke.py --only)
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
+#   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
 #                              600 s device call ends; a cut step counts as failed
 #   PYTHON=python3  CMAKE_BUILD_PARALLEL_LEVEL=16  FLASHMSA_COMMIT=<sha> (when the copy has no .git)
@@ -262,6 +266,38 @@ step_bench() {
   record bench "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${mode:-full}: ${detail:-no result line}"
 }
 
+# ---- (f) Nsight Compute profiles (only with PROFILE=case,case,...) ----------------------------
+find_ncu() {
+  local c
+  for c in "$(command -v ncu 2>/dev/null)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+    [[ -n $c && -x $c ]] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+
+step_profile() {
+  local log=$OUT_DIR/profile.log start=$SECONDS rc=0 c ncu n=0
+  : >"$log"
+  if ! ncu=$(find_ncu); then
+    record profile FAIL 0 "ncu not found"
+    return
+  fi
+  # Sections: where the time goes (SOL), the memory system, occupancy and launch, why warps stall
+  # (warp state + the source lines they stall on), the issue slots.
+  local sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
+                  --section LaunchStats --section WarpStateStats --section SchedulerStats
+                  --section ComputeWorkloadAnalysis --section SourceCounters)
+  for c in ${PROFILE//,/ }; do
+    echo "===== $c" >>"$log"
+    run_logged "$log" "$ncu" --profile-from-start off --clock-control none "${sections[@]}" \
+      "$PY" benchmarks/profile_msa.py --case "$c" || rc=1
+    n=$((n + 1))
+  done
+  trim_log "$log"
+  record profile "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) \
+    "$n case(s): ${PROFILE} -> profile.log"
+}
+
 if [[ -n ${SKIP_BUILD:-} ]]; then record build SKIP 0 "SKIP_BUILD"; else step_build; fi
 if [[ -n ${SKIP_CTEST:-} ]]; then record ctest SKIP 0 "SKIP_CTEST"
 elif [[ -n ${SKIP_TESTS:-} ]]; then record ctest SKIP 0 "SKIP_TESTS"
@@ -269,6 +305,7 @@ else step_ctest; fi
 if [[ -n ${SKIP_TESTS:-} ]]; then record pytest SKIP 0 "SKIP_TESTS"; else step_pytest; fi
 if [[ -n ${SKIP_SANITIZER:-} ]]; then record sanitizer SKIP 0 "SKIP_SANITIZER"; else step_sanitizer; fi
 if [[ -n ${SKIP_BENCH:-} ]]; then record bench SKIP 0 "SKIP_BENCH"; else step_bench; fi
+[[ -n ${PROFILE:-} ]] && step_profile
 
 # ---- (e) summary ----------------------------------------------------------------------------
 failed=0

@@ -1,0 +1,78 @@
+"""Runs one benchmark case once between cudaProfilerStart / Stop, for Nsight Compute.
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \\
+        python3 benchmarks/profile_msa.py --case proxy_decode_b64
+
+The case is built exactly as benchmarks/bench_msa.py builds it (same shapes, data and
+selections), run twice to warm up (plans, allocator, shared-memory opt-in), then once under the
+profiler: ncu reports every kernel of that one call. scripts/gpu_check.sh runs this for each case
+named in PROFILE=... and keeps ncu's report in $OUT/profile.log. --list prints the case names.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_msa as bm  # noqa: E402
+
+K = bm.K
+
+
+def cases(bench: bm.Bench) -> dict:
+    """name -> (build, environment): build() -> (fn, info) as in bench_msa."""
+    def sparse(pattern, kv="bf16", layout="flat", schedule="auto"):
+        return (lambda: bench.build_sparse(32 * K, kv, layout, pattern, bm.M3),
+                {bm.SCHEDULE_ENV: schedule})
+    return {
+        "proxy_prefill_32k": (lambda: bench.build_proxy_prefill(32 * K), {}),
+        "proxy_decode_b64": (lambda: bench.build_proxy_decode(64, 32 * K, 1), {}),
+        "index_decode_b64": (lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True), {}),
+        "topk_prefill_32k": (lambda: bench.build_topk(32 * K), {}),
+        "sparse_random_32k": sparse("random"),
+        "sparse_clustered_32k": sparse("clustered"),
+        "sparse_pipeline_32k": sparse("pipeline"),
+        "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
+        "decode_b64": (lambda: bench.build_decode(64, 32 * K, 1, "bf16"), {}),
+        "decode_b64_sq4": (lambda: bench.build_decode(64, 32 * K, 4, "bf16"), {}),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", help="the case to run (see --list)")
+    ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        # Names only: no device needed.
+        print("\n".join(cases(None)))  # type: ignore[arg-type]
+        return 0
+    if not torch.cuda.is_available():
+        print("profile_msa: no CUDA device", file=sys.stderr)
+        return 2
+    from flashmsa import msa_ops
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    bench = bm.Bench(argparse.Namespace(quick=True, tile_waste=[]), msa_ops, device)
+    table = cases(bench)
+    if args.case not in table:
+        ap.error(f"unknown case {args.case!r}; choose from {', '.join(table)}")
+    build, env = table[args.case]
+    os.environ.update(env)
+    fn, _ = build()
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"profile_msa: {args.case} ran once under the profiler", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
