@@ -12,7 +12,7 @@ out of range, per-token nvp values out of range. Each call is synchronized on it
 report points at one case. A NotImplementedError (or an op missing from flashmsa.msa_ops) is
 printed as SKIP; any other exception fails the script (exit 1) after the remaining cases ran.
 Results are checked only for NaN: correctness is the test suites' job. --only SUBSTRING runs just
-the cases whose name (as printed) contains SUBSTRING; the inputs of the others are still built,
+the cases whose name (as printed) contains SUBSTRING (or one of "A|B|..."); the inputs of the others are still built,
 but no flashmsa op is called for them.
 """
 
@@ -43,7 +43,7 @@ class Smoke:
         self.filtered = 0
 
     def run(self, name, fn):
-        if self.only is not None and self.only not in name:
+        if self.only is not None and not any(part in name for part in self.only.split("|")):
             self.filtered += 1
             return
         try:
@@ -340,7 +340,8 @@ class Smoke:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", metavar="SUBSTRING", default=None,
-                        help="run only the cases whose name contains SUBSTRING (case-sensitive)")
+                        help="run only the cases whose name contains SUBSTRING (case-sensitive; "
+                             "several alternatives separated by '|')")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("sanitize_smoke: no CUDA device", file=sys.stderr)

@@ -29,7 +29,8 @@
 #                              cuda-parametrized and validation tests, which run on the GPU build too)
 #   PYTEST_WORKERS=8           pytest-xdist workers
 #   SANITIZER_TOOLS="..."      default "memcheck racecheck" (initcheck, synccheck also accepted)
-#   SANITIZER_ONLY=substring   only the smoke calls whose name holds it (sanitize_smoke.py --only)
+#   SANITIZER_ONLY=substring   only the smoke calls whose name holds it (sanitize_smoke.py --only;
+#                              alternatives separated by '|', e.g. "hybrid|proxy")
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
 #   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
