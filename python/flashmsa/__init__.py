@@ -7,6 +7,7 @@ with a multithreaded C++ reference for CPU tensors.
 
 from . import msa_ops, testing
 from ._library import built_with_cuda
+from ._version import __version__
 from .msa_ops import (
     SUPPORTS_PACKED_KV,
     MSASparseAttentionWorkspace,
@@ -17,8 +18,6 @@ from .msa_ops import (
     msa_topk_select,
     supports_packed_kv,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "MSASparseAttentionWorkspace",

@@ -3,12 +3,15 @@
     flashmsa demo                      # the MSA pipeline on the default problem (CUDA if present)
     flashmsa demo --device cpu --seqlen 2048 --layout paged --kv-dtype fp8 --json
     flashmsa info                      # build and device information
+    flashmsa --version
 """
 
 import argparse
 import json
 import sys
 from typing import List, Optional
+
+from ._version import __version__
 
 
 def _info() -> dict:
@@ -33,6 +36,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="flashmsa", description="flashmsa: MiniMax Sparse Attention ops (drop-in for "
         "flashinfer.msa_ops).")
+    parser.add_argument("--version", action="version", version=f"flashmsa {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{demo,info}")
     demo_parser = sub.add_parser(
         "demo", help="run proxy score -> top-k -> sparse attention on a synthetic M3 problem",
