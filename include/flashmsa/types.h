@@ -1,5 +1,6 @@
 // Element types, tensor descriptions and the fixed constants of MSA.
-// Torch-free and CUDA-free: included by the core, the reference, the kernels and the bindings.
+// Torch-free and CUDA-free, header-only like all of include/flashmsa (CMake target msa_headers):
+// included by the core, the reference, the kernels and the bindings.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +35,28 @@ enum class ScalarType : int32_t {
 // Element type of the data an op computes on. kNVFP4 is stored as uint8, 64 bytes per 128 values.
 enum class DType : int32_t { kBF16 = 0, kFP16 = 1, kFP8E4M3 = 2, kNVFP4 = 3 };
 
-const char* scalar_type_name(ScalarType t);
-const char* dtype_name(DType t);
+inline const char* scalar_type_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::kBF16: return "bfloat16";
+    case ScalarType::kFP16: return "float16";
+    case ScalarType::kFP8E4M3: return "float8_e4m3fn";
+    case ScalarType::kUInt8: return "uint8";
+    case ScalarType::kFloat32: return "float32";
+    case ScalarType::kInt32: return "int32";
+    case ScalarType::kInt64: return "int64";
+    default: return "unsupported dtype";
+  }
+}
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kBF16: return "bfloat16";
+    case DType::kFP16: return "float16";
+    case DType::kFP8E4M3: return "float8_e4m3fn";
+    case DType::kNVFP4: return "nvfp4 (uint8)";
+  }
+  return "unknown";
+}
 
 // A strided view of caller memory, described without torch (DLPack-like). Sizes and strides are in
 // elements of `dtype`. `device` is -1 for host memory, else the CUDA device ordinal.

@@ -19,7 +19,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import testing as _testing
+from . import _outputs
 from ._library import ops as _ops
 
 __all__ = [
@@ -296,7 +296,7 @@ def _proxy_dims(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max
 
     if output is None:
         total_q, num_heads, _ = _shape3(q)
-        output = _testing.empty(
+        output = _outputs.empty(
             (1 if reduce_heads else num_heads, max(max_k_tiles, 0), total_q), torch.float32,
             q.device)
     return max_seqlen_q, max_k_tiles, output
@@ -429,7 +429,7 @@ def msa_topk_select(
     if output is None:
         num_heads, _, total_q = _shape3(max_score)
         slots = topk if 1 <= topk <= _MAX_TOPK else 0
-        output = _testing.empty((total_q, num_heads, slots), torch.int32, max_score.device)
+        output = _outputs.empty((total_q, num_heads, slots), torch.int32, max_score.device)
     _ops.topk_select(max_score, topk, nvp_value, nvp_tensor, force_begin_blocks, force_end_blocks,
                      output)
     return output
@@ -439,8 +439,8 @@ def msa_topk_select(
 
 def _lse_outputs(q: torch.Tensor, want_lse: bool, want_lse_t: bool):
     total_q, num_heads, _ = _shape3(q)
-    lse = _testing.empty((total_q, num_heads), torch.float32, q.device) if want_lse else None
-    lse_t = _testing.empty((total_q, num_heads), torch.float32, q.device) if want_lse_t else None
+    lse = _outputs.empty((total_q, num_heads), torch.float32, q.device) if want_lse else None
+    lse_t = _outputs.empty((total_q, num_heads), torch.float32, q.device) if want_lse_t else None
     return lse, lse_t
 
 
@@ -538,7 +538,7 @@ def msa_sparse_attention(
 
     want_lse_t = bool(return_temperature_lse)
     want_lse = bool(return_softmax_lse) or want_lse_t
-    out = _testing.empty(_shape3(q), q.dtype, q.device)
+    out = _outputs.empty(_shape3(q), q.dtype, q.device)
     lse, lse_t = _lse_outputs(q, want_lse, want_lse_t)
     args = (q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale,
             page_table, seqused_k, k_scale, v_scale, k_global_scale, v_global_scale,
@@ -642,7 +642,7 @@ def msa_sparse_decode_attention(
     workspace = _workspace_arg(workspace)
 
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-    out = _testing.empty(_shape3(q), out_dtype, q.device)
+    out = _outputs.empty(_shape3(q), out_dtype, q.device)
     lse, _ = _lse_outputs(q, bool(return_softmax_lse), False)
     args = (q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q, bool(causal),
             softmax_scale, k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value,

@@ -9,10 +9,10 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from . import _outputs
+
 BLOCK_SIZE = 128  # tokens per KV block == tokens per page
 HEAD_DIM = 128
-
-_poison = False
 
 
 class _PoisonScope:
@@ -25,8 +25,7 @@ class _PoisonScope:
         return self
 
     def __exit__(self, *exc):
-        global _poison
-        _poison = self.previous
+        _outputs.set_poison(self.previous)
         return False
 
 
@@ -39,22 +38,16 @@ def poison_outputs(enabled: bool = True) -> _PoisonScope:
         flashmsa.testing.poison_outputs(True)
         with flashmsa.testing.poison_outputs(): ...
     """
-    global _poison
-    previous = _poison
-    _poison = bool(enabled)
-    return _PoisonScope(previous)
+    return _PoisonScope(_outputs.set_poison(enabled))
 
 
 def outputs_poisoned() -> bool:
-    return _poison
+    return _outputs.poisoned()
 
 
 def empty(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
-    """``torch.empty``, poisoned when :func:`poison_outputs` is on (used by the op wrappers)."""
-    if not _poison:
-        return torch.empty(shape, dtype=dtype, device=device)
-    fill = torch.iinfo(dtype).min if not dtype.is_floating_point else float("nan")
-    return torch.full(shape, fill, dtype=dtype, device=device)
+    """``torch.empty``, poisoned when :func:`poison_outputs` is on (as the ops allocate)."""
+    return _outputs.empty(shape, dtype, device)
 
 
 # ---- NVFP4: e2m1 data (two per byte) + e4m3 block scales in the 128x4 swizzled layout ----------
