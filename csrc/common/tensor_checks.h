@@ -1,7 +1,7 @@
 // Host checks shared by the ops' make_*_params (csrc/<op>/<op>_params.cpp): message formatting,
 // checks of one caller tensor (TensorRef) or Python scalar, and checks of the index contents the
 // host can read. Every message starts with the op's Python name and names the Python argument,
-// what was expected and what was given (docs/semantics.md, "What is validated where").
+// what was expected and what was given (docs/semantics.md#validation).
 #pragma once
 
 #include <array>

@@ -1,6 +1,6 @@
 // msa_proxy_score and msa_proxy_score_fp4: caller arguments -> validated ProxyScoreParams. Every
-// host check of the two ops, once, before anything is written (docs/semantics.md, "What is
-// validated where"); the shared tensor checks are in csrc/common/.
+// host check of the two ops, once, before anything is written (docs/semantics.md#validation); the
+// shared tensor checks are in csrc/common/.
 #include <cstdint>
 
 #include "common/kv_index.h"
@@ -88,7 +88,8 @@ ProxyScoreParams make_proxy_params(const ProxyScoreArgs& a, bool fp4) {
   const int batch = check_cu_seqlens_ref(c, a.cu_seqlens_q, "cu_seqlens_q");
   check_host_cu_seqlens(c, a.cu_seqlens_q, total_q, "cu_seqlens_q", "q.shape[0] (total_q)");
   if (paged) {
-    // cu_seqlens_k is ignored on the paged path (SPEC 1.1): lengths come from seqused_k.
+    // cu_seqlens_k is ignored on the paged path (docs/semantics.md#proxy-score): lengths come
+    // from seqused_k.
     MSA_OP_CHECK(c, a.seqused_k.defined(), "paged proxy requires seqused_k");
     check_page_table(c, a.page_table, batch, "len(cu_seqlens_q) - 1");
     to_int(c, k.size(0), "k.shape[0] (num_pages)");

@@ -1,6 +1,6 @@
 // msa_sparse_attention (prefill / general varlen) and msa_sparse_decode_attention: caller
 // arguments -> validated SparseAttnParams / SparseDecodeParams. Every host check of the two ops,
-// once, before anything is written (docs/semantics.md, "What is validated where"). The ops differ
+// once, before anything is written (docs/semantics.md#validation). The ops differ
 // in how queries are laid out (cu_seqlens_q vs a uniform seqlen_q), in q's dtypes and in their
 // extra outputs; k / v, q2k_indices, the scales, output, lse, workspace and q_offset are checked
 // and filled by the same code (check_operands, fill_common).
@@ -106,7 +106,7 @@ const uint8_t* check_nvfp4_scale(const Ctx& c, const TensorRef& s, const char* n
 
 // k/v of msa_sparse_attention and msa_sparse_decode_attention. `compute` is q's compute dtype
 // (bf16 for fp8 q). Checks dtype combinations (incl. NVFP4 and its scales), flat/paged shapes,
-// and contiguity or packed views (SPEC 4.1, 4.4-4.6, 5).
+// and contiguity or packed views (docs/semantics.md#sparse-attention, #nvfp4, #packed-kv).
 KVPair check_kv(const Ctx& c, const KVArgs& a, bool paged, DType compute) {
   const TensorRef& k = a.k;
   const TensorRef& v = a.v;
@@ -245,7 +245,8 @@ void fill_common(const Ctx& c, const Args& a, const KVPair& kv, DType compute, i
 
 bool is_packed_kv(const TensorRef& k, const TensorRef& v) {
   if (k.ndim != 4 || v.ndim != 4 || k.dtype != v.dtype) return false;
-  if (k.dtype == ScalarType::kUInt8) return false;  // NVFP4 caches are never packed (SPEC 4.6)
+  // NVFP4 caches are never packed (docs/semantics.md#packed-kv).
+  if (k.dtype == ScalarType::kUInt8) return false;
   const int64_t elt = elt_size(k.dtype);
   if (elt == 0) return false;
   for (int d = 0; d < 4; ++d)
@@ -313,8 +314,8 @@ SparseAttnParams make_sparse_attention_params(const SparseAttnArgs& a) {
   if (p.lse_temperature_out != nullptr) {
     check_float_scalar(c, a.lse_temperature_scale, "lse_temperature_scale");
     // The temperature LSE shares the online softmax's running max, which bounds exp(T * (s - m))
-    // by 1 only for T > 0 (docs/semantics.md); FlashInfer's kernel makes the same assumption
-    // silently.
+    // by 1 only for T > 0 (docs/semantics.md#temperature-lse); FlashInfer's kernel makes the
+    // same assumption silently.
     MSA_OP_CHECK_SUPPORTED(c, a.lse_temperature_scale > 0,
                            "lse_temperature_scale must be > 0 when return_temperature_lse is set, got ",
                            a.lse_temperature_scale);

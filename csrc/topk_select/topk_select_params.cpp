@@ -1,5 +1,5 @@
 // msa_topk_select: caller arguments -> validated TopkSelectParams. Every host check of the op,
-// once, before anything is written (docs/semantics.md, "What is validated where").
+// once, before anything is written (docs/semantics.md#validation).
 #include <cstdint>
 
 #include "common/tensor_checks.h"
