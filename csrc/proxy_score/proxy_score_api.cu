@@ -6,14 +6,9 @@
 
 #include "cuda_ops.h"
 #include "flashmsa/error.h"
-#include "proxy_score/proxy_score_launch.cuh"
+#include "proxy_score/launch.h"
 
 namespace flashmsa::cuda {
-
-namespace proxy {
-extern template void launch_proxy_score<__nv_bfloat16>(const ProxyScoreParams&, cudaStream_t);
-extern template void launch_proxy_score<__half>(const ProxyScoreParams&, cudaStream_t);
-}  // namespace proxy
 
 void proxy_score(const ProxyScoreParams& p, cudaStream_t stream) {
   switch (p.q_dtype) {
