@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
 import flashmsa  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
 
-import msa_reference as ref  # noqa: E402
+from flashmsa.testing import reference as ref  # noqa: E402
 
 if not flashmsa.built_with_cuda():
     pytest.skip("flashmsa was built without CUDA kernels", allow_module_level=True)

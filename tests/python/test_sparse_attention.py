@@ -10,7 +10,7 @@ from typing import List, Optional, Union
 import pytest
 import torch
 
-import msa_reference as ref
+from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
 from flashmsa.testing import pack_kv, paginate, quantize_nvfp4

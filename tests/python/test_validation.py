@@ -8,7 +8,7 @@ from typing import Callable, Type
 import pytest
 import torch
 
-import msa_reference as ref
+from flashmsa.testing import reference as ref
 from conftest import requires_cuda
 from flashmsa import msa_ops
 from flashmsa.testing import pack_kv, paginate

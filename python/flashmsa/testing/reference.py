@@ -1,8 +1,8 @@
-"""Independent torch references of the MSA ops for the Python tests, in float64.
+"""The float64 torch reference of the MSA ops (docs/semantics.md), for the tests.
 
-Written from SPEC (sections 0-5 and D3/D5/D8), not from flashmsa's C++ reference or kernels: plain
-per-sequence loops, dense masked attention, a sort-based top-k. Inputs are taken as the values the
-ops read (dequantised to float64 by the helpers here), so a test compares like with like.
+Written from the semantics, not from flashmsa's C++ reference or kernels: plain per-sequence loops,
+dense masked attention, a sort-based top-k. Inputs are taken as the values the ops read (dequantised
+to float64 by the helpers here), so a test compares like with like.
 """
 
 import math
@@ -11,74 +11,19 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-BLOCK = 128
-HEAD_DIM = 128
-
-
-# ---- layouts -----------------------------------------------------------------------------------
-
-def cu_seqlens(lengths: Sequence[int], device="cpu") -> torch.Tensor:
-    return torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int32, device=device)
-
-
-def lengths_of(cu: torch.Tensor) -> List[int]:
-    c = cu.cpu().tolist()
-    return [c[i + 1] - c[i] for i in range(len(c) - 1)]
-
-
-def sequences(x: torch.Tensor, *, cu_seqlens_k=None, page_table=None, seqused_k=None
-              ) -> List[torch.Tensor]:
-    """Per-sequence key rows ``(seqlen_k[b], H, W)`` of a flat or paged cache, in x's dtype.
-
-    Paged: key j of sequence b is ``x[page_table[b, j // 128], :, j % 128]``; the length is the
-    cu_seqlens_k difference when given (msa_sparse_attention's precedence), else seqused_k[b],
-    clamped to the page table's capacity.
-    """
-    out = []
-    if page_table is None:
-        cu = cu_seqlens_k.cpu().tolist()
-        for b in range(len(cu) - 1):
-            out.append(x[cu[b]:cu[b + 1]])
-        return out
-    table = page_table.cpu()
-    if cu_seqlens_k is not None:
-        lens = lengths_of(cu_seqlens_k)
-    else:
-        lens = seqused_k.cpu().tolist()
-    for b, n in enumerate(lens):
-        n = max(0, min(n, table.shape[1] * BLOCK))
-        j = torch.arange(n)
-        pages = table[b, j // BLOCK].long().to(x.device)
-        out.append(x[pages, :, (j % BLOCK).to(x.device)])  # (n, H, W)
-    return out
+from .layouts import BLOCK_SIZE as BLOCK
+from .layouts import cu_seqlens, lengths_of, sequences  # noqa: F401  (the tests' ref.cu_seqlens)
+from .nvfp4 import HEAD_DIM, dequantize_nvfp4
 
 
 def f64(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64)
 
 
-# ---- NVFP4 (SPEC 4.5) --------------------------------------------------------------------------
-
-_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
-
-
 def nvfp4_dequant(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float64 values of NVFP4 ``data (..., 64)``: low nibble = element 2m, high = 2m + 1; the
-    scale of element e of logical row r (rows in memory order) is the e4m3 byte at
-    ``((r // 128) * 2 + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4``,
-    ``c = e // 16``. No global scale."""
-    d = data.cpu().reshape(-1, 64).long()
-    rows = d.shape[0]
-    codes = torch.empty(rows, HEAD_DIM, dtype=torch.long)
-    codes[:, 0::2] = d & 0xF
-    codes[:, 1::2] = d >> 4
-    vals = torch.tensor(_E2M1, dtype=torch.float64)[codes]
-    r = torch.arange(rows)[:, None]
-    c = torch.arange(8)[None, :]
-    off = ((r // 128) * 2 + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + (c % 4)
-    sf = scales.cpu()[off.reshape(-1)].view(torch.float8_e4m3fn).to(torch.float64).reshape(rows, 8)
-    vals = vals * sf.repeat_interleave(16, dim=1)
-    return vals.reshape(*data.shape[:-1], HEAD_DIM).to(data.device)
+    """float64 values of NVFP4 ``data (..., 64)`` (no global scale), computed on the CPU and
+    returned on data's device."""
+    return dequantize_nvfp4(data.cpu(), scales.cpu(), dtype=torch.float64).to(data.device)
 
 
 # ---- stage 1 -----------------------------------------------------------------------------------
