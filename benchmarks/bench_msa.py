@@ -49,7 +49,8 @@ REF_PIPELINE = {8 * K: (4.0, "Triton 4.0 ms"), 32 * K: (18.7, "Triton 18.7 ms"),
 REF_DECODE_INDEX = (0.145, "Triton 0.145 ms")
 REF_DECODE_ATTN = (0.083, "Triton 0.083 ms")
 
-# M3 geometry (SPEC 3): TP1 64 q / 4 kv heads, indexer 4 q heads over 1 k head; TP4 16 / 1 / 1.
+# M3 geometry (docs/semantics.md#pipeline): TP1 64 q / 4 kv heads, indexer 4 q heads over 1 k head;
+# TP4 16 / 1 / 1.
 TOPK = 16
 M3 = dict(hq=64, hkv=4, idx_hq=4, idx_hk=1)
 M3_TP4 = dict(hq=16, hkv=1, idx_hq=1, idx_hk=1)

@@ -327,9 +327,9 @@ def check_rows(cfg: DemoConfig, prob: Problem) -> torch.Tensor:
 def reference_error(cfg: DemoConfig, prob: Problem, q2k: torch.Tensor, out: torch.Tensor,
                     progress: tqdm) -> dict:
     """Error of ``out`` against an fp32 torch attention over exactly the keys of the selected
-    blocks (the list semantics of SPEC D5: entries before the first negative, ids inside the
-    sequence, a set), causal. Dense per row chunk: logits against every causally visible key, with
-    the keys of unselected blocks masked out, so the work is large matrix products only."""
+    blocks (the list semantics of docs/semantics.md#d5: entries before the first negative, ids
+    inside the sequence, a set), causal. Dense per row chunk: logits against every causally visible
+    key, with the keys of unselected blocks masked out: the work is large matrix products only."""
     device = torch.device(cfg.device)
     S, Sq = cfg.seqlen, cfg.qlen
     Hkv, G = cfg.kv_heads, cfg.heads // cfg.kv_heads

@@ -1,4 +1,4 @@
-"""CUDA graphs and determinism of the four ops on the GPU (SPEC D10, D11).
+"""CUDA graphs and determinism of the four ops on the GPU (docs/semantics.md#d10, #d11).
 
 * Each op captured in a torch.cuda.CUDAGraph with max_seqlen_q / max_k_tiles / output= /
   workspace= given, replayed, and compared bit for bit with an eager call; then new inputs are

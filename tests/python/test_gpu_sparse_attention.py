@@ -7,13 +7,14 @@ compute dtype, output rounded) is compared with the reference, and the kernel ma
 as far from the reference plus two units in the last place of the output dtype. The -inf / zero
 patterns of rows with no visible key are checked exactly, LSEs within 1e-2.
 
-Cases are data (GpuCase): SPEC section 8's cases, the M3 shapes, GQA groups 1/3/4/16/64, topk
-1/8/16/33/64, uneven lengths, empty sequences, seqlen_q > seqlen_k, rows no sequence covers, q_offset
-as int / tensor / negative, unsorted / duplicated / -1-holed / out-of-range lists, paged caches with
-permuted pages, a partial last page and invalid page ids, packed HND / NHD views, fp8 and NVFP4
-K/V (with a quantizer written here), global scales, LSE and temperature LSE, fully masked rows.
-Plus: bit-exact equalities (paged == flat, packed == contiguous, KV-major launch groups of any size
-== one group), run-to-run determinism, and a large case (>= 64K tokens, total_q * Hq > 2^24).
+Cases are data (GpuCase): the reference cases of docs/semantics.md#accuracy, the M3 shapes, GQA
+groups 1/3/4/16/64, topk 1/8/16/33/64, uneven lengths, empty sequences, seqlen_q > seqlen_k, rows no
+sequence covers, q_offset as int / tensor / negative, unsorted / duplicated / -1-holed /
+out-of-range lists, paged caches with permuted pages, a partial last page and invalid page ids,
+packed HND / NHD views, fp8 and NVFP4 K/V (with a quantizer written here), global scales, LSE and
+temperature LSE, fully masked rows. Plus: bit-exact equalities (paged == flat, packed == contiguous,
+KV-major launch groups of any size == one group), run-to-run determinism, and a large case (>= 64K
+tokens, total_q * Hq > 2^24).
 
 Skipped (not passed) without a CUDA device or without a CUDA build.
 """
@@ -89,7 +90,7 @@ class GpuCase:
 
 
 CASES = [
-    # SPEC section 8, test_sparse_attention and friends.
+    # docs/semantics.md#accuracy: FlashInfer's test_sparse_attention and friends.
     GpuCase("spec_1_1_1_topk4", [70], [1000], 1, 1, topk=4),
     GpuCase("spec_4_2_two_seqs", [100, 37], [2048, 700], 4, 2),
     GpuCase("spec_2_2_causal", [130, 64], [1024, 512], 2, 2, causal=True),

@@ -1,6 +1,6 @@
 """End to end: proxy score -> top-k -> sparse attention (prefill) and -> decode, from raw tensors,
-as vLLM serves MiniMax-M3 (SPEC 3, 7): per-KV-head selection, per-token valid-page counts, the
-local block forced; and the shared selection path (reduce_heads + expand)."""
+as vLLM serves MiniMax-M3 (docs/semantics.md#pipeline): per-KV-head selection, per-token valid-page
+counts, the local block forced; and the shared selection path (reduce_heads + expand)."""
 
 import math
 

@@ -1,5 +1,6 @@
-"""msa_proxy_score against the float64 torch reference (SPEC 1), plus its exactness properties:
-paged == flat, fp8 == its bf16 upcast, reduce_heads == amax over heads, explicit dims == derived."""
+"""msa_proxy_score against the float64 torch reference (docs/semantics.md#proxy-score), plus its
+exactness properties: paged == flat, fp8 == its bf16 upcast, reduce_heads == amax over heads,
+explicit dims == derived."""
 
 import dataclasses
 import math

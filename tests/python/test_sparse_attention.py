@@ -1,5 +1,6 @@
-"""msa_sparse_attention against the float64 torch reference (SPEC 4, D5, D6, D8): GQA groups,
-topk 1..64, every KV dtype and layout, index-list semantics (unsorted, duplicates, out of range,
+"""msa_sparse_attention against the float64 torch reference (docs/semantics.md#sparse-attention,
+#d5, #d6, #d8): GQA groups, topk 1..64, every KV dtype and layout, index-list semantics (unsorted,
+#duplicates, out of range,
 -1 holes, empty rows), q_offset, scales, LSE and temperature LSE; plus layout exactness (paged ==
 flat, packed views == contiguous) and the return conventions."""
 

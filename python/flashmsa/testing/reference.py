@@ -72,7 +72,7 @@ def proxy_score(q: torch.Tensor, keys: List[torch.Tensor], cu_q: torch.Tensor, *
 # ---- stage 2 -----------------------------------------------------------------------------------
 
 def order_keys(score: torch.Tensor) -> np.ndarray:
-    """SPEC 2.2 ordering key (smaller is better) of float32 scores."""
+    """docs/semantics.md#topk-order ordering key (smaller is better) of float32 scores."""
     bits = score.cpu().contiguous().numpy().view(np.uint32).astype(np.int64)
     return np.where(bits & 0x80000000, bits, (~bits) & 0x7FFFFFFF)
 
@@ -80,7 +80,7 @@ def order_keys(score: torch.Tensor) -> np.ndarray:
 def topk_select(score: torch.Tensor, topk: int, num_valid_pages=None, force_begin: int = 0,
                 force_end: int = 0) -> torch.Tensor:
     """``(S, H, topk)`` int32: per row the forced blocks plus the best of the middle range,
-    ascending, -1 tail padded (SPEC 2.2, D3: ties to the lower block)."""
+    ascending, -1 tail padded (docs/semantics.md#topk-select, #d3: ties to the lower block)."""
     h, p, s = score.shape
     keys = order_keys(score.float())  # (H, P, S)
     if num_valid_pages is None:
@@ -108,7 +108,7 @@ def topk_select(score: torch.Tensor, topk: int, num_valid_pages=None, force_begi
 # ---- stage 3 -----------------------------------------------------------------------------------
 
 def selected_blocks(lst: Sequence[int], nb: int) -> List[int]:
-    """SPEC D5: entries before the first negative, ids in [0, nb), each once."""
+    """docs/semantics.md#d5: entries before the first negative, ids in [0, nb), each once."""
     used = []
     for t in lst:
         if t < 0:
@@ -123,10 +123,10 @@ def attention(q: torch.Tensor, keys: List[torch.Tensor], values: List[torch.Tens
               causal: bool, softmax_scale: Optional[float] = None, q_offset=None,
               out_scale: float = 1.0, temperature: float = 1.0
               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact sparse attention in float64 (SPEC 4.2): returns ``(out, lse, lse_t)`` with out
-    ``(total_q, Hq, 128)``, lse / lse_t ``(total_q, Hq)`` natural log; rows with no visible
-    selected key give 0 / -inf / -inf (D8). ``keys`` / ``values`` are per-sequence float64
-    ``(seqlen_k, Hkv, 128)``."""
+    """Exact sparse attention in float64 (docs/semantics.md#sparse-attention): returns
+    ``(out, lse, lse_t)`` with out ``(total_q, Hq, 128)``, lse / lse_t ``(total_q, Hq)`` natural
+    log; rows with no visible selected key give 0 / -inf / -inf (D8). ``keys`` / ``values`` are
+    per-sequence float64 ``(seqlen_k, Hkv, 128)``."""
     total_q, hq, _ = q.shape
     hkv = q2k.shape[0]
     g = hq // hkv
