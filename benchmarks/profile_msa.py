@@ -16,7 +16,8 @@ import sys
 
 import torch
 
-import bench_msa as bm  # the script's own directory: run as python3 benchmarks/profile_msa.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_msa as bm  # noqa: E402
 
 K = bm.K
 
@@ -27,7 +28,11 @@ def cases(bench: bm.Bench) -> dict:
         return (lambda: bench.build_sparse(32 * K, kv, layout, pattern, bm.M3),
                 {bm.SCHEDULE_ENV: schedule})
     return {
-        "proxy_prefill_32k": (lambda: bench.build_proxy_prefill(32 * K), {}),
+        "proxy_prefill_32k": (lambda: bench.build_proxy_prefill(32 * K), {bm.PROXY_KERNEL_ENV: "mma_sync"}),
+        "proxy_prefill_32k_sm90": (lambda: bench.build_proxy_prefill(32 * K),
+                                   {bm.PROXY_KERNEL_ENV: "sm90_only"}),
+        "proxy_prefill_32k_sm90_ss": (lambda: bench.build_proxy_prefill(32 * K),
+                                      {bm.PROXY_KERNEL_ENV: "sm90_ss_only"}),
         "proxy_decode_b64": (lambda: bench.build_proxy_decode(64, 32 * K, 1), {}),
         "index_decode_b64": (lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True), {}),
         "topk_prefill_32k": (lambda: bench.build_topk(32 * K), {}),

@@ -8,11 +8,13 @@ of record come from bench_msa.py.
 """
 import argparse
 import os
+import sys
 
 import torch
 
-import flashmsa.msa_ops as msa_ops
-from flashmsa.testing import inputs as msa_inputs
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import msa_inputs  # noqa: E402
+import flashmsa.msa_ops as msa_ops  # noqa: E402
 
 
 def profile(label, fn, reps=3):

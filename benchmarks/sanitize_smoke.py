@@ -26,7 +26,9 @@ import traceback
 
 import torch
 from flashmsa import testing as ft
-from flashmsa.testing import inputs as mi
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import msa_inputs as mi  # noqa: E402
 
 BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 
@@ -145,6 +147,43 @@ class Smoke:
         self.run("proxy paged fp8 q + fp8 k", lambda: ops.msa_proxy_score(
             self.rnd((b, 4, 128)).to(FP8), cache, cu_qd, None, page_table=table, seqused_k=used,
             max_seqlen_q=1, max_k_tiles=table.shape[1], q_offset=self.i32([350, 1024, 64, 0, 0])))
+
+    def proxy_sm90(self):
+        """The sm_90a TMA + wgmma prefill kernel, forced, in both variants (FLASHMSA_PROXY_KERNEL=
+        sm90_only: Q in registers, sm90_ss_only: Q in shared memory; SKIP on other devices):
+        ragged and empty sequences, several tiles per CTA, q_offset, padding columns, non-causal,
+        G = 1 / 2 / 8, fp16, rows of no sequence."""
+        for variant in ("sm90", "sm90_ss"):
+            os.environ["FLASHMSA_PROXY_KERNEL"] = variant + "_only"
+            try:
+                self._proxy_sm90_cases(variant)
+            finally:
+                os.environ.pop("FLASHMSA_PROXY_KERNEL", None)
+
+    def _proxy_sm90_cases(self, tag):
+        ops = self.ops
+        sq, sk = [1000, 37, 0, 129], [1000, 300, 256, 2000]
+        cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
+        q4, k1 = self.rnd((sum(sq) + 5, 4, 128)), self.rnd((sum(sk), 1, 128))
+        p = math.ceil(max(sk) / 128)
+        self.run(f"proxy {tag} flat bf16 causal G4 ragged+empty+uncovered",
+                 lambda: ops.msa_proxy_score(q4, k1, cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p))
+        self.run(f"proxy {tag} flat bf16 q_offset tensor, padding columns",
+                 lambda: ops.msa_proxy_score(q4, k1, cu_q, cu_k, max_seqlen_q=max(sq),
+                                             max_k_tiles=p + 3, q_offset=self.i32([-5, 100, 0, 1500])))
+        self.run(f"proxy {tag} flat fp16 non-causal G2", lambda: ops.msa_proxy_score(
+            self.rnd((sum(sq) + 5, 4, 128), FP16), self.rnd((sum(sk), 2, 128), FP16), cu_q, cu_k,
+            causal=False, max_seqlen_q=max(sq), max_k_tiles=p))
+        self.run(f"proxy {tag} flat bf16 G1 / G8 heads", lambda: (
+            ops.msa_proxy_score(self.rnd((sum(sq) + 5, 2, 128)), self.rnd((sum(sk), 2, 128)),
+                                cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p),
+            ops.msa_proxy_score(self.rnd((sum(sq) + 5, 8, 128)), k1, cu_q, cu_k,
+                                max_seqlen_q=max(sq), max_k_tiles=p)))
+        s = 4096  # 64 q-tiles per head group: several tiles per CTA, Q slots and K stages wrap
+        cu = ft.cu_seqlens([s, s], self.dev)
+        self.run(f"proxy {tag} flat bf16 prefill 2 x 4096", lambda: ops.msa_proxy_score(
+            self.rnd((2 * s, 4, 128)), self.rnd((2 * s, 1, 128)), cu, cu, max_seqlen_q=s,
+            max_k_tiles=s // 128))
 
     def proxy_fp4(self):
         ops = self.ops
@@ -346,7 +385,7 @@ def main() -> int:
         return 2
     from flashmsa import msa_ops
     smoke = Smoke(msa_ops, torch.device("cuda", torch.cuda.current_device()), args.only)
-    for part in ("proxy", "proxy_fp4", "topk", "sparse_attention", "decode", "pipeline"):
+    for part in ("proxy", "proxy_sm90", "proxy_fp4", "topk", "sparse_attention", "decode", "pipeline"):
         getattr(smoke, part)()
     print(f"sanitize_smoke: {len(smoke.passed)} passed, {len(smoke.skipped)} skipped, "
           f"{len(smoke.failed)} failed"

@@ -1,6 +1,5 @@
 """CUDA kernels of stage 1 (msa_proxy_score) and stage 2 (msa_topk_select) against the C++ CPU
-reference, case by case on the same data (docs/semantics.md#proxy-score, #topk-select, #d3,
-#d9-#d11).
+reference, case by case on the same data (SPEC 1, 2, D3, D9-D11).
 
 The reference is the op itself on CPU tensors (flashmsa's C++ reference, which follows semantics.h
 rule for rule). Every GPU output is pre-filled with garbage (NaN / -7) through ``output=`` and the
@@ -77,7 +76,7 @@ def _decode_stream(groups: int, paged: bool, offset: bool) -> ProxyCase:
 
 
 PROXY_CASES = [
-    # Proxy shapes of docs/semantics.md#accuracy (B, Hq, Hkv, seqs_q, seqs_k, causal).
+    # SPEC section 8 proxy shapes (B, Hq, Hkv, seqs_q, seqs_k, causal).
     ProxyCase("spec_gqa2_causal", [100, 37], [2048, 700], hq=4, hkv=2),
     ProxyCase("spec_noncausal", [130, 64], [1024, 512], hq=2, hkv=2, causal=False),
     ProxyCase("spec_three_seqs", [1, 33, 7], [300, 1111, 256], hq=2, hkv=1),
@@ -256,7 +255,7 @@ def _twin(case: ProxyCase, **changes) -> ProxyCase:
 ], ids=str)
 def test_proxy_fp8_equals_upcast_bitwise(case: ProxyCase):
     """fp8 operands are upconverted exactly: the GPU result equals the same op on the dequantized
-    tensors bit for bit (docs/semantics.md#proxy-score-math)."""
+    tensors bit for bit (SPEC 1.2)."""
     inputs = make_proxy_inputs(case, seed=7)
     got = run_proxy(case, inputs, DEV)
     up = BF16 if case.q_dtype in (BF16, FP8) else FP16
@@ -302,6 +301,106 @@ def test_proxy_deterministic(case: ProxyCase):
     a = run_proxy(case, inputs, DEV, fill=0.0)
     b = run_proxy(case, inputs, DEV, fill=1.0)
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+# ---- stage 1 on the sm_90a TMA + wgmma prefill kernel (FLASHMSA_PROXY_KERNEL) ----------------
+# sm90_only (Q in registers) and sm90_ss_only (Q in shared memory) run that kernel or raise
+# NotImplementedError (never a silent fallback to mma.sync), so these cases fail if the kernel
+# does not run them on an sm_90 device.
+
+IS_SM90 = torch.cuda.get_device_capability() == (9, 0)
+needs_sm90 = pytest.mark.skipif(not IS_SM90, reason="the sm_90a kernel runs on sm_90 devices only")
+SM90_VARIANTS = ["sm90_only", "sm90_ss_only"]
+
+SM90_CASES = [
+    ProxyCase("sm90_m3_prefill_4k", [4096], [4096], hq=4, hkv=1),
+    ProxyCase("sm90_ragged_batch", [1000, 37, 1, 2050, 64, 65], [1000, 37, 1, 2050, 64, 65],
+              hq=4, hkv=1),
+    ProxyCase("sm90_chunked_prefill", [1000, 300], [5000, 333], hq=4, hkv=1),
+    ProxyCase("sm90_more_queries_than_keys", [300], [200], hq=4, hkv=1),
+    ProxyCase("sm90_many_tiles", [2000] * 6 + [5000], [2000] * 6 + [5000], hq=4, hkv=1),
+    ProxyCase("sm90_noncausal", [300, 129], [1000, 700], hq=4, hkv=1, causal=False),
+    ProxyCase("sm90_noncausal_long_keys", [100], [3001], hq=4, hkv=1, causal=False),
+    ProxyCase("sm90_q_offset_int", [200, 130], [1000, 600], hq=4, hkv=1, q_offset=300),
+    ProxyCase("sm90_q_offset_tensor_negative", [150, 64, 70], [512, 512, 300], hq=4, hkv=1,
+              q_offset=[-5, 400, -100]),
+    ProxyCase("sm90_q_offset_huge", [100], [512], hq=4, hkv=1, q_offset=2**31 - 5),
+    ProxyCase("sm90_padding_columns", [200, 3], [500, 100], hq=4, hkv=1, max_k_tiles=10),
+    ProxyCase("sm90_truncated_columns", [700], [2000], hq=4, hkv=1, max_k_tiles=3),
+    ProxyCase("sm90_hint_too_small", [700, 5], [1000, 900], hq=4, hkv=1, max_seqlen_q=3),
+    ProxyCase("sm90_g1_mha", [300, 77], [300, 500], hq=2, hkv=2),
+    ProxyCase("sm90_g2", [257, 31], [800, 31], hq=4, hkv=2),
+    ProxyCase("sm90_g3_odd", [190, 20], [600, 20], hq=6, hkv=2),
+    ProxyCase("sm90_g8_two_slices", [300, 65], [700, 65], hq=8, hkv=1),
+    ProxyCase("sm90_g16", [130, 3], [1500, 700], hq=64, hkv=4),
+    ProxyCase("sm90_g20", [90, 30], [640, 1024], hq=20, hkv=1),
+    ProxyCase("sm90_fp16", [500, 50], [1000, 2000], hq=4, hkv=1, q_dtype=FP16),
+    ProxyCase("sm90_nan_keys", [200, 4], [600, 300], hq=4, hkv=1, nan_keys=True),
+    ProxyCase("sm90_uncovered_rows", [200, 7], [300, 600], hq=4, hkv=1, extra_rows=100),
+    ProxyCase("sm90_empty_sequences", [0, 100, 0, 5], [256, 300, 999, 0], hq=4, hkv=1),
+    ProxyCase("sm90_decode_like", [1] * 9, [300 * i + 1 for i in range(9)], hq=4, hkv=1),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("variant", SM90_VARIANTS)
+@pytest.mark.parametrize("case", SM90_CASES, ids=str)
+def test_proxy_sm90_matches_reference(case: ProxyCase, variant: str, monkeypatch):
+    """The sm_90a kernel against the CPU reference: same -inf / NaN patterns, finite entries within
+    PROXY_ATOL, every output element written (the output is poisoned with NaN first)."""
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant)
+    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
+    want = run_proxy(case, inputs, "cpu")
+    got = run_proxy(case, inputs, DEV)
+    assert_proxy_close(got, want, case.name)
+
+
+@needs_sm90
+@pytest.mark.parametrize("variant", SM90_VARIANTS)
+@pytest.mark.parametrize("case", [
+    ProxyCase("sm90_vs_mma_m3_16k", [16384], [16384], hq=4, hkv=1),
+    ProxyCase("sm90_vs_mma_ragged_8k", [8192, 3000, 4999, 1], [8192, 3000, 6000, 700], hq=4, hkv=1),
+    ProxyCase("sm90_vs_mma_noncausal_g8", [3000], [9000], hq=8, hkv=1, causal=False),
+], ids=str)
+def test_proxy_sm90_equals_mma_sync(case: ProxyCase, variant: str, monkeypatch):
+    """Prefill shapes too large for the CPU reference: the sm_90a kernel against the mma.sync
+    kernel on the GPU (identical -inf / NaN patterns, finite entries within PROXY_ATOL), and
+    run-to-run bit-identical over differently poisoned outputs."""
+    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "mma_sync")
+    want = run_proxy(case, inputs, DEV).cpu()
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant)
+    got = run_proxy(case, inputs, DEV, fill=0.0)
+    assert_proxy_close(got, want, case.name)
+    again = run_proxy(case, inputs, DEV, fill=-7.0)
+    assert torch.equal(got.view(torch.int32), again.view(torch.int32))
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("sm90_fallback_paged", [300, 5], [1500, 900], hq=4, hkv=1, paged=True),
+    ProxyCase("sm90_fallback_fp8_k", [150, 90], [2048, 1280], hq=8, hkv=2, k_dtype=FP8),
+    ProxyCase("sm90_fallback_reduce", [300], [4096], hq=8, hkv=2, reduce_heads=True),
+], ids=str)
+def test_proxy_sm90_falls_back(case: ProxyCase, monkeypatch):
+    """FLASHMSA_PROXY_KERNEL=sm90 / sm90_ss: calls the sm_90a kernel does not cover (paged or fp8
+    K, reduce_heads; any call on other devices) run on the mma.sync kernel, still exact; the _only
+    forms refuse them with NotImplementedError."""
+    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
+    want = run_proxy(case, inputs, "cpu")
+    for variant in ("sm90", "sm90_ss"):
+        monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant)
+        assert_proxy_close(run_proxy(case, inputs, DEV), want, f"{case.name} {variant}")
+        monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant + "_only")
+        with pytest.raises(NotImplementedError, match="sm_90a kernel"):
+            run_proxy(case, inputs, DEV)
+
+
+def test_proxy_kernel_env_rejects_unknown(monkeypatch):
+    case = ProxyCase("env", [10], [100])
+    inputs = make_proxy_inputs(case, seed=1)
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "wgmma")
+    with pytest.raises(ValueError, match="FLASHMSA_PROXY_KERNEL"):
+        run_proxy(case, inputs, DEV)
 
 
 # ---- stage 2: top-k select ---------------------------------------------------------------------
@@ -382,7 +481,7 @@ def make_nvp(c: TopkCase):
 
 
 TOPK_CASES = [
-    # Top-k cases of docs/semantics.md#accuracy.
+    # SPEC section 8.
     TopkCase("spec_p128_forced_worst", 2, 128, 64, nvp=128 - 56, fb=3, fe=2, scores="worst_forced"),
     TopkCase("spec_p256_forced_worst", 2, 256, 64, nvp=256 - 56, fb=3, fe=2, scores="worst_forced"),
     TopkCase("spec_p16384_random", 2, 16384, 40),

@@ -1,0 +1,49 @@
+// Hopper bulk tensor copies (TMA, cp.async.bulk.tensor) completing on shared-memory mbarriers, the
+// device half of the tensor-map path; common/tensor_map.h encodes the maps on the host.
+//   tma_prefetch_map     pulls a tensor map (a __grid_constant__ kernel parameter) into the cache
+//   mbar_expect_tx       one arrival on the barrier that also makes its current phase wait for
+//                        `bytes` more bytes of asynchronous copies
+//   tma_load_3d          one box of a rank-3 tensor map -> shared memory; the copy's bytes complete
+//                        on `bar` (out-of-bounds elements are written as zero and still counted)
+//   fence_mbarrier_init  makes mbarrier.init visible to the async proxy (before a __syncthreads)
+// Valid on sm_90 and up; callers guard with __CUDA_ARCH__ >= 900.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+
+namespace flashmsa {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+MSA_DEVICE void tma_prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+MSA_DEVICE void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+MSA_DEVICE void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, "
+      "%5}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+// mbar_wait as one asm statement with the retry loop inside: to the compiler the wait is straight-line
+// code, not a loop whose exit depends on a per-thread value (a divergent path in front of wgmma
+// makes ptxas serialize the wgmmas, warning C7518).
+MSA_DEVICE void mbar_wait_loop(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+MSA_DEVICE void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+#endif
+
+}  // namespace flashmsa

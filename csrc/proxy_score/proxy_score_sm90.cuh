@@ -1,0 +1,513 @@
+// msa_proxy_score prefill on Hopper (sm_90a): the GEMM-like kernel. out[h, t, r] = max over the
+// visible keys j of block t of dot(q[r, h], k[j, h / G]), fp32 accumulate (docs/semantics.md,
+// section 1), computed by wgmma on operands brought in by TMA. docs/design/proxy_score.md ("The
+// sm_90a prefill kernel") has the reasoning behind each number.
+//
+// CTA = 3 warpgroups, one per SM, persistent:
+//   warpgroup 0   producer: one thread issues the TMA loads (Q tiles, K blocks) into
+//                 128-byte-swizzled shared memory, completing on "full" mbarriers
+//   warpgroups 1-2  consumers: each owns two of the tile's four 64-row sub-tiles and multiplies
+//                 them against every key block the tile sees (wgmma m64n128k16; K from shared
+//                 memory, Q from shared memory or registers: QSource), then reduces each row over
+//                 the block's 128 keys (masked on the causal diagonal and at the end of the keys)
+//                 and stores the block's maxima
+// Tile = 256 MMA rows = 4 sub-tiles; sub-tile = one query head x 64 consecutive tokens, so one K
+// block feeds every head of the KV group (hc heads per CTA, hc in {1, 2, 4}; with hc < 4 the
+// sub-tiles are 4 / hc consecutive 64-token chunks of each head).
+// Overlap: the consumer warpgroups take turns issuing their MMAs of a block; each reduces its
+// first sub-tile while its second multiplies, and its second while the other warpgroup's MMAs run.
+// Work items (sequence, q-tile, head group, key-block chunk) run longest causal tiles first, dealt
+// to the persistent CTAs in snake order so that every CTA gets a similar share of the triangle.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/cuda_utils.h"
+#include "common/mbarrier.cuh"
+#include "common/tensor_map.h"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
+#include "flashmsa/params.h"
+#include "flashmsa/semantics.h"
+#include "proxy_score/proxy_score_config.h"
+#include "proxy_score/proxy_score_sm90.h"
+
+namespace flashmsa::cuda::proxy::sm90 {
+
+inline constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+inline constexpr int kSubRows = 64;   // rows of a sub-tile (one wgmma M)
+inline constexpr int kSubTiles = 4;   // per CTA tile, 2 per consumer warpgroup
+inline constexpr int kSubTileBytes = kSubRows * kHeadDim * 2;   // 16 KB: [2 halves][64][64]
+inline constexpr int kQTileBytes = kSubTiles * kSubTileBytes;   // 64 KB
+inline constexpr int kKBlockBytes = kBlockSize * kHeadDim * 2;  // 32 KB: [2 halves][128][64]
+inline constexpr int kConsumerThreads = 256;
+
+// Shared memory plan of each QSource variant (proxy_score_sm90.h): Q slots, then the K ring, then
+// the mbarriers.
+template <QSource kQ>
+struct Layout {
+  static constexpr int kQSlots = kQ == QSource::kRegs ? 1 : 2;
+  static constexpr int kKStages = kQ == QSource::kRegs ? 4 : 3;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kQSlots * kQTileBytes;
+  static constexpr int kBarOffset = kKOffset + kKStages * kKBlockBytes;
+  static constexpr int kNumBars = 2 * kQSlots + 2 * kKStages;
+  // +1024: the dynamic shared memory base is aligned up to the 1024 bytes the swizzle atoms need.
+  static constexpr int kSmemBytes = kBarOffset + kNumBars * 8 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
+};
+inline constexpr int kProducerRegs = 40;
+inline constexpr int kConsumerRegs = 232;
+static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register budget");
+
+// Kernel parameters: the op's params, the two TMA descriptors and the host's launch plan.
+struct Params {
+  CUtensorMap q_map;  // q as (128 dims, Hq, total_q), box (64, 1, 64)
+  CUtensorMap k_map;  // flat k as (128 dims, Hkv, total_k), box (64, 1, 128)
+  ProxyScoreParams p;
+  int group_size;     // G
+  int heads_per_cta;  // hc in {1, 2, 4}, dividing G
+  int chunks;         // 4 / hc: 64-token chunks per head in a tile
+  int num_groups;     // Hkv * G / hc
+  int n_qt;           // q-tiles per sequence on the item list (more are strided over)
+  int split_blocks;   // key blocks per work item: a tile's blocks come in chunks of this many
+  int n_split;        // ceil(P / split_blocks): chunks per tile
+  int64_t n_items;    // n_qt * batch * num_groups * n_split
+};
+
+// One q-tile of one head group, as every role of the CTA computes it from the item.
+struct Tile {
+  int64_t row_begin;  // global q row of token tok0
+  int64_t q_off;      // global position of local query 0 of the sequence
+  int b;
+  int kh;     // KV head
+  int head0;  // first query head of the group slice
+  int tok0;   // first token (local index in the sequence)
+  int ntok;   // tokens in the tile (<= 64 * chunks)
+  int seqlen_k;
+  int k_row0;   // flat row of key 0 of the sequence
+  int t_begin;  // key blocks computed by this item: [t_begin, t_end)
+  int t_end;
+  int col_end;    // columns of this item: [t_begin, col_end); [t_end, col_end) are -inf
+  int lim_first;  // keys [0, lim_first) are visible to every token of the tile
+};
+
+MSA_DEVICE Tile make_tile(const Params& kp, int b, int g, int split, int64_t rbegin, int tok0, int ntok) {
+  const ProxyScoreParams& p = kp.p;
+  Tile t;
+  t.b = b;
+  t.tok0 = tok0;
+  t.ntok = ntok;
+  t.row_begin = rbegin + tok0;
+  t.seqlen_k = kv_seqlen(p.kv, b);
+  t.k_row0 = int(kv_row_begin(p.kv, b));
+  const RowRange rows = q_rows(p.qi, p.total_q, b);
+  t.q_off = q_offset_of(p.q_offset, b, rows.len, t.seqlen_k);
+  const int subgroups = kp.group_size / kp.heads_per_cta;
+  t.kh = g / subgroups;
+  t.head0 = t.kh * kp.group_size + (g - t.kh * subgroups) * kp.heads_per_cta;
+  t.lim_first = col_limit(p.causal, t.q_off, tok0, t.seqlen_k);
+  const int lim_last = col_limit(p.causal, t.q_off, tok0 + ntok - 1, t.seqlen_k);
+  const int n_blocks = int(min(int64_t(p.max_k_tiles), ceil_div(lim_last, kBlockSize)));
+  t.t_begin = split * kp.split_blocks;
+  t.col_end = min(p.max_k_tiles, t.t_begin + kp.split_blocks);
+  t.t_end = max(t.t_begin, min(n_blocks, t.col_end));
+  return t;
+}
+
+// Calls f(tile) for every tile of this CTA, in the same order in every role.
+template <typename F>
+MSA_DEVICE void for_each_tile(const Params& kp, F&& f) {
+  const ProxyScoreParams& p = kp.p;
+  const int64_t grid = gridDim.x;
+  const int tile_tokens = kSubRows * kp.chunks;
+  for (int64_t round = 0;; ++round) {
+    // Snake order: even rounds deal items 0..grid-1 to CTAs 0..grid-1, odd rounds backwards.
+    const int64_t w = round * grid + ((round & 1) ? grid - 1 - blockIdx.x : blockIdx.x);
+    if (w >= kp.n_items) break;
+    const int split = int(w % kp.n_split);
+    const int64_t wt = w / kp.n_split;
+    const int g = int(wt % kp.num_groups);
+    const int64_t rest = wt / kp.num_groups;
+    const int b = int(rest % p.batch);
+    const int qt = kp.n_qt - 1 - int(rest / p.batch);  // longest causal tiles first
+    const RowRange rows = q_rows(p.qi, p.total_q, b);
+    // Strided over q-tiles: correct even when max_seqlen_q under-estimates a sequence.
+    for (int64_t tile = qt; tile * tile_tokens < rows.len; tile += kp.n_qt) {
+      const int tok0 = int(tile * tile_tokens);
+      const int ntok = int(min(int64_t(tile_tokens), rows.len - tile * tile_tokens));
+      f(make_tile(kp, b, g, split, rows.begin, tok0, ntok));
+    }
+  }
+}
+
+MSA_DEVICE float neg_inf_f() { return __int_as_float(0xFF800000); }
+
+#if MSA_HAS_WGMMA
+// Issues S = Q K^T for a 64-row sub-tile and a 128-key block (8 wgmma m64n128k16, both operands in
+// shared memory) as one commit group; the caller waits for it and then fences `s` (nothing may
+// touch the accumulators in between).
+template <typename Elem>
+MSA_DEVICE void issue_qk(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
+  wgmma_fence_operand(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t koff = uint32_t(kk & 3) * 32u;  // 16 dims = 32 bytes into the 64-dim half
+    const uint64_t da = wgmma_desc_sw128(q_addr + uint32_t(kk >> 2) * (kSubRows * 128) + koff, 0, 1024);
+    const uint64_t db = wgmma_desc_sw128(k_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
+    wgmma_m64n128k16_ss<Elem, 0>(s, da, db, kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// The same with the sub-tile's A fragments in registers (qa[kk]: k-step kk of this warp's 16 rows).
+template <typename Elem>
+MSA_DEVICE void issue_qk_rs(float (&s)[16][4], const uint32_t (&qa)[8][4], uint32_t k_addr) {
+  wgmma_fence_operand(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t koff = uint32_t(kk & 3) * 32u;
+    const uint64_t db = wgmma_desc_sw128(k_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
+    wgmma_m64n128k16_rs<Elem, 0>(s, qa[kk], db, kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// A fragments of this warp's 16 rows of a Q sub-tile ([2 halves][64 rows][64 dims], 128-byte
+// swizzle: 16-byte chunk c of row r at chunk c ^ (r % 8) of the row's 128 bytes). Matrices of
+// ldmatrix.x4 for k-step ks: (rows +0..7, dims +0..7), (+8..15, +0..7), (+0..7, +8..15),
+// (+8..15, +8..15) = the mma.sync / wgmma A fragment registers a0..a3.
+MSA_DEVICE void load_q_fragments(uint32_t (&qa)[8][4], uint32_t sub_addr, int warp, int lane) {
+  const int r = 16 * warp + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const int c = 2 * ks + (lane >> 4);  // 16-byte chunk of the 256-byte row
+    const uint32_t addr =
+        sub_addr + uint32_t(c >> 3) * (kSubRows * 128) + uint32_t(r) * 128u + (uint32_t((c & 7) ^ (r & 7)) << 4);
+    ldmatrix_x4(qa[ks], addr);
+  }
+}
+
+// Issue-order barriers of the two consumer warpgroups (ids 1 and 2; 0 is __syncthreads): warpgroup
+// c waits on kOrderBarrier + c before issuing its MMAs and then arrives on the other's.
+inline constexpr int kOrderBarrier = 1;
+MSA_DEVICE void named_barrier_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
+}
+MSA_DEVICE void named_barrier_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
+}
+
+MSA_DEVICE float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// The block maxima of one sub-tile's S = Q K^T (block t) -> out. Thread rows 16 warp + gid + 8 h;
+// keys at or past a row's causal / length limit are -inf. NaN propagates (max.NaN, canonical NaN)
+// as in the reference. Branch-free in the accumulators: a branch around code that reads them (a
+// masked and an unmasked variant) makes ptxas serialize the wgmmas (C7518), so every block takes
+// the masked path with each row's limit clamped to the block (128: all keys visible).
+MSA_DEVICE void store_block_max(const Params& kp, const float (&s)[16][4], const Tile& tile, int head,
+                                int tok_sub0, int ntok_sub, int t, int warp, int lane) {
+  const ProxyScoreParams& p = kp.p;
+  const int gid = lane >> 2, tig = lane & 3;
+  const bool crosses = (t + 1) * kBlockSize > tile.lim_first;
+  int lim[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    // Relative to this thread's first key 2 tig of each n8 group: key 8 j + e is visible iff
+    // 8 j + e < lim.
+    const int l = crosses
+                      ? col_limit(p.causal, tile.q_off, tok_sub0 + 16 * warp + gid + 8 * h, tile.seqlen_k) -
+                            t * kBlockSize
+                      : kBlockSize;
+    lim[h] = l - 2 * tig;
+  }
+  // Four independent max chains per row (by j and e parity), so that the FMNMX latency overlaps.
+  float mc[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) mc[h][c] = neg_inf_f();
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1, c = 2 * (j & 1) + (e & 1);
+      mc[h][c] = 8 * j + (e & 1) < lim[h] ? max_nan(mc[h][c], s[j][e]) : mc[h][c];
+    }
+  float m[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) m[h] = max_nan(max_nan(mc[h][0], mc[h][1]), max_nan(mc[h][2], mc[h][3]));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m[h] = max_nan(m[h], __shfl_xor_sync(0xFFFFFFFFu, m[h], 1));
+    m[h] = max_nan(m[h], __shfl_xor_sync(0xFFFFFFFFu, m[h], 2));
+  }
+  if (tig == 0) {
+    float* o =
+        p.out + (int64_t(head) * p.max_k_tiles + t) * p.total_q + tile.row_begin + (tok_sub0 - tile.tok0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * warp + gid + 8 * h;
+      if (r < ntok_sub) o[r] = m[h];
+    }
+  }
+}
+
+// -inf for rows no sequence covers: [0, cu_seqlens_q[0]) and [cu_seqlens_q[B], total_q), spread
+// over every consumer thread of the grid.
+MSA_DEVICE void fill_uncovered_rows(const ProxyScoreParams& p, int ctid) {
+  const int64_t total_q = p.total_q;
+  int64_t lo = 0, hi = 0;
+  if (p.batch > 0) {
+    if (p.qi.cu_seqlens_q != nullptr) {
+      lo = clamp64(p.qi.cu_seqlens_q[0], 0, total_q);
+      hi = clamp64(p.qi.cu_seqlens_q[p.batch], lo, total_q);
+    } else {
+      hi = clamp64(int64_t(p.batch) * p.qi.seqlen_q, 0, total_q);
+    }
+  }
+  const int64_t uncovered = lo + (total_q - hi);
+  if (uncovered == 0) return;
+  const int64_t n = int64_t(p.num_heads) * p.max_k_tiles * uncovered;
+  const int64_t step = int64_t(gridDim.x) * kConsumerThreads;
+  for (int64_t e = int64_t(blockIdx.x) * kConsumerThreads + ctid; e < n; e += step) {
+    const int64_t u = e % uncovered;
+    const int64_t ht = e / uncovered;  // head * P + t
+    const int64_t row = u < lo ? u : hi + (u - lo);
+    p.out[ht * total_q + row] = neg_inf_f();
+  }
+}
+#endif  // MSA_HAS_WGMMA
+
+template <typename Elem, QSource kQ>
+__global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __grid_constant__ Params kp) {
+#if MSA_HAS_WGMMA
+  using L = Layout<kQ>;
+  constexpr int kQSlots = L::kQSlots, kKStages = L::kKStages;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const ProxyScoreParams& p = kp.p;
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base + L::kQOffset, sK = base + L::kKOffset;
+  const uint32_t bar = base + L::kBarOffset;
+  // Barriers: q_full[kQSlots], q_empty[kQSlots], k_full[kKStages], k_empty[kKStages].
+  auto q_full = [&](int i) { return bar + 8u * uint32_t(i); };
+  auto q_empty = [&](int i) { return bar + 8u * uint32_t(kQSlots + i); };
+  auto k_full = [&](int i) { return bar + 8u * uint32_t(2 * kQSlots + i); };
+  auto k_empty = [&](int i) { return bar + 8u * uint32_t(2 * kQSlots + kKStages + i); };
+  // Warp-uniform for the compiler too (a shuffle result): wgmma in a path it cannot prove uniform
+  // is serialized.
+  const int wg = __shfl_sync(0xFFFFFFFFu, int(threadIdx.x >> 7), 0);
+
+  if (threadIdx.x == 0) {
+    tma_prefetch_map(&kp.q_map);
+    tma_prefetch_map(&kp.k_map);
+    for (int i = 0; i < kQSlots; ++i) {
+      mbar_init(q_full(i), 1);
+      mbar_init(q_empty(i), kConsumerThreads);
+    }
+    for (int i = 0; i < kKStages; ++i) {
+      mbar_init(k_full(i), 1);
+      mbar_init(k_empty(i), kConsumerThreads);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    uint32_t nq = 0, nk = 0;  // Q tiles / K blocks loaded so far: slot, stage and phase
+    for_each_tile(kp, [&](const Tile& tile) {
+      if (tile.t_end <= tile.t_begin) return;
+      const int qs = int(nq % kQSlots);
+      mbar_wait_loop(q_empty(qs), ((nq / kQSlots) & 1u) ^ 1u);
+      mbar_expect_tx(q_full(qs), kQTileBytes);
+#pragma unroll 1
+      for (int j = 0; j < kSubTiles; ++j) {
+        const int hl = j / kp.chunks, chunk = j - hl * kp.chunks;
+        const uint32_t dst = sQ + uint32_t(qs) * kQTileBytes + uint32_t(j) * kSubTileBytes;
+        const int row = int(tile.row_begin) + chunk * kSubRows;
+        tma_load_3d(dst, &kp.q_map, q_full(qs), 0, tile.head0 + hl, row);
+        tma_load_3d(dst + kSubRows * 128, &kp.q_map, q_full(qs), 64, tile.head0 + hl, row);
+      }
+      ++nq;
+#pragma unroll 1
+      for (int t = tile.t_begin; t < tile.t_end; ++t, ++nk) {
+        const int st = int(nk % kKStages);
+        mbar_wait_loop(k_empty(st), ((nk / kKStages) & 1u) ^ 1u);
+        mbar_expect_tx(k_full(st), kKBlockBytes);
+        const uint32_t dst = sK + uint32_t(st) * kKBlockBytes;
+        const int row = tile.k_row0 + t * kBlockSize;
+        tma_load_3d(dst, &kp.k_map, k_full(st), 0, tile.kh, row);
+        tma_load_3d(dst + kBlockSize * 128, &kp.k_map, k_full(st), 64, tile.kh, row);
+      }
+    });
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kConsumerRegs>();
+  const int cwg = wg - 1;              // consumer warpgroup: sub-tiles 2 cwg, 2 cwg + 1
+  const int ctid = threadIdx.x - 128;  // 0..255
+  const int wtid = threadIdx.x & 127;
+  const int warp = wtid >> 5, lane = threadIdx.x & 31;
+  const int64_t total_q = p.total_q;
+  uint32_t nq = 0, nk = 0;
+  // Warpgroup 0 issues first: warpgroup 1 gives it the first turn; warpgroup 0 takes back the
+  // last turn that warpgroup 1 hands over, so every named-barrier phase completes.
+  if (cwg == 1) named_barrier_arrive(kOrderBarrier);
+  for_each_tile(kp, [&](const Tile& tile) {
+    // The two sub-tiles of this warpgroup: head, first token and valid tokens of each.
+    int head[2], tok_sub0[2], ntok_sub[2];
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int j = 2 * cwg + s;
+      const int hl = j / kp.chunks, chunk = j - hl * kp.chunks;
+      head[s] = tile.head0 + hl;
+      tok_sub0[s] = tile.tok0 + chunk * kSubRows;
+      ntok_sub[s] = max(0, min(kSubRows, tile.ntok - chunk * kSubRows));
+    }
+    // Columns [t_end, col_end) hold no visible key of any token of the tile.
+    {
+      const int tok = wtid & 63;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        if (tok >= ntok_sub[s]) continue;
+        float* o = p.out + int64_t(head[s]) * p.max_k_tiles * total_q + tile.row_begin +
+                   (tok_sub0[s] - tile.tok0) + tok;
+        for (int t = tile.t_end + (wtid >> 6); t < tile.col_end; t += 2)
+          o[int64_t(t) * total_q] = neg_inf_f();
+      }
+    }
+    const int n = __shfl_sync(0xFFFFFFFFu, tile.t_end - tile.t_begin, 0);
+    if (n <= 0) return;
+    const int qs = int(nq % kQSlots);
+    mbar_wait_loop(q_full(qs), (nq / kQSlots) & 1u);
+    const uint32_t q0 = sQ + uint32_t(qs) * kQTileBytes + uint32_t(2 * cwg) * kSubTileBytes;
+    const uint32_t q1 = q0 + kSubTileBytes;
+    auto k_stage = [&](int i) { return sK + uint32_t((nk + uint32_t(i)) % kKStages) * kKBlockBytes; };
+    auto wait_k = [&](int i) {
+      const uint32_t c = nk + uint32_t(i);
+      mbar_wait_loop(k_full(int(c % kKStages)), (c / kKStages) & 1u);
+    };
+    float acc0[16][4], acc1[16][4];
+    uint32_t qa0[8][4], qa1[8][4];  // kRegs: A fragments of both sub-tiles, for the whole tile
+    if constexpr (kQ == QSource::kRegs) {
+      load_q_fragments(qa0, q0, warp, lane);
+      load_q_fragments(qa1, q1, warp, lane);
+      mbar_arrive(q_empty(qs));  // the slot is free for the next tile's Q
+    }
+#pragma unroll 1
+    for (int i = 0; i < n; ++i) {
+      wait_k(i);
+      // Issue turns alternate between the two consumer warpgroups, so that one's epilogue runs
+      // while the other's MMAs keep the tensor cores busy.
+      named_barrier_sync(kOrderBarrier + cwg);
+      if constexpr (kQ == QSource::kRegs) {
+        issue_qk_rs<Elem>(acc0, qa0, k_stage(i));
+        issue_qk_rs<Elem>(acc1, qa1, k_stage(i));
+      } else {
+        issue_qk<Elem>(acc0, q0, k_stage(i));
+        issue_qk<Elem>(acc1, q1, k_stage(i));
+      }
+      named_barrier_arrive(kOrderBarrier + (cwg ^ 1));
+      wgmma_wait<1>();
+      wgmma_fence_operand(acc0);
+      store_block_max(kp, acc0, tile, head[0], tok_sub0[0], ntok_sub[0], tile.t_begin + i, warp, lane);
+      wgmma_wait<0>();
+      wgmma_fence_operand(acc1);
+      mbar_arrive(k_empty(int((nk + uint32_t(i)) % kKStages)));  // both sub-tiles are done with block i
+      store_block_max(kp, acc1, tile, head[1], tok_sub0[1], ntok_sub[1], tile.t_begin + i, warp, lane);
+    }
+    if constexpr (kQ == QSource::kSmem) mbar_arrive(q_empty(qs));
+    nk += uint32_t(n);
+    ++nq;
+  });
+  if (cwg == 0) named_barrier_sync(kOrderBarrier);
+  fill_uncovered_rows(p, ctid);
+#else
+  __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
+#endif
+}
+
+inline CUtensorMapDataType tensor_map_type(DType d) {
+  return d == DType::kFP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+// Whether this kernel computes this call (flat 16-bit K of q's dtype, per-head output); false when
+// the caller must take the mma.sync kernel.
+inline bool supports(const ProxyScoreParams& p) {
+  const bool dtype_ok = (p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16) && p.k.dtype == p.q_dtype;
+  return dtype_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.kv.page_table == nullptr &&
+         !p.reduce_heads && p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize &&
+         p.total_q < (int64_t(1) << 31) - 256;
+}
+
+template <typename Elem>
+bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
+  if (!supports(p)) return false;
+  auto kernel = q_source == QSource::kRegs ? proxy_score_sm90_kernel<Elem, QSource::kRegs>
+                                           : proxy_score_sm90_kernel<Elem, QSource::kSmem>;
+  const int smem_bytes =
+      q_source == QSource::kRegs ? Layout<QSource::kRegs>::kSmemBytes : Layout<QSource::kSmem>::kSmemBytes;
+  if (prepare_sm90a_launch(kernel, kThreads, size_t(smem_bytes)) <= 0) return false;
+  // TMA: 16-byte aligned base and strides (the mma.sync kernel's cp.async needs the same).
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned16(p.q) || !aligned16(p.k.data) || (p.q_stride_token * 2) % 16 != 0 ||
+      (p.q_stride_head * 2) % 16 != 0 || (p.k.stride_token * 2) % 16 != 0 || (p.k.stride_head * 2) % 16 != 0)
+    return false;
+  if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
+
+  Params kp{};
+  kp.p = p;
+  kp.group_size = p.num_heads / p.num_kv_heads;
+  kp.heads_per_cta = kp.group_size % 4 == 0 ? 4 : (kp.group_size % 2 == 0 ? 2 : 1);
+  kp.chunks = kSubTiles / kp.heads_per_cta;
+  kp.num_groups = p.num_kv_heads * (kp.group_size / kp.heads_per_cta);
+  int64_t max_seqlen_q = p.qi.max_seqlen_q;
+  if (max_seqlen_q <= 0 || max_seqlen_q > p.total_q) max_seqlen_q = p.total_q;
+  const int tile_tokens = kSubRows * kp.chunks;
+  kp.n_qt = int(std::max<int64_t>(1, ceil_div_int<int64_t>(max_seqlen_q, tile_tokens)));
+  // Key-block chunks per item. With at least 2 tiles per SM the snake order balances the causal
+  // triangle on whole tiles (a host model of it: within ~1 % at 32K and 128K, M3). With fewer
+  // (8K: 128 tiles for 132 SMs) a tile's blocks are cut into chunks of about 1/24 of an SM's share
+  // of the estimated work (at least 4 blocks, a Q load per 4 x 32 KB of K): the model puts the
+  // most loaded SM within ~2-4 % of the mean from 4K to 16K.
+  const DeviceLimits& limits = current_device_limits();
+  const int64_t P = p.max_k_tiles;
+  const int64_t tiles = int64_t(kp.n_qt) * std::max(p.batch, 1) * kp.num_groups;
+  const int64_t units = tiles * (p.causal ? (P + 1) / 2 : P);
+  kp.split_blocks = int(
+      tiles >= 2LL * limits.num_sms
+          ? P
+          : std::min<int64_t>(P, std::max<int64_t>(4, ceil_div_int<int64_t>(units, 24LL * limits.num_sms))));
+  kp.n_split = int(ceil_div_int<int64_t>(P, kp.split_blocks));
+  kp.n_items = int64_t(kp.n_qt) * p.batch * kp.num_groups * kp.n_split;
+
+  const CUtensorMapDataType ty = tensor_map_type(p.q_dtype);
+  if (!encode_tensor_map_3d_sw128(kp.q_map, ty, p.q, kHeadDim, uint64_t(p.num_heads), uint64_t(p.total_q),
+                                  uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2, 64, 1,
+                                  kSubRows) ||
+      !encode_tensor_map_3d_sw128(kp.k_map, ty, p.k.data, kHeadDim, uint64_t(p.num_kv_heads),
+                                  uint64_t(p.kv.total_k), uint64_t(p.k.stride_head) * 2,
+                                  uint64_t(p.k.stride_token) * 2, 64, 1, kBlockSize))
+    return false;
+
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(kp.n_items, limits.num_sms));
+  kernel<<<unsigned(grid), kThreads, smem_bytes, stream>>>(kp);
+  MSA_CHECK_LAUNCH();
+  return true;
+}
+
+}  // namespace flashmsa::cuda::proxy::sm90
