@@ -22,7 +22,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -32,9 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from flashmsa import testing as ft
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import msa_inputs as mi  # noqa: E402
+from flashmsa.testing import inputs as mi
+from flashmsa.testing.timing import Timer
 
 TABLE_MARKER = "### flashmsa benchmark table"
 KB = 1024
@@ -51,7 +49,8 @@ REF_PIPELINE = {8 * K: (4.0, "Triton 4.0 ms"), 32 * K: (18.7, "Triton 18.7 ms"),
 REF_DECODE_INDEX = (0.145, "Triton 0.145 ms")
 REF_DECODE_ATTN = (0.083, "Triton 0.083 ms")
 
-# M3 geometry (SPEC 3): TP1 64 q / 4 kv heads, indexer 4 q heads over 1 k head; TP4 16 / 1 / 1.
+# M3 geometry (docs/semantics.md#pipeline): TP1 64 q / 4 kv heads, indexer 4 q heads over 1 k head;
+# TP4 16 / 1 / 1.
 TOPK = 16
 M3 = dict(hq=64, hkv=4, idx_hq=4, idx_hk=1)
 M3_TP4 = dict(hq=16, hkv=1, idx_hq=1, idx_hk=1)
@@ -103,83 +102,6 @@ def accepts(fn, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-
-
-# ---- timing ----------------------------------------------------------------------------------
-
-class Timer:
-    """Cold-L2 CUDA-event timing (docs/benchmarks.md, "Timing")."""
-
-    HOST_PROBE_US = 20_000  # GPU sleep queued while the host time of one call is measured
-
-    def __init__(self, device, budget_s: float, max_reps: int, min_reps: int = 5):
-        self.device = device
-        self.budget_s = budget_s
-        self.max_reps = max_reps
-        self.min_reps = min_reps
-        self.flush_buf = torch.empty(256 * KB * KB, dtype=torch.uint8, device=device)
-        self.cycles_per_us = self._calibrate_sleep()
-
-    def _calibrate_sleep(self):
-        if not hasattr(torch.cuda, "_sleep"):
-            return None
-        torch.cuda._sleep(1000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        cycles = 20_000_000
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        torch.cuda.synchronize()
-        return cycles / (start.elapsed_time(end) * 1000.0)
-
-    def sleep_us(self, us: float) -> None:
-        if self.cycles_per_us and us > 0:
-            torch.cuda._sleep(int(us * self.cycles_per_us))
-
-    def flush(self) -> None:
-        self.flush_buf.zero_()
-
-    def host_us(self, fn):
-        """Host time of one call while the GPU is busy; a call that synchronizes with the host
-        waits for the queued sleep, which shows as a host time near HOST_PROBE_US."""
-        if not self.cycles_per_us:
-            return None
-        self.sleep_us(self.HOST_PROBE_US)
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (t1 - t0) * 1e6
-
-    def time(self, fn) -> dict:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self.flush()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        estimate_us = start.elapsed_time(end) * 1000.0
-        host = self.host_us(fn)
-        host_sync = host is not None and host > 0.8 * self.HOST_PROBE_US
-        reps = int(self.budget_s * 1e6 / (estimate_us + 100.0))
-        reps = max(self.min_reps, min(self.max_reps, reps))
-        # The sleep keeps the GPU busy while the host enqueues the op, so the events bracket GPU
-        # work only. Useless (and skipped) when the op synchronizes with the host itself.
-        lead_us = 0.0 if (host is None or host_sync) else min(1.5 * host + 20.0, 20_000.0)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
-            self.flush()
-            self.sleep_us(lead_us)
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize()
-        times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
-        q = (statistics.quantiles(times, n=10, method="inclusive") if len(times) >= 2
-             else [times[0]] * 9)
-        return dict(median_us=statistics.median(times), min_us=times[0], p10_us=q[0],
-                    p90_us=q[-1], reps=reps, host_us=host, host_sync=host_sync)
 
 
 # ---- the run ---------------------------------------------------------------------------------

@@ -8,13 +8,11 @@ of record come from bench_msa.py.
 """
 import argparse
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import msa_inputs  # noqa: E402
-import flashmsa.msa_ops as msa_ops  # noqa: E402
+import flashmsa.msa_ops as msa_ops
+from flashmsa.testing import inputs as msa_inputs
 
 
 def profile(label, fn, reps=3):

@@ -26,9 +26,7 @@ import traceback
 
 import torch
 from flashmsa import testing as ft
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import msa_inputs as mi  # noqa: E402
+from flashmsa.testing import inputs as mi
 
 BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 

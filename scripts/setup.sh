@@ -17,7 +17,7 @@ fi
 
 need=()
 $PY -c "import torch" 2>/dev/null || need+=("torch")
-for mod_pkg in numpy:numpy pytest:pytest scikit_build_core:scikit-build-core ninja:ninja; do
+for mod_pkg in numpy:numpy tqdm:tqdm pytest:pytest scikit_build_core:scikit-build-core ninja:ninja; do
   $PY -c "import ${mod_pkg%%:*}" 2>/dev/null || need+=("${mod_pkg##*:}")
 done
 if [[ "$cuda" == ON ]] && ! $PY -c "import cutlass_library" 2>/dev/null && [[ -z "${FLASHMSA_CUTLASS_DIR:-}" ]]; then

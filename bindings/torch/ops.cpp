@@ -4,10 +4,10 @@
 // wrappers (python/flashmsa/msa_ops.py) and passed in as mutable arguments, so every schema returns
 // () and a fake implementation has nothing to compute (torch.compile / opcheck). An op only
 //   1. describes its tensors to the core (TensorRef, tensor_ref.h),
-//   2. calls make_*_params, which does ALL validation (SPEC D9) and throws flashmsa::Error,
+//   2. calls make_*_params (ALL validation, docs/semantics.md#d9; throws flashmsa::Error),
 //   3. runs the validated params on the caller's device and current stream.
-// flashmsa::Error kinds become the Python exceptions SPEC D9 names (ValueError, TypeError,
-// NotImplementedError, RuntimeError).
+// flashmsa::Error kinds become the Python exceptions docs/semantics.md#d9 names (ValueError,
+// TypeError, NotImplementedError, RuntimeError).
 // clang-format off
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>  // before any other header, as Python requires

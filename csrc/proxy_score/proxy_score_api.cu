@@ -13,18 +13,11 @@
 
 #include "cuda_ops.h"
 #include "flashmsa/error.h"
-#include "proxy_score/proxy_score_launch.cuh"
-#include "proxy_score/proxy_score_sm90.h"
+#include "proxy_score/launch.h"
 
 namespace flashmsa::cuda {
 
 namespace proxy {
-extern template void launch_proxy_score<__nv_bfloat16>(const ProxyScoreParams&, cudaStream_t);
-extern template void launch_proxy_score<__half>(const ProxyScoreParams&, cudaStream_t);
-namespace sm90 {
-extern template bool launch<__nv_bfloat16>(const ProxyScoreParams&, QSource, cudaStream_t);
-extern template bool launch<__half>(const ProxyScoreParams&, QSource, cudaStream_t);
-}  // namespace sm90
 
 // Which proxy-score kernel runs. kAuto: the mma.sync kernel (until the sm_90a kernel is measured
 // on the H200); kSm90: the sm_90a kernel with Q in registers (wgmma RS), kSm90Ss: with Q in shared

@@ -1,6 +1,7 @@
 // msa_proxy_score on SM80+: out[h, t, r] = max over the visible keys j of block t of
-// dot(q[r, h], k[j, h / G]), unscaled, fp32 accumulate (SPEC 1.2). One kernel per MMA element
-// type (bf16 / fp16); fp8 operands are converted exactly on their way to shared memory.
+// dot(q[r, h], k[j, h / G]), unscaled, fp32 accumulate (docs/semantics.md#proxy-score-math). One
+// kernel per MMA element type (bf16 / fp16); fp8 operands are converted exactly on their way to
+// shared memory.
 //
 // Work item = (q-tile, sequence, key-block split). A CTA loads the tile's Q rows (the hc heads of
 // one KV group x consecutive tokens) once into registers, then streams the tile's key blocks

@@ -1,23 +1,23 @@
 // msa_proxy_score prefill on Hopper (sm_90a): the GEMM-like kernel. out[h, t, r] = max over the
-// visible keys j of block t of dot(q[r, h], k[j, h / G]), fp32 accumulate (docs/semantics.md,
-// section 1), computed by wgmma on operands brought in by TMA. docs/design/proxy_score.md ("The
-// sm_90a prefill kernel") has the reasoning behind each number.
+// visible keys j of block t of dot(q[r, h], k[j, h / G]), fp32 accumulate (SPEC 1.2), computed by
+// wgmma with both operands brought in by TMA. docs/design/proxy_score.md ("sm_90a kernel") has the
+// reasoning behind each number.
 //
 // CTA = 3 warpgroups, one per SM, persistent:
 //   warpgroup 0   producer: one thread issues the TMA loads (Q tiles, K blocks) into
 //                 128-byte-swizzled shared memory, completing on "full" mbarriers
 //   warpgroups 1-2  consumers: each owns two of the tile's four 64-row sub-tiles and multiplies
-//                 them against every key block the tile sees (wgmma m64n128k16; K from shared
-//                 memory, Q from shared memory or registers: QSource), then reduces each row over
-//                 the block's 128 keys (masked on the causal diagonal and at the end of the keys)
-//                 and stores the block's maxima
+//                 them against every key block the tile sees (wgmma m64n128k16, Q and K from shared
+//                 memory), then reduces each row over the block's 128 keys (masked on the causal
+//                 diagonal and at the end of the keys) and stores the block's maxima
 // Tile = 256 MMA rows = 4 sub-tiles; sub-tile = one query head x 64 consecutive tokens, so one K
 // block feeds every head of the KV group (hc heads per CTA, hc in {1, 2, 4}; with hc < 4 the
 // sub-tiles are 4 / hc consecutive 64-token chunks of each head).
-// Overlap: the consumer warpgroups take turns issuing their MMAs of a block; each reduces its
-// first sub-tile while its second multiplies, and its second while the other warpgroup's MMAs run.
-// Work items (sequence, q-tile, head group, key-block chunk) run longest causal tiles first, dealt
-// to the persistent CTAs in snake order so that every CTA gets a similar share of the triangle.
+// The two sub-tiles of a consumer alternate: while the wgmmas of one run, the warpgroup reduces and
+// stores the other's previous block, so the epilogue hides under the MMAs (and the two consumer
+// warpgroups keep the tensor cores fed between them).
+// Work items (sequence, q-tile, head group) run longest causal tiles first, dealt to the persistent
+// CTAs in snake order so that every CTA gets a similar share of the causal triangle.
 #pragma once
 
 #include <cuda.h>

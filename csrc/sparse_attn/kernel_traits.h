@@ -100,7 +100,7 @@ struct KvMajorArgs {
 
 // ---- combine -----------------------------------------------------------------------------------
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------
-// Where neighbouring tokens select nearly the same blocks (real models; DESIGN.md "clustered"), a
+// Where neighbouring tokens select nearly the same blocks ("clustered", docs/benchmarks.md), a
 // tile of 128 / G consecutive tokens (128 query rows of one kv head) walks the union of its tokens'
 // blocks once, K/V shared by all rows, each row masked to the blocks its token selected, and
 // writes final outputs: no partials. A tile qualifies when that wastes at most 1.5 x the useful

@@ -1,4 +1,5 @@
-// KV-major sparse attention (DESIGN.md schedule B), the prefill schedule for many query rows.
+// KV-major sparse attention (docs/design/sparse_attention.md#schedule-b), the prefill schedule for
+// many query rows.
 //
 // The list kernels (kv_major_lists.cu) invert the selections of a group of query rows into, per
 // (kv head, sequence, block), the list of (row, q2k slot) pairs that use the block, and cut each

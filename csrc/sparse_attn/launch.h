@@ -1,6 +1,9 @@
 // Host launchers of the sparse-attention kernels. The templated attention launchers are defined in
-// query_major.cuh / kv_major.cuh and explicitly instantiated once per (compute dtype, KV kind) in
-// instantiations/*.cu, so the heavy kernels compile in parallel and only once.
+// query_major.cuh / kv_major.cuh / kv_major_sm90.cuh / union_sm90.cuh and explicitly instantiated
+// once per (compute dtype, KV kind) in instantiations/*.cu, so the heavy kernels compile in
+// parallel and only once. Those files and the extern declarations included at the end are
+// generated from the KERNELS list of csrc/generate_instantiations.py: a new launcher is declared
+// here and instantiated by one line there.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,3 +51,5 @@ void launch_kv_major_lists(const KvMajorArgs& args, cudaStream_t stream);
 void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t stream);
 
 }  // namespace flashmsa::sparse_attn
+
+#include "sparse_attn/instantiations/declarations.h"

@@ -1,6 +1,6 @@
-// msa_topk_select on SM80+ (SPEC 2.2, D3): per (token s, head h), the `target` best candidate
-// blocks of score[h, :, s] under (topk_order_key asc, block asc), plus the forced blocks,
-// ascending, -1 tail padded. Bit-identical to the reference for every P, topk and nvp.
+// msa_topk_select on SM80+ (docs/semantics.md#topk-select, #d3): per (token s, head h), the
+// `target` best candidate blocks of score[h, :, s] under (topk_order_key asc, block asc), plus the
+// forced blocks, ascending, -1 tail padded. Bit-identical to the reference for every P, topk, nvp.
 //
 // A CTA takes 32 consecutive tokens of one head. It streams the (P x 32) score columns through
 // shared memory in chunks of 256 blocks (128-byte coalesced rows, cp.async, double-buffered when

@@ -1,8 +1,9 @@
 // Entry points of the core. Each op has:
 //   *Args       the caller's arguments as torch-free tensor descriptions, named and defaulted like
-//               FlashInfer's Python parameters (SPEC D1);
-//   make_*      every host-side check of SPEC ("Validation" + D9), once: throws flashmsa::Error
-//               naming the argument, expected and actual values; returns validated Params;
+//               FlashInfer's Python parameters (docs/semantics.md#d1);
+//   make_*      every host-side check of docs/semantics.md#validation (and #d9), once: throws
+//               flashmsa::Error naming the argument, expected and actual values; returns
+//               validated Params;
 //   run_*       executes validated Params: on host memory with the CPU reference, on device memory
 //               with the CUDA kernels (stream-ordered, no host sync, no allocation).
 // The bindings only convert their tensors to TensorRef, call make_*, allocate outputs, and run_*.
@@ -126,9 +127,9 @@ void check_cu_seqlens(const int* host_values, int64_t count, int64_t total, cons
 void check_seqused_k(const int* host_values, int64_t count, const char* name);
 
 // Whether k and v are the K and V halves of one paged cache that stores 2 * 128 values per token
-// (SPEC 4.6, HND or NHD): same shape and strides, unit last stride, v starting 128 elements after k,
-// and the sized dims of the (P, Hkv, 128, 2, 128) cache covering a compact buffer in some order.
-// The only non-contiguous K/V the attention ops accept (paged, non-NVFP4).
+// (docs/semantics.md#packed-kv, HND or NHD): same shape and strides, unit last stride, v starting
+// 128 elements after k, and the sized dims of the (P, Hkv, 128, 2, 128) cache covering a compact
+// buffer in some order. The only non-contiguous K/V the attention ops accept (paged, non-NVFP4).
 bool is_packed_kv(const TensorRef& k, const TensorRef& v);
 
 // Whether this build has CUDA kernels (a CPU-only build runs the reference only).

@@ -1,6 +1,6 @@
 // Errors of the core: thrown, never exit(). The kind tells the bindings which Python exception to
-// raise (SPEC D9: ValueError / TypeError naming the argument; NotImplementedError for a declared but
-// unsupported combination; RuntimeError for CUDA failures).
+// raise (docs/semantics.md#d9: ValueError / TypeError naming the argument; NotImplementedError for
+// a declared but unsupported combination; RuntimeError for CUDA failures).
 #pragma once
 
 #include <cstdio>

@@ -11,8 +11,8 @@
 
 namespace flashmsa {
 
-// One K, V or index-K cache, flat or paged. A packed K|V view (SPEC 4.6) or an NHD paged cache is
-// just a KVTensor whose strides say so.
+// One K, V or index-K cache, flat or paged. A packed K|V view (docs/semantics.md#packed-kv) or an
+// NHD paged cache is just a KVTensor whose strides say so.
 struct KVTensor {
   const void* data;      // flat: [total_k, num_kv_heads, width]; paged: [num_pages, num_kv_heads, 128, width]
                          // width = 128 (bf16/fp16/fp8) or 64 bytes (NVFP4, low nibble = even element)
@@ -26,7 +26,7 @@ struct KVTensor {
   int64_t scale_bytes;   // validated >= ceil(rows / 128) * 128 * 8
 };
 
-// Where the keys of sequence b live and how long it is (SPEC section 0).
+// Where the keys of sequence b live and how long it is (docs/semantics.md#seqlen-k).
 //   lengths: from cu_seqlens_k diffs when cu_seqlens_k != nullptr, else seqused_k[b];
 //            clamped to [0, max_pages * 128] (paged) and to the rows of the flat tensor (flat).
 //   rows:    flat: key j of sequence b is row cu_seqlens_k[b] + j (rows >= total_k never read);
@@ -43,7 +43,8 @@ struct KVIndex {
   int64_t total_k;            // rows of the flat tensor (flat)
 };
 
-// Global position of local query i of sequence b is q_offset(b) + i (SPEC section 0).
+// Global position of local query i of sequence b is q_offset(b) + i
+// (docs/semantics.md#causal-alignment).
 enum class QOffsetMode : int32_t {
   kRightAligned = 0,  // seqlen_k[b] - seqlen_q[b]
   kScalar = 1,        // value
@@ -91,7 +92,7 @@ struct ProxyScoreParams {
 };
 
 // Stage 2: per (token s, head h) row, the topk best blocks of score[h, :, s] within [0, nvp),
-// forced sink/local blocks included, ascending, -1 tail padded (SPEC 2.2, D3).
+// forced sink/local blocks included, ascending, -1 tail padded (docs/semantics.md#topk-select).
 struct TopkSelectParams {
   int num_heads;                // H
   int num_blocks;               // P

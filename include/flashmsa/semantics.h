@@ -80,8 +80,8 @@ MSA_HOST_DEVICE int64_t kv_scale_row(const KVIndex& kv, int num_kv_heads, int b,
   return nvfp4_scale_row_paged(kv_page(kv, b, j / kBlockSize), h, j % kBlockSize, num_kv_heads);
 }
 
-// Global position of local query 0 of sequence b (SPEC section 0). 64-bit: a caller's int32
-// offset plus a row index must not overflow.
+// Global position of local query 0 of sequence b (docs/semantics.md#causal-alignment). 64-bit: a
+// caller's int32 offset plus a row index must not overflow.
 MSA_HOST_DEVICE int64_t q_offset_of(const QOffset& qo, int b, int seqlen_q, int seqlen_k) {
   switch (qo.mode) {
     case QOffsetMode::kScalar: return qo.value;
@@ -115,7 +115,7 @@ MSA_HOST_DEVICE bool q2k_entry_used(const int* list, int p, int nb) {
   return true;
 }
 
-// ---- top-k selection (SPEC 2.2, D3) ----------------------------------------------------------
+// ---- top-k selection (docs/semantics.md#topk-select, #d3) ---------------------------------------
 
 // Order key: smaller is better. Larger values win, +0 beats -0, +NaN beats +inf, -NaN loses to -inf.
 MSA_HOST_DEVICE uint32_t topk_order_key(float score) {

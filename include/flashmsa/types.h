@@ -13,7 +13,7 @@
 
 namespace flashmsa {
 
-// MSA's fixed geometry (SPEC section 0, D7). Not template parameters: every op rejects anything else.
+// MSA's fixed geometry (docs/semantics.md#geometry). Not template parameters: ops reject others.
 inline constexpr int kBlockSize = 128;   // tokens per KV block == tokens per page
 inline constexpr int kHeadDim = 128;     // head_dim of every op
 inline constexpr int kNvfp4Width = 64;   // bytes per 128-value NVFP4 row (two e2m1 per byte)

@@ -16,16 +16,17 @@ time and the speedup.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import sys
 import threading
-import time
 from typing import Callable, List, Optional, Tuple
 
 import torch
+from tqdm import tqdm
 
 from . import msa_ops, testing
 from ._library import built_with_cuda
@@ -99,70 +100,38 @@ def config_error(cfg: DemoConfig) -> Optional[str]:
 
 # ---- progress ----------------------------------------------------------------------------------
 
-class Progress:
-    """A one-line text progress bar on stderr for long runs.
+def progress_bar(total: float, enabled: Optional[bool] = None, delay: float = 1.0,
+                 stream=None) -> tqdm:
+    """The run's tqdm bar on stderr: one step per stage, fractions for the reference check.
 
-    It appears only once a run has taken longer than ``delay`` seconds (short runs print nothing),
-    only on a terminal unless forced, and redraws from a ticker thread so that the elapsed time
-    moves while one long native call runs (the ops release the GIL).
+    It appears only once a run has taken longer than ``delay`` seconds, only on a terminal unless
+    ``enabled`` forces it, and is cleared when closed. :func:`ticking` keeps its elapsed time moving
+    while one long native call runs (the ops release the GIL).
     """
+    return tqdm(total=total, disable=None if enabled is None else not enabled, delay=delay,
+                file=stream or sys.stderr, leave=False, miniters=0, mininterval=0.0, unit="step",
+                bar_format="{desc:<28} {percentage:5.1f}%|{bar:30}| {elapsed}")
 
-    def __init__(self, total: float, enabled: Optional[bool] = None, delay: float = 1.0,
-                 stream=None):
-        self.stream = stream or sys.stderr
-        if enabled is None:
-            enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.enabled = enabled
-        self.total = max(total, 1e-9)
-        self.done = 0.0
-        self.label = ""
-        self.start = time.perf_counter()
-        self.delay = delay
-        self._shown = False
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
-        if enabled:
-            self._thread = threading.Thread(target=self._tick, daemon=True)
-            self._thread.start()
 
-    def stage(self, label: str):
-        with self._lock:
-            self.label = label
-        self._draw()
+@contextlib.contextmanager
+def ticking(bar: tqdm, interval: float = 0.25):
+    """Redraw ``bar`` every ``interval`` seconds from a thread while the block runs."""
+    stop = threading.Event()
 
-    def advance(self, amount: float = 1.0):
-        with self._lock:
-            self.done = min(self.done + amount, self.total)
-        self._draw()
+    def tick():
+        while not stop.wait(interval):
+            bar.update(0)
 
-    def _tick(self):
-        while not self._stop.wait(0.25):
-            self._draw()
-
-    def _draw(self):
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self.start
-        if elapsed < self.delay:
-            return
-        with self._lock:
-            frac = self.done / self.total
-            width = 30
-            filled = int(round(frac * width))
-            line = (f"\r[{'#' * filled}{'.' * (width - filled)}] {100 * frac:5.1f}%  "
-                    f"{self.label:<28} {elapsed:6.1f}s")
-            self.stream.write(line)
-            self.stream.flush()
-            self._shown = True
-
-    def close(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self._shown:
-            self.stream.write("\r" + " " * 80 + "\r")
-            self.stream.flush()
+    thread = threading.Thread(target=tick, daemon=True)
+    if not bar.disable:
+        thread.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
+        bar.close()
 
 
 # ---- problem -----------------------------------------------------------------------------------
@@ -276,31 +245,21 @@ def _unpage(x: torch.Tensor, cfg: DemoConfig, attn: dict) -> torch.Tensor:
 
 # ---- the pipeline ------------------------------------------------------------------------------
 
-def _timed(fn: Callable[[], object], device: torch.device, iters: int):
-    """Median time of ``iters`` runs of fn in ms, and the result of the last. On CUDA one untimed
-    warm-up run comes first and events time each run; on the CPU every run is timed."""
-    times = []
-    if device.type != "cuda":
-        for _ in range(max(iters, 1)):
-            start = time.perf_counter()
-            result = fn()
-            times.append(1e3 * (time.perf_counter() - start))
-        return result, sorted(times)[len(times) // 2]
-    result = fn()
-    torch.cuda.synchronize(device)
-    for _ in range(max(iters, 1)):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        result = fn()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    return result, sorted(times)[len(times) // 2]
+def _timed(fn: Callable[[], object], timer: testing.timing.Timer):
+    """Median time of fn in ms and the result of its last run: flashmsa.testing.timing's method
+    (on CUDA after a warm-up run, each repetition with a cold L2; on the CPU every run timed)."""
+    timing, result = timer.time(fn, return_result=True)
+    return result, timing["median_us"] / 1000.0
 
 
-def run_pipeline(cfg: DemoConfig, prob: Problem, progress: Progress):
+def make_timer(cfg: DemoConfig) -> testing.timing.Timer:
+    """Exactly ``cfg.iters`` timed repetitions per stage."""
+    reps = max(cfg.iters, 1)
+    return testing.timing.Timer(cfg.device, budget_s=0.0, max_reps=reps, min_reps=reps)
+
+
+def run_pipeline(cfg: DemoConfig, prob: Problem, progress: tqdm, timer: testing.timing.Timer):
     """The three stages, timed. Returns (q2k, out, timings_ms)."""
-    device = torch.device(cfg.device)
     Sq, S = cfg.qlen, cfg.seqlen
     max_k_tiles = math.ceil(S / BLOCK)
     per_head = cfg.index_heads == cfg.kv_heads
@@ -311,9 +270,9 @@ def run_pipeline(cfg: DemoConfig, prob: Problem, progress: Progress):
             prob.index_q, cu_seqlens_q=prob.cu_q, causal=True, max_seqlen_q=Sq,
             max_k_tiles=max_k_tiles, reduce_heads=not per_head, **prob.proxy_kwargs)
 
-    progress.stage("proxy score")
-    scores, t_proxy = _timed(proxy, device, cfg.iters)
-    progress.advance()
+    progress.set_description_str("proxy score", refresh=False)
+    scores, t_proxy = _timed(proxy, timer)
+    progress.update()
 
     def topk():
         sel = msa_ops.msa_topk_select(scores, cfg.topk, nvp, force_begin_blocks=cfg.sink_blocks,
@@ -324,17 +283,17 @@ def run_pipeline(cfg: DemoConfig, prob: Problem, progress: Progress):
             return sel.transpose(0, 1).contiguous()
         return sel.permute(1, 0, 2).expand(cfg.kv_heads, -1, -1).contiguous()
 
-    progress.stage("top-k select")
-    q2k, t_topk = _timed(topk, device, cfg.iters)
-    progress.advance()
+    progress.set_description_str("top-k select", refresh=False)
+    q2k, t_topk = _timed(topk, timer)
+    progress.update()
 
     def attend():
         return msa_ops.msa_sparse_attention(prob.q, q2k_indices=q2k, causal=True,
                                             **prob.attn_kwargs)
 
-    progress.stage("sparse attention")
-    out, t_attn = _timed(attend, device, cfg.iters)
-    progress.advance()
+    progress.set_description_str("sparse attention", refresh=False)
+    out, t_attn = _timed(attend, timer)
+    progress.update()
     timings = {"proxy_score": t_proxy, "topk_select": t_topk, "sparse_attention": t_attn,
                "pipeline": t_proxy + t_topk + t_attn}
     return q2k, out, timings
@@ -366,11 +325,11 @@ def check_rows(cfg: DemoConfig, prob: Problem) -> torch.Tensor:
 
 
 def reference_error(cfg: DemoConfig, prob: Problem, q2k: torch.Tensor, out: torch.Tensor,
-                    progress: Progress) -> dict:
+                    progress: tqdm) -> dict:
     """Error of ``out`` against an fp32 torch attention over exactly the keys of the selected
-    blocks (the list semantics of SPEC D5: entries before the first negative, ids inside the
-    sequence, a set), causal. Dense per row chunk: logits against every causally visible key, with
-    the keys of unselected blocks masked out, so the work is large matrix products only."""
+    blocks (the list semantics of docs/semantics.md#d5: entries before the first negative, ids
+    inside the sequence, a set), causal. Dense per row chunk: logits against every causally visible
+    key, with the keys of unselected blocks masked out: the work is large matrix products only."""
     device = torch.device(cfg.device)
     S, Sq = cfg.seqlen, cfg.qlen
     Hkv, G = cfg.kv_heads, cfg.heads // cfg.kv_heads
@@ -413,7 +372,7 @@ def reference_error(cfg: DemoConfig, prob: Problem, q2k: torch.Tensor, out: torc
             max_err = max(max_err, float(diff.abs().max()))
             keys += int(selected.sum())
             causal_keys += Hkv * int(causal.sum())
-            progress.advance(rows.numel() / rows_all.numel())
+            progress.update(rows.numel() / rows_all.numel())
     return {"max_abs_err": max_err, "rel_l2_err": math.sqrt(err_sq / max(ref_sq, 1e-30)),
             "rows_checked": int(rows_all.numel()),
             "reference": "fp32 torch attention over the selected blocks' keys",
@@ -421,12 +380,11 @@ def reference_error(cfg: DemoConfig, prob: Problem, q2k: torch.Tensor, out: torc
             "dense_fraction": keys / max(causal_keys, 1)}
 
 
-def dense_attention_time(cfg: DemoConfig, prob: Problem) -> dict:
+def dense_attention_time(cfg: DemoConfig, prob: Problem, timer: testing.timing.Timer) -> dict:
     """Causal dense attention with torch SDPA on the same (16-bit) q/K/V."""
     if cfg.qlen != cfg.seqlen:
         return {"skipped": "dense timing needs --qlen == --seqlen (SDPA's causal mask is "
                            "top-left aligned)"}
-    device = torch.device(cfg.device)
     B, S, Hq = cfg.batch, cfg.seqlen, cfg.heads
     q = prob.q.view(B, S, Hq, HEAD_DIM).transpose(1, 2)
     k, v = (t.view(B, S, cfg.kv_heads, HEAD_DIM).transpose(1, 2) for t in prob.dense_kv)
@@ -449,7 +407,7 @@ def dense_attention_time(cfg: DemoConfig, prob: Problem) -> dict:
         def dense():
             with sdpa_kernel(fused):
                 return sdpa(q, k, v, is_causal=True)
-    _, ms = _timed(dense, device, cfg.iters)
+    _, ms = _timed(dense, timer)
     return {"sdpa_ms": ms}
 
 
@@ -464,16 +422,16 @@ def run_demo(cfg: DemoConfig, progress_enabled: Optional[bool] = None) -> dict:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     steps = 4 + (1 if cfg.check else 0) + (1 if cfg.dense else 0)
-    progress = Progress(steps, enabled=progress_enabled)
-    try:
-        progress.stage("building inputs")
+    timer = make_timer(cfg)
+    with ticking(progress_bar(steps, enabled=progress_enabled)) as progress:
+        progress.set_description_str("building inputs", refresh=False)
         prob = build_problem(cfg)
-        progress.advance()
-        q2k, out, timings = run_pipeline(cfg, prob, progress)
+        progress.update()
+        q2k, out, timings = run_pipeline(cfg, prob, progress, timer)
         result = {"config": dataclasses.asdict(cfg), "device_name": _device_name(device),
                   "needles": needle_recall(cfg, prob, q2k), "timing_ms": timings}
         if cfg.check:
-            progress.stage("checking vs reference")
+            progress.set_description_str("checking vs reference", refresh=False)
             precision = torch.get_float32_matmul_precision()
             torch.set_float32_matmul_precision("highest")  # a true fp32 reference, never TF32
             try:
@@ -481,9 +439,9 @@ def run_demo(cfg: DemoConfig, progress_enabled: Optional[bool] = None) -> dict:
             finally:
                 torch.set_float32_matmul_precision(precision)
         if cfg.dense:
-            progress.stage("dense attention (SDPA)")
-            dense = dense_attention_time(cfg, prob)
-            progress.advance()
+            progress.set_description_str("dense attention (SDPA)", refresh=False)
+            dense = dense_attention_time(cfg, prob, timer)
+            progress.update()
             if "sdpa_ms" in dense:
                 timings["dense_sdpa"] = dense["sdpa_ms"]
                 timings["speedup_vs_pipeline"] = dense["sdpa_ms"] / timings["pipeline"]
@@ -491,8 +449,6 @@ def run_demo(cfg: DemoConfig, progress_enabled: Optional[bool] = None) -> dict:
                                                           timings["sparse_attention"])
             else:
                 result["dense_skipped"] = dense["skipped"]
-    finally:
-        progress.close()
     tol = 1e-2
     result["passed"] = bool(result["needles"]["recall"] == 1.0 or not prob.needles) and (
         not cfg.check or result["accuracy"]["rel_l2_err"] <= tol)
@@ -579,7 +535,8 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--needles", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--iters", type=int, default=None,
-                   help="timed repetitions per stage (default: 20 on CUDA, 1 on CPU)")
+                   help="timed repetitions per stage (default: 20 on CUDA, 1 on CPU); on CUDA "
+                        "after a warm-up run, L2 flushed before each")
     dense = p.add_mutually_exclusive_group()
     dense.add_argument("--dense", dest="dense", action="store_true", default=None,
                        help="also time dense SDPA (default: on CUDA from 32K tokens)")

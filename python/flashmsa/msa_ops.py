@@ -1,8 +1,8 @@
 """MiniMax Sparse Attention (MSA) ops: a drop-in for ``flashinfer.msa_ops``.
 
 ``import flashmsa.msa_ops as msa_ops`` gives the four functions with FlashInfer's signatures,
-defaults, return conventions and errors (SPEC D1, D4, D9). CPU tensors run the C++ reference,
-CUDA tensors the kernels (every NVIDIA GPU from SM80 up).
+defaults, return conventions and errors (docs/semantics.md#d1, #d4, #d9). CPU tensors run the C++
+reference, CUDA tensors the kernels (every NVIDIA GPU from SM80 up).
 
 The wrappers only resolve defaults, do the host-side derivations FlashInfer does, allocate outputs
 and call ``torch.ops.flashmsa.*``; every check of shapes, dtypes and devices is the core's
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 _BLK_KV = 128  # tokens per KV block == tokens per page
-_MAX_TOPK = 64  # SPEC D4
+_MAX_TOPK = 64  # docs/semantics.md#d4
 
 # Capability flag kept for callers written against FlashInfer: both the CPU reference and the CUDA
 # kernels read K/V views split from a cache that packs K|V in one 2*head_dim content dim per token.
@@ -42,7 +42,8 @@ SUPPORTS_PACKED_KV = True
 
 
 def supports_packed_kv(device: Union[torch.device, str]) -> bool:
-    """Whether the attention ops accept packed paged K|V views on ``device`` (SPEC 4.6).
+    """Whether the attention ops accept packed paged K|V views on ``device``
+    (docs/semantics.md#packed-kv).
 
     True for CPU (the reference) and CUDA devices (the kernels read the views in place); False for
     other device types, where flashmsa has no ops at all.
@@ -51,7 +52,8 @@ def supports_packed_kv(device: Union[torch.device, str]) -> bool:
 
 
 class MSASparseAttentionWorkspace:
-    """Caller-owned device scratch for the sparse attention ops (CUDA graphs, SPEC D10).
+    """Caller-owned device scratch for the sparse attention ops (CUDA graphs,
+    docs/semantics.md#d10).
 
     Pass it as ``workspace=`` to :func:`msa_sparse_attention` /
     :func:`msa_sparse_decode_attention`. A call grows it to the bytes that call needs when it is
@@ -395,7 +397,8 @@ def msa_topk_select(
     max_score : torch.Tensor
         float32 contiguous ``(H, max_k_tiles, total_q)`` (the layout of :func:`msa_proxy_score`).
     topk : int
-        Blocks per row: 1..64 (FlashInfer accepts only 16, flashmsa's tuned path; SPEC D4).
+        Blocks per row: 1..64 (FlashInfer accepts only 16, flashmsa's tuned path;
+        docs/semantics.md#d4).
     num_valid_pages : int or torch.Tensor, optional
         Candidate range ``[0, nvp)``: an int in ``(0, max_k_tiles]``, or an int32 ``(total_q,)``
         tensor of per-token counts (clamped to ``[0, max_k_tiles]`` on the device). Default:

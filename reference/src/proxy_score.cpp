@@ -1,4 +1,4 @@
-// CPU reference of stage 1, msa_proxy_score (SPEC 1.2):
+// CPU reference of stage 1, msa_proxy_score (docs/semantics.md#proxy-score-math):
 //   out[h, t, r] = max over visible keys j of block t of dot(q[r, h], k[j, h / G])   (unscaled fp32)
 // and -inf wherever block t has no visible key. Every element of out is written.
 //

@@ -1,5 +1,6 @@
-// CPU reference of stage 3: sparse attention prefill (SPEC 4.2-4.6) and decode / MTP (SPEC 5),
-// with D5 (q2k set semantics), D6 (any GQA group) and D8 (empty rows: exact 0, LSE -inf).
+// CPU reference of stage 3: sparse attention prefill (docs/semantics.md#sparse-attention, with
+// #nvfp4 and #packed-kv) and decode / MTP (#decode), with D5 (q2k set semantics), D6 (any GQA
+// group) and D8 (empty rows: exact 0, LSE -inf) of docs/semantics.md#decisions.
 //
 // This is the exact math the kernels are compared against, not a model of any kernel schedule:
 // decode's partial_dtype / force_fused choose how a kernel splits and combines, and the kernels'

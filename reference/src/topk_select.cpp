@@ -1,4 +1,4 @@
-// CPU reference of stage 2, msa_topk_select (SPEC 2.2 + D3). For every (token s, head h):
+// CPU reference of stage 2, msa_topk_select (docs/semantics.md#topk-select, #d3). Per (s, h):
 // forced blocks [0, fb') and [nvp - fe', nvp), plus the `target` best middle blocks by
 // (topk_order_key asc, block index asc); written ascending to out[s, h, :], -1 tail padded.
 // Exactly min(topk, nvp) valid entries: -inf and NaN candidates are ordinary candidates.

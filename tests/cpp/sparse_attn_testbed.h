@@ -1,12 +1,13 @@
 // Test bed of the stage-3 reference tests (sparse attention prefill and decode):
 //   * problems whose inputs are exact values of their storage dtype (bf16, fp16, fp8 e4m3, NVFP4
-//     e2m1 x e4m3 block scale), plus the test's own fp8 / NVFP4 encoders (SPEC 4.5);
+//     e2m1 x e4m3 block scale), plus the test's own fp8 / NVFP4 encoders (docs/semantics.md#nvfp4);
 //   * storage builders for every K/V layout the reference reads: flat, flat K|V interleaved, paged
 //     HND / NHD, packed K|V (HND / NHD), NVFP4 flat / paged, with permuted pages, a partial last
 //     page, spare pages, and NaN poison wherever the reference must not read;
 //   * Params built directly (make_* validation is tested elsewhere);
-//   * a deliberately naive fp64 oracle written from the SPEC text (4.2, 4.3, 5, D5, D8): dense
-//     masked softmax over the keys of the selected blocks, without semantics.h or the reference.
+//   * a deliberately naive fp64 oracle written from docs/semantics.md (sections 3, 3.3, 4, D5, D8):
+//     dense masked softmax over the keys of the selected blocks, without semantics.h or the
+//     reference.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -52,7 +53,8 @@ inline uint8_t e4m3_nearest(float x) {
   return uint8_t(c | (x < 0 ? 0x80 : 0));
 }
 
-// e2m1 values (SPEC 4.5): codes 0-7 = 0, .5, 1, 1.5, 2, 3, 4, 6; codes 8-15 their negatives.
+// e2m1 values (docs/semantics.md#nvfp4): codes 0-7 = 0, .5, 1, 1.5, 2, 3, 4, 6; codes 8-15 their
+// negatives.
 inline float e2m1_value(int code) {
   static const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
   return (code & 8) ? -mag[code & 7] : mag[code & 7];
@@ -79,7 +81,8 @@ struct FastRng {
   float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) * 0x1p-23f; }
 };
 
-// Byte of the scale of logical row r, column c in the 128x4 swizzled layout (SPEC 4.5 formula).
+// Byte of the scale of logical row r, column c in the 128x4 swizzled layout
+// (docs/semantics.md#nvfp4).
 inline int64_t swizzled(int64_t r, int c) {
   return ((r / 128) * 2 + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
 }
@@ -610,10 +613,10 @@ struct Oracle {
   std::vector<char> checked;  // [total_q]: rows the oracle evaluated
 };
 
-// SPEC 4.2 from scratch: row r of sequence b (local i) and head hq see the keys j of the blocks
-// listed in q2k[hq / G, r] (entries before the first negative, ids in [0, nb), each once, pages
-// inside the cache) with j < seqlen_k and, if causal, j <= q_offset + i. Rows with row % row_step
-// != 0 are skipped (large problems).
+// docs/semantics.md#sparse-attention from scratch: row r of sequence b (local i) and head hq see
+// the keys j of the blocks listed in q2k[hq / G, r] (entries before the first negative, ids in
+// [0, nb), each once, pages inside the cache) with j < seqlen_k and, if causal, j <= q_offset + i.
+// Rows with row % row_step != 0 are skipped (large problems).
 inline Oracle oracle(const Data& d, const std::vector<int>& q2k,
                      const std::vector<std::vector<char>>* dropped = nullptr, int row_step = 1) {
   const Problem& pb = d.pb;

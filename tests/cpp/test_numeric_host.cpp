@@ -253,7 +253,7 @@ TEST(NumericNVFP4, E2M1TableAndNibbleOrder) {
   EXPECT_EQ(nvfp4_code(row, 2), 0x0u);
 }
 
-// The SPEC 4.5 formula, verbatim (Python // on non-negative ints).
+// The formula of docs/semantics.md#nvfp4, verbatim (Python // on non-negative ints).
 int64_t spec_scale_offset(int64_t r, int64_t c) {
   return ((r / 128) * ((8 + 3) / 4) + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
 }

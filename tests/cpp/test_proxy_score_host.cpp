@@ -1,7 +1,7 @@
 // CPU reference of msa_proxy_score (stage 1) against a naive fp64 oracle written here from the
-// SPEC text (sections 0 and 1.2), independent of semantics.h: exact -inf pattern, finite values
-// within the fp32 summation error, paged == flat and fp8 == dequantized bf16 bit for bit, every
-// output element written, results independent of the thread count.
+// text of docs/semantics.md (#conventions, #proxy-score-math), independent of semantics.h: exact
+// -inf pattern, finite values within the fp32 summation error, paged == flat and fp8 == dequantized
+// bf16 bit for bit, every output element written, results independent of the thread count.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -267,8 +267,8 @@ std::vector<float> run_reference(ProxyInstance& in, HostTensor& q, HostTensor& k
   return out;
 }
 
-// ---- the naive oracle (SPEC 1.2, in words: max over the visible keys of the block of the unscaled
-// dot product; -inf when the block has none) ---------------------------------------------------
+// ---- the naive oracle (docs/semantics.md#proxy-score-math, in words: max over the visible keys of
+// the block of the unscaled dot product; -inf when the block has none) ----------------------------
 
 struct OracleRow {
   std::vector<double> value;  // [out_heads, P]
@@ -377,7 +377,7 @@ void check_case(const ProxyCase& c, uint64_t seed) {
   }
 }
 
-// ---- named cases: SPEC section 8 proxy shapes and section 10 edge cases ------------------------
+// ---- named cases: proxy shapes of docs/semantics.md#accuracy and #edge-cases --------------------
 
 std::vector<ProxyCase> named_cases() {
   std::vector<ProxyCase> v;
@@ -774,7 +774,8 @@ TEST(ProxyScoreHost, Fp4EqualsDequantizedBf16) {
 
 // The block max runs after the per-key mask: a NaN key that is masked (above the causal limit,
 // or past seqlen_k inside a partial page) changes nothing; a visible one makes the block NaN,
-// stored as the canonical positive NaN (SPEC leaves NaN open; this is the reference's rule).
+// stored as the canonical positive NaN (FlashInfer leaves NaN open; docs/semantics.md#proxy-score
+// states this rule).
 TEST(ProxyScoreHost, NanOnlyFromVisibleKeys) {
   ProxyCase c;
   c.name = "nan";

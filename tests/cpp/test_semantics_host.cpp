@@ -1,6 +1,7 @@
 // semantics.h rule by rule: block counts, causal limits, q_offset modes, sequence ranges (and the
 // clamping of malformed, device-only values), K addressing flat and paged, q2k list semantics (D5),
-// top-k ranges and order key (SPEC 2.2). Expected values are written from the SPEC text.
+// top-k ranges and order key (docs/semantics.md#topk-select). Expected values are written from the
+// text of docs/semantics.md.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -255,7 +256,7 @@ TEST(Semantics, TopkRangesAgainstTheSpecSteps) {
           for (int64_t nvp_in : {int64_t(INT_MIN), int64_t(-5), int64_t(0), int64_t(1),
                                  int64_t(3), int64_t(P - 1), int64_t(P), int64_t(P + 1),
                                  int64_t(2 * P), int64_t(INT_MAX)}) {
-            // SPEC 2.2 steps 1-3.
+            // docs/semantics.md#topk-select, steps 1-3.
             const int nvp = int(std::clamp<int64_t>(nvp_in, 0, P));
             const int fb2 = std::min(fb, nvp);
             const int fe2 = std::min(fe, nvp - fb2);

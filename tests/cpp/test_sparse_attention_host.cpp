@@ -1,5 +1,5 @@
 // CPU reference of msa_sparse_attention (stage 3 prefill) against a naive fp64 oracle written from
-// the SPEC, and against itself across layouts and dtypes that must agree bit for bit.
+// docs/semantics.md, and against itself across layouts and dtypes that must agree bit for bit.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -310,8 +310,8 @@ TEST(SparseAttentionReference, EveryLayoutMatchesFlat) {
   }
 }
 
-// SPEC 4.4: fp8 K/V are upconverted exactly, no scale applied: identical to bf16 / fp16 K/V
-// holding the same values (flat and paged, bf16 and fp16 q).
+// docs/semantics.md#fp8-kv: fp8 K/V are upconverted exactly, no scale applied: identical to bf16 /
+// fp16 K/V holding the same values (flat and paged, bf16 and fp16 q).
 TEST(SparseAttentionReference, Fp8EqualsDequantized) {
   for (DType q : {DType::kBF16, DType::kFP16}) {
     for (bool paged : {false, true}) {
@@ -337,9 +337,9 @@ TEST(SparseAttentionReference, Fp8EqualsDequantized) {
   }
 }
 
-// SPEC 4.5: NVFP4 K/V (codes + swizzled e4m3 block scales, flat and paged row orders) equal bf16
-// K/V holding the dequantized values, with k_global_scale folded into the softmax scale and
-// v_global_scale on the output.
+// docs/semantics.md#nvfp4: NVFP4 K/V (codes + swizzled e4m3 block scales, flat and paged row
+// orders) equal bf16 K/V holding the dequantized values, with k_global_scale folded into the
+// softmax scale and v_global_scale on the output.
 TEST(SparseAttentionReference, Nvfp4EqualsDequantized) {
   for (bool paged : {false, true}) {
     for (DType q : {DType::kBF16, DType::kFP16}) {
@@ -403,9 +403,9 @@ TEST(SparseAttentionReference, LseTemperatureLseAndVGlobalScale) {
   }
 }
 
-// SPEC test_fully_masked_selected_blocks: sq = sk = 1024, Hq 2, Hkv 1, causal; the first 64
-// tokens select only the last two blocks (all above their causal limit): exact 0 and -inf LSE,
-// never NaN; the other tokens attend normally.
+// FlashInfer's test_fully_masked_selected_blocks (docs/semantics.md#accuracy): sq = sk = 1024,
+// Hq 2, Hkv 1, causal; the first 64 tokens select only the last two blocks (all above their
+// causal limit): exact 0 and -inf LSE, never NaN; the other tokens attend normally.
 TEST(SparseAttentionReference, FullyMaskedSelectedBlocks) {
   std::mt19937_64 rng(50);
   Problem pb;
@@ -436,8 +436,9 @@ TEST(SparseAttentionReference, FullyMaskedSelectedBlocks) {
   EXPECT_GT(count_nonempty(o), 200);
 }
 
-// Shapes of FlashInfer's test_sparse_attention (SPEC 8), every 5th row checked against the oracle:
-// (B, Hq, Hkv, topk, seqs_q, seqs_k, causal) with random distinct sorted selections.
+// Shapes of FlashInfer's test_sparse_attention (docs/semantics.md#accuracy), every 5th row checked
+// against the oracle: (B, Hq, Hkv, topk, seqs_q, seqs_k, causal) with random distinct sorted
+// selections.
 TEST(SparseAttentionReference, FlashInferSuiteShapes) {
   struct Shape {
     int hq, hkv, topk;
@@ -527,8 +528,8 @@ TEST(SparseAttentionReference, RejectsParamsItCannotCompute) {
 
 // Opt-in benchmark (run with --gtest_also_run_disabled_tests): the MiniMax-M3 4K prefill, 4096
 // tokens, 64 q heads / 4 kv heads, top-16 blocks, causal, random selections (the local block plus
-// 15 random earlier visible blocks per token and kv head, DESIGN.md), bf16 q with K/V in kv_dtype;
-// every 64th row is checked against the oracle.
+// 15 random earlier visible blocks per token and kv head, docs/benchmarks.md), bf16 q with K/V in
+// kv_dtype; every 64th row is checked against the oracle.
 void m3_prefill_4k_timing(DType kv_dtype) {
   std::mt19937_64 rng(90);
   Problem pb;

@@ -1,6 +1,6 @@
-// CPU reference of msa_sparse_decode_attention (SPEC 5): the prefill math with a uniform seqlen_q
-// (cu_seqlens_q = arange * seqlen_q), fp8 queries computed as bf16, and schedule knobs
-// (partial_dtype, force_fused) that never change the reference's result.
+// CPU reference of msa_sparse_decode_attention (docs/semantics.md#decode): the prefill math with a
+// uniform seqlen_q (cu_seqlens_q = arange * seqlen_q), fp8 queries computed as bf16, and schedule
+// knobs (partial_dtype, force_fused) that never change the reference's result.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -55,7 +55,7 @@ Problem random_decode_problem(std::mt19937_64& rng) {
   return pb;
 }
 
-// Decode returns no temperature LSE (SPEC 5).
+// Decode returns no temperature LSE (docs/semantics.md#decode).
 RunOptions decode_options() {
   RunOptions o;
   o.decode = true;

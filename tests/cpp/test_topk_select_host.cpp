@@ -1,6 +1,7 @@
-// CPU reference of msa_topk_select (stage 2) against a naive oracle written here from SPEC 2.2 / D3
-// in terms of values (explicit NaN, signed-zero and infinity rules, a full sort), not the bit-key
-// trick of semantics.h; plus the output contract checked on its own, and SPEC section 10 edges.
+// CPU reference of msa_topk_select (stage 2) against a naive oracle written here from
+// docs/semantics.md#topk-select and #d3 in terms of values (explicit NaN, signed-zero and infinity
+// rules, a full sort), not the bit-key trick of semantics.h; plus the output contract checked on
+// its own, and the edge cases of docs/semantics.md#edge-cases.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,9 +40,10 @@ uint32_t to_bits(float f) {
 
 // ---- the naive oracle ------------------------------------------------------------------------
 
-// Whether (a, block ia) ranks before (b, block ib), from the SPEC wording: a larger value is better;
-// +0 beats -0; a positive NaN beats everything (a larger payload first), a negative NaN loses to
-// everything, -inf included (a smaller payload first); exact ties go to the lower block.
+// Whether (a, block ia) ranks before (b, block ib), from the wording of
+// docs/semantics.md#topk-order: a larger value is better; +0 beats -0; a positive NaN beats
+// everything (a larger payload first), a negative NaN loses to everything, -inf included (a smaller
+// payload first); exact ties go to the lower block.
 bool naive_better(float a, int ia, float b, int ib) {
   auto rank_class = [](float x) { return std::isnan(x) ? (std::signbit(x) ? 0 : 2) : 1; };
   const int ca = rank_class(a), cb = rank_class(b);
@@ -111,8 +113,9 @@ std::string row_string(const int* v, int n) {
   return s + "]";
 }
 
-// The SPEC 2.2 step-5 contract, independent of the oracle: min(topk, nvp) valid entries, strictly
-// ascending, inside [0, nvp), forced blocks present, -1 only as tail padding.
+// The step-5 contract of docs/semantics.md#topk-select, independent of the oracle: min(topk, nvp)
+// valid entries, strictly ascending, inside [0, nvp), forced blocks present, -1 only as tail
+// padding.
 void check_contract(const TopkProblem& pr, const std::vector<int>& out) {
   for (int s = 0; s < pr.S; ++s) {
     long long n = pr.per_token ? pr.nvp[s] : pr.nvp_value;
@@ -151,7 +154,7 @@ void check_problem(const TopkProblem& pr) {
   EXPECT_EQ(bad, 0);
 }
 
-// ---- random problems over the SPEC grid ------------------------------------------------------
+// ---- random problems over the grid of docs/semantics.md#accuracy ------------------------------
 
 enum class Dist { kDistinct, kTies, kSpecials, kAllNegInf };
 
@@ -270,7 +273,7 @@ TEST_P(TopkSelectGrid, MatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(Spec, TopkSelectGrid, ::testing::ValuesIn(grid_cases()), grid_name);
 
-// ---- hand-written SPEC section 10 cases ------------------------------------------------------
+// ---- hand-written cases of docs/semantics.md#edge-cases ---------------------------------------
 
 // One (s, h) row with the given scores; returns out[0, 0, :].
 std::vector<int> select_one(const std::vector<float>& scores, int topk, int nvp, int fb = 0,

@@ -1,7 +1,7 @@
-// Validation layer (csrc/validate.cpp): for a valid baseline of each op, make_* succeeds and fills
-// Params as params.h says; then one case per rejected input, asserting the error kind, that the
-// message names the Python argument as a word, and the reason. Rejection cases are data: a baseline
-// and a mutation of the caller's arguments.
+// Validation layer (csrc/<op>/<op>_params.cpp): for a valid baseline of each op, make_* succeeds
+// and fills Params as params.h says; then one case per rejected input, asserting the error kind,
+// that the message names the Python argument as a word, and the reason. Rejection cases are data:
+// a baseline and a mutation of the caller's arguments.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -470,7 +470,7 @@ TEST(ValidationAttention, PagedLengthsFromSequsedOrCuSeqlensK) {
   EXPECT_EQ(p.k.stride_page, 2 * kBlockSize * kD);
   EXPECT_EQ(p.k.stride_token, kD);
 
-  AttnSetup both(KVKind::kPagedCuK);  // SPEC 0: cu_seqlens_k wins when the caller passes it
+  AttnSetup both(KVKind::kPagedCuK);  // docs/semantics.md#seqlen-k: cu_seqlens_k wins if passed
   p = both.make();
   EXPECT_EQ(p.kv.cu_seqlens_k, both.cu_k.as<int>());
   EXPECT_EQ(p.kv.page_table, both.page_table.as<int>());
@@ -515,7 +515,7 @@ TEST(ValidationAttention, Nvfp4KVAndScales) {
 
 TEST(ValidationAttention, KGlobalScaleOnlyForNvfp4) {
   AttnSetup s(KVKind::kFlat, ST::kBF16, ST::kFP8E4M3);
-  s.a.kv.k_global_scale = 0.25;  // SPEC 4.4: ignored for fp8
+  s.a.kv.k_global_scale = 0.25;  // docs/semantics.md#fp8-kv: ignored for fp8
   s.a.kv.v_global_scale = 2.0;   // applied for every dtype
   s.a.softmax_scale = 0.5;
   const SparseAttnParams p = s.make();

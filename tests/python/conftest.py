@@ -7,15 +7,10 @@
 * Seeds are fixed per test.
 """
 
-import os
-import sys
-
 import pytest
 import torch
 
 import flashmsa
-
-sys.path.insert(0, os.path.dirname(__file__))  # the torch reference module next to the tests
 
 HAS_CUDA = torch.cuda.is_available() and flashmsa.built_with_cuda()
 

@@ -87,25 +87,26 @@ def test_console_script():
 
 def test_progress_bar_draws_and_clears():
     stream = io.StringIO()
-    bar = demo.Progress(4, enabled=True, delay=0.0, stream=stream)
-    bar.stage("proxy score")
-    bar.advance()
-    bar.advance(2)
-    bar.close()
+    with demo.ticking(demo.progress_bar(4, enabled=True, delay=0.0, stream=stream)) as bar:
+        bar.set_description_str("proxy score", refresh=False)
+        bar.update()
+        bar.update(2)
     text = stream.getvalue()
-    assert "[" in text and "proxy score" in text and " 75.0%" in text
+    assert "proxy score" in text and " 75.0%" in text
     assert text.endswith("\r")  # the line is cleared at the end
 
 
 def test_progress_bar_silent_when_short_or_disabled():
     stream = io.StringIO()
-    bar = demo.Progress(2, enabled=True, delay=60.0, stream=stream)
-    bar.stage("x")
-    bar.advance()
-    bar.close()
+    with demo.ticking(demo.progress_bar(2, enabled=True, delay=60.0, stream=stream)) as bar:
+        bar.set_description_str("x", refresh=False)
+        bar.update()
     assert stream.getvalue() == ""
     stream = io.StringIO()
-    bar = demo.Progress(2, enabled=False, delay=0.0, stream=stream)
-    bar.advance()
-    bar.close()
+    with demo.ticking(demo.progress_bar(2, enabled=False, delay=0.0, stream=stream)) as bar:
+        bar.update()
+    assert stream.getvalue() == ""
+    stream = io.StringIO()  # not a terminal: off unless forced
+    with demo.ticking(demo.progress_bar(2, stream=stream, delay=0.0)) as bar:
+        bar.update()
     assert stream.getvalue() == ""

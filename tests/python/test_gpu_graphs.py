@@ -1,4 +1,4 @@
-"""CUDA graphs and determinism of the four ops on the GPU (SPEC D10, D11).
+"""CUDA graphs and determinism of the four ops on the GPU (docs/semantics.md#d10, #d11).
 
 * Each op captured in a torch.cuda.CUDAGraph with max_seqlen_q / max_k_tiles / output= /
   workspace= given, replayed, and compared bit for bit with an eager call; then new inputs are
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,9 +29,7 @@ if not (torch.cuda.is_available() and flashmsa.built_with_cuda()):
 
 from flashmsa import msa_ops  # noqa: E402
 from flashmsa import testing as ft  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import msa_inputs as mi  # noqa: E402
+from flashmsa.testing import inputs as mi  # noqa: E402
 
 DEV = torch.device("cuda")
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn

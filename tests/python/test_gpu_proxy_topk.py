@@ -1,5 +1,6 @@
 """CUDA kernels of stage 1 (msa_proxy_score) and stage 2 (msa_topk_select) against the C++ CPU
-reference, case by case on the same data (SPEC 1, 2, D3, D9-D11).
+reference, case by case on the same data (docs/semantics.md#proxy-score, #topk-select, #d3,
+#d9-#d11).
 
 The reference is the op itself on CPU tensors (flashmsa's C++ reference, which follows semantics.h
 rule for rule). Every GPU output is pre-filled with garbage (NaN / -7) through ``output=`` and the
@@ -76,7 +77,7 @@ def _decode_stream(groups: int, paged: bool, offset: bool) -> ProxyCase:
 
 
 PROXY_CASES = [
-    # SPEC section 8 proxy shapes (B, Hq, Hkv, seqs_q, seqs_k, causal).
+    # Proxy shapes of docs/semantics.md#accuracy (B, Hq, Hkv, seqs_q, seqs_k, causal).
     ProxyCase("spec_gqa2_causal", [100, 37], [2048, 700], hq=4, hkv=2),
     ProxyCase("spec_noncausal", [130, 64], [1024, 512], hq=2, hkv=2, causal=False),
     ProxyCase("spec_three_seqs", [1, 33, 7], [300, 1111, 256], hq=2, hkv=1),
@@ -255,7 +256,7 @@ def _twin(case: ProxyCase, **changes) -> ProxyCase:
 ], ids=str)
 def test_proxy_fp8_equals_upcast_bitwise(case: ProxyCase):
     """fp8 operands are upconverted exactly: the GPU result equals the same op on the dequantized
-    tensors bit for bit (SPEC 1.2)."""
+    tensors bit for bit (docs/semantics.md#proxy-score-math)."""
     inputs = make_proxy_inputs(case, seed=7)
     got = run_proxy(case, inputs, DEV)
     up = BF16 if case.q_dtype in (BF16, FP8) else FP16
@@ -481,7 +482,7 @@ def make_nvp(c: TopkCase):
 
 
 TOPK_CASES = [
-    # SPEC section 8.
+    # Top-k cases of docs/semantics.md#accuracy.
     TopkCase("spec_p128_forced_worst", 2, 128, 64, nvp=128 - 56, fb=3, fe=2, scores="worst_forced"),
     TopkCase("spec_p256_forced_worst", 2, 256, 64, nvp=256 - 56, fb=3, fe=2, scores="worst_forced"),
     TopkCase("spec_p16384_random", 2, 16384, 40),

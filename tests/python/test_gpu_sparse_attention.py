@@ -7,13 +7,14 @@ compute dtype, output rounded) is compared with the reference, and the kernel ma
 as far from the reference plus two units in the last place of the output dtype. The -inf / zero
 patterns of rows with no visible key are checked exactly, LSEs within 1e-2.
 
-Cases are data (GpuCase): SPEC section 8's cases, the M3 shapes, GQA groups 1/3/4/16/64, topk
-1/8/16/33/64, uneven lengths, empty sequences, seqlen_q > seqlen_k, rows no sequence covers, q_offset
-as int / tensor / negative, unsorted / duplicated / -1-holed / out-of-range lists, paged caches with
-permuted pages, a partial last page and invalid page ids, packed HND / NHD views, fp8 and NVFP4
-K/V (with a quantizer written here), global scales, LSE and temperature LSE, fully masked rows.
-Plus: bit-exact equalities (paged == flat, packed == contiguous, KV-major launch groups of any size
-== one group), run-to-run determinism, and a large case (>= 64K tokens, total_q * Hq > 2^24).
+Cases are data (GpuCase): the reference cases of docs/semantics.md#accuracy, the M3 shapes, GQA
+groups 1/3/4/16/64, topk 1/8/16/33/64, uneven lengths, empty sequences, seqlen_q > seqlen_k, rows no
+sequence covers, q_offset as int / tensor / negative, unsorted / duplicated / -1-holed /
+out-of-range lists, paged caches with permuted pages, a partial last page and invalid page ids,
+packed HND / NHD views, fp8 and NVFP4 K/V (with a quantizer written here), global scales, LSE and
+temperature LSE, fully masked rows. Plus: bit-exact equalities (paged == flat, packed == contiguous,
+KV-major launch groups of any size == one group), run-to-run determinism, and a large case (>= 64K
+tokens, total_q * Hq > 2^24).
 
 Skipped (not passed) without a CUDA device or without a CUDA build.
 """
@@ -33,9 +34,9 @@ if not torch.cuda.is_available():
 
 import flashmsa  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
-from flashmsa.testing import pack_kv, paginate  # noqa: E402
+from flashmsa.testing import nvfp4, pack_kv, paginate  # noqa: E402
 
-import msa_reference as ref  # noqa: E402
+from flashmsa.testing import reference as ref  # noqa: E402
 
 if not flashmsa.built_with_cuda():
     pytest.skip("flashmsa was built without CUDA kernels", allow_module_level=True)
@@ -89,7 +90,7 @@ class GpuCase:
 
 
 CASES = [
-    # SPEC section 8, test_sparse_attention and friends.
+    # docs/semantics.md#accuracy: FlashInfer's test_sparse_attention and friends.
     GpuCase("spec_1_1_1_topk4", [70], [1000], 1, 1, topk=4),
     GpuCase("spec_4_2_two_seqs", [100, 37], [2048, 700], 4, 2),
     GpuCase("spec_2_2_causal", [130, 64], [1024, 512], 2, 2, causal=True),
@@ -247,35 +248,12 @@ def make_q2k(case: GpuCase, rng: np.random.Generator) -> torch.Tensor:
     return torch.from_numpy(sel)
 
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def nvfp4_scale_offsets(rows: int) -> torch.Tensor:
-    """(rows, 8) byte offsets of the 128x4-swizzled e4m3 block scales (SPEC 4.5)."""
-    r = torch.arange(rows)[:, None]
-    c = torch.arange(8)[None, :]
-    return ((r // 128) * 2 + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
-
-
 def quantize_nvfp4(x: torch.Tensor, gsf: float):
-    """x (..., 128) float -> (data (..., 64) uint8, scales uint8, e2m1 * e4m3 values float32).
-
-    Rows are taken in memory order; each 16-value block of x * gsf gets the e4m3 scale amax / 6 and
-    e2m1 codes rounded to the nearest magnitude; low nibble = even element. The returned values are
-    what the kernels dequantize (no global scale); the op receives 1 / gsf as its global scale."""
-    rows = x.numel() // 128
-    blocks = (x.float().reshape(rows, 8, 16) * gsf)
-    sf = (blocks.abs().amax(-1) / 6.0).clamp(max=448.0).to(FP8)
-    sf_f = sf.float()[..., None]
-    scaled = torch.where(sf_f > 0, blocks / torch.where(sf_f > 0, sf_f, 1.0), 0.0)
-    code = (scaled.abs()[..., None] - E2M1).abs().argmin(-1)
-    deq = E2M1[code] * torch.where(scaled < 0, -1.0, 1.0) * sf_f
-    code = code | ((scaled < 0) & (code > 0)).long() * 8
-    code = code.reshape(rows, 128).to(torch.uint8)
-    data = (code[:, 0::2] | (code[:, 1::2] << 4)).reshape(*x.shape[:-1], 64)
-    scales = torch.zeros(math.ceil(rows / 128) * 128 * 8, dtype=torch.uint8)
-    scales[nvfp4_scale_offsets(rows).reshape(-1)] = sf.view(torch.uint8).reshape(-1)
-    return data, scales, deq.reshape(x.shape)
+    """x (..., 128) float -> (data (..., 64) uint8, scales uint8, e2m1 * e4m3 values float32):
+    flashmsa.testing.nvfp4's quantizer at global scale gsf, and the values the kernels dequantize
+    (no global scale); the op receives 1 / gsf as its global scale."""
+    data, scales, _ = nvfp4.quantize_nvfp4(x, global_scale=gsf)
+    return data, scales, nvfp4.dequantize_nvfp4(data, scales)
 
 
 @dataclasses.dataclass

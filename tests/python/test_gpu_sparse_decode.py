@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
 import flashmsa  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
 
-import msa_reference as ref  # noqa: E402
+from flashmsa.testing import reference as ref  # noqa: E402
 
 if not flashmsa.built_with_cuda():
     pytest.skip("flashmsa was built without CUDA kernels", allow_module_level=True)
@@ -59,7 +59,8 @@ class DecodeCase:
 
 
 CASES = [
-    # SPEC section 8: test_sparse_decode / test_sparse_decode_fused shapes.
+    # FlashInfer's test_sparse_decode / test_sparse_decode_fused shapes
+    # (docs/semantics.md#accuracy).
     DecodeCase("spec_8_1_8_2_bf16_flat", 8, 1, 8, 2, layout="flat", seqlens="multiples"),
     DecodeCase("spec_8_1_8_2_fp8_paged", 8, 1, 8, 2, kv="fp8", seqlens="multiples"),
     DecodeCase("spec_4_2_16_2_bf16_paged", 4, 2, 16, 2, seqlens="multiples"),
@@ -106,7 +107,7 @@ CASES = [
 def seqlens_of(case: DecodeCase, rng: np.random.Generator) -> List[int]:
     if isinstance(case.seqlens, list):
         return list(case.seqlens)
-    if case.seqlens == "multiples":  # SPEC 8: random multiples of 128 in [256, 1920]
+    if case.seqlens == "multiples":  # multiples of 128 in [256, 1920], docs/semantics.md#accuracy
         return [int(x) * 128 for x in rng.integers(2, 16, case.batch)]
     # ragged: anything in [1, 4000], partial last pages
     return [int(x) for x in rng.integers(1, 4000, case.batch)]

@@ -5,7 +5,7 @@ dims (max_seqlen_q / max_k_tiles) are given, with results equal to eager."""
 import pytest
 import torch
 
-import msa_reference as ref
+from flashmsa.testing import reference as ref
 from flashmsa import msa_ops
 from flashmsa.testing import paginate
 

@@ -1,13 +1,13 @@
 """End to end: proxy score -> top-k -> sparse attention (prefill) and -> decode, from raw tensors,
-as vLLM serves MiniMax-M3 (SPEC 3, 7): per-KV-head selection, per-token valid-page counts, the
-local block forced; and the shared selection path (reduce_heads + expand)."""
+as vLLM serves MiniMax-M3 (docs/semantics.md#pipeline): per-KV-head selection, per-token valid-page
+counts, the local block forced; and the shared selection path (reduce_heads + expand)."""
 
 import math
 
 import pytest
 import torch
 
-import msa_reference as ref
+from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
 from flashmsa.testing import paginate

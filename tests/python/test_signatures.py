@@ -1,8 +1,8 @@
-"""Signature parity with flashinfer.msa_ops (SPEC D1): the functions take the same parameters
-in the same order, with the same kinds (positional-or-keyword / keyword-only) and defaults, so
-``import flashmsa.msa_ops as msa_ops`` replaces ``flashinfer.msa_ops`` in user code. The expected
-lists are FlashInfer main's (flashinfer/msa_ops/*.py), with ``workspace=None`` appended to both
-attention ops as FlashInfer PR #4355 does."""
+"""Signature parity with flashinfer.msa_ops (docs/semantics.md#d1): the functions take the same
+parameters in the same order, with the same kinds (positional-or-keyword / keyword-only) and
+defaults, so ``import flashmsa.msa_ops as msa_ops`` replaces ``flashinfer.msa_ops`` in user code.
+The expected lists are FlashInfer main's (flashinfer/msa_ops/*.py), with ``workspace=None`` appended
+to both attention ops as FlashInfer PR #4355 does."""
 
 import inspect
 

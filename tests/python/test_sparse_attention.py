@@ -1,5 +1,6 @@
-"""msa_sparse_attention against the float64 torch reference (SPEC 4, D5, D6, D8): GQA groups,
-topk 1..64, every KV dtype and layout, index-list semantics (unsorted, duplicates, out of range,
+"""msa_sparse_attention against the float64 torch reference (docs/semantics.md#sparse-attention,
+#d5, #d6, #d8): GQA groups, topk 1..64, every KV dtype and layout, index-list semantics (unsorted,
+#duplicates, out of range,
 -1 holes, empty rows), q_offset, scales, LSE and temperature LSE; plus layout exactness (paged ==
 flat, packed views == contiguous) and the return conventions."""
 
@@ -10,7 +11,7 @@ from typing import List, Optional, Union
 import pytest
 import torch
 
-import msa_reference as ref
+from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
 from flashmsa.testing import pack_kv, paginate, quantize_nvfp4

@@ -1,7 +1,7 @@
-"""msa_sparse_decode_attention against the float64 torch reference (SPEC 5): uniform seqlen_q per
-request, right-aligned positions, GQA up to 16, fp8 q (bf16 output), fp8 / NVFP4 K/V, paged /
-flat / packed caches, every partial dtype and schedule, index-list semantics and the return
-conventions."""
+"""msa_sparse_decode_attention against the float64 torch reference (docs/semantics.md#decode):
+uniform seqlen_q per request, right-aligned positions, GQA up to 16, fp8 q (bf16 output), fp8 /
+NVFP4 K/V, paged / flat / packed caches, every partial dtype and schedule, index-list semantics and
+the return conventions."""
 
 import dataclasses
 import math
@@ -10,7 +10,7 @@ from typing import List, Optional, Union
 import pytest
 import torch
 
-import msa_reference as ref
+from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
 from flashmsa.testing import pack_kv, paginate, quantize_nvfp4

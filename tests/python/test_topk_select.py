@@ -1,6 +1,7 @@
-"""msa_topk_select against the sort-based reference (SPEC 2.2, D3, D4): forced blocks inside the
-k slots whatever their score, the candidate range [0, nvp) with per-token clamping, the ordering of
-ties, +-0, +-inf and NaN, and the output contract (min(topk, nvp) ascending entries, -1 tail)."""
+"""msa_topk_select against the sort-based reference (docs/semantics.md#topk-select, #d3, #d4):
+forced blocks inside the k slots whatever their score, the candidate range [0, nvp) with per-token
+clamping, the ordering of ties, +-0, +-inf and NaN, and the output contract (min(topk, nvp)
+ascending entries, -1 tail)."""
 
 import dataclasses
 from typing import List, Union
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import msa_reference as ref
+from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
 
@@ -30,7 +31,7 @@ class TopkCase:
         return self.name
 
 
-# A NaN with the sign bit set: ranks below -inf (SPEC 2.2).
+# A NaN with the sign bit set: ranks below -inf (docs/semantics.md#topk-order).
 NEG_NAN = torch.from_numpy(np.array([0xFFC00000], dtype=np.uint32).view(np.float32))[0]
 
 

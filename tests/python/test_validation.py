@@ -1,5 +1,5 @@
-"""Every validation error of SPEC ("Validation" of 1.1, 2.1, 4.1, 4.5, 4.6, 5; D4, D7, D9): the
-right Python exception, naming the argument, raised before anything is written."""
+"""Every validation error of docs/semantics.md#validation (with #d4, #d7, #d9): the right Python
+exception, naming the argument, raised before anything is written."""
 
 import dataclasses
 import re
@@ -8,7 +8,7 @@ from typing import Callable, Type
 import pytest
 import torch
 
-import msa_reference as ref
+from flashmsa.testing import reference as ref
 from conftest import requires_cuda
 from flashmsa import msa_ops
 from flashmsa.testing import pack_kv, paginate
@@ -120,7 +120,7 @@ def noncontig(name):
 
 
 CASES = [
-    # ---- msa_proxy_score (SPEC 1.1)
+    # ---- msa_proxy_score (docs/semantics.md#proxy-score)
     Bad("q_float32", "proxy", cast("q", torch.float32), r"q must be bf16, fp16, or fp8"),
     Bad("q_2d", "proxy", lambda a: a.update(q=a["q"][:, 0]), r"q must be 3D"),
     Bad("head_dim_64", "proxy", lambda a: a.update(q=a["q"][..., :64].contiguous()),
@@ -170,7 +170,7 @@ CASES = [
         r"page_table must have batch_size"),
     Bad("seqused_k_negative", "proxy_paged", setk(seqused_k=torch.tensor([-1], dtype=torch.int32)),
         r"seqused_k\[0\] must be >= 0"),
-    # ---- msa_topk_select (SPEC 2.1, D4)
+    # ---- msa_topk_select (docs/semantics.md#topk-select, #d4)
     Bad("score_fp16", "topk", cast("max_score", torch.float16), r"max_score must be float32"),
     Bad("score_noncontiguous", "topk",
         lambda a: a.update(max_score=torch.randn(2, 5, 10).transpose(1, 2)),
@@ -200,7 +200,7 @@ CASES = [
         r"output shape must be \(5, 2, 16\)"),
     Bad("output_dtype", "topk", setk(output=torch.empty(5, 2, 16, dtype=torch.int64)),
         r"output must be int32"),
-    # ---- msa_sparse_attention (SPEC 4.1, 4.5, 4.6)
+    # ---- msa_sparse_attention (docs/semantics.md#sparse-attention, #nvfp4, #packed-kv)
     Bad("q_float32", "attn", cast("q", torch.float32), r"q must be bf16/fp16"),
     Bad("q_fp8", "attn", cast("q", FP8), r"q must be bf16/fp16"),
     Bad("q_2d", "attn", lambda a: a.update(q=a["q"][:, 0]), r"q must be 3D"),
@@ -266,7 +266,7 @@ CASES = [
         r"k_scale/v_scale must be uint8"),
     Bad("nvfp4_scale_too_small", "attn_nvfp4", lambda a: a.update(k_scale=a["k_scale"][:100]),
         r"k_scale must hold the 128-row-padded swizzled scale layout"),
-    # ---- msa_sparse_decode_attention (SPEC 5)
+    # ---- msa_sparse_decode_attention (docs/semantics.md#decode)
     Bad("seqlen_q_zero", "decode", setk(seqlen_q=0), r"seqlen_q must be positive"),
     Bad("rows_not_multiple", "decode", setk(seqlen_q=3), r"seqlen_q"),
     Bad("seqlen_q_float", "decode", setk(seqlen_q=1.0), r"seqlen_q must be an int", TypeError),

@@ -1,6 +1,6 @@
-"""Inputs shared by the benchmark, the sanitizer driver and the GPU graph tests.
+"""Input builders shared by the benchmark, the profilers, the sanitizer driver and the GPU tests.
 
-Selection patterns are the ones docs/benchmarks.md (and shared/DESIGN.md) define:
+Selection patterns are the ones docs/benchmarks.md defines:
 
 * random:    per (kv head, token), the local block plus up to topk-1 distinct blocks drawn uniformly
              from the token's earlier causally visible blocks;
@@ -12,8 +12,8 @@ Every selection is (Hkv, rows, topk) int32, contiguous, ascending, -1 tail padde
 `msa_topk_select(...).transpose(0, 1).contiguous()` hands to the attention ops. Token `r` sits at
 global position positions[r] and may see blocks [0, positions[r] // 128].
 
-Torch only (numpy for the sequential clustered walk); works on CPU and CUDA tensors. Cache layouts,
-cu_seqlens and NVFP4 quantisation come from flashmsa.testing.
+Torch only (numpy for the sequential clustered walk); works on CPU and CUDA tensors. Cache layouts
+and cu_seqlens are in :mod:`flashmsa.testing.layouts`, NVFP4 in :mod:`flashmsa.testing.nvfp4`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Independent torch references of the MSA ops for the Python tests, in float64.
+"""The float64 torch reference of the MSA ops (docs/semantics.md), for the tests.
 
-Written from SPEC (sections 0-5 and D3/D5/D8), not from flashmsa's C++ reference or kernels: plain
-per-sequence loops, dense masked attention, a sort-based top-k. Inputs are taken as the values the
-ops read (dequantised to float64 by the helpers here), so a test compares like with like.
+Written from the semantics, not from flashmsa's C++ reference or kernels: plain per-sequence loops,
+dense masked attention, a sort-based top-k. Inputs are taken as the values the ops read (dequantised
+to float64 by the helpers here), so a test compares like with like.
 """
 
 import math
@@ -11,74 +11,19 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-BLOCK = 128
-HEAD_DIM = 128
-
-
-# ---- layouts -----------------------------------------------------------------------------------
-
-def cu_seqlens(lengths: Sequence[int], device="cpu") -> torch.Tensor:
-    return torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int32, device=device)
-
-
-def lengths_of(cu: torch.Tensor) -> List[int]:
-    c = cu.cpu().tolist()
-    return [c[i + 1] - c[i] for i in range(len(c) - 1)]
-
-
-def sequences(x: torch.Tensor, *, cu_seqlens_k=None, page_table=None, seqused_k=None
-              ) -> List[torch.Tensor]:
-    """Per-sequence key rows ``(seqlen_k[b], H, W)`` of a flat or paged cache, in x's dtype.
-
-    Paged: key j of sequence b is ``x[page_table[b, j // 128], :, j % 128]``; the length is the
-    cu_seqlens_k difference when given (msa_sparse_attention's precedence), else seqused_k[b],
-    clamped to the page table's capacity.
-    """
-    out = []
-    if page_table is None:
-        cu = cu_seqlens_k.cpu().tolist()
-        for b in range(len(cu) - 1):
-            out.append(x[cu[b]:cu[b + 1]])
-        return out
-    table = page_table.cpu()
-    if cu_seqlens_k is not None:
-        lens = lengths_of(cu_seqlens_k)
-    else:
-        lens = seqused_k.cpu().tolist()
-    for b, n in enumerate(lens):
-        n = max(0, min(n, table.shape[1] * BLOCK))
-        j = torch.arange(n)
-        pages = table[b, j // BLOCK].long().to(x.device)
-        out.append(x[pages, :, (j % BLOCK).to(x.device)])  # (n, H, W)
-    return out
+from .layouts import BLOCK_SIZE as BLOCK
+from .layouts import cu_seqlens, lengths_of, sequences  # noqa: F401  (the tests' ref.cu_seqlens)
+from .nvfp4 import HEAD_DIM, dequantize_nvfp4
 
 
 def f64(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64)
 
 
-# ---- NVFP4 (SPEC 4.5) --------------------------------------------------------------------------
-
-_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
-
-
 def nvfp4_dequant(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float64 values of NVFP4 ``data (..., 64)``: low nibble = element 2m, high = 2m + 1; the
-    scale of element e of logical row r (rows in memory order) is the e4m3 byte at
-    ``((r // 128) * 2 + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4``,
-    ``c = e // 16``. No global scale."""
-    d = data.cpu().reshape(-1, 64).long()
-    rows = d.shape[0]
-    codes = torch.empty(rows, HEAD_DIM, dtype=torch.long)
-    codes[:, 0::2] = d & 0xF
-    codes[:, 1::2] = d >> 4
-    vals = torch.tensor(_E2M1, dtype=torch.float64)[codes]
-    r = torch.arange(rows)[:, None]
-    c = torch.arange(8)[None, :]
-    off = ((r // 128) * 2 + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + (c % 4)
-    sf = scales.cpu()[off.reshape(-1)].view(torch.float8_e4m3fn).to(torch.float64).reshape(rows, 8)
-    vals = vals * sf.repeat_interleave(16, dim=1)
-    return vals.reshape(*data.shape[:-1], HEAD_DIM).to(data.device)
+    """float64 values of NVFP4 ``data (..., 64)`` (no global scale), computed on the CPU and
+    returned on data's device."""
+    return dequantize_nvfp4(data.cpu(), scales.cpu(), dtype=torch.float64).to(data.device)
 
 
 # ---- stage 1 -----------------------------------------------------------------------------------
@@ -127,7 +72,7 @@ def proxy_score(q: torch.Tensor, keys: List[torch.Tensor], cu_q: torch.Tensor, *
 # ---- stage 2 -----------------------------------------------------------------------------------
 
 def order_keys(score: torch.Tensor) -> np.ndarray:
-    """SPEC 2.2 ordering key (smaller is better) of float32 scores."""
+    """docs/semantics.md#topk-order ordering key (smaller is better) of float32 scores."""
     bits = score.cpu().contiguous().numpy().view(np.uint32).astype(np.int64)
     return np.where(bits & 0x80000000, bits, (~bits) & 0x7FFFFFFF)
 
@@ -135,7 +80,7 @@ def order_keys(score: torch.Tensor) -> np.ndarray:
 def topk_select(score: torch.Tensor, topk: int, num_valid_pages=None, force_begin: int = 0,
                 force_end: int = 0) -> torch.Tensor:
     """``(S, H, topk)`` int32: per row the forced blocks plus the best of the middle range,
-    ascending, -1 tail padded (SPEC 2.2, D3: ties to the lower block)."""
+    ascending, -1 tail padded (docs/semantics.md#topk-select, #d3: ties to the lower block)."""
     h, p, s = score.shape
     keys = order_keys(score.float())  # (H, P, S)
     if num_valid_pages is None:
@@ -163,7 +108,7 @@ def topk_select(score: torch.Tensor, topk: int, num_valid_pages=None, force_begi
 # ---- stage 3 -----------------------------------------------------------------------------------
 
 def selected_blocks(lst: Sequence[int], nb: int) -> List[int]:
-    """SPEC D5: entries before the first negative, ids in [0, nb), each once."""
+    """docs/semantics.md#d5: entries before the first negative, ids in [0, nb), each once."""
     used = []
     for t in lst:
         if t < 0:
@@ -178,10 +123,10 @@ def attention(q: torch.Tensor, keys: List[torch.Tensor], values: List[torch.Tens
               causal: bool, softmax_scale: Optional[float] = None, q_offset=None,
               out_scale: float = 1.0, temperature: float = 1.0
               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact sparse attention in float64 (SPEC 4.2): returns ``(out, lse, lse_t)`` with out
-    ``(total_q, Hq, 128)``, lse / lse_t ``(total_q, Hq)`` natural log; rows with no visible
-    selected key give 0 / -inf / -inf (D8). ``keys`` / ``values`` are per-sequence float64
-    ``(seqlen_k, Hkv, 128)``."""
+    """Exact sparse attention in float64 (docs/semantics.md#sparse-attention): returns
+    ``(out, lse, lse_t)`` with out ``(total_q, Hq, 128)``, lse / lse_t ``(total_q, Hq)`` natural
+    log; rows with no visible selected key give 0 / -inf / -inf (D8). ``keys`` / ``values`` are
+    per-sequence float64 ``(seqlen_k, Hkv, 128)``."""
     total_q, hq, _ = q.shape
     hkv = q2k.shape[0]
     g = hq // hkv
