@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from typing import List, Optional, Union
 
 import pytest
 import torch
@@ -35,7 +34,7 @@ if not (torch.cuda.is_available() and flashmsa.built_with_cuda()):
     pytest.skip("needs a CUDA GPU and a flashmsa build with CUDA kernels", allow_module_level=True)
 
 from flashmsa import msa_ops  # noqa: E402
-from flashmsa.testing import paginate  # noqa: E402
+from flashmsa.testing import cases, paginate  # noqa: E402
 
 DEV = torch.device("cuda")
 BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
@@ -45,114 +44,8 @@ PROXY_ATOL = 1e-2
 
 # ---- stage 1: proxy score ----------------------------------------------------------------------
 
-@dataclasses.dataclass
-class ProxyCase:
-    name: str
-    seqs_q: List[int]
-    seqs_k: List[int]
-    hq: int = 4
-    hkv: int = 1
-    causal: bool = True
-    q_dtype: torch.dtype = BF16
-    k_dtype: Optional[torch.dtype] = None     # None: q_dtype
-    paged: bool = False
-    invalid_pages: bool = False               # some page ids outside the cache (-> -inf blocks)
-    reduce_heads: bool = False
-    q_offset: Union[None, int, List[int]] = None
-    max_k_tiles: Optional[int] = None         # None: max_b ceil(seqlen_k / 128), at least 1
-    max_seqlen_q: Optional[int] = None        # None: the true maximum; else a (too small) hint
-    extra_rows: int = 0                       # q rows after cu_seqlens_q[B] (no sequence)
-    nan_keys: bool = False                    # a few NaN keys (visible and masked ones)
-
-    def __str__(self):
-        return self.name
-
-
-def _decode_stream(groups: int, paged: bool, offset: bool) -> ProxyCase:
-    seqs_k = [700, 2048, 129, 0, 4096]
-    return ProxyCase(f"decode_stream_g{groups}_{'paged' if paged else 'flat'}"
-                     f"{'_qoff' if offset else ''}",
-                     [1] * 5, seqs_k, hq=groups, hkv=1, paged=paged,
-                     q_offset=[s // 2 for s in seqs_k] if offset else None)
-
-
-PROXY_CASES = [
-    # Proxy shapes of docs/semantics.md#accuracy (B, Hq, Hkv, seqs_q, seqs_k, causal).
-    ProxyCase("spec_gqa2_causal", [100, 37], [2048, 700], hq=4, hkv=2),
-    ProxyCase("spec_noncausal", [130, 64], [1024, 512], hq=2, hkv=2, causal=False),
-    ProxyCase("spec_three_seqs", [1, 33, 7], [300, 1111, 256], hq=2, hkv=1),
-    ProxyCase("spec_packed_decode_8k", [1] * 4, [8192] * 4, hq=4, hkv=1),
-    ProxyCase("spec_packed_16tok", [16, 16], [4096, 4096], hq=4, hkv=1),
-    ProxyCase("spec_packed_g4_8tok", [8, 8, 8], [2048] * 3, hq=8, hkv=2),
-    ProxyCase("spec_packed_noncausal", [16, 16], [4096, 4096], hq=4, hkv=1, causal=False),
-    ProxyCase("spec_packed_paged", [8, 3, 1], [2048, 300, 1280], hq=4, hkv=1, paged=True),
-    ProxyCase("spec_packed_paged_g4", [2, 2], [1024, 640], hq=8, hkv=2, paged=True),
-    *[_decode_stream(g, paged, off) for g in (1, 3, 4, 8) for paged in (False, True)
-      for off in (False, True)],
-    ProxyCase("spec_reduce_heads_4", [300], [4096], hq=4, hkv=1, reduce_heads=True),
-    ProxyCase("spec_reduce_heads_8_2", [300], [4096], hq=8, hkv=2, reduce_heads=True),
-    ProxyCase("spec_paged_fp8", [150, 90], [2048, 1280], hq=8, hkv=2, k_dtype=FP8, paged=True),
-    ProxyCase("spec_q_offset_override", [256, 256], [8192, 4096], hq=2, hkv=1,
-              q_offset=[256, 128]),
-    # MiniMax-M3 indexer (4 index heads over 1 index-K head) and its mixed batches.
-    ProxyCase("m3_prefill_4k", [4096], [4096], hq=4, hkv=1, paged=True),
-    ProxyCase("m3_chunked_prefill", [1000], [5000], hq=4, hkv=1, paged=True),
-    ProxyCase("m3_mixed_prefill_decode", [777] + [1] * 8, [2000] + [300 * i + 1 for i in range(8)],
-              hq=4, hkv=1, paged=True),
-    ProxyCase("m3_mtp_decode", [4] * 16, [1000 + 97 * i for i in range(16)], hq=4, hkv=1,
-              paged=True),
-    ProxyCase("m3_decode_b64", [1] * 64, [128 * (i % 9) + 5 * i + 1 for i in range(64)], hq=4,
-              hkv=1, paged=True),
-    ProxyCase("m3_tp4_single_head", [200], [3000], hq=1, hkv=1),
-    # Group sizes: odd, non-power-of-two, above one CTA's 16 heads, MHA.
-    ProxyCase("g3_uneven", [33, 17], [400, 900], hq=6, hkv=2),
-    ProxyCase("g5_noncausal", [70, 1], [333, 1000], hq=5, hkv=1, causal=False),
-    ProxyCase("g16_full_heads", [40, 3], [1500, 700], hq=64, hkv=4),
-    ProxyCase("g20_split_heads", [9, 30], [640, 1024], hq=20, hkv=1),
-    ProxyCase("g20_reduce", [9, 30], [640, 1024], hq=40, hkv=2, reduce_heads=True),
-    ProxyCase("mha_g1", [64, 65], [64, 300], hq=2, hkv=2),
-    # Uneven / empty sequences, rows of no sequence.
-    ProxyCase("empty_kv_sequence", [5, 3, 4], [700, 0, 129], hq=4, hkv=1),
-    ProxyCase("empty_q_sequences", [0, 10, 0], [256, 300, 999], hq=2, hkv=1, paged=True),
-    ProxyCase("uncovered_rows", [20, 7], [300, 600], hq=4, hkv=1, extra_rows=11),
-    ProxyCase("uncovered_rows_reduce", [20], [300], hq=4, hkv=2, extra_rows=9, reduce_heads=True),
-    ProxyCase("uncovered_rows_many", [3, 1], [3000, 200], hq=8, hkv=2, extra_rows=5000),
-    ProxyCase("more_queries_than_keys", [300], [200], hq=2, hkv=1),
-    ProxyCase("seqlen_not_multiple", [129, 255], [129, 257], hq=4, hkv=1),
-    # Paged: permuted pages, invalid page ids, partial last page.
-    ProxyCase("paged_invalid_pages", [60, 5], [1500, 900], hq=4, hkv=1, paged=True,
-              invalid_pages=True),
-    ProxyCase("paged_invalid_reduce", [60], [1500], hq=8, hkv=2, paged=True,
-              invalid_pages=True, reduce_heads=True),
-    # fp8 and fp16.
-    ProxyCase("fp16", [100, 50], [1000, 2000], hq=4, hkv=1, q_dtype=FP16),
-    ProxyCase("fp16_q_fp8_k", [64, 20], [1024, 333], hq=4, hkv=1, q_dtype=FP16, k_dtype=FP8),
-    ProxyCase("fp8_q_fp8_k_paged", [3, 9], [1300, 500], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8,
-              paged=True),
-    ProxyCase("fp8_q_fp8_k_prefill", [600], [600], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8),
-    # q_offset modes.
-    ProxyCase("q_offset_int", [20, 20], [1000, 600], hq=4, hkv=1, q_offset=300),
-    ProxyCase("q_offset_negative_tensor", [16, 16, 8], [512, 512, 100], hq=2, hkv=2,
-              q_offset=[-5, 400, -100]),
-    ProxyCase("q_offset_negative_int", [40], [512], hq=4, hkv=1, q_offset=-20),
-    ProxyCase("q_offset_huge", [10], [512], hq=4, hkv=1, q_offset=2**31 - 5),
-    # max_k_tiles smaller / larger than the block counts; max_seqlen_q hint too small.
-    ProxyCase("padding_columns", [40, 3], [500, 100], hq=2, hkv=1, max_k_tiles=10),
-    ProxyCase("truncated_columns", [300], [2000], hq=4, hkv=1, max_k_tiles=3),
-    ProxyCase("truncated_columns_decode", [1] * 8, [2000] * 8, hq=4, hkv=1, max_k_tiles=5),
-    ProxyCase("single_column", [100], [1000], hq=4, hkv=1, max_k_tiles=1),
-    ProxyCase("max_seqlen_hint_too_small", [700, 5], [1000, 900], hq=4, hkv=1, max_seqlen_q=3),
-    ProxyCase("max_seqlen_hint_too_small_noncausal", [1000], [300], hq=2, hkv=1, causal=False,
-              max_seqlen_q=17),
-    # NaN keys: a visible one makes its block NaN (canonical 0x7FFFFFFF), a masked one nothing.
-    ProxyCase("nan_keys", [64, 4], [600, 300], hq=4, hkv=1, nan_keys=True),
-    ProxyCase("nan_keys_reduce", [64], [600], hq=8, hkv=2, nan_keys=True, reduce_heads=True),
-    # >= 64K query tokens (65600 one-token sequences: large B on the grid's x dimension).
-    ProxyCase("many_sequences_64k", [1] * 65600, [(37 * i) % 300 + 1 for i in range(65600)],
-              hq=4, hkv=1),
-    ProxyCase("long_prefill_70k_rows", [70000], [70000], hq=1, hkv=1, causal=False,
-              max_k_tiles=4),
-]
+ProxyCase = cases.ProxyCase
+PROXY_CASES = cases.cases(cases.PROXY, "gpu")
 
 
 def _randn(shape, dtype, gen, scale=1.0):
@@ -406,21 +299,7 @@ def test_proxy_kernel_env_rejects_unknown(monkeypatch):
 
 # ---- stage 2: top-k select ---------------------------------------------------------------------
 
-@dataclasses.dataclass
-class TopkCase:
-    name: str
-    H: int
-    P: int
-    S: int
-    topk: int = 16
-    nvp: Union[None, int, str, List[int]] = None  # None | scalar | "random" (per token) | list
-    fb: int = 0
-    fe: int = 0
-    scores: str = "randn"  # randn | ties | few | nan | inf | zeros | worst_forced | perm | causal
-    seed: int = 0
-
-    def __str__(self):
-        return self.name
+TopkCase = cases.TopkCase
 
 
 def make_scores(c: TopkCase) -> torch.Tensor:
@@ -481,40 +360,7 @@ def make_nvp(c: TopkCase):
     return torch.tensor(c.nvp, dtype=torch.int32)
 
 
-TOPK_CASES = [
-    # Top-k cases of docs/semantics.md#accuracy.
-    TopkCase("spec_p128_forced_worst", 2, 128, 64, nvp=128 - 56, fb=3, fe=2, scores="worst_forced"),
-    TopkCase("spec_p256_forced_worst", 2, 256, 64, nvp=256 - 56, fb=3, fe=2, scores="worst_forced"),
-    TopkCase("spec_p16384_random", 2, 16384, 40),
-    TopkCase("spec_p16384_ties", 2, 16384, 40, scores="ties"),
-    TopkCase("spec_p16384_nan", 1, 16384, 24, scores="nan"),
-    *[TopkCase(f"spec_per_token_p{P}_fb{fb}_fe{fe}", 2, P, 12, nvp="random", fb=fb, fe=fe,
-               scores="perm", seed=P + fb * 7 + fe)
-      for P in (24, 160) for fb, fe in ((0, 0), (0, 1), (1, 1), (2, 3))],
-    TopkCase("spec_nvp_clamp", 2, 160, 40, nvp="clamp", fb=1, fe=2),
-    TopkCase("spec_nvp_clamp_chunks", 2, 700, 40, nvp="clamp", fb=2, fe=1, scores="ties"),
-    # topk 1 / 16 / 33 / 64 at single- and multi-chunk P.
-    *[TopkCase(f"topk{k}_p{P}", 3, P, 70, topk=k, scores=s, fb=min(2, k // 2), fe=min(1, k - 1))
-      for k in (1, 16, 33, 64) for P, s in ((64, "randn"), (256, "few"), (1000, "ties"))],
-    # Chunk boundaries (256 blocks per chunk), ties straddling them.
-    *[TopkCase(f"chunk_edge_p{P}_{s}", 2, P, 33, scores=s, nvp="random", fe=1, seed=P)
-      for P in (255, 256, 257, 511, 512, 513) for s in ("few", "randn")],
-    TopkCase("chunks_64_of_them", 1, 64 * 256 + 3, 5, topk=64, scores="few", fb=5, fe=7),
-    # Special values.
-    TopkCase("nan_inf_zero", 2, 300, 64, scores="nan", fb=1, fe=1),
-    TopkCase("nan_inf_zero_small", 2, 40, 64, scores="nan", topk=8),
-    TopkCase("mostly_neg_inf", 2, 512, 64, scores="inf", topk=32, nvp="random", fe=1),
-    TopkCase("signed_zeros", 2, 200, 40, scores="zeros", topk=20),
-    TopkCase("all_forced", 2, 40, 16, topk=16, fb=10, fe=6, nvp=16),
-    TopkCase("fewer_candidates_than_slots", 2, 10, 50, topk=64, fb=2, fe=3),
-    TopkCase("scalar_nvp_small", 3, 300, 50, nvp=7, fb=3, fe=3, topk=16),
-    TopkCase("tokens_not_multiple_of_32", 3, 256, 77, nvp="random", fe=1),
-    # MiniMax-M3 prefill at 32K: H=4, P=256, per-token nvp = pos // 128 + 1, local block forced.
-    TopkCase("m3_prefill_32k", 4, 256, 32768, nvp="causal", fe=1, scores="causal"),
-    TopkCase("m3_decode_b64", 4, 256, 64, nvp="random", fe=1),
-    # H * S > 2^24 rows.
-    TopkCase("rows_over_2p24", 256, 3, 70000, topk=2, fe=1),
-]
+TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7) -> torch.Tensor:

@@ -7,11 +7,11 @@ compute dtype, output rounded) is compared with the reference, and the kernel ma
 as far from the reference plus two units in the last place of the output dtype. The -inf / zero
 patterns of rows with no visible key are checked exactly, LSEs within 1e-2.
 
-Cases are data (GpuCase): the reference cases of docs/semantics.md#accuracy, the M3 shapes, GQA
-groups 1/3/4/16/64, topk 1/8/16/33/64, uneven lengths, empty sequences, seqlen_q > seqlen_k, rows no
+Cases are data (flashmsa.testing.cases.ATTENTION, those with the "gpu" check): the reference
+cases of docs/semantics.md#accuracy, the M3 shapes, GQA groups 1/3/4/16/64, topk 1/8/16/33/64, uneven lengths, empty sequences, seqlen_q > seqlen_k, rows no
 sequence covers, q_offset as int / tensor / negative, unsorted / duplicated / -1-holed /
 out-of-range lists, paged caches with permuted pages, a partial last page and invalid page ids,
-packed HND / NHD views, fp8 and NVFP4 K/V (with a quantizer written here), global scales, LSE and
+packed HND / NHD views, fp8 and NVFP4 K/V (flashmsa.testing.nvfp4's quantizer), global scales, LSE and
 temperature LSE, fully masked rows. Plus: bit-exact equalities (paged == flat, packed == contiguous,
 KV-major launch groups of any size == one group), run-to-run determinism, and a large case (>= 64K
 tokens, total_q * Hq > 2^24).
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional, Union
+from typing import List, Optional
 
 import numpy as np
 import pytest
@@ -34,7 +34,7 @@ if not torch.cuda.is_available():
 
 import flashmsa  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
-from flashmsa.testing import nvfp4, pack_kv, paginate  # noqa: E402
+from flashmsa.testing import cases, nvfp4, pack_kv, paginate  # noqa: E402
 
 from flashmsa.testing import reference as ref  # noqa: E402
 
@@ -65,113 +65,8 @@ def set_schedule(mp, schedule):
 
 # ---- cases -------------------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class GpuCase:
-    name: str
-    seqs_q: List[int]
-    seqs_k: List[int]
-    hq: int
-    hkv: int
-    topk: int = 16
-    causal: bool = False
-    dtype: torch.dtype = BF16
-    kv: str = "same"            # same | fp8 | nvfp4
-    layout: str = "flat"        # flat | paged | packed | packed_nhd
-    selection: str = "random"   # see make_q2k
-    q_offset: Union[None, int, List[int]] = None
-    softmax_scale: Optional[float] = None
-    v_global_scale: Optional[float] = None
-    temperature: Optional[float] = None
-    invalid_pages: bool = False  # point some selected blocks' page-table entries out of the cache
-    extra_rows: int = 0          # query rows past cu_seqlens_q[-1] (covered by no sequence)
-
-    def __str__(self):
-        return self.name
-
-
-CASES = [
-    # docs/semantics.md#accuracy: FlashInfer's test_sparse_attention and friends.
-    GpuCase("spec_1_1_1_topk4", [70], [1000], 1, 1, topk=4),
-    GpuCase("spec_4_2_two_seqs", [100, 37], [2048, 700], 4, 2),
-    GpuCase("spec_2_2_causal", [130, 64], [1024, 512], 2, 2, causal=True),
-    GpuCase("spec_8_2_topk8", [200], [4096], 8, 2, topk=8),
-    GpuCase("spec_16_1", [333], [3000], 16, 1),
-    GpuCase("spec_8_8_causal", [97, 211], [1111, 2222], 8, 8, causal=True),
-    GpuCase("spec_fp16_topk32", [100, 64], [2048, 1024], 4, 2, topk=32, dtype=FP16),
-    GpuCase("spec_bf16_topk32", [100, 64], [2048, 1024], 4, 2, topk=32),
-    GpuCase("spec_lse", [80, 50], [1024, 640], 4, 2),
-    GpuCase("spec_paged", [150, 90], [2048, 1280], 8, 2, layout="paged"),
-    GpuCase("spec_fp8_causal", [150, 90], [2048, 1280], 8, 2, causal=True, kv="fp8"),
-    GpuCase("spec_fp8_fp16q", [150, 90], [2048, 1280], 8, 2, dtype=FP16, kv="fp8"),
-    GpuCase("spec_nvfp4_causal", [150, 90], [2048, 1280], 8, 2, causal=True, kv="nvfp4"),
-    GpuCase("spec_nvfp4", [150, 90], [2048, 1280], 8, 2, kv="nvfp4"),
-    GpuCase("spec_fully_masked", [1024], [1024], 2, 1, causal=True, selection="last_two"),
-    # MiniMax-M3 (64 q / 4 kv heads, top-16, causal, local block + earlier ones).
-    GpuCase("m3_1x1024", [1024], [1024], 64, 4, causal=True, selection="causal_local"),
-    GpuCase("m3_2x512", [512, 512], [512, 512], 64, 4, causal=True, selection="causal_local"),
-    GpuCase("m3_3x384_paged", [384] * 3, [384] * 3, 64, 4, causal=True, selection="causal_local",
-            layout="paged"),
-    # GQA groups (any G, not only powers of two) and topk 1..64.
-    GpuCase("g1", [300], [2500], 4, 4, causal=True),
-    GpuCase("g3", [120, 45], [1900, 800], 6, 2, causal=True),
-    GpuCase("g4_topk1", [150], [1500], 8, 2, topk=1),
-    GpuCase("g16_topk33", [90], [6000], 16, 1, topk=33, causal=True, selection="full"),
-    GpuCase("g64", [70, 20], [2000, 900], 64, 1, causal=True),
-    GpuCase("g64_topk64", [40], [9000], 64, 1, topk=64, selection="full"),
-    GpuCase("g24_two_row_tiles", [50], [1500], 48, 2, causal=True),
-    GpuCase("g5_topk64_causal", [60], [8300], 10, 2, topk=64, causal=True, selection="full"),
-    # Lengths, offsets, rows of no sequence.
-    GpuCase("uneven_lengths", [1, 129, 0, 77, 256], [1, 300, 128, 5000, 129], 4, 2, causal=True),
-    GpuCase("empty_kv_sequence", [10, 20], [0, 300], 4, 1, causal=True),
-    GpuCase("empty_q_sequence", [0, 30, 0], [500, 300, 0], 4, 1, causal=True),
-    GpuCase("seqlen_q_gt_seqlen_k", [400], [200], 4, 2, causal=True),
-    GpuCase("uncovered_rows", [30, 20], [700, 400], 4, 2, causal=True, extra_rows=13),
-    GpuCase("q_offset_int", [64, 64], [1000, 800], 4, 1, causal=True, q_offset=100),
-    GpuCase("q_offset_tensor_negative", [64, 64], [1000, 800], 4, 1, causal=True,
-            q_offset=[-50, 700]),
-    GpuCase("q_offset_beyond_keys", [40], [600], 4, 2, causal=True, q_offset=5000),
-    # Index lists (D5).
-    GpuCase("unsorted", [80, 40], [2000, 900], 8, 2, causal=True, selection="unsorted"),
-    GpuCase("duplicates", [80], [2000], 8, 2, causal=True, selection="duplicates"),
-    GpuCase("out_of_range", [60, 60], [700, 1500], 4, 2, selection="out_of_range"),
-    GpuCase("out_of_range_paged", [60, 60], [700, 1500], 4, 2, layout="paged",
-            selection="out_of_range"),
-    GpuCase("holes", [60], [2000], 4, 2, selection="holes"),
-    GpuCase("some_empty_rows", [100], [1500], 4, 1, causal=True, selection="some_empty"),
-    # Layouts, scales, LSEs.
-    GpuCase("paged_invalid_pages", [120, 70], [1500, 1000], 8, 2, causal=True, layout="paged",
-            invalid_pages=True),
-    GpuCase("packed_hnd", [90, 30], [1500, 700], 8, 2, causal=True, layout="packed"),
-    GpuCase("packed_nhd_fp8", [90, 30], [1500, 700], 8, 2, kv="fp8", layout="packed_nhd"),
-    GpuCase("nvfp4_paged_partial_page", [70, 30], [1500, 650], 8, 2, kv="nvfp4", layout="paged",
-            causal=True),
-    GpuCase("scales", [60], [1200], 4, 2, softmax_scale=0.05, v_global_scale=0.37),
-    GpuCase("fp16_scales_fp8", [60], [1200], 4, 2, dtype=FP16, kv="fp8", softmax_scale=0.2,
-            v_global_scale=2.5),
-    GpuCase("temperature_causal", [80, 50], [1024, 640], 4, 2, causal=True, temperature=0.7),
-    GpuCase("temperature_g16", [60], [3000], 16, 1, temperature=1.3),
-    # Neighbouring tokens sharing their selections (the shared-selection tiles of the hybrid
-    # schedule; G in {16, 32, 64} gives tiles of 8, 4, 2 tokens), with partial last tiles, tiles
-    # across sequences, mixed qualifying / non-qualifying tiles, paged K/V, fp16, negative scale.
-    GpuCase("m3_tile_shared", [1024, 300], [1024, 300], 64, 4, causal=True, selection="tile_shared"),
-    GpuCase("m3_tile_mixed_temp", [700, 13], [1500, 13], 64, 4, causal=True, selection="tile_mixed",
-            temperature=0.8),
-    GpuCase("g32_tile_shared_paged", [256, 100], [600, 900], 64, 2, causal=True,
-            selection="tile_shared", layout="paged", softmax_scale=-0.07, v_global_scale=0.6),
-    GpuCase("g16_tile_shared_fp16", [400], [2000], 16, 1, causal=True, dtype=FP16,
-            selection="tile_shared"),
-    GpuCase("g64_tile_mixed_nocausal", [90], [3000], 128, 2, selection="tile_mixed"),
-    # fp8 K / V in the tile kernel (the producer dequantizes each block in place).
-    GpuCase("m3_tile_shared_fp8", [1024, 300], [1024, 300], 64, 4, causal=True,
-            selection="tile_shared", kv="fp8"),
-    GpuCase("g32_tile_mixed_fp8_paged_fp16", [256, 100], [600, 900], 64, 2, causal=True,
-            selection="tile_mixed", layout="paged", kv="fp8", dtype=FP16, v_global_scale=0.6),
-    # Tiles whose blocks span more than the planner's 8192-block bitmap (1M tokens): sink block 0
-    # and the local block ~8300 apart (tiles that would qualify otherwise). They must go the
-    # KV-major way, with correct results.
-    GpuCase("g16_tile_span_over_1m", [16], [8300 * 128 + 5], 16, 1, causal=True,
-            selection="sink_local"),
-]
+GpuCase = cases.AttentionCase
+CASES = cases.cases(cases.ATTENTION, "gpu")
 
 
 # ---- inputs ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional, Union
+from typing import List, Optional
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
 
 import flashmsa  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
+from flashmsa.testing import cases  # noqa: E402
 
 from flashmsa.testing import reference as ref  # noqa: E402
 
@@ -35,73 +36,8 @@ from test_gpu_sparse_attention import (  # noqa: E402
     check_lse, check_output)
 
 
-@dataclasses.dataclass
-class DecodeCase:
-    name: str
-    batch: int
-    seqlen_q: int
-    hq: int
-    hkv: int
-    topk: int = 16
-    q_dtype: torch.dtype = BF16
-    kv: str = "same"              # same | fp8 | nvfp4
-    layout: str = "paged"         # paged | flat | packed | packed_nhd
-    seqlens: Union[str, List[int]] = "ragged"  # ragged | multiples | explicit list
-    selection: str = "causal_local"
-    causal: bool = True
-    q_offset: Union[None, int, List[int]] = None
-    softmax_scale: Optional[float] = None
-    v_global_scale: Optional[float] = None
-    invalid_pages: bool = False
-
-    def __str__(self):
-        return self.name
-
-
-CASES = [
-    # FlashInfer's test_sparse_decode / test_sparse_decode_fused shapes
-    # (docs/semantics.md#accuracy).
-    DecodeCase("spec_8_1_8_2_bf16_flat", 8, 1, 8, 2, layout="flat", seqlens="multiples"),
-    DecodeCase("spec_8_1_8_2_fp8_paged", 8, 1, 8, 2, kv="fp8", seqlens="multiples"),
-    DecodeCase("spec_4_2_16_2_bf16_paged", 4, 2, 16, 2, seqlens="multiples"),
-    DecodeCase("spec_16_1_4_4_topk8_fp8", 16, 1, 4, 4, topk=8, kv="fp8", seqlens="multiples"),
-    DecodeCase("spec_6_1_16_1_fp8", 6, 1, 16, 1, kv="fp8"),
-    DecodeCase("nvfp4_paged", 8, 1, 8, 2, kv="nvfp4"),
-    DecodeCase("nvfp4_flat_mtp", 4, 4, 16, 2, kv="nvfp4", layout="flat"),
-    # M3 decode (64 q / 4 kv heads, top-16) and its TP4 slice (16 / 1).
-    DecodeCase("m3_b64_ctx8k_fp8", 64, 1, 64, 4, kv="fp8", seqlens=[8192] * 64),
-    DecodeCase("m3_tp4_mtp2", 16, 2, 16, 1, seqlens="ragged"),
-    # q dtypes.
-    DecodeCase("fp16", 8, 1, 8, 2, q_dtype=FP16),
-    DecodeCase("fp16_fp8kv_mtp4", 4, 4, 8, 2, q_dtype=FP16, kv="fp8"),
-    DecodeCase("fp8_q_fp8_kv", 8, 2, 16, 4, q_dtype=FP8, kv="fp8"),
-    DecodeCase("fp8_q_bf16_kv", 8, 1, 16, 4, q_dtype=FP8),
-    DecodeCase("fp8_q_nvfp4_kv", 8, 1, 16, 4, q_dtype=FP8, kv="nvfp4"),
-    # GQA groups and topk.
-    DecodeCase("g1_topk1", 12, 1, 4, 4, topk=1),
-    DecodeCase("g3_topk33", 6, 2, 9, 3, topk=33, seqlens=[9000, 7000, 300, 129, 5000, 4300],
-               selection="full"),
-    DecodeCase("g4_topk64", 4, 1, 8, 2, topk=64, seqlens=[9000, 8200, 128, 1],
-               selection="full"),
-    DecodeCase("g16_topk64_mtp4", 3, 4, 16, 1, topk=64, seqlens=[12000, 8300, 700],
-               selection="full"),
-    # Lengths, offsets, index lists, pages, layouts, scales.
-    DecodeCase("empty_and_tiny_sequences", 6, 1, 8, 2, seqlens=[0, 1, 128, 129, 0, 3000]),
-    DecodeCase("mtp_seqlen_gt_keys", 3, 4, 8, 2, seqlens=[2, 3, 1000]),
-    DecodeCase("q_offset_int", 4, 2, 8, 2, q_offset=300, seqlens=[1000, 2000, 500, 4000]),
-    DecodeCase("q_offset_tensor_negative", 4, 2, 8, 2, q_offset=[-5, 130, 0, 3999],
-               seqlens=[1000, 2000, 500, 4000]),
-    DecodeCase("non_causal", 4, 2, 8, 2, causal=False, selection="random"),
-    DecodeCase("unsorted", 8, 1, 8, 2, selection="unsorted"),
-    DecodeCase("duplicates", 8, 2, 8, 2, selection="duplicates"),
-    DecodeCase("holes", 8, 1, 8, 2, selection="holes"),
-    DecodeCase("out_of_range", 8, 1, 8, 2, selection="out_of_range"),
-    DecodeCase("some_empty_rows", 8, 2, 8, 2, selection="some_empty"),
-    DecodeCase("invalid_pages", 6, 1, 16, 2, invalid_pages=True, selection="full"),
-    DecodeCase("packed_hnd_fp8", 8, 1, 8, 2, kv="fp8", layout="packed"),
-    DecodeCase("packed_nhd", 8, 2, 16, 2, layout="packed_nhd"),
-    DecodeCase("scales", 8, 1, 8, 2, softmax_scale=0.03, v_global_scale=1.7),
-]
+DecodeCase = cases.DecodeCase
+CASES = cases.cases(cases.DECODE, "gpu")
 
 
 def seqlens_of(case: DecodeCase, rng: np.random.Generator) -> List[int]:

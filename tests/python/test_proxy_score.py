@@ -4,7 +4,6 @@ explicit dims == derived."""
 
 import dataclasses
 import math
-from typing import List, Optional, Union
 
 import pytest
 import torch
@@ -12,52 +11,18 @@ import torch
 from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
-from flashmsa.testing import paginate
+from flashmsa.testing import cases, paginate
 
 FP8 = torch.float8_e4m3fn
 
 
-@dataclasses.dataclass
-class ProxyCase:
-    name: str
-    seqs_q: List[int]
-    seqs_k: List[int]
-    hq: int
-    hkv: int
-    causal: bool = True
-    paged: bool = False
-    q_dtype: torch.dtype = torch.bfloat16
-    k_dtype: Optional[torch.dtype] = None  # default: q_dtype
-    q_offset: Union[None, int, List[int]] = None  # list -> int32 tensor
-    reduce_heads: bool = False
-    max_k_tiles: Optional[int] = None  # None: derived by the op
-
-    def __str__(self):
-        return self.name
-
-
-CASES = [
-    ProxyCase("flat_gqa2_causal", [100, 37], [2048, 700], 4, 2),
-    ProxyCase("flat_noncausal_fp16", [130, 64], [1024, 512], 2, 2, causal=False,
-              q_dtype=torch.float16),
-    ProxyCase("paged_three_seqs", [1, 33, 7], [300, 1111, 256], 2, 1, paged=True),
-    ProxyCase("empty_kv_sequence", [5, 3, 4], [700, 0, 129], 4, 1),
-    ProxyCase("empty_q_sequence", [0, 10], [256, 300], 2, 1, paged=True),
-    ProxyCase("q_offset_int", [20, 20], [1000, 600], 4, 1, q_offset=300),
-    ProxyCase("q_offset_tensor_negative", [16, 16], [512, 512], 2, 2, q_offset=[-5, 400]),
-    ProxyCase("more_queries_than_keys", [300], [200], 2, 1),
-    ProxyCase("reduce_heads", [50], [1000], 8, 2, reduce_heads=True),
-    ProxyCase("padding_columns", [40], [500], 2, 1, max_k_tiles=10),
-    ProxyCase("truncated_columns", [40], [1000], 2, 1, max_k_tiles=3),
-    ProxyCase("decode_rows", [1, 1, 1, 1], [4096, 129, 2048, 700], 4, 1, paged=True),
-    ProxyCase("group_of_3", [33, 17], [400, 900], 6, 2),
-    ProxyCase("fp8_k", [64, 20], [1024, 333], 4, 1, k_dtype=FP8),
-    ProxyCase("fp8_q_and_k_paged", [3, 9], [1300, 500], 4, 1, q_dtype=FP8, k_dtype=FP8,
-              paged=True),
-]
+ProxyCase = cases.ProxyCase
+CASES = cases.cases(cases.PROXY, "reference")
 
 
 def make_inputs(case: ProxyCase, device: str):
+    if case.invalid_pages or case.extra_rows or case.nan_keys or case.max_seqlen_q is not None:
+        raise ValueError(f"{case}: an option this builder does not implement")
     total_q, total_k = sum(case.seqs_q), sum(case.seqs_k)
     q = (torch.randn(total_q, case.hq, 128) / 3).to(case.q_dtype)
     k = (torch.randn(total_k, case.hkv, 128) / 3).to(case.k_dtype or case.q_dtype)

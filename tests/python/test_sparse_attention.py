@@ -6,7 +6,7 @@ flat, packed views == contiguous) and the return conventions."""
 
 import dataclasses
 import math
-from typing import List, Optional, Union
+from typing import Optional
 
 import pytest
 import torch
@@ -14,70 +14,13 @@ import torch
 from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
-from flashmsa.testing import pack_kv, paginate, quantize_nvfp4
+from flashmsa.testing import cases, pack_kv, paginate, quantize_nvfp4
 
 FP8 = torch.float8_e4m3fn
 
 
-@dataclasses.dataclass
-class AttnCase:
-    name: str
-    seqs_q: List[int]
-    seqs_k: List[int]
-    hq: int
-    hkv: int
-    topk: int = 16
-    causal: bool = False
-    dtype: torch.dtype = torch.bfloat16
-    kv: str = "same"          # same | fp8 | nvfp4
-    layout: str = "flat"      # flat | paged | packed | packed_nhd
-    selection: str = "random_sorted"
-    q_offset: Union[None, int, List[int]] = None
-    softmax_scale: Optional[float] = None
-    v_global_scale: Optional[float] = None
-    temperature: Optional[float] = None  # return_temperature_lse with this scale
-
-    def __str__(self):
-        return self.name
-
-
-CASES = [
-    AttnCase("one_head_topk4", [70], [1000], 1, 1, topk=4),
-    AttnCase("gqa2_two_seqs", [100, 37], [2048, 700], 4, 2),
-    AttnCase("mha_causal", [130, 64], [1024, 512], 2, 2, causal=True),
-    AttnCase("topk8_group4", [64], [4096], 8, 2, topk=8),
-    AttnCase("group16_m3", [60], [3000], 16, 1),
-    AttnCase("mha8_causal", [97, 51], [1111, 2222], 8, 8, causal=True),
-    AttnCase("group3_non_power_of_two", [40, 20], [900, 300], 6, 2, causal=True),
-    AttnCase("topk64", [30], [9000], 4, 1, topk=64, causal=True),
-    AttnCase("topk1", [50], [700], 4, 2, topk=1),
-    AttnCase("fp16", [64, 20], [1024, 640], 4, 2, causal=True, dtype=torch.float16),
-    AttnCase("unsorted_lists", [50, 30], [2000, 900], 4, 2, selection="unsorted"),
-    AttnCase("duplicated_ids", [50], [2000], 4, 2, causal=True, selection="duplicates"),
-    AttnCase("ids_beyond_sequence", [40, 40], [700, 1500], 4, 2, selection="out_of_range"),
-    AttnCase("ids_beyond_pages", [40, 40], [700, 1500], 4, 2, layout="paged",
-             selection="out_of_range"),
-    AttnCase("hole_ends_list", [40], [2000], 4, 2, selection="holes"),
-    AttnCase("empty_rows", [60], [1500], 4, 1, causal=True, selection="some_empty"),
-    AttnCase("future_blocks_only", [1024], [1024], 2, 1, causal=True, selection="last_two"),
-    AttnCase("empty_kv_sequence", [10, 20], [0, 300], 2, 1, causal=True),
-    AttnCase("empty_q_sequence", [0, 30], [500, 300], 2, 1, causal=True),
-    AttnCase("q_offset_int", [32, 32], [1000, 800], 4, 1, causal=True, q_offset=100),
-    AttnCase("q_offset_tensor_negative", [32, 32], [1000, 800], 4, 1, causal=True,
-             q_offset=[-50, 700]),
-    AttnCase("scales", [40], [1200], 4, 2, softmax_scale=0.05, v_global_scale=0.5),
-    AttnCase("temperature_lse_causal", [80, 50], [1024, 640], 4, 2, causal=True,
-             temperature=0.7),
-    AttnCase("temperature_lse", [80], [1024], 4, 2, temperature=1.3),
-    AttnCase("paged_causal", [150, 90], [2048, 1280], 8, 2, causal=True, layout="paged"),
-    AttnCase("packed_hnd", [60, 30], [1500, 700], 4, 2, causal=True, layout="packed"),
-    AttnCase("packed_nhd", [60, 30], [1500, 700], 4, 2, layout="packed_nhd"),
-    AttnCase("fp8_kv", [150, 90], [2048, 1280], 8, 2, causal=True, kv="fp8"),
-    AttnCase("fp8_kv_fp16_q_packed", [60], [1300], 4, 2, dtype=torch.float16, kv="fp8",
-             layout="packed"),
-    AttnCase("nvfp4_kv", [70, 30], [1500, 640], 4, 2, causal=True, kv="nvfp4"),
-    AttnCase("nvfp4_kv_paged", [70, 30], [1500, 640], 4, 2, kv="nvfp4", layout="paged"),
-]
+AttnCase = cases.AttentionCase
+CASES = cases.cases(cases.ATTENTION, "reference")
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -94,7 +37,7 @@ def make_selection(case: AttnCase) -> torch.Tensor:
                 kind = case.selection
                 n = int(torch.randint(0, min(case.topk, nb) + 1, (1,))) if nb else 0
                 ids = torch.randperm(nb)[:n]
-                if kind == "random_sorted" or kind == "some_empty":
+                if kind == "random" or kind == "some_empty":
                     if kind == "some_empty" and torch.rand(1) < 0.35:
                         ids = ids[:0]
                     ids = ids.sort().values
@@ -111,6 +54,8 @@ def make_selection(case: AttnCase) -> torch.Tensor:
                     ids = torch.cat([ids[:k], torch.tensor([-1]), ids[k:]])[: case.topk]
                 elif kind == "last_two":
                     ids = torch.tensor([nb - 2, nb - 1])
+                else:
+                    raise ValueError(f"{case}: selection {kind!r} is not one of this builder's")
                 sel[h, row, : len(ids)] = ids.to(torch.int32)
             row += 1
     return sel
@@ -128,6 +73,8 @@ class Built:
 
 
 def build(case: AttnCase, device: str, q2k: Optional[torch.Tensor] = None) -> Built:
+    if case.invalid_pages or case.extra_rows:
+        raise ValueError(f"{case}: an option this builder does not implement")
     total_q, total_k = sum(case.seqs_q), sum(case.seqs_k)
     q = (torch.randn(total_q, case.hq, 128) / 3).to(case.dtype)
     k = torch.randn(total_k, case.hkv, 128) / 3

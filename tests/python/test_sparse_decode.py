@@ -3,9 +3,8 @@ uniform seqlen_q per request, right-aligned positions, GQA up to 16, fp8 q (bf16
 NVFP4 K/V, paged / flat / packed caches, every partial dtype and schedule, index-list semantics and
 the return conventions."""
 
-import dataclasses
 import math
-from typing import List, Optional, Union
+from typing import List
 
 import pytest
 import torch
@@ -13,66 +12,18 @@ import torch
 from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
-from flashmsa.testing import pack_kv, paginate, quantize_nvfp4
+from flashmsa.testing import cases, pack_kv, paginate, quantize_nvfp4
 
 FP8 = torch.float8_e4m3fn
 
 
-@dataclasses.dataclass
-class DecodeCase:
-    name: str
-    batch: int
-    seqlen_q: int
-    hq: int
-    hkv: int
-    topk: int = 16
-    kv: str = "same"          # same | fp8 | nvfp4
-    layout: str = "paged"     # flat | paged | packed
-    q_dtype: torch.dtype = torch.bfloat16
-    causal: bool = True
-    seqlens_k: Optional[List[int]] = None  # default: random multiples of 128 in [256, 1920]
-    q_offset: Union[None, int, List[int]] = None
-    selection: str = "random_sorted"  # random_sorted | holes | duplicates | unsorted
-    partial_dtype: Optional[torch.dtype] = None
-    force_fused: Optional[bool] = None
-
-    def __str__(self):
-        return self.name
-
-
-CASES = [
-    DecodeCase("b8_g4_flat", 8, 1, 8, 2, layout="flat"),
-    DecodeCase("b8_g4_fp8_paged", 8, 1, 8, 2, kv="fp8"),
-    DecodeCase("mtp2_g8_paged", 4, 2, 16, 2),
-    DecodeCase("b16_topk8_fp8", 16, 1, 4, 4, topk=8, kv="fp8"),
-    DecodeCase("g16_m3_tp4", 3, 1, 16, 1, seqlens_k=[4096, 129, 1000]),
-    DecodeCase("m3_tp1_mtp4", 2, 4, 64, 4, seqlens_k=[2000, 700]),
-    DecodeCase("ragged_tail", 5, 1, 8, 2, seqlens_k=[128 * p - 13 for p in (2, 5, 9, 14, 3)]),
-    DecodeCase("fp8_q", 6, 1, 16, 1, kv="fp8", q_dtype=FP8),
-    DecodeCase("fp16", 4, 3, 8, 2, q_dtype=torch.float16),
-    DecodeCase("packed_kv", 4, 2, 8, 2, layout="packed"),
-    DecodeCase("packed_fp8_kv", 4, 1, 8, 1, kv="fp8", layout="packed"),
-    DecodeCase("nvfp4_paged", 8, 1, 8, 2, kv="nvfp4"),
-    DecodeCase("nvfp4_flat", 4, 2, 4, 1, kv="nvfp4", layout="flat"),
-    DecodeCase("non_causal", 4, 3, 8, 2, causal=False),
-    DecodeCase("q_offset_int", 3, 2, 4, 2, q_offset=300, seqlens_k=[1000, 800, 2000]),
-    DecodeCase("q_offset_tensor", 3, 2, 4, 2, q_offset=[-3, 128, 1500],
-               seqlens_k=[1000, 800, 2000]),
-    DecodeCase("empty_sequence", 3, 1, 4, 1, seqlens_k=[0, 300, 1000]),
-    DecodeCase("hole_stops_list", 6, 1, 8, 2, selection="holes"),
-    DecodeCase("duplicated_ids", 6, 1, 8, 2, selection="duplicates"),
-    DecodeCase("unsorted_ids", 6, 1, 8, 2, selection="unsorted"),
-    DecodeCase("topk_40", 3, 1, 4, 1, topk=40, seqlens_k=[6000, 300, 5000]),
-    DecodeCase("partial_f32_split", 4, 1, 8, 2, partial_dtype=torch.float32, force_fused=False),
-    DecodeCase("partial_bf16_split", 4, 1, 8, 2, partial_dtype=torch.bfloat16,
-               force_fused=False),
-    DecodeCase("partial_f16_split", 4, 1, 8, 2, partial_dtype=torch.float16, force_fused=False),
-    DecodeCase("partial_fp8_split", 4, 1, 8, 2, partial_dtype=FP8, force_fused=False),
-    DecodeCase("fused", 4, 2, 8, 2, force_fused=True),
-]
+DecodeCase = cases.DecodeCase
+CASES = cases.cases(cases.DECODE, "reference")
 
 
 def _selection(case: DecodeCase, seqlens_k: List[int]) -> torch.Tensor:
+    if case.selection not in ("random", "holes", "duplicates", "unsorted"):
+        raise ValueError(f"{case}: selection {case.selection!r} is not one of this builder's")
     total_q = case.batch * case.seqlen_q
     sel = torch.full((case.hkv, total_q, case.topk), -1, dtype=torch.int32)
     for r in range(total_q):
@@ -91,8 +42,15 @@ def _selection(case: DecodeCase, seqlens_k: List[int]) -> torch.Tensor:
 
 
 def build(case: DecodeCase, device: str):
-    seqlens_k = case.seqlens_k or [128 * int(torch.randint(2, 16, (1,))) for _ in
-                                   range(case.batch)]
+    if isinstance(case.seqlens, list):
+        seqlens_k = list(case.seqlens)
+    elif case.seqlens == "multiples":  # random multiples of 128 in [256, 1920]
+        seqlens_k = [128 * int(torch.randint(2, 16, (1,))) for _ in range(case.batch)]
+    else:
+        raise ValueError(f"{case}: seqlens {case.seqlens!r} is not one of this builder's")
+    if case.invalid_pages or case.softmax_scale is not None or case.v_global_scale is not None \
+            or case.layout not in ("flat", "paged", "packed"):
+        raise ValueError(f"{case}: an option this builder does not implement")
     total_q = case.batch * case.seqlen_q
     compute = torch.bfloat16 if case.q_dtype == FP8 else case.q_dtype
     q = (torch.randn(total_q, case.hq, 128) / 3).to(case.q_dtype)
@@ -164,7 +122,8 @@ def test_sparse_decode_matches_reference(case, device):
 def test_sparse_decode_schedules_agree(device):
     """Fused and split-K (every partial dtype but fp8) agree closely; the LSE -inf pattern is the
     same everywhere."""
-    case = DecodeCase("c", 8, 2, 16, 2, seqlens_k=[3000, 128, 1, 2000, 700, 900, 4096, 256])
+    case = DecodeCase("c", 8, 2, 16, 2, seqlens=[3000, 128, 1, 2000, 700, 900, 4096, 256],
+                      selection="random")
     args, kw, *_ = build(case, device)
     runs = []
     for fused in (True, False, None):
@@ -179,7 +138,7 @@ def test_sparse_decode_schedules_agree(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_sparse_decode_return_conventions_and_workspace(device):
-    case = DecodeCase("c", 4, 1, 8, 2)
+    case = DecodeCase("c", 4, 1, 8, 2, seqlens="multiples", selection="random")
     args, kw, *_ = build(case, device)
     kw = dict(kw, return_softmax_lse=False)
     out = msa_ops.msa_sparse_decode_attention(*args, **kw)
@@ -193,7 +152,8 @@ def test_sparse_decode_return_conventions_and_workspace(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_sparse_decode_equals_prefill(device):
     """Decode is the prefill math with cu_seqlens_q = arange * seqlen_q (same selection)."""
-    case = DecodeCase("c", 3, 2, 8, 2, layout="flat", seqlens_k=[700, 1500, 256])
+    case = DecodeCase("c", 3, 2, 8, 2, layout="flat", seqlens=[700, 1500, 256],
+                      selection="random")
     args, kw, (exp_out, *_), _ = build(case, device)
     q, k, v, q2k = args
     cu_q = torch.arange(0, 7, 2, dtype=torch.int32, device=device)

@@ -218,3 +218,19 @@ def test_timer_on_cpu_runs_the_requested_repetitions():
     assert t["host_us"] is None and t["host_sync"] is False
     budgeted = timing.Timer("cpu", budget_s=0.05, max_reps=100, min_reps=2).time(fn)
     assert 2 <= budgeted["reps"] <= 25
+
+
+# ---- cases -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("table", ["ATTENTION", "DECODE", "PROXY", "TOPK"])
+def test_case_lists(table):
+    from flashmsa.testing import cases
+    rows = getattr(cases, table)
+    names = [c.name for c in rows]
+    assert len(set(names)) == len(names), "a case name appears twice"
+    assert all(c.checks and set(c.checks) <= set(cases.BOTH) for c in rows)
+    ref, gpu = cases.cases(rows, "reference"), cases.cases(rows, "gpu")
+    assert ref and gpu and len(ref) + len(gpu) >= len(rows)
+    assert [c for c in rows if c in ref or c in gpu] == rows
+    with pytest.raises(ValueError, match="check"):
+        cases.cases(rows, "cpu")

@@ -3,66 +3,24 @@ forced blocks inside the k slots whatever their score, the candidate range [0, n
 clamping, the ordering of ties, +-0, +-inf and NaN, and the output contract (min(topk, nvp)
 ascending entries, -1 tail)."""
 
-import dataclasses
-from typing import List, Union
-
 import numpy as np
 import pytest
 import torch
 
-from flashmsa.testing import reference as ref
 from conftest import DEVICES
 from flashmsa import msa_ops
+from flashmsa.testing import cases
+from flashmsa.testing import reference as ref
 
-
-@dataclasses.dataclass
-class TopkCase:
-    name: str
-    heads: int
-    blocks: int
-    tokens: int
-    topk: int = 16
-    nvp: Union[None, int, List[int]] = None  # list -> per-token int32 tensor
-    force_begin: int = 0
-    force_end: int = 0
-    scores: str = "distinct"  # distinct | ties | special | forced_worst
-
-    def __str__(self):
-        return self.name
-
+TopkCase = cases.TopkCase
+CASES = cases.cases(cases.TOPK, "reference")
 
 # A NaN with the sign bit set: ranks below -inf (docs/semantics.md#topk-order).
 NEG_NAN = torch.from_numpy(np.array([0xFFC00000], dtype=np.uint32).view(np.float32))[0]
 
 
-def _clamp_cases(p):
-    return [p + 1, 2 * p, 2 ** 31 - 1, 0, -5, p]
-
-
-CASES = [
-    TopkCase("p24_default", 2, 24, 12),
-    TopkCase("p160_scalar_nvp_forced", 2, 160, 12, nvp=104, force_begin=3, force_end=2),
-    TopkCase("p128_forced_worst", 2, 128, 64, nvp=72, force_begin=3, force_end=2,
-             scores="forced_worst"),
-    TopkCase("p256_forced_worst", 2, 256, 64, nvp=200, force_begin=3, force_end=2,
-             scores="forced_worst"),
-    TopkCase("per_token_nvp", 2, 24, 12, nvp=[1, 2, 3, 5, 8, 13, 16, 17, 20, 23, 24, 24],
-             force_begin=1, force_end=1),
-    TopkCase("per_token_clamped", 2, 160, 6, nvp=_clamp_cases(160), force_begin=2, force_end=3),
-    TopkCase("per_token_local_window", 3, 40, 8, nvp=[1, 4, 9, 16, 17, 30, 39, 40], force_end=1),
-    TopkCase("ties_lower_index", 2, 300, 8, scores="ties"),
-    TopkCase("specials_nan_inf_zero", 1, 64, 4, scores="special"),
-    TopkCase("fewer_blocks_than_k", 4, 9, 7),
-    TopkCase("topk_1", 2, 50, 5, topk=1),
-    TopkCase("topk_8_forced", 2, 50, 5, topk=8, force_begin=2, force_end=2),
-    TopkCase("topk_32", 2, 100, 5, topk=32, force_end=1),
-    TopkCase("topk_64", 2, 100, 5, topk=64, force_begin=10, force_end=10),
-    TopkCase("large_p_ties", 1, 4096, 3, scores="ties"),
-]
-
-
 def make_scores(case: TopkCase) -> torch.Tensor:
-    h, p, s = case.heads, case.blocks, case.tokens
+    h, p, s = case.H, case.P, case.S
     if case.scores == "distinct":
         # A random permutation per row: every score distinct.
         return torch.stack([torch.randperm(p).float() for _ in range(h * s)]).reshape(
@@ -73,9 +31,11 @@ def make_scores(case: TopkCase) -> torch.Tensor:
     if case.scores == "forced_worst":
         x = torch.rand(h, p, s) + 1
         nvp = case.nvp
-        x[:, :case.force_begin] = float("-inf")
-        x[:, nvp - case.force_end:nvp] = -1e30
+        x[:, :case.fb] = float("-inf")
+        x[:, nvp - case.fe:nvp] = -1e30
         return x
+    if case.scores != "special":
+        raise ValueError(f"{case}: scores {case.scores!r} is not one of this builder's")
     # Specials: +NaN ranks above +inf, -NaN below -inf, +0 above -0, -inf still selectable.
     vals = [float("nan"), float("inf"), 0.0, -0.0, float("-inf"), 1.0, -1.0, 3.0]
     x = torch.full((h, p, s), float("-inf"))
@@ -98,10 +58,10 @@ def _nvp_arg(case: TopkCase, device):
 def test_topk_select_matches_reference(case, device):
     scores = make_scores(case)
     nvp = _nvp_arg(case, device)
-    out = msa_ops.msa_topk_select(scores.to(device), case.topk, nvp, None, case.force_begin,
-                                  case.force_end)
-    expected = ref.topk_select(scores, case.topk, nvp, case.force_begin, case.force_end)
-    assert out.dtype == torch.int32 and out.shape == (case.tokens, case.heads, case.topk)
+    out = msa_ops.msa_topk_select(scores.to(device), case.topk, nvp, None, case.fb,
+                                  case.fe)
+    expected = ref.topk_select(scores, case.topk, nvp, case.fb, case.fe)
+    assert out.dtype == torch.int32 and out.shape == (case.S, case.H, case.topk)
     bad = (out.cpu() != expected).any(-1).nonzero()[:4].tolist()
     assert torch.equal(out.cpu(), expected), f"rows (token, head) that differ: {bad}"
 
@@ -114,16 +74,16 @@ def test_topk_select_output_contract(case, device):
     scores = make_scores(case)
     nvp_arg = _nvp_arg(case, device)
     out = msa_ops.msa_topk_select(scores.to(device), case.topk, nvp_arg,
-                                  force_begin_blocks=case.force_begin,
-                                  force_end_blocks=case.force_end).cpu()
-    p = case.blocks
-    nvps = ([p] * case.tokens if case.nvp is None else
-            [case.nvp] * case.tokens if isinstance(case.nvp, int) else case.nvp)
-    for s in range(case.tokens):
+                                  force_begin_blocks=case.fb,
+                                  force_end_blocks=case.fe).cpu()
+    p = case.P
+    nvps = ([p] * case.S if case.nvp is None else
+            [case.nvp] * case.S if isinstance(case.nvp, int) else case.nvp)
+    for s in range(case.S):
         nvp = max(0, min(nvps[s], p))
-        fb = min(case.force_begin, nvp)
-        fe = min(case.force_end, nvp - fb)
-        for h in range(case.heads):
+        fb = min(case.fb, nvp)
+        fe = min(case.fe, nvp - fb)
+        for h in range(case.H):
             row = out[s, h].tolist()
             n = min(case.topk, nvp)
             assert all(v >= 0 for v in row[:n]) and all(v == -1 for v in row[n:]), row
@@ -136,7 +96,7 @@ def test_topk_select_output_contract(case, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_topk_select_per_token_equals_scalar_calls(device):
     # A per-token nvp tensor behaves, row by row, exactly like a scalar nvp of the same value.
-    case = TopkCase("p", 2, 160, 10, force_begin=1, force_end=1)
+    case = TopkCase("p", 2, 160, 10, fb=1, fe=1, scores="distinct")
     scores = make_scores(case).to(device)
     nvps = [2, 5, 16, 17, 31, 64, 100, 150, 159, 160]
     per_token = msa_ops.msa_topk_select(scores, 16, torch.tensor(nvps, dtype=torch.int32,
@@ -150,7 +110,7 @@ def test_topk_select_per_token_equals_scalar_calls(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_topk_select_output_argument(device):
-    scores = make_scores(TopkCase("p", 3, 40, 9)).to(device)
+    scores = make_scores(TopkCase("p", 3, 40, 9, scores="distinct")).to(device)
     output = torch.full((9, 3, 16), 99, dtype=torch.int32, device=device)
     got = msa_ops.msa_topk_select(scores, 16, output=output)
     assert got is output

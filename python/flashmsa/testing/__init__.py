@@ -4,6 +4,7 @@
   page tables, synthetic indexer data);
 * :mod:`.layouts`: flat / paged / packed KV caches and ``cu_seqlens``;
 * :mod:`.nvfp4`: NVFP4 quantisation and dequantisation in the layout the ops read;
+* :mod:`.cases`: the test cases, one list per op shared by the CPU and the GPU tests;
 * :mod:`.reference`: the float64 torch reference of the four ops, written from the semantics
   (docs/semantics.md), not from the C++ reference or the kernels, and its comparison;
 * :mod:`.timing`: cold-L2 CUDA-event timing (docs/benchmarks.md, "Timing");
@@ -14,12 +15,11 @@ from typing import Sequence
 
 import torch
 
-from . import inputs, layouts, nvfp4, reference, timing
+from .. import _outputs
+from . import cases, inputs, layouts, nvfp4, reference, timing
 from .layouts import BLOCK_SIZE, cu_seqlens, pack_kv, paginate
 from .nvfp4 import (HEAD_DIM, NVFP4_SF_VEC, dequantize_nvfp4, nvfp4_scale_bytes,
                     nvfp4_scale_offsets, quantize_nvfp4)
-
-from .. import _outputs
 
 
 class _PoisonScope:
