@@ -63,6 +63,7 @@ FULL = dict(
     decode_attn=[(b, c, sq, kv) for kv in ("bf16", "fp8") for b in (1, 8, 64, 128)
                  for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
     pipeline_s=[8 * K, 32 * K, 128 * K],
+    topk_s=[8 * K, 32 * K, 128 * K],
     budget_s=0.3, max_reps=100,
 )
 QUICK = dict(
@@ -73,6 +74,7 @@ QUICK = dict(
     decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
                  (64, 32 * K, 1, "fp8")],
     pipeline_s=[8 * K, 32 * K],
+    topk_s=[32 * K, 128 * K],
     budget_s=0.15, max_reps=50,
 )
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline")
@@ -80,6 +82,10 @@ SCHEDULE_ENV = "FLASHMSA_PREFILL_SCHEDULE"  # auto | query_major | kv_major (csr
 KERNEL_ENV = "FLASHMSA_KV_MAJOR_KERNEL"  # auto | mma_sync | wgmma
 TILE_WASTE_ENV = "FLASHMSA_TILE_MAX_WASTE"  # shared-selection tile bound (tuning; empty: 1.5)
 PROXY_KERNEL_ENV = "FLASHMSA_PROXY_KERNEL"  # auto | mma_sync | sm90[_only] | sm90_ss[_only]
+TOPK_KERNEL_ENV = "FLASHMSA_TOPK_KERNEL"  # auto | current | new | radix | warp8 (csrc/topk_select)
+# The top-k kernels each top-k case runs under: the library's choice, then both forced.
+TOPK_KERNELS = ("auto", "current", "new")
+TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 
 
 def size_name(n: int) -> str:
@@ -346,10 +352,30 @@ class Bench:
         return (index if with_topk else proxy), dict(flop=2 * 128 * hq * visible, bytes=nbytes)
 
     def stage_topk(self):
-        for s in self.cfg["prefill_s"]:
-            self.run_case("topk", f"prefill S={size_name(s)} H4 P={math.ceil(s / 128)}",
-                          lambda s=s: self.build_topk(s), "memory",
-                          REF_TOPK_32K if s == 32 * K else None)
+        for kernel in TOPK_KERNELS:
+            tag = "" if kernel == "auto" else f" [{kernel}]"
+            env = {TOPK_KERNEL_ENV: kernel}
+            for s in self.cfg["topk_s"]:
+                self.run_case("topk", f"prefill S={size_name(s)} H4 P={math.ceil(s / 128)}{tag}",
+                              lambda s=s: self.build_topk(s), "memory",
+                              REF_TOPK_32K if s == 32 * K else None, env=env)
+            s, h, p = TOPK_DECODE
+            self.run_case("topk", f"decode S={s} H{h} P={p}{tag}",
+                          lambda: self.build_topk_decode(s, h, p), "memory", env=env)
+
+    def build_topk_decode(self, s, h, p):
+        """A decode batch's top-k: every token sees all P blocks (nvp = P per token), Gaussian
+        scores, topk 16 with the local block forced."""
+        g = self.gen()
+        scores = torch.randn((h, p, s), generator=g, device=self.device)
+        nvp = torch.full((s,), p, dtype=torch.int32, device=self.device)
+        out = torch.empty((s, h, TOPK), dtype=torch.int32, device=self.device)
+        ops = self.ops
+
+        def fn():
+            return ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, output=out,
+                                       force_end_blocks=1)
+        return fn, dict(bytes=h * p * s * 4 + s * h * TOPK * 4)
 
     def build_topk(self, s):
         g = self.gen()

@@ -196,8 +196,19 @@ class Smoke:
             max_seqlen_q=1, max_k_tiles=table.shape[1]))
 
     def topk(self):
+        """Every case under each top-k kernel (FLASHMSA_TOPK_KERNEL): warp-per-row at 32 and at 8
+        tokens per CTA, and the thread-per-row radix kernel (16-byte loads where S % 4 == 0,
+        4-byte ones on the S = 77 and misaligned cases)."""
+        for kernel in ("current", "warp8", "radix"):
+            os.environ["FLASHMSA_TOPK_KERNEL"] = kernel
+            try:
+                self._topk_cases(kernel)
+            finally:
+                os.environ.pop("FLASHMSA_TOPK_KERNEL", None)
+
+    def _topk_cases(self, kernel):
         ops = self.ops
-        for h, p, s in ((2, 24, 12), (4, 128, 64), (2, 300, 40), (1, 2048, 8)):
+        for h, p, s in ((2, 24, 12), (4, 128, 64), (2, 300, 40), (1, 2048, 8), (3, 200, 77)):
             score = torch.randn((h, p, s), generator=self.gen, device=self.dev)
             score[:, ::7, ::3] = float("-inf")
             score[0, 1, 0] = float("nan")
@@ -206,14 +217,20 @@ class Smoke:
             nvp[:6] = self.i32([p + 1, 2 * p, 2**31 - 1, 0, -5, p])[: min(6, s)]
             for topk in (16, 8, 64):
                 fb, fe = (2, 1) if topk >= 3 else (0, 0)
-                self.run(f"topk H{h} P{p} S{s} k{topk} per-token nvp fb{fb} fe{fe}",
+                self.run(f"topk [{kernel}] H{h} P{p} S{s} k{topk} per-token nvp fb{fb} fe{fe}",
                          lambda score=score, nvp=nvp, topk=topk, fb=fb, fe=fe: ops.msa_topk_select(
                              score, topk, num_valid_pages=nvp, force_begin_blocks=fb,
                              force_end_blocks=fe))
             out = torch.empty((s, h, 16), dtype=torch.int32, device=self.dev)
-            self.run(f"topk H{h} P{p} S{s} scalar nvp, output=", lambda score=score, out=out,
-                     p=p: ops.msa_topk_select(score, 16, num_valid_pages=max(1, p - 3),
-                                              output=out, force_end_blocks=1))
+            self.run(f"topk [{kernel}] H{h} P{p} S{s} scalar nvp, output=",
+                     lambda score=score, out=out, p=p: ops.msa_topk_select(
+                         score, 16, num_valid_pages=max(1, p - 3), output=out, force_end_blocks=1))
+        # A score 4 bytes past a 16-byte boundary (S % 4 == 0): the radix kernel's 4-byte loads.
+        h, p, s = 2, 130, 64
+        flat = torch.randn(h * p * s + 1, generator=self.gen, device=self.dev)
+        score = flat[1:].view(h, p, s)
+        self.run(f"topk [{kernel}] H{h} P{p} S{s} misaligned score", lambda: ops.msa_topk_select(
+            score, 16, num_valid_pages=p, force_begin_blocks=1, force_end_blocks=1))
 
     def sparse_attention(self):
         """Every prefill case under each schedule (FLASHMSA_PREFILL_SCHEDULE: query_major, kv_major,

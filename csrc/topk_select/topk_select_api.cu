@@ -1,25 +1,56 @@
-// flashmsa::cuda::topk_select: launch plan and launch of the top-k selection kernel.
+// flashmsa::cuda::topk_select: launch plan and launch of the top-k selection kernels.
+//
+// Two kernels, one result (bit-identical, docs/design/topk_select.md):
+//   * warp-per-row (topk_select_kernel.cuh): a warp chooses one row at a time; 32 tokens per CTA,
+//     or 8 for decode-sized calls (latency: 4x the CTAs, one row per warp);
+//   * thread-per-row radix (topk_radix_kernel.cuh): a lane owns a row; for many rows.
+// Which one runs: TopkKernel below. Today's default (auto) is the warp-per-row kernel at 32 tokens
+// per CTA; `new` picks radix for large calls and warp-per-row at 8 tokens for small ones, and
+// becomes the default once measured on the H100 / H200.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/cuda_utils.h"
 #include "cuda_ops.h"
 #include "flashmsa/error.h"
+#include "topk_select/topk_radix_kernel.cuh"
 #include "topk_select/topk_select_kernel.cuh"
 
 namespace flashmsa::cuda {
+namespace {
 
-void topk_select(const TopkSelectParams& p, cudaStream_t stream) {
-  // p comes from make_topk_select_params: 1 <= topk <= 64 and force_begin + force_end <= topk are
-  // its invariants (checked there, once); this launcher checks only what the launch itself needs.
-  if (p.num_tokens <= 0 || p.num_heads <= 0) return;  // an empty output
+// FLASHMSA_TOPK_KERNEL = auto (default: current) | current | new | radix | warp8 picks the kernel:
+//   current: warp-per-row, 32 tokens per CTA (what auto runs today);
+//   new:     radix when the call has enough rows to fill the GPU (kRadixMinGroupsPerSm groups of 32
+//            tokens per SM), else warp-per-row at 8 tokens per CTA;
+//   radix / warp8: one of new's two kernels whatever the size (tests run both on the same data).
+enum class TopkKernel { kAuto, kCurrent, kNew, kRadix, kWarp8 };
 
+TopkKernel topk_kernel_override() {
+  const char* env = std::getenv("FLASHMSA_TOPK_KERNEL");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return TopkKernel::kAuto;
+  if (std::strcmp(env, "current") == 0) return TopkKernel::kCurrent;
+  if (std::strcmp(env, "new") == 0) return TopkKernel::kNew;
+  if (std::strcmp(env, "radix") == 0) return TopkKernel::kRadix;
+  if (std::strcmp(env, "warp8") == 0) return TopkKernel::kWarp8;
+  MSA_FAIL("FLASHMSA_TOPK_KERNEL must be auto, current, new, radix or warp8, got '", env, "'");
+}
+
+// `new` takes the radix kernel from this many 32-token groups per SM on: below it a lane's whole
+// row is a long serial chain per warp and too few warps run to cover it (a P = 256 row is ~10K
+// instructions on one lane), while warp-per-row spreads each row over 32 lanes.
+constexpr int kRadixMinGroupsPerSm = 4;
+
+template <int kTok>
+void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
   topk::KernelParams kp{};
   kp.p = p;
-  kp.token_groups = ceil_div_int(p.num_tokens, topk::kTokens);
+  kp.token_groups = ceil_div_int(p.num_tokens, kTok);
   const int64_t items = int64_t(kp.token_groups) * p.num_heads;
   MSA_CHECK_SUPPORTED(items <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
                       " tokens exceed the kernel's work-item range");
@@ -27,12 +58,53 @@ void topk_select(const TopkSelectParams& p, cudaStream_t stream) {
   // Rows longer than one chunk double-buffer the chunks (the next one loads while this one is
   // chosen from).
   kp.num_buffers = p.num_blocks > topk::kChunk ? 2 : 1;
-  const size_t smem = topk::smem_bytes(kp.num_buffers);
-  prepare_launch(topk::topk_select_kernel, topk::kThreads, smem);
+  const size_t smem = topk::smem_bytes<kTok>(kp.num_buffers);
+  prepare_launch(topk::topk_select_kernel<kTok>, topk::kThreads, smem);
 
   const dim3 grid(unsigned(kp.items));
-  topk::topk_select_kernel<<<grid, topk::kThreads, smem, stream>>>(kp);
+  topk::topk_select_kernel<kTok><<<grid, topk::kThreads, smem, stream>>>(kp);
   MSA_CHECK_LAUNCH();
+}
+
+void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream) {
+  topk::radix::Params rp{};
+  rp.p = p;
+  rp.token_groups = ceil_div_int(p.num_tokens, 32);
+  rp.groups = int(groups);
+  rp.carry = p.topk - p.force_begin - p.force_end;
+  rp.vec = (p.num_tokens % 4 == 0 && reinterpret_cast<uintptr_t>(p.score) % 16 == 0) ? 1 : 0;
+  const size_t smem = topk::radix::smem_bytes(rp.carry);
+  const int ctas_per_sm = prepare_launch(topk::radix::topk_radix_kernel, topk::radix::kThreads, smem);
+  // Persistent: each warp walks groups g, g + (all warps), ...: causal prefills put the long rows
+  // at the end of each head, and the stride mixes them into every warp's share.
+  const int64_t ctas = std::min<int64_t>(ceil_div_int<int64_t>(groups, topk::radix::kWarps),
+                                         int64_t(ctas_per_sm) * current_device_limits().num_sms);
+  topk::radix::topk_radix_kernel<<<dim3(unsigned(ctas)), topk::radix::kThreads, smem, stream>>>(rp);
+  MSA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void topk_select(const TopkSelectParams& p, cudaStream_t stream) {
+  // p comes from make_topk_select_params: 1 <= topk <= 64 and force_begin + force_end <= topk are
+  // its invariants (checked there, once); this launcher checks only what the launch itself needs.
+  if (p.num_tokens <= 0 || p.num_heads <= 0) return;  // an empty output
+
+  const int64_t groups = int64_t(ceil_div_int(p.num_tokens, 32)) * p.num_heads;
+  MSA_CHECK_SUPPORTED(groups <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
+                      " tokens exceed the kernel's work-item range");
+  TopkKernel kernel = topk_kernel_override();
+  if (kernel == TopkKernel::kAuto) kernel = TopkKernel::kCurrent;
+  if (kernel == TopkKernel::kNew) {
+    kernel = groups >= int64_t(kRadixMinGroupsPerSm) * current_device_limits().num_sms
+                 ? TopkKernel::kRadix
+                 : TopkKernel::kWarp8;
+  }
+  switch (kernel) {
+    case TopkKernel::kRadix: launch_radix(p, groups, stream); break;
+    case TopkKernel::kWarp8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
+    default: launch_warp_rows<topk::kTokens>(p, stream); break;
+  }
 }
 
 }  // namespace flashmsa::cuda

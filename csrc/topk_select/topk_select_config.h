@@ -11,16 +11,22 @@ namespace flashmsa::cuda::topk {
 
 inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / 32;
-// Tokens per CTA: a row of the score tile is 32 consecutive tokens = 128 contiguous bytes, so the
-// loads of the (P, S) column-major-per-token layout are fully coalesced.
+// Tokens per CTA of the warp-per-row kernel: a row of the score tile is 32 consecutive tokens = 128
+// contiguous bytes, so the loads of the (P, S) column-major-per-token layout are fully coalesced.
+// Decode-sized calls (a few hundred rows) use 8 tokens per CTA instead: 4x the CTAs, one row per
+// warp, for latency (rows of 32 contiguous bytes: one memory sector each).
 inline constexpr int kTokens = 32;
+inline constexpr int kTokensSmall = 8;
 // Blocks per chunk: one warp holds a chunk of one row in registers, 8 keys per lane. P <= 256 (32K
 // context) is one chunk; longer rows stream chunk by chunk, carrying the best `target` so far.
 inline constexpr int kChunk = 256;
 inline constexpr int kKeysPerLane = kChunk / 32;
-// +1 word per tile row: a warp reading one token's column (rows lane + 32 i) hits 32 banks.
-inline constexpr int kTileStride = kTokens + 1;
-inline constexpr int kTileWords = kChunk * kTileStride;
+// +1 word per tile row: a warp reading one token's column (rows lane + 32 i) hits 32 banks (the
+// stride is odd for both token counts).
+template <int kTok>
+inline constexpr int kTileStride = kTok + 1;
+template <int kTok>
+inline constexpr int kTileWords = kChunk * kTileStride<kTok>;
 inline constexpr int kMaxCarry = kMaxTopk;
 
 // Per-row selection state, one per token of the CTA.
@@ -38,25 +44,57 @@ struct RowInfo {
 // compile-time offsets, then `num_buffers` score tiles (sized on the host: 1 when P <= kChunk).
 // The 16 KB carry is allocated even for single-chunk launches: at <= 64 registers x 256 threads
 // four CTAs fit an SM either way (4 x 51 KB < 228 KB), and fixed offsets keep registers free.
+template <int kTok>
 struct SharedStorage {
-  RowInfo rows[kTokens];
+  RowInfo rows[kTok];
   int block_begin;  // union of the rows' candidate ranges: blocks [block_begin, block_end)
   int block_end;    // (block_begin >= block_end: no row has a candidate)
-  alignas(16) uint32_t carry_key[kTokens][kMaxCarry];  // chosen so far, ascending block order
-  int carry_idx[kTokens][kMaxCarry];
-  alignas(16) uint32_t tiles[1][kTileWords];  // [num_buffers][kChunk][kTileStride]
+  alignas(16) uint32_t carry_key[kTok][kMaxCarry];  // chosen so far, ascending block order
+  int carry_idx[kTok][kMaxCarry];
+  alignas(16) uint32_t tiles[1][kTileWords<kTok>];  // [num_buffers][kChunk][kTileStride]
 };
 
 struct KernelParams {
   TopkSelectParams p;
-  int token_groups;  // ceil(S / kTokens)
+  int token_groups;  // ceil(S / tokens per CTA)
   int items;         // H * token_groups (< 2^31, checked on the host)
   int num_buffers;   // 1 (P <= kChunk) or 2 (chunks double-buffered)
 };
 
 // Bytes of dynamic shared memory of a launch.
+template <int kTok>
 constexpr size_t smem_bytes(int num_buffers) {
-  return sizeof(SharedStorage) + size_t(num_buffers - 1) * kTileWords * 4;
+  return sizeof(SharedStorage<kTok>) + size_t(num_buffers - 1) * kTileWords<kTok> * 4;
 }
+
+// ---- the thread-per-row radix kernel (topk_radix_kernel.cuh) ---------------------------------
+
+namespace radix {
+
+// Warps per CTA. The warps share nothing, so the CTA size only sets how finely shared memory is
+// handed out: 2 warps of ~26 KB (topk 16) let 4 CTAs = 8 warps share an SM.
+inline constexpr int kWarps = 2;
+inline constexpr int kThreads = 32 * kWarps;
+// Blocks per chunk: 64 blocks x 32 tokens = 8 KB of scores per warp and buffer.
+inline constexpr int kChunk = 64;
+// Radix digit: 4 bits, 16 bins per row (one 32-bit counter per bin and lane).
+inline constexpr int kBins = 16;
+
+struct Params {
+  TopkSelectParams p;
+  int token_groups;  // ceil(S / 32)
+  int groups;        // H * token_groups (< 2^31, checked on the host)
+  int carry;         // topk - force_begin - force_end: the most candidates a row chooses
+  int vec;           // 1: 16-byte loads (S % 4 == 0 and score 16-byte aligned), else 4-byte
+};
+
+// 32-bit words of shared memory per warp: keys [2][carry + kChunk][32], carried block ids
+// [2][carry][32], histogram [kBins + 1][32] (the last bin counts the keys outside the prefix).
+constexpr int warp_words(int carry) {
+  return 2 * (carry + kChunk) * 32 + 2 * carry * 32 + (kBins + 1) * 32;
+}
+constexpr size_t smem_bytes(int carry) { return size_t(warp_words(carry)) * 4 * kWarps; }
+
+}  // namespace radix
 
 }  // namespace flashmsa::cuda::topk

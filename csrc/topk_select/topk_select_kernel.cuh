@@ -25,8 +25,9 @@
 namespace flashmsa::cuda::topk {
 
 extern __shared__ __align__(16) uint8_t topk_smem_raw[];
-__device__ __forceinline__ SharedStorage& shared_storage() {
-  return *reinterpret_cast<SharedStorage*>(topk_smem_raw);
+template <int kTok>
+__device__ __forceinline__ SharedStorage<kTok>& shared_storage() {
+  return *reinterpret_cast<SharedStorage<kTok>*>(topk_smem_raw);
 }
 
 // Forced blocks and the -1 tail of one output row, given the number of chosen candidates:
@@ -47,10 +48,10 @@ __device__ __forceinline__ void write_row_frame(int* out_row, int topk, const Ro
 // chunk's candidates). On the row's last chunk the result goes to the output row, else to the
 // carry. Candidate order for ties is the block order: carry (ascending, all below p0), then chunk
 // slot i, lane l = block p0 + l + 32 i.
-template <bool kCarry>
+template <int kTok, bool kCarry>
 __device__ __forceinline__ void select_chunk(int tok, const RowInfo& ri, const uint32_t* tile,
                                              int p0, bool last, int* out_row, int topk) {
-  SharedStorage& sm = shared_storage();
+  SharedStorage<kTok>& sm = shared_storage<kTok>();
   const int lane = threadIdx.x & 31;
   const uint32_t lt_mask = (1u << lane) - 1u;
   constexpr uint32_t kNone = 0xFFFFFFFFu;  // key of an empty slot: never counted as "below"
@@ -61,7 +62,7 @@ __device__ __forceinline__ void select_chunk(int tok, const RowInfo& ri, const u
   for (int i = 0; i < kKeysPerLane; ++i) {
     const int blk = p0 + lane + 32 * i;
     const bool v = blk >= ri.mid_begin && blk < ri.mid_end;
-    key[i] = v ? topk_order_key(__uint_as_float(tile[(lane + 32 * i) * kTileStride + tok])) : kNone;
+    key[i] = v ? topk_order_key(__uint_as_float(tile[(lane + 32 * i) * kTileStride<kTok> + tok])) : kNone;
     valid |= uint32_t(v) << i;
   }
   uint32_t ckey[2] = {kNone, kNone};
@@ -174,34 +175,37 @@ __device__ __forceinline__ void select_chunk(int tok, const RowInfo& ri, const u
 }
 
 // Blocks [p_begin, p_end) (inside chunk c) of the CTA's tokens -> tile buffer, 4-byte cp.async:
-// warp-wide, one instruction covers one block row of 32 consecutive tokens (128 bytes).
+// warp-wide, one instruction covers 32 / kTok block rows of kTok consecutive tokens (128 bytes).
+template <int kTok>
 __device__ __forceinline__ void load_chunk(const TopkSelectParams& p, uint32_t* tile, int h, int s0,
                                            int ntok, int p_begin, int p_end, int p0) {
   const float* src = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s0;
-  const int n = (p_end - p_begin) * kTokens;
-  for (int idx = threadIdx.x; idx < n; idx += kThreads) {
-    const int blk = p_begin + (idx >> 5);
-    const int tk = idx & 31;
+  const unsigned n = unsigned(p_end - p_begin) * kTok;
+  for (unsigned idx = threadIdx.x; idx < n; idx += kThreads) {
+    const int blk = p_begin + int(idx / kTok);
+    const int tk = int(idx % kTok);
     if (tk < ntok)
-      cp_async_4(smem_addr(tile + (blk - p0) * kTileStride + tk),
+      cp_async_4(smem_addr(tile + (blk - p0) * kTileStride<kTok> + tk),
                  src + int64_t(blk) * p.num_tokens + tk);
   }
   cp_async_commit();
 }
 
+// kTok = kTokens (32 tokens per CTA) or kTokensSmall (8: decode-sized calls, 4x the CTAs).
+template <int kTok>
 __global__ void __launch_bounds__(kThreads, 4)
     topk_select_kernel(const __grid_constant__ KernelParams kp) {
   const TopkSelectParams& p = kp.p;
-  SharedStorage& sm = shared_storage();
+  SharedStorage<kTok>& sm = shared_storage<kTok>();
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
 
   for (int item = blockIdx.x; item < kp.items; item += gridDim.x) {
     const int h = item / kp.token_groups;
-    const int s0 = (item % kp.token_groups) * kTokens;
-    const int ntok = min(kTokens, p.num_tokens - s0);
+    const int s0 = (item % kp.token_groups) * kTok;
+    const int ntok = min(kTok, p.num_tokens - s0);
 
-    // Row ranges of the 32 tokens (warp 0, lane = token) and the union of their candidates.
+    // Row ranges of the kTok tokens (warp 0, lane = token) and the union of their candidates.
     if (warp == 0) {
       int lo = INT_MAX, hi = 0;
       if (lane < ntok) {
@@ -247,8 +251,8 @@ __global__ void __launch_bounds__(kThreads, 4)
       const int c_end = (blk_end + kChunk - 1) / kChunk;
       auto issue = [&](int c) {
         const int p0 = c * kChunk;
-        uint32_t* tile = sm.tiles[0] + ((c - c_begin) % kp.num_buffers) * kTileWords;
-        load_chunk(p, tile, h, s0, ntok, max(p0, blk_begin), min(p0 + kChunk, blk_end), p0);
+        uint32_t* tile = sm.tiles[0] + ((c - c_begin) % kp.num_buffers) * kTileWords<kTok>;
+        load_chunk<kTok>(p, tile, h, s0, ntok, max(p0, blk_begin), min(p0 + kChunk, blk_end), p0);
       };
       issue(c_begin);
       for (int c = c_begin; c < c_end; ++c) {
@@ -259,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 4)
           cp_async_wait<0>();
         }
         __syncthreads();
-        const uint32_t* tile = sm.tiles[0] + ((c - c_begin) % kp.num_buffers) * kTileWords;
+        const uint32_t* tile = sm.tiles[0] + ((c - c_begin) % kp.num_buffers) * kTileWords<kTok>;
         const int p0 = c * kChunk;
         for (int tok = warp; tok < ntok; tok += kWarps) {
           const RowInfo ri = sm.rows[tok];
@@ -267,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, 4)
           const bool last = ri.mid_end <= p0 + kChunk;
           int* out_row = p.out + (int64_t(s0 + tok) * p.num_heads + h) * p.topk;
           if (ri.n_carry > 0) {
-            select_chunk<true>(tok, ri, tile, p0, last, out_row, p.topk);
+            select_chunk<kTok, true>(tok, ri, tile, p0, last, out_row, p.topk);
           } else {
-            select_chunk<false>(tok, ri, tile, p0, last, out_row, p.topk);
+            select_chunk<kTok, false>(tok, ri, tile, p0, last, out_row, p.topk);
           }
         }
         __syncthreads();  // the tile buffer and the row state are reused by the next chunk / item

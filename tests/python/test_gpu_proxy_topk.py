@@ -14,15 +14,20 @@ max over a block is 1-Lipschitz and adds nothing. 1e-2 leaves 8x margin (inputs 
 never scaled up). The -inf pattern (blocks with no visible key) and the NaN pattern must match
 exactly, and fp8 / paged runs must equal their bf16 / flat GPU twins bit for bit.
 
-Top-k: indices must be identical (ties go to the lower block index at every P, D3).
+Top-k: indices must be identical (ties go to the lower block index at every P, D3), for every
+kernel (FLASHMSA_TOPK_KERNEL: warp-per-row at 32 and 8 tokens per CTA, the thread-per-row radix
+kernel, and `new`'s size-based choice between them), on the fixed cases and on fresh random ones.
 
 Skipped (not passed) without CUDA.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
+import random
 import zlib
 
 import pytest
@@ -363,12 +368,42 @@ def make_nvp(c: TopkCase):
 TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 
 
-def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7) -> torch.Tensor:
+# FLASHMSA_TOPK_KERNEL values (csrc/topk_select/topk_select_api.cu): warp-per-row at 32 tokens per
+# CTA (today's default), at 8 (decode-sized calls), the thread-per-row radix kernel, and `new`, the
+# size-based choice between the last two.
+TOPK_KERNELS = ("current", "warp8", "radix", "new")
+
+
+@contextlib.contextmanager
+def topk_kernel(kernel: Optional[str]):
+    saved = os.environ.get("FLASHMSA_TOPK_KERNEL")
+    if kernel is not None:
+        os.environ["FLASHMSA_TOPK_KERNEL"] = kernel
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("FLASHMSA_TOPK_KERNEL", None)
+        else:
+            os.environ["FLASHMSA_TOPK_KERNEL"] = saved
+
+
+def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
+             kernel: Optional[str] = None) -> torch.Tensor:
     out = torch.full((c.S, c.H, c.topk), fill, dtype=torch.int32, device=device)
-    res = msa_ops.msa_topk_select(scores.to(device), c.topk, _to(nvp, device), output=out,
-                                  force_begin_blocks=c.fb, force_end_blocks=c.fe)
+    with topk_kernel(kernel):
+        res = msa_ops.msa_topk_select(scores.to(device), c.topk, _to(nvp, device), output=out,
+                                      force_begin_blocks=c.fb, force_end_blocks=c.fe)
     assert res.data_ptr() == out.data_ptr()
     return out
+
+
+def assert_topk_equal(got: torch.Tensor, want: torch.Tensor, what: str):
+    mismatch = (got != want).any(-1).nonzero()
+    assert mismatch.numel() == 0, (
+        f"{what}: {mismatch.shape[0]} rows differ; first (token, head) "
+        f"{mismatch[0].tolist()}: got {got[tuple(mismatch[0])].tolist()}, "
+        f"want {want[tuple(mismatch[0])].tolist()}")
 
 
 @pytest.mark.parametrize("case", TOPK_CASES, ids=str)
@@ -376,36 +411,117 @@ def test_topk_matches_reference(case: TopkCase):
     scores = make_scores(case)
     nvp = make_nvp(case)
     want = run_topk(case, scores, nvp, "cpu")
-    got = run_topk(case, scores, nvp, DEV).cpu()
-    mismatch = (got != want).any(-1).nonzero()
-    assert mismatch.numel() == 0, (
-        f"{case.name}: {mismatch.shape[0]} rows differ; first (token, head) "
-        f"{mismatch[0].tolist()}: got {got[tuple(mismatch[0])].tolist()}, "
-        f"want {want[tuple(mismatch[0])].tolist()}")
+    scores_dev = scores.to(DEV)
+    for kernel in TOPK_KERNELS:
+        got = run_topk(case, scores_dev, nvp, DEV, kernel=kernel).cpu()
+        assert_topk_equal(got, want, f"{case.name} [{kernel}]")
 
 
 def test_topk_shared_memory_opt_in_never_shrinks():
     """Launches of alternating shared-memory size in one process: P > 256 (two score buffers, about
-    85 KB), P <= 256 (one buffer, about 51 KB), P > 256 again. The kernel's opt-in once followed the
-    last size set, and the third launch failed with "invalid argument"."""
-    for P in (1000, 100, 1000, 257, 64, 513):
-        case = TopkCase(f"alternate_p{P}", 2, P, 40, nvp="random", fe=1, seed=P)
-        scores, nvp = make_scores(case), make_nvp(case)
-        want = run_topk(case, scores, nvp, "cpu")
-        got = run_topk(case, scores, nvp, DEV).cpu()
-        assert torch.equal(got, want), case.name
+    85 KB), P <= 256 (one buffer, about 51 KB), P > 256 again; for the radix kernel the size follows
+    topk - force_begin - force_end. A kernel's opt-in once followed the last size set, and the third
+    launch failed with "invalid argument"."""
+    for kernel in TOPK_KERNELS:
+        for P, topk in ((1000, 16), (100, 64), (1000, 8), (257, 64), (64, 2), (513, 33)):
+            case = TopkCase(f"alternate_p{P}_k{topk}", 2, P, 40, topk=topk, nvp="random", fe=1,
+                            seed=P)
+            scores, nvp = make_scores(case), make_nvp(case)
+            want = run_topk(case, scores, nvp, "cpu")
+            got = run_topk(case, scores, nvp, DEV, kernel=kernel).cpu()
+            assert torch.equal(got, want), f"{case.name} [{kernel}]"
 
 
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
 @pytest.mark.parametrize("case", [
     TopkCase("det_single_chunk", 4, 256, 4096, nvp="random", fe=1, scores="ties"),
     TopkCase("det_multi_chunk", 2, 3000, 100, topk=64, scores="few", fb=1, fe=1),
 ], ids=str)
-def test_topk_deterministic(case: TopkCase):
+def test_topk_deterministic(case: TopkCase, kernel: str):
     scores = make_scores(case).to(DEV)
     nvp = _to(make_nvp(case), DEV)
-    a = run_topk(case, scores, nvp, DEV, fill=0)
-    b = run_topk(case, scores, nvp, DEV, fill=1)
+    a = run_topk(case, scores, nvp, DEV, fill=0, kernel=kernel)
+    b = run_topk(case, scores, nvp, DEV, fill=1, kernel=kernel)
     assert torch.equal(a, b)
+
+
+def _fuzz_scores(rng: random.Random, gen: torch.Generator, H: int, P: int, S: int,
+                 misaligned: bool) -> torch.Tensor:
+    """A base distribution with planted special values: exact ties (few distinct values or
+    FlashInfer's 1 + U * 2^-13), +-NaN with varied payloads, +-inf, +-0, whole -inf rows and
+    whole -inf blocks. `misaligned`: the tensor starts 4 bytes past a 16-byte boundary."""
+    shape = (H, P, S)
+    base = rng.choice(("randn", "few", "ties", "wide"))
+    if base == "randn":
+        x = torch.randn(shape, generator=gen)
+    elif base == "few":
+        x = torch.randint(-2, 3, shape, generator=gen).float()
+    elif base == "ties":
+        x = 1 + torch.randint(0, 8, shape, generator=gen).float() * 2.0**-13
+    else:  # every exponent: keys spread over all radix digits
+        x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-120, 120, shape,
+                                                                          generator=gen).float())
+    r = torch.rand(shape, generator=gen)
+    planted = rng.uniform(0.0, 0.4)  # fraction of special values
+    specials = (float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0)
+    for i, v in enumerate(specials):
+        lo, hi = planted * i / len(specials), planted * (i + 1) / len(specials)
+        x[(r >= lo) & (r < hi)] = v
+    bits = x.view(torch.int32)
+    nan = torch.isnan(x)
+    payload = torch.randint(0, 1 << 22, shape, generator=gen, dtype=torch.int32)
+    if rng.random() < 0.5:  # varied payloads (distinct keys), else only the canonical ones
+        bits[nan] = bits[nan] | payload[nan]
+    if S > 1 and rng.random() < 0.5:
+        x[:, :, rng.randrange(S)] = -float("inf")  # a token whose every score is -inf
+    if P > 1 and rng.random() < 0.5:
+        x[:, rng.randrange(P), :] = -float("inf")  # a block -inf for every token
+    if misaligned:
+        flat = torch.empty(x.numel() + 1)
+        flat[1:] = x.reshape(-1)
+        x = flat[1:].view(shape)
+    return x
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_topk_fuzz_all_kernels(seed: int):
+    """Fresh random problems: P from 1 to 1500 (one chunk and many, for both chunk sizes), S not
+    a multiple of 4 or 32, topk 1..64 with random forced blocks, nvp None / scalar / per token
+    (clamped values included), special values planted; every kernel equals the C++ reference bit
+    for bit, and every element of a poisoned output is written."""
+    rng = random.Random(1000 + seed)
+    gen = torch.Generator().manual_seed(2000 + seed)
+    H = rng.choice((1, 2, 3, 4))
+    P = rng.choice((1, 2, 7, 63, 64, 65, 200, 256, 257, 700, 1500, rng.randrange(1, 1500)))
+    S = rng.choice((1, 5, 31, 33, 64, 96, 130, rng.randrange(1, 300)))
+    topk = rng.choice((1, 2, 15, 16, 17, 33, 63, 64, rng.randrange(1, 65)))
+    fb = rng.randrange(0, topk + 1) if rng.random() < 0.5 else 0
+    fe = rng.randrange(0, topk - fb + 1) if rng.random() < 0.6 else 0
+    form = rng.choice(("none", "scalar", "random", "clamp", "causal"))
+    if form in ("none", "scalar") and fb + fe > P:  # a host-side nvp must leave room for them
+        form = "random"
+    if form == "none":
+        nvp = None
+    elif form == "scalar":
+        nvp = rng.randrange(max(1, fb + fe), P + 1)
+    else:
+        nvp = form
+    misaligned = S % 4 == 0 and rng.random() < 0.3
+    scores = _fuzz_scores(rng, gen, H, P, S, misaligned)
+    case = TopkCase(f"fuzz{seed}", H, P, S, topk=topk, nvp=nvp, fb=fb, fe=fe, seed=seed)
+    nvp_t = make_nvp(case)
+    want = run_topk(case, scores, nvp_t, "cpu")
+    scores_dev = scores.to(DEV)
+    if misaligned:  # keep the 4-byte offset on the device too
+        flat = torch.empty(scores.numel() + 1, device=DEV)
+        flat[1:] = scores_dev.reshape(-1)
+        scores_dev = flat[1:].view(scores.shape)
+        assert scores_dev.data_ptr() % 16 != 0
+    what = f"fuzz{seed} H{H} P{P} S{S} topk{topk} fb{fb} fe{fe} nvp={form}"
+    for kernel in TOPK_KERNELS:
+        for fill in (-7, 2**31 - 1):
+            got = run_topk(case, scores_dev, nvp_t, DEV, fill=fill, kernel=kernel).cpu()
+            assert_topk_equal(got, want, f"{what} [{kernel}] fill={fill}")
 
 
 def test_pipeline_proxy_then_topk_matches_reference():
