@@ -72,10 +72,11 @@ constexpr size_t smem_bytes(int num_buffers) {
 namespace radix {
 
 // Warps per CTA. The warps share nothing, so the CTA size only sets how finely shared memory is
-// handed out: 2 warps of ~26 KB (topk 16) let 4 CTAs = 8 warps share an SM.
+// handed out: 2 warps of ~24 KB (topk 16) let 4 CTAs = 8 warps share an SM.
 inline constexpr int kWarps = 2;
 inline constexpr int kThreads = 32 * kWarps;
-// Blocks per chunk: 64 blocks x 32 tokens = 8 KB of scores per warp and buffer.
+// Blocks per chunk: 64 blocks x 32 tokens = 8 KB of scores per warp and buffer. A block offset in
+// the chunk fits a byte.
 inline constexpr int kChunk = 64;
 // Radix digit: 4 bits, 16 bins per row (one 32-bit counter per bin and lane).
 inline constexpr int kBins = 16;
@@ -88,10 +89,12 @@ struct Params {
   int vec;           // 1: 16-byte loads (S % 4 == 0 and score 16-byte aligned), else 4-byte
 };
 
-// 32-bit words of shared memory per warp: keys [2][carry + kChunk][32], carried block ids
-// [2][carry][32], histogram [kBins + 1][32] (the last bin counts the keys outside the prefix).
+// 32-bit words of shared memory per warp, every array [rows][32 lanes]: carried keys and block ids
+// [carry] each, chunk tiles [2][kChunk], byte offsets [kChunk] (kChunk * 8 words), histogram
+// [kBins + 1] (the last bin counts the keys outside the prefix and is never read). Every part
+// starts 16-byte aligned.
 constexpr int warp_words(int carry) {
-  return 2 * (carry + kChunk) * 32 + 2 * carry * 32 + (kBins + 1) * 32;
+  return 2 * carry * 32 + 2 * kChunk * 32 + kChunk * 8 + (kBins + 1) * 32;
 }
 constexpr size_t smem_bytes(int carry) { return size_t(warp_words(carry)) * 4 * kWarps; }
 
