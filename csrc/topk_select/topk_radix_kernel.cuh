@@ -157,20 +157,71 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   const int c_lo = kc - st.n_carry;  // carry rows [c_lo, kc)
 
   // Scores -> order keys; the entries that can still be chosen are compacted to tile rows [0, w)
-  // (in place: row w <= j), their block offsets to `offs`. Histogram of their top digit.
+  // (in place: row w <= j), their block offsets to `offs`. Without a full carry every entry is
+  // kept and the pass also counts the top digits for the radix select below.
   const bool full = st.n_carry == target;
-  const uint32_t max_carry = st.max_carry;
   int w = 0;
-  clear_hist(hist);
-  for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
-    const uint32_t k = topk_order_key(__uint_as_float(bits));
-    const bool keep = !full || k < max_carry;
-    tile[w * 32] = k;
-    offs[w * 32] = uint8_t(j);
-    atomicAdd(hist + (keep ? k >> 28 : uint32_t(kBins)) * 32, 1u);
-    w += int(keep);
-  });
-  if (w == 0 && !last) return;  // nothing beats the carry: it stands
+  if (!full) {
+    clear_hist(hist);
+    for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
+      const uint32_t k = topk_order_key(__uint_as_float(bits));
+      tile[w * 32] = k;
+      offs[w * 32] = uint8_t(j);
+      atomicAdd(hist + (k >> 28) * 32, 1u);
+      ++w;
+    });
+  } else {
+    const uint32_t max_carry = st.max_carry;
+    for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
+      const uint32_t k = topk_order_key(__uint_as_float(bits));
+      if (k < max_carry) {
+        tile[w * 32] = k;
+        offs[w * 32] = uint8_t(j);
+        ++w;
+      }
+    });
+    if (w == 0 && !last) return;  // nothing beats the carry: it stands
+
+    // A few survivors: each replaces the carry's worst entry (the largest key, the highest block
+    // among equal ones) if it still beats it, and is appended (its block is above every carried
+    // one). ~5 instructions per carried entry and survivor, against a radix select's ~110 per
+    // digit plus its passes.
+    if (w * (target + 4) <= kInsertBudget) {
+      uint32_t mx = st.max_carry;
+      for (int i = 0; i < w; ++i) {
+        const uint32_t k = tile[i * 32];
+        if (!(k < mx)) continue;
+        int worst = -1;
+        uint32_t rest = 0;  // the largest key of the entries that stay
+        for_each_row(ckey, c_lo, kc, [&](uint32_t c, int row) {
+          if (c == mx) {
+            if (worst >= 0) rest = mx;
+            worst = row;
+          } else {
+            rest = max(rest, c);
+          }
+        });
+        for (int row = worst; row + 1 < kc; ++row) {
+          ckey[row * 32] = ckey[(row + 1) * 32];
+          cidx[row * 32] = cidx[(row + 1) * 32];
+        }
+        ckey[(kc - 1) * 32] = k;
+        cidx[(kc - 1) * 32] = p0 + int(offs[i * 32]);
+        mx = max(rest, k);
+      }
+      st.max_carry = mx;
+      if (last) {
+        for_each_row(ckey, c_lo, kc, [&](uint32_t, int row) {
+          out_row[r.fb + row - c_lo] = cidx[row * 32];
+        });
+        write_frame(out_row, rp.p.topk, r, target);
+        st.n_carry = 0;
+      }
+      return;
+    }
+    clear_hist(hist);
+    for_each_row(tile, 0, w, [&](uint32_t k, int) { atomicAdd(hist + (k >> 28) * 32, 1u); });
+  }
 
   // Selection rule: key < thr, or key == thr and among the first `need` such keys in block order.
   const int m = st.n_carry + w;

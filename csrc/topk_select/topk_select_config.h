@@ -80,6 +80,10 @@ inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kChunk = 64;
 // Radix digit: 4 bits, 16 bins per row (one 32-bit counter per bin and lane).
 inline constexpr int kBins = 16;
+// A chunk whose survivors (entries below the full carry's largest key) number w is merged into
+// the carry one survivor at a time when w * (target + 4) <= kInsertBudget (each insertion scans
+// and shifts the carry), else by a radix select: 8 survivors at topk 16, 2 at topk 64.
+inline constexpr int kInsertBudget = 160;
 
 struct Params {
   TopkSelectParams p;
