@@ -1,6 +1,6 @@
 // Host launchers of the msa_proxy_score kernels. Each launcher template is defined in a header of
 // this directory (proxy_score_launch.cuh: the SM80+ kernel; proxy_score_sm90.cuh: the sm_90a TMA +
-// wgmma prefill kernel, declared in proxy_score_sm90.h) and explicitly instantiated per MMA
+// wgmma prefill kernel) and explicitly instantiated per MMA
 // element type in instantiations/*.cu, generated from the KERNELS list of
 // csrc/generate_instantiations.py together with the extern declarations included below.
 #pragma once
@@ -10,13 +10,29 @@
 #include <cuda_runtime_api.h>
 
 #include "flashmsa/params.h"
-#include "proxy_score/proxy_score_sm90.h"
 
 namespace flashmsa::cuda::proxy {
 
 // The SM80+ proxy-score kernel over Element (bf16 or fp16) MMAs; checks its preconditions.
 template <typename Element>
 void launch_proxy_score(const ProxyScoreParams& p, cudaStream_t stream);
+
+namespace sm90 {
+// Where the sm_90a kernel's wgmma A operand (Q) comes from:
+//   kSmem (SS): Q and K from shared memory. Two Q slots (the next tile's Q lands while this one is
+//               multiplied) and a 3-stage K ring: 224 KB. Shared-memory reads per m64n128k16:
+//               2 KB of Q + 4 KB of K.
+//   kRegs (RS): each consumer thread loads its sub-tiles' A fragments (2 x 32 registers) once per
+//               tile and releases the Q slot at once, so one slot suffices and the K ring gets 4
+//               stages: 192 KB. Shared-memory reads per m64n128k16: the 4 KB of K only.
+enum class QSource { kSmem, kRegs };
+
+// The sm_90a prefill kernel; false (nothing launched) when the call or the device is not one it
+// runs (paged or non-16-bit K, reduce_heads, not an sm_90 device, ...): the caller then launches
+// the mma.sync kernel.
+template <typename Elem>
+bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream);
+}  // namespace sm90
 
 }  // namespace flashmsa::cuda::proxy
 

@@ -34,7 +34,7 @@
 #include "flashmsa/params.h"
 #include "flashmsa/semantics.h"
 #include "proxy_score/proxy_score_config.h"
-#include "proxy_score/proxy_score_sm90.h"
+#include "proxy_score/launch.h"
 
 namespace flashmsa::cuda::proxy::sm90 {
 
@@ -46,7 +46,7 @@ inline constexpr int kQTileBytes = kSubTiles * kSubTileBytes;   // 64 KB
 inline constexpr int kKBlockBytes = kBlockSize * kHeadDim * 2;  // 32 KB: [2 halves][128][64]
 inline constexpr int kConsumerThreads = 256;
 
-// Shared memory plan of each QSource variant (proxy_score_sm90.h): Q slots, then the K ring, then
+// Shared memory plan of each QSource variant (proxy_score/launch.h): Q slots, then the K ring, then
 // the mbarriers.
 template <QSource kQ>
 struct Layout {
