@@ -1,7 +1,7 @@
 // msa_proxy_score prefill on Hopper (sm_90a): the GEMM-like kernel. out[h, t, r] = max over the
-// visible keys j of block t of dot(q[r, h], k[j, h / G]), fp32 accumulate (SPEC 1.2), computed by
-// wgmma with both operands brought in by TMA. docs/design/proxy_score.md ("sm_90a kernel") has the
-// reasoning behind each number.
+// visible keys j of block t of dot(q[r, h], k[j, h / G]), fp32 accumulate
+// (docs/semantics.md#proxy-score-math), computed by wgmma with both operands brought in by TMA.
+// docs/design/proxy_score.md ("sm_90a kernel") has the reasoning behind each number.
 //
 // CTA = 3 warpgroups, one per SM, persistent:
 //   warpgroup 0   producer: one thread issues the TMA loads (Q tiles, K blocks) into

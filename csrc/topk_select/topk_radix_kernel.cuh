@@ -1,6 +1,6 @@
 // msa_topk_select on SM80+, the thread-per-row kernel for large score tensors (many rows): the
-// same result as topk_select_kernel.cuh (SPEC 2.2, D3), bit for bit, at a fraction of its
-// instructions per row.
+// same result as topk_select_kernel.cuh (docs/semantics.md#topk-select, #d3), bit for bit, at a
+// fraction of its instructions per row.
 //
 // A warp owns 32 consecutive tokens of one head; lane l owns row (s0 + l, h), whole. Nothing is
 // shared between the warps of a CTA: each warp has its own slice of shared memory and
