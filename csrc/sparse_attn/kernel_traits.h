@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "flashmsa/params.h"
+#include "flashmsa/plan.h"
 #include "flashmsa/types.h"
 
 namespace flashmsa::sparse_attn {
@@ -15,11 +16,8 @@ namespace flashmsa::sparse_attn {
 enum class KvKind : int { kNative = 0, kFp8 = 1, kNvfp4 = 2 };
 
 // Element type of the partial outputs of the split schedules (PartialDType without kDefault).
-enum class StoreKind : int { kF32 = 0, kBF16 = 1, kF16 = 2, kFP8 = 3 };
-
-inline constexpr int store_kind_bytes(StoreKind k) {
-  return k == StoreKind::kF32 ? 4 : (k == StoreKind::kFP8 ? 1 : 2);
-}
+using ::flashmsa::StoreKind;
+using ::flashmsa::store_kind_bytes;
 
 // ---- query-major schedule ----------------------------------------------------------------------
 // Work item = (query row r, kv head kh, row tile of the G heads, split of r's used blocks). One CTA

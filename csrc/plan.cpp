@@ -1,0 +1,163 @@
+// Option parsing, the workspace layout and the small planners (proxy score, top-k) of plan.h. The
+// attention planner is sparse_attn/plan.cpp.
+#include "flashmsa/plan.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "flashmsa/error.h"
+
+namespace flashmsa {
+
+namespace {
+
+template <typename E>
+struct Named {
+  E value;
+  const char* name;
+};
+
+constexpr Named<PrefillSchedule> kSchedules[] = {{PrefillSchedule::kAuto, "auto"},
+                                                 {PrefillSchedule::kQueryMajor, "query_major"},
+                                                 {PrefillSchedule::kKvMajor, "kv_major"},
+                                                 {PrefillSchedule::kHybrid, "hybrid"}};
+constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto"},
+                                                    {KvMajorKernel::kMmaSync, "mma_sync"},
+                                                    {KvMajorKernel::kWgmma, "wgmma"}};
+constexpr Named<ProxyKernel> kProxyKernels[] = {{ProxyKernel::kAuto, "auto"},
+                                                {ProxyKernel::kMmaSync, "mma_sync"}};
+constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
+                                              {TopkKernel::kWarpPerRow, "warp_per_row"}};
+
+template <typename E, size_t N>
+const char* name_of(const Named<E> (&table)[N], E v) {
+  for (const auto& e : table)
+    if (e.value == v) return e.name;
+  return "?";
+}
+
+template <typename E, size_t N>
+E parse_enum(const Named<E> (&table)[N], std::string_view option, std::string_view value) {
+  std::string names;
+  for (size_t i = 0; i < N; ++i) {
+    if (value == table[i].name) return table[i].value;
+    names += i == 0 ? "" : (i + 1 == N ? " or " : ", ");
+    names += table[i].name;
+  }
+  MSA_FAIL(option, " must be ", names, ", got '", value, "'");
+}
+
+int64_t parse_positive_int(std::string_view option, std::string_view value) {
+  const std::string s(value);
+  char* end = nullptr;
+  errno = 0;
+  const long long v = s.empty() ? 0 : std::strtoll(s.c_str(), &end, 10);
+  MSA_CHECK(!s.empty() && errno == 0 && *end == '\0' && v > 0 && v <= INT32_MAX, option,
+            " must be a positive integer, got '", value, "'");
+  return v;
+}
+
+// A number x in [lo, hi], returned as round(x * 1000).
+int parse_milli(std::string_view option, std::string_view value, double lo, double hi) {
+  const std::string s(value);
+  char* end = nullptr;
+  const double v = s.empty() ? NAN : std::strtod(s.c_str(), &end);
+  MSA_CHECK(!s.empty() && *end == '\0' && v >= lo && v <= hi, option, " must be a number from ", lo,
+            " to ", hi, ", got '", value, "'");
+  return int(std::lround(v * 1000.0));
+}
+
+// Calls set(name, value) for every "name=value" of a comma-separated list; empty text is no option.
+template <typename Set>
+void for_each_option(const char* op, std::string_view text, Set&& set) {
+  std::string seen = ",";
+  for (bool more = !text.empty(); more;) {
+    const size_t comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    more = comma != std::string_view::npos;
+    if (more) text = text.substr(comma + 1);
+    const size_t eq = item.find('=');
+    MSA_CHECK(eq != std::string_view::npos && eq > 0, op, ": plan options are name=value pairs "
+              "separated by commas, got '", item, "'");
+    const std::string_view name = item.substr(0, eq);
+    const std::string key = std::string(name) + ",";
+    MSA_CHECK(seen.find("," + key) == std::string::npos, op, ": option ", name, " given twice");
+    seen += key;
+    set(name, item.substr(eq + 1));
+  }
+}
+
+}  // namespace
+
+size_t WorkspaceLayout::take(const char* name, size_t n) {
+  MSA_CHECK(num_sections < kMaxWorkspaceSections, "workspace layout: more than ",
+            kMaxWorkspaceSections, " sections");
+  const size_t off = bytes;
+  sections[num_sections++] = WorkspaceSection{name, off, n};
+  bytes += (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  return off;
+}
+
+const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
+const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
+const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
+const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
+
+SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
+  SparseAttnOptions o;
+  for_each_option("msa_sparse_attention", text, [&](std::string_view name, std::string_view value) {
+    if (name == "schedule") {
+      o.schedule = parse_enum(kSchedules, name, value);
+    } else if (name == "kv_major_kernel") {
+      o.kv_major_kernel = parse_enum(kKvMajorKernels, name, value);
+    } else if (name == "chunk_rows") {
+      o.chunk_rows = parse_positive_int(name, value);
+    } else if (name == "tile_max_waste") {
+      o.tile_max_waste_milli = parse_milli(name, value, 1.0, 8.0);
+    } else {
+      MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
+               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste)");
+    }
+  });
+  return o;
+}
+
+ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
+  ProxyScoreOptions o;
+  for_each_option("msa_proxy_score", text, [&](std::string_view name, std::string_view value) {
+    MSA_CHECK(name == "kernel", "msa_proxy_score: unknown plan option '", name, "' (options: kernel)");
+    o.kernel = parse_enum(kProxyKernels, name, value);
+  });
+  return o;
+}
+
+TopkSelectOptions parse_topk_select_options(std::string_view text) {
+  TopkSelectOptions o;
+  for_each_option("msa_topk_select", text, [&](std::string_view name, std::string_view value) {
+    MSA_CHECK(name == "kernel", "msa_topk_select: unknown plan option '", name, "' (options: kernel)");
+    o.kernel = parse_enum(kTopkKernels, name, value);
+  });
+  return o;
+}
+
+ProxyScorePlan plan_proxy_score(const ProxyScoreParams&, const ProxyScoreOptions& options) {
+  ProxyScorePlan plan;
+  switch (options.kernel) {
+    case ProxyKernel::kAuto:
+    case ProxyKernel::kMmaSync: plan.kernel = ProxyKernel::kMmaSync; break;
+  }
+  return plan;
+}
+
+TopkSelectPlan plan_topk_select(const TopkSelectParams&, const TopkSelectOptions& options) {
+  TopkSelectPlan plan;
+  switch (options.kernel) {
+    case TopkKernel::kAuto:
+    case TopkKernel::kWarpPerRow: plan.kernel = TopkKernel::kWarpPerRow; break;
+  }
+  return plan;
+}
+
+}  // namespace flashmsa

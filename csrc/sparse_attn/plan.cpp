@@ -1,0 +1,190 @@
+// The attention planner of plan.h: prefill schedule, KV-major kernel, launch groups, shared-
+// selection tiles, decode splits, and the workspace layout of each. Host-only and pure (the device
+// facts come in), so tests/cpp/test_plan_host.cpp checks every choice on the CPU.
+// docs/design/sparse_attention.md gives the reasoning behind the numbers (heuristics.h,
+// kernel_traits.h).
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "flashmsa/error.h"
+#include "flashmsa/plan.h"
+#include "sparse_attn/heuristics.h"
+#include "sparse_attn/kernel_traits.h"
+
+namespace flashmsa {
+
+namespace {
+
+using namespace sparse_attn;
+
+bool compute_is_bf16(const SparseAttnParams& p) { return p.q_dtype != DType::kFP16; }
+
+StoreKind compute_store_kind(const SparseAttnParams& p) {
+  return compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16;
+}
+
+QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused,
+                                StoreKind part_kind, WorkspaceLayout& ws) {
+  QueryMajorPlan plan;
+  const int group = p.num_heads / p.num_kv_heads;
+  // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups take 64-row tiles.
+  plan.warps_m = group <= 16 ? 1 : 4;
+  const int rows = 16 * plan.warps_m;
+  plan.row_tiles = (group + rows - 1) / rows;
+  const int64_t items = int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
+  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused);
+  plan.fused = plan.splits == 1 && force_fused != 0;
+  plan.part_kind = part_kind;
+  plan.num_items = items * plan.splits;
+  if (!plan.fused) {
+    const int64_t slots = int64_t(p.total_q) * p.num_heads * plan.splits;
+    plan.part_o_off = ws.take("qm.part_o", size_t(slots) * 128 * store_kind_bytes(part_kind));
+    plan.part_lse_off = ws.take("qm.part_lse", size_t(slots) * 4);
+    if (p.lse_temperature_out != nullptr) plan.part_lse_t_off = ws.take("qm.part_lse_t", size_t(slots) * 4);
+  }
+  return plan;
+}
+
+// CTAs per SM of the shared-selection tile kernel for this call, 0 when it does not apply: NVFP4
+// K / V take the KV-major path, and a tile is 128 query rows of whole tokens with at most
+// kUnionMaxTokens tokens (G in {16, 32, 64, 128}).
+int tile_ctas(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
+  const int group = p.num_heads / p.num_kv_heads;
+  if (p.k.dtype == DType::kNVFP4 || group < kUnionRows / kUnionMaxTokens || kUnionRows % group != 0) return 0;
+  return facts.tile_ctas;
+}
+
+// False when no KV-major kernel fits this device. with_tiles: also plan the shared-selection tiles
+// where they apply.
+bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const SparseAttnDeviceFacts& facts,
+                   bool with_tiles, KvMajorPlan& plan, WorkspaceLayout& ws) {
+  plan = KvMajorPlan{};
+  int ctas = 0;
+  if (o.kv_major_kernel != KvMajorKernel::kMmaSync) {
+    ctas = facts.kv_major_wgmma_ctas;
+    MSA_CHECK_SUPPORTED(ctas > 0 || o.kv_major_kernel != KvMajorKernel::kWgmma, "kv_major_kernel=wgmma: the "
+                        "warpgroup-MMA kernel needs an sm_90 GPU and a library built for sm_90a");
+    plan.kernel = KvMajorKernel::kWgmma;
+    plan.q_stages = 2;
+  }
+  for (int stages = 2; stages >= 1 && ctas == 0; --stages) {
+    ctas = facts.kv_major_mma_sync_ctas[stages - 1];
+    plan.kernel = KvMajorKernel::kMmaSync;
+    plan.q_stages = stages;
+  }
+  if (ctas <= 0) return false;
+
+  const int group = p.num_heads / p.num_kv_heads;
+  const bool has_temp = p.lse_temperature_out != nullptr;
+  const int64_t per_row = kv_major_bytes_per_row(p.num_kv_heads, p.topk, group, has_temp);
+  int64_t chunk = std::max<int64_t>(1, kKvMajorPartialBudget / per_row);
+  if (o.chunk_rows > 0) chunk = o.chunk_rows;
+  // (row << 6 | slot) list entries and int list offsets bound one group's pairs.
+  chunk = std::min<int64_t>({chunk, p.total_q, (int64_t(1) << 28) / (int64_t(p.num_kv_heads) * p.topk)});
+  chunk = std::max<int64_t>(chunk, 1);
+  // Equal launch groups: each group's persistent kernel ends with a tail of unevenly finishing
+  // CTAs, and a small last group (e.g. 536 of 32K rows at a 4029-row cap) pays a whole launch
+  // sequence for little work.
+  const int64_t groups = std::max<int64_t>(1, (int64_t(p.total_q) + chunk - 1) / chunk);
+  chunk = std::max<int64_t>(1, (int64_t(p.total_q) + groups - 1) / groups);
+  plan.chunk_rows = int(chunk);
+  plan.groups = int((int64_t(p.total_q) + chunk - 1) / chunk);
+
+  const int64_t nb_bound = p.kv.page_table != nullptr ? int64_t(p.batch) * p.kv.max_pages
+                                                      : p.kv.total_k / kBlockSize + p.batch + 1;
+  MSA_CHECK(nb_bound * p.num_kv_heads < INT_MAX, "msa_sparse_attention: too many KV blocks (",
+            nb_bound, " per kv head) for the KV-major schedule");
+  plan.nb_bound = int(std::max<int64_t>(nb_bound, 1));
+  plan.tokens_per_item = std::max(1, kKvmMaxRowsPerItem / group);
+  if (plan.kernel == KvMajorKernel::kWgmma)
+    plan.tokens_per_item = std::min(plan.tokens_per_item, kKvm90MaxTokensPerItem);
+  // Items: every list contributes ceil(count / tokens_per_item) <= count / tpi + 1, and at most
+  // min(columns, pairs) lists are non-empty.
+  const int64_t pairs = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk;
+  const int64_t max_items = (pairs + plan.tokens_per_item - 1) / plan.tokens_per_item +
+                            std::min<int64_t>(int64_t(p.num_kv_heads) * plan.nb_bound, pairs);
+  plan.max_items = int(max_items);
+  plan.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_items, int64_t(ctas) * facts.num_sms)));
+
+  plan.block_base_off = ws.take("kvm.block_base", size_t(p.batch + 1) * 4);
+  plan.counts_off = ws.take("kvm.counts", size_t(p.num_kv_heads) * plan.nb_bound * 4);
+  plan.cursors_off = ws.take("kvm.cursors", size_t(p.num_kv_heads) * plan.nb_bound * 4);
+  plan.control_off = ws.take("kvm.control", sizeof(KvMajorControl));
+  plan.items_off = ws.take("kvm.items", size_t(max_items) * sizeof(KvMajorItem));
+  plan.list_off = ws.take("kvm.list", size_t(pairs) * 4);
+  plan.part_o_off = ws.take("kvm.part_o", size_t(pairs) * group * 128 * 2);
+  plan.part_lse_off = ws.take("kvm.part_lse", size_t(pairs) * group * 4);
+  if (has_temp) plan.part_lse_t_off = ws.take("kvm.part_lse_t", size_t(pairs) * group * 4);
+  const int tctas = with_tiles ? tile_ctas(p, facts) : 0;
+  if (tctas > 0) {
+    plan.tiles = true;
+    plan.tile_tokens = kUnionRows / group;
+    plan.num_tiles = int((int64_t(p.total_q) + plan.tile_tokens - 1) / plan.tile_tokens);
+    plan.tile_max_entries = plan.tile_tokens * p.topk;
+    plan.tile_max_waste_milli = o.tile_max_waste_milli > 0 ? o.tile_max_waste_milli : kUnionMaxWasteMilli;
+    const size_t tiles = size_t(p.num_kv_heads) * plan.num_tiles;
+    plan.tile_grid = tctas * facts.num_sms;
+    plan.tile_done_off = ws.take("tile.done", tiles);
+    plan.tile_count_off = ws.take("tile.count", tiles * 4);
+    plan.tile_block_off = ws.take("tile.block", tiles * plan.tile_max_entries * 4);
+    plan.tile_mask_off = ws.take("tile.mask", tiles * plan.tile_max_entries);
+    plan.tile_work_off = ws.take("tile.work", tiles * 4);
+    plan.tile_control_off = ws.take("tile.control", 2 * 4);
+  }
+  return true;
+}
+
+void check_options(const SparseAttnOptions& o) {
+  MSA_CHECK(o.chunk_rows >= 0, "chunk_rows must be positive (0: the default), got ", o.chunk_rows);
+  MSA_CHECK(o.tile_max_waste_milli == 0 || (o.tile_max_waste_milli >= 1000 && o.tile_max_waste_milli <= 8000),
+            "tile_max_waste must be a number from 1 to 8, got ", o.tile_max_waste_milli / 1000.0);
+}
+
+}  // namespace
+
+SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttnOptions& o,
+                                     const SparseAttnDeviceFacts& facts) {
+  check_options(o);
+  SparseAttnPlan plan;
+  if (p.total_q <= 0) return plan;
+  MSA_CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0,
+            "msa_sparse_attention: num_qo_heads must be a multiple of num_kv_heads");
+  const bool forced = o.schedule != PrefillSchedule::kAuto;
+  const bool kv_major = forced ? o.schedule != PrefillSchedule::kQueryMajor : p.total_q >= kKvMajorMinRows;
+  const bool with_tiles = !forced || o.schedule == PrefillSchedule::kHybrid;
+  if (kv_major && plan_kv_major(p, o, facts, with_tiles, plan.kvm, plan.workspace)) {
+    plan.schedule = plan.kvm.tiles ? PrefillSchedule::kHybrid : PrefillSchedule::kKvMajor;
+    plan.bytes = plan.workspace.bytes;
+    return plan;
+  }
+  MSA_CHECK_SUPPORTED(!(forced && kv_major), "schedule=", option_name(o.schedule),
+                      ": the KV-major kernel does not fit this GPU's shared memory");
+  plan.schedule = PrefillSchedule::kQueryMajor;
+  plan.workspace = WorkspaceLayout{};
+  plan.qm = plan_query_major(p, facts.num_sms, -1, compute_store_kind(p), plan.workspace);
+  plan.bytes = plan.workspace.bytes;
+  return plan;
+}
+
+SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttnDeviceFacts& facts) {
+  const SparseAttnParams& p = dp.attn;
+  SparseAttnPlan plan;
+  if (p.total_q <= 0) return plan;
+  MSA_CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0,
+            "msa_sparse_decode_attention: num_qo_heads must be a multiple of num_kv_heads");
+  StoreKind part_kind = compute_store_kind(p);
+  switch (dp.partial_dtype) {
+    case PartialDType::kFloat32: part_kind = StoreKind::kF32; break;
+    case PartialDType::kBF16: part_kind = StoreKind::kBF16; break;
+    case PartialDType::kFP16: part_kind = StoreKind::kF16; break;
+    case PartialDType::kFP8E4M3: part_kind = StoreKind::kFP8; break;
+    case PartialDType::kDefault: break;
+  }
+  plan.schedule = PrefillSchedule::kQueryMajor;
+  plan.qm = plan_query_major(p, facts.num_sms, dp.force_fused, part_kind, plan.workspace);
+  plan.bytes = plan.workspace.bytes;
+  return plan;
+}
+
+}  // namespace flashmsa

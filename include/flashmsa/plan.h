@@ -1,0 +1,165 @@
+// Plans of the ops: how one call runs (schedule, kernel, grids, workspace layout).
+//
+//   options (what the caller forces; `auto` everywhere is the library's own choice)
+//   + validated Params + device facts (CTAs per SM of each kernel variant, SMs)  ->  a plan
+//
+// The planner is host-only and pure: the CUDA side queries the device facts of a call and passes
+// them in, so every choice below builds and is unit-tested without a GPU. A call is planned once:
+// the binding asks for the plan, provides `plan.bytes` of device scratch, and runs with that plan.
+// A new kernel variant is one enumerator of its op's kernel enum (with its option name in
+// plan.cpp), one fact, and one case in its op's planner.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "flashmsa/params.h"
+
+namespace flashmsa {
+
+// ---- options -----------------------------------------------------------------------------------
+// Options arrive as text "name=value,name=value" (the private plan argument of the torch ops);
+// parse_*_options rejects an unknown name or a bad value with a ValueError naming the option.
+
+// Prefill schedules (docs/design/sparse_attention.md): query_major (one CTA per token and kv
+// head), kv_major (one CTA per selected block, partials + combine), hybrid (shared-selection tiles
+// for the tiles that qualify, KV-major for the rest; KV-major alone where the tile kernel cannot
+// run). auto: query_major below kKvMajorMinRows rows, else hybrid (query_major when the KV-major
+// kernel does not fit the GPU).
+enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2, kHybrid = 3 };
+// KV-major attention kernels: mma_sync (portable SM80+), wgmma (sm_90a warpgroup MMAs).
+// auto: wgmma where it can run, else mma_sync.
+enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
+// Proxy-score kernels: mma_sync (portable SM80+). auto: mma_sync.
+enum class ProxyKernel : int32_t { kAuto = 0, kMmaSync = 1 };
+// Top-k kernels: warp_per_row (a warp per (token, head) row, bitwise threshold search). auto: it.
+enum class TopkKernel : int32_t { kAuto = 0, kWarpPerRow = 1 };
+
+struct SparseAttnOptions {
+  PrefillSchedule schedule = PrefillSchedule::kAuto;
+  KvMajorKernel kv_major_kernel = KvMajorKernel::kAuto;
+  int64_t chunk_rows = 0;        // > 0: at most this many query rows per KV-major launch group
+  int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
+};
+struct ProxyScoreOptions {
+  ProxyKernel kernel = ProxyKernel::kAuto;
+};
+struct TopkSelectOptions {
+  TopkKernel kernel = TopkKernel::kAuto;
+};
+
+// Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
+// kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
+// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5).
+SparseAttnOptions parse_sparse_attention_options(std::string_view text);
+// Options of msa_proxy_score / msa_proxy_score_fp4: kernel=auto|mma_sync.
+ProxyScoreOptions parse_proxy_score_options(std::string_view text);
+// Options of msa_topk_select: kernel=auto|warp_per_row.
+TopkSelectOptions parse_topk_select_options(std::string_view text);
+
+// ---- device facts ------------------------------------------------------------------------------
+
+// Of one attention call's compute dtype and KV kind on the current device. CTAs per SM are 0 where
+// the variant cannot run (no sm_90 GPU or no sm_90a image, not enough shared memory, no
+// instantiation for the KV kind).
+struct SparseAttnDeviceFacts {
+  int num_sms = 0;
+  int kv_major_wgmma_ctas = 0;
+  int kv_major_mma_sync_ctas[2] = {0, 0};  // with 1 and 2 query-tile stages
+  int tile_ctas = 0;                       // shared-selection tile kernel
+};
+
+// ---- plans -------------------------------------------------------------------------------------
+
+// Element type of split-K partial outputs.
+enum class StoreKind : int { kF32 = 0, kBF16 = 1, kF16 = 2, kFP8 = 3 };
+inline constexpr int store_kind_bytes(StoreKind k) {
+  return k == StoreKind::kF32 ? 4 : (k == StoreKind::kFP8 ? 1 : 2);
+}
+
+// Every section of a workspace starts at a multiple of this many bytes.
+inline constexpr size_t kWorkspaceAlign = 256;
+inline constexpr int kMaxWorkspaceSections = 16;
+
+// One named section of a plan's workspace; sections follow each other, each starting aligned.
+struct WorkspaceSection {
+  const char* name;
+  size_t offset;
+  size_t bytes;  // requested (the next section starts after it, rounded up to kWorkspaceAlign)
+};
+
+struct WorkspaceLayout {
+  WorkspaceSection sections[kMaxWorkspaceSections];
+  int num_sections = 0;
+  size_t bytes = 0;  // total, a multiple of kWorkspaceAlign
+  // Appends a section of n bytes and returns its offset.
+  size_t take(const char* name, size_t n);
+};
+
+struct QueryMajorPlan {
+  int warps_m = 0;    // 1 (G <= 16: one m16 tile per token) or 4 (64-row tiles)
+  int row_tiles = 0;  // ceil(G / (16 * warps_m))
+  int splits = 1;     // chunks of each row's used blocks
+  bool fused = true;  // true: outputs written directly; false: partials + combine
+  StoreKind part_kind = StoreKind::kBF16;
+  int64_t num_items = 0;
+  size_t part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
+};
+
+struct KvMajorPlan {
+  KvMajorKernel kernel = KvMajorKernel::kMmaSync;  // resolved: kMmaSync or kWgmma
+  int q_stages = 0;
+  int chunk_rows = 0;  // rows of a launch group (equal groups, the last one may be shorter)
+  int groups = 0;      // launch groups: ceil(total_q / chunk_rows)
+  int nb_bound = 0;
+  int tokens_per_item = 0;
+  int max_items = 0;
+  int grid = 0;
+  size_t block_base_off = 0, counts_off = 0, cursors_off = 0, control_off = 0, items_off = 0,
+         list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
+  // Shared-selection tiles (sm_90a, bf16 / fp16 / fp8 K and V, G in {16, 32, 64, 128}), computed
+  // before the KV-major groups, which skip the rows of qualifying tiles.
+  bool tiles = false;
+  int tile_tokens = 0;
+  int num_tiles = 0;
+  int tile_max_entries = 0;
+  int tile_max_waste_milli = 0;
+  int tile_grid = 0;
+  size_t tile_done_off = 0, tile_count_off = 0, tile_block_off = 0, tile_mask_off = 0,
+         tile_work_off = 0, tile_control_off = 0;
+};
+
+// Plan of msa_sparse_attention and msa_sparse_decode_attention (decode is always query-major).
+struct SparseAttnPlan {
+  PrefillSchedule schedule = PrefillSchedule::kQueryMajor;  // resolved: never kAuto
+  QueryMajorPlan qm;                                        // schedule == kQueryMajor
+  KvMajorPlan kvm;  // kKvMajor, or kHybrid (kvm.tiles: the tiles run first)
+  WorkspaceLayout workspace;
+  size_t bytes = 0;  // device scratch of the call (workspace.bytes)
+};
+
+struct ProxyScorePlan {
+  ProxyKernel kernel = ProxyKernel::kMmaSync;
+};
+struct TopkSelectPlan {
+  TopkKernel kernel = TopkKernel::kWarpPerRow;
+};
+
+// ---- planners (pure) ---------------------------------------------------------------------------
+// Each throws a ValueError for inconsistent options and a NotImplementedError (kNotSupported) for a
+// forced option this device cannot run.
+
+SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttnOptions& options,
+                                     const SparseAttnDeviceFacts& facts);
+SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnDeviceFacts& facts);
+ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);
+TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options);
+
+// Option names (for messages and tests).
+const char* option_name(PrefillSchedule v);
+const char* option_name(KvMajorKernel v);
+const char* option_name(ProxyKernel v);
+const char* option_name(TopkKernel v);
+
+}  // namespace flashmsa

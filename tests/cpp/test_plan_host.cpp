@@ -1,0 +1,407 @@
+// The planner (include/flashmsa/plan.h, csrc/plan.cpp, csrc/sparse_attn/plan.cpp) on the CPU:
+// which schedule and kernel each call gets for given options and device facts, the launch groups,
+// the tile-waste bound, decode splits, the workspace layout, and the parsing of option text.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+
+#include "flashmsa/error.h"
+#include "flashmsa/plan.h"
+#include "flashmsa/types.h"
+
+namespace flashmsa {
+namespace {
+
+constexpr int kMinRows = 1024;  // heuristics.h kKvMajorMinRows
+
+int g_dummy[4];
+
+// Shapes only: the planner never reads tensor memory.
+SparseAttnParams attn(int total_q, int hq = 64, int hkv = 4, int topk = 16, DType kv = DType::kBF16) {
+  SparseAttnParams p{};
+  p.batch = 1;
+  p.total_q = total_q;
+  p.num_heads = hq;
+  p.num_kv_heads = hkv;
+  p.topk = topk;
+  p.q_dtype = DType::kBF16;
+  p.out_dtype = DType::kBF16;
+  p.k.dtype = kv;
+  p.v.dtype = kv;
+  p.kv.batch = 1;
+  p.kv.total_k = std::max(total_q, 128);
+  p.lse_temperature = 1.0f;
+  return p;
+}
+
+SparseAttnParams paged(SparseAttnParams p, int batch, int max_pages) {
+  p.batch = batch;
+  p.kv.batch = batch;
+  p.kv.page_table = g_dummy;
+  p.kv.max_pages = max_pages;
+  return p;
+}
+
+SparseAttnParams with_temperature(SparseAttnParams p) {
+  p.lse_temperature_out = reinterpret_cast<float*>(g_dummy);
+  return p;
+}
+
+// An H200-like device: 132 SMs, every kernel variant runnable.
+SparseAttnDeviceFacts hopper() {
+  SparseAttnDeviceFacts f;
+  f.num_sms = 132;
+  f.kv_major_wgmma_ctas = 1;
+  f.kv_major_mma_sync_ctas[0] = 2;
+  f.kv_major_mma_sync_ctas[1] = 1;
+  f.tile_ctas = 1;
+  return f;
+}
+
+// An A100-like device: no sm_90a kernels.
+SparseAttnDeviceFacts ampere() {
+  SparseAttnDeviceFacts f = hopper();
+  f.num_sms = 108;
+  f.kv_major_wgmma_ctas = 0;
+  f.tile_ctas = 0;
+  return f;
+}
+
+SparseAttnOptions opts(PrefillSchedule s, KvMajorKernel k = KvMajorKernel::kAuto) {
+  SparseAttnOptions o;
+  o.schedule = s;
+  o.kv_major_kernel = k;
+  return o;
+}
+
+void expect_error(const std::function<void()>& fn, ErrorKind kind, const std::string& needle) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(int(e.kind()), int(kind)) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no flashmsa::Error thrown (expected one containing '" << needle << "')";
+}
+
+// Sections follow each other, each starting 256-byte aligned right after the previous one (its
+// bytes rounded up): aligned, non-overlapping, and together exactly the plan's bytes.
+void expect_layout_sound(const SparseAttnPlan& plan) {
+  const WorkspaceLayout& ws = plan.workspace;
+  EXPECT_EQ(plan.bytes, ws.bytes);
+  EXPECT_EQ(ws.bytes % kWorkspaceAlign, 0u);
+  size_t next = 0;
+  for (int i = 0; i < ws.num_sections; ++i) {
+    const WorkspaceSection& s = ws.sections[i];
+    EXPECT_EQ(s.offset % kWorkspaceAlign, 0u) << s.name;
+    EXPECT_EQ(s.offset, next) << s.name;
+    EXPECT_GT(s.bytes, 0u) << s.name;
+    next = s.offset + (s.bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  }
+  EXPECT_EQ(next, ws.bytes);
+}
+
+const WorkspaceSection* section(const SparseAttnPlan& plan, const std::string& name) {
+  for (int i = 0; i < plan.workspace.num_sections; ++i)
+    if (name == plan.workspace.sections[i].name) return &plan.workspace.sections[i];
+  return nullptr;
+}
+
+// ---- schedule ----------------------------------------------------------------------------------
+
+TEST(PlanSchedule, AutoIsQueryMajorBelowTheThresholdAndHybridAbove) {
+  const SparseAttnPlan small = plan_sparse_attention(attn(kMinRows - 1), {}, hopper());
+  EXPECT_EQ(small.schedule, PrefillSchedule::kQueryMajor);
+  const SparseAttnPlan large = plan_sparse_attention(attn(kMinRows), {}, hopper());
+  EXPECT_EQ(large.schedule, PrefillSchedule::kHybrid);
+  EXPECT_TRUE(large.kvm.tiles);
+  EXPECT_EQ(large.kvm.kernel, KvMajorKernel::kWgmma);
+}
+
+TEST(PlanSchedule, AutoAboveTheThresholdWithoutTilesIsKvMajor) {
+  // No tile kernel on the device, NVFP4 K/V (no tile instantiation) and groups whose tokens do
+  // not fill a 128-row tile (G = 8, G = 48) take the KV-major schedule alone.
+  EXPECT_EQ(plan_sparse_attention(attn(4096), {}, ampere()).schedule, PrefillSchedule::kKvMajor);
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 64, 4, 16, DType::kNVFP4), {}, hopper()).schedule,
+            PrefillSchedule::kKvMajor);
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 32, 4), {}, hopper()).schedule, PrefillSchedule::kKvMajor);
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 48, 1), {}, hopper()).schedule, PrefillSchedule::kKvMajor);
+  for (int g : {16, 32, 64, 128})
+    EXPECT_EQ(plan_sparse_attention(attn(4096, g, 1), {}, hopper()).schedule, PrefillSchedule::kHybrid) << g;
+  // fp8 K/V keep the tiles.
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 64, 4, 16, DType::kFP8E4M3), {}, hopper()).schedule,
+            PrefillSchedule::kHybrid);
+}
+
+TEST(PlanSchedule, AutoFallsBackToQueryMajorWhenNoKvMajorKernelFits) {
+  SparseAttnDeviceFacts none = ampere();
+  none.kv_major_mma_sync_ctas[0] = none.kv_major_mma_sync_ctas[1] = 0;
+  const SparseAttnPlan plan = plan_sparse_attention(attn(8192), {}, none);
+  EXPECT_EQ(plan.schedule, PrefillSchedule::kQueryMajor);
+  expect_layout_sound(plan);
+  expect_error([&] { plan_sparse_attention(attn(8192), opts(PrefillSchedule::kKvMajor), none); },
+               ErrorKind::kNotSupported, "schedule=kv_major");
+  expect_error([&] { plan_sparse_attention(attn(10), opts(PrefillSchedule::kHybrid), none); },
+               ErrorKind::kNotSupported, "schedule=hybrid");
+}
+
+TEST(PlanSchedule, ForcedSchedules) {
+  EXPECT_EQ(plan_sparse_attention(attn(8192), opts(PrefillSchedule::kQueryMajor), hopper()).schedule,
+            PrefillSchedule::kQueryMajor);
+  // kv_major is the KV-major schedule alone, whatever the size and even where tiles could run.
+  const SparseAttnPlan kvm = plan_sparse_attention(attn(10), opts(PrefillSchedule::kKvMajor), hopper());
+  EXPECT_EQ(kvm.schedule, PrefillSchedule::kKvMajor);
+  EXPECT_FALSE(kvm.kvm.tiles);
+  EXPECT_EQ(section(kvm, "tile.done"), nullptr);
+  const SparseAttnPlan hyb = plan_sparse_attention(attn(10), opts(PrefillSchedule::kHybrid), hopper());
+  EXPECT_EQ(hyb.schedule, PrefillSchedule::kHybrid);
+  EXPECT_TRUE(hyb.kvm.tiles);
+  EXPECT_EQ(hyb.kvm.tile_tokens, 128 / 16);
+  EXPECT_EQ(hyb.kvm.num_tiles, 2);  // ceil(10 / 8)
+  EXPECT_EQ(hyb.kvm.tile_max_entries, 8 * 16);
+  EXPECT_EQ(hyb.kvm.tile_grid, 132);
+  // hybrid where the tile kernel cannot run is the KV-major schedule.
+  EXPECT_EQ(plan_sparse_attention(attn(10), opts(PrefillSchedule::kHybrid), ampere()).schedule,
+            PrefillSchedule::kKvMajor);
+  // The tiles run with either KV-major kernel.
+  const SparseAttnPlan mixed =
+      plan_sparse_attention(attn(10), opts(PrefillSchedule::kHybrid, KvMajorKernel::kMmaSync), hopper());
+  EXPECT_TRUE(mixed.kvm.tiles);
+  EXPECT_EQ(mixed.kvm.kernel, KvMajorKernel::kMmaSync);
+}
+
+TEST(PlanSchedule, EmptyCallNeedsNothing) {
+  const SparseAttnPlan plan = plan_sparse_attention(attn(0), opts(PrefillSchedule::kKvMajor), ampere());
+  EXPECT_EQ(plan.bytes, 0u);
+  EXPECT_EQ(plan.workspace.num_sections, 0);
+}
+
+// ---- KV-major kernel ---------------------------------------------------------------------------
+
+TEST(PlanKernel, WgmmaWhereItCanRunElseMmaSync) {
+  const KvMajorPlan h = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), hopper()).kvm;
+  EXPECT_EQ(h.kernel, KvMajorKernel::kWgmma);
+  EXPECT_EQ(h.q_stages, 2);
+  EXPECT_EQ(h.tokens_per_item, 256);  // 4096 rows / G = 16 (under the sm_90a cap of 1024 tokens)
+  const KvMajorPlan a = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), ampere()).kvm;
+  EXPECT_EQ(a.kernel, KvMajorKernel::kMmaSync);
+  EXPECT_EQ(a.q_stages, 2);
+  EXPECT_EQ(a.grid, std::min(a.max_items, 1 * 108));
+  // G = 1: 4096 rows per item on mma_sync, capped at 1024 tokens on wgmma.
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 4, 4), opts(PrefillSchedule::kKvMajor), ampere()).kvm.tokens_per_item, 4096);
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 4, 4), opts(PrefillSchedule::kKvMajor), hopper()).kvm.tokens_per_item, 1024);
+}
+
+TEST(PlanKernel, MmaSyncStagesFollowSharedMemory) {
+  SparseAttnDeviceFacts f = ampere();
+  f.kv_major_mma_sync_ctas[1] = 0;  // two query stages do not fit, one does
+  const KvMajorPlan k = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), f).kvm;
+  EXPECT_EQ(k.kernel, KvMajorKernel::kMmaSync);
+  EXPECT_EQ(k.q_stages, 1);
+  EXPECT_EQ(k.grid, std::min(k.max_items, 2 * 108));
+}
+
+TEST(PlanKernel, ForcedKernels) {
+  const KvMajorPlan m = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor, KvMajorKernel::kMmaSync), hopper()).kvm;
+  EXPECT_EQ(m.kernel, KvMajorKernel::kMmaSync);
+  EXPECT_EQ(m.grid, std::min(m.max_items, 1 * 132));  // mma_sync's 1 CTA / SM at two stages
+  const KvMajorPlan w = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor, KvMajorKernel::kWgmma), hopper()).kvm;
+  EXPECT_EQ(w.kernel, KvMajorKernel::kWgmma);
+  expect_error([&] { plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor, KvMajorKernel::kWgmma), ampere()); },
+               ErrorKind::kNotSupported, "kv_major_kernel=wgmma");
+  // A forced kernel of a schedule that does not run is not an error (auto below the threshold).
+  EXPECT_EQ(plan_sparse_attention(attn(100), opts(PrefillSchedule::kAuto, KvMajorKernel::kWgmma), ampere()).schedule,
+            PrefillSchedule::kQueryMajor);
+}
+
+// ---- launch groups -----------------------------------------------------------------------------
+
+TEST(PlanGroups, ChunkRowsGiveEqualLaunchGroups) {
+  struct Case {
+    int total_q, chunk_rows, groups, rows;
+  } cases[] = {{511, 1, 511, 1}, {511, 37, 14, 37}, {511, 500, 2, 256}, {511, 511, 1, 511},
+               {511, 100000, 1, 511}, {300, 7, 43, 7}};
+  for (const Case& c : cases) {
+    SparseAttnOptions o = opts(PrefillSchedule::kKvMajor);
+    o.chunk_rows = c.chunk_rows;
+    const KvMajorPlan k = plan_sparse_attention(attn(c.total_q, 16, 2), o, hopper()).kvm;
+    EXPECT_EQ(k.groups, c.groups) << c.total_q << " / " << c.chunk_rows;
+    EXPECT_EQ(k.chunk_rows, c.rows) << c.total_q << " / " << c.chunk_rows;
+    EXPECT_GE(int64_t(k.groups) * k.chunk_rows, c.total_q);
+    EXPECT_LT(int64_t(k.groups - 1) * k.chunk_rows, c.total_q);
+  }
+}
+
+TEST(PlanGroups, DefaultGroupsKeepPartialsUnderTheBudget) {
+  // M3 at 32K rows: 4 * 16 * (4 + 16 * (256 + 4)) bytes per row -> 4029 rows per 1 GiB -> 9 equal
+  // groups of 3641 rows.
+  const SparseAttnPlan p = plan_sparse_attention(attn(32768), {}, hopper());
+  EXPECT_EQ(p.kvm.groups, 9);
+  EXPECT_EQ(p.kvm.chunk_rows, 3641);
+  const WorkspaceSection* part = section(p, "kvm.part_o");
+  ASSERT_NE(part, nullptr);
+  EXPECT_LE(part->bytes, size_t(1) << 30);
+  EXPECT_EQ(part->bytes, size_t(4) * 3641 * 16 * 16 * 128 * 2);
+  // A small prefill is one group.
+  EXPECT_EQ(plan_sparse_attention(attn(2000), {}, hopper()).kvm.groups, 1);
+}
+
+// ---- tile waste ---------------------------------------------------------------------------------
+
+TEST(PlanTiles, WasteBoundDefaultsTo1500AndFollowsTheOption) {
+  EXPECT_EQ(plan_sparse_attention(attn(4096), {}, hopper()).kvm.tile_max_waste_milli, 1500);
+  SparseAttnOptions o;
+  o.tile_max_waste_milli = 8000;
+  EXPECT_EQ(plan_sparse_attention(attn(4096), o, hopper()).kvm.tile_max_waste_milli, 8000);
+  o.tile_max_waste_milli = 999;
+  expect_error([&] { plan_sparse_attention(attn(4096), o, hopper()); }, ErrorKind::kValue, "tile_max_waste");
+  o.tile_max_waste_milli = 8001;
+  expect_error([&] { plan_sparse_attention(attn(4096), o, hopper()); }, ErrorKind::kValue, "tile_max_waste");
+}
+
+// ---- workspace layout ---------------------------------------------------------------------------
+
+TEST(PlanWorkspace, SectionsAreAlignedDisjointAndSumToBytes) {
+  const SparseAttnPlan plans[] = {
+      plan_sparse_attention(attn(20, 8, 2, 5), {}, hopper()),  // query-major, split
+      plan_sparse_attention(with_temperature(attn(20, 8, 2, 5)), {}, hopper()),
+      plan_sparse_attention(attn(32768), {}, hopper()),
+      plan_sparse_attention(with_temperature(attn(32768)), {}, hopper()),
+      plan_sparse_attention(with_temperature(attn(3001, 48, 2, 33)), {}, ampere()),
+      plan_sparse_attention(paged(with_temperature(attn(1500, 32, 2, 7)), 3, 11), opts(PrefillSchedule::kHybrid), hopper()),
+  };
+  for (const SparseAttnPlan& p : plans) {
+    expect_layout_sound(p);
+    EXPECT_GT(p.bytes, 0u);
+  }
+  // The named offsets are the sections'.
+  const SparseAttnPlan& h = plans[3];
+  ASSERT_EQ(h.schedule, PrefillSchedule::kHybrid);
+  EXPECT_EQ(section(h, "kvm.list")->offset, h.kvm.list_off);
+  EXPECT_EQ(section(h, "kvm.part_lse_t")->offset, h.kvm.part_lse_t_off);
+  EXPECT_EQ(section(h, "tile.block")->offset, h.kvm.tile_block_off);
+  EXPECT_EQ(section(h, "tile.control")->offset, h.kvm.tile_control_off);
+  EXPECT_EQ(section(h, "tile.block")->bytes, size_t(4) * h.kvm.num_tiles * h.kvm.tile_max_entries * 4);
+  // Without a temperature LSE there is no temperature section.
+  EXPECT_EQ(section(plans[2], "kvm.part_lse_t"), nullptr);
+  EXPECT_LT(plans[2].bytes, plans[3].bytes);
+  // Paged: the block arrays span batch * max_pages columns per kv head.
+  EXPECT_EQ(plans[5].kvm.nb_bound, 33);
+  EXPECT_EQ(section(plans[5], "kvm.counts")->bytes, size_t(2) * 33 * 4);
+}
+
+TEST(PlanWorkspace, LayoutTakeRoundsEachSection) {
+  WorkspaceLayout ws;
+  EXPECT_EQ(ws.take("a", 1), 0u);
+  EXPECT_EQ(ws.take("b", 256), 256u);
+  EXPECT_EQ(ws.take("c", 257), 512u);
+  EXPECT_EQ(ws.bytes, 1024u);
+  EXPECT_EQ(ws.num_sections, 3);
+}
+
+// ---- decode -------------------------------------------------------------------------------------
+
+SparseDecodeParams decode(int batch, int force_fused, PartialDType partial = PartialDType::kDefault) {
+  SparseDecodeParams d{};
+  d.attn = attn(batch, 64, 4, 16);
+  d.attn.qi.seqlen_q = 1;
+  d.force_fused = force_fused;
+  d.partial_dtype = partial;
+  return d;
+}
+
+TEST(PlanDecode, SplitsAndFused) {
+  // 8 requests x 4 kv heads = 32 items < 132 SMs: ~3 CTAs per SM wants ceil(396 / 32) = 13
+  // splits of 16 blocks, rounded so that no split is empty: 2 blocks per split, 8 splits.
+  const SparseAttnPlan small = plan_sparse_decode(decode(8, -1), hopper());
+  EXPECT_EQ(small.schedule, PrefillSchedule::kQueryMajor);
+  EXPECT_FALSE(small.qm.fused);
+  EXPECT_EQ(small.qm.splits, 8);
+  EXPECT_EQ(small.qm.num_items, int64_t(32) * small.qm.splits);
+  expect_layout_sound(small);
+  EXPECT_EQ(section(small, "qm.part_o")->bytes, size_t(8) * 64 * small.qm.splits * 128 * 2);
+  // 64 requests x 4 kv heads = 256 items >= 132 SMs: fused, no workspace.
+  const SparseAttnPlan big = plan_sparse_decode(decode(64, -1), hopper());
+  EXPECT_TRUE(big.qm.fused);
+  EXPECT_EQ(big.qm.splits, 1);
+  EXPECT_EQ(big.bytes, 0u);
+  // force_fused = 1: fused whatever the size; 0: at least two splits.
+  const SparseAttnPlan fused = plan_sparse_decode(decode(2, 1), hopper());
+  EXPECT_TRUE(fused.qm.fused);
+  EXPECT_EQ(fused.bytes, 0u);
+  const SparseAttnPlan split = plan_sparse_decode(decode(64, 0), hopper());
+  EXPECT_FALSE(split.qm.fused);
+  EXPECT_EQ(split.qm.splits, 2);
+  // The partial dtype sizes the partial outputs.
+  const SparseAttnPlan f32 = plan_sparse_decode(decode(64, 0, PartialDType::kFloat32), hopper());
+  const SparseAttnPlan fp8 = plan_sparse_decode(decode(64, 0, PartialDType::kFP8E4M3), hopper());
+  EXPECT_EQ(f32.qm.part_kind, StoreKind::kF32);
+  EXPECT_EQ(fp8.qm.part_kind, StoreKind::kFP8);
+  EXPECT_EQ(section(f32, "qm.part_o")->bytes, 4 * section(fp8, "qm.part_o")->bytes);
+  expect_layout_sound(f32);
+  // G = 64: 64-row tiles.
+  SparseDecodeParams g64 = decode(8, -1);
+  g64.attn.num_kv_heads = 1;
+  EXPECT_EQ(plan_sparse_decode(g64, hopper()).qm.warps_m, 4);
+  EXPECT_EQ(plan_sparse_decode(decode(8, -1), hopper()).qm.warps_m, 1);
+}
+
+TEST(PlanDecode, PrefillQueryMajorPartialsUseTheComputeDtype) {
+  SparseAttnParams p = attn(8, 64, 4, 16);
+  p.q_dtype = p.out_dtype = p.k.dtype = p.v.dtype = DType::kFP16;
+  const SparseAttnPlan plan = plan_sparse_attention(p, {}, hopper());
+  EXPECT_EQ(plan.schedule, PrefillSchedule::kQueryMajor);
+  EXPECT_FALSE(plan.qm.fused);
+  EXPECT_EQ(plan.qm.part_kind, StoreKind::kF16);
+}
+
+// ---- options text -------------------------------------------------------------------------------
+
+TEST(PlanOptions, ParsesEveryOption) {
+  EXPECT_EQ(parse_sparse_attention_options("").schedule, PrefillSchedule::kAuto);
+  const SparseAttnOptions o = parse_sparse_attention_options(
+      "schedule=hybrid,kv_major_kernel=mma_sync,chunk_rows=37,tile_max_waste=2.5");
+  EXPECT_EQ(o.schedule, PrefillSchedule::kHybrid);
+  EXPECT_EQ(o.kv_major_kernel, KvMajorKernel::kMmaSync);
+  EXPECT_EQ(o.chunk_rows, 37);
+  EXPECT_EQ(o.tile_max_waste_milli, 2500);
+  for (PrefillSchedule s : {PrefillSchedule::kAuto, PrefillSchedule::kQueryMajor, PrefillSchedule::kKvMajor,
+                            PrefillSchedule::kHybrid})
+    EXPECT_EQ(parse_sparse_attention_options(std::string("schedule=") + option_name(s)).schedule, s);
+  for (KvMajorKernel k : {KvMajorKernel::kAuto, KvMajorKernel::kMmaSync, KvMajorKernel::kWgmma})
+    EXPECT_EQ(parse_sparse_attention_options(std::string("kv_major_kernel=") + option_name(k)).kv_major_kernel, k);
+  EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
+  EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
+  EXPECT_EQ(parse_proxy_score_options("kernel=mma_sync").kernel, ProxyKernel::kMmaSync);
+  EXPECT_EQ(parse_topk_select_options("kernel=warp_per_row").kernel, TopkKernel::kWarpPerRow);
+}
+
+TEST(PlanOptions, BadOptionsNameTheOption) {
+  auto bad = [](const char* text, const std::string& needle) {
+    expect_error([&] { parse_sparse_attention_options(text); }, ErrorKind::kValue, needle);
+  };
+  bad("schedule=fast", "schedule must be auto, query_major, kv_major or hybrid, got 'fast'");
+  bad("kv_major_kernel=tensor", "kv_major_kernel must be auto, mma_sync or wgmma, got 'tensor'");
+  for (const char* v : {"0", "-3", "abc", "1.5", ""})
+    bad((std::string("chunk_rows=") + v).c_str(), "chunk_rows must be a positive integer");
+  for (const char* v : {"abc", "0.5", "9", "nan", "1.5x", ""})
+    bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
+  bad("speed=11", "unknown plan option 'speed'");
+  bad("schedule", "name=value");
+  bad("schedule=hybrid,", "name=value");
+  bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");
+  expect_error([] { parse_proxy_score_options("kernel=wgmma"); }, ErrorKind::kValue,
+               "kernel must be auto or mma_sync, got 'wgmma'");
+  expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
+}
+
+TEST(PlanOptions, ProxyAndTopkAutoKeepTheirKernel) {
+  EXPECT_EQ(plan_proxy_score(ProxyScoreParams{}, {}).kernel, ProxyKernel::kMmaSync);
+  EXPECT_EQ(plan_topk_select(TopkSelectParams{}, {}).kernel, TopkKernel::kWarpPerRow);
+}
+
+}  // namespace
+}  // namespace flashmsa
