@@ -45,6 +45,7 @@ void check_page_table(const Ctx& c, const TensorRef& pt, int64_t batch, const ch
 KVIndex paged_index(const TensorRef& pt, int batch, int64_t num_pages) {
   KVIndex kv{};
   kv.batch = batch;
+  kv.paged = true;  // by shape: an empty (B, 0) table has no data pointer
   kv.page_table = static_cast<const int*>(pt.data);
   kv.page_table_stride = pt.size(0) <= 1 ? pt.size(1) : pt.stride(0);
   kv.max_pages = int(pt.size(1));
@@ -56,6 +57,7 @@ KVIndex paged_index(const TensorRef& pt, int batch, int64_t num_pages) {
 KVIndex flat_index(const TensorRef& cu_k, int batch, int64_t total_k) {
   KVIndex kv{};
   kv.batch = batch;
+  kv.paged = false;
   kv.cu_seqlens_k = static_cast<const int*>(cu_k.data);
   kv.total_k = total_k;
   return kv;

@@ -90,6 +90,42 @@ void check_contiguous(const Ctx& c, const TensorRef& t, const char* name) {
                " with strides ", strides_str(t));
 }
 
+namespace {
+
+// Bytes [lo, hi) spanned by t's elements; empty (lo == hi) when it has none.
+struct ByteSpan {
+  uintptr_t lo = 0, hi = 0;
+};
+ByteSpan byte_span(const TensorRef& t) {
+  ByteSpan s;
+  if (!t.defined() || t.numel() == 0 || t.data == nullptr) return s;
+  const int64_t elt = std::max<int64_t>(elt_size(t.dtype), 1);
+  int64_t lo = 0, hi = 0;  // element offsets of the first and last element
+  for (int d = 0; d < t.ndim; ++d) {
+    const int64_t reach = (t.sizes[d] - 1) * t.strides[d];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  s.lo = base + uintptr_t(lo * elt);
+  s.hi = base + uintptr_t((hi + 1) * elt);
+  return s;
+}
+
+}  // namespace
+
+void check_no_overlap(const Ctx& c, const TensorRef& out, const char* name,
+                      std::initializer_list<NamedRef> others) {
+  const ByteSpan o = byte_span(out);
+  if (o.lo == o.hi) return;
+  for (const NamedRef& other : others) {
+    if (other.t == &out || !other.t->defined() || other.t->device != out.device) continue;
+    const ByteSpan s = byte_span(*other.t);
+    MSA_OP_CHECK(c, s.lo == s.hi || s.hi <= o.lo || o.hi <= s.lo, name,
+                 " must not share memory with ", other.name,
+                 " (an output cannot be written over an argument); pass a separate tensor");
+  }
+}
+
 int to_int(const Ctx& c, int64_t v, const char* what) {
   MSA_OP_CHECK(c, v >= kIntMin && v <= kIntMax, what, " (", v, ") does not fit in int32");
   return int(v);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -48,6 +49,16 @@ std::array<int64_t, kMaxDims> contiguous_strides(const TensorRef& t);
 // the kernels load and store in 16-byte vectors).
 void check_tensor(const Ctx& c, const TensorRef& t, const char* name, int64_t align = 0);
 void check_contiguous(const Ctx& c, const TensorRef& t, const char* name);
+
+// An output must not share memory with any other argument of the call (`others`: name, tensor;
+// undefined tensors and tensors on another device are skipped): the ops read their inputs while
+// writing, and no kernel or reference pass is written to survive aliasing.
+struct NamedRef {
+  const char* name;
+  const TensorRef* t;
+};
+void check_no_overlap(const Ctx& c, const TensorRef& out, const char* name,
+                      std::initializer_list<NamedRef> others);
 
 // A tensor size or Python int that a Params int field will hold.
 int to_int(const Ctx& c, int64_t v, const char* what);

@@ -102,7 +102,7 @@ __device__ __forceinline__ void load_k_block(const KernelParams& kp, uint8_t* ti
       cp_async_16(smem_addr(dst + r * (kHeadDim / 2) + c * 16), src + int64_t(r) * p.k.stride_token + c * 16);
     }
     const int64_t srow0 = kv_scale_row(p.kv, p.num_kv_heads, st.b, st.kh, t * kBlockSize);
-    const int step = p.kv.page_table == nullptr ? p.num_kv_heads : 1;
+    const int step = !p.kv.paged ? p.num_kv_heads : 1;
     for (int e = threadIdx.x; e < n_keys * 2; e += kThreads) {
       const int r = e >> 1, half = e & 1;
       cp_async_4(smem_addr(dst + kFp4RawDataBytes + r * 8 + half * 4),
@@ -226,7 +226,7 @@ __device__ __forceinline__ void multiply_block(const uint32_t (&qa)[Shape::kMTil
 }
 
 __device__ __forceinline__ bool block_has_page(const ProxyScoreParams& p, int b, int t) {
-  return p.kv.page_table == nullptr || kv_page(p.kv, b, t) >= 0;
+  return !p.kv.paged || kv_page(p.kv, b, t) >= 0;
 }
 
 // Row maxima of block t (in part) -> out. Per-head: one row segment of consecutive tokens per
@@ -397,7 +397,7 @@ __device__ __noinline__ void run_tile(const KernelParams& kp, TileWork work) {
         __syncthreads();
         sK = conv;
       }
-      if ((t + 1) * kBlockSize <= st.lim_first) {
+      if (int64_t(t + 1) * kBlockSize <= st.lim_first) {  // 64-bit: t + 1 may be 2^24
         // Every key of the block is visible to every row of the tile.
         if (kp.q_fp4) {
           multiply_block<Element, Shape, false, true>(qa, sK, nullptr, smem.part[i & 1], p.logit_scale);

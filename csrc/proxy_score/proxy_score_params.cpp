@@ -106,6 +106,9 @@ ProxyScoreParams make_proxy_params(const ProxyScoreArgs& a, bool fp4) {
   }
 
   MSA_OP_CHECK(c, a.max_k_tiles >= 1, "max_k_tiles must be >= 1, got ", a.max_k_tiles);
+  // Key positions are int32: block 2^24 would start at key 2^31, so no column past it holds a key.
+  MSA_OP_CHECK(c, a.max_k_tiles <= kMaxKTiles, "max_k_tiles must be <= ", kMaxKTiles,
+               " (2^31 keys / 128), got ", a.max_k_tiles);
   const int64_t out_heads = a.reduce_heads ? 1 : hq;
   const TensorRef& out = a.output;
   MSA_OP_CHECK(c, out.defined(), "output must be given (the caller allocates it)");
@@ -146,6 +149,11 @@ ProxyScoreParams make_proxy_params(const ProxyScoreArgs& a, bool fp4) {
   }
   p.qi = varlen_q_index(c, a.cu_seqlens_q, a.max_seqlen_q, p.total_q);
   p.q_offset = make_q_offset(c, a.q_offset, batch);
+  check_no_overlap(c, out, "output",
+                   {{fp4 ? "q_fp4" : "q", &a.q}, {kname, &a.k}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                    {"cu_seqlens_k", &a.cu_seqlens_k}, {"page_table", &a.page_table},
+                    {"seqused_k", &a.seqused_k}, {"q_offset", &a.q_offset.tensor},
+                    {"q_scale", &a.q_scale}, {"k_scale", &a.k_scale}});
   p.out = static_cast<float*>(out.data);
   return p;
 }

@@ -219,7 +219,7 @@ MSA_DEVICE void store_block_max(const Params& kp, const float (&s)[16][4], const
                                 int tok_sub0, int ntok_sub, int t, int warp, int lane) {
   const ProxyScoreParams& p = kp.p;
   const int gid = lane >> 2, tig = lane & 3;
-  const bool crosses = (t + 1) * kBlockSize > tile.lim_first;
+  const bool crosses = int64_t(t + 1) * kBlockSize > tile.lim_first;
   int lim[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -449,7 +449,7 @@ inline CUtensorMapDataType tensor_map_type(DType d) {
 // the caller must take the mma.sync kernel.
 inline bool supports(const ProxyScoreParams& p) {
   const bool dtype_ok = (p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16) && p.k.dtype == p.q_dtype;
-  return dtype_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && p.kv.page_table == nullptr &&
+  return dtype_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && !p.kv.paged &&
          !p.reduce_heads && p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize &&
          p.total_q < (int64_t(1) << 31) - 256;
 }

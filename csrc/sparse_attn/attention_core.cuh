@@ -97,7 +97,7 @@ struct TileDesc {
 // Scale rows of consecutive keys of one block: (token, head)-ordered flat caches step by Hkv,
 // (page, head, token)-ordered paged caches by 1 (semantics.h kv_scale_row).
 MSA_DEVICE int scale_row_step(const SparseAttnParams& p) {
-  return p.kv.page_table == nullptr ? p.num_kv_heads : 1;
+  return !p.kv.paged ? p.num_kv_heads : 1;
 }
 
 // Bytes of one raw (not yet dequantized) row and of its NVFP4 scales.

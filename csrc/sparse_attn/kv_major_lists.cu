@@ -107,7 +107,7 @@ __device__ bool row_context(const KvMajorArgs& a, int r, RowContext& c) {
 __device__ int entry_column(const KvMajorArgs& a, const RowContext& c, int t, bool used) {
   if (!used) return -1;
   if (int64_t(t) * kBlockSize >= c.lim) return -1;  // no visible key (t < nb follows from lim <= seqlen)
-  if (a.p.kv.page_table != nullptr && kv_page(a.p.kv, c.b, t) < 0) return -1;
+  if (a.p.kv.paged && kv_page(a.p.kv, c.b, t) < 0) return -1;
   const int64_t col = int64_t(c.base) + t;
   return col < a.nb_bound ? int(col) : -1;
 }

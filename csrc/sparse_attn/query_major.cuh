@@ -86,7 +86,7 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
     const int64_t vis64 = int64_t(lim) - int64_t(blk[h]) * kBlockSize;
     vis[h] = used[h] ? int(vis64 < kBlockSize ? vis64 : int64_t(kBlockSize)) : 0;
     used[h] = used[h] && vis[h] > 0;
-    if (used[h] && p.kv.page_table != nullptr) used[h] = kv_page(p.kv, b, blk[h]) >= 0;
+    if (used[h] && p.kv.paged) used[h] = kv_page(p.kv, b, blk[h]) >= 0;
     two[h] = used[h] && vis[h] > kQmTileKeys;
   }
   const uint32_t lt_mask = (1u << lane) - 1u;

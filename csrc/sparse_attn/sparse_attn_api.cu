@@ -309,7 +309,7 @@ bool plan_kv_major(const SparseAttnParams& p, const DeviceInfo& dev, KvmPlan& pl
   chunk = std::max<int64_t>(1, (int64_t(p.total_q) + groups - 1) / groups);
   plan.chunk_rows = int(chunk);
 
-  const int64_t nb_bound = p.kv.page_table != nullptr
+  const int64_t nb_bound = p.kv.paged
                                ? int64_t(p.batch) * p.kv.max_pages
                                : p.kv.total_k / kBlockSize + p.batch + 1;
   MSA_CHECK(nb_bound * p.num_kv_heads < INT_MAX, "msa_sparse_attention: too many KV blocks (",

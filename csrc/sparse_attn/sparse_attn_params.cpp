@@ -201,6 +201,32 @@ void fill_scales(const Ctx& c, const KVArgs& a, const std::optional<double>& sof
 
 // ---- what prefill and decode share -------------------------------------------------------------
 
+// Outputs (and the workspace) of an attention call against every other argument and each other.
+template <typename Args>
+void check_outputs_apart(const Ctx& c, const Args& a, const TensorRef& lse_t,
+                         const TensorRef& cu_seqlens_q) {
+  const std::initializer_list<NamedRef> all = {
+      {"q", &a.q},
+      {"k", &a.kv.k},
+      {"v", &a.kv.v},
+      {"k_scale", &a.kv.k_scale},
+      {"v_scale", &a.kv.v_scale},
+      {"q2k_indices", &a.q2k_indices},
+      {"cu_seqlens_q", &cu_seqlens_q},
+      {"cu_seqlens_k", &a.cu_seqlens_k},
+      {"page_table", &a.page_table},
+      {"seqused_k", &a.seqused_k},
+      {"q_offset", &a.q_offset.tensor},
+      {"output", &a.output},
+      {"lse", &a.lse},
+      {"lse_temperature", &lse_t},
+      {"workspace", &a.workspace}};
+  check_no_overlap(c, a.output, "output", all);
+  check_no_overlap(c, a.lse, "lse", all);
+  check_no_overlap(c, lse_t, "lse_temperature", all);
+  check_no_overlap(c, a.workspace, "workspace", all);
+}
+
 // k / v and q2k_indices against q: dtypes, shapes, heads and topk. `compute` is q's compute dtype
 // (bf16 for fp8 q). Sets p.topk.
 template <typename Args>
@@ -321,6 +347,7 @@ SparseAttnParams make_sparse_attention_params(const SparseAttnArgs& a) {
                            a.lse_temperature_scale);
     p.lse_temperature = float(a.lse_temperature_scale);
   }
+  check_outputs_apart(c, a, a.lse_temperature, a.cu_seqlens_q);
   p.qi = varlen_q_index(c, a.cu_seqlens_q, a.max_seqlen_q, p.total_q);
   return p;
 }
@@ -370,6 +397,7 @@ SparseDecodeParams make_sparse_decode_params(const SparseDecodeArgs& a) {
                     : compute == DType::kBF16                 ? PartialDType::kBF16
                                                               : PartialDType::kFP16;
   d.force_fused = a.force_fused ? int(*a.force_fused) : -1;
+  check_outputs_apart(c, a, TensorRef{}, TensorRef{});
   const int seqlen_q = to_int(c, a.seqlen_q, "seqlen_q");
   p.qi = QIndex{nullptr, seqlen_q, seqlen_q};
   return d;

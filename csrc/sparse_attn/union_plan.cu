@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
     for (int k = 0; k < 2; ++k) {
       const int v = wl.v[k];
       const bool pair = lane + 32 * k < topk && wl.used[k] && int64_t(v) * kBlockSize < lim &&
-                        (p.kv.page_table == nullptr || kv_page(p.kv, b, v) >= 0);
+                        (!p.kv.paged || kv_page(p.kv, b, v) >= 0);
       if (pair) {
         blk[e][k] = v;
         lo = min(lo, v);

@@ -73,6 +73,8 @@ TopkSelectParams make_topk_select_params(const TopkSelectArgs& a) {
   p.force_begin = int(fb);
   p.force_end = int(fe);
   p.score = static_cast<const float*>(s.data);
+  check_no_overlap(c, out, "output",
+                   {{"max_score", &a.max_score}, {"num_valid_pages", &a.num_valid_pages}});
   p.out = static_cast<int*>(out.data);
   return p;
 }

@@ -34,9 +34,11 @@ struct KVTensor {
 //            a page id outside [0, num_pages) makes that block contribute no key.
 struct KVIndex {
   int batch;                  // B
+  bool paged;                 // the layout: paged (page_table) or flat (cu_seqlens_k rows). Never
+                              // told from page_table's pointer: an empty (B, 0) table has none
   const int* cu_seqlens_k;    // [B + 1] int32, or nullptr
   const int* seqused_k;       // [B] int32 (paged), or nullptr
-  const int* page_table;      // [B, max_pages] int32; nullptr selects the flat layout
+  const int* page_table;      // [B, max_pages] int32 (paged; may be nullptr when max_pages == 0)
   int64_t page_table_stride;  // elements between rows of page_table
   int max_pages;              // page_table columns
   int num_pages;              // pages in the cache (paged)

@@ -46,7 +46,7 @@ MSA_HOST_DEVICE int kv_seqlen(const KVIndex& kv, int b) {
   } else {
     len = kv.seqused_k[b];
   }
-  if (kv.page_table != nullptr) return int(clamp64(len, 0, int64_t(kv.max_pages) * kBlockSize));
+  if (kv.paged) return int(clamp64(len, 0, int64_t(kv.max_pages) * kBlockSize));
   // Flat: the keys must also lie inside [0, total_k).
   const int64_t begin = clamp64(kv.cu_seqlens_k[b], 0, kv.total_k);
   return int(clamp64(len, 0, kv.total_k - begin));
@@ -67,7 +67,7 @@ MSA_HOST_DEVICE int64_t kv_page(const KVIndex& kv, int b, int t) {
 
 // Element offset of key j (head h) of sequence b, or -1 when its page is invalid.
 MSA_HOST_DEVICE int64_t kv_offset(const KVTensor& t, const KVIndex& kv, int b, int h, int j) {
-  if (kv.page_table == nullptr)
+  if (!kv.paged)
     return (kv_row_begin(kv, b) + j) * t.stride_token + int64_t(h) * t.stride_head;
   const int64_t page = kv_page(kv, b, j / kBlockSize);
   if (page < 0) return -1;
@@ -76,7 +76,7 @@ MSA_HOST_DEVICE int64_t kv_offset(const KVTensor& t, const KVIndex& kv, int b, i
 
 // Logical NVFP4 scale row of key j (head h) of sequence b (valid page assumed).
 MSA_HOST_DEVICE int64_t kv_scale_row(const KVIndex& kv, int num_kv_heads, int b, int h, int j) {
-  if (kv.page_table == nullptr) return nvfp4_scale_row_flat(kv_row_begin(kv, b) + j, h, num_kv_heads);
+  if (!kv.paged) return nvfp4_scale_row_flat(kv_row_begin(kv, b) + j, h, num_kv_heads);
   return nvfp4_scale_row_paged(kv_page(kv, b, j / kBlockSize), h, j % kBlockSize, num_kv_heads);
 }
 

@@ -19,6 +19,9 @@ inline constexpr int kHeadDim = 128;     // head_dim of every op
 inline constexpr int kNvfp4Width = 64;   // bytes per 128-value NVFP4 row (two e2m1 per byte)
 inline constexpr int kNvfp4ScaleCols = 8;  // one e4m3 scale per 16 values of a 128-value row
 inline constexpr int kMaxTopk = 64;      // D4: 1 <= topk <= 64
+// Key positions are int32, so a sequence has at most ceil((2^31 - 1) / 128) = 2^24 blocks: the
+// most proxy score columns (max_k_tiles) that can hold a key.
+inline constexpr int kMaxKTiles = 1 << 24;
 
 // Element type of a tensor as the caller holds it (the binding maps torch dtypes onto this).
 enum class ScalarType : int32_t {
@@ -77,8 +80,11 @@ struct TensorRef {
     for (int d = 0; d < ndim; ++d) n *= sizes[d];
     return n;
   }
-  // Row-major contiguous (size-1 dims may have any stride, as in torch).
+  // Row-major contiguous, by torch's rule: size-1 dims may have any stride, and a tensor with no
+  // elements is contiguous whatever its strides.
   bool is_contiguous() const {
+    for (int d = 0; d < ndim; ++d)
+      if (sizes[d] == 0) return true;
     int64_t expected = 1;
     for (int d = ndim - 1; d >= 0; --d) {
       if (sizes[d] != 1 && strides[d] != expected) return false;

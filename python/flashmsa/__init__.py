@@ -5,9 +5,10 @@ with a multithreaded C++ reference for CPU tensors.
 ``python -m flashmsa demo`` runs the whole pipeline on a synthetic needle-in-a-haystack problem.
 """
 
-from . import msa_ops, testing
+from . import errors, msa_ops, testing
 from ._library import built_with_cuda
 from ._version import __version__
+from .errors import NotSupportedError
 from .msa_ops import (
     SUPPORTS_PACKED_KV,
     MSASparseAttentionWorkspace,
@@ -21,8 +22,10 @@ from .msa_ops import (
 
 __all__ = [
     "MSASparseAttentionWorkspace",
+    "NotSupportedError",
     "SUPPORTS_PACKED_KV",
     "built_with_cuda",
+    "errors",
     "msa_ops",
     "msa_proxy_score",
     "msa_proxy_score_fp4",

@@ -4,9 +4,14 @@
 defaults, return conventions and errors (docs/semantics.md#d1, #d4, #d9). CPU tensors run the C++
 reference, CUDA tensors the kernels (every NVIDIA GPU from SM80 up).
 
-The wrappers only resolve defaults, do the host-side derivations FlashInfer does, allocate outputs
-and call ``torch.ops.flashmsa.*``; every check of shapes, dtypes and devices is the core's
-(``make_*_params``), raised as ``ValueError`` / ``TypeError`` naming the argument. Pipeline::
+The wrappers only check Python types (``TypeError``) and what the core cannot see (device types,
+ints beyond int64), resolve defaults, do the host-side derivations FlashInfer does, allocate
+outputs and call ``torch.ops.flashmsa.*``; every check of shapes, dtypes, sizes and devices is the
+core's (``make_*_params``), raised as ``ValueError`` naming the argument, or
+:class:`~flashmsa.errors.NotSupportedError` (a ``ValueError`` and a ``NotImplementedError``) for
+what flashmsa does not support. Outputs are sized from the input tensors only (a derived
+``max_k_tiles`` from lengths clamped as the ops clamp them), so no argument can make the wrapper
+allocate more than the inputs describe before the core has checked it. Pipeline::
 
     scores = msa_proxy_score(index_q, index_k, cu_q, cu_k)              # (H, P, total_q) fp32
     sel    = msa_topk_select(scores, 16, nvp, force_end_blocks=1)       # (total_q, H, 16) int32
@@ -21,9 +26,11 @@ import torch
 
 from . import _outputs
 from ._library import ops as _ops
+from .errors import NotSupportedError
 
 __all__ = [
     "MSASparseAttentionWorkspace",
+    "NotSupportedError",
     "SUPPORTS_PACKED_KV",
     "msa_proxy_score",
     "msa_proxy_score_fp4",
@@ -35,6 +42,8 @@ __all__ = [
 
 _BLK_KV = 128  # tokens per KV block == tokens per page
 _MAX_TOPK = 64  # docs/semantics.md#d4
+_MAX_K_TILES = 1 << 24  # key positions are int32: at most 2^31 / 128 blocks per sequence
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 # Capability flag kept for callers written against FlashInfer: both the CPU reference and the CUDA
 # kernels read K/V views split from a cache that packs K|V in one 2*head_dim content dim per token.
@@ -70,8 +79,8 @@ class MSASparseAttentionWorkspace:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        if not isinstance(nbytes, numbers.Integral) or nbytes < 0:
-            raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+        if not isinstance(nbytes, numbers.Integral) or not 0 <= nbytes <= _INT64_MAX:
+            raise ValueError(f"nbytes must be a non-negative int64, got {nbytes!r}")
         self.device = device
         self._buffer = torch.empty(int(nbytes), dtype=torch.uint8, device=device)
 
@@ -105,13 +114,22 @@ class MSASparseAttentionWorkspace:
 
 # ---- argument helpers --------------------------------------------------------------------------
 
-def _int_arg(name: str, value, *, optional: bool = False) -> Optional[int]:
+def _int64(op: str, name: str, value) -> int:
+    """A Python int the schema passes as int64: larger ones are a ValueError naming the argument
+    (torch would raise a RuntimeError about the schema instead)."""
+    value = int(value)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(f"{op}: {name} ({value}) does not fit in int64")
+    return value
+
+
+def _int_arg(op: str, name: str, value, *, optional: bool = False) -> Optional[int]:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         expected = "an int or None" if optional else "an int"
         raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
-    return int(value)
+    return _int64(op, name, value)
 
 
 def _float_arg(name: str, value, *, optional: bool = True) -> Optional[float]:
@@ -142,14 +160,14 @@ def _index_tensor(name: str, value) -> Optional[torch.Tensor]:
     return value.contiguous() if value is not None else None
 
 
-def _q_offset_args(q_offset) -> Tuple[Optional[int], Optional[torch.Tensor]]:
+def _q_offset_args(op: str, q_offset) -> Tuple[Optional[int], Optional[torch.Tensor]]:
     """q_offset is None, a Python int (one offset for every sequence) or an int32 (B,) tensor."""
     if q_offset is None:
         return None, None
     if isinstance(q_offset, torch.Tensor):
         return None, q_offset
-    if isinstance(q_offset, numbers.Integral):
-        return int(q_offset), None
+    if isinstance(q_offset, numbers.Integral) and not isinstance(q_offset, bool):
+        return _int64(op, "q_offset", q_offset), None
     raise TypeError(
         f"q_offset must be None, an int or an int32 tensor of shape (batch,), got "
         f"{type(q_offset).__name__}")
@@ -163,11 +181,32 @@ def _workspace_arg(workspace) -> Optional[MSASparseAttentionWorkspace]:
     return workspace
 
 
+def _check_devices(op: str, **tensors) -> None:
+    """Every tensor argument on a CPU or CUDA device. The core checks that they share one device,
+    but a tensor on another device type (``meta``) never reaches it: the dispatcher would route the
+    whole call to the op's fake implementation, which writes nothing."""
+    for name, t in tensors.items():
+        if t is not None and t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{op}: {name} must be a CPU or CUDA tensor, got device {t.device}")
+
+
+def _call(fn, *args):
+    """Runs a native op; its "not supported in flashmsa" errors (NotImplementedError from the
+    core) become :class:`NotSupportedError`, which is also a ValueError as FlashInfer raises."""
+    try:
+        return fn(*args)
+    except NotImplementedError as e:
+        if isinstance(e, NotSupportedError):
+            raise
+        raise NotSupportedError(str(e)) from None
+
+
 def _host_seqlens(t: Optional[torch.Tensor], name: str, prefix_sums: bool,
                   total: int = -1) -> Optional[torch.Tensor]:
-    """Per-sequence lengths read on the host (a device->host copy for CUDA tensors), or None when
-    ``t`` cannot hold them (the core then reports what is wrong with it). A CUDA tensor's copy goes
-    through the core's content checks, which make_* runs itself only on host tensors."""
+    """The values of cu_seqlens (``prefix_sums``) or seqused_k read on the host as int64 (a
+    device->host copy for CUDA tensors), or None when ``t`` cannot hold them (the core then reports
+    what is wrong with it). A CUDA tensor's copy goes through the core's content checks, which
+    make_* runs itself only on host tensors."""
     if t is None or t.dim() != 1 or t.dtype != torch.int32 or (prefix_sums and t.numel() < 2):
         return None
     host = t.cpu()
@@ -176,8 +215,7 @@ def _host_seqlens(t: Optional[torch.Tensor], name: str, prefix_sums: bool,
             _ops.check_cu_seqlens(host, total, name)
         else:
             _ops.check_seqused_k(host, name)
-    host = host.long()
-    return host[1:] - host[:-1] if prefix_sums else host
+    return host.long()
 
 
 def _capturing(t: torch.Tensor) -> bool:
@@ -247,6 +285,7 @@ def msa_proxy_score(
     torch.Tensor
         float32 ``(Hq | 1, max_k_tiles, total_q)``, ready for :func:`msa_topk_select`.
     """
+    op = "msa_proxy_score"
     q = _tensor("q", q)
     k = _tensor("k", k)
     cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
@@ -254,22 +293,26 @@ def msa_proxy_score(
     page_table = _index_tensor("page_table", page_table)
     seqused_k = _index_tensor("seqused_k", seqused_k)
     output = _tensor_or_none("output", output)
-    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+    q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
+    _check_devices(op, q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                   page_table=page_table, seqused_k=seqused_k, output=output,
+                   q_offset=q_offset_tensor)
     max_seqlen_q, max_k_tiles, output = _proxy_dims(
-        "msa_proxy_score", q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q,
-        max_k_tiles, output, reduce_heads)
-    _ops.proxy_score(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal),
-                     max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
-                     bool(reduce_heads), output)
+        op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q, max_k_tiles,
+        output, reduce_heads)
+    _call(_ops.proxy_score, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal),
+          max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output)
     return output
 
 
 def _proxy_dims(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q,
                 max_k_tiles, output, reduce_heads):
     """(max_seqlen_q, max_k_tiles, output) of a proxy call: given values, else derived on the host
-    from cu_seqlens / seqused_k as FlashInfer does; the output allocated when not given."""
-    max_seqlen_q = _int_arg("max_seqlen_q", max_seqlen_q, optional=True)
-    max_k_tiles = _int_arg("max_k_tiles", max_k_tiles, optional=True)
+    from cu_seqlens / seqused_k as FlashInfer does (key lengths clamped as the ops clamp them: to the
+    flat rows or to the page table), the output allocated when not given: its size comes from the
+    input tensors only (an out-of-range max_k_tiles allocates no column; the core rejects it)."""
+    max_seqlen_q = _int_arg(op, "max_seqlen_q", max_seqlen_q, optional=True)
+    max_k_tiles = _int_arg(op, "max_k_tiles", max_k_tiles, optional=True)
     if max_k_tiles is None and output is not None and output.dim() >= 2:
         max_k_tiles = int(output.shape[1])
     if max_seqlen_q is None or max_k_tiles is None:
@@ -282,15 +325,23 @@ def _proxy_dims(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max
                 "at plan time) or pre-allocate `output`")
         total_q = q.shape[0] if q.dim() == 3 else -1
         if max_seqlen_q is None:
-            lengths = _host_seqlens(cu_seqlens_q, "cu_seqlens_q", True, total_q)
-            if lengths is not None:
-                max_seqlen_q = max(int(lengths.max()), 0)
+            cu = _host_seqlens(cu_seqlens_q, "cu_seqlens_q", True, total_q)
+            if cu is not None:
+                max_seqlen_q = max(int((cu[1:] - cu[:-1]).max()), 0)
         if max_k_tiles is None:
             if page_table is not None:
                 lengths = _host_seqlens(seqused_k, "seqused_k", False)
+                if lengths is not None and page_table.dim() == 2:
+                    lengths = lengths.clamp(0, page_table.shape[1] * _BLK_KV)
             else:
-                lengths = _host_seqlens(cu_seqlens_k, "cu_seqlens_k", True,
-                                        k.shape[0] if k.dim() == 3 else -1)
+                total_k = k.shape[0] if k.dim() == 3 else -1
+                cu = _host_seqlens(cu_seqlens_k, "cu_seqlens_k", True, total_k)
+                lengths = None
+                if cu is not None:
+                    lengths = cu[1:] - cu[:-1]
+                    if total_k >= 0:
+                        lengths = torch.minimum(lengths.clamp(min=0),
+                                                total_k - cu[:-1].clamp(0, total_k))
             longest = int(lengths.max()) if lengths is not None and lengths.numel() else 0
             # At least one column: an all-empty batch gives one column of -inf rather than an
             # output with no columns (which the core refuses as max_k_tiles = 0).
@@ -298,9 +349,9 @@ def _proxy_dims(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max
 
     if output is None:
         total_q, num_heads, _ = _shape3(q)
-        output = _outputs.empty(
-            (1 if reduce_heads else num_heads, max(max_k_tiles, 0), total_q), torch.float32,
-            q.device)
+        columns = max_k_tiles if 1 <= max_k_tiles <= _MAX_K_TILES else 0
+        output = _outputs.empty((1 if reduce_heads else num_heads, columns, total_q),
+                                torch.float32, q.device)
     return max_seqlen_q, max_k_tiles, output
 
 
@@ -353,6 +404,7 @@ reduce_heads, q_offset
     torch.Tensor
         float32 ``(Hq | 1, max_k_tiles, total_q)``, ready for :func:`msa_topk_select`.
     """
+    op = "msa_proxy_score_fp4"
     q_fp4 = _tensor("q_fp4", q_fp4)
     k_fp4 = _tensor("k_fp4", k_fp4)
     q_scale = _tensor("q_scale", q_scale)
@@ -364,14 +416,17 @@ reduce_heads, q_offset
     page_table = _index_tensor("page_table", page_table)
     seqused_k = _index_tensor("seqused_k", seqused_k)
     output = _tensor_or_none("output", output)
-    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+    q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
+    _check_devices(op, q_fp4=q_fp4, k_fp4=k_fp4, q_scale=q_scale, k_scale=k_scale,
+                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, page_table=page_table,
+                   seqused_k=seqused_k, output=output, q_offset=q_offset_tensor)
     max_seqlen_q, max_k_tiles, output = _proxy_dims(
-        "msa_proxy_score_fp4", q_fp4, k_fp4, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
-        max_seqlen_q, max_k_tiles, output, reduce_heads)
-    _ops.proxy_score_fp4(q_fp4, k_fp4, q_scale.reshape(-1), k_scale.reshape(-1), q_global_scale,
-                         k_global_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
-                         bool(causal), max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
-                         bool(reduce_heads), output)
+        op, q_fp4, k_fp4, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q,
+        max_k_tiles, output, reduce_heads)
+    _call(_ops.proxy_score_fp4, q_fp4, k_fp4, q_scale.reshape(-1), k_scale.reshape(-1),
+          q_global_scale, k_global_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
+          bool(causal), max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
+          bool(reduce_heads), output)
     return output
 
 
@@ -415,26 +470,29 @@ def msa_topk_select(
         int32 ``(total_q, H, topk)``. Attention wants ``(Hkv, total_q, topk)`` contiguous:
         ``out.transpose(0, 1).contiguous()``.
     """
+    op = "msa_topk_select"
     max_score = _tensor("max_score", max_score)
-    topk = _int_arg("topk", topk)
+    topk = _int_arg(op, "topk", topk)
     output = _tensor_or_none("output", output)
-    force_begin_blocks = _int_arg("force_begin_blocks", force_begin_blocks)
-    force_end_blocks = _int_arg("force_end_blocks", force_end_blocks)
+    force_begin_blocks = _int_arg(op, "force_begin_blocks", force_begin_blocks)
+    force_end_blocks = _int_arg(op, "force_end_blocks", force_end_blocks)
     if num_valid_pages is None or isinstance(num_valid_pages, torch.Tensor):
         nvp_value, nvp_tensor = None, num_valid_pages
     elif isinstance(num_valid_pages, numbers.Integral) and not isinstance(num_valid_pages, bool):
-        nvp_value, nvp_tensor = int(num_valid_pages), None
+        nvp_value, nvp_tensor = _int64(op, "num_valid_pages", num_valid_pages), None
     else:
         raise TypeError(
             f"num_valid_pages must be None, an int or an int32 tensor, got "
             f"{type(num_valid_pages).__name__}")
 
+    _check_devices(op, max_score=max_score, num_valid_pages=nvp_tensor, output=output)
     if output is None:
         num_heads, _, total_q = _shape3(max_score)
+        # An out-of-range topk allocates no slot (the core rejects it).
         slots = topk if 1 <= topk <= _MAX_TOPK else 0
         output = _outputs.empty((total_q, num_heads, slots), torch.int32, max_score.device)
-    _ops.topk_select(max_score, topk, nvp_value, nvp_tensor, force_begin_blocks, force_end_blocks,
-                     output)
+    _call(_ops.topk_select, max_score, topk, nvp_value, nvp_tensor, force_begin_blocks,
+          force_end_blocks, output)
     return output
 
 
@@ -521,6 +579,7 @@ def msa_sparse_attention(
     ``out`` ``(total_q, Hq, 128)`` in q's dtype; ``(out, lse)`` with ``return_softmax_lse``;
     ``(out, lse, lse_t)`` with ``return_temperature_lse``.
     """
+    op = "msa_sparse_attention"
     q = _tensor("q", q)
     k = _tensor("k", k)
     v = _tensor("v", v)
@@ -536,8 +595,12 @@ def msa_sparse_attention(
     v_global_scale = _float_arg("v_global_scale", v_global_scale)
     lse_temperature_scale = _float_arg("lse_temperature_scale", lse_temperature_scale,
                                        optional=False)
-    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+    q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
     workspace = _workspace_arg(workspace)
+    _check_devices(op, q=q, k=k, v=v, q2k_indices=q2k_indices, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
+                   k_scale=k_scale, v_scale=v_scale, q_offset=q_offset_tensor,
+                   workspace=workspace.buffer if workspace is not None else None)
 
     want_lse_t = bool(return_temperature_lse)
     want_lse = bool(return_softmax_lse) or want_lse_t
@@ -550,8 +613,9 @@ def msa_sparse_attention(
     if workspace is not None:
         scratch = workspace.buffer
         if not torch.compiler.is_compiling():
-            scratch = workspace.reserve(_ops.sparse_attention_workspace_size(*args, scratch))
-    _ops.sparse_attention(*args, scratch)
+            scratch = workspace.reserve(
+                _call(_ops.sparse_attention_workspace_size, *args, scratch))
+    _call(_ops.sparse_attention, *args, scratch)
     if want_lse_t:
         return out, lse, lse_t
     if want_lse:
@@ -623,6 +687,7 @@ def msa_sparse_decode_attention(
     ``out`` ``(B * seqlen_q, Hq, 128)`` (q's dtype; bf16 for fp8 q), or ``(out, lse)`` with
     ``return_softmax_lse``.
     """
+    op = "msa_sparse_decode_attention"
     q = _tensor("q", q)
     k = _tensor("k", k)
     v = _tensor("v", v)
@@ -630,19 +695,23 @@ def msa_sparse_decode_attention(
     page_table = _index_tensor("page_table", page_table)
     seqused_k = _index_tensor("seqused_k", seqused_k)
     cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
-    seqlen_q = _int_arg("seqlen_q", seqlen_q)
+    seqlen_q = _int_arg(op, "seqlen_q", seqlen_q)
     softmax_scale = _float_arg("softmax_scale", softmax_scale)
     k_scale = _tensor_or_none("k_scale", k_scale)
     v_scale = _tensor_or_none("v_scale", v_scale)
     k_global_scale = _float_arg("k_global_scale", k_global_scale)
     v_global_scale = _float_arg("v_global_scale", v_global_scale)
-    q_offset_value, q_offset_tensor = _q_offset_args(q_offset)
+    q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
     if partial_dtype is not None and not isinstance(partial_dtype, torch.dtype):
         raise TypeError(
             f"partial_dtype must be a torch.dtype or None, got {type(partial_dtype).__name__}")
     if force_fused is not None and not isinstance(force_fused, bool):
         raise TypeError(f"force_fused must be a bool or None, got {type(force_fused).__name__}")
     workspace = _workspace_arg(workspace)
+    _check_devices(op, q=q, k=k, v=v, q2k_indices=q2k_indices, page_table=page_table,
+                   seqused_k=seqused_k, cu_seqlens_k=cu_seqlens_k, k_scale=k_scale,
+                   v_scale=v_scale, q_offset=q_offset_tensor,
+                   workspace=workspace.buffer if workspace is not None else None)
 
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     out = _outputs.empty(_shape3(q), out_dtype, q.device)
@@ -654,8 +723,8 @@ def msa_sparse_decode_attention(
     if workspace is not None:
         scratch = workspace.buffer
         if not torch.compiler.is_compiling():
-            scratch = workspace.reserve(_ops.sparse_decode_workspace_size(*args, scratch))
-    _ops.sparse_decode(*args, scratch)
+            scratch = workspace.reserve(_call(_ops.sparse_decode_workspace_size, *args, scratch))
+    _call(_ops.sparse_decode, *args, scratch)
     if return_softmax_lse:
         return out, lse
     return out

@@ -151,8 +151,8 @@ struct Item {
 };
 
 struct Scratch {
-  std::vector<float> kf;         // [limit_max, 128] keys of one kv head, fp32
-  std::vector<uint8_t> valid;    // [blocks] block has a valid page
+  std::vector<float> kf;         // [valid blocks, 128, 128] keys of one kv head, fp32
+  std::vector<int> slot;         // [blocks] block t's keys in kf, or -1 (invalid page)
   std::vector<float> q;          // [kGroup, 128]
   std::vector<float> s;          // [kGroup, kBlockSize]
 };
@@ -163,9 +163,10 @@ void run_item(const ProxyScoreParams& p, const std::vector<int>& owner, const It
   const RowRange rows = q_rows(p.qi, p.total_q, b);
   const int seqlen_k = kv_seqlen(p.kv, b);
   const int64_t q_off = q_offset_of(p.q_offset, b, rows.len, seqlen_k);
-  // Blocks >= max_k_tiles have no output column and are not scored.
-  const int scored_keys =
-      int(std::min<int64_t>(int64_t(num_blocks(seqlen_k)), p.max_k_tiles) * kBlockSize);
+  // Blocks >= max_k_tiles have no output column and are not scored. 64-bit: 2^24 blocks of 128
+  // keys are 2^31 keys (a limit is never above seqlen_k, so the clamp changes nothing else).
+  const int scored_keys = int(std::min<int64_t>(
+      std::min<int64_t>(num_blocks(seqlen_k), p.max_k_tiles) * kBlockSize, seqlen_k));
   const int group_size = p.num_heads / p.num_kv_heads;
   const bool fp4 = p.q_dtype == DType::kNVFP4;
   const int64_t total_q = p.total_q;
@@ -177,21 +178,27 @@ void run_item(const ProxyScoreParams& p, const std::vector<int>& owner, const It
   if (limit_max == 0) return;  // every column of these rows stays -inf
   const int item_blocks = int(ceil_div(limit_max, kBlockSize));
 
-  sc.kf.resize(size_t(limit_max) * kHeadDim);
-  sc.valid.resize(size_t(item_blocks));
+  sc.slot.resize(size_t(item_blocks));
   sc.q.assign(size_t(kGroup) * kHeadDim, 0.0f);
   sc.s.resize(size_t(kGroup) * kBlockSize);
 
   for (int kh = 0; kh < p.num_kv_heads; ++kh) {
-    // Keys of this kv head, fp32, once per item.
+    // Keys of this kv head's blocks with a valid page, fp32, once per item (blocks of invalid
+    // pages take no memory: a 2^24-column page table of mostly invalid ids stays cheap).
+    int n_valid = 0;
+    for (int t = 0; t < item_blocks; ++t)
+      sc.slot[t] = kv_offset(p.k, p.kv, b, kh, t * kBlockSize) >= 0 ? n_valid++ : -1;
+    sc.kf.resize(size_t(n_valid) * kBlockSize * kHeadDim);
     for (int t = 0; t < item_blocks; ++t) {
-      const int j_end = std::min(limit_max, (t + 1) * kBlockSize);
-      sc.valid[t] = kv_offset(p.k, p.kv, b, kh, t * kBlockSize) >= 0;
-      if (!sc.valid[t]) continue;
-      for (int j = t * kBlockSize; j < j_end; ++j)
-        load_row(p.k.data, p.k.dtype, kv_offset(p.k, p.kv, b, kh, j),
-                 sc.kf.data() + int64_t(j) * kHeadDim, p.k.scale,
-                 p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j) : 0);
+      if (sc.slot[t] < 0) continue;
+      const int j0 = t * kBlockSize;  // t < 2^24: fits
+      const int n = int(std::min<int64_t>(kBlockSize, int64_t(limit_max) - j0));
+      float* dst = sc.kf.data() + size_t(sc.slot[t]) * kBlockSize * kHeadDim;
+      for (int jj = 0; jj < n; ++jj)
+        load_row(p.k.data, p.k.dtype, kv_offset(p.k, p.kv, b, kh, j0 + jj),
+                 dst + size_t(jj) * kHeadDim, p.k.scale,
+                 p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j0 + jj)
+                                            : 0);
     }
 
     QueryVec group[kGroup];
@@ -199,10 +206,12 @@ void run_item(const ProxyScoreParams& p, const std::vector<int>& owner, const It
     auto flush = [&] {
       int group_limit = 0;
       for (int g = 0; g < n_group; ++g) group_limit = std::max(group_limit, group[g].limit);
-      for (int t = 0; t * kBlockSize < group_limit; ++t) {
-        if (!sc.valid[t]) continue;
+      const int group_blocks = int(ceil_div(group_limit, kBlockSize));
+      for (int t = 0; t < group_blocks; ++t) {
+        if (sc.slot[t] < 0) continue;
         const int n = std::min(kBlockSize, group_limit - t * kBlockSize);
-        dot_group(sc.q.data(), sc.kf.data() + int64_t(t) * kBlockSize * kHeadDim, n, sc.s.data());
+        dot_group(sc.q.data(), sc.kf.data() + size_t(sc.slot[t]) * kBlockSize * kHeadDim, n,
+                  sc.s.data());
         if (fp4) {
           for (int g = 0; g < n_group; ++g)
             for (int jj = 0; jj < n; ++jj) sc.s[size_t(g) * kBlockSize + jj] *= p.logit_scale;

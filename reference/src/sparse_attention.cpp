@@ -284,7 +284,7 @@ void select_blocks(const SparseAttnParams& p, int b, int r, int kh,
     const int t = list[e];
     const int n = std::min(kBlockSize, limit - t * kBlockSize);
     if (n <= 0) continue;
-    if (p.kv.page_table != nullptr && kv_page(p.kv, b, t) < 0) continue;
+    if (p.kv.paged && kv_page(p.kv, b, t) < 0) continue;
     blocks.push_back({t, n});
   }
   std::sort(blocks.begin(), blocks.end(),
@@ -485,10 +485,11 @@ void check_common(const SparseAttnParams& p, const char* op) {
             dtype_name(p.k.dtype), " and ", dtype_name(p.v.dtype));
   MSA_CHECK(p.k.dtype != DType::kNVFP4 || (p.k.scale != nullptr && p.v.scale != nullptr), op,
             ": NVFP4 k and v need k_scale and v_scale");
-  MSA_CHECK(p.kv.page_table != nullptr || p.kv.cu_seqlens_k != nullptr, op,
-            ": the flat layout needs cu_seqlens_k");
-  MSA_CHECK(p.kv.page_table == nullptr || p.kv.cu_seqlens_k != nullptr || p.kv.seqused_k != nullptr,
+  MSA_CHECK(p.kv.paged || p.kv.cu_seqlens_k != nullptr, op, ": the flat layout needs cu_seqlens_k");
+  MSA_CHECK(!p.kv.paged || p.batch == 0 || p.kv.cu_seqlens_k != nullptr || p.kv.seqused_k != nullptr,
             op, ": the paged layout needs seqused_k or cu_seqlens_k");
+  MSA_CHECK(!p.kv.paged || p.batch == 0 || p.kv.max_pages == 0 || p.kv.page_table != nullptr, op,
+            ": the paged layout needs page_table");
 }
 
 void run(const SparseAttnParams& p) {

@@ -441,6 +441,7 @@ inline Storage build_storage(const Data& d, Layout layout, std::mt19937_64& rng,
     st_head = nhd ? row : int64_t(kBlk) * row;
     st_page = int64_t(kBlk) * H * row;
     units = int64_t(num_pages) * st_page;
+    s.kv.paged = true;
     s.kv.page_table = s.page_table.data();
     s.kv.page_table_stride = max_pages;
     s.kv.max_pages = max_pages;

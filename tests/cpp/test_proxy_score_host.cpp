@@ -230,6 +230,7 @@ ProxyScoreParams make_params(ProxyInstance& in, HostTensor& q, HostTensor& k, bo
     p.k.stride_page = k.shape[1] * k.shape[2] * k.shape[3];
     p.kv.cu_seqlens_k = nullptr;
     p.kv.seqused_k = in.seqused_t.as<int>();
+    p.kv.paged = true;
     p.kv.page_table = in.page_table.as<int>();
     p.kv.page_table_stride = in.page_table.shape[1];
     p.kv.max_pages = in.max_pages;
@@ -241,6 +242,7 @@ ProxyScoreParams make_params(ProxyInstance& in, HostTensor& q, HostTensor& k, bo
     p.k.stride_page = 0;
     p.kv.cu_seqlens_k = in.cu_k_t.as<int>();
     p.kv.seqused_k = nullptr;
+    p.kv.paged = false;
     p.kv.page_table = nullptr;
     p.kv.page_table_stride = 0;
     p.kv.max_pages = 0;

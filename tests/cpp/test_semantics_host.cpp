@@ -123,6 +123,7 @@ KVIndex paged_index(const int* seqused, const int* cu, const int* table, int bat
   kv.batch = batch;
   kv.cu_seqlens_k = cu;
   kv.seqused_k = seqused;
+  kv.paged = true;
   kv.page_table = table;
   kv.page_table_stride = max_pages;
   kv.max_pages = max_pages;

@@ -755,7 +755,11 @@ const std::vector<ProxyReject> kProxyRejects = {
     {"OutputNotContiguous", proxy_flat, [](ProxySetup& s) { s.a.output = with_stride(s.a.output, 2, 2); }, kV, "output", "output must be contiguous"},
     {"OutputOtherDevice", proxy_flat, [](ProxySetup& s) { s.a.output.device = 2; }, kV, "output", "same device as q"},
     {"MaxKTilesZero", proxy_flat, [](ProxySetup& s) { s.a.max_k_tiles = 0; }, kV, "max_k_tiles", "must be >= 1"},
-    {"MaxKTilesOverflow", proxy_flat, [](ProxySetup& s) { s.a.max_k_tiles = int64_t(1) << 32; s.a.output = reshaped(s.a.output, {4, int64_t(1) << 32, 8}); }, kV, "max_k_tiles", "does not fit in int32"},
+    {"MaxKTilesOverflow", proxy_flat, [](ProxySetup& s) { s.a.max_k_tiles = int64_t(1) << 32; s.a.output = reshaped(s.a.output, {4, int64_t(1) << 32, 8}); }, kV, "max_k_tiles", "must be <= 16777216 (2^31 keys / 128), got 4294967296"},
+    {"MaxKTilesBeyondKeys", proxy_flat, [](ProxySetup& s) { s.a.max_k_tiles = (1 << 24) + 1; s.a.output = reshaped(s.a.output, {4, (1 << 24) + 1, 8}); }, kV, "max_k_tiles", "must be <= 16777216"},
+    {"OutputOverQ", proxy_flat, [](ProxySetup& s) { s.a.output.data = s.a.q.data; }, kV, "output", "output must not share memory with q"},
+    {"OutputOverCuSeqlensQ", proxy_flat, [](ProxySetup& s) { s.a.output.data = s.a.cu_seqlens_q.data; }, kV, "output", "must not share memory with cu_seqlens_q"},
+    {"OutputOverPageTable", proxy_paged, [](ProxySetup& s) { s.a.output.data = static_cast<char*>(s.a.page_table.data) - 16; }, kV, "output", "must not share memory with page_table"},
     {"MaxSeqlenQNegative", proxy_flat, [](ProxySetup& s) { s.a.max_seqlen_q = -1; }, kV, "max_seqlen_q", "must be >= 0"},
     {"CuSeqlensQMissing", proxy_flat, [](ProxySetup& s) { s.a.cu_seqlens_q = TensorRef{}; }, kV, "cu_seqlens_q", "cu_seqlens_q must be given"},
     {"CuSeqlensQInt64", proxy_flat, [](ProxySetup& s) { s.a.cu_seqlens_q.dtype = ST::kInt64; }, kV, "cu_seqlens_q", "must be 1-D int32"},
@@ -824,6 +828,8 @@ const std::vector<TopkReject> kTopkRejects = {
     {"NvpTensorOtherDevice", topk4, [](TopkSetup& s) { s.a.num_valid_pages = on_device(s.nvp.ref(), 3); }, kV, "num_valid_pages", "same device as max_score (cpu), got cuda:3"},
     {"NvpBoth", topk4, [](TopkSetup& s) { s.a.num_valid_pages = s.nvp.ref(); s.a.num_valid_pages_value = 4; }, kV, "num_valid_pages", "not both"},
     {"OutputMissing", topk4, [](TopkSetup& s) { s.a.output = TensorRef{}; }, kV, "output", "must be given"},
+    {"OutputOverScore", topk4, [](TopkSetup& s) { s.a.output.data = static_cast<float*>(s.a.max_score.data) + 4; }, kV, "output", "output must not share memory with max_score"},
+    {"OutputOverNvpTensor", topk4, [](TopkSetup& s) { s.a.num_valid_pages = s.nvp.ref(); s.a.output.data = s.a.num_valid_pages.data; }, kV, "output", "must not share memory with num_valid_pages"},
     {"OutputShape", topk4, [](TopkSetup& s) { s.a.output = reshaped(s.a.output, {2, 5, 4}); }, kV, "output", "output shape must be (5, 2, 4)"},
     {"OutputTopk", topk4, [](TopkSetup& s) { s.a.output = reshaped(s.a.output, {5, 2, 16}); }, kV, "output", "output shape must be (5, 2, 4)"},
     {"OutputDtype", topk4, [](TopkSetup& s) { s.a.output.dtype = ST::kInt64; }, kV, "output", "output must be int32, got int64"},
@@ -854,6 +860,12 @@ std::unique_ptr<AttnSetup> attn_packed() { return std::make_unique<AttnSetup>(KV
 std::unique_ptr<AttnSetup> attn_fp8() { return std::make_unique<AttnSetup>(KVKind::kPaged, ST::kBF16, ST::kFP8E4M3); }
 
 const std::vector<AttnReject> kAttnRejects = {
+    {"OutputOverQ", attn_flat, [](AttnSetup& s) { s.a.output.data = s.a.q.data; }, kV, "output", "output must not share memory with q"},
+    {"OutputOverV", attn_paged, [](AttnSetup& s) { s.a.output.data = s.a.kv.v.data; }, kV, "output", "output must not share memory with v"},
+    {"LseOverOutput", attn_flat, [](AttnSetup& s) { s.a.lse.data = s.a.output.data; }, kV, "output", "must not share memory with lse"},
+    {"LseOverQ2k", attn_flat, [](AttnSetup& s) { s.a.lse.data = s.a.q2k_indices.data; }, kV, "lse", "lse must not share memory with q2k_indices"},
+    {"WorkspaceOverK", attn_flat, [](AttnSetup& s) { s.workspace = HostTensor(ST::kUInt8, {64}); s.a.workspace = s.workspace.ref(); s.a.workspace.data = s.a.kv.k.data; }, kV, "workspace", "workspace must not share memory with k"},
+    {"LseTemperatureOverLse", attn_flat, [](AttnSetup& s) { s.a.lse_temperature = s.a.lse; }, kV, "lse", "must not share memory with lse_temperature"},
     // q
     {"QMissing", attn_flat, [](AttnSetup& s) { s.a.q = TensorRef{}; }, kV, "q", "q must be given"},
     {"QFp8", attn_flat, [](AttnSetup& s) { s.a.q.dtype = ST::kFP8E4M3; }, kV, "q", "q must be bf16/fp16, got float8_e4m3fn"},
@@ -973,6 +985,8 @@ std::unique_ptr<DecodeSetup> dec_fp8q() { return std::make_unique<DecodeSetup>(K
 std::unique_ptr<DecodeSetup> dec_nvfp4() { return std::make_unique<DecodeSetup>(KVKind::kPagedNvfp4); }
 
 const std::vector<DecodeReject> kDecodeRejects = {
+    {"OutputOverQ", dec_paged, [](DecodeSetup& s) { s.a.output.data = s.a.q.data; }, kV, "output", "output must not share memory with q"},
+    {"OutputOverSeqused", dec_paged, [](DecodeSetup& s) { s.a.output.data = s.a.seqused_k.data; }, kV, "output", "must not share memory with seqused_k"},
     {"SeqlenQZero", dec_paged, [](DecodeSetup& s) { s.a.seqlen_q = 0; }, kV, "seqlen_q", "seqlen_q must be positive, got 0"},
     {"SeqlenQNegative", dec_paged, [](DecodeSetup& s) { s.a.seqlen_q = -2; }, kV, "seqlen_q", "must be positive"},
     {"RowsNotMultiple", dec_paged, [](DecodeSetup& s) { s.a.seqlen_q = 4; }, kV, "seqlen_q", "q rows (6) must be batch_size * seqlen_q (4)"},
@@ -1021,6 +1035,74 @@ TEST_P(DecodeRejectTest, Throws) {
 }
 INSTANTIATE_TEST_SUITE_P(ValidationDecode, DecodeRejectTest, ::testing::ValuesIn(kDecodeRejects),
                          case_name<DecodeSetup>);
+
+// ---- hostile but valid inputs -----------------------------------------------------------------
+
+// An empty (B, 0) page table has no data pointer: it still selects the paged layout (every
+// sequence then has no key), never the flat one.
+TEST(ValidationProxy, EmptyPageTableIsPaged) {
+  ProxySetup s(/*paged=*/true);
+  s.a.page_table = reshaped(s.a.page_table, {2, 0});
+  s.a.page_table.data = nullptr;
+  s.a.max_k_tiles = 1;
+  s.out = HostTensor(ST::kFloat32, {4, 1, kTotalQ});
+  s.a.output = s.out.ref();
+  const ProxyScoreParams p = s.make();
+  EXPECT_TRUE(p.kv.paged);
+  EXPECT_EQ(p.kv.max_pages, 0);
+  for (int64_t i = 0; i < s.out.numel(); ++i) s.out.as<float>()[i] = 7.0f;
+  run_proxy_score(p, -1, nullptr);
+  for (int64_t i = 0; i < s.out.numel(); ++i)
+    ASSERT_TRUE(std::isinf(s.out.as<float>()[i]) && s.out.as<float>()[i] < 0) << i;
+}
+
+TEST(ValidationAttention, EmptyPageTableIsPaged) {
+  AttnSetup s(KVKind::kPaged);
+  s.a.page_table = reshaped(s.a.page_table, {2, 0});
+  s.a.page_table.data = nullptr;
+  for (int64_t i = 0; i < s.q2k.numel(); ++i) s.q2k.as<int>()[i] = int(i % 3) - 1;
+  const SparseAttnParams p = s.make();
+  EXPECT_TRUE(p.kv.paged);
+  run_sparse_attention(p, -1, nullptr);
+  for (int64_t i = 0; i < s.out.numel(); ++i) ASSERT_EQ(s.out.get(i), 0.0f) << i;
+  for (int64_t i = 0; i < s.lse.numel(); ++i) ASSERT_TRUE(std::isinf(s.lse.get(i))) << i;
+}
+
+TEST(ValidationDecode, EmptyPageTableIsPaged) {
+  DecodeSetup s;
+  s.a.page_table = reshaped(s.a.page_table, {3, 0});
+  s.a.page_table.data = nullptr;
+  const SparseDecodeParams d = s.make();
+  EXPECT_TRUE(d.attn.kv.paged);
+  run_sparse_decode(d, -1, nullptr);
+  for (int64_t i = 0; i < s.out.numel(); ++i) ASSERT_EQ(s.out.get(i), 0.0f) << i;
+}
+
+// Tensors with no elements are contiguous whatever their strides (torch's rule): a wrapper-made
+// (4, 2, 0) output with strides (2, 1, 1) and an empty q are accepted.
+TEST(ValidationProxy, ZeroElementTensorsAreContiguous) {
+  ProxySetup s(/*paged=*/false);
+  s.a.q = strided_ref(s.q.bytes.data(), ST::kBF16, {0, 4, kD}, {1, 1, 1});
+  s.cu_q = cu_seqlens({0, 0});
+  s.a.cu_seqlens_q = s.cu_q.ref();
+  s.a.output = strided_ref(s.out.bytes.data(), ST::kFloat32, {4, 2, 0}, {2, 1, 1});
+  const ProxyScoreParams p = s.make();
+  EXPECT_EQ(p.total_q, 0);
+  run_proxy_score(p, -1, nullptr);
+}
+
+TEST(ValidationDecode, ZeroBatch) {
+  DecodeSetup s;
+  s.a.q = strided_ref(s.q.bytes.data(), ST::kBF16, {0, 6, kD}, {kD, kD, 1});
+  s.a.q2k_indices = strided_ref(s.q2k.bytes.data(), ST::kInt32, {2, 0, 4}, {4, 4, 1});
+  s.a.page_table = strided_ref(s.page_table.bytes.data(), ST::kInt32, {0, kMaxPages}, {1, 1});
+  s.a.seqused_k = strided_ref(s.seqused_k.bytes.data(), ST::kInt32, {0}, {4});
+  s.a.output = strided_ref(s.out.bytes.data(), ST::kBF16, {0, 6, kD}, {1, 1, 1});
+  s.a.lse = strided_ref(s.lse.bytes.data(), ST::kFloat32, {0, 6}, {1, 1});
+  const SparseDecodeParams d = s.make();
+  EXPECT_EQ(d.attn.batch, 0);
+  run_sparse_decode(d, -1, nullptr);
+}
 
 // ---- error messages ----------------------------------------------------------------------------
 

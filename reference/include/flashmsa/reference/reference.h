@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <thread>
 
 #include "flashmsa/params.h"
 
@@ -19,6 +20,13 @@ void sparse_decode(const SparseDecodeParams& p);
 // Chunks are disjoint, so results never depend on the thread count.
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 // Threads used by parallel_for: FLASHMSA_NUM_THREADS if set, else std::thread::hardware_concurrency.
+// A worker thread that cannot be started makes parallel_for throw a kRuntime flashmsa::Error (after
+// joining the threads it did start) instead of ending the process.
 int num_threads();
+
+// How parallel_for starts its worker threads: nullptr (the default) is std::thread(fn). For tests,
+// which make a start fail; returns the previous starter. Not thread-safe: set it before calling.
+using ThreadStarter = std::thread (*)(const std::function<void()>& fn);
+ThreadStarter set_thread_starter(ThreadStarter starter);
 
 }  // namespace flashmsa::reference
