@@ -305,10 +305,13 @@ __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const __grid_const
   ws.offsets = reinterpret_cast<uint8_t*>(ws.tiles + 2 * kChunk * 32);
   ws.hist = ws.tiles + 2 * kChunk * 32 + kChunk * 8;
 
+  // One group of 32 tokens per warp, the longest rows first: token groups in descending order,
+  // heads interleaved (a causal prefill's rows grow with the token position); the hardware hands
+  // the later, shorter groups to the SMs that free up. The loop only matters for a capped grid.
   const int warps = gridDim.x * kWarps;
   for (int g = blockIdx.x * kWarps + warp; g < rp.groups; g += warps) {
-    const int h = g / rp.token_groups;
-    const int s0 = (g % rp.token_groups) * 32;
+    const int h = g % p.num_heads;
+    const int s0 = (rp.token_groups - 1 - g / p.num_heads) * 32;
     const int ntok = min(32, p.num_tokens - s0);
     const bool has_row = lane < ntok;
 

@@ -74,11 +74,11 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
   rp.carry = p.topk - p.force_begin - p.force_end;
   rp.vec = (p.num_tokens % 4 == 0 && reinterpret_cast<uintptr_t>(p.score) % 16 == 0) ? 1 : 0;
   const size_t smem = topk::radix::smem_bytes(rp.carry);
-  const int ctas_per_sm = prepare_launch(topk::radix::topk_radix_kernel, topk::radix::kThreads, smem);
-  // Persistent: each warp walks groups g, g + (all warps), ...: causal prefills put the long rows
-  // at the end of each head, and the stride mixes them into every warp's share.
-  const int64_t ctas = std::min<int64_t>(ceil_div_int<int64_t>(groups, topk::radix::kWarps),
-                                         int64_t(ctas_per_sm) * current_device_limits().num_sms);
+  prepare_launch(topk::radix::topk_radix_kernel, topk::radix::kThreads, smem);
+  // One warp per group of 32 tokens, longest rows first (the kernel's group order): a persistent
+  // grid with a fixed stride would give some warps only short causal rows and others only long
+  // ones; the hardware's CTA scheduling balances them instead.
+  const int64_t ctas = ceil_div_int<int64_t>(groups, topk::radix::kWarps);
   topk::radix::topk_radix_kernel<<<dim3(unsigned(ctas)), topk::radix::kThreads, smem, stream>>>(rp);
   MSA_CHECK_LAUNCH();
 }
