@@ -91,8 +91,8 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.chunk_rows = int(chunk);
   plan.groups = int((int64_t(p.total_q) + chunk - 1) / chunk);
 
-  const int64_t nb_bound = p.kv.page_table != nullptr ? int64_t(p.batch) * p.kv.max_pages
-                                                      : p.kv.total_k / kBlockSize + p.batch + 1;
+  const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages
+                                     : p.kv.total_k / kBlockSize + p.batch + 1;
   MSA_CHECK(nb_bound * p.num_kv_heads < INT_MAX, "msa_sparse_attention: too many KV blocks (",
             nb_bound, " per kv head) for the KV-major schedule");
   plan.nb_bound = int(std::max<int64_t>(nb_bound, 1));

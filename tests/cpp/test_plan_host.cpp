@@ -39,6 +39,7 @@ SparseAttnParams attn(int total_q, int hq = 64, int hkv = 4, int topk = 16, DTyp
 SparseAttnParams paged(SparseAttnParams p, int batch, int max_pages) {
   p.batch = batch;
   p.kv.batch = batch;
+  p.kv.paged = true;
   p.kv.page_table = g_dummy;
   p.kv.max_pages = max_pages;
   return p;
