@@ -150,7 +150,7 @@ class Smoke:
         """The sm_90a TMA + wgmma prefill kernel, forced, in both variants (FLASHMSA_PROXY_KERNEL=
         sm90_only: Q in registers, sm90_ss_only: Q in shared memory; SKIP on other devices):
         ragged and empty sequences, several tiles per CTA, q_offset, padding columns, non-causal,
-        G = 1 / 2 / 8, fp16, rows of no sequence."""
+        G = 1 / 2 / 8, fp16, rows of no sequence, paged K with an invalid page id."""
         for variant in ("sm90", "sm90_ss"):
             os.environ["FLASHMSA_PROXY_KERNEL"] = variant + "_only"
             try:
@@ -177,6 +177,11 @@ class Smoke:
                                 cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p),
             ops.msa_proxy_score(self.rnd((sum(sq) + 5, 8, 128)), k1, cu_q, cu_k,
                                 max_seqlen_q=max(sq), max_k_tiles=p)))
+        cache, table, used = self.paged(sk, 1)
+        table[0, 2] = -1  # an invalid page id: that block is -inf, nothing is loaded
+        self.run(f"proxy {tag} paged bf16 causal G4 (invalid page)", lambda: ops.msa_proxy_score(
+            q4, cache, cu_q, None, page_table=table, seqused_k=used, max_seqlen_q=max(sq),
+            max_k_tiles=table.shape[1]))
         s = 4096  # 64 q-tiles per head group: several tiles per CTA, Q slots and K stages wrap
         cu = ft.cu_seqlens([s, s], self.dev)
         self.run(f"proxy {tag} flat bf16 prefill 2 x 4096", lambda: ops.msa_proxy_score(

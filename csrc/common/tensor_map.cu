@@ -26,17 +26,20 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 }  // namespace
 
-bool encode_tensor_map_3d_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, uint64_t d0,
-                                uint64_t d1, uint64_t d2, uint64_t s1_bytes, uint64_t s2_bytes, uint32_t b0,
-                                uint32_t b1, uint32_t b2) {
+bool encode_tensor_map_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, int rank,
+                             const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[3] = {d0, d1, d2};
-  const cuuint64_t strides[2] = {s1_bytes, s2_bytes};
-  const cuuint32_t box[3] = {b0, b1, b2};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  if (encode == nullptr || rank < 3 || rank > 5) return false;
+  cuuint64_t d[5], st[4];
+  cuuint32_t b[5], elem_strides[5];
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    b[i] = box[i];
+    elem_strides[i] = 1;
+    if (i > 0) st[i - 1] = strides_bytes[i - 1];
+  }
   CUtensorMap m;
-  const CUresult r = encode(&m, dtype, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
+  const CUresult r = encode(&m, dtype, cuuint32_t(rank), const_cast<void*>(base), d, st, b, elem_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return false;

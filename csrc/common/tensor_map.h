@@ -9,13 +9,12 @@
 
 namespace flashmsa::cuda {
 
-// A rank-3 map of 16-bit elements over dims (d0 contiguous, d1, d2) with byte strides s1, s2
-// between consecutive d1 / d2 indices, read in boxes (b0, b1, b2) into 128-byte-swizzled shared
-// memory (b0 * 2 must be 128 bytes or less). Out-of-bounds elements read as zero.
+// A map of rank 3 to 5 over 16-bit elements: dims[0] contiguous, strides_bytes[i - 1] between
+// consecutive indices of dims[i], read in boxes `box` into 128-byte-swizzled shared memory
+// (box[0] * 2 must be 128 bytes or less). Out-of-bounds elements read as zero.
 // Returns false (map untouched) where the driver offers no encoder or rejects the arguments, so
 // the caller can take another kernel.
-bool encode_tensor_map_3d_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, uint64_t d0,
-                                uint64_t d1, uint64_t d2, uint64_t s1_bytes, uint64_t s2_bytes, uint32_t b0,
-                                uint32_t b1, uint32_t b2);
+bool encode_tensor_map_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, int rank,
+                             const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box);
 
 }  // namespace flashmsa::cuda

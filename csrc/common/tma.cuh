@@ -3,8 +3,9 @@
 //   tma_prefetch_map     pulls a tensor map (a __grid_constant__ kernel parameter) into the cache
 //   mbar_expect_tx       one arrival on the barrier that also makes its current phase wait for
 //                        `bytes` more bytes of asynchronous copies
-//   tma_load_3d          one box of a rank-3 tensor map -> shared memory; the copy's bytes complete
-//                        on `bar` (out-of-bounds elements are written as zero and still counted)
+//   tma_load_3d / _4d    one box of a rank-3 / rank-4 tensor map -> shared memory; the copy's bytes
+//                        complete on `bar` (out-of-bounds elements are written as zero and still
+//                        counted)
 //   fence_mbarrier_init  makes mbarrier.init visible to the async proxy (before a __syncthreads)
 // Valid on sm_90 and up; callers guard with __CUDA_ARCH__ >= 900.
 #pragma once
@@ -41,6 +42,14 @@ MSA_DEVICE void mbar_wait_loop(uint32_t bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
       "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
+      : "memory");
+}
+MSA_DEVICE void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
+      "%6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
 MSA_DEVICE void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }

@@ -2,9 +2,10 @@
 //   bf16 q (any k), fp8 q (fp8 k: e4m3 is exact in bf16), NVFP4 q and k (e2m1 x e4m3 is exact in
 //   bf16) -> bf16 MMAs; fp16 q -> fp16 MMAs.
 // Kernels: the portable mma.sync kernel (SM80+, every layout and dtype) and the sm_90a TMA + wgmma
-// prefill kernel (proxy_score_sm90.cuh: flat 16-bit K of q's dtype, per-head output). The sm_90a
-// kernel is off by default until its H200 run shows it correct and faster; FLASHMSA_PROXY_KERNEL
-// selects it (calls it does not cover, or devices it cannot run on, take the mma.sync kernel).
+// prefill kernel (proxy_score_sm90.cuh: 16-bit K of q's dtype, flat or paged, per-head output).
+// The sm_90a kernel is off by default until its H200 run shows it correct and faster;
+// FLASHMSA_PROXY_KERNEL selects it (calls it does not cover, or devices it cannot run on, take the
+// mma.sync kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -50,7 +51,7 @@ void run(const ProxyScoreParams& p, ProxyKernelChoice choice, cudaStream_t strea
     if (sm90::launch<Elem>(p, q_source, stream)) return;
     MSA_CHECK_SUPPORTED(!choice.strict,
                         "msa_proxy_score: the sm_90a kernel does not run this call (it needs an sm_90 "
-                        "device and flat bf16 / fp16 k of q's dtype without reduce_heads); "
+                        "device and bf16 / fp16 k of q's dtype, flat or paged, without reduce_heads); "
                         "FLASHMSA_PROXY_KERNEL=",
                         std::getenv("FLASHMSA_PROXY_KERNEL"), " forbids the fallback");
   }

@@ -1,23 +1,24 @@
 // msa_proxy_score prefill on Hopper (sm_90a): the GEMM-like kernel. out[h, t, r] = max over the
 // visible keys j of block t of dot(q[r, h], k[j, h / G]), fp32 accumulate
-// (docs/semantics.md#proxy-score-math), computed by wgmma with both operands brought in by TMA.
-// docs/design/proxy_score.md ("sm_90a kernel") has the reasoning behind each number.
+// (docs/semantics.md#proxy-score-math), computed by wgmma on operands brought in by TMA.
+// docs/design/proxy_score.md ("The sm_90a prefill kernel") has the reasoning behind each number.
 //
 // CTA = 3 warpgroups, one per SM, persistent:
 //   warpgroup 0   producer: one thread issues the TMA loads (Q tiles, K blocks) into
 //                 128-byte-swizzled shared memory, completing on "full" mbarriers
 //   warpgroups 1-2  consumers: each owns two of the tile's four 64-row sub-tiles and multiplies
-//                 them against every key block the tile sees (wgmma m64n128k16, Q and K from shared
-//                 memory), then reduces each row over the block's 128 keys (masked on the causal
-//                 diagonal and at the end of the keys) and stores the block's maxima
+//                 them against every key block the tile sees (wgmma m64n128k16; K from shared
+//                 memory, Q from shared memory or registers: QSource), then reduces each row over
+//                 the block's 128 keys (masked on the causal diagonal and at the end of the keys)
+//                 and stores the block's maxima
 // Tile = 256 MMA rows = 4 sub-tiles; sub-tile = one query head x 64 consecutive tokens, so one K
 // block feeds every head of the KV group (hc heads per CTA, hc in {1, 2, 4}; with hc < 4 the
-// sub-tiles are 4 / hc consecutive 64-token chunks of each head).
-// The two sub-tiles of a consumer alternate: while the wgmmas of one run, the warpgroup reduces and
-// stores the other's previous block, so the epilogue hides under the MMAs (and the two consumer
-// warpgroups keep the tensor cores fed between them).
-// Work items (sequence, q-tile, head group) run longest causal tiles first, dealt to the persistent
-// CTAs in snake order so that every CTA gets a similar share of the causal triangle.
+// sub-tiles are 4 / hc consecutive 64-token chunks of each head). K is flat (rank-3 tensor map) or
+// paged (rank-4: a 128-token page is one box).
+// Overlap: the consumer warpgroups take turns issuing their MMAs of a block; each reduces its
+// first sub-tile while its second multiplies, and its second while the other warpgroup's MMAs run.
+// Work items (sequence, q-tile, head group, key-block chunk) run longest causal tiles first, dealt
+// to the persistent CTAs in snake order so that every CTA gets a similar share of the triangle.
 #pragma once
 
 #include <cuda.h>
@@ -67,8 +68,10 @@ static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "
 // Kernel parameters: the op's params, the two TMA descriptors and the host's launch plan.
 struct Params {
   CUtensorMap q_map;  // q as (128 dims, Hq, total_q), box (64, 1, 64)
-  CUtensorMap k_map;  // flat k as (128 dims, Hkv, total_k), box (64, 1, 128)
+  CUtensorMap k_map;  // flat k as (128 dims, Hkv, total_k), box (64, 1, 128); paged k as
+                      // (128 dims, 128 tokens, Hkv, num_pages), box (64, 128, 1, 1): a page is a box
   ProxyScoreParams p;
+  bool paged;
   int group_size;     // G
   int heads_per_cta;  // hc in {1, 2, 4}, dividing G
   int chunks;         // 4 / hc: 64-token chunks per head in a tile
@@ -89,7 +92,7 @@ struct Tile {
   int tok0;   // first token (local index in the sequence)
   int ntok;   // tokens in the tile (<= 64 * chunks)
   int seqlen_k;
-  int k_row0;   // flat row of key 0 of the sequence
+  int k_row0;   // flat: row of key 0 of the sequence
   int t_begin;  // key blocks computed by this item: [t_begin, t_end)
   int t_end;
   int col_end;    // columns of this item: [t_begin, col_end); [t_end, col_end) are -inf
@@ -104,7 +107,7 @@ MSA_DEVICE Tile make_tile(const Params& kp, int b, int g, int split, int64_t rbe
   t.ntok = ntok;
   t.row_begin = rbegin + tok0;
   t.seqlen_k = kv_seqlen(p.kv, b);
-  t.k_row0 = int(kv_row_begin(p.kv, b));
+  t.k_row0 = kp.paged ? 0 : int(kv_row_begin(p.kv, b));
   const RowRange rows = q_rows(p.qi, p.total_q, b);
   t.q_off = q_offset_of(p.q_offset, b, rows.len, t.seqlen_k);
   const int subgroups = kp.group_size / kp.heads_per_cta;
@@ -216,7 +219,7 @@ MSA_DEVICE float max_nan(float a, float b) {
 // masked and an unmasked variant) makes ptxas serialize the wgmmas (C7518), so every block takes
 // the masked path with each row's limit clamped to the block (128: all keys visible).
 MSA_DEVICE void store_block_max(const Params& kp, const float (&s)[16][4], const Tile& tile, int head,
-                                int tok_sub0, int ntok_sub, int t, int warp, int lane) {
+                                int tok_sub0, int ntok_sub, int t, bool has_page, int warp, int lane) {
   const ProxyScoreParams& p = kp.p;
   const int gid = lane >> 2, tig = lane & 3;
   const bool crosses = int64_t(t + 1) * kBlockSize > tile.lim_first;
@@ -253,6 +256,7 @@ MSA_DEVICE void store_block_max(const Params& kp, const float (&s)[16][4], const
     m[h] = max_nan(m[h], __shfl_xor_sync(0xFFFFFFFFu, m[h], 2));
   }
   if (tig == 0) {
+    if (!has_page) m[0] = m[1] = neg_inf_f();  // an invalid page id: the block has no key
     float* o =
         p.out + (int64_t(head) * p.max_k_tiles + t) * p.total_q + tile.row_begin + (tok_sub0 - tile.tok0);
 #pragma unroll
@@ -346,11 +350,21 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       for (int t = tile.t_begin; t < tile.t_end; ++t, ++nk) {
         const int st = int(nk % kKStages);
         mbar_wait_loop(k_empty(st), ((nk / kKStages) & 1u) ^ 1u);
-        mbar_expect_tx(k_full(st), kKBlockBytes);
         const uint32_t dst = sK + uint32_t(st) * kKBlockBytes;
-        const int row = tile.k_row0 + t * kBlockSize;
-        tma_load_3d(dst, &kp.k_map, k_full(st), 0, tile.kh, row);
-        tma_load_3d(dst + kBlockSize * 128, &kp.k_map, k_full(st), 64, tile.kh, row);
+        if (!kp.paged) {
+          mbar_expect_tx(k_full(st), kKBlockBytes);
+          const int row = tile.k_row0 + t * kBlockSize;
+          tma_load_3d(dst, &kp.k_map, k_full(st), 0, tile.kh, row);
+          tma_load_3d(dst + kBlockSize * 128, &kp.k_map, k_full(st), 64, tile.kh, row);
+        } else if (const int64_t page = kv_page(kp.p.kv, tile.b, t); page >= 0) {
+          mbar_expect_tx(k_full(st), kKBlockBytes);
+          tma_load_4d(dst, &kp.k_map, k_full(st), 0, 0, tile.kh, int(page));
+          tma_load_4d(dst + kBlockSize * 128, &kp.k_map, k_full(st), 64, 0, tile.kh, int(page));
+        } else {
+          // A page id outside the cache: nothing to load (the consumers write -inf for the
+          // block); the stage still passes through the ring.
+          mbar_arrive(k_full(st));
+        }
       }
     });
     return;
@@ -410,6 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
     }
 #pragma unroll 1
     for (int i = 0; i < n; ++i) {
+      const bool has_page = !kp.paged || kv_page(p.kv, tile.b, tile.t_begin + i) >= 0;
       wait_k(i);
       // Issue turns alternate between the two consumer warpgroups, so that one's epilogue runs
       // while the other's MMAs keep the tensor cores busy.
@@ -424,11 +439,13 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       named_barrier_arrive(kOrderBarrier + (cwg ^ 1));
       wgmma_wait<1>();
       wgmma_fence_operand(acc0);
-      store_block_max(kp, acc0, tile, head[0], tok_sub0[0], ntok_sub[0], tile.t_begin + i, warp, lane);
+      store_block_max(kp, acc0, tile, head[0], tok_sub0[0], ntok_sub[0], tile.t_begin + i,
+                      has_page, warp, lane);
       wgmma_wait<0>();
       wgmma_fence_operand(acc1);
       mbar_arrive(k_empty(int((nk + uint32_t(i)) % kKStages)));  // both sub-tiles are done with block i
-      store_block_max(kp, acc1, tile, head[1], tok_sub0[1], ntok_sub[1], tile.t_begin + i, warp, lane);
+      store_block_max(kp, acc1, tile, head[1], tok_sub0[1], ntok_sub[1], tile.t_begin + i,
+                      has_page, warp, lane);
     }
     if constexpr (kQ == QSource::kSmem) mbar_arrive(q_empty(qs));
     nk += uint32_t(n);
@@ -445,12 +462,13 @@ inline CUtensorMapDataType tensor_map_type(DType d) {
   return d == DType::kFP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
-// Whether this kernel computes this call (flat 16-bit K of q's dtype, per-head output); false when
-// the caller must take the mma.sync kernel.
+// Whether this kernel computes this call (16-bit K of q's dtype, flat or paged, per-head output);
+// false when the caller must take the mma.sync kernel.
 inline bool supports(const ProxyScoreParams& p) {
   const bool dtype_ok = (p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16) && p.k.dtype == p.q_dtype;
-  return dtype_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && !p.kv.paged &&
-         !p.reduce_heads && p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize &&
+  const bool k_ok = p.kv.paged ? p.kv.num_pages > 0
+                               : p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize;
+  return dtype_ok && k_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && !p.reduce_heads &&
          p.total_q < (int64_t(1) << 31) - 256;
 }
 
@@ -465,7 +483,8 @@ bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
   // TMA: 16-byte aligned base and strides (the mma.sync kernel's cp.async needs the same).
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned16(p.q) || !aligned16(p.k.data) || (p.q_stride_token * 2) % 16 != 0 ||
-      (p.q_stride_head * 2) % 16 != 0 || (p.k.stride_token * 2) % 16 != 0 || (p.k.stride_head * 2) % 16 != 0)
+      (p.q_stride_head * 2) % 16 != 0 || (p.k.stride_token * 2) % 16 != 0 || (p.k.stride_head * 2) % 16 != 0 ||
+      (p.k.stride_page * 2) % 16 != 0)
     return false;
   if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
 
@@ -496,13 +515,23 @@ bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
   kp.n_items = int64_t(kp.n_qt) * p.batch * kp.num_groups * kp.n_split;
 
   const CUtensorMapDataType ty = tensor_map_type(p.q_dtype);
-  if (!encode_tensor_map_3d_sw128(kp.q_map, ty, p.q, kHeadDim, uint64_t(p.num_heads), uint64_t(p.total_q),
-                                  uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2, 64, 1,
-                                  kSubRows) ||
-      !encode_tensor_map_3d_sw128(kp.k_map, ty, p.k.data, kHeadDim, uint64_t(p.num_kv_heads),
-                                  uint64_t(p.kv.total_k), uint64_t(p.k.stride_head) * 2,
-                                  uint64_t(p.k.stride_token) * 2, 64, 1, kBlockSize))
-    return false;
+  kp.paged = p.kv.paged;
+  const uint64_t q_dims[3] = {kHeadDim, uint64_t(p.num_heads), uint64_t(p.total_q)};
+  const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
+  const uint32_t q_box[3] = {64, 1, kSubRows};
+  if (!encode_tensor_map_sw128(kp.q_map, ty, p.q, 3, q_dims, q_strides, q_box)) return false;
+  if (kp.paged) {
+    const uint64_t dims[4] = {kHeadDim, kBlockSize, uint64_t(p.num_kv_heads), uint64_t(p.kv.num_pages)};
+    const uint64_t strides[3] = {uint64_t(p.k.stride_token) * 2, uint64_t(p.k.stride_head) * 2,
+                                 uint64_t(p.k.stride_page) * 2};
+    const uint32_t box[4] = {64, kBlockSize, 1, 1};
+    if (!encode_tensor_map_sw128(kp.k_map, ty, p.k.data, 4, dims, strides, box)) return false;
+  } else {
+    const uint64_t dims[3] = {kHeadDim, uint64_t(p.num_kv_heads), uint64_t(p.kv.total_k)};
+    const uint64_t strides[2] = {uint64_t(p.k.stride_head) * 2, uint64_t(p.k.stride_token) * 2};
+    const uint32_t box[3] = {64, 1, kBlockSize};
+    if (!encode_tensor_map_sw128(kp.k_map, ty, p.k.data, 3, dims, strides, box)) return false;
+  }
 
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(kp.n_items, limits.num_sms));
   kernel<<<unsigned(grid), kThreads, smem_bytes, stream>>>(kp);

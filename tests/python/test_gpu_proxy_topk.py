@@ -238,6 +238,15 @@ SM90_CASES = [
     ProxyCase("sm90_uncovered_rows", [200, 7], [300, 600], hq=4, hkv=1, extra_rows=100),
     ProxyCase("sm90_empty_sequences", [0, 100, 0, 5], [256, 300, 999, 0], hq=4, hkv=1),
     ProxyCase("sm90_decode_like", [1] * 9, [300 * i + 1 for i in range(9)], hq=4, hkv=1),
+    # Paged K: one page = one 128-key block = one TMA box; permuted pages, invalid page ids.
+    ProxyCase("sm90_paged_prefill", [1000, 300], [1500, 4000], hq=4, hkv=1, paged=True),
+    ProxyCase("sm90_paged_invalid_pages", [60, 5, 200], [1500, 900, 700], hq=4, hkv=1, paged=True,
+              invalid_pages=True),
+    ProxyCase("sm90_paged_g8_chunked", [700], [5000], hq=16, hkv=2, paged=True),
+    ProxyCase("sm90_paged_fp16_noncausal", [129, 64], [1000, 333], hq=4, hkv=1, paged=True,
+              q_dtype=FP16, causal=False),
+    ProxyCase("sm90_paged_decode_like", [1] * 9, [300 * i + 1 for i in range(9)], hq=4, hkv=1,
+              paged=True, q_offset=[150 * i for i in range(9)]),
 ]
 
 
@@ -275,14 +284,36 @@ def test_proxy_sm90_equals_mma_sync(case: ProxyCase, variant: str, monkeypatch):
     assert torch.equal(got.view(torch.int32), again.view(torch.int32))
 
 
+@needs_sm90
+@pytest.mark.parametrize("variant", SM90_VARIANTS)
 @pytest.mark.parametrize("case", [
-    ProxyCase("sm90_fallback_paged", [300, 5], [1500, 900], hq=4, hkv=1, paged=True),
+    ProxyCase("sm90_paged_vs_flat_prefill", [500, 3], [1500, 4000], hq=4, hkv=1),
+    ProxyCase("sm90_paged_vs_flat_g8", [77, 130], [1000, 129], hq=8, hkv=1),
+], ids=str)
+def test_proxy_sm90_paged_equals_flat_bitwise(case: ProxyCase, variant: str, monkeypatch):
+    """The same keys flat and paged (permuted pages) give bit-identical sm_90a results: a page is
+    one TMA box, and the MMAs see the same shared-memory tile either way."""
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant)
+    flat = make_proxy_inputs(case, seed=17)
+    paged_case = _twin(case, paged=True)
+    paged = make_proxy_inputs(paged_case, seed=17)
+    cache, page_table, seqused = paginate(flat["k"], case.seqs_k,
+                                          generator=torch.Generator().manual_seed(4), extra_pages=2)
+    paged.update(q=flat["q"], k=cache, page_table=page_table, seqused_k=seqused)
+    got_flat = run_proxy(case, flat, DEV)
+    got_paged = run_proxy(paged_case, paged, DEV)
+    assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("sm90_fallback_fp8_k_paged", [300, 5], [1500, 900], hq=4, hkv=1, k_dtype=FP8,
+              paged=True),
     ProxyCase("sm90_fallback_fp8_k", [150, 90], [2048, 1280], hq=8, hkv=2, k_dtype=FP8),
     ProxyCase("sm90_fallback_reduce", [300], [4096], hq=8, hkv=2, reduce_heads=True),
 ], ids=str)
 def test_proxy_sm90_falls_back(case: ProxyCase, monkeypatch):
-    """FLASHMSA_PROXY_KERNEL=sm90 / sm90_ss: calls the sm_90a kernel does not cover (paged or fp8
-    K, reduce_heads; any call on other devices) run on the mma.sync kernel, still exact; the _only
+    """FLASHMSA_PROXY_KERNEL=sm90 / sm90_ss: calls the sm_90a kernel does not cover (fp8 K,
+    reduce_heads; any call on other devices) run on the mma.sync kernel, still exact; the _only
     forms refuse them with NotImplementedError."""
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
     want = run_proxy(case, inputs, "cpu")
