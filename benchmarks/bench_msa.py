@@ -72,7 +72,7 @@ QUICK = dict(
     sparse=[(32 * K, "bf16", "flat", "random"), (32 * K, "bf16", "flat", "clustered"),
             (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered")],
     decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
-                 (64, 32 * K, 1, "fp8")],
+                 (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8")],
     pipeline_s=[8 * K, 32 * K],
     topk_s=[32 * K, 128 * K],
     budget_s=0.15, max_reps=50,
@@ -86,6 +86,7 @@ TOPK_KERNEL_ENV = "FLASHMSA_TOPK_KERNEL"  # auto | current | new | radix | warp8
 # The top-k kernels each top-k case runs under: the library's choice, then both forced.
 TOPK_KERNELS = ("auto", "current", "new")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
+DECODE_KERNEL_ENV = "FLASHMSA_DECODE_KERNEL"  # auto | smem | regs (fp8 K/V decode kernel)
 
 
 def size_name(n: int) -> str:
@@ -487,9 +488,14 @@ class Bench:
     def stage_decode(self):
         for b, ctx, sq, kv in self.cfg["decode_attn"]:
             ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
-            self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged",
-                          lambda b=b, c=ctx, q=sq, kv=kv: self.build_decode(b, c, q, kv),
-                          "memory", ref)
+            # The default kernel choice, then (fp8 K/V) each decode kernel forced by name.
+            variants = [("", {DECODE_KERNEL_ENV: "auto"})]
+            if kv == "fp8":
+                variants += [(f" [{k}]", {DECODE_KERNEL_ENV: k}) for k in ("smem", "regs")]
+            for suffix, env in variants:
+                self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged{suffix}",
+                              lambda b=b, c=ctx, q=sq, kv=kv: self.build_decode(b, c, q, kv),
+                              "memory", ref if not suffix else None, env=env)
 
     def build_decode(self, b, ctx, sq, kv):
         g = self.gen()

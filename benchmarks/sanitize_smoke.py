@@ -371,6 +371,35 @@ class Smoke:
         kf, vf = self.rnd((sum(lens), 2, 128)), self.rnd((sum(lens), 2, 128))
         self.run("decode flat bf16 cu_seqlens_k", lambda: ops.msa_sparse_decode_attention(
             self.rnd((b, 8, 128)), kf, vf, sel, cu_seqlens_k=ft.cu_seqlens(lens, self.dev)))
+        self.decode_regs(lens)
+
+    def decode_regs(self, lens):
+        """The register-converting fp8 decode kernel (FLASHMSA_DECODE_KERNEL=regs): M3 and small
+        groups, bf16 / fp16 / fp8 q, seqlen_q 1 and 4, fused / split with each partial dtype, ids
+        out of range and -1 holes in the lists."""
+        ops = self.ops
+        b = len(lens)
+        for hq, hkv, q_dtype in ((64, 4, BF16), (8, 2, FP16), (16, 4, FP8)):
+            kc, table, used = self.paged(lens, hkv, FP8)
+            vc = self.rnd(kc.shape).to(FP8)
+            for seqlen_q in (1, 4):
+                pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
+                sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
+                sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
+                sel[:, 1::4, 9] = -1      # the list ends there
+                q = self.rnd((b * seqlen_q, hq, 128)).to(q_dtype)
+                for fused in (True, False, None):
+                    partials = (None, torch.float32, FP8) if fused is False else (None,)
+                    for partial in partials:
+                        name = (f"decode regs paged fp8 q={str(q_dtype)[6:]} {hq}/{hkv} "
+                                f"sq{seqlen_q} fused={fused} partial={partial}")
+                        self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
+                                 sqd=seqlen_q, fused=fused, partial=partial: with_env(
+                                     {"FLASHMSA_DECODE_KERNEL": "regs"},
+                                     lambda: ops.msa_sparse_decode_attention(
+                                         q, kc, vc, sel, page_table=table, seqused_k=used,
+                                         seqlen_q=sqd, return_softmax_lse=True,
+                                         force_fused=fused, partial_dtype=partial)))
 
     def pipeline(self):
         """The M3 decode step at a small size: proxy (per-head) -> top-k -> decode."""
@@ -392,6 +421,20 @@ class Smoke:
                 self.rnd((b, 64, 128)), kc, vc, sel.transpose(0, 1).contiguous(),
                 page_table=table, seqused_k=used)
         self.run("pipeline M3 decode step B8", step)
+
+
+def with_env(env, fn):
+    """fn() with the environment variables in env set (restored afterwards)."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        return fn()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def main() -> int:

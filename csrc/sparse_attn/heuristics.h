@@ -18,9 +18,12 @@ inline constexpr int kQmTargetCtasPerSm = 3;
 // Splits of each (row, kv head, row tile) item's used blocks. force_fused: 1 -> 1 (fused);
 // 0 -> at least 2 (the split + combine path, even when the grid is already full); -1 -> heuristic.
 // The count is rounded so that no split of a full list is empty.
-inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fused) {
+// ctas_per_sm: the resident CTAs of the kernel that runs (2 for the register-converting decode
+// kernel, whose 105 KB of shared memory allow no third).
+inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fused,
+                              int ctas_per_sm = kQmTargetCtasPerSm) {
   if (force_fused == 1 || items <= 0) return 1;
-  const int64_t target = int64_t(kQmTargetCtasPerSm) * num_sms;
+  const int64_t target = int64_t(ctas_per_sm) * num_sms;
   int64_t splits = items >= num_sms ? 1 : (target + items - 1) / items;
   splits = std::min<int64_t>(splits, topk);
   if (force_fused == 0) splits = std::max<int64_t>(splits, std::min(2, topk));

@@ -14,8 +14,9 @@
 
 namespace flashmsa::sparse_attn {
 
-// Query-major attention: one CTA per item (grid-stride over args.num_items).
-template <typename Elem, KvKind kKv, int kWarpsM>
+// Query-major attention: one CTA per item (grid-stride over args.num_items). kRegs: the
+// register-converting variant (kv_regs.cuh; fp8 K/V, kWarpsM = 1 only).
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream);
 
 // KV-major attention: a persistent grid of `grid` CTAs of 256 threads with

@@ -18,24 +18,35 @@
 #include "common/cuda_utils.h"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/kv_regs.cuh"
+#include "sparse_attn/launch.h"
 
 namespace flashmsa::sparse_attn {
 
-template <typename Elem, KvKind kKv, int kWarpsM>
+// kRegs: the register-converting fp8 variant (kv_regs.cuh): raw stages only, one more of them.
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false>
 struct QueryMajorConfig {
+  static_assert(!kRegs || (kKv == KvKind::kFp8 && kWarpsM == 1),
+                "register variant: fp8 K/V, 16-row tiles");
   static constexpr int kWarps = kQmThreads / 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kRows = 16 * kWarpsM;          // query heads per CTA
-  static constexpr int kWarpKeys = kQmTileKeys / kWarpsN;
+  // Keys per tile: 64 (a block is one or two tiles); the register variant streams whole 128-key
+  // blocks, so each warp's softmax step, tile issue and barrier cover 32 keys instead of 16.
+  static constexpr int kTileKeys = kRegs ? 2 * kQmTileKeys : kQmTileKeys;
+  static constexpr int kWarpKeys = kTileKeys / kWarpsN;
   static constexpr int kNT = kWarpKeys / 8;            // n8 key tiles per warp step
   // Raw stages are cheaper for quantized KV, so more of them are kept in flight, within the
   // 99 KB a CTA may use on every SM80+ GPU (sm_86 / sm_89 have the least).
+  // The register variant has no compute tile: 3 raw stages of 32 KB (2 in flight per CTA while
+  // one is computed), 2 CTAs per SM.
   static constexpr int kStages =
-      kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4);
+      kRegs ? 3 : (kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4));
   static constexpr int kTileBytes = kQmTileKeys * 256;  // one K or V compute tile
   static constexpr int kStageBytes =
-      kKv == KvKind::kNative ? 2 * kTileBytes : 2 * kRawTileBytes<kKv, kQmTileKeys>;
-  static constexpr int kPipeBytes = kStages * kStageBytes + (kKv == KvKind::kNative ? 0 : 2 * kTileBytes);
+      kKv == KvKind::kNative ? 2 * kTileBytes : 2 * kRawTileBytes<kKv, kTileKeys>;
+  static constexpr int kPipeBytes =
+      kStages * kStageBytes + (kKv == KvKind::kNative || kRegs ? 0 : 2 * kTileBytes);
   // Merge: per warp with w_n > 0, 64 accumulators + (m, l, lt) x 2 rows per lane.
   static constexpr int kMergeFloats = 70;
   static constexpr int kMergeBytes = ((kWarpsN - 1) * kWarpsM * kMergeFloats * 32 * 4 + 1023) / 1024 * 1024;
@@ -53,11 +64,15 @@ struct QueryMajorConfig {
   static constexpr int kSmemBytes = kUnionOffset + kUnionBytes;
   // ldm_base_* fold the swizzle into an XOR, which needs 256-byte aligned tiles.
   static_assert(kUnionOffset % 256 == 0 && kStageBytes % 256 == 0, "256-byte aligned tiles");
-  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
+  static_assert(kRegs || kSmemBytes <= 99 * 1024,
+                "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
+  static_assert(!kRegs || kSmemBytes == kQmRegsSmemBytes,
+                "the host's figure for the register variant");
 };
 
 // Warp 0: builds the item's tile list in shared memory; returns the number of tiles (all lanes).
-template <int kWarpsM>
+// kTileKeys = 64: a block is one or two tiles; 128: one tile per block.
+template <int kWarpsM, int kTileKeys = kQmTileKeys>
 MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, int split,
                                      TileDesc* s_tiles, int* s_list, int lane) {
   const SparseAttnParams& p = args.p;
@@ -87,7 +102,7 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
     vis[h] = used[h] ? int(vis64 < kBlockSize ? vis64 : int64_t(kBlockSize)) : 0;
     used[h] = used[h] && vis[h] > 0;
     if (used[h] && p.kv.paged) used[h] = kv_page(p.kv, b, blk[h]) >= 0;
-    two[h] = used[h] && vis[h] > kQmTileKeys;
+    two[h] = used[h] && vis[h] > kTileKeys;
   }
   const uint32_t lt_mask = (1u << lane) - 1u;
   const uint32_t u0 = __ballot_sync(0xffffffffu, used[0]);
@@ -114,15 +129,15 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
     d.k_off = kv_offset(p.k, p.kv, b, kh, j0);
     d.v_off = kv_offset(p.v, p.kv, b, kh, j0);
     d.scale_row = p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j0) : 0;
-    d.n_valid = min(kQmTileKeys, vis[h]);
+    d.n_valid = min(kTileKeys, vis[h]);
     d.pad = 0;
     s_tiles[idx] = d;
     if (two[h]) {
       // Second half of the block: keys 64 .. vis; rows of a block are stride_token apart.
-      d.k_off += int64_t(kQmTileKeys) * p.k.stride_token;
-      d.v_off += int64_t(kQmTileKeys) * p.v.stride_token;
-      d.scale_row += int64_t(kQmTileKeys) * scale_row_step(p);
-      d.n_valid = vis[h] - kQmTileKeys;
+      d.k_off += int64_t(kTileKeys) * p.k.stride_token;
+      d.v_off += int64_t(kTileKeys) * p.v.stride_token;
+      d.scale_row += int64_t(kTileKeys) * scale_row_step(p);
+      d.n_valid = vis[h] - kTileKeys;
       s_tiles[idx + 1] = d;
     }
   }
@@ -164,11 +179,12 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
 }
 
 // 3 CTAs per SM for 16-row tiles (decode: enough bytes in flight, ~150 registers); 2 for 64-row
-// tiles, whose shared memory allows no more and which need ~170 registers.
-template <typename Elem, KvKind kKv, int kWarpsM>
-__global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
+// tiles, whose shared memory allows no more and which need ~170 registers, and for the register
+// variant (105 KB of shared memory).
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs>
+__global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
-  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM>;
+  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = args.p;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -194,7 +210,8 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
 
     __syncthreads();  // the previous item is done with every shared buffer
     if (warp == 0) {
-      const int n = plan_query_major_item<kWarpsM>(args, r, kh, split, s_tiles, s_list, lane);
+      const int n =
+          plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
       if (lane == 0) s_misc[0] = n;
     }
     load_query_rows<Elem, Cfg::kRows>(args, r, kh, rt, sQ, tid);
@@ -207,15 +224,37 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
     auto issue_tile = [&](int tile, int st) {
       const TileDesc d = s_tiles[tile];
       constexpr int kHalf = Cfg::kStageBytes / 2;
-      issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.k, d.k_off, d.scale_row, scale_step,
-                                                       d.n_valid, stage_addr(st), tid);
-      issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.v, d.v_off, d.scale_row, scale_step,
-                                                       d.n_valid, stage_addr(st) + kHalf, tid);
+      if constexpr (kRegs) {
+        issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(p.k, d.k_off, d.n_valid,
+                                                            stage_addr(st), tid);
+        issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(p.v, d.v_off, d.n_valid,
+                                                            stage_addr(st) + kHalf, tid);
+      } else {
+        issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.k, d.k_off, d.scale_row, scale_step,
+                                                         d.n_valid, stage_addr(st), tid);
+        issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.v, d.v_off, d.scale_row, scale_step,
+                                                         d.n_valid, stage_addr(st) + kHalf, tid);
+      }
     };
 #pragma unroll
     for (int st = 0; st < Cfg::kStages - 1; ++st) {
       if (st < n_tiles) issue_tile(st, st);
       cp_async_commit();
+    }
+    float row_mul[2];  // register variant: per fragment row, fp16 logits -> base-2 units
+    if constexpr (kRegs) {
+      if (n_tiles > 0) {  // uniform
+        // Q landed once all but the kStages - 1 tile groups are done (its copies are the first
+        // group). Every warp reads it (same 16 rows) and keeps its row factors; warp 0 then
+        // overwrites the Q tile with the fp16 fragments all warps read from here on.
+        cp_async_wait<Cfg::kStages - 1>();
+        __syncthreads();
+        uint32_t qa[8][4];
+        load_q_frags_f16<Elem>(sQ, 0, lane, args.scale_log2, qa, row_mul);
+        __syncthreads();
+        if (warp == 0) stash_q_frags(qa, sQ, lane);
+        // The first iteration's barrier orders these stores before any warp reads them.
+      }
     }
 
     float o[1][16][4];
@@ -233,29 +272,47 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
       if (nx < n_tiles) issue_tile(nx, nx % Cfg::kStages);
       cp_async_commit();
 
-      uint32_t sK, sV;
-      if constexpr (kKv == KvKind::kNative) {
-        sK = stage_addr(i % Cfg::kStages);
-        sV = sK + Cfg::kTileBytes;
+      if constexpr (kRegs) {
+        const uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
+        const int key0 = w_n * Cfg::kWarpKeys;
+        const int lim_rel = s_tiles[i].n_valid - key0;
+        if (lim_rel > 0) {
+          float s[1][Cfg::kNT][4];
+          qk_fp8_regs<Cfg::kNT>(s[0], sQ, raw, key0, lane);
+#pragma unroll
+          for (int nt = 0; nt < Cfg::kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][nt][e] *= row_mul[e >> 1];
+          const int lim[1][2] = {{lim_rel, lim_rel}};
+          softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
+                             regs_rescale_slack(args.has_temp, temp));
+          pv_fp8_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
+        }
       } else {
-        uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
-        uint8_t* cbuf = s_union + Cfg::kStages * Cfg::kStageBytes;
-        convert_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(raw, cbuf, tid);
-        convert_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(raw + Cfg::kStageBytes / 2,
-                                                            cbuf + Cfg::kTileBytes, tid);
-        __syncthreads();
-        sK = smem_addr(cbuf);
-        sV = sK + Cfg::kTileBytes;
-      }
+        uint32_t sK, sV;
+        if constexpr (kKv == KvKind::kNative) {
+          sK = stage_addr(i % Cfg::kStages);
+          sV = sK + Cfg::kTileBytes;
+        } else {
+          uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
+          uint8_t* cbuf = s_union + Cfg::kStages * Cfg::kStageBytes;
+          convert_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(raw, cbuf, tid);
+          convert_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(raw + Cfg::kStageBytes / 2,
+                                                              cbuf + Cfg::kTileBytes, tid);
+          __syncthreads();
+          sK = smem_addr(cbuf);
+          sV = sK + Cfg::kTileBytes;
+        }
 
-      const int key0 = w_n * Cfg::kWarpKeys;
-      const int lim_rel = s_tiles[i].n_valid - key0;
-      if (lim_rel > 0) {  // warp-uniform: skip a slice past the tile's last visible key
-        float s[1][Cfg::kNT][4];
-        gemm_qk<Elem, 1, Cfg::kNT>(s, ldm_base_a(sQ_addr, w_m * 16, lane), ldm_base_k(sK, key0, lane));
-        const int lim[1][2] = {{lim_rel, lim_rel}};
-        softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
-        gemm_pv<Elem, 1, Cfg::kNT>(o, s, ldm_base_v(sV, key0, lane));
+        const int key0 = w_n * Cfg::kWarpKeys;
+        const int lim_rel = s_tiles[i].n_valid - key0;
+        if (lim_rel > 0) {  // warp-uniform: skip a slice past the tile's last visible key
+          float s[1][Cfg::kNT][4];
+          gemm_qk<Elem, 1, Cfg::kNT>(s, ldm_base_a(sQ_addr, w_m * 16, lane), ldm_base_k(sK, key0, lane));
+          const int lim[1][2] = {{lim_rel, lim_rel}};
+          softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
+          gemm_pv<Elem, 1, Cfg::kNT>(o, s, ldm_base_v(sV, key0, lane));
+        }
       }
     }
     st.quad_reduce();
@@ -314,6 +371,14 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
 
     if (w_n == 0) {
       uint8_t* stage = s_union + Cfg::kMergeBytes + w_m * Cfg::kStageOutBytes;
+      // The register variant's accumulators hold permuted head dims (kv_regs.cuh).
+      auto store = [&]<StoreKind kKind>(const float(&mul)[2], void* gbase, int64_t row_off) {
+        if constexpr (kRegs) {
+          store_rows_perm<kKind>(o[0], mul, stage, gbase, row_off, lane);
+        } else {
+          store_rows<kKind>(o[0], mul, stage, gbase, row_off, lane);
+        }
+      };
       const int gid = lane >> 2, tig = lane & 3;
       const int hh_lane = rt * Cfg::kRows + w_m * 16 + (lane & 15);  // row of lane i < 16
       const bool row_ok = lane < 16 && hh_lane < args.group;
@@ -322,7 +387,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
         const int64_t out_row = int64_t(r) * p.num_heads + kh * args.group + hh_lane;
 #pragma unroll
         for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? p.v_global_scale / st.l[0][h] : 0.0f;
-        store_rows<kElemStoreKind<Elem>>(o[0], mul, stage, p.out, row_ok ? out_row * 128 : -1, lane);
+        store.template operator()<kElemStoreKind<Elem>>(mul, p.out, row_ok ? out_row * 128 : -1);
         if (tig == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -340,10 +405,10 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
         for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? 1.0f / st.l[0][h] : 0.0f;
         const int64_t row_off = row_ok ? (slot0 + hh_lane) * 128 : -1;
         switch (args.part_kind) {
-          case StoreKind::kF32: store_rows<StoreKind::kF32>(o[0], mul, stage, args.part_o, row_off, lane); break;
-          case StoreKind::kBF16: store_rows<StoreKind::kBF16>(o[0], mul, stage, args.part_o, row_off, lane); break;
-          case StoreKind::kF16: store_rows<StoreKind::kF16>(o[0], mul, stage, args.part_o, row_off, lane); break;
-          default: store_rows<StoreKind::kFP8>(o[0], mul, stage, args.part_o, row_off, lane); break;
+          case StoreKind::kF32: store.template operator()<StoreKind::kF32>(mul, args.part_o, row_off); break;
+          case StoreKind::kBF16: store.template operator()<StoreKind::kBF16>(mul, args.part_o, row_off); break;
+          case StoreKind::kF16: store.template operator()<StoreKind::kF16>(mul, args.part_o, row_off); break;
+          default: store.template operator()<StoreKind::kFP8>(mul, args.part_o, row_off); break;
         }
         if (tig == 0) {
 #pragma unroll
@@ -360,10 +425,10 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 ? 3 : 2)
   }
 }
 
-template <typename Elem, KvKind kKv, int kWarpsM>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
-  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM>;
-  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM>;
+  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs>;
   flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
   // Items beyond the largest grid are picked up by the grid-stride loop.
   const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);

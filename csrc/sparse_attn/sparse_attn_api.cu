@@ -123,8 +123,25 @@ void check_workspace(const SparseAttnParams& p, size_t needed, const char* op) {
 
 // ---- query-major plan ------------------------------------------------------------------------
 
+// FLASHMSA_DECODE_KERNEL = auto (default) | smem | regs picks msa_sparse_decode_attention's kernel
+// for fp8 K/V: smem dequantizes each K/V tile shared-to-shared and feeds the MMAs by ldmatrix;
+// regs (kv_regs.cuh) converts the raw bytes in registers on the way to fp16 MMAs. auto is smem
+// until an H200 run shows regs faster. regs applies to fp8 K/V with G <= 16 on GPUs with >= 105 KB
+// of shared memory per CTA (not sm_86 / sm_89); elsewhere (bf16 / fp16 / NVFP4 K/V, G > 16) the
+// smem kernel runs whatever the setting. Read at every call (tests and
+// benchmarks run both on the same data; the workspace query reads it too).
+enum class DecodeKernel { kAuto, kSmem, kRegs };
+DecodeKernel decode_kernel_override() {
+  const char* env = std::getenv("FLASHMSA_DECODE_KERNEL");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return DecodeKernel::kAuto;
+  if (std::strcmp(env, "smem") == 0) return DecodeKernel::kSmem;
+  if (std::strcmp(env, "regs") == 0) return DecodeKernel::kRegs;
+  MSA_FAIL("FLASHMSA_DECODE_KERNEL must be auto, smem or regs, got '", env, "'");
+}
+
 struct QmPlan {
   int warps_m;
+  bool regs;  // the register-converting fp8 kernel (kv_regs.cuh)
   int row_tiles;
   int splits;
   bool fused;
@@ -134,15 +151,19 @@ struct QmPlan {
   size_t bytes;
 };
 
-QmPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused, StoreKind part_kind) {
+QmPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused, StoreKind part_kind,
+                        DecodeKernel kernel = DecodeKernel::kAuto) {
   QmPlan plan{};
   const int group = p.num_heads / p.num_kv_heads;
   // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups take 64-row tiles.
   plan.warps_m = group <= 16 ? 1 : 4;
+  plan.regs = kernel == DecodeKernel::kRegs && kv_kind(p) == KvKind::kFp8 && plan.warps_m == 1 &&
+              flashmsa::cuda::current_device_limits().max_smem_per_block_optin >= kQmRegsSmemBytes;
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = (group + rows - 1) / rows;
   const int64_t items = int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
-  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused);
+  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused,
+                                   plan.regs ? 2 : kQmTargetCtasPerSm);
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
   plan.num_items = items * plan.splits;
@@ -175,6 +196,12 @@ void run_query_major(const SparseAttnParams& p, const QmPlan& plan, cudaStream_t
     a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
   }
   dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+    if constexpr (kKv == KvKind::kFp8) {
+      if (plan.regs) {
+        launch_query_major<Elem, kKv, 1, true>(a, stream);
+        return;
+      }
+    }
     if (plan.warps_m == 1) {
       launch_query_major<Elem, kKv, 1>(a, stream);
     } else {
@@ -526,14 +553,17 @@ void sparse_attention(const SparseAttnParams& p, cudaStream_t stream) {
 size_t sparse_decode_workspace_bytes(const SparseDecodeParams& dp) {
   if (dp.attn.total_q == 0) return 0;
   check_params(dp.attn, "msa_sparse_decode_attention");
-  return plan_query_major(dp.attn, device_info().num_sms, dp.force_fused, partial_kind(dp)).bytes;
+  return plan_query_major(dp.attn, device_info().num_sms, dp.force_fused, partial_kind(dp),
+                          decode_kernel_override())
+      .bytes;
 }
 
 void sparse_decode(const SparseDecodeParams& dp, cudaStream_t stream) {
   const SparseAttnParams& p = dp.attn;
   if (p.total_q == 0) return;
   check_params(p, "msa_sparse_decode_attention");
-  const QmPlan plan = plan_query_major(p, device_info().num_sms, dp.force_fused, partial_kind(dp));
+  const QmPlan plan = plan_query_major(p, device_info().num_sms, dp.force_fused, partial_kind(dp),
+                                       decode_kernel_override());
   check_workspace(p, plan.bytes, "msa_sparse_decode_attention");
   run_query_major(p, plan, stream);
 }

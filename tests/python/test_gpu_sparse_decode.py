@@ -4,7 +4,10 @@ every q dtype (fp8 q computes in bf16), K/V bf16 / fp16 / fp8 / NVFP4, paged (pe
 partial last page, invalid page ids, empty sequences) / flat / packed, seqlen_q 1 / 2 / 4, GQA
 groups 1 / 3 / 4 / 16, topk 1..64, index-list edge cases, q_offset, global scales; the fused and the
 split-K + combine paths (force_fused) with every partial dtype; determinism; a large batch
-(>= 64K rows, total_q * Hq > 2^24).
+(>= 64K rows, total_q * Hq > 2^24). The same checks with each decode kernel forced
+(FLASHMSA_DECODE_KERNEL=regs / smem) on poisoned outputs and workspaces, the register kernel
+against the shared-memory one, and q rows of very different magnitudes (the register kernel's
+per-row power-of-two scaling into fp16).
 
 Skipped (not passed) without a CUDA device or without a CUDA build.
 """
@@ -232,3 +235,146 @@ def test_large_batch(force_fused):
     base_out, _ = baseline(sub, sub_pb, args[3])
     check_output(out[rows], want[0], base_out, "large out")
     check_lse(lse[rows], want[1], "large lse")
+
+
+# ---- the register-converting fp8 kernel (FLASHMSA_DECODE_KERNEL=regs) ---------------------------
+# Forced by the environment variable, which the host plan reads at every call. It runs for fp8 K/V
+# with G <= 16; other K/V kinds and larger groups run the shared-memory kernel whatever the setting
+# (covered here too, so forcing it is safe everywhere). Outputs and the workspace are poisoned
+# (NaN / 0xFF) before each call so that an unwritten element cannot pass.
+
+DECODE_KERNEL_ENV = "FLASHMSA_DECODE_KERNEL"
+
+
+def _fp8(name: str) -> DecodeCase:
+    return dataclasses.replace(next(c for c in CASES if c.name == name), name=f"{name}_fp8kv",
+                               kv="fp8")
+
+
+REGS_CASES = [c for c in CASES if c.name in (
+    "spec_8_1_8_2_fp8_paged", "spec_16_1_4_4_topk8_fp8", "spec_6_1_16_1_fp8", "fp16_fp8kv_mtp4",
+    "fp8_q_fp8_kv", "packed_hnd_fp8")] + [
+    dataclasses.replace(M3_B64_CTX2K, name="m3_b64_ctx2k_fp8_regs"),
+    # M3 MTP: 4 tokens per request, each with its own selection, and with one shared selection.
+    DecodeCase("m3_mtp4_distinct_fp8", 8, 4, 64, 4, kv="fp8", seqlens="ragged"),
+    DecodeCase("m3_mtp4_shared_fp8", 8, 4, 64, 4, kv="fp8", seqlens="ragged",
+               selection="tile_shared"),
+    DecodeCase("fp16_mtp4_shared_fp8", 6, 4, 16, 1, q_dtype=FP16, kv="fp8", selection="tile_shared"),
+] + [_fp8(n) for n in ("g1_topk1", "g3_topk33", "g4_topk64", "g16_topk64_mtp4",
+                       "empty_and_tiny_sequences", "mtp_seqlen_gt_keys", "q_offset_tensor_negative",
+                       "non_causal", "unsorted", "duplicates", "holes", "out_of_range",
+                       "some_empty_rows", "invalid_pages", "scales", "packed_nhd")]
+
+# Kinds the register kernel does not take (the shared-memory kernel runs): checked as well.
+REGS_FALLBACK_CASES = [c for c in CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "nvfp4_paged", "nvfp4_flat_mtp", "fp8_q_nvfp4_kv")] + [
+    DecodeCase("g32_fp8", 4, 2, 64, 2, kv="fp8")]
+
+
+def _poisoned_workspace(dp: DecodeProblem, **kw):
+    """A workspace as large as the call needs plus 1 MB, filled with 0xFF bytes (NaN as f32 /
+    bf16 / fp16 / fp8 partials and LSEs)."""
+    ws = msa_ops.MSASparseAttentionWorkspace(DEV)
+    msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, **kw)
+    torch.cuda.synchronize()
+    ws = msa_ops.MSASparseAttentionWorkspace(DEV, nbytes=ws.nbytes + (1 << 20))
+    ws.buffer.fill_(0xFF)
+    return ws
+
+
+def _poison_allocator(dp: DecodeProblem):
+    """Fills freed allocator blocks of the output sizes with NaN, so that the op's freshly
+    allocated out / lse likely start as NaN rather than zeros from an earlier call."""
+    q = dp.gpu_args[0]
+    rows, heads = q.shape[0], q.shape[1]
+    junk = [torch.full((rows, heads, 128), float("nan"), dtype=BF16, device=DEV),
+            torch.full((rows, heads), float("nan"), dtype=torch.float32, device=DEV)]
+    torch.cuda.synchronize()
+    del junk
+
+
+def run_regs(dp: DecodeProblem, monkeypatch, kernel: str = "regs", **extra):
+    monkeypatch.setenv(DECODE_KERNEL_ENV, kernel)
+    ws = _poisoned_workspace(dp, **extra)
+    _poison_allocator(dp)
+    result = msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws,
+                                                 **extra)
+    torch.cuda.synchronize()
+    return result
+
+
+@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", REGS_CASES + REGS_FALLBACK_CASES, ids=str)
+def test_regs_kernel_matches_cpu_reference(case, force_fused, monkeypatch):
+    dp = build_decode(case, seed=11)
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    got = run_regs(dp, monkeypatch, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} regs fused={force_fused}")
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
+@pytest.mark.parametrize("case", [c for c in REGS_CASES if c.name in (
+    "spec_8_1_8_2_fp8_paged", "fp16_fp8kv_mtp4", "m3_mtp4_distinct_fp8", "g3_topk33_fp8kv",
+    "duplicates_fp8kv")], ids=str)
+def test_regs_kernel_partial_dtypes(case, partial_dtype, monkeypatch):
+    dp = build_decode(case, seed=12)
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    got = run_regs(dp, monkeypatch, force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"{case} regs partial {partial_dtype}",
+                            partial_dtype=partial_dtype)
+
+
+@pytest.mark.parametrize("case", [c for c in REGS_CASES if c.name in (
+    "spec_8_1_8_2_fp8_paged", "m3_b64_ctx2k_fp8_regs", "m3_mtp4_shared_fp8", "fp8_q_fp8_kv",
+    "some_empty_rows_fp8kv", "invalid_pages_fp8kv")], ids=str)
+def test_regs_kernel_against_smem_kernel(case, monkeypatch):
+    """Both kernels on the same data: the same -inf / 0 pattern, outputs within the fused vs
+    split bound, and the register kernel deterministic (run == run, fused and split)."""
+    dp = build_decode(case, seed=13)
+    smem = run_regs(dp, monkeypatch, kernel="smem")
+    regs = run_regs(dp, monkeypatch)
+    empty = torch.isinf(regs[1])
+    assert torch.equal(torch.isinf(smem[1]), empty)
+    assert bool((regs[0][empty] == 0).all()) and bool((smem[0][empty] == 0).all())
+    diff = float((smem[0].double() - regs[0].double()).abs().max())
+    assert diff < 5e-3, f"smem vs regs: max |diff| {diff:.3e}"
+    for fused in (True, False):
+        first = run_regs(dp, monkeypatch, force_fused=fused)
+        assert bits_equal(first, run_regs(dp, monkeypatch, force_fused=fused))
+
+
+@pytest.mark.parametrize("force_fused", [True, False])
+def test_regs_kernel_paged_equals_flat(force_fused, monkeypatch):
+    case = DecodeCase("c", 8, 2, 16, 2, kv="fp8")
+    flat = build_decode(case, seed=14, layout="flat")
+    paged = build_decode(case, seed=14, layout="paged")
+    assert bits_equal(run_regs(flat, monkeypatch, force_fused=force_fused),
+                      run_regs(paged, monkeypatch, force_fused=force_fused))
+
+
+@pytest.mark.parametrize("q_dtype", [BF16, FP16], ids=str)
+def test_regs_kernel_q_row_scales(q_dtype, monkeypatch):
+    """bf16 q goes into fp16 MMAs scaled per row by a power of two: heads whose q is scaled by
+    2^-100 (the clamp), 2^-30, 1 and 2^12 (bf16; fp16 q stays within its range) still match the
+    reference (fresh random inputs: the scaled q replaces the case's q on both devices)."""
+    case = DecodeCase("row_scales", 6, 2, 16, 2, q_dtype=q_dtype, kv="fp8")
+    dp = build_decode(case, seed=15)
+    exps = [-100, -30, 0, 12] if q_dtype == BF16 else [-10, -3, 0, 3]
+    mult = torch.tensor([2.0 ** exps[h % len(exps)] for h in range(case.hq)])[None, :, None]
+    q = (dp.pb.q.float() * mult).to(q_dtype)
+    dp.pb.q = q
+    dp.cpu_args = (q,) + tuple(dp.cpu_args[1:])
+    dp.gpu_args = (q.to(DEV),) + tuple(dp.gpu_args[1:])
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    got = run_regs(dp, monkeypatch)
+    check_against_reference(dp, got, want, base_out, f"row scales {q_dtype}")
+
+
+def test_decode_kernel_env_rejects_unknown_values(monkeypatch):
+    dp = build_decode(CASES[1], seed=16)
+    monkeypatch.setenv(DECODE_KERNEL_ENV, "fastest")
+    with pytest.raises(ValueError, match="FLASHMSA_DECODE_KERNEL"):
+        msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs)

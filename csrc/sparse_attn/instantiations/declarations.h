@@ -20,6 +20,7 @@ extern template int union_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNative>();
 // sparse_attn_bf16_fp8.cu
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>();
@@ -51,6 +52,7 @@ extern template int union_sm90_ctas_per_sm<__half, KvKind::kNative>();
 // sparse_attn_fp16_fp8.cu
 extern template void launch_query_major<__half, KvKind::kFp8, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kFp8, 4>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kFp8, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kFp8>();

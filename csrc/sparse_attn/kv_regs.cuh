@@ -1,0 +1,261 @@
+// The register-converting variant of the query-major kernel for fp8 K/V (decode; selected by
+// FLASHMSA_DECODE_KERNEL=regs, docs/design/sparse_attention.md "Decode at memory speed"):
+//   * raw e4m3 tiles stay in shared memory ([keys][128 bytes], 16-byte chunk c of key r at chunk
+//     c ^ (r % 8)); no dequantized copy, no conversion pass, no extra barrier per tile;
+//   * each warp reads the raw bytes of its keys into registers and converts them straight into
+//     mma.sync B fragments with one cvt.rn.f16x2.e4m3x2 per pair of values (exact);
+//   * the MMAs run in fp16 whatever q's dtype: every e4m3 value is an fp16 value, and bf16 q rows
+//     are scaled by a power of two into fp16 (below), so no fp16 -> fp32 -> bf16 chain (3 more
+//     instructions per pair, the largest cost of the shared-memory variant) is needed;
+//   * the head dims of Q K^T and of P V are permuted (the same permutation on both operands of a
+//     dot product, undone by the epilogue store) so that every lane reads whole 16-byte chunks.
+//
+// The tiles are whole 128-key blocks, each warp takes 32 keys of each. Layout of a warp's keys
+// key0 .. (n-tile nt = keys key0 + 8 nt ..), gid = lane / 4, tig = lane % 4:
+//   Q K^T, k-step kk (of 8): the m16n8k16 k index 2 tig + e (+ 8) stands for head dim
+//     32 tig + 4 kk + e (+ 2). B fragment of n-tile nt: key key0 + 8 nt + gid, dims 32 tig .. + 31:
+//     two 16-byte loads; 4 bytes per k-step, one cvt per register. The Q fragments follow the same
+//     map (built once per item as fp16, kept in shared memory in fragment order).
+//   P V, per 16 keys: n-tile j (of 16), column n stands for head dim 16 n + j. The B fragment of a
+//     lane is (keys 2 tig, 2 tig + 1 | 2 tig + 8, 2 tig + 9) x dim 16 gid + j: four 16-byte loads
+//     (chunk gid of 4 key rows), pairs interleaved by prmt, one cvt per register. Accumulator o[j][2h + e]
+//     is row gid + 8 h, head dim 32 tig + 16 e + j (store_rows_perm writes it back in order).
+//
+// bf16 q -> fp16: row h's elements are multiplied by 2^(14 - E), E = the exponent of the row's
+// largest |q| (clamped to >= -100), so the row maximum lies in [2^14, 2^15) (fp16 max 65504).
+// Exact for every element >= 2^-32 of its row maximum (fp16 keeps 8 significant bits down to
+// 2^-17, the bf16 precision); smaller ones keep at least the absolute precision 2^-24 of the scaled
+// row. The logits are multiplied back by 2^(E - 14) (folded into the softmax scale per row). P is
+// rounded to fp16 (11 significant bits) instead of bf16 (8) for P V: closer to the exact softmax
+// than the shared-memory variant. fp16 q goes into the fragments as it is.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "sparse_attn/attention_core.cuh"
+
+namespace flashmsa::sparse_attn {
+
+// Lazy softmax rescaling (softmax_step's slack, the KV-major kernel's rule): a row's reference max
+// moves only when a step's max exceeds it by more than 8 (P <= 2^8, exact in fp16), which skips
+// most of the 64 o-rescaling multiplies per thread and step; 8 / T for a temperature T > 1 (the
+// temperature terms are 2^(T (x - m))), 0 (eager) for a T <= 0 the validator would have refused.
+MSA_DEVICE float regs_rescale_slack(bool has_temp, float temp) {
+  constexpr float kSlack = 8.0f;
+  return !has_temp ? kSlack : (temp > 1.0f ? kSlack / temp : (temp > 0.0f ? kSlack : 0.0f));
+}
+
+// Both halves of w (two e4m3 pairs) to fp16 pairs: lo <- bytes 0, 1; hi <- bytes 2, 3. The halves
+// are split inside the asm so that ptxas can read the upper one in place (no shift per pair).
+MSA_DEVICE void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  lo = e4m3x2_to_f16x2_bits(uint16_t(w & 0xFFFFu));
+  hi = e4m3x2_to_f16x2_bits(uint16_t(w >> 16));
+#endif
+}
+
+// Byte offset of 16-byte chunk ch of key `row` in a raw e4m3 tile.
+MSA_DEVICE uint32_t raw8_at(int row, int ch) {
+  return uint32_t(row) * 128u + (uint32_t(ch ^ (row & 7)) << 4);
+}
+
+// cp.async of keys [0, kRows) of one raw e4m3 K or V tile at element (= byte) offset `off` of `t`
+// into the chunk-swizzled raw layout at `dst`; keys >= n_valid are zero-filled (never read).
+template <int kRows, int kThreads>
+MSA_DEVICE void issue_fp8_rows_swizzled(const KVTensor& t, int64_t off, int n_valid, uint32_t dst,
+                                        int tid) {
+  static_assert((kRows * 8) % kThreads == 0 && kThreads % 64 == 0, "whole chunks per thread");
+  // Thread tid copies chunk tid % 8 of rows tid / 8 + i * kThreads / 8: the row's swizzle (row % 8)
+  // and the chunk are the same for every i, so source and destination advance by constants.
+  constexpr int kRowStep = kThreads / 8;
+  const uint8_t* base = static_cast<const uint8_t*>(t.data);
+  const int row0 = tid >> 3, ch = tid & 7;
+  const uint8_t* src = base + off + int64_t(row0) * t.stride_token + ch * 16;
+  const int64_t src_step = int64_t(kRowStep) * t.stride_token;
+  const uint32_t dst0 = dst + raw8_at(row0, ch);
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const bool ok = row0 + i * kRowStep < n_valid;
+    cp_async_16_zfill(dst0 + uint32_t(i * kRowStep * 128), ok ? src : base, ok);
+    src += src_step;
+  }
+}
+
+// The warp's Q fragments for the permuted Q K^T (rows row0 .. row0 + 15 of the [rows][128] Q tile
+// sQ, in q's compute dtype Elem) as fp16, and per fragment row h (gid, gid + 8) the factor that
+// turns the fp16 logits back into base-2 softmax units: scale_log2 * 2^(E - 14) for bf16 q,
+// scale_log2 for fp16 q.
+template <typename Elem>
+MSA_DEVICE void load_q_frags_f16(const uint8_t* sQ, int row0, int lane, float scale_log2,
+                                 uint32_t (&qa)[8][4], float (&row_mul)[2]) {
+  const int gid = lane >> 2, tig = lane & 3;
+  // Dims 32 tig + 4 kk .. + 3 of row r: 8 bytes in chunk 4 tig + kk / 2.
+  auto at = [&](int h, int kk) {
+    const int row = row0 + gid + 8 * h;
+    return *reinterpret_cast<const uint2*>(sQ + swizzle_128x16b_bytes(row, 4 * tig + (kk >> 1)) +
+                                           (kk & 1) * 8);
+  };
+  if constexpr (std::is_same_v<Elem, __half>) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint2 v = at(h, kk);
+        qa[kk][h] = v.x;
+        qa[kk][2 + h] = v.y;
+      }
+      row_mul[h] = scale_log2;
+    }
+  } else {
+    static_assert(std::is_same_v<Elem, __nv_bfloat16>, "q computes in bf16 or fp16");
+    auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+    auto hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint2 v = at(h, kk);
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(lo(v.x)), fabsf(hi(v.x))),
+                             fmaxf(fabsf(lo(v.y)), fabsf(hi(v.y)))));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // E = exponent of mx (0 and subnormal maxima count as -127), clamped so that both 2^(14 - E)
+      // and 2^(E - 14) are normal floats.
+      const int e = max(int((__float_as_uint(mx) >> 23) & 0xFFu) - 127, -100);
+      const float up = __uint_as_float(uint32_t(14 - e + 127) << 23);
+      const float down = __uint_as_float(uint32_t(e - 14 + 127) << 23);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint2 v = at(h, kk);
+        qa[kk][h] = pack2<__half>(lo(v.x) * up, hi(v.x) * up);
+        qa[kk][2 + h] = pack2<__half>(lo(v.y) * up, hi(v.y) * up);
+      }
+      row_mul[h] = scale_log2 * down;
+    }
+  }
+}
+
+// The fragments of load_q_frags_f16 in shared memory, in fragment order: k-step kk of lane l is the
+// 16 bytes at (kk * 32 + l) * 16 (4 KB; every warp of a 16-row item holds the same fragments, so
+// one copy serves all, read with conflict-free 16-byte loads). Keeping them in 32 registers
+// instead spilled at the 168-register cap of 3 CTAs per SM.
+MSA_DEVICE void stash_q_frags(const uint32_t (&qa)[8][4], uint8_t* sQf, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    *reinterpret_cast<uint4*>(sQf + (kk * 32 + lane) * 16) =
+        make_uint4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
+}
+
+// s[nt] = Q K^T for the warp's kNT * 8 keys key0 .. of the raw K tile sK (fp16 MMAs, permuted dims;
+// Q fragments from stash_q_frags' buffer sQf). Two n-tiles (16 keys) at a time bound the raw
+// registers to 16.
+template <int kNT>
+MSA_DEVICE void qk_fp8_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint8_t* sK, int key0,
+                            int lane) {
+  static_assert(kNT % 2 == 0, "n-tiles in pairs");
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    uint32_t w[2][8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int nt = 2 * np + h;
+      const int key = key0 + 8 * nt + gid;
+      const uint4 r0 = *reinterpret_cast<const uint4*>(sK + raw8_at(key, 2 * tig));
+      const uint4 r1 = *reinterpret_cast<const uint4*>(sK + raw8_at(key, 2 * tig + 1));
+      w[h][0] = r0.x; w[h][1] = r0.y; w[h][2] = r0.z; w[h][3] = r0.w;
+      w[h][4] = r1.x; w[h][5] = r1.y; w[h][6] = r1.z; w[h][7] = r1.w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint4 q = *reinterpret_cast<const uint4*>(sQf + (kk * 32 + lane) * 16);
+      const uint32_t a[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t b0, b1;
+        e4m3x4_to_f16x2x2(w[h][kk], b0, b1);
+        mma_m16n8k16<__half>(s[2 * np + h], a, b0, b1);
+      }
+    }
+  }
+}
+
+// o += P V for the warp's kNT * 8 keys key0 .. of the raw V tile sV; P (already exponentiated) in
+// p, rounded to fp16. o[j] are the permuted head dims of the file comment.
+template <int kNT>
+MSA_DEVICE void pv_fp8_regs(float (&o)[16][4], const float (&p)[kNT][4], const uint8_t* sV, int key0,
+                            int lane) {
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < kNT / 2; ++ks) {
+    uint32_t a[4];
+    a[0] = pack2<__half>(p[2 * ks][0], p[2 * ks][1]);
+    a[1] = pack2<__half>(p[2 * ks][2], p[2 * ks][3]);
+    a[2] = pack2<__half>(p[2 * ks + 1][0], p[2 * ks + 1][1]);
+    a[3] = pack2<__half>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+    const int k0 = key0 + 16 * ks + 2 * tig, k1 = k0 + 8;
+    const uint4 va = *reinterpret_cast<const uint4*>(sV + raw8_at(k0, gid));
+    const uint4 vb = *reinterpret_cast<const uint4*>(sV + raw8_at(k0 + 1, gid));
+    const uint4 vc = *reinterpret_cast<const uint4*>(sV + raw8_at(k1, gid));
+    const uint4 vd = *reinterpret_cast<const uint4*>(sV + raw8_at(k1 + 1, gid));
+    const uint32_t wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+    const uint32_t wc[4] = {vc.x, vc.y, vc.z, vc.w}, wd[4] = {vd.x, vd.y, vd.z, vd.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      // Bytes j = 4q .. 4q + 3 of the key pairs (k0, k0 + 1) and (k1, k1 + 1), interleaved per dim.
+      const uint32_t x0 = __byte_perm(wa[q], wb[q], 0x5140), x1 = __byte_perm(wa[q], wb[q], 0x7362);
+      const uint32_t y0 = __byte_perm(wc[q], wd[q], 0x5140), y1 = __byte_perm(wc[q], wd[q], 0x7362);
+      uint32_t bx[4], by[4];
+      e4m3x4_to_f16x2x2(x0, bx[0], bx[1]);
+      e4m3x4_to_f16x2x2(x1, bx[2], bx[3]);
+      e4m3x4_to_f16x2x2(y0, by[0], by[1]);
+      e4m3x4_to_f16x2x2(y1, by[2], by[3]);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) mma_m16n8k16<__half>(o[4 * q + jj], a, bx[jj], by[jj]);
+    }
+  }
+}
+
+// store_rows for accumulators in the permuted head-dim order of pv_fp8_regs: o[j][2h + e] is row
+// gid + 8h, dim 32 tig + 16 e + j. Same staging layout and global stores as store_rows.
+template <StoreKind kKind>
+MSA_DEVICE void store_rows_perm(const float (&o)[16][4], const float (&mul)[2], uint8_t* stage,
+                                void* gbase, int64_t row_off, int lane) {
+  constexpr int kE = store_kind_bytes(kKind);
+  constexpr int kRowBytes = 128 * kE;
+  constexpr int kChunks = kRowBytes / 16;
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = gid + 8 * h;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int j = 0; j < 16; j += 2) {
+        const int b = (32 * tig + 16 * e + j) * kE;  // dims d, d + 1 are adjacent
+        uint8_t* dst = stage + row * kRowBytes + (((b >> 4) ^ (row & 7)) << 4) + (b & 15);
+        store_pair<kKind>(dst, o[j][2 * h + e] * mul[h], o[j + 1][2 * h + e] * mul[h]);
+      }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * kChunks / 32; ++i) {
+    const int c = lane + 32 * i;
+    const int row = c / kChunks, ch = c % kChunks;
+    const int64_t ro = __shfl_sync(0xffffffffu, row_off, row);
+    const uint4 v = *reinterpret_cast<const uint4*>(stage + row * kRowBytes + ((ch ^ (row & 7)) << 4));
+    if (ro >= 0) *reinterpret_cast<uint4*>(static_cast<uint8_t*>(gbase) + ro * kE + ch * 16) = v;
+  }
+  __syncwarp();
+}
+
+}  // namespace flashmsa::sparse_attn
