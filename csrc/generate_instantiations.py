@@ -63,7 +63,8 @@ class Kernel:
                make one file per element type (and KV kind)
     header:    the header defining the template, relative to csrc/ (its directory is the op)
     signature: the instantiated declaration inside the op's namespace; {E} is the element type,
-               {KV} the KV kind
+               {KV} the KV kind; a launcher in a nested namespace is named relative to the op's
+               (e.g. "bool sm90::launch<{E}>(const ProxyScoreParams&, cudaStream_t)")
     elems:     element types, keys of ELEMS
     kvs:       KV kinds, keys of KVS (only with {KV})
     """

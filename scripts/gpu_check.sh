@@ -113,8 +113,10 @@ step_build() {
   : >"$log"
   local defs=(-C build-dir=build-gpu
               -C "cmake.define.FLASHMSA_ENABLE_CUDA=ON"
-              -C "cmake.define.CMAKE_CUDA_ARCHITECTURES=80;90a"
-              -C "cmake.define.FLASHMSA_CUTLASS_DIR=$ROOT/.deps/cutlass/include")
+              -C "cmake.define.CMAKE_CUDA_ARCHITECTURES=80;90a")
+  # CUTLASS / CuTe headers are optional (no source needs them today): used when carried.
+  [[ -f .deps/cutlass/include/cute/tensor.hpp ]] \
+    && defs+=(-C "cmake.define.FLASHMSA_CUTLASS_DIR=$ROOT/.deps/cutlass/include")
   if [[ -z ${SKIP_CTEST:-} && -f .deps/googletest/CMakeLists.txt ]]; then
     defs+=(-C "cmake.define.FLASHMSA_BUILD_TESTS=ON"
            -C "cmake.define.FLASHMSA_GTEST_SOURCE_DIR=$ROOT/.deps/googletest")
@@ -123,8 +125,6 @@ step_build() {
   fi
   if [[ ! -f pyproject.toml ]]; then
     echo "no pyproject.toml in $ROOT" >>"$log"; rc=1
-  elif [[ ! -f .deps/cutlass/include/cute/tensor.hpp ]]; then
-    echo "CUTLASS headers missing: carry .deps/cutlass/include" >>"$log"; rc=1
   else
     run_logged "$log" "$PY" -m pip install --no-build-isolation --no-deps -v . "${defs[@]}"
     rc=$?

@@ -1,39 +1,140 @@
 #!/usr/bin/env bash
-# Installs flashmsa and everything it needs on a fresh machine (Linux, Python >= 3.10):
-# PyPI packages it lacks (torch, numpy, build tools; the pinned nvidia-cutlass headers when nvcc is
-# present), then the package itself, built with CUDA kernels for sm_80 and sm_90a when nvcc is
-# found, else CPU-only. Environment:
-#   FLASHMSA_ENABLE_CUDA=ON|OFF|AUTO   (default AUTO: CUDA when nvcc is on PATH)
-#   FLASHMSA_BUILD_DIR=<dir>           persistent build dir for incremental rebuilds (default build/py)
-#   FLASHMSA_OFFLINE=1                 install no packages (a machine without an index)
+# Brings a Linux machine with Python >= 3.10 to a working flashmsa install (the CUDA toolkit is
+# optional). Steps, each printed with its time:
+#   1. Python packages it lacks, from PyPI: torch, numpy, tqdm, pytest, scikit-build-core, ninja, and
+#      CMake when no cmake >= 3.25 is on PATH (the nvidia-cutlass headers only with
+#      FLASHMSA_USE_CUTLASS=ON)
+#   2. with --tests (the test command): GoogleTest for the C++ tests, from the distribution's
+#      packages (apt-get / dnf) when it is missing; where that cannot run, a message naming the
+#      package (the Python install still completes)
+#   3. the package itself: pip install --no-build-isolation . (scikit-build-core over CMake, against
+#      the torch installed here), with CUDA kernels when nvcc is found, else CPU-only; the compile
+#      steps are shown as they run, the whole log is kept in build/setup-build.log
+#
+# Environment:
+#   FLASHMSA_ENABLE_CUDA=ON|OFF|AUTO  default AUTO: CUDA kernels when nvcc is on PATH or in
+#                                     /usr/local/cuda/bin
+#   FLASHMSA_CUDA_ARCHS="80;90a"      CUDA architectures to compile (CMake list syntax), default
+#                                     "80;90a": sm_80 runs everywhere from Ampere up, sm_90a adds
+#                                     Hopper's kernels; e.g. "90a" for Hopper only (faster build)
+#   FLASHMSA_USE_CUTLASS=ON           also install and use the CUTLASS/CuTe headers (optional:
+#                                     no source needs them today)
+#   FLASHMSA_BUILD_DIR=<dir>          persistent build dir for incremental rebuilds (default build/py)
+#   FLASHMSA_OFFLINE=1                install nothing (a machine without a package index)
+#   FLASHMSA_VERBOSE=1                show the whole build output
+#   PYTHON=python3                    the interpreter to install into
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/common.sh
 PY=${PYTHON:-python3}
-cuda=${FLASHMSA_ENABLE_CUDA:-AUTO}
-if [[ "$cuda" == AUTO ]]; then
-  if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then cuda=ON; else cuda=OFF; fi
-fi
-[[ -x /usr/local/cuda/bin/nvcc ]] && export PATH="$PATH:/usr/local/cuda/bin"
-
-need=()
-$PY -c "import torch" 2>/dev/null || need+=("torch")
-for mod_pkg in numpy:numpy tqdm:tqdm pytest:pytest scikit_build_core:scikit-build-core ninja:ninja; do
-  $PY -c "import ${mod_pkg%%:*}" 2>/dev/null || need+=("${mod_pkg##*:}")
+with_tests=0
+for arg in "$@"; do
+  case $arg in
+    --tests) with_tests=1 ;;
+    *) echo "usage: $0 [--tests]" >&2; exit 2 ;;
+  esac
 done
-if [[ "$cuda" == ON ]] && ! $PY -c "import cutlass_library" 2>/dev/null && [[ -z "${FLASHMSA_CUTLASS_DIR:-}" ]]; then
-  need+=("nvidia-cutlass==4.2.0.0")
+steps=$((2 + with_tests))
+step=0
+begin_step() { step=$((step + 1)); step_start=$SECONDS; echo "setup [$step/$steps] $*"; }
+end_step() { echo "setup [$step/$steps] done in $(msa_elapsed "$step_start")"; }
+
+if ! $PY -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup: flashmsa needs Python >= 3.10 ($PY is $($PY --version 2>&1))" >&2
+  exit 1
 fi
+
+cuda=${FLASHMSA_ENABLE_CUDA:-AUTO}
+[[ -x /usr/local/cuda/bin/nvcc ]] && ! command -v nvcc >/dev/null 2>&1 && export PATH="$PATH:/usr/local/cuda/bin"
+if [[ "$cuda" == AUTO ]]; then
+  if command -v nvcc >/dev/null 2>&1; then cuda=ON; else cuda=OFF; fi
+fi
+cutlass=${FLASHMSA_USE_CUTLASS:-OFF}
+
+# ---- 1. Python packages -----------------------------------------------------------------------
+begin_step "Python packages"
+# module:package pairs; find_spec looks for a module without importing it (torch takes seconds).
+wanted=(torch:torch numpy:numpy tqdm:tqdm pytest:pytest scikit_build_core:scikit-build-core ninja:ninja)
+[[ "$cutlass" == ON && -z "${FLASHMSA_CUTLASS_DIR:-}" ]] && wanted+=(cutlass_library:nvidia-cutlass==4.2.0.0)
+read -r -a need <<<"$($PY -c '
+import importlib.util, sys
+print(" ".join(p.split(":", 1)[1] for p in sys.argv[1:]
+               if importlib.util.find_spec(p.split(":", 1)[0]) is None))' "${wanted[@]}")"
+msa_find_cmake "$PY" >/dev/null || need+=("cmake>=$FLASHMSA_MIN_CMAKE")
 if ((${#need[@]})); then
   if [[ "${FLASHMSA_OFFLINE:-0}" == 1 ]]; then
     echo "setup: missing ${need[*]} and FLASHMSA_OFFLINE=1" >&2; exit 1
   fi
-  echo "setup: installing ${need[*]}"
-  $PY -m pip install -q "${need[@]}"
+  case " ${need[*]} " in
+    *" torch "*) echo "setup: installing ${need[*]} from PyPI (torch with its CUDA libraries is several GB: minutes)" ;;
+    *) echo "setup: installing ${need[*]} from PyPI" ;;
+  esac
+  $PY -m pip install --progress-bar on "${need[@]}"
+else
+  echo "setup: torch, numpy, tqdm, pytest, scikit-build-core, ninja and CMake are installed"
+fi
+cmake_bin=$(msa_find_cmake "$PY") || {
+  echo "setup: no cmake >= $FLASHMSA_MIN_CMAKE after installing it from PyPI" >&2; exit 1; }
+export PATH="$(dirname "$cmake_bin"):$PATH"  # the build and scripts/test.sh find the same cmake
+echo "setup: $("$cmake_bin" --version | head -1) ($cmake_bin)"
+end_step
+
+# ---- 2. GoogleTest (only for the test command) ------------------------------------------------
+if ((with_tests)); then
+  begin_step "GoogleTest for the C++ tests"
+  if msa_have_gtest; then
+    echo "setup: GoogleTest found"
+  else
+    sudo=()
+    if ((EUID != 0)) && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=(sudo -n); fi
+    if [[ "${FLASHMSA_OFFLINE:-0}" == 1 ]]; then
+      echo "setup: FLASHMSA_OFFLINE=1 and $MSA_GTEST_HINT" >&2
+    elif ((EUID != 0 && ${#sudo[@]} == 0)); then
+      echo "setup: not root and no password-less sudo, so nothing is installed; $MSA_GTEST_HINT" >&2
+    elif command -v apt-get >/dev/null 2>&1; then
+      echo "setup: installing libgtest-dev with apt-get"
+      export DEBIAN_FRONTEND=noninteractive
+      "${sudo[@]}" apt-get install -y -q --no-install-recommends libgtest-dev \
+        || { "${sudo[@]}" apt-get update -q && "${sudo[@]}" apt-get install -y -q --no-install-recommends libgtest-dev; } \
+        || echo "setup: apt-get could not install libgtest-dev; $MSA_GTEST_HINT" >&2
+    elif command -v dnf >/dev/null 2>&1; then
+      echo "setup: installing gtest-devel with dnf"
+      "${sudo[@]}" dnf install -y -q gtest-devel || echo "setup: dnf could not install gtest-devel; $MSA_GTEST_HINT" >&2
+    else
+      echo "setup: no apt-get or dnf here; $MSA_GTEST_HINT" >&2
+    fi
+  fi
+  end_step
 fi
 
-args=(-C "cmake.define.FLASHMSA_ENABLE_CUDA=$cuda" -C "build-dir=${FLASHMSA_BUILD_DIR:-build/py}")
+# ---- 3. the package ---------------------------------------------------------------------------
+archs=${FLASHMSA_CUDA_ARCHS:-80;90a}
+if [[ "$cuda" == ON ]]; then what="CUDA kernels for $archs"; else what="CPU only: no nvcc"; fi
+[[ "${FLASHMSA_ENABLE_CUDA:-AUTO}" == OFF ]] && what="CPU only: FLASHMSA_ENABLE_CUDA=OFF"
+mkdir -p build
+log=build/setup-build.log
+jobs=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+begin_step "building flashmsa ($what, $jobs parallel jobs; log: $log)"
+[[ "$cuda" == ON ]] && echo "setup: compiling the CUDA kernels takes minutes (the [n/N] lines count the steps)"
+args=(-C "cmake.define.FLASHMSA_ENABLE_CUDA=$cuda" -C "cmake.define.FLASHMSA_CUDA_ARCHS=$archs"
+      -C "cmake.define.FLASHMSA_USE_CUTLASS=$cutlass" -C "build-dir=${FLASHMSA_BUILD_DIR:-build/py}")
 [[ -n "${FLASHMSA_CUTLASS_DIR:-}" ]] && args+=(-C "cmake.define.FLASHMSA_CUTLASS_DIR=$FLASHMSA_CUTLASS_DIR")
-echo "setup: building flashmsa (CUDA kernels: $cuda)"
-CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-  $PY -m pip install --no-build-isolation --no-deps ${PIP_VERBOSE:+-v} "${args[@]}" .
+build=(env CMAKE_BUILD_PARALLEL_LEVEL="$jobs"
+       $PY -m pip install --no-build-isolation --no-deps -v "${args[@]}" .)
+if [[ "${FLASHMSA_VERBOSE:-${PIP_VERBOSE:-0}}" != 0 ]]; then
+  "${build[@]}" 2>&1 | tee "$log"
+else
+  # Progress: ninja's [n/N] steps, flashmsa's configure lines, compiler / ptxas warnings and
+  # errors (register spills included), and CMake warnings / errors whole.
+  if ! "${build[@]}" 2>&1 </dev/null | tee "$log" | awk '
+      /CMake (Warning|Error)/ { block = 1 }
+      block { print; if ($0 ~ /^[[:space:]]*$/) block = 0; fflush(); next }
+      /^ *-- flashmsa:|^ *\[[0-9]+\/[0-9]+\]/ || tolower($0) ~ /warning|error/ { print; fflush() }'; then
+    echo "setup: the build failed; the end of $log:" >&2
+    tail -n 60 "$log" >&2
+    exit 1
+  fi
+fi
+end_step
 $PY -c "import flashmsa, flashmsa._C; print('setup: flashmsa', flashmsa.__version__, 'CUDA kernels:', flashmsa.built_with_cuda())"
+echo "setup: done ('flashmsa info' shows what was built)"

@@ -18,12 +18,16 @@ def _info() -> dict:
     import torch
 
     import flashmsa
+    from flashmsa._build_info import BUILD_INFO
 
     cuda = torch.cuda.is_available()
     return {
         "flashmsa": flashmsa.__version__,
         "torch": torch.__version__,
         "built_with_cuda": flashmsa.built_with_cuda(),
+        # Baked in at build time (bindings/torch/build_info.py.in): the commit, the compiled CUDA
+        # architectures, the CUDA toolkit and the torch the extension was compiled against.
+        "build": BUILD_INFO,
         "cuda_available": cuda,
         "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if cuda else [],
@@ -42,7 +46,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "demo", help="run proxy score -> top-k -> sparse attention on a synthetic M3 problem",
         description=demo.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_arguments(demo_parser)
-    sub.add_parser("info", help="print build and device information (JSON)")
+    sub.add_parser("info", help="print build information (commit, CUDA architectures and toolkit, "
+                   "build-time torch) and the devices, as JSON")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo.main(args, demo_parser)

@@ -28,3 +28,25 @@ def test_cli_version(capsys):
         cli.main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"flashmsa {flashmsa.__version__}"
+
+
+def test_cli_info_reports_the_build(capsys):
+    import json
+
+    import torch
+
+    assert cli.main(["info"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    build = info["build"]
+    assert build["version"] == flashmsa.__version__
+    assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?|unknown", build["git_commit"]), build["git_commit"]
+    assert build["cuda_kernels"] == flashmsa.built_with_cuda() == info["built_with_cuda"]
+    # Architectures and toolkit exactly when the kernels were compiled.
+    assert bool(build["cuda_architectures"]) == build["cuda_kernels"]
+    assert (build["cuda_toolkit"] is not None) == build["cuda_kernels"]
+    for arch in build["cuda_architectures"]:
+        assert re.fullmatch(r"[0-9]+[af]?(-real|-virtual)?", arch), arch
+    # The extension was compiled against the torch it runs with (scripts/setup.sh builds without
+    # isolation); an isolated build against another torch would show here.
+    assert build["torch"] == torch.__version__
+    assert build["torch_cuda"] == torch.version.cuda
