@@ -34,14 +34,14 @@
 #include "common/wgmma.cuh"
 #include "flashmsa/params.h"
 #include "flashmsa/semantics.h"
-#include "proxy_score/proxy_score_config.h"
 #include "proxy_score/launch.h"
+#include "proxy_score/proxy_score_config.h"
 
 namespace flashmsa::cuda::proxy::sm90 {
 
-inline constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-inline constexpr int kSubRows = 64;   // rows of a sub-tile (one wgmma M)
-inline constexpr int kSubTiles = 4;   // per CTA tile, 2 per consumer warpgroup
+inline constexpr int kThreads = 384;                            // producer warpgroup + 2 consumer warpgroups
+inline constexpr int kSubRows = 64;                             // rows of a sub-tile (one wgmma M)
+inline constexpr int kSubTiles = 4;                             // per CTA tile, 2 per consumer warpgroup
 inline constexpr int kSubTileBytes = kSubRows * kHeadDim * 2;   // 16 KB: [2 halves][64][64]
 inline constexpr int kQTileBytes = kSubTiles * kSubTileBytes;   // 64 KB
 inline constexpr int kKBlockBytes = kBlockSize * kHeadDim * 2;  // 32 KB: [2 halves][128][64]
@@ -191,8 +191,8 @@ MSA_DEVICE void load_q_fragments(uint32_t (&qa)[8][4], uint32_t sub_addr, int wa
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
     const int c = 2 * ks + (lane >> 4);  // 16-byte chunk of the 256-byte row
-    const uint32_t addr =
-        sub_addr + uint32_t(c >> 3) * (kSubRows * 128) + uint32_t(r) * 128u + (uint32_t((c & 7) ^ (r & 7)) << 4);
+    const uint32_t addr = sub_addr + uint32_t(c >> 3) * (kSubRows * 128) + uint32_t(r) * 128u +
+                          (uint32_t((c & 7) ^ (r & 7)) << 4);
     ldmatrix_x4(qa[ks], addr);
   }
 }
@@ -214,26 +214,20 @@ MSA_DEVICE float max_nan(float a, float b) {
 }
 
 // The block maxima of one sub-tile's S = Q K^T (block t) -> out. Thread rows 16 warp + gid + 8 h;
-// keys at or past a row's causal / length limit are -inf. NaN propagates (max.NaN, canonical NaN)
-// as in the reference. Branch-free in the accumulators: a branch around code that reads them (a
-// masked and an unmasked variant) makes ptxas serialize the wgmmas (C7518), so every block takes
-// the masked path with each row's limit clamped to the block (128: all keys visible).
-MSA_DEVICE void store_block_max(const Params& kp, const float (&s)[16][4], const Tile& tile, int head,
-                                int tok_sub0, int ntok_sub, int t, bool has_page, int warp, int lane) {
-  const ProxyScoreParams& p = kp.p;
+// `out_row` points at the sub-tile's first token in column 0 of its head, `lim_row[h]` is the
+// number of keys row h sees (col_limit). kMasked: keys at or past a row's limit are -inf (the
+// blocks that cross some token's causal / length limit); unmasked blocks take every key. NaN
+// propagates (max.NaN, canonical NaN) as in the reference.
+template <bool kMasked>
+MSA_DEVICE void store_block_max(const float (&s)[16][4], float* out_row, int64_t total_q,
+                                const int (&lim_row)[2], int ntok_sub, int t, bool has_page, int warp,
+                                int lane) {
   const int gid = lane >> 2, tig = lane & 3;
-  const bool crosses = int64_t(t + 1) * kBlockSize > tile.lim_first;
+  // Relative to this thread's first key 2 tig of each n8 group: key 8 j + e is visible iff
+  // 8 j + e < lim.
   int lim[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    // Relative to this thread's first key 2 tig of each n8 group: key 8 j + e is visible iff
-    // 8 j + e < lim.
-    const int l = crosses
-                      ? col_limit(p.causal, tile.q_off, tok_sub0 + 16 * warp + gid + 8 * h, tile.seqlen_k) -
-                            t * kBlockSize
-                      : kBlockSize;
-    lim[h] = l - 2 * tig;
-  }
+  for (int h = 0; h < 2; ++h) lim[h] = lim_row[h] - t * kBlockSize - 2 * tig;
   // Four independent max chains per row (by j and e parity), so that the FMNMX latency overlaps.
   float mc[2][4];
 #pragma unroll
@@ -245,7 +239,11 @@ MSA_DEVICE void store_block_max(const Params& kp, const float (&s)[16][4], const
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e >> 1, c = 2 * (j & 1) + (e & 1);
-      mc[h][c] = 8 * j + (e & 1) < lim[h] ? max_nan(mc[h][c], s[j][e]) : mc[h][c];
+      if constexpr (kMasked) {
+        mc[h][c] = 8 * j + (e & 1) < lim[h] ? max_nan(mc[h][c], s[j][e]) : mc[h][c];
+      } else {
+        mc[h][c] = max_nan(mc[h][c], s[j][e]);
+      }
     }
   float m[2];
 #pragma unroll
@@ -257,8 +255,7 @@ MSA_DEVICE void store_block_max(const Params& kp, const float (&s)[16][4], const
   }
   if (tig == 0) {
     if (!has_page) m[0] = m[1] = neg_inf_f();  // an invalid page id: the block has no key
-    float* o =
-        p.out + (int64_t(head) * p.max_k_tiles + t) * p.total_q + tile.row_begin + (tok_sub0 - tile.tok0);
+    float* o = out_row + int64_t(t) * total_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * warp + gid + 8 * h;
@@ -392,16 +389,27 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       tok_sub0[s] = tile.tok0 + chunk * kSubRows;
       ntok_sub[s] = max(0, min(kSubRows, tile.ntok - chunk * kSubRows));
     }
+    // Per sub-tile: the output at its first token (column 0 of its head), and the keys each of
+    // this thread's two rows sees.
+    float* out_row[2];
+    int lim_row[2][2];
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      out_row[s] =
+          p.out + int64_t(head[s]) * p.max_k_tiles * total_q + tile.row_begin + (tok_sub0[s] - tile.tok0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        lim_row[s][h] =
+            col_limit(p.causal, tile.q_off, tok_sub0[s] + 16 * warp + (lane >> 2) + 8 * h, tile.seqlen_k);
+    }
     // Columns [t_end, col_end) hold no visible key of any token of the tile.
     {
       const int tok = wtid & 63;
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         if (tok >= ntok_sub[s]) continue;
-        float* o = p.out + int64_t(head[s]) * p.max_k_tiles * total_q + tile.row_begin +
-                   (tok_sub0[s] - tile.tok0) + tok;
         for (int t = tile.t_end + (wtid >> 6); t < tile.col_end; t += 2)
-          o[int64_t(t) * total_q] = neg_inf_f();
+          out_row[s][int64_t(t) * total_q + tok] = neg_inf_f();
       }
     }
     const int n = __shfl_sync(0xFFFFFFFFu, tile.t_end - tile.t_begin, 0);
@@ -422,8 +430,12 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       load_q_fragments(qa1, q1, warp, lane);
       mbar_arrive(q_empty(qs));  // the slot is free for the next tile's Q
     }
-#pragma unroll 1
-    for (int i = 0; i < n; ++i) {
+    // One block: issue both sub-tiles' MMAs in this warpgroup's turn, reduce sub-tile 0 while 1
+    // multiplies, then 1 (while the other warpgroup's MMAs run). Nothing stays in flight past a
+    // step, so the blocks every token sees in full (no mask) and the rest (masked) run in two
+    // loops of straight-line steps (ptxas serializes all wgmmas when accumulators are read in a
+    // branch, or in a loop with a wgmma in flight across its back edge).
+    auto step = [&]<bool kMasked>(int i) {
       const bool has_page = !kp.paged || kv_page(p.kv, tile.b, tile.t_begin + i) >= 0;
       wait_k(i);
       // Issue turns alternate between the two consumer warpgroups, so that one's epilogue runs
@@ -439,14 +451,22 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       named_barrier_arrive(kOrderBarrier + (cwg ^ 1));
       wgmma_wait<1>();
       wgmma_fence_operand(acc0);
-      store_block_max(kp, acc0, tile, head[0], tok_sub0[0], ntok_sub[0], tile.t_begin + i,
-                      has_page, warp, lane);
+      store_block_max<kMasked>(acc0, out_row[0], total_q, lim_row[0], ntok_sub[0], tile.t_begin + i, has_page,
+                               warp, lane);
       wgmma_wait<0>();
       wgmma_fence_operand(acc1);
       mbar_arrive(k_empty(int((nk + uint32_t(i)) % kKStages)));  // both sub-tiles are done with block i
-      store_block_max(kp, acc1, tile, head[1], tok_sub0[1], ntok_sub[1], tile.t_begin + i,
-                      has_page, warp, lane);
-    }
+      store_block_max<kMasked>(acc1, out_row[1], total_q, lim_row[1], ntok_sub[1], tile.t_begin + i, has_page,
+                               warp, lane);
+    };
+    // The first n_full blocks of the item hold only keys every token of the tile sees.
+    const int n_full =
+        __shfl_sync(0xFFFFFFFFu, max(0, min(n, tile.lim_first / kBlockSize - tile.t_begin)), 0);
+    int i = 0;
+#pragma unroll 1
+    for (; i < n_full; ++i) step.template operator()<false>(i);
+#pragma unroll 1
+    for (; i < n; ++i) step.template operator()<true>(i);
     if constexpr (kQ == QSource::kSmem) mbar_arrive(q_empty(qs));
     nk += uint32_t(n);
     ++nq;
@@ -466,8 +486,8 @@ inline CUtensorMapDataType tensor_map_type(DType d) {
 // false when the caller must take the mma.sync kernel.
 inline bool supports(const ProxyScoreParams& p) {
   const bool dtype_ok = (p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16) && p.k.dtype == p.q_dtype;
-  const bool k_ok = p.kv.paged ? p.kv.num_pages > 0
-                               : p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize;
+  const bool k_ok =
+      p.kv.paged ? p.kv.num_pages > 0 : p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize;
   return dtype_ok && k_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && !p.reduce_heads &&
          p.total_q < (int64_t(1) << 31) - 256;
 }
@@ -483,8 +503,8 @@ bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
   // TMA: 16-byte aligned base and strides (the mma.sync kernel's cp.async needs the same).
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned16(p.q) || !aligned16(p.k.data) || (p.q_stride_token * 2) % 16 != 0 ||
-      (p.q_stride_head * 2) % 16 != 0 || (p.k.stride_token * 2) % 16 != 0 || (p.k.stride_head * 2) % 16 != 0 ||
-      (p.k.stride_page * 2) % 16 != 0)
+      (p.q_stride_head * 2) % 16 != 0 || (p.k.stride_token * 2) % 16 != 0 ||
+      (p.k.stride_head * 2) % 16 != 0 || (p.k.stride_page * 2) % 16 != 0)
     return false;
   if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
 
