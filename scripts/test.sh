@@ -59,6 +59,19 @@ if ((cpp_built)); then
     cat build/example.log
     status=1
   fi
+  # The same project with flashmsa as a subproject: it must configure with the same target names
+  # and without flashmsa's tests (configure only: the libraries were just built and run above).
+  rm -rf build/example-subdir
+  if ! "$cmake" -S examples/cpp -B build/example-subdir -G Ninja -DFLASHMSA_SOURCE_DIR="$PWD" \
+       -DFLASHMSA_ENABLE_CUDA=OFF >build/example-subdir.log 2>&1; then
+    cat build/example-subdir.log
+    status=1
+  elif grep -q "msa_test" build/example-subdir/build.ninja; then
+    echo "examples/cpp with add_subdirectory(flashmsa) builds flashmsa's tests" >&2
+    status=1
+  else
+    echo "examples/cpp also configures with add_subdirectory(flashmsa) (no tests, no install rules)"
+  fi
 else
   echo "not run: the C++ build failed"
 fi
