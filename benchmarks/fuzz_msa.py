@@ -1,0 +1,988 @@
+"""Seeded random fuzzing of the five MSA ops: the op on the device against the same op on the same
+data as CPU tensors (flashmsa's exact C++ reference), case after case, until a time budget or a
+case count runs out.
+
+    python benchmarks/fuzz_msa.py --seconds 420                  # all ops, one worker per core
+    python benchmarks/fuzz_msa.py --replay attention:1234        # rerun one case, verbose
+    python benchmarks/fuzz_msa.py --device cpu --cases 200       # harness self-check (no GPU)
+
+Case ``i`` of a run is op ``OPS[i % 5]`` with case seed ``--seed + i``; every parameter of the case
+(shapes, dtypes, layout, options, the selection kinds, the data) follows from ``(op, seed)`` alone,
+so a failure prints as one line ending in ``--replay op:seed``, which rebuilds exactly that case.
+
+What a case may draw (docs/testing.md lists it in full):
+
+* msa_proxy_score: bf16 / fp16 / fp8 q and K, flat or paged K (shuffled pages, pages shared by
+  several sequences, invalid page ids), G, causal, q_offset None / int / tensor (negative, beyond
+  the keys), max_k_tiles (padding or truncating columns), reduce_heads, output=, max_seqlen_q
+  hints that are too small, rows of no sequence, NaN keys, empty sequences;
+* msa_proxy_score_fp4: the same over NVFP4 q and K with global scales;
+* msa_topk_select: topk 1..64, forced begin / end blocks, nvp None / scalar / per-token tensor
+  (clamped values), NaN (varied payloads) / +-inf / +-0 / tied scores, output=;
+* msa_sparse_attention: bf16 / fp16 q; bf16 / fp16 / fp8 / NVFP4 K and V; flat / paged / packed
+  HND / packed NHD; G 1..64; causal; LSE; temperature LSE; softmax and V global scales from 1e-3
+  to 1e4; workspace; index lists mixing sorted / unsorted / duplicated / out-of-range / -1-holed /
+  empty rows; empty and full-page lengths; CUDA-graph replay;
+* msa_sparse_decode_attention: seqlen_q 1..4, bf16 / fp16 / fp8 q, the same K/V forms, partial
+  dtype, force_fused, workspace, CUDA-graph replay.
+
+Checks, as the GPU tests make them (tests/python/test_gpu_*.py): proxy scores within 1e-2 with
+exact -inf / +inf / NaN patterns; top-k indices identical; attention outputs within twice the
+error of a same-precision torch baseline plus 2 ulp (fp8 partials: plus 2^-4 max |V|), LSE
+-inf patterns exact and finite values within 1e-2, rows without keys exactly 0, no NaN. Device
+outputs are poisoned (NaN / INT32_MIN) before each call, so unwritten elements fail.
+
+The CPU reference is the cost: problems stay small, and ``--workers`` processes (default: one a
+CPU core) each run whole cases. The run stops cleanly at ``--seconds`` and prints the counts per
+op; the exit status is 1 when any case failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import random
+import sys
+import time
+import traceback
+from typing import Callable, Dict, List, Optional, Tuple
+
+OPS = ("proxy", "proxy_fp4", "topk", "attention", "decode")
+BLOCK = 128
+
+# --plant-fault (the harness self-test): plant_fault corrupts each device result, to prove that a
+# wrong result is reported.
+_PLANT: Optional[Callable] = None
+
+
+# ---- case parameters ----------------------------------------------------------------------------
+
+def _lengths(rng: random.Random, n: int, choices) -> List[int]:
+    out = []
+    for _ in range(n):
+        c = rng.choice(choices)
+        out.append(c() if callable(c) else c)
+    return out
+
+
+def _q_offset(rng: random.Random, seqs_k: List[int]):
+    form = rng.choice(("none", "none", "int", "tensor"))
+    if form == "none":
+        return None
+    pick = lambda sk: rng.choice((0, -rng.randint(1, 300), rng.randint(0, sk + 1),  # noqa: E731
+                                  sk + rng.randint(0, 500), rng.randint(0, 2000)))
+    if form == "int":
+        return pick(max(seqs_k, default=0))
+    return [pick(sk) for sk in seqs_k]
+
+
+def gen_proxy(rng: random.Random, fp4: bool) -> dict:
+    b = rng.randint(1, 3)
+    seqs_q = _lengths(rng, b, (0, 1, 2, lambda: rng.randint(1, 40), lambda: rng.randint(1, 130)))
+    seqs_k = _lengths(rng, b, (0, 1, 127, 128, 129, lambda: rng.randint(1, 1300),
+                               lambda: 128 * rng.randint(1, 8)))
+    hkv = rng.choice((1, 1, 2, 3))
+    g = rng.choice((1, 2, 3, 4, 8, 16))
+    if fp4:
+        q_dtype = k_dtype = "nvfp4"
+    else:
+        q_dtype = rng.choice(("bf16", "fp16", "fp8"))
+        # fp8 q needs fp8 K; bf16 / fp16 q take K of q's dtype or fp8
+        k_dtype = "fp8" if q_dtype == "fp8" else rng.choice((q_dtype, q_dtype, "fp8"))
+    nb = [math.ceil(s / BLOCK) for s in seqs_k]
+    default_tiles = max(max(nb, default=0), 1)
+    tiles = rng.choice((None, None, default_tiles, max(1, default_tiles - rng.randint(1, 3)),
+                        default_tiles + rng.randint(1, 4), 1))
+    return dict(
+        seqs_q=seqs_q, seqs_k=seqs_k, hq=hkv * g, hkv=hkv, q_dtype=q_dtype, k_dtype=k_dtype,
+        paged=rng.random() < 0.5, shared_pages=rng.random() < 0.3,
+        invalid_pages=rng.random() < 0.25, causal=rng.random() < 0.7,
+        q_offset=_q_offset(rng, seqs_k), max_k_tiles=tiles,
+        max_seqlen_q=rng.choice((None, None, None, 1, 3)),
+        reduce_heads=rng.random() < 0.3, output=rng.random() < 0.5,
+        extra_rows=rng.choice((0, 0, 0, 1, 7)), nan_keys=(not fp4) and rng.random() < 0.15,
+        data_scale=rng.choice((1.0, 1.0, 0.1, 4.0)))
+
+
+def gen_topk(rng: random.Random) -> dict:
+    h = rng.choice((1, 2, 3, 4))
+    p = rng.choice((1, 2, 7, 16, 63, 64, 65, 200, 256, 257, 700, rng.randint(1, 1100)))
+    s = rng.choice((1, 5, 31, 33, 64, rng.randint(1, 200)))
+    topk = rng.choice((1, 2, 15, 16, 17, 33, 63, 64, rng.randint(1, 64)))
+    fb = rng.randint(0, topk) if rng.random() < 0.5 else 0
+    fe = rng.randint(0, topk - fb) if rng.random() < 0.5 else 0
+    form = rng.choice(("none", "scalar", "tensor", "clamp"))
+    if form in ("none", "scalar") and fb + fe > p:
+        form = "tensor"
+    nvp = None
+    if form == "scalar":
+        nvp = rng.randint(max(1, fb + fe), p)
+    return dict(h=h, p=p, s=s, topk=topk, fb=fb, fe=fe, nvp_form=form, nvp=nvp,
+                base=rng.choice(("randn", "few", "ties", "wide")),
+                specials=rng.choice((0.0, 0.05, 0.2, 0.4)), payloads=rng.random() < 0.5,
+                row_inf=rng.random() < 0.3, col_inf=rng.random() < 0.3,
+                output=rng.random() < 0.5)
+
+
+def _selection_mix(rng: random.Random) -> Dict[str, float]:
+    kinds = ("sorted", "unsorted", "duplicates", "out_of_range", "holes", "empty", "causal_local",
+             "full")
+    weights = [rng.random() ** 2 for _ in kinds]
+    weights[0] += 0.5
+    total = sum(weights)
+    return {k: w / total for k, w in zip(kinds, weights)}
+
+
+def _kv_params(rng: random.Random, layouts) -> dict:
+    kv = rng.choice(("same", "same", "fp8", "nvfp4"))
+    layout = rng.choice(layouts)
+    if layout.startswith("packed") and kv == "nvfp4":
+        layout = "paged"
+    return dict(kv=kv, layout=layout, shared_pages=rng.random() < 0.3,
+                invalid_pages=rng.random() < 0.2)
+
+
+def _scales(rng: random.Random) -> dict:
+    return dict(
+        softmax_scale=rng.choice((None, None, 0.01, 0.2, 1.0, -0.1)),
+        v_global_scale=rng.choice((None, None, 1e-3, 0.37, 3.0, 1e4)),
+        data_scale=rng.choice((1 / 3, 1 / 3, 0.02, 1.0, 3.0)))
+
+
+def gen_attention(rng: random.Random) -> dict:
+    b = rng.randint(1, 3)
+    seqs_q = _lengths(rng, b, (0, 1, lambda: rng.randint(1, 24), lambda: rng.randint(1, 64)))
+    seqs_k = _lengths(rng, b, (0, 1, 128, 129, lambda: rng.randint(1, 1000),
+                               lambda: 128 * rng.randint(1, 6)))
+    hkv = rng.choice((1, 1, 2, 3))
+    g = rng.choice((1, 2, 3, 4, 5, 8, 16, 16, 32, 64))
+    if g >= 32:
+        hkv = 1
+    p = dict(seqs_q=seqs_q, seqs_k=seqs_k, hq=hkv * g, hkv=hkv,
+             topk=rng.choice((1, 2, 3, 8, 16, 16, 33, 64, rng.randint(1, 64))),
+             dtype=rng.choice(("bf16", "fp16")), causal=rng.random() < 0.6,
+             q_offset=_q_offset(rng, seqs_k), selection=_selection_mix(rng),
+             lse=rng.random() < 0.5,
+             temperature=rng.choice((None, None, None, 0.3, 0.8, 1.3)),
+             workspace=rng.random() < 0.3, graph=rng.random() < 0.1,
+             extra_rows=rng.choice((0, 0, 0, 3)))
+    p.update(_kv_params(rng, ("flat", "flat", "paged", "packed", "packed_nhd")))
+    p.update(_scales(rng))
+    return p
+
+
+def gen_decode(rng: random.Random) -> dict:
+    batch = rng.randint(1, 6)
+    seqlen_q = rng.randint(1, 4)
+    seqs_k = _lengths(rng, batch, (0, 1, 128, 129, lambda: rng.randint(1, 1500),
+                                   lambda: 128 * rng.randint(1, 10)))
+    hkv = rng.choice((1, 2, 4))
+    g = rng.choice((1, 2, 3, 4, 8, 16, 16))
+    p = dict(batch=batch, seqlen_q=seqlen_q, seqs_k=seqs_k, hq=hkv * g, hkv=hkv,
+             topk=rng.choice((1, 4, 16, 16, 33, 64, rng.randint(1, 64))),
+             q_dtype=rng.choice(("bf16", "bf16", "fp16", "fp8")), causal=rng.random() < 0.8,
+             q_offset=_q_offset(rng, seqs_k), selection=_selection_mix(rng),
+             lse=rng.random() < 0.7,
+             partial_dtype=rng.choice((None, None, "fp32", "bf16", "fp16", "fp8")),
+             force_fused=rng.choice((None, True, False)),
+             workspace=rng.random() < 0.3, graph=rng.random() < 0.15)
+    p.update(_kv_params(rng, ("paged", "paged", "flat", "packed", "packed_nhd")))
+    p.update(_scales(rng))
+    return p
+
+
+def case_params(op: str, seed: int) -> dict:
+    """The parameters of case ``(op, seed)``: a pure function of both."""
+    rng = random.Random(f"{op}:{seed}")
+    if op == "proxy":
+        return gen_proxy(rng, fp4=False)
+    if op == "proxy_fp4":
+        return gen_proxy(rng, fp4=True)
+    if op == "topk":
+        return gen_topk(rng)
+    if op == "attention":
+        return gen_attention(rng)
+    if op == "decode":
+        return gen_decode(rng)
+    raise ValueError(f"op must be one of {OPS}, got {op!r}")
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+def _torch():
+    import torch
+    return torch
+
+
+def _dtype(name: str):
+    torch = _torch()
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn,
+            "fp32": torch.float32}[name]
+
+
+def _cu(lengths):
+    torch = _torch()
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    if lengths:
+        out[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return out
+
+
+def _q_offset_arg(p: dict):
+    torch = _torch()
+    if isinstance(p["q_offset"], list):
+        return torch.tensor(p["q_offset"], dtype=torch.int32)
+    return p["q_offset"]
+
+
+def _positions_offsets(p: dict, seqs_q: List[int], seqs_k: List[int]) -> List[int]:
+    if p["q_offset"] is None:
+        return [k - q for q, k in zip(seqs_q, seqs_k)]
+    if isinstance(p["q_offset"], int):
+        return [p["q_offset"]] * len(seqs_q)
+    return list(p["q_offset"])
+
+
+class Cache:
+    """A K (and V) cache in one layout plus, per sequence, the dequantized key rows it holds
+    (float32 ``(seqlen_k, Hkv, 128)``) and the blocks whose page id is invalid."""
+
+    def __init__(self):
+        self.args: dict = {}          # the op's layout arguments (k / v / page_table / ...)
+        self.keys: List = []
+        self.values: List = []
+        self.dropped: List[set] = []
+
+
+def _quantize(x, kind: str, gen):
+    """x float32 -> (stored tensor, scales or None, global scale or None, dequantized float32)."""
+    torch = _torch()
+    from flashmsa.testing import nvfp4
+    if kind == "nvfp4":
+        amax = float(x.abs().max()) if x.numel() else 1.0
+        gs = 448.0 * 6.0 / amax if amax > 0 else 1.0
+        data, scales, deq_gs = nvfp4.quantize_nvfp4(x, global_scale=gs)
+        if scales.numel() == 0:
+            # An empty cache's scale buffer is empty too, which the ops read as "no k_scale"
+            # (reported, not fuzzed): give it one (unused) row tile.
+            scales = torch.zeros(nvfp4.nvfp4_scale_bytes(1), dtype=torch.uint8)
+        return data, scales, deq_gs, nvfp4.dequantize_nvfp4(data, scales, deq_gs)
+    stored = x.to(_dtype(kind))
+    return stored, None, None, stored.float()
+
+
+def build_cache(rng: random.Random, gen, seqs_k: List[int], hkv: int, kind: str, layout: str,
+                shared: bool, invalid: bool, with_v: bool, data_scale: float,
+                nan_keys: bool = False) -> Cache:
+    """Flat (``cu_seqlens_k``) or paged cache (pages shuffled; with ``shared`` some page-table
+    entries of later sequences point at pages of earlier ones; with ``invalid`` some entries lie
+    outside the cache), K and optionally V, stored as ``kind`` (bf16 / fp16 / fp8 / nvfp4)."""
+    torch = _torch()
+    c = Cache()
+    b = len(seqs_k)
+    nb = [math.ceil(s / BLOCK) for s in seqs_k]
+    names = ("k", "v") if with_v else ("k",)
+    if layout == "flat":
+        total = sum(seqs_k)
+        cu = _cu(seqs_k).tolist()
+        for name in names:
+            x = torch.randn((total, hkv, 128), generator=gen) * data_scale
+            if name == "k" and nan_keys and total:
+                for j in torch.randint(0, total, (4,), generator=gen).tolist():
+                    x[j, :, 5] = float("nan")
+            st, sc, gs, deq = _quantize(x, kind, gen)
+            c.args[name] = st
+            if sc is not None:
+                c.args[f"{name}_scale"], c.args[f"{name}_global_scale"] = sc, gs
+            seqs = [deq[cu[i]:cu[i + 1]] for i in range(b)]
+            (c.keys if name == "k" else c.values).extend(seqs)
+        c.args["cu_seqlens_k"] = _cu(seqs_k)
+        c.dropped = [set() for _ in range(b)]
+        return c
+    # paged
+    max_pages = max(max(nb, default=0), 1) + rng.choice((0, 0, 1))
+    needed = sum(nb)
+    num_pages = max(1, needed + rng.choice((0, 1, 3)))
+    perm = torch.randperm(num_pages, generator=gen).tolist()
+    table = torch.tensor([[rng.randrange(num_pages) for _ in range(max_pages)] for _ in range(b)],
+                         dtype=torch.int32).reshape(b, max_pages)
+    used = 0
+    for i in range(b):
+        for t in range(nb[i]):
+            other = rng.randrange(i) if i else 0
+            if shared and i > 0 and nb[other] > t and rng.random() < 0.5:
+                table[i, t] = int(table[other, t])  # a page shared with an earlier sequence
+            else:
+                table[i, t] = perm[used % num_pages]
+                used += 1
+    dropped = [set() for _ in range(b)]
+    if invalid:
+        for i in range(b):
+            for t in range(nb[i]):
+                if rng.random() < 0.2:
+                    table[i, t] = rng.choice((-1, -7, num_pages, num_pages + 5, 2 ** 31 - 1))
+                    dropped[i].add(t)
+    pools = {}
+    for name in names:
+        x = torch.randn((num_pages, hkv, BLOCK, 128), generator=gen) * data_scale
+        if name == "k" and nan_keys:
+            for pg in torch.randint(0, num_pages, (3,), generator=gen).tolist():
+                x[pg, :, rng.randrange(BLOCK), 7] = float("nan")
+        st, sc, gs, deq = _quantize(x, kind, gen)
+        pools[name] = (st, deq)
+        if sc is not None:
+            c.args[f"{name}_scale"], c.args[f"{name}_global_scale"] = sc, gs
+    for name in names:
+        deq = pools[name][1]
+        seqs = []
+        for i in range(b):
+            rows = torch.zeros((seqs_k[i], hkv, 128))
+            for t in range(nb[i]):
+                if t in dropped[i]:
+                    continue
+                lo, hi = t * BLOCK, min(seqs_k[i], (t + 1) * BLOCK)
+                rows[lo:hi] = deq[int(table[i, t]), :, :hi - lo].transpose(0, 1)
+            seqs.append(rows)
+        (c.keys if name == "k" else c.values).extend(seqs)
+    if layout.startswith("packed"):
+        from flashmsa.testing import pack_kv
+        cache, kview, vview = pack_kv(pools["k"][0], pools["v"][0], nhd=layout == "packed_nhd")
+        c.args["packed"] = (cache, kview, vview)
+    else:
+        for name in names:
+            c.args[name] = pools[name][0]
+    c.args["page_table"] = table
+    c.args["seqused_k"] = torch.tensor(seqs_k, dtype=torch.int32)
+    c.dropped = dropped
+    return c
+
+
+def _to(x, device):
+    torch = _torch()
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    return x
+
+
+def _packed_on(packed, device):
+    """The packed K / V views re-taken on a copy of their cache on ``device``."""
+    torch = _torch()
+    cache, kview, vview = packed
+    base = cache.to(device)
+    k = torch.as_strided(base, kview.shape, kview.stride(), kview.storage_offset())
+    v = torch.as_strided(base, vview.shape, vview.stride(), vview.storage_offset())
+    return k, v
+
+
+# ---- the ops on one device ----------------------------------------------------------------------
+
+class Problem:
+    """One case: ``run(device)`` calls the op there; ``check(got, want)`` returns None or the
+    first discrepancy, as text."""
+
+    def __init__(self, op: str, params: dict, seed: int):
+        self.op, self.p, self.seed = op, params, seed
+        torch = _torch()
+        self.gen = torch.Generator().manual_seed(seed)
+        self.rng = random.Random(f"data:{op}:{seed}")
+        getattr(self, f"_build_{op}")()
+
+    # -- proxy ----------------------------------------------------------------------------------
+
+    def _build_proxy(self, fp4: bool = False):
+        torch = _torch()
+        p, gen = self.p, self.gen
+        total_q = sum(p["seqs_q"]) + p["extra_rows"]
+        q = torch.randn((total_q, p["hq"], 128), generator=gen) * p["data_scale"]
+        cache = build_cache(self.rng, gen, p["seqs_k"], p["hkv"], p["k_dtype"],
+                            "paged" if p["paged"] else "flat", p["shared_pages"],
+                            p["invalid_pages"] and p["paged"], False, p["data_scale"],
+                            nan_keys=p["nan_keys"])
+        nb = [math.ceil(s / BLOCK) for s in p["seqs_k"]]
+        tiles = p["max_k_tiles"] or max(max(nb, default=0), 1)
+        self.tiles = tiles
+        kw = dict(causal=p["causal"], max_k_tiles=p["max_k_tiles"],
+                  max_seqlen_q=p["max_seqlen_q"], reduce_heads=p["reduce_heads"],
+                  q_offset=_q_offset_arg(p))
+        if p["paged"]:
+            kw.update(page_table=cache.args["page_table"], seqused_k=cache.args["seqused_k"])
+            cu_k = None
+        else:
+            cu_k = cache.args["cu_seqlens_k"]
+        cu_q = _cu(p["seqs_q"])
+        if fp4:
+            q_st, q_sc, q_gs, _ = _quantize(q, "nvfp4", gen)
+            self.args = (q_st, cache.args["k"], q_sc, cache.args["k_scale"], q_gs,
+                         cache.args["k_global_scale"], cu_q, cu_k)
+        else:
+            self.args = (q.to(_dtype(p["q_dtype"])), cache.args["k"], cu_q, cu_k)
+        self.kwargs = kw
+        self.out_shape = (1 if p["reduce_heads"] else p["hq"], tiles, total_q)
+
+    def _build_proxy_fp4(self):
+        self._build_proxy(fp4=True)
+
+    def _run_proxy(self, device):
+        torch = _torch()
+        from flashmsa import msa_ops
+        fn = msa_ops.msa_proxy_score_fp4 if self.op == "proxy_fp4" else msa_ops.msa_proxy_score
+        args = [_to(a, device) for a in self.args]
+        kw = {k: _to(v, device) for k, v in self.kwargs.items()}
+        out = None
+        if self.p["output"]:
+            out = torch.full(self.out_shape, float("nan"), dtype=torch.float32, device=device)
+            kw["output"] = out
+        res = fn(*args, **kw)
+        if out is not None and res.data_ptr() != out.data_ptr():
+            raise AssertionError("output= was not returned")
+        return res
+
+    def _check_proxy(self, got, want) -> Optional[str]:
+        torch = _torch()
+        got = got.cpu()
+        if got.shape != want.shape:
+            return f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+        for name, fn in (("-inf", torch.isneginf), ("+inf", torch.isposinf), ("NaN", torch.isnan)):
+            bad = (fn(got) != fn(want)).nonzero()
+            if bad.numel():
+                i = tuple(bad[0].tolist())
+                return (f"{name} pattern differs at {bad.shape[0]} elements, first (head, block, "
+                        f"row) {i}: got {got[i].item()}, want {want[i].item()}")
+        fin = torch.isfinite(want)
+        if fin.any():
+            diff = (got.double() - want.double()).abs().masked_fill(~fin, 0)
+            # 1e-2 absolute at unit-variance inputs (test_gpu_proxy_topk.py); the fp32 summation
+            # error grows with the products' magnitude, so larger data scales the bound.
+            tol = 1e-2 * max(1.0, self.p["data_scale"] ** 2)
+            worst = int(diff.argmax())
+            if diff.view(-1)[worst] > tol:
+                i = tuple(int(x) for x in torch.unravel_index(torch.tensor(worst), diff.shape))
+                return (f"|diff| {float(diff.view(-1)[worst]):.3g} > {tol:.3g} at (head, block, "
+                        f"row) {i}: got {got[i].item()}, want {want[i].item()}")
+        return None
+
+    # -- topk -----------------------------------------------------------------------------------
+
+    def _build_topk(self):
+        torch = _torch()
+        p, gen, rng = self.p, self.gen, self.rng
+        shape = (p["h"], p["p"], p["s"])
+        base = p["base"]
+        if base == "randn":
+            x = torch.randn(shape, generator=gen)
+        elif base == "few":
+            x = torch.randint(-2, 3, shape, generator=gen).float()
+        elif base == "ties":
+            x = 1 + torch.randint(0, 8, shape, generator=gen).float() * 2.0 ** -13
+        else:
+            x = torch.randn(shape, generator=gen) * torch.exp2(
+                torch.randint(-120, 120, shape, generator=gen).float())
+        r = torch.rand(shape, generator=gen)
+        specials = (float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0)
+        for i, v in enumerate(specials):
+            lo, hi = p["specials"] * i / 6, p["specials"] * (i + 1) / 6
+            x[(r >= lo) & (r < hi)] = v
+        if p["payloads"]:
+            bits = x.view(torch.int32)
+            nan = torch.isnan(x)
+            payload = torch.randint(0, 1 << 22, shape, generator=gen, dtype=torch.int32)
+            bits[nan] = bits[nan] | payload[nan]
+        if p["row_inf"]:
+            x[:, :, rng.randrange(p["s"])] = -float("inf")
+        if p["col_inf"]:
+            x[:, rng.randrange(p["p"]), :] = -float("inf")
+        nvp = p["nvp"]
+        if p["nvp_form"] == "tensor":
+            nvp = torch.randint(0, p["p"] + 1, (p["s"],), generator=gen, dtype=torch.int32)
+        elif p["nvp_form"] == "clamp":
+            vals = [p["p"] + 1, 2 * p["p"], 2 ** 31 - 1, 0, -5, p["p"], -(2 ** 31), 1]
+            nvp = torch.tensor([vals[rng.randrange(len(vals))] for _ in range(p["s"])],
+                               dtype=torch.int32)
+        self.args = (x.contiguous(), p["topk"])
+        self.kwargs = dict(num_valid_pages=nvp, force_begin_blocks=p["fb"],
+                           force_end_blocks=p["fe"])
+
+    def _run_topk(self, device):
+        torch = _torch()
+        from flashmsa import msa_ops
+        kw = {k: _to(v, device) for k, v in self.kwargs.items()}
+        out = None
+        if self.p["output"]:
+            out = torch.full((self.p["s"], self.p["h"], self.p["topk"]), -7, dtype=torch.int32,
+                             device=device)
+            kw["output"] = out
+        res = msa_ops.msa_topk_select(self.args[0].to(device), self.args[1], **kw)
+        if out is not None and res.data_ptr() != out.data_ptr():
+            raise AssertionError("output= was not returned")
+        return res
+
+    def _check_topk(self, got, want) -> Optional[str]:
+        got = got.cpu()
+        if got.shape != want.shape:
+            return f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+        bad = (got != want).any(-1).nonzero()
+        if bad.numel():
+            i = tuple(bad[0].tolist())
+            return (f"{bad.shape[0]} rows differ; first (token, head) {list(i)}: got "
+                    f"{got[i].tolist()}, want {want[i].tolist()}")
+        return None
+
+    # -- attention and decode -------------------------------------------------------------------
+
+    def _make_q2k(self, rows_of: List[Tuple[int, int]], hkv: int, topk: int, nbs: List[int],
+                  offs: List[int], total_rows: int):
+        """(Hkv, total_rows, topk) int32; rows_of[r] = (sequence, index in sequence), rows past
+        len(rows_of) belong to no sequence."""
+        torch = _torch()
+        rng = self.rng
+        kinds = list(self.p["selection"].items())
+        names = [k for k, _ in kinds]
+        weights = [w for _, w in kinds]
+        sel = torch.full((hkv, total_rows, topk), -1, dtype=torch.int32)
+        for r, (b, i) in enumerate(rows_of):
+            nb = nbs[b]
+            for h in range(hkv):
+                kind = rng.choices(names, weights)[0]
+                n = rng.randint(0, min(topk, nb)) if nb else 0
+                ids = sorted(rng.sample(range(nb), n)) if n else []
+                if kind == "unsorted":
+                    rng.shuffle(ids)
+                elif kind == "duplicates" and ids:
+                    ids = ids + [rng.choice(ids) for _ in range(topk)]
+                    rng.shuffle(ids)
+                elif kind == "out_of_range":
+                    ids = ids + [rng.choice((nb, nb + 1, nb + 3, 10 ** 6, 2 ** 31 - 1))
+                                 for _ in range(rng.randint(1, 3))]
+                    rng.shuffle(ids)
+                elif kind == "holes":
+                    k = len(ids) // 2
+                    ids = ids[:k] + [rng.choice((-1, -5))] + [rng.randrange(max(nb, 1) + 2)
+                                                             for _ in range(topk)]
+                elif kind == "empty":
+                    ids = []
+                elif kind == "causal_local" and nb:
+                    local = min(max(offs[b] + i, 0) // BLOCK, nb - 1)
+                    earlier = rng.sample(range(local), min(local, topk - 1))
+                    ids = sorted(earlier + [local])
+                elif kind == "full" and nb:
+                    ids = sorted(rng.sample(range(nb), min(topk, nb)))
+                ids = ids[:topk]
+                if ids:
+                    sel[h, r, :len(ids)] = torch.tensor(ids, dtype=torch.int64).clamp(
+                        max=2 ** 31 - 1).to(torch.int32)
+        # rows of no sequence carry ordinary lists
+        sel[:, len(rows_of):, :min(2, topk)] = 0
+        return sel
+
+    def _build_attention(self, decode: bool = False):
+        torch = _torch()
+        p, gen, rng = self.p, self.gen, self.rng
+        if decode:
+            seqs_q = [p["seqlen_q"]] * p["batch"]
+            extra = 0
+            cdt = "bf16" if p["q_dtype"] == "fp8" else p["q_dtype"]
+        else:
+            seqs_q = p["seqs_q"]
+            extra = p["extra_rows"]
+            cdt = p["dtype"]
+        seqs_k = p["seqs_k"]
+        self.seqs_q, self.cdt = seqs_q, _dtype(cdt)
+        kind = p["kv"] if p["kv"] != "same" else cdt
+        cache = build_cache(rng, gen, seqs_k, p["hkv"], kind, p["layout"], p["shared_pages"],
+                            p["invalid_pages"] and p["layout"] != "flat", True, p["data_scale"])
+        total_q = sum(seqs_q) + extra
+        q = (torch.randn((total_q, p["hq"], 128), generator=gen) * p["data_scale"])
+        q = q.to(self.cdt)
+        if decode and p["q_dtype"] == "fp8":
+            q = q.float().to(torch.float8_e4m3fn)
+        self.q_compute = q.to(self.cdt).float()
+        offs = _positions_offsets(p, seqs_q, seqs_k)
+        rows_of = [(b, i) for b, sq in enumerate(seqs_q) for i in range(sq)]
+        nbs = [math.ceil(s / BLOCK) for s in seqs_k]
+        q2k = self._make_q2k(rows_of, p["hkv"], p["topk"], nbs, offs, total_q)
+        self.cache, self.offs, self.q2k = cache, offs, q2k
+        kw = dict(causal=p["causal"], softmax_scale=p["softmax_scale"], q_offset=_q_offset_arg(p))
+        for name in ("page_table", "seqused_k", "cu_seqlens_k", "k_scale", "v_scale",
+                     "k_global_scale", "v_global_scale"):
+            if name in cache.args:
+                kw[name] = cache.args[name]
+        if p["v_global_scale"] is not None:
+            # NVFP4: the case's scale multiplies the quantizer's (a V descale on top)
+            kw["v_global_scale"] = p["v_global_scale"] * kw.get("v_global_scale", 1.0)
+        if decode:
+            kw.update(seqlen_q=p["seqlen_q"], return_softmax_lse=p["lse"],
+                      partial_dtype=_dtype(p["partial_dtype"]) if p["partial_dtype"] else None,
+                      force_fused=p["force_fused"])
+        else:
+            kw.update(cu_seqlens_q=_cu(seqs_q), return_softmax_lse=p["lse"])
+            if p["temperature"] is not None:
+                kw.update(return_temperature_lse=True, lse_temperature_scale=p["temperature"])
+        self.kwargs = kw
+        self.q = q
+
+    def _build_decode(self):
+        self._build_attention(decode=True)
+
+    def _attention_args(self, device):
+        torch = _torch()
+        from flashmsa import msa_ops
+        if "packed" in self.cache.args:
+            k, v = _packed_on(self.cache.args["packed"], device)
+        else:
+            k, v = self.cache.args["k"].to(device), self.cache.args["v"].to(device)
+        kw = {n: _to(x, device) for n, x in self.kwargs.items()}
+        if self.p["workspace"] and device != "cpu":
+            kw["workspace"] = msa_ops.MSASparseAttentionWorkspace(device)
+        return (self.q.to(device), k, v, self.q2k.to(device)), kw
+
+    def _run_attention(self, device):
+        torch = _torch()
+        from flashmsa import msa_ops
+        fn = msa_ops.msa_sparse_decode_attention if self.op == "decode" \
+            else msa_ops.msa_sparse_attention
+        args, kw = self._attention_args(device)
+        if self.op == "attention":
+            cu_q = kw.pop("cu_seqlens_q")
+            args = args + (cu_q,)
+        if not (self.p["graph"] and torch.device(device).type == "cuda"):
+            res = fn(*args, **kw)
+            return res if isinstance(res, tuple) else (res,)
+        # CUDA graph: capture with a workspace (warm-up on a side stream), poison the outputs,
+        # replay, return the replayed outputs.
+        kw["workspace"] = msa_ops.MSASparseAttentionWorkspace(device)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(*args, **kw)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            res = fn(*args, **kw)
+        res = res if isinstance(res, tuple) else (res,)
+        for t in res:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        return tuple(t.clone() for t in res)
+
+    _run_decode = _run_attention
+    _run_proxy_fp4 = _run_proxy
+
+    def baseline(self):
+        """(out, lse, lse_t) computed as a kernel computes: compute-dtype Q / K / V (dequantized
+        fp8 / NVFP4 values are exact there), fp32 scores, softmax and accumulation, P rounded to
+        the compute dtype before P V, output rounded to the output dtype."""
+        torch = _torch()
+        p = self.p
+        cdt = self.cdt
+        total_q, hq = self.q.shape[0], p["hq"]
+        g = hq // p["hkv"]
+        out = torch.zeros((total_q, hq, 128))
+        lse = torch.full((total_q, hq), float("-inf"))
+        scale = self.kwargs.get("softmax_scale")
+        scale = 128 ** -0.5 if scale is None else scale
+        out_scale = self.value_scale()
+        start = 0
+        for b, (sq, sk) in enumerate(zip(self.seqs_q, p["seqs_k"])):
+            if sq == 0 or sk == 0:
+                start += sq
+                continue
+            nb = math.ceil(sk / BLOCK)
+            kb = self.cache.keys[b].to(cdt).float()
+            if "k_global_scale" in self.cache.args:
+                # dequantized with the global scale already; the kernels fold it into the softmax
+                # scale, the baseline keeps it in the keys (rounding differs by far less than the
+                # tolerance's own baseline error)
+                kb = self.cache.keys[b].float()
+            vb = self.cache.values[b].float()
+            if "v_global_scale" not in self.cache.args:
+                vb = vb.to(cdt).float()
+            i = torch.arange(sq)[:, None]
+            j = torch.arange(sk)[None, :]
+            visible = (j <= self.offs[b] + i) if p["causal"] \
+                else torch.ones(sq, sk, dtype=torch.bool)
+            for kh in range(p["hkv"]):
+                sel = self.q2k[kh, start:start + sq].to(torch.int64)
+                valid = torch.cumprod((sel >= 0).to(torch.int64), dim=1).bool() & (sel < nb)
+                bm = torch.zeros((sq, nb + 1), dtype=torch.bool)
+                bm.scatter_(1, torch.where(valid, sel, torch.full_like(sel, nb)), True)
+                bm = bm[:, :nb]
+                for t in self.cache.dropped[b]:
+                    bm[:, t] = False
+                mask = bm.repeat_interleave(BLOCK, dim=1)[:, :sk] & visible
+                qh = self.q_compute[start:start + sq, kh * g:(kh + 1) * g]
+                s = torch.einsum("igd,jd->gij", qh, kb[:, kh]) * scale
+                s = s.masked_fill(~mask, float("-inf"))
+                m = s.amax(-1, keepdim=True)
+                m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+                pr = torch.exp(s - m)
+                den = pr.sum(-1)
+                o = torch.einsum("gij,jd->igd", pr.to(cdt).float(), vb[:, kh])
+                o = o / torch.where(den > 0, den, 1.0).T[..., None] * out_scale
+                out[start:start + sq, kh * g:(kh + 1) * g] = o
+                lse[start:start + sq, kh * g:(kh + 1) * g] = (m.squeeze(-1) + torch.log(den)).T
+            start += sq
+        return out.to(cdt), lse
+
+    def value_scale(self) -> float:
+        """What multiplies the (dequantized) values: the case's V scale; NVFP4 values carry their
+        global scale already."""
+        if "v_global_scale" in self.cache.args:
+            return self.p["v_global_scale"] or 1.0
+        return self.kwargs.get("v_global_scale") or 1.0
+
+    def _check_attention(self, got, want) -> Optional[str]:
+        torch = _torch()
+        got = tuple(t.cpu() for t in got)
+        if len(got) != len(want):
+            return f"{len(got)} outputs, want {len(want)}"
+        out, ref_out = got[0], want[0]
+        if out.dtype != ref_out.dtype or out.shape != ref_out.shape:
+            return f"out {out.dtype} {tuple(out.shape)} != {ref_out.dtype} {tuple(ref_out.shape)}"
+        if torch.isnan(out).any():
+            return f"out: {int(torch.isnan(out).sum())} NaN elements"
+        g, c = out.double(), ref_out.double()
+        # Outputs that overflow the output dtype (extreme V scales): the same +-inf on both sides.
+        if not torch.equal(torch.isposinf(g), torch.isposinf(c)) or \
+                not torch.equal(torch.isneginf(g), torch.isneginf(c)):
+            bad = (torch.isinf(g) != torch.isinf(c)).nonzero()
+            i = tuple(bad[0].tolist()) if bad.numel() else "sign"
+            return f"out: inf pattern differs at {i}"
+        fin = torch.isfinite(c)
+        bb = self.baseline()[0].double()
+        bb = torch.where(torch.isfinite(bb), bb, c)
+        g, c, bb = (torch.where(fin, x, torch.zeros_like(x)) for x in (g, c, bb))
+        err = float((g - c).abs().max()) if g.numel() else 0.0
+        base_err = float((bb - c).abs().max()) if g.numel() else 0.0
+        mag = float(c.abs().max()) if g.numel() else 0.0
+        extra = 0.0
+        if self.op == "decode" and self.p["partial_dtype"] == "fp8":
+            vmax = max([float(v.abs().max()) for v in self.cache.values if v.numel()] + [0.0])
+            extra = 2.0 ** -4 * vmax * self.value_scale()
+        tol = 2 * base_err + 2 * _ulp(out.dtype, mag) + extra
+        if not err <= tol:
+            worst = int((g - c).abs().argmax())
+            i = tuple(int(x) for x in torch.unravel_index(torch.tensor(worst), g.shape))
+            return (f"out: max |dev - ref| {err:.3e} > {tol:.3e} (baseline {base_err:.3e}) at "
+                    f"(row, head, dim) {i}: got {g[i].item():.6g}, want {c[i].item():.6g}")
+        names = ["lse", "lse_t"]
+        for name, x, y in zip(names, got[1:], want[1:]):
+            if torch.isnan(x).any():
+                return f"{name}: NaN"
+            if not torch.equal(torch.isinf(x), torch.isinf(y)):
+                bad = (torch.isinf(x) != torch.isinf(y)).nonzero()[0].tolist()
+                return (f"{name}: -inf pattern differs, first (row, head) {bad}: got "
+                        f"{x[tuple(bad)].item()}, want {y[tuple(bad)].item()}")
+            if bool((x[torch.isinf(x)] > 0).any()):
+                return f"{name}: +inf"
+            fin = torch.isfinite(y)
+            if fin.any():
+                e = float((x[fin].double() - y[fin].double()).abs().max())
+                if e > 1e-2:
+                    return f"{name}: max |dev - ref| {e:.3e} > 1e-2"
+        if len(want) > 1:
+            empty = torch.isinf(want[1])
+            if not bool((out[empty] == 0).all()):
+                return "rows without a visible key are not exactly 0"
+        return None
+
+    _check_decode = _check_attention
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def run(self, device):
+        return getattr(self, f"_run_{self.op}")(device)
+
+    def check(self, got, want) -> Optional[str]:
+        if self.op in ("proxy", "proxy_fp4"):
+            return self._check_proxy(got, want)
+        return getattr(self, f"_check_{self.op}")(got, want)
+
+
+def _ulp(dtype, magnitude: float) -> float:
+    torch = _torch()
+    mant = {torch.bfloat16: 7, torch.float16: 10}[dtype]
+    return 2.0 ** (math.floor(math.log2(max(magnitude, 2.0 ** -14))) - mant)
+
+
+# ---- one case -----------------------------------------------------------------------------------
+
+def plant_fault(op: str, params: dict, got):
+    """The device result with one element made wrong by far more than any tolerance (an index
+    off by one, a score or an output value moved, a -inf score made finite). Returns
+    ``(result, planted)``; nothing is planted in an empty result."""
+    torch = _torch()
+    if op in ("proxy", "proxy_fp4", "topk"):
+        x = got.clone()
+        flat = x.view(-1)
+        if flat.numel() == 0:
+            return got, False
+        if op == "topk":
+            flat[0] = flat[0] + 1
+        else:
+            fin = torch.isfinite(flat).nonzero()
+            if fin.numel():
+                flat[int(fin[0])] += 10.0 * max(1.0, params["data_scale"] ** 2)
+            else:
+                flat[0] = 0.0
+        return x, True
+    out = got[0].clone()
+    flat = out.view(-1)
+    if flat.numel() == 0:
+        return got, False
+    fin = torch.isfinite(flat.float())
+    i = int(fin.nonzero()[0]) if fin.any() else 0
+    big = float(flat.float()[fin].abs().max()) if fin.any() else 0.0
+    flat[i] = flat[i].float() + 1.0 + 2 * big if fin.any() else 0.0
+    return (out,) + tuple(got[1:]), True
+
+
+def reproducer(op: str, seed: int, params: dict, message: str) -> str:
+    return (f"FUZZ FAIL {op}:{seed} {message} | params {json.dumps(params, sort_keys=True)} | "
+            f"rerun: python benchmarks/fuzz_msa.py --replay {op}:{seed}")
+
+
+def run_case(op: str, seed: int, device: str) -> Tuple[Optional[str], bool]:
+    """Runs case ``(op, seed)`` on ``device`` and on the CPU. Returns (None when they agree, else
+    the one-line reproducer; whether a fault was planted)."""
+    params = case_params(op, seed)
+    planted = False
+    try:
+        import flashmsa.testing as ft
+        pb = Problem(op, params, seed)
+        with ft.poison_outputs(True):
+            got = pb.run(device)
+        if device != "cpu":
+            _torch().cuda.synchronize()
+        if _PLANT is not None:
+            got, planted = _PLANT(op, params, got)
+        want = pb.run("cpu")
+        msg = pb.check(got, want)
+    except Exception as exc:  # an exception on either side is a failure of the case
+        msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:400]
+    return (None if msg is None else reproducer(op, seed, params, msg)), planted
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+def _worker(wid: int, nworkers: int, args, deadline: float, results):
+    os.environ["FLASHMSA_NUM_THREADS"] = "1"
+    import torch
+    torch.set_num_threads(1)
+    global _PLANT
+    if args.plant_fault:
+        _PLANT = plant_fault
+    ops = args.ops
+    i = wid
+    try:
+        while i < args.cases and time.time() < deadline:
+            op = ops[i % len(ops)]
+            seed = args.seed + i
+            t0 = time.time()
+            msg, planted = run_case(op, seed, args.device)
+            results.put(("case", op, seed, (msg, planted), time.time() - t0))
+            i += nworkers
+    except BaseException:  # report, then stop this worker
+        results.put(("crash", wid, traceback.format_exc(), 0, 0))
+    results.put(("done", wid, None, None, 0))
+
+
+def fuzz(args) -> dict:
+    """Runs the fuzzing loop; returns dict(counts={op: [passed, failed]}, failures=[lines],
+    cost={op: seconds}, planted=cases with a planted fault)."""
+    deadline = time.time() + args.seconds
+    counts = {op: [0, 0] for op in args.ops}
+    planted = 0
+    failures: List[str] = []
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(w, args.workers, args, deadline, results),
+                         daemon=True) for w in range(args.workers)]
+    for pr in procs:
+        pr.start()
+    alive = len(procs)
+    cost = {op: 0.0 for op in args.ops}
+    while alive:
+        try:
+            kind, a, b, c, dt = results.get(timeout=5)
+        except queue_mod.Empty:
+            if not any(pr.is_alive() for pr in procs):
+                failures.append("FUZZ ERROR: a worker died without reporting")
+                break
+            continue
+        if kind == "done":
+            alive -= 1
+        elif kind == "crash":
+            failures.append(f"FUZZ ERROR: worker {a} crashed: {b}")
+        else:
+            op, seed, (msg, was_planted) = a, b, c
+            planted += was_planted
+            cost[op] += dt
+            if msg is None:
+                counts[op][0] += 1
+            else:
+                counts[op][1] += 1
+                failures.append(msg)
+                print(msg, flush=True)
+    for pr in procs:
+        pr.join(timeout=30)
+    return dict(counts=counts, failures=failures, cost=cost, planted=planted)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", help="device under test (cuda, or cpu for the "
+                    "harness self-check: both sides on the CPU)")
+    ap.add_argument("--seconds", type=float, default=420.0, help="time budget (stops cleanly)")
+    ap.add_argument("--cases", type=int, default=10 ** 9, help="at most this many cases")
+    ap.add_argument("--seed", type=int, default=0, help="case seeds are seed + case index")
+    ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="processes, each running whole cases (default: one per CPU core)")
+    ap.add_argument("--replay", metavar="OP:SEED", help="run this one case, print its parameters")
+    ap.add_argument("--plant-fault", action="store_true",
+                    help="harness self-test: corrupt one element of every device result; every "
+                         "case with a non-empty result must then fail")
+    args = ap.parse_args(argv)
+    args.ops = tuple(o for o in args.ops.split(",") if o)
+    for o in args.ops:
+        if o not in OPS:
+            ap.error(f"--ops: unknown op {o!r} (choose from {OPS})")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.replay:
+        op, _, seed = args.replay.partition(":")
+        params = case_params(op, int(seed))
+        print(f"{op}:{seed} params {json.dumps(params, sort_keys=True)}")
+        global _PLANT
+        if args.plant_fault:
+            _PLANT = plant_fault
+        msg, _ = run_case(op, int(seed), args.device)
+        print(msg or "PASS")
+        return 0 if msg is None else 1
+    t0 = time.time()
+    res = fuzz(args)
+    wall = time.time() - t0
+    total = sum(p + f for p, f in res["counts"].values())
+    failed = sum(f for _, f in res["counts"].values())
+    print(f"fuzz_msa: device={args.device} seed={args.seed} workers={args.workers} "
+          f"wall={wall:.1f}s cases={total} failed={failed}"
+          + (f" planted={res['planted']}" if args.plant_fault else ""))
+    for op, (ok, bad) in res["counts"].items():
+        per = res["cost"][op] / max(ok + bad, 1)
+        print(f"  {op:<10} {ok + bad:>7} cases  {bad:>4} failed  {per * 1e3:7.1f} ms/case")
+    for line in res["failures"]:
+        if line.startswith("FUZZ ERROR"):
+            print(line)
+    return 1 if failed or any(x.startswith("FUZZ ERROR") for x in res["failures"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

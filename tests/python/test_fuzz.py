@@ -1,0 +1,151 @@
+"""The GPU fuzzer (benchmarks/fuzz_msa.py): its harness on the CPU, a few hundred cases on CUDA.
+
+On the CPU both sides of every comparison are the CPU reference, so a case must pass; with
+--plant-fault one element of each result is made wrong, and every such case must be reported (a
+comparison that cannot fail would pass everything). The CUDA test runs real fuzz cases (skipped,
+not passed, without a GPU and a CUDA build).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))  # the spawned workers import fuzz_msa from here too
+
+import fuzz_msa  # noqa: E402
+from conftest import requires_cuda  # noqa: E402
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    monkeypatch.setattr(fuzz_msa, "_PLANT", fuzz_msa.plant_fault)
+
+
+def test_case_params_are_a_function_of_op_and_seed():
+    for op in fuzz_msa.OPS:
+        for seed in (0, 7, 123456):
+            assert fuzz_msa.case_params(op, seed) == fuzz_msa.case_params(op, seed)
+        assert fuzz_msa.case_params(op, 1) != fuzz_msa.case_params(op, 2)
+    with pytest.raises(ValueError, match="op must be one of"):
+        fuzz_msa.case_params("attn", 0)
+
+
+def _values(op, key, n=400):
+    return {str(fuzz_msa.case_params(op, s)[key]) for s in range(n)}
+
+
+def test_generators_cover_every_option():
+    """Every option value the fuzzer promises shows up within a few hundred seeds."""
+    assert _values("proxy", "q_dtype") == {"bf16", "fp16", "fp8"}
+    assert {"bf16", "fp16", "fp8"} <= _values("proxy", "k_dtype")
+    for key in ("paged", "shared_pages", "invalid_pages", "causal", "reduce_heads", "output",
+                "nan_keys"):
+        assert _values("proxy", key) == {"True", "False"}, key
+    offsets = [fuzz_msa.case_params("proxy", s)["q_offset"] for s in range(400)]
+    assert {type(o) for o in offsets} == {type(None), int, list}
+    assert any(isinstance(o, int) and o < 0 for o in offsets)
+    assert "None" in _values("proxy", "max_k_tiles") and len(_values("proxy", "max_k_tiles")) > 5
+    assert _values("topk", "nvp_form") == {"none", "scalar", "tensor", "clamp"}
+    topks = {int(t) for t in _values("topk", "topk")}
+    assert {1, 16, 64} <= topks and len(topks) > 20
+    assert any(int(x) > 0 for x in _values("topk", "fb")) and any(
+        int(x) > 0 for x in _values("topk", "fe"))
+    assert _values("topk", "specials") >= {"0.0", "0.4"}
+    for op, layouts in (("attention", {"flat", "paged", "packed", "packed_nhd"}),
+                        ("decode", {"flat", "paged", "packed", "packed_nhd"})):
+        assert _values(op, "layout") == layouts, op
+        assert _values(op, "kv") == {"same", "fp8", "nvfp4"}, op
+        for key in ("workspace", "graph", "causal", "lse", "shared_pages", "invalid_pages"):
+            assert _values(op, key) == {"True", "False"}, (op, key)
+        assert {"None", "0.001", "10000.0"} <= _values(op, "v_global_scale")
+    assert _values("attention", "dtype") == {"bf16", "fp16"}
+    assert {"None", "0.3", "1.3"} <= _values("attention", "temperature")
+    hq = {fuzz_msa.case_params("attention", s)["hq"] // fuzz_msa.case_params("attention", s)["hkv"]
+          for s in range(400)}
+    assert {1, 3, 16, 64} <= hq
+    assert _values("decode", "q_dtype") == {"bf16", "fp16", "fp8"}
+    assert _values("decode", "seqlen_q") == {"1", "2", "3", "4"}
+    assert _values("decode", "partial_dtype") == {"None", "fp32", "bf16", "fp16", "fp8"}
+    assert _values("decode", "force_fused") == {"None", "True", "False"}
+    lengths = {k for s in range(400) for k in fuzz_msa.case_params("attention", s)["seqs_k"]}
+    assert {0, 1, 128, 129} <= lengths
+
+
+@pytest.mark.parametrize("op", fuzz_msa.OPS)
+def test_harness_on_cpu_passes(op):
+    """Both sides on the CPU: the builders, the ops' argument forms and the checks agree."""
+    for seed in range(8):
+        msg, planted = fuzz_msa.run_case(op, seed, "cpu")
+        assert msg is None, msg
+        assert not planted
+
+
+@pytest.mark.parametrize("op", fuzz_msa.OPS)
+def test_planted_fault_is_reported(op, planted):
+    """One element made wrong: every case with a non-empty result fails, with a reproducer."""
+    reported = 0
+    for seed in range(8):
+        msg, was_planted = fuzz_msa.run_case(op, seed, "cpu")
+        if was_planted:
+            assert msg is not None, f"{op}:{seed}: planted fault not reported"
+            assert msg.startswith(f"FUZZ FAIL {op}:{seed} ")
+            assert msg.endswith(f"--replay {op}:{seed}") and "\n" not in msg
+            reported += 1
+        else:
+            assert msg is None
+    assert reported >= 4
+
+
+def test_planted_fault_on_each_output_kind(planted):
+    """Attention and decode with an LSE: the planted output value is caught by the tolerance
+    check, not only by the empty-row check."""
+    for op in ("attention", "decode"):
+        seen = False
+        for seed in range(60):
+            p = fuzz_msa.case_params(op, seed)
+            if p.get("lse") and (op == "decode" or sum(p["seqs_q"]) > 0) and sum(p["seqs_k"]) > 0:
+                msg, was_planted = fuzz_msa.run_case(op, seed, "cpu")
+                assert was_planted and msg is not None
+                seen = True
+                break
+        assert seen, op
+
+
+def test_command_line_pool_cpu(capsys):
+    """The whole run on the CPU through the process pool: counts per op, exit status 0; with
+    --plant-fault every planted case is reported and the exit status is 1; a zero budget stops
+    at once."""
+    argv = ["--device", "cpu", "--cases", "5", "--workers", "1", "--seconds", "120"]
+    assert fuzz_msa.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cases=5 failed=0" in out
+    for op in fuzz_msa.OPS:
+        assert f"  {op:<10}       1 cases     0 failed" in out
+    argv = ["--device", "cpu", "--cases", "10", "--workers", "2", "--seconds", "120"]
+    assert fuzz_msa.main(argv + ["--plant-fault", "--seed", "100"]) == 1
+    out = capsys.readouterr().out
+    summary = next(line for line in out.splitlines() if line.startswith("fuzz_msa:"))
+    planted = int(summary.split("planted=")[1])
+    failed = int(summary.split("failed=")[1].split()[0])
+    assert planted >= 8 and failed == planted
+    assert out.count("FUZZ FAIL") == failed
+    assert fuzz_msa.main(["--device", "cpu", "--seconds", "0", "--workers", "1"]) == 0
+    assert "cases=0 failed=0" in capsys.readouterr().out
+
+
+def test_replay_one_case(capsys):
+    assert fuzz_msa.main(["--device", "cpu", "--replay", "decode:3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("decode:3 params {") and out.rstrip().endswith("PASS")
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_fuzz_cuda_few_hundred_cases():
+    workers = str(min(8, os.cpu_count() or 1))
+    assert fuzz_msa.main(["--device", "cuda", "--cases", "300", "--workers", workers,
+                          "--seed", "1000000", "--seconds", "400"]) == 0
