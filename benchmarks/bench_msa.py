@@ -82,9 +82,9 @@ SCHEDULE_ENV = "FLASHMSA_PREFILL_SCHEDULE"  # auto | query_major | kv_major (csr
 KERNEL_ENV = "FLASHMSA_KV_MAJOR_KERNEL"  # auto | mma_sync | wgmma
 TILE_WASTE_ENV = "FLASHMSA_TILE_MAX_WASTE"  # shared-selection tile bound (tuning; empty: 1.5)
 PROXY_KERNEL_ENV = "FLASHMSA_PROXY_KERNEL"  # auto | mma_sync | sm90[_only] | sm90_ss[_only]
-TOPK_KERNEL_ENV = "FLASHMSA_TOPK_KERNEL"  # auto | current | new | radix | warp8 (csrc/topk_select)
+TOPK_KERNEL_ENV = "FLASHMSA_TOPK_KERNEL"  # auto | warp_per_row | warp_per_row_8 | radix | by_size
 # The top-k kernels each top-k case runs under: the library's choice, then both forced.
-TOPK_KERNELS = ("auto", "current", "new")
+TOPK_KERNELS = ("auto", "warp_per_row", "by_size")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 DECODE_KERNEL_ENV = "FLASHMSA_DECODE_KERNEL"  # auto | smem | regs (fp8 K/V decode kernel)
 

@@ -204,7 +204,7 @@ class Smoke:
         """Every case under each top-k kernel (FLASHMSA_TOPK_KERNEL): warp-per-row at 32 and at 8
         tokens per CTA, and the thread-per-row radix kernel (16-byte loads where S % 4 == 0,
         4-byte ones on the S = 77 and misaligned cases)."""
-        for kernel in ("current", "warp8", "radix"):
+        for kernel in ("warp_per_row", "warp_per_row_8", "radix"):
             os.environ["FLASHMSA_TOPK_KERNEL"] = kernel
             try:
                 self._topk_cases(kernel)

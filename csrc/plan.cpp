@@ -29,7 +29,10 @@ constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto
 constexpr Named<ProxyKernel> kProxyKernels[] = {{ProxyKernel::kAuto, "auto"},
                                                 {ProxyKernel::kMmaSync, "mma_sync"}};
 constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
-                                              {TopkKernel::kWarpPerRow, "warp_per_row"}};
+                                              {TopkKernel::kWarpPerRow, "warp_per_row"},
+                                              {TopkKernel::kWarpPerRow8, "warp_per_row_8"},
+                                              {TopkKernel::kRadix, "radix"},
+                                              {TopkKernel::kBySize, "by_size"}};
 
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
@@ -151,11 +154,21 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams&, const ProxyScoreOptions
   return plan;
 }
 
-TopkSelectPlan plan_topk_select(const TopkSelectParams&, const TopkSelectOptions& options) {
+TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options,
+                                const TopkSelectDeviceFacts& facts) {
   TopkSelectPlan plan;
   switch (options.kernel) {
     case TopkKernel::kAuto:
     case TopkKernel::kWarpPerRow: plan.kernel = TopkKernel::kWarpPerRow; break;
+    case TopkKernel::kWarpPerRow8: plan.kernel = TopkKernel::kWarpPerRow8; break;
+    case TopkKernel::kRadix: plan.kernel = TopkKernel::kRadix; break;
+    case TopkKernel::kBySize: {
+      const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);
+      plan.kernel = groups >= int64_t(kTopkRadixMinGroupsPerSm) * facts.num_sms
+                        ? TopkKernel::kRadix
+                        : TopkKernel::kWarpPerRow8;
+      break;
+    }
   }
   return plan;
 }

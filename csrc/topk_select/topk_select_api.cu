@@ -1,50 +1,36 @@
-// flashmsa::cuda::topk_select: launch plan and launch of the top-k selection kernels.
+// flashmsa::cuda::topk_select: launch of the top-k selection kernel its plan names.
 //
-// Two kernels, one result (bit-identical, docs/design/topk_select.md):
-//   * warp-per-row (topk_select_kernel.cuh): a warp chooses one row at a time; 32 tokens per CTA,
-//     or 8 for decode-sized calls (latency: 4x the CTAs, one row per warp);
-//   * thread-per-row radix (topk_radix_kernel.cuh): a lane owns a row; for many rows.
-// Which one runs: TopkKernel below. Today's default (auto) is the warp-per-row kernel at 32 tokens
-// per CTA; `new` picks radix for large calls and warp-per-row at 8 tokens for small ones, and
-// becomes the default once measured on the H100 / H200.
+// Three kernels, one result (bit-identical, docs/design/topk_select.md):
+//   * warp per row (topk_select_kernel.cuh): a warp chooses one row at a time; 32 tokens per CTA
+//     (warp_per_row), or 8 for decode-sized calls (warp_per_row_8: 4x the CTAs, a row per warp);
+//   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows.
+// plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is warp_per_row
+// until by_size (radix for large calls, warp_per_row_8 for small ones) is measured on the H200.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "common/cuda_utils.h"
 #include "cuda_ops.h"
 #include "flashmsa/error.h"
+#include "flashmsa/plan.h"
 #include "topk_select/topk_radix_kernel.cuh"
 #include "topk_select/topk_select_kernel.cuh"
 
 namespace flashmsa::cuda {
 namespace {
 
-// FLASHMSA_TOPK_KERNEL = auto (default: current) | current | new | radix | warp8 picks the kernel:
-//   current: warp-per-row, 32 tokens per CTA (what auto runs today);
-//   new:     radix when the call has enough rows to fill the GPU (kRadixMinGroupsPerSm groups of 32
-//            tokens per SM), else warp-per-row at 8 tokens per CTA;
-//   radix / warp8: one of new's two kernels whatever the size (tests run both on the same data).
-enum class TopkKernel { kAuto, kCurrent, kNew, kRadix, kWarp8 };
-
-TopkKernel topk_kernel_override() {
+// FLASHMSA_TOPK_KERNEL = auto (default) | warp_per_row | warp_per_row_8 | radix | by_size: the
+// plan option `kernel` of every top-k call (tests and benchmarks force each kernel with it).
+TopkSelectOptions topk_options() {
   const char* env = std::getenv("FLASHMSA_TOPK_KERNEL");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return TopkKernel::kAuto;
-  if (std::strcmp(env, "current") == 0) return TopkKernel::kCurrent;
-  if (std::strcmp(env, "new") == 0) return TopkKernel::kNew;
-  if (std::strcmp(env, "radix") == 0) return TopkKernel::kRadix;
-  if (std::strcmp(env, "warp8") == 0) return TopkKernel::kWarp8;
-  MSA_FAIL("FLASHMSA_TOPK_KERNEL must be auto, current, new, radix or warp8, got '", env, "'");
+  if (env == nullptr || *env == '\0') return {};
+  return parse_topk_select_options(std::string("kernel=") + env);
 }
-
-// `new` takes the radix kernel from this many 32-token groups per SM on: below it a lane's whole
-// row is a long serial chain per warp and too few warps run to cover it (a P = 256 row is ~10K
-// instructions on one lane), while warp-per-row spreads each row over 32 lanes.
-constexpr int kRadixMinGroupsPerSm = 4;
 
 template <int kTok>
 void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
@@ -93,16 +79,11 @@ void topk_select(const TopkSelectParams& p, cudaStream_t stream) {
   const int64_t groups = int64_t(ceil_div_int(p.num_tokens, 32)) * p.num_heads;
   MSA_CHECK_SUPPORTED(groups <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
                       " tokens exceed the kernel's work-item range");
-  TopkKernel kernel = topk_kernel_override();
-  if (kernel == TopkKernel::kAuto) kernel = TopkKernel::kCurrent;
-  if (kernel == TopkKernel::kNew) {
-    kernel = groups >= int64_t(kRadixMinGroupsPerSm) * current_device_limits().num_sms
-                 ? TopkKernel::kRadix
-                 : TopkKernel::kWarp8;
-  }
-  switch (kernel) {
+  TopkSelectDeviceFacts facts;
+  facts.num_sms = current_device_limits().num_sms;
+  switch (plan_topk_select(p, topk_options(), facts).kernel) {
     case TopkKernel::kRadix: launch_radix(p, groups, stream); break;
-    case TopkKernel::kWarp8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
+    case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     default: launch_warp_rows<topk::kTokens>(p, stream); break;
   }
 }

@@ -33,8 +33,22 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 // Proxy-score kernels: mma_sync (portable SM80+). auto: mma_sync.
 enum class ProxyKernel : int32_t { kAuto = 0, kMmaSync = 1 };
-// Top-k kernels: warp_per_row (a warp per (token, head) row, bitwise threshold search). auto: it.
-enum class TopkKernel : int32_t { kAuto = 0, kWarpPerRow = 1 };
+// Top-k kernels (docs/design/topk_select.md): warp_per_row (a warp per (token, head) row, bitwise
+// threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
+// for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), by_size
+// (radix from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8).
+// auto: warp_per_row (by_size once measured on the H200).
+enum class TopkKernel : int32_t {
+  kAuto = 0,
+  kWarpPerRow = 1,
+  kWarpPerRow8 = 2,
+  kRadix = 3,
+  kBySize = 4
+};
+// by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
+// tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
+// a warp.
+inline constexpr int kTopkRadixMinGroupsPerSm = 4;
 
 struct SparseAttnOptions {
   PrefillSchedule schedule = PrefillSchedule::kAuto;
@@ -55,7 +69,7 @@ struct TopkSelectOptions {
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4: kernel=auto|mma_sync.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
-// Options of msa_topk_select: kernel=auto|warp_per_row.
+// Options of msa_topk_select: kernel=auto|warp_per_row|warp_per_row_8|radix|by_size.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------
@@ -68,6 +82,11 @@ struct SparseAttnDeviceFacts {
   int kv_major_wgmma_ctas = 0;
   int kv_major_mma_sync_ctas[2] = {0, 0};  // with 1 and 2 query-tile stages
   int tile_ctas = 0;                       // shared-selection tile kernel
+};
+
+// Of a top-k call on the current device (0: unknown; by_size then takes the radix kernel).
+struct TopkSelectDeviceFacts {
+  int num_sms = 0;
 };
 
 // ---- plans -------------------------------------------------------------------------------------
@@ -143,7 +162,7 @@ struct ProxyScorePlan {
   ProxyKernel kernel = ProxyKernel::kMmaSync;
 };
 struct TopkSelectPlan {
-  TopkKernel kernel = TopkKernel::kWarpPerRow;
+  TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: kWarpPerRow, kWarpPerRow8 or kRadix
 };
 
 // ---- planners (pure) ---------------------------------------------------------------------------
@@ -154,7 +173,8 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttn
                                      const SparseAttnDeviceFacts& facts);
 SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnDeviceFacts& facts);
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);
-TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options);
+TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options,
+                                const TopkSelectDeviceFacts& facts = {});
 
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);

@@ -377,7 +377,9 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
   EXPECT_EQ(parse_proxy_score_options("kernel=mma_sync").kernel, ProxyKernel::kMmaSync);
-  EXPECT_EQ(parse_topk_select_options("kernel=warp_per_row").kernel, TopkKernel::kWarpPerRow);
+  for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
+                       TopkKernel::kRadix, TopkKernel::kBySize})
+    EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -397,11 +399,45 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("kernel=wgmma"); }, ErrorKind::kValue,
                "kernel must be auto or mma_sync, got 'wgmma'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
+  expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'new'");
 }
 
 TEST(PlanOptions, ProxyAndTopkAutoKeepTheirKernel) {
   EXPECT_EQ(plan_proxy_score(ProxyScoreParams{}, {}).kernel, ProxyKernel::kMmaSync);
   EXPECT_EQ(plan_topk_select(TopkSelectParams{}, {}).kernel, TopkKernel::kWarpPerRow);
+}
+
+TopkSelectParams topk_call(int heads, int tokens, int blocks = 256) {
+  TopkSelectParams p{};
+  p.num_heads = heads;
+  p.num_tokens = tokens;
+  p.num_blocks = blocks;
+  p.topk = 16;
+  return p;
+}
+
+TEST(PlanTopk, ForcedKernelsAreKept) {
+  const TopkSelectDeviceFacts h200{132};
+  for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix})
+    for (int tokens : {1, 64, 32768})
+      EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, h200).kernel, k) << option_name(k);
+}
+
+TEST(PlanTopk, BySizeTakesRadixFromFourGroupsPerSm) {
+  const TopkSelectDeviceFacts h200{132};
+  const TopkSelectOptions by_size{TopkKernel::kBySize};
+  // 4 x 132 = 528 groups of 32 tokens: 4 heads x 132 groups = 4 x 4224 tokens.
+  EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, h200).kernel, TopkKernel::kRadix);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32 - 32), by_size, h200).kernel,
+            TopkKernel::kWarpPerRow8);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 131 * 32 + 1), by_size, h200).kernel, TopkKernel::kRadix);
+  // The benchmark's shapes: decode (64 tokens x 4 heads) and the 32K / 128K prefills.
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpPerRow8);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadix);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadix);
+  // Unknown device: radix.
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadix);
 }
 
 }  // namespace

@@ -15,8 +15,9 @@ never scaled up). The -inf pattern (blocks with no visible key) and the NaN patt
 exactly, and fp8 / paged runs must equal their bf16 / flat GPU twins bit for bit.
 
 Top-k: indices must be identical (ties go to the lower block index at every P, D3), for every
-kernel (FLASHMSA_TOPK_KERNEL: warp-per-row at 32 and 8 tokens per CTA, the thread-per-row radix
-kernel, and `new`'s size-based choice between them), on the fixed cases and on fresh random ones.
+kernel (FLASHMSA_TOPK_KERNEL, the plan option `kernel`: warp-per-row at 32 and 8 tokens per CTA,
+the thread-per-row radix kernel, and by_size's choice between them), on the fixed cases and on
+fresh random ones.
 
 Skipped (not passed) without CUDA.
 """
@@ -399,10 +400,10 @@ def make_nvp(c: TopkCase):
 TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 
 
-# FLASHMSA_TOPK_KERNEL values (csrc/topk_select/topk_select_api.cu): warp-per-row at 32 tokens per
-# CTA (today's default), at 8 (decode-sized calls), the thread-per-row radix kernel, and `new`, the
-# size-based choice between the last two.
-TOPK_KERNELS = ("current", "warp8", "radix", "new")
+# FLASHMSA_TOPK_KERNEL values (the plan option `kernel`, include/flashmsa/plan.h): warp-per-row at
+# 32 tokens per CTA (today's default), at 8 (decode-sized calls), the thread-per-row radix kernel,
+# and by_size, the size-based choice between the last two.
+TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size")
 
 
 @contextlib.contextmanager
