@@ -80,11 +80,47 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
     return [pick(sk) for sk in seqs_k]
 
 
+# The kernel choices a case may force on the device (the CPU reference reads none of them):
+# FLASHMSA_PROXY_KERNEL, FLASHMSA_TOPK_KERNEL, FLASHMSA_PREFILL_SCHEDULE (auto is query-major),
+# FLASHMSA_KV_MAJOR_KERNEL, FLASHMSA_KV_MAJOR_CHUNK_ROWS (launch groups), FLASHMSA_TILE_MAX_WASTE
+# (8: every tile whose union fits goes to the shared-selection tile kernel), FLASHMSA_DECODE_KERNEL.
+SCHEDULES = {
+    "auto": {},
+    "query_major": {"FLASHMSA_PREFILL_SCHEDULE": "query_major"},
+    "kv_major": {"FLASHMSA_PREFILL_SCHEDULE": "kv_major", "FLASHMSA_KV_MAJOR_KERNEL": "auto"},
+    "kv_major_mma_sync": {"FLASHMSA_PREFILL_SCHEDULE": "kv_major",
+                          "FLASHMSA_KV_MAJOR_KERNEL": "mma_sync"},
+    "hybrid": {"FLASHMSA_PREFILL_SCHEDULE": "hybrid", "FLASHMSA_KV_MAJOR_KERNEL": "auto"},
+    "hybrid_waste8": {"FLASHMSA_PREFILL_SCHEDULE": "hybrid", "FLASHMSA_KV_MAJOR_KERNEL": "auto",
+                      "FLASHMSA_TILE_MAX_WASTE": "8"},
+}
+
+
+def _env(rng: random.Random, op: str) -> Dict[str, str]:
+    if op in ("proxy", "proxy_fp4"):
+        kernel = rng.choice((None, "mma_sync", "sm90", "sm90_ss"))
+        return {"FLASHMSA_PROXY_KERNEL": kernel} if kernel else {}
+    if op == "topk":
+        kernel = rng.choice((None, "current", "warp8", "radix", "new"))
+        return {"FLASHMSA_TOPK_KERNEL": kernel} if kernel else {}
+    if op == "attention":
+        env = dict(SCHEDULES[rng.choice(sorted(SCHEDULES))])
+        if env.get("FLASHMSA_PREFILL_SCHEDULE") in ("kv_major", "hybrid") and rng.random() < 0.3:
+            env["FLASHMSA_KV_MAJOR_CHUNK_ROWS"] = str(rng.choice((1, 7, 37)))
+        return env
+    kernel = rng.choice((None, "smem", "regs"))
+    return {"FLASHMSA_DECODE_KERNEL": kernel} if kernel else {}
+
+
 def gen_proxy(rng: random.Random, fp4: bool) -> dict:
     b = rng.randint(1, 3)
+    big = rng.random() < 0.04  # a few long key sequences (many blocks) over a few rows
     seqs_q = _lengths(rng, b, (0, 1, 2, lambda: rng.randint(1, 40), lambda: rng.randint(1, 130)))
     seqs_k = _lengths(rng, b, (0, 1, 127, 128, 129, lambda: rng.randint(1, 1300),
                                lambda: 128 * rng.randint(1, 8)))
+    if big:
+        seqs_q = [min(q, 4) for q in seqs_q]
+        seqs_k = [rng.randint(1, 20000) for _ in seqs_k]
     hkv = rng.choice((1, 1, 2, 3))
     g = rng.choice((1, 2, 3, 4, 8, 16))
     if fp4:
@@ -105,12 +141,14 @@ def gen_proxy(rng: random.Random, fp4: bool) -> dict:
         max_seqlen_q=rng.choice((None, None, None, 1, 3)),
         reduce_heads=rng.random() < 0.3, output=rng.random() < 0.5,
         extra_rows=rng.choice((0, 0, 0, 1, 7)), nan_keys=(not fp4) and rng.random() < 0.15,
-        data_scale=rng.choice((1.0, 1.0, 0.1, 4.0)))
+        data_scale=rng.choice((1.0, 1.0, 0.1, 4.0)),
+        env=_env(rng, "proxy_fp4" if fp4 else "proxy"))
 
 
 def gen_topk(rng: random.Random) -> dict:
     h = rng.choice((1, 2, 3, 4))
-    p = rng.choice((1, 2, 7, 16, 63, 64, 65, 200, 256, 257, 700, rng.randint(1, 1100)))
+    p = rng.choice((1, 2, 7, 16, 63, 64, 65, 200, 256, 257, 700, rng.randint(1, 1100),
+                    rng.randint(1, 20000) if rng.random() < 0.2 else 511))
     s = rng.choice((1, 5, 31, 33, 64, rng.randint(1, 200)))
     topk = rng.choice((1, 2, 15, 16, 17, 33, 63, 64, rng.randint(1, 64)))
     fb = rng.randint(0, topk) if rng.random() < 0.5 else 0
@@ -125,7 +163,7 @@ def gen_topk(rng: random.Random) -> dict:
                 base=rng.choice(("randn", "few", "ties", "wide")),
                 specials=rng.choice((0.0, 0.05, 0.2, 0.4)), payloads=rng.random() < 0.5,
                 row_inf=rng.random() < 0.3, col_inf=rng.random() < 0.3,
-                output=rng.random() < 0.5)
+                output=rng.random() < 0.5, env=_env(rng, "topk"))
 
 
 def _selection_mix(rng: random.Random) -> Dict[str, float]:
@@ -134,7 +172,11 @@ def _selection_mix(rng: random.Random) -> Dict[str, float]:
     weights = [rng.random() ** 2 for _ in kinds]
     weights[0] += 0.5
     total = sum(weights)
-    return {k: w / total for k, w in zip(kinds, weights)}
+    mix = {k: w / total for k, w in zip(kinds, weights)}
+    # probability that a row reuses the previous row's list (runs of tokens sharing their
+    # selections: the shared-selection tiles)
+    mix["share"] = rng.choice((0.0, 0.0, 0.5, 0.9, 1.0))
+    return mix
 
 
 def _kv_params(rng: random.Random, layouts) -> dict:
@@ -155,9 +197,13 @@ def _scales(rng: random.Random) -> dict:
 
 def gen_attention(rng: random.Random) -> dict:
     b = rng.randint(1, 3)
+    big = rng.random() < 0.04
     seqs_q = _lengths(rng, b, (0, 1, lambda: rng.randint(1, 24), lambda: rng.randint(1, 64)))
     seqs_k = _lengths(rng, b, (0, 1, 128, 129, lambda: rng.randint(1, 1000),
                                lambda: 128 * rng.randint(1, 6)))
+    if big:
+        seqs_q = [min(q, 6) for q in seqs_q]
+        seqs_k = [rng.randint(1, 12000) for _ in seqs_k]
     hkv = rng.choice((1, 1, 2, 3))
     g = rng.choice((1, 2, 3, 4, 5, 8, 16, 16, 32, 64))
     if g >= 32:
@@ -169,7 +215,7 @@ def gen_attention(rng: random.Random) -> dict:
              lse=rng.random() < 0.5,
              temperature=rng.choice((None, None, None, 0.3, 0.8, 1.3)),
              workspace=rng.random() < 0.3, graph=rng.random() < 0.1,
-             extra_rows=rng.choice((0, 0, 0, 3)))
+             extra_rows=rng.choice((0, 0, 0, 3)), env=_env(rng, "attention"))
     p.update(_kv_params(rng, ("flat", "flat", "paged", "packed", "packed_nhd")))
     p.update(_scales(rng))
     return p
@@ -180,6 +226,8 @@ def gen_decode(rng: random.Random) -> dict:
     seqlen_q = rng.randint(1, 4)
     seqs_k = _lengths(rng, batch, (0, 1, 128, 129, lambda: rng.randint(1, 1500),
                                    lambda: 128 * rng.randint(1, 10)))
+    if rng.random() < 0.04:
+        seqs_k = [rng.randint(1, 12000) for _ in seqs_k]
     hkv = rng.choice((1, 2, 4))
     g = rng.choice((1, 2, 3, 4, 8, 16, 16))
     p = dict(batch=batch, seqlen_q=seqlen_q, seqs_k=seqs_k, hq=hkv * g, hkv=hkv,
@@ -189,7 +237,8 @@ def gen_decode(rng: random.Random) -> dict:
              lse=rng.random() < 0.7,
              partial_dtype=rng.choice((None, None, "fp32", "bf16", "fp16", "fp8")),
              force_fused=rng.choice((None, True, False)),
-             workspace=rng.random() < 0.3, graph=rng.random() < 0.15)
+             workspace=rng.random() < 0.3, graph=rng.random() < 0.15,
+             env=_env(rng, "decode"))
     p.update(_kv_params(rng, ("paged", "paged", "flat", "packed", "packed_nhd")))
     p.update(_scales(rng))
     return p
@@ -539,12 +588,16 @@ class Problem:
         len(rows_of) belong to no sequence."""
         torch = _torch()
         rng = self.rng
-        kinds = list(self.p["selection"].items())
+        kinds = [(k, w) for k, w in self.p["selection"].items() if k != "share"]
+        share = self.p["selection"].get("share", 0.0)
         names = [k for k, _ in kinds]
         weights = [w for _, w in kinds]
         sel = torch.full((hkv, total_rows, topk), -1, dtype=torch.int32)
         for r, (b, i) in enumerate(rows_of):
             nb = nbs[b]
+            if i > 0 and share and rng.random() < share:
+                sel[:, r] = sel[:, r - 1]  # the previous token's lists (same sequence)
+                continue
             for h in range(hkv):
                 kind = rng.choices(names, weights)[0]
                 n = rng.randint(0, min(topk, nb)) if nb else 0
@@ -846,6 +899,27 @@ def reproducer(op: str, seed: int, params: dict, message: str) -> str:
             f"rerun: python benchmarks/fuzz_msa.py --replay {op}:{seed}")
 
 
+class _environment:
+    """Sets the case's kernel-choice variables for the device call, then restores them."""
+
+    def __init__(self, env: Dict[str, str]):
+        self.env, self.saved = env, {}
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return False
+
+
 def run_case(op: str, seed: int, device: str) -> Tuple[Optional[str], bool]:
     """Runs case ``(op, seed)`` on ``device`` and on the CPU. Returns (None when they agree, else
     the one-line reproducer; whether a fault was planted)."""
@@ -854,10 +928,10 @@ def run_case(op: str, seed: int, device: str) -> Tuple[Optional[str], bool]:
     try:
         import flashmsa.testing as ft
         pb = Problem(op, params, seed)
-        with ft.poison_outputs(True):
+        with ft.poison_outputs(True), _environment(params.get("env", {})):
             got = pb.run(device)
-        if device != "cpu":
-            _torch().cuda.synchronize()
+            if device != "cpu":
+                _torch().cuda.synchronize()
         if _PLANT is not None:
             got, planted = _PLANT(op, params, got)
         want = pb.run("cpu")
@@ -868,6 +942,18 @@ def run_case(op: str, seed: int, device: str) -> Tuple[Optional[str], bool]:
 
 
 # ---- the run ------------------------------------------------------------------------------------
+
+def _context_lost(msg: str) -> bool:
+    torch = _torch()
+    if not any(w in msg for w in ("CUDA error", "illegal", "cudaError", "unspecified launch")):
+        return False
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+        return False
+    except Exception:
+        return True
+
 
 def _worker(wid: int, nworkers: int, args, deadline: float, results):
     os.environ["FLASHMSA_NUM_THREADS"] = "1"
@@ -886,6 +972,10 @@ def _worker(wid: int, nworkers: int, args, deadline: float, results):
             msg, planted = run_case(op, seed, args.device)
             results.put(("case", op, seed, (msg, planted), time.time() - t0))
             i += nworkers
+            if msg is not None and args.device != "cpu" and _context_lost(msg):
+                results.put(("crash", wid, f"stopped after {op}:{seed}: the CUDA context is "
+                             "unusable (every later case of this worker would fail)", 0, 0))
+                break
     except BaseException:  # report, then stop this worker
         results.put(("crash", wid, traceback.format_exc(), 0, 0))
     results.put(("done", wid, None, None, 0))

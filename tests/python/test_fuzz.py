@@ -72,7 +72,20 @@ def test_generators_cover_every_option():
     assert _values("decode", "partial_dtype") == {"None", "fp32", "bf16", "fp16", "fp8"}
     assert _values("decode", "force_fused") == {"None", "True", "False"}
     lengths = {k for s in range(400) for k in fuzz_msa.case_params("attention", s)["seqs_k"]}
-    assert {0, 1, 128, 129} <= lengths
+    assert {0, 1, 128, 129} <= lengths and max(lengths) > 5000
+    assert {str(x) for x in (0.0, 0.5, 0.9, 1.0)} <= {
+        str(fuzz_msa.case_params("attention", s)["selection"]["share"]) for s in range(400)}
+    # every kernel choice is forced somewhere (default included)
+    envs = {op: [fuzz_msa.case_params(op, s)["env"] for s in range(400)] for op in fuzz_msa.OPS}
+    assert {e.get("FLASHMSA_PROXY_KERNEL") for e in envs["proxy"]} == {
+        None, "mma_sync", "sm90", "sm90_ss"}
+    assert {e.get("FLASHMSA_TOPK_KERNEL") for e in envs["topk"]} == {
+        None, "current", "warp8", "radix", "new"}
+    assert {e.get("FLASHMSA_DECODE_KERNEL") for e in envs["decode"]} == {None, "smem", "regs"}
+    assert {tuple(sorted(e.items())) for e in envs["attention"]
+            if "FLASHMSA_KV_MAJOR_CHUNK_ROWS" not in e} == {
+        tuple(sorted(v.items())) for v in fuzz_msa.SCHEDULES.values()}
+    assert any("FLASHMSA_KV_MAJOR_CHUNK_ROWS" in e for e in envs["attention"])
 
 
 @pytest.mark.parametrize("op", fuzz_msa.OPS)
