@@ -60,7 +60,8 @@ struct WarpSmem {
   uint32_t* carry_key;  // [carry][32]: the carry sits in rows [carry - n_carry, carry)
   int* carry_idx;       // [carry][32]: its block ids
   uint32_t* tiles;      // [2][kChunk][32]: chunk buffers (scores, then compacted keys)
-  uint8_t* offsets;     // [kChunk][32]: block offsets (in the chunk) of the compacted keys
+  uint8_t* offsets;     // [kChunk / 4][32] words: block offsets (in the chunk) of the compacted
+                        // keys, four to a word of the lane's own (see offset_at)
   uint32_t* hist;       // [kBins + 1][32]: bin kBins is a spare that is never read
 };
 
@@ -127,6 +128,11 @@ __device__ __forceinline__ void find_bin(const uint32_t* hist, int rem, int& bin
   }
 }
 
+// Byte offset of entry `row` in a lane's offset column (from ws.offsets + 4 * lane): byte row % 4
+// of word (row / 4) * 32 + lane. A word holds one lane's bytes only, so no two lanes ever write
+// parts of one word, and a warp's accesses to one row fall into 32 different banks.
+__device__ __forceinline__ int offset_at(int row) { return (row >> 2) * 128 + (row & 3); }
+
 __device__ __forceinline__ void clear_hist(uint32_t* hist) {
 #pragma unroll
   for (int d = 0; d < kBins; ++d) hist[d * 32] = 0;
@@ -150,7 +156,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   uint32_t* ckey = ws.carry_key + lane;
   int* cidx = ws.carry_idx + lane;
   uint32_t* tile = ws.tiles + b * kChunk * 32 + lane;
-  uint8_t* offs = ws.offsets + lane;
+  uint8_t* offs = ws.offsets + lane * 4;
   uint32_t* hist = ws.hist + lane;
   const TopkRanges& r = st.r;
   const int target = r.target;
@@ -166,7 +172,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
       const uint32_t k = topk_order_key(__uint_as_float(bits));
       tile[w * 32] = k;
-      offs[w * 32] = uint8_t(j);
+      offs[offset_at(w)] = uint8_t(j);
       atomicAdd(hist + (k >> 28) * 32, 1u);
       ++w;
     });
@@ -176,7 +182,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
       const uint32_t k = topk_order_key(__uint_as_float(bits));
       if (k < max_carry) {
         tile[w * 32] = k;
-        offs[w * 32] = uint8_t(j);
+        offs[offset_at(w)] = uint8_t(j);
         ++w;
       }
     });
@@ -206,7 +212,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
           cidx[row * 32] = cidx[(row + 1) * 32];
         }
         ckey[(kc - 1) * 32] = k;
-        cidx[(kc - 1) * 32] = p0 + int(offs[i * 32]);
+        cidx[(kc - 1) * 32] = p0 + int(offs[offset_at(i)]);
         mx = max(rest, k);
       }
       st.max_carry = mx;
@@ -281,7 +287,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     }
   };
   for_each_row(ckey, c_lo, kc, [&](uint32_t k, int row) { visit(k, cidx[row * 32]); });
-  for_each_row(tile, 0, w, [&](uint32_t k, int row) { visit(k, p0 + int(offs[row * 32])); });
+  for_each_row(tile, 0, w, [&](uint32_t k, int row) { visit(k, p0 + int(offs[offset_at(row)])); });
   if (last) {
     write_frame(out_row, rp.p.topk, r, n_sel);
     st.n_carry = 0;

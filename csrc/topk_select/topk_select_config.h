@@ -94,9 +94,9 @@ struct Params {
 };
 
 // 32-bit words of shared memory per warp, every array [rows][32 lanes]: carried keys and block ids
-// [carry] each, chunk tiles [2][kChunk], byte offsets [kChunk] (kChunk * 8 words), histogram
-// [kBins + 1] (the last bin counts the keys outside the prefix and is never read). Every part
-// starts 16-byte aligned.
+// [carry] each, chunk tiles [2][kChunk], byte offsets [kChunk / 4] (four bytes of one lane a word),
+// histogram [kBins + 1] (the last bin counts the keys outside the prefix and is never read). Every
+// part starts 16-byte aligned.
 constexpr int warp_words(int carry) {
   return 2 * carry * 32 + 2 * kChunk * 32 + kChunk * 8 + (kBins + 1) * 32;
 }
