@@ -96,20 +96,24 @@ SCHEDULES = {
 }
 
 
+# op -> (variable, the values a case picks from besides the default)
+KERNELS = {
+    "proxy": ("FLASHMSA_PROXY_KERNEL", ("mma_sync", "sm90", "sm90_ss")),
+    "proxy_fp4": ("FLASHMSA_PROXY_KERNEL", ("mma_sync", "sm90", "sm90_ss")),
+    "topk": ("FLASHMSA_TOPK_KERNEL", ("warp_per_row", "warp_per_row_8", "radix", "by_size")),
+    "decode": ("FLASHMSA_DECODE_KERNEL", ("smem", "regs")),
+}
+
+
 def _env(rng: random.Random, op: str) -> Dict[str, str]:
-    if op in ("proxy", "proxy_fp4"):
-        kernel = rng.choice((None, "mma_sync", "sm90", "sm90_ss"))
-        return {"FLASHMSA_PROXY_KERNEL": kernel} if kernel else {}
-    if op == "topk":
-        kernel = rng.choice((None, "current", "warp8", "radix", "new"))
-        return {"FLASHMSA_TOPK_KERNEL": kernel} if kernel else {}
     if op == "attention":
         env = dict(SCHEDULES[rng.choice(sorted(SCHEDULES))])
         if env.get("FLASHMSA_PREFILL_SCHEDULE") in ("kv_major", "hybrid") and rng.random() < 0.3:
             env["FLASHMSA_KV_MAJOR_CHUNK_ROWS"] = str(rng.choice((1, 7, 37)))
         return env
-    kernel = rng.choice((None, "smem", "regs"))
-    return {"FLASHMSA_DECODE_KERNEL": kernel} if kernel else {}
+    name, values = KERNELS[op]
+    kernel = rng.choice((None,) + values)
+    return {name: kernel} if kernel else {}
 
 
 def gen_proxy(rng: random.Random, fp4: bool) -> dict:

@@ -77,15 +77,26 @@ def test_generators_cover_every_option():
         str(fuzz_msa.case_params("attention", s)["selection"]["share"]) for s in range(400)}
     # every kernel choice is forced somewhere (default included)
     envs = {op: [fuzz_msa.case_params(op, s)["env"] for s in range(400)] for op in fuzz_msa.OPS}
-    assert {e.get("FLASHMSA_PROXY_KERNEL") for e in envs["proxy"]} == {
-        None, "mma_sync", "sm90", "sm90_ss"}
-    assert {e.get("FLASHMSA_TOPK_KERNEL") for e in envs["topk"]} == {
-        None, "current", "warp8", "radix", "new"}
-    assert {e.get("FLASHMSA_DECODE_KERNEL") for e in envs["decode"]} == {None, "smem", "regs"}
+    for op, (name, values) in fuzz_msa.KERNELS.items():
+        assert {e.get(name) for e in envs[op]} == {None, *values}, op
     assert {tuple(sorted(e.items())) for e in envs["attention"]
             if "FLASHMSA_KV_MAJOR_CHUNK_ROWS" not in e} == {
         tuple(sorted(v.items())) for v in fuzz_msa.SCHEDULES.values()}
     assert any("FLASHMSA_KV_MAJOR_CHUNK_ROWS" in e for e in envs["attention"])
+
+
+def test_kernel_choices_exist_in_the_sources():
+    """The kernel names the fuzzer forces are ones the CUDA sources parse (a renamed choice would
+    make every such case fail on the GPU with a ValueError)."""
+    root = BENCH_DIR.parent
+    text = "".join(p.read_text() for d in ("csrc", "include") for p in (root / d).rglob("*")
+                   if p.suffix in (".cu", ".cpp", ".h", ".cuh"))
+    pairs = {(name, v) for name, values in fuzz_msa.KERNELS.values() for v in values}
+    pairs |= {(k, v) for env in fuzz_msa.SCHEDULES.values() for k, v in env.items()
+              if k != "FLASHMSA_TILE_MAX_WASTE"}
+    for name, value in sorted(pairs):
+        assert f'"{name}"' in text, name
+        assert f'"{value}"' in text, f"{name}={value}"
 
 
 @pytest.mark.parametrize("op", fuzz_msa.OPS)
