@@ -62,7 +62,7 @@ FULL = dict(
             for lay in ("flat", "paged") for pat in ("random", "clustered", "pipeline")],
     decode_attn=[(b, c, sq, kv) for kv in ("bf16", "fp8") for b in (1, 8, 64, 128)
                  for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
-    pipeline_s=[8 * K, 32 * K, 128 * K],
+    pipeline_s=[4 * K, 8 * K, 16 * K, 32 * K, 64 * K, 128 * K],  # the report's 4K..128K curves
     topk_s=[8 * K, 32 * K, 128 * K],
     budget_s=0.3, max_reps=100,
 )
@@ -486,7 +486,12 @@ class Bench:
         return fn, dict(flop=4 * 128 * hq * s * s // 2, notes=notes)
 
     def stage_decode(self):
+        dense_done = set()
         for b, ctx, sq, kv in self.cfg["decode_attn"]:
+            if sq == 1 and (b, ctx) not in dense_done:  # dense decode over the whole context
+                dense_done.add((b, ctx))
+                self.run_case("dense", f"decode B{b} ctx={size_name(ctx)} sq1 SDPA 64 heads",
+                              lambda b=b, c=ctx: self.build_dense_decode(b, c), "memory")
             ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
             # The default kernel choice, then (fp8 K/V) each decode kernel forced by name.
             variants = [("", {DECODE_KERNEL_ENV: "auto"})]
@@ -496,6 +501,34 @@ class Bench:
                 self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged{suffix}",
                               lambda b=b, c=ctx, q=sq, kv=kv: self.build_decode(b, c, q, kv),
                               "memory", ref if not suffix else None, env=env)
+
+    def build_dense_decode(self, b, ctx):
+        """Dense bf16 decode of one token per request over all ctx keys: the baseline the sparse
+        decode replaces. With one query token nothing is masked, so the G = Hq / Hkv query heads
+        of a KV head are the rows of one attention over that head's keys (q (b, Hkv, G, 128),
+        K/V (b, Hkv, ctx, 128)): the FLOPs and K/V bytes of 64-head GQA decode."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        g = self.gen()
+        hq, hkv = M3["hq"], M3["hkv"]
+        q = self.rnd((b, hkv, hq // hkv, 128), g)
+        # Gaussian keys / values of 8K tokens repeated along the context (dense attention's time
+        # does not depend on the values; full-size float32 temporaries would need ~70 GB).
+        piece = min(ctx, 8 * K)
+        k, v = (self.rnd((b, hkv, piece, 128), g).repeat(1, 1, ctx // piece, 1) for _ in "kv")
+        backend, notes = SDPBackend.CUDNN_ATTENTION, ["cuDNN"]
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q[:1], k[:1, :, :256], v[:1, :, :256])
+            torch.cuda.synchronize()
+        except RuntimeError as e:
+            backend = SDPBackend.FLASH_ATTENTION
+            notes = [f"FLASH (cuDNN unavailable: {str(e).splitlines()[0][:80]})"]
+
+        def fn():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+        return fn, dict(flop=4 * 128 * hq * b * ctx, bytes=k.nbytes + v.nbytes + 2 * q.nbytes,
+                        notes=notes)
 
     def build_decode(self, b, ctx, sq, kv):
         g = self.gen()
