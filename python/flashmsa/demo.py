@@ -11,8 +11,10 @@ block always selected (``force_end_blocks=1``). The pipeline is vLLM's:
 A few "needle" keys are planted: index-K rows aligned with the index queries of chosen later
 tokens, far from them, so those tokens must select the needle's block. The demo reports the recall
 of those blocks, the error of the sparse output against an fp32 torch attention over exactly the
-selected keys, the time per stage and, on CUDA at 32K tokens and more, dense attention (torch SDPA)
-time and the speedup.
+selected keys, the density (keys attended / keys dense causal attention reads), the time per stage
+(on the CPU: the exact C++ reference's, not the CUDA kernels') and, on CUDA at 32K tokens and more,
+dense attention (torch SDPA) time and the speedup. It warns when top-k covers every block of the
+sequence (at most topk * 128 tokens), which makes the run dense attention.
 """
 
 import argparse
@@ -377,7 +379,8 @@ def reference_error(cfg: DemoConfig, prob: Problem, q2k: torch.Tensor, out: torc
             "rows_checked": int(rows_all.numel()),
             "reference": "fp32 torch attention over the selected blocks' keys",
             "keys_per_query": keys / max(Hkv * rows_all.numel(), 1),
-            "dense_fraction": keys / max(causal_keys, 1)}
+            # density: attended keys / causally visible keys (1.0 = dense causal attention)
+            "density": keys / max(causal_keys, 1)}
 
 
 def dense_attention_time(cfg: DemoConfig, prob: Problem, timer: testing.timing.Timer) -> dict:
@@ -413,6 +416,17 @@ def dense_attention_time(cfg: DemoConfig, prob: Problem, timer: testing.timing.T
 
 # ---- driver ------------------------------------------------------------------------------------
 
+def selection_warnings(cfg: DemoConfig) -> List[str]:
+    """What makes the run say little about sparse attention: a top-k that covers every block."""
+    nb = math.ceil(cfg.seqlen / BLOCK)
+    if cfg.topk >= nb:
+        return [f"top-{cfg.topk} covers all {nb} blocks of {BLOCK} tokens of a {cfg.seqlen}-token "
+                f"sequence: every query attends to every key it can see (density 100%), which is "
+                f"dense causal attention; use --seqlen above {cfg.topk * BLOCK} (--topk x "
+                f"{BLOCK}) or a smaller --topk to measure sparse attention"]
+    return []
+
+
 def run_demo(cfg: DemoConfig, progress_enabled: Optional[bool] = None) -> dict:
     cfg = cfg.resolved()
     err = config_error(cfg)
@@ -429,7 +443,12 @@ def run_demo(cfg: DemoConfig, progress_enabled: Optional[bool] = None) -> dict:
         progress.update()
         q2k, out, timings = run_pipeline(cfg, prob, progress, timer)
         result = {"config": dataclasses.asdict(cfg), "device_name": _device_name(device),
-                  "needles": needle_recall(cfg, prob, q2k), "timing_ms": timings}
+                  "needles": needle_recall(cfg, prob, q2k), "timing_ms": timings,
+                  # On the CPU the ops run the exact C++ reference: its times are not those of
+                  # flashmsa's kernels.
+                  "timing_of": ("CUDA kernels" if device.type == "cuda" else
+                                "CPU reference (exact C++ implementation, not the CUDA kernels)"),
+                  "warnings": selection_warnings(cfg)}
         if cfg.check:
             progress.set_description_str("checking vs reference", refresh=False)
             precision = torch.get_float32_matmul_precision()
@@ -491,11 +510,16 @@ def format_report(r: dict) -> str:
         lines.append(f"accuracy  vs {a['reference']} ({scope} query rows): "
                      f"max |err| {a['max_abs_err']:.2e}, rel L2 {a['rel_l2_err']:.2e} "
                      f"(tolerance {r['tolerance_rel_l2']:.0e})")
-        lines.append(f"sparsity  {a['keys_per_query']:.0f} keys per query and KV head, "
-                     f"{100 * a['dense_fraction']:.1f}% of dense causal attention")
+        lines.append(f"density   {a['keys_per_query']:.0f} keys per query and KV head: "
+                     f"{100 * a['density']:.1f}% of the keys dense causal attention reads")
     t = r["timing_ms"]
     reps = c["iters"]
-    lines.append(f"time per stage ({'median of ' + str(reps) if reps > 1 else 'one run'}):")
+    runs = "median of " + str(reps) if reps > 1 else "one run"
+    if c["device"].startswith("cuda"):
+        lines.append(f"time per stage ({runs}):")
+    else:
+        lines.append(f"time per stage of the CPU reference ({runs}; the exact C++ reference, not "
+                     "the CUDA kernels: not flashmsa's GPU performance):")
     for key, label in (("proxy_score", "proxy score"), ("topk_select", "top-k select"),
                        ("sparse_attention", "sparse attention"), ("pipeline", "pipeline total")):
         lines.append(f"  {label:<18}{t[key]:12.3f} ms")
@@ -505,52 +529,80 @@ def format_report(r: dict) -> str:
                      f"{t['speedup_vs_sparse_attention']:.2f}x (sparse attention alone)")
     elif "dense_skipped" in r:
         lines.append(f"  dense SDPA skipped: {r['dense_skipped']}")
+    for w in r.get("warnings", []):
+        lines.append(f"warning   {w}")
     lines.append("")
     lines.append("PASS" if r["passed"] else "FAIL")
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser):
+    """The demo's options; every help text names the default."""
+    d = DemoConfig()
     cuda = torch.cuda.is_available() and built_with_cuda()
     p.add_argument("--device", default="cuda" if cuda else "cpu",
-                   help="cuda or cpu (default: cuda when available)")
+                   help="cuda, cuda:N or cpu; on the CPU the ops run the exact C++ reference "
+                        "(default: cuda when a GPU and a CUDA build are present, else cpu)")
     p.add_argument("--seqlen", type=int, default=None,
-                   help="tokens per sequence (default: 32768 on CUDA, 4096 on CPU)")
+                   help="tokens (keys) per sequence (default: 32768 on CUDA, 4096 on the CPU)")
     p.add_argument("--qlen", type=int, default=None,
-                   help="queries per sequence: the last QLEN tokens (default: all, a full prefill)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=64, help="query heads")
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--index-heads", type=int, default=4,
+                   help="queries per sequence: the last QLEN tokens; fewer than --seqlen is a "
+                        "chunked prefill (default: --seqlen, a full prefill)")
+    p.add_argument("--batch", type=int, default=d.batch,
+                   help="sequences, all of --seqlen tokens (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=d.heads,
+                   help="query heads (default: %(default)s, MiniMax-M3)")
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads,
+                   help="KV heads; --heads / --kv-heads query heads share one (default: "
+                        "%(default)s)")
+    p.add_argument("--index-heads", type=int, default=d.index_heads,
                    help="indexer query heads over one index-K head; equal to --kv-heads selects "
-                        "per KV head, otherwise one selection is shared (reduce_heads)")
-    p.add_argument("--topk", type=int, default=16)
-    p.add_argument("--local-blocks", type=int, default=1)
-    p.add_argument("--sink-blocks", type=int, default=0)
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="q / compute dtype")
+                        "per KV head, otherwise one selection is shared (reduce_heads) "
+                        "(default: %(default)s)")
+    p.add_argument("--topk", type=int, default=d.topk,
+                   help="blocks of 128 tokens each query selects per KV head, 1..64 (default: "
+                        "%(default)s)")
+    p.add_argument("--local-blocks", type=int, default=d.local_blocks,
+                   help="blocks always selected at the end of each query's visible range "
+                        "(force_end_blocks: its own block) (default: %(default)s)")
+    p.add_argument("--sink-blocks", type=int, default=d.sink_blocks,
+                   help="blocks always selected at the start of the sequence "
+                        "(force_begin_blocks) (default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default=d.dtype,
+                   help="q and compute dtype (default: %(default)s)")
     p.add_argument("--kv-dtype", choices=_KV_DTYPES, default=None,
-                   help="KV cache dtype (default: --dtype)")
-    p.add_argument("--layout", choices=_LAYOUTS, default="flat",
-                   help="flat varlen K/V, paged cache, or packed K|V pages (vLLM layout)")
-    p.add_argument("--needles", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+                   help="KV cache dtype; fp8 also stores the index keys in fp8 (default: --dtype)")
+    p.add_argument("--layout", choices=_LAYOUTS, default=d.layout,
+                   help="flat varlen K/V, paged cache (pages permuted), or packed K|V pages "
+                        "(vLLM's layout) (default: %(default)s)")
+    p.add_argument("--needles", type=int, default=d.needles,
+                   help="planted needle keys whose blocks the indexer must select; recall is "
+                        "reported (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="random seed of the inputs (default: %(default)s)")
     p.add_argument("--iters", type=int, default=None,
-                   help="timed repetitions per stage (default: 20 on CUDA, 1 on CPU); on CUDA "
-                        "after a warm-up run, L2 flushed before each")
+                   help="timed repetitions per stage; on CUDA after a warm-up run, L2 flushed "
+                        "before each (default: 20 on CUDA, 1 on the CPU)")
     dense = p.add_mutually_exclusive_group()
     dense.add_argument("--dense", dest="dense", action="store_true", default=None,
-                       help="also time dense SDPA (default: on CUDA from 32K tokens)")
-    dense.add_argument("--no-dense", dest="dense", action="store_false")
+                       help="also time dense causal attention (torch SDPA) and the speedup "
+                            "(default: on CUDA from 32768 tokens)")
+    dense.add_argument("--no-dense", dest="dense", action="store_false",
+                       help="do not time dense attention (default: see --dense)")
     p.add_argument("--no-check", dest="check", action="store_false",
-                   help="skip the comparison with the fp32 reference")
+                   help="skip the comparison with the fp32 reference (default: compare)")
     p.add_argument("--check-rows", type=int, default=None,
                    help="query rows compared with the reference, spread evenly, plus the needle "
-                        "rows (default: all on CUDA, 512 on CPU)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+                        "rows (default: all on CUDA, 512 on the CPU)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of text; warnings go to stderr "
+                        "(default: text)")
     progress = p.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
-                          help="draw the progress bar even when stderr is not a terminal")
-    progress.add_argument("--no-progress", dest="progress", action="store_false")
+                          help="draw the progress bar even when stderr is not a terminal "
+                               "(default: on a terminal, for runs longer than a second)")
+    progress.add_argument("--no-progress", dest="progress", action="store_false",
+                          help="never draw the progress bar (default: see --progress)")
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
@@ -572,6 +624,8 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(err)
     result = run_demo(cfg, progress_enabled=args.progress)
     if args.json:
+        for w in result["warnings"]:  # stdout holds the JSON object only
+            print(f"flashmsa demo: warning: {w}", file=sys.stderr)
         print(json.dumps(result))
     else:
         print(format_report(result))

@@ -1,6 +1,8 @@
 """``python -m flashmsa demo`` end to end on the CPU: JSON and text output, needle recall, accuracy
 against the reference, option handling; plus the progress bar."""
 
+import argparse
+import dataclasses
 import io
 import json
 import os
@@ -36,6 +38,11 @@ def test_demo_json_m3_shapes():
     for key in ("proxy_score", "topk_select", "sparse_attention", "pipeline"):
         assert t[key] > 0
     assert "dense_sdpa" not in t  # dense timing is for CUDA from 32K tokens
+    assert out["timing_of"].startswith("CPU reference")
+    assert 0 < acc["density"] <= 1
+    # 1024 tokens are 8 blocks: top-16 selects every one of them (dense attention), said twice.
+    assert len(out["warnings"]) == 1 and "covers all 8 blocks" in out["warnings"][0]
+    assert "warning: top-16 covers all 8 blocks" in r.stderr
 
 
 def test_demo_text_paged_fp8_shared_selection():
@@ -45,8 +52,49 @@ def test_demo_text_paged_fp8_shared_selection():
     assert r.returncode == 0, r.stdout + r.stderr
     text = r.stdout
     for needle in ("recall 100.0%", "all query rows", "proxy score", "top-k select",
-                   "sparse attention", "pipeline total", "KV fp8, packed layout", "PASS"):
+                   "sparse attention", "pipeline total", "KV fp8, packed layout", "PASS",
+                   "density ", "% of the keys dense causal attention reads",
+                   "time per stage of the CPU reference", "warning   top-16 covers all 12 blocks"):
         assert needle in text, (needle, text)
+
+
+def test_demo_sparse_run_has_no_warning_and_says_density():
+    # 2176 tokens = 17 blocks: top-16 leaves the last queries' earliest blocks out.
+    cfg = demo.DemoConfig(device="cpu", seqlen=2176, qlen=256, heads=8, kv_heads=4,
+                          index_heads=4, needles=2, check_rows=64)
+    result = demo.run_demo(cfg, progress_enabled=False)
+    assert result["passed"] and result["warnings"] == []
+    assert result["accuracy"]["density"] < 1.0
+    text = demo.format_report(result)
+    assert "sparsity" not in text and "warning" not in text
+    density = [line for line in text.splitlines() if line.startswith("density ")]
+    assert len(density) == 1
+    assert f"{100 * result['accuracy']['density']:.1f}% of the keys" in density[0]
+    assert demo.selection_warnings(dataclasses.replace(cfg, topk=17))  # 17 >= 17 blocks
+
+
+def test_demo_timings_labelled_by_device():
+    base = demo.run_demo(demo.DemoConfig(device="cpu", seqlen=256, heads=4, kv_heads=4,
+                                         needles=0, check=False), progress_enabled=False)
+    assert "time per stage of the CPU reference" in demo.format_report(base)
+    gpu = dict(base, config=dict(base["config"], device="cuda", iters=20),
+               timing_of="CUDA kernels")
+    text = demo.format_report(gpu)
+    assert "time per stage (median of 20):" in text and "CPU reference" not in text
+
+
+def test_demo_help_names_every_default():
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    options = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    assert len(options) >= 20
+    for action in options:
+        assert action.help and "(default: " in action.help, action.option_strings
+    text = parser.format_help()
+    for flag in ("--batch", "--kv-heads", "--topk", "--local-blocks", "--sink-blocks",
+                 "--needles", "--seed", "--no-dense", "--no-progress", "--json"):
+        assert flag in text
+    assert "(default: 16)" in text and "(default: flat)" in text
 
 
 def test_demo_nvfp4_in_process():
