@@ -372,6 +372,7 @@ class Smoke:
         self.run("decode flat bf16 cu_seqlens_k", lambda: ops.msa_sparse_decode_attention(
             self.rnd((b, 8, 128)), kf, vf, sel, cu_seqlens_k=ft.cu_seqlens(lens, self.dev)))
         self.decode_regs(lens)
+        self.decode_mtp_union(lens)
 
     def decode_regs(self, lens):
         """The register-converting fp8 decode kernel (FLASHMSA_DECODE_KERNEL=regs): M3 and small
@@ -400,6 +401,46 @@ class Smoke:
                                          q, kc, vc, sel, page_table=table, seqused_k=used,
                                          seqlen_q=sqd, return_softmax_lse=True,
                                          force_fused=fused, partial_dtype=partial)))
+
+    def decode_mtp_union(self, lens):
+        """MTP union items (FLASHMSA_DECODE_MTP=union): M3 and small groups, bf16 / fp8 / NVFP4
+        K/V, seqlen_q 2 and 4, shared and per-token selections, fused / split, ids out of range
+        and -1 holes."""
+        ops = self.ops
+        b = len(lens)
+        for hq, hkv, dtype in ((64, 4, BF16), (64, 4, FP8), (8, 2, FP8), (12, 4, BF16)):
+            kc, table, used = self.paged(lens, hkv, dtype)
+            vc = self.rnd(kc.shape).to(dtype)
+            for seqlen_q, shared in ((4, True), (4, False), (2, False)):
+                pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
+                sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
+                if shared:  # every token of a request takes its last token's selection
+                    sel = sel.view(hkv, b, seqlen_q, 16)[:, :, -1:].expand(-1, -1, seqlen_q, -1)
+                    sel = sel.reshape(hkv, b * seqlen_q, 16).contiguous()
+                sel[:, ::3, 5] = 10 ** 6
+                sel[:, 1::4, 9] = -1
+                q = self.rnd((b * seqlen_q, hq, 128))
+                for fused in (True, False):
+                    name = (f"decode mtp union paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} "
+                            f"shared={shared} fused={fused}")
+                    self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
+                             sqd=seqlen_q, fused=fused: with_env(
+                                 {"FLASHMSA_DECODE_MTP": "union"},
+                                 lambda: ops.msa_sparse_decode_attention(
+                                     q, kc, vc, sel, page_table=table, seqused_k=used,
+                                     seqlen_q=sqd, return_softmax_lse=True, force_fused=fused)))
+        kc, table, used = self.paged(lens, 2)
+        pos = torch.cat([torch.arange(n - 4, n, device=self.dev) for n in lens])
+        sel = mi.random_selection(pos.clamp(min=0), 2, 16, self.gen)
+        k4, ks, kg = ft.quantize_nvfp4(kc)
+        v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+        for fused in (True, False):
+            self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}", lambda fused=fused: with_env(
+                {"FLASHMSA_DECODE_MTP": "union"},
+                lambda: ops.msa_sparse_decode_attention(
+                    self.rnd((b * 4, 16, 128)), k4, v4, sel, page_table=table, seqused_k=used,
+                    seqlen_q=4, k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg,
+                    force_fused=fused)))
 
     def pipeline(self):
         """The M3 decode step at a small size: proxy (per-head) -> top-k -> decode."""

@@ -41,7 +41,11 @@ struct QueryMajorArgs {
   bool q_fp8;         // q is fp8 e4m3 (decode): converted to bf16 on load
   bool has_temp;      // temperature LSE requested
   float scale_log2;   // effective softmax scale * log2(e)
-  int64_t num_items;  // total_q * Hkv * row_tiles * splits
+  int64_t num_items;  // total_q * Hkv * row_tiles * splits (MTP union: batch * Hkv * splits)
+  // MTP union items (decode, uniform seqlen_q = mtp_tokens in 2..4, tokens x G <= 64 rows,
+  // tokens x topk <= 64 entries): an item is (request, kv head, split) over the union of the
+  // request's selections; 0: items are (row, kv head, row tile, split).
+  int mtp_tokens;
   // Partials (write_final == false): slot (kh, r, split, g) at ((kh * total_q + r) * splits + split) * G + g.
   void* part_o;          // [Hkv, total_q, splits, G, 128] of part_kind
   StoreKind part_kind;

@@ -144,31 +144,164 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
   return __popc(k0) + __popc(k1) + __popc(t0) + __popc(t1);
 }
 
+// Warp 0, MTP union item (args.mtp_tokens > 0): the rows of request b (its n_tok <= 4 tokens, each
+// with its own q2k list) and kv head kh. Builds the union of the tokens' used, visible, valid-page
+// blocks (token 0's list order, then the blocks token 1 adds, ...; semantics.h rules per token),
+// takes split s's share of it and cuts each block into <= 2 tiles of 64 keys holding the keys below
+// the largest limit. TileDesc.pad packs, per token t (byte t), how many leading keys of the tile t
+// sees: 0 when t did not select the block. Returns the number of tiles (all lanes).
+MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int split,
+                             TileDesc* s_tiles, int* s_list, int lane) {
+  const SparseAttnParams& p = args.p;
+  const int seqlen_k = kv_seqlen(p.kv, b);
+  const int nb = num_blocks(seqlen_k);
+  const RowRange rr = q_rows(p.qi, p.total_q, b);
+  const int n_tok = min(rr.len, args.mtp_tokens);
+  const int64_t q_off = q_offset_of(p.q_offset, b, rr.len, seqlen_k);
+  const int n_e = n_tok * p.topk;  // <= 64 (host)
+  for (int e = lane; e < n_e; e += 32) {
+    const int t = e / p.topk;
+    s_list[e] = p.q2k[(int64_t(kh) * p.total_q + rr.begin + t) * p.topk + (e - t * p.topk)];
+  }
+  __syncwarp();
+  int v[2], tok[2], vis[2];
+  bool used[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int e = lane + 32 * h;
+    v[h] = e < n_e ? s_list[e] : -1;
+    tok[h] = e < n_e ? e / p.topk : 0;
+    used[h] = e < n_e && v[h] >= 0 && v[h] < nb;
+  }
+  // Per token: entries after its first negative one are not read; a repeated id counts once.
+  for (int j = 0; j < n_e; ++j) {  // uniform trip count
+    const int x = __shfl_sync(0xffffffffu, j < 32 ? v[0] : v[1], j & 31);
+    const int tj = j / p.topk;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (tj == tok[h] && j < lane + 32 * h && (x < 0 || x == v[h])) used[h] = false;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int lim = col_limit(p.causal, q_off, tok[h], seqlen_k);
+    const int64_t vis64 = int64_t(lim) - int64_t(used[h] ? v[h] : 0) * kBlockSize;
+    vis[h] = used[h] ? int(vis64 < kBlockSize ? (vis64 > 0 ? vis64 : 0) : int64_t(kBlockSize)) : 0;
+    used[h] = used[h] && vis[h] > 0;
+    if (used[h] && p.kv.paged) used[h] = kv_page(p.kv, b, v[h]) >= 0;
+  }
+  // Union: an entry is kept when no earlier used entry (any token) names its block; it gathers the
+  // visible key counts of every token that selected the block.
+  uint32_t packed[2] = {0u, 0u};
+  bool keep[2] = {used[0], used[1]};
+  for (int j = 0; j < n_e; ++j) {
+    const int src = j & 31;
+    const int x = __shfl_sync(0xffffffffu, j < 32 ? v[0] : v[1], src);
+    const int vj = __shfl_sync(0xffffffffu, j < 32 ? vis[0] : vis[1], src);
+    const bool uj = __shfl_sync(0xffffffffu, int(j < 32 ? used[0] : used[1]), src) != 0;
+    const int tj = j / p.topk;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!uj || x != v[h]) continue;
+      packed[h] |= uint32_t(vj) << (8 * tj);
+      if (j < lane + 32 * h) keep[h] = false;
+    }
+  }
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  const uint32_t u0 = __ballot_sync(0xffffffffu, keep[0]);
+  const uint32_t u1 = __ballot_sync(0xffffffffu, keep[1]);
+  const int n_used = __popc(u0) + __popc(u1);
+  const int per_split = (n_used + args.splits - 1) / args.splits;
+  const int s_begin = split * per_split;
+  const int s_end = min(n_used, s_begin + per_split);
+  int vmax[2];
+  bool two[2], sel[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    vmax[h] = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) vmax[h] = max(vmax[h], int((packed[h] >> (8 * t)) & 0xFFu));
+    const int rank = h == 0 ? __popc(u0 & lt_mask) : __popc(u0) + __popc(u1 & lt_mask);
+    sel[h] = keep[h] && rank >= s_begin && rank < s_end;
+    two[h] = sel[h] && vmax[h] > kQmTileKeys;
+  }
+  const uint32_t k0 = __ballot_sync(0xffffffffu, sel[0]);
+  const uint32_t k1 = __ballot_sync(0xffffffffu, sel[1]);
+  const uint32_t t0 = __ballot_sync(0xffffffffu, two[0]);
+  const uint32_t t1 = __ballot_sync(0xffffffffu, two[1]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!sel[h]) continue;
+    const int idx = h == 0 ? __popc(k0 & lt_mask) + __popc(t0 & lt_mask)
+                           : __popc(k0) + __popc(t0) + __popc(k1 & lt_mask) + __popc(t1 & lt_mask);
+    const int j0 = v[h] * kBlockSize;
+    // Per-token counts of the first 64 keys (min(vis, 64)) and of the second (vis - 64, >= 0).
+    uint32_t first = 0u, second = 0u;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int c = int((packed[h] >> (8 * t)) & 0xFFu);
+      first |= uint32_t(min(c, kQmTileKeys)) << (8 * t);
+      second |= uint32_t(max(c - kQmTileKeys, 0)) << (8 * t);
+    }
+    TileDesc d;
+    d.k_off = kv_offset(p.k, p.kv, b, kh, j0);
+    d.v_off = kv_offset(p.v, p.kv, b, kh, j0);
+    d.scale_row = p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j0) : 0;
+    d.n_valid = min(kQmTileKeys, vmax[h]);
+    d.pad = int(first);
+    s_tiles[idx] = d;
+    if (two[h]) {
+      d.k_off += int64_t(kQmTileKeys) * p.k.stride_token;
+      d.v_off += int64_t(kQmTileKeys) * p.v.stride_token;
+      d.scale_row += int64_t(kQmTileKeys) * scale_row_step(p);
+      d.n_valid = vmax[h] - kQmTileKeys;
+      d.pad = int(second);
+      s_tiles[idx + 1] = d;
+    }
+  }
+  return __popc(k0) + __popc(k1) + __popc(t0) + __popc(t1);
+}
+
 // Loads the item's query rows (heads rt * kRows + i of kv head kh of token r) into the Q tile;
 // rows past G are zero. bf16/fp16 q by cp.async (joins the first commit group); fp8 q (decode) is
 // converted to bf16 through registers.
-template <typename Elem, int kRows>
+// kMtp: row i of the tile is head i % G of token r + i / G (n_tok tokens; rows past them are zero).
+template <typename Elem, int kRows, bool kMtp = false>
 MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int rt, uint8_t* sQ,
-                                int tid) {
+                                int tid, int n_tok = 0) {
   const SparseAttnParams& p = args.p;
+  // Token row and head of tile row `row`; false for rows past the item's heads / tokens.
+  auto source = [&](int row, int64_t& rq, int& hh) {
+    if constexpr (kMtp) {
+      const int t = row / args.group;
+      hh = row - t * args.group;
+      rq = int64_t(r) + t;
+      return t < n_tok;
+    } else {
+      hh = rt * kRows + row;
+      rq = r;
+      return hh < args.group;
+    }
+  };
   if (!args.q_fp8) {
     const Elem* q = static_cast<const Elem*>(p.q);
     for (int c = tid; c < kRows * 16; c += kQmThreads) {
       const int row = c >> 4, ch = c & 15;
-      const int hh = rt * kRows + row;
-      const bool ok = hh < args.group;
+      int64_t rq;
+      int hh;
+      const bool ok = source(row, rq, hh);
       const Elem* src =
-          q + int64_t(r) * p.q_stride_token + int64_t(kh * args.group + hh) * p.q_stride_head + ch * 8;
+          q + rq * p.q_stride_token + int64_t(kh * args.group + hh) * p.q_stride_head + ch * 8;
       cp_async_16_zfill(smem_addr(sQ) + swizzle_128x16b_bytes(row, ch), ok ? src : q, ok);
     }
   } else {
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
     for (int c = tid; c < kRows * 8; c += kQmThreads) {
       const int row = c >> 3, ch = c & 7;
-      const int hh = rt * kRows + row;
+      int64_t rq;
+      int hh;
       uint4 in = make_uint4(0u, 0u, 0u, 0u);
-      if (hh < args.group)
-        in = *reinterpret_cast<const uint4*>(q + int64_t(r) * p.q_stride_token +
+      if (source(row, rq, hh))
+        in = *reinterpret_cast<const uint4*>(q + rq * p.q_stride_token +
                                              int64_t(kh * args.group + hh) * p.q_stride_head + ch * 16);
       uint4 lo, hi;
       e4m3x16_to<Elem>(in, lo, hi);
@@ -181,10 +314,11 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
 // 3 CTAs per SM for 16-row tiles (decode: enough bytes in flight, ~150 registers); 2 for 64-row
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
 // variant (105 KB of shared memory).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
+  static_assert(!kMtp || (kWarpsM == 4 && !kRegs), "MTP union items: 64-row tiles, smem kernel");
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = args.p;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -206,15 +340,26 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     const int rt = int(rest % args.row_tiles);
     rest /= args.row_tiles;
     const int kh = int(rest % p.num_kv_heads);
-    const int r = int(rest / p.num_kv_heads);
+    const int r = int(rest / p.num_kv_heads);  // MTP union items: the request
+    // MTP union items: the request's first row and its tokens (rows are token-major, G heads each).
+    int r0 = r, n_tok = 1;
+    if constexpr (kMtp) {
+      const RowRange rr = q_rows(p.qi, p.total_q, r);
+      r0 = rr.begin;
+      n_tok = min(rr.len, args.mtp_tokens);
+    }
 
     __syncthreads();  // the previous item is done with every shared buffer
     if (warp == 0) {
-      const int n =
-          plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
+      int n;
+      if constexpr (kMtp) {
+        n = plan_mtp_item(args, r, kh, split, s_tiles, s_list, lane);
+      } else {
+        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
+      }
       if (lane == 0) s_misc[0] = n;
     }
-    load_query_rows<Elem, Cfg::kRows>(args, r, kh, rt, sQ, tid);
+    load_query_rows<Elem, Cfg::kRows, kMtp>(args, r0, kh, rt, sQ, tid, n_tok);
     cp_async_commit();
     __syncthreads();
     const int n_tiles = s_misc[0];
@@ -254,6 +399,17 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         __syncthreads();
         if (warp == 0) stash_q_frags(qa, sQ, lane);
         // The first iteration's barrier orders these stores before any warp reads them.
+      }
+    }
+
+    // MTP union items: byte of TileDesc.pad holding the visible keys of each fragment row's token
+    // (-1: a padding row past the request's tokens).
+    int tok_shift[2] = {-1, -1};
+    if constexpr (kMtp) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t = (w_m * 16 + (lane >> 2) + 8 * h) / args.group;
+        tok_shift[h] = t < n_tok ? 8 * t : -1;
       }
     }
 
@@ -305,11 +461,20 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         }
 
         const int key0 = w_n * Cfg::kWarpKeys;
-        const int lim_rel = s_tiles[i].n_valid - key0;
+        int lim_rel = s_tiles[i].n_valid - key0;
+        int lim[1][2] = {{lim_rel, lim_rel}};
+        if constexpr (kMtp) {
+          // Each row sees the leading keys its token sees (0: its token did not select the block);
+          // a warp none of whose rows sees a key skips the tile (key0 = 0 with 64-row tiles).
+          const uint32_t counts = uint32_t(s_tiles[i].pad);
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            lim[0][h] = tok_shift[h] >= 0 ? int((counts >> tok_shift[h]) & 0xFFu) : 0;
+          lim_rel = __any_sync(0xffffffffu, lim[0][0] > 0 || lim[0][1] > 0) ? 1 : 0;
+        }
         if (lim_rel > 0) {  // warp-uniform: skip a slice past the tile's last visible key
           float s[1][Cfg::kNT][4];
           gemm_qk<Elem, 1, Cfg::kNT>(s, ldm_base_a(sQ_addr, w_m * 16, lane), ldm_base_k(sK, key0, lane));
-          const int lim[1][2] = {{lim_rel, lim_rel}};
           softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
           gemm_pv<Elem, 1, Cfg::kNT>(o, s, ldm_base_v(sV, key0, lane));
         }
@@ -380,30 +545,48 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         }
       };
       const int gid = lane >> 2, tig = lane & 3;
-      const int hh_lane = rt * Cfg::kRows + w_m * 16 + (lane & 15);  // row of lane i < 16
-      const bool row_ok = lane < 16 && hh_lane < args.group;
+      // Query row and head of tile row i; false for rows past the item's heads / tokens.
+      auto row_of = [&](int i, int64_t& rq, int& hh) {
+        if constexpr (kMtp) {
+          const int t = i / args.group;
+          hh = i - t * args.group;
+          rq = int64_t(r0) + t;
+          return t < n_tok;
+        } else {
+          hh = rt * Cfg::kRows + i;
+          rq = r;
+          return hh < args.group;
+        }
+      };
+      int64_t rq_lane;
+      int hh_lane;  // of row lane i < 16
+      const bool row_ok = row_of(w_m * 16 + (lane & 15), rq_lane, hh_lane) && lane < 16;
       float mul[2];
       if (args.write_final) {
-        const int64_t out_row = int64_t(r) * p.num_heads + kh * args.group + hh_lane;
+        const int64_t out_row = rq_lane * p.num_heads + kh * args.group + hh_lane;
 #pragma unroll
         for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? p.v_global_scale / st.l[0][h] : 0.0f;
         store.template operator()<kElemStoreKind<Elem>>(mul, p.out, row_ok ? out_row * 128 : -1);
         if (tig == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int hh = rt * Cfg::kRows + w_m * 16 + gid + 8 * h;
-            if (hh >= args.group) continue;
-            const int64_t idx = int64_t(r) * p.num_heads + kh * args.group + hh;
+            int64_t rq;
+            int hh;
+            if (!row_of(w_m * 16 + gid + 8 * h, rq, hh)) continue;
+            const int64_t idx = rq * p.num_heads + kh * args.group + hh;
             if (p.lse != nullptr) p.lse[idx] = row_lse2(st.m[0][h], st.l[0][h]) * kLn2;
             if (p.lse_temperature_out != nullptr)
               p.lse_temperature_out[idx] = row_lse2_t(st.m[0][h], st.lt[0][h], temp) * kLn2;
           }
         }
       } else {
-        const int64_t slot0 = ((int64_t(kh) * p.total_q + r) * args.splits + split) * args.group;
+        // Slot (kh, row, split, head) of the combine's layout.
+        auto slot = [&](int64_t rq, int hh) {
+          return ((int64_t(kh) * p.total_q + rq) * args.splits + split) * args.group + hh;
+        };
 #pragma unroll
         for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? 1.0f / st.l[0][h] : 0.0f;
-        const int64_t row_off = row_ok ? (slot0 + hh_lane) * 128 : -1;
+        const int64_t row_off = row_ok ? slot(rq_lane, hh_lane) * 128 : -1;
         switch (args.part_kind) {
           case StoreKind::kF32: store.template operator()<StoreKind::kF32>(mul, args.part_o, row_off); break;
           case StoreKind::kBF16: store.template operator()<StoreKind::kBF16>(mul, args.part_o, row_off); break;
@@ -413,11 +596,12 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         if (tig == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int hh = rt * Cfg::kRows + w_m * 16 + gid + 8 * h;
-            if (hh >= args.group) continue;
-            args.part_lse[slot0 + hh] = row_lse2(st.m[0][h], st.l[0][h]);
+            int64_t rq;
+            int hh;
+            if (!row_of(w_m * 16 + gid + 8 * h, rq, hh)) continue;
+            args.part_lse[slot(rq, hh)] = row_lse2(st.m[0][h], st.l[0][h]);
             if (args.part_lse_t != nullptr)
-              args.part_lse_t[slot0 + hh] = row_lse2_t(st.m[0][h], st.lt[0][h], temp);
+              args.part_lse_t[slot(rq, hh)] = row_lse2_t(st.m[0][h], st.lt[0][h], temp);
           }
         }
       }
@@ -425,10 +609,10 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
   }
 }
 
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
-  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs>;
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp>;
   flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
   // Items beyond the largest grid are picked up by the grid-stride loop.
   const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);

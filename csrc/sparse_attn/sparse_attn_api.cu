@@ -139,9 +139,32 @@ DecodeKernel decode_kernel_override() {
   MSA_FAIL("FLASHMSA_DECODE_KERNEL must be auto, smem or regs, got '", env, "'");
 }
 
+// FLASHMSA_DECODE_MTP = auto (default) | per_token | union picks how msa_sparse_decode_attention
+// runs MTP (seqlen_q > 1): per_token items stream each token's blocks separately; union items (one
+// per request and kv head, rows = tokens x G) read each distinct selected block of a request once
+// for all its tokens. auto is per_token until an H200 run shows union faster. union applies when
+// seqlen_q <= 4, seqlen_q x G <= 64 and seqlen_q x topk <= 64; elsewhere per_token items run.
+enum class DecodeMtp { kAuto, kPerToken, kUnion };
+DecodeMtp decode_mtp_override() {
+  const char* env = std::getenv("FLASHMSA_DECODE_MTP");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return DecodeMtp::kAuto;
+  if (std::strcmp(env, "per_token") == 0) return DecodeMtp::kPerToken;
+  if (std::strcmp(env, "union") == 0) return DecodeMtp::kUnion;
+  MSA_FAIL("FLASHMSA_DECODE_MTP must be auto, per_token or union, got '", env, "'");
+}
+
+// Whether MTP union items can run this decode call (kernel_traits.h QueryMajorArgs::mtp_tokens).
+bool mtp_union_applies(const SparseAttnParams& p) {
+  const int group = p.num_heads / p.num_kv_heads;
+  const int sq = p.qi.seqlen_q;
+  return p.qi.cu_seqlens_q == nullptr && sq >= 2 && sq <= 4 && sq * group <= 64 &&
+         sq * p.topk <= 64 && int64_t(p.batch) * sq == p.total_q;
+}
+
 struct QmPlan {
   int warps_m;
   bool regs;  // the register-converting fp8 kernel (kv_regs.cuh)
+  int mtp_tokens;  // > 0: MTP union items of this many tokens
   int row_tiles;
   int splits;
   bool fused;
@@ -152,18 +175,23 @@ struct QmPlan {
 };
 
 QmPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused, StoreKind part_kind,
-                        DecodeKernel kernel = DecodeKernel::kAuto) {
+                        DecodeKernel kernel = DecodeKernel::kAuto, DecodeMtp mtp = DecodeMtp::kAuto) {
   QmPlan plan{};
   const int group = p.num_heads / p.num_kv_heads;
-  // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups take 64-row tiles.
-  plan.warps_m = group <= 16 ? 1 : 4;
+  plan.mtp_tokens = mtp == DecodeMtp::kUnion && mtp_union_applies(p) ? p.qi.seqlen_q : 0;
+  // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups take 64-row tiles,
+  // and so do MTP union items (tokens x G rows).
+  plan.warps_m = group <= 16 && plan.mtp_tokens == 0 ? 1 : 4;
   plan.regs = kernel == DecodeKernel::kRegs && kv_kind(p) == KvKind::kFp8 && plan.warps_m == 1 &&
               flashmsa::cuda::current_device_limits().max_smem_per_block_optin >= kQmRegsSmemBytes;
   const int rows = 16 * plan.warps_m;
-  plan.row_tiles = (group + rows - 1) / rows;
-  const int64_t items = int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
+  plan.row_tiles = plan.mtp_tokens > 0 ? 1 : (group + rows - 1) / rows;
+  const int64_t items = plan.mtp_tokens > 0
+                            ? int64_t(p.batch) * p.num_kv_heads
+                            : int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
+  // The register kernel and MTP union items (64-row tiles) keep 2 CTAs per SM.
   plan.splits = query_major_splits(items, p.topk, num_sms, force_fused,
-                                   plan.regs ? 2 : kQmTargetCtasPerSm);
+                                   plan.regs || plan.mtp_tokens > 0 ? 2 : kQmTargetCtasPerSm);
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
   plan.num_items = items * plan.splits;
@@ -189,6 +217,7 @@ void run_query_major(const SparseAttnParams& p, const QmPlan& plan, cudaStream_t
   a.has_temp = p.lse_temperature_out != nullptr;
   a.scale_log2 = effective_softmax_scale(p) * kLog2eHost;
   a.num_items = plan.num_items;
+  a.mtp_tokens = plan.mtp_tokens;
   a.part_kind = plan.part_kind;
   if (!plan.fused) {
     a.part_o = at<void>(p, plan.part_o_off);
@@ -202,7 +231,9 @@ void run_query_major(const SparseAttnParams& p, const QmPlan& plan, cudaStream_t
         return;
       }
     }
-    if (plan.warps_m == 1) {
+    if (plan.mtp_tokens > 0) {
+      launch_query_major<Elem, kKv, 4, false, true>(a, stream);
+    } else if (plan.warps_m == 1) {
       launch_query_major<Elem, kKv, 1>(a, stream);
     } else {
       launch_query_major<Elem, kKv, 4>(a, stream);
@@ -554,7 +585,7 @@ size_t sparse_decode_workspace_bytes(const SparseDecodeParams& dp) {
   if (dp.attn.total_q == 0) return 0;
   check_params(dp.attn, "msa_sparse_decode_attention");
   return plan_query_major(dp.attn, device_info().num_sms, dp.force_fused, partial_kind(dp),
-                          decode_kernel_override())
+                          decode_kernel_override(), decode_mtp_override())
       .bytes;
 }
 
@@ -563,7 +594,7 @@ void sparse_decode(const SparseDecodeParams& dp, cudaStream_t stream) {
   if (p.total_q == 0) return;
   check_params(p, "msa_sparse_decode_attention");
   const QmPlan plan = plan_query_major(p, device_info().num_sms, dp.force_fused, partial_kind(dp),
-                                       decode_kernel_override());
+                                       decode_kernel_override(), decode_mtp_override());
   check_workspace(p, plan.bytes, "msa_sparse_decode_attention");
   run_query_major(p, plan, stream);
 }

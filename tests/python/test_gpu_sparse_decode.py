@@ -7,7 +7,8 @@ split-K + combine paths (force_fused) with every partial dtype; determinism; a l
 (>= 64K rows, total_q * Hq > 2^24). The same checks with each decode kernel forced
 (FLASHMSA_DECODE_KERNEL=regs / smem) on poisoned outputs and workspaces, the register kernel
 against the shared-memory one, and q rows of very different magnitudes (the register kernel's
-per-row power-of-two scaling into fp16).
+per-row power-of-two scaling into fp16); MTP union items (FLASHMSA_DECODE_MTP=union) the same way,
+with shared, partly shared and per-token selections, against per-token items.
 
 Skipped (not passed) without a CUDA device or without a CUDA build.
 """
@@ -377,4 +378,96 @@ def test_decode_kernel_env_rejects_unknown_values(monkeypatch):
     dp = build_decode(CASES[1], seed=16)
     monkeypatch.setenv(DECODE_KERNEL_ENV, "fastest")
     with pytest.raises(ValueError, match="FLASHMSA_DECODE_KERNEL"):
+        msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs)
+
+
+# ---- MTP union items (FLASHMSA_DECODE_MTP=union) ----------------------------------------------
+# One item per (request, kv head) over the union of the request's tokens' selections, rows =
+# tokens x G. Applies to seqlen_q 2..4 with seqlen_q x G <= 64 and seqlen_q x topk <= 64; other
+# calls run per-token items whatever the setting (covered too). Same poisoned outputs / workspace.
+
+MTP_ENV = "FLASHMSA_DECODE_MTP"
+
+MTP_CASES = [c for c in CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "nvfp4_flat_mtp", "m3_tp4_mtp2", "fp16_fp8kv_mtp4", "fp8_q_fp8_kv",
+    "mtp_seqlen_gt_keys", "q_offset_int", "q_offset_tensor_negative", "non_causal", "duplicates",
+    "some_empty_rows", "packed_nhd")] + [
+    DecodeCase("m3_mtp4_distinct_bf16", 8, 4, 64, 4, seqlens="ragged"),
+    DecodeCase("m3_mtp4_shared_bf16", 8, 4, 64, 4, seqlens="ragged", selection="tile_shared"),
+    DecodeCase("m3_mtp4_distinct_fp8_union", 8, 4, 64, 4, kv="fp8", seqlens="ragged"),
+    DecodeCase("m3_mtp4_shared_fp8_union", 8, 4, 64, 4, kv="fp8", selection="tile_shared"),
+    DecodeCase("m3_mtp4_shared_nvfp4", 6, 4, 64, 4, kv="nvfp4", selection="tile_shared"),
+    DecodeCase("m3_mtp3_mixed", 7, 3, 64, 4, seqlens=[1, 2, 3, 130, 700, 4000, 2049],
+               selection="tile_mixed"),
+    DecodeCase("g8_mtp4_holes_fp8", 6, 4, 16, 2, kv="fp8", selection="holes"),
+    DecodeCase("g3_mtp4_out_of_range", 6, 4, 9, 3, selection="out_of_range"),
+    DecodeCase("g1_mtp2_unsorted", 8, 2, 4, 4, selection="unsorted"),
+    DecodeCase("mtp4_invalid_pages", 6, 4, 16, 2, invalid_pages=True, selection="full",
+               seqlens=[300, 1000, 2048, 129, 5000, 700]),
+    DecodeCase("mtp4_topk32_per_token", 4, 4, 16, 1, topk=32),   # 4 x 32 > 64: per-token items
+    DecodeCase("g64_mtp2_per_token", 4, 2, 64, 1),               # 2 x 64 rows: per-token items
+]
+
+
+def run_mtp(dp: DecodeProblem, monkeypatch, mtp: str = "union", kernel: str = "auto", **extra):
+    monkeypatch.setenv(MTP_ENV, mtp)
+    return run_regs(dp, monkeypatch, kernel=kernel, **extra)
+
+
+@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", MTP_CASES, ids=str)
+def test_mtp_union_matches_cpu_reference(case, force_fused, monkeypatch):
+    dp = build_decode(case, seed=21)
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    got = run_mtp(dp, monkeypatch, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} union fused={force_fused}")
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
+@pytest.mark.parametrize("case", [c for c in MTP_CASES if c.name in (
+    "m3_mtp4_distinct_bf16", "m3_mtp4_shared_fp8_union", "fp16_fp8kv_mtp4", "g3_mtp4_out_of_range")],
+    ids=str)
+def test_mtp_union_partial_dtypes(case, partial_dtype, monkeypatch):
+    dp = build_decode(case, seed=22)
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    got = run_mtp(dp, monkeypatch, force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"{case} union partial {partial_dtype}",
+                            partial_dtype=partial_dtype)
+
+
+@pytest.mark.parametrize("case", [c for c in MTP_CASES if c.name in (
+    "m3_mtp4_distinct_bf16", "m3_mtp4_shared_fp8_union", "some_empty_rows", "mtp4_invalid_pages",
+    "m3_mtp3_mixed")], ids=str)
+def test_mtp_union_against_per_token(case, monkeypatch):
+    """Union and per-token items on the same data: same -inf / 0 pattern, outputs within the
+    fused vs split bound; union items deterministic, paged fused and split."""
+    dp = build_decode(case, seed=23)
+    per_token = run_mtp(dp, monkeypatch, mtp="per_token")
+    union = run_mtp(dp, monkeypatch)
+    empty = torch.isinf(union[1])
+    assert torch.equal(torch.isinf(per_token[1]), empty)
+    assert bool((union[0][empty] == 0).all())
+    diff = float((per_token[0].double() - union[0].double()).abs().max())
+    assert diff < 5e-3, f"per-token vs union: max |diff| {diff:.3e}"
+    for fused in (True, False):
+        first = run_mtp(dp, monkeypatch, force_fused=fused)
+        assert bits_equal(first, run_mtp(dp, monkeypatch, force_fused=fused))
+
+
+@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
+def test_mtp_union_paged_equals_flat(kv, monkeypatch):
+    case = DecodeCase("c", 8, 4, 32, 2, kv=kv)
+    flat = build_decode(case, seed=24, layout="flat")
+    paged = build_decode(case, seed=24, layout="paged")
+    for fused in (True, False):
+        assert bits_equal(run_mtp(flat, monkeypatch, force_fused=fused),
+                          run_mtp(paged, monkeypatch, force_fused=fused))
+
+
+def test_decode_mtp_env_rejects_unknown_values(monkeypatch):
+    dp = build_decode(CASES[2], seed=25)
+    monkeypatch.setenv(MTP_ENV, "shared")
+    with pytest.raises(ValueError, match="FLASHMSA_DECODE_MTP"):
         msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs)

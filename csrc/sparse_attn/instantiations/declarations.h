@@ -9,6 +9,7 @@ namespace flashmsa::sparse_attn {
 // sparse_attn_bf16_native.cu
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 4>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNative>();
@@ -21,6 +22,7 @@ extern template int union_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNative>();
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>();
@@ -32,6 +34,7 @@ extern template int union_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>();
 // sparse_attn_bf16_nvfp4.cu
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>();
@@ -41,6 +44,7 @@ extern template int kv_major_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>(int);
 // sparse_attn_fp16_native.cu
 extern template void launch_query_major<__half, KvKind::kNative, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNative, 4>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNative, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNative>();
@@ -53,6 +57,7 @@ extern template int union_sm90_ctas_per_sm<__half, KvKind::kNative>();
 extern template void launch_query_major<__half, KvKind::kFp8, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kFp8, 4>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kFp8, 1, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kFp8>();
@@ -64,6 +69,7 @@ extern template int union_sm90_ctas_per_sm<__half, KvKind::kFp8>();
 // sparse_attn_fp16_nvfp4.cu
 extern template void launch_query_major<__half, KvKind::kNvfp4, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 4>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNvfp4>();
