@@ -8,7 +8,10 @@
 
 Shapes are small (the sanitizers slow kernels down by orders of magnitude) but irregular: ragged
 sequences, partial last pages, permuted pages, empty sequences, rows with no selected block, ids
-out of range, per-token nvp values out of range. Each call is synchronized on its own so that a
+out of range, per-token nvp values out of range. The "hostile" cases (names starting with
+"hostile") add page ids outside the cache, block ids up to INT32_MAX, empty selections,
+zero-length key and query sequences, no query rows at all, an empty page table and lengths beyond
+the page table, for every op. Each call is synchronized on its own so that a
 report points at one case. A NotImplementedError (or an op missing from flashmsa.msa_ops) is
 printed as SKIP; any other exception fails the script (exit 1) after the remaining cases ran.
 Results are checked only for NaN: correctness is the test suites' job. --only SUBSTRING runs just
@@ -46,7 +49,7 @@ class Smoke:
             return
         try:
             out = fn()
-            torch.cuda.synchronize()
+            self.sync()
             for t in out if isinstance(out, (tuple, list)) else [out]:
                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != FP8:
                     if bool(torch.isnan(t).any()):
@@ -66,7 +69,11 @@ class Smoke:
         self.failed.append(name)
         print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
         traceback.print_exc()
-        torch.cuda.synchronize()  # a sticky CUDA error ends the run here, loudly
+        self.sync()  # a sticky CUDA error ends the run here, loudly
+
+    def sync(self):
+        if torch.device(self.dev).type == "cuda":
+            torch.cuda.synchronize()
 
     # ---- data ----
     def rnd(self, shape, dtype=BF16):
@@ -442,6 +449,164 @@ class Smoke:
                     seqlen_q=4, k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg,
                     force_fused=fused)))
 
+    def hostile(self):
+        """Hostile inputs (every op; attention under each prefill schedule, decode fused and split,
+        top-k under each kernel): page ids out of the cache (-1, num_pages, INT32_MAX) in selected
+        blocks, block ids out of range (nb, 10^6, INT32_MAX), empty selections (all -1, nvp 0),
+        zero-length key and query sequences, no query rows at all, an empty page table, lengths
+        beyond the page table (clamped), offsets beyond the keys."""
+        ops = self.ops
+        big = 2 ** 31 - 1
+        # proxy: invalid page ids, zero-length sequences, an empty page table, no query rows,
+        # seqused_k beyond the table (clamped), q_offset beyond the keys.
+        lens = [700, 0, 300, 129]
+        cache, table, used = self.paged(lens, 1)
+        bad = table.clone()
+        bad[0, 1], bad[0, 3], bad[2, 0], bad[3, 1] = -1, cache.shape[0], big, -(2 ** 31)
+        b = len(lens)
+        cu_qd = torch.arange(0, 4 * b + 1, 4, dtype=torch.int32, device=self.dev)
+        q = self.rnd((4 * b, 4, 128))
+        self.run("hostile proxy paged invalid page ids, empty sequence", lambda: ops.msa_proxy_score(
+            q, cache, cu_qd, None, page_table=bad, seqused_k=used, max_seqlen_q=4,
+            max_k_tiles=table.shape[1]))
+        self.run("hostile proxy paged seqused_k beyond the table (clamped), q_offset beyond keys",
+                 lambda: ops.msa_proxy_score(
+                     q, cache, cu_qd, None, page_table=table,
+                     seqused_k=self.i32([big, 5000, 0, 2 ** 20]), max_seqlen_q=4,
+                     max_k_tiles=table.shape[1], q_offset=self.i32([big - 10, 10_000, 0, 5])))
+        self.run("hostile proxy paged empty page table", lambda: ops.msa_proxy_score(
+            q, cache, cu_qd, None, page_table=torch.zeros((b, 0), dtype=torch.int32,
+                                                          device=self.dev),
+            seqused_k=self.i32([0] * b)))
+        self.run("hostile proxy flat no query rows", lambda: ops.msa_proxy_score(
+            self.rnd((0, 4, 128)), self.rnd((300, 1, 128)), self.i32([0, 0]), self.i32([0, 300]),
+            max_k_tiles=3))
+        self.run("hostile proxy flat all sequences empty", lambda: ops.msa_proxy_score(
+            self.rnd((5, 4, 128)), self.rnd((0, 1, 128)), self.i32([0, 3, 5]), self.i32([0, 0, 0]),
+            max_k_tiles=1))
+        k4, ks, kg = ft.quantize_nvfp4(cache)
+        q4, qs, qg = ft.quantize_nvfp4(q)
+        self.run("hostile proxy_fp4 paged invalid page ids", lambda: ops.msa_proxy_score_fp4(
+            q4, k4, qs, ks, qg, kg, cu_qd, None, page_table=bad, seqused_k=used, max_seqlen_q=4,
+            max_k_tiles=table.shape[1]))
+        # top-k: every nvp 0 (empty selections), no tokens, a single block.
+        for kernel in ("warp_per_row", "warp_per_row_8", "radix"):
+            def topk_cases(kernel=kernel):
+                score = torch.randn((2, 300, 40), generator=self.gen, device=self.dev)
+                self.run(f"hostile topk [{kernel}] nvp all 0 / negative",
+                         lambda: ops.msa_topk_select(score, 16, num_valid_pages=self.i32(
+                             [0, -5, -(2 ** 31)] * 13 + [0]), force_end_blocks=1))
+                self.run(f"hostile topk [{kernel}] no tokens", lambda: ops.msa_topk_select(
+                    torch.empty((2, 300, 0), device=self.dev), 16))
+                self.run(f"hostile topk [{kernel}] one block, topk 64", lambda: ops.msa_topk_select(
+                    score[:, :1].contiguous(), 64, force_begin_blocks=1))
+            with_env({"FLASHMSA_TOPK_KERNEL": kernel}, topk_cases)
+        # sparse attention
+        for schedule in ("query_major", "kv_major", "hybrid"):
+            with_env({"FLASHMSA_PREFILL_SCHEDULE": schedule},
+                     lambda schedule=schedule: self._hostile_attention(schedule))
+        self._hostile_decode()
+
+    def _hostile_attention(self, tag):
+        ops = self.ops
+        big = 2 ** 31 - 1
+        sq, sk = [40, 0, 25, 30], [700, 300, 0, 1300]
+        cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
+        hq, hkv = 16, 2
+        q = self.rnd((sum(sq) + 3, hq, 128))  # 3 rows of no sequence
+        sel = self.selection(sq, [max(n, 1) for n in sk], hkv, 16)
+        sel = torch.cat([sel, torch.zeros((hkv, 3, 16), dtype=torch.int32, device=self.dev)], 1)
+        odd = sel.clone()
+        odd[:, 0:10] = -1                                  # empty selections
+        odd[:, 10:20, 0] = big                             # ids far out of range ...
+        odd[:, 20:30, 1] = 10 ** 6
+        odd[:, 30:40, 2] = 6                               # ... and just past the sequence
+        odd = odd.contiguous()
+        kf, vf = self.rnd((sum(sk), hkv, 128)), self.rnd((sum(sk), hkv, 128))
+        self.run(f"hostile sparse [{tag}] flat empty/out-of-range ids, empty sequences",
+                 lambda: ops.msa_sparse_attention(q, kf, vf, odd, cu_q, cu_k, causal=True,
+                                                  return_softmax_lse=True))
+        self.run(f"hostile sparse [{tag}] flat every selection empty",
+                 lambda: ops.msa_sparse_attention(q, kf, vf, torch.full_like(odd, -1), cu_q, cu_k,
+                                                  causal=False, return_temperature_lse=True))
+        self.run(f"hostile sparse [{tag}] flat q_offset beyond the keys / negative",
+                 lambda: ops.msa_sparse_attention(q, kf, vf, sel, cu_q, cu_k, causal=True,
+                                                  q_offset=self.i32([big - 100, 5, -(2 ** 31), -3]),
+                                                  return_softmax_lse=True))
+        self.run(f"hostile sparse [{tag}] no query rows", lambda: ops.msa_sparse_attention(
+            self.rnd((0, hq, 128)), kf, vf, torch.empty((hkv, 0, 16), dtype=torch.int32,
+                                                        device=self.dev),
+            self.i32([0, 0, 0, 0, 0]), cu_k, causal=True))
+        for dtype in (BF16, FP8):
+            kc, table, used = self.paged([max(n, 1) for n in sk], hkv, dtype)
+            vc = self.rnd(kc.shape).to(dtype)
+            bad = table.clone()
+            bad[0, 0], bad[0, 3], bad[3, 2], bad[3, 5] = -1, kc.shape[0], big, -7
+            self.run(f"hostile sparse [{tag}] paged {str(dtype)[6:]} invalid page ids, odd ids",
+                     lambda kc=kc, vc=vc, bad=bad, used=used: ops.msa_sparse_attention(
+                         q, kc, vc, odd, cu_q, None, causal=True, page_table=bad,
+                         seqused_k=self.i32([700, 0, 0, 1300]), return_softmax_lse=True))
+            self.run(f"hostile sparse [{tag}] paged {str(dtype)[6:]} lengths beyond the table",
+                     lambda kc=kc, vc=vc, table=table: ops.msa_sparse_attention(
+                         q, kc, vc, sel, cu_q, None, causal=True, page_table=table,
+                         seqused_k=self.i32([big, 10 ** 6, 0, 1300])))
+            self.run(f"hostile sparse [{tag}] paged {str(dtype)[6:]} cu_seqlens_k up to INT32_MAX",
+                     lambda kc=kc, vc=vc, table=table: ops.msa_sparse_attention(
+                         q, kc, vc, sel, cu_q, self.i32([0, big, big, big, big]), causal=True,
+                         page_table=table, seqused_k=self.i32([1, 1, 1, 1])))
+        kc, table, used = self.paged([max(n, 1) for n in sk], hkv)
+        _, k_view, v_view = ft.pack_kv(kc, self.rnd(kc.shape))
+        bad = table.clone()
+        bad[0, 1], bad[3, 0] = kc.shape[0] + 5, -1
+        self.run(f"hostile sparse [{tag}] packed invalid page ids, odd ids",
+                 lambda: ops.msa_sparse_attention(q, k_view, v_view, odd, cu_q, None, causal=True,
+                                                  page_table=bad, seqused_k=used))
+        k4, ks, kg = ft.quantize_nvfp4(kc)
+        v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+        self.run(f"hostile sparse [{tag}] paged nvfp4 invalid page ids, odd ids",
+                 lambda: ops.msa_sparse_attention(q, k4, v4, odd, cu_q, None, causal=True,
+                                                  page_table=bad, seqused_k=used, k_scale=ks,
+                                                  v_scale=vs, k_global_scale=kg,
+                                                  v_global_scale=vg))
+
+    def _hostile_decode(self):
+        ops = self.ops
+        big = 2 ** 31 - 1
+        lens = [700, 0, 129, 2000, 1, 0]
+        b, hq, hkv, seqlen_q = len(lens), 16, 2, 2
+        for dtype in (BF16, FP8):
+            kc, table, used = self.paged([max(n, 1) for n in lens], hkv, dtype)
+            vc = self.rnd(kc.shape).to(dtype)
+            pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
+            sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
+            sel[:, 0:2] = -1                 # empty selections
+            sel[:, 2:4, 3] = big             # ids out of range
+            sel[:, 4:6, 0] = 10 ** 6
+            sel[:, 6:8, 5] = 16              # just past the sequence
+            sel = sel.contiguous()
+            bad = table.clone()
+            bad[0, 0], bad[0, 3], bad[3, 1], bad[3, 10] = -1, kc.shape[0], big, -(2 ** 31)
+            q = self.rnd((b * seqlen_q, hq, 128))
+            for fused in (True, False):
+                for name, tbl, seqused in (
+                        ("invalid page ids, zero-length sequences, odd ids", bad,
+                         self.i32(lens)),
+                        ("lengths beyond the table", table,
+                         self.i32([big, 0, 10 ** 6, 2000, 0, 5000]))):
+                    self.run(f"hostile decode {str(dtype)[6:]} fused={fused} {name}",
+                             lambda tbl=tbl, seqused=seqused, kc=kc, vc=vc, sel=sel, fused=fused:
+                             ops.msa_sparse_decode_attention(
+                                 q, kc, vc, sel, page_table=tbl, seqused_k=seqused,
+                                 seqlen_q=seqlen_q, return_softmax_lse=True, force_fused=fused))
+                self.run(f"hostile decode {str(dtype)[6:]} fused={fused} every sequence empty",
+                         lambda kc=kc, vc=vc, sel=sel, fused=fused: ops.msa_sparse_decode_attention(
+                             q, kc, vc, sel, page_table=table, seqused_k=self.i32([0] * b),
+                             seqlen_q=seqlen_q, force_fused=fused))
+        self.run("hostile decode batch 0", lambda: ops.msa_sparse_decode_attention(
+            self.rnd((0, hq, 128)), kc, vc, torch.empty((hkv, 0, 16), dtype=torch.int32,
+                                                        device=self.dev),
+            page_table=table[:0], seqused_k=self.i32([])))
+
     def pipeline(self):
         """The M3 decode step at a small size: proxy (per-head) -> top-k -> decode."""
         ops = self.ops
@@ -489,7 +654,8 @@ def main() -> int:
         return 2
     from flashmsa import msa_ops
     smoke = Smoke(msa_ops, torch.device("cuda", torch.cuda.current_device()), args.only)
-    for part in ("proxy", "proxy_sm90", "proxy_fp4", "topk", "sparse_attention", "decode", "pipeline"):
+    for part in ("proxy", "proxy_sm90", "proxy_fp4", "topk", "sparse_attention", "decode", "pipeline",
+                 "hostile"):
         getattr(smoke, part)()
     print(f"sanitize_smoke: {len(smoke.passed)} passed, {len(smoke.skipped)} skipped, "
           f"{len(smoke.failed)} failed"

@@ -6,8 +6,9 @@
 #
 # On an H200 the build (~50 s) and the whole Python suite (~330-400 s) fill most of a 600 s call;
 # where calls are capped at 600 s run it twice: SKIP_SANITIZER=1 SKIP_BENCH=1 for the tests, then
-# SKIP_TESTS=1 for the sanitizers (~350 s for memcheck and racecheck over the 128 smoke
-# calls) and the quick benchmark (~15 s). Each call rebuilds on a fresh machine.
+# SKIP_TESTS=1 for the sanitizers (memcheck and racecheck took ~350 s over 128 smoke calls; the
+# smoke has 307 calls now, so give each tool its own call: SANITIZER_TOOLS=memcheck, ...) and the
+# quick benchmark (~15 s). Each call rebuilds on a fresh machine.
 #
 # Steps, each timed, each logging to $OUT/<step>.log ($OUT if set, else ./.out):
 #   build      pip install of the package with CUDA for sm_80 and sm_90a (build dir build-gpu/,
@@ -15,6 +16,9 @@
 #   ctest      the C++ GoogleTest suites of that build (only when .deps/googletest is there)
 #   pytest     pytest tests/python -rs (all of it, -n $PYTEST_WORKERS (8) where pytest-xdist is
 #              installed); fails if any test is skipped for want of CUDA/a GPU
+#   fuzz       only with FUZZ=<seconds>: benchmarks/fuzz_msa.py for that long (capped by the time
+#              budget), every op against the CPU reference, to $OUT/fuzz.log (failures as one-line
+#              --replay reproducers)
 #   sanitizer  compute-sanitizer memcheck and racecheck on benchmarks/sanitize_smoke.py, one log per
 #              tool ($OUT/sanitizer-<tool>.log)
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
@@ -28,10 +32,13 @@
 #   PYTEST_ARGS="..."          extra pytest arguments (e.g. "-k graphs"; note "-k gpu" leaves out the
 #                              cuda-parametrized and validation tests, which run on the GPU build too)
 #   PYTEST_WORKERS=8           pytest-xdist workers
-#   SANITIZER_TOOLS="..."      default "memcheck racecheck" (initcheck, synccheck also accepted)
+#   SANITIZER_TOOLS="..."      default "memcheck racecheck"; any of memcheck racecheck initcheck
+#                              synccheck (another name fails the step)
 #   SANITIZER_ONLY=substring   only the smoke calls whose name holds it (sanitize_smoke.py --only;
 #                              alternatives separated by '|', e.g. "hybrid|proxy")
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
+#   FUZZ=seconds               run the fuzzer (fuzz step) for that long; FUZZ_ARGS="..." extra
+#                              fuzz_msa.py arguments (e.g. "--seed 1000000 --ops attention")
 #   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
 #                              600 s device call ends; a cut step counts as failed
@@ -216,6 +223,13 @@ step_pytest() {
 # ---- (c) compute-sanitizer ------------------------------------------------------------------
 step_sanitizer() {
   local start=$SECONDS rc=0 tool san detail="" trc log
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+    case $tool in
+      memcheck|racecheck|initcheck|synccheck) ;;
+      *) record sanitizer FAIL 0 "SANITIZER_TOOLS: unknown tool '$tool' (memcheck, racecheck, initcheck, synccheck)"
+         return ;;
+    esac
+  done
   if ! san=$(find_sanitizer); then
     record sanitizer FAIL 0 "compute-sanitizer not found"
     return
@@ -252,6 +266,31 @@ step_sanitizer() {
 }
 
 # ---- (d) benchmarks -------------------------------------------------------------------------
+# ---- (c') fuzzer (only with FUZZ=seconds) ---------------------------------------------------
+step_fuzz() {
+  local log=$OUT_DIR/fuzz.log start=$SECONDS rc secs
+  : >"$log"
+  if ! [[ $FUZZ =~ ^[0-9]+$ ]]; then
+    record fuzz FAIL 0 "FUZZ must be a number of seconds, got '$FUZZ'"
+    return
+  fi
+  # Leave the fuzzer's own clean stop (workers finish their case, counts printed) inside the budget.
+  secs=$(( $(remaining) - 30 ))
+  (( secs > FUZZ )) && secs=$FUZZ
+  if (( secs < 10 )); then
+    record fuzz FAIL 0 "no time left in TIME_BUDGET=$TIME_BUDGET"
+    return
+  fi
+  # shellcheck disable=SC2086
+  run_logged "$log" "$PY" benchmarks/fuzz_msa.py --seconds "$secs" ${FUZZ_ARGS:-}
+  rc=$?
+  trim_log "$log"
+  local detail
+  detail=$(grep -E '^fuzz_msa:' "$log" | tail -1 | sed 's/^fuzz_msa: //')
+  (( rc == 124 )) && detail="cut by TIME_BUDGET; ${detail}"
+  record fuzz "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail:-no result line}"
+}
+
 step_bench() {
   local log=$OUT_DIR/bench.log start=$SECONDS rc mode=--quick
   : >"$log"
@@ -304,6 +343,7 @@ if [[ -n ${SKIP_CTEST:-} ]]; then record ctest SKIP 0 "SKIP_CTEST"
 elif [[ -n ${SKIP_TESTS:-} ]]; then record ctest SKIP 0 "SKIP_TESTS"
 else step_ctest; fi
 if [[ -n ${SKIP_TESTS:-} ]]; then record pytest SKIP 0 "SKIP_TESTS"; else step_pytest; fi
+[[ -n ${FUZZ:-} ]] && step_fuzz
 if [[ -n ${SKIP_SANITIZER:-} ]]; then record sanitizer SKIP 0 "SKIP_SANITIZER"; else step_sanitizer; fi
 if [[ -n ${SKIP_BENCH:-} ]]; then record bench SKIP 0 "SKIP_BENCH"; else step_bench; fi
 [[ -n ${PROFILE:-} ]] && step_profile
