@@ -6,6 +6,7 @@
 //   tma_load_3d / _4d    one box of a rank-3 / rank-4 tensor map -> shared memory; the copy's bytes
 //                        complete on `bar` (out-of-bounds elements are written as zero and still
 //                        counted)
+//   tma_load_*_hint      the same with an L2 cache policy (l2_policy_evict_last)
 //   fence_mbarrier_init  makes mbarrier.init visible to the async proxy (before a __syncthreads)
 // Valid on sm_90 and up; callers guard with __CUDA_ARCH__ >= 900.
 #pragma once
@@ -50,6 +51,30 @@ MSA_DEVICE void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, 
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
       "%6}], [%2];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+// An L2 policy that keeps the lines a copy brings in ahead of normal ones (createpolicy
+// evict_last, all of them): for operands that many CTAs re-read while other data streams through.
+MSA_DEVICE uint64_t l2_policy_evict_last() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// tma_load_3d / _4d with an L2 cache policy (l2_policy_*).
+MSA_DEVICE void tma_load_3d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                 uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+      : "memory");
+}
+MSA_DEVICE void tma_load_4d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                 int c3, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
       : "memory");
 }
 MSA_DEVICE void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }

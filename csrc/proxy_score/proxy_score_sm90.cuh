@@ -150,6 +150,10 @@ MSA_DEVICE void for_each_tile(const Params& kp, F&& f) {
 
 MSA_DEVICE float neg_inf_f() { return __int_as_float(0xFF800000); }
 
+// Every output store is a streaming store (st.global.cs): the output (Hq x P x S floats, 2 GB at
+// 128K tokens) is written once and read by the next op, and should not push the K blocks, which
+// every CTA re-reads, out of L2.
+
 #if MSA_HAS_WGMMA
 // Issues S = Q K^T for a 64-row sub-tile and a 128-key block (8 wgmma m64n128k16, both operands in
 // shared memory) as one commit group; the caller waits for it and then fences `s` (nothing may
@@ -259,7 +263,7 @@ MSA_DEVICE void store_block_max(const float (&s)[16][4], float* out_row, int64_t
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = 16 * warp + gid + 8 * h;
-      if (r < ntok_sub) o[r] = m[h];
+      if (r < ntok_sub) __stcs(o + r, m[h]);
     }
   }
 }
@@ -285,7 +289,7 @@ MSA_DEVICE void fill_uncovered_rows(const ProxyScoreParams& p, int ctid) {
     const int64_t u = e % uncovered;
     const int64_t ht = e / uncovered;  // head * P + t
     const int64_t row = u < lo ? u : hi + (u - lo);
-    p.out[ht * total_q + row] = neg_inf_f();
+    __stcs(p.out + ht * total_q + row, neg_inf_f());
   }
 }
 #endif  // MSA_HAS_WGMMA
@@ -329,6 +333,9 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
     uint32_t nq = 0, nk = 0;  // Q tiles / K blocks loaded so far: slot, stage and phase
+    // K blocks are re-read by every CTA whose tiles see them: keep them in L2 ahead of the
+    // streaming output (evict_last).
+    const uint64_t k_policy = l2_policy_evict_last();
     for_each_tile(kp, [&](const Tile& tile) {
       if (tile.t_end <= tile.t_begin) return;
       const int qs = int(nq % kQSlots);
@@ -351,12 +358,12 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
         if (!kp.paged) {
           mbar_expect_tx(k_full(st), kKBlockBytes);
           const int row = tile.k_row0 + t * kBlockSize;
-          tma_load_3d(dst, &kp.k_map, k_full(st), 0, tile.kh, row);
-          tma_load_3d(dst + kBlockSize * 128, &kp.k_map, k_full(st), 64, tile.kh, row);
+          tma_load_3d_hint(dst, &kp.k_map, k_full(st), 0, tile.kh, row, k_policy);
+          tma_load_3d_hint(dst + kBlockSize * 128, &kp.k_map, k_full(st), 64, tile.kh, row, k_policy);
         } else if (const int64_t page = kv_page(kp.p.kv, tile.b, t); page >= 0) {
           mbar_expect_tx(k_full(st), kKBlockBytes);
-          tma_load_4d(dst, &kp.k_map, k_full(st), 0, 0, tile.kh, int(page));
-          tma_load_4d(dst + kBlockSize * 128, &kp.k_map, k_full(st), 64, 0, tile.kh, int(page));
+          tma_load_4d_hint(dst, &kp.k_map, k_full(st), 0, 0, tile.kh, int(page), k_policy);
+          tma_load_4d_hint(dst + kBlockSize * 128, &kp.k_map, k_full(st), 64, 0, tile.kh, int(page), k_policy);
         } else {
           // A page id outside the cache: nothing to load (the consumers write -inf for the
           // block); the stage still passes through the ring.
@@ -409,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       for (int s = 0; s < 2; ++s) {
         if (tok >= ntok_sub[s]) continue;
         for (int t = tile.t_end + (wtid >> 6); t < tile.col_end; t += 2)
-          out_row[s][int64_t(t) * total_q + tok] = neg_inf_f();
+          __stcs(out_row[s] + int64_t(t) * total_q + tok, neg_inf_f());
       }
     }
     const int n = __shfl_sync(0xFFFFFFFFu, tile.t_end - tile.t_begin, 0);
