@@ -1,0 +1,433 @@
+"""vLLM's MiniMax-M3 sparse-attention ops, computed by flashmsa.
+
+vLLM runs MiniMax-M3's MSA through Triton ops in ``vllm.models.minimax_m3.common.ops``:
+``index_topk.minimax_m3_index_score`` / ``minimax_m3_index_topk`` / ``minimax_m3_index_decode``
+(the lightning indexer) and ``sparse_attn.minimax_m3_sparse_attn`` / ``minimax_m3_sparse_attn_decode``
+(block-sparse GQA attention). The functions below have their names, signatures, tensor layouts and
+results, and run flashmsa's kernels (or its CPU reference on CPU tensors):
+
+* one paged K|V cache ``kv_cache (num_blocks, num_kv_heads, 128, 2 * head_dim)``, K in the first
+  half of the last dim: read in place as flashmsa's packed K|V views ``kv_cache[..., :128]`` /
+  ``kv_cache[..., 128:]`` (docs/semantics.md#packed-kv);
+* the index-K cache ``(num_blocks, 128, head_dim)``: read in place as a paged cache with one head;
+* scores ``(num_idx_heads, total_q, round_up(max_block, 16))`` float32: flashmsa writes its
+  ``(H, P, total_q)`` layout and returns the transposed view, which ``minimax_m3_index_topk`` reads
+  back without a copy;
+* block tables ``(num_reqs, max_blocks)`` int32 = flashmsa's page tables; ``seq_lens`` = its
+  ``seqused_k``; ``prefix_lens`` (tokens before a chunk's first query) = its per-sequence
+  ``q_offset``.
+
+What is copied: the top-k result is transposed into vLLM's contiguous ``(H, total_q, topk)``
+(``topk`` int32 per token and head), the attention output is written into the caller's
+``output``, and ``q`` / ``idx_q`` are made contiguous only if they are not. The caches and the
+scores are never copied.
+
+Results are vLLM's with these differences, none of which a MiniMax-M3 forward pass meets:
+selected block ids come in ascending order (vLLM's come in score order; its attention reads them
+as a set, as flashmsa's does); exact score ties go to the lower block; NaN scores rank first
+(vLLM ranks them last); score columns that vLLM leaves unwritten (blocks no query of a 64-token
+tile sees) hold ``-inf``; padded query rows give ``-1`` selections and zero outputs.
+fp8 K/V: scalar ``k_scale`` / ``v_scale`` are applied (K's folded into ``q``, V's into the output);
+per-token scales raise :class:`flashmsa.NotSupportedError`.
+
+Turning it on in vLLM: ``FLASHMSA_VLLM=1`` in the environment of a vLLM with flashmsa installed
+(flashmsa registers a ``vllm.general_plugins`` entry point, which vLLM loads in every process and
+which calls :func:`patch` when the variable is set), or call :func:`patch` yourself before the
+model is built. See docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import sys
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .. import msa_ops
+from ..errors import NotSupportedError
+
+__all__ = [
+    "PatchHandle",
+    "minimax_m3_index_decode",
+    "minimax_m3_index_score",
+    "minimax_m3_index_topk",
+    "minimax_m3_sparse_attn",
+    "minimax_m3_sparse_attn_decode",
+    "patch",
+    "register",
+]
+
+log = logging.getLogger("flashmsa")
+
+SPARSE_BLOCK_SIZE = 128  # one sparse block == one KV page, in vLLM and in flashmsa
+INDEX_TOPK_MODULE = "vllm.models.minimax_m3.common.ops.index_topk"
+SPARSE_ATTN_MODULE = "vllm.models.minimax_m3.common.ops.sparse_attn"
+_FP8 = (torch.float8_e4m3fn,)
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def _int32(name: str, t: torch.Tensor) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be int32 (or int64), got {t.dtype}")
+    return t if t.dtype == torch.int32 else t.to(torch.int32)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _index_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
+    """vLLM's index-K cache (num_blocks, 128, D) as a one-head paged cache (num_blocks, 1, 128, D),
+    a view."""
+    if cache.dim() != 3 or cache.shape[1] != SPARSE_BLOCK_SIZE:
+        raise ValueError(f"{name} must be (num_blocks, {SPARSE_BLOCK_SIZE}, head_dim), got "
+                         f"{tuple(cache.shape)}")
+    if not cache.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (flashmsa reads the cache in place and does "
+                         "not copy it)")
+    return cache.unsqueeze(1)
+
+
+def _kv_halves(kv_cache: torch.Tensor, num_kv_heads: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """K and V views of the packed cache (num_blocks, Hkv, 128, 2 * D)."""
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != SPARSE_BLOCK_SIZE or kv_cache.shape[3] % 2:
+        raise ValueError(f"kv_cache must be (num_blocks, num_kv_heads, {SPARSE_BLOCK_SIZE}, "
+                         f"2 * head_dim), got {tuple(kv_cache.shape)}")
+    if kv_cache.shape[1] != num_kv_heads:
+        raise ValueError(f"kv_cache has {kv_cache.shape[1]} KV heads, num_kv_heads is "
+                         f"{num_kv_heads}")
+    d = kv_cache.shape[3] // 2
+    return kv_cache[..., :d], kv_cache[..., d:]
+
+
+def _kv_scales(kv_cache, q, sm_scale, k_scale, v_scale):
+    """vLLM's fp8 KV scales -> (q to use, softmax scale, host V multiplier, device V multiplier).
+    Scales apply to fp8 caches only, as in vLLM. A host scale is folded exactly (into the softmax
+    scale / flashmsa's v_global_scale); a device scale multiplies q (K's) and the output (V's),
+    which reads no value back to the host."""
+    if kv_cache.dtype not in _FP8 or (k_scale is None and v_scale is None):
+        return q, sm_scale, None, None
+    if k_scale is None or v_scale is None:
+        raise ValueError("k_scale and v_scale must be both provided or both None")
+    if k_scale.numel() != 1 or v_scale.numel() != 1:
+        raise NotSupportedError(
+            "k_scale: flashmsa applies scalar fp8 KV scales only, not per-token/head scales "
+            f"(got k_scale {tuple(k_scale.shape)}, v_scale {tuple(v_scale.shape)})")
+    v_host = v_dev = None
+    if k_scale.device.type == "cpu":
+        sm_scale = sm_scale * float(k_scale)
+    else:
+        q = (q.float() * k_scale.float()).to(q.dtype)
+    if v_scale.device.type == "cpu":
+        v_host = float(v_scale)
+    else:
+        v_dev = v_scale
+    return q, sm_scale, v_host, v_dev
+
+
+def _write_output(output: torch.Tensor, out: torch.Tensor, v_dev: Optional[torch.Tensor]):
+    if output.shape != out.shape:
+        raise ValueError(f"output must be {tuple(out.shape)}, got {tuple(output.shape)}")
+    if v_dev is not None:
+        torch.mul(out, v_dev.to(out.dtype), out=out)
+    output.copy_(out)
+
+
+def _prefill_valid_pages(cu_seqlens_q: torch.Tensor, prefix_lens: torch.Tensor,
+                         total_q: int) -> torch.Tensor:
+    """Per query row: blocks it may see, position // 128 + 1 with position = prefix_len + local
+    index; 0 for rows past cu_seqlens_q[-1]. Computed on the device, no host read."""
+    device = cu_seqlens_q.device
+    rows = torch.arange(total_q, device=device, dtype=torch.int32)
+    batch = cu_seqlens_q.shape[0] - 1
+    seq = torch.searchsorted(cu_seqlens_q[1:].contiguous(), rows, right=True)
+    valid = seq < batch
+    seq = seq.clamp(max=max(batch - 1, 0))
+    pos = rows.long() - cu_seqlens_q.long()[seq] + prefix_lens.long()[seq]
+    nvp = torch.div(pos, SPARSE_BLOCK_SIZE, rounding_mode="floor") + 1
+    return torch.where(valid & (pos >= 0), nvp, torch.zeros_like(nvp)).to(torch.int32)
+
+
+def _decode_valid_pages(seq_lens: torch.Tensor, decode_query_len: int) -> torch.Tensor:
+    """Per decode row (request-major, decode_query_len per request): position // 128 + 1 with
+    position = seq_len - decode_query_len + offset; 0 where the position is negative."""
+    batch = seq_lens.shape[0]
+    offs = torch.arange(decode_query_len, device=seq_lens.device, dtype=torch.int64)
+    pos = (seq_lens.long().repeat_interleave(decode_query_len, output_size=batch * decode_query_len)
+           - decode_query_len + offs.repeat(batch))
+    nvp = torch.div(pos, SPARSE_BLOCK_SIZE, rounding_mode="floor") + 1
+    return torch.where(pos >= 0, nvp, torch.zeros_like(nvp)).to(torch.int32)
+
+
+# ---- the indexer ---------------------------------------------------------------------------------
+
+@torch.no_grad()
+def minimax_m3_index_score(
+    idx_q: torch.Tensor,  # [total_q, num_idx_heads, head_dim]
+    index_kv_cache: torch.Tensor,  # [num_blocks, 128, head_dim]
+    block_table: torch.Tensor,  # [batch, max_blocks]
+    cu_seqlens_q: torch.Tensor,  # [batch+1] int32
+    seq_lens: torch.Tensor,  # [batch] int32
+    prefix_lens: torch.Tensor,  # [batch] int32
+    max_query_len: int,
+    max_seq_len: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """Per-token block scores: ``score[h, r, t]`` = max over the keys of block ``t`` that query
+    ``r`` sees (position ``prefix_len + i``, causal) of the unscaled ``idx_q . index_k``; ``-inf``
+    for blocks it does not see. Returns ``(num_idx_heads, total_q, round_up(max_block, 16))``
+    float32 (a transposed view of flashmsa's ``(H, P, total_q)`` output)."""
+    total_q, num_idx_heads, _ = idx_q.shape
+    if num_idx_heads != num_kv_heads:
+        raise ValueError(f"idx_q has {num_idx_heads} index heads; MiniMax-M3 expects "
+                         f"num_idx_heads == num_kv_heads ({num_kv_heads})")
+    max_block = max(math.ceil(max_seq_len / SPARSE_BLOCK_SIZE), 1)
+    columns = _round_up(max_block, 16)
+    score = torch.empty((num_idx_heads, columns, total_q), dtype=torch.float32,
+                        device=idx_q.device)
+    msa_ops.msa_proxy_score(
+        _contiguous(idx_q), _index_cache("index_kv_cache", index_kv_cache),
+        _int32("cu_seqlens_q", cu_seqlens_q), page_table=_int32("block_table", block_table),
+        seqused_k=_int32("seq_lens", seq_lens), causal=True,
+        max_seqlen_q=int(max_query_len), max_k_tiles=columns, output=score,
+        q_offset=_int32("prefix_lens", prefix_lens))
+    return score.transpose(1, 2)
+
+
+@torch.no_grad()
+def minimax_m3_index_topk(
+    score: torch.Tensor,  # [num_idx_heads, total_q, max_block]
+    cu_seqlens_q: torch.Tensor,  # [batch+1] int32
+    prefix_lens: torch.Tensor,  # [batch] int32
+    max_query_len: int,
+    topk: int,
+    init_blocks: int,
+    local_blocks: int,
+) -> torch.Tensor:
+    """Top-k blocks per (index head, query token) from ``score``: the first ``init_blocks`` and the
+    last ``local_blocks`` visible blocks always, then the best scores, ``min(topk, visible)`` ids
+    (ascending) and ``-1`` padding. Returns ``(num_idx_heads, total_q, topk)`` int32."""
+    if score.dim() != 3:
+        raise ValueError(f"score must be (num_idx_heads, total_q, max_block), got "
+                         f"{tuple(score.shape)}")
+    total_q = score.shape[1]
+    # (H, P, total_q) for flashmsa: free when the score came from minimax_m3_index_score above.
+    scores_hpt = _contiguous(score.transpose(1, 2))
+    cu = _int32("cu_seqlens_q", cu_seqlens_q)
+    nvp = _prefill_valid_pages(cu, _int32("prefix_lens", prefix_lens), total_q)
+    sel = msa_ops.msa_topk_select(scores_hpt, int(topk), num_valid_pages=nvp,
+                                  force_begin_blocks=int(init_blocks),
+                                  force_end_blocks=int(local_blocks))
+    return sel.transpose(0, 1).contiguous()
+
+
+@torch.no_grad()
+def minimax_m3_index_decode(
+    idx_q: torch.Tensor,  # [total_q, num_idx_heads, head_dim]
+    index_kv_cache: torch.Tensor,  # [num_blocks, 128, head_dim]
+    block_table: torch.Tensor,  # [num_reqs, max_blocks]
+    seq_lens: torch.Tensor,  # [num_reqs] int32
+    max_seq_len: int,
+    topk: int,
+    init_blocks: int,
+    local_blocks: int,
+    num_kv_heads: int,
+    decode_query_len: int,
+    max_decode_query_len: int,
+) -> torch.Tensor:
+    """Decode block scores + top-k: request ``b`` owns rows ``[b * decode_query_len, (b + 1) *
+    decode_query_len)``, row ``i`` of it sits at ``seq_len - decode_query_len + i``. Returns
+    ``(num_idx_heads, total_q, topk)`` int32 (ascending ids, ``-1`` padding)."""
+    total_q, num_idx_heads, _ = idx_q.shape
+    if num_idx_heads != num_kv_heads:
+        raise ValueError(f"idx_q has {num_idx_heads} index heads; MiniMax-M3 expects "
+                         f"num_idx_heads == num_kv_heads ({num_kv_heads})")
+    if not 1 <= decode_query_len <= max_decode_query_len:
+        raise ValueError(f"decode_query_len must be in [1, max_decode_query_len = "
+                         f"{max_decode_query_len}], got {decode_query_len}")
+    seq_lens = _int32("seq_lens", seq_lens)
+    if total_q != seq_lens.shape[0] * decode_query_len:
+        raise ValueError(f"idx_q has {total_q} rows; seq_lens ({seq_lens.shape[0]} requests) x "
+                         f"decode_query_len ({decode_query_len}) = "
+                         f"{seq_lens.shape[0] * decode_query_len}")
+    columns = max(math.ceil(max_seq_len / SPARSE_BLOCK_SIZE), 1)
+    cu_q = torch.arange(0, total_q + 1, decode_query_len, dtype=torch.int32, device=idx_q.device)
+    score = torch.empty((num_idx_heads, columns, total_q), dtype=torch.float32,
+                        device=idx_q.device)
+    # Right-aligned causal positions (flashmsa's default q_offset = seq_len - decode_query_len).
+    msa_ops.msa_proxy_score(
+        _contiguous(idx_q), _index_cache("index_kv_cache", index_kv_cache), cu_q,
+        page_table=_int32("block_table", block_table), seqused_k=seq_lens, causal=True,
+        max_seqlen_q=int(decode_query_len), max_k_tiles=columns, output=score)
+    sel = msa_ops.msa_topk_select(score, int(topk),
+                                  num_valid_pages=_decode_valid_pages(seq_lens, decode_query_len),
+                                  force_begin_blocks=int(init_blocks),
+                                  force_end_blocks=int(local_blocks))
+    return sel.transpose(0, 1).contiguous()
+
+
+# ---- attention -----------------------------------------------------------------------------------
+
+@torch.no_grad()
+def minimax_m3_sparse_attn(
+    q: torch.Tensor,  # [total_q, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [num_blocks, num_kv_heads, 128, 2*head_dim]
+    topk_idx: torch.Tensor,  # [num_kv_heads, total_q, topk]
+    block_table: torch.Tensor,  # [batch, max_blocks]
+    cu_seqlens_q: torch.Tensor,  # [batch+1] int32
+    seq_lens: torch.Tensor,  # [batch] int32
+    prefix_lens: torch.Tensor,  # [batch] int32
+    max_query_len: int,
+    num_kv_heads: int,
+    sm_scale: float,
+    output: torch.Tensor,  # [total_q, num_heads, head_dim]
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+) -> None:
+    """GQA block-sparse prefill attention over the selected blocks, into ``output``: query ``i`` of
+    sequence ``b`` (position ``prefix_len + i``) attends the keys ``j <= position``, ``j <
+    seq_len`` of the blocks its KV head's ``topk_idx`` row names."""
+    k, v = _kv_halves(kv_cache, num_kv_heads)
+    q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
+    out = msa_ops.msa_sparse_attention(
+        _contiguous(q_in), k, v, _contiguous(_int32("topk_idx", topk_idx)),
+        _int32("cu_seqlens_q", cu_seqlens_q), None, causal=True, softmax_scale=scale,
+        page_table=_int32("block_table", block_table), seqused_k=_int32("seq_lens", seq_lens),
+        v_global_scale=v_host, q_offset=_int32("prefix_lens", prefix_lens))
+    _write_output(output, out, v_dev)
+
+
+@torch.no_grad()
+def minimax_m3_sparse_attn_decode(
+    q: torch.Tensor,  # [total_q, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [num_blocks, num_kv_heads, 128, 2*head_dim]
+    topk_idx: torch.Tensor,  # [num_kv_heads, total_q, topk]
+    block_table: torch.Tensor,  # [num_reqs, max_blocks]
+    seq_lens: torch.Tensor,  # [num_reqs] int32
+    num_kv_heads: int,
+    sm_scale: float,
+    output: torch.Tensor,  # [total_q, num_heads, head_dim]
+    decode_query_len: int,
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+    query_start_loc: Optional[torch.Tensor] = None,
+    token_to_req_indices: Optional[torch.Tensor] = None,
+) -> None:
+    """Decode attention over the selected blocks, into ``output``. Uniform batches:
+    ``decode_query_len`` rows per request; ragged ones: ``query_start_loc`` (``num_reqs + 1``
+    offsets; ``token_to_req_indices`` is implied by it and not read). Row ``i`` of a request of
+    ``n`` rows sits at ``seq_len - n + i``."""
+    k, v = _kv_halves(kv_cache, num_kv_heads)
+    q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
+    q_in = _contiguous(q_in)
+    idx = _contiguous(_int32("topk_idx", topk_idx))
+    page_table, seqused = _int32("block_table", block_table), _int32("seq_lens", seq_lens)
+    if query_start_loc is not None:
+        if query_start_loc.shape[0] != seqused.shape[0] + 1:
+            raise ValueError(f"query_start_loc must have num_reqs + 1 = {seqused.shape[0] + 1} "
+                             f"entries, got {query_start_loc.shape[0]}")
+        out = msa_ops.msa_sparse_attention(
+            q_in, k, v, idx, _int32("query_start_loc", query_start_loc), None, causal=True,
+            softmax_scale=scale, page_table=page_table, seqused_k=seqused,
+            v_global_scale=v_host)
+    else:
+        if q.shape[0] != seqused.shape[0] * decode_query_len:
+            raise ValueError(f"q has {q.shape[0]} rows; seq_lens ({seqused.shape[0]} requests) x "
+                             f"decode_query_len ({decode_query_len}) = "
+                             f"{seqused.shape[0] * decode_query_len}")
+        out = msa_ops.msa_sparse_decode_attention(
+            q_in, k, v, idx, page_table=page_table, seqused_k=seqused,
+            seqlen_q=int(decode_query_len), causal=True, softmax_scale=scale,
+            v_global_scale=v_host)
+    _write_output(output, out, v_dev)
+
+
+# ---- patching vLLM -------------------------------------------------------------------------------
+
+_REPLACEMENTS = {
+    INDEX_TOPK_MODULE: ("minimax_m3_index_score", "minimax_m3_index_topk",
+                        "minimax_m3_index_decode"),
+    SPARSE_ATTN_MODULE: ("minimax_m3_sparse_attn", "minimax_m3_sparse_attn_decode"),
+}
+
+
+class PatchHandle:
+    """What :func:`patch` replaced; :meth:`undo` puts the originals back."""
+
+    def __init__(self, swaps: List[Tuple[object, str, object]]):
+        self.swaps = swaps
+
+    @property
+    def replaced(self) -> Dict[str, List[str]]:
+        """module name -> names replaced in it."""
+        out: Dict[str, List[str]] = {}
+        for module, name, _ in self.swaps:
+            out.setdefault(module.__name__, []).append(name)
+        return out
+
+    def undo(self) -> None:
+        for module, name, original in reversed(self.swaps):
+            setattr(module, name, original)
+        self.swaps = []
+
+
+def patch() -> PatchHandle:
+    """Swap flashmsa's implementations into vLLM's MiniMax-M3 ops modules.
+
+    Imports ``vllm.models.minimax_m3.common.ops.index_topk`` and ``...sparse_attn`` and replaces
+    the five ops there, and in every already imported ``vllm`` module that bound them by name
+    (``from ... import minimax_m3_sparse_attn``). Raises ImportError when that vLLM module is not
+    importable and AttributeError when it lacks one of the ops (another vLLM version): nothing is
+    replaced then. Returns a :class:`PatchHandle`; calling it twice is harmless.
+    """
+    this = sys.modules[__name__]
+    targets = []
+    for module_name, names in _REPLACEMENTS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ImportError(f"flashmsa.integrations.vllm.patch: cannot import {module_name} "
+                              f"(is a vLLM with MiniMax-M3 support installed?): {e}") from e
+        for name in names:
+            if not callable(getattr(module, name, None)):
+                raise AttributeError(f"flashmsa.integrations.vllm.patch: {module_name} has no "
+                                     f"function {name}; this vLLM version is not supported")
+            targets.append((module, name, getattr(module, name)))
+    swaps: List[Tuple[object, str, object]] = []
+    originals = {}
+    for module, name, original in targets:
+        ours = getattr(this, name)
+        if original is not ours:
+            originals[id(original)] = ours
+            swaps.append((module, name, original))
+            setattr(module, name, ours)
+    # Modules that imported an op by name hold the original: rebind those too.
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not (mod_name == "vllm" or mod_name.startswith("vllm.")):
+            continue
+        for name in {n for names in _REPLACEMENTS.values() for n in names}:
+            value = getattr(mod, name, None)
+            if value is not None and id(value) in originals:
+                swaps.append((mod, name, value))
+                setattr(mod, name, originals[id(value)])
+    handle = PatchHandle(swaps)
+    log.info("flashmsa: vLLM MiniMax-M3 ops replaced: %s", handle.replaced)
+    return handle
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point (vLLM calls it in every process): patches vLLM
+    when ``FLASHMSA_VLLM`` is ``1`` / ``true`` / ``on``, does nothing otherwise."""
+    if os.environ.get("FLASHMSA_VLLM", "").strip().lower() in ("1", "true", "yes", "on"):
+        patch()

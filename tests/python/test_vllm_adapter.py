@@ -1,0 +1,356 @@
+"""flashmsa.integrations.vllm against a float64 torch implementation of vLLM's MiniMax-M3 ops in
+vLLM's own layouts (one paged K|V cache, the index-K cache, [H, total_q, blocks] scores, block
+tables, prefix lengths), on the CPU and, where there is one, on the GPU; and patch() on a fake vLLM
+module tree."""
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from conftest import DEVICES
+from flashmsa import NotSupportedError
+from flashmsa.integrations import vllm as fv
+
+BLK = 128
+D = 128
+
+
+# ---- float64 reference in vLLM's layouts -----------------------------------------------------------
+
+def gather_keys(cache, block_table, b, length):
+    """Rows [0, length) of sequence b from a paged cache (num_blocks, ..., 128, W): (length, ..., W)."""
+    nb = math.ceil(length / BLK)
+    pages = [cache[int(block_table[b, t])] for t in range(nb)]
+    if cache.dim() == 4:  # (num_blocks, H, 128, W) -> tokens first
+        pages = [p.transpose(0, 1) for p in pages]
+    return torch.cat(pages)[:length].double() if pages else cache.new_zeros((0,)).double()
+
+
+def ref_index_score(idx_q, cache, block_table, cu, seq_lens, positions_of, columns):
+    """score[h, r, t] = max over keys j of block t with j <= pos(r), j < seq_len of idx_q . k."""
+    H, T = idx_q.shape[1], idx_q.shape[0]
+    out = torch.full((H, T, columns), float("-inf"), dtype=torch.float64)
+    for b in range(len(seq_lens)):
+        L = int(seq_lens[b])
+        keys = gather_keys(cache, block_table, b, L)  # (L, D)
+        for r in range(int(cu[b]), int(cu[b + 1])):
+            vis = min(positions_of(b, r) + 1, L)
+            if vis <= 0:
+                continue
+            logits = idx_q[r].double() @ keys[:vis].T  # (H, vis)
+            for t in range(math.ceil(vis / BLK)):
+                out[:, r, t] = logits[:, t * BLK:(t + 1) * BLK].amax(-1)
+    return out
+
+
+def ref_topk(score, nvp, topk, init, local):
+    """vLLM's selection as a set per (head, row): forced init / local blocks, then the best
+    scores; ascending, -1 padded (flashmsa's order)."""
+    H, T, _ = score.shape
+    out = torch.full((H, T, topk), -1, dtype=torch.int32)
+    for h in range(H):
+        for r in range(T):
+            n = int(nvp[r])
+            if n <= 0:
+                continue
+            forced = set(range(min(init, n))) | set(range(max(0, n - local), n))
+            rest = sorted((t for t in range(n) if t not in forced),
+                          key=lambda t: (-float(score[h, r, t]), t))
+            chosen = sorted(forced | set(rest[:max(topk - len(forced), 0)]))[:topk]
+            out[h, r, :len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+    return out
+
+
+def ref_attention(q, kv_cache, topk_idx, block_table, rows_of, seq_lens, sm_scale,
+                  k_mult=1.0, v_mult=1.0):
+    """vLLM's block-sparse GQA attention: for row r of request b at position pos, KV head kh reads
+    the first min(topk, pos // 128 + 1) entries of topk_idx[kh, r], keys j <= pos, j < seq_len."""
+    T, Hq, _ = q.shape
+    Hkv = kv_cache.shape[1]
+    G = Hq // Hkv
+    out = torch.zeros((T, Hq, D), dtype=torch.float64)
+    for b in range(len(seq_lens)):
+        L = int(seq_lens[b])
+        kv = gather_keys(kv_cache, block_table, b, L)  # (L, Hkv, 2D)
+        for r, pos in rows_of(b):
+            if pos < 0:
+                continue
+            n = min(topk_idx.shape[-1], pos // BLK + 1)
+            for kh in range(Hkv):
+                blocks = []
+                for x in topk_idx[kh, r, :n].tolist():  # a list ends at its first -1
+                    if x < 0:
+                        break
+                    blocks.append(x)
+                cols = sorted({j for t in blocks for j in range(t * BLK, t * BLK + BLK)
+                               if j <= pos and j < L})
+                if not cols:
+                    continue
+                k = kv[cols, kh, :D] * k_mult
+                v = kv[cols, kh, D:] * v_mult
+                logits = q[r, kh * G:(kh + 1) * G].double() @ k.T * sm_scale
+                out[r, kh * G:(kh + 1) * G] = torch.softmax(logits, -1) @ v
+    return out
+
+
+# ---- problem ---------------------------------------------------------------------------------------
+
+def make_problem(device, seq_lens, q_lens, hkv=2, g=4, kv_dtype=torch.bfloat16, seed=0,
+                 prefix_lens=None):
+    """A paged batch in vLLM's layouts: request b holds seq_lens[b] tokens, its queries sit at
+    prefix_lens[b] + i (default: the last q_lens[b] tokens, prefix_lens = seq_lens - q_lens); pages
+    permuted, spare pages and table columns."""
+    if prefix_lens is None:
+        prefix_lens = [s - n for s, n in zip(seq_lens, q_lens)]
+    gen = torch.Generator().manual_seed(seed)
+    B = len(seq_lens)
+    pages_per = [math.ceil(s / BLK) for s in seq_lens]
+    num_blocks = sum(pages_per) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    max_blocks = max(pages_per) + 2
+    block_table = torch.zeros((B, max_blocks), dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages_per):
+        block_table[b, :n] = perm[used:used + n].to(torch.int32)
+        used += n
+    kv = (torch.randn((num_blocks, hkv, BLK, 2 * D), generator=gen) / 3).to(kv_dtype)
+    index_k = torch.randn((num_blocks, BLK, D), generator=gen).to(torch.bfloat16)
+    total_q = sum(q_lens)
+    q = (torch.randn((total_q, hkv * g, D), generator=gen) / 3).to(torch.bfloat16)
+    idx_q = torch.randn((total_q, hkv, D), generator=gen).to(torch.bfloat16)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    t = dict(kv=kv, index_k=index_k, q=q, idx_q=idx_q, block_table=block_table, cu=cu,
+             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+             prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32))
+    return {k: v.to(device) for k, v in t.items()}, dict(hkv=hkv, hq=hkv * g, B=B,
+                                                         total_q=total_q)
+
+
+def host(t):
+    return t.cpu()
+
+
+# ---- prefill ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_pipeline_matches_float64(device):
+    # A chunked prefill (prefix 300 of 1000), a whole 300-token prompt, a 1-token chunk, and a
+    # chunk at positions 200..299 of a 500-token cache (keys past the chunk exist and are masked:
+    # positions come from prefix_lens, not from seq_lens - query length).
+    seq_lens, q_lens = [1000, 300, 257, 500], [700, 300, 1, 100]
+    t, s = make_problem(device, seq_lens, q_lens, prefix_lens=[300, 0, 256, 200])
+    topk, init, local = 4, 1, 1
+    max_seq = max(seq_lens)
+    score = fv.minimax_m3_index_score(t["idx_q"], t["index_k"], t["block_table"], t["cu"],
+                                      t["seq_lens"], t["prefix_lens"], max(q_lens), max_seq,
+                                      s["hkv"])
+    columns = 16 * math.ceil(math.ceil(max_seq / BLK) / 16)
+    assert score.shape == (s["hkv"], s["total_q"], columns) and score.dtype == torch.float32
+    cu, pre = host(t["cu"]), host(t["prefix_lens"])
+
+    def pos(b, r):
+        return int(pre[b]) + r - int(cu[b])
+    ref = ref_index_score(host(t["idx_q"]), host(t["index_k"]), host(t["block_table"]), cu,
+                          host(t["seq_lens"]), pos, columns)
+    got = host(score).double()
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(got), finite)  # -inf exactly where no key is visible
+    torch.testing.assert_close(got[finite], ref[finite], rtol=1e-5, atol=1e-3)
+
+    sel = fv.minimax_m3_index_topk(score, t["cu"], t["prefix_lens"], max(q_lens), topk, init,
+                                   local)
+    assert sel.shape == (s["hkv"], s["total_q"], topk) and sel.is_contiguous()
+    nvp = torch.tensor([pos(b, r) // BLK + 1 for b in range(s["B"])
+                        for r in range(int(cu[b]), int(cu[b + 1]))])
+    # Selection logic on the adapter's own scores (no float64 near-tie can flip a choice).
+    assert torch.equal(host(sel), ref_topk(got, nvp, topk, init, local))
+
+    output = torch.full_like(t["q"], float("nan"))
+    sm_scale = D ** -0.5
+    assert fv.minimax_m3_sparse_attn(t["q"], t["kv"], sel, t["block_table"], t["cu"],
+                                     t["seq_lens"], t["prefix_lens"], max(q_lens), s["hkv"],
+                                     sm_scale, output) is None
+
+    def rows(b):
+        return [(r, pos(b, r)) for r in range(int(cu[b]), int(cu[b + 1]))]
+    expect = ref_attention(host(t["q"]), host(t["kv"]), host(sel), host(t["block_table"]), rows,
+                           host(t["seq_lens"]), sm_scale)
+    torch.testing.assert_close(host(output).double(), expect, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_cache_with_scalar_scales(device):
+    seq_lens, q_lens = [600, 200], [100, 200]
+    t, s = make_problem(device, seq_lens, q_lens, kv_dtype=torch.float8_e4m3fn, seed=3)
+    cu, pre = host(t["cu"]), host(t["prefix_lens"])
+    # Per row: KV head 0 reads the first and its own block, KV head 1 its own block only.
+    sel = torch.full((s["hkv"], s["total_q"], 4), -1, dtype=torch.int32)
+    for b in range(s["B"]):
+        for r in range(int(cu[b]), int(cu[b + 1])):
+            n = (int(pre[b]) + r - int(cu[b])) // BLK + 1
+            first = sorted({0, n - 1})
+            sel[:, r] = torch.tensor([first + [-1] * (4 - len(first)), [n - 1, -1, -1, -1]],
+                                     dtype=torch.int32)
+    sel = sel.to(device)
+    k_scale, v_scale = (torch.tensor([x], device=device) for x in (0.5, 2.0))
+    output = torch.empty_like(t["q"])
+    fv.minimax_m3_sparse_attn(t["q"], t["kv"], sel, t["block_table"], t["cu"], t["seq_lens"],
+                              t["prefix_lens"], max(q_lens), s["hkv"], 0.1, output,
+                              k_scale=k_scale, v_scale=v_scale)
+
+    def rows(b):
+        return [(r, int(pre[b]) + r - int(cu[b])) for r in range(int(cu[b]), int(cu[b + 1]))]
+    expect = ref_attention(host(t["q"]), host(t["kv"]), host(sel), host(t["block_table"]), rows,
+                           host(t["seq_lens"]), 0.1, k_mult=0.5, v_mult=2.0)
+    torch.testing.assert_close(host(output).double(), expect, rtol=3e-2, atol=3e-2)
+    with pytest.raises(NotSupportedError, match="k_scale"):
+        fv.minimax_m3_sparse_attn(t["q"], t["kv"], sel, t["block_table"], t["cu"],
+                                  t["seq_lens"], t["prefix_lens"], max(q_lens), s["hkv"], 0.1,
+                                  output, k_scale=torch.ones((s["hkv"], 640), device=device),
+                                  v_scale=torch.ones((s["hkv"], 640), device=device))
+
+
+# ---- decode ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dql", [1, 3])
+def test_decode_matches_float64(device, dql):
+    seq_lens = [900, 130, 64, 0]  # the last request is a CUDA-graph padding row (seq_len 0)
+    B = len(seq_lens)
+    t, s = make_problem(device, [max(x, 1) for x in seq_lens], [dql] * B, seed=5 + dql)
+    t["seq_lens"] = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    topk, init, local = 3, 1, 1
+    sel = fv.minimax_m3_index_decode(t["idx_q"], t["index_k"], t["block_table"], t["seq_lens"],
+                                     max(seq_lens), topk, init, local, s["hkv"], dql, 4)
+    assert sel.shape == (s["hkv"], B * dql, topk)
+
+    def pos(b, r):
+        return seq_lens[b] - dql + (r - b * dql)
+    cu = torch.arange(0, B * dql + 1, dql)
+    columns = math.ceil(max(seq_lens) / BLK)
+    score = ref_index_score(host(t["idx_q"]), host(t["index_k"]), host(t["block_table"]), cu,
+                            seq_lens, pos, columns)
+    nvp = torch.tensor([max(pos(b, r) // BLK + 1, 0) if pos(b, r) >= 0 else 0
+                        for b in range(B) for r in range(b * dql, (b + 1) * dql)])
+    got_sel = host(sel)
+    expect_sel = ref_topk(score, nvp, topk, init, local)
+    # float64 and fp32 scores may order a near-tie differently: allow none here (Gaussian data,
+    # 128-dim dot products: gaps are far above fp32 rounding), but report the rows if it happens.
+    assert torch.equal(got_sel, expect_sel), (got_sel - expect_sel).nonzero()[:5]
+
+    output = torch.full_like(t["q"], float("nan"))
+    sm_scale = D ** -0.5
+    fv.minimax_m3_sparse_attn_decode(t["q"], t["kv"], sel, t["block_table"], t["seq_lens"],
+                                     s["hkv"], sm_scale, output, dql)
+
+    def rows(b):
+        return [(r, pos(b, r)) for r in range(b * dql, (b + 1) * dql)]
+    expect = ref_attention(host(t["q"]), host(t["kv"]), got_sel, host(t["block_table"]), rows,
+                           seq_lens, sm_scale)
+    torch.testing.assert_close(host(output).double(), expect, rtol=2e-2, atol=2e-2)
+    assert torch.all(host(output)[-dql:] == 0)  # the padding request: no key, output 0
+
+    # Ragged decode (query_start_loc): the same rows, given as offsets.
+    out2 = torch.full_like(t["q"], float("nan"))
+    qsl = torch.arange(0, B * dql + 1, dql, dtype=torch.int32, device=device)
+    fv.minimax_m3_sparse_attn_decode(t["q"], t["kv"], sel, t["block_table"], t["seq_lens"],
+                                     s["hkv"], sm_scale, out2, dql, query_start_loc=qsl,
+                                     token_to_req_indices=torch.arange(B, device=device)
+                                     .repeat_interleave(dql).to(torch.int32))
+    torch.testing.assert_close(host(out2).double(), expect, rtol=2e-2, atol=2e-2)
+
+
+def test_bad_arguments_name_them():
+    t, s = make_problem("cpu", [300], [300])
+    with pytest.raises(ValueError, match="num_idx_heads == num_kv_heads"):
+        fv.minimax_m3_index_score(t["idx_q"], t["index_k"], t["block_table"], t["cu"],
+                                  t["seq_lens"], t["prefix_lens"], 300, 300, s["hkv"] + 1)
+    with pytest.raises(ValueError, match="index_kv_cache must be contiguous"):
+        fv.minimax_m3_index_score(t["idx_q"], t["index_k"].transpose(1, 2).contiguous()
+                                  .transpose(1, 2), t["block_table"], t["cu"], t["seq_lens"],
+                                  t["prefix_lens"], 300, 300, s["hkv"])
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        fv.minimax_m3_sparse_attn(t["q"], t["kv"], torch.zeros((2, 300, 4), dtype=torch.int32),
+                                  t["block_table"], t["cu"], t["seq_lens"], t["prefix_lens"],
+                                  300, 3, 0.1, torch.empty_like(t["q"]))
+    with pytest.raises(ValueError, match="decode_query_len"):
+        fv.minimax_m3_index_decode(t["idx_q"][:2], t["index_k"], t["block_table"], t["seq_lens"],
+                                   300, 4, 1, 1, s["hkv"], 3, 2)
+
+
+# ---- patch() ---------------------------------------------------------------------------------------
+
+NAMES = {fv.INDEX_TOPK_MODULE: ("minimax_m3_index_score", "minimax_m3_index_topk",
+                                "minimax_m3_index_decode"),
+         fv.SPARSE_ATTN_MODULE: ("minimax_m3_sparse_attn", "minimax_m3_sparse_attn_decode")}
+
+
+def fake_vllm(monkeypatch, missing=None):
+    """vllm.models.minimax_m3.common.ops.{index_topk, sparse_attn} with stand-in functions, and a
+    backend module that imported two of them by name."""
+    originals = {}
+    parts = fv.INDEX_TOPK_MODULE.split(".")
+    for i in range(1, len(parts)):
+        name = ".".join(parts[:i])
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    for module_name, names in NAMES.items():
+        module = types.ModuleType(module_name)
+        for n in names:
+            if n != missing:
+                fn = (lambda n: lambda *a, **k: ("vllm", n))(n)
+                setattr(module, n, fn)
+                originals[n] = fn
+        monkeypatch.setitem(sys.modules, module_name, module)
+    backend = types.ModuleType("vllm.models.minimax_m3.backend")
+    backend.minimax_m3_sparse_attn = originals.get("minimax_m3_sparse_attn")
+    backend.minimax_m3_index_decode = originals.get("minimax_m3_index_decode")
+    backend.unrelated = len
+    monkeypatch.setitem(sys.modules, backend.__name__, backend)
+    return originals, backend
+
+
+def test_patch_swaps_and_undoes(monkeypatch):
+    originals, backend = fake_vllm(monkeypatch)
+    handle = fv.patch()
+    for module_name, names in NAMES.items():
+        for n in names:
+            assert getattr(sys.modules[module_name], n) is getattr(fv, n)
+    assert backend.minimax_m3_sparse_attn is fv.minimax_m3_sparse_attn
+    assert backend.minimax_m3_index_decode is fv.minimax_m3_index_decode
+    assert backend.unrelated is len
+    assert sorted(handle.replaced[fv.SPARSE_ATTN_MODULE]) == sorted(NAMES[fv.SPARSE_ATTN_MODULE])
+    again = fv.patch()  # already patched: nothing more to swap
+    assert again.swaps == []
+    handle.undo()
+    for module_name, names in NAMES.items():
+        for n in names:
+            assert getattr(sys.modules[module_name], n) is originals[n]
+    assert backend.minimax_m3_sparse_attn is originals["minimax_m3_sparse_attn"]
+
+
+def test_patch_refuses_other_vllm(monkeypatch):
+    originals, _ = fake_vllm(monkeypatch, missing="minimax_m3_index_topk")
+    with pytest.raises(AttributeError, match="minimax_m3_index_topk"):
+        fv.patch()
+    # Nothing was replaced.
+    assert sys.modules[fv.SPARSE_ATTN_MODULE].minimax_m3_sparse_attn is \
+        originals["minimax_m3_sparse_attn"]
+
+
+def test_patch_without_vllm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    with pytest.raises(ImportError, match="MiniMax-M3"):
+        fv.patch()
+
+
+def test_register_follows_environment(monkeypatch):
+    originals, _ = fake_vllm(monkeypatch)
+    monkeypatch.delenv("FLASHMSA_VLLM", raising=False)
+    fv.register()
+    assert sys.modules[fv.SPARSE_ATTN_MODULE].minimax_m3_sparse_attn is \
+        originals["minimax_m3_sparse_attn"]
+    monkeypatch.setenv("FLASHMSA_VLLM", "1")
+    fv.register()
+    assert sys.modules[fv.SPARSE_ATTN_MODULE].minimax_m3_sparse_attn is fv.minimax_m3_sparse_attn
