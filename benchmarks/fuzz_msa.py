@@ -96,12 +96,13 @@ SCHEDULES = {
 }
 
 
-# op -> (variable, the values a case picks from besides the default)
+# op -> [(variable, the values a case picks from besides the default), ...], each drawn on its own
 KERNELS = {
-    "proxy": ("FLASHMSA_PROXY_KERNEL", ("mma_sync", "sm90", "sm90_ss")),
-    "proxy_fp4": ("FLASHMSA_PROXY_KERNEL", ("mma_sync", "sm90", "sm90_ss")),
-    "topk": ("FLASHMSA_TOPK_KERNEL", ("warp_per_row", "warp_per_row_8", "radix", "by_size")),
-    "decode": ("FLASHMSA_DECODE_KERNEL", ("smem", "regs")),
+    "proxy": [("FLASHMSA_PROXY_KERNEL", ("mma_sync", "sm90", "sm90_ss"))],
+    "proxy_fp4": [("FLASHMSA_PROXY_KERNEL", ("mma_sync", "sm90", "sm90_ss"))],
+    "topk": [("FLASHMSA_TOPK_KERNEL", ("warp_per_row", "warp_per_row_8", "radix", "by_size"))],
+    "decode": [("FLASHMSA_DECODE_KERNEL", ("smem", "regs")),
+               ("FLASHMSA_DECODE_MTP", ("per_token", "union"))],
 }
 
 
@@ -111,9 +112,30 @@ def _env(rng: random.Random, op: str) -> Dict[str, str]:
         if env.get("FLASHMSA_PREFILL_SCHEDULE") in ("kv_major", "hybrid") and rng.random() < 0.3:
             env["FLASHMSA_KV_MAJOR_CHUNK_ROWS"] = str(rng.choice((1, 7, 37)))
         return env
-    name, values = KERNELS[op]
-    kernel = rng.choice((None,) + values)
-    return {name: kernel} if kernel else {}
+    env = {}
+    for name, values in KERNELS[op]:
+        kernel = rng.choice((None,) + values)
+        if kernel:
+            env[name] = kernel
+    return env
+
+
+def _paged_lengths(rng: random.Random, p: dict, paged: bool, huge: bool) -> None:
+    """Page-table width and, for some paged cases, declared key lengths beyond it: those sequences
+    fill every page of their row (their true length is the table's capacity, to which the ops
+    clamp) and declare more (by 1, 777 keys, or up to INT32_MAX with ``huge``)."""
+    nb = [math.ceil(s / BLOCK) for s in p["seqs_k"]]
+    p["max_pages"] = max(max(nb, default=0), 1) + rng.choice((0, 0, 1))
+    p["declared_k"] = None
+    if not paged or rng.random() >= 0.15:
+        return
+    cap = p["max_pages"] * BLOCK
+    declared = list(p["seqs_k"])
+    for b in range(len(declared)):
+        if rng.random() < 0.6:
+            p["seqs_k"][b] = cap
+            declared[b] = cap + rng.choice((1, 777, 2 ** 31 - 1 - cap if huge else 100000))
+    p["declared_k"] = declared
 
 
 def gen_proxy(rng: random.Random, fp4: bool) -> dict:
@@ -137,7 +159,7 @@ def gen_proxy(rng: random.Random, fp4: bool) -> dict:
     default_tiles = max(max(nb, default=0), 1)
     tiles = rng.choice((None, None, default_tiles, max(1, default_tiles - rng.randint(1, 3)),
                         default_tiles + rng.randint(1, 4), 1))
-    return dict(
+    p = dict(
         seqs_q=seqs_q, seqs_k=seqs_k, hq=hkv * g, hkv=hkv, q_dtype=q_dtype, k_dtype=k_dtype,
         paged=rng.random() < 0.5, shared_pages=rng.random() < 0.3,
         invalid_pages=rng.random() < 0.25, causal=rng.random() < 0.7,
@@ -147,6 +169,8 @@ def gen_proxy(rng: random.Random, fp4: bool) -> dict:
         extra_rows=rng.choice((0, 0, 0, 1, 7)), nan_keys=(not fp4) and rng.random() < 0.15,
         data_scale=rng.choice((1.0, 1.0, 0.1, 4.0)),
         env=_env(rng, "proxy_fp4" if fp4 else "proxy"))
+    _paged_lengths(rng, p, p["paged"], huge=True)
+    return p
 
 
 def gen_topk(rng: random.Random) -> dict:
@@ -222,6 +246,13 @@ def gen_attention(rng: random.Random) -> dict:
              extra_rows=rng.choice((0, 0, 0, 3)), env=_env(rng, "attention"))
     p.update(_kv_params(rng, ("flat", "flat", "paged", "packed", "packed_nhd")))
     p.update(_scales(rng))
+    paged = p["layout"] != "flat"
+    # Paged key lengths from seqused_k or from cu_seqlens_k (whose differences then win; seqused_k
+    # holds other values). cu_seqlens_k is a prefix sum, so its declared lengths stay small.
+    p["k_lengths"] = "cu_seqlens_k" if paged and rng.random() < 0.3 else "seqused_k"
+    _paged_lengths(rng, p, paged, huge=p["k_lengths"] == "seqused_k")
+    if p["dtype"] == "bf16" and rng.random() < 0.05:
+        p["v_global_scale"] = 1e35  # outputs near 1e35, far inside bfloat16's range
     return p
 
 
@@ -245,6 +276,9 @@ def gen_decode(rng: random.Random) -> dict:
              env=_env(rng, "decode"))
     p.update(_kv_params(rng, ("paged", "paged", "flat", "packed", "packed_nhd")))
     p.update(_scales(rng))
+    _paged_lengths(rng, p, p["layout"] != "flat", huge=True)
+    if p["q_dtype"] != "fp16" and rng.random() < 0.05:
+        p["v_global_scale"] = 1e35
     return p
 
 
@@ -330,7 +364,7 @@ def _quantize(x, kind: str, gen):
 
 def build_cache(rng: random.Random, gen, seqs_k: List[int], hkv: int, kind: str, layout: str,
                 shared: bool, invalid: bool, with_v: bool, data_scale: float,
-                nan_keys: bool = False) -> Cache:
+                nan_keys: bool = False, max_pages: Optional[int] = None) -> Cache:
     """Flat (``cu_seqlens_k``) or paged cache (pages shuffled; with ``shared`` some page-table
     entries of later sequences point at pages of earlier ones; with ``invalid`` some entries lie
     outside the cache), K and optionally V, stored as ``kind`` (bf16 / fp16 / fp8 / nvfp4)."""
@@ -357,7 +391,8 @@ def build_cache(rng: random.Random, gen, seqs_k: List[int], hkv: int, kind: str,
         c.dropped = [set() for _ in range(b)]
         return c
     # paged
-    max_pages = max(max(nb, default=0), 1) + rng.choice((0, 0, 1))
+    if max_pages is None:
+        max_pages = max(max(nb, default=0), 1) + rng.choice((0, 0, 1))
     needed = sum(nb)
     num_pages = max(1, needed + rng.choice((0, 1, 3)))
     perm = torch.randperm(num_pages, generator=gen).tolist()
@@ -454,7 +489,9 @@ class Problem:
         cache = build_cache(self.rng, gen, p["seqs_k"], p["hkv"], p["k_dtype"],
                             "paged" if p["paged"] else "flat", p["shared_pages"],
                             p["invalid_pages"] and p["paged"], False, p["data_scale"],
-                            nan_keys=p["nan_keys"])
+                            nan_keys=p["nan_keys"], max_pages=p.get("max_pages"))
+        if p.get("declared_k"):
+            cache.args["seqused_k"] = torch.tensor(p["declared_k"], dtype=torch.int32)
         nb = [math.ceil(s / BLOCK) for s in p["seqs_k"]]
         tiles = p["max_k_tiles"] or max(max(nb, default=0), 1)
         self.tiles = tiles
@@ -650,7 +687,17 @@ class Problem:
         self.seqs_q, self.cdt = seqs_q, _dtype(cdt)
         kind = p["kv"] if p["kv"] != "same" else cdt
         cache = build_cache(rng, gen, seqs_k, p["hkv"], kind, p["layout"], p["shared_pages"],
-                            p["invalid_pages"] and p["layout"] != "flat", True, p["data_scale"])
+                            p["invalid_pages"] and p["layout"] != "flat", True, p["data_scale"],
+                            max_pages=p.get("max_pages"))
+        declared = p.get("declared_k") or seqs_k
+        if p["layout"] != "flat":
+            if p.get("k_lengths") == "cu_seqlens_k":
+                # the differences give the lengths; seqused_k only has to be well-formed
+                cache.args["cu_seqlens_k"] = _cu(declared)
+                cache.args["seqused_k"] = torch.randint(0, 10 ** 6, (len(seqs_k),),
+                                                        generator=gen, dtype=torch.int32)
+            else:
+                cache.args["seqused_k"] = torch.tensor(declared, dtype=torch.int32)
         total_q = sum(seqs_q) + extra
         q = (torch.randn((total_q, p["hq"], 128), generator=gen) * p["data_scale"])
         q = q.to(self.cdt)

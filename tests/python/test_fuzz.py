@@ -77,8 +77,16 @@ def test_generators_cover_every_option():
         str(fuzz_msa.case_params("attention", s)["selection"]["share"]) for s in range(400)}
     # every kernel choice is forced somewhere (default included)
     envs = {op: [fuzz_msa.case_params(op, s)["env"] for s in range(400)] for op in fuzz_msa.OPS}
-    for op, (name, values) in fuzz_msa.KERNELS.items():
-        assert {e.get(name) for e in envs[op]} == {None, *values}, op
+    for op, choices in fuzz_msa.KERNELS.items():
+        for name, values in choices:
+            assert {e.get(name) for e in envs[op]} == {None, *values}, (op, name)
+    # paged lengths beyond the page table (clamped), paged cu_seqlens_k, V scales near 1e35
+    for op in ("proxy", "attention", "decode"):
+        declared = [fuzz_msa.case_params(op, s)["declared_k"] for s in range(400)]
+        assert any(d and max(d) == 2 ** 31 - 1 for d in declared), op
+    assert "cu_seqlens_k" in _values("attention", "k_lengths")
+    assert "1e+35" in _values("attention", "v_global_scale")
+    assert "1e+35" in _values("decode", "v_global_scale")
     assert {tuple(sorted(e.items())) for e in envs["attention"]
             if "FLASHMSA_KV_MAJOR_CHUNK_ROWS" not in e} == {
         tuple(sorted(v.items())) for v in fuzz_msa.SCHEDULES.values()}
@@ -91,7 +99,8 @@ def test_kernel_choices_exist_in_the_sources():
     root = BENCH_DIR.parent
     text = "".join(p.read_text() for d in ("csrc", "include") for p in (root / d).rglob("*")
                    if p.suffix in (".cu", ".cpp", ".h", ".cuh"))
-    pairs = {(name, v) for name, values in fuzz_msa.KERNELS.values() for v in values}
+    pairs = {(name, v) for choices in fuzz_msa.KERNELS.values() for name, values in choices
+             for v in values}
     pairs |= {(k, v) for env in fuzz_msa.SCHEDULES.values() for k, v in env.items()
               if k != "FLASHMSA_TILE_MAX_WASTE"}
     for name, value in sorted(pairs):
@@ -106,6 +115,27 @@ def test_harness_on_cpu_passes(op):
         msg, planted = fuzz_msa.run_case(op, seed, "cpu")
         assert msg is None, msg
         assert not planted
+
+
+@pytest.mark.parametrize("op,seeds", [("attention", list(range(8)) + [134, 136]),
+                                      ("decode", list(range(8)) + [57])])
+def test_baseline_follows_the_reference(op, seeds):
+    """The attention tolerance is twice the baseline's distance to the reference: a baseline with
+    other semantics (masks, dropped pages, clamped lengths, scales) would make it vacuous. It stays
+    within a few units in the last place of the reference (seeds 134, 136, 57 declare paged
+    lengths beyond the page table, INT32_MAX included)."""
+    import torch
+    for seed in seeds:
+        p = fuzz_msa.case_params(op, seed)
+        pb = fuzz_msa.Problem(op, p, seed)
+        want = pb.run("cpu")[0].double()
+        base = pb.baseline()[0].double()
+        fin = torch.isfinite(want)
+        assert torch.equal(fin, torch.isfinite(base)), seed
+        if fin.any():
+            err = float((base - want).abs()[fin].max())
+            assert err <= 2 ** -5 * float(want[fin].abs().max()) + 1e-6, (seed, err)
+    assert any(fuzz_msa.case_params(op, s)["declared_k"] for s in seeds)
 
 
 @pytest.mark.parametrize("op", fuzz_msa.OPS)
