@@ -1,0 +1,125 @@
+// describe(plan): the kernel and schedule of a call and the reason, in one line (plan_describe.h).
+// The reasons restate the planners' rules (plan.cpp, sparse_attn/plan.cpp) from the plan they made,
+// the call's params and the options it was given.
+#include "flashmsa/plan_describe.h"
+
+#include <sstream>
+
+#include "sparse_attn/heuristics.h"
+
+using flashmsa::sparse_attn::kKvMajorMinRows;
+
+namespace flashmsa {
+
+namespace {
+
+const char* store_kind_name(StoreKind k) {
+  switch (k) {
+    case StoreKind::kF32: return "float32";
+    case StoreKind::kBF16: return "bf16";
+    case StoreKind::kF16: return "fp16";
+    case StoreKind::kFP8: return "fp8";
+  }
+  return "?";
+}
+
+void query_major_details(std::ostringstream& s, const QueryMajorPlan& qm) {
+  s << "; " << qm.warps_m << (qm.warps_m == 1 ? " warp" : " warps") << " per row tile, "
+    << qm.row_tiles << " row tile(s) per (token, kv head)";
+  if (qm.fused)
+    s << "; fused: outputs written directly";
+  else
+    s << "; split-K: " << qm.splits << " chunks per row, " << store_kind_name(qm.part_kind)
+      << " partials + combine";
+}
+
+void workspace(std::ostringstream& s, size_t bytes) { s << "; workspace " << bytes << " bytes"; }
+
+}  // namespace
+
+std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
+                     const SparseAttnOptions& o) {
+  std::ostringstream s;
+  if (p.total_q <= 0) return "no query rows: nothing runs";
+  const bool forced = o.schedule != PrefillSchedule::kAuto;
+  s << "schedule=" << option_name(plan.schedule) << " (";
+  if (forced) {
+    s << "forced by the option schedule=" << option_name(o.schedule);
+  } else if (plan.schedule == PrefillSchedule::kQueryMajor) {
+    if (p.total_q < kKvMajorMinRows)
+      s << "auto: " << p.total_q << " rows < " << kKvMajorMinRows
+        << ", a CTA per (token, kv head) fills the GPU";
+    else
+      s << "auto: no KV-major kernel fits this GPU's shared memory";
+  } else {
+    s << "auto: " << p.total_q << " rows >= " << kKvMajorMinRows;
+    if (plan.schedule == PrefillSchedule::kKvMajor)
+      s << "; no shared-selection tiles: the tile kernel needs an sm_90a build on an sm_90 GPU, "
+           "G in {16, 32, 64, 128} and 16-bit or fp8 K/V";
+  }
+  s << ")";
+  if (plan.schedule == PrefillSchedule::kQueryMajor) {
+    query_major_details(s, plan.qm);
+  } else {
+    const KvMajorPlan& kvm = plan.kvm;
+    if (kvm.tiles)
+      s << "; shared-selection tiles of " << kvm.tile_tokens << " tokens (" << kvm.num_tiles
+        << " per kv head) run first where the union of their selections is at most "
+        << kvm.tile_max_waste_milli / 1000.0 << "x a token's, KV-major for the other rows";
+    s << "; kv_major_kernel=" << option_name(kvm.kernel) << " (";
+    if (o.kv_major_kernel != KvMajorKernel::kAuto)
+      s << "forced by the option kv_major_kernel=" << option_name(o.kv_major_kernel);
+    else if (kvm.kernel == KvMajorKernel::kWgmma)
+      s << "auto: the sm_90a warpgroup-MMA kernel runs on this GPU";
+    else
+      s << "auto: the sm_90a kernel cannot run here (needs an sm_90 GPU and an sm_90a build)";
+    s << ", " << kvm.q_stages << " query-tile stage(s)); " << kvm.groups << " launch group(s) of "
+      << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
+      << ", grid " << kvm.grid << " CTAs";
+  }
+  workspace(s, plan.bytes);
+  return s.str();
+}
+
+std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& p) {
+  if (p.total_q <= 0) return "no query rows: nothing runs";
+  std::ostringstream s;
+  s << "schedule=query_major (decode always: a CTA per (token, kv head) streams its blocks)";
+  query_major_details(s, plan.qm);
+  workspace(s, plan.bytes);
+  return s.str();
+}
+
+std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
+  std::ostringstream s;
+  s << "kernel=" << option_name(plan.kernel) << " (";
+  if (o.kernel == ProxyKernel::kAuto)
+    s << "auto: the portable mma.sync kernel";
+  else if (o.kernel == plan.kernel)
+    s << "forced by the option kernel=" << option_name(o.kernel);
+  else
+    s << "the option kernel=" << option_name(o.kernel) << " does not apply to this call";
+  s << ")";
+  return s.str();
+}
+
+std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
+                     const TopkSelectOptions& o, const TopkSelectDeviceFacts& facts) {
+  std::ostringstream s;
+  s << "kernel=" << option_name(plan.kernel) << " (";
+  switch (o.kernel) {
+    case TopkKernel::kAuto: s << "auto: a warp per (token, head) row, 32 tokens per CTA"; break;
+    case TopkKernel::kBySize: {
+      const long long groups = (static_cast<long long>(p.num_tokens) + 31) / 32 * p.num_heads;
+      s << "by_size: " << groups << " groups of 32 rows " << (plan.kernel == TopkKernel::kRadix ? ">=" : "<")
+        << " " << kTopkRadixMinGroupsPerSm << " per SM x " << facts.num_sms << " SMs";
+      break;
+    }
+    default: s << "forced by the option kernel=" << option_name(o.kernel); break;
+  }
+  s << "); " << p.num_tokens << " tokens x " << p.num_heads << " heads over " << p.num_blocks
+    << " blocks, top-" << p.topk;
+  return s.str();
+}
+
+}  // namespace flashmsa

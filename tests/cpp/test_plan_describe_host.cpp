@@ -1,0 +1,145 @@
+// describe(plan) (include/flashmsa/plan_describe.h): each plan's line names the schedule and kernel
+// the planner chose and the reason, for the library's choice (auto) and for forced options.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "flashmsa/plan.h"
+#include "flashmsa/plan_describe.h"
+
+namespace flashmsa {
+namespace {
+
+SparseAttnParams attn(int total_q, int hq = 64, int hkv = 4) {
+  SparseAttnParams p{};
+  p.batch = 1;
+  p.total_q = total_q;
+  p.num_heads = hq;
+  p.num_kv_heads = hkv;
+  p.topk = 16;
+  p.q_dtype = DType::kBF16;
+  p.out_dtype = DType::kBF16;
+  p.k.dtype = DType::kBF16;
+  p.v.dtype = DType::kBF16;
+  p.kv.batch = 1;
+  p.kv.total_k = total_q < 128 ? 128 : total_q;
+  p.lse_temperature = 1.0f;
+  return p;
+}
+
+SparseAttnDeviceFacts hopper() {
+  SparseAttnDeviceFacts f;
+  f.num_sms = 132;
+  f.kv_major_wgmma_ctas = 1;
+  f.kv_major_mma_sync_ctas[0] = 2;
+  f.kv_major_mma_sync_ctas[1] = 1;
+  f.tile_ctas = 1;
+  return f;
+}
+
+SparseAttnDeviceFacts ampere() {
+  SparseAttnDeviceFacts f;
+  f.num_sms = 108;
+  f.kv_major_mma_sync_ctas[0] = 2;
+  f.kv_major_mma_sync_ctas[1] = 1;
+  return f;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(PlanDescribe, PrefillAutoSmallIsQueryMajorWithItsReason) {
+  const SparseAttnParams p = attn(100);
+  const SparseAttnOptions o;
+  const std::string d = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_TRUE(has(d, "schedule=query_major (auto: 100 rows < 1024")) << d;
+  EXPECT_TRUE(has(d, "workspace ")) << d;
+  EXPECT_FALSE(has(d, "kv_major_kernel")) << d;
+}
+
+TEST(PlanDescribe, PrefillAutoLargeOnHopperIsHybridWgmma) {
+  const SparseAttnParams p = attn(32768);
+  const SparseAttnOptions o;
+  const SparseAttnPlan plan = plan_sparse_attention(p, o, hopper());
+  ASSERT_EQ(plan.schedule, PrefillSchedule::kHybrid);
+  const std::string d = describe(plan, p, o);
+  EXPECT_TRUE(has(d, "schedule=hybrid (auto: 32768 rows >= 1024)")) << d;
+  EXPECT_TRUE(has(d, "shared-selection tiles of 8 tokens")) << d;
+  EXPECT_TRUE(has(d, "kv_major_kernel=wgmma (auto: the sm_90a warpgroup-MMA kernel runs")) << d;
+  EXPECT_TRUE(has(d, "launch group(s) of")) << d;
+}
+
+TEST(PlanDescribe, PrefillAutoLargeOnAmpereSaysWhyNotTheSm90Kernels) {
+  const SparseAttnParams p = attn(32768);
+  const SparseAttnOptions o;
+  const SparseAttnPlan plan = plan_sparse_attention(p, o, ampere());
+  ASSERT_EQ(plan.schedule, PrefillSchedule::kKvMajor);
+  const std::string d = describe(plan, p, o);
+  EXPECT_TRUE(has(d, "schedule=kv_major (auto: 32768 rows >= 1024; no shared-selection tiles"))
+      << d;
+  EXPECT_TRUE(has(d, "kv_major_kernel=mma_sync (auto: the sm_90a kernel cannot run here")) << d;
+}
+
+TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {
+  const SparseAttnParams p = attn(4096);
+  SparseAttnOptions o;
+  o.schedule = PrefillSchedule::kKvMajor;
+  o.kv_major_kernel = KvMajorKernel::kMmaSync;
+  o.chunk_rows = 1000;
+  const std::string d = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_TRUE(has(d, "schedule=kv_major (forced by the option schedule=kv_major)")) << d;
+  EXPECT_TRUE(has(d, "kv_major_kernel=mma_sync (forced by the option kv_major_kernel=mma_sync")) << d;
+  EXPECT_TRUE(has(d, "(chunk_rows option)")) << d;
+  o = SparseAttnOptions{};
+  o.schedule = PrefillSchedule::kQueryMajor;
+  const std::string q = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_TRUE(has(q, "schedule=query_major (forced by the option schedule=query_major)")) << q;
+}
+
+TEST(PlanDescribe, EmptyCallRunsNothing) {
+  const SparseAttnParams p = attn(0);
+  EXPECT_EQ(describe(plan_sparse_attention(p, {}, hopper()), p, {}), "no query rows: nothing runs");
+}
+
+TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
+  SparseDecodeParams dp{};
+  dp.attn = attn(64);
+  dp.force_fused = -1;
+  const std::string d = describe_decode(plan_sparse_decode(dp, hopper()), dp.attn);
+  EXPECT_TRUE(has(d, "schedule=query_major (decode always")) << d;
+  EXPECT_TRUE(has(d, "fused") || has(d, "split-K")) << d;
+  dp.force_fused = 0;
+  const std::string split = describe_decode(plan_sparse_decode(dp, hopper()), dp.attn);
+  EXPECT_TRUE(has(split, "partials + combine")) << split;
+}
+
+TEST(PlanDescribe, ProxyAndTopk) {
+  ProxyScoreParams pp{};
+  const ProxyScoreOptions auto_o;
+  EXPECT_EQ(describe(plan_proxy_score(pp, auto_o), auto_o),
+            "kernel=mma_sync (auto: the portable mma.sync kernel)");
+  TopkSelectParams tp{};
+  tp.num_heads = 4;
+  tp.num_blocks = 256;
+  tp.num_tokens = 32768;
+  tp.topk = 16;
+  TopkSelectDeviceFacts facts;
+  facts.num_sms = 132;
+  TopkSelectOptions o;
+  std::string d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_per_row (auto:")) << d;
+  EXPECT_TRUE(has(d, "32768 tokens x 4 heads over 256 blocks, top-16")) << d;
+  o.kernel = TopkKernel::kBySize;  // 1024 groups x 4 heads = 4096 >= 4 x 132
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=radix (by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
+  tp.num_tokens = 64;  // 2 groups x 4 heads = 8 < 528
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_per_row_8 (by_size: 8 groups of 32 rows < 4 per SM")) << d;
+  o.kernel = TopkKernel::kRadix;
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=radix (forced by the option kernel=radix)")) << d;
+}
+
+}  // namespace
+}  // namespace flashmsa
