@@ -55,6 +55,7 @@ def test_generators_cover_every_option():
     assert any(int(x) > 0 for x in _values("topk", "fb")) and any(
         int(x) > 0 for x in _values("topk", "fe"))
     assert _values("topk", "specials") >= {"0.0", "0.4"}
+    assert _values("topk", "misaligned") == {"True", "False"}
     for op, layouts in (("attention", {"flat", "paged", "packed", "packed_nhd"}),
                         ("decode", {"flat", "paged", "packed", "packed_nhd"})):
         assert _values(op, "layout") == layouts, op
