@@ -57,6 +57,7 @@ BLOCK = 128
 # --plant-fault (the harness self-test): plant_fault corrupts each device result, to prove that a
 # wrong result is reported.
 _PLANT: Optional[Callable] = None
+_WORKSPACES: dict = {}  # device -> the MSASparseAttentionWorkspace the cases of a process share
 
 
 # ---- case parameters ----------------------------------------------------------------------------
@@ -517,7 +518,7 @@ class Problem:
     def _build_proxy_fp4(self):
         self._build_proxy(fp4=True)
 
-    def _run_proxy(self, device):
+    def _run_proxy(self, device, reference: bool = False):
         torch = _torch()
         from flashmsa import msa_ops
         fn = msa_ops.msa_proxy_score_fp4 if self.op == "proxy_fp4" else msa_ops.msa_proxy_score
@@ -597,7 +598,7 @@ class Problem:
         self.kwargs = dict(num_valid_pages=nvp, force_begin_blocks=p["fb"],
                            force_end_blocks=p["fe"])
 
-    def _run_topk(self, device):
+    def _run_topk(self, device, reference: bool = False):
         torch = _torch()
         from flashmsa import msa_ops
         kw = {k: _to(v, device) for k, v in self.kwargs.items()}
@@ -738,7 +739,7 @@ class Problem:
     def _build_decode(self):
         self._build_attention(decode=True)
 
-    def _attention_args(self, device):
+    def _attention_args(self, device, reference: bool):
         torch = _torch()
         from flashmsa import msa_ops
         if "packed" in self.cache.args:
@@ -746,16 +747,20 @@ class Problem:
         else:
             k, v = self.cache.args["k"].to(device), self.cache.args["v"].to(device)
         kw = {n: _to(x, device) for n, x in self.kwargs.items()}
-        if self.p["workspace"] and device != "cpu":
-            kw["workspace"] = msa_ops.MSASparseAttentionWorkspace(device)
+        if self.p["workspace"] and not reference:
+            # one workspace per process, reused by every case: it grows and is reused across
+            # calls of any size and layout
+            if _WORKSPACES.get(str(device)) is None:
+                _WORKSPACES[str(device)] = msa_ops.MSASparseAttentionWorkspace(device)
+            kw["workspace"] = _WORKSPACES[str(device)]
         return (self.q.to(device), k, v, self.q2k.to(device)), kw
 
-    def _run_attention(self, device):
+    def _run_attention(self, device, reference: bool = False):
         torch = _torch()
         from flashmsa import msa_ops
         fn = msa_ops.msa_sparse_decode_attention if self.op == "decode" \
             else msa_ops.msa_sparse_attention
-        args, kw = self._attention_args(device)
+        args, kw = self._attention_args(device, reference)
         if self.op == "attention":
             cu_q = kw.pop("cu_seqlens_q")
             args = args + (cu_q,)
@@ -905,8 +910,10 @@ class Problem:
 
     # -- dispatch -------------------------------------------------------------------------------
 
-    def run(self, device):
-        return getattr(self, f"_run_{self.op}")(device)
+    def run(self, device, reference: bool = False):
+        """The op on ``device``; ``reference``: the plain call the device is compared with (no
+        shared workspace, no graph)."""
+        return getattr(self, f"_run_{self.op}")(device, reference)
 
     def check(self, got, want) -> Optional[str]:
         if self.op in ("proxy", "proxy_fp4"):
@@ -992,7 +999,7 @@ def run_case(op: str, seed: int, device: str) -> Tuple[Optional[str], bool]:
                 _torch().cuda.synchronize()
         if _PLANT is not None:
             got, planted = _PLANT(op, params, got)
-        want = pb.run("cpu")
+        want = pb.run("cpu", reference=True)
         msg = pb.check(got, want)
     except Exception as exc:  # an exception on either side is a failure of the case
         msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:400]
