@@ -86,7 +86,7 @@ TOPK_KERNEL_ENV = "FLASHMSA_TOPK_KERNEL"  # auto | warp_per_row | warp_per_row_8
 # The top-k kernels each top-k case runs under: the library's choice, then both forced.
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
-DECODE_KERNEL_ENV = "FLASHMSA_DECODE_KERNEL"  # auto | smem | regs (fp8 K/V decode kernel)
+DECODE_KERNEL_ENV = "FLASHMSA_DECODE_KERNEL"  # auto | smem | regs (decode kernel, G <= 16)
 DECODE_MTP_ENV = "FLASHMSA_DECODE_MTP"  # auto | per_token | union (decode with seqlen_q > 1)
 
 
@@ -494,11 +494,11 @@ class Bench:
                 self.run_case("dense", f"decode B{b} ctx={size_name(ctx)} sq1 SDPA 64 heads",
                               lambda b=b, c=ctx: self.build_dense_decode(b, c), "memory")
             ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
-            # The default choices, then (fp8 K/V, sq 1) each decode kernel and (sq > 1) each MTP
-            # item kind forced by name.
+            # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
+            # forced by name.
             auto = {DECODE_KERNEL_ENV: "auto", DECODE_MTP_ENV: "auto"}
             variants = [("", auto)]
-            if kv == "fp8" and sq == 1:
+            if sq == 1:
                 variants += [(f" [{k}]", {**auto, DECODE_KERNEL_ENV: k}) for k in ("smem", "regs")]
             if sq > 1:
                 variants += [(f" [{m}]", {**auto, DECODE_MTP_ENV: m}) for m in ("per_token", "union")]

@@ -382,14 +382,16 @@ class Smoke:
         self.decode_mtp_union(lens)
 
     def decode_regs(self, lens):
-        """The register-converting fp8 decode kernel (FLASHMSA_DECODE_KERNEL=regs): M3 and small
-        groups, bf16 / fp16 / fp8 q, seqlen_q 1 and 4, fused / split with each partial dtype, ids
-        out of range and -1 holes in the lists."""
+        """The streaming decode variant (FLASHMSA_DECODE_KERNEL=regs): fp8 K/V converted in
+        registers, bf16 / fp16 K/V with 3 stages; M3 and small groups, bf16 / fp16 / fp8 q,
+        seqlen_q 1 and 4, fused / split with each partial dtype, ids out of range and -1 holes in
+        the lists."""
         ops = self.ops
         b = len(lens)
-        for hq, hkv, q_dtype in ((64, 4, BF16), (8, 2, FP16), (16, 4, FP8)):
-            kc, table, used = self.paged(lens, hkv, FP8)
-            vc = self.rnd(kc.shape).to(FP8)
+        for hq, hkv, q_dtype, kv_dtype in ((64, 4, BF16, FP8), (8, 2, FP16, FP8), (16, 4, FP8, FP8),
+                                           (64, 4, BF16, BF16), (8, 2, FP16, FP16)):
+            kc, table, used = self.paged(lens, hkv, kv_dtype)
+            vc = self.rnd(kc.shape).to(kv_dtype)
             for seqlen_q in (1, 4):
                 pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
                 sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
@@ -399,7 +401,8 @@ class Smoke:
                 for fused in (True, False, None):
                     partials = (None, torch.float32, FP8) if fused is False else (None,)
                     for partial in partials:
-                        name = (f"decode regs paged fp8 q={str(q_dtype)[6:]} {hq}/{hkv} "
+                        name = (f"decode regs paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} "
+                                f"{hq}/{hkv} "
                                 f"sq{seqlen_q} fused={fused} partial={partial}")
                         self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
                                  sqd=seqlen_q, fused=fused, partial=partial: with_env(
@@ -442,12 +445,13 @@ class Smoke:
         k4, ks, kg = ft.quantize_nvfp4(kc)
         v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
         for fused in (True, False):
-            self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}", lambda fused=fused: with_env(
-                {"FLASHMSA_DECODE_MTP": "union"},
-                lambda: ops.msa_sparse_decode_attention(
+            def call(fused=fused):
+                return ops.msa_sparse_decode_attention(
                     self.rnd((b * 4, 16, 128)), k4, v4, sel, page_table=table, seqused_k=used,
                     seqlen_q=4, k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg,
-                    force_fused=fused)))
+                    force_fused=fused)
+            self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}",
+                     lambda call=call: with_env({"FLASHMSA_DECODE_MTP": "union"}, call))
 
     def hostile(self):
         """Hostile inputs (every op; attention under each prefill schedule, decode fused and split,

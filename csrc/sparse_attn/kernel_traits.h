@@ -27,9 +27,9 @@ inline constexpr int kQmThreads = 128;
 inline constexpr int kQmTileKeys = 64;
 inline constexpr int kQmMaxTiles = 2 * kMaxTopk;  // a block is at most two 64-key tiles
 
-// Shared memory of the register-converting decode variant (query_major.cuh, kv_regs.cuh: 3 stages
-// of raw 128-key fp8 K and V blocks, 32 KB each, plus Q, plan and list): more than the 99 KB a CTA
-// may use on sm_86 / sm_89, where the shared-memory kernel runs instead.
+// Shared memory of the streaming decode variant (query_major.cuh: 3 stages of 32 KB, raw 128-key fp8
+// K and V blocks (kv_regs.cuh) or 64-key bf16 / fp16 K and V tiles, plus Q, plan and list): more
+// than the 99 KB a CTA may use on sm_86 / sm_89, where the shared-memory kernel runs instead.
 inline constexpr int kQmRegsSmemBytes = 105 * 1024;
 
 struct QueryMajorArgs {

@@ -23,23 +23,26 @@
 
 namespace flashmsa::sparse_attn {
 
-// kRegs: the register-converting fp8 variant (kv_regs.cuh): raw stages only, one more of them.
+// kRegs: the streaming decode variant (FLASHMSA_DECODE_KERNEL=regs), 16-row tiles, 2 CTAs per SM:
+// fp8 K/V converted in registers from raw 128-key blocks (kv_regs.cuh); bf16 / fp16 K/V through
+// the shared-memory path with 3 stages of 64-key tiles instead of 2.
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false>
 struct QueryMajorConfig {
-  static_assert(!kRegs || (kKv == KvKind::kFp8 && kWarpsM == 1),
-                "register variant: fp8 K/V, 16-row tiles");
+  static_assert(!kRegs || ((kKv == KvKind::kFp8 || kKv == KvKind::kNative) && kWarpsM == 1),
+                "streaming variant: fp8 or native K/V, 16-row tiles");
+  static constexpr bool kRegConvert = kRegs && kKv == KvKind::kFp8;  // kv_regs.cuh
   static constexpr int kWarps = kQmThreads / 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kRows = 16 * kWarpsM;          // query heads per CTA
   // Keys per tile: 64 (a block is one or two tiles); the register variant streams whole 128-key
   // blocks, so each warp's softmax step, tile issue and barrier cover 32 keys instead of 16.
-  static constexpr int kTileKeys = kRegs ? 2 * kQmTileKeys : kQmTileKeys;
+  static constexpr int kTileKeys = kRegConvert ? 2 * kQmTileKeys : kQmTileKeys;
   static constexpr int kWarpKeys = kTileKeys / kWarpsN;
   static constexpr int kNT = kWarpKeys / 8;            // n8 key tiles per warp step
   // Raw stages are cheaper for quantized KV, so more of them are kept in flight, within the
   // 99 KB a CTA may use on every SM80+ GPU (sm_86 / sm_89 have the least).
-  // The register variant has no compute tile: 3 raw stages of 32 KB (2 in flight per CTA while
-  // one is computed), 2 CTAs per SM.
+  // The streaming variant: 3 stages of 32 KB (fp8: raw 128-key blocks, no compute tile; native:
+  // 64-key K and V tiles), 2 in flight per CTA while one is computed, 2 CTAs per SM.
   static constexpr int kStages =
       kRegs ? 3 : (kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4));
   static constexpr int kTileBytes = kQmTileKeys * 256;  // one K or V compute tile
@@ -67,7 +70,7 @@ struct QueryMajorConfig {
   static_assert(kRegs || kSmemBytes <= 99 * 1024,
                 "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
   static_assert(!kRegs || kSmemBytes == kQmRegsSmemBytes,
-                "the host's figure for the register variant");
+                "the host's figure for the streaming variant");
 };
 
 // Warp 0: builds the item's tile list in shared memory; returns the number of tiles (all lanes).
@@ -369,7 +372,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     auto issue_tile = [&](int tile, int st) {
       const TileDesc d = s_tiles[tile];
       constexpr int kHalf = Cfg::kStageBytes / 2;
-      if constexpr (kRegs) {
+      if constexpr (Cfg::kRegConvert) {
         issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(p.k, d.k_off, d.n_valid,
                                                             stage_addr(st), tid);
         issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(p.v, d.v_off, d.n_valid,
@@ -387,7 +390,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       cp_async_commit();
     }
     float row_mul[2];  // register variant: per fragment row, fp16 logits -> base-2 units
-    if constexpr (kRegs) {
+    if constexpr (Cfg::kRegConvert) {
       if (n_tiles > 0) {  // uniform
         // Q landed once all but the kStages - 1 tile groups are done (its copies are the first
         // group). Every warp reads it (same 16 rows) and keeps its row factors; warp 0 then
@@ -428,7 +431,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       if (nx < n_tiles) issue_tile(nx, nx % Cfg::kStages);
       cp_async_commit();
 
-      if constexpr (kRegs) {
+      if constexpr (Cfg::kRegConvert) {
         const uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
         const int key0 = w_n * Cfg::kWarpKeys;
         const int lim_rel = s_tiles[i].n_valid - key0;
@@ -538,7 +541,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       uint8_t* stage = s_union + Cfg::kMergeBytes + w_m * Cfg::kStageOutBytes;
       // The register variant's accumulators hold permuted head dims (kv_regs.cuh).
       auto store = [&]<StoreKind kKind>(const float(&mul)[2], void* gbase, int64_t row_off) {
-        if constexpr (kRegs) {
+        if constexpr (Cfg::kRegConvert) {
           store_rows_perm<kKind>(o[0], mul, stage, gbase, row_off, lane);
         } else {
           store_rows<kKind>(o[0], mul, stage, gbase, row_off, lane);

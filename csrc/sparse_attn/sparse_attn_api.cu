@@ -124,11 +124,12 @@ void check_workspace(const SparseAttnParams& p, size_t needed, const char* op) {
 // ---- query-major plan ------------------------------------------------------------------------
 
 // FLASHMSA_DECODE_KERNEL = auto (default) | smem | regs picks msa_sparse_decode_attention's kernel
-// for fp8 K/V: smem dequantizes each K/V tile shared-to-shared and feeds the MMAs by ldmatrix;
-// regs (kv_regs.cuh) converts the raw bytes in registers on the way to fp16 MMAs. auto is smem
-// until an H200 run shows regs faster. regs applies to fp8 K/V with G <= 16 on GPUs with >= 105 KB
-// of shared memory per CTA (not sm_86 / sm_89); elsewhere (bf16 / fp16 / NVFP4 K/V, G > 16) the
-// smem kernel runs whatever the setting. Read at every call (tests and
+// for 16-row tiles (G <= 16): smem is the query-major kernel as prefill uses it (fp8 K/V
+// dequantized shared-to-shared, 2 stages of bf16 / fp16 K/V); regs is the streaming variant (2 CTAs
+// per SM, 3 stages of 32 KB): fp8 K/V converted in registers on the way to fp16 MMAs
+// (kv_regs.cuh), bf16 / fp16 K/V with a third stage. auto is smem until an H200 run shows regs
+// faster. regs needs >= 105 KB of shared memory per CTA (not sm_86 / sm_89); elsewhere, and for
+// NVFP4 K/V, G > 16 and MTP union items, the smem kernel runs whatever the setting. Read at every call (tests and
 // benchmarks run both on the same data; the workspace query reads it too).
 enum class DecodeKernel { kAuto, kSmem, kRegs };
 DecodeKernel decode_kernel_override() {
@@ -163,7 +164,7 @@ bool mtp_union_applies(const SparseAttnParams& p) {
 
 struct QmPlan {
   int warps_m;
-  bool regs;  // the register-converting fp8 kernel (kv_regs.cuh)
+  bool regs;  // the streaming decode variant (fp8: kv_regs.cuh; native: 3 stages)
   int mtp_tokens;  // > 0: MTP union items of this many tokens
   int row_tiles;
   int splits;
@@ -182,7 +183,7 @@ QmPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused,
   // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups take 64-row tiles,
   // and so do MTP union items (tokens x G rows).
   plan.warps_m = group <= 16 && plan.mtp_tokens == 0 ? 1 : 4;
-  plan.regs = kernel == DecodeKernel::kRegs && kv_kind(p) == KvKind::kFp8 && plan.warps_m == 1 &&
+  plan.regs = kernel == DecodeKernel::kRegs && kv_kind(p) != KvKind::kNvfp4 && plan.warps_m == 1 &&
               flashmsa::cuda::current_device_limits().max_smem_per_block_optin >= kQmRegsSmemBytes;
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = plan.mtp_tokens > 0 ? 1 : (group + rows - 1) / rows;
@@ -225,7 +226,7 @@ void run_query_major(const SparseAttnParams& p, const QmPlan& plan, cudaStream_t
     a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
   }
   dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
-    if constexpr (kKv == KvKind::kFp8) {
+    if constexpr (kKv != KvKind::kNvfp4) {
       if (plan.regs) {
         launch_query_major<Elem, kKv, 1, true>(a, stream);
         return;

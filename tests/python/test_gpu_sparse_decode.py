@@ -238,10 +238,11 @@ def test_large_batch(force_fused):
     check_lse(lse[rows], want[1], "large lse")
 
 
-# ---- the register-converting fp8 kernel (FLASHMSA_DECODE_KERNEL=regs) ---------------------------
+# ---- the streaming decode variant (FLASHMSA_DECODE_KERNEL=regs) -----------------------------------
 # Forced by the environment variable, which the host plan reads at every call. It runs for fp8 K/V
-# with G <= 16; other K/V kinds and larger groups run the shared-memory kernel whatever the setting
-# (covered here too, so forcing it is safe everywhere). Outputs and the workspace are poisoned
+# (converted in registers) and bf16 / fp16 K/V (3 pipeline stages) with G <= 16; NVFP4 K/V and
+# larger groups run the shared-memory kernel whatever the setting (covered here too, so forcing it
+# is safe everywhere). Outputs and the workspace are poisoned
 # (NaN / 0xFF) before each call so that an unwritten element cannot pass.
 
 DECODE_KERNEL_ENV = "FLASHMSA_DECODE_KERNEL"
@@ -266,10 +267,17 @@ REGS_CASES = [c for c in CASES if c.name in (
                        "non_causal", "unsorted", "duplicates", "holes", "out_of_range",
                        "some_empty_rows", "invalid_pages", "scales", "packed_nhd")]
 
-# Kinds the register kernel does not take (the shared-memory kernel runs): checked as well.
+# bf16 / fp16 K/V: the same kernel with a third stage.
+REGS_NATIVE_CASES = [c for c in CASES if c.name in (
+    "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "m3_tp4_mtp2", "fp16", "fp8_q_bf16_kv",
+    "g1_topk1", "g3_topk33", "g4_topk64", "g16_topk64_mtp4", "empty_and_tiny_sequences",
+    "q_offset_tensor_negative", "non_causal", "duplicates", "holes", "out_of_range",
+    "some_empty_rows", "invalid_pages", "packed_nhd", "scales")]
+
+# Kinds the streaming variant does not take (the shared-memory kernel runs): checked as well.
 REGS_FALLBACK_CASES = [c for c in CASES if c.name in (
-    "spec_4_2_16_2_bf16_paged", "nvfp4_paged", "nvfp4_flat_mtp", "fp8_q_nvfp4_kv")] + [
-    DecodeCase("g32_fp8", 4, 2, 64, 2, kv="fp8")]
+    "nvfp4_paged", "nvfp4_flat_mtp", "fp8_q_nvfp4_kv")] + [
+    DecodeCase("g32_fp8", 4, 2, 64, 2, kv="fp8"), DecodeCase("g32_bf16", 4, 2, 64, 2)]
 
 
 def _poisoned_workspace(dp: DecodeProblem, **kw):
@@ -305,7 +313,7 @@ def run_regs(dp: DecodeProblem, monkeypatch, kernel: str = "regs", **extra):
 
 
 @pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
-@pytest.mark.parametrize("case", REGS_CASES + REGS_FALLBACK_CASES, ids=str)
+@pytest.mark.parametrize("case", REGS_CASES + REGS_NATIVE_CASES + REGS_FALLBACK_CASES, ids=str)
 def test_regs_kernel_matches_cpu_reference(case, force_fused, monkeypatch):
     dp = build_decode(case, seed=11)
     want = run(dp, gpu=False)
@@ -329,7 +337,8 @@ def test_regs_kernel_partial_dtypes(case, partial_dtype, monkeypatch):
 
 @pytest.mark.parametrize("case", [c for c in REGS_CASES if c.name in (
     "spec_8_1_8_2_fp8_paged", "m3_b64_ctx2k_fp8_regs", "m3_mtp4_shared_fp8", "fp8_q_fp8_kv",
-    "some_empty_rows_fp8kv", "invalid_pages_fp8kv")], ids=str)
+    "some_empty_rows_fp8kv", "invalid_pages_fp8kv")] + [c for c in REGS_NATIVE_CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "fp16", "some_empty_rows")], ids=str)
 def test_regs_kernel_against_smem_kernel(case, monkeypatch):
     """Both kernels on the same data: the same -inf / 0 pattern, outputs within the fused vs
     split bound, and the register kernel deterministic (run == run, fused and split)."""
@@ -341,14 +350,19 @@ def test_regs_kernel_against_smem_kernel(case, monkeypatch):
     assert bool((regs[0][empty] == 0).all()) and bool((smem[0][empty] == 0).all())
     diff = float((smem[0].double() - regs[0].double()).abs().max())
     assert diff < 5e-3, f"smem vs regs: max |diff| {diff:.3e}"
+    if dp.gcase.kv == "same":  # bf16 / fp16 K/V: the same arithmetic, only the pipeline differs
+        # (fused: the split counts of the two may differ, their split-K targets do)
+        assert bits_equal(run_regs(dp, monkeypatch, kernel="smem", force_fused=True),
+                          run_regs(dp, monkeypatch, force_fused=True))
     for fused in (True, False):
         first = run_regs(dp, monkeypatch, force_fused=fused)
         assert bits_equal(first, run_regs(dp, monkeypatch, force_fused=fused))
 
 
+@pytest.mark.parametrize("kv", ["fp8", "same"])
 @pytest.mark.parametrize("force_fused", [True, False])
-def test_regs_kernel_paged_equals_flat(force_fused, monkeypatch):
-    case = DecodeCase("c", 8, 2, 16, 2, kv="fp8")
+def test_regs_kernel_paged_equals_flat(force_fused, kv, monkeypatch):
+    case = DecodeCase("c", 8, 2, 16, 2, kv=kv)
     flat = build_decode(case, seed=14, layout="flat")
     paged = build_decode(case, seed=14, layout="paged")
     assert bits_equal(run_regs(flat, monkeypatch, force_fused=force_fused),

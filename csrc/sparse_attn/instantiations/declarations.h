@@ -9,6 +9,7 @@ namespace flashmsa::sparse_attn {
 // sparse_attn_bf16_native.cu
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 4>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
@@ -44,6 +45,7 @@ extern template int kv_major_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>(int);
 // sparse_attn_fp16_native.cu
 extern template void launch_query_major<__half, KvKind::kNative, 1>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNative, 4>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNative, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNative, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
