@@ -81,7 +81,7 @@ STAGES = ("proxy", "topk", "sparse", "decode", "pipeline")
 SCHEDULE_ENV = "FLASHMSA_PREFILL_SCHEDULE"  # auto | query_major | kv_major (csrc/sparse_attn)
 KERNEL_ENV = "FLASHMSA_KV_MAJOR_KERNEL"  # auto | mma_sync | wgmma
 TILE_WASTE_ENV = "FLASHMSA_TILE_MAX_WASTE"  # shared-selection tile bound (tuning; empty: 1.5)
-PROXY_KERNEL_ENV = "FLASHMSA_PROXY_KERNEL"  # auto | mma_sync | sm90[_only] | sm90_ss[_only]
+PROXY_KERNEL_ENV = "FLASHMSA_PROXY_KERNEL"  # auto | mma_sync | sm90[_only] | sm90_ss[_only] | decode[_only]
 TOPK_KERNEL_ENV = "FLASHMSA_TOPK_KERNEL"  # auto | warp_per_row | warp_per_row_8 | radix | by_size
 # The top-k kernels each top-k case runs under: the library's choice, then both forced.
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size")
@@ -294,6 +294,18 @@ class Bench:
             if sq == 1:  # the NVFP4 indexer (msa_proxy_score_fp4): a quarter of the K bytes
                 self.run_case("proxy", name + " nvfp4", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True), "memory")
+            self.run_case("proxy", name + " fp8", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, k_fp8=True), "memory")
+            # The decode streaming kernel (csrc/proxy_score/proxy_decode.cuh), forced: decode_only
+            # gives a skip row, never a silent fallback. bf16, fp8 and NVFP4 index-K.
+            dec = {PROXY_KERNEL_ENV: "decode_only"}
+            self.run_case("proxy", name + " [decode]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q), "memory", env=dec)
+            self.run_case("proxy", name + " fp8 [decode]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, k_fp8=True), "memory", env=dec)
+            if sq == 1:
+                self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
+                              self.build_proxy_decode(b, c, q, fp4=True), "memory", env=dec)
 
     def build_proxy_prefill(self, s):
         g = self.gen()
@@ -310,7 +322,7 @@ class Bench:
         visible = s * (s + 1) // 2
         return fn, dict(flop=2 * 128 * hq * visible, bytes=q.nbytes + k.nbytes + out.nbytes)
 
-    def build_proxy_decode(self, b, ctx, sq, with_topk=False, fp4=False):
+    def build_proxy_decode(self, b, ctx, sq, with_topk=False, fp4=False, k_fp8=False):
         g = self.gen()
         hq, hk = M3["idx_hq"], M3["idx_hk"]
         nb = ctx // mi.BLOCK
@@ -337,6 +349,8 @@ class Bench:
                                                causal=True, max_seqlen_q=sq, max_k_tiles=nb,
                                                output=out)
         else:
+            if k_fp8:  # fp8 index-K (e4m3), bf16 q
+                k = k.to(torch.float8_e4m3fn)
             nbytes = q.nbytes + k.nbytes + out.nbytes
 
             def proxy():

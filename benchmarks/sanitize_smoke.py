@@ -195,6 +195,46 @@ class Smoke:
             self.rnd((2 * s, 4, 128)), self.rnd((2 * s, 1, 128)), cu, cu, max_seqlen_q=s,
             max_k_tiles=s // 128))
 
+    def proxy_decode(self):
+        """The decode streaming kernel, forced (FLASHMSA_PROXY_KERNEL=decode_only): paged bf16 /
+        fp8 / NVFP4 index-K with ragged and empty contexts and invalid pages, sq 1..4, reduce_heads,
+        G 2 with two KV heads, q_offset, padding columns, flat with rows of no sequence."""
+        os.environ["FLASHMSA_PROXY_KERNEL"] = "decode_only"
+        try:
+            self._proxy_decode_cases()
+        finally:
+            os.environ.pop("FLASHMSA_PROXY_KERNEL", None)
+
+    def _proxy_decode_cases(self):
+        ops = self.ops
+        lens = [700, 2048, 129, 0, 1000, 1]
+        b = len(lens)
+        for hkv, dtype in ((1, BF16), (2, BF16), (1, FP8)):
+            cache, table, used = self.paged(lens, hkv, dtype)
+            table[0, 2] = -1  # an invalid page: its column is -inf, nothing read
+            for seqlen_q in (1, 3, 4):
+                q = self.rnd((b * seqlen_q, 4, 128))
+                cu_qd = torch.arange(0, b * seqlen_q + 1, seqlen_q, dtype=torch.int32,
+                                     device=self.dev)
+                name = f"proxy decode paged {str(dtype)[6:]} k, G{4 // hkv}, sq{seqlen_q}"
+                self.run(name, lambda q=q, cu_qd=cu_qd, cache=cache, table=table, used=used,
+                         sqd=seqlen_q, red=hkv == 1 and seqlen_q == 3: ops.msa_proxy_score(
+                             q, cache, cu_qd, None, page_table=table, seqused_k=used,
+                             max_seqlen_q=sqd, max_k_tiles=table.shape[1] + 2, reduce_heads=red,
+                             q_offset=self.i32([350, 1024, 64, 0, 999, 0])))
+        sq, sk = [1, 4, 0, 2], [300, 1000, 256, 129]
+        cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
+        self.run("proxy decode flat bf16, rows of no sequence", lambda: ops.msa_proxy_score(
+            self.rnd((sum(sq) + 3, 4, 128)), self.rnd((sum(sk), 1, 128)), cu_q, cu_k,
+            max_seqlen_q=4, max_k_tiles=8))
+        cache, table, used = self.paged(lens, 1)
+        k_fp4, k_sc, k_gs = ft.quantize_nvfp4(cache)
+        q_fp4, q_sc, q_gs = ft.quantize_nvfp4(self.rnd((b * 2, 4, 128)))
+        cu_q2 = torch.arange(0, 2 * b + 1, 2, dtype=torch.int32, device=self.dev)
+        self.run("proxy decode paged nvfp4 sq2", lambda: ops.msa_proxy_score_fp4(
+            q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q2, None, page_table=table, seqused_k=used,
+            max_seqlen_q=2, max_k_tiles=table.shape[1]))
+
     def proxy_fp4(self):
         ops = self.ops
         lens = [700, 300]
@@ -658,8 +698,8 @@ def main() -> int:
         return 2
     from flashmsa import msa_ops
     smoke = Smoke(msa_ops, torch.device("cuda", torch.cuda.current_device()), args.only)
-    for part in ("proxy", "proxy_sm90", "proxy_fp4", "topk", "sparse_attention", "decode", "pipeline",
-                 "hostile"):
+    for part in ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_attention",
+                 "decode", "pipeline", "hostile"):
         getattr(smoke, part)()
     print(f"sanitize_smoke: {len(smoke.passed)} passed, {len(smoke.skipped)} skipped, "
           f"{len(smoke.failed)} failed"

@@ -27,7 +27,8 @@ constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto
                                                     {KvMajorKernel::kMmaSync, "mma_sync"},
                                                     {KvMajorKernel::kWgmma, "wgmma"}};
 constexpr Named<ProxyKernel> kProxyKernels[] = {{ProxyKernel::kAuto, "auto"},
-                                                {ProxyKernel::kMmaSync, "mma_sync"}};
+                                                {ProxyKernel::kMmaSync, "mma_sync"},
+                                                {ProxyKernel::kDecode, "decode"}};
 constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kWarpPerRow, "warp_per_row"},
                                               {TopkKernel::kWarpPerRow8, "warp_per_row_8"},
@@ -145,11 +146,21 @@ TopkSelectOptions parse_topk_select_options(std::string_view text) {
   return o;
 }
 
-ProxyScorePlan plan_proxy_score(const ProxyScoreParams&, const ProxyScoreOptions& options) {
+bool proxy_decode_runs(const ProxyScoreParams& p) {
+  if (p.num_kv_heads <= 0 || p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0) return false;
+  if (p.num_heads / p.num_kv_heads > 16) return false;
+  if (p.reduce_heads && p.num_kv_heads != 1) return false;
+  return (p.q_dtype == DType::kNVFP4) == (p.k.dtype == DType::kNVFP4);
+}
+
+ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options) {
   ProxyScorePlan plan;
   switch (options.kernel) {
     case ProxyKernel::kAuto:
     case ProxyKernel::kMmaSync: plan.kernel = ProxyKernel::kMmaSync; break;
+    case ProxyKernel::kDecode:
+      plan.kernel = proxy_decode_runs(p) ? ProxyKernel::kDecode : ProxyKernel::kMmaSync;
+      break;
   }
   return plan;
 }

@@ -1,6 +1,6 @@
 // Host launchers of the msa_proxy_score kernels. Each launcher template is defined in a header of
 // this directory (proxy_score_launch.cuh: the SM80+ kernel; proxy_score_sm90.cuh: the sm_90a TMA +
-// wgmma prefill kernel) and explicitly instantiated per MMA
+// wgmma prefill kernel; proxy_decode.cuh: the SM80+ decode streaming kernel) and explicitly instantiated per MMA
 // element type in instantiations/*.cu, generated from the KERNELS list of
 // csrc/generate_instantiations.py together with the extern declarations included below.
 #pragma once
@@ -16,6 +16,13 @@ namespace flashmsa::cuda::proxy {
 // The SM80+ proxy-score kernel over Element (bf16 or fp16) MMAs; checks its preconditions.
 template <typename Element>
 void launch_proxy_score(const ProxyScoreParams& p, cudaStream_t stream);
+
+// The decode kernel (proxy_decode.cuh: a memory-streaming kernel over (request, KV head, key
+// block) units, for calls whose G heads fit 16 MMA rows); false (nothing launched) when it does
+// not run the call (G > 16, reduce_heads over several KV heads): the caller then launches the
+// mma.sync kernel.
+template <typename Element>
+bool launch_proxy_decode(const ProxyScoreParams& p, cudaStream_t stream);
 
 namespace sm90 {
 // Where the sm_90a kernel's wgmma A operand (Q) comes from:

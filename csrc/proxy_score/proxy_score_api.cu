@@ -6,6 +6,8 @@
 // The sm_90a kernel is off by default until its H200 run shows it correct and faster;
 // FLASHMSA_PROXY_KERNEL selects it (calls it does not cover, or devices it cannot run on, take the
 // mma.sync kernel).
+// The decode streaming kernel (proxy_decode.cuh: short queries, G <= 16) is off by default until
+// its H200 run shows it correct and faster; FLASHMSA_PROXY_KERNEL=decode selects it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,16 +24,17 @@ namespace proxy {
 
 // Which proxy-score kernel runs. kAuto: the mma.sync kernel (until the sm_90a kernel is measured
 // on the H200); kSm90: the sm_90a kernel with Q in registers (wgmma RS), kSm90Ss: with Q in shared
-// memory (wgmma SS), each where it applies and else the mma.sync kernel; `strict`: the sm_90a
-// kernel or NotImplementedError (tests and benchmarks: never a silent fallback).
-enum class ProxyKernel { kAuto, kMmaSync, kSm90, kSm90Ss };
+// memory (wgmma SS), kDecode: the decode streaming kernel, each where it applies and else the
+// mma.sync kernel; `strict`: the chosen kernel or NotImplementedError (tests and benchmarks: never
+// a silent fallback).
+enum class ProxyKernel { kAuto, kMmaSync, kSm90, kSm90Ss, kDecode };
 struct ProxyKernelChoice {
   ProxyKernel kernel;
   bool strict;
 };
 
-// FLASHMSA_PROXY_KERNEL = auto (default) | mma_sync | sm90 | sm90_ss, the sm90 ones optionally
-// with the suffix _only (strict).
+// FLASHMSA_PROXY_KERNEL = auto (default) | mma_sync | sm90 | sm90_ss | decode, the last three
+// optionally with the suffix _only (strict).
 ProxyKernelChoice proxy_kernel_override() {
   const char* env = std::getenv("FLASHMSA_PROXY_KERNEL");
   if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return {ProxyKernel::kAuto, false};
@@ -40,12 +43,21 @@ ProxyKernelChoice proxy_kernel_override() {
   if (std::strcmp(env, "sm90_only") == 0) return {ProxyKernel::kSm90, true};
   if (std::strcmp(env, "sm90_ss") == 0) return {ProxyKernel::kSm90Ss, false};
   if (std::strcmp(env, "sm90_ss_only") == 0) return {ProxyKernel::kSm90Ss, true};
-  MSA_FAIL("FLASHMSA_PROXY_KERNEL must be auto, mma_sync, sm90, sm90_only, sm90_ss or sm90_ss_only, got '",
-           env, "'");
+  if (std::strcmp(env, "decode") == 0) return {ProxyKernel::kDecode, false};
+  if (std::strcmp(env, "decode_only") == 0) return {ProxyKernel::kDecode, true};
+  MSA_FAIL("FLASHMSA_PROXY_KERNEL must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, "
+           "decode or decode_only, got '", env, "'");
 }
 
 template <typename Elem>
 void run(const ProxyScoreParams& p, ProxyKernelChoice choice, cudaStream_t stream) {
+  if (choice.kernel == ProxyKernel::kDecode) {
+    if (launch_proxy_decode<Elem>(p, stream)) return;
+    MSA_CHECK_SUPPORTED(!choice.strict,
+                        "msa_proxy_score: the decode kernel does not run this call (it needs at most "
+                        "16 query heads per KV head, and one KV head with reduce_heads); "
+                        "FLASHMSA_PROXY_KERNEL=decode_only forbids the fallback");
+  }
   if (choice.kernel == ProxyKernel::kSm90 || choice.kernel == ProxyKernel::kSm90Ss) {
     const auto q_source = choice.kernel == ProxyKernel::kSm90 ? sm90::QSource::kRegs : sm90::QSource::kSmem;
     if (sm90::launch<Elem>(p, q_source, stream)) return;

@@ -31,8 +31,10 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // KV-major attention kernels: mma_sync (portable SM80+), wgmma (sm_90a warpgroup MMAs).
 // auto: wgmma where it can run, else mma_sync.
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
-// Proxy-score kernels: mma_sync (portable SM80+). auto: mma_sync.
-enum class ProxyKernel : int32_t { kAuto = 0, kMmaSync = 1 };
+// Proxy-score kernels: mma_sync (portable SM80+), decode (the SM80+ streaming kernel for short
+// queries: csrc/proxy_score/proxy_decode.cuh; calls it does not run take mma_sync, see
+// proxy_decode_runs). auto: mma_sync (until the decode kernel's H200 run shows it faster).
+enum class ProxyKernel : int32_t { kAuto = 0, kMmaSync = 1, kDecode = 2 };
 // Top-k kernels (docs/design/topk_select.md): warp_per_row (a warp per (token, head) row, bitwise
 // threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
 // for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), by_size
@@ -67,7 +69,7 @@ struct TopkSelectOptions {
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
-// Options of msa_proxy_score / msa_proxy_score_fp4: kernel=auto|mma_sync.
+// Options of msa_proxy_score / msa_proxy_score_fp4: kernel=auto|mma_sync|decode.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select: kernel=auto|warp_per_row|warp_per_row_8|radix|by_size.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
@@ -173,6 +175,9 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttn
                                      const SparseAttnDeviceFacts& facts);
 SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnDeviceFacts& facts);
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);
+// Whether the proxy decode kernel runs a call: at most 16 query heads per KV head (the G heads of
+// a token fill one 16-row MMA pass), reduce_heads only with one KV head, NVFP4 q and k together.
+bool proxy_decode_runs(const ProxyScoreParams& p);
 TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options,
                                 const TopkSelectDeviceFacts& facts = {});
 

@@ -377,6 +377,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
   EXPECT_EQ(parse_proxy_score_options("kernel=mma_sync").kernel, ProxyKernel::kMmaSync);
+  EXPECT_EQ(parse_proxy_score_options("kernel=decode").kernel, ProxyKernel::kDecode);
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
@@ -397,7 +398,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");
   expect_error([] { parse_proxy_score_options("kernel=wgmma"); }, ErrorKind::kValue,
-               "kernel must be auto or mma_sync, got 'wgmma'");
+               "kernel must be auto, mma_sync or decode, got 'wgmma'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'new'");
@@ -438,6 +439,40 @@ TEST(PlanTopk, BySizeTakesRadixFromFourGroupsPerSm) {
   EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadix);
   // Unknown device: radix.
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadix);
+}
+
+// kernel=decode: the decode kernel where it runs (G <= 16 heads per KV head, reduce_heads only with
+// one KV head), else mma_sync; auto keeps mma_sync until the H200 shows the decode kernel faster.
+TEST(PlanOptions, ProxyDecodeWhereItRuns) {
+  auto params = [](int hq, int hkv, bool reduce, DType q, DType k) {
+    ProxyScoreParams p{};
+    p.batch = 64;
+    p.total_q = 64;
+    p.num_heads = hq;
+    p.num_kv_heads = hkv;
+    p.max_k_tiles = 256;
+    p.reduce_heads = reduce;
+    p.q_dtype = q;
+    p.k.dtype = k;
+    return p;
+  };
+  ProxyScoreOptions decode;
+  decode.kernel = ProxyKernel::kDecode;
+  const DType bf16 = DType::kBF16, fp8 = DType::kFP8E4M3, fp4 = DType::kNVFP4;
+  // M3's indexer: 4 index q heads over 1 index-K head, bf16 / fp8 / NVFP4 index-K.
+  EXPECT_EQ(plan_proxy_score(params(4, 1, false, bf16, bf16), decode).kernel, ProxyKernel::kDecode);
+  EXPECT_EQ(plan_proxy_score(params(4, 1, false, bf16, fp8), decode).kernel, ProxyKernel::kDecode);
+  EXPECT_EQ(plan_proxy_score(params(4, 1, false, fp8, fp8), decode).kernel, ProxyKernel::kDecode);
+  EXPECT_EQ(plan_proxy_score(params(4, 1, false, fp4, fp4), decode).kernel, ProxyKernel::kDecode);
+  EXPECT_EQ(plan_proxy_score(params(4, 1, true, bf16, bf16), decode).kernel, ProxyKernel::kDecode);
+  EXPECT_EQ(plan_proxy_score(params(32, 2, false, bf16, bf16), decode).kernel, ProxyKernel::kDecode);
+  EXPECT_EQ(plan_proxy_score(params(1, 1, false, bf16, bf16), decode).kernel, ProxyKernel::kDecode);
+  // Falls back: G = 32 > 16, reduce_heads over two KV heads.
+  EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), decode).kernel, ProxyKernel::kMmaSync);
+  EXPECT_EQ(plan_proxy_score(params(8, 2, true, bf16, bf16), decode).kernel, ProxyKernel::kMmaSync);
+  EXPECT_EQ(plan_proxy_score(params(4, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kMmaSync);
+  EXPECT_TRUE(proxy_decode_runs(params(16, 1, false, bf16, bf16)));
+  EXPECT_FALSE(proxy_decode_runs(params(17, 1, false, bf16, bf16)));
 }
 
 }  // namespace

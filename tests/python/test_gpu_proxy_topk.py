@@ -334,6 +334,206 @@ def test_proxy_kernel_env_rejects_unknown(monkeypatch):
         run_proxy(case, inputs, DEV)
 
 
+# ---- stage 1 on the decode streaming kernel (FLASHMSA_PROXY_KERNEL=decode) -----------------------
+# decode_only runs csrc/proxy_score/proxy_decode.cuh or raises NotImplementedError (never a silent
+# fallback), so every case below fails if that kernel does not run it. Fresh random inputs per
+# case, outputs poisoned with NaN, every element compared (patterns exact, values within
+# PROXY_ATOL of the CPU reference).
+
+DECODE_CASES = [
+    ProxyCase("dec_m3_b8", [1] * 8, [1, 129, 700, 4096, 128, 256, 3000, 2049], hq=4, hkv=1),
+    ProxyCase("dec_m3_paged", [1] * 8, [1, 129, 700, 4096, 128, 256, 3000, 2049], hq=4, hkv=1,
+              paged=True),
+    ProxyCase("dec_paged_invalid_pages", [1] * 6, [900, 2000, 129, 700, 640, 1300], hq=4, hkv=1,
+              paged=True, invalid_pages=True),
+    ProxyCase("dec_ctx_zero", [1, 1, 1, 1], [0, 300, 0, 1], hq=4, hkv=1),
+    ProxyCase("dec_ctx_zero_paged", [1, 1, 1], [0, 513, 0], hq=4, hkv=1, paged=True),
+    ProxyCase("dec_mtp2", [2] * 5, [300, 1000, 2, 129, 4000], hq=4, hkv=1, paged=True),
+    ProxyCase("dec_mtp3", [3] * 4, [3, 128, 131, 2500], hq=4, hkv=1),
+    ProxyCase("dec_mtp4", [4] * 6, [4, 127, 128, 129, 1024, 3333], hq=4, hkv=1, paged=True),
+    ProxyCase("dec_mixed_sq", [1, 4, 2, 3, 0, 1], [500, 1200, 64, 700, 300, 2100], hq=4, hkv=1),
+    ProxyCase("dec_multi_pass", [5, 9], [700, 2000], hq=4, hkv=1),
+    ProxyCase("dec_prefill_many_passes", [100, 37], [1000, 500], hq=4, hkv=1, paged=True),
+    ProxyCase("dec_q_offset_int", [1, 1, 4], [1000, 600, 900], hq=4, hkv=1, q_offset=300),
+    ProxyCase("dec_q_offset_tensor", [1, 2, 4, 1], [512, 512, 300, 1000], hq=4, hkv=1,
+              q_offset=[-5, 400, -100, 999]),
+    ProxyCase("dec_q_offset_huge", [1, 1], [512, 100], hq=4, hkv=1, q_offset=2**31 - 5),
+    ProxyCase("dec_noncausal", [1, 3], [1000, 257], hq=4, hkv=1, causal=False),
+    ProxyCase("dec_padding_columns", [1, 1], [500, 100], hq=4, hkv=1, max_k_tiles=10),
+    ProxyCase("dec_truncated_columns", [1, 2], [2000, 900], hq=4, hkv=1, max_k_tiles=3),
+    ProxyCase("dec_hint_too_small", [4, 1], [1000, 900], hq=4, hkv=1, max_seqlen_q=1),
+    ProxyCase("dec_reduce_heads", [1, 2, 4], [1000, 300, 2000], hq=4, hkv=1, reduce_heads=True),
+    ProxyCase("dec_reduce_heads_g16", [1, 3], [700, 2000], hq=16, hkv=1, reduce_heads=True,
+              paged=True),
+    ProxyCase("dec_g1_mha", [1, 2], [300, 500], hq=2, hkv=2),
+    ProxyCase("dec_g2", [1, 3], [800, 31], hq=4, hkv=2, paged=True),
+    ProxyCase("dec_g3_odd", [1, 4, 6], [600, 20, 1000], hq=6, hkv=2),
+    ProxyCase("dec_g16", [1, 2], [1500, 700], hq=64, hkv=4),
+    ProxyCase("dec_fp16", [1, 4], [1000, 2000], hq=4, hkv=1, q_dtype=FP16),
+    ProxyCase("dec_fp8_k", [1, 2, 1], [1000, 700, 129], hq=4, hkv=1, k_dtype=FP8),
+    ProxyCase("dec_fp8_k_paged", [1, 4], [3000, 130], hq=4, hkv=1, k_dtype=FP8, paged=True,
+              invalid_pages=True),
+    ProxyCase("dec_fp8_k_fp16_q", [1, 3], [700, 1500], hq=4, hkv=1, q_dtype=FP16, k_dtype=FP8),
+    ProxyCase("dec_fp8_q_fp8_k", [1, 2], [512, 4000], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8,
+              paged=True),
+    ProxyCase("dec_nan_keys", [1, 4], [600, 300], hq=4, hkv=1, nan_keys=True),
+    ProxyCase("dec_nan_keys_fp8", [1, 1], [900, 300], hq=4, hkv=1, k_dtype=FP8, nan_keys=True,
+              paged=True),
+    ProxyCase("dec_uncovered_rows", [1, 2], [300, 600], hq=4, hkv=1, extra_rows=7),
+    ProxyCase("dec_empty_sequences", [0, 1, 0, 4], [256, 300, 999, 0], hq=4, hkv=1),
+    ProxyCase("dec_many_requests", [1] * 70, [37 * i + 1 for i in range(70)], hq=4, hkv=1,
+              paged=True),
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=str)
+def test_proxy_decode_matches_reference(case: ProxyCase, monkeypatch):
+    """The decode kernel against the CPU reference on fresh random inputs: same -inf / NaN
+    patterns, finite entries within PROXY_ATOL, every element written."""
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+    seed = random.getrandbits(31)
+    inputs = make_proxy_inputs(case, seed=seed)
+    want = run_proxy(case, inputs, "cpu")
+    got = run_proxy(case, inputs, DEV)
+    assert_proxy_close(got, want, f"{case.name} seed={seed}")
+    again = run_proxy(case, inputs, DEV, fill=-7.0)
+    assert torch.equal(got.view(torch.int32), again.view(torch.int32)), "not deterministic"
+
+
+def test_proxy_decode_shared_pages(monkeypatch):
+    """Requests whose page tables share pages (prefix sharing), shuffled pages: each request reads
+    the shared page for itself."""
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+    case = ProxyCase("dec_shared_pages", [1, 2, 1, 4], [1000, 1000, 700, 1300], hq=4, hkv=1,
+                     paged=True)
+    seed = random.getrandbits(31)
+    inputs = make_proxy_inputs(case, seed=seed)
+    pt = inputs["page_table"]
+    pt[1, :5] = pt[0, :5]
+    pt[3, :4] = pt[0, 3:7]
+    pt[2, 2] = pt[0, 0]
+    want = run_proxy(case, inputs, "cpu")
+    assert_proxy_close(run_proxy(case, inputs, DEV), want, f"{case.name} seed={seed}")
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("dec_twin_fp8_k", [1, 4, 2], [2048, 1280, 3000], hq=4, hkv=1, k_dtype=FP8,
+              paged=True),
+    ProxyCase("dec_twin_fp8_q_fp8_k", [1, 3], [512, 4000], hq=4, hkv=1, q_dtype=FP8,
+              k_dtype=FP8),
+    ProxyCase("dec_twin_fp8_k_fp16_q", [2, 1], [700, 1500], hq=8, hkv=2, q_dtype=FP16,
+              k_dtype=FP8),
+], ids=str)
+def test_proxy_decode_fp8_equals_upcast_bitwise(case: ProxyCase, monkeypatch):
+    """fp8 K (and q) converted exactly in registers: equal bit for bit to the decode kernel on the
+    upcast tensors (the same dims-to-lanes assignment for every K dtype)."""
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+    inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
+    got = run_proxy(case, inputs, DEV)
+    up = BF16 if case.q_dtype in (BF16, FP8) else FP16
+    twin_inputs = dict(inputs, q=inputs["q"].to(up), k=inputs["k"].to(up))
+    want = run_proxy(_twin(case, q_dtype=up, k_dtype=up), twin_inputs, DEV)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_proxy_decode_paged_equals_flat_bitwise(monkeypatch):
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+    case = ProxyCase("dec_paged_vs_flat", [1, 4, 1, 2, 1, 3], [129, 256, 700, 1, 2000, 3333],
+                     hq=8, hkv=2)
+    flat = make_proxy_inputs(case, seed=11)
+    paged_case = _twin(case, paged=True)
+    paged = make_proxy_inputs(paged_case, seed=11)
+    cache, page_table, seqused = paginate(flat["k"], case.seqs_k,
+                                          generator=torch.Generator().manual_seed(3), extra_pages=2)
+    paged.update(q=flat["q"], k=cache, page_table=page_table, seqused_k=seqused)
+    got_flat = run_proxy(case, flat, DEV)
+    got_paged = run_proxy(paged_case, paged, DEV)
+    assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("dec_vs_mma_b64_4k", [1] * 64, [4096] * 64, hq=4, hkv=1, paged=True),
+    ProxyCase("dec_vs_mma_b3_32k_mtp4", [4] * 3, [32768, 20001, 129], hq=4, hkv=1),
+    ProxyCase("dec_vs_mma_b1_128k", [1], [131072], hq=4, hkv=1, paged=True),
+], ids=str)
+def test_proxy_decode_equals_mma_sync(case: ProxyCase, monkeypatch):
+    """Long contexts (too slow for the CPU reference): the decode kernel against the mma.sync
+    kernel (identical -inf / NaN patterns, finite entries within PROXY_ATOL)."""
+    inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "mma_sync")
+    want = run_proxy(case, inputs, DEV).cpu()
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+    assert_proxy_close(run_proxy(case, inputs, DEV), want, case.name)
+
+
+def _fp4_decode_inputs(case: ProxyCase, seed: int):
+    """make_proxy_inputs with q and k quantized to NVFP4, and the bf16 tensors of their exactly
+    dequantized values."""
+    from flashmsa.testing import dequantize_nvfp4, quantize_nvfp4
+    inputs = make_proxy_inputs(_twin(case, q_dtype=BF16, k_dtype=None), seed)
+    q4, qs, _ = quantize_nvfp4(inputs["q"], 1.0)
+    k4, ks, _ = quantize_nvfp4(inputs["k"], 1.0)
+    deq = dict(inputs, q=dequantize_nvfp4(q4, qs).to(BF16), k=dequantize_nvfp4(k4, ks).to(BF16))
+    return dict(inputs, q4=q4, qs=qs, k4=k4, ks=ks), deq
+
+
+def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float) -> torch.Tensor:
+    a = {k: _to(v, device) for k, v in a.items()}
+    out = torch.full((1 if c.reduce_heads else c.hq, a["max_k_tiles"], a["q4"].shape[0]),
+                     float("nan"), dtype=torch.float32, device=device)
+    msa_ops.msa_proxy_score_fp4(
+        a["q4"], a["k4"], a["qs"], a["ks"], q_gs, k_gs, a["cu_seqlens_q"], a["cu_seqlens_k"],
+        page_table=a["page_table"], seqused_k=a["seqused_k"], causal=c.causal,
+        max_seqlen_q=a["max_seqlen_q"], max_k_tiles=a["max_k_tiles"], output=out,
+        reduce_heads=c.reduce_heads, q_offset=a["q_offset"])
+    return out
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("dec_fp4_flat", [1, 4, 2], [1000, 2048, 129], hq=4, hkv=1),
+    ProxyCase("dec_fp4_paged", [1, 1, 3, 1], [4096, 129, 700, 0], hq=4, hkv=1, paged=True,
+              invalid_pages=True),
+    ProxyCase("dec_fp4_gqa2", [2, 1], [700, 1300], hq=4, hkv=2),
+    ProxyCase("dec_fp4_reduce", [1, 4], [1000, 300], hq=4, hkv=1, reduce_heads=True, paged=True),
+    ProxyCase("dec_fp4_q_offset", [1, 2], [512, 900], hq=4, hkv=1, q_offset=[-5, 400]),
+], ids=str)
+def test_proxy_decode_fp4(case: ProxyCase, monkeypatch):
+    """NVFP4 q and k on the decode kernel (dequantized in registers into fp16 MMAs): against the
+    CPU reference with global scales, and with unit scales bit for bit equal to the decode kernel
+    on the dequantized bf16 tensors; with scales, exactly that result times q_gs * k_gs."""
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+    seed = random.getrandbits(31)
+    a, deq = _fp4_decode_inputs(case, seed=seed)
+    q_gs, k_gs = 0.37, 2.5
+    want = _run_fp4(case, a, "cpu", q_gs, k_gs)
+    got = _run_fp4(case, a, DEV, q_gs, k_gs)
+    scale = q_gs * k_gs
+    assert_proxy_close(got / scale, want / scale, f"{case.name} seed={seed}")
+    unit = _run_fp4(case, a, DEV, 1.0, 1.0)
+    dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV)
+    assert torch.equal(unit.view(torch.int32), dequantized.view(torch.int32)), f"seed={seed}"
+    product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
+    assert torch.equal(got, dequantized * product.to(DEV))
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("dec_fallback_g32", [1, 2], [700, 300], hq=32, hkv=1),
+    ProxyCase("dec_fallback_reduce_two_kv_heads", [1, 3], [1000, 500], hq=8, hkv=2,
+              reduce_heads=True),
+], ids=str)
+def test_proxy_decode_falls_back(case: ProxyCase, monkeypatch):
+    """FLASHMSA_PROXY_KERNEL=decode: calls the decode kernel does not run (more than 16 heads per
+    KV head, reduce_heads over several KV heads) run on the mma.sync kernel, still exact;
+    decode_only refuses them with NotImplementedError."""
+    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
+    want = run_proxy(case, inputs, "cpu")
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode")
+    assert_proxy_close(run_proxy(case, inputs, DEV), want, case.name)
+    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+    with pytest.raises(NotImplementedError, match="decode kernel"):
+        run_proxy(case, inputs, DEV)
+
+
 # ---- stage 2: top-k select ---------------------------------------------------------------------
 
 TopkCase = cases.TopkCase

@@ -12,6 +12,12 @@ extern template void launch_proxy_score<__nv_bfloat16>(const ProxyScoreParams&, 
 // proxy_score_fp16.cu
 extern template void launch_proxy_score<__half>(const ProxyScoreParams&, cudaStream_t);
 
+// proxy_decode_bf16.cu
+extern template bool launch_proxy_decode<__nv_bfloat16>(const ProxyScoreParams&, cudaStream_t);
+
+// proxy_decode_fp16.cu
+extern template bool launch_proxy_decode<__half>(const ProxyScoreParams&, cudaStream_t);
+
 // proxy_score_sm90_bf16.cu
 extern template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, cudaStream_t);
 

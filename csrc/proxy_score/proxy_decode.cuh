@@ -1,0 +1,501 @@
+// msa_proxy_score / msa_proxy_score_fp4 for decode (a few query tokens per request): a
+// memory-streaming kernel. docs/design/proxy_score.md ("Decode kernel") explains the numbers.
+//
+// Work unit = (request b, KV head kh, key block t): the 128 keys of one block against every query
+// row of the request that attends through kh (G heads x its tokens, at most 16 MMA rows per pass).
+// The B x Hkv x P units (P = max_k_tiles) are split into equal contiguous ranges, one per CTA of a
+// grid that is exactly resident (SMs x CTAs per SM), so that every CTA streams the same number of
+// blocks and its cp.async pipeline runs across request boundaries without draining. Every index-K
+// byte of a request is read once for all its heads and tokens.
+//
+// Per block: S = Q K^T on mma.sync m16n8k16 (rows = heads x tokens, 4 warps x 32 keys), K read
+// from shared memory straight into B fragments (fp8 / NVFP4 converted in registers), per-key mask,
+// row max, one store per (head, token). The dot product's 128 dims are assigned to (k-step, lane)
+// slots by a fixed permutation, the same for every K dtype (so that fp8 / NVFP4 / paged twins of a
+// call give bit-identical results): lane (g = lane / 4, c = lane % 4) owns the 8-dim chunks 4m + c,
+// m = 0..3, of its rows and keys; k-step s = 2m + i takes dims (4m + c) * 8 + 4i + [0, 4).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/cuda_utils.h"
+#include "common/ptx.cuh"
+#include "flashmsa/error.h"
+#include "flashmsa/params.h"
+#include "flashmsa/plan.h"
+#include "flashmsa/semantics.h"
+
+namespace flashmsa::cuda::proxy::decode {
+
+inline constexpr int kThreads = 128;  // 4 warps, 32 keys of each block per warp
+inline constexpr int kRows = 16;      // MMA rows of one pass: heads x tokens
+// Storage kinds of K (and of q: q is 16-bit, fp8 with fp8 K, or NVFP4 with NVFP4 K).
+inline constexpr int kK16 = 0;
+inline constexpr int kK8 = 1;
+inline constexpr int kK4 = 2;
+
+// Shared-memory stage of one 128-key block and the pipeline depth per K kind: ~96 KB of stages so
+// that two CTAs fit an SM (2 x 97 KB of 228 KB) with (stages - 1) blocks in flight each while one
+// is multiplied: 64 KB (16-bit), 80 KB (fp8), 81 KB (NVFP4) per CTA, 2-3x the ~50 KB per SM that
+// HBM needs at full rate. NVFP4: 128 x 64 bytes of e2m1 pairs, then 128 x 8 scale bytes.
+template <int kK>
+struct Stage {
+  static constexpr int kRowBytes = kK == kK16 ? 256 : (kK == kK8 ? 128 : 64);
+  static constexpr int kDataBytes = kBlockSize * kRowBytes;
+  static constexpr int kBytes = kDataBytes + (kK == kK4 ? kBlockSize * 8 : 0);
+  static constexpr int kStages = kK == kK16 ? 3 : (kK == kK8 ? 6 : 10);
+  static constexpr int kSmemBytes = kStages * kBytes + 2 * 4 * kRows * 4;  // + part[2][warp][row]
+};
+
+// Byte offset of the 16-byte chunk `chunk` of key row `row` in a stage (conflict-free swizzles for
+// the fragment reads below: a read phase covers 2 (16-bit), 4 (fp8) or 8 (NVFP4) consecutive rows).
+template <int kK>
+__device__ __forceinline__ int chunk_offset(int row, int chunk) {
+  if constexpr (kK == kK16) return row * 256 + ((chunk ^ ((row & 1) << 2)) << 4);
+  else if constexpr (kK == kK8) return row * 128 + ((chunk ^ ((row & 3) << 1)) << 4);
+  else return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
+}
+
+struct Params {
+  ProxyScoreParams p;
+  int group;     // G = Hq / Hkv (<= 16)
+  int tokens;    // T = 16 / G: tokens per 16-row pass; row r = (head r / T, token r % T)
+  int64_t units; // B * Hkv * P
+  float scale;   // every logit times this (NVFP4: logit_scale * 2^7, see load_k_frags)
+};
+
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xFF800000); }
+
+// What every thread knows about the request of a unit (recomputed when b or kh changes).
+struct Request {
+  int b = -1;
+  int kh = -1;
+  int row_begin;
+  int ntok;       // query rows of the request
+  int seqlen_k;
+  int64_t q_off;
+  int n_compute;  // blocks [0, n_compute) hold a key visible to some row
+};
+
+__device__ __forceinline__ void load_request(const Params& dp, Request& r, int b, int kh) {
+  const ProxyScoreParams& p = dp.p;
+  r.b = b;
+  r.kh = kh;
+  const RowRange rows = q_rows(p.qi, p.total_q, b);
+  r.row_begin = rows.begin;
+  r.ntok = rows.len;
+  r.seqlen_k = kv_seqlen(p.kv, b);
+  r.q_off = q_offset_of(p.q_offset, b, rows.len, r.seqlen_k);
+  const int lim_last = rows.len > 0 ? col_limit(p.causal, r.q_off, rows.len - 1, r.seqlen_k) : 0;
+  r.n_compute = int(min(int64_t(p.max_k_tiles), ceil_div(lim_last, kBlockSize)));
+}
+
+// Unit u -> (b, kh, t).
+__device__ __forceinline__ void unit_coords(const Params& dp, int64_t u, int& b, int& kh, int& t) {
+  const int P = dp.p.max_k_tiles;
+  const int64_t bk = u / P;
+  t = int(u - bk * P);
+  b = int(bk / dp.p.num_kv_heads);
+  kh = int(bk - int64_t(b) * dp.p.num_kv_heads);
+}
+
+// Issues the cp.async copies of block t of request r into `stage`; false when nothing is loaded
+// (no query row, no visible key, or an invalid page: the unit's columns are then -inf).
+template <int kK>
+__device__ __forceinline__ bool load_block(const Params& dp, const Request& r, int t, uint8_t* stage) {
+  const ProxyScoreParams& p = dp.p;
+  if (r.ntok == 0 || t >= r.n_compute) return false;
+  const int64_t base = kv_offset(p.k, p.kv, r.b, r.kh, t * kBlockSize);
+  if (base < 0) return false;
+  const int n_keys = min(kBlockSize, r.seqlen_k - t * kBlockSize);
+  const uint32_t dst = smem_addr(stage);
+  if constexpr (kK == kK16) {
+    const uint16_t* src = static_cast<const uint16_t*>(p.k.data) + base;
+    const int c = threadIdx.x & 15;
+    for (int row = threadIdx.x >> 4; row < n_keys; row += kThreads / 16)
+      cp_async_16(dst + chunk_offset<kK>(row, c), src + int64_t(row) * p.k.stride_token + c * 8);
+  } else if constexpr (kK == kK8) {
+    const uint8_t* src = static_cast<const uint8_t*>(p.k.data) + base;
+    const int c = threadIdx.x & 7;
+    for (int row = threadIdx.x >> 3; row < n_keys; row += kThreads / 8)
+      cp_async_16(dst + chunk_offset<kK>(row, c), src + int64_t(row) * p.k.stride_token + c * 16);
+  } else {
+    const uint8_t* src = static_cast<const uint8_t*>(p.k.data) + base;
+    const int c = threadIdx.x & 3;
+    for (int row = threadIdx.x >> 2; row < n_keys; row += kThreads / 4)
+      cp_async_16(dst + chunk_offset<kK>(row, c), src + int64_t(row) * p.k.stride_token + c * 16);
+    // Scale bytes of a key: columns 0..3 and 4..7 are two 4-byte runs of the 128x4 layout.
+    const int64_t srow0 = kv_scale_row(p.kv, p.num_kv_heads, r.b, r.kh, t * kBlockSize);
+    const int step = !p.kv.paged ? p.num_kv_heads : 1;
+    for (int e = threadIdx.x; e < n_keys * 2; e += kThreads) {
+      const int row = e >> 1, half = e & 1;
+      cp_async_4(dst + Stage<kK>::kDataBytes + row * 8 + half * 4,
+                 p.k.scale + nvfp4_scale_offset(srow0 + int64_t(row) * step, 4 * half));
+    }
+  }
+  return true;
+}
+
+// A fragments of the 16 rows of one pass (tokens [tok0, tok0 + T) of the request, all G heads):
+// qa[s][0..3] = (row g, dims d..d+1), (row g + 8, d..d+1), (row g, d+2..d+3), (row g + 8, d+2..d+3)
+// with d = (4 (s / 2) + c) * 8 + 4 (s % 2). Padding rows are zero.
+template <typename Mma, int kK>
+__device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r, int tok0,
+                                             uint32_t (&qa)[8][4]) {
+  const ProxyScoreParams& p = dp.p;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = g + 8 * half;
+    const int hl = row / dp.tokens;
+    const int tok = tok0 + row - hl * dp.tokens;
+    const bool valid = hl < dp.group && tok < r.ntok;
+    const int64_t qrow = int64_t(r.row_begin) + tok;
+    const int head = r.kh * dp.group + hl;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int d = (4 * m + c) * 8;
+      uint32_t w[4] = {0u, 0u, 0u, 0u};
+      if (valid) {
+        if constexpr (kK == kK4) {
+          const uint8_t* src = static_cast<const uint8_t*>(p.q) + qrow * p.q_stride_token +
+                               int64_t(head) * p.q_stride_head + d / 2;
+          const uint32_t raw = __ldg(reinterpret_cast<const uint32_t*>(src));
+          const float s = e4m3_to_float(p.q_scale[nvfp4_scale_offset(qrow * p.num_heads + head, d / 16)]);
+          // e2m1 x e4m3 values are exact in fp16; 2^14 undoes e2m1x2_to's code placement.
+#pragma unroll
+          for (int i = 0; i < 4; ++i) w[i] = e2m1x2_to<Mma>((raw >> (8 * i)) & 0xFFu, s * 16384.0f);
+        } else if (p.q_dtype == DType::kFP8E4M3) {
+          const uint2 raw = __ldg(reinterpret_cast<const uint2*>(
+              static_cast<const uint8_t*>(p.q) + qrow * p.q_stride_token + int64_t(head) * p.q_stride_head + d));
+          w[0] = e4m3x2_to_mma_bits<Mma>(uint16_t(raw.x & 0xFFFFu));
+          w[1] = e4m3x2_to_mma_bits<Mma>(uint16_t(raw.x >> 16));
+          w[2] = e4m3x2_to_mma_bits<Mma>(uint16_t(raw.y & 0xFFFFu));
+          w[3] = e4m3x2_to_mma_bits<Mma>(uint16_t(raw.y >> 16));
+        } else {
+          const uint4 v = __ldg(reinterpret_cast<const uint4*>(
+              static_cast<const uint16_t*>(p.q) + qrow * p.q_stride_token + int64_t(head) * p.q_stride_head + d));
+          w[0] = v.x;
+          w[1] = v.y;
+          w[2] = v.z;
+          w[3] = v.w;
+        }
+      }
+      qa[2 * m][half] = w[0];
+      qa[2 * m][2 + half] = w[1];
+      qa[2 * m + 1][half] = w[2];
+      qa[2 * m + 1][2 + half] = w[3];
+    }
+  }
+}
+
+// Two e2m1 codes (one byte) times a block scale in fp16 -> packed fp16 pair, exact: the codes are
+// placed as fp16 code * 2^-14 (bits 15, 11..9), multiplied by scale * 2^7 (<= 448 * 128, exact in
+// fp16): the pair holds value * 2^-7 (|value| <= 2688, its lowest bit >= 2^-10, so value * 2^-7 is
+// an fp16 value, subnormals included); the logit is rescaled by 2^7 in fp32.
+__device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, __half2 scale_x2p7) {
+  const uint32_t y = byte * 0x1001u;  // low nibble at bits 0..3, high nibble at bits 16..19
+  const uint32_t bits = ((y & 0x00070007u) << 9) | ((y & 0x00080008u) << 12);
+  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits), scale_x2p7);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// B fragments of key `row` (this lane's key of an 8-key step) for the 8 k-steps: kb[s] = {b0, b1}.
+template <typename Mma, int kK>
+__device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int c, uint32_t (&kb)[8][2]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    if constexpr (kK == kK16) {
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + chunk_offset<kK>(row, 4 * m + c));
+      kb[2 * m][0] = v.x;
+      kb[2 * m][1] = v.y;
+      kb[2 * m + 1][0] = v.z;
+      kb[2 * m + 1][1] = v.w;
+    } else if constexpr (kK == kK8) {
+      // Dims (4m + c) * 8: 16-byte chunk 2m + c / 2, its half c % 2.
+      const uint2 v = *reinterpret_cast<const uint2*>(stage + chunk_offset<kK>(row, 2 * m + (c >> 1)) + (c & 1) * 8);
+      kb[2 * m][0] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.x & 0xFFFFu));
+      kb[2 * m][1] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.x >> 16));
+      kb[2 * m + 1][0] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.y & 0xFFFFu));
+      kb[2 * m + 1][1] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.y >> 16));
+    } else {
+      static_assert(kK != kK4 || std::is_same_v<Mma, __half>, "NVFP4 K runs fp16 MMAs");
+      // Dims (4m + c) * 8: 4 bytes at 16-byte chunk m, word c; their scale is column 2m + c / 2.
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(stage + chunk_offset<kK>(row, m) + c * 4);
+      const uint8_t sbits = stage[Stage<kK>::kDataBytes + row * 8 + 2 * m + (c >> 1)];
+      const __half h = __float2half_rn(e4m3_to_float(sbits) * 128.0f);
+      const __half2 s2 = __halves2half2(h, h);
+      kb[2 * m][0] = e2m1x2_scaled(v & 0xFFu, s2);
+      kb[2 * m][1] = e2m1x2_scaled((v >> 8) & 0xFFu, s2);
+      kb[2 * m + 1][0] = e2m1x2_scaled((v >> 16) & 0xFFu, s2);
+      kb[2 * m + 1][1] = e2m1x2_scaled(v >> 24, s2);
+    }
+  }
+}
+
+// This warp's 32 keys of the block against the 16 rows: per-row maxima (masked per key) into
+// part[warp][row]. lim[h] = visible keys of row g + 8h relative to the block (<= 0: none).
+template <typename Mma, int kK>
+__device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t (&qa)[8][4],
+                                               const uint8_t* stage, const int (&lim)[2], float* part) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  float rmax[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+  for (int ns = 0; ns < 4; ++ns) {
+    const int key0 = warp * 32 + ns * 8;
+    uint32_t kb[8][2];
+    load_k_frags<Mma, kK>(stage, key0 + g, c, kb);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < 8; ++s) mma_m16n8k16<Mma>(acc, qa[s], kb[s][0], kb[s][1]);
+    // acc[e]: row g + 8 (e / 2), key key0 + 2c + e % 2.
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = acc[e];
+      if constexpr (kK == kK4) v *= dp.scale;
+      const int key = key0 + 2 * c + (e & 1);
+      v = key < lim[e >> 1] ? v : neg_inf();
+      rmax[e >> 1] = max_nan(rmax[e >> 1], v);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float v = rmax[h];
+    v = max_nan(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+    v = max_nan(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+    if (c == 0) part[warp * kRows + g + 8 * h] = v;
+  }
+}
+
+// Rows of pass tok0 of block t -> out (after the part[] barrier). `loaded` false: -inf.
+__device__ __forceinline__ void store_pass(const Params& dp, const Request& r, int t, int tok0,
+                                           const float* part, bool loaded) {
+  const ProxyScoreParams& p = dp.p;
+  const int64_t total_q = p.total_q;
+  const int T = dp.tokens;
+  const int ntok = min(T, r.ntok - tok0);
+  if (!p.reduce_heads) {
+    const int row = threadIdx.x;
+    if (row >= kRows) return;
+    const int hl = row / T;
+    const int tok = row - hl * T;
+    if (hl >= dp.group || tok >= ntok) return;
+    float v = neg_inf();
+    if (loaded) {
+      v = part[row];
+#pragma unroll
+      for (int w = 1; w < kThreads / 32; ++w) v = max_nan(v, part[w * kRows + row]);
+    }
+    const int head = r.kh * dp.group + hl;
+    p.out[(int64_t(head) * p.max_k_tiles + t) * total_q + r.row_begin + tok0 + tok] = v;
+  } else {
+    // One KV head (checked by the launcher): the max over the G heads of the pass.
+    const int tok = threadIdx.x;
+    if (tok >= ntok) return;
+    float v = neg_inf();
+    if (loaded) {
+      for (int hl = 0; hl < dp.group; ++hl)
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) v = max_nan(v, part[w * kRows + hl * T + tok]);
+    }
+    p.out[int64_t(t) * total_q + r.row_begin + tok0 + tok] = v;
+  }
+}
+
+// -inf for the rows of out no request covers: [0, cu_seqlens_q[0]) and [cu_seqlens_q[B], total_q).
+__device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
+  const ProxyScoreParams& p = dp.p;
+  const int64_t total_q = p.total_q;
+  int64_t lo = 0, hi = 0;
+  if (p.batch > 0) {
+    if (p.qi.cu_seqlens_q != nullptr) {
+      lo = clamp64(p.qi.cu_seqlens_q[0], 0, total_q);
+      hi = clamp64(p.qi.cu_seqlens_q[p.batch], lo, total_q);
+    } else {
+      hi = clamp64(int64_t(p.batch) * p.qi.seqlen_q, 0, total_q);
+    }
+  }
+  const int64_t uncovered = lo + (total_q - hi);
+  if (uncovered == 0) return;
+  const int64_t n = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles * uncovered;
+  for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n; e += int64_t(gridDim.x) * kThreads) {
+    const int64_t u = e % uncovered;
+    const int64_t ht = e / uncovered;
+    p.out[ht * total_q + (u < lo ? u : hi + (u - lo))] = neg_inf();
+  }
+}
+
+template <typename Mma, int kK>
+__global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_constant__ Params dp) {
+  using St = Stage<kK>;
+  constexpr int S = St::kStages;
+  extern __shared__ __align__(128) uint8_t smem[];
+  float* part = reinterpret_cast<float*>(smem + S * St::kBytes);
+  const ProxyScoreParams& p = dp.p;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+
+  // This CTA's units [u0, u1): equal shares of B * Hkv * P.
+  const int64_t u0 = dp.units * blockIdx.x / gridDim.x;
+  const int64_t u1 = dp.units * (blockIdx.x + 1) / gridDim.x;
+  const int64_t n = u1 - u0;
+
+  // Producer cursor (the next unit to issue) and its request. `issued` holds one bit per unit in
+  // flight: bit k = whether unit i + k (i: the unit consumed next) was loaded.
+  Request pr, cr;
+  int pb, pkh, pt;
+  unit_coords(dp, u0, pb, pkh, pt);
+  uint32_t issued = 0;
+  auto issue = [&](int64_t j) -> bool {  // unit u0 + j (the cursor) into stage j % S
+    if (pb != pr.b || pkh != pr.kh) load_request(dp, pr, pb, pkh);
+    const bool loaded = load_block<kK>(dp, pr, pt, smem + int(j % S) * St::kBytes);
+    if (++pt == p.max_k_tiles) {
+      pt = 0;
+      if (++pkh == p.num_kv_heads) {
+        pkh = 0;
+        ++pb;
+      }
+    }
+    return loaded;
+  };
+#pragma unroll 1
+  for (int j = 0; j < S - 1; ++j) {
+    if (j < n && issue(j)) issued |= 1u << j;
+    cp_async_commit();
+  }
+
+  int cb, ckh, ct;
+  unit_coords(dp, u0, cb, ckh, ct);
+  uint32_t qa[8][4];
+  bool q_ready = false;  // qa holds the single pass of request cr
+#pragma unroll 1
+  for (int64_t i = 0; i < n; ++i) {
+    const bool loaded = issued & 1u;
+    if (loaded) {
+      cp_async_wait<S - 2>();
+      __syncthreads();  // block i landed (every thread's copies); part[] is free again
+    }
+    // Refill stage (i - 1) % S with unit i + S - 1 (its bit lands at position S - 1). The stage's
+    // last reader was a loaded unit <= i - 1, which every thread left through the barrier after
+    // its multiply, so units that load nothing need no barrier at all (-inf runs are just stores).
+    if (i + S - 1 < n && issue(i + S - 1)) issued |= 1u << (S - 1);
+    cp_async_commit();
+    issued >>= 1;
+
+    if (cb != cr.b || ckh != cr.kh) {
+      load_request(dp, cr, cb, ckh);
+      q_ready = false;
+    }
+    const int t = ct;
+    if (cr.ntok > 0) {
+      const uint8_t* stage = smem + int(i % S) * St::kBytes;
+      for (int tok0 = 0; tok0 < cr.ntok; tok0 += dp.tokens) {
+        if (loaded) {
+          if (!q_ready || cr.ntok > dp.tokens) load_q_frags<Mma, kK>(dp, cr, tok0, qa);
+          q_ready = true;
+          int lim[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = g + 8 * h;
+            const int hl = row / dp.tokens;
+            const int tok = tok0 + row - hl * dp.tokens;
+            lim[h] = (hl < dp.group && tok < cr.ntok)
+                         ? col_limit(p.causal, cr.q_off, tok, cr.seqlen_k) - t * kBlockSize
+                         : 0;
+          }
+          multiply_block<Mma, kK>(dp, qa, stage, lim, part);
+          __syncthreads();
+        }
+        store_pass(dp, cr, t, tok0, part, loaded);
+        if (loaded && tok0 + dp.tokens < cr.ntok) __syncthreads();  // part[] reused by the next pass
+      }
+    }
+    if (++ct == p.max_k_tiles) {
+      ct = 0;
+      if (++ckh == p.num_kv_heads) {
+        ckh = 0;
+        ++cb;
+      }
+    }
+  }
+  cp_async_wait<0>();
+  fill_uncovered_rows(dp);
+}
+
+template <typename Mma, int kK>
+void launch_kernel(const Params& dp, cudaStream_t stream) {
+  auto kernel = proxy_decode_kernel<Mma, kK>;
+  const size_t smem = Stage<kK>::kSmemBytes;
+  const int resident = prepare_launch(kernel, kThreads, smem);
+  const DeviceLimits& limits = current_device_limits();
+  // Exactly resident: one wave, every CTA streaming units / grid blocks.
+  const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(int64_t(limits.num_sms) * resident,
+                                                              std::max<int64_t>(dp.units, 1)));
+  kernel<<<unsigned(ctas), kThreads, smem, stream>>>(dp);
+  MSA_CHECK_LAUNCH();
+}
+
+}  // namespace flashmsa::cuda::proxy::decode
+
+namespace flashmsa::cuda::proxy {
+
+// The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
+// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call.
+template <typename Element>
+bool launch_proxy_decode(const ProxyScoreParams& p, cudaStream_t stream) {
+  if (!proxy_decode_runs(p)) return false;
+  MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
+            "proxy_score: NVFP4 q / k need their block scales");
+  if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
+
+  decode::Params dp{};
+  dp.p = p;
+  dp.group = p.num_heads / p.num_kv_heads;
+  dp.tokens = decode::kRows / dp.group;
+  dp.units = int64_t(std::max(p.batch, 0)) * p.num_kv_heads * p.max_k_tiles;
+  dp.scale = p.q_dtype == DType::kNVFP4 ? p.logit_scale * 128.0f : 1.0f;
+
+  const bool k8 = p.k.dtype == DType::kFP8E4M3;
+  const bool k4 = p.k.dtype == DType::kNVFP4;
+  const int64_t q_elt = p.q_dtype == DType::kFP8E4M3 || p.q_dtype == DType::kNVFP4 ? 1 : 2;
+  const int64_t k_elt = k8 || k4 ? 1 : 2;
+  auto aligned = [](const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uintptr_t(bytes) == 0; };
+  MSA_CHECK(aligned(p.q, 16) && (p.q_stride_token * q_elt) % 16 == 0 && (p.q_stride_head * q_elt) % 16 == 0,
+            "proxy_score: q must be 16-byte aligned with 16-byte multiple strides");
+  MSA_CHECK(aligned(p.k.data, 16) && (p.k.stride_token * k_elt) % 16 == 0 &&
+                (p.k.stride_head * k_elt) % 16 == 0 && (p.k.stride_page * k_elt) % 16 == 0,
+            "proxy_score: k must be 16-byte aligned with 16-byte multiple strides");
+
+  if (k4) {
+    // NVFP4 q and k: fp16 MMAs (every e2m1 x e4m3 value is exact in fp16). Only the bf16 unit
+    // (the type proxy_score picks for NVFP4 q) instantiates it.
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+      decode::launch_kernel<__half, decode::kK4>(dp, stream);
+      return true;
+    }
+    return false;
+  }
+  if (k8) {
+    decode::launch_kernel<Element, decode::kK8>(dp, stream);
+  } else {
+    decode::launch_kernel<Element, decode::kK16>(dp, stream);
+  }
+  return true;
+}
+
+}  // namespace flashmsa::cuda::proxy
