@@ -385,17 +385,19 @@ __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_
   bool q_ready = false;  // qa holds the single pass of request cr
 #pragma unroll 1
   for (int64_t i = 0; i < n; ++i) {
-    const bool loaded = issued & 1u;
-    if (loaded) {
-      cp_async_wait<S - 2>();
-      __syncthreads();  // block i landed (every thread's copies); part[] is free again
-    }
-    // Refill stage (i - 1) % S with unit i + S - 1 (its bit lands at position S - 1). The stage's
-    // last reader was a loaded unit <= i - 1, which every thread left through the barrier after
-    // its multiply, so units that load nothing need no barrier at all (-inf runs are just stores).
+    // Refill stage (i - 1) % S with unit i + S - 1 (its bit lands at position S - 1) before
+    // waiting for unit i, so that all S stages are in flight during the wait. The stage is free:
+    // its last reader was a loaded unit <= i - 1, which every thread left through the barrier
+    // after its multiply. For the same reason units that load nothing take no barrier at all
+    // (-inf runs are just stores).
     if (i + S - 1 < n && issue(i + S - 1)) issued |= 1u << (S - 1);
     cp_async_commit();
+    const bool loaded = issued & 1u;
     issued >>= 1;
+    if (loaded) {
+      cp_async_wait<S - 1>();  // unit i's group: S - 1 newer groups may stay in flight
+      __syncthreads();         // block i landed (every thread's copies); part[] is free again
+    }
 
     if (cb != cr.b || ckh != cr.kh) {
       load_request(dp, cr, cb, ckh);
