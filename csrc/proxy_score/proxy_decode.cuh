@@ -382,7 +382,11 @@ __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_
   int cb, ckh, ct;
   unit_coords(dp, u0, cb, ckh, ct);
   uint32_t qa[8][4];
-  bool q_ready = false;  // qa holds the single pass of request cr
+  // The first request's Q fragments load while its first blocks are in flight (batch 1: most CTAs
+  // take one block, and the Q latency would otherwise follow the block's).
+  load_request(dp, cr, cb, ckh);
+  bool q_ready = cr.ntok > 0 && cr.ntok <= dp.tokens;  // qa holds the single pass of request cr
+  if (q_ready) load_q_frags<Mma, kK>(dp, cr, 0, qa);
 #pragma unroll 1
   for (int64_t i = 0; i < n; ++i) {
     // Refill stage (i - 1) % S with unit i + S - 1 (its bit lands at position S - 1) before
