@@ -216,6 +216,22 @@ __device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, __half2 scale_x
 // B fragments of key `row` (this lane's key of an 8-key step) for the 8 k-steps: kb[s] = {b0, b1}.
 template <typename Mma, int kK>
 __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int c, uint32_t (&kb)[8][2]) {
+  // NVFP4: the key's scale columns 2m + c / 2 (m = 0..3) x 2^7 as fp16 pairs {m = 0, 1}, {2, 3}:
+  // one 8-byte load of the key's scales, two e4m3x2 conversions, two exact multiplies by 2^7.
+  __half2 scale[2];
+  if constexpr (kK == kK4) {
+    static_assert(std::is_same_v<Mma, __half>, "NVFP4 K runs fp16 MMAs");
+    const uint2 raw = *reinterpret_cast<const uint2*>(stage + Stage<kK>::kDataBytes + row * 8);
+    const int shift = (c >> 1) * 8;
+    const __half2 x128 = __float2half2_rn(128.0f);
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      // Bytes c / 2 and 2 + c / 2 of the word (columns 4w + c / 2 and 4w + 2 + c / 2).
+      const uint32_t pair = __byte_perm((w == 0 ? raw.x : raw.y) >> shift, 0u, 0x4420);
+      const uint32_t f16 = e4m3x2_to_f16x2_bits(uint16_t(pair));
+      scale[w] = __hmul2(*reinterpret_cast<const __half2*>(&f16), x128);
+    }
+  }
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     if constexpr (kK == kK16) {
@@ -232,12 +248,11 @@ __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int 
       kb[2 * m + 1][0] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.y & 0xFFFFu));
       kb[2 * m + 1][1] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.y >> 16));
     } else {
-      static_assert(kK != kK4 || std::is_same_v<Mma, __half>, "NVFP4 K runs fp16 MMAs");
       // Dims (4m + c) * 8: 4 bytes at 16-byte chunk m, word c; their scale is column 2m + c / 2.
       const uint32_t v = *reinterpret_cast<const uint32_t*>(stage + chunk_offset<kK>(row, m) + c * 4);
-      const uint8_t sbits = stage[Stage<kK>::kDataBytes + row * 8 + 2 * m + (c >> 1)];
-      const __half h = __float2half_rn(e4m3_to_float(sbits) * 128.0f);
-      const __half2 s2 = __halves2half2(h, h);
+      const __half2 s2 = m == 0 ? __low2half2(scale[0])
+                                : (m == 1 ? __high2half2(scale[0])
+                                          : (m == 2 ? __low2half2(scale[1]) : __high2half2(scale[1])));
       kb[2 * m][0] = e2m1x2_scaled(v & 0xFFu, s2);
       kb[2 * m][1] = e2m1x2_scaled((v >> 8) & 0xFFu, s2);
       kb[2 * m + 1][0] = e2m1x2_scaled((v >> 16) & 0xFFu, s2);
