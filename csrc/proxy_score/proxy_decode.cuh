@@ -261,9 +261,10 @@ __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int 
   }
 }
 
-// This warp's 32 keys of the block against the 16 rows: per-row maxima (masked per key) into
-// part[warp][row]. lim[h] = visible keys of row g + 8h relative to the block (<= 0: none).
-template <typename Mma, int kK>
+// This warp's 32 keys of the block against the 16 rows: per-row maxima into part[warp][row].
+// kMasked: per key, lim[h] = visible keys of row g + 8h relative to the block (<= 0: none); else
+// every key of the block is visible to every row that is stored.
+template <typename Mma, int kK, bool kMasked>
 __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t (&qa)[8][4],
                                                const uint8_t* stage, const int (&lim)[2], float* part) {
   const int lane = threadIdx.x & 31;
@@ -283,8 +284,10 @@ __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t 
     for (int e = 0; e < 4; ++e) {
       float v = acc[e];
       if constexpr (kK == kK4) v *= dp.scale;
-      const int key = key0 + 2 * c + (e & 1);
-      v = key < lim[e >> 1] ? v : neg_inf();
+      if constexpr (kMasked) {
+        const int key = key0 + 2 * c + (e & 1);
+        v = key < lim[e >> 1] ? v : neg_inf();
+      }
       rmax[e >> 1] = max_nan(rmax[e >> 1], v);
     }
   }
@@ -429,17 +432,24 @@ __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_
         if (loaded) {
           if (!q_ready || cr.ntok > dp.tokens) load_q_frags<Mma, kK>(dp, cr, tok0, qa);
           q_ready = true;
-          int lim[2];
+          int lim[2] = {0, 0};
+          // The pass's first token sees the fewest keys (col_limit grows with the token): when it
+          // sees the whole block, every row does and the per-key mask is skipped (64-bit: t + 1
+          // may be 2^24).
+          if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, cr.q_off, tok0, cr.seqlen_k)) {
+            multiply_block<Mma, kK, false>(dp, qa, stage, lim, part);
+          } else {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = g + 8 * h;
-            const int hl = row / dp.tokens;
-            const int tok = tok0 + row - hl * dp.tokens;
-            lim[h] = (hl < dp.group && tok < cr.ntok)
-                         ? col_limit(p.causal, cr.q_off, tok, cr.seqlen_k) - t * kBlockSize
-                         : 0;
+            for (int h = 0; h < 2; ++h) {
+              const int row = g + 8 * h;
+              const int hl = row / dp.tokens;
+              const int tok = tok0 + row - hl * dp.tokens;
+              lim[h] = (hl < dp.group && tok < cr.ntok)
+                           ? col_limit(p.causal, cr.q_off, tok, cr.seqlen_k) - t * kBlockSize
+                           : 0;
+            }
+            multiply_block<Mma, kK, true>(dp, qa, stage, lim, part);
           }
-          multiply_block<Mma, kK>(dp, qa, stage, lim, part);
           __syncthreads();
         }
         store_pass(dp, cr, t, tok0, part, loaded);
