@@ -35,6 +35,14 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kRadix, "radix"},
                                               {TopkKernel::kBySize, "by_size"}};
 
+constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
+                                                 {DecodeKernel::kSmem, "smem"},
+                                                 {DecodeKernel::kRegs, "regs"}};
+
+constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
+                                            {DecodeMtp::kPerToken, "per_token"},
+                                            {DecodeMtp::kUnion, "union"}};
+
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
   for (const auto& e : table)
@@ -108,6 +116,22 @@ const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
 const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
+const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
+const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
+
+SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
+  SparseDecodeOptions o;
+  for_each_option("msa_sparse_decode_attention", text, [&](std::string_view name, std::string_view value) {
+    if (name == "kernel") {
+      o.kernel = parse_enum(kDecodeKernels, name, value);
+    } else if (name == "mtp") {
+      o.mtp = parse_enum(kDecodeMtps, name, value);
+    } else {
+      MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name, "' (options: kernel, mtp)");
+    }
+  });
+  return o;
+}
 
 SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
   SparseAttnOptions o;

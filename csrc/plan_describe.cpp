@@ -84,7 +84,13 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
 std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& p) {
   if (p.total_q <= 0) return "no query rows: nothing runs";
   std::ostringstream s;
-  s << "schedule=query_major (decode always: a CTA per (token, kv head) streams its blocks)";
+  if (plan.qm.mtp_tokens > 0)
+    s << "schedule=query_major, mtp=union (a CTA per (request, kv head) streams the union of its "
+      << plan.qm.mtp_tokens << " tokens' blocks once)";
+  else
+    s << "schedule=query_major (decode always: a CTA per (token, kv head) streams its blocks)";
+  if (plan.qm.regs)
+    s << "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)";
   query_major_details(s, plan.qm);
   workspace(s, plan.bytes);
   return s.str();

@@ -31,6 +31,22 @@ inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fu
   return int((topk + per_split - 1) / per_split);
 }
 
+// Decode MTP union items (query_major.cuh plan_mtp_item): one item per (request, kv head) over the
+// union of the request's tokens' selections, rows = tokens x G. They need uniform seqlen_q in 2..4
+// (a byte per token in a tile's visible-key counts), tokens x G <= 64 rows (one 64-row tile) and
+// tokens x topk <= 64 entries (the plan's two entries per lane).
+inline bool mtp_union_applies(bool has_cu_seqlens_q, int seqlen_q, int group, int topk, int64_t batch,
+                              int64_t total_q) {
+  return !has_cu_seqlens_q && seqlen_q >= 2 && seqlen_q <= 4 && seqlen_q * group <= 64 &&
+         seqlen_q * topk <= 64 && batch * seqlen_q == total_q;
+}
+
+// Resident CTAs per SM that split-K aims at: the streaming decode variant and MTP union items keep
+// 2 (105 KB of shared memory; 64-row tiles), the other query-major configurations 3.
+inline int query_major_target_ctas(bool regs, bool mtp_union) {
+  return regs || mtp_union ? 2 : kQmTargetCtasPerSm;
+}
+
 // Prefill: the KV-major schedule pays a fixed cost per launch (list building, partial traffic of
 // ~2 * 4 KB per (token, kv head, block) at G = 16) that only large prefills amortize; query-major
 // moves every selected block once per token but has no setup. Below this many query rows the

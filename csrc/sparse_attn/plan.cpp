@@ -24,16 +24,27 @@ StoreKind compute_store_kind(const SparseAttnParams& p) {
   return compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16;
 }
 
+// options / facts: decode only (prefill passes the defaults: smem kernel, per-token items).
 QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused,
-                                StoreKind part_kind, WorkspaceLayout& ws) {
+                                StoreKind part_kind, WorkspaceLayout& ws,
+                                const SparseDecodeOptions& options = {}, int regs_ctas = 0) {
   QueryMajorPlan plan;
   const int group = p.num_heads / p.num_kv_heads;
-  // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups take 64-row tiles.
-  plan.warps_m = group <= 16 ? 1 : 4;
+  const bool mtp = options.mtp == DecodeMtp::kUnion &&
+                   mtp_union_applies(p.qi.cu_seqlens_q != nullptr, p.qi.seqlen_q, group, p.topk,
+                                     p.batch, p.total_q);
+  plan.mtp_tokens = mtp ? p.qi.seqlen_q : 0;
+  // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups and MTP union items
+  // (tokens x G rows) take 64-row tiles.
+  plan.warps_m = group <= 16 && !mtp ? 1 : 4;
+  plan.regs = options.kernel == DecodeKernel::kRegs && p.k.dtype != DType::kNVFP4 &&
+              plan.warps_m == 1 && regs_ctas > 0;
   const int rows = 16 * plan.warps_m;
-  plan.row_tiles = (group + rows - 1) / rows;
-  const int64_t items = int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
-  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused);
+  plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
+  const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads
+                            : int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
+  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused,
+                                   query_major_target_ctas(plan.regs, mtp));
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
   plan.num_items = items * plan.splits;
@@ -167,7 +178,8 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttn
   return plan;
 }
 
-SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttnDeviceFacts& facts) {
+SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttnDeviceFacts& facts,
+                                  const SparseDecodeOptions& options) {
   const SparseAttnParams& p = dp.attn;
   SparseAttnPlan plan;
   if (p.total_q <= 0) return plan;
@@ -182,7 +194,8 @@ SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttn
     case PartialDType::kDefault: break;
   }
   plan.schedule = PrefillSchedule::kQueryMajor;
-  plan.qm = plan_query_major(p, facts.num_sms, dp.force_fused, part_kind, plan.workspace);
+  plan.qm = plan_query_major(p, facts.num_sms, dp.force_fused, part_kind, plan.workspace, options,
+                             facts.decode_regs_ctas);
   plan.bytes = plan.workspace.bytes;
   return plan;
 }

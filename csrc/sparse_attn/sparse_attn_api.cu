@@ -156,10 +156,8 @@ DecodeMtp decode_mtp_override() {
 
 // Whether MTP union items can run this decode call (kernel_traits.h QueryMajorArgs::mtp_tokens).
 bool mtp_union_applies(const SparseAttnParams& p) {
-  const int group = p.num_heads / p.num_kv_heads;
-  const int sq = p.qi.seqlen_q;
-  return p.qi.cu_seqlens_q == nullptr && sq >= 2 && sq <= 4 && sq * group <= 64 &&
-         sq * p.topk <= 64 && int64_t(p.batch) * sq == p.total_q;
+  return sparse_attn::mtp_union_applies(p.qi.cu_seqlens_q != nullptr, p.qi.seqlen_q,
+                                        p.num_heads / p.num_kv_heads, p.topk, p.batch, p.total_q);
 }
 
 struct QmPlan {
@@ -190,9 +188,8 @@ QmPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused,
   const int64_t items = plan.mtp_tokens > 0
                             ? int64_t(p.batch) * p.num_kv_heads
                             : int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
-  // The register kernel and MTP union items (64-row tiles) keep 2 CTAs per SM.
   plan.splits = query_major_splits(items, p.topk, num_sms, force_fused,
-                                   plan.regs || plan.mtp_tokens > 0 ? 2 : kQmTargetCtasPerSm);
+                                   query_major_target_ctas(plan.regs, plan.mtp_tokens > 0));
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
   plan.num_items = items * plan.splits;

@@ -52,6 +52,21 @@ enum class TopkKernel : int32_t {
 // a warp.
 inline constexpr int kTopkRadixMinGroupsPerSm = 4;
 
+// Decode kernels for 16-row tiles (G <= 16): smem (the query-major kernel as prefill runs it: fp8
+// K/V dequantized in shared memory, 2 stages of bf16 / fp16 K/V), regs (the streaming variant: 3
+// stages of 32 KB at 2 CTAs per SM, fp8 K/V converted in registers into fp16 MMAs; NVFP4 K/V, G > 16
+// and MTP union items keep smem). auto: smem until an H200 run shows regs faster.
+enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2 };
+// MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
+// over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,
+// seqlen_q x topk <= 64). auto: per_token until an H200 run shows union faster.
+enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
+
+struct SparseDecodeOptions {
+  DecodeKernel kernel = DecodeKernel::kAuto;
+  DecodeMtp mtp = DecodeMtp::kAuto;
+};
+
 struct SparseAttnOptions {
   PrefillSchedule schedule = PrefillSchedule::kAuto;
   KvMajorKernel kv_major_kernel = KvMajorKernel::kAuto;
@@ -69,6 +84,9 @@ struct TopkSelectOptions {
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
+// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union (the CUDA
+// entry point reads them from FLASHMSA_DECODE_KERNEL / FLASHMSA_DECODE_MTP today).
+SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4: kernel=auto|mma_sync|decode.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select: kernel=auto|warp_per_row|warp_per_row_8|radix|by_size.
@@ -84,6 +102,7 @@ struct SparseAttnDeviceFacts {
   int kv_major_wgmma_ctas = 0;
   int kv_major_mma_sync_ctas[2] = {0, 0};  // with 1 and 2 query-tile stages
   int tile_ctas = 0;                       // shared-selection tile kernel
+  int decode_regs_ctas = 0;                // streaming decode variant (0: < 105 KB per CTA)
 };
 
 // Of a top-k call on the current device (0: unknown; by_size then takes the radix kernel).
@@ -120,6 +139,8 @@ struct WorkspaceLayout {
 
 struct QueryMajorPlan {
   int warps_m = 0;    // 1 (G <= 16: one m16 tile per token) or 4 (64-row tiles)
+  bool regs = false;  // decode: the streaming variant (DecodeKernel::kRegs where it applies)
+  int mtp_tokens = 0; // decode: > 0 for MTP union items of this many tokens per request
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks
   bool fused = true;  // true: outputs written directly; false: partials + combine
@@ -173,7 +194,8 @@ struct TopkSelectPlan {
 
 SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttnOptions& options,
                                      const SparseAttnDeviceFacts& facts);
-SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnDeviceFacts& facts);
+SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnDeviceFacts& facts,
+                                  const SparseDecodeOptions& options = {});
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);
 // Whether the proxy decode kernel runs a call: at most 16 query heads per KV head (the G heads of
 // a token fill one 16-row MMA pass), reduce_heads only with one KV head, NVFP4 q and k together.
@@ -186,5 +208,7 @@ const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(ProxyKernel v);
 const char* option_name(TopkKernel v);
+const char* option_name(DecodeKernel v);
+const char* option_name(DecodeMtp v);
 
 }  // namespace flashmsa

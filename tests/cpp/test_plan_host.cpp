@@ -350,6 +350,90 @@ TEST(PlanDecode, SplitsAndFused) {
   EXPECT_EQ(plan_sparse_decode(decode(8, -1), hopper()).qm.warps_m, 1);
 }
 
+SparseDecodeOptions regs_only() {
+  SparseDecodeOptions o;
+  o.kernel = DecodeKernel::kRegs;
+  return o;
+}
+
+// MTP decode: batch requests of seqlen_q tokens each.
+SparseDecodeParams mtp_decode(int batch, int seqlen_q, int hq = 64, int hkv = 4, int topk = 16) {
+  SparseDecodeParams d{};
+  d.attn = attn(batch * seqlen_q, hq, hkv, topk);
+  d.attn.batch = batch;
+  d.attn.qi.seqlen_q = seqlen_q;
+  d.force_fused = -1;
+  d.partial_dtype = PartialDType::kDefault;
+  return d;
+}
+
+TEST(PlanDecode, StreamingKernelOption) {
+  SparseAttnDeviceFacts f = hopper();
+  f.decode_regs_ctas = 2;
+  SparseDecodeOptions regs;
+  regs.kernel = DecodeKernel::kRegs;
+  // auto keeps the smem kernel.
+  EXPECT_FALSE(plan_sparse_decode(decode(16, -1), f).qm.regs);
+  // regs: split-K aims at 2 CTAs per SM. 16 requests x 4 kv heads = 64 items: ceil(264 / 64) = 5
+  // splits -> 4 blocks each, 4 splits (the smem kernel's 3 per SM: ceil(396 / 64) = 7 -> 3 blocks
+  // each, 6 splits).
+  const SparseAttnPlan r = plan_sparse_decode(decode(16, -1), f, regs);
+  EXPECT_TRUE(r.qm.regs);
+  EXPECT_EQ(r.qm.warps_m, 1);
+  EXPECT_EQ(r.qm.splits, 4);
+  EXPECT_EQ(plan_sparse_decode(decode(16, -1), f).qm.splits, 6);
+  expect_layout_sound(r);
+  // Where it cannot run: the device lacks the shared memory, NVFP4 K/V, G > 16.
+  EXPECT_FALSE(plan_sparse_decode(decode(16, -1), hopper(), regs).qm.regs);
+  SparseDecodeParams nvfp4 = decode(16, -1);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, f, regs).qm.regs);
+  SparseDecodeParams fp8 = decode(16, -1);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  EXPECT_TRUE(plan_sparse_decode(fp8, f, regs).qm.regs);
+  SparseDecodeParams g64 = decode(16, -1);
+  g64.attn.num_kv_heads = 1;
+  EXPECT_FALSE(plan_sparse_decode(g64, f, regs).qm.regs);
+}
+
+TEST(PlanDecode, MtpUnionOption) {
+  SparseAttnDeviceFacts f = hopper();
+  f.decode_regs_ctas = 2;
+  SparseDecodeOptions uni;
+  uni.mtp = DecodeMtp::kUnion;
+  // auto keeps per-token items.
+  EXPECT_EQ(plan_sparse_decode(mtp_decode(64, 4), f).qm.mtp_tokens, 0);
+  // M3 MTP-4 at batch 64: 256 union items of 64 rows (one per request and kv head), fused.
+  const SparseAttnPlan u = plan_sparse_decode(mtp_decode(64, 4), f, uni);
+  EXPECT_EQ(u.qm.mtp_tokens, 4);
+  EXPECT_EQ(u.qm.warps_m, 4);
+  EXPECT_EQ(u.qm.row_tiles, 1);
+  EXPECT_TRUE(u.qm.fused);
+  EXPECT_EQ(u.qm.num_items, 256);
+  EXPECT_EQ(u.bytes, 0u);
+  // Batch 8: 32 items, 2 CTAs per SM: ceil(264 / 32) = 9 -> 2 blocks each, 8 splits; partial slots
+  // for every row and head.
+  const SparseAttnPlan u8 = plan_sparse_decode(mtp_decode(8, 4), f, uni);
+  EXPECT_EQ(u8.qm.splits, 8);
+  EXPECT_EQ(u8.qm.num_items, int64_t(32) * 8);
+  expect_layout_sound(u8);
+  EXPECT_EQ(section(u8, "qm.part_o")->bytes, size_t(8 * 4) * 64 * 8 * 128 * 2);
+  // Per-token items where union items do not apply: 4 x 32 entries > 64, 5 tokens, 4 x 32 rows
+  // > 64, one token.
+  EXPECT_EQ(plan_sparse_decode(mtp_decode(8, 4, 64, 4, 32), f, uni).qm.mtp_tokens, 0);
+  EXPECT_EQ(plan_sparse_decode(mtp_decode(8, 5), f, uni).qm.mtp_tokens, 0);
+  EXPECT_EQ(plan_sparse_decode(mtp_decode(8, 4, 64, 2), f, uni).qm.mtp_tokens, 0);
+  EXPECT_EQ(plan_sparse_decode(mtp_decode(8, 1), f, uni).qm.mtp_tokens, 0);
+  EXPECT_EQ(plan_sparse_decode(mtp_decode(8, 2, 64, 2), f, uni).qm.mtp_tokens, 2);  // 2 x 32 rows
+  // Union items take the smem kernel's 64-row tiles, whatever the kernel option.
+  SparseDecodeOptions both = uni;
+  both.kernel = DecodeKernel::kRegs;
+  const SparseAttnPlan b = plan_sparse_decode(mtp_decode(8, 4), f, both);
+  EXPECT_EQ(b.qm.mtp_tokens, 4);
+  EXPECT_FALSE(b.qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(mtp_decode(8, 4), f, regs_only()).qm.regs);
+}
+
 TEST(PlanDecode, PrefillQueryMajorPartialsUseTheComputeDtype) {
   SparseAttnParams p = attn(8, 64, 4, 16);
   p.q_dtype = p.out_dtype = p.k.dtype = p.v.dtype = DType::kFP16;
@@ -381,6 +465,14 @@ TEST(PlanOptions, ParsesEveryOption) {
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
+  const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
+  EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
+  EXPECT_EQ(d.mtp, DecodeMtp::kUnion);
+  EXPECT_EQ(parse_sparse_decode_options("").kernel, DecodeKernel::kAuto);
+  for (DecodeKernel k : {DecodeKernel::kAuto, DecodeKernel::kSmem, DecodeKernel::kRegs})
+    EXPECT_EQ(parse_sparse_decode_options(std::string("kernel=") + option_name(k)).kernel, k);
+  for (DecodeMtp m : {DecodeMtp::kAuto, DecodeMtp::kPerToken, DecodeMtp::kUnion})
+    EXPECT_EQ(parse_sparse_decode_options(std::string("mtp=") + option_name(m)).mtp, m);
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -400,6 +492,12 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("kernel=wgmma"); }, ErrorKind::kValue,
                "kernel must be auto, mma_sync or decode, got 'wgmma'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
+  expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
+               "kernel must be auto, smem or regs, got 'fastest'");
+  expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
+               "mtp must be auto, per_token or union, got 'shared'");
+  expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
+               "unknown plan option 'splits'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'new'");
 }
