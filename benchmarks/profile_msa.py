@@ -53,6 +53,17 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
         "decode_b64": (lambda: bench.build_decode(64, 32 * K, 1, "bf16"), {}),
         "decode_b64_sq4": (lambda: bench.build_decode(64, 32 * K, 4, "bf16"), {}),
+        # The decode variants forced (FLASHMSA_DECODE_KERNEL / FLASHMSA_DECODE_MTP).
+        "decode_b64_regs": (lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
+                            {bm.DECODE_KERNEL_ENV: "regs"}),
+        "decode_b64_fp8_smem": (lambda: bench.build_decode(64, 32 * K, 1, "fp8"),
+                                {bm.DECODE_KERNEL_ENV: "smem"}),
+        "decode_b64_fp8_regs": (lambda: bench.build_decode(64, 32 * K, 1, "fp8"),
+                                {bm.DECODE_KERNEL_ENV: "regs"}),
+        "decode_b64_sq4_union": (lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
+                                 {bm.DECODE_MTP_ENV: "union"}),
+        "decode_b64_sq4_fp8_union": (lambda: bench.build_decode(64, 32 * K, 4, "fp8"),
+                                     {bm.DECODE_MTP_ENV: "union"}),
     }
 
 

@@ -30,7 +30,7 @@ def test_profile_cases_call_existing_builders():
     for name, (build, env) in table.items():
         build()  # autospec: an unknown method or a wrong argument list raises here
         assert all(k in (bm.SCHEDULE_ENV, bm.KERNEL_ENV, bm.TILE_WASTE_ENV, bm.PROXY_KERNEL_ENV,
-                         bm.TOPK_KERNEL_ENV)
+                         bm.TOPK_KERNEL_ENV, bm.DECODE_KERNEL_ENV, bm.DECODE_MTP_ENV)
                    for k in env), name
     called = {c[0] for c in bench.method_calls}
     assert {"build_proxy_prefill", "build_proxy_decode", "build_topk", "build_topk_decode",
