@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import inspect
 import json
@@ -78,16 +79,9 @@ QUICK = dict(
     budget_s=0.15, max_reps=50,
 )
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline")
-SCHEDULE_ENV = "FLASHMSA_PREFILL_SCHEDULE"  # auto | query_major | kv_major (csrc/sparse_attn)
-KERNEL_ENV = "FLASHMSA_KV_MAJOR_KERNEL"  # auto | mma_sync | wgmma
-TILE_WASTE_ENV = "FLASHMSA_TILE_MAX_WASTE"  # shared-selection tile bound (tuning; empty: 1.5)
-PROXY_KERNEL_ENV = "FLASHMSA_PROXY_KERNEL"  # auto | mma_sync | sm90[_only] | sm90_ss[_only] | decode[_only]
-TOPK_KERNEL_ENV = "FLASHMSA_TOPK_KERNEL"  # auto | warp_per_row | warp_per_row_8 | radix | by_size
 # The top-k kernels each top-k case runs under: the library's choice, then both forced.
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
-DECODE_KERNEL_ENV = "FLASHMSA_DECODE_KERNEL"  # auto | smem | regs (decode kernel, G <= 16)
-DECODE_MTP_ENV = "FLASHMSA_DECODE_MTP"  # auto | per_token | union (decode with seqlen_q > 1)
 
 
 def size_name(n: int) -> str:
@@ -114,6 +108,20 @@ def accepts(fn, name: str) -> bool:
 
 # ---- the run ---------------------------------------------------------------------------------
 
+def plan_options(schedule: str):
+    """Plan options of a schedule label of stage_sparse: "auto" (the library's own plan: None),
+    "<schedule>", "<schedule> <kv-major kernel>" or "hybrid waste=<x>"."""
+    if schedule == "auto":
+        return None
+    sched, _, rest = schedule.partition(" ")
+    options = dict(schedule=sched, kv_major_kernel="auto")
+    if rest.startswith("waste="):
+        options["tile_max_waste"] = rest[len("waste="):]
+    elif rest:
+        options["kv_major_kernel"] = rest
+    return options
+
+
 class Bench:
     def __init__(self, args, ops, device):
         self.args = args
@@ -136,6 +144,15 @@ class Bench:
     def rnd(self, shape, gen, dtype=torch.bfloat16):
         return mi.randn(shape, gen, self.device, dtype)
 
+    def planned(self, name: str, options):
+        """ops.<name>, or with plan options flashmsa's private planned twin of it (a forced
+        schedule or kernel: msa_ops._<op>_planned)."""
+        if options is None:
+            return getattr(self.ops, name)
+        private = {"msa_sparse_decode_attention": "_sparse_decode_planned"}.get(
+            name, f"_{name[len('msa_'):]}_planned")
+        return functools.partial(getattr(self.ops, private), options=options)
+
     def kw_attention(self, fn, total_q_max: int | None = None) -> dict:
         """Optional capture-friendly arguments the binding may accept beyond FlashInfer's."""
         kw = {}
@@ -143,9 +160,8 @@ class Bench:
             kw["max_seqlen_q"] = total_q_max
         return kw
 
-    def run_case(self, stage: str, case: str, build, bound: str, ref=None, extra=None, env=None):
-        """build() -> (fn, info) with info: flop, bytes, notes. Times fn and records one row.
-        env: environment variables set while the case is built and timed (schedule knobs)."""
+    def run_case(self, stage: str, case: str, build, bound: str, ref=None, extra=None):
+        """build() -> (fn, info) with info: flop, bytes, notes. Times fn and records one row."""
         row = dict(stage=stage, case=case, status="ok", bound=bound, notes="", **(extra or {}))
         if ref:
             row["ref_ms"], row["ref_label"] = ref
@@ -154,8 +170,6 @@ class Bench:
             self._record(row)
             return row
         fn = info = None
-        saved_env = {name: os.environ.get(name) for name in (env or {})}
-        os.environ.update(env or {})
         try:
             fn, info = build()
             result = fn()  # warm-up (compilation, plans, allocator) and a NaN check
@@ -189,11 +203,6 @@ class Bench:
             row.update(status="error", notes=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
             traceback.print_exc(file=sys.stderr)
         finally:
-            for name, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
             del fn, info
             gc.collect()
             try:
@@ -275,15 +284,14 @@ class Bench:
         for s in self.cfg["prefill_s"]:
             self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k", lambda s=s:
                           self.build_proxy_prefill(s), "compute",
-                          REF_PROXY_32K if s == 32 * K else None,
-                          env={PROXY_KERNEL_ENV: "mma_sync"})
+                          REF_PROXY_32K if s == 32 * K else None)
             # The sm_90a TMA + wgmma kernel, forced, with Q in registers (sm90) and in shared
             # memory (sm90_ss); _only: a skip row, never a silent fallback, on other devices.
             for variant in ("sm90", "sm90_ss"):
-                self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {variant}", lambda s=s:
-                              self.build_proxy_prefill(s), "compute",
-                              REF_PROXY_32K if s == 32 * K else None,
-                              env={PROXY_KERNEL_ENV: variant + "_only"})
+                self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {variant}",
+                              lambda s=s, o=dict(kernel=variant + "_only"):
+                              self.build_proxy_prefill(s, o), "compute",
+                              REF_PROXY_32K if s == 32 * K else None)
         for b, ctx, sq in self.cfg["decode"]:
             name = f"decode B{b} ctx={size_name(ctx)} sq{sq}"
             ref = REF_DECODE_INDEX if (b, ctx, sq) == (64, 32 * K, 1) else None
@@ -298,31 +306,31 @@ class Bench:
                           self.build_proxy_decode(b, c, q, k_fp8=True), "memory")
             # The decode streaming kernel (csrc/proxy_score/proxy_decode.cuh), forced: decode_only
             # gives a skip row, never a silent fallback. bf16, fp8 and NVFP4 index-K.
-            dec = {PROXY_KERNEL_ENV: "decode_only"}
+            dec = dict(kernel="decode_only")
             self.run_case("proxy", name + " [decode]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q), "memory", env=dec)
+                          self.build_proxy_decode(b, c, q, options=dec), "memory")
             self.run_case("proxy", name + " fp8 [decode]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, k_fp8=True), "memory", env=dec)
+                          self.build_proxy_decode(b, c, q, k_fp8=True, options=dec), "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
-                              self.build_proxy_decode(b, c, q, fp4=True), "memory", env=dec)
+                              self.build_proxy_decode(b, c, q, fp4=True, options=dec), "memory")
 
-    def build_proxy_prefill(self, s):
+    def build_proxy_prefill(self, s, options=None):
         g = self.gen()
         hq, hk = M3["idx_hq"], M3["idx_hk"]
         q, k = self.rnd((s, hq, 128), g), self.rnd((s, hk, 128), g)
         cu = ft.cu_seqlens([s], self.device)
         p = math.ceil(s / mi.BLOCK)
         out = torch.empty((hq, p, s), dtype=torch.float32, device=self.device)
-        ops = self.ops
+        proxy_score = self.planned("msa_proxy_score", options)
 
         def fn():
-            return ops.msa_proxy_score(q, k, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p,
-                                       output=out)
+            return proxy_score(q, k, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p, output=out)
         visible = s * (s + 1) // 2
         return fn, dict(flop=2 * 128 * hq * visible, bytes=q.nbytes + k.nbytes + out.nbytes)
 
-    def build_proxy_decode(self, b, ctx, sq, with_topk=False, fp4=False, k_fp8=False):
+    def build_proxy_decode(self, b, ctx, sq, with_topk=False, fp4=False, k_fp8=False,
+                           options=None):
         g = self.gen()
         hq, hk = M3["idx_hq"], M3["idx_hk"]
         nb = ctx // mi.BLOCK
@@ -337,6 +345,8 @@ class Bench:
         nvp = (pos // mi.BLOCK + 1).to(torch.int32)
         sel = torch.empty((b * sq, hq, TOPK), dtype=torch.int32, device=self.device)
         ops = self.ops
+        proxy_score = self.planned("msa_proxy_score", options)
+        proxy_score_fp4 = self.planned("msa_proxy_score_fp4", options)
 
         if fp4:  # the NVFP4 indexer: the same problem, q and k quantized
             k4, k_sc, k_gs = ft.quantize_nvfp4(k)
@@ -344,19 +354,19 @@ class Bench:
             nbytes = q4.nbytes + q_sc.nbytes + k4.nbytes + k_sc.nbytes + out.nbytes
 
             def proxy():
-                return ops.msa_proxy_score_fp4(q4, k4, q_sc, k_sc, q_gs, k_gs, cu_q, None,
-                                               page_table=page_table, seqused_k=seqused,
-                                               causal=True, max_seqlen_q=sq, max_k_tiles=nb,
-                                               output=out)
+                return proxy_score_fp4(q4, k4, q_sc, k_sc, q_gs, k_gs, cu_q, None,
+                                       page_table=page_table, seqused_k=seqused,
+                                       causal=True, max_seqlen_q=sq, max_k_tiles=nb,
+                                       output=out)
         else:
             if k_fp8:  # fp8 index-K (e4m3), bf16 q
                 k = k.to(torch.float8_e4m3fn)
             nbytes = q.nbytes + k.nbytes + out.nbytes
 
             def proxy():
-                return ops.msa_proxy_score(q, k, cu_q, None, page_table=page_table,
-                                           seqused_k=seqused, causal=True, max_seqlen_q=sq,
-                                           max_k_tiles=nb, output=out)
+                return proxy_score(q, k, cu_q, None, page_table=page_table,
+                                   seqused_k=seqused, causal=True, max_seqlen_q=sq,
+                                   max_k_tiles=nb, output=out)
 
         def index():
             proxy()
@@ -370,30 +380,29 @@ class Bench:
     def stage_topk(self):
         for kernel in TOPK_KERNELS:
             tag = "" if kernel == "auto" else f" [{kernel}]"
-            env = {TOPK_KERNEL_ENV: kernel}
+            options = None if kernel == "auto" else dict(kernel=kernel)
             for s in self.cfg["topk_s"]:
                 self.run_case("topk", f"prefill S={size_name(s)} H4 P={math.ceil(s / 128)}{tag}",
-                              lambda s=s: self.build_topk(s), "memory",
-                              REF_TOPK_32K if s == 32 * K else None, env=env)
+                              lambda s=s, o=options: self.build_topk(s, o), "memory",
+                              REF_TOPK_32K if s == 32 * K else None)
             s, h, p = TOPK_DECODE
             self.run_case("topk", f"decode S={s} H{h} P={p}{tag}",
-                          lambda: self.build_topk_decode(s, h, p), "memory", env=env)
+                          lambda o=options: self.build_topk_decode(s, h, p, o), "memory")
 
-    def build_topk_decode(self, s, h, p):
+    def build_topk_decode(self, s, h, p, options=None):
         """A decode batch's top-k: every token sees all P blocks (nvp = P per token), Gaussian
         scores, topk 16 with the local block forced."""
         g = self.gen()
         scores = torch.randn((h, p, s), generator=g, device=self.device)
         nvp = torch.full((s,), p, dtype=torch.int32, device=self.device)
         out = torch.empty((s, h, TOPK), dtype=torch.int32, device=self.device)
-        ops = self.ops
+        topk_select = self.planned("msa_topk_select", options)
 
         def fn():
-            return ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, output=out,
-                                       force_end_blocks=1)
+            return topk_select(scores, TOPK, num_valid_pages=nvp, output=out, force_end_blocks=1)
         return fn, dict(bytes=h * p * s * 4 + s * h * TOPK * 4)
 
-    def build_topk(self, s):
+    def build_topk(self, s, options=None):
         g = self.gen()
         h, p = M3["idx_hq"], math.ceil(s / mi.BLOCK)
         scores = torch.randn((h, p, s), generator=g, device=self.device)
@@ -403,11 +412,10 @@ class Bench:
         scores.masked_fill_(blk > tok_blk, float("-inf"))
         nvp = (torch.arange(s, device=self.device) // mi.BLOCK + 1).to(torch.int32)
         out = torch.empty((s, h, TOPK), dtype=torch.int32, device=self.device)
-        ops = self.ops
+        topk_select = self.planned("msa_topk_select", options)
 
         def fn():
-            return ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, output=out,
-                                       force_end_blocks=1)
+            return topk_select(scores, TOPK, num_valid_pages=nvp, output=out, force_end_blocks=1)
         return fn, dict(bytes=h * p * s * 4 + s * h * TOPK * 4)
 
     def stage_sparse(self):
@@ -426,17 +434,13 @@ class Bench:
                           if (kv, layout) == ("bf16", "flat")]
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
-                sched, _, kernel = schedule.partition(" ")
-                env = {SCHEDULE_ENV: sched, KERNEL_ENV: "auto", TILE_WASTE_ENV: ""}
-                if kernel.startswith("waste="):
-                    env[TILE_WASTE_ENV] = kernel[len("waste="):]
-                elif kernel:
-                    env[KERNEL_ENV] = kernel
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",
-                              lambda s=s, kv=kv, lay=layout, pat=pattern:
-                              self.build_sparse(s, kv, lay, pat, M3), "compute", ref, env=env)
+                              lambda s=s, kv=kv, lay=layout, pat=pattern, o=plan_options(schedule):
+                              self.build_sparse(s, kv, lay, pat, M3, o), "compute", ref)
 
-    def build_sparse(self, s, kv, layout, pattern, geo):
+    def build_sparse(self, s, kv, layout, pattern, geo, options=None):
+        """options: plan options of flashmsa's private msa_ops._sparse_attention_planned (a forced
+        schedule or kernel); None runs the public op (the library's own plan)."""
         sel = self.selection(s, pattern, geo["hkv"])
         g = self.gen()
         hq, hkv = geo["hq"], geo["hkv"]
@@ -457,8 +461,10 @@ class Bench:
         ops = self.ops
         kw.update(self.kw_attention(ops.msa_sparse_attention, s))
 
+        attention = self.planned("msa_sparse_attention", options)
+
         def fn():
-            return ops.msa_sparse_attention(q, k, v, sel, cu, cu_k, causal=True, **kw)
+            return attention(q, k, v, sel, cu, cu_k, causal=True, **kw)
         pos = torch.arange(s, device=self.device)
         keys = mi.visible_keys(sel, pos, s)
         notes = [f"{keys / (hkv * s):.0f} keys/token/kv-head",
@@ -509,17 +515,17 @@ class Bench:
                               lambda b=b, c=ctx: self.build_dense_decode(b, c), "memory")
             ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
-            # forced by name.
-            auto = {DECODE_KERNEL_ENV: "auto", DECODE_MTP_ENV: "auto"}
-            variants = [("", auto)]
+            # forced by name (plan options).
+            variants = [("", None)]
             if sq == 1:
-                variants += [(f" [{k}]", {**auto, DECODE_KERNEL_ENV: k}) for k in ("smem", "regs")]
+                variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
             if sq > 1:
-                variants += [(f" [{m}]", {**auto, DECODE_MTP_ENV: m}) for m in ("per_token", "union")]
-            for suffix, env in variants:
+                variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
+            for suffix, options in variants:
                 self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged{suffix}",
-                              lambda b=b, c=ctx, q=sq, kv=kv: self.build_decode(b, c, q, kv),
-                              "memory", ref if not suffix else None, env=env)
+                              lambda b=b, c=ctx, q=sq, kv=kv, o=options:
+                              self.build_decode(b, c, q, kv, o),
+                              "memory", ref if not suffix else None)
 
     def build_dense_decode(self, b, ctx):
         """Dense bf16 decode of one token per request over all ctx keys: the baseline the sparse
@@ -549,7 +555,7 @@ class Bench:
         return fn, dict(flop=4 * 128 * hq * b * ctx, bytes=k.nbytes + v.nbytes + 2 * q.nbytes,
                         notes=notes)
 
-    def build_decode(self, b, ctx, sq, kv):
+    def build_decode(self, b, ctx, sq, kv, options=None):
         g = self.gen()
         hq, hkv = M3["hq"], M3["hkv"]
         nb = ctx // mi.BLOCK
@@ -564,11 +570,11 @@ class Bench:
             k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
         q = self.rnd((b * sq, hq, 128), g)
         seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
-        ops = self.ops
+        decode = self.planned("msa_sparse_decode_attention", options)
 
         def fn():
-            return ops.msa_sparse_decode_attention(q, k, v, sel, page_table=page_table,
-                                                   seqused_k=seqused, seqlen_q=sq, causal=True)
+            return decode(q, k, v, sel, page_table=page_table, seqused_k=seqused, seqlen_q=sq,
+                          causal=True)
         pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
         keys = mi.visible_keys(sel, pos, ctx)
         elt = k.element_size()
@@ -683,8 +689,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="subset that runs in < 2 minutes")
     ap.add_argument("--out", help="write every row and the ceilings as JSON here")
     ap.add_argument("--tile-waste", default="", type=lambda v: [w for w in v.split(",") if w],
-                    help="comma-separated FLASHMSA_TILE_MAX_WASTE values: bf16 flat sparse cases "
-                         "also run under the hybrid schedule with each (tuning)")
+                    help="comma-separated values of the tile_max_waste plan option (1 to 8; the "
+                         "library's bound is 1.5): bf16 flat sparse cases also run under the "
+                         "hybrid schedule with each (tuning)")
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)}")
     args = ap.parse_args(argv)

@@ -40,6 +40,7 @@ op; the exit status is 1 when any case failed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing as mp
@@ -81,44 +82,53 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
     return [pick(sk) for sk in seqs_k]
 
 
-# The kernel choices a case may force on the device (the CPU reference reads none of them):
-# FLASHMSA_PROXY_KERNEL, FLASHMSA_TOPK_KERNEL, FLASHMSA_PREFILL_SCHEDULE (auto is query-major),
-# FLASHMSA_KV_MAJOR_KERNEL, FLASHMSA_KV_MAJOR_CHUNK_ROWS (launch groups), FLASHMSA_TILE_MAX_WASTE
-# (8: every tile whose union fits goes to the shared-selection tile kernel), FLASHMSA_DECODE_KERNEL.
+# The kernel choices a case may force on the device, as plan options of flashmsa's private planned
+# twins of the ops (msa_ops._*_planned; the CPU reference has no plan): the proxy, top-k and decode
+# kernel, decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
+# KV-major kernel, chunk_rows (launch groups) and tile_max_waste (8: every tile whose union fits
+# goes to the shared-selection tile kernel).
 SCHEDULES = {
     "auto": {},
-    "query_major": {"FLASHMSA_PREFILL_SCHEDULE": "query_major"},
-    "kv_major": {"FLASHMSA_PREFILL_SCHEDULE": "kv_major", "FLASHMSA_KV_MAJOR_KERNEL": "auto"},
-    "kv_major_mma_sync": {"FLASHMSA_PREFILL_SCHEDULE": "kv_major",
-                          "FLASHMSA_KV_MAJOR_KERNEL": "mma_sync"},
-    "hybrid": {"FLASHMSA_PREFILL_SCHEDULE": "hybrid", "FLASHMSA_KV_MAJOR_KERNEL": "auto"},
-    "hybrid_waste8": {"FLASHMSA_PREFILL_SCHEDULE": "hybrid", "FLASHMSA_KV_MAJOR_KERNEL": "auto",
-                      "FLASHMSA_TILE_MAX_WASTE": "8"},
+    "query_major": {"schedule": "query_major"},
+    "kv_major": {"schedule": "kv_major", "kv_major_kernel": "auto"},
+    "kv_major_mma_sync": {"schedule": "kv_major", "kv_major_kernel": "mma_sync"},
+    "hybrid": {"schedule": "hybrid", "kv_major_kernel": "auto"},
+    "hybrid_waste8": {"schedule": "hybrid", "kv_major_kernel": "auto", "tile_max_waste": "8"},
 }
 
 
-# op -> [(variable, the values a case picks from besides the default), ...], each drawn on its own
+# op -> [(plan option, the values a case picks from besides the default), ...], each drawn on its own
 KERNELS = {
-    "proxy": [("FLASHMSA_PROXY_KERNEL", ("mma_sync", "sm90", "sm90_ss"))],
-    "proxy_fp4": [("FLASHMSA_PROXY_KERNEL", ("mma_sync", "sm90", "sm90_ss"))],
-    "topk": [("FLASHMSA_TOPK_KERNEL", ("warp_per_row", "warp_per_row_8", "radix", "by_size"))],
-    "decode": [("FLASHMSA_DECODE_KERNEL", ("smem", "regs")),
-               ("FLASHMSA_DECODE_MTP", ("per_token", "union"))],
+    "proxy": [("kernel", ("mma_sync", "sm90", "sm90_ss"))],
+    "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss"))],
+    "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size"))],
+    "decode": [("kernel", ("smem", "regs")), ("mtp", ("per_token", "union"))],
 }
 
 
-def _env(rng: random.Random, op: str) -> Dict[str, str]:
+def _options(rng: random.Random, op: str) -> Dict[str, str]:
     if op == "attention":
-        env = dict(SCHEDULES[rng.choice(sorted(SCHEDULES))])
-        if env.get("FLASHMSA_PREFILL_SCHEDULE") in ("kv_major", "hybrid") and rng.random() < 0.3:
-            env["FLASHMSA_KV_MAJOR_CHUNK_ROWS"] = str(rng.choice((1, 7, 37)))
-        return env
-    env = {}
+        options = dict(SCHEDULES[rng.choice(sorted(SCHEDULES))])
+        if options.get("schedule") in ("kv_major", "hybrid") and rng.random() < 0.3:
+            options["chunk_rows"] = str(rng.choice((1, 7, 37)))
+        return options
+    options = {}
     for name, values in KERNELS[op]:
         kernel = rng.choice((None,) + values)
         if kernel:
-            env[name] = kernel
-    return env
+            options[name] = kernel
+    return options
+
+
+def _planned(public, options):
+    """The op ``public`` (a msa_ops function name) with the case's plan options."""
+    from flashmsa import msa_ops
+    private = {"msa_proxy_score": "_proxy_score_planned",
+               "msa_proxy_score_fp4": "_proxy_score_fp4_planned",
+               "msa_topk_select": "_topk_select_planned",
+               "msa_sparse_attention": "_sparse_attention_planned",
+               "msa_sparse_decode_attention": "_sparse_decode_planned"}[public]
+    return functools.partial(getattr(msa_ops, private), options=options)
 
 
 def _paged_lengths(rng: random.Random, p: dict, paged: bool, huge: bool) -> None:
@@ -169,7 +179,7 @@ def gen_proxy(rng: random.Random, fp4: bool) -> dict:
         reduce_heads=rng.random() < 0.3, output=rng.random() < 0.5,
         extra_rows=rng.choice((0, 0, 0, 1, 7)), nan_keys=(not fp4) and rng.random() < 0.15,
         data_scale=rng.choice((1.0, 1.0, 0.1, 4.0)),
-        env=_env(rng, "proxy_fp4" if fp4 else "proxy"))
+        options=_options(rng, "proxy_fp4" if fp4 else "proxy"))
     _paged_lengths(rng, p, p["paged"], huge=True)
     return p
 
@@ -193,7 +203,7 @@ def gen_topk(rng: random.Random) -> dict:
                 specials=rng.choice((0.0, 0.05, 0.2, 0.4)), payloads=rng.random() < 0.5,
                 row_inf=rng.random() < 0.3, col_inf=rng.random() < 0.3,
                 output=rng.random() < 0.5, misaligned=rng.random() < 0.2,
-                env=_env(rng, "topk"))
+                options=_options(rng, "topk"))
 
 
 def _selection_mix(rng: random.Random) -> Dict[str, float]:
@@ -245,7 +255,7 @@ def gen_attention(rng: random.Random) -> dict:
              lse=rng.random() < 0.5,
              temperature=rng.choice((None, None, None, 0.3, 0.8, 1.3)),
              workspace=rng.random() < 0.3, graph=rng.random() < 0.1,
-             extra_rows=rng.choice((0, 0, 0, 3)), env=_env(rng, "attention"))
+             extra_rows=rng.choice((0, 0, 0, 3)), options=_options(rng, "attention"))
     p.update(_kv_params(rng, ("flat", "flat", "paged", "packed", "packed_nhd")))
     p.update(_scales(rng))
     paged = p["layout"] != "flat"
@@ -275,7 +285,7 @@ def gen_decode(rng: random.Random) -> dict:
              partial_dtype=rng.choice((None, None, "fp32", "bf16", "fp16", "fp8")),
              force_fused=rng.choice((None, True, False)),
              workspace=rng.random() < 0.3, graph=rng.random() < 0.15,
-             env=_env(rng, "decode"))
+             options=_options(rng, "decode"))
     p.update(_kv_params(rng, ("paged", "paged", "flat", "packed", "packed_nhd")))
     p.update(_scales(rng))
     _paged_lengths(rng, p, p["layout"] != "flat", huge=True)
@@ -521,7 +531,8 @@ class Problem:
     def _run_proxy(self, device, reference: bool = False):
         torch = _torch()
         from flashmsa import msa_ops
-        fn = msa_ops.msa_proxy_score_fp4 if self.op == "proxy_fp4" else msa_ops.msa_proxy_score
+        fn = _planned("msa_proxy_score_fp4" if self.op == "proxy_fp4" else "msa_proxy_score",
+                      self.p.get("options"))
         args = [_to(a, device) for a in self.args]
         kw = {k: _to(v, device) for k, v in self.kwargs.items()}
         out = None
@@ -613,7 +624,7 @@ class Problem:
             flat = torch.empty(score.numel() + 1, device=device)
             flat[1:] = score.reshape(-1)
             score = flat[1:].view(score.shape)
-        res = msa_ops.msa_topk_select(score, self.args[1], **kw)
+        res = _planned("msa_topk_select", self.p.get("options"))(score, self.args[1], **kw)
         if out is not None and res.data_ptr() != out.data_ptr():
             raise AssertionError("output= was not returned")
         return res
@@ -758,8 +769,8 @@ class Problem:
     def _run_attention(self, device, reference: bool = False):
         torch = _torch()
         from flashmsa import msa_ops
-        fn = msa_ops.msa_sparse_decode_attention if self.op == "decode" \
-            else msa_ops.msa_sparse_attention
+        fn = _planned("msa_sparse_decode_attention" if self.op == "decode"
+                      else "msa_sparse_attention", self.p.get("options"))
         args, kw = self._attention_args(device, reference)
         if self.op == "attention":
             cu_q = kw.pop("cu_seqlens_q")
@@ -964,27 +975,6 @@ def reproducer(op: str, seed: int, params: dict, message: str) -> str:
             f"rerun: python benchmarks/fuzz_msa.py --replay {op}:{seed}")
 
 
-class _environment:
-    """Sets the case's kernel-choice variables for the device call, then restores them."""
-
-    def __init__(self, env: Dict[str, str]):
-        self.env, self.saved = env, {}
-
-    def __enter__(self):
-        for k, v in self.env.items():
-            self.saved[k] = os.environ.get(k)
-            os.environ[k] = v
-        return self
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        return False
-
-
 def run_case(op: str, seed: int, device: str) -> Tuple[Optional[str], bool]:
     """Runs case ``(op, seed)`` on ``device`` and on the CPU. Returns (None when they agree, else
     the one-line reproducer; whether a fault was planted)."""
@@ -993,7 +983,7 @@ def run_case(op: str, seed: int, device: str) -> Tuple[Optional[str], bool]:
     try:
         import flashmsa.testing as ft
         pb = Problem(op, params, seed)
-        with ft.poison_outputs(True), _environment(params.get("env", {})):
+        with ft.poison_outputs(True):
             got = pb.run(device)
             if device != "cpu":
                 _torch().cuda.synchronize()

@@ -11,7 +11,6 @@ named in PROFILE=... and keeps ncu's report in $OUT/profile.log. --list prints t
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -22,48 +21,41 @@ K = bm.K
 
 
 def cases(bench: bm.Bench) -> dict:
-    """name -> (build, environment): build() -> (fn, info) as in bench_msa."""
-    def sparse(pattern, kv="bf16", layout="flat", schedule="auto"):
-        return (lambda: bench.build_sparse(32 * K, kv, layout, pattern, bm.M3),
-                {bm.SCHEDULE_ENV: schedule})
+    """name -> build: build() -> (fn, info) as in bench_msa (with the plan options the case names;
+    sparse cases under the library's own plan)."""
+    def sparse(pattern, kv="bf16", layout="flat"):
+        return lambda: bench.build_sparse(32 * K, kv, layout, pattern, bm.M3)
     return {
-        "proxy_prefill_32k": (lambda: bench.build_proxy_prefill(32 * K), {bm.PROXY_KERNEL_ENV: "mma_sync"}),
-        "proxy_prefill_32k_sm90": (lambda: bench.build_proxy_prefill(32 * K),
-                                   {bm.PROXY_KERNEL_ENV: "sm90_only"}),
-        "proxy_prefill_32k_sm90_ss": (lambda: bench.build_proxy_prefill(32 * K),
-                                      {bm.PROXY_KERNEL_ENV: "sm90_ss_only"}),
-        "proxy_decode_b64": (lambda: bench.build_proxy_decode(64, 32 * K, 1), {}),
-        "proxy_decode_b64_decode": (lambda: bench.build_proxy_decode(64, 32 * K, 1),
-                                    {bm.PROXY_KERNEL_ENV: "decode_only"}),
-        "proxy_decode_b64_fp8_decode": (lambda: bench.build_proxy_decode(64, 32 * K, 1, k_fp8=True),
-                                        {bm.PROXY_KERNEL_ENV: "decode_only"}),
-        "proxy_decode_b64_nvfp4_decode": (lambda: bench.build_proxy_decode(64, 32 * K, 1, fp4=True),
-                                          {bm.PROXY_KERNEL_ENV: "decode_only"}),
-        "index_decode_b64": (lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True), {}),
-        "topk_prefill_32k": (lambda: bench.build_topk(32 * K), {}),
-        "topk_prefill_32k_radix": (lambda: bench.build_topk(32 * K),
-                                   {bm.TOPK_KERNEL_ENV: "radix"}),
-        "topk_prefill_128k_radix": (lambda: bench.build_topk(128 * K),
-                                    {bm.TOPK_KERNEL_ENV: "radix"}),
-        "topk_decode_warp8": (lambda: bench.build_topk_decode(*bm.TOPK_DECODE),
-                              {bm.TOPK_KERNEL_ENV: "warp_per_row_8"}),
+        "proxy_prefill_32k": lambda: bench.build_proxy_prefill(32 * K, dict(kernel="mma_sync")),
+        "proxy_prefill_32k_sm90": lambda: bench.build_proxy_prefill(32 * K, dict(kernel="sm90_only")),
+        "proxy_prefill_32k_sm90_ss": lambda: bench.build_proxy_prefill(32 * K,
+                                                                       dict(kernel="sm90_ss_only")),
+        "proxy_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1),
+        "proxy_decode_b64_decode": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, options=dict(kernel="decode_only")),
+        "proxy_decode_b64_fp8_decode": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, k_fp8=True, options=dict(kernel="decode_only")),
+        "proxy_decode_b64_nvfp4_decode": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, fp4=True, options=dict(kernel="decode_only")),
+        "index_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True),
+        "topk_prefill_32k": lambda: bench.build_topk(32 * K),
+        "topk_prefill_32k_radix": lambda: bench.build_topk(32 * K, dict(kernel="radix")),
+        "topk_prefill_128k_radix": lambda: bench.build_topk(128 * K, dict(kernel="radix")),
+        "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
+                                                             dict(kernel="warp_per_row_8")),
         "sparse_random_32k": sparse("random"),
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),
         "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
-        "decode_b64": (lambda: bench.build_decode(64, 32 * K, 1, "bf16"), {}),
-        "decode_b64_sq4": (lambda: bench.build_decode(64, 32 * K, 4, "bf16"), {}),
-        # The decode variants forced (FLASHMSA_DECODE_KERNEL / FLASHMSA_DECODE_MTP).
-        "decode_b64_regs": (lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
-                            {bm.DECODE_KERNEL_ENV: "regs"}),
-        "decode_b64_fp8_smem": (lambda: bench.build_decode(64, 32 * K, 1, "fp8"),
-                                {bm.DECODE_KERNEL_ENV: "smem"}),
-        "decode_b64_fp8_regs": (lambda: bench.build_decode(64, 32 * K, 1, "fp8"),
-                                {bm.DECODE_KERNEL_ENV: "regs"}),
-        "decode_b64_sq4_union": (lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
-                                 {bm.DECODE_MTP_ENV: "union"}),
-        "decode_b64_sq4_fp8_union": (lambda: bench.build_decode(64, 32 * K, 4, "fp8"),
-                                     {bm.DECODE_MTP_ENV: "union"}),
+        "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
+        "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
+        # The decode variants forced (decode plan options kernel / mtp).
+        "decode_b64_regs": lambda: bench.build_decode(64, 32 * K, 1, "bf16", dict(kernel="regs")),
+        "decode_b64_fp8_smem": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="smem")),
+        "decode_b64_fp8_regs": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="regs")),
+        "decode_b64_sq4_union": lambda: bench.build_decode(64, 32 * K, 4, "bf16", dict(mtp="union")),
+        "decode_b64_sq4_fp8_union": lambda: bench.build_decode(64, 32 * K, 4, "fp8",
+                                                               dict(mtp="union")),
     }
 
 
@@ -86,9 +78,7 @@ def main(argv=None) -> int:
     table = cases(bench)
     if args.case not in table:
         ap.error(f"unknown case {args.case!r}; choose from {', '.join(table)}")
-    build, env = table[args.case]
-    os.environ.update(env)
-    fn, _ = build()
+    fn, _ = table[args.case]()
     for _ in range(2):
         fn()
     torch.cuda.synchronize()

@@ -7,7 +7,6 @@ list building, the main kernels and the combine is visible. Used to direct kerne
 of record come from bench_msa.py.
 """
 import argparse
-import os
 
 import torch
 
@@ -53,11 +52,11 @@ def main():
                 "clustered": msa_inputs.clustered_selection(S, hkv, topk, 0, dev)}
         for pat, sel in sels.items():
             for sched in ("hybrid", "kv_major", "kv_major mma_sync", "query_major"):
-                os.environ["FLASHMSA_PREFILL_SCHEDULE"] = sched.split()[0]
-                os.environ["FLASHMSA_KV_MAJOR_KERNEL"] = "mma_sync" if "mma_sync" in sched else "auto"
+                options = dict(schedule=sched.split()[0],
+                               kv_major_kernel="mma_sync" if "mma_sync" in sched else "auto")
                 profile(f"prefill S={S} {pat} {sched}",
-                        lambda: msa_ops.msa_sparse_attention(q, k, v, sel, cu, cu, causal=True))
-        os.environ.pop("FLASHMSA_PREFILL_SCHEDULE", None)
+                        lambda sel=sel, options=options: msa_ops._sparse_attention_planned(
+                            q, k, v, sel, cu, cu, causal=True, options=options))
     if args.only in ("", "decode"):
         B, ctx = 64, 32768
         nb = ctx // 128

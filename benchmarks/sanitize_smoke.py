@@ -22,6 +22,7 @@ but no flashmsa op is called for them.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -154,19 +155,16 @@ class Smoke:
             max_seqlen_q=1, max_k_tiles=table.shape[1], q_offset=self.i32([350, 1024, 64, 0, 0])))
 
     def proxy_sm90(self):
-        """The sm_90a TMA + wgmma prefill kernel, forced, in both variants (FLASHMSA_PROXY_KERNEL=
+        """The sm_90a TMA + wgmma prefill kernel, forced, in both variants (plan option kernel=
         sm90_only: Q in registers, sm90_ss_only: Q in shared memory; SKIP on other devices):
         ragged and empty sequences, several tiles per CTA, q_offset, padding columns, non-causal,
         G = 1 / 2 / 8, fp16, rows of no sequence, paged K with an invalid page id."""
         for variant in ("sm90", "sm90_ss"):
-            os.environ["FLASHMSA_PROXY_KERNEL"] = variant + "_only"
-            try:
-                self._proxy_sm90_cases(variant)
-            finally:
-                os.environ.pop("FLASHMSA_PROXY_KERNEL", None)
+            options = dict(kernel=variant + "_only")
+            self._proxy_sm90_cases(variant, PlannedOps(self.ops, msa_proxy_score=options,
+                                                       msa_proxy_score_fp4=options))
 
-    def _proxy_sm90_cases(self, tag):
-        ops = self.ops
+    def _proxy_sm90_cases(self, tag, ops):
         sq, sk = [1000, 37, 0, 129], [1000, 300, 256, 2000]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
         q4, k1 = self.rnd((sum(sq) + 5, 4, 128)), self.rnd((sum(sk), 1, 128))
@@ -196,17 +194,14 @@ class Smoke:
             max_k_tiles=s // 128))
 
     def proxy_decode(self):
-        """The decode streaming kernel, forced (FLASHMSA_PROXY_KERNEL=decode_only): paged bf16 /
+        """The decode streaming kernel, forced (plan option kernel=decode_only): paged bf16 /
         fp8 / NVFP4 index-K with ragged and empty contexts and invalid pages, sq 1..4, reduce_heads,
         G 2 with two KV heads, q_offset, padding columns, flat with rows of no sequence."""
-        os.environ["FLASHMSA_PROXY_KERNEL"] = "decode_only"
-        try:
-            self._proxy_decode_cases()
-        finally:
-            os.environ.pop("FLASHMSA_PROXY_KERNEL", None)
+        options = dict(kernel="decode_only")
+        self._proxy_decode_cases(PlannedOps(self.ops, msa_proxy_score=options,
+                                            msa_proxy_score_fp4=options))
 
-    def _proxy_decode_cases(self):
-        ops = self.ops
+    def _proxy_decode_cases(self, ops):
         lens = [700, 2048, 129, 0, 1000, 1]
         b = len(lens)
         for hkv, dtype in ((1, BF16), (2, BF16), (1, FP8)):
@@ -248,18 +243,13 @@ class Smoke:
             max_seqlen_q=1, max_k_tiles=table.shape[1]))
 
     def topk(self):
-        """Every case under each top-k kernel (FLASHMSA_TOPK_KERNEL): warp-per-row at 32 and at 8
+        """Every case under each top-k kernel (plan option kernel): warp-per-row at 32 and at 8
         tokens per CTA, and the thread-per-row radix kernel (16-byte loads where S % 4 == 0,
         4-byte ones on the S = 77 and misaligned cases)."""
         for kernel in ("warp_per_row", "warp_per_row_8", "radix"):
-            os.environ["FLASHMSA_TOPK_KERNEL"] = kernel
-            try:
-                self._topk_cases(kernel)
-            finally:
-                os.environ.pop("FLASHMSA_TOPK_KERNEL", None)
+            self._topk_cases(kernel, PlannedOps(self.ops, msa_topk_select=dict(kernel=kernel)))
 
-    def _topk_cases(self, kernel):
-        ops = self.ops
+    def _topk_cases(self, kernel, ops):
         for h, p, s in ((2, 24, 12), (4, 128, 64), (2, 300, 40), (1, 2048, 8), (3, 200, 77)):
             score = torch.randn((h, p, s), generator=self.gen, device=self.dev)
             score[:, ::7, ::3] = float("-inf")
@@ -285,27 +275,18 @@ class Smoke:
             score, 16, num_valid_pages=p, force_begin_blocks=1, force_end_blocks=1))
 
     def sparse_attention(self):
-        """Every prefill case under each schedule (FLASHMSA_PREFILL_SCHEDULE: query_major, kv_major,
-        hybrid), the KV-major schedule once more with small launch groups
-        (FLASHMSA_KV_MAJOR_CHUNK_ROWS) and the hybrid one with every tile of up to 96 union blocks
-        taken (FLASHMSA_TILE_MAX_WASTE=8: consumer warpgroups skip blocks on unrelated selections)."""
-        knobs = ("FLASHMSA_PREFILL_SCHEDULE", "FLASHMSA_KV_MAJOR_CHUNK_ROWS", "FLASHMSA_TILE_MAX_WASTE")
-        for tag, values in (("query_major", ("query_major", None, None)),
-                            ("kv_major", ("kv_major", None, None)),
-                            ("kv_major/chunk100", ("kv_major", "100", None)),
-                            ("hybrid", ("hybrid", None, None)),
-                            ("hybrid/waste8", ("hybrid", None, "8"))):
-            for name, value in zip(knobs, values):
-                if value is not None:
-                    os.environ[name] = value
-            try:
-                self._sparse_attention_cases(tag)
-            finally:
-                for name in knobs:
-                    os.environ.pop(name, None)
+        """Every prefill case under each schedule (plan option schedule: query_major, kv_major,
+        hybrid), the KV-major schedule once more with small launch groups (chunk_rows=100) and the
+        hybrid one with every tile of up to 96 union blocks taken (tile_max_waste=8: consumer
+        warpgroups skip blocks on unrelated selections)."""
+        for tag, options in (("query_major", dict(schedule="query_major")),
+                             ("kv_major", dict(schedule="kv_major")),
+                             ("kv_major/chunk100", dict(schedule="kv_major", chunk_rows=100)),
+                             ("hybrid", dict(schedule="hybrid")),
+                             ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8))):
+            self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))
 
-    def _sparse_attention_cases(self, tag):
-        ops = self.ops
+    def _sparse_attention_cases(self, tag, ops):
 
         def run(name, fn):
             self.run(f"sparse [{tag}] {name}", fn)
@@ -422,11 +403,11 @@ class Smoke:
         self.decode_mtp_union(lens)
 
     def decode_regs(self, lens):
-        """The streaming decode variant (FLASHMSA_DECODE_KERNEL=regs): fp8 K/V converted in
+        """The streaming decode variant (plan option kernel=regs): fp8 K/V converted in
         registers, bf16 / fp16 K/V with 3 stages; M3 and small groups, bf16 / fp16 / fp8 q,
         seqlen_q 1 and 4, fused / split with each partial dtype, ids out of range and -1 holes in
         the lists."""
-        ops = self.ops
+        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs"))
         b = len(lens)
         for hq, hkv, q_dtype, kv_dtype in ((64, 4, BF16, FP8), (8, 2, FP16, FP8), (16, 4, FP8, FP8),
                                            (64, 4, BF16, BF16), (8, 2, FP16, FP16)):
@@ -445,18 +426,17 @@ class Smoke:
                                 f"{hq}/{hkv} "
                                 f"sq{seqlen_q} fused={fused} partial={partial}")
                         self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
-                                 sqd=seqlen_q, fused=fused, partial=partial: with_env(
-                                     {"FLASHMSA_DECODE_KERNEL": "regs"},
-                                     lambda: ops.msa_sparse_decode_attention(
-                                         q, kc, vc, sel, page_table=table, seqused_k=used,
-                                         seqlen_q=sqd, return_softmax_lse=True,
-                                         force_fused=fused, partial_dtype=partial)))
+                                 sqd=seqlen_q, fused=fused, partial=partial:
+                                 ops.msa_sparse_decode_attention(
+                                     q, kc, vc, sel, page_table=table, seqused_k=used,
+                                     seqlen_q=sqd, return_softmax_lse=True,
+                                     force_fused=fused, partial_dtype=partial))
 
     def decode_mtp_union(self, lens):
-        """MTP union items (FLASHMSA_DECODE_MTP=union): M3 and small groups, bf16 / fp8 / NVFP4
+        """MTP union items (plan option mtp=union): M3 and small groups, bf16 / fp8 / NVFP4
         K/V, seqlen_q 2 and 4, shared and per-token selections, fused / split, ids out of range
         and -1 holes."""
-        ops = self.ops
+        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(mtp="union"))
         b = len(lens)
         for hq, hkv, dtype in ((64, 4, BF16), (64, 4, FP8), (8, 2, FP8), (12, 4, BF16)):
             kc, table, used = self.paged(lens, hkv, dtype)
@@ -474,11 +454,9 @@ class Smoke:
                     name = (f"decode mtp union paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} "
                             f"shared={shared} fused={fused}")
                     self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
-                             sqd=seqlen_q, fused=fused: with_env(
-                                 {"FLASHMSA_DECODE_MTP": "union"},
-                                 lambda: ops.msa_sparse_decode_attention(
-                                     q, kc, vc, sel, page_table=table, seqused_k=used,
-                                     seqlen_q=sqd, return_softmax_lse=True, force_fused=fused)))
+                             sqd=seqlen_q, fused=fused: ops.msa_sparse_decode_attention(
+                                 q, kc, vc, sel, page_table=table, seqused_k=used,
+                                 seqlen_q=sqd, return_softmax_lse=True, force_fused=fused))
         kc, table, used = self.paged(lens, 2)
         pos = torch.cat([torch.arange(n - 4, n, device=self.dev) for n in lens])
         sel = mi.random_selection(pos.clamp(min=0), 2, 16, self.gen)
@@ -491,7 +469,7 @@ class Smoke:
                     seqlen_q=4, k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg,
                     force_fused=fused)
             self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}",
-                     lambda call=call: with_env({"FLASHMSA_DECODE_MTP": "union"}, call))
+                     lambda call=call: call())
 
     def hostile(self):
         """Hostile inputs (every op; attention under each prefill schedule, decode fused and split,
@@ -535,7 +513,7 @@ class Smoke:
             max_k_tiles=table.shape[1]))
         # top-k: every nvp 0 (empty selections), no tokens, a single block.
         for kernel in ("warp_per_row", "warp_per_row_8", "radix"):
-            def topk_cases(kernel=kernel):
+            def topk_cases(kernel=kernel, ops=PlannedOps(ops, msa_topk_select=dict(kernel=kernel))):
                 score = torch.randn((2, 300, 40), generator=self.gen, device=self.dev)
                 self.run(f"hostile topk [{kernel}] nvp all 0 / negative",
                          lambda: ops.msa_topk_select(score, 16, num_valid_pages=self.i32(
@@ -544,15 +522,14 @@ class Smoke:
                     torch.empty((2, 300, 0), device=self.dev), 16))
                 self.run(f"hostile topk [{kernel}] one block, topk 64", lambda: ops.msa_topk_select(
                     score[:, :1].contiguous(), 64, force_begin_blocks=1))
-            with_env({"FLASHMSA_TOPK_KERNEL": kernel}, topk_cases)
+            topk_cases()
         # sparse attention
         for schedule in ("query_major", "kv_major", "hybrid"):
-            with_env({"FLASHMSA_PREFILL_SCHEDULE": schedule},
-                     lambda schedule=schedule: self._hostile_attention(schedule))
+            self._hostile_attention(
+                schedule, PlannedOps(self.ops, msa_sparse_attention=dict(schedule=schedule)))
         self._hostile_decode()
 
-    def _hostile_attention(self, tag):
-        ops = self.ops
+    def _hostile_attention(self, tag, ops):
         big = 2 ** 31 - 1
         sq, sk = [40, 0, 25, 30], [700, 300, 0, 1300]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
@@ -673,18 +650,24 @@ class Smoke:
         self.run("pipeline M3 decode step B8", step)
 
 
-def with_env(env, fn):
-    """fn() with the environment variables in env set (restored afterwards)."""
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        return fn()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+class PlannedOps:
+    """flashmsa.msa_ops with plan options for some ops: their calls go through the private planned
+    twins (msa_ops._*_planned(..., options=...)), the rest to the public functions."""
+
+    _TWINS = {"msa_proxy_score": "_proxy_score_planned",
+              "msa_proxy_score_fp4": "_proxy_score_fp4_planned",
+              "msa_topk_select": "_topk_select_planned",
+              "msa_sparse_attention": "_sparse_attention_planned",
+              "msa_sparse_decode_attention": "_sparse_decode_planned"}
+
+    def __init__(self, ops, **options):
+        self._ops, self._options = ops, options
+
+    def __getattr__(self, name):
+        if name in self._options:
+            return functools.partial(getattr(self._ops, self._TWINS[name]),
+                                     options=self._options[name])
+        return getattr(self._ops, name)
 
 
 def main() -> int:

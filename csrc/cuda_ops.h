@@ -4,15 +4,18 @@
 
 #include "flashmsa/api.h"
 #include "flashmsa/params.h"
+#include "flashmsa/plan.h"
 
 namespace flashmsa::cuda {
 
-void proxy_score(const ProxyScoreParams& p, cudaStream_t stream);
-void topk_select(const TopkSelectParams& p, cudaStream_t stream);
-void sparse_attention(const SparseAttnParams& p, cudaStream_t stream);
-void sparse_decode(const SparseDecodeParams& p, cudaStream_t stream);
+void proxy_score(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream);
+void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStream_t stream);
+void sparse_attention(const SparseAttnParams& p, const SparseAttnPlan& plan, cudaStream_t stream);
+void sparse_decode(const SparseDecodeParams& p, const SparseAttnPlan& plan, cudaStream_t stream);
 
-size_t sparse_attention_workspace_bytes(const SparseAttnParams& p);
-size_t sparse_decode_workspace_bytes(const SparseDecodeParams& p);
+// What the planners need to know about the current device (for these params).
+TopkSelectDeviceFacts topk_select_facts();
+SparseAttnDeviceFacts sparse_attention_facts(const SparseAttnParams& p);
+SparseAttnDeviceFacts sparse_decode_facts(const SparseDecodeParams& p);
 
 }  // namespace flashmsa::cuda

@@ -26,9 +26,11 @@ constexpr Named<PrefillSchedule> kSchedules[] = {{PrefillSchedule::kAuto, "auto"
 constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto"},
                                                     {KvMajorKernel::kMmaSync, "mma_sync"},
                                                     {KvMajorKernel::kWgmma, "wgmma"}};
-constexpr Named<ProxyKernel> kProxyKernels[] = {{ProxyKernel::kAuto, "auto"},
-                                                {ProxyKernel::kMmaSync, "mma_sync"},
-                                                {ProxyKernel::kDecode, "decode"}};
+constexpr Named<ProxyKernel> kProxyKernels[] = {
+    {ProxyKernel::kAuto, "auto"},      {ProxyKernel::kMmaSync, "mma_sync"},
+    {ProxyKernel::kSm90, "sm90"},      {ProxyKernel::kSm90Only, "sm90_only"},
+    {ProxyKernel::kSm90Ss, "sm90_ss"}, {ProxyKernel::kSm90SsOnly, "sm90_ss_only"},
+    {ProxyKernel::kDecode, "decode"},  {ProxyKernel::kDecodeOnly, "decode_only"}};
 constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kWarpPerRow, "warp_per_row"},
                                               {TopkKernel::kWarpPerRow8, "warp_per_row_8"},
@@ -182,9 +184,16 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   switch (options.kernel) {
     case ProxyKernel::kAuto:
     case ProxyKernel::kMmaSync: plan.kernel = ProxyKernel::kMmaSync; break;
+    case ProxyKernel::kSm90: plan.kernel = ProxyKernel::kSm90; break;
+    case ProxyKernel::kSm90Only: plan = {ProxyKernel::kSm90, true}; break;
+    case ProxyKernel::kSm90Ss: plan.kernel = ProxyKernel::kSm90Ss; break;
+    case ProxyKernel::kSm90SsOnly: plan = {ProxyKernel::kSm90Ss, true}; break;
     case ProxyKernel::kDecode:
+      // Calls the decode kernel does not run take mma_sync; decode_only keeps the kernel and its
+      // launcher refuses them (NotImplementedError).
       plan.kernel = proxy_decode_runs(p) ? ProxyKernel::kDecode : ProxyKernel::kMmaSync;
       break;
+    case ProxyKernel::kDecodeOnly: plan = {ProxyKernel::kDecode, true}; break;
   }
   return plan;
 }

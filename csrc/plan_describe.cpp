@@ -98,10 +98,15 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
 
 std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   std::ostringstream s;
+  // The kernel an option names (the _only forms keep it without a fallback).
+  ProxyKernel named = o.kernel;
+  if (named == ProxyKernel::kSm90Only) named = ProxyKernel::kSm90;
+  if (named == ProxyKernel::kSm90SsOnly) named = ProxyKernel::kSm90Ss;
+  if (named == ProxyKernel::kDecodeOnly) named = ProxyKernel::kDecode;
   s << "kernel=" << option_name(plan.kernel) << " (";
   if (o.kernel == ProxyKernel::kAuto)
     s << "auto: the portable mma.sync kernel";
-  else if (o.kernel == plan.kernel)
+  else if (named == plan.kernel)
     s << "forced by the option kernel=" << option_name(o.kernel);
   else
     s << "the option kernel=" << option_name(o.kernel) << " does not apply to this call";

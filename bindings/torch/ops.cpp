@@ -1,11 +1,18 @@
-// PyTorch binding of the four MSA ops: the Python extension flashmsa._C.
+// PyTorch binding of the MSA ops: the Python extension flashmsa._C.
 //
 // Each op is registered with TORCH_LIBRARY(flashmsa, m). Outputs are allocated by the Python
 // wrappers (python/flashmsa/msa_ops.py) and passed in as mutable arguments, so every schema returns
-// () and a fake implementation has nothing to compute (torch.compile / opcheck). An op only
+// () and a fake implementation has nothing to compute (torch.compile / opcheck). An op's arguments
+// are stated once, in its table below: each entry is the argument's schema text and where the
+// core's Args take it; the schema and the Args fill both come from the table (a boxed kernel reads
+// the call's values off the stack in table order). An op only
 //   1. describes its tensors to the core (TensorRef, tensor_ref.h),
 //   2. calls make_*_params (ALL validation, docs/semantics.md#d9; throws flashmsa::Error),
-//   3. runs the validated params on the caller's device and current stream.
+//   3. asks the core for the call's plan (plan.h) with the options of its trailing `plan` argument
+//      (empty: the library's own choices; tests and benchmarks force schedules and kernels through
+//      it, via the private *_planned functions of python/flashmsa/msa_ops.py), provides plan.bytes
+//      of device scratch, and
+//   4. runs the validated params with that plan on the caller's device and current stream.
 // flashmsa::Error kinds become the Python exceptions docs/semantics.md#d9 names (ValueError,
 // TypeError, NotImplementedError, RuntimeError).
 // clang-format off
@@ -14,6 +21,8 @@
 // clang-format on
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -22,7 +31,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <utility>
+#include <string_view>
+#include <vector>
 
 #if defined(FLASHMSA_WITH_CUDA)
 #include <c10/cuda/CUDAGuard.h>
@@ -31,12 +41,11 @@
 
 #include "flashmsa/api.h"
 #include "flashmsa/error.h"
+#include "flashmsa/plan.h"
 #include "tensor_ref.h"
 
 namespace flashmsa::torch_binding {
 namespace {
-
-using OptTensor = std::optional<at::Tensor>;
 
 // Runs fn, turning a flashmsa::Error into the c10 error torch maps onto the matching Python
 // exception. Other exceptions (c10 errors from the binding itself) pass through unchanged.
@@ -59,12 +68,9 @@ auto translate_errors(Fn&& fn) -> decltype(fn()) {
   }
 }
 
-// Device ordinal of a tensor as the core counts it: -1 for host memory.
-int tensor_device(const at::Tensor& t) { return t.device().is_cuda() ? t.device().index() : -1; }
-
 // Sets the current CUDA device for a CUDA call and hands out its current stream (the stream the
 // caller's PyTorch work is ordered on, so no synchronisation is needed and CUDA-graph capture sees
-// every launch). Host calls get no guard and a null stream.
+// every launch). Host calls (device -1) get no guard and a null stream.
 class DeviceScope {
  public:
   explicit DeviceScope(int device) {
@@ -86,30 +92,39 @@ class DeviceScope {
   cudaStream_t stream_ = nullptr;
 };
 
-QOffsetArg q_offset_arg(const Describe& ref, std::optional<int64_t> value,
-                        const OptTensor& tensor) {
-  QOffsetArg q;
-  q.value = value;
-  q.tensor = ref(tensor, "q_offset");
-  return q;
-}
+// ---- argument tables ---------------------------------------------------------------------------
 
-KVArgs kv_args(const Describe& ref, const at::Tensor& k, const at::Tensor& v,
-               const OptTensor& k_scale, const OptTensor& v_scale,
-               std::optional<double> k_global_scale, std::optional<double> v_global_scale) {
-  KVArgs kv;
-  kv.k = ref(k, "k");
-  kv.v = ref(v, "v");
-  kv.k_scale = ref(k_scale, "k_scale");
-  kv.v_scale = ref(v_scale, "v_scale");
-  kv.k_global_scale = k_global_scale;
-  kv.v_global_scale = v_global_scale;
-  return kv;
-}
+// One argument value of a call, read as its table entry declares it.
+class In {
+ public:
+  In(const c10::IValue& value, const char* name, const Describe& describe)
+      : value_(value), name_(name), describe_(describe) {}
 
-PartialDType partial_dtype_of(std::optional<c10::ScalarType> t) {
-  if (!t.has_value()) return PartialDType::kDefault;
-  switch (*t) {
+  TensorRef tensor() const { return value_.isNone() ? TensorRef{} : describe_(value_.toTensor(), name_); }
+  bool boolean() const { return value_.toBool(); }
+  std::optional<bool> opt_boolean() const {
+    return value_.isNone() ? std::nullopt : std::optional<bool>(value_.toBool());
+  }
+  int64_t integer() const { return value_.toInt(); }
+  std::optional<int64_t> opt_integer() const {
+    return value_.isNone() ? std::nullopt : std::optional<int64_t>(value_.toInt());
+  }
+  double real() const { return value_.toDouble(); }
+  std::optional<double> opt_real() const {
+    return value_.isNone() ? std::nullopt : std::optional<double>(value_.toDouble());
+  }
+  PartialDType partial_dtype() const;
+
+ private:
+  const c10::IValue& value_;
+  const char* name_;
+  const Describe& describe_;
+};
+
+PartialDType In::partial_dtype() const {
+  if (value_.isNone()) return PartialDType::kDefault;
+  const c10::ScalarType t = value_.toScalarType();
+  switch (t) {
     case c10::ScalarType::Float:
       return PartialDType::kFloat32;
     case c10::ScalarType::BFloat16:
@@ -119,12 +134,83 @@ PartialDType partial_dtype_of(std::optional<c10::ScalarType> t) {
     case c10::ScalarType::Float8_e4m3fn:
       return PartialDType::kFP8E4M3;
     default:
-      TORCH_CHECK_VALUE(false,
-                        "msa_sparse_decode_attention: partial_dtype must be None, "
-                        "torch.float32, torch.bfloat16, torch.float16 or torch.float8_e4m3fn, "
-                        "got torch.",
-                        c10::getDtypeNames(*t).first);
+      TORCH_CHECK_VALUE(false, describe_.op(), ": ", name_,
+                        " must be None, torch.float32, torch.bfloat16, torch.float16 or "
+                        "torch.float8_e4m3fn, got torch.", c10::getDtypeNames(t).first);
   }
+}
+
+// An entry of an op's table: the argument's schema text ("<type> <name>[=<default>]", outputs with
+// their alias annotation, e.g. "Tensor(a!) output") and where the core's Args take its value.
+template <typename Args>
+struct Param {
+  const char* decl;
+  void (*set)(Args& args, const In& value);
+};
+
+// The argument name of a schema declaration: its last word, without a default.
+std::string param_name(std::string_view decl) {
+  std::string_view name = decl.substr(decl.rfind(' ') + 1);
+  return std::string(name.substr(0, name.find('=')));
+}
+
+// The declaration without an alias annotation ("Tensor(a!)? lse" -> "Tensor? lse"): the arguments
+// of an op's workspace query, which writes nothing.
+std::string read_only(std::string_view decl) {
+  std::string s(decl);
+  const size_t open = s.find('(');
+  if (open != std::string::npos && open < s.find(' ')) s.erase(open, s.find(')') - open + 1);
+  return s;
+}
+
+// The trailing argument of the ops that take plan options (parse_*_options, plan.h).
+constexpr const char* kPlanDecl = "str plan=\"\"";
+
+enum class Mode { kRun, kWorkspaceSize };
+
+// Schema of op Op: its name, the table's declarations (plus `plan`), and the result.
+template <typename Op>
+std::string schema(Mode mode) {
+  std::string s = mode == Mode::kRun ? Op::kName : std::string(Op::kName) + "_workspace_size";
+  s += "(";
+  const char* sep = "";
+  for (const auto& param : Op::params()) {
+    s += sep;
+    s += mode == Mode::kRun ? std::string(param.decl) : read_only(param.decl);
+    sep = ", ";
+  }
+  if (Op::kHasPlan) s += std::string(sep) + kPlanDecl;
+  s += mode == Mode::kRun ? ") -> ()" : ") -> int";
+  return s;
+}
+
+template <typename Op>
+const std::vector<std::string>& param_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& param : Op::params()) v.push_back(param_name(param.decl));
+    return v;
+  }();
+  return names;
+}
+
+// The boxed kernel of op Op: fills Op::Args from the stack in table order, runs Op::exec with the
+// plan text, and leaves the result (nothing, or the workspace bytes) on the stack.
+template <typename Op, Mode kMode>
+void boxed(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const auto& params = Op::params();
+  const size_t n = params.size() + (Op::kHasPlan ? 1 : 0);
+  const int64_t result = translate_errors([&] {
+    const auto values = torch::jit::last(*stack, n);
+    const Describe describe(Op::kPublicName);
+    typename Op::Args args;
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].set(args, In(values[i], param_names<Op>()[i].c_str(), describe));
+    const std::string_view plan = Op::kHasPlan ? std::string_view(values[n - 1].toStringRef()) : "";
+    return Op::exec(args, plan, kMode);
+  });
+  torch::jit::drop(*stack, n);
+  if (kMode == Mode::kWorkspaceSize) torch::jit::push(*stack, result);
 }
 
 // Device scratch of an attention call: the caller's workspace when it is large enough, else a
@@ -132,287 +218,207 @@ PartialDType partial_dtype_of(std::optional<c10::ScalarType> t) {
 // the graph's private pool during CUDA-graph capture). A caller-owned workspace that is too small
 // is an error rather than a silent fallback: the caller chose it so that capture allocates nothing.
 std::optional<at::Tensor> provide_workspace(const char* op, SparseAttnParams& attn, size_t need,
-                                            bool caller_owned, const at::Tensor& like) {
+                                            bool caller_owned, int device) {
   if (attn.workspace_bytes >= need) return std::nullopt;
   MSA_CHECK(!caller_owned, op, ": workspace holds ", attn.workspace_bytes,
             " bytes but this call needs ", need,
             " bytes; grow it (MSASparseAttentionWorkspace.reserve) before CUDA-graph capture");
-  at::Tensor scratch = at::empty({static_cast<int64_t>(need)}, like.options().dtype(at::kByte));
+  at::Tensor scratch = at::empty({static_cast<int64_t>(need)},
+                                 at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
   attn.workspace = scratch.data_ptr();
   attn.workspace_bytes = need;
   return scratch;
 }
 
-// ---- msa_proxy_score ---------------------------------------------------------------------------
+// ---- msa_proxy_score, msa_proxy_score_fp4 ------------------------------------------------------
+// q_offset arrives split: an int (q_offset_value) or an int32 tensor.
 
-// The arguments both proxy ops share, after q and k.
-struct ProxyCommon {
-  const at::Tensor& cu_seqlens_q;
-  const OptTensor& cu_seqlens_k;
-  const OptTensor& page_table;
-  const OptTensor& seqused_k;
-  bool causal;
-  std::optional<int64_t> max_seqlen_q;
-  int64_t max_k_tiles;
-  std::optional<int64_t> q_offset_value;
-  const OptTensor& q_offset;
-  bool reduce_heads;
-  const at::Tensor& output;
+#define MSA_PROXY_COMMON_PARAMS                                                                     \
+  {"Tensor cu_seqlens_q", [](auto& a, const In& v) { a.cu_seqlens_q = v.tensor(); }},              \
+  {"Tensor? cu_seqlens_k", [](auto& a, const In& v) { a.cu_seqlens_k = v.tensor(); }},             \
+  {"Tensor? page_table", [](auto& a, const In& v) { a.page_table = v.tensor(); }},                 \
+  {"Tensor? seqused_k", [](auto& a, const In& v) { a.seqused_k = v.tensor(); }},                   \
+  {"bool causal", [](auto& a, const In& v) { a.causal = v.boolean(); }},                           \
+  {"int? max_seqlen_q", [](auto& a, const In& v) { a.max_seqlen_q = v.opt_integer(); }},           \
+  {"int max_k_tiles", [](auto& a, const In& v) { a.max_k_tiles = v.integer(); }},                  \
+  {"int? q_offset_value", [](auto& a, const In& v) { a.q_offset.value = v.opt_integer(); }},       \
+  {"Tensor? q_offset", [](auto& a, const In& v) { a.q_offset.tensor = v.tensor(); }},              \
+  {"bool reduce_heads", [](auto& a, const In& v) { a.reduce_heads = v.boolean(); }},               \
+  {"Tensor(a!) output", [](auto& a, const In& v) { a.output = v.tensor(); }}
+
+int64_t run_proxy(const ProxyScoreParams& p, std::string_view plan_text, int device) {
+  DeviceScope scope(device);
+  const ProxyScorePlan plan = make_proxy_score_plan(p, parse_proxy_score_options(plan_text), device);
+  run_proxy_score(p, plan, device, scope.stream());
+  return 0;
+}
+
+struct ProxyScoreOp {
+  using Args = ProxyScoreArgs;
+  static constexpr const char* kName = "proxy_score";
+  static constexpr const char* kPublicName = "msa_proxy_score";
+  static constexpr bool kHasPlan = true;
+  static constexpr bool kWorkspaceQuery = false;
+  static const std::vector<Param<Args>>& params() {
+    static const std::vector<Param<Args>> table = {
+        {"Tensor q", [](Args& a, const In& v) { a.q = v.tensor(); }},
+        {"Tensor k", [](Args& a, const In& v) { a.k = v.tensor(); }},
+        MSA_PROXY_COMMON_PARAMS,
+    };
+    return table;
+  }
+  static int64_t exec(Args& a, std::string_view plan, Mode) {
+    return run_proxy(make_proxy_score_params(a), plan, a.q.device);
+  }
 };
 
-// Fills a, validates (fp4: the msa_proxy_score_fp4 rules) and runs on q's device.
-void run_proxy(const Describe& ref, ProxyScoreArgs& a, const at::Tensor& q, const ProxyCommon& c, bool fp4) {
-  a.cu_seqlens_q = ref(c.cu_seqlens_q, "cu_seqlens_q");
-  a.cu_seqlens_k = ref(c.cu_seqlens_k, "cu_seqlens_k");
-  a.page_table = ref(c.page_table, "page_table");
-  a.seqused_k = ref(c.seqused_k, "seqused_k");
-  a.causal = c.causal;
-  a.max_seqlen_q = c.max_seqlen_q;
-  a.max_k_tiles = c.max_k_tiles;
-  a.output = ref(c.output, "output");
-  a.reduce_heads = c.reduce_heads;
-  a.q_offset = q_offset_arg(ref, c.q_offset_value, c.q_offset);
-  const ProxyScoreParams p = fp4 ? make_proxy_score_fp4_params(a) : make_proxy_score_params(a);
-  DeviceScope scope(tensor_device(q));
-  run_proxy_score(p, tensor_device(q), scope.stream());
-}
-
-void proxy_score(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens_q,
-                 const OptTensor& cu_seqlens_k, const OptTensor& page_table,
-                 const OptTensor& seqused_k, bool causal, std::optional<int64_t> max_seqlen_q,
-                 int64_t max_k_tiles, std::optional<int64_t> q_offset_value,
-                 const OptTensor& q_offset, bool reduce_heads, const at::Tensor& output) {
-  translate_errors([&] {
-    const Describe ref("msa_proxy_score");
-    ProxyScoreArgs a;
-    a.q = ref(q, "q");
-    a.k = ref(k, "k");
-    run_proxy(ref, a, q,
-              {cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal, max_seqlen_q, max_k_tiles,
-               q_offset_value, q_offset, reduce_heads, output},
-              /*fp4=*/false);
-  });
-}
-
-void proxy_score_fp4(const at::Tensor& q_fp4, const at::Tensor& k_fp4, const at::Tensor& q_scale,
-                     const at::Tensor& k_scale, double q_global_scale, double k_global_scale,
-                     const at::Tensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
-                     const OptTensor& page_table, const OptTensor& seqused_k, bool causal,
-                     std::optional<int64_t> max_seqlen_q, int64_t max_k_tiles,
-                     std::optional<int64_t> q_offset_value, const OptTensor& q_offset, bool reduce_heads,
-                     const at::Tensor& output) {
-  translate_errors([&] {
-    const Describe ref("msa_proxy_score_fp4");
-    ProxyScoreArgs a;
-    a.q = ref(q_fp4, "q_fp4");
-    a.k = ref(k_fp4, "k_fp4");
-    a.q_scale = ref(q_scale, "q_scale");
-    a.k_scale = ref(k_scale, "k_scale");
-    a.q_global_scale = q_global_scale;
-    a.k_global_scale = k_global_scale;
-    run_proxy(ref, a, q_fp4,
-              {cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal, max_seqlen_q, max_k_tiles,
-               q_offset_value, q_offset, reduce_heads, output},
-              /*fp4=*/true);
-  });
-}
+struct ProxyScoreFp4Op {
+  using Args = ProxyScoreArgs;
+  static constexpr const char* kName = "proxy_score_fp4";
+  static constexpr const char* kPublicName = "msa_proxy_score_fp4";
+  static constexpr bool kHasPlan = true;
+  static constexpr bool kWorkspaceQuery = false;
+  static const std::vector<Param<Args>>& params() {
+    static const std::vector<Param<Args>> table = {
+        {"Tensor q_fp4", [](Args& a, const In& v) { a.q = v.tensor(); }},
+        {"Tensor k_fp4", [](Args& a, const In& v) { a.k = v.tensor(); }},
+        {"Tensor q_scale", [](Args& a, const In& v) { a.q_scale = v.tensor(); }},
+        {"Tensor k_scale", [](Args& a, const In& v) { a.k_scale = v.tensor(); }},
+        {"float q_global_scale", [](Args& a, const In& v) { a.q_global_scale = v.real(); }},
+        {"float k_global_scale", [](Args& a, const In& v) { a.k_global_scale = v.real(); }},
+        MSA_PROXY_COMMON_PARAMS,
+    };
+    return table;
+  }
+  static int64_t exec(Args& a, std::string_view plan, Mode) {
+    return run_proxy(make_proxy_score_fp4_params(a), plan, a.q.device);
+  }
+};
 
 // ---- msa_topk_select ---------------------------------------------------------------------------
 
-void topk_select(const at::Tensor& max_score, int64_t topk,
-                 std::optional<int64_t> num_valid_pages_value, const OptTensor& num_valid_pages,
-                 int64_t force_begin_blocks, int64_t force_end_blocks, const at::Tensor& output) {
-  translate_errors([&] {
-    const Describe ref("msa_topk_select");
-    TopkSelectArgs a;
-    a.max_score = ref(max_score, "max_score");
-    a.topk = topk;
-    a.num_valid_pages_value = num_valid_pages_value;
-    a.num_valid_pages = ref(num_valid_pages, "num_valid_pages");
-    a.output = ref(output, "output");
-    a.force_begin_blocks = force_begin_blocks;
-    a.force_end_blocks = force_end_blocks;
+struct TopkSelectOp {
+  using Args = TopkSelectArgs;
+  static constexpr const char* kName = "topk_select";
+  static constexpr const char* kPublicName = "msa_topk_select";
+  static constexpr bool kHasPlan = true;
+  static constexpr bool kWorkspaceQuery = false;
+  static const std::vector<Param<Args>>& params() {
+    static const std::vector<Param<Args>> table = {
+        {"Tensor max_score", [](Args& a, const In& v) { a.max_score = v.tensor(); }},
+        {"int topk", [](Args& a, const In& v) { a.topk = v.integer(); }},
+        {"int? num_valid_pages_value", [](Args& a, const In& v) { a.num_valid_pages_value = v.opt_integer(); }},
+        {"Tensor? num_valid_pages", [](Args& a, const In& v) { a.num_valid_pages = v.tensor(); }},
+        {"int force_begin_blocks", [](Args& a, const In& v) { a.force_begin_blocks = v.integer(); }},
+        {"int force_end_blocks", [](Args& a, const In& v) { a.force_end_blocks = v.integer(); }},
+        {"Tensor(a!) output", [](Args& a, const In& v) { a.output = v.tensor(); }},
+    };
+    return table;
+  }
+  static int64_t exec(Args& a, std::string_view plan_text, Mode) {
     const TopkSelectParams p = make_topk_select_params(a);
-    DeviceScope scope(tensor_device(max_score));
-    run_topk_select(p, tensor_device(max_score), scope.stream());
-  });
-}
-
-// ---- msa_sparse_attention ----------------------------------------------------------------------
-
-struct SparseAttentionInputs {
-  const at::Tensor& q;
-  const at::Tensor& k;
-  const at::Tensor& v;
-  const at::Tensor& q2k_indices;
-  const at::Tensor& cu_seqlens_q;
-  const OptTensor& cu_seqlens_k;
-  bool causal;
-  std::optional<double> softmax_scale;
-  const OptTensor& page_table;
-  const OptTensor& seqused_k;
-  const OptTensor& k_scale;
-  const OptTensor& v_scale;
-  std::optional<double> k_global_scale;
-  std::optional<double> v_global_scale;
-  std::optional<int64_t> q_offset_value;
-  const OptTensor& q_offset;
-  double lse_temperature_scale;
-  const at::Tensor& out;
-  const OptTensor& lse;
-  const OptTensor& lse_t;
-  const OptTensor& workspace;
+    const int device = a.max_score.device;
+    DeviceScope scope(device);
+    const TopkSelectPlan plan = make_topk_select_plan(p, parse_topk_select_options(plan_text), device);
+    run_topk_select(p, plan, device, scope.stream());
+    return 0;
+  }
 };
 
-SparseAttnParams sparse_attention_params(const SparseAttentionInputs& in) {
-  const Describe ref("msa_sparse_attention");
-  SparseAttnArgs a;
-  a.q = ref(in.q, "q");
-  a.kv = kv_args(ref, in.k, in.v, in.k_scale, in.v_scale, in.k_global_scale, in.v_global_scale);
-  a.q2k_indices = ref(in.q2k_indices, "q2k_indices");
-  a.cu_seqlens_q = ref(in.cu_seqlens_q, "cu_seqlens_q");
-  a.cu_seqlens_k = ref(in.cu_seqlens_k, "cu_seqlens_k");
-  a.causal = in.causal;
-  a.softmax_scale = in.softmax_scale;
-  a.page_table = ref(in.page_table, "page_table");
-  a.seqused_k = ref(in.seqused_k, "seqused_k");
-  a.q_offset = q_offset_arg(ref, in.q_offset_value, in.q_offset);
-  a.lse_temperature_scale = in.lse_temperature_scale;
-  a.output = ref(in.out, "out");
-  a.lse = ref(in.lse, "lse");
-  a.lse_temperature = ref(in.lse_t, "lse_t");
-  a.workspace = ref(in.workspace, "workspace");
-  return make_sparse_attention_params(a);
-}
+// ---- msa_sparse_attention, msa_sparse_decode_attention -----------------------------------------
+// Each has a workspace query (<name>_workspace_size, the same arguments read-only, -> int): the
+// bytes of the call's plan, 0 on the CPU. MSASparseAttentionWorkspace grows to it before the call,
+// outside CUDA-graph capture.
 
-#define MSA_SPARSE_ATTENTION_PARAMS                                                             \
-  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &q2k_indices, \
-      const at::Tensor &cu_seqlens_q, const OptTensor &cu_seqlens_k, bool causal,               \
-      std::optional<double> softmax_scale, const OptTensor &page_table,                         \
-      const OptTensor &seqused_k, const OptTensor &k_scale, const OptTensor &v_scale,           \
-      std::optional<double> k_global_scale, std::optional<double> v_global_scale,               \
-      std::optional<int64_t> q_offset_value, const OptTensor &q_offset,                         \
-      double lse_temperature_scale, const at::Tensor &out, const OptTensor &lse,                \
-      const OptTensor &lse_t, const OptTensor &workspace
-#define MSA_SPARSE_ATTENTION_INPUTS                                                            \
-  SparseAttentionInputs {                                                                      \
-    q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, page_table,       \
-        seqused_k, k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value, q_offset, \
-        lse_temperature_scale, out, lse, lse_t, workspace                                      \
+#define MSA_KV_PARAMS(Args)                                                                              \
+  {"Tensor? k_scale", [](Args& a, const In& v) { a.kv.k_scale = v.tensor(); }},                          \
+  {"Tensor? v_scale", [](Args& a, const In& v) { a.kv.v_scale = v.tensor(); }},                          \
+  {"float? k_global_scale", [](Args& a, const In& v) { a.kv.k_global_scale = v.opt_real(); }},          \
+  {"float? v_global_scale", [](Args& a, const In& v) { a.kv.v_global_scale = v.opt_real(); }},          \
+  {"int? q_offset_value", [](Args& a, const In& v) { a.q_offset.value = v.opt_integer(); }},            \
+  {"Tensor? q_offset", [](Args& a, const In& v) { a.q_offset.tensor = v.tensor(); }}
+
+struct SparseAttentionOp {
+  using Args = SparseAttnArgs;
+  static constexpr const char* kName = "sparse_attention";
+  static constexpr const char* kPublicName = "msa_sparse_attention";
+  static constexpr bool kHasPlan = true;
+  static constexpr bool kWorkspaceQuery = true;
+  static const std::vector<Param<Args>>& params() {
+    static const std::vector<Param<Args>> table = {
+        {"Tensor q", [](Args& a, const In& v) { a.q = v.tensor(); }},
+        {"Tensor k", [](Args& a, const In& v) { a.kv.k = v.tensor(); }},
+        {"Tensor v", [](Args& a, const In& v) { a.kv.v = v.tensor(); }},
+        {"Tensor q2k_indices", [](Args& a, const In& v) { a.q2k_indices = v.tensor(); }},
+        {"Tensor cu_seqlens_q", [](Args& a, const In& v) { a.cu_seqlens_q = v.tensor(); }},
+        {"Tensor? cu_seqlens_k", [](Args& a, const In& v) { a.cu_seqlens_k = v.tensor(); }},
+        {"bool causal", [](Args& a, const In& v) { a.causal = v.boolean(); }},
+        {"float? softmax_scale", [](Args& a, const In& v) { a.softmax_scale = v.opt_real(); }},
+        {"Tensor? page_table", [](Args& a, const In& v) { a.page_table = v.tensor(); }},
+        {"Tensor? seqused_k", [](Args& a, const In& v) { a.seqused_k = v.tensor(); }},
+        MSA_KV_PARAMS(Args),
+        {"float lse_temperature_scale", [](Args& a, const In& v) { a.lse_temperature_scale = v.real(); }},
+        {"Tensor(a!) out", [](Args& a, const In& v) { a.output = v.tensor(); }},
+        {"Tensor(b!)? lse", [](Args& a, const In& v) { a.lse = v.tensor(); }},
+        {"Tensor(c!)? lse_t", [](Args& a, const In& v) { a.lse_temperature = v.tensor(); }},
+        {"Tensor(d!)? workspace", [](Args& a, const In& v) { a.workspace = v.tensor(); }},
+    };
+    return table;
   }
-
-void sparse_attention(MSA_SPARSE_ATTENTION_PARAMS) {
-  translate_errors([&] {
-    SparseAttnParams p = sparse_attention_params(MSA_SPARSE_ATTENTION_INPUTS);
-    const int device = tensor_device(q);
-    DeviceScope scope(device);
+  static int64_t exec(Args& a, std::string_view plan_text, Mode mode) {
+    SparseAttnParams p = make_sparse_attention_params(a);
+    const int device = a.q.device;
+    DeviceScope scope(device);  // the plan reads the facts of q's device
+    const SparseAttnPlan plan =
+        make_sparse_attention_plan(p, parse_sparse_attention_options(plan_text), device);
+    if (mode == Mode::kWorkspaceSize) return static_cast<int64_t>(plan.bytes);
     std::optional<at::Tensor> scratch;
-    if (device >= 0) {
-      scratch = provide_workspace("msa_sparse_attention", p, sparse_attention_workspace_bytes(p),
-                                  workspace.has_value(), q);
-    }
-    run_sparse_attention(p, device, scope.stream());
-  });
-}
-
-// Bytes of device scratch the same call needs (0 on the CPU): MSASparseAttentionWorkspace grows to
-// it before the call, outside CUDA-graph capture.
-int64_t sparse_attention_workspace_size(MSA_SPARSE_ATTENTION_PARAMS) {
-  return translate_errors([&] {
-    const SparseAttnParams p = sparse_attention_params(MSA_SPARSE_ATTENTION_INPUTS);
-    const int device = tensor_device(q);
-    if (device < 0) return int64_t{0};  // the CPU reference needs no scratch
-    DeviceScope scope(device);           // the plan reads the limits of q's device
-    return static_cast<int64_t>(sparse_attention_workspace_bytes(p));
-  });
-}
-
-// ---- msa_sparse_decode_attention ---------------------------------------------------------------
-
-struct SparseDecodeInputs {
-  const at::Tensor& q;
-  const at::Tensor& k;
-  const at::Tensor& v;
-  const at::Tensor& q2k_indices;
-  const OptTensor& page_table;
-  const OptTensor& seqused_k;
-  const OptTensor& cu_seqlens_k;
-  int64_t seqlen_q;
-  bool causal;
-  std::optional<double> softmax_scale;
-  const OptTensor& k_scale;
-  const OptTensor& v_scale;
-  std::optional<double> k_global_scale;
-  std::optional<double> v_global_scale;
-  std::optional<int64_t> q_offset_value;
-  const OptTensor& q_offset;
-  std::optional<c10::ScalarType> partial_dtype;
-  std::optional<bool> force_fused;
-  const at::Tensor& out;
-  const OptTensor& lse;
-  const OptTensor& workspace;
+    if (device >= 0) scratch = provide_workspace(kPublicName, p, plan.bytes, a.workspace.defined(), device);
+    run_sparse_attention(p, plan, device, scope.stream());
+    return 0;
+  }
 };
 
-SparseDecodeParams sparse_decode_params(const SparseDecodeInputs& in) {
-  const Describe ref("msa_sparse_decode_attention");
-  SparseDecodeArgs a;
-  a.q = ref(in.q, "q");
-  a.kv = kv_args(ref, in.k, in.v, in.k_scale, in.v_scale, in.k_global_scale, in.v_global_scale);
-  a.q2k_indices = ref(in.q2k_indices, "q2k_indices");
-  a.page_table = ref(in.page_table, "page_table");
-  a.seqused_k = ref(in.seqused_k, "seqused_k");
-  a.cu_seqlens_k = ref(in.cu_seqlens_k, "cu_seqlens_k");
-  a.seqlen_q = in.seqlen_q;
-  a.causal = in.causal;
-  a.softmax_scale = in.softmax_scale;
-  a.q_offset = q_offset_arg(ref, in.q_offset_value, in.q_offset);
-  a.partial_dtype = partial_dtype_of(in.partial_dtype);
-  a.force_fused = in.force_fused;
-  a.output = ref(in.out, "out");
-  a.lse = ref(in.lse, "lse");
-  a.workspace = ref(in.workspace, "workspace");
-  return make_sparse_decode_params(a);
-}
-
-#define MSA_SPARSE_DECODE_PARAMS                                                                \
-  const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &q2k_indices, \
-      const OptTensor &page_table, const OptTensor &seqused_k, const OptTensor &cu_seqlens_k,   \
-      int64_t seqlen_q, bool causal, std::optional<double> softmax_scale,                       \
-      const OptTensor &k_scale, const OptTensor &v_scale, std::optional<double> k_global_scale, \
-      std::optional<double> v_global_scale, std::optional<int64_t> q_offset_value,              \
-      const OptTensor &q_offset, std::optional<c10::ScalarType> partial_dtype,                  \
-      std::optional<bool> force_fused, const at::Tensor &out, const OptTensor &lse,             \
-      const OptTensor &workspace
-#define MSA_SPARSE_DECODE_INPUTS                                                                   \
-  SparseDecodeInputs {                                                                             \
-    q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q, causal, softmax_scale,    \
-        k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value, q_offset, partial_dtype, \
-        force_fused, out, lse, workspace                                                           \
+struct SparseDecodeOp {
+  using Args = SparseDecodeArgs;
+  static constexpr const char* kName = "sparse_decode";
+  static constexpr const char* kPublicName = "msa_sparse_decode_attention";
+  static constexpr bool kHasPlan = true;
+  static constexpr bool kWorkspaceQuery = true;
+  static const std::vector<Param<Args>>& params() {
+    static const std::vector<Param<Args>> table = {
+        {"Tensor q", [](Args& a, const In& v) { a.q = v.tensor(); }},
+        {"Tensor k", [](Args& a, const In& v) { a.kv.k = v.tensor(); }},
+        {"Tensor v", [](Args& a, const In& v) { a.kv.v = v.tensor(); }},
+        {"Tensor q2k_indices", [](Args& a, const In& v) { a.q2k_indices = v.tensor(); }},
+        {"Tensor? page_table", [](Args& a, const In& v) { a.page_table = v.tensor(); }},
+        {"Tensor? seqused_k", [](Args& a, const In& v) { a.seqused_k = v.tensor(); }},
+        {"Tensor? cu_seqlens_k", [](Args& a, const In& v) { a.cu_seqlens_k = v.tensor(); }},
+        {"int seqlen_q", [](Args& a, const In& v) { a.seqlen_q = v.integer(); }},
+        {"bool causal", [](Args& a, const In& v) { a.causal = v.boolean(); }},
+        {"float? softmax_scale", [](Args& a, const In& v) { a.softmax_scale = v.opt_real(); }},
+        MSA_KV_PARAMS(Args),
+        {"ScalarType? partial_dtype", [](Args& a, const In& v) { a.partial_dtype = v.partial_dtype(); }},
+        {"bool? force_fused", [](Args& a, const In& v) { a.force_fused = v.opt_boolean(); }},
+        {"Tensor(a!) out", [](Args& a, const In& v) { a.output = v.tensor(); }},
+        {"Tensor(b!)? lse", [](Args& a, const In& v) { a.lse = v.tensor(); }},
+        {"Tensor(c!)? workspace", [](Args& a, const In& v) { a.workspace = v.tensor(); }},
+    };
+    return table;
   }
-
-void sparse_decode(MSA_SPARSE_DECODE_PARAMS) {
-  translate_errors([&] {
-    SparseDecodeParams p = sparse_decode_params(MSA_SPARSE_DECODE_INPUTS);
-    const int device = tensor_device(q);
+  static int64_t exec(Args& a, std::string_view plan_text, Mode mode) {
+    SparseDecodeParams p = make_sparse_decode_params(a);
+    const int device = a.q.device;
     DeviceScope scope(device);
+    const SparseAttnPlan plan =
+        make_sparse_decode_plan(p, parse_sparse_decode_options(plan_text), device);
+    if (mode == Mode::kWorkspaceSize) return static_cast<int64_t>(plan.bytes);
     std::optional<at::Tensor> scratch;
-    if (device >= 0) {
-      scratch = provide_workspace("msa_sparse_decode_attention", p.attn,
-                                  sparse_decode_workspace_bytes(p), workspace.has_value(), q);
-    }
-    run_sparse_decode(p, device, scope.stream());
-  });
-}
-
-int64_t sparse_decode_workspace_size(MSA_SPARSE_DECODE_PARAMS) {
-  return translate_errors([&] {
-    const SparseDecodeParams p = sparse_decode_params(MSA_SPARSE_DECODE_INPUTS);
-    const int device = tensor_device(q);
-    if (device < 0) return int64_t{0};
-    DeviceScope scope(device);
-    return static_cast<int64_t>(sparse_decode_workspace_bytes(p));
-  });
-}
+    if (device >= 0) scratch = provide_workspace(kPublicName, p.attn, plan.bytes, a.workspace.defined(), device);
+    run_sparse_decode(p, plan, device, scope.stream());
+    return 0;
+  }
+};
 
 // ---- checks of host copies ---------------------------------------------------------------------
 // The Python layer reads cu_seqlens / seqused_k of CUDA tensors on the host when FlashInfer does
@@ -439,66 +445,54 @@ void check_seqused_k_host(const at::Tensor& values, c10::string_view name) {
   });
 }
 
+// ---- registration ------------------------------------------------------------------------------
+
+template <typename Op>
+void define(torch::Library& m) {
+  m.def(torch::schema(schema<Op>(Mode::kRun).c_str()));
+  if (Op::kWorkspaceQuery) m.def(torch::schema(schema<Op>(Mode::kWorkspaceSize).c_str()));
+}
+
+// One implementation serves the CPU and CUDA keys: the core dispatches on where the memory is
+// (host -> reference, device -> kernels). A build without CUDA still registers the CUDA key so
+// that CUDA tensors get the core's clear NotImplementedError instead of a dispatcher error.
+template <typename Op>
+void implement(torch::Library& m) {
+  m.impl(Op::kName, torch::CppFunction::makeFromBoxedFunction<&boxed<Op, Mode::kRun>>());
+  if (Op::kWorkspaceQuery) {
+    static const std::string name = std::string(Op::kName) + "_workspace_size";
+    m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&boxed<Op, Mode::kWorkspaceSize>>());
+  }
+}
+
+void implement_all(torch::Library& m) {
+  implement<ProxyScoreOp>(m);
+  implement<ProxyScoreFp4Op>(m);
+  implement<TopkSelectOp>(m);
+  implement<SparseAttentionOp>(m);
+  implement<SparseDecodeOp>(m);
+}
+
 }  // namespace
 }  // namespace flashmsa::torch_binding
 
-// Schemas. Outputs are caller-allocated mutable arguments (Tensor(a!)); optional outputs are
-// Tensor(b!)? and so on. q_offset arrives split: an int (q_offset_value) or an int32 tensor.
 TORCH_LIBRARY(flashmsa, m) {
-  m.def(
-      "proxy_score(Tensor q, Tensor k, Tensor cu_seqlens_q, Tensor? cu_seqlens_k, "
-      "Tensor? page_table, Tensor? seqused_k, bool causal, int? max_seqlen_q, int max_k_tiles, "
-      "int? q_offset_value, Tensor? q_offset, bool reduce_heads, Tensor(a!) output) -> ()");
-  m.def(
-      "proxy_score_fp4(Tensor q_fp4, Tensor k_fp4, Tensor q_scale, Tensor k_scale, "
-      "float q_global_scale, float k_global_scale, Tensor cu_seqlens_q, Tensor? cu_seqlens_k, "
-      "Tensor? page_table, Tensor? seqused_k, bool causal, int? max_seqlen_q, int max_k_tiles, "
-      "int? q_offset_value, Tensor? q_offset, bool reduce_heads, Tensor(a!) output) -> ()");
-  m.def(
-      "topk_select(Tensor max_score, int topk, int? num_valid_pages_value, "
-      "Tensor? num_valid_pages, int force_begin_blocks, int force_end_blocks, "
-      "Tensor(a!) output) -> ()");
-#define MSA_SPARSE_ATTENTION_SCHEMA_ARGS                                          \
-  "Tensor q, Tensor k, Tensor v, Tensor q2k_indices, Tensor cu_seqlens_q, "       \
-  "Tensor? cu_seqlens_k, bool causal, float? softmax_scale, Tensor? page_table, " \
-  "Tensor? seqused_k, Tensor? k_scale, Tensor? v_scale, float? k_global_scale, "  \
-  "float? v_global_scale, int? q_offset_value, Tensor? q_offset, float lse_temperature_scale, "
-  m.def("sparse_attention(" MSA_SPARSE_ATTENTION_SCHEMA_ARGS
-        "Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? lse_t, Tensor(d!)? workspace) -> ()");
-  m.def("sparse_attention_workspace_size(" MSA_SPARSE_ATTENTION_SCHEMA_ARGS
-        "Tensor out, Tensor? lse, Tensor? lse_t, Tensor? workspace) -> int");
-#define MSA_SPARSE_DECODE_SCHEMA_ARGS                                                         \
-  "Tensor q, Tensor k, Tensor v, Tensor q2k_indices, Tensor? page_table, Tensor? seqused_k, " \
-  "Tensor? cu_seqlens_k, int seqlen_q, bool causal, float? softmax_scale, Tensor? k_scale, "  \
-  "Tensor? v_scale, float? k_global_scale, float? v_global_scale, int? q_offset_value, "      \
-  "Tensor? q_offset, ScalarType? partial_dtype, bool? force_fused, "
-  m.def("sparse_decode(" MSA_SPARSE_DECODE_SCHEMA_ARGS
-        "Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? workspace) -> ()");
-  m.def("sparse_decode_workspace_size(" MSA_SPARSE_DECODE_SCHEMA_ARGS
-        "Tensor out, Tensor? lse, Tensor? workspace) -> int");
+  using namespace flashmsa::torch_binding;
+  define<ProxyScoreOp>(m);
+  define<ProxyScoreFp4Op>(m);
+  define<TopkSelectOp>(m);
+  define<SparseAttentionOp>(m);
+  define<SparseDecodeOp>(m);
   m.def("check_cu_seqlens(Tensor host_values, int total, str name) -> ()");
   m.def("check_seqused_k(Tensor host_values, str name) -> ()");
 }
 
-// One implementation serves both keys: the core dispatches on where the memory is (host ->
-// reference, device -> kernels). A build without CUDA still registers the CUDA key so that CUDA
-// tensors get the core's clear NotImplementedError instead of a dispatcher error.
-#define MSA_REGISTER_IMPLS(m)                                             \
-  m.impl("proxy_score", &flashmsa::torch_binding::proxy_score);           \
-  m.impl("proxy_score_fp4", &flashmsa::torch_binding::proxy_score_fp4);   \
-  m.impl("topk_select", &flashmsa::torch_binding::topk_select);           \
-  m.impl("sparse_attention", &flashmsa::torch_binding::sparse_attention); \
-  m.impl("sparse_attention_workspace_size",                               \
-         &flashmsa::torch_binding::sparse_attention_workspace_size);      \
-  m.impl("sparse_decode", &flashmsa::torch_binding::sparse_decode);       \
-  m.impl("sparse_decode_workspace_size", &flashmsa::torch_binding::sparse_decode_workspace_size)
-
 TORCH_LIBRARY_IMPL(flashmsa, CPU, m) {
-  MSA_REGISTER_IMPLS(m);
+  flashmsa::torch_binding::implement_all(m);
   m.impl("check_cu_seqlens", &flashmsa::torch_binding::check_cu_seqlens_host);
   m.impl("check_seqused_k", &flashmsa::torch_binding::check_seqused_k_host);
 }
-TORCH_LIBRARY_IMPL(flashmsa, CUDA, m) { MSA_REGISTER_IMPLS(m); }
+TORCH_LIBRARY_IMPL(flashmsa, CUDA, m) { flashmsa::torch_binding::implement_all(m); }
 
 // ---- the Python module -------------------------------------------------------------------------
 // Importing flashmsa._C loads this library, whose static initialisers above register the ops.

@@ -118,7 +118,7 @@ struct KvMajorArgs {
 // way (kernel, combine, lists), so the break-even was ~1.6; the warp-specialized kernel brought the
 // first figure to ~2.4 ns (break-even ~2.1), the threshold is not re-tuned yet. The others go the
 // KV-major way, whose list builder and combine skip the rows done here (done flags).
-// FLASHMSA_TILE_MAX_WASTE=<x> (a tuning knob, 1 <= x <= 8) replaces the 1.5.
+// The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces the 1.5.
 inline constexpr int kUnionRows = 128;
 inline constexpr int kUnionMaxWasteMilli = 1500;  // the 1.5, in thousandths
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte

@@ -1,5 +1,5 @@
 // The register-converting variant of the query-major kernel for fp8 K/V (decode; selected by
-// FLASHMSA_DECODE_KERNEL=regs, docs/design/sparse_attention.md "Decode at memory speed"):
+// the decode plan option kernel=regs, docs/design/sparse_attention.md "Decode at memory speed"):
 //   * raw e4m3 tiles stay in shared memory ([keys][128 bytes], 16-byte chunk c of key r at chunk
 //     c ^ (r % 8)); no dequantized copy, no conversion pass, no extra barrier per tile;
 //   * each warp reads the raw bytes of its keys into registers and converts them straight into

@@ -117,6 +117,7 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
                             std::min<int64_t>(int64_t(p.num_kv_heads) * plan.nb_bound, pairs);
   plan.max_items = int(max_items);
   plan.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_items, int64_t(ctas) * facts.num_sms)));
+  plan.num_sms = facts.num_sms;
 
   plan.block_base_off = ws.take("kvm.block_base", size_t(p.batch + 1) * 4);
   plan.counts_off = ws.take("kvm.counts", size_t(p.num_kv_heads) * plan.nb_bound * 4);

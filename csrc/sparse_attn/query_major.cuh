@@ -23,7 +23,7 @@
 
 namespace flashmsa::sparse_attn {
 
-// kRegs: the streaming decode variant (FLASHMSA_DECODE_KERNEL=regs), 16-row tiles, 2 CTAs per SM:
+// kRegs: the streaming decode variant (decode plan option kernel=regs), 16-row tiles, 2 CTAs per SM:
 // fp8 K/V converted in registers from raw 128-key blocks (kv_regs.cuh); bf16 / fp16 K/V through
 // the shared-memory path with 3 stages of 64-key tiles instead of 2.
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false>

@@ -4,8 +4,8 @@
 // over the tile's block range, and reads the union off the OR of the bitmaps in ascending block
 // order, each block with the mask of the tokens that selected it. The tile qualifies when all its
 // tokens are in one sequence, its union has at most kUnionMaxBlocks blocks and the (token, block)
-// products the tile kernel computes are <= 1.5 x pairs (kernel_traits.h; FLASHMSA_TILE_MAX_WASTE).
-// Qualifying tiles get done = 1 and a place in the work list (taken with an atomic: the order of
+// products the tile kernel computes are <= 1.5 x pairs (kernel_traits.h; the plan option
+// tile_max_waste replaces the 1.5). Qualifying tiles get done = 1 and a place in the work list (taken with an atomic: the order of
 // the list does not matter, a tile's result depends only on its own plan); the others get done = 0
 // and are left to the KV-major path, as are tiles whose pairs span more than 32 x kPlanMaxRangeWords
 // blocks (8192: all of a 1M-token context).

@@ -11,8 +11,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "common/cuda_utils.h"
 #include "cuda_ops.h"
@@ -23,14 +21,6 @@
 
 namespace flashmsa::cuda {
 namespace {
-
-// FLASHMSA_TOPK_KERNEL = auto (default) | warp_per_row | warp_per_row_8 | radix | by_size: the
-// plan option `kernel` of every top-k call (tests and benchmarks force each kernel with it).
-TopkSelectOptions topk_options() {
-  const char* env = std::getenv("FLASHMSA_TOPK_KERNEL");
-  if (env == nullptr || *env == '\0') return {};
-  return parse_topk_select_options(std::string("kernel=") + env);
-}
 
 template <int kTok>
 void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
@@ -71,7 +61,9 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
 
 }  // namespace
 
-void topk_select(const TopkSelectParams& p, cudaStream_t stream) {
+TopkSelectDeviceFacts topk_select_facts() { return TopkSelectDeviceFacts{current_device_limits().num_sms}; }
+
+void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStream_t stream) {
   // p comes from make_topk_select_params: 1 <= topk <= 64 and force_begin + force_end <= topk are
   // its invariants (checked there, once); this launcher checks only what the launch itself needs.
   if (p.num_tokens <= 0 || p.num_heads <= 0) return;  // an empty output
@@ -79,12 +71,11 @@ void topk_select(const TopkSelectParams& p, cudaStream_t stream) {
   const int64_t groups = int64_t(ceil_div_int(p.num_tokens, 32)) * p.num_heads;
   MSA_CHECK_SUPPORTED(groups <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
                       " tokens exceed the kernel's work-item range");
-  TopkSelectDeviceFacts facts;
-  facts.num_sms = current_device_limits().num_sms;
-  switch (plan_topk_select(p, topk_options(), facts).kernel) {
+  switch (plan.kernel) {
     case TopkKernel::kRadix: launch_radix(p, groups, stream); break;
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
-    default: launch_warp_rows<topk::kTokens>(p, stream); break;
+    case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
+    default: MSA_FAIL("topk_select: the plan's kernel ", option_name(plan.kernel), " has no launcher");
   }
 }
 

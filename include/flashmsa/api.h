@@ -1,12 +1,16 @@
 // Entry points of the core. Each op has:
 //   *Args       the caller's arguments as torch-free tensor descriptions, named and defaulted like
 //               FlashInfer's Python parameters (docs/semantics.md#d1);
-//   make_*      every host-side check of docs/semantics.md#validation (and #d9), once: throws
-//               flashmsa::Error naming the argument, expected and actual values; returns
+//   make_*_params  every host-side check of docs/semantics.md#validation (and #d9), once:
+//               throws flashmsa::Error naming the argument, expected and actual values; returns
 //               validated Params;
-//   run_*       executes validated Params: on host memory with the CPU reference, on device memory
-//               with the CUDA kernels (stream-ordered, no host sync, no allocation).
-// The bindings only convert their tensors to TensorRef, call make_*, allocate outputs, and run_*.
+//   make_*_plan how the call runs (plan.h: schedule, kernel, workspace bytes and layout), made once
+//               from the validated Params, the caller's plan options and the device's facts;
+//   run_*       executes validated Params with their plan: on host memory with the CPU reference
+//               (which needs no plan), on device memory with the CUDA kernels (stream-ordered, no
+//               host sync, no allocation, no re-planning).
+// The bindings only convert their tensors to TensorRef, call make_*_params and make_*_plan, provide
+// plan.bytes of device scratch, and run_*.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +18,7 @@
 #include <optional>
 
 #include "flashmsa/params.h"
+#include "flashmsa/plan.h"
 #include "flashmsa/types.h"
 
 // cudaStream_t without including the CUDA runtime (the reference build needs no CUDA).
@@ -48,7 +53,10 @@ struct ProxyScoreArgs {
 };
 ProxyScoreParams make_proxy_score_params(const ProxyScoreArgs& args);
 ProxyScoreParams make_proxy_score_fp4_params(const ProxyScoreArgs& args);
-void run_proxy_score(const ProxyScoreParams& p, int device, cudaStream_t stream);
+ProxyScorePlan make_proxy_score_plan(const ProxyScoreParams& p, const ProxyScoreOptions& options,
+                                     int device);
+void run_proxy_score(const ProxyScoreParams& p, const ProxyScorePlan& plan, int device,
+                     cudaStream_t stream);
 
 struct TopkSelectArgs {
   TensorRef max_score;  // (H, P, S) float32 contiguous
@@ -60,7 +68,10 @@ struct TopkSelectArgs {
   int64_t force_end_blocks = 0;
 };
 TopkSelectParams make_topk_select_params(const TopkSelectArgs& args);
-void run_topk_select(const TopkSelectParams& p, int device, cudaStream_t stream);
+TopkSelectPlan make_topk_select_plan(const TopkSelectParams& p, const TopkSelectOptions& options,
+                                     int device);
+void run_topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, int device,
+                     cudaStream_t stream);
 
 // Shared by prefill and decode: K/V with their NVFP4 scales and global scales.
 struct KVArgs {
@@ -91,7 +102,14 @@ struct SparseAttnArgs {
   TensorRef workspace;    // caller-owned scratch (uint8), optional
 };
 SparseAttnParams make_sparse_attention_params(const SparseAttnArgs& args);
-void run_sparse_attention(const SparseAttnParams& p, int device, cudaStream_t stream);
+// The plan's bytes are the device scratch the call needs (0 on host memory and for schedules that
+// need none): p.workspace must hold that many (a CUDA run with less throws). The torch binding takes
+// it from the caller's MSASparseAttentionWorkspace, else from PyTorch's caching allocator (which
+// CUDA-graph capture handles).
+SparseAttnPlan make_sparse_attention_plan(const SparseAttnParams& p, const SparseAttnOptions& options,
+                                          int device);
+void run_sparse_attention(const SparseAttnParams& p, const SparseAttnPlan& plan, int device,
+                          cudaStream_t stream);
 
 struct SparseDecodeArgs {
   TensorRef q;            // (B * seqlen_q, Hq, 128) bf16/fp16/fp8
@@ -111,7 +129,10 @@ struct SparseDecodeArgs {
   TensorRef workspace;
 };
 SparseDecodeParams make_sparse_decode_params(const SparseDecodeArgs& args);
-void run_sparse_decode(const SparseDecodeParams& p, int device, cudaStream_t stream);
+SparseAttnPlan make_sparse_decode_plan(const SparseDecodeParams& p, const SparseDecodeOptions& options,
+                                       int device);
+void run_sparse_decode(const SparseDecodeParams& p, const SparseAttnPlan& plan, int device,
+                       cudaStream_t stream);
 
 // Output dtype of decode: q's, except bf16 for fp8 q.
 DType decode_out_dtype(DType q_dtype);
@@ -134,12 +155,5 @@ bool is_packed_kv(const TensorRef& k, const TensorRef& v);
 
 // Whether this build has CUDA kernels (a CPU-only build runs the reference only).
 bool built_with_cuda();
-
-// Bytes of device scratch an op needs for these params (0 for host memory and for schedules that
-// need none). run_* never allocates: a CUDA run whose p.workspace_bytes is smaller throws. The torch
-// binding takes it from the caller's MSASparseAttentionWorkspace, else from PyTorch's caching
-// allocator (which CUDA-graph capture handles).
-size_t sparse_attention_workspace_bytes(const SparseAttnParams& p);
-size_t sparse_decode_workspace_bytes(const SparseDecodeParams& p);
 
 }  // namespace flashmsa

@@ -31,10 +31,23 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // KV-major attention kernels: mma_sync (portable SM80+), wgmma (sm_90a warpgroup MMAs).
 // auto: wgmma where it can run, else mma_sync.
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
-// Proxy-score kernels: mma_sync (portable SM80+), decode (the SM80+ streaming kernel for short
-// queries: csrc/proxy_score/proxy_decode.cuh; calls it does not run take mma_sync, see
-// proxy_decode_runs). auto: mma_sync (until the decode kernel's H200 run shows it faster).
-enum class ProxyKernel : int32_t { kAuto = 0, kMmaSync = 1, kDecode = 2 };
+// Proxy-score kernels (docs/design/proxy_score.md): mma_sync (portable SM80+, every call), sm90 /
+// sm90_ss (the sm_90a TMA + wgmma prefill kernel with Q in registers / in shared memory, where it
+// applies: 16-bit K of q's dtype, no reduce_heads, an sm_90 device; elsewhere mma_sync), decode
+// (the SM80+ streaming kernel for short queries: csrc/proxy_score/proxy_decode.cuh, where
+// proxy_decode_runs; elsewhere mma_sync), and the _only forms of the last three (the same without
+// the fallback: NotImplementedError where the kernel does not apply; tests and benchmarks).
+// auto: mma_sync (until the other kernels are measured on the H200).
+enum class ProxyKernel : int32_t {
+  kAuto = 0,
+  kMmaSync = 1,
+  kSm90 = 2,
+  kSm90Only = 3,
+  kSm90Ss = 4,
+  kSm90SsOnly = 5,
+  kDecode = 6,
+  kDecodeOnly = 7
+};
 // Top-k kernels (docs/design/topk_select.md): warp_per_row (a warp per (token, head) row, bitwise
 // threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
 // for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), by_size
@@ -51,7 +64,6 @@ enum class TopkKernel : int32_t {
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
 // a warp.
 inline constexpr int kTopkRadixMinGroupsPerSm = 4;
-
 // Decode kernels for 16-row tiles (G <= 16): smem (the query-major kernel as prefill runs it: fp8
 // K/V dequantized in shared memory, 2 stages of bf16 / fp16 K/V), regs (the streaming variant: 3
 // stages of 32 KB at 2 CTAs per SM, fp8 K/V converted in registers into fp16 MMAs; NVFP4 K/V, G > 16
@@ -84,10 +96,10 @@ struct TopkSelectOptions {
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
-// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union (the CUDA
-// entry point reads them from FLASHMSA_DECODE_KERNEL / FLASHMSA_DECODE_MTP today).
+// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
-// Options of msa_proxy_score / msa_proxy_score_fp4: kernel=auto|mma_sync|decode.
+// Options of msa_proxy_score / msa_proxy_score_fp4:
+// kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select: kernel=auto|warp_per_row|warp_per_row_8|radix|by_size.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
@@ -157,7 +169,8 @@ struct KvMajorPlan {
   int nb_bound = 0;
   int tokens_per_item = 0;
   int max_items = 0;
-  int grid = 0;
+  int grid = 0;     // persistent attention CTAs
+  int num_sms = 0;  // of the device planned for (the list-building prologue's grid: 2 per SM)
   size_t block_base_off = 0, counts_off = 0, cursors_off = 0, control_off = 0, items_off = 0,
          list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
   // Shared-selection tiles (sm_90a, bf16 / fp16 / fp8 K and V, G in {16, 32, 64, 128}), computed
@@ -182,7 +195,8 @@ struct SparseAttnPlan {
 };
 
 struct ProxyScorePlan {
-  ProxyKernel kernel = ProxyKernel::kMmaSync;
+  ProxyKernel kernel = ProxyKernel::kMmaSync;  // resolved: kMmaSync, kSm90 or kSm90Ss
+  bool strict = false;  // the sm_90a kernel or NotImplementedError (no fallback to mma_sync)
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: kWarpPerRow, kWarpPerRow8 or kRadix

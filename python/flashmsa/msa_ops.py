@@ -19,7 +19,9 @@ allocate more than the inputs describe before the core has checked it. Pipeline:
     out    = msa_sparse_attention(q, k, v, q2k, cu_q, cu_k, causal=True)
 """
 
+import inspect
 import numbers
+from collections.abc import Mapping
 from typing import Optional, Tuple, Union
 
 import torch
@@ -285,6 +287,11 @@ def msa_proxy_score(
     torch.Tensor
         float32 ``(Hq | 1, max_k_tiles, total_q)``, ready for :func:`msa_topk_select`.
     """
+    return _proxy_score("", **locals())
+
+
+def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
+                 max_seqlen_q, max_k_tiles, output, reduce_heads, q_offset):
     op = "msa_proxy_score"
     q = _tensor("q", q)
     k = _tensor("k", k)
@@ -301,7 +308,8 @@ def msa_proxy_score(
         op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q, max_k_tiles,
         output, reduce_heads)
     _call(_ops.proxy_score, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal),
-          max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output)
+          max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output,
+          plan)
     return output
 
 
@@ -404,6 +412,12 @@ reduce_heads, q_offset
     torch.Tensor
         float32 ``(Hq | 1, max_k_tiles, total_q)``, ready for :func:`msa_topk_select`.
     """
+    return _proxy_score_fp4("", **locals())
+
+
+def _proxy_score_fp4(plan, q_fp4, k_fp4, q_scale, k_scale, q_global_scale, k_global_scale,
+                     cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal, max_seqlen_q,
+                     max_k_tiles, output, reduce_heads, q_offset):
     op = "msa_proxy_score_fp4"
     q_fp4 = _tensor("q_fp4", q_fp4)
     k_fp4 = _tensor("k_fp4", k_fp4)
@@ -426,7 +440,7 @@ reduce_heads, q_offset
     _call(_ops.proxy_score_fp4, q_fp4, k_fp4, q_scale.reshape(-1), k_scale.reshape(-1),
           q_global_scale, k_global_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
           bool(causal), max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
-          bool(reduce_heads), output)
+          bool(reduce_heads), output, plan)
     return output
 
 
@@ -470,6 +484,11 @@ def msa_topk_select(
         int32 ``(total_q, H, topk)``. Attention wants ``(Hkv, total_q, topk)`` contiguous:
         ``out.transpose(0, 1).contiguous()``.
     """
+    return _topk_select("", **locals())
+
+
+def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blocks,
+                 force_end_blocks):
     op = "msa_topk_select"
     max_score = _tensor("max_score", max_score)
     topk = _int_arg(op, "topk", topk)
@@ -492,7 +511,7 @@ def msa_topk_select(
         slots = topk if 1 <= topk <= _MAX_TOPK else 0
         output = _outputs.empty((total_q, num_heads, slots), torch.int32, max_score.device)
     _call(_ops.topk_select, max_score, topk, nvp_value, nvp_tensor, force_begin_blocks,
-          force_end_blocks, output)
+          force_end_blocks, output, plan)
     return output
 
 
@@ -579,6 +598,13 @@ def msa_sparse_attention(
     ``out`` ``(total_q, Hq, 128)`` in q's dtype; ``(out, lse)`` with ``return_softmax_lse``;
     ``(out, lse, lse_t)`` with ``return_temperature_lse``.
     """
+    return _sparse_attention("", **locals())
+
+
+def _sparse_attention(plan, q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale,
+                      page_table, seqused_k, return_softmax_lse, k_scale, v_scale, k_global_scale,
+                      v_global_scale, q_offset, return_temperature_lse, lse_temperature_scale,
+                      workspace):
     op = "msa_sparse_attention"
     q = _tensor("q", q)
     k = _tensor("k", k)
@@ -614,8 +640,8 @@ def msa_sparse_attention(
         scratch = workspace.buffer
         if not torch.compiler.is_compiling():
             scratch = workspace.reserve(
-                _call(_ops.sparse_attention_workspace_size, *args, scratch))
-    _call(_ops.sparse_attention, *args, scratch)
+                _call(_ops.sparse_attention_workspace_size, *args, scratch, plan))
+    _call(_ops.sparse_attention, *args, scratch, plan)
     if want_lse_t:
         return out, lse, lse_t
     if want_lse:
@@ -687,6 +713,12 @@ def msa_sparse_decode_attention(
     ``out`` ``(B * seqlen_q, Hq, 128)`` (q's dtype; bf16 for fp8 q), or ``(out, lse)`` with
     ``return_softmax_lse``.
     """
+    return _sparse_decode("", **locals())
+
+
+def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q,
+                   causal, softmax_scale, return_softmax_lse, k_scale, v_scale, k_global_scale,
+                   v_global_scale, q_offset, partial_dtype, force_fused, workspace):
     op = "msa_sparse_decode_attention"
     q = _tensor("q", q)
     k = _tensor("k", k)
@@ -723,8 +755,56 @@ def msa_sparse_decode_attention(
     if workspace is not None:
         scratch = workspace.buffer
         if not torch.compiler.is_compiling():
-            scratch = workspace.reserve(_call(_ops.sparse_decode_workspace_size, *args, scratch))
-    _call(_ops.sparse_decode, *args, scratch)
+            scratch = workspace.reserve(_call(_ops.sparse_decode_workspace_size, *args, scratch,
+                                              plan))
+    _call(_ops.sparse_decode, *args, scratch, plan)
     if return_softmax_lse:
         return out, lse
     return out
+
+
+# ---- plan options (private: tests and benchmarks) ----------------------------------------------
+# The public functions run the library's own plan (schedule and kernel choices made by the core's
+# planner, csrc/sparse_attn/plan.cpp). These private twins take the same arguments plus
+# ``options``, the plan options of the call, to force a schedule or a kernel:
+#
+#   _sparse_attention_planned(q, k, v, q2k, cu_q, cu_k, causal=True,
+#                             options=dict(schedule="kv_major", kv_major_kernel="mma_sync"))
+#
+# msa_sparse_attention: schedule = auto | query_major | kv_major | hybrid, kv_major_kernel = auto |
+# mma_sync | wgmma, chunk_rows = <rows per KV-major launch group>, tile_max_waste = <1 to 8>;
+# msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only;
+# msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size;
+# msa_sparse_decode_attention:
+# kernel = auto | smem | regs (fp8 K/V; include/flashmsa/plan.h). An
+# unknown option or a bad value raises ValueError naming the option; a forced kernel the device
+# cannot run raises NotSupportedError (a NotImplementedError).
+
+def _plan_text(options) -> str:
+    if options is None:
+        return ""
+    if isinstance(options, str):
+        return options
+    if isinstance(options, Mapping):
+        return ",".join(f"{name}={value}" for name, value in options.items())
+    raise TypeError(f"options must be a mapping, a str or None, got {type(options).__name__}")
+
+
+def _planned(public, impl):
+    signature = inspect.signature(public)
+
+    def planned(*args, options=None, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return impl(_plan_text(options), **bound.arguments)
+
+    planned.__name__ = planned.__qualname__ = f"{impl.__name__}_planned"
+    planned.__doc__ = f"{public.__name__}(*args, **kwargs) with plan options (see msa_ops.py)."
+    return planned
+
+
+_proxy_score_planned = _planned(msa_proxy_score, _proxy_score)
+_proxy_score_fp4_planned = _planned(msa_proxy_score_fp4, _proxy_score_fp4)
+_topk_select_planned = _planned(msa_topk_select, _topk_select)
+_sparse_attention_planned = _planned(msa_sparse_attention, _sparse_attention)
+_sparse_decode_planned = _planned(msa_sparse_decode_attention, _sparse_decode)

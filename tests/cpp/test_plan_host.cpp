@@ -317,7 +317,7 @@ SparseDecodeParams decode(int batch, int force_fused, PartialDType partial = Par
 TEST(PlanDecode, SplitsAndFused) {
   // 8 requests x 4 kv heads = 32 items < 132 SMs: ~3 CTAs per SM wants ceil(396 / 32) = 13
   // splits of 16 blocks, rounded so that no split is empty: 2 blocks per split, 8 splits.
-  const SparseAttnPlan small = plan_sparse_decode(decode(8, -1), hopper());
+  const SparseAttnPlan small = plan_sparse_decode(decode(8, -1), hopper(), {});
   EXPECT_EQ(small.schedule, PrefillSchedule::kQueryMajor);
   EXPECT_FALSE(small.qm.fused);
   EXPECT_EQ(small.qm.splits, 8);
@@ -325,20 +325,20 @@ TEST(PlanDecode, SplitsAndFused) {
   expect_layout_sound(small);
   EXPECT_EQ(section(small, "qm.part_o")->bytes, size_t(8) * 64 * small.qm.splits * 128 * 2);
   // 64 requests x 4 kv heads = 256 items >= 132 SMs: fused, no workspace.
-  const SparseAttnPlan big = plan_sparse_decode(decode(64, -1), hopper());
+  const SparseAttnPlan big = plan_sparse_decode(decode(64, -1), hopper(), {});
   EXPECT_TRUE(big.qm.fused);
   EXPECT_EQ(big.qm.splits, 1);
   EXPECT_EQ(big.bytes, 0u);
   // force_fused = 1: fused whatever the size; 0: at least two splits.
-  const SparseAttnPlan fused = plan_sparse_decode(decode(2, 1), hopper());
+  const SparseAttnPlan fused = plan_sparse_decode(decode(2, 1), hopper(), {});
   EXPECT_TRUE(fused.qm.fused);
   EXPECT_EQ(fused.bytes, 0u);
-  const SparseAttnPlan split = plan_sparse_decode(decode(64, 0), hopper());
+  const SparseAttnPlan split = plan_sparse_decode(decode(64, 0), hopper(), {});
   EXPECT_FALSE(split.qm.fused);
   EXPECT_EQ(split.qm.splits, 2);
   // The partial dtype sizes the partial outputs.
-  const SparseAttnPlan f32 = plan_sparse_decode(decode(64, 0, PartialDType::kFloat32), hopper());
-  const SparseAttnPlan fp8 = plan_sparse_decode(decode(64, 0, PartialDType::kFP8E4M3), hopper());
+  const SparseAttnPlan f32 = plan_sparse_decode(decode(64, 0, PartialDType::kFloat32), hopper(), {});
+  const SparseAttnPlan fp8 = plan_sparse_decode(decode(64, 0, PartialDType::kFP8E4M3), hopper(), {});
   EXPECT_EQ(f32.qm.part_kind, StoreKind::kF32);
   EXPECT_EQ(fp8.qm.part_kind, StoreKind::kFP8);
   EXPECT_EQ(section(f32, "qm.part_o")->bytes, 4 * section(fp8, "qm.part_o")->bytes);
@@ -346,8 +346,90 @@ TEST(PlanDecode, SplitsAndFused) {
   // G = 64: 64-row tiles.
   SparseDecodeParams g64 = decode(8, -1);
   g64.attn.num_kv_heads = 1;
-  EXPECT_EQ(plan_sparse_decode(g64, hopper()).qm.warps_m, 4);
-  EXPECT_EQ(plan_sparse_decode(decode(8, -1), hopper()).qm.warps_m, 1);
+  EXPECT_EQ(plan_sparse_decode(g64, hopper(), {}).qm.warps_m, 4);
+  EXPECT_EQ(plan_sparse_decode(decode(8, -1), hopper(), {}).qm.warps_m, 1);
+}
+
+TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;  // 105 KB of shared memory per CTA fit
+  SparseAttnDeviceFacts a100 = ampere();
+  a100.decode_regs_ctas = 2;
+  auto fp8 = [](int batch, int hq = 64) {
+    SparseDecodeParams d = decode(batch, -1);
+    d.attn.num_heads = hq;
+    d.attn.k.dtype = d.attn.v.dtype = DType::kFP8E4M3;
+    return d;
+  };
+  SparseDecodeOptions regs;
+  regs.kernel = DecodeKernel::kRegs;
+  SparseDecodeOptions smem;
+  smem.kernel = DecodeKernel::kSmem;
+  EXPECT_TRUE(plan_sparse_decode(fp8(30), h200, regs).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(fp8(30), h200, {}).qm.regs);    // auto: the smem kernel
+  EXPECT_FALSE(plan_sparse_decode(fp8(30), h200, smem).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(decode(30, -1), h200, regs).qm.regs);   // bf16 K/V: 3 stages
+  SparseDecodeParams nvfp4 = decode(30, -1);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, regs).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(fp8(30, 128), h200, regs).qm.regs);    // G = 32: 64-row tiles
+  SparseAttnDeviceFacts sm89 = a100;
+  sm89.decode_regs_ctas = 0;  // below the kernel's 105 KB of shared memory
+  EXPECT_FALSE(plan_sparse_decode(fp8(30), sm89, regs).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(fp8(30), a100, regs).qm.regs);
+  // Its 2 resident CTAs per SM set the split target: 30 x 4 = 120 items want ceil(264 / 120) = 3
+  // splits (3 CTAs per SM: ceil(396 / 120) = 4).
+  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, regs).qm.splits, 3);
+  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, smem).qm.splits, 4);
+  // Prefill never takes it.
+  SparseAttnParams p = fp8(30).attn;
+  EXPECT_FALSE(plan_sparse_attention(p, {}, h200).qm.regs);
+}
+
+SparseDecodeParams mtp_call(int batch, int seqlen_q, int hq = 64, int topk = 16) {
+  SparseDecodeParams d{};
+  d.attn = attn(batch * seqlen_q, hq, 4, topk);
+  d.attn.batch = d.attn.kv.batch = batch;
+  d.attn.qi.seqlen_q = seqlen_q;
+  d.force_fused = -1;
+  d.partial_dtype = PartialDType::kDefault;
+  return d;
+}
+
+TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  SparseDecodeOptions u;
+  u.mtp = DecodeMtp::kUnion;
+  SparseDecodeOptions per_token;
+  per_token.mtp = DecodeMtp::kPerToken;
+  // M3 with 4 tokens per request: 4 x 16 = 64 rows and 4 x 16 = 64 list entries per item.
+  const QueryMajorPlan m3 = plan_sparse_decode(mtp_call(8, 4), h200, u).qm;
+  EXPECT_EQ(m3.mtp_tokens, 4);
+  EXPECT_EQ(m3.warps_m, 4);
+  EXPECT_EQ(m3.row_tiles, 1);
+  // 8 requests x 4 kv heads = 32 items at 2 CTAs per SM: ceil(264 / 32) = 9 -> 8 splits of 2.
+  EXPECT_EQ(m3.splits, 8);
+  EXPECT_EQ(m3.num_items, int64_t(32) * 8);
+  // Per-token items: 128 items at 3 CTAs per SM: ceil(396 / 128) = 4 splits.
+  const QueryMajorPlan pt = plan_sparse_decode(mtp_call(8, 4), h200, per_token).qm;
+  EXPECT_EQ(pt.mtp_tokens, 0);
+  EXPECT_EQ(pt.warps_m, 1);
+  EXPECT_EQ(pt.splits, 4);
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, {}).qm.mtp_tokens, 0);  // auto: per token
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 2), h200, u).qm.mtp_tokens, 2);
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 1), h200, u).qm.mtp_tokens, 0);   // not MTP
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 5), h200, u).qm.mtp_tokens, 0);   // > 4 tokens
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4, 128), h200, u).qm.mtp_tokens, 0);  // 4 x G 32
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4, 64, 32), h200, u).qm.mtp_tokens, 0);  // 4 x 32
+  // Union items take 64-row tiles, so the register kernel (one m16 tile) does not apply.
+  SparseDecodeParams fp8 = mtp_call(8, 4);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  SparseDecodeOptions both = u;
+  both.kernel = DecodeKernel::kRegs;
+  EXPECT_FALSE(plan_sparse_decode(fp8, h200, both).qm.regs);
+  EXPECT_EQ(plan_sparse_decode(fp8, h200, both).qm.mtp_tokens, 4);
+  expect_layout_sound(plan_sparse_decode(mtp_call(8, 4), h200, u));
 }
 
 SparseDecodeOptions regs_only() {
@@ -460,8 +542,10 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_attention_options(std::string("kv_major_kernel=") + option_name(k)).kv_major_kernel, k);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
-  EXPECT_EQ(parse_proxy_score_options("kernel=mma_sync").kernel, ProxyKernel::kMmaSync);
-  EXPECT_EQ(parse_proxy_score_options("kernel=decode").kernel, ProxyKernel::kDecode);
+  for (ProxyKernel k : {ProxyKernel::kAuto, ProxyKernel::kMmaSync, ProxyKernel::kSm90, ProxyKernel::kSm90Only,
+                        ProxyKernel::kSm90Ss, ProxyKernel::kSm90SsOnly, ProxyKernel::kDecode,
+                        ProxyKernel::kDecodeOnly})
+    EXPECT_EQ(parse_proxy_score_options(std::string("kernel=") + option_name(k)).kernel, k);
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
@@ -473,6 +557,8 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_decode_options(std::string("kernel=") + option_name(k)).kernel, k);
   for (DecodeMtp m : {DecodeMtp::kAuto, DecodeMtp::kPerToken, DecodeMtp::kUnion})
     EXPECT_EQ(parse_sparse_decode_options(std::string("mtp=") + option_name(m)).mtp, m);
+  EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
+  EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -490,7 +576,10 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");
   expect_error([] { parse_proxy_score_options("kernel=wgmma"); }, ErrorKind::kValue,
-               "kernel must be auto, mma_sync or decode, got 'wgmma'");
+               "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode or "
+               "decode_only, got 'wgmma'");
+  expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'heap'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem or regs, got 'fastest'");
@@ -500,11 +589,36 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "unknown plan option 'splits'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'new'");
+  expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
+               "unknown plan option 'schedule'");
 }
 
-TEST(PlanOptions, ProxyAndTopkAutoKeepTheirKernel) {
-  EXPECT_EQ(plan_proxy_score(ProxyScoreParams{}, {}).kernel, ProxyKernel::kMmaSync);
-  EXPECT_EQ(plan_topk_select(TopkSelectParams{}, {}).kernel, TopkKernel::kWarpPerRow);
+// ---- proxy score and top-k ----------------------------------------------------------------------
+
+ProxyScorePlan proxy_plan(ProxyKernel k) {
+  ProxyScoreOptions o;
+  o.kernel = k;
+  return plan_proxy_score(ProxyScoreParams{}, o);
+}
+
+TEST(PlanProxy, AutoIsMmaSyncAndTheSm90VariantsKeepOrForbidTheFallback) {
+  struct Case {
+    ProxyKernel option, kernel;
+    bool strict;
+  } cases[] = {{ProxyKernel::kAuto, ProxyKernel::kMmaSync, false},
+               {ProxyKernel::kMmaSync, ProxyKernel::kMmaSync, false},
+               {ProxyKernel::kSm90, ProxyKernel::kSm90, false},
+               {ProxyKernel::kSm90Only, ProxyKernel::kSm90, true},
+               {ProxyKernel::kSm90Ss, ProxyKernel::kSm90Ss, false},
+               {ProxyKernel::kSm90SsOnly, ProxyKernel::kSm90Ss, true},
+               // No heads: the decode kernel does not run the call, decode_only keeps it (strict).
+               {ProxyKernel::kDecode, ProxyKernel::kMmaSync, false},
+               {ProxyKernel::kDecodeOnly, ProxyKernel::kDecode, true}};
+  for (const Case& c : cases) {
+    const ProxyScorePlan plan = proxy_plan(c.option);
+    EXPECT_EQ(plan.kernel, c.kernel) << option_name(c.option);
+    EXPECT_EQ(plan.strict, c.strict) << option_name(c.option);
+  }
 }
 
 TopkSelectParams topk_call(int heads, int tokens, int blocks = 256) {
@@ -516,8 +630,10 @@ TopkSelectParams topk_call(int heads, int tokens, int blocks = 256) {
   return p;
 }
 
-TEST(PlanTopk, ForcedKernelsAreKept) {
+TEST(PlanTopk, AutoIsWarpPerRowAndForcedKernelsAreKept) {
   const TopkSelectDeviceFacts h200{132};
+  for (int tokens : {1, 64, 32768})
+    EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {}, h200).kernel, TopkKernel::kWarpPerRow);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix})
     for (int tokens : {1, 64, 32768})
       EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, h200).kernel, k) << option_name(k);
@@ -535,6 +651,8 @@ TEST(PlanTopk, BySizeTakesRadixFromFourGroupsPerSm) {
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpPerRow8);
   EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadix);
   EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadix);
+  // The threshold scales with the SMs: the same call on 264 SMs stays warp_per_row_8.
+  EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, {264}).kernel, TopkKernel::kWarpPerRow8);
   // Unknown device: radix.
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadix);
 }

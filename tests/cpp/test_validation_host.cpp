@@ -1051,7 +1051,7 @@ TEST(ValidationProxy, EmptyPageTableIsPaged) {
   EXPECT_TRUE(p.kv.paged);
   EXPECT_EQ(p.kv.max_pages, 0);
   for (int64_t i = 0; i < s.out.numel(); ++i) s.out.as<float>()[i] = 7.0f;
-  run_proxy_score(p, -1, nullptr);
+  run_proxy_score(p, make_proxy_score_plan(p, {}, -1), -1, nullptr);
   for (int64_t i = 0; i < s.out.numel(); ++i)
     ASSERT_TRUE(std::isinf(s.out.as<float>()[i]) && s.out.as<float>()[i] < 0) << i;
 }
@@ -1063,7 +1063,7 @@ TEST(ValidationAttention, EmptyPageTableIsPaged) {
   for (int64_t i = 0; i < s.q2k.numel(); ++i) s.q2k.as<int>()[i] = int(i % 3) - 1;
   const SparseAttnParams p = s.make();
   EXPECT_TRUE(p.kv.paged);
-  run_sparse_attention(p, -1, nullptr);
+  run_sparse_attention(p, make_sparse_attention_plan(p, {}, -1), -1, nullptr);
   for (int64_t i = 0; i < s.out.numel(); ++i) ASSERT_EQ(s.out.get(i), 0.0f) << i;
   for (int64_t i = 0; i < s.lse.numel(); ++i) ASSERT_TRUE(std::isinf(s.lse.get(i))) << i;
 }
@@ -1074,7 +1074,7 @@ TEST(ValidationDecode, EmptyPageTableIsPaged) {
   s.a.page_table.data = nullptr;
   const SparseDecodeParams d = s.make();
   EXPECT_TRUE(d.attn.kv.paged);
-  run_sparse_decode(d, -1, nullptr);
+  run_sparse_decode(d, make_sparse_decode_plan(d, {}, -1), -1, nullptr);
   for (int64_t i = 0; i < s.out.numel(); ++i) ASSERT_EQ(s.out.get(i), 0.0f) << i;
 }
 
@@ -1088,7 +1088,7 @@ TEST(ValidationProxy, ZeroElementTensorsAreContiguous) {
   s.a.output = strided_ref(s.out.bytes.data(), ST::kFloat32, {4, 2, 0}, {2, 1, 1});
   const ProxyScoreParams p = s.make();
   EXPECT_EQ(p.total_q, 0);
-  run_proxy_score(p, -1, nullptr);
+  run_proxy_score(p, make_proxy_score_plan(p, {}, -1), -1, nullptr);
 }
 
 TEST(ValidationDecode, ZeroBatch) {
@@ -1101,7 +1101,7 @@ TEST(ValidationDecode, ZeroBatch) {
   s.a.lse = strided_ref(s.lse.bytes.data(), ST::kFloat32, {0, 6}, {1, 1});
   const SparseDecodeParams d = s.make();
   EXPECT_EQ(d.attn.batch, 0);
-  run_sparse_decode(d, -1, nullptr);
+  run_sparse_decode(d, make_sparse_decode_plan(d, {}, -1), -1, nullptr);
 }
 
 // ---- error messages ----------------------------------------------------------------------------

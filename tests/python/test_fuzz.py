@@ -77,10 +77,10 @@ def test_generators_cover_every_option():
     assert {str(x) for x in (0.0, 0.5, 0.9, 1.0)} <= {
         str(fuzz_msa.case_params("attention", s)["selection"]["share"]) for s in range(400)}
     # every kernel choice is forced somewhere (default included)
-    envs = {op: [fuzz_msa.case_params(op, s)["env"] for s in range(400)] for op in fuzz_msa.OPS}
+    opts = {op: [fuzz_msa.case_params(op, s)["options"] for s in range(400)] for op in fuzz_msa.OPS}
     for op, choices in fuzz_msa.KERNELS.items():
         for name, values in choices:
-            assert {e.get(name) for e in envs[op]} == {None, *values}, (op, name)
+            assert {o.get(name) for o in opts[op]} == {None, *values}, (op, name)
     # paged lengths beyond the page table (clamped), paged cu_seqlens_k, V scales near 1e35
     for op in ("proxy", "attention", "decode"):
         declared = [fuzz_msa.case_params(op, s)["declared_k"] for s in range(400)]
@@ -88,25 +88,38 @@ def test_generators_cover_every_option():
     assert "cu_seqlens_k" in _values("attention", "k_lengths")
     assert "1e+35" in _values("attention", "v_global_scale")
     assert "1e+35" in _values("decode", "v_global_scale")
-    assert {tuple(sorted(e.items())) for e in envs["attention"]
-            if "FLASHMSA_KV_MAJOR_CHUNK_ROWS" not in e} == {
+    assert {tuple(sorted(o.items())) for o in opts["attention"] if "chunk_rows" not in o} == {
         tuple(sorted(v.items())) for v in fuzz_msa.SCHEDULES.values()}
-    assert any("FLASHMSA_KV_MAJOR_CHUNK_ROWS" in e for e in envs["attention"])
+    assert any("chunk_rows" in o for o in opts["attention"])
 
 
-def test_kernel_choices_exist_in_the_sources():
-    """The kernel names the fuzzer forces are ones the CUDA sources parse (a renamed choice would
-    make every such case fail on the GPU with a ValueError)."""
-    root = BENCH_DIR.parent
-    text = "".join(p.read_text() for d in ("csrc", "include") for p in (root / d).rglob("*")
-                   if p.suffix in (".cu", ".cpp", ".h", ".cuh"))
-    pairs = {(name, v) for choices in fuzz_msa.KERNELS.values() for name, values in choices
-             for v in values}
-    pairs |= {(k, v) for env in fuzz_msa.SCHEDULES.values() for k, v in env.items()
-              if k != "FLASHMSA_TILE_MAX_WASTE"}
-    for name, value in sorted(pairs):
-        assert f'"{name}"' in text, name
-        assert f'"{value}"' in text, f"{name}={value}"
+def _tiny_call(op: str, options: dict):
+    """op on one-row CPU inputs through its planned twin: the core parses the plan options."""
+    import torch
+    from flashmsa import msa_ops
+    bf16, i32 = torch.bfloat16, torch.int32
+    q, kv = torch.zeros(1, 1, 128, dtype=bf16), torch.zeros(128, 1, 128, dtype=bf16)
+    cu_q, cu_k = torch.tensor([0, 1], dtype=i32), torch.tensor([0, 128], dtype=i32)
+    q2k = torch.zeros(1, 1, 1, dtype=i32)
+    if op in ("proxy", "proxy_fp4"):  # both parse msa_proxy_score's options
+        msa_ops._proxy_score_planned(q, kv, cu_q, cu_k, options=options)
+    elif op == "topk":
+        msa_ops._topk_select_planned(torch.zeros(1, 1, 1), 1, options=options)
+    elif op == "attention":
+        msa_ops._sparse_attention_planned(q, kv, kv, q2k, cu_q, cu_k, options=options)
+    else:
+        msa_ops._sparse_decode_planned(q, kv, kv, q2k, cu_seqlens_k=cu_k, options=options)
+
+
+def test_kernel_choices_parse():
+    """Every plan option the fuzzer forces is one the core parses (a renamed choice would make
+    every such case fail with a ValueError)."""
+    for op, choices in fuzz_msa.KERNELS.items():
+        for name, values in choices:
+            for value in values:
+                _tiny_call(op, {name: value})
+    for options in fuzz_msa.SCHEDULES.values():
+        _tiny_call("attention", {**options, "chunk_rows": "7"})
 
 
 @pytest.mark.parametrize("op", fuzz_msa.OPS)

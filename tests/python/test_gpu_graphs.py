@@ -8,7 +8,7 @@
   inputs, including new sequence lengths.
 * Capturing the proxy without max_seqlen_q (or max_k_tiles) raises ValueError instead of syncing.
 * Every op run twice on the same inputs gives bit-identical results; prefill under both schedules
-  (FLASHMSA_PREFILL_SCHEDULE=query_major / kv_major) with random and clustered selections.
+  (plan option schedule=query_major / kv_major) with random and clustered selections.
 
 Skipped (not passed) without a CUDA device or without a flashmsa build with CUDA kernels.
 """
@@ -122,8 +122,10 @@ def refill(*tensors, gen):
 class Prefill:
     """One causal sequence in the M3 head layout, flat or paged, bf16 or fp8 K/V."""
 
-    def __init__(self, s, gen, *, hq=64, hkv=4, layout="flat", kv_dtype=BF16, pattern="random"):
+    def __init__(self, s, gen, *, hq=64, hkv=4, layout="flat", kv_dtype=BF16, pattern="random",
+                 options=None):
         self.s, self.hq, self.hkv = s, hq, hkv
+        self.options = options  # plan options (msa_ops._sparse_attention_planned)
         self.q = mi.randn((s, hq, 128), gen, DEV)
         k, v = mi.randn((s, hkv, 128), gen, DEV), mi.randn((s, hkv, 128), gen, DEV)
         self.cu_q = ft.cu_seqlens([s], DEV)
@@ -143,8 +145,9 @@ class Prefill:
             self.sel = mi.random_selection(pos, hkv, TOPK, gen)
 
     def run(self, **kw):
-        return msa_ops.msa_sparse_attention(self.q, self.k, self.v, self.sel, self.cu_q, self.cu_k,
-                                            causal=True, return_softmax_lse=True, **self.kw, **kw)
+        return msa_ops._sparse_attention_planned(
+            self.q, self.k, self.v, self.sel, self.cu_q, self.cu_k, causal=True,
+            return_softmax_lse=True, **self.kw, **kw, options=self.options)
 
 
 class Decode:
@@ -229,9 +232,8 @@ def test_topk_select_graph_replay():
 
 
 @pytest.fixture(params=["query_major", "kv_major"])
-def prefill_schedule(request, monkeypatch):
-    """Both prefill schedules, forced through the knob the kernels read at every call."""
-    monkeypatch.setenv("FLASHMSA_PREFILL_SCHEDULE", request.param)
+def prefill_schedule(request):
+    """Both prefill schedules, forced through the plan options of each call."""
     return request.param
 
 
@@ -239,7 +241,8 @@ def prefill_schedule(request, monkeypatch):
     ("flat", BF16, "random"), ("flat", BF16, "clustered"), ("paged", FP8, "clustered")])
 def test_sparse_attention_graph_replay(layout, kv_dtype, pattern, prefill_schedule):
     gen = mi.cuda_generator(13, DEV)
-    x = Prefill(1024, gen, layout=layout, kv_dtype=kv_dtype, pattern=pattern)
+    x = Prefill(1024, gen, layout=layout, kv_dtype=kv_dtype, pattern=pattern,
+                options=dict(schedule=prefill_schedule))
     static_out = torch.empty_like(x.q)
     ws = new_workspace()
     kw = graph_kwargs(msa_ops.msa_sparse_attention, output=static_out, workspace=ws,
@@ -363,7 +366,8 @@ def test_topk_select_deterministic(p, s):
 @pytest.mark.parametrize("pattern", ["random", "clustered"])
 def test_sparse_attention_deterministic(layout, kv_dtype, pattern, prefill_schedule):
     gen = mi.cuda_generator(23, DEV)
-    x = Prefill(4096, gen, layout=layout, kv_dtype=kv_dtype, pattern=pattern)
+    x = Prefill(4096, gen, layout=layout, kv_dtype=kv_dtype, pattern=pattern,
+                options=dict(schedule=prefill_schedule))
     a, b = twice(x.run)
     assert_bitwise_equal(b, a, f"sparse attention {pattern} {prefill_schedule} run twice")
 

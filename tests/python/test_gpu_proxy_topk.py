@@ -15,7 +15,7 @@ never scaled up). The -inf pattern (blocks with no visible key) and the NaN patt
 exactly, and fp8 / paged runs must equal their bf16 / flat GPU twins bit for bit.
 
 Top-k: indices must be identical (ties go to the lower block index at every P, D3), for every
-kernel (FLASHMSA_TOPK_KERNEL, the plan option `kernel`: warp-per-row at 32 and 8 tokens per CTA,
+kernel (the plan option `kernel`: warp-per-row at 32 and 8 tokens per CTA,
 the thread-per-row radix kernel, and by_size's choice between them), on the fixed cases and on
 fresh random ones.
 
@@ -24,10 +24,8 @@ Skipped (not passed) without CUDA.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import os
 import random
 import zlib
 
@@ -101,16 +99,19 @@ def _to(x, device):
     return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
-def run_proxy(c: ProxyCase, inputs: dict, device, fill=float("nan")) -> torch.Tensor:
+def run_proxy(c: ProxyCase, inputs: dict, device, fill=float("nan"),
+              kernel: Optional[str] = None) -> torch.Tensor:
+    """The op on `device`; `kernel`: the plan option kernel= (None: the library's own choice)."""
     args = {k: _to(v, device) for k, v in inputs.items()}
     total_q = args["q"].shape[0]
     out = torch.full((1 if c.reduce_heads else c.hq, args["max_k_tiles"], total_q), fill,
                      dtype=torch.float32, device=device)
-    res = msa_ops.msa_proxy_score(
+    res = msa_ops._proxy_score_planned(
         args["q"], args["k"], args["cu_seqlens_q"], args["cu_seqlens_k"],
         page_table=args["page_table"], seqused_k=args["seqused_k"], causal=c.causal,
         max_seqlen_q=args["max_seqlen_q"], max_k_tiles=args["max_k_tiles"], output=out,
-        reduce_heads=c.reduce_heads, q_offset=args["q_offset"])
+        reduce_heads=c.reduce_heads, q_offset=args["q_offset"],
+        options=None if kernel is None else dict(kernel=kernel))
     assert res.data_ptr() == out.data_ptr()
     return out
 
@@ -203,7 +204,7 @@ def test_proxy_deterministic(case: ProxyCase):
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-# ---- stage 1 on the sm_90a TMA + wgmma prefill kernel (FLASHMSA_PROXY_KERNEL) ----------------
+# ---- stage 1 on the sm_90a TMA + wgmma prefill kernel (plan option kernel) --------------------
 # sm90_only (Q in registers) and sm90_ss_only (Q in shared memory) run that kernel or raise
 # NotImplementedError (never a silent fallback to mma.sync), so these cases fail if the kernel
 # does not run them on an sm_90 device.
@@ -254,13 +255,12 @@ SM90_CASES = [
 @needs_sm90
 @pytest.mark.parametrize("variant", SM90_VARIANTS)
 @pytest.mark.parametrize("case", SM90_CASES, ids=str)
-def test_proxy_sm90_matches_reference(case: ProxyCase, variant: str, monkeypatch):
+def test_proxy_sm90_matches_reference(case: ProxyCase, variant: str):
     """The sm_90a kernel against the CPU reference: same -inf / NaN patterns, finite entries within
     PROXY_ATOL, every output element written (the output is poisoned with NaN first)."""
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant)
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
     want = run_proxy(case, inputs, "cpu")
-    got = run_proxy(case, inputs, DEV)
+    got = run_proxy(case, inputs, DEV, kernel=variant)
     assert_proxy_close(got, want, case.name)
 
 
@@ -271,17 +271,15 @@ def test_proxy_sm90_matches_reference(case: ProxyCase, variant: str, monkeypatch
     ProxyCase("sm90_vs_mma_ragged_8k", [8192, 3000, 4999, 1], [8192, 3000, 6000, 700], hq=4, hkv=1),
     ProxyCase("sm90_vs_mma_noncausal_g8", [3000], [9000], hq=8, hkv=1, causal=False),
 ], ids=str)
-def test_proxy_sm90_equals_mma_sync(case: ProxyCase, variant: str, monkeypatch):
+def test_proxy_sm90_equals_mma_sync(case: ProxyCase, variant: str):
     """Prefill shapes too large for the CPU reference: the sm_90a kernel against the mma.sync
     kernel on the GPU (identical -inf / NaN patterns, finite entries within PROXY_ATOL), and
     run-to-run bit-identical over differently poisoned outputs."""
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "mma_sync")
-    want = run_proxy(case, inputs, DEV).cpu()
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant)
-    got = run_proxy(case, inputs, DEV, fill=0.0)
+    want = run_proxy(case, inputs, DEV, kernel="mma_sync").cpu()
+    got = run_proxy(case, inputs, DEV, fill=0.0, kernel=variant)
     assert_proxy_close(got, want, case.name)
-    again = run_proxy(case, inputs, DEV, fill=-7.0)
+    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel=variant)
     assert torch.equal(got.view(torch.int32), again.view(torch.int32))
 
 
@@ -291,18 +289,17 @@ def test_proxy_sm90_equals_mma_sync(case: ProxyCase, variant: str, monkeypatch):
     ProxyCase("sm90_paged_vs_flat_prefill", [500, 3], [1500, 4000], hq=4, hkv=1),
     ProxyCase("sm90_paged_vs_flat_g8", [77, 130], [1000, 129], hq=8, hkv=1),
 ], ids=str)
-def test_proxy_sm90_paged_equals_flat_bitwise(case: ProxyCase, variant: str, monkeypatch):
+def test_proxy_sm90_paged_equals_flat_bitwise(case: ProxyCase, variant: str):
     """The same keys flat and paged (permuted pages) give bit-identical sm_90a results: a page is
     one TMA box, and the MMAs see the same shared-memory tile either way."""
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant)
     flat = make_proxy_inputs(case, seed=17)
     paged_case = _twin(case, paged=True)
     paged = make_proxy_inputs(paged_case, seed=17)
     cache, page_table, seqused = paginate(flat["k"], case.seqs_k,
                                           generator=torch.Generator().manual_seed(4), extra_pages=2)
     paged.update(q=flat["q"], k=cache, page_table=page_table, seqused_k=seqused)
-    got_flat = run_proxy(case, flat, DEV)
-    got_paged = run_proxy(paged_case, paged, DEV)
+    got_flat = run_proxy(case, flat, DEV, kernel=variant)
+    got_paged = run_proxy(paged_case, paged, DEV, kernel=variant)
     assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
 
 
@@ -312,29 +309,27 @@ def test_proxy_sm90_paged_equals_flat_bitwise(case: ProxyCase, variant: str, mon
     ProxyCase("sm90_fallback_fp8_k", [150, 90], [2048, 1280], hq=8, hkv=2, k_dtype=FP8),
     ProxyCase("sm90_fallback_reduce", [300], [4096], hq=8, hkv=2, reduce_heads=True),
 ], ids=str)
-def test_proxy_sm90_falls_back(case: ProxyCase, monkeypatch):
-    """FLASHMSA_PROXY_KERNEL=sm90 / sm90_ss: calls the sm_90a kernel does not cover (fp8 K,
+def test_proxy_sm90_falls_back(case: ProxyCase):
+    """Plan option kernel=sm90 / sm90_ss: calls the sm_90a kernel does not cover (fp8 K,
     reduce_heads; any call on other devices) run on the mma.sync kernel, still exact; the _only
     forms refuse them with NotImplementedError."""
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
     want = run_proxy(case, inputs, "cpu")
     for variant in ("sm90", "sm90_ss"):
-        monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant)
-        assert_proxy_close(run_proxy(case, inputs, DEV), want, f"{case.name} {variant}")
-        monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", variant + "_only")
+        assert_proxy_close(run_proxy(case, inputs, DEV, kernel=variant), want,
+                           f"{case.name} {variant}")
         with pytest.raises(NotImplementedError, match="sm_90a kernel"):
-            run_proxy(case, inputs, DEV)
+            run_proxy(case, inputs, DEV, kernel=variant + "_only")
 
 
-def test_proxy_kernel_env_rejects_unknown(monkeypatch):
-    case = ProxyCase("env", [10], [100])
+def test_proxy_kernel_option_rejects_unknown():
+    case = ProxyCase("option", [10], [100])
     inputs = make_proxy_inputs(case, seed=1)
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "wgmma")
-    with pytest.raises(ValueError, match="FLASHMSA_PROXY_KERNEL"):
-        run_proxy(case, inputs, DEV)
+    with pytest.raises(ValueError, match="kernel must be auto, mma_sync, sm90"):
+        run_proxy(case, inputs, DEV, kernel="wgmma")
 
 
-# ---- stage 1 on the decode streaming kernel (FLASHMSA_PROXY_KERNEL=decode) -----------------------
+# ---- stage 1 on the decode streaming kernel (plan option kernel=decode) ---------------------------
 # decode_only runs csrc/proxy_score/proxy_decode.cuh or raises NotImplementedError (never a silent
 # fallback), so every case below fails if that kernel does not run it. Fresh random inputs per
 # case, outputs poisoned with NaN, every element compared (patterns exact, values within
@@ -387,23 +382,21 @@ DECODE_CASES = [
 
 
 @pytest.mark.parametrize("case", DECODE_CASES, ids=str)
-def test_proxy_decode_matches_reference(case: ProxyCase, monkeypatch):
+def test_proxy_decode_matches_reference(case: ProxyCase):
     """The decode kernel against the CPU reference on fresh random inputs: same -inf / NaN
     patterns, finite entries within PROXY_ATOL, every element written."""
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
-    want = run_proxy(case, inputs, "cpu")
-    got = run_proxy(case, inputs, DEV)
+    want = run_proxy(case, inputs, "cpu", kernel="decode_only")
+    got = run_proxy(case, inputs, DEV, kernel="decode_only")
     assert_proxy_close(got, want, f"{case.name} seed={seed}")
-    again = run_proxy(case, inputs, DEV, fill=-7.0)
+    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel="decode_only")
     assert torch.equal(got.view(torch.int32), again.view(torch.int32)), "not deterministic"
 
 
-def test_proxy_decode_shared_pages(monkeypatch):
+def test_proxy_decode_shared_pages():
     """Requests whose page tables share pages (prefix sharing), shuffled pages: each request reads
     the shared page for itself."""
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
     case = ProxyCase("dec_shared_pages", [1, 2, 1, 4], [1000, 1000, 700, 1300], hq=4, hkv=1,
                      paged=True)
     seed = random.getrandbits(31)
@@ -412,8 +405,8 @@ def test_proxy_decode_shared_pages(monkeypatch):
     pt[1, :5] = pt[0, :5]
     pt[3, :4] = pt[0, 3:7]
     pt[2, 2] = pt[0, 0]
-    want = run_proxy(case, inputs, "cpu")
-    assert_proxy_close(run_proxy(case, inputs, DEV), want, f"{case.name} seed={seed}")
+    want = run_proxy(case, inputs, "cpu", kernel="decode_only")
+    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only"), want, f"{case.name} seed={seed}")
 
 
 @pytest.mark.parametrize("case", [
@@ -424,20 +417,18 @@ def test_proxy_decode_shared_pages(monkeypatch):
     ProxyCase("dec_twin_fp8_k_fp16_q", [2, 1], [700, 1500], hq=8, hkv=2, q_dtype=FP16,
               k_dtype=FP8),
 ], ids=str)
-def test_proxy_decode_fp8_equals_upcast_bitwise(case: ProxyCase, monkeypatch):
+def test_proxy_decode_fp8_equals_upcast_bitwise(case: ProxyCase):
     """fp8 K (and q) converted exactly in registers: equal bit for bit to the decode kernel on the
     upcast tensors (the same dims-to-lanes assignment for every K dtype)."""
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
-    got = run_proxy(case, inputs, DEV)
+    got = run_proxy(case, inputs, DEV, kernel="decode_only")
     up = BF16 if case.q_dtype in (BF16, FP8) else FP16
     twin_inputs = dict(inputs, q=inputs["q"].to(up), k=inputs["k"].to(up))
-    want = run_proxy(_twin(case, q_dtype=up, k_dtype=up), twin_inputs, DEV)
+    want = run_proxy(_twin(case, q_dtype=up, k_dtype=up), twin_inputs, DEV, kernel="decode_only")
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-def test_proxy_decode_paged_equals_flat_bitwise(monkeypatch):
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+def test_proxy_decode_paged_equals_flat_bitwise():
     case = ProxyCase("dec_paged_vs_flat", [1, 4, 1, 2, 1, 3], [129, 256, 700, 1, 2000, 3333],
                      hq=8, hkv=2)
     flat = make_proxy_inputs(case, seed=11)
@@ -446,8 +437,8 @@ def test_proxy_decode_paged_equals_flat_bitwise(monkeypatch):
     cache, page_table, seqused = paginate(flat["k"], case.seqs_k,
                                           generator=torch.Generator().manual_seed(3), extra_pages=2)
     paged.update(q=flat["q"], k=cache, page_table=page_table, seqused_k=seqused)
-    got_flat = run_proxy(case, flat, DEV)
-    got_paged = run_proxy(paged_case, paged, DEV)
+    got_flat = run_proxy(case, flat, DEV, kernel="decode_only")
+    got_paged = run_proxy(paged_case, paged, DEV, kernel="decode_only")
     assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
 
 
@@ -456,14 +447,12 @@ def test_proxy_decode_paged_equals_flat_bitwise(monkeypatch):
     ProxyCase("dec_vs_mma_b3_32k_mtp4", [4] * 3, [32768, 20001, 129], hq=4, hkv=1),
     ProxyCase("dec_vs_mma_b1_128k", [1], [131072], hq=4, hkv=1, paged=True),
 ], ids=str)
-def test_proxy_decode_equals_mma_sync(case: ProxyCase, monkeypatch):
+def test_proxy_decode_equals_mma_sync(case: ProxyCase):
     """Long contexts (too slow for the CPU reference): the decode kernel against the mma.sync
     kernel (identical -inf / NaN patterns, finite entries within PROXY_ATOL)."""
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "mma_sync")
-    want = run_proxy(case, inputs, DEV).cpu()
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
-    assert_proxy_close(run_proxy(case, inputs, DEV), want, case.name)
+    want = run_proxy(case, inputs, DEV, kernel="mma_sync").cpu()
+    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only"), want, case.name)
 
 
 def _fp4_decode_inputs(case: ProxyCase, seed: int):
@@ -477,15 +466,17 @@ def _fp4_decode_inputs(case: ProxyCase, seed: int):
     return dict(inputs, q4=q4, qs=qs, k4=k4, ks=ks), deq
 
 
-def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float) -> torch.Tensor:
+def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float,
+             kernel: Optional[str] = None) -> torch.Tensor:
     a = {k: _to(v, device) for k, v in a.items()}
     out = torch.full((1 if c.reduce_heads else c.hq, a["max_k_tiles"], a["q4"].shape[0]),
                      float("nan"), dtype=torch.float32, device=device)
-    msa_ops.msa_proxy_score_fp4(
+    msa_ops._proxy_score_fp4_planned(
         a["q4"], a["k4"], a["qs"], a["ks"], q_gs, k_gs, a["cu_seqlens_q"], a["cu_seqlens_k"],
         page_table=a["page_table"], seqused_k=a["seqused_k"], causal=c.causal,
         max_seqlen_q=a["max_seqlen_q"], max_k_tiles=a["max_k_tiles"], output=out,
-        reduce_heads=c.reduce_heads, q_offset=a["q_offset"])
+        reduce_heads=c.reduce_heads, q_offset=a["q_offset"],
+        options=None if kernel is None else dict(kernel=kernel))
     return out
 
 
@@ -497,20 +488,19 @@ def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float) -> torch.T
     ProxyCase("dec_fp4_reduce", [1, 4], [1000, 300], hq=4, hkv=1, reduce_heads=True, paged=True),
     ProxyCase("dec_fp4_q_offset", [1, 2], [512, 900], hq=4, hkv=1, q_offset=[-5, 400]),
 ], ids=str)
-def test_proxy_decode_fp4(case: ProxyCase, monkeypatch):
+def test_proxy_decode_fp4(case: ProxyCase):
     """NVFP4 q and k on the decode kernel (dequantized in registers into fp16 MMAs): against the
     CPU reference with global scales, and with unit scales bit for bit equal to the decode kernel
     on the dequantized bf16 tensors; with scales, exactly that result times q_gs * k_gs."""
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
     seed = random.getrandbits(31)
     a, deq = _fp4_decode_inputs(case, seed=seed)
     q_gs, k_gs = 0.37, 2.5
-    want = _run_fp4(case, a, "cpu", q_gs, k_gs)
-    got = _run_fp4(case, a, DEV, q_gs, k_gs)
+    want = _run_fp4(case, a, "cpu", q_gs, k_gs, kernel="decode_only")
+    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only")
     scale = q_gs * k_gs
     assert_proxy_close(got / scale, want / scale, f"{case.name} seed={seed}")
-    unit = _run_fp4(case, a, DEV, 1.0, 1.0)
-    dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV)
+    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only")
+    dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel="decode_only")
     assert torch.equal(unit.view(torch.int32), dequantized.view(torch.int32)), f"seed={seed}"
     product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
     assert torch.equal(got, dequantized * product.to(DEV))
@@ -521,17 +511,15 @@ def test_proxy_decode_fp4(case: ProxyCase, monkeypatch):
     ProxyCase("dec_fallback_reduce_two_kv_heads", [1, 3], [1000, 500], hq=8, hkv=2,
               reduce_heads=True),
 ], ids=str)
-def test_proxy_decode_falls_back(case: ProxyCase, monkeypatch):
-    """FLASHMSA_PROXY_KERNEL=decode: calls the decode kernel does not run (more than 16 heads per
+def test_proxy_decode_falls_back(case: ProxyCase):
+    """Plan option kernel=decode: calls the decode kernel does not run (more than 16 heads per
     KV head, reduce_heads over several KV heads) run on the mma.sync kernel, still exact;
     decode_only refuses them with NotImplementedError."""
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
     want = run_proxy(case, inputs, "cpu")
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode")
-    assert_proxy_close(run_proxy(case, inputs, DEV), want, case.name)
-    monkeypatch.setenv("FLASHMSA_PROXY_KERNEL", "decode_only")
+    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode"), want, case.name)
     with pytest.raises(NotImplementedError, match="decode kernel"):
-        run_proxy(case, inputs, DEV)
+        run_proxy(case, inputs, DEV, kernel="decode_only")
 
 
 # ---- stage 2: top-k select ---------------------------------------------------------------------
@@ -600,32 +588,18 @@ def make_nvp(c: TopkCase):
 TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 
 
-# FLASHMSA_TOPK_KERNEL values (the plan option `kernel`, include/flashmsa/plan.h): warp-per-row at
+# Values of the plan option `kernel` (include/flashmsa/plan.h): warp-per-row at
 # 32 tokens per CTA (today's default), at 8 (decode-sized calls), the thread-per-row radix kernel,
 # and by_size, the size-based choice between the last two.
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size")
 
 
-@contextlib.contextmanager
-def topk_kernel(kernel: Optional[str]):
-    saved = os.environ.get("FLASHMSA_TOPK_KERNEL")
-    if kernel is not None:
-        os.environ["FLASHMSA_TOPK_KERNEL"] = kernel
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("FLASHMSA_TOPK_KERNEL", None)
-        else:
-            os.environ["FLASHMSA_TOPK_KERNEL"] = saved
-
-
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
              kernel: Optional[str] = None) -> torch.Tensor:
     out = torch.full((c.S, c.H, c.topk), fill, dtype=torch.int32, device=device)
-    with topk_kernel(kernel):
-        res = msa_ops.msa_topk_select(scores.to(device), c.topk, _to(nvp, device), output=out,
-                                      force_begin_blocks=c.fb, force_end_blocks=c.fe)
+    res = msa_ops._topk_select_planned(scores.to(device), c.topk, _to(nvp, device), output=out,
+                                       force_begin_blocks=c.fb, force_end_blocks=c.fe,
+                                       options=None if kernel is None else dict(kernel=kernel))
     assert res.data_ptr() == out.data_ptr()
     return out
 

@@ -1,5 +1,6 @@
 """msa_sparse_attention on the GPU against the same op on the same data as CPU tensors (the exact
-C++ reference), under both prefill schedules (FLASHMSA_PREFILL_SCHEDULE=query_major / kv_major).
+C++ reference), under every prefill schedule and KV-major kernel (forced through the plan options of
+msa_ops._sparse_attention_planned: query_major, kv_major with either kernel, hybrid).
 
 Tolerances come from a same-precision baseline (STYLE habit 13): a torch implementation that
 computes like a kernel does (compute-dtype inputs, fp32 scores and accumulation, P rounded to the
@@ -52,15 +53,18 @@ SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def set_schedule(mp, schedule):
-    """Environment of one schedule name of SCHEDULES on monkeypatch `mp`."""
-    mp.setenv("FLASHMSA_PREFILL_SCHEDULE", schedule if schedule in ("query_major", "hybrid") else "kv_major")
-    if schedule == "hybrid":
-        mp.setenv("FLASHMSA_KV_MAJOR_KERNEL", "auto")
-    elif schedule == "kv_major_mma_sync":
-        mp.setenv("FLASHMSA_KV_MAJOR_KERNEL", "mma_sync")
-    elif schedule == "kv_major":
-        mp.setenv("FLASHMSA_KV_MAJOR_KERNEL", "wgmma" if IS_SM90 else "auto")
+def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
+    """Plan options of one schedule name of SCHEDULES (None: the library's own plan), plus extra
+    options (chunk_rows, tile_max_waste)."""
+    if schedule is None:
+        return dict(extra) if extra else None
+    options = {
+        "query_major": dict(schedule="query_major"),
+        "kv_major": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto"),
+        "kv_major_mma_sync": dict(schedule="kv_major", kv_major_kernel="mma_sync"),
+        "hybrid": dict(schedule="hybrid", kv_major_kernel="auto"),
+    }[schedule]
+    return {**options, **extra}
 
 
 # ---- cases -------------------------------------------------------------------------------------
@@ -345,9 +349,12 @@ def check_empty_rows(out: torch.Tensor, lse_ref: torch.Tensor, what: str):
     assert bool((out.detach().cpu()[empty] == 0).all()), f"{what}: empty rows are not exactly 0"
 
 
-def run(pb: Problem, gpu: bool):
+def run(pb: Problem, gpu: bool, schedule: Optional[str] = None, **options):
+    """The op on the GPU (under a schedule of SCHEDULES and extra plan options, or the library's
+    own plan) or on the CPU (the reference, which has no plan)."""
     if gpu:
-        result = msa_ops.msa_sparse_attention(*pb.gpu_args, **pb.gpu_kwargs)
+        result = msa_ops._sparse_attention_planned(*pb.gpu_args, **pb.gpu_kwargs,
+                                                   options=plan_options(schedule, **options))
         torch.cuda.synchronize()
         return result
     return msa_ops.msa_sparse_attention(*pb.cpu_args, **pb.cpu_kwargs)
@@ -362,8 +369,7 @@ def bits_equal(a, b) -> bool:
 
 
 @pytest.fixture(params=SCHEDULES)
-def schedule(request, monkeypatch):
-    set_schedule(monkeypatch, request.param)
+def schedule(request):
     return request.param
 
 
@@ -372,7 +378,7 @@ def schedule(request, monkeypatch):
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_gpu_matches_cpu_reference(case, schedule):
     pb = build(case)
-    gpu = run(pb, gpu=True)
+    gpu = run(pb, gpu=True, schedule=schedule)
     cpu = run(pb, gpu=False)
     base_out, _ = baseline(case, pb, pb.cpu_args[3])
     out, lse = gpu[0], gpu[1]
@@ -393,9 +399,7 @@ def test_schedules_agree(selection):
     pb = build(case, seed=3)
     got = {}
     for name in SCHEDULES:
-        with pytest.MonkeyPatch.context() as mp:
-            set_schedule(mp, name)
-            got[name] = run(pb, gpu=True)
+        got[name] = run(pb, gpu=True, schedule=name)
     base_out, _ = baseline(case, pb, pb.cpu_args[3])
     cpu = run(pb, gpu=False)
     for name, res in got.items():
@@ -406,16 +410,14 @@ def test_schedules_agree(selection):
 
 @pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync"])
 @pytest.mark.parametrize("chunk_rows", [1, 37, 500])
-def test_kv_major_launch_groups_are_exact(chunk_rows, kernel, monkeypatch):
+def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     """A KV-major partial depends only on its (row, block): any split of the rows into launch
     groups gives bit-identical results (also exercises list rebuilding between groups)."""
     case = GpuCase("groups", [300, 5, 211], [2000, 100, 3000], 16, 2, causal=True,
                    temperature=0.9, selection="causal_local")
     pb = build(case, seed=4)
-    set_schedule(monkeypatch, kernel)
-    whole = run(pb, gpu=True)
-    monkeypatch.setenv("FLASHMSA_KV_MAJOR_CHUNK_ROWS", str(chunk_rows))
-    grouped = run(pb, gpu=True)
+    whole = run(pb, gpu=True, schedule=kernel)
+    grouped = run(pb, gpu=True, schedule=kernel, chunk_rows=chunk_rows)
     assert bits_equal(whole, grouped)
     cpu = run(pb, gpu=False)
     check_lse(grouped[1], cpu[1], "lse")
@@ -430,7 +432,7 @@ def test_paged_equals_flat(kv, schedule):
     q2k = make_q2k(case, np.random.default_rng(5))
     flat = build(case, seed=6, q2k=q2k)
     paged = build(dataclasses.replace(case, layout="paged"), seed=6, q2k=q2k)
-    assert bits_equal(run(flat, gpu=True), run(paged, gpu=True))
+    assert bits_equal(run(flat, gpu=True, schedule=schedule), run(paged, gpu=True, schedule=schedule))
 
 
 @pytest.mark.parametrize("layout", ["packed", "packed_nhd"])
@@ -440,7 +442,8 @@ def test_packed_equals_contiguous(layout, kv, schedule):
     q2k = make_q2k(case, np.random.default_rng(7))
     contiguous = build(case, seed=8, q2k=q2k)
     packed = build(dataclasses.replace(case, layout=layout), seed=8, q2k=q2k)
-    assert bits_equal(run(contiguous, gpu=True), run(packed, gpu=True))
+    assert bits_equal(run(contiguous, gpu=True, schedule=schedule),
+                      run(packed, gpu=True, schedule=schedule))
 
 
 @pytest.mark.parametrize("selection", ["random", "causal_local", "unsorted", "duplicates"])
@@ -450,18 +453,19 @@ def test_deterministic(selection, schedule):
     case = GpuCase("det", [1024, 300], [1024, 2000], 64, 4, causal=True, selection=selection,
                    temperature=0.8)
     pb = build(case, seed=9)
-    first = run(pb, gpu=True)
+    first = run(pb, gpu=True, schedule=schedule)
     for _ in range(2):
-        assert bits_equal(first, run(pb, gpu=True))
+        assert bits_equal(first, run(pb, gpu=True, schedule=schedule))
 
 
 def test_workspace_object(schedule):
     """A caller-owned workspace gives the same bits as the allocator-backed scratch."""
     case = GpuCase("ws", [500, 30], [1000, 300], 16, 2, causal=True)
     pb = build(case, seed=10)
-    base = run(pb, gpu=True)
+    base = run(pb, gpu=True, schedule=schedule)
     ws = msa_ops.MSASparseAttentionWorkspace(DEV)
-    with_ws = msa_ops.msa_sparse_attention(*pb.gpu_args, **pb.gpu_kwargs, workspace=ws)
+    with_ws = msa_ops._sparse_attention_planned(*pb.gpu_args, **pb.gpu_kwargs, workspace=ws,
+                                                options=plan_options(schedule))
     assert bits_equal(base, with_ws)
 
 
@@ -480,8 +484,9 @@ def test_large(hq, hkv, schedule):
     q2k = torch.full((hkv, total_q, 2), -1, dtype=torch.int32, device=DEV)
     q2k[:, :, 0] = 0
     cu = ref.cu_seqlens([seq] * n_seq, DEV)
-    out, lse = msa_ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True,
-                                            return_softmax_lse=True)
+    out, lse = msa_ops._sparse_attention_planned(q, k, v, q2k, cu, cu, causal=True,
+                                                 return_softmax_lse=True,
+                                                 options=plan_options(schedule))
     torch.cuda.synchronize()
     assert not torch.isnan(out).any() and bool(torch.isfinite(lse).all())
 
@@ -510,13 +515,9 @@ def test_hybrid_runs_shared_tiles():
         pytest.skip("the shared-selection tile kernel is sm_90a only (hybrid = kv_major elsewhere)")
     case = next(c for c in CASES if c.name == "m3_tile_shared")
     pb = build(case, seed=5)
-    res = {}
-    with pytest.MonkeyPatch.context() as mp:
-        set_schedule(mp, "kv_major")
-        res["kv_major"] = run(pb, gpu=True)
-        set_schedule(mp, "hybrid")
-        res["hybrid"] = run(pb, gpu=True)
-        again = run(pb, gpu=True)
+    res = {"kv_major": run(pb, gpu=True, schedule="kv_major"),
+           "hybrid": run(pb, gpu=True, schedule="hybrid")}
+    again = run(pb, gpu=True, schedule="hybrid")
     assert not bits_equal(res["kv_major"], res["hybrid"]), "hybrid did not run the tile kernel"
     assert bits_equal(res["hybrid"], again)
     base_out, _ = baseline(case, pb, pb.cpu_args[3])
@@ -531,7 +532,7 @@ def test_hybrid_runs_shared_tiles():
                                   "g32_tile_shared_paged", "g64_tile_mixed_nocausal",
                                   "m3_tile_shared_fp8", "g32_tile_mixed_fp8_paged_fp16"])
 def test_tile_kernel_on_unrelated_selections(name):
-    """FLASHMSA_TILE_MAX_WASTE=8 sends every tile whose union fits the plan to the shared-selection
+    """Plan option tile_max_waste=8 sends every tile whose union fits the plan to the shared-selection
     tile kernel, also tiles of unrelated (random) selections, where a consumer warpgroup often skips
     blocks that none of its tokens selected: the results still match the reference, differ in their
     bits from the KV-major schedule's (so the tile kernel ran), and repeat bit for bit."""
@@ -539,14 +540,10 @@ def test_tile_kernel_on_unrelated_selections(name):
         pytest.skip("the shared-selection tile kernel is sm_90a only (hybrid = kv_major elsewhere)")
     case = next(c for c in CASES if c.name == name)
     pb = build(case, seed=11)
-    with pytest.MonkeyPatch.context() as mp:
-        set_schedule(mp, "kv_major")
-        kvm = run(pb, gpu=True)
-        set_schedule(mp, "hybrid")
-        mp.setenv("FLASHMSA_TILE_MAX_WASTE", "8")
-        got = run(pb, gpu=True)
-        again = run(pb, gpu=True)
-    assert not bits_equal(kvm, got), "FLASHMSA_TILE_MAX_WASTE=8: the tile kernel did not run"
+    kvm = run(pb, gpu=True, schedule="kv_major")
+    got = run(pb, gpu=True, schedule="hybrid", tile_max_waste=8)
+    again = run(pb, gpu=True, schedule="hybrid", tile_max_waste=8)
+    assert not bits_equal(kvm, got), "tile_max_waste=8: the tile kernel did not run"
     assert bits_equal(got, again)
     base_out, _ = baseline(case, pb, pb.cpu_args[3])
     cpu = run(pb, gpu=False)
@@ -558,13 +555,24 @@ def test_tile_kernel_on_unrelated_selections(name):
 
 
 @pytest.mark.parametrize("value", ["abc", "0.5", "9", "nan", "1.5x"])
-def test_tile_max_waste_knob_rejects_bad_values(value):
+def test_tile_max_waste_option_rejects_bad_values(value):
+    pb = build(next(c for c in CASES if c.name == "m3_tile_shared"))
+    with pytest.raises(ValueError, match="tile_max_waste must be a number from 1 to 8"):
+        run(pb, gpu=True, schedule="hybrid", tile_max_waste=value)
+
+
+def test_forced_wgmma_runs_only_on_sm90():
+    """kv_major_kernel=wgmma runs the warpgroup-MMA kernel on an sm_90 GPU and is a clear
+    NotImplementedError elsewhere (never a silent fallback to the portable kernel)."""
+    case = next(c for c in CASES if c.name == "m3_1x1024")
+    pb = build(case, seed=12)
+    options = dict(schedule="kv_major", kv_major_kernel="wgmma")
     if not IS_SM90:
-        pytest.skip("the knob is read where the shared-selection tiles can run (sm_90a)")
-    case = next(c for c in CASES if c.name == "m3_tile_shared")
-    pb = build(case)
-    with pytest.MonkeyPatch.context() as mp:
-        set_schedule(mp, "hybrid")
-        mp.setenv("FLASHMSA_TILE_MAX_WASTE", value)
-        with pytest.raises(ValueError, match="FLASHMSA_TILE_MAX_WASTE must be a number from 1 to 8"):
-            run(pb, gpu=True)
+        with pytest.raises(NotImplementedError, match="kv_major_kernel=wgmma"):
+            msa_ops._sparse_attention_planned(*pb.gpu_args, **pb.gpu_kwargs, options=options)
+        return
+    got = msa_ops._sparse_attention_planned(*pb.gpu_args, **pb.gpu_kwargs, options=options)
+    base_out, _ = baseline(case, pb, pb.cpu_args[3])
+    cpu = run(pb, gpu=False)
+    check_output(got[0], cpu[0], base_out, "wgmma out")
+    check_lse(got[1], cpu[1], "wgmma lse")

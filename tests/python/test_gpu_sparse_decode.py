@@ -5,9 +5,9 @@ partial last page, invalid page ids, empty sequences) / flat / packed, seqlen_q 
 groups 1 / 3 / 4 / 16, topk 1..64, index-list edge cases, q_offset, global scales; the fused and the
 split-K + combine paths (force_fused) with every partial dtype; determinism; a large batch
 (>= 64K rows, total_q * Hq > 2^24). The same checks with each decode kernel forced
-(FLASHMSA_DECODE_KERNEL=regs / smem) on poisoned outputs and workspaces, the register kernel
+(plan option kernel=regs / smem) on poisoned outputs and workspaces, the register kernel
 against the shared-memory one, and q rows of very different magnitudes (the register kernel's
-per-row power-of-two scaling into fp16); MTP union items (FLASHMSA_DECODE_MTP=union) the same way,
+per-row power-of-two scaling into fp16); MTP union items (plan option mtp=union) the same way,
 with shared, partly shared and per-token selections, against per-token items.
 
 Skipped (not passed) without a CUDA device or without a CUDA build.
@@ -238,15 +238,12 @@ def test_large_batch(force_fused):
     check_lse(lse[rows], want[1], "large lse")
 
 
-# ---- the streaming decode variant (FLASHMSA_DECODE_KERNEL=regs) -----------------------------------
-# Forced by the environment variable, which the host plan reads at every call. It runs for fp8 K/V
+# ---- the streaming decode variant (plan option kernel=regs) ---------------------------------------
+# Forced through the plan options of msa_ops._sparse_decode_planned. It runs for fp8 K/V
 # (converted in registers) and bf16 / fp16 K/V (3 pipeline stages) with G <= 16; NVFP4 K/V and
 # larger groups run the shared-memory kernel whatever the setting (covered here too, so forcing it
 # is safe everywhere). Outputs and the workspace are poisoned
 # (NaN / 0xFF) before each call so that an unwritten element cannot pass.
-
-DECODE_KERNEL_ENV = "FLASHMSA_DECODE_KERNEL"
-
 
 def _fp8(name: str) -> DecodeCase:
     return dataclasses.replace(next(c for c in CASES if c.name == name), name=f"{name}_fp8kv",
@@ -280,11 +277,12 @@ REGS_FALLBACK_CASES = [c for c in CASES if c.name in (
     DecodeCase("g32_fp8", 4, 2, 64, 2, kv="fp8"), DecodeCase("g32_bf16", 4, 2, 64, 2)]
 
 
-def _poisoned_workspace(dp: DecodeProblem, **kw):
-    """A workspace as large as the call needs plus 1 MB, filled with 0xFF bytes (NaN as f32 /
-    bf16 / fp16 / fp8 partials and LSEs)."""
+def _poisoned_workspace(dp: DecodeProblem, options=None, **kw):
+    """A workspace as large as the call (with these plan options) needs plus 1 MB, filled with
+    0xFF bytes (NaN as f32 / bf16 / fp16 / fp8 partials and LSEs)."""
     ws = msa_ops.MSASparseAttentionWorkspace(DEV)
-    msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, **kw)
+    msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, **kw,
+                                   options=options)
     torch.cuda.synchronize()
     ws = msa_ops.MSASparseAttentionWorkspace(DEV, nbytes=ws.nbytes + (1 << 20))
     ws.buffer.fill_(0xFF)
@@ -302,23 +300,23 @@ def _poison_allocator(dp: DecodeProblem):
     del junk
 
 
-def run_regs(dp: DecodeProblem, monkeypatch, kernel: str = "regs", **extra):
-    monkeypatch.setenv(DECODE_KERNEL_ENV, kernel)
-    ws = _poisoned_workspace(dp, **extra)
+def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None, **extra):
+    options = dict(kernel=kernel) if mtp is None else dict(kernel=kernel, mtp=mtp)
+    ws = _poisoned_workspace(dp, options, **extra)
     _poison_allocator(dp)
-    result = msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws,
-                                                 **extra)
+    result = msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, **extra,
+                                            options=options)
     torch.cuda.synchronize()
     return result
 
 
 @pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
 @pytest.mark.parametrize("case", REGS_CASES + REGS_NATIVE_CASES + REGS_FALLBACK_CASES, ids=str)
-def test_regs_kernel_matches_cpu_reference(case, force_fused, monkeypatch):
+def test_regs_kernel_matches_cpu_reference(case, force_fused):
     dp = build_decode(case, seed=11)
     want = run(dp, gpu=False)
     base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
-    got = run_regs(dp, monkeypatch, force_fused=force_fused)
+    got = run_regs(dp, force_fused=force_fused)
     check_against_reference(dp, got, want, base_out, f"{case} regs fused={force_fused}")
 
 
@@ -326,11 +324,11 @@ def test_regs_kernel_matches_cpu_reference(case, force_fused, monkeypatch):
 @pytest.mark.parametrize("case", [c for c in REGS_CASES if c.name in (
     "spec_8_1_8_2_fp8_paged", "fp16_fp8kv_mtp4", "m3_mtp4_distinct_fp8", "g3_topk33_fp8kv",
     "duplicates_fp8kv")], ids=str)
-def test_regs_kernel_partial_dtypes(case, partial_dtype, monkeypatch):
+def test_regs_kernel_partial_dtypes(case, partial_dtype):
     dp = build_decode(case, seed=12)
     want = run(dp, gpu=False)
     base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
-    got = run_regs(dp, monkeypatch, force_fused=False, partial_dtype=partial_dtype)
+    got = run_regs(dp, force_fused=False, partial_dtype=partial_dtype)
     check_against_reference(dp, got, want, base_out, f"{case} regs partial {partial_dtype}",
                             partial_dtype=partial_dtype)
 
@@ -339,12 +337,12 @@ def test_regs_kernel_partial_dtypes(case, partial_dtype, monkeypatch):
     "spec_8_1_8_2_fp8_paged", "m3_b64_ctx2k_fp8_regs", "m3_mtp4_shared_fp8", "fp8_q_fp8_kv",
     "some_empty_rows_fp8kv", "invalid_pages_fp8kv")] + [c for c in REGS_NATIVE_CASES if c.name in (
     "spec_4_2_16_2_bf16_paged", "fp16", "some_empty_rows")], ids=str)
-def test_regs_kernel_against_smem_kernel(case, monkeypatch):
+def test_regs_kernel_against_smem_kernel(case):
     """Both kernels on the same data: the same -inf / 0 pattern, outputs within the fused vs
     split bound, and the register kernel deterministic (run == run, fused and split)."""
     dp = build_decode(case, seed=13)
-    smem = run_regs(dp, monkeypatch, kernel="smem")
-    regs = run_regs(dp, monkeypatch)
+    smem = run_regs(dp, kernel="smem")
+    regs = run_regs(dp)
     empty = torch.isinf(regs[1])
     assert torch.equal(torch.isinf(smem[1]), empty)
     assert bool((regs[0][empty] == 0).all()) and bool((smem[0][empty] == 0).all())
@@ -352,25 +350,25 @@ def test_regs_kernel_against_smem_kernel(case, monkeypatch):
     assert diff < 5e-3, f"smem vs regs: max |diff| {diff:.3e}"
     if dp.gcase.kv == "same":  # bf16 / fp16 K/V: the same arithmetic, only the pipeline differs
         # (fused: the split counts of the two may differ, their split-K targets do)
-        assert bits_equal(run_regs(dp, monkeypatch, kernel="smem", force_fused=True),
-                          run_regs(dp, monkeypatch, force_fused=True))
+        assert bits_equal(run_regs(dp, kernel="smem", force_fused=True),
+                          run_regs(dp, force_fused=True))
     for fused in (True, False):
-        first = run_regs(dp, monkeypatch, force_fused=fused)
-        assert bits_equal(first, run_regs(dp, monkeypatch, force_fused=fused))
+        first = run_regs(dp, force_fused=fused)
+        assert bits_equal(first, run_regs(dp, force_fused=fused))
 
 
 @pytest.mark.parametrize("kv", ["fp8", "same"])
 @pytest.mark.parametrize("force_fused", [True, False])
-def test_regs_kernel_paged_equals_flat(force_fused, kv, monkeypatch):
+def test_regs_kernel_paged_equals_flat(force_fused, kv):
     case = DecodeCase("c", 8, 2, 16, 2, kv=kv)
     flat = build_decode(case, seed=14, layout="flat")
     paged = build_decode(case, seed=14, layout="paged")
-    assert bits_equal(run_regs(flat, monkeypatch, force_fused=force_fused),
-                      run_regs(paged, monkeypatch, force_fused=force_fused))
+    assert bits_equal(run_regs(flat, force_fused=force_fused),
+                      run_regs(paged, force_fused=force_fused))
 
 
 @pytest.mark.parametrize("q_dtype", [BF16, FP16], ids=str)
-def test_regs_kernel_q_row_scales(q_dtype, monkeypatch):
+def test_regs_kernel_q_row_scales(q_dtype):
     """bf16 q goes into fp16 MMAs scaled per row by a power of two: heads whose q is scaled by
     2^-100 (the clamp), 2^-30, 1 and 2^12 (bf16; fp16 q stays within its range) still match the
     reference (fresh random inputs: the scaled q replaces the case's q on both devices)."""
@@ -384,23 +382,21 @@ def test_regs_kernel_q_row_scales(q_dtype, monkeypatch):
     dp.gpu_args = (q.to(DEV),) + tuple(dp.gpu_args[1:])
     want = run(dp, gpu=False)
     base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
-    got = run_regs(dp, monkeypatch)
+    got = run_regs(dp)
     check_against_reference(dp, got, want, base_out, f"row scales {q_dtype}")
 
 
-def test_decode_kernel_env_rejects_unknown_values(monkeypatch):
+def test_decode_kernel_option_rejects_unknown_values():
     dp = build_decode(CASES[1], seed=16)
-    monkeypatch.setenv(DECODE_KERNEL_ENV, "fastest")
-    with pytest.raises(ValueError, match="FLASHMSA_DECODE_KERNEL"):
-        msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs)
+    with pytest.raises(ValueError, match="kernel must be auto, smem or regs, got 'fastest'"):
+        msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs,
+                                       options=dict(kernel="fastest"))
 
 
-# ---- MTP union items (FLASHMSA_DECODE_MTP=union) ----------------------------------------------
+# ---- MTP union items (plan option mtp=union) --------------------------------------------------
 # One item per (request, kv head) over the union of the request's tokens' selections, rows =
 # tokens x G. Applies to seqlen_q 2..4 with seqlen_q x G <= 64 and seqlen_q x topk <= 64; other
 # calls run per-token items whatever the setting (covered too). Same poisoned outputs / workspace.
-
-MTP_ENV = "FLASHMSA_DECODE_MTP"
 
 MTP_CASES = [c for c in CASES if c.name in (
     "spec_4_2_16_2_bf16_paged", "nvfp4_flat_mtp", "m3_tp4_mtp2", "fp16_fp8kv_mtp4", "fp8_q_fp8_kv",
@@ -423,18 +419,17 @@ MTP_CASES = [c for c in CASES if c.name in (
 ]
 
 
-def run_mtp(dp: DecodeProblem, monkeypatch, mtp: str = "union", kernel: str = "auto", **extra):
-    monkeypatch.setenv(MTP_ENV, mtp)
-    return run_regs(dp, monkeypatch, kernel=kernel, **extra)
+def run_mtp(dp: DecodeProblem, mtp: str = "union", kernel: str = "auto", **extra):
+    return run_regs(dp, kernel=kernel, mtp=mtp, **extra)
 
 
 @pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
 @pytest.mark.parametrize("case", MTP_CASES, ids=str)
-def test_mtp_union_matches_cpu_reference(case, force_fused, monkeypatch):
+def test_mtp_union_matches_cpu_reference(case, force_fused):
     dp = build_decode(case, seed=21)
     want = run(dp, gpu=False)
     base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
-    got = run_mtp(dp, monkeypatch, force_fused=force_fused)
+    got = run_mtp(dp, force_fused=force_fused)
     check_against_reference(dp, got, want, base_out, f"{case} union fused={force_fused}")
 
 
@@ -442,11 +437,11 @@ def test_mtp_union_matches_cpu_reference(case, force_fused, monkeypatch):
 @pytest.mark.parametrize("case", [c for c in MTP_CASES if c.name in (
     "m3_mtp4_distinct_bf16", "m3_mtp4_shared_fp8_union", "fp16_fp8kv_mtp4", "g3_mtp4_out_of_range")],
     ids=str)
-def test_mtp_union_partial_dtypes(case, partial_dtype, monkeypatch):
+def test_mtp_union_partial_dtypes(case, partial_dtype):
     dp = build_decode(case, seed=22)
     want = run(dp, gpu=False)
     base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
-    got = run_mtp(dp, monkeypatch, force_fused=False, partial_dtype=partial_dtype)
+    got = run_mtp(dp, force_fused=False, partial_dtype=partial_dtype)
     check_against_reference(dp, got, want, base_out, f"{case} union partial {partial_dtype}",
                             partial_dtype=partial_dtype)
 
@@ -454,34 +449,33 @@ def test_mtp_union_partial_dtypes(case, partial_dtype, monkeypatch):
 @pytest.mark.parametrize("case", [c for c in MTP_CASES if c.name in (
     "m3_mtp4_distinct_bf16", "m3_mtp4_shared_fp8_union", "some_empty_rows", "mtp4_invalid_pages",
     "m3_mtp3_mixed")], ids=str)
-def test_mtp_union_against_per_token(case, monkeypatch):
+def test_mtp_union_against_per_token(case):
     """Union and per-token items on the same data: same -inf / 0 pattern, outputs within the
     fused vs split bound; union items deterministic, paged fused and split."""
     dp = build_decode(case, seed=23)
-    per_token = run_mtp(dp, monkeypatch, mtp="per_token")
-    union = run_mtp(dp, monkeypatch)
+    per_token = run_mtp(dp, mtp="per_token")
+    union = run_mtp(dp)
     empty = torch.isinf(union[1])
     assert torch.equal(torch.isinf(per_token[1]), empty)
     assert bool((union[0][empty] == 0).all())
     diff = float((per_token[0].double() - union[0].double()).abs().max())
     assert diff < 5e-3, f"per-token vs union: max |diff| {diff:.3e}"
     for fused in (True, False):
-        first = run_mtp(dp, monkeypatch, force_fused=fused)
-        assert bits_equal(first, run_mtp(dp, monkeypatch, force_fused=fused))
+        first = run_mtp(dp, force_fused=fused)
+        assert bits_equal(first, run_mtp(dp, force_fused=fused))
 
 
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
-def test_mtp_union_paged_equals_flat(kv, monkeypatch):
+def test_mtp_union_paged_equals_flat(kv):
     case = DecodeCase("c", 8, 4, 32, 2, kv=kv)
     flat = build_decode(case, seed=24, layout="flat")
     paged = build_decode(case, seed=24, layout="paged")
     for fused in (True, False):
-        assert bits_equal(run_mtp(flat, monkeypatch, force_fused=fused),
-                          run_mtp(paged, monkeypatch, force_fused=fused))
+        assert bits_equal(run_mtp(flat, force_fused=fused),
+                          run_mtp(paged, force_fused=fused))
 
 
-def test_decode_mtp_env_rejects_unknown_values(monkeypatch):
+def test_decode_mtp_option_rejects_unknown_values():
     dp = build_decode(CASES[2], seed=25)
-    monkeypatch.setenv(MTP_ENV, "shared")
-    with pytest.raises(ValueError, match="FLASHMSA_DECODE_MTP"):
-        msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs)
+    with pytest.raises(ValueError, match="mtp must be auto, per_token or union, got 'shared'"):
+        msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, options=dict(mtp="shared"))

@@ -1,0 +1,158 @@
+"""Plan options: the private twins of the public ops (msa_ops._*_planned) take the public
+arguments plus ``options``, which the core parses (every op's trailing ``plan`` schema argument):
+an unknown option or a bad value is a ValueError naming the option, on every device. On the CPU
+the reference has no plan, so valid options leave results unchanged. The GPU suites run each
+schedule and kernel through the same options (test_gpu_sparse_attention.py, test_gpu_graphs.py).
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from flashmsa import msa_ops
+from flashmsa.testing import reference as ref
+
+BF16 = torch.bfloat16
+
+
+def _attn_args():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(20, 4, 128, generator=gen).to(BF16)
+    k = torch.randn(500, 2, 128, generator=gen).to(BF16)
+    v = torch.randn(500, 2, 128, generator=gen).to(BF16)
+    q2k = torch.full((2, 20, 4), -1, dtype=torch.int32)
+    q2k[..., :3] = torch.tensor([0, 1, 3], dtype=torch.int32)
+    return (q, k, v, q2k, ref.cu_seqlens([12, 8]), ref.cu_seqlens([300, 200]))
+
+
+def _proxy_args():
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(20, 4, 128, generator=gen).to(BF16)
+    k = torch.randn(500, 1, 128, generator=gen).to(BF16)
+    return (q, k, ref.cu_seqlens([12, 8]), ref.cu_seqlens([300, 200]))
+
+
+def _score():
+    return torch.randn(2, 9, 20, generator=torch.Generator().manual_seed(5))
+
+
+VALID = {
+    "sparse_attention": [
+        None, "", {}, dict(schedule="query_major"), dict(schedule="kv_major"),
+        dict(schedule="hybrid", kv_major_kernel="mma_sync", chunk_rows=7, tile_max_waste=8),
+        dict(schedule="auto", kv_major_kernel="wgmma", tile_max_waste=1.25),
+        "schedule=kv_major,chunk_rows=1",
+    ],
+    "proxy_score": [None, dict(kernel="auto"), dict(kernel="mma_sync"), dict(kernel="sm90"),
+                    dict(kernel="sm90_ss_only"), dict(kernel="decode"), dict(kernel="decode_only")],
+    "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
+                    dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size")],
+    "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs")],
+}
+
+
+def _call(op, options, public=False):
+    if op == "sparse_attention":
+        fn = msa_ops.msa_sparse_attention if public else msa_ops._sparse_attention_planned
+        args, kwargs = _attn_args(), dict(causal=True, return_softmax_lse=True)
+    elif op == "sparse_decode":
+        fn = msa_ops.msa_sparse_decode_attention if public else msa_ops._sparse_decode_planned
+        q, k, v, q2k, _, _ = _attn_args()
+        args = (q[:4], k, v, q2k[:, :4].contiguous())
+        kwargs = dict(cu_seqlens_k=ref.cu_seqlens([250, 200, 30, 20]), seqlen_q=1,
+                      return_softmax_lse=True)
+    elif op == "proxy_score":
+        fn = msa_ops.msa_proxy_score if public else msa_ops._proxy_score_planned
+        args, kwargs = _proxy_args(), dict(causal=True)
+    else:
+        fn = msa_ops.msa_topk_select if public else msa_ops._topk_select_planned
+        args, kwargs = (_score(), 4), dict(force_end_blocks=1)
+    if public:
+        return fn(*args, **kwargs)
+    return fn(*args, **kwargs, options=options)
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+@pytest.mark.parametrize("op,options", [(op, o) for op, opts in VALID.items() for o in opts])
+def test_valid_options_leave_cpu_results_unchanged(op, options):
+    want = _as_tuple(_call(op, None, public=True))
+    got = _as_tuple(_call(op, options))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("op,options,match", [
+    ("sparse_attention", dict(schedule="fast"),
+     "schedule must be auto, query_major, kv_major or hybrid, got 'fast'"),
+    ("sparse_attention", dict(kv_major_kernel="tensor"),
+     "kv_major_kernel must be auto, mma_sync or wgmma, got 'tensor'"),
+    ("sparse_attention", dict(chunk_rows=0), "chunk_rows must be a positive integer, got '0'"),
+    ("sparse_attention", dict(chunk_rows=2.5), "chunk_rows must be a positive integer"),
+    ("sparse_attention", dict(tile_max_waste=9), "tile_max_waste must be a number from 1 to 8"),
+    ("sparse_attention", dict(tile_max_waste="nan"), "tile_max_waste must be a number from 1 to 8"),
+    ("sparse_attention", dict(tile_max_waste="1.5x"), "tile_max_waste must be a number from 1 to 8"),
+    ("sparse_attention", dict(speed=11), "unknown plan option 'speed'"),
+    ("sparse_attention", "schedule", "name=value"),
+    ("proxy_score", dict(kernel="wgmma"),
+     "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode or "
+     "decode_only, got 'wgmma'"),
+    ("proxy_score", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
+    ("sparse_decode", dict(kernel="fastest"), "kernel must be auto, smem or regs, got 'fastest'"),
+    ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
+    ("topk_select", dict(kernel="heap"),
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'heap'"),
+])
+def test_bad_options_raise_value_error_naming_the_option(op, options, match):
+    with pytest.raises(ValueError, match=match):
+        _call(op, options)
+
+
+def test_options_must_be_a_mapping_or_text():
+    with pytest.raises(TypeError, match="options must be a mapping, a str or None"):
+        _call("topk_select", 3)
+
+
+def test_proxy_score_fp4_takes_options():
+    from flashmsa.testing import quantize_nvfp4
+    q, k, cu_q, cu_k = _proxy_args()
+    q4, qs, qg = quantize_nvfp4(q)
+    k4, ks, kg = quantize_nvfp4(k)
+    args = (q4, k4, qs, ks, qg, kg, cu_q, cu_k)
+    want = msa_ops.msa_proxy_score_fp4(*args)
+    assert torch.equal(msa_ops._proxy_score_fp4_planned(*args, options=dict(kernel="mma_sync")),
+                       want)
+    with pytest.raises(ValueError, match="unknown plan option 'chunk_rows'"):
+        msa_ops._proxy_score_fp4_planned(*args, options=dict(chunk_rows=3))
+
+
+@pytest.mark.parametrize("public,planned", [
+    (msa_ops.msa_proxy_score, msa_ops._proxy_score_planned),
+    (msa_ops.msa_proxy_score_fp4, msa_ops._proxy_score_fp4_planned),
+    (msa_ops.msa_topk_select, msa_ops._topk_select_planned),
+    (msa_ops.msa_sparse_attention, msa_ops._sparse_attention_planned),
+    (msa_ops.msa_sparse_decode_attention, msa_ops._sparse_decode_planned),
+])
+def test_planned_twins_bind_the_public_arguments(public, planned):
+    """A planned twin accepts exactly the public arguments (bound against the public signature)."""
+    first = next(iter(inspect.signature(public).parameters))
+    with pytest.raises(TypeError):
+        planned(no_such_argument=1)
+    with pytest.raises(TypeError):
+        planned(**{first: None, "no_such_argument": 1})
+
+
+def test_workspace_query_takes_the_plan():
+    """The workspace query of msa_sparse_attention plans with the same options (0 on the CPU)."""
+    q, k, v, q2k, cu_q, cu_k = _attn_args()
+    out = torch.empty_like(q)
+    args = (q, k, v, q2k, cu_q, cu_k, True, None, None, None, None, None, None, None, None, None,
+            1.0, out, None, None, None)
+    ops = torch.ops.flashmsa
+    assert ops.sparse_attention_workspace_size(*args, "schedule=kv_major") == 0
+    with pytest.raises(ValueError, match="schedule must be"):
+        ops.sparse_attention_workspace_size(*args, "schedule=none")
