@@ -110,15 +110,18 @@ def accepts(fn, name: str) -> bool:
 
 def plan_options(schedule: str):
     """Plan options of a schedule label of stage_sparse: "auto" (the library's own plan: None),
-    "<schedule>", "<schedule> <kv-major kernel>" or "hybrid waste=<x>"."""
+    or "<schedule>" followed by any of "<kv-major kernel>", "waste=<x>" (tile_max_waste) and
+    "combine=<c>" (the KV-major combine), space-separated."""
     if schedule == "auto":
         return None
-    sched, _, rest = schedule.partition(" ")
+    sched, *rest = schedule.split(" ")
     options = dict(schedule=sched, kv_major_kernel="auto")
-    if rest.startswith("waste="):
-        options["tile_max_waste"] = rest[len("waste="):]
-    elif rest:
-        options["kv_major_kernel"] = rest
+    for word in rest:
+        name, eq, value = word.partition("=")
+        if not eq:
+            options["kv_major_kernel"] = word
+        else:
+            options[{"waste": "tile_max_waste"}.get(name, name)] = value
     return options
 
 
@@ -429,6 +432,13 @@ class Bench:
             # that the table shows what the choice costs.
             schedules = ["auto"] + (["query_major", "kv_major", "kv_major mma_sync"]
                                     if (kv, layout) == ("bf16", "flat") else [])
+            # The KV-major combine variants (plan option combine; auto schedule, i.e. hybrid on
+            # Hopper, and KV-major alone): prefetching combine kernel, combine overlapped with the
+            # next launch group's attention kernel (sm_90a only: skipped elsewhere).
+            if layout == "flat":
+                schedules += ["auto combine=prefetch", "auto combine=overlap"]
+                if kv == "bf16":
+                    schedules += ["kv_major combine=overlap"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]

@@ -19,10 +19,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <climits>
+
 #include "common/cuda_utils.h"
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/combine.cuh"
 #include "sparse_attn/kv_major.cuh"
 #include "sparse_attn/wgmma_tile.cuh"
 
@@ -122,7 +125,44 @@ MSA_DEVICE void block_softmax_row(float (&s)[16][4], int h, int lim, float sc, f
 }
 #endif
 
-template <typename Elem, KvKind kKv>
+// Combine overlap: the work counter numbers this group's items and the previous group's combine
+// units (args.prev_units, 0 without overlap) together, the units spread evenly among the items
+// (position w is a unit when floor((w + 1) C / N) > floor(w C / N) for C units of N = items + C):
+// while most CTAs run MMAs, a few stream partials, so the memory-bound combine runs under the
+// compute-bound kernel instead of after it. One thread; kh = -1 and unit = -1 when nothing is left.
+MSA_DEVICE KvmItemState fetch_kvm90_work(const KvMajorArgs& args) {
+  if (args.prev_units <= 0) return fetch_kvm_item(args);
+  const int64_t w = atomicAdd(&args.control->next_item, 1);
+  const int64_t items = min(args.control->num_items, args.max_items);
+  const int64_t units = args.prev_units, n = items + units;
+  if (w >= n) return kvm_item_state(args, INT_MAX);  // nothing left
+  const int64_t after = (w + 1) * units / n, before = w * units / n;
+  if (after > before) {
+    KvmItemState is{};
+    is.kh = -1;
+    is.unit = int(before);
+    return is;
+  }
+  return kvm_item_state(args, int(w - after));  // items among positions 0..w: w + 1 - after
+}
+
+// A combine unit inside the attention kernel: a call, not inlined, so that its registers are
+// allocated apart from the MMA path's (inlined, the kernel spilled 600 bytes; as a call 64, the
+// plain kernel 40). One load set per warp (a (row, head)'s LSEs and outputs issued together: one
+// round trip, 4 KB in flight per warp, 64 KB per CTA): the prefetching kernel's two load sets
+// spilled 348 bytes in the call. topk > 16: the batched merge.
+template <typename Elem>
+__device__ __noinline__ void kvm90_combine_unit(const CombineArgs& a, int unit, int warp, int num_warps, int lane) {
+  if (a.num_slots <= kCombineBatch) {
+    combine_unit<Elem, kElemStoreKind<Elem>, true, true>(a, unit, warp, num_warps, lane);
+  } else {
+    combine_unit<Elem, kElemStoreKind<Elem>, false>(a, unit, warp, num_warps, lane);
+  }
+}
+
+// kOverlap: the combine overlap variant (args.prev_units > 0); the plain kernel has no combine code,
+// so its registers are those of the MMA path alone.
+template <typename Elem, KvKind kKv, bool kOverlap>
 __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     kv_major_sm90_kernel(const __grid_constant__ KvMajorArgs args) {
 #if MSA_HAS_WGMMA
@@ -155,11 +195,18 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     // (The racecheck reports on the record were the warpgroups' unequal barrier counts, not the
     // single record: see the rounds below.)
     if (tid == 0) {
-      s_state[parity] = fetch_kvm_item(args);
+      s_state[parity] = kOverlap ? fetch_kvm90_work(args) : fetch_kvm_item(args);
     }
     __syncthreads();
     // Read from shared memory where used (registers go to the accumulators).
     const KvmItemState& is = s_state[parity];
+    if (kOverlap && is.unit >= 0) {
+      // A combine unit of the previous launch group: all 16 warps stream its partials (registers
+      // only, no shared memory and no barrier; the next record goes to the other slot, written
+      // after the barrier above that every thread passed after reading this one's predecessor).
+      kvm90_combine_unit<Elem>(args.prev, is.unit, tid >> 5, Cfg::kThreads / 32, lane);
+      continue;
+    }
     if (is.kh < 0) break;
 
     // K / V block: native straight into the tiles (its cp.async group completes no later than the
@@ -281,16 +328,18 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
 #endif
 }
 
-// CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it.
+// CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it (the overlap variant
+// has the same threads and shared memory).
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv>, KvMajorSm90Config<kKv>::kThreads,
+  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv, false>, KvMajorSm90Config<kKv>::kThreads,
                                               size_t(KvMajorSm90Config<kKv>::kSmemBytes));
 }
 
+// The overlap variant when args.prev_units > 0 (a previous group's combine to run), else the plain one.
 template <typename Elem, KvKind kKv>
 void launch_kv_major_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream) {
-  auto* kernel = kv_major_sm90_kernel<Elem, kKv>;
+  auto* kernel = args.prev_units > 0 ? kv_major_sm90_kernel<Elem, kKv, true> : kv_major_sm90_kernel<Elem, kKv, false>;
   constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
   constexpr int threads = KvMajorSm90Config<kKv>::kThreads;
   flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));
