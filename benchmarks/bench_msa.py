@@ -436,7 +436,7 @@ class Bench:
             # Hopper, and KV-major alone): prefetching combine kernel, combine overlapped with the
             # next launch group's attention kernel (sm_90a only: skipped elsewhere).
             if layout == "flat":
-                schedules += ["auto combine=prefetch", "auto combine=overlap"]
+                schedules += ["auto combine=prefetch", "auto combine=overlap", "auto combine=overlap_staged"]
                 if kv == "bf16":
                     schedules += ["kv_major combine=overlap"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).

@@ -287,6 +287,8 @@ class Smoke:
                              ("kv_major/prefetch", dict(schedule="kv_major", chunk_rows=100, combine="prefetch")),
                              ("kv_major/overlap", dict(schedule="kv_major", chunk_rows=100, combine="overlap")),
                              ("hybrid", dict(schedule="hybrid")),
+                             ("kv_major/overlap_staged",
+                              dict(schedule="kv_major", chunk_rows=100, combine="overlap_staged")),
                              ("hybrid/overlap", dict(schedule="hybrid", chunk_rows=100, combine="overlap")),
                              ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8))):
             self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))

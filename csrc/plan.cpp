@@ -29,7 +29,8 @@ constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto
 constexpr Named<KvMajorCombine> kKvMajorCombines[] = {{KvMajorCombine::kAuto, "auto"},
                                                       {KvMajorCombine::kSeparate, "separate"},
                                                       {KvMajorCombine::kPrefetch, "prefetch"},
-                                                      {KvMajorCombine::kOverlap, "overlap"}};
+                                                      {KvMajorCombine::kOverlap, "overlap"},
+                                                      {KvMajorCombine::kOverlapStaged, "overlap_staged"}};
 constexpr Named<ProxyKernel> kProxyKernels[] = {
     {ProxyKernel::kAuto, "auto"},      {ProxyKernel::kMmaSync, "mma_sync"},
     {ProxyKernel::kSm90, "sm90"},      {ProxyKernel::kSm90Only, "sm90_only"},

@@ -134,6 +134,7 @@ struct KvMajorArgs {
   // two partial buffers); prev_units = 0 when there is none.
   CombineArgs prev;
   int prev_units;
+  bool prev_staged;  // its units through shared memory (combine=overlap_staged)
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------

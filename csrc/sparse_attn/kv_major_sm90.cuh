@@ -57,6 +57,12 @@ struct KvMajorSm90Config {
   static constexpr int kSmemBytes = kItemOffset + 2 * 128;
   static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "1024-byte aligned tiles");
   static_assert(kRawBytes <= kQAreaBytes, "raw K/V staging fits the query area");
+  // The staged combine (combine=overlap_staged) uses K, V and the query area for its partials and
+  // the query-offset tables for its LSEs.
+  static_assert(kVOffset == kKOffset + kKvTileBytes && kQOffset == kVOffset + kKvTileBytes && kKOffset == 0,
+                "K, V, queries contiguous from 0");
+  static_assert(3 * 64 * 1024 <= kRowQOffset && 3 * 16 * 16 * 4 <= kTables * kTileRows * 8,
+                "three 64 KB partial stages and their LSEs fit");
 };
 
 #if MSA_HAS_WGMMA
@@ -160,6 +166,90 @@ __device__ __noinline__ void kvm90_combine_unit(const CombineArgs& a, int unit, 
   }
 }
 
+// combine=overlap_staged (num_slots <= kCombineBatch): the unit's partials go through the CTA's
+// shared memory, idle between items (K, V and query areas: the first 192 KB), by cp.async: a stage
+// is 16 (row, head) pairs x 16 slots x 256 bytes = 64 KB plus their slot LSEs (1 KB, in the row
+// tables' area), three stages, two in flight while the third is reduced: 128 KB in flight per CTA
+// against the register merge's 64 KB, with few registers. Warp w reduces pair w of a stage through
+// combine_finish (the merge's arithmetic: bit-identical). Every thread passes the same barriers
+// (one per stage), so the item records' barrier discipline holds; the next item's loads come after
+// the next record's barrier.
+inline constexpr int kStagePairs = 16;
+inline constexpr int kStageBufs = 3;
+inline constexpr int kStageBytes = kStagePairs * kCombineBatch * 256;
+
+template <typename Elem, int kThreads>
+__device__ __noinline__ void kvm90_combine_unit_staged(const CombineArgs& a, int u, uint8_t* s_o, float* s_lse,
+                                                      int tid) {
+  static_assert(kThreads / 32 == kStagePairs, "one warp per pair of a stage");
+  constexpr StoreKind kPart = kElemStoreKind<Elem>;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int t = a.unit_rows;
+  const int first = a.row_begin / t;
+  const int per_head = (a.row_begin + a.rows - 1) / t - first + 1;
+  const int kh = u / per_head, tile = first + u % per_head;
+  if (a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + tile]) return;  // CTA-uniform
+  const int r_begin = max(tile * t, a.row_begin);
+  const int r_end = min((tile + 1) * t, a.row_begin + a.rows);
+  const int n = (r_end - r_begin) * a.group;
+  const int rel0 = r_begin - a.row_begin;
+  const int stages = (n + kStagePairs - 1) / kStagePairs;
+  const int slots = a.num_slots;
+  const int64_t slot_elems = int64_t(a.group) * 128;
+  const uint32_t o_addr = smem_addr(s_o), l_addr = smem_addr(s_lse);
+  const uint16_t* part_o = static_cast<const uint16_t*>(a.part_o);
+  auto pair_base = [&](int i) {  // partial index of slot 0 of pair i of the unit
+    const int e = i / a.group;
+    return (int64_t(kh) * a.row_stride + rel0 + e) * slots * a.group + (i - e * a.group);
+  };
+  auto issue = [&](int c) {  // stage c into buffer c % kStageBufs (an empty group past the end)
+    if (c < stages) {
+      const int buf = c % kStageBufs;
+      const int pieces = kStagePairs * slots * 16;  // 16-byte pieces: pair, slot, 16 per slot
+      for (int f = tid; f < pieces; f += kThreads) {
+        const int p = f / (slots * 16), rem = f - p * (slots * 16);
+        const int i = c * kStagePairs + p;
+        if (i < n) {
+          const int s = rem >> 4, piece = rem & 15;
+          cp_async_16(o_addr + buf * kStageBytes + (p * kCombineBatch + s) * 256 + piece * 16,
+                      part_o + pair_base(i) * 128 + s * slot_elems + piece * 8);
+        }
+      }
+      for (int f = tid; f < kStagePairs * slots; f += kThreads) {
+        const int p = f / slots, s = f - p * slots;
+        const int i = c * kStagePairs + p;
+        if (i < n)
+          cp_async_4(l_addr + ((buf * kStagePairs + p) * kCombineBatch + s) * 4,
+                     a.part_lse + pair_base(i) + int64_t(s) * a.group);
+      }
+    }
+    cp_async_commit();
+  };
+  issue(0);
+  issue(1);
+#pragma unroll 1
+  for (int c = 0; c < stages; ++c) {
+    cp_async_wait<1>();  // this thread's copies of stage c landed
+    __syncthreads();     // everyone's; and stage c - 1's buffer is reduced by every warp
+    issue(c + 2);
+    const int i = c * kStagePairs + warp;
+    if (i < n) {  // warp-uniform
+      const int buf = c % kStageBufs, half = lane >> 4, hl = lane & 15;
+      CombineLoads<kPart> L;
+      L.v0 = lane < slots ? s_lse[(buf * kStagePairs + warp) * kCombineBatch + lane] : neg_inf();
+      const uint8_t* src = s_o + buf * kStageBytes + warp * kCombineBatch * 256 + hl * 16;
+#pragma unroll
+      for (int k = 0; k < kCombineBatch / 2; ++k) {
+        const int s = 2 * k + half;
+        L.raw[k] = s < slots ? *reinterpret_cast<const uint4*>(src + s * 256) : make_uint4(0u, 0u, 0u, 0u);
+      }
+      const int e = i / a.group;
+      combine_finish<Elem, kPart>(a, rel0 + e, kh, i - e * a.group, lane, L);
+    }
+  }
+  cp_async_wait<0>();  // the empty groups past the end
+}
+
 // kOverlap: the combine overlap variant (args.prev_units > 0); the plain kernel has no combine code,
 // so its registers are those of the MMA path alone.
 template <typename Elem, KvKind kKv, bool kOverlap>
@@ -175,6 +265,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const int gid = lane >> 2, tig = lane & 3;
   KvmItemState* s_state = reinterpret_cast<KvmItemState*>(smem + Cfg::kItemOffset);
   uint32_t* s_list = reinterpret_cast<uint32_t*>(smem + Cfg::kListOffset);
+  float* s_rowq_all = reinterpret_cast<float*>(smem + Cfg::kRowQOffset);  // staged combine LSEs
   int64_t* s_rowq = reinterpret_cast<int64_t*>(smem + Cfg::kRowQOffset) + wg * S * 64;
   int64_t* s_rowslot = reinterpret_cast<int64_t*>(smem + Cfg::kRowSlotOffset) + wg * S * 64;
   int* s_rowlim = reinterpret_cast<int*>(smem + Cfg::kRowLimOffset) + wg * S * 64;
@@ -204,7 +295,11 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       // A combine unit of the previous launch group: all 16 warps stream its partials (registers
       // only, no shared memory and no barrier; the next record goes to the other slot, written
       // after the barrier above that every thread passed after reading this one's predecessor).
-      kvm90_combine_unit<Elem>(args.prev, is.unit, tid >> 5, Cfg::kThreads / 32, lane);
+      if (args.prev_staged && args.prev.num_slots <= kCombineBatch) {
+        kvm90_combine_unit_staged<Elem, Cfg::kThreads>(args.prev, is.unit, smem, s_rowq_all, tid);
+      } else {
+        kvm90_combine_unit<Elem>(args.prev, is.unit, tid >> 5, Cfg::kThreads / 32, lane);
+      }
       continue;
     }
     if (is.kh < 0) break;

@@ -136,12 +136,14 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     case KvMajorCombine::kSeparate: plan.combine = KvMajorCombine::kSeparate; break;
     case KvMajorCombine::kPrefetch: plan.combine = KvMajorCombine::kPrefetch; break;
     case KvMajorCombine::kOverlap:
-      MSA_CHECK_SUPPORTED(plan.kernel == KvMajorKernel::kWgmma, "combine=overlap: runs inside the "
-                          "warpgroup-MMA KV-major kernel, which needs an sm_90 GPU and a library built for sm_90a");
-      plan.combine = plan.groups > 1 ? KvMajorCombine::kOverlap : KvMajorCombine::kPrefetch;
+    case KvMajorCombine::kOverlapStaged:
+      MSA_CHECK_SUPPORTED(plan.kernel == KvMajorKernel::kWgmma, "combine=", option_name(o.combine),
+                          ": runs inside the warpgroup-MMA KV-major kernel, which needs an sm_90 GPU and a "
+                          "library built for sm_90a");
+      plan.combine = plan.groups > 1 ? o.combine : KvMajorCombine::kPrefetch;
       break;
   }
-  if (plan.combine == KvMajorCombine::kOverlap) {
+  if (plan.combine == KvMajorCombine::kOverlap || plan.combine == KvMajorCombine::kOverlapStaged) {
     plan.part_o2_off = ws.take("kvm.part_o2", size_t(pairs) * group * 128 * 2);
     plan.part_lse2_off = ws.take("kvm.part_lse2", size_t(pairs) * group * 4);
     if (has_temp) plan.part_lse_t2_off = ws.take("kvm.part_lse_t2", size_t(pairs) * group * 4);

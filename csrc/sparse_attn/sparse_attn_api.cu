@@ -212,7 +212,8 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   launch_kv_major_prepare(a, plan.num_sms, stream);
   // combine=overlap: groups alternate between two partial buffers, and group g's combine runs as
   // extra work units inside group g + 1's attention kernel (the last group's after it).
-  const bool overlap = plan.combine == KvMajorCombine::kOverlap;
+  const bool overlap = plan.combine == KvMajorCombine::kOverlap || plan.combine == KvMajorCombine::kOverlapStaged;
+  a.prev_staged = plan.combine == KvMajorCombine::kOverlapStaged;
   void* part_o[2] = {a.part_o, overlap ? at<void>(p, plan.part_o2_off) : a.part_o};
   float* part_lse[2] = {a.part_lse, overlap ? at<float>(p, plan.part_lse2_off) : a.part_lse};
   float* part_lse_t[2] = {a.part_lse_t, overlap && a.has_temp ? at<float>(p, plan.part_lse_t2_off) : a.part_lse_t};

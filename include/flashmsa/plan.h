@@ -35,8 +35,9 @@ enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 // combine kernel after each launch group's attention kernel), prefetch (the same, each warp with
 // two (row, head)s of loads in flight; bit-identical results), overlap (wgmma kernel only: group
 // i's combine runs as extra work units inside group i + 1's attention kernel, with two partial
-// buffers; the last group's by the prefetching kernel). auto: separate.
-enum class KvMajorCombine : int32_t { kAuto = 0, kSeparate = 1, kPrefetch = 2, kOverlap = 3 };
+// buffers; the last group's by the prefetching kernel), overlap_staged (overlap with the units'
+// partials staged through the kernel's idle shared memory by cp.async). auto: separate.
+enum class KvMajorCombine : int32_t { kAuto = 0, kSeparate = 1, kPrefetch = 2, kOverlap = 3, kOverlapStaged = 4 };
 // Proxy-score kernels (docs/design/proxy_score.md): mma_sync (portable SM80+, every call), sm90 /
 // sm90_ss (the sm_90a TMA + wgmma prefill kernel with Q in registers / in shared memory, where it
 // applies: 16-bit K of q's dtype, no reduce_heads, an sm_90 device; elsewhere mma_sync), decode
@@ -102,7 +103,7 @@ struct TopkSelectOptions {
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5),
-// combine=auto|separate|prefetch|overlap.
+// combine=auto|separate|prefetch|overlap|overlap_staged.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
@@ -182,7 +183,7 @@ struct KvMajorPlan {
   size_t block_base_off = 0, counts_off = 0, cursors_off = 0, control_off = 0, items_off = 0,
          list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
   KvMajorCombine combine = KvMajorCombine::kSeparate;  // resolved: never kAuto
-  // kOverlap: the second partial buffer (groups alternate between the two) and the grid of an
+  // kOverlap / kOverlapStaged: the second partial buffer (groups alternate between the two) and the grid of an
   // attention kernel that also runs the previous group's combine units.
   size_t part_o2_off = 0, part_lse2_off = 0, part_lse_t2_off = 0;
   int overlap_grid = 0;

@@ -590,6 +590,21 @@ TEST(PlanCombine, OverlapWithOneGroupIsThePrefetchingKernel) {
   EXPECT_GE(many.kvm.overlap_grid, many.kvm.grid);
 }
 
+TEST(PlanCombine, OverlapStagedIsPlannedLikeOverlap) {
+  SparseAttnOptions o;
+  o.combine = KvMajorCombine::kOverlapStaged;
+  const SparseAttnPlan staged = plan_sparse_attention(attn(32768), o, hopper());
+  o.combine = KvMajorCombine::kOverlap;
+  const SparseAttnPlan regs = plan_sparse_attention(attn(32768), o, hopper());
+  EXPECT_EQ(staged.kvm.combine, KvMajorCombine::kOverlapStaged);
+  EXPECT_EQ(staged.bytes, regs.bytes);
+  EXPECT_EQ(staged.kvm.overlap_grid, regs.kvm.overlap_grid);
+  EXPECT_EQ(plan_sparse_attention(attn(2000), combine_opts(KvMajorCombine::kOverlapStaged), hopper()).kvm.combine,
+            KvMajorCombine::kPrefetch);
+  expect_error([] { plan_sparse_attention(attn(4096), combine_opts(KvMajorCombine::kOverlapStaged), ampere()); },
+               ErrorKind::kNotSupported, "combine=overlap_staged");
+}
+
 TEST(PlanCombine, OverlapNeedsTheWgmmaKernel) {
   expect_error([] { plan_sparse_attention(attn(4096), combine_opts(KvMajorCombine::kOverlap, KvMajorKernel::kMmaSync), hopper()); },
                ErrorKind::kNotSupported, "combine=overlap");
@@ -617,7 +632,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   for (KvMajorKernel k : {KvMajorKernel::kAuto, KvMajorKernel::kMmaSync, KvMajorKernel::kWgmma})
     EXPECT_EQ(parse_sparse_attention_options(std::string("kv_major_kernel=") + option_name(k)).kv_major_kernel, k);
   for (KvMajorCombine c : {KvMajorCombine::kAuto, KvMajorCombine::kSeparate, KvMajorCombine::kPrefetch,
-                           KvMajorCombine::kOverlap})
+                           KvMajorCombine::kOverlap, KvMajorCombine::kOverlapStaged})
     EXPECT_EQ(parse_sparse_attention_options(std::string("combine=") + option_name(c)).combine, c);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
@@ -650,7 +665,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("chunk_rows=") + v).c_str(), "chunk_rows must be a positive integer");
   for (const char* v : {"abc", "0.5", "9", "nan", "1.5x", ""})
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
-  bad("combine=fused", "combine must be auto, separate, prefetch or overlap, got 'fused'");
+  bad("combine=fused", "combine must be auto, separate, prefetch, overlap or overlap_staged, got 'fused'");
   bad("speed=11", "unknown plan option 'speed'");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");

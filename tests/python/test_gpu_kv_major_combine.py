@@ -2,8 +2,9 @@
 docs/design/sparse_attention.md#combine), forced through msa_ops._sparse_attention_planned.
 
 prefetch (the combine kernel with every load of a (row, head) issued at once and the next one's in
-flight) and overlap (launch group i's combine run as extra work units inside group i + 1's sm_90a
-attention kernel, two partial buffers) do the arithmetic of the separate combine in the same
+flight), overlap (launch group i's combine run as extra work units inside group i + 1's sm_90a
+attention kernel, two partial buffers) and overlap_staged (the same with the units' partials staged
+through the kernel's shared memory) do the arithmetic of the separate combine in the same
 order, so their results must be bit-identical to it; each is also checked against the exact CPU
 reference (baseline-bounded outputs, exact -inf / zero patterns, LSE and temperature LSE) on fresh
 random inputs, with several launch groups (the chunk_rows option), bf16 / fp16 / fp8 K and V, flat
@@ -39,6 +40,8 @@ VARIANTS = [
     pytest.param("prefetch", "hybrid", id="prefetch-hybrid"),
     pytest.param("overlap", "kv_major", id="overlap-kv_major", marks=needs_sm90),
     pytest.param("overlap", "hybrid", id="overlap-hybrid", marks=needs_sm90),
+    pytest.param("overlap_staged", "kv_major", id="overlap_staged-kv_major", marks=needs_sm90),
+    pytest.param("overlap_staged", "hybrid", id="overlap_staged-hybrid", marks=needs_sm90),
 ]
 
 
@@ -113,9 +116,10 @@ def test_overlap_m3_many_groups(selection):
     pb = build(case, seed=24)
     for schedule in ("kv_major", "hybrid"):
         separate = run(pb, gpu=True, schedule=schedule, combine="separate", chunk_rows=512)
-        first = run(pb, gpu=True, schedule=schedule, combine="overlap", chunk_rows=512)
-        assert bits_equal(separate, first), schedule
-        assert bits_equal(first, run(pb, gpu=True, schedule=schedule, combine="overlap", chunk_rows=512))
+        for combine in ("overlap", "overlap_staged"):
+            first = run(pb, gpu=True, schedule=schedule, combine=combine, chunk_rows=512)
+            assert bits_equal(separate, first), (schedule, combine)
+            assert bits_equal(first, run(pb, gpu=True, schedule=schedule, combine=combine, chunk_rows=512))
 
 
 @pytest.mark.parametrize("combine,schedule", VARIANTS)
@@ -147,7 +151,7 @@ def test_combine_under_graph_capture(combine, schedule):
 def test_combine_option_is_validated():
     case = GpuCase("opt", [64], [256], 16, 2, causal=True)
     pb = build(case, seed=27)
-    with pytest.raises(ValueError, match="combine must be auto, separate, prefetch or overlap"):
+    with pytest.raises(ValueError, match="combine must be auto, separate, prefetch, overlap or overlap_staged"):
         run(pb, gpu=True, schedule="kv_major", combine="fused")
     if not IS_SM90:
         with pytest.raises(flashmsa.NotSupportedError, match="combine=overlap"):
