@@ -2,6 +2,7 @@
 #include "flashmsa/api.h"
 
 #include "flashmsa/error.h"
+#include "flashmsa/plan_describe.h"
 #include "flashmsa/reference/reference.h"
 
 #if defined(FLASHMSA_WITH_CUDA)
@@ -51,6 +52,41 @@ void dispatch(const char* op, const Params& p, const Plan& plan, int device, cud
 }
 
 }  // namespace
+
+// ---- plan descriptions (FLASHMSA_LOG=info) -------------------------------------------------------
+
+namespace {
+constexpr const char* kHostPlan = "CPU tensors: the exact C++ reference runs (no kernel plan)";
+}  // namespace
+
+std::string describe_proxy_score_plan(const ProxyScoreParams& p, const ProxyScoreOptions& options,
+                                      int device) {
+  if (device < 0) return kHostPlan;
+  return describe(make_proxy_score_plan(p, options, device), options);
+}
+
+std::string describe_topk_select_plan(const TopkSelectParams& p, const TopkSelectOptions& options,
+                                      int device) {
+  if (device < 0) return kHostPlan;
+  TopkSelectDeviceFacts facts;
+#if defined(FLASHMSA_WITH_CUDA)
+  check_current_device(device);
+  facts = cuda::topk_select_facts();
+#endif
+  return describe(plan_topk_select(p, options, facts), p, options, facts);
+}
+
+std::string describe_sparse_attention_plan(const SparseAttnParams& p,
+                                           const SparseAttnOptions& options, int device) {
+  if (device < 0) return kHostPlan;
+  return describe(make_sparse_attention_plan(p, options, device), p, options);
+}
+
+std::string describe_sparse_decode_plan(const SparseDecodeParams& p,
+                                        const SparseDecodeOptions& options, int device) {
+  if (device < 0) return kHostPlan;
+  return describe_decode(make_sparse_decode_plan(p, options, device), p.attn);
+}
 
 bool built_with_cuda() {
 #if defined(FLASHMSA_WITH_CUDA)

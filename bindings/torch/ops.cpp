@@ -166,12 +166,22 @@ std::string read_only(std::string_view decl) {
 // The trailing argument of the ops that take plan options (parse_*_options, plan.h).
 constexpr const char* kPlanDecl = "str plan=\"\"";
 
-enum class Mode { kRun, kWorkspaceSize };
+// kRun: the op; kWorkspaceSize: <name>_workspace_size, the bytes of the call's plan;
+// kDescribe: <name>_describe, one line naming the plan's schedule / kernel and why
+// (describe_*_plan, api.h), which the Python package logs under FLASHMSA_LOG=info.
+enum class Mode { kRun, kWorkspaceSize, kDescribe };
+
+const char* mode_suffix(Mode mode) {
+  return mode == Mode::kRun ? "" : (mode == Mode::kWorkspaceSize ? "_workspace_size" : "_describe");
+}
+
+// The text a kDescribe call leaves for boxed() to return.
+thread_local std::string t_description;
 
 // Schema of op Op: its name, the table's declarations (plus `plan`), and the result.
 template <typename Op>
 std::string schema(Mode mode) {
-  std::string s = mode == Mode::kRun ? Op::kName : std::string(Op::kName) + "_workspace_size";
+  std::string s = std::string(Op::kName) + mode_suffix(mode);
   s += "(";
   const char* sep = "";
   for (const auto& param : Op::params()) {
@@ -180,7 +190,7 @@ std::string schema(Mode mode) {
     sep = ", ";
   }
   if (Op::kHasPlan) s += std::string(sep) + kPlanDecl;
-  s += mode == Mode::kRun ? ") -> ()" : ") -> int";
+  s += mode == Mode::kRun ? ") -> ()" : (mode == Mode::kWorkspaceSize ? ") -> int" : ") -> str");
   return s;
 }
 
@@ -211,6 +221,7 @@ void boxed(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   });
   torch::jit::drop(*stack, n);
   if (kMode == Mode::kWorkspaceSize) torch::jit::push(*stack, result);
+  if (kMode == Mode::kDescribe) torch::jit::push(*stack, std::move(t_description));
 }
 
 // Device scratch of an attention call: the caller's workspace when it is large enough, else a
@@ -246,9 +257,14 @@ std::optional<at::Tensor> provide_workspace(const char* op, SparseAttnParams& at
   {"bool reduce_heads", [](auto& a, const In& v) { a.reduce_heads = v.boolean(); }},               \
   {"Tensor(a!) output", [](auto& a, const In& v) { a.output = v.tensor(); }}
 
-int64_t run_proxy(const ProxyScoreParams& p, std::string_view plan_text, int device) {
+int64_t run_proxy(const ProxyScoreParams& p, std::string_view plan_text, int device, Mode mode) {
   DeviceScope scope(device);
-  const ProxyScorePlan plan = make_proxy_score_plan(p, parse_proxy_score_options(plan_text), device);
+  const ProxyScoreOptions options = parse_proxy_score_options(plan_text);
+  if (mode == Mode::kDescribe) {
+    t_description = describe_proxy_score_plan(p, options, device);
+    return 0;
+  }
+  const ProxyScorePlan plan = make_proxy_score_plan(p, options, device);
   run_proxy_score(p, plan, device, scope.stream());
   return 0;
 }
@@ -267,8 +283,8 @@ struct ProxyScoreOp {
     };
     return table;
   }
-  static int64_t exec(Args& a, std::string_view plan, Mode) {
-    return run_proxy(make_proxy_score_params(a), plan, a.q.device);
+  static int64_t exec(Args& a, std::string_view plan, Mode mode) {
+    return run_proxy(make_proxy_score_params(a), plan, a.q.device, mode);
   }
 };
 
@@ -290,8 +306,8 @@ struct ProxyScoreFp4Op {
     };
     return table;
   }
-  static int64_t exec(Args& a, std::string_view plan, Mode) {
-    return run_proxy(make_proxy_score_fp4_params(a), plan, a.q.device);
+  static int64_t exec(Args& a, std::string_view plan, Mode mode) {
+    return run_proxy(make_proxy_score_fp4_params(a), plan, a.q.device, mode);
   }
 };
 
@@ -315,11 +331,16 @@ struct TopkSelectOp {
     };
     return table;
   }
-  static int64_t exec(Args& a, std::string_view plan_text, Mode) {
+  static int64_t exec(Args& a, std::string_view plan_text, Mode mode) {
     const TopkSelectParams p = make_topk_select_params(a);
     const int device = a.max_score.device;
     DeviceScope scope(device);
-    const TopkSelectPlan plan = make_topk_select_plan(p, parse_topk_select_options(plan_text), device);
+    const TopkSelectOptions options = parse_topk_select_options(plan_text);
+    if (mode == Mode::kDescribe) {
+      t_description = describe_topk_select_plan(p, options, device);
+      return 0;
+    }
+    const TopkSelectPlan plan = make_topk_select_plan(p, options, device);
     run_topk_select(p, plan, device, scope.stream());
     return 0;
   }
@@ -369,8 +390,12 @@ struct SparseAttentionOp {
     SparseAttnParams p = make_sparse_attention_params(a);
     const int device = a.q.device;
     DeviceScope scope(device);  // the plan reads the facts of q's device
-    const SparseAttnPlan plan =
-        make_sparse_attention_plan(p, parse_sparse_attention_options(plan_text), device);
+    const SparseAttnOptions options = parse_sparse_attention_options(plan_text);
+    if (mode == Mode::kDescribe) {
+      t_description = describe_sparse_attention_plan(p, options, device);
+      return 0;
+    }
+    const SparseAttnPlan plan = make_sparse_attention_plan(p, options, device);
     if (mode == Mode::kWorkspaceSize) return static_cast<int64_t>(plan.bytes);
     std::optional<at::Tensor> scratch;
     if (device >= 0) scratch = provide_workspace(kPublicName, p, plan.bytes, a.workspace.defined(), device);
@@ -410,8 +435,12 @@ struct SparseDecodeOp {
     SparseDecodeParams p = make_sparse_decode_params(a);
     const int device = a.q.device;
     DeviceScope scope(device);
-    const SparseAttnPlan plan =
-        make_sparse_decode_plan(p, parse_sparse_decode_options(plan_text), device);
+    const SparseDecodeOptions options = parse_sparse_decode_options(plan_text);
+    if (mode == Mode::kDescribe) {
+      t_description = describe_sparse_decode_plan(p, options, device);
+      return 0;
+    }
+    const SparseAttnPlan plan = make_sparse_decode_plan(p, options, device);
     if (mode == Mode::kWorkspaceSize) return static_cast<int64_t>(plan.bytes);
     std::optional<at::Tensor> scratch;
     if (device >= 0) scratch = provide_workspace(kPublicName, p.attn, plan.bytes, a.workspace.defined(), device);
@@ -451,6 +480,7 @@ template <typename Op>
 void define(torch::Library& m) {
   m.def(torch::schema(schema<Op>(Mode::kRun).c_str()));
   if (Op::kWorkspaceQuery) m.def(torch::schema(schema<Op>(Mode::kWorkspaceSize).c_str()));
+  m.def(torch::schema(schema<Op>(Mode::kDescribe).c_str()));
 }
 
 // One implementation serves the CPU and CUDA keys: the core dispatches on where the memory is
@@ -463,6 +493,8 @@ void implement(torch::Library& m) {
     static const std::string name = std::string(Op::kName) + "_workspace_size";
     m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&boxed<Op, Mode::kWorkspaceSize>>());
   }
+  static const std::string describe_name = std::string(Op::kName) + "_describe";
+  m.impl(describe_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&boxed<Op, Mode::kDescribe>>());
 }
 
 void implement_all(torch::Library& m) {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "flashmsa/params.h"
 #include "flashmsa/plan.h"
@@ -152,6 +153,17 @@ void check_seqused_k(const int* host_values, int64_t count, const char* name);
 // 128 elements after k, and the sized dims of the (P, Hkv, 128, 2, 128) cache covering a compact
 // buffer in some order. The only non-contiguous K/V the attention ops accept (paged, non-NVFP4).
 bool is_packed_kv(const TensorRef& k, const TensorRef& v);
+
+// One line naming the schedule / kernel the call's plan chose and why (plan_describe.h), for logs;
+// host memory: the CPU reference, which has no kernel plan.
+std::string describe_proxy_score_plan(const ProxyScoreParams& p, const ProxyScoreOptions& options,
+                                      int device);
+std::string describe_topk_select_plan(const TopkSelectParams& p, const TopkSelectOptions& options,
+                                      int device);
+std::string describe_sparse_attention_plan(const SparseAttnParams& p,
+                                           const SparseAttnOptions& options, int device);
+std::string describe_sparse_decode_plan(const SparseDecodeParams& p,
+                                        const SparseDecodeOptions& options, int device);
 
 // Whether this build has CUDA kernels (a CPU-only build runs the reference only).
 bool built_with_cuda();

@@ -26,7 +26,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _outputs
+from . import _log, _outputs
 from ._library import ops as _ops
 from .errors import NotSupportedError
 
@@ -307,9 +307,10 @@ def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
     max_seqlen_q, max_k_tiles, output = _proxy_dims(
         op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q, max_k_tiles,
         output, reduce_heads)
-    _call(_ops.proxy_score, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal),
-          max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output,
-          plan)
+    args = (q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal), max_seqlen_q,
+            max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output, plan)
+    _call(_ops.proxy_score, *args)
+    _log.log_plan(op, _ops.proxy_score_describe, args)
     return output
 
 
@@ -437,10 +438,12 @@ def _proxy_score_fp4(plan, q_fp4, k_fp4, q_scale, k_scale, q_global_scale, k_glo
     max_seqlen_q, max_k_tiles, output = _proxy_dims(
         op, q_fp4, k_fp4, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q,
         max_k_tiles, output, reduce_heads)
-    _call(_ops.proxy_score_fp4, q_fp4, k_fp4, q_scale.reshape(-1), k_scale.reshape(-1),
-          q_global_scale, k_global_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k,
-          bool(causal), max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor,
-          bool(reduce_heads), output, plan)
+    args = (q_fp4, k_fp4, q_scale.reshape(-1), k_scale.reshape(-1), q_global_scale,
+            k_global_scale, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal),
+            max_seqlen_q, max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output,
+            plan)
+    _call(_ops.proxy_score_fp4, *args)
+    _log.log_plan(op, _ops.proxy_score_fp4_describe, args)
     return output
 
 
@@ -510,8 +513,10 @@ def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blo
         # An out-of-range topk allocates no slot (the core rejects it).
         slots = topk if 1 <= topk <= _MAX_TOPK else 0
         output = _outputs.empty((total_q, num_heads, slots), torch.int32, max_score.device)
-    _call(_ops.topk_select, max_score, topk, nvp_value, nvp_tensor, force_begin_blocks,
-          force_end_blocks, output, plan)
+    args = (max_score, topk, nvp_value, nvp_tensor, force_begin_blocks, force_end_blocks, output,
+            plan)
+    _call(_ops.topk_select, *args)
+    _log.log_plan("msa_topk_select", _ops.topk_select_describe, args)
     return output
 
 
@@ -642,6 +647,7 @@ def _sparse_attention(plan, q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, ca
             scratch = workspace.reserve(
                 _call(_ops.sparse_attention_workspace_size, *args, scratch, plan))
     _call(_ops.sparse_attention, *args, scratch, plan)
+    _log.log_plan("msa_sparse_attention", _ops.sparse_attention_describe, (*args, scratch, plan))
     if want_lse_t:
         return out, lse, lse_t
     if want_lse:
@@ -758,6 +764,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
             scratch = workspace.reserve(_call(_ops.sparse_decode_workspace_size, *args, scratch,
                                               plan))
     _call(_ops.sparse_decode, *args, scratch, plan)
+    _log.log_plan("msa_sparse_decode_attention", _ops.sparse_decode_describe,
+                  (*args, scratch, plan))
     if return_softmax_lse:
         return out, lse
     return out
