@@ -26,7 +26,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
-PY=${PYTHON:-python3}
+# An absolute path: the PATH change below (a cmake from PyPI first) must not switch interpreters
+# (with /usr/bin first, "python3" would be the system's, without torch).
+PY=$(command -v "${PYTHON:-python3}") || { echo "setup: no ${PYTHON:-python3} on PATH" >&2; exit 1; }
 with_tests=0
 for arg in "$@"; do
   case $arg in
@@ -75,7 +77,8 @@ else
 fi
 cmake_bin=$(msa_find_cmake "$PY") || {
   echo "setup: no cmake >= $FLASHMSA_MIN_CMAKE after installing it from PyPI" >&2; exit 1; }
-export PATH="$(dirname "$cmake_bin"):$PATH"  # the build and scripts/test.sh find the same cmake
+# The build finds the same cmake (prepended only when PATH would find another one).
+[[ "$(command -v cmake 2>/dev/null)" == "$cmake_bin" ]] || export PATH="$(dirname "$cmake_bin"):$PATH"
 echo "setup: $("$cmake_bin" --version | head -1) ($cmake_bin)"
 end_step
 
