@@ -111,13 +111,18 @@ int main() {
   attn.output = tensor(out, ScalarType::kBF16, {kSeqlen, kHeads, kD});
 
   try {
-    flashmsa::run_proxy_score(flashmsa::make_proxy_score_params(proxy), -1, nullptr);
-    flashmsa::run_topk_select(flashmsa::make_topk_select_params(topk), -1, nullptr);
+    // Each op: validated params, then the plan of this call (device -1: host memory, the CPU
+    // reference; default options), then the run.
+    const flashmsa::ProxyScoreParams pp = flashmsa::make_proxy_score_params(proxy);
+    flashmsa::run_proxy_score(pp, flashmsa::make_proxy_score_plan(pp, {}, -1), -1, nullptr);
+    const flashmsa::TopkSelectParams tp = flashmsa::make_topk_select_params(topk);
+    flashmsa::run_topk_select(tp, flashmsa::make_topk_select_plan(tp, {}, -1), -1, nullptr);
     for (int s = 0; s < kSeqlen; ++s)
       for (int h = 0; h < kIndexHeads; ++h)
         for (int i = 0; i < kTopk; ++i)
           q2k[(size_t(h) * kSeqlen + s) * kTopk + i] = selected[(size_t(s) * kIndexHeads + h) * kTopk + i];
-    flashmsa::run_sparse_attention(flashmsa::make_sparse_attention_params(attn), -1, nullptr);
+    const flashmsa::SparseAttnParams ap = flashmsa::make_sparse_attention_params(attn);
+    flashmsa::run_sparse_attention(ap, flashmsa::make_sparse_attention_plan(ap, {}, -1), -1, nullptr);
   } catch (const flashmsa::Error& e) {
     std::fprintf(stderr, "flashmsa error: %s\n", e.what());
     return 1;
