@@ -339,22 +339,12 @@ __device__ __forceinline__ void store_pass(const Params& dp, const Request& r, i
 __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
   const ProxyScoreParams& p = dp.p;
   const int64_t total_q = p.total_q;
-  int64_t lo = 0, hi = 0;
-  if (p.batch > 0) {
-    if (p.qi.cu_seqlens_q != nullptr) {
-      lo = clamp64(p.qi.cu_seqlens_q[0], 0, total_q);
-      hi = clamp64(p.qi.cu_seqlens_q[p.batch], lo, total_q);
-    } else {
-      hi = clamp64(int64_t(p.batch) * p.qi.seqlen_q, 0, total_q);
-    }
-  }
-  const int64_t uncovered = lo + (total_q - hi);
-  if (uncovered == 0) return;
-  const int64_t n = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles * uncovered;
+  const UncoveredRows rows = uncovered_q_rows(p.qi, p.batch, total_q);
+  if (rows.count == 0) return;
+  const int64_t n = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles * rows.count;
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n; e += int64_t(gridDim.x) * kThreads) {
-    const int64_t u = e % uncovered;
-    const int64_t ht = e / uncovered;
-    p.out[ht * total_q + (u < lo ? u : hi + (u - lo))] = neg_inf();
+    const int64_t ht = e / rows.count;
+    p.out[ht * total_q + rows.row(e % rows.count)] = neg_inf();
   }
 }
 

@@ -440,24 +440,13 @@ __device__ __noinline__ void run_tile(const KernelParams& kp, TileWork work) {
 __device__ __forceinline__ void fill_uncovered_rows(const KernelParams& kp, int item) {
   const ProxyScoreParams& p = kp.p;
   const int64_t total_q = p.total_q;
-  int64_t lo = 0, hi = 0;
-  if (p.batch > 0) {
-    if (p.qi.cu_seqlens_q != nullptr) {
-      lo = clamp64(p.qi.cu_seqlens_q[0], 0, total_q);
-      hi = clamp64(p.qi.cu_seqlens_q[p.batch], lo, total_q);
-    } else {
-      hi = clamp64(int64_t(p.batch) * p.qi.seqlen_q, 0, total_q);
-    }
-  }
-  const int64_t uncovered = lo + (total_q - hi);
-  if (uncovered == 0) return;
-  const int64_t n = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles * uncovered;
+  const UncoveredRows rows = uncovered_q_rows(p.qi, p.batch, total_q);
+  if (rows.count == 0) return;
+  const int64_t n = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles * rows.count;
   for (int64_t e = int64_t(item) * kThreads + threadIdx.x; e < n;
        e += int64_t(kp.n_fill) * kThreads) {
-    const int64_t u = e % uncovered;
-    const int64_t ht = e / uncovered;  // head * P + t
-    const int64_t row = u < lo ? u : hi + (u - lo);
-    p.out[ht * total_q + row] = neg_inf();
+    const int64_t ht = e / rows.count;  // head * P + t
+    p.out[ht * total_q + rows.row(e % rows.count)] = neg_inf();
   }
 }
 

@@ -272,24 +272,13 @@ MSA_DEVICE void store_block_max(const float (&s)[16][4], float* out_row, int64_t
 // over every consumer thread of the grid.
 MSA_DEVICE void fill_uncovered_rows(const ProxyScoreParams& p, int ctid) {
   const int64_t total_q = p.total_q;
-  int64_t lo = 0, hi = 0;
-  if (p.batch > 0) {
-    if (p.qi.cu_seqlens_q != nullptr) {
-      lo = clamp64(p.qi.cu_seqlens_q[0], 0, total_q);
-      hi = clamp64(p.qi.cu_seqlens_q[p.batch], lo, total_q);
-    } else {
-      hi = clamp64(int64_t(p.batch) * p.qi.seqlen_q, 0, total_q);
-    }
-  }
-  const int64_t uncovered = lo + (total_q - hi);
-  if (uncovered == 0) return;
-  const int64_t n = int64_t(p.num_heads) * p.max_k_tiles * uncovered;
+  const UncoveredRows rows = uncovered_q_rows(p.qi, p.batch, total_q);
+  if (rows.count == 0) return;
+  const int64_t n = int64_t(p.num_heads) * p.max_k_tiles * rows.count;
   const int64_t step = int64_t(gridDim.x) * kConsumerThreads;
   for (int64_t e = int64_t(blockIdx.x) * kConsumerThreads + ctid; e < n; e += step) {
-    const int64_t u = e % uncovered;
-    const int64_t ht = e / uncovered;  // head * P + t
-    const int64_t row = u < lo ? u : hi + (u - lo);
-    __stcs(p.out + ht * total_q + row, neg_inf_f());
+    const int64_t ht = e / rows.count;  // head * P + t
+    __stcs(p.out + ht * total_q + rows.row(e % rows.count), neg_inf_f());
   }
 }
 #endif  // MSA_HAS_WGMMA

@@ -38,6 +38,29 @@ MSA_HOST_DEVICE RowRange q_rows(const QIndex& qi, int total_q, int b) {
   return {int(begin), int(end - begin)};
 }
 
+// Query rows no sequence covers: [0, lo) and [hi, total_q), where [lo, hi) spans the batch's rows
+// (cu_seqlens_q[0] .. cu_seqlens_q[B], or B * seqlen_q, clamped as q_rows clamps). The proxy writes
+// -inf there (docs/semantics.md#proxy-score-math).
+struct UncoveredRows {
+  int64_t lo;
+  int64_t hi;
+  int64_t count;  // lo + (total_q - hi)
+  // The u-th uncovered row, 0 <= u < count.
+  MSA_HOST_DEVICE int64_t row(int64_t u) const { return u < lo ? u : hi + (u - lo); }
+};
+MSA_HOST_DEVICE UncoveredRows uncovered_q_rows(const QIndex& qi, int batch, int64_t total_q) {
+  int64_t lo = 0, hi = 0;
+  if (batch > 0) {
+    if (qi.cu_seqlens_q != nullptr) {
+      lo = clamp64(qi.cu_seqlens_q[0], 0, total_q);
+      hi = clamp64(qi.cu_seqlens_q[batch], lo, total_q);
+    } else {
+      hi = clamp64(int64_t(batch) * qi.seqlen_q, 0, total_q);
+    }
+  }
+  return {lo, hi, lo + (total_q - hi)};
+}
+
 // Number of keys of sequence b (see KVIndex for where they come from and how they are clamped).
 MSA_HOST_DEVICE int kv_seqlen(const KVIndex& kv, int b) {
   int64_t len;

@@ -80,6 +80,26 @@ TEST(Semantics, QRowsUniformAndVarlen) {
   }
 }
 
+TEST(Semantics, UncoveredRowsAreTheRowsNoSequenceHolds) {
+  // Rows [0, 3) and [9, 12) lie outside cu_seqlens_q = [3, 5, 9]; row(u) enumerates them in order.
+  const int cu[3] = {3, 5, 9};
+  const UncoveredRows r = uncovered_q_rows(QIndex{cu, 0, 4}, 2, 12);
+  EXPECT_EQ(r.lo, 3);
+  EXPECT_EQ(r.hi, 9);
+  ASSERT_EQ(r.count, 6);
+  const int64_t want[6] = {0, 1, 2, 9, 10, 11};
+  for (int u = 0; u < 6; ++u) EXPECT_EQ(r.row(u), want[u]) << u;
+  // Uniform lengths: the rows past B * seqlen_q; no batch covers nothing; clamped prefix sums.
+  EXPECT_EQ(uncovered_q_rows(QIndex{nullptr, 3, 3}, 2, 10).count, 4);
+  EXPECT_EQ(uncovered_q_rows(QIndex{nullptr, 3, 3}, 2, 10).row(0), 6);
+  EXPECT_EQ(uncovered_q_rows(QIndex{nullptr, 3, 3}, 0, 10).count, 10);
+  const int bad[3] = {-5, 40, 2};
+  const UncoveredRows c = uncovered_q_rows(QIndex{bad, 0, 0}, 2, 8);
+  EXPECT_EQ(c.lo, 0);
+  EXPECT_EQ(c.hi, 2);
+  EXPECT_EQ(c.count, 6);
+}
+
 TEST(Semantics, QRowsClampMalformedPrefixSums) {
   // Decreasing, negative and past-the-end values: every range stays inside [0, total_q] and has
   // non-negative length.
