@@ -216,6 +216,10 @@ step_pytest() {
     done
     echo "PYTEST_SHARD=$PYTEST_SHARD: ${files[*]}" >>"$log"
   fi
+  # Each test's outcome and duration, and each failure's full report, as the test ends (conftest.py):
+  # $OUT/pytest-reports/{durations.tsv,failures.txt}, complete also when the budget cuts the run.
+  export FLASHMSA_TEST_REPORT_DIR="$OUT_DIR/pytest-reports"
+  rm -rf "$FLASHMSA_TEST_REPORT_DIR"
   run_logged "$log" "$PY" -m pytest "${files[@]}" -v -rfEs -p no:cacheprovider --durations=25 "${par[@]}" ${PYTEST_ARGS:-}
   rc=$?
   trim_log "$log"
@@ -239,6 +243,10 @@ step_pytest() {
     echo "$failed" >"$OUT_DIR/pytest-failed.txt"
     detail="$detail; $(echo "$failed" | wc -l) failed (pytest-failed.txt)"
     (( rc == 0 )) && rc=1
+  fi
+  if [[ -f $FLASHMSA_TEST_REPORT_DIR/durations.tsv ]]; then
+    echo "== slowest tests (s, outcome, phase, id):" >>"$log"
+    sort -rn "$FLASHMSA_TEST_REPORT_DIR/durations.tsv" | head -25 >>"$log"
   fi
   (( rc == 124 )) && detail="cut by TIME_BUDGET; $detail"
   record pytest "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "$detail"
