@@ -68,7 +68,7 @@ FULL = dict(
     budget_s=0.3, max_reps=100,
 )
 QUICK = dict(
-    prefill_s=[32 * K],
+    prefill_s=[8 * K, 32 * K],
     decode=[(1, 32 * K, 1), (64, 32 * K, 1), (64, 32 * K, 4)],
     sparse=[(32 * K, "bf16", "flat", "random"), (32 * K, "bf16", "flat", "clustered"),
             (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered")],
@@ -288,8 +288,12 @@ class Bench:
             self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k", lambda s=s:
                           self.build_proxy_prefill(s), "compute",
                           REF_PROXY_32K if s == 32 * K else None)
-            # The sm_90a TMA + wgmma kernel, forced, with Q in registers (sm90) and in shared
-            # memory (sm90_ss); _only: a skip row, never a silent fallback, on other devices.
+            # The portable mma.sync kernel (the fallback off sm_90a) and the sm_90a TMA + wgmma
+            # kernel, forced, with Q in registers (sm90) and in shared memory (sm90_ss); _only: a
+            # skip row, never a silent fallback, on other devices.
+            self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k mma_sync",
+                          lambda s=s: self.build_proxy_prefill(s, dict(kernel="mma_sync")),
+                          "compute", REF_PROXY_32K if s == 32 * K else None)
             for variant in ("sm90", "sm90_ss"):
                 self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {variant}",
                               lambda s=s, o=dict(kernel=variant + "_only"):
@@ -309,6 +313,12 @@ class Bench:
                           self.build_proxy_decode(b, c, q, k_fp8=True), "memory")
             # The decode streaming kernel (csrc/proxy_score/proxy_decode.cuh), forced: decode_only
             # gives a skip row, never a silent fallback. bf16, fp8 and NVFP4 index-K.
+            # The portable mma.sync kernel, forced (auto takes the decode kernel for short queries).
+            mma = dict(kernel="mma_sync")
+            self.run_case("proxy", name + " [mma_sync]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, options=mma), "memory")
+            self.run_case("proxy", name + " fp8 [mma_sync]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, k_fp8=True, options=mma), "memory")
             dec = dict(kernel="decode_only")
             self.run_case("proxy", name + " [decode]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, options=dec), "memory")

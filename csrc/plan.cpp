@@ -2,6 +2,7 @@
 // attention planner is sparse_attn/plan.cpp.
 #include "flashmsa/plan.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -187,10 +188,18 @@ bool proxy_decode_runs(const ProxyScoreParams& p) {
   return (p.q_dtype == DType::kNVFP4) == (p.k.dtype == DType::kNVFP4);
 }
 
+bool proxy_auto_takes_decode(const ProxyScoreParams& p) {
+  if (!proxy_decode_runs(p)) return false;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  return group * std::max(p.qi.max_seqlen_q, 1) <= kProxyDecodeAutoMaxRows;
+}
+
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options) {
   ProxyScorePlan plan;
   switch (options.kernel) {
     case ProxyKernel::kAuto:
+      plan.kernel = proxy_auto_takes_decode(p) ? ProxyKernel::kDecode : ProxyKernel::kSm90;
+      break;
     case ProxyKernel::kMmaSync: plan.kernel = ProxyKernel::kMmaSync; break;
     case ProxyKernel::kSm90: plan.kernel = ProxyKernel::kSm90; break;
     case ProxyKernel::kSm90Only: plan = {ProxyKernel::kSm90, true}; break;
@@ -210,10 +219,10 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
                                 const TopkSelectDeviceFacts& facts) {
   TopkSelectPlan plan;
   switch (options.kernel) {
-    case TopkKernel::kAuto:
     case TopkKernel::kWarpPerRow: plan.kernel = TopkKernel::kWarpPerRow; break;
     case TopkKernel::kWarpPerRow8: plan.kernel = TopkKernel::kWarpPerRow8; break;
     case TopkKernel::kRadix: plan.kernel = TopkKernel::kRadix; break;
+    case TopkKernel::kAuto:
     case TopkKernel::kBySize: {
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);
       plan.kernel = groups >= int64_t(kTopkRadixMinGroupsPerSm) * facts.num_sms

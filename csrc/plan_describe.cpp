@@ -111,8 +111,12 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   if (named == ProxyKernel::kSm90SsOnly) named = ProxyKernel::kSm90Ss;
   if (named == ProxyKernel::kDecodeOnly) named = ProxyKernel::kDecode;
   s << "kernel=" << option_name(plan.kernel) << " (";
-  if (o.kernel == ProxyKernel::kAuto)
-    s << "auto: the portable mma.sync kernel";
+  if (o.kernel == ProxyKernel::kAuto && plan.kernel == ProxyKernel::kDecode)
+    s << "auto: short queries, at most " << kProxyDecodeAutoMaxRows
+      << " rows (heads x max_seqlen_q) per request and KV head: the decode streaming kernel";
+  else if (o.kernel == ProxyKernel::kAuto)
+    s << "auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit K of q's dtype, "
+         "no reduce_heads), else the portable mma.sync kernel";
   else if (named == plan.kernel)
     s << "forced by the option kernel=" << option_name(o.kernel);
   else
@@ -126,7 +130,7 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
   std::ostringstream s;
   s << "kernel=" << option_name(plan.kernel) << " (";
   switch (o.kernel) {
-    case TopkKernel::kAuto: s << "auto: a warp per (token, head) row, 32 tokens per CTA"; break;
+    case TopkKernel::kAuto: s << "auto: "; [[fallthrough]];
     case TopkKernel::kBySize: {
       const long long groups = (static_cast<long long>(p.num_tokens) + 31) / 32 * p.num_heads;
       s << "by_size: " << groups << " groups of 32 rows " << (plan.kernel == TopkKernel::kRadix ? ">=" : "<")

@@ -44,7 +44,9 @@ enum class KvMajorCombine : int32_t { kAuto = 0, kSeparate = 1, kPrefetch = 2, k
 // (the SM80+ streaming kernel for short queries: csrc/proxy_score/proxy_decode.cuh, where
 // proxy_decode_runs; elsewhere mma_sync), and the _only forms of the last three (the same without
 // the fallback: NotImplementedError where the kernel does not apply; tests and benchmarks).
-// auto: mma_sync (until the other kernels are measured on the H200).
+// auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block), else
+// sm90 (which itself falls back to mma_sync where it does not apply). H200 at 162e97a: 32K prefill
+// 658 us vs mma_sync 1624; decode B64/32K 139 vs 190 us (bf16), 125 vs 216 (fp8), 145 vs 271 (NVFP4).
 enum class ProxyKernel : int32_t {
   kAuto = 0,
   kMmaSync = 1,
@@ -59,7 +61,8 @@ enum class ProxyKernel : int32_t {
 // threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
 // for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), by_size
 // (radix from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8).
-// auto: warp_per_row (by_size once measured on the H200).
+// auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
+// blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row).
 enum class TopkKernel : int32_t {
   kAuto = 0,
   kWarpPerRow = 1,
@@ -71,14 +74,21 @@ enum class TopkKernel : int32_t {
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
 // a warp.
 inline constexpr int kTopkRadixMinGroupsPerSm = 4;
+// auto takes the proxy decode kernel when each request's query rows through one KV head (G heads x
+// max_seqlen_q tokens) fit one 16-row MMA pass per key block: M3's decode (G 4 x 1 token) and MTP
+// up to 4 tokens, the calls measured. Without max_seqlen_q the bound is total_q (device
+// cu_seqlens_q), so decode callers pass it.
+inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // Decode kernels for 16-row tiles (G <= 16): smem (the query-major kernel as prefill runs it: fp8
 // K/V dequantized in shared memory, 2 stages of bf16 / fp16 K/V), regs (the streaming variant: 3
 // stages of 32 KB at 2 CTAs per SM, fp8 K/V converted in registers into fp16 MMAs; NVFP4 K/V, G > 16
-// and MTP union items keep smem). auto: smem until an H200 run shows regs faster.
+// and MTP union items keep smem). auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us),
+// smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us) and where regs does not apply.
 enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2 };
 // MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
 // over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,
-// seqlen_q x topk <= 64). auto: per_token until an H200 run shows union faster.
+// seqlen_q x topk <= 64). auto: union where it applies (H200 at 162e97a, B64/32K, 4 tokens: 105 vs
+// 179 us bf16, 119 vs 268 us fp8).
 enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
 
 struct SparseDecodeOptions {
@@ -228,6 +238,8 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
 // Whether the proxy decode kernel runs a call: at most 16 query heads per KV head (the G heads of
 // a token fill one 16-row MMA pass), reduce_heads only with one KV head, NVFP4 q and k together.
 bool proxy_decode_runs(const ProxyScoreParams& p);
+// Whether auto takes it: proxy_decode_runs and G x max_seqlen_q <= kProxyDecodeAutoMaxRows.
+bool proxy_auto_takes_decode(const ProxyScoreParams& p);
 TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options,
                                 const TopkSelectDeviceFacts& facts = {});
 

@@ -130,7 +130,14 @@ TEST(PlanDescribe, ProxyAndTopk) {
   ProxyScoreParams pp{};
   const ProxyScoreOptions auto_o;
   EXPECT_EQ(describe(plan_proxy_score(pp, auto_o), auto_o),
-            "kernel=mma_sync (auto: the portable mma.sync kernel)");
+            "kernel=sm90 (auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit K "
+            "of q's dtype, no reduce_heads), else the portable mma.sync kernel)");
+  pp.num_heads = 4;  // M3's indexer decode: 4 heads over one index-K head, one token per request
+  pp.num_kv_heads = 1;
+  pp.qi.max_seqlen_q = 1;
+  pp.q_dtype = pp.k.dtype = DType::kBF16;
+  std::string dp = describe(plan_proxy_score(pp, auto_o), auto_o);
+  EXPECT_TRUE(has(dp, "kernel=decode (auto: short queries, at most 16 rows")) << dp;
   TopkSelectParams tp{};
   tp.num_heads = 4;
   tp.num_blocks = 256;
@@ -140,7 +147,7 @@ TEST(PlanDescribe, ProxyAndTopk) {
   facts.num_sms = 132;
   TopkSelectOptions o;
   std::string d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=warp_per_row (auto:")) << d;
+  EXPECT_TRUE(has(d, "kernel=radix (auto: by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
   EXPECT_TRUE(has(d, "32768 tokens x 4 heads over 256 blocks, top-16")) << d;
   o.kernel = TopkKernel::kBySize;  // 1024 groups x 4 heads = 4096 >= 4 x 132
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);

@@ -366,7 +366,8 @@ TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
   SparseDecodeOptions smem;
   smem.kernel = DecodeKernel::kSmem;
   EXPECT_TRUE(plan_sparse_decode(fp8(30), h200, regs).qm.regs);
-  EXPECT_FALSE(plan_sparse_decode(fp8(30), h200, {}).qm.regs);    // auto: the smem kernel
+  EXPECT_TRUE(plan_sparse_decode(fp8(30), h200, {}).qm.regs);     // auto: regs for fp8 K/V
+  EXPECT_FALSE(plan_sparse_decode(decode(30, -1), h200, {}).qm.regs);  // auto: smem for bf16
   EXPECT_FALSE(plan_sparse_decode(fp8(30), h200, smem).qm.regs);
   EXPECT_TRUE(plan_sparse_decode(decode(30, -1), h200, regs).qm.regs);   // bf16 K/V: 3 stages
   SparseDecodeParams nvfp4 = decode(30, -1);
@@ -416,7 +417,8 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   EXPECT_EQ(pt.mtp_tokens, 0);
   EXPECT_EQ(pt.warps_m, 1);
   EXPECT_EQ(pt.splits, 4);
-  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, {}).qm.mtp_tokens, 0);  // auto: per token
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, {}).qm.mtp_tokens, 4);  // auto: union
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 5), h200, {}).qm.mtp_tokens, 0);  // where it applies
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 2), h200, u).qm.mtp_tokens, 2);
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 1), h200, u).qm.mtp_tokens, 0);   // not MTP
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 5), h200, u).qm.mtp_tokens, 0);   // > 4 tokens
@@ -454,7 +456,7 @@ TEST(PlanDecode, StreamingKernelOption) {
   f.decode_regs_ctas = 2;
   SparseDecodeOptions regs;
   regs.kernel = DecodeKernel::kRegs;
-  // auto keeps the smem kernel.
+  // auto keeps the smem kernel for bf16 K/V.
   EXPECT_FALSE(plan_sparse_decode(decode(16, -1), f).qm.regs);
   // regs: split-K aims at 2 CTAs per SM. 16 requests x 4 kv heads = 64 items: ceil(264 / 64) = 5
   // splits -> 4 blocks each, 4 splits (the smem kernel's 3 per SM: ceil(396 / 64) = 7 -> 3 blocks
@@ -483,8 +485,11 @@ TEST(PlanDecode, MtpUnionOption) {
   f.decode_regs_ctas = 2;
   SparseDecodeOptions uni;
   uni.mtp = DecodeMtp::kUnion;
-  // auto keeps per-token items.
-  EXPECT_EQ(plan_sparse_decode(mtp_decode(64, 4), f).qm.mtp_tokens, 0);
+  // auto takes union items; per_token keeps an item per token.
+  EXPECT_EQ(plan_sparse_decode(mtp_decode(64, 4), f).qm.mtp_tokens, 4);
+  SparseDecodeOptions per_token;
+  per_token.mtp = DecodeMtp::kPerToken;
+  EXPECT_EQ(plan_sparse_decode(mtp_decode(64, 4), f, per_token).qm.mtp_tokens, 0);
   // M3 MTP-4 at batch 64: 256 union items of 64 rows (one per request and kv head), fused.
   const SparseAttnPlan u = plan_sparse_decode(mtp_decode(64, 4), f, uni);
   EXPECT_EQ(u.qm.mtp_tokens, 4);
@@ -513,7 +518,11 @@ TEST(PlanDecode, MtpUnionOption) {
   const SparseAttnPlan b = plan_sparse_decode(mtp_decode(8, 4), f, both);
   EXPECT_EQ(b.qm.mtp_tokens, 4);
   EXPECT_FALSE(b.qm.regs);
-  EXPECT_TRUE(plan_sparse_decode(mtp_decode(8, 4), f, regs_only()).qm.regs);
+  // kernel=regs with mtp=auto: union items win where they apply; per-token items take regs.
+  EXPECT_FALSE(plan_sparse_decode(mtp_decode(8, 4), f, regs_only()).qm.regs);
+  SparseDecodeOptions regs_per_token = regs_only();
+  regs_per_token.mtp = DecodeMtp::kPerToken;
+  EXPECT_TRUE(plan_sparse_decode(mtp_decode(8, 4), f, regs_per_token).qm.regs);
 }
 
 TEST(PlanDecode, PrefillQueryMajorPartialsUseTheComputeDtype) {
@@ -696,11 +705,11 @@ ProxyScorePlan proxy_plan(ProxyKernel k) {
   return plan_proxy_score(ProxyScoreParams{}, o);
 }
 
-TEST(PlanProxy, AutoIsMmaSyncAndTheSm90VariantsKeepOrForbidTheFallback) {
+TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
   struct Case {
     ProxyKernel option, kernel;
     bool strict;
-  } cases[] = {{ProxyKernel::kAuto, ProxyKernel::kMmaSync, false},
+  } cases[] = {{ProxyKernel::kAuto, ProxyKernel::kSm90, false},  // no heads: not the decode kernel
                {ProxyKernel::kMmaSync, ProxyKernel::kMmaSync, false},
                {ProxyKernel::kSm90, ProxyKernel::kSm90, false},
                {ProxyKernel::kSm90Only, ProxyKernel::kSm90, true},
@@ -725,10 +734,13 @@ TopkSelectParams topk_call(int heads, int tokens, int blocks = 256) {
   return p;
 }
 
-TEST(PlanTopk, AutoIsWarpPerRowAndForcedKernelsAreKept) {
+TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   const TopkSelectDeviceFacts h200{132};
   for (int tokens : {1, 64, 32768})
-    EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {}, h200).kernel, TopkKernel::kWarpPerRow);
+    EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {}, h200).kernel,
+              plan_topk_select(topk_call(4, tokens), {TopkKernel::kBySize}, h200).kernel);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpPerRow8);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadix);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix})
     for (int tokens : {1, 64, 32768})
       EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, h200).kernel, k) << option_name(k);
@@ -753,7 +765,7 @@ TEST(PlanTopk, BySizeTakesRadixFromFourGroupsPerSm) {
 }
 
 // kernel=decode: the decode kernel where it runs (G <= 16 heads per KV head, reduce_heads only with
-// one KV head), else mma_sync; auto keeps mma_sync until the H200 shows the decode kernel faster.
+// one KV head), else mma_sync; auto takes it for short queries (G x max_seqlen_q <= 16), else sm90.
 TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   auto params = [](int hq, int hkv, bool reduce, DType q, DType k) {
     ProxyScoreParams p{};
@@ -781,7 +793,18 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   // Falls back: G = 32 > 16, reduce_heads over two KV heads.
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), decode).kernel, ProxyKernel::kMmaSync);
   EXPECT_EQ(plan_proxy_score(params(8, 2, true, bf16, bf16), decode).kernel, ProxyKernel::kMmaSync);
-  EXPECT_EQ(plan_proxy_score(params(4, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kMmaSync);
+  // auto: decode while G x max_seqlen_q <= 16 (params: max_seqlen_q 0, taken as 1), else sm90.
+  EXPECT_EQ(plan_proxy_score(params(4, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kDecode);
+  EXPECT_EQ(plan_proxy_score(params(4, 1, false, fp4, fp4), {}).kernel, ProxyKernel::kDecode);
+  ProxyScoreParams mtp4 = params(4, 1, false, bf16, bf16);
+  mtp4.qi.max_seqlen_q = 4;
+  EXPECT_EQ(plan_proxy_score(mtp4, {}).kernel, ProxyKernel::kDecode);
+  mtp4.qi.max_seqlen_q = 5;
+  EXPECT_EQ(plan_proxy_score(mtp4, {}).kernel, ProxyKernel::kSm90);
+  EXPECT_EQ(plan_proxy_score(params(16, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kDecode);
+  EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);
+  EXPECT_TRUE(proxy_auto_takes_decode(params(16, 1, false, bf16, bf16)));
+  EXPECT_FALSE(proxy_auto_takes_decode(params(8, 2, true, bf16, bf16)));
   EXPECT_TRUE(proxy_decode_runs(params(16, 1, false, bf16, bf16)));
   EXPECT_FALSE(proxy_decode_runs(params(17, 1, false, bf16, bf16)));
 }

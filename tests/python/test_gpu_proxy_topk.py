@@ -136,11 +136,14 @@ def assert_proxy_close(got: torch.Tensor, want: torch.Tensor, what: str):
             f"{idx}: got {got[tuple(idx)]}, want {want[tuple(idx)]}")
 
 
+# auto (the library's choice: the decode kernel for short queries, else the sm_90a kernel where it
+# runs) and the portable mma.sync kernel, forced: the fallback of every other GPU and call.
+@pytest.mark.parametrize("kernel", [None, "mma_sync"], ids=["auto", "mma_sync"])
 @pytest.mark.parametrize("case", PROXY_CASES, ids=str)
-def test_proxy_matches_reference(case: ProxyCase):
+def test_proxy_matches_reference(case: ProxyCase, kernel):
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
     want = run_proxy(case, inputs, "cpu")
-    got = run_proxy(case, inputs, DEV)
+    got = run_proxy(case, inputs, DEV, kernel=kernel)
     assert_proxy_close(got, want, case.name)
 
 

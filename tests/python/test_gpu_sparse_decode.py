@@ -96,9 +96,14 @@ def build_decode(case: DecodeCase, seed: int = 0, layout: Optional[str] = None) 
     return DecodeProblem(gcase, pb, cpu_args, cpu_kw, gpu_args, gpu_kw)
 
 
-def run(dp: DecodeProblem, gpu: bool, **extra):
+def run(dp: DecodeProblem, gpu: bool, options=None, **extra):
+    """options: plan options of the CUDA call (None: the library's own choice)."""
     if gpu:
-        result = msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs, **extra)
+        if options is not None:
+            result = msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, **extra,
+                                                    options=options)
+        else:
+            result = msa_ops.msa_sparse_decode_attention(*dp.gpu_args, **dp.gpu_kwargs, **extra)
         torch.cuda.synchronize()
         return result
     return msa_ops.msa_sparse_decode_attention(*dp.cpu_args, **dp.cpu_kwargs)
@@ -124,10 +129,14 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
     return dp.gcase.dtype
 
 
+# auto (the library's choice: regs for fp8 K/V, union items for MTP) and the kernels auto replaced,
+# forced (the smem kernel with an item per token), which stay the fallback.
+@pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token")],
+                         ids=["auto", "smem_per_token"])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_decode_matches_cpu_reference(case):
+def test_decode_matches_cpu_reference(case, options):
     dp = build_decode(case)
-    got = run(dp, gpu=True)
+    got = run(dp, gpu=True, options=options)
     want = run(dp, gpu=False)
     base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
     check_against_reference(dp, got, want, base_out, str(case))
