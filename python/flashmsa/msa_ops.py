@@ -287,7 +287,13 @@ def msa_proxy_score(
     torch.Tensor
         float32 ``(Hq | 1, max_k_tiles, total_q)``, ready for :func:`msa_topk_select`.
     """
-    return _proxy_score("", **locals())
+    # Each public wrapper passes its arguments by name, not as **locals(): torch.compile must trace
+    # it, and the Dynamo of torch 2.11 cannot trace locals() ("Failed to trace builtin operator";
+    # 2.15's can).
+    return _proxy_score("", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                        page_table=page_table, seqused_k=seqused_k, causal=causal,
+                        max_seqlen_q=max_seqlen_q, max_k_tiles=max_k_tiles, output=output,
+                        reduce_heads=reduce_heads, q_offset=q_offset)
 
 
 def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
@@ -413,7 +419,12 @@ reduce_heads, q_offset
     torch.Tensor
         float32 ``(Hq | 1, max_k_tiles, total_q)``, ready for :func:`msa_topk_select`.
     """
-    return _proxy_score_fp4("", **locals())
+    return _proxy_score_fp4("", q_fp4=q_fp4, k_fp4=k_fp4, q_scale=q_scale, k_scale=k_scale,
+                            q_global_scale=q_global_scale, k_global_scale=k_global_scale,
+                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                            page_table=page_table, seqused_k=seqused_k, causal=causal,
+                            max_seqlen_q=max_seqlen_q, max_k_tiles=max_k_tiles, output=output,
+                            reduce_heads=reduce_heads, q_offset=q_offset)
 
 
 def _proxy_score_fp4(plan, q_fp4, k_fp4, q_scale, k_scale, q_global_scale, k_global_scale,
@@ -487,7 +498,9 @@ def msa_topk_select(
         int32 ``(total_q, H, topk)``. Attention wants ``(Hkv, total_q, topk)`` contiguous:
         ``out.transpose(0, 1).contiguous()``.
     """
-    return _topk_select("", **locals())
+    return _topk_select("", max_score=max_score, topk=topk, num_valid_pages=num_valid_pages,
+                        output=output, force_begin_blocks=force_begin_blocks,
+                        force_end_blocks=force_end_blocks)
 
 
 def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blocks,
@@ -603,7 +616,14 @@ def msa_sparse_attention(
     ``out`` ``(total_q, Hq, 128)`` in q's dtype; ``(out, lse)`` with ``return_softmax_lse``;
     ``(out, lse, lse_t)`` with ``return_temperature_lse``.
     """
-    return _sparse_attention("", **locals())
+    return _sparse_attention("", q=q, k=k, v=v, q2k_indices=q2k_indices, cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k, causal=causal, softmax_scale=softmax_scale,
+                             page_table=page_table, seqused_k=seqused_k,
+                             return_softmax_lse=return_softmax_lse, k_scale=k_scale,
+                             v_scale=v_scale, k_global_scale=k_global_scale,
+                             v_global_scale=v_global_scale, q_offset=q_offset,
+                             return_temperature_lse=return_temperature_lse,
+                             lse_temperature_scale=lse_temperature_scale, workspace=workspace)
 
 
 def _sparse_attention(plan, q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale,
@@ -719,7 +739,13 @@ def msa_sparse_decode_attention(
     ``out`` ``(B * seqlen_q, Hq, 128)`` (q's dtype; bf16 for fp8 q), or ``(out, lse)`` with
     ``return_softmax_lse``.
     """
-    return _sparse_decode("", **locals())
+    return _sparse_decode("", q=q, k=k, v=v, q2k_indices=q2k_indices, page_table=page_table,
+                          seqused_k=seqused_k, cu_seqlens_k=cu_seqlens_k, seqlen_q=seqlen_q,
+                          causal=causal, softmax_scale=softmax_scale,
+                          return_softmax_lse=return_softmax_lse, k_scale=k_scale, v_scale=v_scale,
+                          k_global_scale=k_global_scale, v_global_scale=v_global_scale,
+                          q_offset=q_offset, partial_dtype=partial_dtype, force_fused=force_fused,
+                          workspace=workspace)
 
 
 def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q,
