@@ -216,10 +216,20 @@ SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttn
   switch (dp.partial_dtype) {
     case PartialDType::kFloat32: part_kind = StoreKind::kF32; break;
     case PartialDType::kBF16: part_kind = StoreKind::kBF16; break;
-    case PartialDType::kFP16: part_kind = StoreKind::kF16; break;
-    case PartialDType::kFP8E4M3: part_kind = StoreKind::kFP8; break;
+    case PartialDType::kFP16:
+      if (p.v.dtype != DType::kBF16) part_kind = StoreKind::kF16;
+      break;
+    case PartialDType::kFP8E4M3:
+      if (p.v.dtype == DType::kFP8E4M3) part_kind = StoreKind::kFP8;
+      break;
     case PartialDType::kDefault: break;
   }
+  // A split's partial output is a convex combination of V rows as the kernel reads them (before
+  // v_scale / v_global_scale), so its dtype must hold their range, or it saturates (fp8, SATFINITE)
+  // or overflows (fp16): fp8 e4m3 (|x| <= 448) holds fp8 V only, fp16 every V but bf16 (NVFP4
+  // dequantizes to at most 6 x 448 = 2688). A partial_dtype that does not hold V's range gives way
+  // to the compute dtype above (docs/semantics.md#decode); the fuzzer found NVFP4 V with fp8
+  // partials off by 4x on the H200 (values above 448 clamped).
   plan.schedule = PrefillSchedule::kQueryMajor;
   plan.qm = plan_query_major(p, facts.num_sms, dp.force_fused, part_kind, plan.workspace, options,
                              facts.decode_regs_ctas);

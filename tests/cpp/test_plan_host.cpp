@@ -314,6 +314,27 @@ SparseDecodeParams decode(int batch, int force_fused, PartialDType partial = Par
   return d;
 }
 
+// A partial dtype that cannot hold V's range (fp8: |x| <= 448; fp16: not bf16's) gives way to the
+// compute dtype: NVFP4 V dequantizes up to 6 x 448, 16-bit V is unbounded.
+TEST(PlanDecode, PartialDtypeHoldsTheRangeOfV) {
+  auto kind = [](DType v, PartialDType partial, DType q = DType::kBF16) {
+    SparseDecodeParams d = decode(64, 0, partial);
+    d.attn.q_dtype = d.attn.out_dtype = q;
+    d.attn.k.dtype = d.attn.v.dtype = v;
+    return plan_sparse_decode(d, hopper(), {}).qm.part_kind;
+  };
+  const DType bf16 = DType::kBF16, fp16 = DType::kFP16, fp8 = DType::kFP8E4M3, fp4 = DType::kNVFP4;
+  EXPECT_EQ(kind(fp8, PartialDType::kFP8E4M3), StoreKind::kFP8);
+  EXPECT_EQ(kind(bf16, PartialDType::kFP8E4M3), StoreKind::kBF16);
+  EXPECT_EQ(kind(fp4, PartialDType::kFP8E4M3), StoreKind::kBF16);
+  EXPECT_EQ(kind(fp16, PartialDType::kFP8E4M3, fp16), StoreKind::kF16);
+  EXPECT_EQ(kind(fp4, PartialDType::kFP16), StoreKind::kF16);
+  EXPECT_EQ(kind(fp8, PartialDType::kFP16), StoreKind::kF16);
+  EXPECT_EQ(kind(bf16, PartialDType::kFP16), StoreKind::kBF16);
+  EXPECT_EQ(kind(bf16, PartialDType::kFloat32), StoreKind::kF32);
+  EXPECT_EQ(kind(fp4, PartialDType::kBF16), StoreKind::kBF16);
+}
+
 TEST(PlanDecode, SplitsAndFused) {
   // 8 requests x 4 kv heads = 32 items < 132 SMs: ~3 CTAs per SM wants ceil(396 / 32) = 13
   // splits of 16 blocks, rounded so that no split is empty: 2 blocks per split, 8 splits.
@@ -338,7 +359,9 @@ TEST(PlanDecode, SplitsAndFused) {
   EXPECT_EQ(split.qm.splits, 2);
   // The partial dtype sizes the partial outputs.
   const SparseAttnPlan f32 = plan_sparse_decode(decode(64, 0, PartialDType::kFloat32), hopper(), {});
-  const SparseAttnPlan fp8 = plan_sparse_decode(decode(64, 0, PartialDType::kFP8E4M3), hopper(), {});
+  SparseDecodeParams fp8_call = decode(64, 0, PartialDType::kFP8E4M3);
+  fp8_call.attn.k.dtype = fp8_call.attn.v.dtype = DType::kFP8E4M3;
+  const SparseAttnPlan fp8 = plan_sparse_decode(fp8_call, hopper(), {});
   EXPECT_EQ(f32.qm.part_kind, StoreKind::kF32);
   EXPECT_EQ(fp8.qm.part_kind, StoreKind::kFP8);
   EXPECT_EQ(section(f32, "qm.part_o")->bytes, 4 * section(fp8, "qm.part_o")->bytes);
