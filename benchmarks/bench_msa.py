@@ -8,6 +8,8 @@ docs/benchmarks.md; this file implements exactly that. In short: CUDA events aro
 warm-up, with L2 flushed by a 256 MB memset before every repetition and a GPU-side sleep queued
 ahead of the op so that host launch time is not timed; median of the repetitions. Useful TFLOP/s and
 GB/s are compared with a bf16 8192^3 matmul and a device-to-device copy measured in the same run.
+The decode step (stage step) is timed as the replay of one CUDA graph holding proxy, top-k and
+sparse decode, beside the same step run eagerly, against its byte floor.
 An op that raises NotImplementedError is skipped with its message; any other exception is an error
 row, and the exit status is 1 if any case errored.
 """
@@ -49,6 +51,7 @@ REF_PIPELINE = {8 * K: (4.0, "Triton 4.0 ms"), 32 * K: (18.7, "Triton 18.7 ms"),
                 128 * K: (100.0, "Triton 100 ms")}
 REF_DECODE_INDEX = (0.145, "Triton 0.145 ms")
 REF_DECODE_ATTN = (0.083, "Triton 0.083 ms")
+REF_STEP = (0.469, "Triton 0.469 ms (eager)")  # proxy -> top-k -> decode, B64 ctx 32K, bf16
 
 # M3 geometry (docs/semantics.md#pipeline): TP1 64 q / 4 kv heads, indexer 4 q heads over 1 k head;
 # TP4 16 / 1 / 1.
@@ -65,6 +68,10 @@ FULL = dict(
                  for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
     pipeline_s=[4 * K, 8 * K, 16 * K, 32 * K, 64 * K, 128 * K],  # the report's 4K..128K curves
     topk_s=[8 * K, 32 * K, 128 * K],
+    # The captured decode step: (batch, ctx, tokens per request, index-K dtype, K/V dtype).
+    step=[(b, c, 1, d, d) for d in ("bf16", "fp8") for b in (1, 8, 64) for c in (32 * K, 128 * K)]
+    + [(64, c, 1, "bf16", "fp8") for c in (32 * K, 128 * K)]
+    + [(64, c, 4, d, d) for d in ("bf16", "fp8") for c in (32 * K, 128 * K)],
     budget_s=0.3, max_reps=100,
 )
 QUICK = dict(
@@ -76,9 +83,10 @@ QUICK = dict(
                  (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8")],
     pipeline_s=[8 * K, 32 * K],
     topk_s=[32 * K, 128 * K],
+    step=[(b, 32 * K, 1, d, d) for d in ("bf16", "fp8") for b in (1, 64)],
     budget_s=0.15, max_reps=50,
 )
-STAGES = ("proxy", "topk", "sparse", "decode", "pipeline")
+STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # The top-k kernels each top-k case runs under: the library's choice, then both forced.
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
@@ -104,6 +112,192 @@ def accepts(fn, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+# ---- the captured decode step (stage step) -----------------------------------------------------
+
+STEP_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+HEAD_DIM = 128
+
+
+def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
+    return f"B{b} ctx={size_name(ctx)} sq{sq} idx-K {idx} K/V {kv} graph"
+
+
+def randn_pages(shape, gen, device, dtype, rows: int = 4096) -> torch.Tensor:
+    """Gaussian pages of a cache (flashmsa.testing.inputs.randn), `rows` pages at a time: the K/V
+    of a batch of 64 at 128K context are 17 GB in bf16, and a float32 temporary of the whole would
+    double that."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    for i in range(0, shape[0], rows):
+        n = min(rows, shape[0] - i)
+        out[i:i + n] = mi.randn((n, *shape[1:]), gen, device, dtype)
+    return out
+
+
+def distinct_selected_blocks(q2k: torch.Tensor, seqlen_q: int) -> int:
+    """Sum over (kv head, request) of the distinct block ids >= 0 that the request's `seqlen_q`
+    tokens select: the K/V blocks a decode step must read at least once. `q2k` is the decode's
+    (Hkv, B * seqlen_q, topk) selection, the rows of a request adjacent; a block selected by
+    several tokens of a request (MTP) counts once, -1 padding not at all."""
+    hkv, rows, topk = q2k.shape
+    if seqlen_q < 1 or rows % seqlen_q:
+        raise ValueError(f"{rows} rows are not requests of seqlen_q = {seqlen_q} tokens")
+    ids = q2k.reshape(hkv, rows // seqlen_q, seqlen_q * topk).to(torch.int64)
+    ids = ids.sort(dim=-1).values
+    first = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    first[..., 1:] = ids[..., 1:] != ids[..., :-1]
+    return int(((ids >= 0) & first).sum().item())
+
+
+def step_floor(q2k: torch.Tensor, seqlen_q: int, index_k_bytes: int, kv_elt: int,
+               kv_scale_bytes_per_block: int = 0) -> dict:
+    """The byte floor of a decode step (docs/benchmarks.md): the index-K history read once
+    (`index_k_bytes`) + K and V of every distinct selected block read once: per (request, kv head,
+    block) 128 tokens x 128 dims x `kv_elt` bytes, twice (K and V), plus `kv_scale_bytes_per_block`
+    of block scales for each of K and V (0 for bf16 and fp8 e4m3, which flashmsa reads without
+    per-block scales: an fp8 descale is a per-tensor float)."""
+    blocks = distinct_selected_blocks(q2k, seqlen_q)
+    kv_bytes = blocks * 2 * (mi.BLOCK * HEAD_DIM * kv_elt + kv_scale_bytes_per_block)
+    return dict(index_k_bytes=int(index_k_bytes), distinct_blocks=blocks, kv_bytes=kv_bytes,
+                bytes=int(index_k_bytes) + kv_bytes)
+
+
+class DecodeStep:
+    """One layer's M3 decode step as a serving engine runs it: proxy scores of the index queries
+    over the paged index-K history (max_seqlen_q and max_k_tiles given, output preallocated) ->
+    per-token top-k (per-token num_valid_pages, the local block forced) into a preallocated
+    selection -> its (Hkv, tokens, topk) copy -> sparse decode over the paged K/V with a
+    caller-owned workspace. Every buffer is static and no call reads a device value on the host,
+    so that the step can be captured in one CUDA graph. Per-head selection: index head h selects
+    for KV head h (M3: 4 and 4).
+
+    `batch` requests of `ctx` tokens (a multiple of 128), `seqlen_q` query tokens each (1, or more
+    for MTP) at positions ctx - seqlen_q .. ctx - 1. One shuffled page table serves the index-K
+    cache (pages, 1, 128, 128) and the K/V caches (pages, 4, 128, 128): a page id names the same
+    128 tokens in each. `num_valid_pages` (position // 128 + 1 per token) is step metadata an
+    engine prepares once for all layers, so it is an input here, not part of the step.
+    Works on CPU tensors too (the ops' reference), which the CPU tests use."""
+
+    def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
+                 device, geo=M3, topk: int = TOPK):
+        if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
+            raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
+                             f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
+        if geo["idx_hq"] != geo["hkv"]:
+            raise ValueError("per-head selection needs as many index heads as KV heads")
+        self.ops, self.geo, self.topk = ops, geo, topk
+        self.batch, self.ctx, self.seqlen_q = batch, ctx, seqlen_q
+        self.nb = nb = ctx // mi.BLOCK
+        rows, pages = batch * seqlen_q, batch * nb
+        i32 = dict(dtype=torch.int32, device=device)
+        self.page_table = torch.randperm(pages, generator=gen, device=device).view(batch, nb)
+        self.page_table = self.page_table.to(torch.int32).contiguous()
+        self.seqused = torch.full((batch,), ctx, **i32)
+        self.cu_q = torch.arange(0, rows + 1, seqlen_q, **i32)
+        self.positions = (ctx - seqlen_q + torch.arange(seqlen_q, device=device)).repeat(batch)
+        self.nvp = (self.positions // mi.BLOCK + 1).to(torch.int32)
+        self.index_q = mi.randn((rows, geo["idx_hq"], HEAD_DIM), gen, device)
+        self.index_k = randn_pages((pages, geo["idx_hk"], mi.BLOCK, HEAD_DIM), gen, device,
+                                   index_dtype)
+        self.q = mi.randn((rows, geo["hq"], HEAD_DIM), gen, device)
+        self.k = randn_pages((pages, geo["hkv"], mi.BLOCK, HEAD_DIM), gen, device, kv_dtype)
+        self.v = randn_pages((pages, geo["hkv"], mi.BLOCK, HEAD_DIM), gen, device, kv_dtype)
+        self.scores = torch.empty((geo["idx_hq"], nb, rows), dtype=torch.float32, device=device)
+        self.sel = torch.empty((rows, geo["idx_hq"], topk), **i32)
+        self.q2k = torch.empty((geo["hkv"], rows, topk), **i32)
+        self.workspace = ops.MSASparseAttentionWorkspace(device)
+
+    def __call__(self):
+        """The step: returns (attention output, top-k selection (tokens, heads, topk))."""
+        ops = self.ops
+        ops.msa_proxy_score(self.index_q, self.index_k, self.cu_q, None,
+                            page_table=self.page_table, seqused_k=self.seqused, causal=True,
+                            max_seqlen_q=self.seqlen_q, max_k_tiles=self.nb, output=self.scores)
+        ops.msa_topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
+                            force_end_blocks=1)
+        self.q2k.copy_(self.sel.transpose(0, 1))
+        out = ops.msa_sparse_decode_attention(self.q, self.k, self.v, self.q2k,
+                                              page_table=self.page_table, seqused_k=self.seqused,
+                                              seqlen_q=self.seqlen_q, causal=True,
+                                              workspace=self.workspace)
+        return out, self.sel
+
+    def index_k_bytes(self) -> int:
+        """Bytes of the index-K history: every request's seqused_k tokens (host read)."""
+        per_token = self.geo["idx_hk"] * HEAD_DIM * self.index_k.element_size()
+        return int(self.seqused.sum().item()) * per_token
+
+    def floor(self) -> dict:
+        """step_floor of the selection the last step wrote (host reads: never during capture)."""
+        return step_floor(self.q2k, self.seqlen_q, self.index_k_bytes(), self.k.element_size())
+
+    def flop(self) -> int:
+        """Useful FLOPs: the proxy's visible logits and the attention's visible selected keys."""
+        g = self.geo
+        proxy = 2 * HEAD_DIM * g["idx_hq"] * int((self.positions + 1).sum().item())
+        keys = mi.visible_keys(self.q2k, self.positions, self.ctx)
+        return proxy + 4 * HEAD_DIM * (g["hq"] // g["hkv"]) * keys
+
+
+def clone_outputs(outputs):
+    return tuple(t.clone() for t in outputs)
+
+
+def poison_outputs(outputs) -> None:
+    """NaN (floating point) or -7 (integers) into static outputs, so that a replay that does not
+    write them cannot pass the comparison by luck."""
+    for t in outputs:
+        t.fill_(float("nan") if t.is_floating_point() else -7)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.shape == b.shape and a.dtype == b.dtype
+            and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+
+def replay_mismatch(eager, first, second, names=("output", "selection")):
+    """None when two replays' outputs (`first`, `second`) and the eager step's (`eager`) are
+    bit-identical, else a sentence saying which output differs and how."""
+    for name, e, r1, r2 in zip(names, eager, first, second, strict=True):
+        for what, a, b in (("the second replay differs from the first", r2, r1),
+                           ("a replay differs from the eager step", r1, e)):
+            if not same_bits(a, b):
+                if a.shape != b.shape or a.dtype != b.dtype:
+                    return (f"{name}: {what} ({tuple(a.shape)} {a.dtype} vs "
+                            f"{tuple(b.shape)} {b.dtype})")
+                differ = int((a.contiguous().view(torch.uint8)
+                              != b.contiguous().view(torch.uint8)).sum().item())
+                return f"{name}: {what} in {differ} bytes"
+    return None
+
+
+class GraphedStep:
+    """graph.replay() as a call returning the static outputs. It holds the captured step alive:
+    the graph reads and writes the step's buffers by address, which must not return to the
+    allocator while the graph can replay."""
+
+    def __init__(self, graph, step, static):
+        self.graph, self.step, self.static = graph, step, static
+
+    def __call__(self):
+        self.graph.replay()
+        return self.static
+
+
+def capture_graph(fn):
+    """fn() run once on a side stream, then captured there into a torch.cuda.CUDAGraph: (graph,
+    fn's static result). A host synchronisation inside fn fails the capture."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        result = fn()
+    torch.cuda.synchronize()
+    return graph, result
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -199,6 +393,16 @@ class Bench:
             notes = list(info.get("notes", []))
             if row["host_sync"]:
                 notes.append("op synchronizes with the host")
+            eager = info.get("eager")  # the timing of the same work run eagerly (stage step)
+            if eager:
+                row.update(eager_us=eager["median_us"], eager_host_us=eager["host_us"],
+                           eager_over_graph=eager["median_us"] / row["median_us"])
+                host = f", host {eager['host_us']:.0f} us" if eager["host_us"] else ""
+                notes.append(f"eager {eager['median_us']:.1f} us = "
+                             f"{row['eager_over_graph']:.2f}x the graph{host}")
+                if eager["host_sync"]:
+                    notes.append("the eager step synchronizes with the host")
+            row.update(info.get("fields", {}))
             row["notes"] = "; ".join(notes)
         except NotImplementedError as e:
             row.update(status="skip", notes=f"NotImplementedError: {e}")
@@ -638,6 +842,51 @@ class Bench:
         flop = 2 * 128 * geo["idx_hq"] * s * (s + 1) // 2 + 4 * 128 * (hq // hkv) * keys
         union = mi.mean_union_per_tile(q2k)
         return fn, dict(flop=flop, notes=[f"union/8 tokens {union:.1f} blocks"])
+
+    def stage_step(self):
+        for b, ctx, sq, idx, kv in self.cfg["step"]:
+            ref = REF_STEP if (b, ctx, sq, idx, kv) == (64, 32 * K, 1, "bf16", "bf16") else None
+            self.run_case("step", step_case_name(b, ctx, sq, idx, kv),
+                          lambda b=b, c=ctx, q=sq, i=idx, v=kv: self.build_step(b, c, q, i, v),
+                          "memory", ref,
+                          extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
+                                     kv_dtype=kv))
+
+    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16"):
+        """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
+        graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
+        replays checked bit-identical with each other and with the eager step (else an error
+        row), the selection checked, and the byte floor taken from it."""
+        step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
+                          self.device)
+        step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
+        torch.cuda.synchronize()
+        eager_timing = self.timer.time(step)
+        eager = clone_outputs(step())
+        graph, static = capture_graph(step)
+        graph.replay()
+        first = clone_outputs(static)
+        poison_outputs(static)
+        graph.replay()
+        torch.cuda.synchronize()
+        bad = replay_mismatch(eager, first, static)
+        if bad:
+            raise RuntimeError(f"CUDA graph replay not bit-identical: {bad}")
+        try:
+            mi.check_selection(step.q2k, step.positions, step.topk)
+        except AssertionError as e:
+            raise RuntimeError(f"the step's selection violates its contract: {e}") from e
+        floor = step.floor()
+        fields = dict(floor, bit_identical=True)
+        notes = [f"index-K {floor['index_k_bytes'] / 1e6:.0f} MB + K/V "
+                 f"{floor['kv_bytes'] / 1e6:.0f} MB ({floor['distinct_blocks']} distinct blocks)"]
+        if self.ceil.get("copy_gbs"):
+            fields["floor_us"] = floor["bytes"] / (self.ceil["copy_gbs"] * 1e9) * 1e6
+            notes[0] = f"floor {fields['floor_us']:.1f} us: " + notes[0]
+        notes.append("2 replays = eager, bit for bit")
+        info = dict(flop=step.flop(), bytes=floor["bytes"], eager=eager_timing, fields=fields,
+                    notes=notes)
+        return GraphedStep(graph, step, static), info
 
     # -- output --
     def finish_pipeline_speedups(self):

@@ -60,6 +60,11 @@ def cases(bench: bm.Bench) -> dict:
         "decode_b64_sq4_union": lambda: bench.build_decode(64, 32 * K, 4, "bf16", dict(mtp="union")),
         "decode_b64_sq4_fp8_union": lambda: bench.build_decode(64, 32 * K, 4, "fp8",
                                                                dict(mtp="union")),
+        # The decode step captured in one CUDA graph (bench_msa stage step): one replay, every
+        # kernel node of the graph profiled.
+        "step_b64": lambda: bench.build_step(64, 32 * K, 1),
+        "step_b64_fp8": lambda: bench.build_step(64, 32 * K, 1, "fp8", "fp8"),
+        "step_b1_128k": lambda: bench.build_step(1, 128 * K, 1),
     }
 
 

@@ -1,6 +1,8 @@
 """CPU checks of the benchmark tooling: profile_msa's cases build through bench_msa's builders
 with the arguments those builders take (a renamed builder or a changed signature fails here, not
-on the GPU machine)."""
+on the GPU machine); bench_msa's command line and configurations; the decode-step stage (step) run
+on the CPU reference with a stand-in for the CUDA graph, its byte floor and its replay check."""
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -10,6 +12,8 @@ import pytest
 import torch
 
 from flashmsa import msa_ops
+from flashmsa.testing import inputs as mi
+from flashmsa.testing.timing import Timer
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -36,7 +40,7 @@ def test_profile_cases_call_existing_builders():
         build()  # autospec: an unknown method or a wrong argument list raises here
     called = {c[0] for c in bench.method_calls}
     assert {"build_proxy_prefill", "build_proxy_decode", "build_topk", "build_topk_decode",
-            "build_sparse", "build_decode"} <= called
+            "build_sparse", "build_decode", "build_step"} <= called
 
 
 def test_profile_list_needs_no_device(capsys):
@@ -63,3 +67,214 @@ def test_bench_schedule_labels_become_plan_options(label, options):
     q2k = torch.zeros(1, 1, 1, dtype=torch.int32)
     cu_q, cu_k = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 128], dtype=torch.int32)
     msa_ops._sparse_attention_planned(q, kv, kv, q2k, cu_q, cu_k, options=options)
+
+
+# ---- the command line and the configurations ---------------------------------------------------
+
+def test_help_lists_the_stages(capsys):
+    with pytest.raises(SystemExit) as e:
+        bm.main(["--help"])
+    assert e.value.code == 0
+    assert ",".join(bm.STAGES) in capsys.readouterr().out.replace("\n", "").replace(" ", "")
+    assert "step" in bm.STAGES
+
+
+def test_unknown_stage_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        bm.main(["--stages", "step,nope"])
+    assert e.value.code == 2
+    assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="would run the benchmark")
+def test_step_stage_parses_without_a_device(capsys):
+    assert bm.main(["--quick", "--stages", "step"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_step_configs():
+    K = bm.K
+    for cfg in (bm.QUICK, bm.FULL):
+        for b, ctx, sq, idx, kv in cfg["step"]:
+            assert idx in bm.STEP_DTYPES and kv in bm.STEP_DTYPES
+            assert ctx % mi.BLOCK == 0 and b >= 1 and 1 <= sq <= 4
+        names = [bm.step_case_name(*c) for c in cfg["step"]]
+        assert len(set(names)) == len(names)
+    assert bm.QUICK["step"] == [(1, 32 * K, 1, "bf16", "bf16"), (64, 32 * K, 1, "bf16", "bf16"),
+                                (1, 32 * K, 1, "fp8", "fp8"), (64, 32 * K, 1, "fp8", "fp8")]
+    full = set(bm.FULL["step"])
+    for d in ("bf16", "fp8"):  # batch 1, 8, 64 x 32K, 128K, one token, both dtypes
+        assert {(b, c, 1, d, d) for b in (1, 8, 64) for c in (32 * K, 128 * K)} <= full
+        assert (64, 32 * K, 4, d, d) in full  # MTP
+    assert (64, 32 * K, 1, "bf16", "fp8") in full
+
+
+def test_stage_step_runs_each_config_case():
+    bench = mock.create_autospec(bm.Bench, instance=True)
+    bench.cfg = bm.QUICK
+    bm.Bench.stage_step(bench)
+    calls = bench.run_case.call_args_list
+    assert len(calls) == len(bm.QUICK["step"])
+    for call, case in zip(calls, bm.QUICK["step"]):
+        stage, name, build, bound, ref = call.args
+        assert (stage, name, bound) == ("step", bm.step_case_name(*case), "memory")
+        assert (ref is bm.REF_STEP) == (case == (64, 32 * bm.K, 1, "bf16", "bf16"))
+        build()  # autospec: build_step's argument list
+    assert [c.args for c in bench.build_step.call_args_list] == bm.QUICK["step"]
+
+
+# ---- the decode step's byte floor and replay check ---------------------------------------------
+
+def test_distinct_selected_blocks():
+    # 2 kv heads, 2 requests of 2 tokens, topk 3
+    q2k = torch.tensor([[[0, 1, -1], [1, 2, -1],      # request 0: {0, 1, 2}
+                         [5, -1, -1], [5, -1, -1]],   # request 1: {5}
+                        [[0, 3, 4], [0, 3, 4],        # {0, 3, 4}
+                         [-1, -1, -1], [2, -1, -1]]], dtype=torch.int32)  # {2}
+    assert bm.distinct_selected_blocks(q2k, 2) == 3 + 1 + 3 + 1
+    assert bm.distinct_selected_blocks(q2k, 1) == 2 + 2 + 1 + 1 + 3 + 3 + 0 + 1
+    assert bm.distinct_selected_blocks(q2k, 4) == 4 + 4  # one request per head
+    with pytest.raises(ValueError):
+        bm.distinct_selected_blocks(q2k, 3)
+
+
+@pytest.mark.parametrize("kv_elt,scale", [(2, 0), (1, 0), (1, 64)])
+def test_step_floor_m3_batch64(kv_elt, scale):
+    # B64 at 32K, one token, 16 distinct blocks per (request, kv head): 4096 blocks of K and V
+    b, ctx, hkv = 64, 32 * 1024, 4
+    q2k = torch.arange(16, dtype=torch.int32).repeat(hkv, b, 1).contiguous()
+    index_k = b * ctx * 128 * 2  # bf16 index-K: 537 MB
+    floor = bm.step_floor(q2k, 1, index_k, kv_elt, scale)
+    assert floor["distinct_blocks"] == b * hkv * 16
+    assert floor["kv_bytes"] == 4096 * 2 * (128 * 128 * kv_elt + scale)
+    assert floor["bytes"] == index_k + floor["kv_bytes"]
+    if (kv_elt, scale) == (2, 0):
+        assert floor["kv_bytes"] == 268_435_456  # docs/design/sparse_attention.md: 268 MB
+
+
+def test_replay_mismatch():
+    out = torch.randn(3, 4).to(torch.bfloat16)
+    sel = torch.arange(6, dtype=torch.int32).view(3, 2)
+    same = (out.clone(), sel.clone())
+    assert bm.replay_mismatch(same, (out.clone(), sel.clone()), (out, sel)) is None
+    zero = torch.zeros(2, dtype=torch.bfloat16)
+    assert bm.replay_mismatch((zero,), (zero,), (-zero,), names=("z",)) == \
+        "z: the second replay differs from the first in 2 bytes"  # -0 == 0, not the same bits
+    other = sel.clone()
+    other[1, 1] += 1
+    assert "selection: a replay differs from the eager step" in bm.replay_mismatch(
+        (out, other), (out, sel), (out.clone(), sel.clone()))
+    poisoned = (out.clone(), sel.clone())
+    bm.poison_outputs(poisoned)
+    assert torch.isnan(poisoned[0].float()).all() and (poisoned[1] == -7).all()
+    assert "output: the second replay" in bm.replay_mismatch(same, same, poisoned)
+
+
+# ---- the decode step on the CPU reference ------------------------------------------------------
+
+def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3):
+    return bm.DecodeStep(msa_ops, b, ctx, sq, bm.STEP_DTYPES[idx], bm.STEP_DTYPES[kv],
+                         torch.Generator().manual_seed(seed), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("sq,idx,kv", [(1, "bf16", "bf16"), (1, "fp8", "fp8"),
+                                       (4, "bf16", "fp8"), (4, "fp8", "fp8")])
+def test_decode_step_on_cpu(sq, idx, kv):
+    b, ctx = 2, 4096
+    step = make_step(sq, idx, kv, b, ctx)
+    assert step.index_k.dtype == bm.STEP_DTYPES[idx] and step.k.dtype == bm.STEP_DTYPES[kv]
+    assert step.index_k.shape == (b * ctx // 128, 1, 128, 128)
+    assert step.k.shape == step.v.shape == (b * ctx // 128, 4, 128, 128)
+    assert sorted(step.page_table.view(-1).tolist()) == list(range(b * ctx // 128))
+    out, sel = step()
+    assert out.shape == (b * sq, 64, 128) and out.dtype == torch.bfloat16
+    assert sel is step.sel and sel.shape == (b * sq, 4, bm.TOPK)
+    assert torch.equal(step.q2k, sel.transpose(0, 1))
+    mi.check_selection(step.q2k, step.positions, bm.TOPK)
+    # The same calls the step makes, without its static buffers.
+    scores = msa_ops.msa_proxy_score(step.index_q, step.index_k, step.cu_q, None,
+                                     page_table=step.page_table, seqused_k=step.seqused)
+    expect_sel = msa_ops.msa_topk_select(scores, bm.TOPK, step.nvp, force_end_blocks=1)
+    assert torch.equal(sel, expect_sel)
+    expect = msa_ops.msa_sparse_decode_attention(
+        step.q, step.k, step.v, expect_sel.transpose(0, 1).contiguous(),
+        page_table=step.page_table, seqused_k=step.seqused, seqlen_q=sq)
+    assert torch.equal(out, expect)
+    again = bm.clone_outputs(step())
+    assert bm.replay_mismatch(again, again, (out, sel)) is None
+    # The floor from the selection: brute-force count of distinct blocks per (request, kv head).
+    distinct = sum(len({x for x in step.q2k[h, r * sq:(r + 1) * sq].view(-1).tolist() if x >= 0})
+                   for h in range(4) for r in range(b))
+    floor = step.floor()
+    elt = step.k.element_size()
+    assert floor["distinct_blocks"] == distinct
+    assert floor["index_k_bytes"] == b * ctx * 128 * step.index_k.element_size()
+    assert floor["bytes"] == floor["index_k_bytes"] + distinct * 2 * 128 * 128 * elt
+    assert (distinct == b * 4 * 16) if sq == 1 else (b * 4 * 16 <= distinct <= b * 4 * 16 * sq)
+    assert step.flop() > 0
+
+
+class HostGraph:
+    """Stands in for a captured CUDA graph on the CPU: replay() runs the step again and copies
+    its results into the outputs the capture returned (as a replay writes its static outputs)."""
+
+    def __init__(self, fn, corrupt_replay=None):
+        self.fn, self.replays, self.corrupt_replay = fn, 0, corrupt_replay
+        self.static = fn()
+
+    def replay(self):
+        self.replays += 1
+        for s, r in zip(self.static, self.fn()):
+            if s is not r:
+                s.copy_(r)
+        if self.replays == self.corrupt_replay:
+            self.static[0].view(-1)[0] += 1
+
+
+@pytest.fixture
+def cpu_bench(monkeypatch):
+    """A Bench on the CPU: the ops' reference, the host timer, no-op device synchronisation."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    bench = bm.Bench(argparse.Namespace(quick=True, tile_waste=[]), msa_ops, torch.device("cpu"))
+    bench.timer = Timer("cpu", budget_s=0.0, max_reps=2, min_reps=2)
+    bench.ceil["copy_gbs"] = 1000.0
+    return bench
+
+
+def test_stage_step_on_cpu(cpu_bench, monkeypatch):
+    graphs = []
+
+    def capture(fn):
+        fn()
+        graphs.append(HostGraph(fn))
+        return graphs[-1], graphs[-1].static
+    monkeypatch.setattr(bm, "capture_graph", capture)
+    cpu_bench.cfg = dict(cpu_bench.cfg,
+                         step=[(2, 1024, 1, "bf16", "bf16"), (2, 1024, 4, "fp8", "fp8")])
+    cpu_bench.stage_step()
+    assert [r["status"] for r in cpu_bench.rows] == ["ok", "ok"], cpu_bench.rows
+    for row, g in zip(cpu_bench.rows, graphs):
+        assert row["stage"] == "step" and row["bound"] == "memory"
+        assert row["bit_identical"] and g.replays >= 2 + row["reps"]
+        assert row["bytes"] == row["index_k_bytes"] + row["kv_bytes"]
+        assert row["floor_us"] == pytest.approx(row["bytes"] / 1e12 * 1e6)
+        assert row["pct_ceiling"] == pytest.approx(100 * row["floor_us"] / row["median_us"])
+        assert row["eager_over_graph"] == pytest.approx(row["eager_us"] / row["median_us"])
+        assert "eager" in row["notes"] and "bit for bit" in row["notes"]
+    assert cpu_bench.rows[0]["distinct_blocks"] == 2 * 4 * 8  # ctx 1024: all 8 blocks
+    assert cpu_bench.rows[1]["kv_dtype"] == "fp8" and cpu_bench.rows[1]["seqlen_q"] == 4
+    assert "| step | B2 ctx=1K sq4 idx-K fp8 K/V fp8 graph |" in cpu_bench.table()
+
+
+def test_stage_step_replay_mismatch_is_an_error_row(cpu_bench, monkeypatch):
+    def capture(fn):
+        fn()
+        g = HostGraph(fn, corrupt_replay=2)
+        return g, g.static
+    monkeypatch.setattr(bm, "capture_graph", capture)
+    cpu_bench.cfg = dict(cpu_bench.cfg, step=[(1, 512, 1, "bf16", "bf16")])
+    cpu_bench.stage_step()
+    (row,) = cpu_bench.rows
+    assert row["status"] == "error"
+    assert "not bit-identical: output: the second replay differs" in row["notes"]
