@@ -5,6 +5,8 @@
         python3 benchmarks/sanitize_smoke.py
     compute-sanitizer --tool racecheck --error-exitcode 97 python3 benchmarks/sanitize_smoke.py
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize_smoke.py --only "[kv_major] flat bf16"
+    compute-sanitizer --tool initcheck python3 benchmarks/sanitize_smoke.py --shard 3/8
+    python3 benchmarks/sanitize_smoke.py --list [--only ...] [--shard I/N]   # names; no GPU needed
 
 Shapes are small (the sanitizers slow kernels down by orders of magnitude) but irregular: ragged
 sequences, partial last pages, permuted pages, empty sequences, rows with no selected block, ids
@@ -14,9 +16,15 @@ zero-length key and query sequences, no query rows at all, an empty page table a
 the page table, for every op. Each call is synchronized on its own so that a
 report points at one case. A NotImplementedError (or an op missing from flashmsa.msa_ops) is
 printed as SKIP; any other exception fails the script (exit 1) after the remaining cases ran.
-Results are checked only for NaN: correctness is the test suites' job. --only SUBSTRING runs just
-the cases whose name (as printed) contains SUBSTRING (or one of "A|B|..."); the inputs of the others are still built,
-but no flashmsa op is called for them.
+Results are checked only for NaN: correctness is the test suites' job.
+
+Selecting cases: --only SUBSTRING runs just the cases whose name (as printed) contains SUBSTRING
+(or one of "A|B|..."); --shard I/N runs every N-th of those from the I-th (1-based, in case order),
+so that N sanitizer processes share the work (scripts/gpu_check.sh, SANITIZER_JOBS); --list prints
+the selected names and calls no op. Nothing is built for the other cases, and a case's data do not
+depend on which other cases run (see Smoke): a shard or an --only run reproduces exactly what the
+full run does for its cases. The summary line names the shard and how many of the selected calls
+it ran.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ import functools
 import math
 import os
 import sys
+import time
 import traceback
+import zlib
 
 import torch
 from flashmsa import testing as ft
@@ -35,19 +45,72 @@ from flashmsa.testing import inputs as mi
 BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 
 
+PARTS = ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_attention", "decode",
+         "pipeline", "hostile")
+
+
+def seed_of(name: str) -> int:
+    """A seed that follows from a name alone (crc32: stable across processes and Python versions,
+    unlike hash())."""
+    return zlib.crc32(name.encode())
+
+
 class Smoke:
-    def __init__(self, ops, device, only=None):
+    """Runs the cases in a fixed order. `only`: name substrings ("A|B"), `shard`: (i, n), 1-based:
+    of the cases `only` selects (all by default), the i-th, (i+n)-th, ... in that order.
+    `listing`: the selected cases' names are collected (and printed), no op is called.
+
+    Data: nothing is built for a case that is not selected. A case's function builds its own
+    inputs, drawing from a generator seeded by the case's name; an input that several cases share
+    is a Lazy, built on its first use from a generator seeded by the part's name and the Lazy's
+    place in the part (both independent of which cases run). So a case sees the same data in a
+    full run, a shard or an --only run."""
+
+    def __init__(self, ops, device, only=None, shard=None, listing=False):
         self.ops = ops
         self.dev = device
         self.only = only
-        self.gen = mi.cuda_generator(7, device)
-        self.passed, self.skipped, self.failed = [], [], []
-        self.filtered = 0
+        self.shard = shard
+        self.listing = listing
+        self.gen = mi.cuda_generator(7, device)  # builders draw from it: a case's or a Lazy's own
+        self.passed, self.skipped, self.failed, self.listed = [], [], [], []
+        self.filtered = 0   # cases not matching `only`
+        self.matched = 0    # cases matching `only`: the shard takes every n-th of them
+        self.part, self.inputs = "", 0
 
-    def run(self, name, fn):
+    def run_parts(self, parts=PARTS):
+        for part in parts:
+            self.part, self.inputs = part, 0
+            getattr(self, part)()
+
+    def lazy(self, build):
+        """An input shared by several cases: build() runs on the first call (by a selected case),
+        its draws from a generator seeded by (part, n) where this is the part's n-th lazy input."""
+        self.inputs += 1
+        return Lazy(self, seed_of(f"{self.part}/{self.inputs}"), build)
+
+    def selected(self, name) -> bool:
         if self.only is not None and not any(part in name for part in self.only.split("|")):
             self.filtered += 1
+            return False
+        index = self.matched
+        self.matched += 1
+        return self.shard is None or index % self.shard[1] == self.shard[0] - 1
+
+    def run(self, name, fn):
+        if not self.selected(name):
             return
+        if self.listing:
+            self.listed.append(name)
+            print(name, flush=True)
+            return
+        build_gen, self.gen = self.gen, mi.cuda_generator(seed_of(name), self.dev)
+        try:
+            self._call(name, fn)
+        finally:
+            self.gen = build_gen
+
+    def _call(self, name, fn):
         try:
             out = fn()
             self.sync()
@@ -99,6 +162,16 @@ class Smoke:
         cache = self.rnd((total, heads, mi.BLOCK, mi.HEAD_DIM), dtype)
         return cache, table, self.i32(lengths)
 
+    def paged_kv(self, lengths, heads, dtype=BF16):
+        """self.paged's K cache with a V cache of the same shape: (k, v, page_table, seqused_k)."""
+        kc, table, used = self.paged(lengths, heads, dtype)
+        return kc, self.rnd(kc.shape).to(dtype), table, used
+
+    def decode_selection(self, lens, seqlen_q, hkv, topk=16):
+        """Random causal selections of the last seqlen_q tokens of each sequence (batch-major)."""
+        pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
+        return mi.random_selection(pos.clamp(min=0), hkv, topk, self.gen)
+
     def selection(self, seqs_q, seqs_k, hkv, topk, pattern="random"):
         """Per-sequence causal (right-aligned) selections stacked over the varlen rows."""
         parts = []
@@ -112,21 +185,23 @@ class Smoke:
         return torch.cat(parts, dim=1).contiguous()
 
     # ---- ops ----
+    # Inputs that several cases share are self.lazy(build) (built by the first selected case that
+    # calls them); an input of one case is built inside that case's function.
     def proxy(self):
         ops = self.ops
         sq, sk = [100, 37, 0], [700, 300, 256]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
-        q4, k1 = self.rnd((sum(sq), 4, 128)), self.rnd((sum(sk), 1, 128))
+        qk = self.lazy(lambda: (self.rnd((sum(sq), 4, 128)), self.rnd((sum(sk), 1, 128))))
         p = math.ceil(max(sk) / 128)
         self.run("proxy flat bf16 causal G4 ragged+empty", lambda: ops.msa_proxy_score(
-            q4, k1, cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p))
+            *qk(), cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p))
         self.run("proxy flat bf16 reduce_heads", lambda: ops.msa_proxy_score(
-            q4, k1, cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p, reduce_heads=True))
+            *qk(), cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p, reduce_heads=True))
         self.run("proxy flat fp16 non-causal G2 derived dims", lambda: ops.msa_proxy_score(
             self.rnd((sum(sq), 4, 128), FP16), self.rnd((sum(sk), 2, 128), FP16), cu_q, cu_k,
             causal=False))
         self.run("proxy flat bf16 q_offset tensor (negative too)", lambda: ops.msa_proxy_score(
-            q4, k1, cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p,
+            *qk(), cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p,
             q_offset=self.i32([-5, 100, 0])))
         s = 1024
         cu = ft.cu_seqlens([s], self.dev)
@@ -135,24 +210,28 @@ class Smoke:
             max_k_tiles=s // 128))
         # Paged decode-like shapes: stream (sq 1) and packed (sq 4) schedules, ragged lengths.
         lens = [700, 2048, 129, 0, 1000]
+        b = len(lens)
         for hkv, dtype in ((1, BF16), (2, BF16), (1, FP8)):
-            cache, table, used = self.paged(lens, hkv, dtype)
+            paged = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged(lens, hkv, dtype))
             for seqlen_q in (1, 4):
-                b = len(lens)
-                q = self.rnd((b * seqlen_q, 4, 128))
                 cu_qd = torch.arange(0, b * seqlen_q + 1, seqlen_q, dtype=torch.int32,
                                      device=self.dev)
-                name = f"proxy paged {str(dtype)[6:]} k, G{4 // hkv}, sq{seqlen_q}"
-                self.run(name, lambda q=q, cu_qd=cu_qd, cache=cache, table=table, used=used,
-                         sqd=seqlen_q: ops.msa_proxy_score(
-                             q, cache, cu_qd, None, page_table=table, seqused_k=used,
-                             max_seqlen_q=sqd, max_k_tiles=table.shape[1]))
-        cache, table, used = self.paged(lens, 1, FP8)
-        b = len(lens)
+
+                def call(paged=paged, cu_qd=cu_qd, sqd=seqlen_q):
+                    cache, table, used = paged()
+                    return ops.msa_proxy_score(
+                        self.rnd((b * sqd, 4, 128)), cache, cu_qd, None, page_table=table,
+                        seqused_k=used, max_seqlen_q=sqd, max_k_tiles=table.shape[1])
+                self.run(f"proxy paged {str(dtype)[6:]} k, G{4 // hkv}, sq{seqlen_q}", call)
         cu_qd = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
-        self.run("proxy paged fp8 q + fp8 k", lambda: ops.msa_proxy_score(
-            self.rnd((b, 4, 128)).to(FP8), cache, cu_qd, None, page_table=table, seqused_k=used,
-            max_seqlen_q=1, max_k_tiles=table.shape[1], q_offset=self.i32([350, 1024, 64, 0, 0])))
+
+        def fp8_q():
+            cache, table, used = self.paged(lens, 1, FP8)
+            return ops.msa_proxy_score(
+                self.rnd((b, 4, 128)).to(FP8), cache, cu_qd, None, page_table=table,
+                seqused_k=used, max_seqlen_q=1, max_k_tiles=table.shape[1],
+                q_offset=self.i32([350, 1024, 64, 0, 0]))
+        self.run("proxy paged fp8 q + fp8 k", fp8_q)
 
     def proxy_sm90(self):
         """The sm_90a TMA + wgmma prefill kernel, forced, in both variants (plan option kernel=
@@ -167,12 +246,13 @@ class Smoke:
     def _proxy_sm90_cases(self, tag, ops):
         sq, sk = [1000, 37, 0, 129], [1000, 300, 256, 2000]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
-        q4, k1 = self.rnd((sum(sq) + 5, 4, 128)), self.rnd((sum(sk), 1, 128))
+        qk = self.lazy(lambda: (self.rnd((sum(sq) + 5, 4, 128)), self.rnd((sum(sk), 1, 128))))
         p = math.ceil(max(sk) / 128)
         self.run(f"proxy {tag} flat bf16 causal G4 ragged+empty+uncovered",
-                 lambda: ops.msa_proxy_score(q4, k1, cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p))
+                 lambda: ops.msa_proxy_score(*qk(), cu_q, cu_k, max_seqlen_q=max(sq),
+                                             max_k_tiles=p))
         self.run(f"proxy {tag} flat bf16 q_offset tensor, padding columns",
-                 lambda: ops.msa_proxy_score(q4, k1, cu_q, cu_k, max_seqlen_q=max(sq),
+                 lambda: ops.msa_proxy_score(*qk(), cu_q, cu_k, max_seqlen_q=max(sq),
                                              max_k_tiles=p + 3, q_offset=self.i32([-5, 100, 0, 1500])))
         self.run(f"proxy {tag} flat fp16 non-causal G2", lambda: ops.msa_proxy_score(
             self.rnd((sum(sq) + 5, 4, 128), FP16), self.rnd((sum(sk), 2, 128), FP16), cu_q, cu_k,
@@ -180,13 +260,15 @@ class Smoke:
         self.run(f"proxy {tag} flat bf16 G1 / G8 heads", lambda: (
             ops.msa_proxy_score(self.rnd((sum(sq) + 5, 2, 128)), self.rnd((sum(sk), 2, 128)),
                                 cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p),
-            ops.msa_proxy_score(self.rnd((sum(sq) + 5, 8, 128)), k1, cu_q, cu_k,
+            ops.msa_proxy_score(self.rnd((sum(sq) + 5, 8, 128)), qk()[1], cu_q, cu_k,
                                 max_seqlen_q=max(sq), max_k_tiles=p)))
-        cache, table, used = self.paged(sk, 1)
-        table[0, 2] = -1  # an invalid page id: that block is -inf, nothing is loaded
-        self.run(f"proxy {tag} paged bf16 causal G4 (invalid page)", lambda: ops.msa_proxy_score(
-            q4, cache, cu_q, None, page_table=table, seqused_k=used, max_seqlen_q=max(sq),
-            max_k_tiles=table.shape[1]))
+
+        def invalid_page():
+            cache, table, used = self.paged(sk, 1)
+            table[0, 2] = -1  # an invalid page id: that block is -inf, nothing is loaded
+            return ops.msa_proxy_score(qk()[0], cache, cu_q, None, page_table=table, seqused_k=used,
+                                       max_seqlen_q=max(sq), max_k_tiles=table.shape[1])
+        self.run(f"proxy {tag} paged bf16 causal G4 (invalid page)", invalid_page)
         s = 4096  # 64 q-tiles per head group: several tiles per CTA, Q slots and K stages wrap
         cu = ft.cu_seqlens([s, s], self.dev)
         self.run(f"proxy {tag} flat bf16 prefill 2 x 4096", lambda: ops.msa_proxy_score(
@@ -205,42 +287,52 @@ class Smoke:
         lens = [700, 2048, 129, 0, 1000, 1]
         b = len(lens)
         for hkv, dtype in ((1, BF16), (2, BF16), (1, FP8)):
-            cache, table, used = self.paged(lens, hkv, dtype)
-            table[0, 2] = -1  # an invalid page: its column is -inf, nothing read
+            def build(hkv=hkv, dtype=dtype):
+                cache, table, used = self.paged(lens, hkv, dtype)
+                table[0, 2] = -1  # an invalid page: its column is -inf, nothing read
+                return cache, table, used
+            paged = self.lazy(build)
             for seqlen_q in (1, 3, 4):
-                q = self.rnd((b * seqlen_q, 4, 128))
                 cu_qd = torch.arange(0, b * seqlen_q + 1, seqlen_q, dtype=torch.int32,
                                      device=self.dev)
-                name = f"proxy decode paged {str(dtype)[6:]} k, G{4 // hkv}, sq{seqlen_q}"
-                self.run(name, lambda q=q, cu_qd=cu_qd, cache=cache, table=table, used=used,
-                         sqd=seqlen_q, red=hkv == 1 and seqlen_q == 3: ops.msa_proxy_score(
-                             q, cache, cu_qd, None, page_table=table, seqused_k=used,
-                             max_seqlen_q=sqd, max_k_tiles=table.shape[1] + 2, reduce_heads=red,
-                             q_offset=self.i32([350, 1024, 64, 0, 999, 0])))
+
+                def call(paged=paged, cu_qd=cu_qd, sqd=seqlen_q, red=hkv == 1 and seqlen_q == 3):
+                    cache, table, used = paged()
+                    return ops.msa_proxy_score(
+                        self.rnd((b * sqd, 4, 128)), cache, cu_qd, None, page_table=table,
+                        seqused_k=used, max_seqlen_q=sqd, max_k_tiles=table.shape[1] + 2,
+                        reduce_heads=red, q_offset=self.i32([350, 1024, 64, 0, 999, 0]))
+                self.run(f"proxy decode paged {str(dtype)[6:]} k, G{4 // hkv}, sq{seqlen_q}", call)
         sq, sk = [1, 4, 0, 2], [300, 1000, 256, 129]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
         self.run("proxy decode flat bf16, rows of no sequence", lambda: ops.msa_proxy_score(
             self.rnd((sum(sq) + 3, 4, 128)), self.rnd((sum(sk), 1, 128)), cu_q, cu_k,
             max_seqlen_q=4, max_k_tiles=8))
-        cache, table, used = self.paged(lens, 1)
-        k_fp4, k_sc, k_gs = ft.quantize_nvfp4(cache)
-        q_fp4, q_sc, q_gs = ft.quantize_nvfp4(self.rnd((b * 2, 4, 128)))
         cu_q2 = torch.arange(0, 2 * b + 1, 2, dtype=torch.int32, device=self.dev)
-        self.run("proxy decode paged nvfp4 sq2", lambda: ops.msa_proxy_score_fp4(
-            q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q2, None, page_table=table, seqused_k=used,
-            max_seqlen_q=2, max_k_tiles=table.shape[1]))
+
+        def nvfp4():
+            cache, table, used = self.paged(lens, 1)
+            k_fp4, k_sc, k_gs = ft.quantize_nvfp4(cache)
+            q_fp4, q_sc, q_gs = ft.quantize_nvfp4(self.rnd((b * 2, 4, 128)))
+            return ops.msa_proxy_score_fp4(
+                q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q2, None, page_table=table,
+                seqused_k=used, max_seqlen_q=2, max_k_tiles=table.shape[1])
+        self.run("proxy decode paged nvfp4 sq2", nvfp4)
 
     def proxy_fp4(self):
         ops = self.ops
         lens = [700, 300]
         b, hq, hkv = len(lens), 4, 1
-        cache, table, used = self.paged(lens, hkv)
-        k_fp4, k_sc, k_gs = ft.quantize_nvfp4(cache)
-        q_fp4, q_sc, q_gs = ft.quantize_nvfp4(self.rnd((b, hq, 128)))
         cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
-        self.run("proxy_fp4 paged decode", lambda: ops.msa_proxy_score_fp4(
-            q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q, None, page_table=table, seqused_k=used,
-            max_seqlen_q=1, max_k_tiles=table.shape[1]))
+
+        def call():
+            cache, table, used = self.paged(lens, hkv)
+            k_fp4, k_sc, k_gs = ft.quantize_nvfp4(cache)
+            q_fp4, q_sc, q_gs = ft.quantize_nvfp4(self.rnd((b, hq, 128)))
+            return ops.msa_proxy_score_fp4(
+                q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q, None, page_table=table,
+                seqused_k=used, max_seqlen_q=1, max_k_tiles=table.shape[1])
+        self.run("proxy_fp4 paged decode", call)
 
     def topk(self):
         """Every case under each top-k kernel (plan option kernel): warp-per-row at 32 and at 8
@@ -251,28 +343,34 @@ class Smoke:
 
     def _topk_cases(self, kernel, ops):
         for h, p, s in ((2, 24, 12), (4, 128, 64), (2, 300, 40), (1, 2048, 8), (3, 200, 77)):
-            score = torch.randn((h, p, s), generator=self.gen, device=self.dev)
-            score[:, ::7, ::3] = float("-inf")
-            score[0, 1, 0] = float("nan")
-            nvp = torch.randint(1, p + 1, (s,), generator=self.gen, device=self.dev)
-            nvp = nvp.to(torch.int32)
-            nvp[:6] = self.i32([p + 1, 2 * p, 2**31 - 1, 0, -5, p])[: min(6, s)]
+            def build(h=h, p=p, s=s):
+                score = torch.randn((h, p, s), generator=self.gen, device=self.dev)
+                score[:, ::7, ::3] = float("-inf")
+                score[0, 1, 0] = float("nan")
+                nvp = torch.randint(1, p + 1, (s,), generator=self.gen, device=self.dev)
+                nvp = nvp.to(torch.int32)
+                nvp[:6] = self.i32([p + 1, 2 * p, 2**31 - 1, 0, -5, p])[: min(6, s)]
+                return score, nvp
+            data = self.lazy(build)
             for topk in (16, 8, 64):
                 fb, fe = (2, 1) if topk >= 3 else (0, 0)
                 self.run(f"topk [{kernel}] H{h} P{p} S{s} k{topk} per-token nvp fb{fb} fe{fe}",
-                         lambda score=score, nvp=nvp, topk=topk, fb=fb, fe=fe: ops.msa_topk_select(
-                             score, topk, num_valid_pages=nvp, force_begin_blocks=fb,
+                         lambda data=data, topk=topk, fb=fb, fe=fe: ops.msa_topk_select(
+                             data()[0], topk, num_valid_pages=data()[1], force_begin_blocks=fb,
                              force_end_blocks=fe))
-            out = torch.empty((s, h, 16), dtype=torch.int32, device=self.dev)
             self.run(f"topk [{kernel}] H{h} P{p} S{s} scalar nvp, output=",
-                     lambda score=score, out=out, p=p: ops.msa_topk_select(
-                         score, 16, num_valid_pages=max(1, p - 3), output=out, force_end_blocks=1))
+                     lambda data=data, h=h, p=p, s=s: ops.msa_topk_select(
+                         data()[0], 16, num_valid_pages=max(1, p - 3),
+                         output=torch.empty((s, h, 16), dtype=torch.int32, device=self.dev),
+                         force_end_blocks=1))
         # A score 4 bytes past a 16-byte boundary (S % 4 == 0): the radix kernel's 4-byte loads.
         h, p, s = 2, 130, 64
-        flat = torch.randn(h * p * s + 1, generator=self.gen, device=self.dev)
-        score = flat[1:].view(h, p, s)
-        self.run(f"topk [{kernel}] H{h} P{p} S{s} misaligned score", lambda: ops.msa_topk_select(
-            score, 16, num_valid_pages=p, force_begin_blocks=1, force_end_blocks=1))
+
+        def misaligned():
+            flat = torch.randn(h * p * s + 1, generator=self.gen, device=self.dev)
+            return ops.msa_topk_select(flat[1:].view(h, p, s), 16, num_valid_pages=p,
+                                       force_begin_blocks=1, force_end_blocks=1)
+        self.run(f"topk [{kernel}] H{h} P{p} S{s} misaligned score", misaligned)
 
     def sparse_attention(self):
         """Every prefill case under each schedule (plan option schedule: query_major, kv_major,
@@ -300,112 +398,141 @@ class Smoke:
         # M3 head layout, one causal sequence, low- and high-overlap selections.
         s = 1024
         cu = ft.cu_seqlens([s], self.dev)
-        q = self.rnd((s, 64, 128))
-        k, v = self.rnd((s, 4, 128)), self.rnd((s, 4, 128))
-        for pattern in ("random", "clustered"):
-            sel = self.selection([s], [s], 4, 16, pattern)
-            run(f"flat bf16 64/4 causal {pattern}", lambda sel=sel: ops.msa_sparse_attention(
-                q, k, v, sel, cu, cu, causal=True, return_softmax_lse=True))
+        qkv = self.lazy(lambda: (self.rnd((s, 64, 128)), self.rnd((s, 4, 128)),
+                                 self.rnd((s, 4, 128))))
+        clustered = self.lazy(lambda: self.selection([s], [s], 4, 16, "clustered"))
+        run("flat bf16 64/4 causal random", lambda: ops.msa_sparse_attention(
+            *qkv(), self.selection([s], [s], 4, 16), cu, cu, causal=True, return_softmax_lse=True))
+        run("flat bf16 64/4 causal clustered", lambda: ops.msa_sparse_attention(
+            *qkv(), clustered(), cu, cu, causal=True, return_softmax_lse=True))
+
         # fp8 K / V on high-overlap selections (the shared-selection tiles take fp8 on sm_90a).
-        sel = self.selection([s], [s], 4, 16, "clustered")
-        run("flat fp8 64/4 causal clustered", lambda: ops.msa_sparse_attention(
-            q, k.to(FP8), v.to(FP8), sel, cu, cu, causal=True, return_softmax_lse=True))
+        def fp8_clustered():
+            q, k, v = qkv()
+            return ops.msa_sparse_attention(q, k.to(FP8), v.to(FP8), clustered(), cu, cu,
+                                            causal=True, return_softmax_lse=True)
+        run("flat fp8 64/4 causal clustered", fp8_clustered)
         # Ragged varlen, fp16, GQA 2, topk 8, non-causal, LSE + temperature LSE, q_offset int.
         sq, sk = [100, 37], [2048, 700]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
-        q2, k2, v2 = (self.rnd((sum(sq), 4, 128), FP16), self.rnd((sum(sk), 2, 128), FP16),
-                      self.rnd((sum(sk), 2, 128), FP16))
-        sel2 = self.selection(sq, sk, 2, 8)
+        ragged = self.lazy(lambda: (
+            self.rnd((sum(sq), 4, 128), FP16), self.rnd((sum(sk), 2, 128), FP16),
+            self.rnd((sum(sk), 2, 128), FP16), self.selection(sq, sk, 2, 8)))
         run("flat fp16 4/2 topk8 non-causal lse+temperature", lambda: ops.msa_sparse_attention(
-            q2, k2, v2, sel2, cu_q, cu_k, causal=False, return_softmax_lse=True,
+            *ragged(), cu_q, cu_k, causal=False, return_softmax_lse=True,
             return_temperature_lse=True, lse_temperature_scale=0.7))
         run("flat fp16 causal q_offset=64", lambda: ops.msa_sparse_attention(
-            q2, k2, v2, sel2, cu_q, cu_k, causal=True, q_offset=64))
+            *ragged(), cu_q, cu_k, causal=True, q_offset=64))
+
         # Set semantics: -1 rows, a hole, duplicates and ids past the sequence.
-        odd = sel2.clone()
-        odd[:, :10] = -1
-        odd[:, 10:20, 3] = -1
-        odd[:, 20:30, 1] = odd[:, 20:30, 0]
-        odd[:, 30:40, 2] = 10_000
-        run("flat fp16 empty rows/holes/dups/out-of-range ids", lambda: ops.msa_sparse_attention(
-            q2, k2, v2, odd.contiguous(), cu_q, cu_k, causal=True, return_softmax_lse=True))
+        def odd_ids():
+            q2, k2, v2, sel2 = ragged()
+            odd = sel2.clone()
+            odd[:, :10] = -1
+            odd[:, 10:20, 3] = -1
+            odd[:, 20:30, 1] = odd[:, 20:30, 0]
+            odd[:, 30:40, 2] = 10_000
+            return ops.msa_sparse_attention(q2, k2, v2, odd.contiguous(), cu_q, cu_k, causal=True,
+                                            return_softmax_lse=True)
+        run("flat fp16 empty rows/holes/dups/out-of-range ids", odd_ids)
         # G=1 with topk 32; TP4 head layout 16/1.
-        sel32 = self.selection(sq, sk, 2, 32)
         run("flat bf16 2/2 topk32", lambda: ops.msa_sparse_attention(
             self.rnd((sum(sq), 2, 128)), self.rnd((sum(sk), 2, 128)), self.rnd((sum(sk), 2, 128)),
-            sel32, cu_q, cu_k, causal=True))
-        sel1 = self.selection([s], [s], 1, 16, "clustered")
+            self.selection(sq, sk, 2, 32), cu_q, cu_k, causal=True))
         run("flat bf16 16/1 causal", lambda: ops.msa_sparse_attention(
-            self.rnd((s, 16, 128)), self.rnd((s, 1, 128)), self.rnd((s, 1, 128)), sel1, cu, cu,
-            causal=True))
+            self.rnd((s, 16, 128)), self.rnd((s, 1, 128)), self.rnd((s, 1, 128)),
+            self.selection([s], [s], 1, 16, "clustered"), cu, cu, causal=True))
         # Paged: bf16, fp8, NVFP4 and a packed K|V view, ragged tails, permuted pages.
         sq, sk = [150, 90], [2000, 1237]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
-        sel = self.selection(sq, sk, 2, 16)
-        qp = self.rnd((sum(sq), 8, 128))
+        q_sel = self.lazy(lambda: (self.rnd((sum(sq), 8, 128)), self.selection(sq, sk, 2, 16)))
         for dtype in (BF16, FP8):
-            kc, table, used = self.paged(sk, 2, dtype)
-            vc = self.rnd(kc.shape).to(dtype)
-            run(f"paged {str(dtype)[6:]} 8/2 causal", lambda kc=kc, vc=vc, table=table, used=used:
-                ops.msa_sparse_attention(qp, kc, vc, sel, cu_q, None, causal=True,
-                                         page_table=table, seqused_k=used,
-                                         return_softmax_lse=True, v_global_scale=0.5))
-        kc, table, used = self.paged(sk, 2)
-        _, k_view, v_view = ft.pack_kv(kc, self.rnd(kc.shape))
-        run("paged bf16 packed K|V view", lambda: ops.msa_sparse_attention(
-            qp, k_view, v_view, sel, cu_q, None, causal=True, page_table=table, seqused_k=used))
-        k4, ks, kg = ft.quantize_nvfp4(kc)
-        v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
-        run("paged nvfp4", lambda: ops.msa_sparse_attention(
-            qp, k4, v4, sel, cu_q, None, causal=True, page_table=table, seqused_k=used,
-            k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg))
-        kf, vf = self.rnd((sum(sk), 2, 128)), self.rnd((sum(sk), 2, 128))
-        k4, ks, kg = ft.quantize_nvfp4(kf)
-        v4, vs, vg = ft.quantize_nvfp4(vf)
-        run("flat nvfp4", lambda: ops.msa_sparse_attention(
-            qp, k4, v4, sel, cu_q, cu_k, causal=True, k_scale=ks, v_scale=vs, k_global_scale=kg,
-            v_global_scale=vg))
-        run("flat fp8", lambda: ops.msa_sparse_attention(
-            qp, kf.to(FP8), vf.to(FP8), sel, cu_q, cu_k, causal=True))
+            def paged_call(dtype=dtype):
+                qp, sel = q_sel()
+                kc, table, used = self.paged(sk, 2, dtype)
+                vc = self.rnd(kc.shape).to(dtype)
+                return ops.msa_sparse_attention(qp, kc, vc, sel, cu_q, None, causal=True,
+                                                page_table=table, seqused_k=used,
+                                                return_softmax_lse=True, v_global_scale=0.5)
+            run(f"paged {str(dtype)[6:]} 8/2 causal", paged_call)
+        paged = self.lazy(lambda: self.paged(sk, 2))
+
+        def packed():
+            (qp, sel), (kc, table, used) = q_sel(), paged()
+            _, k_view, v_view = ft.pack_kv(kc, self.rnd(kc.shape))
+            return ops.msa_sparse_attention(qp, k_view, v_view, sel, cu_q, None, causal=True,
+                                            page_table=table, seqused_k=used)
+        run("paged bf16 packed K|V view", packed)
+
+        def paged_nvfp4():
+            (qp, sel), (kc, table, used) = q_sel(), paged()
+            k4, ks, kg = ft.quantize_nvfp4(kc)
+            v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+            return ops.msa_sparse_attention(qp, k4, v4, sel, cu_q, None, causal=True,
+                                            page_table=table, seqused_k=used, k_scale=ks,
+                                            v_scale=vs, k_global_scale=kg, v_global_scale=vg)
+        run("paged nvfp4", paged_nvfp4)
+        flat = self.lazy(lambda: (self.rnd((sum(sk), 2, 128)), self.rnd((sum(sk), 2, 128))))
+
+        def flat_nvfp4():
+            (qp, sel), (kf, vf) = q_sel(), flat()
+            k4, ks, kg = ft.quantize_nvfp4(kf)
+            v4, vs, vg = ft.quantize_nvfp4(vf)
+            return ops.msa_sparse_attention(qp, k4, v4, sel, cu_q, cu_k, causal=True, k_scale=ks,
+                                            v_scale=vs, k_global_scale=kg, v_global_scale=vg)
+        run("flat nvfp4", flat_nvfp4)
+
+        def flat_fp8():
+            (qp, sel), (kf, vf) = q_sel(), flat()
+            return ops.msa_sparse_attention(qp, kf.to(FP8), vf.to(FP8), sel, cu_q, cu_k,
+                                            causal=True)
+        run("flat fp8", flat_fp8)
 
     def decode(self):
         ops = self.ops
         lens = [700, 2048, 129, 1000, 384, 1900]
         b = len(lens)
         for hq, hkv, dtype in ((64, 4, BF16), (8, 2, FP8), (16, 1, BF16)):
-            kc, table, used = self.paged(lens, hkv, dtype)
-            vc = self.rnd(kc.shape).to(dtype)
+            cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, dtype))
             for seqlen_q in (1, 4):
-                pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
-                sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
-                q = self.rnd((b * seqlen_q, hq, 128))
+                q_sel = self.lazy(lambda hq=hq, hkv=hkv, sqd=seqlen_q: (
+                    self.rnd((b * sqd, hq, 128)), self.decode_selection(lens, sqd, hkv)))
                 for fused in (True, False, None):
                     for partial in ((None, torch.float32) if fused is False else (None,)):
-                        name = (f"decode paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} "
-                                f"fused={fused} partial={partial}")
-                        self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
-                                 sqd=seqlen_q, fused=fused, partial=partial:
-                                 ops.msa_sparse_decode_attention(
-                                     q, kc, vc, sel, page_table=table, seqused_k=used,
-                                     seqlen_q=sqd, return_softmax_lse=True, force_fused=fused,
-                                     partial_dtype=partial))
-        kc, table, used = self.paged(lens, 2)
-        pos = torch.tensor(lens, device=self.dev) - 1
-        sel = mi.random_selection(pos, 2, 16, self.gen)
-        k4, ks, kg = ft.quantize_nvfp4(kc)
-        v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+                        def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused,
+                                 partial=partial):
+                            (kc, vc, table, used), (q, sel) = cache(), q_sel()
+                            return ops.msa_sparse_decode_attention(
+                                q, kc, vc, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
+                                return_softmax_lse=True, force_fused=fused, partial_dtype=partial)
+                        self.run(f"decode paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} "
+                                 f"fused={fused} partial={partial}", call)
+        paged = self.lazy(lambda: self.paged(lens, 2))
+        sel = self.lazy(lambda: mi.random_selection(torch.tensor(lens, device=self.dev) - 1, 2, 16,
+                                                    self.gen))
+
+        def build_nvfp4():
+            kc, table, used = paged()
+            return (*ft.quantize_nvfp4(kc), *ft.quantize_nvfp4(self.rnd(kc.shape)))
+        nvfp4 = self.lazy(build_nvfp4)
         for fused in (True, False):
-            self.run(f"decode paged nvfp4 fused={fused}", lambda fused=fused:
-                     ops.msa_sparse_decode_attention(
-                         self.rnd((b, 8, 128)), k4, v4, sel, page_table=table, seqused_k=used,
-                         k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg,
-                         force_fused=fused))
-        self.run("decode paged bf16 fp8 q", lambda: ops.msa_sparse_decode_attention(
-            self.rnd((b, 8, 128)).to(FP8), kc, self.rnd(kc.shape), sel, page_table=table,
-            seqused_k=used))
-        kf, vf = self.rnd((sum(lens), 2, 128)), self.rnd((sum(lens), 2, 128))
+            def nvfp4_call(fused=fused):
+                (k4, ks, kg, v4, vs, vg), (_, table, used) = nvfp4(), paged()
+                return ops.msa_sparse_decode_attention(
+                    self.rnd((b, 8, 128)), k4, v4, sel(), page_table=table, seqused_k=used,
+                    k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg,
+                    force_fused=fused)
+            self.run(f"decode paged nvfp4 fused={fused}", nvfp4_call)
+
+        def fp8_q():
+            kc, table, used = paged()
+            return ops.msa_sparse_decode_attention(
+                self.rnd((b, 8, 128)).to(FP8), kc, self.rnd(kc.shape), sel(), page_table=table,
+                seqused_k=used)
+        self.run("decode paged bf16 fp8 q", fp8_q)
         self.run("decode flat bf16 cu_seqlens_k", lambda: ops.msa_sparse_decode_attention(
-            self.rnd((b, 8, 128)), kf, vf, sel, cu_seqlens_k=ft.cu_seqlens(lens, self.dev)))
+            self.rnd((b, 8, 128)), self.rnd((sum(lens), 2, 128)), self.rnd((sum(lens), 2, 128)),
+            sel(), cu_seqlens_k=ft.cu_seqlens(lens, self.dev)))
         self.decode_regs(lens)
         self.decode_mtp_union(lens)
 
@@ -418,26 +545,26 @@ class Smoke:
         b = len(lens)
         for hq, hkv, q_dtype, kv_dtype in ((64, 4, BF16, FP8), (8, 2, FP16, FP8), (16, 4, FP8, FP8),
                                            (64, 4, BF16, BF16), (8, 2, FP16, FP16)):
-            kc, table, used = self.paged(lens, hkv, kv_dtype)
-            vc = self.rnd(kc.shape).to(kv_dtype)
+            cache = self.lazy(lambda hkv=hkv, dtype=kv_dtype: self.paged_kv(lens, hkv, dtype))
             for seqlen_q in (1, 4):
-                pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
-                sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
-                sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
-                sel[:, 1::4, 9] = -1      # the list ends there
-                q = self.rnd((b * seqlen_q, hq, 128)).to(q_dtype)
+                def build(hq=hq, hkv=hkv, q_dtype=q_dtype, sqd=seqlen_q):
+                    sel = self.decode_selection(lens, sqd, hkv)
+                    sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
+                    sel[:, 1::4, 9] = -1      # the list ends there
+                    return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
+                q_sel = self.lazy(build)
                 for fused in (True, False, None):
                     partials = (None, torch.float32, FP8) if fused is False else (None,)
                     for partial in partials:
-                        name = (f"decode regs paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} "
-                                f"{hq}/{hkv} "
-                                f"sq{seqlen_q} fused={fused} partial={partial}")
-                        self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
-                                 sqd=seqlen_q, fused=fused, partial=partial:
-                                 ops.msa_sparse_decode_attention(
-                                     q, kc, vc, sel, page_table=table, seqused_k=used,
-                                     seqlen_q=sqd, return_softmax_lse=True,
-                                     force_fused=fused, partial_dtype=partial))
+                        def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused,
+                                 partial=partial):
+                            (kc, vc, table, used), (q, sel) = cache(), q_sel()
+                            return ops.msa_sparse_decode_attention(
+                                q, kc, vc, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
+                                return_softmax_lse=True, force_fused=fused, partial_dtype=partial)
+                        self.run(f"decode regs paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} "
+                                 f"{hq}/{hkv} "
+                                 f"sq{seqlen_q} fused={fused} partial={partial}", call)
 
     def decode_mtp_union(self, lens):
         """MTP union items (plan option mtp=union): M3 and small groups, bf16 / fp8 / NVFP4
@@ -446,37 +573,40 @@ class Smoke:
         ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(mtp="union"))
         b = len(lens)
         for hq, hkv, dtype in ((64, 4, BF16), (64, 4, FP8), (8, 2, FP8), (12, 4, BF16)):
-            kc, table, used = self.paged(lens, hkv, dtype)
-            vc = self.rnd(kc.shape).to(dtype)
+            cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, dtype))
             for seqlen_q, shared in ((4, True), (4, False), (2, False)):
-                pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
-                sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
-                if shared:  # every token of a request takes its last token's selection
-                    sel = sel.view(hkv, b, seqlen_q, 16)[:, :, -1:].expand(-1, -1, seqlen_q, -1)
-                    sel = sel.reshape(hkv, b * seqlen_q, 16).contiguous()
-                sel[:, ::3, 5] = 10 ** 6
-                sel[:, 1::4, 9] = -1
-                q = self.rnd((b * seqlen_q, hq, 128))
+                def build(hq=hq, hkv=hkv, sqd=seqlen_q, shared=shared):
+                    sel = self.decode_selection(lens, sqd, hkv)
+                    if shared:  # every token of a request takes its last token's selection
+                        sel = sel.view(hkv, b, sqd, 16)[:, :, -1:].expand(-1, -1, sqd, -1)
+                        sel = sel.reshape(hkv, b * sqd, 16).contiguous()
+                    sel[:, ::3, 5] = 10 ** 6
+                    sel[:, 1::4, 9] = -1
+                    return self.rnd((b * sqd, hq, 128)), sel
+                q_sel = self.lazy(build)
                 for fused in (True, False):
-                    name = (f"decode mtp union paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} "
-                            f"shared={shared} fused={fused}")
-                    self.run(name, lambda q=q, sel=sel, kc=kc, vc=vc, table=table, used=used,
-                             sqd=seqlen_q, fused=fused: ops.msa_sparse_decode_attention(
-                                 q, kc, vc, sel, page_table=table, seqused_k=used,
-                                 seqlen_q=sqd, return_softmax_lse=True, force_fused=fused))
-        kc, table, used = self.paged(lens, 2)
-        pos = torch.cat([torch.arange(n - 4, n, device=self.dev) for n in lens])
-        sel = mi.random_selection(pos.clamp(min=0), 2, 16, self.gen)
-        k4, ks, kg = ft.quantize_nvfp4(kc)
-        v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+                    def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused):
+                        (kc, vc, table, used), (q, sel) = cache(), q_sel()
+                        return ops.msa_sparse_decode_attention(
+                            q, kc, vc, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
+                            return_softmax_lse=True, force_fused=fused)
+                    self.run(f"decode mtp union paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} "
+                             f"shared={shared} fused={fused}", call)
+
+        def build_nvfp4():
+            kc, table, used = self.paged(lens, 2)
+            k4, ks, kg = ft.quantize_nvfp4(kc)
+            v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+            return k4, v4, self.decode_selection(lens, 4, 2), table, used, dict(
+                k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg)
+        nvfp4 = self.lazy(build_nvfp4)
         for fused in (True, False):
             def call(fused=fused):
+                k4, v4, sel, table, used, scales = nvfp4()
                 return ops.msa_sparse_decode_attention(
                     self.rnd((b * 4, 16, 128)), k4, v4, sel, page_table=table, seqused_k=used,
-                    seqlen_q=4, k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg,
-                    force_fused=fused)
-            self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}",
-                     lambda call=call: call())
+                    seqlen_q=4, force_fused=fused, **scales)
+            self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}", call)
 
     def hostile(self):
         """Hostile inputs (every op; attention under each prefill schedule, decode fused and split,
@@ -489,23 +619,34 @@ class Smoke:
         # proxy: invalid page ids, zero-length sequences, an empty page table, no query rows,
         # seqused_k beyond the table (clamped), q_offset beyond the keys.
         lens = [700, 0, 300, 129]
-        cache, table, used = self.paged(lens, 1)
-        bad = table.clone()
-        bad[0, 1], bad[0, 3], bad[2, 0], bad[3, 1] = -1, cache.shape[0], big, -(2 ** 31)
+
+        def build_paged():
+            cache, table, used = self.paged(lens, 1)
+            bad = table.clone()
+            bad[0, 1], bad[0, 3], bad[2, 0], bad[3, 1] = -1, cache.shape[0], big, -(2 ** 31)
+            return cache, table, bad, used
+        paged = self.lazy(build_paged)
         b = len(lens)
         cu_qd = torch.arange(0, 4 * b + 1, 4, dtype=torch.int32, device=self.dev)
-        q = self.rnd((4 * b, 4, 128))
-        self.run("hostile proxy paged invalid page ids, empty sequence", lambda: ops.msa_proxy_score(
-            q, cache, cu_qd, None, page_table=bad, seqused_k=used, max_seqlen_q=4,
-            max_k_tiles=table.shape[1]))
+        q = self.lazy(lambda: self.rnd((4 * b, 4, 128)))
+
+        def invalid_pages():
+            cache, _, bad, used = paged()
+            return ops.msa_proxy_score(q(), cache, cu_qd, None, page_table=bad, seqused_k=used,
+                                       max_seqlen_q=4, max_k_tiles=bad.shape[1])
+        self.run("hostile proxy paged invalid page ids, empty sequence", invalid_pages)
+
+        def beyond_table():
+            cache, table, _, _ = paged()
+            return ops.msa_proxy_score(
+                q(), cache, cu_qd, None, page_table=table,
+                seqused_k=self.i32([big, 5000, 0, 2 ** 20]), max_seqlen_q=4,
+                max_k_tiles=table.shape[1], q_offset=self.i32([big - 10, 10_000, 0, 5]))
         self.run("hostile proxy paged seqused_k beyond the table (clamped), q_offset beyond keys",
-                 lambda: ops.msa_proxy_score(
-                     q, cache, cu_qd, None, page_table=table,
-                     seqused_k=self.i32([big, 5000, 0, 2 ** 20]), max_seqlen_q=4,
-                     max_k_tiles=table.shape[1], q_offset=self.i32([big - 10, 10_000, 0, 5])))
+                 beyond_table)
         self.run("hostile proxy paged empty page table", lambda: ops.msa_proxy_score(
-            q, cache, cu_qd, None, page_table=torch.zeros((b, 0), dtype=torch.int32,
-                                                          device=self.dev),
+            q(), paged()[0], cu_qd, None,
+            page_table=torch.zeros((b, 0), dtype=torch.int32, device=self.dev),
             seqused_k=self.i32([0] * b)))
         self.run("hostile proxy flat no query rows", lambda: ops.msa_proxy_score(
             self.rnd((0, 4, 128)), self.rnd((300, 1, 128)), self.i32([0, 0]), self.i32([0, 300]),
@@ -513,23 +654,29 @@ class Smoke:
         self.run("hostile proxy flat all sequences empty", lambda: ops.msa_proxy_score(
             self.rnd((5, 4, 128)), self.rnd((0, 1, 128)), self.i32([0, 3, 5]), self.i32([0, 0, 0]),
             max_k_tiles=1))
-        k4, ks, kg = ft.quantize_nvfp4(cache)
-        q4, qs, qg = ft.quantize_nvfp4(q)
-        self.run("hostile proxy_fp4 paged invalid page ids", lambda: ops.msa_proxy_score_fp4(
-            q4, k4, qs, ks, qg, kg, cu_qd, None, page_table=bad, seqused_k=used, max_seqlen_q=4,
-            max_k_tiles=table.shape[1]))
+
+        def fp4_invalid_pages():
+            cache, table, bad, used = paged()
+            k4, ks, kg = ft.quantize_nvfp4(cache)
+            q4, qs, qg = ft.quantize_nvfp4(q())
+            return ops.msa_proxy_score_fp4(q4, k4, qs, ks, qg, kg, cu_qd, None, page_table=bad,
+                                           seqused_k=used, max_seqlen_q=4,
+                                           max_k_tiles=table.shape[1])
+        self.run("hostile proxy_fp4 paged invalid page ids", fp4_invalid_pages)
         # top-k: every nvp 0 (empty selections), no tokens, a single block.
         for kernel in ("warp_per_row", "warp_per_row_8", "radix"):
-            def topk_cases(kernel=kernel, ops=PlannedOps(ops, msa_topk_select=dict(kernel=kernel))):
-                score = torch.randn((2, 300, 40), generator=self.gen, device=self.dev)
-                self.run(f"hostile topk [{kernel}] nvp all 0 / negative",
-                         lambda: ops.msa_topk_select(score, 16, num_valid_pages=self.i32(
-                             [0, -5, -(2 ** 31)] * 13 + [0]), force_end_blocks=1))
-                self.run(f"hostile topk [{kernel}] no tokens", lambda: ops.msa_topk_select(
-                    torch.empty((2, 300, 0), device=self.dev), 16))
-                self.run(f"hostile topk [{kernel}] one block, topk 64", lambda: ops.msa_topk_select(
-                    score[:, :1].contiguous(), 64, force_begin_blocks=1))
-            topk_cases()
+            kops = PlannedOps(ops, msa_topk_select=dict(kernel=kernel))
+            score = self.lazy(lambda: torch.randn((2, 300, 40), generator=self.gen,
+                                                  device=self.dev))
+            self.run(f"hostile topk [{kernel}] nvp all 0 / negative",
+                     lambda kops=kops, score=score: kops.msa_topk_select(
+                         score(), 16, num_valid_pages=self.i32([0, -5, -(2 ** 31)] * 13 + [0]),
+                         force_end_blocks=1))
+            self.run(f"hostile topk [{kernel}] no tokens", lambda kops=kops: kops.msa_topk_select(
+                torch.empty((2, 300, 0), device=self.dev), 16))
+            self.run(f"hostile topk [{kernel}] one block, topk 64",
+                     lambda kops=kops, score=score: kops.msa_topk_select(
+                         score()[:, :1].contiguous(), 64, force_begin_blocks=1))
         # sparse attention
         for schedule in ("query_major", "kv_major", "hybrid"):
             self._hostile_attention(
@@ -541,61 +688,88 @@ class Smoke:
         sq, sk = [40, 0, 25, 30], [700, 300, 0, 1300]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
         hq, hkv = 16, 2
-        q = self.rnd((sum(sq) + 3, hq, 128))  # 3 rows of no sequence
-        sel = self.selection(sq, [max(n, 1) for n in sk], hkv, 16)
-        sel = torch.cat([sel, torch.zeros((hkv, 3, 16), dtype=torch.int32, device=self.dev)], 1)
-        odd = sel.clone()
-        odd[:, 0:10] = -1                                  # empty selections
-        odd[:, 10:20, 0] = big                             # ids far out of range ...
-        odd[:, 20:30, 1] = 10 ** 6
-        odd[:, 30:40, 2] = 6                               # ... and just past the sequence
-        odd = odd.contiguous()
-        kf, vf = self.rnd((sum(sk), hkv, 128)), self.rnd((sum(sk), hkv, 128))
+        q = self.lazy(lambda: self.rnd((sum(sq) + 3, hq, 128)))  # 3 rows of no sequence
+
+        def build_selections():
+            sel = self.selection(sq, [max(n, 1) for n in sk], hkv, 16)
+            sel = torch.cat([sel, torch.zeros((hkv, 3, 16), dtype=torch.int32, device=self.dev)],
+                            1)
+            odd = sel.clone()
+            odd[:, 0:10] = -1                                  # empty selections
+            odd[:, 10:20, 0] = big                             # ids far out of range ...
+            odd[:, 20:30, 1] = 10 ** 6
+            odd[:, 30:40, 2] = 6                               # ... and just past the sequence
+            return sel, odd.contiguous()
+        sels = self.lazy(build_selections)
+        kv = self.lazy(lambda: (self.rnd((sum(sk), hkv, 128)), self.rnd((sum(sk), hkv, 128))))
         self.run(f"hostile sparse [{tag}] flat empty/out-of-range ids, empty sequences",
-                 lambda: ops.msa_sparse_attention(q, kf, vf, odd, cu_q, cu_k, causal=True,
+                 lambda: ops.msa_sparse_attention(q(), *kv(), sels()[1], cu_q, cu_k, causal=True,
                                                   return_softmax_lse=True))
         self.run(f"hostile sparse [{tag}] flat every selection empty",
-                 lambda: ops.msa_sparse_attention(q, kf, vf, torch.full_like(odd, -1), cu_q, cu_k,
-                                                  causal=False, return_temperature_lse=True))
+                 lambda: ops.msa_sparse_attention(q(), *kv(), torch.full_like(sels()[1], -1), cu_q,
+                                                  cu_k, causal=False, return_temperature_lse=True))
         self.run(f"hostile sparse [{tag}] flat q_offset beyond the keys / negative",
-                 lambda: ops.msa_sparse_attention(q, kf, vf, sel, cu_q, cu_k, causal=True,
+                 lambda: ops.msa_sparse_attention(q(), *kv(), sels()[0], cu_q, cu_k, causal=True,
                                                   q_offset=self.i32([big - 100, 5, -(2 ** 31), -3]),
                                                   return_softmax_lse=True))
         self.run(f"hostile sparse [{tag}] no query rows", lambda: ops.msa_sparse_attention(
-            self.rnd((0, hq, 128)), kf, vf, torch.empty((hkv, 0, 16), dtype=torch.int32,
+            self.rnd((0, hq, 128)), *kv(), torch.empty((hkv, 0, 16), dtype=torch.int32,
                                                         device=self.dev),
             self.i32([0, 0, 0, 0, 0]), cu_k, causal=True))
         for dtype in (BF16, FP8):
-            kc, table, used = self.paged([max(n, 1) for n in sk], hkv, dtype)
-            vc = self.rnd(kc.shape).to(dtype)
-            bad = table.clone()
-            bad[0, 0], bad[0, 3], bad[3, 2], bad[3, 5] = -1, kc.shape[0], big, -7
+            def build_cache(dtype=dtype):
+                kc, vc, table, _ = self.paged_kv([max(n, 1) for n in sk], hkv, dtype)
+                bad = table.clone()
+                bad[0, 0], bad[0, 3], bad[3, 2], bad[3, 5] = -1, kc.shape[0], big, -7
+                return kc, vc, table, bad
+            cache = self.lazy(build_cache)
+
+            def invalid_pages(cache=cache):
+                kc, vc, _, bad = cache()
+                return ops.msa_sparse_attention(
+                    q(), kc, vc, sels()[1], cu_q, None, causal=True, page_table=bad,
+                    seqused_k=self.i32([700, 0, 0, 1300]), return_softmax_lse=True)
             self.run(f"hostile sparse [{tag}] paged {str(dtype)[6:]} invalid page ids, odd ids",
-                     lambda kc=kc, vc=vc, bad=bad, used=used: ops.msa_sparse_attention(
-                         q, kc, vc, odd, cu_q, None, causal=True, page_table=bad,
-                         seqused_k=self.i32([700, 0, 0, 1300]), return_softmax_lse=True))
+                     invalid_pages)
+
+            def beyond_table(cache=cache):
+                kc, vc, table, _ = cache()
+                return ops.msa_sparse_attention(
+                    q(), kc, vc, sels()[0], cu_q, None, causal=True, page_table=table,
+                    seqused_k=self.i32([big, 10 ** 6, 0, 1300]))
             self.run(f"hostile sparse [{tag}] paged {str(dtype)[6:]} lengths beyond the table",
-                     lambda kc=kc, vc=vc, table=table: ops.msa_sparse_attention(
-                         q, kc, vc, sel, cu_q, None, causal=True, page_table=table,
-                         seqused_k=self.i32([big, 10 ** 6, 0, 1300])))
+                     beyond_table)
+
+            def cu_seqlens_k_max(cache=cache):
+                kc, vc, table, _ = cache()
+                return ops.msa_sparse_attention(
+                    q(), kc, vc, sels()[0], cu_q, self.i32([0, big, big, big, big]), causal=True,
+                    page_table=table, seqused_k=self.i32([1, 1, 1, 1]))
             self.run(f"hostile sparse [{tag}] paged {str(dtype)[6:]} cu_seqlens_k up to INT32_MAX",
-                     lambda kc=kc, vc=vc, table=table: ops.msa_sparse_attention(
-                         q, kc, vc, sel, cu_q, self.i32([0, big, big, big, big]), causal=True,
-                         page_table=table, seqused_k=self.i32([1, 1, 1, 1])))
-        kc, table, used = self.paged([max(n, 1) for n in sk], hkv)
-        _, k_view, v_view = ft.pack_kv(kc, self.rnd(kc.shape))
-        bad = table.clone()
-        bad[0, 1], bad[3, 0] = kc.shape[0] + 5, -1
-        self.run(f"hostile sparse [{tag}] packed invalid page ids, odd ids",
-                 lambda: ops.msa_sparse_attention(q, k_view, v_view, odd, cu_q, None, causal=True,
-                                                  page_table=bad, seqused_k=used))
-        k4, ks, kg = ft.quantize_nvfp4(kc)
-        v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
-        self.run(f"hostile sparse [{tag}] paged nvfp4 invalid page ids, odd ids",
-                 lambda: ops.msa_sparse_attention(q, k4, v4, odd, cu_q, None, causal=True,
-                                                  page_table=bad, seqused_k=used, k_scale=ks,
-                                                  v_scale=vs, k_global_scale=kg,
-                                                  v_global_scale=vg))
+                     cu_seqlens_k_max)
+
+        def build_bf16():
+            kc, table, used = self.paged([max(n, 1) for n in sk], hkv)
+            bad = table.clone()
+            bad[0, 1], bad[3, 0] = kc.shape[0] + 5, -1
+            return kc, bad, used
+        paged = self.lazy(build_bf16)
+
+        def packed():
+            kc, bad, used = paged()
+            _, k_view, v_view = ft.pack_kv(kc, self.rnd(kc.shape))
+            return ops.msa_sparse_attention(q(), k_view, v_view, sels()[1], cu_q, None,
+                                            causal=True, page_table=bad, seqused_k=used)
+        self.run(f"hostile sparse [{tag}] packed invalid page ids, odd ids", packed)
+
+        def nvfp4():
+            kc, bad, used = paged()
+            k4, ks, kg = ft.quantize_nvfp4(kc)
+            v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+            return ops.msa_sparse_attention(q(), k4, v4, sels()[1], cu_q, None, causal=True,
+                                            page_table=bad, seqused_k=used, k_scale=ks,
+                                            v_scale=vs, k_global_scale=kg, v_global_scale=vg)
+        self.run(f"hostile sparse [{tag}] paged nvfp4 invalid page ids, odd ids", nvfp4)
 
     def _hostile_decode(self):
         ops = self.ops
@@ -603,49 +777,56 @@ class Smoke:
         lens = [700, 0, 129, 2000, 1, 0]
         b, hq, hkv, seqlen_q = len(lens), 16, 2, 2
         for dtype in (BF16, FP8):
-            kc, table, used = self.paged([max(n, 1) for n in lens], hkv, dtype)
-            vc = self.rnd(kc.shape).to(dtype)
-            pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
-            sel = mi.random_selection(pos.clamp(min=0), hkv, 16, self.gen)
-            sel[:, 0:2] = -1                 # empty selections
-            sel[:, 2:4, 3] = big             # ids out of range
-            sel[:, 4:6, 0] = 10 ** 6
-            sel[:, 6:8, 5] = 16              # just past the sequence
-            sel = sel.contiguous()
-            bad = table.clone()
-            bad[0, 0], bad[0, 3], bad[3, 1], bad[3, 10] = -1, kc.shape[0], big, -(2 ** 31)
-            q = self.rnd((b * seqlen_q, hq, 128))
+            def build(dtype=dtype):
+                kc, vc, table, _ = self.paged_kv([max(n, 1) for n in lens], hkv, dtype)
+                sel = self.decode_selection(lens, seqlen_q, hkv)
+                sel[:, 0:2] = -1                 # empty selections
+                sel[:, 2:4, 3] = big             # ids out of range
+                sel[:, 4:6, 0] = 10 ** 6
+                sel[:, 6:8, 5] = 16              # just past the sequence
+                bad = table.clone()
+                bad[0, 0], bad[0, 3], bad[3, 1], bad[3, 10] = -1, kc.shape[0], big, -(2 ** 31)
+                return self.rnd((b * seqlen_q, hq, 128)), kc, vc, sel.contiguous(), table, bad
+            data = self.lazy(build)
             for fused in (True, False):
-                for name, tbl, seqused in (
-                        ("invalid page ids, zero-length sequences, odd ids", bad,
-                         self.i32(lens)),
-                        ("lengths beyond the table", table,
-                         self.i32([big, 0, 10 ** 6, 2000, 0, 5000]))):
-                    self.run(f"hostile decode {str(dtype)[6:]} fused={fused} {name}",
-                             lambda tbl=tbl, seqused=seqused, kc=kc, vc=vc, sel=sel, fused=fused:
-                             ops.msa_sparse_decode_attention(
-                                 q, kc, vc, sel, page_table=tbl, seqused_k=seqused,
-                                 seqlen_q=seqlen_q, return_softmax_lse=True, force_fused=fused))
+                for name, use_bad, seqused in (
+                        ("invalid page ids, zero-length sequences, odd ids", True, lens),
+                        ("lengths beyond the table", False, [big, 0, 10 ** 6, 2000, 0, 5000])):
+                    def call(data=data, use_bad=use_bad, seqused=seqused, fused=fused):
+                        q, kc, vc, sel, table, bad = data()
+                        return ops.msa_sparse_decode_attention(
+                            q, kc, vc, sel, page_table=bad if use_bad else table,
+                            seqused_k=self.i32(seqused), seqlen_q=seqlen_q,
+                            return_softmax_lse=True, force_fused=fused)
+                    self.run(f"hostile decode {str(dtype)[6:]} fused={fused} {name}", call)
+
+                def empty(data=data, fused=fused):
+                    q, kc, vc, sel, table, _ = data()
+                    return ops.msa_sparse_decode_attention(
+                        q, kc, vc, sel, page_table=table, seqused_k=self.i32([0] * b),
+                        seqlen_q=seqlen_q, force_fused=fused)
                 self.run(f"hostile decode {str(dtype)[6:]} fused={fused} every sequence empty",
-                         lambda kc=kc, vc=vc, sel=sel, fused=fused: ops.msa_sparse_decode_attention(
-                             q, kc, vc, sel, page_table=table, seqused_k=self.i32([0] * b),
-                             seqlen_q=seqlen_q, force_fused=fused))
-        self.run("hostile decode batch 0", lambda: ops.msa_sparse_decode_attention(
-            self.rnd((0, hq, 128)), kc, vc, torch.empty((hkv, 0, 16), dtype=torch.int32,
-                                                        device=self.dev),
-            page_table=table[:0], seqused_k=self.i32([])))
+                         empty)
+
+        def batch0():
+            kc, vc, table, _ = self.paged_kv([max(n, 1) for n in lens], hkv, FP8)
+            return ops.msa_sparse_decode_attention(
+                self.rnd((0, hq, 128)), kc, vc, torch.empty((hkv, 0, 16), dtype=torch.int32,
+                                                            device=self.dev),
+                page_table=table[:0], seqused_k=self.i32([]))
+        self.run("hostile decode batch 0", batch0)
 
     def pipeline(self):
         """The M3 decode step at a small size: proxy (per-head) -> top-k -> decode."""
         ops = self.ops
         b, ctx = 8, 1024
         lens = [ctx - 37 * i for i in range(b)]
-        ik, table, used = self.paged(lens, 1)
-        kc = self.rnd((ik.shape[0], 4, 128, 128))
-        vc = self.rnd(kc.shape)
         cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
 
         def step():
+            ik, table, used = self.paged(lens, 1)
+            kc = self.rnd((ik.shape[0], 4, 128, 128))
+            vc = self.rnd(kc.shape)
             scores = ops.msa_proxy_score(self.rnd((b, 4, 128)), ik, cu_q, None, page_table=table,
                                          seqused_k=used, max_seqlen_q=1,
                                          max_k_tiles=table.shape[1])
@@ -655,6 +836,25 @@ class Smoke:
                 self.rnd((b, 64, 128)), kc, vc, sel.transpose(0, 1).contiguous(),
                 page_table=table, seqused_k=used)
         self.run("pipeline M3 decode step B8", step)
+
+
+class Lazy:
+    """A value built on the first call, from its own generator (Smoke.lazy), then kept."""
+
+    def __init__(self, smoke, seed, build):
+        self.smoke, self.seed, self.build = smoke, seed, build
+        self.built, self.value = False, None
+
+    def __call__(self):
+        if not self.built:
+            smoke = self.smoke
+            outer, smoke.gen = smoke.gen, mi.cuda_generator(self.seed, smoke.dev)
+            try:
+                self.value = self.build()
+            finally:
+                smoke.gen = outer
+            self.built = True
+        return self.value
 
 
 class PlannedOps:
@@ -677,27 +877,54 @@ class PlannedOps:
         return getattr(self._ops, name)
 
 
-def main() -> int:
+def parse_shard(text: str):
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N, got {text!r}") from None
+    if not 1 <= i <= n:
+        raise argparse.ArgumentTypeError(f"expected 1 <= I <= N, got {text!r}")
+    return i, n
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", metavar="SUBSTRING", default=None,
                         help="run only the cases whose name contains SUBSTRING (case-sensitive; "
                              "several alternatives separated by '|')")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
+    parser.add_argument("--shard", metavar="I/N", type=parse_shard, default=None,
+                        help="run only every N-th case from the I-th (1-based) of those --only "
+                             "selects, in case order (one of N concurrent sanitizer processes)")
+    parser.add_argument("--list", action="store_true",
+                        help="print the names of the selected cases, one a line, and call no op "
+                             "(builds the inputs; on the CPU where there is no CUDA device)")
+    args = parser.parse_args(argv)
+    if args.list:
+        dev = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+               else torch.device("cpu"))
+    elif not torch.cuda.is_available():
         print("sanitize_smoke: no CUDA device", file=sys.stderr)
         return 2
+    else:
+        dev = torch.device("cuda", torch.cuda.current_device())
     from flashmsa import msa_ops
-    smoke = Smoke(msa_ops, torch.device("cuda", torch.cuda.current_device()), args.only)
-    for part in ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_attention",
-                 "decode", "pipeline", "hostile"):
-        getattr(smoke, part)()
-    print(f"sanitize_smoke: {len(smoke.passed)} passed, {len(smoke.skipped)} skipped, "
-          f"{len(smoke.failed)} failed"
-          + (f", {smoke.filtered} not matching --only {args.only!r}" if args.only is not None else ""),
-          flush=True)
-    for name in smoke.failed:
-        print(f"  failed: {name}")
-    if args.only is not None and not (smoke.passed or smoke.skipped or smoke.failed):
+    start = time.monotonic()
+    smoke = Smoke(msa_ops, dev, args.only, args.shard, listing=args.list)
+    smoke.run_parts()
+    ran = len(smoke.listed) + len(smoke.passed) + len(smoke.skipped) + len(smoke.failed)
+    scope = ""
+    if args.only is not None:
+        scope += f", {smoke.filtered} not matching --only {args.only!r}"
+    if args.shard is not None:
+        scope += f", shard {args.shard[0]}/{args.shard[1]} ({ran} of {smoke.matched} calls)"
+    if args.list:
+        print(f"sanitize_smoke: {ran} listed{scope}", file=sys.stderr)
+    else:
+        print(f"sanitize_smoke: {len(smoke.passed)} passed, {len(smoke.skipped)} skipped, "
+              f"{len(smoke.failed)} failed{scope} in {time.monotonic() - start:.1f} s", flush=True)
+        for name in smoke.failed:
+            print(f"  failed: {name}")
+    if args.only is not None and smoke.matched == 0:
         print(f"sanitize_smoke: no case name contains {args.only!r}", file=sys.stderr)
         return 2
     return 1 if smoke.failed else 0

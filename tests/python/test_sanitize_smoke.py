@@ -1,10 +1,14 @@
 """benchmarks/sanitize_smoke.py's hostile-input calls, run on the CPU reference: every call is a
 valid one (the ops accept it and clamp or ignore the hostile values), so that under
-compute-sanitizer on the GPU a failure means a kernel's fault, not a rejected argument."""
+compute-sanitizer on the GPU a failure means a kernel's fault, not a rejected argument. And the
+selection of cases (--list, --shard, --only): shards partition the cases, a case's data do not
+depend on which other cases run, unselected cases build nothing."""
 
+import hashlib
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -30,3 +34,114 @@ def test_hostile_calls_run_on_the_cpu_reference(capsys):
     for schedule in ("query_major", "kv_major", "hybrid"):
         assert f"hostile sparse [{schedule}]" in names
     assert smoke.passed == sorted(set(smoke.passed), key=smoke.passed.index)  # names are unique
+
+
+# ---- case selection: --list, --shard, --only ---------------------------------------------------
+
+def listed(only=None, shard=None):
+    smoke = sanitize_smoke.Smoke(msa_ops, torch.device("cpu"), only, shard, listing=True)
+    smoke.run_parts()
+    return smoke.listed
+
+
+def test_list_needs_no_device_and_names_are_unique(capsys):
+    assert sanitize_smoke.main(["--list"]) == 0
+    names = capsys.readouterr().out.splitlines()
+    assert len(names) >= 300
+    assert len(set(names)) == len(names)
+    assert names == listed()
+    assert any(n.startswith("hostile ") for n in names) and "pipeline M3 decode step B8" in names
+
+
+@pytest.mark.parametrize("only,n", [(None, 8), (None, 3), ("hostile", 8),
+                                    ("hybrid|proxy decode", 5)])
+def test_shards_partition_the_selected_cases(only, n):
+    full = listed(only)
+    assert full
+    shards = [listed(only, (i, n)) for i in range(1, n + 1)]
+    for i, shard in enumerate(shards, 1):
+        assert shard == full[i - 1::n]  # every n-th from the i-th, in case order
+    assert sorted(sum(shards, [])) == sorted(full)  # union: every case once (disjoint)
+
+
+def test_shard_summary_line(capsys):
+    assert sanitize_smoke.main(["--list", "--only", "hostile", "--shard", "2/8"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 8
+    assert "shard 2/8 (8 of 64 calls)" in err and "not matching --only 'hostile'" in err
+    with pytest.raises(SystemExit):
+        sanitize_smoke.main(["--list", "--shard", "9/8"])
+
+
+class RecordingOps:
+    """Any op (public or planned twin): records a digest of its arguments under the running case."""
+
+    def __init__(self):
+        self.case, self.calls = None, {}
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def op(*args, **kwargs):
+            self.calls.setdefault(self.case, []).append((name, digest(args), digest(kwargs)))
+        return op
+
+
+def digest(x):
+    if isinstance(x, torch.Tensor):
+        data = x.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+        return (str(x.dtype), tuple(x.shape), hashlib.sha1(data).hexdigest())
+    if isinstance(x, (list, tuple)):
+        return tuple(digest(v) for v in x)
+    if isinstance(x, dict):  # output=: torch.empty, its contents are not data
+        return tuple(sorted((k, digest(v) if k != "output" else (str(v.dtype), tuple(v.shape)))
+                            for k, v in x.items()))
+    return repr(x)
+
+
+class RecordingSmoke(sanitize_smoke.Smoke):
+    def _call(self, name, fn):
+        self.ops.case = name
+        super()._call(name, fn)
+
+
+PARTS = ("proxy", "proxy_decode", "topk", "hostile")  # the cheap ones to build on the CPU
+
+
+def recorded(only=None, shard=None):
+    smoke = RecordingSmoke(RecordingOps(), torch.device("cpu"), only, shard)
+    smoke.run_parts(PARTS)
+    assert smoke.failed == []
+    return smoke.ops.calls
+
+
+def test_a_case_gets_the_same_data_in_a_shard_or_alone(capsys):
+    full = recorded()
+    assert len(full) >= 100
+    shard = recorded(shard=(2, 3))
+    assert shard and set(shard) < set(full)
+    for name, calls in shard.items():
+        assert calls == full[name], name
+    # Alone, after cases that draw their own data and before ones that share theirs.
+    for name in ("hostile sparse [kv_major] paged float8_e4m3fn lengths beyond the table",
+                 "proxy decode paged bfloat16 k, G2, sq4",
+                 "topk [radix] H3 P200 S77 k64 per-token nvp fb2 fe1"):
+        alone = recorded(only=name)
+        assert list(alone) == [name]
+        assert alone[name] == full[name], name
+
+
+def test_unselected_cases_build_nothing(monkeypatch):
+    built = []
+    for helper in ("rnd", "paged", "selection", "decode_selection"):
+        original = getattr(sanitize_smoke.Smoke, helper)
+
+        def counting(self, *args, original=original, helper=helper, **kwargs):
+            built.append(helper)
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(sanitize_smoke.Smoke, helper, counting)
+    assert len(listed()) >= 300
+    assert built == []
+    recorded(only="hostile proxy flat no query rows")
+    assert built == ["rnd", "rnd"]  # its own q and k, none of the shared inputs
