@@ -6,8 +6,9 @@
 #
 # On an H200 the build (~50 s) and the whole Python suite (~330-400 s) fill most of a 600 s call;
 # where calls are capped at 600 s run it twice: SKIP_SANITIZER=1 SKIP_BENCH=1 for the tests, then
-# SKIP_TESTS=1 for the sanitizers (memcheck and racecheck took ~350 s over 128 smoke calls; the
-# smoke has 307 calls now, so give each tool its own call: SANITIZER_TOOLS=memcheck, ...) and the
+# SKIP_TESTS=1 for the sanitizers (memcheck and racecheck took ~350 s over 128 smoke calls run
+# serially; the smoke has 394 calls now, and each tool runs as SANITIZER_JOBS concurrent shards, so
+# that all four tools should fit one call: SKIP_CTEST=1 SKIP_TESTS=1 SKIP_BENCH=1) and the
 # quick benchmark (~15 s). Each call rebuilds on a fresh machine.
 #
 # Steps, each timed, each logging to $OUT/<step>.log ($OUT if set, else ./.out):
@@ -19,8 +20,12 @@
 #   fuzz       only with FUZZ=<seconds>: benchmarks/fuzz_msa.py for that long (capped by the time
 #              budget), every op against the CPU reference, to $OUT/fuzz.log (failures as one-line
 #              --replay reproducers)
-#   sanitizer  compute-sanitizer memcheck and racecheck on benchmarks/sanitize_smoke.py, one log per
-#              tool ($OUT/sanitizer-<tool>.log)
+#   sanitizer  compute-sanitizer memcheck, racecheck, initcheck and synccheck on
+#              benchmarks/sanitize_smoke.py: each tool as SANITIZER_JOBS processes, one a shard
+#              (--shard i/SANITIZER_JOBS), all tools' shards through one pool of SANITIZER_PARALLEL
+#              processes sharing the GPU; each shard logs to $OUT/sanitizer-<tool>-<i>.log while it
+#              runs, merged at the end into $OUT/sanitizer-<tool>.log; per tool the summary sums the
+#              shards (errors, calls) and names any shard that failed or was cut by the budget
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
@@ -34,8 +39,14 @@
 #   PYTEST_WORKERS=8           pytest-xdist workers
 #   PYTEST_SHARD=i/n           only every n-th test file from the i-th (the whole suite took
 #                              ~620 s of 16 workers at 8ad1705: run it as 1/2 and 2/2)
-#   SANITIZER_TOOLS="..."      default "memcheck racecheck"; any of memcheck racecheck initcheck
-#                              synccheck (another name fails the step)
+#   SANITIZER_TOOLS="..."      default "memcheck racecheck initcheck synccheck" (any of them;
+#                              another name fails the step)
+#   SANITIZER_JOBS=8           shards (concurrent compute-sanitizer processes) per tool
+#   SANITIZER_PARALLEL=nproc   processes at a time over all tools (each holds a CUDA context,
+#                              ~0.5 GB+ of GPU memory, and about a CPU core)
+#   SANITIZER_KEEP_SHARD_LOGS=1  keep the shard logs beside the merged ones (a device call brings
+#                              back at most 8 files)
+#   COMPUTE_SANITIZER=path     the compute-sanitizer to run (default: found on PATH or in CUDA)
 #   SANITIZER_ONLY=substring   only the smoke calls whose name holds it (sanitize_smoke.py --only;
 #                              alternatives separated by '|', e.g. "hybrid|proxy")
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
@@ -94,6 +105,11 @@ trim_log() {  # keep logs under the 16 MiB a returned file may have
 
 find_sanitizer() {
   local c
+  # COMPUTE_SANITIZER: an explicit one (tests/python/test_gpu_check_sanitizer.py passes a fake).
+  if [[ -n ${COMPUTE_SANITIZER:-} ]]; then
+    [[ -x $COMPUTE_SANITIZER ]] && { echo "$COMPUTE_SANITIZER"; return 0; }
+    return 1
+  fi
   for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
            /usr/local/cuda/compute-sanitizer/compute-sanitizer /opt/cuda/bin/compute-sanitizer; do
     [[ -n $c && -x $c ]] && { echo "$c"; return 0; }
@@ -253,48 +269,115 @@ step_pytest() {
 }
 
 # ---- (c) compute-sanitizer ------------------------------------------------------------------
+# Each tool runs as SANITIZER_JOBS compute-sanitizer processes, process i over
+# `sanitize_smoke.py --shard i/SANITIZER_JOBS` (every SANITIZER_JOBS-th smoke call from the i-th),
+# all tools' shards in one pool of SANITIZER_PARALLEL processes at a time, tool after tool: the
+# sanitizers' cost is mostly on the host (instrumentation callbacks, reports), so processes
+# sharing the one GPU run nearly in parallel. Each shard writes its own log; when all are done the
+# step merges them into one log per tool ($OUT/sanitizer-<tool>.log: a device call brings back
+# at most 8 files) and sums them up per tool.
+
+# san_shard <tool> <i> <n> <log> <status file>: one shard under run_logged; writes "<rc> <secs>".
+san_shard() {
+  local tool=$1 i=$2 n=$3 log=$4 status=$5 t0=$SECONDS rc
+  local args=(--tool "$tool" --error-exitcode 97 --print-limit 100)
+  [[ $tool == memcheck ]] && args+=(--leak-check no)
+  local smoke=(benchmarks/sanitize_smoke.py --shard "$i/$n")
+  [[ -n ${SANITIZER_ONLY:-} ]] && smoke+=(--only "$SANITIZER_ONLY")
+  echo "===== compute-sanitizer ${args[*]} ${smoke[*]}" >"$log"
+  # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
+  # out-of-bounds accesses that would otherwise land inside a pooled block. One CPU thread per
+  # process: the pool already fills the cores.
+  run_logged "$log" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 OMP_NUM_THREADS=1 \
+    "$SAN" "${args[@]}" "$PY" "${smoke[@]}"
+  rc=$?
+  echo "$rc $(( SECONDS - t0 ))" >"$status"
+}
+
+# san_summary <tool> <n> <dir>: merges the tool's shard logs into $OUT/sanitizer-<tool>.log and
+# prints "<0|1> <detail>" (1: the tool failed).
+san_summary() {
+  local tool=$1 n=$2 dir=$3 i log summary smoke errors rc secs bad=0
+  local total_errors=0 passed=0 skipped=0 failed=0 matched="" calls problems="" tmin="" tmax=0
+  local merged=$OUT_DIR/sanitizer-$tool.log
+  : >"$merged"
+  for (( i = 1; i <= n; i++ )); do
+    log=$OUT_DIR/sanitizer-$tool-$i.log
+    read -r rc secs <"$dir/$tool-$i.status" 2>/dev/null || { rc=1; secs=0; }
+    [[ -f $log ]] || echo "(no log)" >"$log"
+    summary=$(grep -E '(ERROR|RACECHECK|INITCHECK|SYNCCHECK) SUMMARY' "$log" | tail -1 | sed 's/^========= //')
+    smoke=$(grep -E '^sanitize_smoke:' "$log" | tail -1)
+    # Errors: "ERROR SUMMARY: N errors" (memcheck) or "(N errors, M warnings)" (racecheck).
+    errors=$(grep -oE 'SUMMARY: [0-9]+ errors?|\([0-9]+ errors?' <<<"$summary" | grep -oE '[0-9]+' | tail -1)
+    total_errors=$(( total_errors + ${errors:-0} ))
+    if [[ $smoke =~ ([0-9]+)\ passed,\ ([0-9]+)\ skipped,\ ([0-9]+)\ failed ]]; then
+      passed=$(( passed + BASH_REMATCH[1] )); skipped=$(( skipped + BASH_REMATCH[2] ))
+      failed=$(( failed + BASH_REMATCH[3] ))
+    fi
+    [[ $smoke =~ \(([0-9]+)\ of\ ([0-9]+)\ calls\) ]] && matched=${BASH_REMATCH[2]}
+    (( secs > tmax )) && tmax=$secs
+    [[ -z $tmin ]] || (( secs < tmin )) && tmin=$secs
+    local why=""
+    if (( rc == 124 )); then
+      why="cut by TIME_BUDGET after $(grep -cE '^(PASS|SKIP|FAIL) ' "$log") smoke calls"
+    elif [[ -z $summary ]]; then
+      why="no sanitizer summary (exit $rc)"
+    elif (( ${errors:-0} > 0 )); then
+      why="${errors} errors"
+    elif (( rc != 0 )); then
+      why="exit $rc"
+      [[ $smoke =~ ([1-9][0-9]*\ failed) ]] && why+=" (${BASH_REMATCH[1]} smoke calls)"
+    fi
+    if [[ -n $why ]]; then
+      bad=1
+      problems+="; shard $i/$n $why"
+    fi
+    { echo "##### shard $i/$n: exit $rc, ${secs}s"; cat "$log"; echo; } >>"$merged"
+    [[ -n ${SANITIZER_KEEP_SHARD_LOGS:-} ]] || rm -f "$log"
+  done
+  trim_log "$merged"
+  calls=$(( passed + skipped + failed ))
+  local detail="$tool: $total_errors errors, ${calls}/${matched:-?} calls ($passed passed, $skipped skipped, $failed failed), $n shard(s) of ${tmin:-0}-${tmax} s"
+  [[ $calls != "${matched:-?}" ]] && bad=1
+  echo "$bad $detail$problems"
+}
+
 step_sanitizer() {
-  local start=$SECONDS rc=0 tool san detail="" trc log
-  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+  local start=$SECONDS rc=0 tool detail="" tools=${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}
+  local n=${SANITIZER_JOBS:-8} parallel=${SANITIZER_PARALLEL:-$(nproc 2>/dev/null || echo 8)}
+  for tool in $tools; do
     case $tool in
       memcheck|racecheck|initcheck|synccheck) ;;
       *) record sanitizer FAIL 0 "SANITIZER_TOOLS: unknown tool '$tool' (memcheck, racecheck, initcheck, synccheck)"
          return ;;
     esac
   done
-  if ! san=$(find_sanitizer); then
+  if ! [[ $n =~ ^[1-9][0-9]*$ && $parallel =~ ^[1-9][0-9]*$ ]]; then
+    record sanitizer FAIL 0 "SANITIZER_JOBS / SANITIZER_PARALLEL must be positive numbers"
+    return
+  fi
+  if ! SAN=$(find_sanitizer); then
     record sanitizer FAIL 0 "compute-sanitizer not found"
     return
   fi
-  local smoke_args=()
-  [[ -n ${SANITIZER_ONLY:-} ]] && smoke_args=(--only "$SANITIZER_ONLY")
-  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
-    # One log per tool, written as the tool runs: a run cut by the budget still shows how far it got.
-    log=$OUT_DIR/sanitizer-$tool.log
-    local args=(--tool "$tool" --error-exitcode 97 --print-limit 100)
-    [[ $tool == memcheck ]] && args+=(--leak-check no)
-    echo "===== compute-sanitizer ${args[*]} benchmarks/sanitize_smoke.py ${smoke_args[*]}" >"$log"
-    # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
-    # out-of-bounds accesses that would otherwise land inside a pooled block.
-    run_logged "$log" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-      "$san" "${args[@]}" "$PY" benchmarks/sanitize_smoke.py "${smoke_args[@]}"
-    trc=$?
-    local summary smoke errors
-    summary=$(grep -E '(ERROR|RACECHECK|INITCHECK|SYNCCHECK) SUMMARY' "$log" | tail -1 | sed 's/^========= //')
-    smoke=$(grep -E '^sanitize_smoke:' "$log" | tail -1 | sed 's/^sanitize_smoke: //')
-    # Errors: "ERROR SUMMARY: N errors" (memcheck) or "(N errors, M warnings)" (racecheck).
-    errors=$(grep -oE 'SUMMARY: [0-9]+ errors?|\([0-9]+ errors?' <<<"$summary" | grep -oE '[0-9]+' | tail -1)
-    if [[ -z $summary ]]; then
-      (( trc == 0 )) && trc=1
-    elif (( ${errors:-0} > 0 && trc == 0 )); then
-      trc=1
-    fi
-    (( trc == 124 )) && summary="cut by TIME_BUDGET after $(grep -cE '^(PASS|SKIP|FAIL) ' "$log") smoke calls"
-    detail+="$tool: ${summary:-no summary} [${smoke:-no smoke result}]; "
-    (( trc != 0 )) && rc=1
-    trim_log "$log"
+  local dir i line
+  dir=$(mktemp -d)
+  rm -f "$OUT_DIR"/sanitizer-*.log
+  # The pool: tool after tool, shard after shard, at most $parallel at a time.
+  for tool in $tools; do
+    for (( i = 1; i <= n; i++ )); do
+      while (( $(jobs -rp | wc -l) >= parallel )); do wait -n 2>/dev/null; done
+      san_shard "$tool" "$i" "$n" "$OUT_DIR/sanitizer-$tool-$i.log" "$dir/$tool-$i.status" &
+    done
   done
-  record sanitizer "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail%; }"
+  wait
+  for tool in $tools; do
+    line=$(san_summary "$tool" "$n" "$dir")
+    [[ ${line%% *} == 0 ]] || rc=1
+    detail+="${line#* } | "
+  done
+  rm -rf "$dir"
+  record sanitizer "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail% | }"
 }
 
 # ---- (d) benchmarks -------------------------------------------------------------------------

@@ -1,0 +1,142 @@
+"""scripts/gpu_check.sh's sanitizer step without a GPU: a fake compute-sanitizer
+(COMPUTE_SANITIZER) prints what the real one and benchmarks/sanitize_smoke.py print, so that the
+job pool (SANITIZER_JOBS shards per tool, SANITIZER_PARALLEL at a time), the per-tool merged logs
+and the summary (errors summed, calls counted, a failing or budget-cut shard failing its tool) are
+tested here."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and coreutils' timeout")
+
+# Smoke calls of the fake: shard i/n ran the cases k < CALLS with k % n == i - 1.
+CALLS = 20
+
+FAKE = r"""#!/usr/bin/env bash
+# fake compute-sanitizer: --tool T [options] PYTHON benchmarks/sanitize_smoke.py --shard I/N [--only X]
+tool="" shard=""
+args=("$@")
+for ((k = 0; k < ${#args[@]}; k++)); do
+  case ${args[k]} in
+    --tool) tool=${args[k + 1]} ;;
+    --shard) shard=${args[k + 1]} ;;
+  esac
+done
+echo "$tool $shard start $(date +%s.%N)" >>"$FAKE_SAN_TRACE"
+echo "fake args: $*"
+i=${shard%/*} n=${shard#*/} total=${FAKE_SAN_CALLS:-20}
+mine=$(( i <= total ? (total - i) / n + 1 : 0 ))
+failed=0
+[[ " ${FAKE_SAN_FAILED:-} " == *" $tool:$i "* ]] && failed=1
+for ((c = 0; c < mine; c++)); do
+  echo "PASS case $(( i - 1 + c * n ))"
+  [[ $c == 0 ]] && sleep "${FAKE_SAN_SLEEP:-0}"
+done
+errors=0
+[[ " ${FAKE_SAN_ERRORS:-} " == *" $tool:$i "* ]] && errors=2
+echo "sanitize_smoke: $(( mine - failed )) passed, 0 skipped, $failed failed, shard $shard ($mine of $total calls) in 0.1 s"
+if [[ $tool == racecheck ]]; then
+  echo "========= RACECHECK SUMMARY: $errors hazards displayed ($errors errors, 0 warnings)"
+else
+  echo "========= ERROR SUMMARY: $errors errors"
+fi
+echo "$tool $shard end $(date +%s.%N)" >>"$FAKE_SAN_TRACE"
+(( errors )) && exit 97
+exit $failed
+"""
+
+
+def run_check(tmp_path, **env):
+    fake = tmp_path / "fake-compute-sanitizer"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SANITIZER_", "SKIP_", "FAKE_SAN_", "PYTEST_", "FUZZ", "PROFILE"))
+            and k not in ("OUT", "FULL", "TIME_BUDGET", "COMPUTE_SANITIZER")}
+    base.update(SKIP_BUILD="1", SKIP_CTEST="1", SKIP_TESTS="1", SKIP_BENCH="1", OUT=str(out),
+                COMPUTE_SANITIZER=str(fake), FAKE_SAN_TRACE=str(tmp_path / "trace"),
+                PYTHON=sys.executable, FLASHMSA_COMMIT="test")
+    base.update(env)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=base, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    summary = (out / "summary.txt").read_text()
+    line = next(ln for ln in summary.splitlines() if ln.startswith("sanitizer "))
+    return proc, line, out
+
+
+def trace(tmp_path):
+    events = []
+    for ln in (tmp_path / "trace").read_text().splitlines():
+        tool, shard, what, t = ln.split()
+        events.append((float(t), what == "start", tool, shard))
+    return events
+
+
+def test_shards_of_every_tool_run_in_a_pool_and_add_up(tmp_path):
+    proc, line, out = run_check(tmp_path, SANITIZER_TOOLS="memcheck racecheck", SANITIZER_JOBS="3",
+                                SANITIZER_PARALLEL="4", SANITIZER_ONLY="hostile|proxy",
+                                FAKE_SAN_SLEEP="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " PASS " in line, line
+    for tool in ("memcheck", "racecheck"):
+        assert f"{tool}: 0 errors, {CALLS}/{CALLS} calls ({CALLS} passed, 0 skipped, 0 failed), " \
+               f"3 shard(s) of " in line, line
+        merged = (out / f"sanitizer-{tool}.log").read_text()
+        for i in (1, 2, 3):
+            assert f"##### shard {i}/3: exit 0" in merged
+            assert f"--shard {i}/3 --only hostile|proxy" in merged
+        # Every case once, over the shards.
+        cases = sorted(int(c) for c in re.findall(r"^PASS case (\d+)$", merged, re.M))
+        assert cases == list(range(CALLS))
+    assert sorted(p.name for p in out.glob("sanitizer-*.log")) == [
+        "sanitizer-memcheck.log", "sanitizer-racecheck.log"]  # shard logs merged
+    # 6 shards, at most 4 at a time, and really concurrent.
+    running = peak = 0
+    events = sorted(trace(tmp_path))
+    assert sum(start for _, start, _, _ in events) == 6
+    for _, start, _, _ in events:
+        running += 1 if start else -1
+        peak = max(peak, running)
+    assert 2 <= peak <= 4, events
+
+
+def test_a_failing_shard_fails_its_tool(tmp_path):
+    proc, line, out = run_check(tmp_path, SANITIZER_TOOLS="memcheck racecheck initcheck",
+                                SANITIZER_JOBS="4", FAKE_SAN_ERRORS="racecheck:2",
+                                FAKE_SAN_FAILED="initcheck:4", SANITIZER_KEEP_SHARD_LOGS="1")
+    assert proc.returncode == 1
+    assert " FAIL " in line, line
+    memcheck, racecheck, initcheck = line.split(" | ")
+    assert "memcheck: 0 errors, 20/20 calls" in memcheck and "; shard" not in memcheck
+    assert "racecheck: 2 errors, 20/20 calls" in racecheck and "shard 2/4 2 errors" in racecheck
+    assert "initcheck: 0 errors, 20/20 calls (19 passed, 0 skipped, 1 failed)" in initcheck
+    assert "shard 4/4 exit 1 (1 failed smoke calls)" in initcheck
+    assert (out / "sanitizer-racecheck-2.log").exists()  # SANITIZER_KEEP_SHARD_LOGS
+    assert "##### shard 2/4: exit 97" in (out / "sanitizer-racecheck.log").read_text()
+
+
+def test_a_shard_cut_by_the_time_budget_is_reported(tmp_path):
+    # TIME_BUDGET 27 leaves the step a few seconds (15 are kept for the summary, the header takes
+    # some): each shard is cut after its first call (or not started, on a slow machine).
+    proc, line, _ = run_check(tmp_path, SANITIZER_TOOLS="memcheck", SANITIZER_JOBS="2",
+                              TIME_BUDGET="27", FAKE_SAN_SLEEP="60")
+    assert proc.returncode == 1
+    assert " FAIL " in line, line
+    assert re.search(r"shard 1/2 cut by TIME_BUDGET after [01] smoke calls", line), line
+    assert re.search(r"shard 2/2 cut by TIME_BUDGET after [01] smoke calls", line), line
+
+
+def test_unknown_tool_fails_the_step(tmp_path):
+    proc, line, _ = run_check(tmp_path, SANITIZER_TOOLS="memcheck leakcheck")
+    assert proc.returncode == 1
+    assert "unknown tool 'leakcheck'" in line
