@@ -117,6 +117,9 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   else if (o.kernel == ProxyKernel::kAuto)
     s << "auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit K of q's dtype, "
          "no reduce_heads), else the portable mma.sync kernel";
+  else if (named == plan.kernel && plan.convert_k)
+    s << "forced by the option kernel=" << option_name(o.kernel)
+      << "; fp8 K and NVFP4 q / K converted into 16-bit by the producer warpgroup";
   else if (named == plan.kernel)
     s << "forced by the option kernel=" << option_name(o.kernel);
   else

@@ -28,6 +28,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 bool encode_tensor_map_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, int rank,
                              const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box) {
+  return encode_tensor_map(map, dtype, base, rank, dims, strides_bytes, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+bool encode_tensor_map(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, int rank,
+                       const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
+                       CUtensorMapSwizzle swizzle) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr || rank < 3 || rank > 5) return false;
   cuuint64_t d[5], st[4];
@@ -40,7 +46,7 @@ bool encode_tensor_map_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const 
   }
   CUtensorMap m;
   const CUresult r = encode(&m, dtype, cuuint32_t(rank), const_cast<void*>(base), d, st, b, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return false;
   map = m;

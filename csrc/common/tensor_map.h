@@ -17,4 +17,11 @@ namespace flashmsa::cuda {
 bool encode_tensor_map_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, int rank,
                              const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box);
 
+// The same with any swizzle mode (box[0] bytes at most the swizzle span: 32, 64 or 128 bytes;
+// any multiple of 16 up to 256 elements without swizzle), e.g. the raw 64-byte NVFP4 rows the
+// sm_90a proxy kernel stages with CU_TENSOR_MAP_SWIZZLE_64B.
+bool encode_tensor_map(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, int rank,
+                       const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
+                       CUtensorMapSwizzle swizzle);
+
 }  // namespace flashmsa::cuda

@@ -5,7 +5,11 @@
 //
 // CTA = 3 warpgroups, one per SM, persistent:
 //   warpgroup 0   producer: one thread issues the TMA loads (Q tiles, K blocks) into
-//                 128-byte-swizzled shared memory, completing on "full" mbarriers
+//                 128-byte-swizzled shared memory, completing on "full" mbarriers. fp8 / NVFP4 K
+//                 (KFormat): the loads land raw in a staging ring, and the warpgroup's warps 1-3
+//                 (96 threads) convert each block exactly into the 16-bit swizzled K stage (NVFP4:
+//                 also each Q tile into its Q slot), then fence.proxy.async and arrive on the
+//                 stage's "full" mbarrier; the consumers' code is the same for every format
 //   warpgroups 1-2  consumers: each owns two of the tile's four 64-row sub-tiles and multiplies
 //                 them against every key block the tile sees (wgmma m64n128k16; K from shared
 //                 memory, Q from shared memory or registers: QSource), then reduces each row over
@@ -25,7 +29,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda_utils.h"
 #include "common/mbarrier.cuh"
@@ -46,20 +52,44 @@ inline constexpr int kSubTileBytes = kSubRows * kHeadDim * 2;   // 16 KB: [2 hal
 inline constexpr int kQTileBytes = kSubTiles * kSubTileBytes;   // 64 KB
 inline constexpr int kKBlockBytes = kBlockSize * kHeadDim * 2;  // 32 KB: [2 halves][128][64]
 inline constexpr int kConsumerThreads = 256;
+// fp8 / NVFP4 K: warps 1-3 of the producer warpgroup convert (warp 0's thread 0 issues the TMA).
+inline constexpr int kConverterThreads = 96;
 
-// Shared memory plan of each QSource variant (proxy_score/launch.h): Q slots, then the K ring, then
-// the mbarriers.
-template <QSource kQ>
+// The operands as they arrive in global memory:
+//   kNative  bf16 / fp16 q and K of q's dtype: TMA straight into the MMA layout
+//   kFp8     bf16 / fp16 q (TMA), e4m3 K staged raw and converted exactly to q's dtype
+//   kNvfp4   NVFP4 q and K (msa_proxy_score_fp4): both staged raw and dequantized exactly into
+//            bf16 (e2m1 x e4m3 has at most 6 significant bits); the block maxima are multiplied by
+//            logit_scale (> 0: monotone rounding makes that equal to scaling every logit)
+enum class KFormat { kNative, kFp8, kNvfp4 };
+
+// Shared memory plan of each variant (QSource: proxy_score/launch.h): Q slots, the K ring, the raw
+// K staging ring, the raw Q staging slot (NVFP4), then the mbarriers. Converted formats trade one
+// 16-bit K stage for the staging: raw + converted stages together still keep 4-6 blocks in flight.
+template <QSource kQ, KFormat kFmt = KFormat::kNative>
 struct Layout {
-  static constexpr int kQSlots = kQ == QSource::kRegs ? 1 : 2;
-  static constexpr int kKStages = kQ == QSource::kRegs ? 4 : 3;
+  static constexpr bool kConvert = kFmt != KFormat::kNative;
+  static constexpr bool kRegsQ = kQ == QSource::kRegs;
+  static constexpr int kQSlots = kRegsQ ? 1 : 2;
+  static constexpr int kKStages = !kConvert ? (kRegsQ ? 4 : 3) : (kRegsQ ? 3 : 2);
+  // One raw block: 128 keys x 128 fp8 bytes (16 KB) or x 64 bytes of e2m1 pairs (8 KB); the NVFP4
+  // block scales are read by the converting threads from global memory.
+  static constexpr int kRawBytes = kFmt == KFormat::kFp8 ? kBlockSize * kHeadDim
+                                   : kFmt == KFormat::kNvfp4 ? kBlockSize * kHeadDim / 2
+                                                             : 0;
+  static constexpr int kRawStages = !kConvert ? 0 : (kRegsQ ? (kFmt == KFormat::kFp8 ? 3 : 4) : 2);
+  static constexpr int kQRawBytes = kFmt == KFormat::kNvfp4 ? kSubTiles * kSubRows * kHeadDim / 2 : 0;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQSlots * kQTileBytes;
-  static constexpr int kBarOffset = kKOffset + kKStages * kKBlockBytes;
-  static constexpr int kNumBars = 2 * kQSlots + 2 * kKStages;
+  static constexpr int kRawOffset = kKOffset + kKStages * kKBlockBytes;
+  static constexpr int kQRawOffset = kRawOffset + kRawStages * kRawBytes;
+  static constexpr int kBarOffset = kQRawOffset + kQRawBytes;
+  static constexpr int kNumBars = 2 * kQSlots + 2 * kKStages + 2 * kRawStages + (kQRawBytes > 0 ? 2 : 0);
   // +1024: the dynamic shared memory base is aligned up to the 1024 bytes the swizzle atoms need.
   static constexpr int kSmemBytes = kBarOffset + kNumBars * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
+  static_assert(kRawOffset % 1024 == 0 && kQRawOffset % 1024 == 0 && kBarOffset % 1024 == 0,
+                "swizzled stages start on 1024-byte boundaries");
 };
 inline constexpr int kProducerRegs = 40;
 inline constexpr int kConsumerRegs = 232;
@@ -67,9 +97,11 @@ static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "
 
 // Kernel parameters: the op's params, the two TMA descriptors and the host's launch plan.
 struct Params {
-  CUtensorMap q_map;  // q as (128 dims, Hq, total_q), box (64, 1, 64)
+  CUtensorMap q_map;  // q as (128 dims, Hq, total_q), box (64, 1, 64); NVFP4: (64 bytes, Hq,
+                      // total_q), box (64, 1, 64), 64-byte swizzle
   CUtensorMap k_map;  // flat k as (128 dims, Hkv, total_k), box (64, 1, 128); paged k as
-                      // (128 dims, 128 tokens, Hkv, num_pages), box (64, 128, 1, 1): a page is a box
+                      // (128 dims, 128 tokens, Hkv, num_pages), box (64, 128, 1, 1): a page is a box.
+                      // fp8 / NVFP4: bytes, a row (128 / 64 bytes) is one box wide, swizzled 128 / 64
   ProxyScoreParams p;
   bool paged;
   int group_size;     // G
@@ -201,6 +233,87 @@ MSA_DEVICE void load_q_fragments(uint32_t (&qa)[8][4], uint32_t sub_addr, int wa
   }
 }
 
+// ---- the converting threads (fp8 / NVFP4 K) ----
+// Work of one raw 128-row block is cut into tasks (row r, 16-byte raw chunk c); the 8 lanes of a
+// shared-memory phase take 8 consecutive rows of one chunk, so that with the swizzled raw stage
+// (TMA swizzle 128 B for 128-byte fp8 rows: chunk c of row r at c ^ (r % 8); 64 B for 64-byte NVFP4
+// rows: at c ^ ((r / 2) % 4)) the loads and the stores into the 128-byte-swizzled 16-bit stage
+// ([2 halves][rows][64 dims]: 16-byte chunk o of row r at half o / 8, position (o % 8) ^ (r % 8))
+// are free of bank conflicts.
+
+// fp8 block [128 keys][128 B] -> 16-bit K stage: 1024 tasks of 16 values (two output chunks).
+template <typename Elem>
+MSA_DEVICE void convert_k_fp8(const uint8_t* raw, uint8_t* conv, int tid) {
+#pragma unroll 1
+  for (int idx = tid; idx < kBlockSize * 8; idx += kConverterThreads) {
+    const int r = ((idx >> 6) << 3) | (idx & 7), c = (idx >> 3) & 7, x = r & 7;
+    const uint4 in = *reinterpret_cast<const uint4*>(raw + r * 128 + ((c ^ x) << 4));
+    uint4 lo, hi;
+    e4m3x16_to_mma<Elem>(in, lo, hi);
+    uint8_t* row = conv + (c >> 2) * (kBlockSize * 128) + r * 128;
+    *reinterpret_cast<uint4*>(row + ((((2 * c) & 7) ^ x) << 4)) = lo;
+    *reinterpret_cast<uint4*>(row + ((((2 * c + 1) & 7) ^ x) << 4)) = hi;
+  }
+}
+
+// NVFP4: 128 rows of 64 bytes = 512 tasks of 32 values (16 raw bytes, two block scales), at most
+// kFp4Tasks = 6 per converting thread. The scales are read from global memory first
+// (load_fp4_scales, before the raw block's wait, so that their latency overlaps it): task i's two
+// scale bytes (columns 2c, 2c + 1 of its row, adjacent in the 128x4 layout) in 16 bits of three
+// registers, which convert_fp4 shifts down task by task (an indexed array would live in local
+// memory: the producer warpgroup has 40 registers).
+inline constexpr int kFp4Tasks = (kBlockSize * 4 + kConverterThreads - 1) / kConverterThreads;  // 6
+static_assert(kFp4Tasks <= 6, "three registers of 16-bit scale pairs");
+struct Fp4Scales {
+  uint32_t w0, w1, w2;  // tasks (0, 1), (2, 3), (4, 5): low half first
+};
+MSA_DEVICE int fp4_task_row(int idx) { return ((idx >> 5) << 3) | (idx & 7); }
+MSA_DEVICE int fp4_task_chunk(int idx) { return (idx >> 3) & 3; }
+
+// scale_row(r): the logical scale row of raw row r, or < 0 for a row without keys (scales 0).
+template <typename RowFn>
+MSA_DEVICE Fp4Scales load_fp4_scales(const uint8_t* scales, RowFn scale_row, int tid) {
+  uint32_t v[6];
+#pragma unroll
+  for (int i = 0; i < 6; ++i) {
+    const int idx = tid + i * kConverterThreads;
+    const int64_t row = idx < kBlockSize * 4 ? scale_row(fp4_task_row(idx)) : -1;
+    v[i] = row >= 0 ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(
+                          scales + nvfp4_scale_offset(row, 2 * fp4_task_chunk(idx)))))
+                    : 0u;
+  }
+  return {v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16)};
+}
+
+// NVFP4 rows [128][64 B] -> the 16-bit swizzled layout: a K stage (kQTile false: [2][128][64]) or
+// two consecutive Q sub-tiles (kQTile true: rows 64 s + r of sub-tile s, each [2][64][64]).
+// Values are e2m1x2_to's, the mma.sync kernel's conversion.
+template <typename Elem, bool kQTile>
+MSA_DEVICE void convert_fp4(const uint8_t* raw, uint8_t* dst, Fp4Scales sc, int tid) {
+#pragma unroll 1
+  for (int idx = tid; idx < kBlockSize * 4; idx += kConverterThreads) {
+    const uint32_t pair = sc.w0 & 0xFFFFu;
+    sc.w0 = (sc.w0 >> 16) | (sc.w1 << 16);
+    sc.w1 = (sc.w1 >> 16) | (sc.w2 << 16);
+    sc.w2 >>= 16;
+    const int r = fp4_task_row(idx), c = fp4_task_chunk(idx), x = r & 7;
+    const uint4 in = *reinterpret_cast<const uint4*>(raw + r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+    uint8_t* row = kQTile ? dst + (r >> 6) * kSubTileBytes + (c >> 1) * (kSubRows * 128) + (r & 63) * 128
+                          : dst + (c >> 1) * (kBlockSize * 128) + r * 128;
+    const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // output chunk 4c + q: values 32c + 8q .., the 4 bytes of w[q]
+      const float scale = e4m3_to_float(uint8_t(pair >> (8 * (q >> 1)))) * 16384.0f;
+      uint4 out;
+      out.x = e2m1x2_to<Elem>(w[q] & 0xFFu, scale);
+      out.y = e2m1x2_to<Elem>((w[q] >> 8) & 0xFFu, scale);
+      out.z = e2m1x2_to<Elem>((w[q] >> 16) & 0xFFu, scale);
+      out.w = e2m1x2_to<Elem>(w[q] >> 24, scale);
+      *reinterpret_cast<uint4*>(row + ((((4 * c + q) & 7) ^ x) << 4)) = out;
+    }
+  }
+}
+
 // Issue-order barriers of the two consumer warpgroups (ids 1 and 2; 0 is __syncthreads): warpgroup
 // c waits on kOrderBarrier + c before issuing its MMAs and then arrives on the other's.
 inline constexpr int kOrderBarrier = 1;
@@ -222,10 +335,12 @@ MSA_DEVICE float max_nan(float a, float b) {
 // number of keys row h sees (col_limit). kMasked: keys at or past a row's limit are -inf (the
 // blocks that cross some token's causal / length limit); unmasked blocks take every key. NaN
 // propagates (max.NaN, canonical NaN) as in the reference.
-template <bool kMasked>
+// kScaled (NVFP4): the maxima times lscale > 0, which equals the maximum of the scaled logits bit
+// for bit (rounding is monotone), as the mma.sync kernel computes it.
+template <bool kMasked, bool kScaled>
 MSA_DEVICE void store_block_max(const float (&s)[16][4], float* out_row, int64_t total_q,
                                 const int (&lim_row)[2], int ntok_sub, int t, bool has_page, int warp,
-                                int lane) {
+                                int lane, float lscale) {
   const int gid = lane >> 2, tig = lane & 3;
   // Relative to this thread's first key 2 tig of each n8 group: key 8 j + e is visible iff
   // 8 j + e < lim.
@@ -256,6 +371,7 @@ MSA_DEVICE void store_block_max(const float (&s)[16][4], float* out_row, int64_t
   for (int h = 0; h < 2; ++h) {
     m[h] = max_nan(m[h], __shfl_xor_sync(0xFFFFFFFFu, m[h], 1));
     m[h] = max_nan(m[h], __shfl_xor_sync(0xFFFFFFFFu, m[h], 2));
+    if constexpr (kScaled) m[h] *= lscale;
   }
   if (tig == 0) {
     if (!has_page) m[0] = m[1] = neg_inf_f();  // an invalid page id: the block has no key
@@ -283,21 +399,29 @@ MSA_DEVICE void fill_uncovered_rows(const ProxyScoreParams& p, int ctid) {
 }
 #endif  // MSA_HAS_WGMMA
 
-template <typename Elem, QSource kQ>
+template <typename Elem, QSource kQ, KFormat kFmt>
 __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __grid_constant__ Params kp) {
 #if MSA_HAS_WGMMA
-  using L = Layout<kQ>;
-  constexpr int kQSlots = L::kQSlots, kKStages = L::kKStages;
+  using L = Layout<kQ, kFmt>;
+  constexpr int kQSlots = L::kQSlots, kKStages = L::kKStages, kRawStages = L::kRawStages;
+  constexpr bool kQConvert = kFmt == KFormat::kNvfp4;  // Q converted by the producer warpgroup too
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const ProxyScoreParams& p = kp.p;
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  uint8_t* const smem = smem_raw + (base - smem_addr(smem_raw));  // the same, as a pointer
   const uint32_t sQ = base + L::kQOffset, sK = base + L::kKOffset;
+  const uint32_t sRaw = base + L::kRawOffset, sQRaw = base + L::kQRawOffset;
   const uint32_t bar = base + L::kBarOffset;
-  // Barriers: q_full[kQSlots], q_empty[kQSlots], k_full[kKStages], k_empty[kKStages].
+  // Barriers: q_full[kQSlots], q_empty[kQSlots], k_full[kKStages], k_empty[kKStages],
+  // raw_full[kRawStages], raw_empty[kRawStages], q_raw_full, q_raw_empty (NVFP4).
   auto q_full = [&](int i) { return bar + 8u * uint32_t(i); };
   auto q_empty = [&](int i) { return bar + 8u * uint32_t(kQSlots + i); };
   auto k_full = [&](int i) { return bar + 8u * uint32_t(2 * kQSlots + i); };
   auto k_empty = [&](int i) { return bar + 8u * uint32_t(2 * kQSlots + kKStages + i); };
+  auto raw_full = [&](int i) { return bar + 8u * uint32_t(2 * kQSlots + 2 * kKStages + i); };
+  auto raw_empty = [&](int i) { return bar + 8u * uint32_t(2 * kQSlots + 2 * kKStages + kRawStages + i); };
+  const uint32_t q_raw_full = bar + 8u * uint32_t(2 * kQSlots + 2 * kKStages + 2 * kRawStages);
+  const uint32_t q_raw_empty = q_raw_full + 8u;
   // Warp-uniform for the compiler too (a shuffle result): wgmma in a path it cannot prove uniform
   // is serialized.
   const int wg = __shfl_sync(0xFFFFFFFFu, int(threadIdx.x >> 7), 0);
@@ -305,13 +429,23 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
   if (threadIdx.x == 0) {
     tma_prefetch_map(&kp.q_map);
     tma_prefetch_map(&kp.k_map);
+    // A "full" barrier completes on the TMA thread's expect_tx arrival and the bytes, or on the
+    // arrivals of the converting threads.
     for (int i = 0; i < kQSlots; ++i) {
-      mbar_init(q_full(i), 1);
+      mbar_init(q_full(i), kQConvert ? kConverterThreads : 1);
       mbar_init(q_empty(i), kConsumerThreads);
     }
     for (int i = 0; i < kKStages; ++i) {
-      mbar_init(k_full(i), 1);
+      mbar_init(k_full(i), L::kConvert ? kConverterThreads : 1);
       mbar_init(k_empty(i), kConsumerThreads);
+    }
+    for (int i = 0; i < kRawStages; ++i) {
+      mbar_init(raw_full(i), 1);
+      mbar_init(raw_empty(i), kConverterThreads);
+    }
+    if constexpr (kQConvert) {
+      mbar_init(q_raw_full, 1);
+      mbar_init(q_raw_empty, kConverterThreads);
     }
     fence_mbarrier_init();
   }
@@ -320,6 +454,72 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
   if (wg == 0) {
     // ---- producer ----
     setmaxnreg_dec<kProducerRegs>();
+    if constexpr (L::kConvert) {
+      // ---- converting threads (warps 1-3): raw stage -> 16-bit stage, in the TMA thread's order ----
+      if (threadIdx.x >= 32) {
+        const int tid = int(threadIdx.x) - 32;
+        uint32_t nq = 0, nk = 0;
+        for_each_tile(kp, [&](const Tile& tile) {
+          if (tile.t_end <= tile.t_begin) return;
+          if constexpr (kQConvert) {
+            const int qs = int(nq % kQSlots);
+            uint8_t* q_dst = smem + L::kQOffset + qs * kQTileBytes;
+#pragma unroll 1
+            for (int half = 0; half < 2; ++half) {  // sub-tiles 2 half, 2 half + 1: 128 rows
+              const Fp4Scales sc = load_fp4_scales(
+                  p.q_scale,
+                  [&](int r) -> int64_t {
+                    const int j = 2 * half + (r >> 6);
+                    const int hl = j / kp.chunks, tok = (j - hl * kp.chunks) * kSubRows + (r & 63);
+                    return tok < tile.ntok ? (tile.row_begin + tok) * p.num_heads + tile.head0 + hl : -1;
+                  },
+                  tid);
+              if (half == 0) {
+                mbar_wait_loop(q_raw_full, nq & 1u);
+                mbar_wait_loop(q_empty(qs), ((nq / kQSlots) & 1u) ^ 1u);
+              }
+              convert_fp4<Elem, true>(smem + L::kQRawOffset + half * (2 * kSubRows * 64),
+                                      q_dst + half * 2 * kSubTileBytes, sc, tid);
+            }
+            fence_proxy_async_smem();  // the generic-proxy stores, before wgmma reads them
+            mbar_arrive(q_raw_empty);
+            mbar_arrive(q_full(qs));
+          }
+          ++nq;
+#pragma unroll 1
+          for (int t = tile.t_begin; t < tile.t_end; ++t, ++nk) {
+            const int rs = int(nk % kRawStages), st = int(nk % kKStages);
+            const int64_t page = kp.paged ? kv_page(p.kv, tile.b, t) : 0;
+            Fp4Scales sc{};
+            if constexpr (kFmt == KFormat::kNvfp4) {
+              const int n_keys = min(kBlockSize, tile.seqlen_k - t * kBlockSize);
+              const int64_t row0 = kp.paged ? nvfp4_scale_row_paged(page, tile.kh, 0, p.num_kv_heads)
+                                            : nvfp4_scale_row_flat(int64_t(tile.k_row0) + t * kBlockSize,
+                                                                   tile.kh, p.num_kv_heads);
+              const int64_t step = kp.paged ? 1 : p.num_kv_heads;
+              sc = load_fp4_scales(
+                  p.k.scale, [&](int r) -> int64_t { return page >= 0 && r < n_keys ? row0 + r * step : -1; },
+                  tid);
+            }
+            mbar_wait_loop(raw_full(rs), (nk / kRawStages) & 1u);
+            mbar_wait_loop(k_empty(st), ((nk / kKStages) & 1u) ^ 1u);
+            if (page >= 0) {  // an invalid page: nothing landed, the consumers write -inf
+              const uint8_t* raw = smem + L::kRawOffset + rs * L::kRawBytes;
+              uint8_t* conv = smem + L::kKOffset + st * kKBlockBytes;
+              if constexpr (kFmt == KFormat::kFp8) {
+                convert_k_fp8<Elem>(raw, conv, tid);
+              } else {
+                convert_fp4<Elem, false>(raw, conv, sc, tid);
+              }
+            }
+            fence_proxy_async_smem();
+            mbar_arrive(raw_empty(rs));
+            mbar_arrive(k_full(st));
+          }
+        });
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
     uint32_t nq = 0, nk = 0;  // Q tiles / K blocks loaded so far: slot, stage and phase
     // K blocks are re-read by every CTA whose tiles see them: keep them in L2 ahead of the
@@ -327,20 +527,48 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
     const uint64_t k_policy = l2_policy_evict_last();
     for_each_tile(kp, [&](const Tile& tile) {
       if (tile.t_end <= tile.t_begin) return;
-      const int qs = int(nq % kQSlots);
-      mbar_wait_loop(q_empty(qs), ((nq / kQSlots) & 1u) ^ 1u);
-      mbar_expect_tx(q_full(qs), kQTileBytes);
+      if constexpr (kQConvert) {
+        // Raw NVFP4 Q: 4 sub-tiles of 64 tokens x 64 bytes (4 KB each) into the staging slot.
+        mbar_wait_loop(q_raw_empty, (nq & 1u) ^ 1u);
+        mbar_expect_tx(q_raw_full, L::kQRawBytes);
 #pragma unroll 1
-      for (int j = 0; j < kSubTiles; ++j) {
-        const int hl = j / kp.chunks, chunk = j - hl * kp.chunks;
-        const uint32_t dst = sQ + uint32_t(qs) * kQTileBytes + uint32_t(j) * kSubTileBytes;
-        const int row = int(tile.row_begin) + chunk * kSubRows;
-        tma_load_3d(dst, &kp.q_map, q_full(qs), 0, tile.head0 + hl, row);
-        tma_load_3d(dst + kSubRows * 128, &kp.q_map, q_full(qs), 64, tile.head0 + hl, row);
+        for (int j = 0; j < kSubTiles; ++j) {
+          const int hl = j / kp.chunks, chunk = j - hl * kp.chunks;
+          const int row = int(tile.row_begin) + chunk * kSubRows;
+          tma_load_3d(sQRaw + uint32_t(j) * (kSubRows * 64), &kp.q_map, q_raw_full, 0, tile.head0 + hl, row);
+        }
+      } else {
+        const int qs = int(nq % kQSlots);
+        mbar_wait_loop(q_empty(qs), ((nq / kQSlots) & 1u) ^ 1u);
+        mbar_expect_tx(q_full(qs), kQTileBytes);
+#pragma unroll 1
+        for (int j = 0; j < kSubTiles; ++j) {
+          const int hl = j / kp.chunks, chunk = j - hl * kp.chunks;
+          const uint32_t dst = sQ + uint32_t(qs) * kQTileBytes + uint32_t(j) * kSubTileBytes;
+          const int row = int(tile.row_begin) + chunk * kSubRows;
+          tma_load_3d(dst, &kp.q_map, q_full(qs), 0, tile.head0 + hl, row);
+          tma_load_3d(dst + kSubRows * 128, &kp.q_map, q_full(qs), 64, tile.head0 + hl, row);
+        }
       }
       ++nq;
 #pragma unroll 1
       for (int t = tile.t_begin; t < tile.t_end; ++t, ++nk) {
+        if constexpr (L::kConvert) {
+          // One raw box per block (a row of 128 / 64 bytes is one box wide) into the staging ring.
+          const int rs = int(nk % kRawStages);
+          mbar_wait_loop(raw_empty(rs), ((nk / kRawStages) & 1u) ^ 1u);
+          const uint32_t dst = sRaw + uint32_t(rs) * L::kRawBytes;
+          if (!kp.paged) {
+            mbar_expect_tx(raw_full(rs), L::kRawBytes);
+            tma_load_3d_hint(dst, &kp.k_map, raw_full(rs), 0, tile.kh, tile.k_row0 + t * kBlockSize, k_policy);
+          } else if (const int64_t page = kv_page(kp.p.kv, tile.b, t); page >= 0) {
+            mbar_expect_tx(raw_full(rs), L::kRawBytes);
+            tma_load_4d_hint(dst, &kp.k_map, raw_full(rs), 0, 0, tile.kh, int(page), k_policy);
+          } else {
+            mbar_arrive(raw_full(rs));  // nothing to load; the converting threads skip the block
+          }
+          continue;
+        }
         const int st = int(nk % kKStages);
         mbar_wait_loop(k_empty(st), ((nk / kKStages) & 1u) ^ 1u);
         const uint32_t dst = sK + uint32_t(st) * kKBlockBytes;
@@ -447,13 +675,13 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       named_barrier_arrive(kOrderBarrier + (cwg ^ 1));
       wgmma_wait<1>();
       wgmma_fence_operand(acc0);
-      store_block_max<kMasked>(acc0, out_row[0], total_q, lim_row[0], ntok_sub[0], tile.t_begin + i, has_page,
-                               warp, lane);
+      store_block_max<kMasked, kQConvert>(acc0, out_row[0], total_q, lim_row[0], ntok_sub[0], tile.t_begin + i,
+                                          has_page, warp, lane, p.logit_scale);
       wgmma_wait<0>();
       wgmma_fence_operand(acc1);
       mbar_arrive(k_empty(int((nk + uint32_t(i)) % kKStages)));  // both sub-tiles are done with block i
-      store_block_max<kMasked>(acc1, out_row[1], total_q, lim_row[1], ntok_sub[1], tile.t_begin + i, has_page,
-                               warp, lane);
+      store_block_max<kMasked, kQConvert>(acc1, out_row[1], total_q, lim_row[1], ntok_sub[1], tile.t_begin + i,
+                                          has_page, warp, lane, p.logit_scale);
     };
     // The first n_full blocks of the item hold only keys every token of the tile sees.
     const int n_full =
@@ -478,29 +706,49 @@ inline CUtensorMapDataType tensor_map_type(DType d) {
   return d == DType::kFP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
-// Whether this kernel computes this call (16-bit K of q's dtype, flat or paged, per-head output);
-// false when the caller must take the mma.sync kernel.
-inline bool supports(const ProxyScoreParams& p) {
-  const bool dtype_ok = (p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16) && p.k.dtype == p.q_dtype;
-  const bool k_ok =
-      p.kv.paged ? p.kv.num_pages > 0 : p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize;
-  return dtype_ok && k_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 && !p.reduce_heads &&
-         p.total_q < (int64_t(1) << 31) - 256;
+// The operand format of a call (KFormat), or false where this kernel does not compute it:
+// bf16 / fp16 q with K of q's dtype (kNative) or, with convert_k, fp8 K (kFp8) and NVFP4 q and K
+// with a positive finite logit_scale (kNvfp4); flat or paged, per-head output. The caller then
+// takes the mma.sync kernel. convert_k is the plan's switch (ProxyScorePlan::convert_k): the
+// converting path is off by default until an H200 run shows it correct and faster.
+inline bool operand_format(const ProxyScoreParams& p, bool convert_k, KFormat& fmt) {
+  const bool q16 = p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16;
+  if (q16 && p.k.dtype == p.q_dtype) {
+    fmt = KFormat::kNative;
+  } else if (convert_k && q16 && p.k.dtype == DType::kFP8E4M3) {
+    fmt = KFormat::kFp8;
+  } else if (convert_k && p.q_dtype == DType::kNVFP4 && p.k.dtype == DType::kNVFP4 && p.q_scale != nullptr &&
+             p.k.scale != nullptr && p.logit_scale > 0.0f && std::isfinite(p.logit_scale)) {
+    fmt = KFormat::kNvfp4;
+  } else {
+    return false;
+  }
+  return true;
 }
 
-template <typename Elem>
-bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
-  if (!supports(p)) return false;
-  auto kernel = q_source == QSource::kRegs ? proxy_score_sm90_kernel<Elem, QSource::kRegs>
-                                           : proxy_score_sm90_kernel<Elem, QSource::kSmem>;
-  const int smem_bytes =
-      q_source == QSource::kRegs ? Layout<QSource::kRegs>::kSmemBytes : Layout<QSource::kSmem>::kSmemBytes;
+inline bool supports(const ProxyScoreParams& p, bool convert_k) {
+  KFormat fmt;
+  const bool k_ok =
+      p.kv.paged ? p.kv.num_pages > 0 : p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize;
+  return operand_format(p, convert_k, fmt) && k_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 &&
+         !p.reduce_heads && p.total_q < (int64_t(1) << 31) - 256;
+}
+
+template <typename Elem, KFormat kFmt>
+bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
+  auto kernel = q_source == QSource::kRegs ? proxy_score_sm90_kernel<Elem, QSource::kRegs, kFmt>
+                                           : proxy_score_sm90_kernel<Elem, QSource::kSmem, kFmt>;
+  const int smem_bytes = q_source == QSource::kRegs ? Layout<QSource::kRegs, kFmt>::kSmemBytes
+                                                    : Layout<QSource::kSmem, kFmt>::kSmemBytes;
   if (prepare_sm90a_launch(kernel, kThreads, size_t(smem_bytes)) <= 0) return false;
-  // TMA: 16-byte aligned base and strides (the mma.sync kernel's cp.async needs the same).
+  // TMA: 16-byte aligned base and strides (the mma.sync kernel's cp.async needs the same). Strides
+  // are in elements: 2 bytes for 16-bit operands, 1 for fp8 and NVFP4 (bytes).
+  const int64_t q_elt = kFmt == KFormat::kNvfp4 ? 1 : 2;
+  const int64_t k_elt = kFmt == KFormat::kNative ? 2 : 1;
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (!aligned16(p.q) || !aligned16(p.k.data) || (p.q_stride_token * 2) % 16 != 0 ||
-      (p.q_stride_head * 2) % 16 != 0 || (p.k.stride_token * 2) % 16 != 0 ||
-      (p.k.stride_head * 2) % 16 != 0 || (p.k.stride_page * 2) % 16 != 0)
+  if (!aligned16(p.q) || !aligned16(p.k.data) || (p.q_stride_token * q_elt) % 16 != 0 ||
+      (p.q_stride_head * q_elt) % 16 != 0 || (p.k.stride_token * k_elt) % 16 != 0 ||
+      (p.k.stride_head * k_elt) % 16 != 0 || (p.k.stride_page * k_elt) % 16 != 0)
     return false;
   if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
 
@@ -530,29 +778,60 @@ bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
   kp.n_split = int(ceil_div_int<int64_t>(P, kp.split_blocks));
   kp.n_items = int64_t(kp.n_qt) * p.batch * kp.num_groups * kp.n_split;
 
-  const CUtensorMapDataType ty = tensor_map_type(p.q_dtype);
   kp.paged = p.kv.paged;
-  const uint64_t q_dims[3] = {kHeadDim, uint64_t(p.num_heads), uint64_t(p.total_q)};
-  const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
-  const uint32_t q_box[3] = {64, 1, kSubRows};
-  if (!encode_tensor_map_sw128(kp.q_map, ty, p.q, 3, q_dims, q_strides, q_box)) return false;
-  if (kp.paged) {
-    const uint64_t dims[4] = {kHeadDim, kBlockSize, uint64_t(p.num_kv_heads), uint64_t(p.kv.num_pages)};
-    const uint64_t strides[3] = {uint64_t(p.k.stride_token) * 2, uint64_t(p.k.stride_head) * 2,
-                                 uint64_t(p.k.stride_page) * 2};
-    const uint32_t box[4] = {64, kBlockSize, 1, 1};
-    if (!encode_tensor_map_sw128(kp.k_map, ty, p.k.data, 4, dims, strides, box)) return false;
+  if constexpr (kFmt == KFormat::kNvfp4) {
+    // Raw NVFP4 q: 64-byte rows, one box per sub-tile, 64-byte swizzle (the converters' layout).
+    const uint64_t q_dims[3] = {kHeadDim / 2, uint64_t(p.num_heads), uint64_t(p.total_q)};
+    const uint64_t q_strides[2] = {uint64_t(p.q_stride_head), uint64_t(p.q_stride_token)};
+    const uint32_t q_box[3] = {kHeadDim / 2, 1, kSubRows};
+    if (!encode_tensor_map(kp.q_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.q, 3, q_dims, q_strides, q_box,
+                           CU_TENSOR_MAP_SWIZZLE_64B))
+      return false;
   } else {
-    const uint64_t dims[3] = {kHeadDim, uint64_t(p.num_kv_heads), uint64_t(p.kv.total_k)};
-    const uint64_t strides[2] = {uint64_t(p.k.stride_head) * 2, uint64_t(p.k.stride_token) * 2};
-    const uint32_t box[3] = {64, 1, kBlockSize};
-    if (!encode_tensor_map_sw128(kp.k_map, ty, p.k.data, 3, dims, strides, box)) return false;
+    const uint64_t q_dims[3] = {kHeadDim, uint64_t(p.num_heads), uint64_t(p.total_q)};
+    const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
+    const uint32_t q_box[3] = {64, 1, kSubRows};
+    if (!encode_tensor_map_sw128(kp.q_map, tensor_map_type(p.q_dtype), p.q, 3, q_dims, q_strides, q_box))
+      return false;
+  }
+  // K: 16-bit as two 64-dim boxes per block (128-byte swizzle); fp8 (128-byte rows) / NVFP4 (64-byte
+  // rows) as one box of raw bytes, swizzled at the row width.
+  const CUtensorMapDataType k_ty = kFmt == KFormat::kNative ? tensor_map_type(p.q_dtype) : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const uint32_t k_row = kFmt == KFormat::kNative ? kHeadDim : kFmt == KFormat::kFp8 ? kHeadDim : kHeadDim / 2;
+  const uint32_t k_box0 = kFmt == KFormat::kNative ? 64 : k_row;
+  const CUtensorMapSwizzle k_swizzle = kFmt == KFormat::kNvfp4 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  if (kp.paged) {
+    const uint64_t dims[4] = {k_row, kBlockSize, uint64_t(p.num_kv_heads), uint64_t(p.kv.num_pages)};
+    const uint64_t strides[3] = {uint64_t(p.k.stride_token * k_elt), uint64_t(p.k.stride_head * k_elt),
+                                 uint64_t(p.k.stride_page * k_elt)};
+    const uint32_t box[4] = {k_box0, kBlockSize, 1, 1};
+    if (!encode_tensor_map(kp.k_map, k_ty, p.k.data, 4, dims, strides, box, k_swizzle)) return false;
+  } else {
+    const uint64_t dims[3] = {k_row, uint64_t(p.num_kv_heads), uint64_t(p.kv.total_k)};
+    const uint64_t strides[2] = {uint64_t(p.k.stride_head * k_elt), uint64_t(p.k.stride_token * k_elt)};
+    const uint32_t box[3] = {k_box0, 1, kBlockSize};
+    if (!encode_tensor_map(kp.k_map, k_ty, p.k.data, 3, dims, strides, box, k_swizzle)) return false;
   }
 
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(kp.n_items, limits.num_sms));
   kernel<<<unsigned(grid), kThreads, smem_bytes, stream>>>(kp);
   MSA_CHECK_LAUNCH();
   return true;
+}
+
+template <typename Elem>
+bool launch(const ProxyScoreParams& p, QSource q_source, bool convert_k, cudaStream_t stream) {
+  KFormat fmt;
+  if (!supports(p, convert_k) || !operand_format(p, convert_k, fmt)) return false;
+  switch (fmt) {
+    case KFormat::kNative: return launch_format<Elem, KFormat::kNative>(p, q_source, stream);
+    case KFormat::kFp8: return launch_format<Elem, KFormat::kFp8>(p, q_source, stream);
+    case KFormat::kNvfp4:
+      // NVFP4 computes in bf16 (proxy_score_api.cu); no fp16 instantiation.
+      if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return launch_format<Elem, KFormat::kNvfp4>(p, q_source, stream);
+      return false;
+  }
+  return false;
 }
 
 }  // namespace flashmsa::cuda::proxy::sm90

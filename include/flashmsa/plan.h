@@ -219,8 +219,13 @@ struct SparseAttnPlan {
 };
 
 struct ProxyScorePlan {
-  ProxyKernel kernel = ProxyKernel::kMmaSync;  // resolved: kMmaSync, kSm90 or kSm90Ss
-  bool strict = false;  // the sm_90a kernel or NotImplementedError (no fallback to mma_sync)
+  ProxyKernel kernel = ProxyKernel::kMmaSync;  // resolved: kMmaSync, kSm90, kSm90Ss or kDecode
+  bool strict = false;  // the named kernel or NotImplementedError (no fallback to mma_sync)
+  // The sm_90a kernel also takes fp8 K and NVFP4 q / K (converted exactly into bf16 / fp16 by its
+  // producer warpgroup). Set only by the forced options sm90 / sm90_only / sm90_ss / sm90_ss_only:
+  // auto keeps those calls on mma.sync until an H200 run shows the converting path correct and
+  // faster (docs/design/proxy_score.md).
+  bool convert_k = false;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: kWarpPerRow, kWarpPerRow8 or kRadix

@@ -138,6 +138,14 @@ TEST(PlanDescribe, ProxyAndTopk) {
   pp.q_dtype = pp.k.dtype = DType::kBF16;
   std::string dp = describe(plan_proxy_score(pp, auto_o), auto_o);
   EXPECT_TRUE(has(dp, "kernel=decode (auto: short queries, at most 16 rows")) << dp;
+  ProxyScoreOptions forced;
+  forced.kernel = ProxyKernel::kSm90Only;
+  dp = describe(plan_proxy_score(pp, forced), forced);
+  EXPECT_EQ(dp, "kernel=sm90 (forced by the option kernel=sm90_only; fp8 K and NVFP4 q / K converted into "
+                "16-bit by the producer warpgroup)");
+  forced.kernel = ProxyKernel::kMmaSync;
+  dp = describe(plan_proxy_score(pp, forced), forced);
+  EXPECT_EQ(dp, "kernel=mma_sync (forced by the option kernel=mma_sync)");
   TopkSelectParams tp{};
   tp.num_heads = 4;
   tp.num_blocks = 256;
