@@ -503,6 +503,17 @@ class Bench:
                               lambda s=s, o=dict(kernel=variant + "_only"):
                               self.build_proxy_prefill(s, o), "compute",
                               REF_PROXY_32K if s == 32 * K else None)
+            if s == 32 * K:
+                # fp8 index-K (bf16 q) and the NVFP4 indexer: the default (auto: mma.sync for
+                # these, since the sm_90a kernel converts them only when forced) against the
+                # sm_90a kernel with its producer warpgroup converting K (and NVFP4 Q), forced.
+                for fmt in ("fp8", "nvfp4"):
+                    self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt}",
+                                  lambda s=s, f=fmt: self.build_proxy_prefill(s, fmt=f), "compute")
+                    for variant in ("sm90", "sm90_ss"):
+                        self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt} {variant}",
+                                      lambda s=s, f=fmt, o=dict(kernel=variant + "_only"):
+                                      self.build_proxy_prefill(s, o, fmt=f), "compute")
         for b, ctx, sq in self.cfg["decode"]:
             name = f"decode B{b} ctx={size_name(ctx)} sq{sq}"
             ref = REF_DECODE_INDEX if (b, ctx, sq) == (64, 32 * K, 1) else None
@@ -532,18 +543,31 @@ class Bench:
                 self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=dec), "memory")
 
-    def build_proxy_prefill(self, s, options=None):
+    def build_proxy_prefill(self, s, options=None, fmt="bf16"):
+        """fmt: bf16 q and k; fp8 (bf16 q, e4m3 k); nvfp4 (msa_proxy_score_fp4: q and k)."""
         g = self.gen()
         hq, hk = M3["idx_hq"], M3["idx_hk"]
         q, k = self.rnd((s, hq, 128), g), self.rnd((s, hk, 128), g)
         cu = ft.cu_seqlens([s], self.device)
         p = math.ceil(s / mi.BLOCK)
         out = torch.empty((hq, p, s), dtype=torch.float32, device=self.device)
+        visible = s * (s + 1) // 2
+        if fmt == "nvfp4":
+            proxy_score_fp4 = self.planned("msa_proxy_score_fp4", options)
+            k4, k_sc, k_gs = ft.quantize_nvfp4(k)
+            q4, q_sc, q_gs = ft.quantize_nvfp4(q)
+
+            def fn4():
+                return proxy_score_fp4(q4, k4, q_sc, k_sc, q_gs, k_gs, cu, cu, causal=True,
+                                       max_seqlen_q=s, max_k_tiles=p, output=out)
+            nbytes = q4.nbytes + q_sc.nbytes + k4.nbytes + k_sc.nbytes + out.nbytes
+            return fn4, dict(flop=2 * 128 * hq * visible, bytes=nbytes)
+        if fmt == "fp8":
+            k = k.to(torch.float8_e4m3fn)
         proxy_score = self.planned("msa_proxy_score", options)
 
         def fn():
             return proxy_score(q, k, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p, output=out)
-        visible = s * (s + 1) // 2
         return fn, dict(flop=2 * 128 * hq * visible, bytes=q.nbytes + k.nbytes + out.nbytes)
 
     def build_proxy_decode(self, b, ctx, sq, with_topk=False, fp4=False, k_fp8=False,

@@ -237,7 +237,8 @@ class Smoke:
         """The sm_90a TMA + wgmma prefill kernel, forced, in both variants (plan option kernel=
         sm90_only: Q in registers, sm90_ss_only: Q in shared memory; SKIP on other devices):
         ragged and empty sequences, several tiles per CTA, q_offset, padding columns, non-causal,
-        G = 1 / 2 / 8, fp16, rows of no sequence, paged K with an invalid page id."""
+        G = 1 / 2 / 8, fp16, rows of no sequence, paged K with an invalid page id; fp8 K and NVFP4
+        q / K (converted by the producer warpgroup), flat and paged."""
         for variant in ("sm90", "sm90_ss"):
             options = dict(kernel=variant + "_only")
             self._proxy_sm90_cases(variant, PlannedOps(self.ops, msa_proxy_score=options,
@@ -274,6 +275,37 @@ class Smoke:
         self.run(f"proxy {tag} flat bf16 prefill 2 x 4096", lambda: ops.msa_proxy_score(
             self.rnd((2 * s, 4, 128)), self.rnd((2 * s, 1, 128)), cu, cu, max_seqlen_q=s,
             max_k_tiles=s // 128))
+        # fp8 / NVFP4 K: raw blocks staged by TMA, converted by the producer warpgroup's threads
+        # (generic-proxy stores fenced for the wgmmas), raw and converted rings wrapping.
+        fp8 = torch.float8_e4m3fn
+        self.run(f"proxy {tag} flat fp8 k causal G4 ragged+empty+uncovered", lambda: ops.msa_proxy_score(
+            qk()[0], qk()[1].to(fp8), cu_q, cu_k, max_seqlen_q=max(sq), max_k_tiles=p,
+            q_offset=self.i32([-5, 100, 0, 1500])))
+
+        def invalid_page_fp8():
+            cache, table, used = self.paged(sk, 1)
+            table[0, 2] = -1
+            return ops.msa_proxy_score(qk()[0], cache.to(fp8), cu_q, None, page_table=table,
+                                       seqused_k=used, max_seqlen_q=max(sq), max_k_tiles=table.shape[1])
+        self.run(f"proxy {tag} paged fp8 k G4 (invalid page)", invalid_page_fp8)
+        self.run(f"proxy {tag} flat fp8 k prefill 2 x 4096", lambda: ops.msa_proxy_score(
+            self.rnd((2 * s, 4, 128)), self.rnd((2 * s, 1, 128)).to(fp8), cu, cu, max_seqlen_q=s,
+            max_k_tiles=s // 128))
+
+        def flat_fp4():
+            (q4, qs, qg), (k4, ks, kg) = ft.quantize_nvfp4(qk()[0]), ft.quantize_nvfp4(qk()[1])
+            return ops.msa_proxy_score_fp4(q4, k4, qs, ks, qg, kg, cu_q, cu_k, max_seqlen_q=max(sq),
+                                           max_k_tiles=p)
+        self.run(f"proxy {tag} flat nvfp4 q / k causal G4 ragged+empty+uncovered", flat_fp4)
+
+        def invalid_page_fp4():
+            cache, table, used = self.paged(sk, 1)
+            table[0, 2] = -1
+            (q4, qs, qg), (c4, cs, cg) = ft.quantize_nvfp4(qk()[0]), ft.quantize_nvfp4(cache)
+            return ops.msa_proxy_score_fp4(q4, c4, qs, cs, qg, cg, cu_q, None, page_table=table,
+                                           seqused_k=used, max_seqlen_q=max(sq),
+                                           max_k_tiles=table.shape[1])
+        self.run(f"proxy {tag} paged nvfp4 q / k G4 (invalid page)", invalid_page_fp4)
 
     def proxy_decode(self):
         """The decode streaming kernel, forced (plan option kernel=decode_only): paged bf16 /

@@ -306,16 +306,132 @@ def test_proxy_sm90_paged_equals_flat_bitwise(case: ProxyCase, variant: str):
     assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
 
 
+# fp8 and NVFP4 K on the sm_90a kernel (forced options only: ProxyScorePlan::convert_k; auto keeps
+# them on mma.sync until an H200 run shows this path correct and faster). The producer warpgroup
+# converts the raw blocks exactly into the 16-bit tile the wgmmas read, so the result equals the
+# same kernel on the upcast / dequantized bf16 (fp16) tensors bit for bit; against the CPU reference
+# and the mma.sync kernel (other accumulation order) the usual PROXY_ATOL holds.
+SM90_FP8_CASES = [
+    ProxyCase("sm90_fp8_m3_prefill", [2048], [2048], hq=4, hkv=1, k_dtype=FP8),
+    ProxyCase("sm90_fp8_ragged", [1000, 37, 1, 2050, 64, 65], [1000, 37, 1, 2050, 64, 65], hq=4,
+              hkv=1, k_dtype=FP8),
+    ProxyCase("sm90_fp8_chunked_prefill", [1000, 300], [5000, 333], hq=4, hkv=1, k_dtype=FP8),
+    ProxyCase("sm90_fp8_noncausal", [300, 129], [1000, 700], hq=4, hkv=1, causal=False, k_dtype=FP8),
+    ProxyCase("sm90_fp8_q_offset", [150, 64, 70], [512, 512, 300], hq=4, hkv=1,
+              q_offset=[-3, 200, 0], k_dtype=FP8),
+    ProxyCase("sm90_fp8_g1", [300, 77], [300, 500], hq=2, hkv=2, k_dtype=FP8),
+    ProxyCase("sm90_fp8_g8", [300, 65], [700, 65], hq=8, hkv=1, k_dtype=FP8),
+    ProxyCase("sm90_fp8_g16", [130, 3], [1500, 700], hq=64, hkv=4, k_dtype=FP8),
+    ProxyCase("sm90_fp8_fp16_q", [500, 50], [1000, 2000], hq=4, hkv=1, q_dtype=FP16, k_dtype=FP8),
+    ProxyCase("sm90_fp8_nan_keys", [200, 4], [600, 300], hq=4, hkv=1, k_dtype=FP8, nan_keys=True),
+    ProxyCase("sm90_fp8_padding_columns", [200, 3], [500, 100], hq=4, hkv=1, max_k_tiles=10,
+              k_dtype=FP8),
+    ProxyCase("sm90_fp8_paged", [1000, 300], [1500, 4000], hq=4, hkv=1, paged=True, k_dtype=FP8),
+    ProxyCase("sm90_fp8_paged_invalid_pages", [60, 5, 200], [1500, 900, 700], hq=4, hkv=1,
+              paged=True, invalid_pages=True, k_dtype=FP8),
+    ProxyCase("sm90_fp8_paged_g8_noncausal", [129, 64], [1000, 333], hq=16, hkv=2, paged=True,
+              causal=False, k_dtype=FP8),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("variant", SM90_VARIANTS)
+@pytest.mark.parametrize("case", SM90_FP8_CASES, ids=str)
+def test_proxy_sm90_fp8_k(case: ProxyCase, variant: str):
+    """fp8 K on the sm_90a kernel: against the CPU reference (PROXY_ATOL, exact -inf / NaN
+    patterns, every element written), and bit for bit equal to the same kernel on the upcast K."""
+    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
+    want = run_proxy(case, inputs, "cpu")
+    got = run_proxy(case, inputs, DEV, kernel=variant)
+    assert_proxy_close(got, want, case.name)
+    up = case.q_dtype
+    twin_inputs = dict(inputs, k=inputs["k"].to(up))
+    upcast = run_proxy(_twin(case, k_dtype=up), twin_inputs, DEV, fill=0.0, kernel=variant)
+    assert torch.equal(got.view(torch.int32), upcast.view(torch.int32)), case.name
+
+
+SM90_FP4_CASES = [
+    ProxyCase("sm90_fp4_m3_prefill", [2048], [2048], hq=4, hkv=1),
+    ProxyCase("sm90_fp4_ragged", [1000, 37, 1, 700, 64, 65], [1000, 37, 1, 700, 64, 65], hq=4,
+              hkv=1),
+    ProxyCase("sm90_fp4_chunked_prefill", [500, 300], [3000, 333], hq=4, hkv=1),
+    ProxyCase("sm90_fp4_noncausal", [300, 129], [1000, 700], hq=4, hkv=1, causal=False),
+    ProxyCase("sm90_fp4_q_offset", [150, 64, 70], [512, 512, 300], hq=4, hkv=1,
+              q_offset=[-3, 200, 0]),
+    ProxyCase("sm90_fp4_g1", [300, 77], [300, 500], hq=2, hkv=2),
+    ProxyCase("sm90_fp4_g8", [300, 65], [700, 65], hq=8, hkv=1),
+    ProxyCase("sm90_fp4_g16", [130, 3], [1500, 700], hq=64, hkv=4),
+    ProxyCase("sm90_fp4_paged", [700, 300], [1500, 3000], hq=4, hkv=1, paged=True),
+    ProxyCase("sm90_fp4_paged_invalid_pages", [60, 5, 200], [1500, 900, 700], hq=4, hkv=1,
+              paged=True, invalid_pages=True),
+    ProxyCase("sm90_fp4_paged_g8_noncausal", [129, 64], [1000, 333], hq=16, hkv=2, paged=True,
+              causal=False),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("variant", SM90_VARIANTS)
+@pytest.mark.parametrize("case", SM90_FP4_CASES, ids=str)
+def test_proxy_sm90_fp4(case: ProxyCase, variant: str):
+    """NVFP4 q and K on the sm_90a kernel (both dequantized exactly into bf16 by the producer
+    warpgroup): against the CPU reference with global scales; with unit scales bit for bit equal
+    to the same kernel on the dequantized bf16 tensors; with scales, exactly that times
+    q_gs * k_gs (the block maxima are scaled: equal to scaling every logit for a positive scale)."""
+    seed = zlib.crc32(case.name.encode())
+    a, deq = _fp4_decode_inputs(case, seed=seed)
+    q_gs, k_gs = 0.37, 2.5
+    want = _run_fp4(case, a, "cpu", q_gs, k_gs)
+    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel=variant)
+    scale = q_gs * k_gs
+    assert_proxy_close(got / scale, want / scale, case.name)
+    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel=variant)
+    dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel=variant)
+    assert torch.equal(unit.view(torch.int32), dequantized.view(torch.int32)), case.name
+    product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
+    assert torch.equal(got, dequantized * product.to(DEV)), case.name
+
+
+@needs_sm90
+@pytest.mark.parametrize("variant", SM90_VARIANTS)
 @pytest.mark.parametrize("case", [
-    ProxyCase("sm90_fallback_fp8_k_paged", [300, 5], [1500, 900], hq=4, hkv=1, k_dtype=FP8,
+    ProxyCase("sm90_vs_mma_fp8_m3_16k", [16384], [16384], hq=4, hkv=1, k_dtype=FP8),
+    ProxyCase("sm90_vs_mma_fp8_paged_ragged", [8192, 3000, 1], [8192, 6000, 700], hq=4, hkv=1,
+              k_dtype=FP8, paged=True),
+    ProxyCase("sm90_vs_mma_fp4_m3_8k", [8192], [8192], hq=4, hkv=1),
+    ProxyCase("sm90_vs_mma_fp4_paged_g8", [3000, 500], [9000, 500], hq=8, hkv=1, paged=True),
+], ids=str)
+def test_proxy_sm90_converted_equals_mma_sync(case: ProxyCase, variant: str):
+    """Prefill shapes too large for the CPU reference, fp8 K (bf16 q) and NVFP4 q / K: the sm_90a
+    kernel against the mma.sync kernel on the GPU. Same exactly converted operands, different
+    accumulation order (wgmma m64n128k16 vs mma.sync m16n8k16), so: identical -inf / NaN patterns,
+    finite entries within PROXY_ATOL; and run-to-run bit-identical."""
+    seed = zlib.crc32(case.name.encode())
+    if "fp4" in case.name:
+        a, _ = _fp4_decode_inputs(case, seed=seed)
+        want = _run_fp4(case, a, DEV, 0.5, 2.0, kernel="mma_sync").cpu()
+        got = _run_fp4(case, a, DEV, 0.5, 2.0, kernel=variant)
+        again = _run_fp4(case, a, DEV, 0.5, 2.0, kernel=variant)
+    else:
+        inputs = make_proxy_inputs(case, seed=seed)
+        want = run_proxy(case, inputs, DEV, kernel="mma_sync").cpu()
+        got = run_proxy(case, inputs, DEV, fill=0.0, kernel=variant)
+        again = run_proxy(case, inputs, DEV, fill=-7.0, kernel=variant)
+    assert_proxy_close(got, want, case.name)
+    assert torch.equal(got.view(torch.int32), again.view(torch.int32))
+
+
+@pytest.mark.parametrize("case", [
+    ProxyCase("sm90_fallback_fp8_q", [300, 2], [512, 4000], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8,
               paged=True),
-    ProxyCase("sm90_fallback_fp8_k", [150, 90], [2048, 1280], hq=8, hkv=2, k_dtype=FP8),
     ProxyCase("sm90_fallback_reduce", [300], [4096], hq=8, hkv=2, reduce_heads=True),
+    ProxyCase("sm90_fallback_reduce_fp8_k", [150, 90], [2048, 1280], hq=8, hkv=2, k_dtype=FP8,
+              reduce_heads=True),
 ], ids=str)
 def test_proxy_sm90_falls_back(case: ProxyCase):
-    """Plan option kernel=sm90 / sm90_ss: calls the sm_90a kernel does not cover (fp8 K,
+    """Plan option kernel=sm90 / sm90_ss: calls the sm_90a kernel does not cover (fp8 q,
     reduce_heads; any call on other devices) run on the mma.sync kernel, still exact; the _only
-    forms refuse them with NotImplementedError."""
+    forms refuse them with NotImplementedError. (fp8 K with 16-bit q, and NVFP4, now run on it:
+    test_proxy_sm90_fp8_k, test_proxy_sm90_fp4.)"""
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
     want = run_proxy(case, inputs, "cpu")
     for variant in ("sm90", "sm90_ss"):
@@ -323,6 +439,20 @@ def test_proxy_sm90_falls_back(case: ProxyCase):
                            f"{case.name} {variant}")
         with pytest.raises(NotImplementedError, match="sm_90a kernel"):
             run_proxy(case, inputs, DEV, kernel=variant + "_only")
+
+
+@needs_sm90
+def test_proxy_sm90_fp4_nonpositive_scale_refused():
+    """NVFP4 with a global-scale product <= 0: the sm_90a kernel scales block maxima (exact only
+    for a positive scale), so it does not run the call: sm90 falls back to mma.sync, sm90_only
+    raises NotImplementedError."""
+    case = ProxyCase("sm90_fp4_negative_scale", [300], [700], hq=4, hkv=1)
+    a, _ = _fp4_decode_inputs(case, seed=3)
+    want = _run_fp4(case, a, DEV, -0.5, 2.0, kernel="mma_sync")
+    assert torch.equal(_run_fp4(case, a, DEV, -0.5, 2.0, kernel="sm90").view(torch.int32),
+                       want.view(torch.int32))
+    with pytest.raises(NotImplementedError, match="sm_90a kernel"):
+        _run_fp4(case, a, DEV, -0.5, 2.0, kernel="sm90_only")
 
 
 def test_proxy_kernel_option_rejects_unknown():
