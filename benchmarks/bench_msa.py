@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from flashmsa import testing as ft
 from flashmsa.testing import inputs as mi
-from flashmsa.testing.timing import Timer
+from flashmsa.testing.timing import Timer, capture_graph
 
 TABLE_MARKER = "### flashmsa benchmark table"
 KB = 1024
@@ -283,21 +283,6 @@ class GraphedStep:
     def __call__(self):
         self.graph.replay()
         return self.static
-
-
-def capture_graph(fn):
-    """fn() run once on a side stream, then captured there into a torch.cuda.CUDAGraph: (graph,
-    fn's static result). A host synchronisation inside fn fails the capture."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        result = fn()
-    torch.cuda.synchronize()
-    return graph, result
 
 
 # ---- the run ---------------------------------------------------------------------------------

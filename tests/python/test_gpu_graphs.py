@@ -30,6 +30,7 @@ if not (torch.cuda.is_available() and flashmsa.built_with_cuda()):
 from flashmsa import msa_ops  # noqa: E402
 from flashmsa import testing as ft  # noqa: E402
 from flashmsa.testing import inputs as mi  # noqa: E402
+from flashmsa.testing.timing import capture_graph  # noqa: E402
 
 DEV = torch.device("cuda")
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
@@ -87,18 +88,7 @@ def graph_kwargs(fn, *, output=None, workspace=None, max_seqlen_q=None) -> dict:
     return kw
 
 
-def capture(fn):
-    """Warm up on a side stream, capture fn() on that stream; returns (graph, static outputs)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = fn()
-    torch.cuda.synchronize()
-    return graph, out
+capture = capture_graph  # warm up on a side stream, capture there: (graph, static outputs)
 
 
 def replay_and_check(graph, static_out, eager_fn, what):

@@ -6,6 +6,9 @@ a call while the GPU is kept busy, then every repetition flushes L2 with a 256 M
 a GPU-side sleep ahead of the op (so that host launch time is not timed), and CUDA events bracket
 the op. The repetition count fits a time budget between ``min_reps`` and ``max_reps``; the median is
 the result. On the CPU every repetition is timed with the wall clock (no flush, no sleep).
+
+:func:`capture_graph` captures a function into a CUDA graph (the benchmark's decode step and the
+graph tests).
 """
 
 import statistics
@@ -125,3 +128,19 @@ def _summary(times, reps, host, host_sync) -> dict:
          else [times[0]] * 9)
     return dict(median_us=statistics.median(times), min_us=times[0], p10_us=q[0], p90_us=q[-1],
                 reps=reps, host_us=host, host_sync=host_sync)
+
+
+def capture_graph(fn: Callable):
+    """``fn()`` run once on a side stream (warm-up: allocations, plans, shared-memory opt-ins), then
+    captured there into a ``torch.cuda.CUDAGraph``. Returns ``(graph, fn's static result)``; a host
+    synchronisation inside ``fn`` fails the capture."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        result = fn()
+    torch.cuda.synchronize()
+    return graph, result
