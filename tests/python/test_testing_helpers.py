@@ -135,6 +135,31 @@ def test_nvfp4_quantize_error_and_global_scale():
         nvfp4.quantize_nvfp4(torch.zeros(3, 64))
 
 
+def test_nvfp4_codes_are_the_nearest_magnitude_ties_down():
+    """quantize_nvfp4 picks each code as the nearest e2m1 magnitude with ties to the smaller one
+    (the first minimum of |value - magnitude|), NaN and +-inf as code 0: values on and around
+    every midpoint, both signs, huge and tiny blocks."""
+    mags = torch.tensor(nvfp4.E2M1_MAGNITUDES)
+    mids = (mags[1:] + mags[:-1]) / 2
+    around = torch.cat([mids, torch.nextafter(mids, mids + 1), torch.nextafter(mids, mids - 1),
+                        mags, torch.rand(4000) * 6.5])
+    x = torch.cat([around, -around])
+    x = torch.cat([x, torch.zeros(-x.numel() % 15)]).view(-1, 15)
+    # every block holds 6 (its scale is exactly 1 at global scale 1) and 15 of the values
+    blocks = torch.cat([torch.full((x.shape[0], 1), 6.0), x], 1)
+    x = torch.cat([blocks.reshape(-1), torch.zeros(-blocks.numel() % 128)]).view(-1, 128)
+    x[0, 1:4] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    x = torch.cat([x, torch.randn(64, 128) * 1e4, torch.randn(64, 128) * 1e-4])
+    data, scales, _ = nvfp4.quantize_nvfp4(x, global_scale=1.0)
+    # the codes as argmin of the distances computes them, from the stored scales
+    sf = nvfp4.dequantize_nvfp4(torch.full_like(data, 0x22), scales)  # code 2: magnitude 1.0
+    scaled = torch.where(sf > 0, x / torch.where(sf > 0, sf, 1.0), 0.0)
+    want = (scaled.abs().unsqueeze(-1) - mags).abs().argmin(-1)
+    want = want | ((scaled < 0) & (want > 0)).long() * 8
+    got = torch.stack([data & 0xF, data >> 4], -1).reshape(want.shape).long()
+    assert torch.equal(got, want)
+
+
 def test_nvfp4_scale_offsets_swizzle():
     rows = 256
     off = nvfp4.nvfp4_scale_offsets(rows)

@@ -12,6 +12,19 @@ _SCALE_COLS = HEAD_DIM // NVFP4_SF_VEC  # 8 scales per 128-value row
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7; code | 8 is the negative
 
 
+def _code_table() -> Tuple[int, ...]:
+    """The e2m1 code of a value v, indexed by ``ceil(4 |v|)`` (at most 21), plus 22 for negative
+    v: the nearest magnitude with ties to the smaller one (the midpoints between magnitudes are
+    multiples of 1/4, so ``ceil(4 |v|) = k`` puts ``|v|`` in ``((k - 1) / 4, k / 4]``, above the
+    midpoints ``<= (k - 1) / 4``), ``| 8`` for a negative v of nonzero code."""
+    mids4 = [int(2 * (a + b)) for a, b in zip(E2M1_MAGNITUDES, E2M1_MAGNITUDES[1:])]
+    pos = tuple(sum(m <= k - 1 for m in mids4) for k in range(22))
+    return pos + tuple(c | 8 if c else 0 for c in pos)
+
+
+_CODES = _code_table()
+
+
 def nvfp4_scale_offsets(rows: int, device=None) -> torch.Tensor:
     """``(rows, 8)`` int64 byte offsets of each row's scales in the 128x4 swizzled buffer: scale
     ``c`` of row ``r`` sits at ``((r // 128) * 2 + c // 4) * 512 + (r % 32) * 16
@@ -49,11 +62,12 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: Optional[float] = None
     blocks = (xf * global_scale).reshape(rows, _SCALE_COLS, NVFP4_SF_VEC)
     sf = (blocks.abs().amax(dim=-1) / 6.0).clamp(max=448.0).to(torch.float8_e4m3fn)
     sf_f = sf.float().unsqueeze(-1)
-    scaled = torch.where(sf_f > 0, blocks / torch.where(sf_f > 0, sf_f, 1.0), 0.0)
-    mags = torch.tensor(E2M1_MAGNITUDES, device=x.device)
-    code = (scaled.abs().unsqueeze(-1) - mags).abs().argmin(dim=-1)  # nearest magnitude
-    code = code | ((scaled < 0) & (code > 0)).to(code.dtype) * 8
-    code = code.reshape(rows, HEAD_DIM).to(torch.uint8)
+    # Blocks of scale 0 (or NaN) divide by inf: code 0. NaN and +-inf values get code 0 too.
+    scaled = (blocks / torch.where(sf_f > 0, sf_f, math.inf)).nan_to_num_(0.0, 0.0, 0.0)
+    index = (scaled * 4).abs_().ceil_().clamp_(max=21)
+    index += (scaled < 0) * 22.0
+    code = torch.tensor(_CODES, dtype=torch.uint8, device=x.device)[index.long()]
+    code = code.reshape(rows, HEAD_DIM)
     data = code[:, 0::2] | (code[:, 1::2] << 4)
     scales = torch.zeros(nvfp4_scale_bytes(rows), dtype=torch.uint8, device=x.device)
     scales[nvfp4_scale_offsets(rows, x.device).reshape(-1)] = sf.view(torch.uint8).reshape(-1)
@@ -66,9 +80,14 @@ def dequantize_nvfp4(data: torch.Tensor, scales: torch.Tensor, global_scale: flo
     times ``global_scale``, computed in ``dtype`` (e2m1 * e4m3 products are exact in float32)."""
     flat = data.reshape(-1, HEAD_DIM // 2)
     rows = flat.shape[0]
-    codes = torch.stack([flat & 0xF, flat >> 4], dim=-1).reshape(rows, HEAD_DIM).long()
     table = torch.tensor(E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES), dtype=dtype,
                          device=data.device)
+    byte = torch.arange(256, device=data.device)
+    pairs = torch.stack([table[byte & 0xF], table[byte >> 4]], dim=-1)  # a byte's two values
+    values = pairs[flat.long()].reshape(rows, _SCALE_COLS, NVFP4_SF_VEC)
     sf_bytes = scales[nvfp4_scale_offsets(rows, data.device).reshape(-1)].reshape(rows, _SCALE_COLS)
-    sf = sf_bytes.view(torch.float8_e4m3fn).to(dtype).repeat_interleave(NVFP4_SF_VEC, dim=1)
-    return (table[codes] * sf * global_scale).reshape(*data.shape[:-1], HEAD_DIM)
+    sf = sf_bytes.view(torch.float8_e4m3fn).to(dtype).unsqueeze(-1)
+    out = values * sf
+    if global_scale != 1.0:
+        out = out * global_scale
+    return out.reshape(*data.shape[:-1], HEAD_DIM)
