@@ -32,9 +32,10 @@ error of a same-precision torch baseline plus 2 ulp (fp8 partials: plus 2^-4 max
 -inf patterns exact and finite values within 1e-2, rows without keys exactly 0, no NaN. Device
 outputs are poisoned (NaN / INT32_MIN) before each call, so unwritten elements fail.
 
-The CPU reference is the cost: problems stay small, and ``--workers`` processes (default: one a
-CPU core) each run whole cases. The run stops cleanly at ``--seconds`` and prints the counts per
-op; the exit status is 1 when any case failed.
+Building the inputs and the CPU reference are the cost: problems stay small (log-uniform lengths,
+a few long ones), and ``--workers`` processes (default: one a CPU core, one thread each) each run
+whole cases. The run stops cleanly at ``--seconds`` and prints the counts per op with the time per
+case split into its phases; the exit status is 1 when any case failed.
 """
 
 from __future__ import annotations
@@ -62,6 +63,20 @@ _WORKSPACES: dict = {}  # device -> the MSASparseAttentionWorkspace the cases of
 
 
 # ---- case parameters ----------------------------------------------------------------------------
+
+def _logu(rng: random.Random, lo: int, hi: int) -> int:
+    """An integer in [lo, hi], log-uniform: each octave as likely as the next, so most draws stay
+    small (cheap to build and to check) while the top of the range is still drawn."""
+    return min(hi, max(lo, int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))))
+
+
+def _long(rng: random.Random, seqs: List[int], lo: int, hi: int) -> List[int]:
+    """A long-sequence case: one sequence (and each other one at even odds) gets a length up to
+    ``hi`` (uniform, or log-uniform from ``lo``); the rest keep theirs."""
+    first = rng.randrange(len(seqs))
+    return [rng.choice((rng.randint(1, hi), _logu(rng, lo, hi)))
+            if b == first or rng.random() < 0.5 else sk for b, sk in enumerate(seqs)]
+
 
 def _lengths(rng: random.Random, n: int, choices) -> List[int]:
     out = []
@@ -152,12 +167,12 @@ def _paged_lengths(rng: random.Random, p: dict, paged: bool, huge: bool) -> None
 def gen_proxy(rng: random.Random, fp4: bool) -> dict:
     b = rng.randint(1, 3)
     big = rng.random() < 0.04  # a few long key sequences (many blocks) over a few rows
-    seqs_q = _lengths(rng, b, (0, 1, 2, lambda: rng.randint(1, 40), lambda: rng.randint(1, 130)))
-    seqs_k = _lengths(rng, b, (0, 1, 127, 128, 129, lambda: rng.randint(1, 1300),
-                               lambda: 128 * rng.randint(1, 8)))
+    seqs_q = _lengths(rng, b, (0, 1, 2, lambda: rng.randint(1, 40), lambda: _logu(rng, 1, 130)))
+    seqs_k = _lengths(rng, b, (0, 1, 127, 128, 129, lambda: _logu(rng, 1, 1300),
+                               lambda: 128 * _logu(rng, 1, 8)))
     if big:
         seqs_q = [min(q, 4) for q in seqs_q]
-        seqs_k = [rng.randint(1, 20000) for _ in seqs_k]
+        seqs_k = _long(rng, seqs_k, 1300, 20000)
     hkv = rng.choice((1, 1, 2, 3))
     g = rng.choice((1, 2, 3, 4, 8, 16))
     if fp4:
@@ -238,12 +253,12 @@ def _scales(rng: random.Random) -> dict:
 def gen_attention(rng: random.Random) -> dict:
     b = rng.randint(1, 3)
     big = rng.random() < 0.04
-    seqs_q = _lengths(rng, b, (0, 1, lambda: rng.randint(1, 24), lambda: rng.randint(1, 64)))
-    seqs_k = _lengths(rng, b, (0, 1, 128, 129, lambda: rng.randint(1, 1000),
-                               lambda: 128 * rng.randint(1, 6)))
+    seqs_q = _lengths(rng, b, (0, 1, lambda: rng.randint(1, 24), lambda: _logu(rng, 1, 64)))
+    seqs_k = _lengths(rng, b, (0, 1, 128, 129, lambda: _logu(rng, 1, 1000),
+                               lambda: 128 * _logu(rng, 1, 6)))
     if big:
         seqs_q = [min(q, 6) for q in seqs_q]
-        seqs_k = [rng.randint(1, 12000) for _ in seqs_k]
+        seqs_k = _long(rng, seqs_k, 1000, 12000)
     hkv = rng.choice((1, 1, 2, 3))
     g = rng.choice((1, 2, 3, 4, 5, 8, 16, 16, 32, 64))
     if g >= 32:
@@ -271,10 +286,10 @@ def gen_attention(rng: random.Random) -> dict:
 def gen_decode(rng: random.Random) -> dict:
     batch = rng.randint(1, 6)
     seqlen_q = rng.randint(1, 4)
-    seqs_k = _lengths(rng, batch, (0, 1, 128, 129, lambda: rng.randint(1, 1500),
-                                   lambda: 128 * rng.randint(1, 10)))
+    seqs_k = _lengths(rng, batch, (0, 1, 128, 129, lambda: _logu(rng, 1, 1500),
+                                   lambda: 128 * _logu(rng, 1, 10)))
     if rng.random() < 0.04:
-        seqs_k = [rng.randint(1, 12000) for _ in seqs_k]
+        seqs_k = _long(rng, seqs_k, 1500, 12000)
     hkv = rng.choice((1, 2, 4))
     g = rng.choice((1, 2, 3, 4, 8, 16, 16))
     p = dict(batch=batch, seqlen_q=seqlen_q, seqs_k=seqs_k, hq=hkv * g, hkv=hkv,
@@ -440,13 +455,12 @@ def build_cache(rng: random.Random, gen, seqs_k: List[int], hkv: int, kind: str,
         deq = pools[name][1]
         seqs = []
         for i in range(b):
-            rows = torch.zeros((seqs_k[i], hkv, 128))
-            for t in range(nb[i]):
-                if t in dropped[i]:
-                    continue
-                lo, hi = t * BLOCK, min(seqs_k[i], (t + 1) * BLOCK)
-                rows[lo:hi] = deq[int(table[i, t]), :, :hi - lo].transpose(0, 1)
-            seqs.append(rows)
+            # the sequence's pages gathered in table order, dropped (invalid) ones as zeros
+            keep = torch.ones(nb[i], dtype=torch.bool)
+            keep[sorted(dropped[i])] = False
+            pages = deq[torch.where(keep, table[i, :nb[i]].long(), 0)]
+            pages[~keep] = 0
+            seqs.append(pages.transpose(1, 2).reshape(nb[i] * BLOCK, hkv, 128)[:seqs_k[i]])
         (c.keys if name == "k" else c.values).extend(seqs)
     if layout.startswith("packed"):
         from flashmsa.testing import pack_kv
@@ -975,24 +989,40 @@ def reproducer(op: str, seed: int, params: dict, message: str) -> str:
             f"rerun: python benchmarks/fuzz_msa.py --replay {op}:{seed}")
 
 
-def run_case(op: str, seed: int, device: str) -> Tuple[Optional[str], bool]:
+PHASES = ("build", "device", "reference", "check")
+
+
+def run_case(op: str, seed: int, device: str,
+             timings: Optional[Dict[str, float]] = None) -> Tuple[Optional[str], bool]:
     """Runs case ``(op, seed)`` on ``device`` and on the CPU. Returns (None when they agree, else
-    the one-line reproducer; whether a fault was planted)."""
+    the one-line reproducer; whether a fault was planted). ``timings``, when given, receives the
+    wall seconds of each of PHASES (inputs and parameters, the device call, the CPU reference,
+    the comparison) and ``cpu``: this process's CPU seconds for the case."""
+    clock, cpu0 = time.perf_counter, time.process_time()
+    marks = [clock()]
     params = case_params(op, seed)
     planted = False
     try:
         import flashmsa.testing as ft
         pb = Problem(op, params, seed)
+        marks.append(clock())
         with ft.poison_outputs(True):
             got = pb.run(device)
             if device != "cpu":
                 _torch().cuda.synchronize()
+        marks.append(clock())
         if _PLANT is not None:
             got, planted = _PLANT(op, params, got)
         want = pb.run("cpu", reference=True)
+        marks.append(clock())
         msg = pb.check(got, want)
+        marks.append(clock())
     except Exception as exc:  # an exception on either side is a failure of the case
         msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:400]
+    if timings is not None:
+        timings.update({name: (marks[i + 1] - marks[i]) if i + 1 < len(marks) else 0.0
+                        for i, name in enumerate(PHASES)})
+        timings["cpu"] = time.process_time() - cpu0
     return (None if msg is None else reproducer(op, seed, params, msg)), planted
 
 
@@ -1011,6 +1041,8 @@ def _context_lost(msg: str) -> bool:
 
 
 def _worker(wid: int, nworkers: int, args, deadline: float, results):
+    # One thread each for the CPU reference (it reads FLASHMSA_NUM_THREADS at every call; unset,
+    # it starts one thread a core) and for torch: the workers already fill the cores.
     os.environ["FLASHMSA_NUM_THREADS"] = "1"
     import torch
     torch.set_num_threads(1)
@@ -1020,12 +1052,18 @@ def _worker(wid: int, nworkers: int, args, deadline: float, results):
     ops = args.ops
     i = wid
     try:
+        import flashmsa.msa_ops  # noqa: F401
+        if args.device != "cpu":  # the CUDA context, made before the first case's clock starts
+            torch.zeros(1, device=args.device).add_(1).item()
+        results.put(("ready", wid, None, None, time.time()))
         while i < args.cases and time.time() < deadline:
             op = ops[i % len(ops)]
             seed = args.seed + i
+            timings: Dict[str, float] = {}
             t0 = time.time()
-            msg, planted = run_case(op, seed, args.device)
-            results.put(("case", op, seed, (msg, planted), time.time() - t0))
+            msg, planted = run_case(op, seed, args.device, timings)
+            timings["wall"] = time.time() - t0
+            results.put(("case", op, seed, (msg, planted), timings))
             i += nworkers
             if msg is not None and args.device != "cpu" and _context_lost(msg):
                 results.put(("crash", wid, f"stopped after {op}:{seed}: the CUDA context is "
@@ -1038,8 +1076,10 @@ def _worker(wid: int, nworkers: int, args, deadline: float, results):
 
 def fuzz(args) -> dict:
     """Runs the fuzzing loop; returns dict(counts={op: [passed, failed]}, failures=[lines],
-    cost={op: seconds}, planted=cases with a planted fault)."""
-    deadline = time.time() + args.seconds
+    cost={op: {"wall" / "cpu" / phase: seconds summed over its cases}}, planted=cases with a
+    planted fault, startup=seconds until the last worker was ready for its first case)."""
+    t_start = time.time()
+    deadline = t_start + args.seconds
     counts = {op: [0, 0] for op in args.ops}
     planted = 0
     failures: List[str] = []
@@ -1050,7 +1090,8 @@ def fuzz(args) -> dict:
     for pr in procs:
         pr.start()
     alive = len(procs)
-    cost = {op: 0.0 for op in args.ops}
+    cost = {op: dict.fromkeys(("wall", "cpu") + PHASES, 0.0) for op in args.ops}
+    startup = 0.0
     while alive:
         try:
             kind, a, b, c, dt = results.get(timeout=5)
@@ -1061,12 +1102,15 @@ def fuzz(args) -> dict:
             continue
         if kind == "done":
             alive -= 1
+        elif kind == "ready":
+            startup = max(startup, dt - t_start)
         elif kind == "crash":
             failures.append(f"FUZZ ERROR: worker {a} crashed: {b}")
         else:
             op, seed, (msg, was_planted) = a, b, c
             planted += was_planted
-            cost[op] += dt
+            for key, secs in dt.items():
+                cost[op][key] += secs
             if msg is None:
                 counts[op][0] += 1
             else:
@@ -1075,7 +1119,7 @@ def fuzz(args) -> dict:
                 print(msg, flush=True)
     for pr in procs:
         pr.join(timeout=30)
-    return dict(counts=counts, failures=failures, cost=cost, planted=planted)
+    return dict(counts=counts, failures=failures, cost=cost, planted=planted, startup=startup)
 
 
 def usable_cpus() -> int:
@@ -1140,11 +1184,16 @@ def main(argv=None) -> int:
         import torch
         name = f"{args.device} ({torch.cuda.get_device_name(torch.device(args.device))})"
     print(f"fuzz_msa: device={name} seed={args.seed} workers={args.workers} "
-          f"wall={wall:.1f}s cases={total} failed={failed}"
+          f"wall={wall:.1f}s startup={res['startup']:.1f}s cases={total} failed={failed}"
           + (f" planted={res['planted']}" if args.plant_fault else ""))
+    # Per op: wall ms per case per worker, split into the phases of run_case, and the worker's CPU
+    # ms per case (wall well above build + reference + check, or cpu well below wall on the CPU,
+    # says that the workers waited: for the GPU, or for cores other processes held).
     for op, (ok, bad) in res["counts"].items():
-        per = res["cost"][op] / max(ok + bad, 1)
-        print(f"  {op:<10} {ok + bad:>7} cases  {bad:>4} failed  {per * 1e3:7.1f} ms/case")
+        per = {k: v / max(ok + bad, 1) * 1e3 for k, v in res["cost"][op].items()}
+        phases = ", ".join(f"{k} {per[k]:.1f}" for k in PHASES)
+        print(f"  {op:<10} {ok + bad:>7} cases  {bad:>4} failed  {per['wall']:7.1f} ms/case "
+              f"({phases}; cpu {per['cpu']:.1f})")
     for line in res["failures"]:
         if line.startswith("FUZZ ERROR"):
             print(line)
