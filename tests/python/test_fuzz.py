@@ -93,6 +93,131 @@ def test_generators_cover_every_option():
     assert any("chunk_rows" in o for o in opts["attention"])
 
 
+def _v_kind(p):
+    cdt = p.get("dtype") or ("bf16" if p["q_dtype"] == "fp8" else p["q_dtype"])
+    return p["kv"] if p["kv"] != "same" else cdt
+
+
+def test_generators_cover_value_ranges():
+    """V around offsets past fp8's 448 for every V kind that can hold them (NVFP4 with every
+    block scale near 448) and, for bf16 V, past fp16's 65504, also under the partial dtypes that
+    must give way to them (docs/semantics.md#decode); fp8 V at 448; q / K near the top of their
+    dtype; proxy inputs near the top of theirs."""
+    for op in ("attention", "decode"):
+        ps = [fuzz_msa.case_params(op, s) for s in range(400)]
+        offsets = {(_v_kind(p), p["v_offset"]) for p in ps if p["v_offset"]}
+        assert {("fp8", 400.0), ("bf16", 1e6), ("fp16", 30000.0), ("bf16", 500.0),
+                ("fp16", 500.0)} <= offsets, op
+        assert {k for k, _ in offsets} == {"bf16", "fp16", "fp8", "nvfp4"}, op
+        assert not any(p["v_offset"] and p["v_global_scale"] == 1e35 for p in ps)
+        mags = [p for p in ps if p["q_mag"]]
+        assert len(mags) > 20 and {_v_kind(p) for p in mags} == {"bf16", "fp16", "fp8", "nvfp4"}
+        assert all(p["softmax_scale"] < 1e-6 for p in mags if _v_kind(p) != "fp8")
+    ps = [fuzz_msa.case_params("decode", s) for s in range(3000)]
+    fp8_partials = [p for p in ps if p["partial_dtype"] == "fp8" and p["v_offset"]]
+    assert {_v_kind(p) for p in fp8_partials} == {"bf16", "fp16", "fp8", "nvfp4"}
+    assert sum(p["force_fused"] is False and _v_kind(p) == "nvfp4" for p in fp8_partials) >= 3
+    assert sum(p["partial_dtype"] == "fp16" and p["v_offset"] == 1e6 for p in ps) >= 3
+    scales = {fuzz_msa.case_params("proxy", s)["data_scale"] for s in range(400)}
+    assert {100.0, 5000.0, 2.5e5} <= scales
+
+
+def test_value_ranges_reach_the_partial_limits():
+    """The data of the range cases: 16-bit V averages (what a split-K partial holds) past 448
+    and, for bf16, past 65504; NVFP4 V with (nearly) every block scale at e4m3's 448; fp16 / fp8
+    inputs clamped to their largest finite values, never inf; q near the top of its dtype."""
+    import torch
+    seen = set()
+    for seed in range(400):
+        p = fuzz_msa.case_params("decode", seed)
+        if not p["v_offset"] or not sum(p["seqs_k"]):
+            continue
+        kind = _v_kind(p)
+        pb = fuzz_msa.Problem("decode", p, seed)
+        v = torch.cat([x for x in pb.cache.values if x.numel()])
+        for name in ("v", "k"):
+            x = pb.cache.args.get(name) if "packed" not in pb.cache.args else None
+            if x is not None and x.dtype != torch.uint8:
+                assert bool(torch.isfinite(x.float()).all()), (seed, name)
+        if kind == "nvfp4":
+            sf = pb.cache.args["v_scale"].view(torch.float8_e4m3fn).float()
+            used = sf[sf > 0]
+            assert float(used.median()) >= 320, seed  # most block scales near 448
+            assert float((v / pb.cache.args["v_global_scale"]).abs().max()) > 448 * 4
+        elif kind in ("bf16", "fp16"):
+            # averages over every key, per (head, dim), as large as V
+            mean = float(v.mean(dim=0).abs().median())
+            assert mean > 0.5 * min(p["v_offset"], 65504), seed
+            if p["v_offset"] == 1e6:
+                assert mean > 65504, seed
+        elif p["v_offset"] == 400.0:
+            assert float(v.abs().max()) >= 384.0, seed  # fp8's largest values (448 at most)
+        seen.add(kind)
+    assert seen == {"bf16", "fp16", "fp8", "nvfp4"}
+    for seed in range(400):
+        p = fuzz_msa.case_params("decode", seed)
+        if p["q_mag"] and p["q_dtype"] == "fp16" and p["seqlen_q"] * p["batch"] > 1:
+            q = fuzz_msa.Problem("decode", p, seed).q.float()
+            assert bool(torch.isfinite(q).all()) and float(q.abs().max()) > 10000
+            break
+    else:
+        raise AssertionError("no fp16 q near the top of its range")
+
+
+@pytest.mark.parametrize("kv", ["nvfp4", "same"])
+def test_saturated_fp8_partials_are_reported(kv):
+    """What decode produced before 57ea360 with fp8 partials and V past 448 (NVFP4, 16-bit):
+    every split's output clamped to +-448 before the V scale. The check reports it; the fp8
+    allowance applies to fp8 V alone."""
+    import torch
+    tried = 0
+    for seed in range(4000):
+        p = fuzz_msa.case_params("decode", seed)
+        if not (p["v_offset"] and p["partial_dtype"] == "fp8" and p["kv"] == kv
+                and sum(p["seqs_k"]) and p["v_offset"] > 448):
+            continue
+        pb = fuzz_msa.Problem("decode", p, seed)
+        want = pb.run("cpu", reference=True)
+        out = want[0].float()
+        if not bool(torch.isfinite(out).all()) or float(out.abs().max()) == 0:
+            continue  # overflowed (fp16 outputs at large V scales) or no key visible
+        gs = pb.kwargs.get("v_global_scale") or 1.0
+        sat = ((out / gs).clamp(-448, 448) * gs).to(want[0].dtype)
+        msg = pb.check((sat,) + tuple(want[1:]), want)
+        assert msg is not None and msg.startswith("out: max |dev - ref|"), (seed, msg)
+        tried += 1
+        if tried == 3:
+            break
+    assert tried == 3
+
+
+def test_check_reads_one_sided_overflow_as_the_threshold():
+    """An output that rounds to inf on one side and to the largest finite value on the other
+    (within the tolerance of the overflow threshold) passes; an inf where the reference is far
+    from it, or of the other sign, fails."""
+    import torch
+    for seed in range(200):
+        p = fuzz_msa.case_params("attention", seed)
+        if p["dtype"] == "fp16" and sum(p["seqs_q"]) and sum(p["seqs_k"]) and not p["lse"]:
+            break
+    pb = fuzz_msa.Problem("attention", p, seed)
+    want = pb.run("cpu", reference=True)
+    out = want[0].clone()
+    i = int(torch.isfinite(out.float()).view(-1).nonzero()[0])
+    ref = want[0].clone()
+    ref.view(-1)[i] = 65504.0
+    got = ref.clone()
+    got.view(-1)[i] = float("inf")
+    assert pb.check((got,), (ref,)) is None
+    assert pb.check((ref,), (got,)) is None
+    far = ref.clone()
+    far.view(-1)[i] = 100.0
+    assert "max |dev - ref|" in pb.check((got,), (far,))
+    neg = got.clone()
+    neg.view(-1)[i] = -float("inf")
+    assert "other sign" in pb.check((got,), (neg,))
+
+
 def _tiny_call(op: str, options: dict):
     """op on one-row CPU inputs through its planned twin: the core parses the plan options."""
     import torch
