@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
 
 import flashmsa  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
-from flashmsa.testing import cases  # noqa: E402
+from flashmsa.testing import cases, nvfp4  # noqa: E402
 
 from flashmsa.testing import reference as ref  # noqa: E402
 
@@ -174,6 +174,78 @@ def test_partial_dtypes(case, partial_dtype):
     got = run(dp, gpu=True, force_fused=False, partial_dtype=partial_dtype)
     check_against_reference(dp, got, want, base_out, f"{case} partial {partial_dtype}",
                             partial_dtype=partial_dtype)
+
+
+def build_wide_v(v_kind: str, offset: float, seqlen_q: int = 2, seed: int = 21) -> DecodeProblem:
+    """A flat decode problem whose V averages stay near +-offset: V rows are ``offset * (sign +
+    0.1 randn)`` with a random sign per (kv head, dim), so every split's normalized output (the
+    split-K partial) is as large as V. v_kind "nvfp4": NVFP4 K and V of that shape (``offset``
+    unused), every block's amax near the global one: block scales of about 290..448 (e4m3's
+    largest), V up to 6 x 448 and about 1800 on average before its global scale; "bf16" /
+    "fp16": 16-bit K/V and q of that dtype."""
+    batch, hq, hkv, topk, lens = 3, 16, 2, 32, [4096, 2500, 4096]
+    cdt = FP16 if v_kind == "fp16" else BF16
+    gen = torch.Generator().manual_seed(seed)
+    total_k = sum(lens)
+    q = (torch.randn(batch * seqlen_q, hq, 128, generator=gen) / 3).to(cdt)
+    k = torch.randn(total_k, hkv, 128, generator=gen) / 3
+    k_sign = torch.randint(0, 2, (1, hkv, 128), generator=gen).float() * 2 - 1
+    v_sign = torch.randint(0, 2, (1, hkv, 128), generator=gen).float() * 2 - 1
+    v = (v_sign + 0.1 * torch.randn(total_k, hkv, 128, generator=gen)) * offset
+    kw = dict(cu_seqlens_k=ref.cu_seqlens(lens), seqlen_q=seqlen_q, return_softmax_lse=True)
+    scale, out_scale = 128 ** -0.5, 1.0
+    if v_kind == "nvfp4":
+        k = (k_sign + 0.1 * torch.randn(total_k, hkv, 128, generator=gen)) / 3
+        v = v / offset
+        k_st, ks, kgs = nvfp4.quantize_nvfp4(k)
+        v_st, vs, vgs = nvfp4.quantize_nvfp4(v)
+        k_deq, v_deq = nvfp4.dequantize_nvfp4(k_st, ks), nvfp4.dequantize_nvfp4(v_st, vs)
+        kw.update(k_scale=ks, v_scale=vs, k_global_scale=kgs, v_global_scale=vgs)
+        scale, out_scale = scale * kgs, vgs
+    else:
+        k_st, v_st = k.to(cdt), v.to(cdt)
+        k_deq, v_deq = k_st.float(), v_st.float()
+    # every token selects topk distinct blocks of its sequence, all visible (causal, at the end)
+    rng = np.random.default_rng(seed)
+    q2k = torch.full((hkv, batch * seqlen_q, topk), -1, dtype=torch.int32)
+    for b, sk in enumerate(lens):
+        nb = math.ceil(sk / 128)
+        for r in range(b * seqlen_q, (b + 1) * seqlen_q):
+            for h in range(hkv):
+                ids = rng.permutation(nb)[:topk]
+                q2k[h, r, :len(ids)] = torch.from_numpy(ids.astype(np.int32))
+    cpu_args = (q, k_st, v_st, q2k)
+    gpu_args = tuple(t.to(DEV) for t in cpu_args)
+    gpu_kw = {n: t.to(DEV) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+    gcase = GpuCase(f"wide_v_{v_kind}", [seqlen_q] * batch, lens, hq, hkv, topk=topk,
+                    causal=True, dtype=cdt, kv="nvfp4" if v_kind == "nvfp4" else "same")
+    loc = dict(cu_seqlens_k=kw["cu_seqlens_k"])
+    pb = Problem(cpu_args, kw, gpu_args, gpu_kw, q, ref.sequences(k_deq, **loc),
+                 ref.sequences(v_deq, **loc), [set() for _ in lens], scale, out_scale)
+    return DecodeProblem(gcase, pb, cpu_args, kw, gpu_args, gpu_kw)
+
+
+# Regression (the GPU fuzzer's decode:1000144, fixed at 57ea360): split-K partials stored in a
+# partial_dtype that cannot hold V's range saturate (fp8 e4m3: |x| <= 448, SATFINITE) or overflow
+# (fp16). Here every split's output is near +-1800 (NVFP4 V read before its global scale), +-2000
+# (16-bit V) or +-1e6 (bf16 V): such a partial_dtype must give way to the compute dtype
+# (docs/semantics.md#decode), so the result meets the plain tolerance, with no fp8 allowance.
+# Before 57ea360 the fp8 partials clamped every output to +-448 (times the V scale): off by a
+# factor 4-5, far outside it.
+@pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token")],
+                         ids=["auto", "smem_per_token"])
+@pytest.mark.parametrize("v_kind,offset,partial_dtype", [
+    ("nvfp4", 1.0, FP8), ("bf16", 2000.0, FP8), ("fp16", 2000.0, FP8), ("bf16", 1e6, FP16)],
+    ids=["nvfp4-fp8_partials", "bf16-fp8_partials", "fp16-fp8_partials", "bf16_1e6-fp16_partials"])
+def test_partial_dtype_that_cannot_hold_v_gives_way(v_kind, offset, partial_dtype, options):
+    dp = build_wide_v(v_kind, offset)
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    # the outputs (averages of V, as every split's partial) lie beyond the partial dtype
+    limit = 448.0 if partial_dtype == FP8 else 65504.0
+    assert float((want[0].float().abs() / dp.pb.out_scale).median()) > 2 * limit
+    got = run(dp, gpu=True, options=options, force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"wide V {v_kind} partial {partial_dtype}")
 
 
 @pytest.mark.parametrize("force_fused", [None, True, False])
