@@ -3,6 +3,12 @@
 * ``DEVICES`` (``flashmsa.testing.cases.devices()``): parametrise a test over ``cpu`` and
   ``cuda``; the CUDA case is skipped (not passed) where there is no GPU or the build has no CUDA
   kernels. The cases themselves are in ``flashmsa.testing.cases``.
+* xdist workers share the machine's cores: each one gets ``torch.set_num_threads(cores //
+  workers)`` (at least 1; ``OMP_NUM_THREADS`` and ``FLASHMSA_NUM_THREADS`` likewise for its
+  subprocesses and the CPU reference) unless ``OMP_NUM_THREADS`` is already set. With every worker
+  running a core's worth of OpenMP threads, their spin-waiting made the CPU work of a 16-worker run
+  several times slower (on 2 cores with 2 workers: 58 s against 11 s for the CPU reference tests of
+  test_sparse_attention.py).
 * Every test runs with output poisoning on (``flashmsa.testing.poison_outputs``): an output
   element an op forgets to write reads NaN / INT32_MIN instead of a lucky zero.
 * Seeds are fixed per test.
@@ -12,6 +18,7 @@
   and where the time went. Written by the controlling process only (not by xdist workers).
 """
 
+import math
 import os
 
 import pytest
@@ -26,6 +33,32 @@ requires_cuda = pytest.mark.skipif(
     not HAS_CUDA, reason="needs a CUDA device and a flashmsa build with CUDA kernels")
 
 DEVICES = cases.devices()
+
+
+def _usable_cpus() -> int:
+    """Cores this process may use: its affinity mask, bounded by a cgroup v2 CPU quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def pytest_configure(config):
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not workers or "OMP_NUM_THREADS" in os.environ:
+        return
+    share = max(1, _usable_cpus() // max(1, int(workers)))
+    torch.set_num_threads(share)
+    os.environ["OMP_NUM_THREADS"] = str(share)  # subprocesses (the demo, the plan log)
+    os.environ.setdefault("FLASHMSA_NUM_THREADS", str(share))  # the C++ reference's threads
 
 
 @pytest.fixture(autouse=True)
