@@ -2,7 +2,15 @@
 
 * ``DEVICES`` (``flashmsa.testing.cases.devices()``): parametrise a test over ``cpu`` and
   ``cuda``; the CUDA case is skipped (not passed) where there is no GPU or the build has no CUDA
-  kernels. The cases themselves are in ``flashmsa.testing.cases``.
+  kernels. The cases themselves are in ``flashmsa.testing.cases``. The ``cpu`` case is marked
+  ``cpu_only`` (below); ``ALL_DEVICES`` is the same pair without that mark, for the hostile and
+  bad-input tests, which stay in the GPU run (they exercise the CUDA build's module).
+* Marker ``cpu_only`` (pyproject.toml): a test that never touches a CUDA tensor or a kernel of the
+  CUDA build: the ``[cpu]`` case of a device-parametrised test, the pure-CPU harness tests (the
+  fuzzer's CPU self-tests, the CPU demo, the sanitizer smoke on the CPU reference, the plan-log
+  subprocess). CI's CPU run covers them; scripts/gpu_check.sh deselects them
+  (``-m "not cpu_only"``) so that the whole GPU suite fits one device call. Never put it on a test
+  that runs a CUDA kernel, nor on an argument-validation test.
 * xdist workers share the machine's cores: each one gets ``torch.set_num_threads(cores //
   workers)`` (at least 1; ``OMP_NUM_THREADS`` and ``FLASHMSA_NUM_THREADS`` likewise for its
   subprocesses and the CPU reference) unless ``OMP_NUM_THREADS`` is already set. With every worker
@@ -32,7 +40,10 @@ HAS_CUDA = torch.cuda.is_available() and flashmsa.built_with_cuda()
 requires_cuda = pytest.mark.skipif(
     not HAS_CUDA, reason="needs a CUDA device and a flashmsa build with CUDA kernels")
 
-DEVICES = cases.devices()
+cpu_only = pytest.mark.cpu_only
+
+ALL_DEVICES = cases.devices()
+DEVICES = [pytest.param("cpu", marks=cpu_only), *ALL_DEVICES[1:]]
 
 
 def _usable_cpus() -> int:

@@ -1,5 +1,7 @@
 """``python -m flashmsa demo`` end to end on the CPU: JSON and text output, needle recall, accuracy
-against the reference, option handling; plus the progress bar."""
+against the reference, option handling; plus the progress bar. The demo runs (CPU only) are marked
+``cpu_only`` (conftest.py): CI runs them, the GPU check leaves them to it; option errors and
+``flashmsa info`` still run there."""
 
 import argparse
 import dataclasses
@@ -12,6 +14,7 @@ import sys
 
 import pytest
 
+from conftest import cpu_only
 from flashmsa import __main__ as cli
 from flashmsa import demo
 
@@ -22,6 +25,7 @@ def _run(*args, timeout=600):
                           text=True, timeout=timeout, env=env)
 
 
+@cpu_only
 def test_demo_json_m3_shapes():
     r = _run("demo", "--device", "cpu", "--seqlen", "1024", "--json", "--no-progress")
     assert r.returncode == 0, r.stderr
@@ -45,6 +49,7 @@ def test_demo_json_m3_shapes():
     assert "warning: top-16 covers all 8 blocks" in r.stderr
 
 
+@cpu_only
 def test_demo_text_paged_fp8_shared_selection():
     r = _run("demo", "--device", "cpu", "--seqlen", "1500", "--qlen", "300", "--batch", "2",
              "--layout", "packed", "--kv-dtype", "fp8", "--index-heads", "2", "--heads", "16",
@@ -58,6 +63,7 @@ def test_demo_text_paged_fp8_shared_selection():
         assert needle in text, (needle, text)
 
 
+@cpu_only
 def test_demo_sparse_run_has_no_warning_and_says_density():
     # 2176 tokens = 17 blocks: top-16 leaves the last queries' earliest blocks out.
     cfg = demo.DemoConfig(device="cpu", seqlen=2176, qlen=256, heads=8, kv_heads=4,
@@ -73,6 +79,7 @@ def test_demo_sparse_run_has_no_warning_and_says_density():
     assert demo.selection_warnings(dataclasses.replace(cfg, topk=17))  # 17 >= 17 blocks
 
 
+@cpu_only
 def test_demo_timings_labelled_by_device():
     base = demo.run_demo(demo.DemoConfig(device="cpu", seqlen=256, heads=4, kv_heads=4,
                                          needles=0, check=False), progress_enabled=False)
@@ -97,6 +104,7 @@ def test_demo_help_names_every_default():
     assert "(default: 16)" in text and "(default: flat)" in text
 
 
+@cpu_only
 def test_demo_nvfp4_in_process():
     cfg = demo.DemoConfig(device="cpu", seqlen=640, qlen=48, heads=16, kv_heads=4,
                           kv_dtype="nvfp4", layout="paged", needles=3)
@@ -125,6 +133,7 @@ def test_cli_info_and_help(capsys):
     assert "demo" in capsys.readouterr().out
 
 
+@cpu_only
 @pytest.mark.skipif(shutil.which("flashmsa") is None,
                     reason="the flashmsa console script is installed by `pip install`")
 def test_console_script():

@@ -3,7 +3,8 @@
 On the CPU both sides of every comparison are the CPU reference, so a case must pass; with
 --plant-fault one element of each result is made wrong, and every such case must be reported (a
 comparison that cannot fail would pass everything). The CUDA test runs real fuzz cases (skipped,
-not passed, without a GPU and a CUDA build).
+not passed, without a GPU and a CUDA build). The harness tests that run cases on the CPU only are
+marked ``cpu_only`` (conftest.py): CI runs them, the GPU check leaves them to it.
 """
 
 import os
@@ -17,7 +18,7 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))  # the spawned workers import fuzz_msa from here too
 
 import fuzz_msa  # noqa: E402
-from conftest import requires_cuda  # noqa: E402
+from conftest import cpu_only, requires_cuda  # noqa: E402
 
 
 @pytest.fixture
@@ -247,6 +248,7 @@ def test_kernel_choices_parse():
         _tiny_call("attention", {**options, "chunk_rows": "7"})
 
 
+@cpu_only
 @pytest.mark.parametrize("op", fuzz_msa.OPS)
 def test_harness_on_cpu_passes(op):
     """Both sides on the CPU: the builders, the ops' argument forms and the checks agree."""
@@ -256,6 +258,7 @@ def test_harness_on_cpu_passes(op):
         assert not planted
 
 
+@cpu_only
 @pytest.mark.parametrize("op,seeds", [("attention", list(range(8)) + [134, 136]),
                                       ("decode", list(range(8)) + [57])])
 def test_baseline_follows_the_reference(op, seeds):
@@ -277,6 +280,7 @@ def test_baseline_follows_the_reference(op, seeds):
     assert any(fuzz_msa.case_params(op, s)["declared_k"] for s in seeds)
 
 
+@cpu_only
 @pytest.mark.parametrize("op", fuzz_msa.OPS)
 def test_planted_fault_is_reported(op, planted):
     """One element made wrong: every case with a non-empty result fails, with a reproducer."""
@@ -293,6 +297,7 @@ def test_planted_fault_is_reported(op, planted):
     assert reported >= 4
 
 
+@cpu_only
 def test_planted_fault_on_each_output_kind(planted):
     """Attention and decode with an LSE: the planted output value is caught by the tolerance
     check, not only by the empty-row check."""
@@ -308,6 +313,7 @@ def test_planted_fault_on_each_output_kind(planted):
         assert seen, op
 
 
+@cpu_only
 def test_command_line_pool_cpu(capsys):
     """The whole run on the CPU through the process pool: counts per op, exit status 0; with
     --plant-fault every planted case is reported and the exit status is 1; a zero budget stops
@@ -330,6 +336,7 @@ def test_command_line_pool_cpu(capsys):
     assert "cases=0 failed=0" in capsys.readouterr().out
 
 
+@cpu_only
 def test_replay_one_case(capsys):
     assert fuzz_msa.main(["--device", "cpu", "--replay", "decode:3"]) == 0
     out = capsys.readouterr().out

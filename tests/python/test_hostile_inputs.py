@@ -16,7 +16,7 @@
 import pytest
 import torch
 
-from conftest import DEVICES
+from conftest import ALL_DEVICES as DEVICES  # [cpu] too in the GPU run: validation-like, cheap
 from flashmsa import _outputs, msa_ops
 from flashmsa.errors import NotSupportedError
 from flashmsa.testing import reference as ref

@@ -1,5 +1,6 @@
 """FLASHMSA_LOG and the plan log (flashmsa._log): levels from the environment, one record per
-distinct call shape; end to end (a subprocess), the plan line of each op.""" 
+distinct call shape; end to end (a subprocess), the plan line of each op. The end-to-end test runs
+CPU tensors only: ``cpu_only`` (conftest.py), left to CI by the GPU check.""" 
 import logging
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from conftest import cpu_only
 from flashmsa import _log
 
 
@@ -91,6 +93,7 @@ msa_ops.msa_topk_select(s[:, :, :100].contiguous(), 2)
 """
 
 
+@cpu_only
 def test_each_op_logs_its_plan_once_per_shape():
     env = dict(os.environ, FLASHMSA_LOG="info", FLASHMSA_NUM_THREADS="2")
     r = subprocess.run([sys.executable, "-c", E2E], capture_output=True, text=True, env=env,

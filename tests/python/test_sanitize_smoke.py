@@ -2,7 +2,8 @@
 valid one (the ops accept it and clamp or ignore the hostile values), so that under
 compute-sanitizer on the GPU a failure means a kernel's fault, not a rejected argument. And the
 selection of cases (--list, --shard, --only): shards partition the cases, a case's data do not
-depend on which other cases run, unselected cases build nothing."""
+depend on which other cases run, unselected cases build nothing. All on the CPU: ``cpu_only``
+(conftest.py); on the GPU the smoke calls run in gpu_check's sanitizer step."""
 
 import hashlib
 import sys
@@ -16,7 +17,10 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
 import sanitize_smoke  # noqa: E402
+from conftest import cpu_only  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
+
+pytestmark = cpu_only
 
 
 def test_hostile_calls_run_on_the_cpu_reference(capsys):
