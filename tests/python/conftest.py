@@ -11,6 +11,13 @@
   subprocess). CI's CPU run covers them; scripts/gpu_check.sh deselects them
   (``-m "not cpu_only"``) so that the whole GPU suite fits one device call. Never put it on a test
   that runs a CUDA kernel, nor on an argument-validation test.
+* ``Memo``: a per-process memo of a case's read-only inputs and CPU reference results,
+  so that the parametrisations of one case over kernels, schedules, fused / split or partial dtypes
+  build the inputs and compute the (CPU, often slow) reference once per xdist worker. The tests
+  that use it put the kernel-like parameter last (fastest varying) so that those items are adjacent
+  and land on one worker (pytest-xdist's worksteal and load schedulers hand out contiguous runs).
+  Keys hold the case's repr (every field), the seed and anything else the builder takes; a test
+  that changes a memoised object must build its own instead.
 * xdist workers share the machine's cores: each one gets ``torch.set_num_threads(cores //
   workers)`` (at least 1; ``OMP_NUM_THREADS`` and ``FLASHMSA_NUM_THREADS`` likewise for its
   subprocesses and the CPU reference) unless ``OMP_NUM_THREADS`` is already set. With every worker
@@ -26,6 +33,7 @@
   and where the time went. Written by the controlling process only (not by xdist workers).
 """
 
+import collections
 import math
 import os
 
@@ -44,6 +52,25 @@ cpu_only = pytest.mark.cpu_only
 
 ALL_DEVICES = cases.devices()
 DEVICES = [pytest.param("cpu", marks=cpu_only), *ALL_DEVICES[1:]]
+
+
+class Memo:
+    """The ``size`` most recently used values of ``make()`` by key, in this process (one xdist
+    worker). Values are shared between tests: they must be read only."""
+
+    def __init__(self, size: int = 2):
+        self.size = size
+        self.entries = collections.OrderedDict()
+
+    def __call__(self, key, make):
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        value = make()
+        self.entries[key] = value
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return value
 
 
 def _usable_cpus() -> int:

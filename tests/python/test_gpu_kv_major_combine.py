@@ -10,6 +10,10 @@ reference (baseline-bounded outputs, exact -inf / zero patterns, LSE and tempera
 random inputs, with several launch groups (the chunk_rows option), bf16 / fp16 / fp8 K and V, flat
 and paged caches, a workspace poisoned with NaN bytes, and under CUDA-graph capture.
 
+A case's inputs, CPU reference and baseline are memoised per xdist worker
+(test_gpu_sparse_attention's ``problem`` / ``reference``): the combine variants of one case (the last,
+fastest-varying parameter) compute them once.
+
 Skipped (not passed) without a CUDA device or without a CUDA build; overlap needs sm_90.
 """
 
@@ -28,8 +32,8 @@ if not flashmsa.built_with_cuda():
     pytest.skip("flashmsa was built without CUDA kernels", allow_module_level=True)
 
 from test_gpu_sparse_attention import (  # noqa: E402
-    BF16, DEV, FP16, IS_SM90, GpuCase, baseline, bits_equal, build, check_empty_rows, check_lse,
-    check_output, plan_options, run)
+    BF16, DEV, FP16, IS_SM90, GpuCase, bits_equal, build, check_empty_rows, check_lse,
+    check_output, plan_options, problem, reference, run)
 
 needs_sm90 = pytest.mark.skipif(not IS_SM90, reason="combine=overlap runs inside the sm_90a kernel")
 
@@ -45,9 +49,9 @@ VARIANTS = [
 ]
 
 
-def check_against_reference(case, pb, got, what):
-    cpu = run(pb, gpu=False)
-    base_out, _ = baseline(case, pb, pb.cpu_args[3])
+def check_against_reference(case, seed, got, what):
+    """got (the GPU result on problem(case, seed)) against the memoised CPU reference."""
+    _, cpu, base_out = reference(case, seed)
     check_output(got[0], cpu[0], base_out, f"{what} out")
     check_lse(got[1], cpu[1], f"{what} lse")
     check_empty_rows(got[0], cpu[1], what)
@@ -64,12 +68,13 @@ def test_combine_matches_separate_bits_and_reference(combine, schedule, chunk_ro
     topk 33: more slots than the prefetching kernel holds (the batched merge takes them)."""
     case = GpuCase("combine", [300, 5, 0, 211], [2000, 100, 50, 3000], 16, 2, topk=topk, causal=True,
                    temperature=temperature, selection="random")
-    pb = build(case, seed=21 + (chunk_rows or 0))
+    seed = 21 + (chunk_rows or 0)
+    pb = problem(case, seed)
     extra = {} if chunk_rows is None else dict(chunk_rows=chunk_rows)
     separate = run(pb, gpu=True, schedule=schedule, combine="separate", **extra)
     got = run(pb, gpu=True, schedule=schedule, combine=combine, **extra)
     assert bits_equal(separate, got), f"{combine} differs from the separate combine"
-    check_against_reference(case, pb, got, f"{combine}/{schedule}/{chunk_rows}")
+    check_against_reference(case, seed, got, f"{combine}/{schedule}/{chunk_rows}")
 
 
 @pytest.mark.parametrize("combine,schedule", VARIANTS)
@@ -80,11 +85,11 @@ def test_combine_kv_kinds_and_layouts(combine, schedule, kv, layout, dtype):
     so that done tiles and KV-major rows mix in the combine units; fp8 K / V, paged caches."""
     case = GpuCase("m3", [700, 333], [1500, 900], 64, 4, causal=True, selection="causal_local",
                    kv=kv, layout=layout, dtype=dtype, temperature=1.3)
-    pb = build(case, seed=22)
+    pb = problem(case, seed=22)
     separate = run(pb, gpu=True, schedule=schedule, combine="separate", chunk_rows=100)
     got = run(pb, gpu=True, schedule=schedule, combine=combine, chunk_rows=100)
     assert bits_equal(separate, got)
-    check_against_reference(case, pb, got, f"{combine}/{schedule}/{kv}/{layout}")
+    check_against_reference(case, 22, got, f"{combine}/{schedule}/{kv}/{layout}")
 
 
 @pytest.mark.parametrize("combine,schedule", VARIANTS)
@@ -94,7 +99,7 @@ def test_combine_ignores_poisoned_workspace(combine, schedule):
     prefetching combine loads them anyway), so the result is the clean workspace's."""
     case = GpuCase("poison", [400, 77], [1200, 2500], 32, 4, causal=True, temperature=0.7,
                    selection="duplicates")
-    pb = build(case, seed=23)
+    pb = problem(case, seed=23)
     options = plan_options(schedule, combine=combine, chunk_rows=64)
     clean = run(pb, gpu=True, schedule=schedule, combine=combine, chunk_rows=64)
     ws = msa_ops.MSASparseAttentionWorkspace(DEV)
@@ -104,7 +109,7 @@ def test_combine_ignores_poisoned_workspace(combine, schedule):
                                                  options=options)
     torch.cuda.synchronize()
     assert bits_equal(clean, poisoned)
-    check_against_reference(case, pb, poisoned, f"{combine}/{schedule} poisoned")
+    check_against_reference(case, 23, poisoned, f"{combine}/{schedule} poisoned")
 
 
 @needs_sm90

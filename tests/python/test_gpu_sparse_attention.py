@@ -17,6 +17,10 @@ temperature LSE, fully masked rows. Plus: bit-exact equalities (paged == flat, p
 KV-major launch groups of any size == one group), run-to-run determinism, and a large case (>= 64K
 tokens, total_q * Hq > 2^24).
 
+A case's inputs and its CPU reference and baseline results are memoised per xdist worker
+(``problem`` / ``reference``, conftest.Memo): the schedules of one case (the last, fastest-varying
+parameter of each test) build and compute them once instead of once per schedule.
+
 Skipped (not passed) without a CUDA device or without a CUDA build.
 """
 
@@ -34,6 +38,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import flashmsa  # noqa: E402
+from conftest import Memo  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
 from flashmsa.testing import cases, nvfp4, pack_kv, paginate  # noqa: E402
 
@@ -360,6 +365,28 @@ def run(pb: Problem, gpu: bool, schedule: Optional[str] = None, **options):
     return msa_ops.msa_sparse_attention(*pb.cpu_args, **pb.cpu_kwargs)
 
 
+_PROBLEMS = Memo(size=4)
+_REFERENCES = Memo(size=2)
+
+
+def problem(case: GpuCase, seed: int = 0, q2k_seed: Optional[int] = None) -> Problem:
+    """build(case, seed), memoised (read only). q2k_seed: the selection of make_q2k with that seed
+    instead of the case's own (twins that must share their selections)."""
+    def make():
+        q2k = None if q2k_seed is None else make_q2k(case, np.random.default_rng(q2k_seed))
+        return build(case, seed=seed, q2k=q2k)
+    return _PROBLEMS((repr(case), seed, q2k_seed), make)
+
+
+def reference(case: GpuCase, seed: int = 0):
+    """(problem, CPU result, baseline output) of build(case, seed), memoised (read only)."""
+    def make():
+        pb = problem(case, seed)
+        base_out, _ = baseline(case, pb, pb.cpu_args[3])
+        return pb, run(pb, gpu=False), base_out
+    return _REFERENCES((repr(case), seed), make)
+
+
 def bits_equal(a, b) -> bool:
     a = a if isinstance(a, (tuple, list)) else (a,)
     b = b if isinstance(b, (tuple, list)) else (b,)
@@ -368,19 +395,18 @@ def bits_equal(a, b) -> bool:
                for x, y in zip(a, b))
 
 
-@pytest.fixture(params=SCHEDULES)
-def schedule(request):
-    return request.param
+# The last (fastest-varying) parameter of the tests that run every schedule: a case's schedules are
+# adjacent and share its memoised problem.
+each_schedule = pytest.mark.parametrize("schedule", SCHEDULES)
 
 
 # ---- tests -------------------------------------------------------------------------------------
 
+@each_schedule
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_gpu_matches_cpu_reference(case, schedule):
-    pb = build(case)
+    pb, cpu, base_out = reference(case)
     gpu = run(pb, gpu=True, schedule=schedule)
-    cpu = run(pb, gpu=False)
-    base_out, _ = baseline(case, pb, pb.cpu_args[3])
     out, lse = gpu[0], gpu[1]
     assert out.dtype == case.dtype and out.shape == pb.gpu_args[0].shape and out.is_cuda
     assert lse.dtype == torch.float32 and lse.shape == out.shape[:2]
@@ -424,40 +450,42 @@ def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     check_lse(grouped[2], cpu[2], "lse_t")
 
 
+@each_schedule
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
 def test_paged_equals_flat(kv, schedule):
     """Same values read through permuted pages (partial last page) or a flat cache: bit-identical.
     NVFP4 scales are per row, so both caches dequantize every real row to the same values."""
     case = GpuCase("c", [150, 90], [2048, 1280 - 13], 8, 2, causal=True, kv=kv)
-    q2k = make_q2k(case, np.random.default_rng(5))
-    flat = build(case, seed=6, q2k=q2k)
-    paged = build(dataclasses.replace(case, layout="paged"), seed=6, q2k=q2k)
+    flat = problem(case, seed=6, q2k_seed=5)
+    paged = problem(dataclasses.replace(case, layout="paged"), seed=6, q2k_seed=5)
     assert bits_equal(run(flat, gpu=True, schedule=schedule), run(paged, gpu=True, schedule=schedule))
 
 
+@each_schedule
 @pytest.mark.parametrize("layout", ["packed", "packed_nhd"])
 @pytest.mark.parametrize("kv", ["same", "fp8"])
 def test_packed_equals_contiguous(layout, kv, schedule):
     case = GpuCase("c", [64, 33], [1500, 700], 8, 2, causal=True, kv=kv, layout="paged")
-    q2k = make_q2k(case, np.random.default_rng(7))
-    contiguous = build(case, seed=8, q2k=q2k)
-    packed = build(dataclasses.replace(case, layout=layout), seed=8, q2k=q2k)
+    contiguous = problem(case, seed=8, q2k_seed=7)
+    packed = problem(dataclasses.replace(case, layout=layout), seed=8, q2k_seed=7)
     assert bits_equal(run(contiguous, gpu=True, schedule=schedule),
                       run(packed, gpu=True, schedule=schedule))
 
 
+@each_schedule
 @pytest.mark.parametrize("selection", ["random", "causal_local", "unsorted", "duplicates"])
 def test_deterministic(selection, schedule):
     """D11: two runs on identical inputs are bit-identical (the KV-major lists are built with
     atomics, in a different order every run)."""
     case = GpuCase("det", [1024, 300], [1024, 2000], 64, 4, causal=True, selection=selection,
                    temperature=0.8)
-    pb = build(case, seed=9)
+    pb = problem(case, seed=9)
     first = run(pb, gpu=True, schedule=schedule)
     for _ in range(2):
         assert bits_equal(first, run(pb, gpu=True, schedule=schedule))
 
 
+@each_schedule
 def test_workspace_object(schedule):
     """A caller-owned workspace gives the same bits as the allocator-backed scratch."""
     case = GpuCase("ws", [500, 30], [1000, 300], 16, 2, causal=True)
@@ -469,6 +497,7 @@ def test_workspace_object(schedule):
     assert bits_equal(base, with_ws)
 
 
+@each_schedule
 @pytest.mark.parametrize("hq,hkv", [(256, 16), (4, 4)])
 def test_large(hq, hkv, schedule):
     """>= 64K query rows and (first shape) total_q * Hq > 2^24: 64-bit offsets and grid limits.

@@ -10,6 +10,11 @@ against the shared-memory one, and q rows of very different magnitudes (the regi
 per-row power-of-two scaling into fp16); MTP union items (plan option mtp=union) the same way,
 with shared, partly shared and per-token selections, against per-token items.
 
+A case's inputs, CPU reference and baseline are memoised per xdist worker (``problem`` /
+``reference``, conftest.Memo): the parametrisations of one case over options, kernels, fused /
+split and partial dtypes (the last, fastest-varying parameter) build and compute them once; the
+build of the large M3 inputs costs far more than the kernels.
+
 Skipped (not passed) without a CUDA device or without a CUDA build.
 """
 
@@ -27,6 +32,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import flashmsa  # noqa: E402
+from conftest import Memo  # noqa: E402
 from flashmsa import msa_ops  # noqa: E402
 from flashmsa.testing import cases, nvfp4  # noqa: E402
 
@@ -96,6 +102,25 @@ def build_decode(case: DecodeCase, seed: int = 0, layout: Optional[str] = None) 
     return DecodeProblem(gcase, pb, cpu_args, cpu_kw, gpu_args, gpu_kw)
 
 
+_PROBLEMS = Memo(size=4)
+_REFERENCES = Memo(size=2)
+
+
+def problem(case: DecodeCase, seed: int = 0, layout: Optional[str] = None) -> DecodeProblem:
+    """build_decode(case, seed, layout), memoised (read only)."""
+    return _PROBLEMS((repr(case), seed, layout),
+                     lambda: build_decode(case, seed=seed, layout=layout))
+
+
+def reference(case: DecodeCase, seed: int = 0):
+    """(problem, CPU result, baseline output) of build_decode(case, seed), memoised (read only)."""
+    def make():
+        dp = problem(case, seed)
+        base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+        return dp, run(dp, gpu=False), base_out
+    return _REFERENCES((repr(case), seed), make)
+
+
 def run(dp: DecodeProblem, gpu: bool, options=None, **extra):
     """options: plan options of the CUDA call (None: the library's own choice)."""
     if gpu:
@@ -135,10 +160,8 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
                          ids=["auto", "smem_per_token"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_decode_matches_cpu_reference(case, options):
-    dp = build_decode(case)
+    dp, want, base_out = reference(case)
     got = run(dp, gpu=True, options=options)
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
     check_against_reference(dp, got, want, base_out, str(case))
 
 
@@ -152,9 +175,7 @@ FUSED_CASES = [c for c in CASES if c.name in (
 def test_fused_and_split_paths(case):
     """force_fused=True (one CTA per token and kv head, no combine) and False (split-K + combine):
     both against the reference, and within 5e-3 of each other with the same -inf pattern."""
-    dp = build_decode(case)
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    dp, want, base_out = reference(case)
     fused = run(dp, gpu=True, force_fused=True)
     split = run(dp, gpu=True, force_fused=False)
     check_against_reference(dp, fused, want, base_out, f"{case} fused")
@@ -168,9 +189,7 @@ def test_fused_and_split_paths(case):
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in (
     "spec_4_2_16_2_bf16_paged", "fp16_fp8kv_mtp4", "m3_tp4_mtp2", "g3_topk33")], ids=str)
 def test_partial_dtypes(case, partial_dtype):
-    dp = build_decode(case)
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    dp, want, base_out = reference(case)
     got = run(dp, gpu=True, force_fused=False, partial_dtype=partial_dtype)
     check_against_reference(dp, got, want, base_out, f"{case} partial {partial_dtype}",
                             partial_dtype=partial_dtype)
@@ -253,8 +272,8 @@ def test_partial_dtype_that_cannot_hold_v_gives_way(v_kind, offset, partial_dtyp
 def test_paged_equals_flat(kv, force_fused):
     """Same values through permuted pages (partial last pages) or a flat cache: bit-identical."""
     case = DecodeCase("c", 8, 2, 16, 2, kv=kv)
-    flat = build_decode(case, seed=2, layout="flat")
-    paged = build_decode(case, seed=2, layout="paged")
+    flat = problem(case, seed=2, layout="flat")
+    paged = problem(case, seed=2, layout="paged")
     assert torch.equal(flat.pb.cpu_args[3], paged.pb.cpu_args[3])
     assert bits_equal(run(flat, gpu=True, force_fused=force_fused),
                       run(paged, gpu=True, force_fused=force_fused))
@@ -271,7 +290,7 @@ M3_B64_CTX2K = dataclasses.replace(next(c for c in CASES if c.name == "m3_b64_ct
 @pytest.mark.parametrize("case", [M3_B64_CTX2K] + [c for c in CASES if c.name in (
     "duplicates", "g16_topk64_mtp4")], ids=str)
 def test_deterministic(case, force_fused):
-    dp = build_decode(case, seed=3)
+    dp = problem(case, seed=3)
     first = run(dp, gpu=True, force_fused=force_fused)
     for _ in range(2):
         assert bits_equal(first, run(dp, gpu=True, force_fused=force_fused))
@@ -394,9 +413,7 @@ def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None,
 @pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
 @pytest.mark.parametrize("case", REGS_CASES + REGS_NATIVE_CASES + REGS_FALLBACK_CASES, ids=str)
 def test_regs_kernel_matches_cpu_reference(case, force_fused):
-    dp = build_decode(case, seed=11)
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    dp, want, base_out = reference(case, seed=11)
     got = run_regs(dp, force_fused=force_fused)
     check_against_reference(dp, got, want, base_out, f"{case} regs fused={force_fused}")
 
@@ -406,9 +423,7 @@ def test_regs_kernel_matches_cpu_reference(case, force_fused):
     "spec_8_1_8_2_fp8_paged", "fp16_fp8kv_mtp4", "m3_mtp4_distinct_fp8", "g3_topk33_fp8kv",
     "duplicates_fp8kv")], ids=str)
 def test_regs_kernel_partial_dtypes(case, partial_dtype):
-    dp = build_decode(case, seed=12)
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    dp, want, base_out = reference(case, seed=12)
     got = run_regs(dp, force_fused=False, partial_dtype=partial_dtype)
     check_against_reference(dp, got, want, base_out, f"{case} regs partial {partial_dtype}",
                             partial_dtype=partial_dtype)
@@ -438,12 +453,12 @@ def test_regs_kernel_against_smem_kernel(case):
         assert bits_equal(first, run_regs(dp, force_fused=fused))
 
 
-@pytest.mark.parametrize("kv", ["fp8", "same"])
 @pytest.mark.parametrize("force_fused", [True, False])
+@pytest.mark.parametrize("kv", ["fp8", "same"])
 def test_regs_kernel_paged_equals_flat(force_fused, kv):
     case = DecodeCase("c", 8, 2, 16, 2, kv=kv)
-    flat = build_decode(case, seed=14, layout="flat")
-    paged = build_decode(case, seed=14, layout="paged")
+    flat = problem(case, seed=14, layout="flat")
+    paged = problem(case, seed=14, layout="paged")
     assert bits_equal(run_regs(flat, force_fused=force_fused),
                       run_regs(paged, force_fused=force_fused))
 
@@ -507,9 +522,7 @@ def run_mtp(dp: DecodeProblem, mtp: str = "union", kernel: str = "auto", **extra
 @pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
 @pytest.mark.parametrize("case", MTP_CASES, ids=str)
 def test_mtp_union_matches_cpu_reference(case, force_fused):
-    dp = build_decode(case, seed=21)
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    dp, want, base_out = reference(case, seed=21)
     got = run_mtp(dp, force_fused=force_fused)
     check_against_reference(dp, got, want, base_out, f"{case} union fused={force_fused}")
 
@@ -519,9 +532,7 @@ def test_mtp_union_matches_cpu_reference(case, force_fused):
     "m3_mtp4_distinct_bf16", "m3_mtp4_shared_fp8_union", "fp16_fp8kv_mtp4", "g3_mtp4_out_of_range")],
     ids=str)
 def test_mtp_union_partial_dtypes(case, partial_dtype):
-    dp = build_decode(case, seed=22)
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    dp, want, base_out = reference(case, seed=22)
     got = run_mtp(dp, force_fused=False, partial_dtype=partial_dtype)
     check_against_reference(dp, got, want, base_out, f"{case} union partial {partial_dtype}",
                             partial_dtype=partial_dtype)
