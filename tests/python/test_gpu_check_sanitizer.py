@@ -2,7 +2,7 @@
 (COMPUTE_SANITIZER) prints what the real one and benchmarks/sanitize_smoke.py print, so that the
 job pool (SANITIZER_JOBS shards per tool, SANITIZER_PARALLEL at a time), the per-tool merged logs
 and the summary (errors summed, calls counted, a failing or budget-cut shard failing its tool) are
-tested here."""
+tested here. No kernel runs: ``cpu_only`` (conftest.py), left to CI by the GPU check."""
 
 import os
 import re
@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cpu_only
+
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
-                                reason="needs bash and coreutils' timeout")
+pytestmark = [cpu_only,
+              pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                 reason="needs bash and coreutils' timeout")]
 
 # Smoke calls of the fake: shard i/n ran the cases k < CALLS with k % n == i - 1.
 CALLS = 20

@@ -357,8 +357,7 @@ SM90_FP8_CASES = [
 def test_proxy_sm90_fp8_k(case: ProxyCase, variant: str):
     """fp8 K on the sm_90a kernel: against the CPU reference (PROXY_ATOL, exact -inf / NaN
     patterns, every element written), and bit for bit equal to the same kernel on the upcast K."""
-    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
-    want = run_proxy(case, inputs, "cpu")
+    inputs, want = proxy_reference(case)
     got = run_proxy(case, inputs, DEV, kernel=variant)
     assert_proxy_close(got, want, case.name)
     up = case.q_dtype
@@ -394,10 +393,12 @@ def test_proxy_sm90_fp4(case: ProxyCase, variant: str):
     warpgroup): against the CPU reference with global scales; with unit scales bit for bit equal
     to the same kernel on the dequantized bf16 tensors; with scales, exactly that times
     q_gs * k_gs (the block maxima are scaled: equal to scaling every logit for a positive scale)."""
-    seed = zlib.crc32(case.name.encode())
-    a, deq = _fp4_decode_inputs(case, seed=seed)
     q_gs, k_gs = 0.37, 2.5
-    want = _run_fp4(case, a, "cpu", q_gs, k_gs)
+
+    def make():
+        a, deq = _fp4_decode_inputs(case, seed=zlib.crc32(case.name.encode()))
+        return a, deq, _run_fp4(case, a, "cpu", q_gs, k_gs)
+    a, deq, want = _PROXY_REFERENCES(("fp4", repr(case)), make)
     got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel=variant)
     scale = q_gs * k_gs
     assert_proxy_close(got / scale, want / scale, case.name)
