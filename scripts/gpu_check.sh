@@ -4,19 +4,23 @@
 #   bash scripts/gpu_check.sh                      # build, tests, sanitizers, quick benchmark
 #   FULL=1 SKIP_BUILD=1 SKIP_TESTS=1 SKIP_SANITIZER=1 bash scripts/gpu_check.sh   # full benchmark
 #
-# On an H200 the build (~50 s) and the whole Python suite (~330-400 s) fill most of a 600 s call;
-# where calls are capped at 600 s run it twice: SKIP_SANITIZER=1 SKIP_BENCH=1 for the tests, then
-# SKIP_TESTS=1 for the sanitizers (memcheck and racecheck took ~350 s over 128 smoke calls run
-# serially; the smoke has 394 calls now, and each tool runs as SANITIZER_JOBS concurrent shards, so
-# that all four tools should fit one call: SKIP_CTEST=1 SKIP_TESTS=1 SKIP_BENCH=1) and the
-# quick benchmark (~15 s). Each call rebuilds on a fresh machine.
+# On an H200 the build (~50 s) and the Python suite (one call for all of it: ~420 s at most by the
+# estimate from the durations of the two-shard run at b84d325, 2 x ~560 s then; not yet measured)
+# fill most of a 600 s call: run SKIP_SANITIZER=1 SKIP_BENCH=1 for the tests, then SKIP_TESTS=1 for
+# the sanitizers (memcheck and racecheck took ~350 s over 128 smoke calls run serially; the smoke
+# has 394 calls now, and each tool runs as SANITIZER_JOBS concurrent shards, so that all four tools
+# should fit one call: SKIP_CTEST=1 SKIP_TESTS=1 SKIP_BENCH=1) and the quick benchmark (~15 s).
+# Each call rebuilds on a fresh machine.
 #
 # Steps, each timed, each logging to $OUT/<step>.log ($OUT if set, else ./.out):
 #   build      pip install of the package with CUDA for sm_80 and sm_90a (build dir build-gpu/,
 #              incremental), then a check that the installed package has CUDA kernels
 #   ctest      the C++ GoogleTest suites of that build (only when .deps/googletest is there)
-#   pytest     pytest tests/python -rs (all of it, -n $PYTEST_WORKERS (8) where pytest-xdist is
-#              installed); fails if any test is skipped for want of CUDA/a GPU
+#   pytest     pytest tests/python -m "not cpu_only" (the whole suite but the tests marked cpu_only,
+#              which touch no CUDA tensor or kernel and which CI's CPU run covers: pyproject.toml,
+#              tests/python/conftest.py), -n $PYTEST_WORKERS (16) --dist worksteal where
+#              pytest-xdist is installed (worksteal from xdist 3.2, else its default scheduling);
+#              fails if any test is skipped for want of CUDA/a GPU
 #   fuzz       only with FUZZ=<seconds>: benchmarks/fuzz_msa.py for that long (capped by the time
 #              budget), every op against the CPU reference, to $OUT/fuzz.log (failures as one-line
 #              --replay reproducers)
@@ -36,9 +40,13 @@
 # Environment: SKIP_BUILD=1 SKIP_CTEST=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 FULL=1
 #   PYTEST_ARGS="..."          extra pytest arguments (e.g. "-k graphs"; note "-k gpu" leaves out the
 #                              cuda-parametrized and validation tests, which run on the GPU build too)
-#   PYTEST_WORKERS=8           pytest-xdist workers
-#   PYTEST_SHARD=i/n           only every n-th test file from the i-th (the whole suite took
-#                              ~620 s of 16 workers at 8ad1705: run it as 1/2 and 2/2)
+#   PYTEST_WORKERS=16          pytest-xdist workers (conftest.py gives each cores / workers torch
+#                              threads: with a core's worth each, OpenMP spin-waiting slowed the
+#                              CPU side of the tests several-fold)
+#   PYTEST_MARKERS="not cpu_only"   the -m expression; PYTEST_MARKERS= (empty) runs every test
+#   PYTEST_SHARD=i/n           only every n-th test file from the i-th (the whole suite needed two
+#                              calls, 1/2 and 2/2, before the cpu_only marker, the per-worker
+#                              memo of CPU references and the thread share; one call now)
 #   SANITIZER_TOOLS="..."      default "memcheck racecheck initcheck synccheck" (any of them;
 #                              another name fails the step)
 #   SANITIZER_JOBS=8           shards (concurrent compute-sanitizer processes) per tool
@@ -209,19 +217,28 @@ step_pytest() {
     record pytest FAIL 0 "torch sees no CUDA device: GPU tests would only skip"
     return
   fi
-  # The whole suite, CPU-only tests included: they also run against the CUDA build of the module
-  # (a "-k gpu" selection once hid that any error message with a number crashed it). In parallel
-  # where pytest-xdist is installed (serially it does not fit one device call).
+  # The whole suite but the cpu_only tests (no CUDA tensor, no kernel: CI's CPU run covers them);
+  # the other CPU-side tests (validation, hostile inputs, opcheck, ...) run too, against the CUDA
+  # build of the module (a "-k gpu" selection once hid that any error message with a number
+  # crashed it). In parallel where pytest-xdist is installed (serially it does not fit one device
+  # call); worksteal (xdist >= 3.2) keeps each worker on a contiguous run of tests, so the
+  # parametrisations of a case that share its memoised CPU reference (conftest.Memo) stay together,
+  # and idle workers take over the tail of the busiest one.
   local par=()
   if "$PY" -c 'import xdist, pytest_timeout' >/dev/null 2>&1; then
-    par=(-n "${PYTEST_WORKERS:-8}" --timeout 300)
+    par=(-n "${PYTEST_WORKERS:-16}" --timeout 300)
+    if "$PY" -c 'from xdist.scheduler import WorkStealingScheduling' >/dev/null 2>&1; then
+      par+=(--dist worksteal)
+    fi
   fi
+  local markers=()
+  [[ -n ${PYTEST_MARKERS-not cpu_only} ]] && markers=(-m "${PYTEST_MARKERS-not cpu_only}")
   # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
   # --durations: the slowest tests (mostly the CPU reference they compare with) in the log, to
   # see where the device time of a full run goes.
-  # PYTEST_SHARD=i/n: only every n-th test file, starting at the i-th (1-based) of the sorted list;
-  # the whole suite no longer fits one 600 s device call, two shards do. -v: one line per test
-  # (PASSED / FAILED with its id), so a run cut by the budget still names its failures.
+  # PYTEST_SHARD=i/n: only every n-th test file, starting at the i-th (1-based) of the sorted list
+  # (a suite that outgrows one 600 s device call again). -v: one line per test (PASSED / FAILED
+  # with its id), so a run cut by the budget still names its failures.
   local files=(tests/python)
   if [[ -n ${PYTEST_SHARD:-} ]]; then
     local shard_i=${PYTEST_SHARD%/*} shard_n=${PYTEST_SHARD#*/} idx=0 f
@@ -236,7 +253,8 @@ step_pytest() {
   # $OUT/pytest-reports/{durations.tsv,failures.txt}, complete also when the budget cuts the run.
   export FLASHMSA_TEST_REPORT_DIR="$OUT_DIR/pytest-reports"
   rm -rf "$FLASHMSA_TEST_REPORT_DIR"
-  run_logged "$log" "$PY" -m pytest "${files[@]}" -v -rfEs -p no:cacheprovider --durations=25 "${par[@]}" ${PYTEST_ARGS:-}
+  echo "pytest ${files[*]} ${markers[*]} ${par[*]} ${PYTEST_ARGS:-}" >>"$log"
+  run_logged "$log" "$PY" -m pytest "${files[@]}" -v -rfEs -p no:cacheprovider --durations=25 "${markers[@]}" "${par[@]}" ${PYTEST_ARGS:-}
   rc=$?
   trim_log "$log"
   local result gpu_skips

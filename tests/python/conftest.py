@@ -7,8 +7,8 @@
   bad-input tests, which stay in the GPU run (they exercise the CUDA build's module).
 * Marker ``cpu_only`` (pyproject.toml): a test that never touches a CUDA tensor or a kernel of the
   CUDA build: the ``[cpu]`` case of a device-parametrised test, the pure-CPU harness tests (the
-  fuzzer's CPU self-tests, the CPU demo, the sanitizer smoke on the CPU reference, the plan-log
-  subprocess). CI's CPU run covers them; scripts/gpu_check.sh deselects them
+  fuzzer's CPU self-tests, the CPU demo, the sanitizer smoke on the CPU reference and gpu_check's
+  sanitizer-step harness, the plan-log subprocess). CI's CPU run covers them; scripts/gpu_check.sh deselects them
   (``-m "not cpu_only"``) so that the whole GPU suite fits one device call. Never put it on a test
   that runs a CUDA kernel, nor on an argument-validation test.
 * ``Memo``: a per-process memo of a case's read-only inputs and CPU reference results,
