@@ -257,9 +257,11 @@ def build_wide_v(v_kind: str, offset: float, seqlen_q: int = 2, seed: int = 21) 
     ("nvfp4", 1.0, FP8), ("bf16", 2000.0, FP8), ("fp16", 2000.0, FP8), ("bf16", 1e6, FP16)],
     ids=["nvfp4-fp8_partials", "bf16-fp8_partials", "fp16-fp8_partials", "bf16_1e6-fp16_partials"])
 def test_partial_dtype_that_cannot_hold_v_gives_way(v_kind, offset, partial_dtype, options):
-    dp = build_wide_v(v_kind, offset)
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    def make():  # memoised: the two plans of a problem share it
+        dp = build_wide_v(v_kind, offset)
+        base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+        return dp, run(dp, gpu=False), base_out
+    dp, want, base_out = _REFERENCES(("wide_v", v_kind, offset), make)
     # the outputs (averages of V, as every split's partial) lie beyond the partial dtype
     limit = 448.0 if partial_dtype == FP8 else 65504.0
     assert float((want[0].float().abs() / dp.pb.out_scale).median()) > 2 * limit
