@@ -128,11 +128,22 @@ if [[ "${FLASHMSA_VERBOSE:-${PIP_VERBOSE:-0}}" != 0 ]]; then
   "${build[@]}" 2>&1 | tee "$log"
 else
   # Progress: ninja's [n/N] steps, flashmsa's configure lines, compiler / ptxas warnings and
-  # errors (register spills included), and CMake warnings / errors whole.
-  if ! "${build[@]}" 2>&1 </dev/null | tee "$log" | awk '
-      /CMake (Warning|Error)/ { block = 1 }
-      block { print; if ($0 ~ /^[[:space:]]*$/) block = 0; fflush(); next }
-      /^ *-- flashmsa:|^ *\[[0-9]+\/[0-9]+\]/ || tolower($0) ~ /warning|error/ { print; fflush() }'; then
+  # errors (register spills included), and CMake warnings / errors whole. A loop of bash's read,
+  # not awk: mawk (Debian's awk) reads a pipe in blocks, so the steps showed up only kilobytes late.
+  progress() {
+    local line block=0
+    while IFS= read -r line; do
+      [[ $line =~ CMake\ (Warning|Error) ]] && block=1
+      if ((block)); then
+        printf '%s\n' "$line"
+        [[ $line =~ ^[[:space:]]*$ ]] && block=0
+      elif [[ $line =~ ^\ *--\ flashmsa: || $line =~ ^\ *\[[0-9]+/[0-9]+\] || ${line,,} =~ warning|error ]]; then
+        printf '%s\n' "$line"
+      fi
+    done
+    return 0
+  }
+  if ! "${build[@]}" 2>&1 </dev/null | tee "$log" | progress; then
     echo "setup: the build failed; the end of $log:" >&2
     tail -n 60 "$log" >&2
     exit 1
