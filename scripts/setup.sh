@@ -3,7 +3,7 @@
 # optional). Steps, each printed with its time:
 #   1. Python packages it lacks, from PyPI: torch, numpy, tqdm, pytest, scikit-build-core, ninja, and
 #      CMake when no cmake >= 3.25 is on PATH (the nvidia-cutlass headers only with
-#      FLASHMSA_USE_CUTLASS=ON)
+#      FLASHMSA_USE_CUTLASS=ON); pip itself first when it is older than 23.1
 #   2. with --tests (the test command): GoogleTest for the C++ tests, from the distribution's
 #      packages (apt-get / dnf) when it is missing; where that cannot run, a message naming the
 #      package (the Python install still completes)
@@ -63,6 +63,14 @@ import importlib.util, sys
 print(" ".join(p.split(":", 1)[1] for p in sys.argv[1:]
                if importlib.util.find_spec(p.split(":", 1)[0]) is None))' "${wanted[@]}")"
 msa_find_cmake "$PY" >/dev/null || need+=("cmake>=$FLASHMSA_MIN_CMAKE")
+$PY -m pip --version >/dev/null 2>&1 || {
+  echo "setup: $PY has no pip: make a virtual environment (python3 -m venv) or run $PY -m ensurepip" >&2
+  exit 1; }
+# The build step passes -C (pip >= 23.1); a venv of Debian 12's python3 comes with pip 23.0.1.
+old_pip=0
+$PY -c 'import pip, re, sys; sys.exit(tuple(map(int, re.match(r"(\d+)\.(\d+)", pip.__version__).groups())) < (23, 1))' \
+  2>/dev/null || old_pip=1
+((old_pip)) && need=("pip>=23.1" "${need[@]}")
 if ((${#need[@]})); then
   if [[ "${FLASHMSA_OFFLINE:-0}" == 1 ]]; then
     echo "setup: missing ${need[*]} and FLASHMSA_OFFLINE=1" >&2; exit 1
@@ -71,9 +79,13 @@ if ((${#need[@]})); then
     *" torch "*) echo "setup: installing ${need[*]} from PyPI (torch with its CUDA libraries is several GB: minutes)" ;;
     *) echo "setup: installing ${need[*]} from PyPI" ;;
   esac
-  $PY -m pip install --progress-bar on "${need[@]}"
+  if ((old_pip)); then  # pip first, on its own: the rest then installs with the new one
+    $PY -m pip install --progress-bar on "${need[0]}"
+    need=("${need[@]:1}")
+  fi
+  ((${#need[@]} == 0)) || $PY -m pip install --progress-bar on "${need[@]}"
 else
-  echo "setup: torch, numpy, tqdm, pytest, scikit-build-core, ninja and CMake are installed"
+  echo "setup: pip, torch, numpy, tqdm, pytest, scikit-build-core, ninja and CMake are installed"
 fi
 cmake_bin=$(msa_find_cmake "$PY") || {
   echo "setup: no cmake >= $FLASHMSA_MIN_CMAKE after installing it from PyPI" >&2; exit 1; }
