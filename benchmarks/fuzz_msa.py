@@ -1207,20 +1207,9 @@ def fuzz(args) -> dict:
 
 
 def usable_cpus() -> int:
-    """CPU cores this process may use: its affinity mask, bounded by a cgroup v2 CPU quota (a
-    container often sees every core of the host), at most 32."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, min(n, 32))
+    """CPU cores this process may use (flashmsa.testing.usable_cpus), at most 32."""
+    from flashmsa.testing import usable_cpus as cores
+    return min(cores(), 32)
 
 
 def parse_args(argv=None):

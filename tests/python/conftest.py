@@ -34,7 +34,6 @@
 """
 
 import collections
-import math
 import os
 
 import pytest
@@ -73,27 +72,13 @@ class Memo:
         return value
 
 
-def _usable_cpus() -> int:
-    """Cores this process may use: its affinity mask, bounded by a cgroup v2 CPU quota."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, n)
 
 
 def pytest_configure(config):
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not os.environ.get("PYTEST_XDIST_WORKER") or not workers or "OMP_NUM_THREADS" in os.environ:
         return
-    share = max(1, _usable_cpus() // max(1, int(workers)))
+    share = max(1, flashmsa.testing.usable_cpus() // max(1, int(workers)))
     torch.set_num_threads(share)
     os.environ["OMP_NUM_THREADS"] = str(share)  # subprocesses (the demo, the plan log)
     os.environ.setdefault("FLASHMSA_NUM_THREADS", str(share))  # the C++ reference's threads

@@ -11,6 +11,8 @@
 * output poisoning (:func:`poison_outputs`), here.
 """
 
+import math
+import os
 from typing import Sequence
 
 import torch
@@ -55,3 +57,21 @@ def outputs_poisoned() -> bool:
 def empty(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
     """``torch.empty``, poisoned when :func:`poison_outputs` is on (as the ops allocate)."""
     return _outputs.empty(shape, dtype, device)
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may use: its affinity mask, bounded by a cgroup v2 CPU quota (a
+    container often sees every core of the host). Sizes the fuzzer's pool and the test workers'
+    thread shares."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
