@@ -86,6 +86,7 @@ def test_unknown_stage_is_a_usage_error(capsys):
     assert "nope" in capsys.readouterr().err
 
 
+@pytest.mark.cpu_only
 @pytest.mark.skipif(torch.cuda.is_available(), reason="would run the benchmark")
 def test_step_stage_parses_without_a_device(capsys):
     assert bm.main(["--quick", "--stages", "step"]) == 2
