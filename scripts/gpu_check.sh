@@ -29,7 +29,10 @@
 #              (--shard i/SANITIZER_JOBS), all tools' shards through one pool of SANITIZER_PARALLEL
 #              processes sharing the GPU; each shard logs to $OUT/sanitizer-<tool>-<i>.log while it
 #              runs, merged at the end into $OUT/sanitizer-<tool>.log; per tool the summary sums the
-#              shards (errors, calls) and names any shard that failed or was cut by the budget
+#              shards (errors, calls) and names any shard that failed or was cut by the budget;
+#              with synccheck, also tests/sanitizer/run_mbarrier_patterns.sh (which producer /
+#              consumer mbarrier forms synccheck reports, per mode) to
+#              $OUT/sanitizer-mbarrier-patterns.log, its counts in the summary
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
@@ -394,6 +397,13 @@ step_sanitizer() {
     [[ ${line%% *} == 0 ]] || rc=1
     detail+="${line#* } | "
   done
+  # The producer / consumer mbarrier forms under synccheck (tests/sanitizer/mbarrier_patterns.cu):
+  # which of them the tool reports, for the tile kernel's report (informational, not a failure).
+  if [[ " $tools " == *" synccheck "* ]] && (( $(remaining) > 30 )); then
+    local plog=$OUT_DIR/sanitizer-mbarrier-patterns.log
+    COMPUTE_SANITIZER=$SAN timeout "$(remaining)" bash tests/sanitizer/run_mbarrier_patterns.sh "$dir/patterns" >"$plog" 2>&1
+    detail+="mbarrier patterns (synccheck reports per mode): $(sed -n 's/^mode \([0-9]\):.*synccheck: \([0-9]*\) report.*/\1:\2/p' "$plog" | tr '\n' ' ')| "
+  fi
   rm -rf "$dir"
   record sanitizer "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail% | }"
 }
