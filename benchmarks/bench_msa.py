@@ -64,7 +64,7 @@ FULL = dict(
     decode=[(b, c, sq) for b in (1, 8, 64, 128) for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
     sparse=[(s, kv, lay, pat) for s in (8 * K, 32 * K, 128 * K) for kv in ("bf16", "fp8")
             for lay in ("flat", "paged") for pat in ("random", "clustered", "pipeline")],
-    decode_attn=[(b, c, sq, kv) for kv in ("bf16", "fp8") for b in (1, 8, 64, 128)
+    decode_attn=[(b, c, sq, kv) for kv in ("bf16", "fp8", "nvfp4") for b in (1, 8, 64, 128)
                  for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
     pipeline_s=[4 * K, 8 * K, 16 * K, 32 * K, 64 * K, 128 * K],  # the report's 4K..128K curves
     topk_s=[8 * K, 32 * K, 128 * K],
@@ -80,7 +80,7 @@ QUICK = dict(
     sparse=[(32 * K, "bf16", "flat", "random"), (32 * K, "bf16", "flat", "clustered"),
             (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered")],
     decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
-                 (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8")],
+                 (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8"), (64, 32 * K, 1, "nvfp4")],
     pipeline_s=[8 * K, 32 * K],
     topk_s=[32 * K, 128 * K],
     step=[(b, 32 * K, 1, d, d) for d in ("bf16", "fp8") for b in (1, 64)],
@@ -750,7 +750,7 @@ class Bench:
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
             # forced by name (plan options).
             variants = [("", None)]
-            if sq == 1:
+            if sq == 1 and kv != "nvfp4":  # NVFP4 K/V run the smem kernel only
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
@@ -799,19 +799,25 @@ class Bench:
         page_table, pages, unique_blocks = mi.decode_pages(sel_req, b, 1, nb)
         k = self.rnd((pages, hkv, mi.BLOCK, 128), g)
         v = self.rnd((pages, hkv, mi.BLOCK, 128), g)
+        scales = {}
+        row_bytes = 128 * k.element_size()  # bytes of one key row of K (or V)
         if kv == "fp8":
             k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+            row_bytes = 128
+        elif kv == "nvfp4":
+            (k, ks, kgs), (v, vs, vgs) = ft.quantize_nvfp4(k), ft.quantize_nvfp4(v)
+            scales = dict(k_scale=ks, v_scale=vs, k_global_scale=kgs, v_global_scale=vgs)
+            row_bytes = 64 + 8  # e2m1 pairs and one e4m3 scale per 16 values
         q = self.rnd((b * sq, hq, 128), g)
         seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
         decode = self.planned("msa_sparse_decode_attention", options)
 
         def fn():
             return decode(q, k, v, sel, page_table=page_table, seqused_k=seqused, seqlen_q=sq,
-                          causal=True)
+                          causal=True, **scales)
         pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
         keys = mi.visible_keys(sel, pos, ctx)
-        elt = k.element_size()
-        nbytes = unique_blocks * 2 * mi.BLOCK * 128 * elt + 2 * q.nbytes  # K+V, q, out (bf16)
+        nbytes = unique_blocks * 2 * mi.BLOCK * row_bytes + 2 * q.nbytes  # K+V, q, out (bf16)
         return fn, dict(flop=4 * 128 * (hq // hkv) * keys, bytes=nbytes)
 
     def stage_pipeline(self):
