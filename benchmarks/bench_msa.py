@@ -289,8 +289,8 @@ class GraphedStep:
 
 def plan_options(schedule: str):
     """Plan options of a schedule label of stage_sparse: "auto" (the library's own plan: None),
-    or "<schedule>" followed by any of "<kv-major kernel>", "waste=<x>" (tile_max_waste) and
-    "combine=<c>" (the KV-major combine), space-separated."""
+    or "<schedule>" followed by any of "<kv-major kernel>" and "waste=<x>" (tile_max_waste),
+    space-separated."""
     if schedule == "auto":
         return None
     sched, *rest = schedule.split(" ")
@@ -655,13 +655,6 @@ class Bench:
             # that the table shows what the choice costs.
             schedules = ["auto"] + (["query_major", "kv_major", "kv_major mma_sync"]
                                     if (kv, layout) == ("bf16", "flat") else [])
-            # The KV-major combine variants (plan option combine; auto schedule, i.e. hybrid on
-            # Hopper, and KV-major alone): prefetching combine kernel, combine overlapped with the
-            # next launch group's attention kernel (sm_90a only: skipped elsewhere).
-            if layout == "flat":
-                schedules += ["auto combine=prefetch", "auto combine=overlap", "auto combine=overlap_staged"]
-                if kv == "bf16":
-                    schedules += ["kv_major combine=overlap"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]

@@ -47,10 +47,6 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),
         "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
-        # The KV-major combine variants forced (plan option combine; auto schedule otherwise).
-        "sparse_random_32k_prefetch": sparse("random", options=dict(combine="prefetch")),
-        "sparse_random_32k_overlap": sparse("random", options=dict(combine="overlap")),
-        "sparse_random_32k_overlap_staged": sparse("random", options=dict(combine="overlap_staged")),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
         # The decode variants forced (decode plan options kernel / mtp).

@@ -408,18 +408,14 @@ class Smoke:
         """Every prefill case under each schedule (plan option schedule: query_major, kv_major,
         hybrid), the KV-major schedule once more with small launch groups (chunk_rows=100) and the
         hybrid one with every tile of up to 96 union blocks taken (tile_max_waste=8: consumer
-        warpgroups skip blocks on unrelated selections); the KV-major combine variants on small
-        groups (combine=prefetch, and combine=overlap: the previous group's combine units inside
-        the sm_90a attention kernel, new item-record traffic for racecheck; SKIP off sm_90)."""
+        warpgroups skip blocks on unrelated selections); both KV-major schedules once more with
+        small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
+        of done tiles)."""
         for tag, options in (("query_major", dict(schedule="query_major")),
                              ("kv_major", dict(schedule="kv_major")),
                              ("kv_major/chunk100", dict(schedule="kv_major", chunk_rows=100)),
-                             ("kv_major/prefetch", dict(schedule="kv_major", chunk_rows=100, combine="prefetch")),
-                             ("kv_major/overlap", dict(schedule="kv_major", chunk_rows=100, combine="overlap")),
                              ("hybrid", dict(schedule="hybrid")),
-                             ("kv_major/overlap_staged",
-                              dict(schedule="kv_major", chunk_rows=100, combine="overlap_staged")),
-                             ("hybrid/overlap", dict(schedule="hybrid", chunk_rows=100, combine="overlap")),
+                             ("hybrid/chunk100", dict(schedule="hybrid", chunk_rows=100)),
                              ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8))):
             self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))
 

@@ -27,11 +27,6 @@ constexpr Named<PrefillSchedule> kSchedules[] = {{PrefillSchedule::kAuto, "auto"
 constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto"},
                                                     {KvMajorKernel::kMmaSync, "mma_sync"},
                                                     {KvMajorKernel::kWgmma, "wgmma"}};
-constexpr Named<KvMajorCombine> kKvMajorCombines[] = {{KvMajorCombine::kAuto, "auto"},
-                                                      {KvMajorCombine::kSeparate, "separate"},
-                                                      {KvMajorCombine::kPrefetch, "prefetch"},
-                                                      {KvMajorCombine::kOverlap, "overlap"},
-                                                      {KvMajorCombine::kOverlapStaged, "overlap_staged"}};
 constexpr Named<ProxyKernel> kProxyKernels[] = {
     {ProxyKernel::kAuto, "auto"},      {ProxyKernel::kMmaSync, "mma_sync"},
     {ProxyKernel::kSm90, "sm90"},      {ProxyKernel::kSm90Only, "sm90_only"},
@@ -122,7 +117,6 @@ size_t WorkspaceLayout::take(const char* name, size_t n) {
 
 const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
-const char* option_name(KvMajorCombine v) { return name_of(kKvMajorCombines, v); }
 const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
@@ -153,11 +147,9 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
       o.chunk_rows = parse_positive_int(name, value);
     } else if (name == "tile_max_waste") {
       o.tile_max_waste_milli = parse_milli(name, value, 1.0, 8.0);
-    } else if (name == "combine") {
-      o.combine = parse_enum(kKvMajorCombines, name, value);
     } else {
       MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
-               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, combine)");
+               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste)");
     }
   });
   return o;

@@ -76,13 +76,6 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
     s << ", " << kvm.q_stages << " query-tile stage(s)); " << kvm.groups << " launch group(s) of "
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";
-    s << "; combine=" << option_name(kvm.combine);
-    if (o.combine != KvMajorCombine::kAuto && o.combine != kvm.combine)
-      s << " (option combine=" << option_name(o.combine) << "; one launch group: nothing to overlap)";
-    else if (o.combine != KvMajorCombine::kAuto)
-      s << " (forced by the option combine=" << option_name(o.combine) << ")";
-    else
-      s << " (auto: the combine kernel after each launch group)";
   }
   workspace(s, plan.bytes);
   return s.str();

@@ -78,32 +78,6 @@ struct KvMajorControl {
   int next_item;  // work counter of the persistent attention kernel
 };
 
-// ---- combine -----------------------------------------------------------------------------------
-struct CombineArgs {
-  int row_begin;
-  int rows;
-  int row_stride;
-  int num_heads;
-  int num_kv_heads;
-  int group;
-  int num_slots;
-  const void* part_o;
-  StoreKind part_kind;
-  const float* part_lse;
-  const float* part_lse_t;
-  void* out;       // [total_q, Hq, 128]
-  float* lse;      // [total_q, Hq] natural log, or nullptr
-  float* lse_t;    // or nullptr
-  float v_scale;
-  const uint8_t* union_done;  // rows done by shared-selection tiles are skipped (or nullptr)
-  int union_tile_tokens;
-  int union_num_tiles;
-  int unit_rows;  // rows of one work unit: combine_unit_rows(group)
-  bool prefetch;  // the prefetching kernel (combine.cuh): every load of a (row, head) at once,
-                  // the next one's issued before the current one is reduced; same results
-};
-
-// ---- KV-major ----------------------------------------------------------------------------------
 struct KvMajorArgs {
   SparseAttnParams p;
   int group;
@@ -129,12 +103,6 @@ struct KvMajorArgs {
   const uint8_t* union_done;  // [Hkv, ceil(total_q / union_tile_tokens)] rows done by the
   int union_tile_tokens;      // shared-selection tiles (skipped here), or nullptr
   int union_num_tiles;
-  // Combine overlap (sm_90a kernel only): the previous launch group's combine, run as
-  // `prev_units` extra work units between this group's items (its partials live in the other of
-  // two partial buffers); prev_units = 0 when there is none.
-  CombineArgs prev;
-  int prev_units;
-  bool prev_staged;  // its units through shared memory (combine=overlap_staged)
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------
@@ -174,8 +142,30 @@ struct UnionArgs {
   int* control;          // [0] qualifying tiles, [1] work counter of the attention kernel
 };
 
+// ---- combine -----------------------------------------------------------------------------------
 // out[r, hq] = v_global_scale * sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s) over
 // the slots of (kh, r); slot s of head g at ((kh * row_stride + r - row_begin) * num_slots + s) * G + g.
+struct CombineArgs {
+  int row_begin;
+  int rows;
+  int row_stride;
+  int num_heads;
+  int num_kv_heads;
+  int group;
+  int num_slots;
+  const void* part_o;
+  StoreKind part_kind;
+  const float* part_lse;
+  const float* part_lse_t;
+  void* out;       // [total_q, Hq, 128]
+  float* lse;      // [total_q, Hq] natural log, or nullptr
+  float* lse_t;    // or nullptr
+  float v_scale;
+  const uint8_t* union_done;  // rows done by shared-selection tiles are skipped (or nullptr)
+  int union_tile_tokens;
+  int union_num_tiles;
+  int unit_rows;  // rows of one work unit: combine_unit_rows(group)
+};
 
 // Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly
 // a shared-selection tile (kUnionRows / G tokens).

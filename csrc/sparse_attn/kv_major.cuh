@@ -60,7 +60,7 @@ struct KvmItemState {
   int rows;  // tokens * G
   int seqlen_k;
   int q_begin;
-  int unit;  // >= 0: a combine unit of the previous launch group (kv_major_sm90.cuh), not an item
+  int pad;
   int64_t q_off;
 };
 
@@ -73,12 +73,12 @@ struct KvmRow {
   int lim;         // keys [0, lim) of the block are visible to the row (0 for padding)
 };
 
-// What every tile of item idx needs (kh = -1 past the last item).
-MSA_DEVICE KvmItemState kvm_item_state(const KvMajorArgs& args, int idx) {
+// Takes the next item from the work counter (one thread) and derives what every tile needs.
+MSA_DEVICE KvmItemState fetch_kvm_item(const KvMajorArgs& args) {
   const SparseAttnParams& p = args.p;
+  const int idx = atomicAdd(&args.control->next_item, 1);
   KvmItemState is{};
   is.kh = -1;
-  is.unit = -1;
   if (idx < min(args.control->num_items, args.max_items)) {
     const KvMajorItem it = args.items[idx];
     is.kh = it.kh;
@@ -92,11 +92,6 @@ MSA_DEVICE KvmItemState kvm_item_state(const KvMajorArgs& args, int idx) {
     is.q_off = q_offset_of(p.q_offset, it.b, rr.len, is.seqlen_k);
   }
   return is;
-}
-
-// Takes the next item from the work counter (one thread) and derives what every tile needs.
-MSA_DEVICE KvmItemState fetch_kvm_item(const KvMajorArgs& args) {
-  return kvm_item_state(args, atomicAdd(&args.control->next_item, 1));
 }
 
 template <typename Elem, KvKind kKv>

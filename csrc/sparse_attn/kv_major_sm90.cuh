@@ -19,13 +19,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <climits>
-
 #include "common/cuda_utils.h"
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
-#include "sparse_attn/combine.cuh"
 #include "sparse_attn/kv_major.cuh"
 #include "sparse_attn/wgmma_tile.cuh"
 
@@ -57,12 +54,6 @@ struct KvMajorSm90Config {
   static constexpr int kSmemBytes = kItemOffset + 2 * 128;
   static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "1024-byte aligned tiles");
   static_assert(kRawBytes <= kQAreaBytes, "raw K/V staging fits the query area");
-  // The staged combine (combine=overlap_staged) uses K, V and the query area for its partials and
-  // the query-offset tables for its LSEs.
-  static_assert(kVOffset == kKOffset + kKvTileBytes && kQOffset == kVOffset + kKvTileBytes && kKOffset == 0,
-                "K, V, queries contiguous from 0");
-  static_assert(3 * 64 * 1024 <= kRowQOffset && 3 * 16 * 16 * 4 <= kTables * kTileRows * 8,
-                "three 64 KB partial stages and their LSEs fit");
 };
 
 #if MSA_HAS_WGMMA
@@ -131,128 +122,7 @@ MSA_DEVICE void block_softmax_row(float (&s)[16][4], int h, int lim, float sc, f
 }
 #endif
 
-// Combine overlap: the work counter numbers this group's items and the previous group's combine
-// units (args.prev_units, 0 without overlap) together, the units spread evenly among the items
-// (position w is a unit when floor((w + 1) C / N) > floor(w C / N) for C units of N = items + C):
-// while most CTAs run MMAs, a few stream partials, so the memory-bound combine runs under the
-// compute-bound kernel instead of after it. One thread; kh = -1 and unit = -1 when nothing is left.
-MSA_DEVICE KvmItemState fetch_kvm90_work(const KvMajorArgs& args) {
-  if (args.prev_units <= 0) return fetch_kvm_item(args);
-  const int64_t w = atomicAdd(&args.control->next_item, 1);
-  const int64_t items = min(args.control->num_items, args.max_items);
-  const int64_t units = args.prev_units, n = items + units;
-  if (w >= n) return kvm_item_state(args, INT_MAX);  // nothing left
-  const int64_t after = (w + 1) * units / n, before = w * units / n;
-  if (after > before) {
-    KvmItemState is{};
-    is.kh = -1;
-    is.unit = int(before);
-    return is;
-  }
-  return kvm_item_state(args, int(w - after));  // items among positions 0..w: w + 1 - after
-}
-
-// A combine unit inside the attention kernel: a call, not inlined, so that its registers are
-// allocated apart from the MMA path's (inlined, the kernel spilled 600 bytes; as a call 64, the
-// plain kernel 40). One load set per warp (a (row, head)'s LSEs and outputs issued together: one
-// round trip, 4 KB in flight per warp, 64 KB per CTA): the prefetching kernel's two load sets
-// spilled 348 bytes in the call. topk > 16: the batched merge.
-template <typename Elem>
-__device__ __noinline__ void kvm90_combine_unit(const CombineArgs& a, int unit, int warp, int num_warps, int lane) {
-  if (a.num_slots <= kCombineBatch) {
-    combine_unit<Elem, kElemStoreKind<Elem>, true, true>(a, unit, warp, num_warps, lane);
-  } else {
-    combine_unit<Elem, kElemStoreKind<Elem>, false>(a, unit, warp, num_warps, lane);
-  }
-}
-
-// combine=overlap_staged (num_slots <= kCombineBatch): the unit's partials go through the CTA's
-// shared memory, idle between items (K, V and query areas: the first 192 KB), by cp.async: a stage
-// is 16 (row, head) pairs x 16 slots x 256 bytes = 64 KB plus their slot LSEs (1 KB, in the row
-// tables' area), three stages, two in flight while the third is reduced: 128 KB in flight per CTA
-// against the register merge's 64 KB, with few registers. Warp w reduces pair w of a stage through
-// combine_finish (the merge's arithmetic: bit-identical). Every thread passes the same barriers
-// (one per stage), so the item records' barrier discipline holds; the next item's loads come after
-// the next record's barrier.
-inline constexpr int kStagePairs = 16;
-inline constexpr int kStageBufs = 3;
-inline constexpr int kStageBytes = kStagePairs * kCombineBatch * 256;
-
-template <typename Elem, int kThreads>
-__device__ __noinline__ void kvm90_combine_unit_staged(const CombineArgs& a, int u, uint8_t* s_o, float* s_lse,
-                                                      int tid) {
-  static_assert(kThreads / 32 == kStagePairs, "one warp per pair of a stage");
-  constexpr StoreKind kPart = kElemStoreKind<Elem>;
-  const int lane = tid & 31, warp = tid >> 5;
-  const int t = a.unit_rows;
-  const int first = a.row_begin / t;
-  const int per_head = (a.row_begin + a.rows - 1) / t - first + 1;
-  const int kh = u / per_head, tile = first + u % per_head;
-  if (a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + tile]) return;  // CTA-uniform
-  const int r_begin = max(tile * t, a.row_begin);
-  const int r_end = min((tile + 1) * t, a.row_begin + a.rows);
-  const int n = (r_end - r_begin) * a.group;
-  const int rel0 = r_begin - a.row_begin;
-  const int stages = (n + kStagePairs - 1) / kStagePairs;
-  const int slots = a.num_slots;
-  const int64_t slot_elems = int64_t(a.group) * 128;
-  const uint32_t o_addr = smem_addr(s_o), l_addr = smem_addr(s_lse);
-  const uint16_t* part_o = static_cast<const uint16_t*>(a.part_o);
-  auto pair_base = [&](int i) {  // partial index of slot 0 of pair i of the unit
-    const int e = i / a.group;
-    return (int64_t(kh) * a.row_stride + rel0 + e) * slots * a.group + (i - e * a.group);
-  };
-  auto issue = [&](int c) {  // stage c into buffer c % kStageBufs (an empty group past the end)
-    if (c < stages) {
-      const int buf = c % kStageBufs;
-      const int pieces = kStagePairs * slots * 16;  // 16-byte pieces: pair, slot, 16 per slot
-      for (int f = tid; f < pieces; f += kThreads) {
-        const int p = f / (slots * 16), rem = f - p * (slots * 16);
-        const int i = c * kStagePairs + p;
-        if (i < n) {
-          const int s = rem >> 4, piece = rem & 15;
-          cp_async_16(o_addr + buf * kStageBytes + (p * kCombineBatch + s) * 256 + piece * 16,
-                      part_o + pair_base(i) * 128 + s * slot_elems + piece * 8);
-        }
-      }
-      for (int f = tid; f < kStagePairs * slots; f += kThreads) {
-        const int p = f / slots, s = f - p * slots;
-        const int i = c * kStagePairs + p;
-        if (i < n)
-          cp_async_4(l_addr + ((buf * kStagePairs + p) * kCombineBatch + s) * 4,
-                     a.part_lse + pair_base(i) + int64_t(s) * a.group);
-      }
-    }
-    cp_async_commit();
-  };
-  issue(0);
-  issue(1);
-#pragma unroll 1
-  for (int c = 0; c < stages; ++c) {
-    cp_async_wait<1>();  // this thread's copies of stage c landed
-    __syncthreads();     // everyone's; and stage c - 1's buffer is reduced by every warp
-    issue(c + 2);
-    const int i = c * kStagePairs + warp;
-    if (i < n) {  // warp-uniform
-      const int buf = c % kStageBufs, half = lane >> 4, hl = lane & 15;
-      CombineLoads<kPart> L;
-      L.v0 = lane < slots ? s_lse[(buf * kStagePairs + warp) * kCombineBatch + lane] : neg_inf();
-      const uint8_t* src = s_o + buf * kStageBytes + warp * kCombineBatch * 256 + hl * 16;
-#pragma unroll
-      for (int k = 0; k < kCombineBatch / 2; ++k) {
-        const int s = 2 * k + half;
-        L.raw[k] = s < slots ? *reinterpret_cast<const uint4*>(src + s * 256) : make_uint4(0u, 0u, 0u, 0u);
-      }
-      const int e = i / a.group;
-      combine_finish<Elem, kPart>(a, rel0 + e, kh, i - e * a.group, lane, L);
-    }
-  }
-  cp_async_wait<0>();  // the empty groups past the end
-}
-
-// kOverlap: the combine overlap variant (args.prev_units > 0); the plain kernel has no combine code,
-// so its registers are those of the MMA path alone.
-template <typename Elem, KvKind kKv, bool kOverlap>
+template <typename Elem, KvKind kKv>
 __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     kv_major_sm90_kernel(const __grid_constant__ KvMajorArgs args) {
 #if MSA_HAS_WGMMA
@@ -265,7 +135,6 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const int gid = lane >> 2, tig = lane & 3;
   KvmItemState* s_state = reinterpret_cast<KvmItemState*>(smem + Cfg::kItemOffset);
   uint32_t* s_list = reinterpret_cast<uint32_t*>(smem + Cfg::kListOffset);
-  float* s_rowq_all = reinterpret_cast<float*>(smem + Cfg::kRowQOffset);  // staged combine LSEs
   int64_t* s_rowq = reinterpret_cast<int64_t*>(smem + Cfg::kRowQOffset) + wg * S * 64;
   int64_t* s_rowslot = reinterpret_cast<int64_t*>(smem + Cfg::kRowSlotOffset) + wg * S * 64;
   int* s_rowlim = reinterpret_cast<int*>(smem + Cfg::kRowLimOffset) + wg * S * 64;
@@ -286,22 +155,11 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     // (The racecheck reports on the record were the warpgroups' unequal barrier counts, not the
     // single record: see the rounds below.)
     if (tid == 0) {
-      s_state[parity] = kOverlap ? fetch_kvm90_work(args) : fetch_kvm_item(args);
+      s_state[parity] = fetch_kvm_item(args);
     }
     __syncthreads();
     // Read from shared memory where used (registers go to the accumulators).
     const KvmItemState& is = s_state[parity];
-    if (kOverlap && is.unit >= 0) {
-      // A combine unit of the previous launch group: all 16 warps stream its partials (registers
-      // only, no shared memory and no barrier; the next record goes to the other slot, written
-      // after the barrier above that every thread passed after reading this one's predecessor).
-      if (args.prev_staged && args.prev.num_slots <= kCombineBatch) {
-        kvm90_combine_unit_staged<Elem, Cfg::kThreads>(args.prev, is.unit, smem, s_rowq_all, tid);
-      } else {
-        kvm90_combine_unit<Elem>(args.prev, is.unit, tid >> 5, Cfg::kThreads / 32, lane);
-      }
-      continue;
-    }
     if (is.kh < 0) break;
 
     // K / V block: native straight into the tiles (its cp.async group completes no later than the
@@ -423,18 +281,16 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
 #endif
 }
 
-// CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it (the overlap variant
-// has the same threads and shared memory).
+// CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it.
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv, false>, KvMajorSm90Config<kKv>::kThreads,
+  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv>, KvMajorSm90Config<kKv>::kThreads,
                                               size_t(KvMajorSm90Config<kKv>::kSmemBytes));
 }
 
-// The overlap variant when args.prev_units > 0 (a previous group's combine to run), else the plain one.
 template <typename Elem, KvKind kKv>
 void launch_kv_major_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream) {
-  auto* kernel = args.prev_units > 0 ? kv_major_sm90_kernel<Elem, kKv, true> : kv_major_sm90_kernel<Elem, kKv, false>;
+  auto* kernel = kv_major_sm90_kernel<Elem, kKv>;
   constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
   constexpr int threads = KvMajorSm90Config<kKv>::kThreads;
   flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));

@@ -130,30 +130,6 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.part_o_off = ws.take("kvm.part_o", size_t(pairs) * group * 128 * 2);
   plan.part_lse_off = ws.take("kvm.part_lse", size_t(pairs) * group * 4);
   if (has_temp) plan.part_lse_t_off = ws.take("kvm.part_lse_t", size_t(pairs) * group * 4);
-  // Combine: auto is the separate kernel until the H200 shows a variant faster. overlap needs the
-  // wgmma kernel (the combine units run inside it) and a second partial buffer; with one launch
-  // group there is nothing to overlap, and it is the prefetching kernel.
-  switch (o.combine) {
-    case KvMajorCombine::kAuto:
-    case KvMajorCombine::kSeparate: plan.combine = KvMajorCombine::kSeparate; break;
-    case KvMajorCombine::kPrefetch: plan.combine = KvMajorCombine::kPrefetch; break;
-    case KvMajorCombine::kOverlap:
-    case KvMajorCombine::kOverlapStaged:
-      MSA_CHECK_SUPPORTED(plan.kernel == KvMajorKernel::kWgmma, "combine=", option_name(o.combine),
-                          ": runs inside the warpgroup-MMA KV-major kernel, which needs an sm_90 GPU and a "
-                          "library built for sm_90a");
-      plan.combine = plan.groups > 1 ? o.combine : KvMajorCombine::kPrefetch;
-      break;
-  }
-  if (plan.combine == KvMajorCombine::kOverlap || plan.combine == KvMajorCombine::kOverlapStaged) {
-    plan.part_o2_off = ws.take("kvm.part_o2", size_t(pairs) * group * 128 * 2);
-    plan.part_lse2_off = ws.take("kvm.part_lse2", size_t(pairs) * group * 4);
-    if (has_temp) plan.part_lse_t2_off = ws.take("kvm.part_lse_t2", size_t(pairs) * group * 4);
-    // Combine units of a group: (kv heads) x (unit-row runs touching its rows), at most
-    // chunk_rows / unit_rows + 2 per head.
-    const int64_t units = int64_t(p.num_kv_heads) * (plan.chunk_rows / combine_unit_rows(group) + 2);
-    plan.overlap_grid = int(std::max<int64_t>(1, std::min<int64_t>(max_items + units, int64_t(ctas) * facts.num_sms)));
-  }
   const int tctas = with_tiles ? tile_ctas(p, facts) : 0;
   if (tctas > 0) {
     plan.tiles = true;

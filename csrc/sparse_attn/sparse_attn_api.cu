@@ -13,7 +13,6 @@
 #include "flashmsa/error.h"
 #include "flashmsa/plan.h"
 #include "flashmsa/semantics.h"
-#include "sparse_attn/combine.cuh"
 #include "sparse_attn/launch.h"
 
 namespace flashmsa::sparse_attn {
@@ -210,27 +209,13 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     a.union_num_tiles = u.num_tiles;
   }
   launch_kv_major_prepare(a, plan.num_sms, stream);
-  // combine=overlap: groups alternate between two partial buffers, and group g's combine runs as
-  // extra work units inside group g + 1's attention kernel (the last group's after it).
-  const bool overlap = plan.combine == KvMajorCombine::kOverlap || plan.combine == KvMajorCombine::kOverlapStaged;
-  a.prev_staged = plan.combine == KvMajorCombine::kOverlapStaged;
-  void* part_o[2] = {a.part_o, overlap ? at<void>(p, plan.part_o2_off) : a.part_o};
-  float* part_lse[2] = {a.part_lse, overlap ? at<float>(p, plan.part_lse2_off) : a.part_lse};
-  float* part_lse_t[2] = {a.part_lse_t, overlap && a.has_temp ? at<float>(p, plan.part_lse_t2_off) : a.part_lse_t};
-  CombineArgs prev{};  // the previous group's combine, not yet run (overlap only; rows 0: none)
-  int buf = 0;
-  for (int64_t r0 = 0; r0 < p.total_q; r0 += plan.chunk_rows, buf ^= overlap ? 1 : 0) {
+  for (int64_t r0 = 0; r0 < p.total_q; r0 += plan.chunk_rows) {
     a.row_begin = int(r0);
     a.rows = int(std::min<int64_t>(plan.chunk_rows, p.total_q - r0));
-    a.part_o = part_o[buf];
-    a.part_lse = part_lse[buf];
-    a.part_lse_t = part_lse_t[buf];
-    a.prev = prev;
-    a.prev_units = int(combine_units(prev));  // < INT_MAX: the planner's overlap_grid bound
     launch_kv_major_lists(a, stream);
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
       if (plan.kernel == KvMajorKernel::kWgmma) {
-        launch_kv_major_sm90<Elem, kKv>(a, a.prev_units > 0 ? plan.overlap_grid : plan.grid, stream);
+        launch_kv_major_sm90<Elem, kKv>(a, plan.grid, stream);
       } else {
         launch_kv_major<Elem, kKv>(a, plan.grid, stream);
       }
@@ -255,12 +240,7 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     c.union_tile_tokens = a.union_tile_tokens;
     c.union_num_tiles = a.union_num_tiles;
     c.unit_rows = combine_unit_rows(c.group);
-    c.prefetch = plan.combine != KvMajorCombine::kSeparate;
-    if (overlap && r0 + plan.chunk_rows < p.total_q) {
-      prev = c;  // runs inside the next group's kernel
-    } else {
-      launch_combine(c, p.out_dtype, stream);
-    }
+    launch_combine(c, p.out_dtype, stream);
   }
 }
 

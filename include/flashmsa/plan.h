@@ -31,13 +31,6 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // KV-major attention kernels: mma_sync (portable SM80+), wgmma (sm_90a warpgroup MMAs).
 // auto: wgmma where it can run, else mma_sync.
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
-// Combine of the KV-major partials (docs/design/sparse_attention.md, "Combine"): separate (a
-// combine kernel after each launch group's attention kernel), prefetch (the same, each warp with
-// two (row, head)s of loads in flight; bit-identical results), overlap (wgmma kernel only: group
-// i's combine runs as extra work units inside group i + 1's attention kernel, with two partial
-// buffers; the last group's by the prefetching kernel), overlap_staged (overlap with the units'
-// partials staged through the kernel's idle shared memory by cp.async). auto: separate.
-enum class KvMajorCombine : int32_t { kAuto = 0, kSeparate = 1, kPrefetch = 2, kOverlap = 3, kOverlapStaged = 4 };
 // Proxy-score kernels (docs/design/proxy_score.md): mma_sync (portable SM80+, every call), sm90 /
 // sm90_ss (the sm_90a TMA + wgmma prefill kernel with Q in registers / in shared memory, where it
 // applies: 16-bit K of q's dtype, no reduce_heads, an sm_90 device; elsewhere mma_sync), decode
@@ -101,7 +94,6 @@ struct SparseAttnOptions {
   KvMajorKernel kv_major_kernel = KvMajorKernel::kAuto;
   int64_t chunk_rows = 0;        // > 0: at most this many query rows per KV-major launch group
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
-  KvMajorCombine combine = KvMajorCombine::kAuto;
 };
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
@@ -112,8 +104,7 @@ struct TopkSelectOptions {
 
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
-// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5),
-// combine=auto|separate|prefetch|overlap|overlap_staged.
+// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
@@ -151,7 +142,7 @@ inline constexpr int store_kind_bytes(StoreKind k) {
 
 // Every section of a workspace starts at a multiple of this many bytes.
 inline constexpr size_t kWorkspaceAlign = 256;
-inline constexpr int kMaxWorkspaceSections = 24;
+inline constexpr int kMaxWorkspaceSections = 16;
 
 // One named section of a plan's workspace; sections follow each other, each starting aligned.
 struct WorkspaceSection {
@@ -192,11 +183,6 @@ struct KvMajorPlan {
   int num_sms = 0;  // of the device planned for (the list-building prologue's grid: 2 per SM)
   size_t block_base_off = 0, counts_off = 0, cursors_off = 0, control_off = 0, items_off = 0,
          list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
-  KvMajorCombine combine = KvMajorCombine::kSeparate;  // resolved: never kAuto
-  // kOverlap / kOverlapStaged: the second partial buffer (groups alternate between the two) and the grid of an
-  // attention kernel that also runs the previous group's combine units.
-  size_t part_o2_off = 0, part_lse2_off = 0, part_lse_t2_off = 0;
-  int overlap_grid = 0;
   // Shared-selection tiles (sm_90a, bf16 / fp16 / fp8 K and V, G in {16, 32, 64, 128}), computed
   // before the KV-major groups, which skip the rows of qualifying tiles.
   bool tiles = false;
@@ -251,7 +237,6 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
-const char* option_name(KvMajorCombine v);
 const char* option_name(ProxyKernel v);
 const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);

@@ -806,8 +806,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 #                             options=dict(schedule="kv_major", kv_major_kernel="mma_sync"))
 #
 # msa_sparse_attention: schedule = auto | query_major | kv_major | hybrid, kv_major_kernel = auto |
-# mma_sync | wgmma, chunk_rows = <rows per KV-major launch group>, tile_max_waste = <1 to 8>,
-# combine = auto | separate | prefetch | overlap | overlap_staged (the KV-major combine);
+# mma_sync | wgmma, chunk_rows = <rows per KV-major launch group>, tile_max_waste = <1 to 8>;
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only;
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size;
 # msa_sparse_decode_attention:

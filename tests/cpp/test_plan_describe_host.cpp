@@ -68,18 +68,6 @@ TEST(PlanDescribe, PrefillAutoLargeOnHopperIsHybridWgmma) {
   EXPECT_TRUE(has(d, "shared-selection tiles of 8 tokens")) << d;
   EXPECT_TRUE(has(d, "kv_major_kernel=wgmma (auto: the sm_90a warpgroup-MMA kernel runs")) << d;
   EXPECT_TRUE(has(d, "launch group(s) of")) << d;
-  EXPECT_TRUE(has(d, "combine=separate (auto: the combine kernel after each launch group)")) << d;
-}
-
-TEST(PlanDescribe, PrefillCombineOptionIsNamed) {
-  const SparseAttnParams p = attn(32768);
-  SparseAttnOptions o;
-  o.combine = KvMajorCombine::kOverlap;
-  std::string d = describe(plan_sparse_attention(p, o, hopper()), p, o);
-  EXPECT_TRUE(has(d, "combine=overlap (forced by the option combine=overlap)")) << d;
-  const SparseAttnParams small = attn(2000);
-  d = describe(plan_sparse_attention(small, o, hopper()), small, o);
-  EXPECT_TRUE(has(d, "combine=prefetch (option combine=overlap; one launch group: nothing to overlap)")) << d;
 }
 
 TEST(PlanDescribe, PrefillAutoLargeOnAmpereSaysWhyNotTheSm90Kernels) {

@@ -557,97 +557,6 @@ TEST(PlanDecode, PrefillQueryMajorPartialsUseTheComputeDtype) {
   EXPECT_EQ(plan.qm.part_kind, StoreKind::kF16);
 }
 
-// ---- KV-major combine ---------------------------------------------------------------------------
-
-SparseAttnOptions combine_opts(KvMajorCombine c, KvMajorKernel k = KvMajorKernel::kAuto) {
-  SparseAttnOptions o = opts(PrefillSchedule::kKvMajor, k);
-  o.combine = c;
-  return o;
-}
-
-TEST(PlanCombine, AutoIsTheSeparateKernel) {
-  EXPECT_EQ(plan_sparse_attention(attn(32768), {}, hopper()).kvm.combine, KvMajorCombine::kSeparate);
-  EXPECT_EQ(plan_sparse_attention(attn(4096), combine_opts(KvMajorCombine::kSeparate), hopper()).kvm.combine,
-            KvMajorCombine::kSeparate);
-  EXPECT_EQ(plan_sparse_attention(attn(4096), combine_opts(KvMajorCombine::kPrefetch, KvMajorKernel::kMmaSync),
-                                  ampere()).kvm.combine,
-            KvMajorCombine::kPrefetch);
-  EXPECT_EQ(section(plan_sparse_attention(attn(32768), {}, hopper()), "kvm.part_o2"), nullptr);
-}
-
-TEST(PlanCombine, OverlapTakesASecondPartialBufferOfTheSameSize) {
-  for (bool temp : {false, true}) {
-    const SparseAttnParams p = temp ? with_temperature(attn(32768)) : attn(32768);
-    const SparseAttnPlan sep = plan_sparse_attention(p, {}, hopper());
-    SparseAttnOptions o;  // auto schedule (hybrid), forced combine
-    o.combine = KvMajorCombine::kOverlap;
-    const SparseAttnPlan ovl = plan_sparse_attention(p, o, hopper());
-    expect_layout_sound(ovl);
-    EXPECT_EQ(ovl.schedule, PrefillSchedule::kHybrid);
-    EXPECT_EQ(ovl.kvm.combine, KvMajorCombine::kOverlap);
-    EXPECT_EQ(ovl.kvm.groups, sep.kvm.groups);  // the same launch groups, two buffers
-    EXPECT_EQ(ovl.kvm.chunk_rows, sep.kvm.chunk_rows);
-    for (const char* name : {"kvm.part_o", "kvm.part_lse"}) {
-      const std::string second = std::string(name) + "2";
-      ASSERT_NE(section(ovl, name), nullptr) << name;
-      ASSERT_NE(section(ovl, second), nullptr) << second;
-      EXPECT_EQ(section(ovl, name)->bytes, section(ovl, second)->bytes) << name;
-      EXPECT_EQ(section(ovl, name)->bytes, section(sep, name)->bytes) << name;
-    }
-    EXPECT_EQ(section(ovl, "kvm.part_lse_t2") != nullptr, temp);
-    if (temp) EXPECT_EQ(section(ovl, "kvm.part_lse_t2")->bytes, section(ovl, "kvm.part_lse_t")->bytes);
-    const size_t extra = section(ovl, "kvm.part_o2")->bytes + section(ovl, "kvm.part_lse2")->bytes +
-                         (temp ? section(ovl, "kvm.part_lse_t2")->bytes : 0);
-    EXPECT_GE(ovl.bytes, sep.bytes + extra);
-    EXPECT_LE(ovl.bytes, sep.bytes + extra + 3 * kWorkspaceAlign);
-    // The attention kernel of an overlapped group also takes combine units: a full persistent grid.
-    EXPECT_EQ(ovl.kvm.overlap_grid, 132);
-    EXPECT_EQ(ovl.kvm.grid, 132);
-  }
-}
-
-TEST(PlanCombine, OverlapWithOneGroupIsThePrefetchingKernel) {
-  SparseAttnOptions o = combine_opts(KvMajorCombine::kOverlap);
-  const SparseAttnPlan one = plan_sparse_attention(attn(2000), o, hopper());
-  EXPECT_EQ(one.kvm.groups, 1);
-  EXPECT_EQ(one.kvm.combine, KvMajorCombine::kPrefetch);
-  EXPECT_EQ(section(one, "kvm.part_o2"), nullptr);
-  o.chunk_rows = 37;  // several groups: overlap
-  const SparseAttnPlan many = plan_sparse_attention(attn(2000), o, hopper());
-  EXPECT_GT(many.kvm.groups, 1);
-  EXPECT_EQ(many.kvm.combine, KvMajorCombine::kOverlap);
-  // Tiny groups: grid bounded by the items plus the combine units of a group.
-  const int64_t units = 4 * (37 / 8 + 2);
-  EXPECT_EQ(many.kvm.overlap_grid, std::min<int64_t>(132, many.kvm.max_items + units));
-  EXPECT_GE(many.kvm.overlap_grid, many.kvm.grid);
-}
-
-TEST(PlanCombine, OverlapStagedIsPlannedLikeOverlap) {
-  SparseAttnOptions o;
-  o.combine = KvMajorCombine::kOverlapStaged;
-  const SparseAttnPlan staged = plan_sparse_attention(attn(32768), o, hopper());
-  o.combine = KvMajorCombine::kOverlap;
-  const SparseAttnPlan regs = plan_sparse_attention(attn(32768), o, hopper());
-  EXPECT_EQ(staged.kvm.combine, KvMajorCombine::kOverlapStaged);
-  EXPECT_EQ(staged.bytes, regs.bytes);
-  EXPECT_EQ(staged.kvm.overlap_grid, regs.kvm.overlap_grid);
-  EXPECT_EQ(plan_sparse_attention(attn(2000), combine_opts(KvMajorCombine::kOverlapStaged), hopper()).kvm.combine,
-            KvMajorCombine::kPrefetch);
-  expect_error([] { plan_sparse_attention(attn(4096), combine_opts(KvMajorCombine::kOverlapStaged), ampere()); },
-               ErrorKind::kNotSupported, "combine=overlap_staged");
-}
-
-TEST(PlanCombine, OverlapNeedsTheWgmmaKernel) {
-  expect_error([] { plan_sparse_attention(attn(4096), combine_opts(KvMajorCombine::kOverlap, KvMajorKernel::kMmaSync), hopper()); },
-               ErrorKind::kNotSupported, "combine=overlap");
-  expect_error([] { plan_sparse_attention(attn(4096), combine_opts(KvMajorCombine::kOverlap), ampere()); },
-               ErrorKind::kNotSupported, "combine=overlap");
-  // Query-major plans have no KV-major combine: the option does not apply there.
-  SparseAttnOptions o;
-  o.combine = KvMajorCombine::kOverlap;
-  EXPECT_EQ(plan_sparse_attention(attn(100), o, ampere()).schedule, PrefillSchedule::kQueryMajor);
-}
-
 // ---- options text -------------------------------------------------------------------------------
 
 TEST(PlanOptions, ParsesEveryOption) {
@@ -663,9 +572,6 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_attention_options(std::string("schedule=") + option_name(s)).schedule, s);
   for (KvMajorKernel k : {KvMajorKernel::kAuto, KvMajorKernel::kMmaSync, KvMajorKernel::kWgmma})
     EXPECT_EQ(parse_sparse_attention_options(std::string("kv_major_kernel=") + option_name(k)).kv_major_kernel, k);
-  for (KvMajorCombine c : {KvMajorCombine::kAuto, KvMajorCombine::kSeparate, KvMajorCombine::kPrefetch,
-                           KvMajorCombine::kOverlap, KvMajorCombine::kOverlapStaged})
-    EXPECT_EQ(parse_sparse_attention_options(std::string("combine=") + option_name(c)).combine, c);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
   for (ProxyKernel k : {ProxyKernel::kAuto, ProxyKernel::kMmaSync, ProxyKernel::kSm90, ProxyKernel::kSm90Only,
@@ -697,8 +603,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("chunk_rows=") + v).c_str(), "chunk_rows must be a positive integer");
   for (const char* v : {"abc", "0.5", "9", "nan", "1.5x", ""})
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
-  bad("combine=fused", "combine must be auto, separate, prefetch, overlap or overlap_staged, got 'fused'");
-  bad("speed=11", "unknown plan option 'speed'");
+  bad("speed=11", "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste)");
+  // The KV-major combine variants (prefetch, overlap, overlap_staged) were removed, and with them the
+  // option: the combine is always the separate kernel.
+  for (const char* v : {"auto", "separate", "prefetch", "overlap", "overlap_staged"})
+    bad((std::string("combine=") + v).c_str(), "unknown plan option 'combine'");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");

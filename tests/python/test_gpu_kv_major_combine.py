@@ -1,20 +1,19 @@
-"""The KV-major combine variants on the GPU (plan option combine=separate|prefetch|overlap,
-docs/design/sparse_attention.md#combine), forced through msa_ops._sparse_attention_planned.
+"""The KV-major combine on the GPU (the separate combine kernel after each launch group,
+docs/design/sparse_attention.md#combine) under the KV-major schedules, forced through
+msa_ops._sparse_attention_planned: checked against the exact CPU reference (baseline-bounded
+outputs, exact -inf / zero patterns, LSE and temperature LSE) on fresh random inputs, with several
+launch groups (the chunk_rows option), topk above one batch of slots, bf16 / fp16 / fp8 K and V,
+flat and paged caches, a workspace poisoned with NaN bytes, and under CUDA-graph capture.
 
-prefetch (the combine kernel with every load of a (row, head) issued at once and the next one's in
-flight), overlap (launch group i's combine run as extra work units inside group i + 1's sm_90a
-attention kernel, two partial buffers) and overlap_staged (the same with the units' partials staged
-through the kernel's shared memory) do the arithmetic of the separate combine in the same
-order, so their results must be bit-identical to it; each is also checked against the exact CPU
-reference (baseline-bounded outputs, exact -inf / zero patterns, LSE and temperature LSE) on fresh
-random inputs, with several launch groups (the chunk_rows option), bf16 / fp16 / fp8 K and V, flat
-and paged caches, a workspace poisoned with NaN bytes, and under CUDA-graph capture.
+The variants prefetch, overlap and overlap_staged (and the plan option combine) were removed:
+equal or slower on the H200, and the prefetching loads read partials the KV-major kernel never
+wrote (compute-sanitizer initcheck); docs/design/sparse_attention.md#combine-variants.
 
 A case's inputs, CPU reference and baseline are memoised per xdist worker
-(test_gpu_sparse_attention's ``problem`` / ``reference``): the combine variants of one case (the last,
+(test_gpu_sparse_attention's ``problem`` / ``reference``): the schedules of one case (the last,
 fastest-varying parameter) compute them once.
 
-Skipped (not passed) without a CUDA device or without a CUDA build; overlap needs sm_90.
+Skipped (not passed) without a CUDA device or without a CUDA build.
 """
 
 from __future__ import annotations
@@ -32,21 +31,11 @@ if not flashmsa.built_with_cuda():
     pytest.skip("flashmsa was built without CUDA kernels", allow_module_level=True)
 
 from test_gpu_sparse_attention import (  # noqa: E402
-    BF16, DEV, FP16, IS_SM90, GpuCase, bits_equal, build, check_empty_rows, check_lse,
-    check_output, plan_options, problem, reference, run)
+    BF16, DEV, FP16, GpuCase, bits_equal, build, check_empty_rows, check_lse, check_output,
+    plan_options, problem, reference, run)
 
-needs_sm90 = pytest.mark.skipif(not IS_SM90, reason="combine=overlap runs inside the sm_90a kernel")
-
-# (combine, schedule of test_gpu_sparse_attention.SCHEDULES): overlap only with the wgmma kernel.
-VARIANTS = [
-    pytest.param("prefetch", "kv_major", id="prefetch-kv_major"),
-    pytest.param("prefetch", "kv_major_mma_sync", id="prefetch-mma_sync"),
-    pytest.param("prefetch", "hybrid", id="prefetch-hybrid"),
-    pytest.param("overlap", "kv_major", id="overlap-kv_major", marks=needs_sm90),
-    pytest.param("overlap", "hybrid", id="overlap-hybrid", marks=needs_sm90),
-    pytest.param("overlap_staged", "kv_major", id="overlap_staged-kv_major", marks=needs_sm90),
-    pytest.param("overlap_staged", "hybrid", id="overlap_staged-hybrid", marks=needs_sm90),
-]
+# The schedules of test_gpu_sparse_attention.SCHEDULES that combine KV-major partials.
+KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_mma_sync", "hybrid"])
 
 
 def check_against_reference(case, seed, got, what):
@@ -59,49 +48,44 @@ def check_against_reference(case, seed, got, what):
         check_lse(got[2], cpu[2], f"{what} lse_t")
 
 
-@pytest.mark.parametrize("combine,schedule", VARIANTS)
+@KV_MAJOR_SCHEDULES
 @pytest.mark.parametrize("chunk_rows", [None, 1, 37, 500])
 @pytest.mark.parametrize("temperature,topk", [(None, 16), (0.9, 16), (0.9, 33)])
-def test_combine_matches_separate_bits_and_reference(combine, schedule, chunk_rows, temperature, topk):
+def test_combine_matches_reference(schedule, chunk_rows, temperature, topk):
     """Uneven sequences, an empty one, causal: any number of launch groups (chunk_rows 1: one row
-    per group, every combine unit overlapped; None: one group, overlap is the prefetching kernel);
-    topk 33: more slots than the prefetching kernel holds (the batched merge takes them)."""
+    per group; None: one group); topk 33: more slots than one batch of the merge's loads (16)."""
     case = GpuCase("combine", [300, 5, 0, 211], [2000, 100, 50, 3000], 16, 2, topk=topk, causal=True,
                    temperature=temperature, selection="random")
     seed = 21 + (chunk_rows or 0)
     pb = problem(case, seed)
     extra = {} if chunk_rows is None else dict(chunk_rows=chunk_rows)
-    separate = run(pb, gpu=True, schedule=schedule, combine="separate", **extra)
-    got = run(pb, gpu=True, schedule=schedule, combine=combine, **extra)
-    assert bits_equal(separate, got), f"{combine} differs from the separate combine"
-    check_against_reference(case, seed, got, f"{combine}/{schedule}/{chunk_rows}")
+    got = run(pb, gpu=True, schedule=schedule, **extra)
+    check_against_reference(case, seed, got, f"{schedule}/{chunk_rows}")
 
 
-@pytest.mark.parametrize("combine,schedule", VARIANTS)
+@KV_MAJOR_SCHEDULES
 @pytest.mark.parametrize("kv,layout,dtype", [("fp8", "flat", BF16), ("same", "paged", FP16),
                                              ("fp8", "paged", FP16)])
-def test_combine_kv_kinds_and_layouts(combine, schedule, kv, layout, dtype):
+def test_combine_kv_kinds_and_layouts(schedule, kv, layout, dtype):
     """M3-shaped heads (G = 16, where the tile kernel of hybrid applies) with clustered selections,
     so that done tiles and KV-major rows mix in the combine units; fp8 K / V, paged caches."""
     case = GpuCase("m3", [700, 333], [1500, 900], 64, 4, causal=True, selection="causal_local",
                    kv=kv, layout=layout, dtype=dtype, temperature=1.3)
     pb = problem(case, seed=22)
-    separate = run(pb, gpu=True, schedule=schedule, combine="separate", chunk_rows=100)
-    got = run(pb, gpu=True, schedule=schedule, combine=combine, chunk_rows=100)
-    assert bits_equal(separate, got)
-    check_against_reference(case, 22, got, f"{combine}/{schedule}/{kv}/{layout}")
+    got = run(pb, gpu=True, schedule=schedule, chunk_rows=100)
+    check_against_reference(case, 22, got, f"{schedule}/{kv}/{layout}")
 
 
-@pytest.mark.parametrize("combine,schedule", VARIANTS)
-def test_combine_ignores_poisoned_workspace(combine, schedule):
+@KV_MAJOR_SCHEDULES
+def test_combine_ignores_poisoned_workspace(schedule):
     """The workspace filled with 0xFF bytes (NaN partials, NaN LSEs) before the call: slots that
-    get no pair are set to -inf by the list builder, and slots of weight 0 are never used (the
-    prefetching combine loads them anyway), so the result is the clean workspace's."""
+    get no pair are set to -inf by the list builder, and slots of weight 0 are never read, so the
+    result is the clean workspace's."""
     case = GpuCase("poison", [400, 77], [1200, 2500], 32, 4, causal=True, temperature=0.7,
                    selection="duplicates")
     pb = problem(case, seed=23)
-    options = plan_options(schedule, combine=combine, chunk_rows=64)
-    clean = run(pb, gpu=True, schedule=schedule, combine=combine, chunk_rows=64)
+    options = plan_options(schedule, chunk_rows=64)
+    clean = run(pb, gpu=True, schedule=schedule, chunk_rows=64)
     ws = msa_ops.MSASparseAttentionWorkspace(DEV)
     msa_ops._sparse_attention_planned(*pb.gpu_args, **pb.gpu_kwargs, workspace=ws, options=options)
     ws.buffer.fill_(0xFF)
@@ -109,32 +93,17 @@ def test_combine_ignores_poisoned_workspace(combine, schedule):
                                                  options=options)
     torch.cuda.synchronize()
     assert bits_equal(clean, poisoned)
-    check_against_reference(case, 23, poisoned, f"{combine}/{schedule} poisoned")
+    check_against_reference(case, 23, poisoned, f"{schedule} poisoned")
 
 
-@needs_sm90
-@pytest.mark.parametrize("selection", ["random", "causal_local"])
-def test_overlap_m3_many_groups(selection):
-    """M3 at 4096 tokens in 8 launch groups (hundreds of items and combine units per kernel, the
-    interleaving of both at scale): bit-identical to the separate combine, deterministic."""
-    case = GpuCase("m3_4k", [4096], [4096], 64, 4, causal=True, selection=selection)
-    pb = build(case, seed=24)
-    for schedule in ("kv_major", "hybrid"):
-        separate = run(pb, gpu=True, schedule=schedule, combine="separate", chunk_rows=512)
-        for combine in ("overlap", "overlap_staged"):
-            first = run(pb, gpu=True, schedule=schedule, combine=combine, chunk_rows=512)
-            assert bits_equal(separate, first), (schedule, combine)
-            assert bits_equal(first, run(pb, gpu=True, schedule=schedule, combine=combine, chunk_rows=512))
-
-
-@pytest.mark.parametrize("combine,schedule", VARIANTS)
-def test_combine_under_graph_capture(combine, schedule):
+@KV_MAJOR_SCHEDULES
+def test_combine_under_graph_capture(schedule):
     """Stream-ordered and allocation-free: captured with a warmed caller workspace, a replay on new
     inputs gives the eager bits of those inputs."""
     case = GpuCase("graph", [300, 211], [1000, 1500], 16, 2, causal=True, temperature=0.8)
     pb = build(case, seed=25)
     pb2 = build(case, seed=26, q2k=pb.cpu_args[3])
-    options = plan_options(schedule, combine=combine, chunk_rows=100)
+    options = plan_options(schedule, chunk_rows=100)
     ws = msa_ops.MSASparseAttentionWorkspace(DEV)
     args = [a.clone() for a in pb.gpu_args]
     msa_ops._sparse_attention_planned(*args, **pb.gpu_kwargs, workspace=ws, options=options)
@@ -149,18 +118,14 @@ def test_combine_under_graph_capture(combine, schedule):
         dst.copy_(src)
     graph.replay()
     torch.cuda.synchronize()
-    eager = run(pb2, gpu=True, schedule=schedule, combine=combine, chunk_rows=100)
+    eager = run(pb2, gpu=True, schedule=schedule, chunk_rows=100)
     assert bits_equal(eager, captured)
 
 
-def test_combine_option_is_validated():
+def test_combine_option_is_gone():
+    """The removed combine variants took a plan option combine=...; it is an unknown option now."""
     case = GpuCase("opt", [64], [256], 16, 2, causal=True)
     pb = build(case, seed=27)
-    with pytest.raises(ValueError, match="combine must be auto, separate, prefetch, overlap or overlap_staged"):
-        run(pb, gpu=True, schedule="kv_major", combine="fused")
-    if not IS_SM90:
-        with pytest.raises(flashmsa.NotSupportedError, match="combine=overlap"):
-            run(pb, gpu=True, schedule="kv_major", combine="overlap")
-    with pytest.raises(flashmsa.NotSupportedError, match="combine=overlap"):
-        run(pb, gpu=True, schedule="kv_major_mma_sync", combine="overlap")
-
+    for value in ("separate", "prefetch", "overlap", "overlap_staged"):
+        with pytest.raises(ValueError, match="unknown plan option 'combine'"):
+            run(pb, gpu=True, schedule="kv_major", combine=value)

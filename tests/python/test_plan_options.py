@@ -43,8 +43,6 @@ VALID = {
         dict(schedule="hybrid", kv_major_kernel="mma_sync", chunk_rows=7, tile_max_waste=8),
         dict(schedule="auto", kv_major_kernel="wgmma", tile_max_waste=1.25),
         "schedule=kv_major,chunk_rows=1",
-        dict(combine="separate"), dict(schedule="kv_major", combine="prefetch", chunk_rows=3),
-        "combine=overlap,schedule=hybrid", dict(combine="auto"), dict(combine="overlap_staged"),
     ],
     "proxy_score": [None, dict(kernel="auto"), dict(kernel="mma_sync"), dict(kernel="sm90"),
                     dict(kernel="sm90_ss_only"), dict(kernel="decode"), dict(kernel="decode_only")],
@@ -98,9 +96,12 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_attention", dict(tile_max_waste=9), "tile_max_waste must be a number from 1 to 8"),
     ("sparse_attention", dict(tile_max_waste="nan"), "tile_max_waste must be a number from 1 to 8"),
     ("sparse_attention", dict(tile_max_waste="1.5x"), "tile_max_waste must be a number from 1 to 8"),
-    ("sparse_attention", dict(combine="fused"),
-     "combine must be auto, separate, prefetch, overlap or overlap_staged, got 'fused'"),
     ("sparse_attention", dict(speed=11), "unknown plan option 'speed'"),
+    # The KV-major combine variants were removed, and the combine option with them.
+    ("sparse_attention", dict(combine="separate"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine="prefetch"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine="overlap"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine="overlap_staged"), "unknown plan option 'combine'"),
     ("sparse_attention", "schedule", "name=value"),
     ("proxy_score", dict(kernel="wgmma"),
      "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode or "
