@@ -524,6 +524,10 @@ class Bench:
                           self.build_proxy_decode(b, c, q, options=dec), "memory")
             self.run_case("proxy", name + " fp8 [decode]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dec), "memory")
+            # The same kernel with fp16 MMAs for fp8 K (bf16 q rows scaled into fp16).
+            self.run_case("proxy", name + " fp8 [decode_f16]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, k_fp8=True,
+                                                  options=dict(kernel="decode_f16_only")), "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=dec), "memory")

@@ -314,6 +314,29 @@ class Smoke:
         options = dict(kernel="decode_only")
         self._proxy_decode_cases(PlannedOps(self.ops, msa_proxy_score=options,
                                             msa_proxy_score_fp4=options))
+        # kernel=decode_f16_only: fp16 MMAs for fp8 K, bf16 q rows scaled into fp16 (fp8 q as is).
+        f16 = PlannedOps(self.ops, msa_proxy_score=dict(kernel="decode_f16_only"))
+        lens = [700, 2048, 129, 0, 1000, 1]
+        b = len(lens)
+
+        def build():
+            cache, table, used = self.paged(lens, 1, FP8)
+            table[0, 2] = -1
+            return cache, table, used
+        paged = self.lazy(build)
+        for q_dtype in (BF16, FP8):
+            for seqlen_q in (1, 4):
+                cu_qd = torch.arange(0, b * seqlen_q + 1, seqlen_q, dtype=torch.int32,
+                                     device=self.dev)
+
+                def call(cu_qd=cu_qd, sqd=seqlen_q, q_dtype=q_dtype):
+                    cache, table, used = paged()
+                    return f16.msa_proxy_score(
+                        self.rnd((b * sqd, 4, 128)).to(q_dtype), cache, cu_qd, None,
+                        page_table=table, seqused_k=used, max_seqlen_q=sqd,
+                        max_k_tiles=table.shape[1] + 2, q_offset=self.i32([350, 1024, 64, 0, 999, 0]))
+                self.run(f"proxy decode_f16 paged float8_e4m3fn k, {str(q_dtype)[6:]} q, sq{seqlen_q}",
+                         call)
 
     def _proxy_decode_cases(self, ops):
         lens = [700, 2048, 129, 0, 1000, 1]

@@ -31,7 +31,8 @@ constexpr Named<ProxyKernel> kProxyKernels[] = {
     {ProxyKernel::kAuto, "auto"},      {ProxyKernel::kMmaSync, "mma_sync"},
     {ProxyKernel::kSm90, "sm90"},      {ProxyKernel::kSm90Only, "sm90_only"},
     {ProxyKernel::kSm90Ss, "sm90_ss"}, {ProxyKernel::kSm90SsOnly, "sm90_ss_only"},
-    {ProxyKernel::kDecode, "decode"},  {ProxyKernel::kDecodeOnly, "decode_only"}};
+    {ProxyKernel::kDecode, "decode"},  {ProxyKernel::kDecodeOnly, "decode_only"},
+    {ProxyKernel::kDecodeF16, "decode_f16"}, {ProxyKernel::kDecodeF16Only, "decode_f16_only"}};
 constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kWarpPerRow, "warp_per_row"},
                                               {TopkKernel::kWarpPerRow8, "warp_per_row_8"},
@@ -204,6 +205,11 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
       plan.kernel = proxy_decode_runs(p) ? ProxyKernel::kDecode : ProxyKernel::kMmaSync;
       break;
     case ProxyKernel::kDecodeOnly: plan = {ProxyKernel::kDecode, true}; break;
+    case ProxyKernel::kDecodeF16:
+      plan.kernel = proxy_decode_runs(p) ? ProxyKernel::kDecode : ProxyKernel::kMmaSync;
+      plan.f16_mma = plan.kernel == ProxyKernel::kDecode;
+      break;
+    case ProxyKernel::kDecodeF16Only: plan = {ProxyKernel::kDecode, true, false, true}; break;
   }
   return plan;
 }

@@ -102,7 +102,9 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   ProxyKernel named = o.kernel;
   if (named == ProxyKernel::kSm90Only) named = ProxyKernel::kSm90;
   if (named == ProxyKernel::kSm90SsOnly) named = ProxyKernel::kSm90Ss;
-  if (named == ProxyKernel::kDecodeOnly) named = ProxyKernel::kDecode;
+  if (named == ProxyKernel::kDecodeOnly || named == ProxyKernel::kDecodeF16 ||
+      named == ProxyKernel::kDecodeF16Only)
+    named = ProxyKernel::kDecode;
   s << "kernel=" << option_name(plan.kernel) << " (";
   if (o.kernel == ProxyKernel::kAuto && plan.kernel == ProxyKernel::kDecode)
     s << "auto: short queries, at most " << kProxyDecodeAutoMaxRows
@@ -113,6 +115,8 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   else if (named == plan.kernel && plan.convert_k)
     s << "forced by the option kernel=" << option_name(o.kernel)
       << "; fp8 K and NVFP4 q / K converted into 16-bit by the producer warpgroup";
+  else if (named == plan.kernel && plan.f16_mma)
+    s << "forced by the option kernel=" << option_name(o.kernel) << "; fp16 MMAs for fp8 K";
   else if (named == plan.kernel)
     s << "forced by the option kernel=" << option_name(o.kernel);
   else

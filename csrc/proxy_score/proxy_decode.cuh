@@ -10,7 +10,9 @@
 //
 // Per block: S = Q K^T on mma.sync m16n8k16 (rows = heads x tokens, 4 warps x 32 keys), K read
 // from shared memory straight into B fragments (fp8 / NVFP4 converted in registers), per-key mask,
-// row max, one store per (head, token). The dot product's 128 dims are assigned to (k-step, lane)
+// row max, one store per (head, token). With fp8 K the plan may ask for fp16 MMAs whatever q's
+// dtype (ProxyScorePlan::f16_mma, kernel=decode_f16): a K pair is then one cvt, and bf16 q rows
+// are scaled into fp16 by a power of two (load_q_frags, kScaleQ). The dot product's 128 dims are assigned to (k-step, lane)
 // slots by a fixed permutation, the same for every K dtype (so that fp8 / NVFP4 / paged twins of a
 // call give bit-identical results): lane (g = lane / 4, c = lane % 4) owns the 8-dim chunks 4m + c,
 // m = 0..3, of its rows and keys; k-step s = 2m + i takes dims (4m + c) * 8 + 4i + [0, 4).
@@ -151,9 +153,13 @@ __device__ __forceinline__ bool load_block(const Params& dp, const Request& r, i
 // A fragments of the 16 rows of one pass (tokens [tok0, tok0 + T) of the request, all G heads):
 // qa[s][0..3] = (row g, dims d..d+1), (row g + 8, d..d+1), (row g, d+2..d+3), (row g + 8, d+2..d+3)
 // with d = (4 (s / 2) + c) * 8 + 4 (s % 2). Padding rows are zero.
-template <typename Mma, int kK>
+// kScaleQ (bf16 q, fp16 MMAs): row h (g, g + 8) is multiplied by 2^(14 - E), E the exponent of
+// the row's largest |q| (clamped to >= -100), into fp16 (its maximum in [2^14, 2^15)), and
+// qmul[h] = 2^(E - 14) turns its logits back; exact for every element >= 2^-32 of the row maximum
+// (fp16 keeps bf16's 8 significant bits down to 2^-17). Else qmul[h] = 1.
+template <typename Mma, int kK, bool kScaleQ = false>
 __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r, int tok0,
-                                             uint32_t (&qa)[8][4]) {
+                                             uint32_t (&qa)[8][4], float (&qmul)[2]) {
   const ProxyScoreParams& p = dp.p;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -198,6 +204,39 @@ __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r,
       qa[2 * m][2 + half] = w[1];
       qa[2 * m + 1][half] = w[2];
       qa[2 * m + 1][2 + half] = w[3];
+    }
+  }
+  qmul[0] = qmul[1] = 1.0f;
+  if constexpr (kScaleQ) {
+    static_assert(std::is_same_v<Mma, __half> && kK == kK8, "bf16 q into fp16 MMAs, fp8 K");
+    // The words hold bf16 pairs here (q is bf16: launch_proxy_decode).
+    auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+    auto hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = 0.0f;
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t w = qa[s][half + 2 * j];
+          mx = fmaxf(mx, fmaxf(fabsf(lo(w)), fabsf(hi(w))));
+        }
+      // The row's other dims are in the lanes of its quad (c = lane % 4).
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+      // E = exponent of mx (0 and subnormal maxima count as -127), clamped so that both 2^(14 - E)
+      // and 2^(E - 14) are normal floats (an inf maximum: E = 128, inf and NaN stay so).
+      const int e = max(int((__float_as_uint(mx) >> 23) & 0xFFu) - 127, -100);
+      const float up = __uint_as_float(uint32_t(14 - e + 127) << 23);
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t w = qa[s][half + 2 * j];
+          qa[s][half + 2 * j] = pack2<__half>(lo(w) * up, hi(w) * up);
+        }
+      qmul[half] = __uint_as_float(uint32_t(e - 14 + 127) << 23);
     }
   }
 }
@@ -264,9 +303,10 @@ __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int 
 // This warp's 32 keys of the block against the 16 rows: per-row maxima into part[warp][row].
 // kMasked: per key, lim[h] = visible keys of row g + 8h relative to the block (<= 0: none); else
 // every key of the block is visible to every row that is stored.
-template <typename Mma, int kK, bool kMasked>
+template <typename Mma, int kK, bool kMasked, bool kScaleQ = false>
 __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t (&qa)[8][4],
-                                               const uint8_t* stage, const int (&lim)[2], float* part) {
+                                               const float (&qmul)[2], const uint8_t* stage,
+                                               const int (&lim)[2], float* part) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -284,6 +324,7 @@ __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t 
     for (int e = 0; e < 4; ++e) {
       float v = acc[e];
       if constexpr (kK == kK4) v *= dp.scale;
+      if constexpr (kScaleQ) v *= qmul[e >> 1];  // a power of two: exact, back to q's scale
       if constexpr (kMasked) {
         const int key = key0 + 2 * c + (e & 1);
         v = key < lim[e >> 1] ? v : neg_inf();
@@ -348,7 +389,7 @@ __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
   }
 }
 
-template <typename Mma, int kK>
+template <typename Mma, int kK, bool kScaleQ>
 __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_constant__ Params dp) {
   using St = Stage<kK>;
   constexpr int S = St::kStages;
@@ -390,11 +431,12 @@ __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_
   int cb, ckh, ct;
   unit_coords(dp, u0, cb, ckh, ct);
   uint32_t qa[8][4];
+  float qmul[2];
   // The first request's Q fragments load while its first blocks are in flight (batch 1: most CTAs
   // take one block, and the Q latency would otherwise follow the block's).
   load_request(dp, cr, cb, ckh);
   bool q_ready = cr.ntok > 0 && cr.ntok <= dp.tokens;  // qa holds the single pass of request cr
-  if (q_ready) load_q_frags<Mma, kK>(dp, cr, 0, qa);
+  if (q_ready) load_q_frags<Mma, kK, kScaleQ>(dp, cr, 0, qa, qmul);
 #pragma unroll 1
   for (int64_t i = 0; i < n; ++i) {
     // Refill stage (i - 1) % S with unit i + S - 1 (its bit lands at position S - 1) before
@@ -420,14 +462,14 @@ __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_
       const uint8_t* stage = smem + int(i % S) * St::kBytes;
       for (int tok0 = 0; tok0 < cr.ntok; tok0 += dp.tokens) {
         if (loaded) {
-          if (!q_ready || cr.ntok > dp.tokens) load_q_frags<Mma, kK>(dp, cr, tok0, qa);
+          if (!q_ready || cr.ntok > dp.tokens) load_q_frags<Mma, kK, kScaleQ>(dp, cr, tok0, qa, qmul);
           q_ready = true;
           int lim[2] = {0, 0};
           // The pass's first token sees the fewest keys (col_limit grows with the token): when it
           // sees the whole block, every row does and the per-key mask is skipped (64-bit: t + 1
           // may be 2^24).
           if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, cr.q_off, tok0, cr.seqlen_k)) {
-            multiply_block<Mma, kK, false>(dp, qa, stage, lim, part);
+            multiply_block<Mma, kK, false, kScaleQ>(dp, qa, qmul, stage, lim, part);
           } else {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -438,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_
                            ? col_limit(p.causal, cr.q_off, tok, cr.seqlen_k) - t * kBlockSize
                            : 0;
             }
-            multiply_block<Mma, kK, true>(dp, qa, stage, lim, part);
+            multiply_block<Mma, kK, true, kScaleQ>(dp, qa, qmul, stage, lim, part);
           }
           __syncthreads();
         }
@@ -458,9 +500,9 @@ __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_
   fill_uncovered_rows(dp);
 }
 
-template <typename Mma, int kK>
+template <typename Mma, int kK, bool kScaleQ = false>
 void launch_kernel(const Params& dp, cudaStream_t stream) {
-  auto kernel = proxy_decode_kernel<Mma, kK>;
+  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ>;
   const size_t smem = Stage<kK>::kSmemBytes;
   const int resident = prepare_launch(kernel, kThreads, smem);
   const DeviceLimits& limits = current_device_limits();
@@ -476,9 +518,10 @@ void launch_kernel(const Params& dp, cudaStream_t stream) {
 namespace flashmsa::cuda::proxy {
 
 // The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
-// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call.
+// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call. f16_mma
+// (ProxyScorePlan::f16_mma): fp8 K with bf16 or fp8 q runs fp16 MMAs (bf16 q scaled per row).
 template <typename Element>
-bool launch_proxy_decode(const ProxyScoreParams& p, cudaStream_t stream) {
+bool launch_proxy_decode(const ProxyScoreParams& p, bool f16_mma, cudaStream_t stream) {
   if (!proxy_decode_runs(p)) return false;
   MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
             "proxy_score: NVFP4 q / k need their block scales");
@@ -512,6 +555,17 @@ bool launch_proxy_decode(const ProxyScoreParams& p, cudaStream_t stream) {
     return false;
   }
   if (k8) {
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+      if (f16_mma) {
+        // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
+        if (p.q_dtype == DType::kBF16) {
+          decode::launch_kernel<__half, decode::kK8, true>(dp, stream);
+        } else {
+          decode::launch_kernel<__half, decode::kK8, false>(dp, stream);
+        }
+        return true;
+      }
+    }
     decode::launch_kernel<Element, decode::kK8>(dp, stream);
   } else {
     decode::launch_kernel<Element, decode::kK16>(dp, stream);

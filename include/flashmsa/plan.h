@@ -37,6 +37,8 @@ enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 // (the SM80+ streaming kernel for short queries: csrc/proxy_score/proxy_decode.cuh, where
 // proxy_decode_runs; elsewhere mma_sync), and the _only forms of the last three (the same without
 // the fallback: NotImplementedError where the kernel does not apply; tests and benchmarks).
+// decode_f16 / decode_f16_only: the decode kernel with fp16 MMAs for fp8 K with bf16 or fp8 q
+// (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only).
 // auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block), else
 // sm90 (which itself falls back to mma_sync where it does not apply). H200 at 162e97a: 32K prefill
 // 658 us vs mma_sync 1624; decode B64/32K 139 vs 190 us (bf16), 125 vs 216 (fp8), 145 vs 271 (NVFP4).
@@ -48,7 +50,9 @@ enum class ProxyKernel : int32_t {
   kSm90Ss = 4,
   kSm90SsOnly = 5,
   kDecode = 6,
-  kDecodeOnly = 7
+  kDecodeOnly = 7,
+  kDecodeF16 = 8,
+  kDecodeF16Only = 9
 };
 // Top-k kernels (docs/design/topk_select.md): warp_per_row (a warp per (token, head) row, bitwise
 // threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
@@ -212,6 +216,11 @@ struct ProxyScorePlan {
   // auto keeps those calls on mma.sync until an H200 run shows the converting path correct and
   // faster (docs/design/proxy_score.md).
   bool convert_k = false;
+  // The decode kernel with fp8 K: fp16 MMAs whatever q's dtype (one cvt per e4m3 pair instead of
+  // the e4m3 -> fp16 -> fp32 -> bf16 chain; bf16 q rows scaled into fp16 by a power of two, fp8 q
+  // exact in fp16). Set only by decode_f16 / decode_f16_only: auto keeps bf16 MMAs until an H200
+  // run shows it bit-identical and faster (docs/design/proxy_score.md, "The decode kernel").
+  bool f16_mma = false;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: kWarpPerRow, kWarpPerRow8 or kRadix

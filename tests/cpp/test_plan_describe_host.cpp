@@ -134,6 +134,12 @@ TEST(PlanDescribe, ProxyAndTopk) {
   forced.kernel = ProxyKernel::kMmaSync;
   dp = describe(plan_proxy_score(pp, forced), forced);
   EXPECT_EQ(dp, "kernel=mma_sync (forced by the option kernel=mma_sync)");
+  forced.kernel = ProxyKernel::kDecodeF16;
+  dp = describe(plan_proxy_score(pp, forced), forced);
+  EXPECT_EQ(dp, "kernel=decode (forced by the option kernel=decode_f16; fp16 MMAs for fp8 K)");
+  forced.kernel = ProxyKernel::kDecodeOnly;
+  dp = describe(plan_proxy_score(pp, forced), forced);
+  EXPECT_EQ(dp, "kernel=decode (forced by the option kernel=decode_only)");
   TopkSelectParams tp{};
   tp.num_heads = 4;
   tp.num_blocks = 256;

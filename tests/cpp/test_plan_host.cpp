@@ -576,7 +576,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
   for (ProxyKernel k : {ProxyKernel::kAuto, ProxyKernel::kMmaSync, ProxyKernel::kSm90, ProxyKernel::kSm90Only,
                         ProxyKernel::kSm90Ss, ProxyKernel::kSm90SsOnly, ProxyKernel::kDecode,
-                        ProxyKernel::kDecodeOnly})
+                        ProxyKernel::kDecodeOnly, ProxyKernel::kDecodeF16, ProxyKernel::kDecodeF16Only})
     EXPECT_EQ(parse_proxy_score_options(std::string("kernel=") + option_name(k)).kernel, k);
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize})
@@ -612,8 +612,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");
   expect_error([] { parse_proxy_score_options("kernel=wgmma"); }, ErrorKind::kValue,
-               "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode or "
-               "decode_only, got 'wgmma'");
+               "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode, "
+               "decode_only, decode_f16 or decode_f16_only, got 'wgmma'");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'heap'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
@@ -642,7 +642,7 @@ TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
   // until an H200 run shows that path correct and faster.
   struct Case {
     ProxyKernel option, kernel;
-    bool strict, convert_k;
+    bool strict, convert_k, f16_mma = false;
   } cases[] = {{ProxyKernel::kAuto, ProxyKernel::kSm90, false, false},  // no heads: not the decode kernel
                {ProxyKernel::kMmaSync, ProxyKernel::kMmaSync, false, false},
                {ProxyKernel::kSm90, ProxyKernel::kSm90, false, true},
@@ -651,12 +651,17 @@ TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
                {ProxyKernel::kSm90SsOnly, ProxyKernel::kSm90Ss, true, true},
                // No heads: the decode kernel does not run the call, decode_only keeps it (strict).
                {ProxyKernel::kDecode, ProxyKernel::kMmaSync, false, false},
-               {ProxyKernel::kDecodeOnly, ProxyKernel::kDecode, true, false}};
+               {ProxyKernel::kDecodeOnly, ProxyKernel::kDecode, true, false},
+               // decode_f16: as decode (the fallback keeps bf16 MMAs: f16_mma only on the decode
+               // kernel); decode_f16_only keeps the kernel and its fp16 MMAs.
+               {ProxyKernel::kDecodeF16, ProxyKernel::kMmaSync, false, false, false},
+               {ProxyKernel::kDecodeF16Only, ProxyKernel::kDecode, true, false, true}};
   for (const Case& c : cases) {
     const ProxyScorePlan plan = proxy_plan(c.option);
     EXPECT_EQ(plan.kernel, c.kernel) << option_name(c.option);
     EXPECT_EQ(plan.strict, c.strict) << option_name(c.option);
     EXPECT_EQ(plan.convert_k, c.convert_k) << option_name(c.option);
+    EXPECT_EQ(plan.f16_mma, c.f16_mma) << option_name(c.option);
   }
 }
 
@@ -758,6 +763,18 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   mtp4.qi.max_seqlen_q = 5;
   EXPECT_EQ(plan_proxy_score(mtp4, {}).kernel, ProxyKernel::kSm90);
   EXPECT_EQ(plan_proxy_score(params(16, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kDecode);
+  // fp16 MMAs for fp8 K only when forced (decode_f16), never for auto or decode.
+  ProxyScoreOptions f16;
+  f16.kernel = ProxyKernel::kDecodeF16;
+  for (DType k : {bf16, fp8, fp4}) {
+    EXPECT_FALSE(plan_proxy_score(params(4, 1, false, k == fp4 ? fp4 : bf16, k), {}).f16_mma);
+    EXPECT_FALSE(plan_proxy_score(params(4, 1, false, k == fp4 ? fp4 : bf16, k), decode).f16_mma);
+    const ProxyScorePlan forced = plan_proxy_score(params(4, 1, false, k == fp4 ? fp4 : bf16, k), f16);
+    EXPECT_EQ(forced.kernel, ProxyKernel::kDecode);
+    EXPECT_TRUE(forced.f16_mma);
+  }
+  EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).kernel, ProxyKernel::kMmaSync);
+  EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).f16_mma);
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);
   EXPECT_TRUE(proxy_auto_takes_decode(params(16, 1, false, bf16, bf16)));
   EXPECT_FALSE(proxy_auto_takes_decode(params(8, 2, true, bf16, bf16)));

@@ -568,11 +568,15 @@ def test_proxy_decode_shared_pages():
     ProxyCase("dec_twin_fp8_k_fp16_q", [2, 1], [700, 1500], hq=8, hkv=2, q_dtype=FP16,
               k_dtype=FP8),
 ], ids=str)
-def test_proxy_decode_fp8_equals_upcast_bitwise(case: ProxyCase):
+@pytest.mark.parametrize("kernel", ["decode_only", "decode_f16_only"])
+def test_proxy_decode_fp8_equals_upcast_bitwise(case: ProxyCase, kernel: str):
     """fp8 K (and q) converted exactly in registers: equal bit for bit to the decode kernel on the
-    upcast tensors (the same dims-to-lanes assignment for every K dtype)."""
+    upcast tensors (the same dims-to-lanes assignment for every K dtype). decode_f16_only: fp16
+    MMAs, bf16 q rows scaled by a power of two: the products stay exact and the scale commutes
+    with the fp32 accumulation, so the result should still equal the bf16 MMAs' bit for bit (this
+    test is what shows it on a GPU)."""
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
-    got = run_proxy(case, inputs, DEV, kernel="decode_only")
+    got = run_proxy(case, inputs, DEV, kernel=kernel)
     up = BF16 if case.q_dtype in (BF16, FP8) else FP16
     twin_inputs = dict(inputs, q=inputs["q"].to(up), k=inputs["k"].to(up))
     want = run_proxy(_twin(case, q_dtype=up, k_dtype=up), twin_inputs, DEV, kernel="decode_only")
@@ -591,6 +595,53 @@ def test_proxy_decode_paged_equals_flat_bitwise():
     got_flat = run_proxy(case, flat, DEV, kernel="decode_only")
     got_paged = run_proxy(paged_case, paged, DEV, kernel="decode_only")
     assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
+
+
+FP8_K_DECODE_CASES = [c for c in DECODE_CASES if c.k_dtype == FP8] + [
+    ProxyCase("dec_f16_multi_pass_fp8", [5, 9], [700, 2000], hq=4, hkv=1, k_dtype=FP8),
+    ProxyCase("dec_f16_q_offset_fp8", [1, 2, 4, 1], [512, 512, 300, 1000], hq=4, hkv=1,
+              k_dtype=FP8, q_offset=[-5, 400, -100, 999]),
+    ProxyCase("dec_f16_g16_fp8", [1, 2], [1500, 700], hq=64, hkv=4, k_dtype=FP8, paged=True),
+    ProxyCase("dec_f16_reduce_fp8", [1, 2, 4], [1000, 300, 2000], hq=4, hkv=1, k_dtype=FP8,
+              reduce_heads=True),
+]
+
+
+@pytest.mark.parametrize("case", FP8_K_DECODE_CASES, ids=str)
+def test_proxy_decode_f16_matches_reference(case: ProxyCase):
+    """kernel=decode_f16_only (fp16 MMAs for fp8 K, bf16 q rows scaled into fp16) against the CPU
+    reference: same -inf / NaN patterns, finite entries within PROXY_ATOL, deterministic."""
+    seed = random.getrandbits(31)
+    inputs = make_proxy_inputs(case, seed=seed)
+    want = run_proxy(case, inputs, "cpu", kernel="decode_only")
+    got = run_proxy(case, inputs, DEV, kernel="decode_f16_only")
+    assert_proxy_close(got, want, f"{case.name} seed={seed}")
+    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel="decode_f16_only")
+    assert torch.equal(got.view(torch.int32), again.view(torch.int32)), "not deterministic"
+
+
+def test_proxy_decode_f16_row_scales_equal_bf16_mma():
+    """bf16 q rows of very different magnitudes (2^-60 ... 2^40 times Gaussian, one zero row): the
+    per-row power-of-two scaling of decode_f16_only keeps every product exact, so the scores
+    equal the bf16-MMA decode kernel's bit for bit, and the CPU reference's up to rounding."""
+    case = ProxyCase("dec_f16_row_scales", [1, 3, 2], [900, 1500, 300], hq=8, hkv=2, k_dtype=FP8)
+    seed = random.getrandbits(31)
+    inputs = make_proxy_inputs(case, seed=seed)
+    q = inputs["q"].float()
+    for h, e in enumerate([-60, -20, 0, 40, 7, -3, 0, 0]):
+        q[:, h] *= 2.0 ** e
+    q[:, 6] = 0.0
+    inputs["q"] = q.to(inputs["q"].dtype)
+    f16 = run_proxy(case, inputs, DEV, kernel="decode_f16_only")
+    bf16 = run_proxy(case, inputs, DEV, kernel="decode_only")
+    assert torch.equal(f16.view(torch.int32), bf16.view(torch.int32)), f"seed={seed}"
+    want = run_proxy(case, inputs, "cpu", kernel="decode_only")
+    got = f16.cpu()
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(got)), f"seed={seed}"
+    scale = want.abs().where(fin, torch.zeros_like(want)).amax(dim=(1, 2), keepdim=True)
+    err = ((got - want).abs() / scale.clamp(min=1e-38)).where(fin, torch.zeros_like(want))
+    assert float(err.max()) <= 1e-5, f"seed={seed}"
 
 
 @pytest.mark.parametrize("case", [

@@ -45,7 +45,8 @@ VALID = {
         "schedule=kv_major,chunk_rows=1",
     ],
     "proxy_score": [None, dict(kernel="auto"), dict(kernel="mma_sync"), dict(kernel="sm90"),
-                    dict(kernel="sm90_ss_only"), dict(kernel="decode"), dict(kernel="decode_only")],
+                    dict(kernel="sm90_ss_only"), dict(kernel="decode"), dict(kernel="decode_only"),
+                    dict(kernel="decode_f16"), dict(kernel="decode_f16_only")],
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs")],
@@ -104,8 +105,8 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_attention", dict(combine="overlap_staged"), "unknown plan option 'combine'"),
     ("sparse_attention", "schedule", "name=value"),
     ("proxy_score", dict(kernel="wgmma"),
-     "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode or "
-     "decode_only, got 'wgmma'"),
+     "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode, "
+     "decode_only, decode_f16 or decode_f16_only, got 'wgmma'"),
     ("proxy_score", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
     ("sparse_decode", dict(kernel="fastest"), "kernel must be auto, smem or regs, got 'fastest'"),
     ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
