@@ -747,7 +747,7 @@ class Bench:
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
             # forced by name (plan options).
             variants = [("", None)]
-            if sq == 1 and kv != "nvfp4":  # NVFP4 K/V run the smem kernel only
+            if sq == 1:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]

@@ -588,7 +588,7 @@ class Smoke:
         self.decode_mtp_union(lens)
 
     def decode_regs(self, lens):
-        """The streaming decode variant (plan option kernel=regs): fp8 K/V converted in
+        """The streaming decode variant (plan option kernel=regs): fp8 and NVFP4 K/V converted in
         registers, bf16 / fp16 K/V with 3 stages; M3 and small groups, bf16 / fp16 / fp8 q,
         seqlen_q 1 and 4, fused / split with each partial dtype, ids out of range and -1 holes in
         the lists."""
@@ -616,6 +616,29 @@ class Smoke:
                         self.run(f"decode regs paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} "
                                  f"{hq}/{hkv} "
                                  f"sq{seqlen_q} fused={fused} partial={partial}", call)
+        # NVFP4 K/V converted in registers (raw blocks with their scales, 5 stages).
+        for hq, hkv, q_dtype in ((64, 4, BF16), (8, 2, FP8)):
+            def build_fp4(hkv=hkv):
+                kc, vc, table, used = self.paged_kv(lens, hkv)
+                (k4, ks, kg), (v4, vs, vg) = ft.quantize_nvfp4(kc), ft.quantize_nvfp4(vc)
+                return k4, v4, dict(k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg), \
+                    table, used
+            cache = self.lazy(build_fp4)
+            for seqlen_q in (1, 4):
+                def build(hq=hq, hkv=hkv, q_dtype=q_dtype, sqd=seqlen_q):
+                    sel = self.decode_selection(lens, sqd, hkv)
+                    sel[:, ::3, 5] = 10 ** 6
+                    sel[:, 1::4, 9] = -1
+                    return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
+                q_sel = self.lazy(build)
+                for fused in (True, False):
+                    def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused):
+                        (k4, v4, scales, table, used), (q, sel) = cache(), q_sel()
+                        return ops.msa_sparse_decode_attention(
+                            q, k4, v4, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
+                            return_softmax_lse=True, force_fused=fused, **scales)
+                    self.run(f"decode regs paged nvfp4 q={str(q_dtype)[6:]} {hq}/{hkv} "
+                             f"sq{seqlen_q} fused={fused}", call)
 
     def decode_mtp_union(self, lens):
         """MTP union items (plan option mtp=union): M3 and small groups, bf16 / fp8 / NVFP4

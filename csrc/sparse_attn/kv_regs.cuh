@@ -1,5 +1,6 @@
-// The register-converting variant of the query-major kernel for fp8 K/V (decode; selected by
-// the decode plan option kernel=regs, docs/design/sparse_attention.md "Decode at memory speed"):
+// The register-converting variant of the query-major kernel for fp8 and NVFP4 K/V (decode;
+// selected by the decode plan option kernel=regs, docs/design/sparse_attention.md "Decode at
+// memory speed"; NVFP4: see qk_nvfp4_regs below):
 //   * raw e4m3 tiles stay in shared memory ([keys][128 bytes], 16-byte chunk c of key r at chunk
 //     c ^ (r % 8)); no dequantized copy, no conversion pass, no extra barrier per tile;
 //   * each warp reads the raw bytes of its keys into registers and converts them straight into
@@ -221,6 +222,113 @@ MSA_DEVICE void pv_fp8_regs(float (&o)[16][4], const float (&p)[kNT][4], const u
       e4m3x4_to_f16x2x2(y1, by[2], by[3]);
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) mma_m16n8k16<__half>(o[4 * q + jj], a, bx[jj], by[jj]);
+    }
+  }
+}
+
+// ---- NVFP4 K/V -------------------------------------------------------------------------------
+// Raw tiles of 128 keys as issue_kv_rows writes them: [keys][64] bytes of e2m1 pairs (low nibble =
+// even element), then [keys][8] e4m3 block scales (scale j covers dims 16 j .. 16 j + 15). A value
+// enters the fp16 MMAs as value x 2^-7: its e2m1 code placed at fp16 bits 15 and 11..9 is the fp16
+// number code x 2^-14 (subnormals included), times the block scale x 2^7 in one HMUL2: exact, as
+// |value| <= 6 x 448 and its lowest bit is >= 2^-10, so value x 2^-7 is an fp16 number. The logits
+// and the output are multiplied back by kNvfp4RegsUnscale (query_major.cuh). The same permuted
+// head dims as the fp8 functions above, so the Q fragments and store_rows_perm are shared.
+inline constexpr float kNvfp4RegsUnscale = 128.0f;
+
+// The nibbles at bits 0..3 (element 0) and 16..19 (element 1) of u as an fp16 pair, code x 2^-14.
+MSA_DEVICE uint32_t e2m1_pair_code_bits(uint32_t u) {
+  return ((u << 9) & 0x0E000E00u) | ((u << 12) & 0x80008000u);
+}
+MSA_DEVICE uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// Two e4m3 scale bytes (bits 0..15) times 2^7 as an fp16 pair (exact: <= 448 x 128 < 65504).
+MSA_DEVICE uint32_t nvfp4_scale_pair_x128(uint32_t two_bytes) {
+  return hmul2_bits(e4m3x2_to_f16x2_bits(uint16_t(two_bytes & 0xFFFFu)), 0x58005800u);  // 128 = 0x5800
+}
+// The two e2m1 values of byte j (0..3) of w, times the scale pair s2, as an fp16 pair x 2^-7.
+MSA_DEVICE uint32_t e2m1_byte_scaled(uint32_t w, int j, uint32_t s2) {
+  const uint32_t x = __byte_perm(w, 0u, 0x4440u | uint32_t(j));  // byte j alone at bits 0..7
+  return hmul2_bits(e2m1_pair_code_bits(x * 0x1001u), s2);       // high nibble to bits 16..19
+}
+
+// s[nt] = Q K^T x 2^-7 for the warp's kNT * 8 keys key0 .. of the raw NVFP4 K tile sK (128 keys).
+// Lane (gid, tig) of n-tile nt reads key key0 + 8 nt + gid: dims 32 tig .. + 31 are the 16 bytes
+// at 16 tig of its row (k-step kk: bytes 2 kk and 2 kk + 1 for b0 and b1) and scale columns
+// 2 tig (kk < 4) and 2 tig + 1.
+template <int kNT>
+MSA_DEVICE void qk_nvfp4_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint8_t* sK, int key0,
+                              int lane) {
+  static_assert(kNT % 2 == 0, "n-tiles in pairs");
+  const int gid = lane >> 2, tig = lane & 3;
+  const uint8_t* scales = sK + kBlockSize * 64;
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    uint32_t w[2][4], sc[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key0 + 8 * (2 * np + h) + gid;
+      const uint4 r = *reinterpret_cast<const uint4*>(sK + key * 64 + tig * 16);
+      w[h][0] = r.x; w[h][1] = r.y; w[h][2] = r.z; w[h][3] = r.w;
+      const uint32_t f = nvfp4_scale_pair_x128(*reinterpret_cast<const uint16_t*>(scales + key * 8 + 2 * tig));
+      sc[h][0] = __byte_perm(f, 0u, 0x1010u);  // {scale 2 tig, scale 2 tig}
+      sc[h][1] = __byte_perm(f, 0u, 0x3232u);  // {scale 2 tig + 1, scale 2 tig + 1}
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[2 * np + h][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint4 q = *reinterpret_cast<const uint4*>(sQf + (kk * 32 + lane) * 16);
+      const uint32_t a[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t word = w[h][kk >> 1], s2 = sc[h][kk >> 2];
+        const int j = 2 * (kk & 1);
+        mma_m16n8k16<__half>(s[2 * np + h], a, e2m1_byte_scaled(word, j, s2),
+                             e2m1_byte_scaled(word, j + 1, s2));
+      }
+    }
+  }
+}
+
+// o += P V x 2^-7 for the warp's kNT * 8 keys key0 .. of the raw NVFP4 V tile sV (128 keys); P in
+// p, rounded to fp16. Per 16 keys a lane reads, of keys k0 = key0 + 16 ks + 2 tig, k0 + 1, k0 + 8
+// and k0 + 9, the 8 bytes at 8 gid (dims 16 gid .. + 15, scale column gid): n-tile j takes nibble
+// j % 2 of byte j / 2 of each, the key pairs interleaved by prmt (bytes at bits 0..7 and 16..23).
+template <int kNT>
+MSA_DEVICE void pv_nvfp4_regs(float (&o)[16][4], const float (&p)[kNT][4], const uint8_t* sV, int key0,
+                              int lane) {
+  const int gid = lane >> 2, tig = lane & 3;
+  const uint8_t* scales = sV + kBlockSize * 64;
+#pragma unroll
+  for (int ks = 0; ks < kNT / 2; ++ks) {
+    uint32_t a[4];
+    a[0] = pack2<__half>(p[2 * ks][0], p[2 * ks][1]);
+    a[1] = pack2<__half>(p[2 * ks][2], p[2 * ks][3]);
+    a[2] = pack2<__half>(p[2 * ks + 1][0], p[2 * ks + 1][1]);
+    a[3] = pack2<__half>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+    const int k0 = key0 + 16 * ks + 2 * tig, k1 = k0 + 8;
+    const uint2 va = *reinterpret_cast<const uint2*>(sV + k0 * 64 + gid * 8);
+    const uint2 vb = *reinterpret_cast<const uint2*>(sV + (k0 + 1) * 64 + gid * 8);
+    const uint2 vc = *reinterpret_cast<const uint2*>(sV + k1 * 64 + gid * 8);
+    const uint2 vd = *reinterpret_cast<const uint2*>(sV + (k1 + 1) * 64 + gid * 8);
+    // Scale pairs {key k0, key k0 + 1} and {k1, k1 + 1} of column gid.
+    const uint32_t sx = nvfp4_scale_pair_x128(uint32_t(scales[k0 * 8 + gid]) | (uint32_t(scales[(k0 + 1) * 8 + gid]) << 8));
+    const uint32_t sy = nvfp4_scale_pair_x128(uint32_t(scales[k1 * 8 + gid]) | (uint32_t(scales[(k1 + 1) * 8 + gid]) << 8));
+    const uint32_t wa[2] = {va.x, va.y}, wb[2] = {vb.x, vb.y}, wc[2] = {vc.x, vc.y}, wd[2] = {vd.x, vd.y};
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      // Byte q (dims 16 gid + 2q, + 1) of both keys of a pair at bits 0..7 and 16..23.
+      const uint32_t sel = uint32_t(q & 3) | (uint32_t(4 + (q & 3)) << 8);
+      const uint32_t x = __byte_perm(wa[q >> 2], wb[q >> 2], sel);
+      const uint32_t y = __byte_perm(wc[q >> 2], wd[q >> 2], sel);
+      // n-tile 2q: the low nibbles; 2q + 1: the high nibbles.
+      mma_m16n8k16<__half>(o[2 * q], a, hmul2_bits(e2m1_pair_code_bits(x), sx),
+                           hmul2_bits(e2m1_pair_code_bits(y), sy));
+      mma_m16n8k16<__half>(o[2 * q + 1], a, hmul2_bits(e2m1_pair_code_bits(x >> 4), sx),
+                           hmul2_bits(e2m1_pair_code_bits(y >> 4), sy));
     }
   }
 }

@@ -24,13 +24,12 @@
 namespace flashmsa::sparse_attn {
 
 // kRegs: the streaming decode variant (decode plan option kernel=regs), 16-row tiles, 2 CTAs per SM:
-// fp8 K/V converted in registers from raw 128-key blocks (kv_regs.cuh); bf16 / fp16 K/V through
-// the shared-memory path with 3 stages of 64-key tiles instead of 2.
+// fp8 and NVFP4 K/V converted in registers from raw 128-key blocks (kv_regs.cuh); bf16 / fp16 K/V
+// through the shared-memory path with 3 stages of 64-key tiles instead of 2.
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false>
 struct QueryMajorConfig {
-  static_assert(!kRegs || ((kKv == KvKind::kFp8 || kKv == KvKind::kNative) && kWarpsM == 1),
-                "streaming variant: fp8 or native K/V, 16-row tiles");
-  static constexpr bool kRegConvert = kRegs && kKv == KvKind::kFp8;  // kv_regs.cuh
+  static_assert(!kRegs || kWarpsM == 1, "streaming variant: 16-row tiles");
+  static constexpr bool kRegConvert = kRegs && kKv != KvKind::kNative;  // kv_regs.cuh
   static constexpr int kWarps = kQmThreads / 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kRows = 16 * kWarpsM;          // query heads per CTA
@@ -42,9 +41,11 @@ struct QueryMajorConfig {
   // Raw stages are cheaper for quantized KV, so more of them are kept in flight, within the
   // 99 KB a CTA may use on every SM80+ GPU (sm_86 / sm_89 have the least).
   // The streaming variant: 3 stages of 32 KB (fp8: raw 128-key blocks, no compute tile; native:
-  // 64-key K and V tiles), 2 in flight per CTA while one is computed, 2 CTAs per SM.
+  // 64-key K and V tiles), 2 in flight per CTA while one is computed, 2 CTAs per SM; NVFP4: 5
+  // stages of 18 KB (raw 128-key blocks with their scales), 4 in flight.
   static constexpr int kStages =
-      kRegs ? 3 : (kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4));
+      kRegs ? (kKv == KvKind::kNvfp4 ? 5 : 3)
+            : (kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4));
   static constexpr int kTileBytes = kQmTileKeys * 256;  // one K or V compute tile
   static constexpr int kStageBytes =
       kKv == KvKind::kNative ? 2 * kTileBytes : 2 * kRawTileBytes<kKv, kTileKeys>;
@@ -69,7 +70,8 @@ struct QueryMajorConfig {
   static_assert(kUnionOffset % 256 == 0 && kStageBytes % 256 == 0, "256-byte aligned tiles");
   static_assert(kRegs || kSmemBytes <= 99 * 1024,
                 "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
-  static_assert(!kRegs || kSmemBytes == kQmRegsSmemBytes,
+  static_assert(!kRegs || kSmemBytes == kQmRegsSmemBytes ||
+                    (kKv == KvKind::kNvfp4 && kSmemBytes <= kQmRegsSmemBytes),
                 "the host's figure for the streaming variant");
 };
 
@@ -372,11 +374,16 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     auto issue_tile = [&](int tile, int st) {
       const TileDesc d = s_tiles[tile];
       constexpr int kHalf = Cfg::kStageBytes / 2;
-      if constexpr (Cfg::kRegConvert) {
+      if constexpr (Cfg::kRegConvert && kKv == KvKind::kFp8) {
         issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(p.k, d.k_off, d.n_valid,
                                                             stage_addr(st), tid);
         issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(p.v, d.v_off, d.n_valid,
                                                             stage_addr(st) + kHalf, tid);
+      } else if constexpr (Cfg::kRegConvert) {  // NVFP4: whole raw blocks, data then scales
+        issue_kv_rows<Elem, kKv, Cfg::kTileKeys, kQmThreads>(p.k, d.k_off, d.scale_row, scale_step,
+                                                            d.n_valid, stage_addr(st), tid);
+        issue_kv_rows<Elem, kKv, Cfg::kTileKeys, kQmThreads>(p.v, d.v_off, d.scale_row, scale_step,
+                                                            d.n_valid, stage_addr(st) + kHalf, tid);
       } else {
         issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.k, d.k_off, d.scale_row, scale_step,
                                                          d.n_valid, stage_addr(st), tid);
@@ -399,6 +406,10 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         __syncthreads();
         uint32_t qa[8][4];
         load_q_frags_f16<Elem>(sQ, 0, lane, args.scale_log2, qa, row_mul);
+        if constexpr (kKv == KvKind::kNvfp4) {  // the NVFP4 logits come out x 2^-7 (kv_regs.cuh)
+          row_mul[0] *= kNvfp4RegsUnscale;
+          row_mul[1] *= kNvfp4RegsUnscale;
+        }
         __syncthreads();
         if (warp == 0) stash_q_frags(qa, sQ, lane);
         // The first iteration's barrier orders these stores before any warp reads them.
@@ -437,7 +448,11 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         const int lim_rel = s_tiles[i].n_valid - key0;
         if (lim_rel > 0) {
           float s[1][Cfg::kNT][4];
-          qk_fp8_regs<Cfg::kNT>(s[0], sQ, raw, key0, lane);
+          if constexpr (kKv == KvKind::kNvfp4) {
+            qk_nvfp4_regs<Cfg::kNT>(s[0], sQ, raw, key0, lane);
+          } else {
+            qk_fp8_regs<Cfg::kNT>(s[0], sQ, raw, key0, lane);
+          }
 #pragma unroll
           for (int nt = 0; nt < Cfg::kNT; ++nt)
 #pragma unroll
@@ -445,7 +460,11 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
           const int lim[1][2] = {{lim_rel, lim_rel}};
           softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
                              regs_rescale_slack(args.has_temp, temp));
-          pv_fp8_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
+          if constexpr (kKv == KvKind::kNvfp4) {
+            pv_nvfp4_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
+          } else {
+            pv_fp8_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
+          }
         }
       } else {
         uint32_t sK, sV;
@@ -565,10 +584,13 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       int hh_lane;  // of row lane i < 16
       const bool row_ok = row_of(w_m * 16 + (lane & 15), rq_lane, hh_lane) && lane < 16;
       float mul[2];
+      // The NVFP4 register variant's accumulators hold the output x 2^-7 (kv_regs.cuh).
+      constexpr float kOutUnscale = Cfg::kRegConvert && kKv == KvKind::kNvfp4 ? kNvfp4RegsUnscale : 1.0f;
       if (args.write_final) {
         const int64_t out_row = rq_lane * p.num_heads + kh * args.group + hh_lane;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? p.v_global_scale / st.l[0][h] : 0.0f;
+        for (int h = 0; h < 2; ++h)
+          mul[h] = st.l[0][h] > 0.0f ? p.v_global_scale * kOutUnscale / st.l[0][h] : 0.0f;
         store.template operator()<kElemStoreKind<Elem>>(mul, p.out, row_ok ? out_row * 128 : -1);
         if (tig == 0) {
 #pragma unroll
@@ -588,7 +610,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
           return ((int64_t(kh) * p.total_q + rq) * args.splits + split) * args.group + hh;
         };
 #pragma unroll
-        for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? 1.0f / st.l[0][h] : 0.0f;
+        for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? kOutUnscale / st.l[0][h] : 0.0f;
         const int64_t row_off = row_ok ? slot(rq_lane, hh_lane) * 128 : -1;
         switch (args.part_kind) {
           case StoreKind::kF32: store.template operator()<StoreKind::kF32>(mul, args.part_o, row_off); break;

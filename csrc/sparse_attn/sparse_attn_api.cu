@@ -124,11 +124,9 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
     a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
   }
   dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
-    if constexpr (kKv != KvKind::kNvfp4) {
-      if (plan.regs) {
-        launch_query_major<Elem, kKv, 1, true>(a, stream);
-        return;
-      }
+    if (plan.regs) {
+      launch_query_major<Elem, kKv, 1, true>(a, stream);
+      return;
     }
     if (plan.mtp_tokens > 0) {
       launch_query_major<Elem, kKv, 4, false, true>(a, stream);

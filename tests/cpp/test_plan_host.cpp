@@ -395,7 +395,8 @@ TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
   EXPECT_TRUE(plan_sparse_decode(decode(30, -1), h200, regs).qm.regs);   // bf16 K/V: 3 stages
   SparseDecodeParams nvfp4 = decode(30, -1);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
-  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, regs).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, regs).qm.regs);   // NVFP4: converted in registers
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, {}).qm.regs);     // ... only when forced
   EXPECT_FALSE(plan_sparse_decode(fp8(30, 128), h200, regs).qm.regs);    // G = 32: 64-row tiles
   SparseAttnDeviceFacts sm89 = a100;
   sm89.decode_regs_ctas = 0;  // below the kernel's 105 KB of shared memory
@@ -490,11 +491,12 @@ TEST(PlanDecode, StreamingKernelOption) {
   EXPECT_EQ(r.qm.splits, 4);
   EXPECT_EQ(plan_sparse_decode(decode(16, -1), f).qm.splits, 6);
   expect_layout_sound(r);
-  // Where it cannot run: the device lacks the shared memory, NVFP4 K/V, G > 16.
+  // Where it cannot run: the device lacks the shared memory, G > 16. NVFP4 K/V run it when forced.
   EXPECT_FALSE(plan_sparse_decode(decode(16, -1), hopper(), regs).qm.regs);
   SparseDecodeParams nvfp4 = decode(16, -1);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
-  EXPECT_FALSE(plan_sparse_decode(nvfp4, f, regs).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, f, regs).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, f, {}).qm.regs);
   SparseDecodeParams fp8 = decode(16, -1);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
   EXPECT_TRUE(plan_sparse_decode(fp8, f, regs).qm.regs);

@@ -373,9 +373,13 @@ REGS_NATIVE_CASES = [c for c in CASES if c.name in (
     "q_offset_tensor_negative", "non_causal", "duplicates", "holes", "out_of_range",
     "some_empty_rows", "invalid_pages", "packed_nhd", "scales")]
 
-# Kinds the streaming variant does not take (the shared-memory kernel runs): checked as well.
-REGS_FALLBACK_CASES = [c for c in CASES if c.name in (
+# NVFP4 K/V: converted in registers too (kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs) when forced.
+REGS_NVFP4_CASES = [c for c in CASES if c.name in (
     "nvfp4_paged", "nvfp4_flat_mtp", "fp8_q_nvfp4_kv")] + [
+    DecodeCase("m3_b8_nvfp4_regs", 8, 1, 64, 4, kv="nvfp4"),
+    DecodeCase("g3_topk33_nvfp4", 5, 2, 6, 2, topk=33, kv="nvfp4")]
+# Kinds the streaming variant does not take (the shared-memory kernel runs): checked as well.
+REGS_FALLBACK_CASES = [
     DecodeCase("g32_fp8", 4, 2, 64, 2, kv="fp8"), DecodeCase("g32_bf16", 4, 2, 64, 2)]
 
 
@@ -413,7 +417,8 @@ def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None,
 
 
 @pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
-@pytest.mark.parametrize("case", REGS_CASES + REGS_NATIVE_CASES + REGS_FALLBACK_CASES, ids=str)
+@pytest.mark.parametrize("case", REGS_CASES + REGS_NATIVE_CASES + REGS_NVFP4_CASES + REGS_FALLBACK_CASES,
+                         ids=str)
 def test_regs_kernel_matches_cpu_reference(case, force_fused):
     dp, want, base_out = reference(case, seed=11)
     got = run_regs(dp, force_fused=force_fused)
@@ -434,7 +439,7 @@ def test_regs_kernel_partial_dtypes(case, partial_dtype):
 @pytest.mark.parametrize("case", [c for c in REGS_CASES if c.name in (
     "spec_8_1_8_2_fp8_paged", "m3_b64_ctx2k_fp8_regs", "m3_mtp4_shared_fp8", "fp8_q_fp8_kv",
     "some_empty_rows_fp8kv", "invalid_pages_fp8kv")] + [c for c in REGS_NATIVE_CASES if c.name in (
-    "spec_4_2_16_2_bf16_paged", "fp16", "some_empty_rows")], ids=str)
+    "spec_4_2_16_2_bf16_paged", "fp16", "some_empty_rows")] + REGS_NVFP4_CASES[:2], ids=str)
 def test_regs_kernel_against_smem_kernel(case):
     """Both kernels on the same data: the same -inf / 0 pattern, outputs within the fused vs
     split bound, and the register kernel deterministic (run == run, fused and split)."""
