@@ -246,4 +246,31 @@ MSA_DEVICE uint32_t e2m1x2_to(uint32_t byte, float scale_x2p14) {
   return pack2<Elem>(f.x * scale_x2p14, f.y * scale_x2p14);
 }
 
+// ---- bf16 q rows into fp16 MMAs (the register kernels: kv_regs.cuh, proxy_decode.cuh) ----------
+// A bf16 row whose largest |q| is mx is multiplied by up = 2^(14 - E) into fp16 (its maximum in
+// [2^14, 2^15), fp16 max 65504) and its logits by down = 2^(E - 14) back; E is the exponent of mx
+// (0 and subnormal maxima count as -127, an inf maximum as 128) clamped to >= -100, so that up and
+// down are normal floats. Exact for every element >= 2^-32 of the row maximum (fp16 keeps bf16's 8
+// significant bits down to 2^-17); smaller ones keep the absolute precision 2^-24 of the scaled row.
+struct F16RowScale {
+  float up, down;
+};
+MSA_DEVICE F16RowScale f16_row_scale(float mx) {
+  const int e = max(int((__float_as_uint(mx) >> 23) & 0xFFu) - 127, -100);
+  return {__uint_as_float(uint32_t(14 - e + 127) << 23), __uint_as_float(uint32_t(e - 14 + 127) << 23)};
+}
+// The larger |value| of a packed bf16 pair.
+MSA_DEVICE float bf16x2_abs_max(uint32_t w) {
+  return fmaxf(fabsf(__uint_as_float(w << 16)), fabsf(__uint_as_float(w & 0xFFFF0000u)));
+}
+// A packed bf16 pair times up (f16_row_scale) as a packed fp16 pair.
+MSA_DEVICE uint32_t bf16x2_scaled_to_f16x2(uint32_t w, float up) {
+  return pack2<__half>(__uint_as_float(w << 16) * up, __uint_as_float(w & 0xFFFF0000u) * up);
+}
+// The maximum of v over the 4 lanes of a quad (the lanes sharing an MMA fragment row).
+MSA_DEVICE float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+
 }  // namespace flashmsa

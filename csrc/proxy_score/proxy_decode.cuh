@@ -153,10 +153,8 @@ __device__ __forceinline__ bool load_block(const Params& dp, const Request& r, i
 // A fragments of the 16 rows of one pass (tokens [tok0, tok0 + T) of the request, all G heads):
 // qa[s][0..3] = (row g, dims d..d+1), (row g + 8, d..d+1), (row g, d+2..d+3), (row g + 8, d+2..d+3)
 // with d = (4 (s / 2) + c) * 8 + 4 (s % 2). Padding rows are zero.
-// kScaleQ (bf16 q, fp16 MMAs): row h (g, g + 8) is multiplied by 2^(14 - E), E the exponent of
-// the row's largest |q| (clamped to >= -100), into fp16 (its maximum in [2^14, 2^15)), and
-// qmul[h] = 2^(E - 14) turns its logits back; exact for every element >= 2^-32 of the row maximum
-// (fp16 keeps bf16's 8 significant bits down to 2^-17). Else qmul[h] = 1.
+// kScaleQ (bf16 q, fp16 MMAs): row h (g, g + 8) is multiplied by 2^(14 - E) into fp16 and
+// qmul[h] = 2^(E - 14) turns its logits back (common/ptx.cuh f16_row_scale). Else qmul[h] = 1.
 template <typename Mma, int kK, bool kScaleQ = false>
 __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r, int tok0,
                                              uint32_t (&qa)[8][4], float (&qmul)[2]) {
@@ -209,34 +207,21 @@ __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r,
   qmul[0] = qmul[1] = 1.0f;
   if constexpr (kScaleQ) {
     static_assert(std::is_same_v<Mma, __half> && kK == kK8, "bf16 q into fp16 MMAs, fp8 K");
-    // The words hold bf16 pairs here (q is bf16: launch_proxy_decode).
-    auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
-    auto hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+    // The words hold bf16 pairs here (q is bf16: launch_proxy_decode); the row's other dims are
+    // in the lanes of its quad (c = lane % 4).
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float mx = 0.0f;
 #pragma unroll
       for (int s = 0; s < 8; ++s)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t w = qa[s][half + 2 * j];
-          mx = fmaxf(mx, fmaxf(fabsf(lo(w)), fabsf(hi(w))));
-        }
-      // The row's other dims are in the lanes of its quad (c = lane % 4).
-      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
-      // E = exponent of mx (0 and subnormal maxima count as -127), clamped so that both 2^(14 - E)
-      // and 2^(E - 14) are normal floats (an inf maximum: E = 128, inf and NaN stay so).
-      const int e = max(int((__float_as_uint(mx) >> 23) & 0xFFu) - 127, -100);
-      const float up = __uint_as_float(uint32_t(14 - e + 127) << 23);
+        for (int j = 0; j < 2; ++j) mx = fmaxf(mx, bf16x2_abs_max(qa[s][half + 2 * j]));
+      const F16RowScale rs = f16_row_scale(quad_max(mx));  // common/ptx.cuh
 #pragma unroll
       for (int s = 0; s < 8; ++s)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t w = qa[s][half + 2 * j];
-          qa[s][half + 2 * j] = pack2<__half>(lo(w) * up, hi(w) * up);
-        }
-      qmul[half] = __uint_as_float(uint32_t(e - 14 + 127) << 23);
+        for (int j = 0; j < 2; ++j) qa[s][half + 2 * j] = bf16x2_scaled_to_f16x2(qa[s][half + 2 * j], rs.up);
+      qmul[half] = rs.down;
     }
   }
 }

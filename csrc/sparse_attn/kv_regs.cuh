@@ -23,10 +23,8 @@
 //     is row gid + 8 h, head dim 32 tig + 16 e + j (store_rows_perm writes it back in order).
 //
 // bf16 q -> fp16: row h's elements are multiplied by 2^(14 - E), E = the exponent of the row's
-// largest |q| (clamped to >= -100), so the row maximum lies in [2^14, 2^15) (fp16 max 65504).
-// Exact for every element >= 2^-32 of its row maximum (fp16 keeps 8 significant bits down to
-// 2^-17, the bf16 precision); smaller ones keep at least the absolute precision 2^-24 of the scaled
-// row. The logits are multiplied back by 2^(E - 14) (folded into the softmax scale per row). P is
+// largest |q| (common/ptx.cuh f16_row_scale: exact for every element >= 2^-32 of its row maximum).
+// The logits are multiplied back by 2^(E - 14) (folded into the softmax scale per row). P is
 // rounded to fp16 (11 significant bits) instead of bf16 (8) for P V: closer to the exact softmax
 // than the shared-memory variant. fp16 q goes into the fragments as it is.
 #pragma once
@@ -114,31 +112,22 @@ MSA_DEVICE void load_q_frags_f16(const uint8_t* sQ, int row0, int lane, float sc
     }
   } else {
     static_assert(std::is_same_v<Elem, __nv_bfloat16>, "q computes in bf16 or fp16");
-    auto lo = [](uint32_t w) { return __uint_as_float(w << 16); };
-    auto hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         const uint2 v = at(h, kk);
-        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(lo(v.x)), fabsf(hi(v.x))),
-                             fmaxf(fabsf(lo(v.y)), fabsf(hi(v.y)))));
+        mx = fmaxf(mx, fmaxf(bf16x2_abs_max(v.x), bf16x2_abs_max(v.y)));
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // E = exponent of mx (0 and subnormal maxima count as -127), clamped so that both 2^(14 - E)
-      // and 2^(E - 14) are normal floats.
-      const int e = max(int((__float_as_uint(mx) >> 23) & 0xFFu) - 127, -100);
-      const float up = __uint_as_float(uint32_t(14 - e + 127) << 23);
-      const float down = __uint_as_float(uint32_t(e - 14 + 127) << 23);
+      const F16RowScale rs = f16_row_scale(quad_max(mx));  // common/ptx.cuh
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         const uint2 v = at(h, kk);
-        qa[kk][h] = pack2<__half>(lo(v.x) * up, hi(v.x) * up);
-        qa[kk][2 + h] = pack2<__half>(lo(v.y) * up, hi(v.y) * up);
+        qa[kk][h] = bf16x2_scaled_to_f16x2(v.x, rs.up);
+        qa[kk][2 + h] = bf16x2_scaled_to_f16x2(v.y, rs.up);
       }
-      row_mul[h] = scale_log2 * down;
+      row_mul[h] = scale_log2 * rs.down;
     }
   }
 }
@@ -190,6 +179,16 @@ MSA_DEVICE void qk_fp8_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint8_
   }
 }
 
+// The A fragments of P V for keys 16 ks .. + 15 of the warp's step (n-tiles 2 ks, 2 ks + 1 of the
+// Q K^T accumulators), P rounded to fp16.
+template <int kNT>
+MSA_DEVICE void p_frags_f16(const float (&p)[kNT][4], int ks, uint32_t (&a)[4]) {
+  a[0] = pack2<__half>(p[2 * ks][0], p[2 * ks][1]);
+  a[1] = pack2<__half>(p[2 * ks][2], p[2 * ks][3]);
+  a[2] = pack2<__half>(p[2 * ks + 1][0], p[2 * ks + 1][1]);
+  a[3] = pack2<__half>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+}
+
 // o += P V for the warp's kNT * 8 keys key0 .. of the raw V tile sV; P (already exponentiated) in
 // p, rounded to fp16. o[j] are the permuted head dims of the file comment.
 template <int kNT>
@@ -199,10 +198,7 @@ MSA_DEVICE void pv_fp8_regs(float (&o)[16][4], const float (&p)[kNT][4], const u
 #pragma unroll
   for (int ks = 0; ks < kNT / 2; ++ks) {
     uint32_t a[4];
-    a[0] = pack2<__half>(p[2 * ks][0], p[2 * ks][1]);
-    a[1] = pack2<__half>(p[2 * ks][2], p[2 * ks][3]);
-    a[2] = pack2<__half>(p[2 * ks + 1][0], p[2 * ks + 1][1]);
-    a[3] = pack2<__half>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+    p_frags_f16(p, ks, a);
     const int k0 = key0 + 16 * ks + 2 * tig, k1 = k0 + 8;
     const uint4 va = *reinterpret_cast<const uint4*>(sV + raw8_at(k0, gid));
     const uint4 vb = *reinterpret_cast<const uint4*>(sV + raw8_at(k0 + 1, gid));
@@ -305,10 +301,7 @@ MSA_DEVICE void pv_nvfp4_regs(float (&o)[16][4], const float (&p)[kNT][4], const
 #pragma unroll
   for (int ks = 0; ks < kNT / 2; ++ks) {
     uint32_t a[4];
-    a[0] = pack2<__half>(p[2 * ks][0], p[2 * ks][1]);
-    a[1] = pack2<__half>(p[2 * ks][2], p[2 * ks][3]);
-    a[2] = pack2<__half>(p[2 * ks + 1][0], p[2 * ks + 1][1]);
-    a[3] = pack2<__half>(p[2 * ks + 1][2], p[2 * ks + 1][3]);
+    p_frags_f16(p, ks, a);
     const int k0 = key0 + 16 * ks + 2 * tig, k1 = k0 + 8;
     const uint2 va = *reinterpret_cast<const uint2*>(sV + k0 * 64 + gid * 8);
     const uint2 vb = *reinterpret_cast<const uint2*>(sV + (k0 + 1) * 64 + gid * 8);

@@ -532,16 +532,29 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", DECODE_CASES, ids=str)
-def test_proxy_decode_matches_reference(case: ProxyCase):
+FP8_K_DECODE_CASES = [c for c in DECODE_CASES if c.k_dtype == FP8] + [
+    ProxyCase("dec_f16_multi_pass_fp8", [5, 9], [700, 2000], hq=4, hkv=1, k_dtype=FP8),
+    ProxyCase("dec_f16_q_offset_fp8", [1, 2, 4, 1], [512, 512, 300, 1000], hq=4, hkv=1,
+              k_dtype=FP8, q_offset=[-5, 400, -100, 999]),
+    ProxyCase("dec_f16_g16_fp8", [1, 2], [1500, 700], hq=64, hkv=4, k_dtype=FP8, paged=True),
+    ProxyCase("dec_f16_reduce_fp8", [1, 2, 4], [1000, 300, 2000], hq=4, hkv=1, k_dtype=FP8,
+              reduce_heads=True),
+]
+
+
+# decode_f16_only (fp16 MMAs for fp8 K, bf16 q rows scaled into fp16) on the fp8-K cases.
+@pytest.mark.parametrize("case,kernel", [(c, "decode_only") for c in DECODE_CASES] +
+                         [(c, "decode_f16_only") for c in FP8_K_DECODE_CASES],
+                         ids=lambda x: str(x))
+def test_proxy_decode_matches_reference(case: ProxyCase, kernel: str):
     """The decode kernel against the CPU reference on fresh random inputs: same -inf / NaN
-    patterns, finite entries within PROXY_ATOL, every element written."""
+    patterns, finite entries within PROXY_ATOL, every element written, deterministic."""
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, "cpu", kernel="decode_only")
-    got = run_proxy(case, inputs, DEV, kernel="decode_only")
+    got = run_proxy(case, inputs, DEV, kernel=kernel)
     assert_proxy_close(got, want, f"{case.name} seed={seed}")
-    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel="decode_only")
+    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel=kernel)
     assert torch.equal(got.view(torch.int32), again.view(torch.int32)), "not deterministic"
 
 
@@ -595,29 +608,6 @@ def test_proxy_decode_paged_equals_flat_bitwise():
     got_flat = run_proxy(case, flat, DEV, kernel="decode_only")
     got_paged = run_proxy(paged_case, paged, DEV, kernel="decode_only")
     assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
-
-
-FP8_K_DECODE_CASES = [c for c in DECODE_CASES if c.k_dtype == FP8] + [
-    ProxyCase("dec_f16_multi_pass_fp8", [5, 9], [700, 2000], hq=4, hkv=1, k_dtype=FP8),
-    ProxyCase("dec_f16_q_offset_fp8", [1, 2, 4, 1], [512, 512, 300, 1000], hq=4, hkv=1,
-              k_dtype=FP8, q_offset=[-5, 400, -100, 999]),
-    ProxyCase("dec_f16_g16_fp8", [1, 2], [1500, 700], hq=64, hkv=4, k_dtype=FP8, paged=True),
-    ProxyCase("dec_f16_reduce_fp8", [1, 2, 4], [1000, 300, 2000], hq=4, hkv=1, k_dtype=FP8,
-              reduce_heads=True),
-]
-
-
-@pytest.mark.parametrize("case", FP8_K_DECODE_CASES, ids=str)
-def test_proxy_decode_f16_matches_reference(case: ProxyCase):
-    """kernel=decode_f16_only (fp16 MMAs for fp8 K, bf16 q rows scaled into fp16) against the CPU
-    reference: same -inf / NaN patterns, finite entries within PROXY_ATOL, deterministic."""
-    seed = random.getrandbits(31)
-    inputs = make_proxy_inputs(case, seed=seed)
-    want = run_proxy(case, inputs, "cpu", kernel="decode_only")
-    got = run_proxy(case, inputs, DEV, kernel="decode_f16_only")
-    assert_proxy_close(got, want, f"{case.name} seed={seed}")
-    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel="decode_f16_only")
-    assert torch.equal(got.view(torch.int32), again.view(torch.int32)), "not deterministic"
 
 
 def test_proxy_decode_f16_row_scales_equal_bf16_mma():
