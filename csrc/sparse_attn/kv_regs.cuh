@@ -143,6 +143,15 @@ MSA_DEVICE void stash_q_frags(const uint32_t (&qa)[8][4], uint8_t* sQf, int lane
         make_uint4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
 }
 
+// k-step kk's A fragment of this lane from stash_q_frags' buffer.
+MSA_DEVICE void stashed_q_frag(const uint8_t* sQf, int kk, int lane, uint32_t (&a)[4]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(sQf + (kk * 32 + lane) * 16);
+  a[0] = q.x;
+  a[1] = q.y;
+  a[2] = q.z;
+  a[3] = q.w;
+}
+
 // s[nt] = Q K^T for the warp's kNT * 8 keys key0 .. of the raw K tile sK (fp16 MMAs, permuted dims;
 // Q fragments from stash_q_frags' buffer sQf). Two n-tiles (16 keys) at a time bound the raw
 // registers to 16.
@@ -167,8 +176,8 @@ MSA_DEVICE void qk_fp8_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint8_
     }
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      const uint4 q = *reinterpret_cast<const uint4*>(sQf + (kk * 32 + lane) * 16);
-      const uint32_t a[4] = {q.x, q.y, q.z, q.w};
+      uint32_t a[4];
+      stashed_q_frag(sQf, kk, lane, a);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint32_t b0, b1;
@@ -276,8 +285,8 @@ MSA_DEVICE void qk_nvfp4_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint
     }
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      const uint4 q = *reinterpret_cast<const uint4*>(sQf + (kk * 32 + lane) * 16);
-      const uint32_t a[4] = {q.x, q.y, q.z, q.w};
+      uint32_t a[4];
+      stashed_q_frag(sQf, kk, lane, a);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t word = w[h][kk >> 1], s2 = sc[h][kk >> 2];
