@@ -103,8 +103,9 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 
 
 # The kernel choices a case may force on the device, as plan options of flashmsa's private planned
-# twins of the ops (msa_ops._*_planned; the CPU reference has no plan): the proxy, top-k and decode
-# kernel, decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
+# twins of the ops (msa_ops._*_planned; the CPU reference has no plan): the proxy kernel (decode_f16:
+# the decode kernel's fp16 MMAs for fp8 K), the top-k and decode kernel (regs: fp8 and NVFP4 K/V in
+# registers), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
 # KV-major kernel, chunk_rows (launch groups) and tile_max_waste (8: every tile whose union fits
 # goes to the shared-selection tile kernel).
 SCHEDULES = {
@@ -119,8 +120,8 @@ SCHEDULES = {
 
 # op -> [(plan option, the values a case picks from besides the default), ...], each drawn on its own
 KERNELS = {
-    "proxy": [("kernel", ("mma_sync", "sm90", "sm90_ss"))],
-    "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss"))],
+    "proxy": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode", "decode_f16"))],
+    "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode"))],
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size"))],
     "decode": [("kernel", ("smem", "regs")), ("mtp", ("per_token", "union"))],
 }
