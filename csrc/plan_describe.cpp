@@ -89,8 +89,14 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
       << plan.qm.mtp_tokens << " tokens' blocks once)";
   else
     s << "schedule=query_major (decode always: a CTA per (token, kv head) streams its blocks)";
-  if (plan.qm.regs)
-    s << "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)";
+  if (plan.qm.regs) {
+    if (p.k.dtype == DType::kNVFP4)
+      s << "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)";
+    else if (p.k.dtype == DType::kFP8E4M3)
+      s << "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)";
+    else
+      s << "; kernel=regs (3 stages at 2 CTAs per SM)";
+  }
   query_major_details(s, plan.qm);
   workspace(s, plan.bytes);
   return s.str();

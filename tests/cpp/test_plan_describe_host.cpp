@@ -102,6 +102,26 @@ TEST(PlanDescribe, EmptyCallRunsNothing) {
   EXPECT_EQ(describe(plan_sparse_attention(p, {}, hopper()), p, {}), "no query rows: nothing runs");
 }
 
+TEST(PlanDescribe, DecodeRegsNamesItsConversion) {
+  SparseAttnDeviceFacts f = hopper();
+  f.decode_regs_ctas = 2;
+  SparseDecodeOptions regs;
+  regs.kernel = DecodeKernel::kRegs;
+  SparseDecodeParams dp{};
+  dp.attn = attn(64);
+  dp.force_fused = -1;
+  std::string d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
+  EXPECT_TRUE(has(d, "; kernel=regs (3 stages at 2 CTAs per SM)")) << d;
+  dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
+  d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
+  EXPECT_TRUE(has(d, "kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)")) << d;
+  dp.attn.k.dtype = dp.attn.v.dtype = DType::kNVFP4;
+  d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
+  EXPECT_TRUE(has(d, "kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)")) << d;
+  d = describe_decode(plan_sparse_decode(dp, f), dp.attn);  // auto: smem for NVFP4
+  EXPECT_FALSE(has(d, "kernel=regs")) << d;
+}
+
 TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   SparseDecodeParams dp{};
   dp.attn = attn(64);
