@@ -78,7 +78,8 @@ QUICK = dict(
     prefill_s=[8 * K, 32 * K],
     decode=[(1, 32 * K, 1), (64, 32 * K, 1), (64, 32 * K, 4)],
     sparse=[(32 * K, "bf16", "flat", "random"), (32 * K, "bf16", "flat", "clustered"),
-            (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered")],
+            (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered"),
+            (8 * K, "bf16", "flat", "pipeline")],
     decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
                  (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8"), (64, 32 * K, 1, "nvfp4")],
     pipeline_s=[8 * K, 32 * K],
@@ -665,6 +666,11 @@ class Bench:
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]
+            # Small prefills: the whole prefill in one KV-major launch group (chunk_rows = S)
+            # against the planner's partial budget (1 GiB: 3 groups at 8K), what the fixed
+            # per-group costs (lists, the tail) are worth there.
+            if s <= 16 * K and (kv, layout) == ("bf16", "flat"):
+                schedules.append(f"hybrid chunk_rows={s}")
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",
