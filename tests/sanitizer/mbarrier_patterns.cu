@@ -17,6 +17,11 @@
 //   5  1 and 3 together
 //   6  a plain shared-memory store, then mbarrier.arrive (proxy_score_sm90's converting threads,
 //      which synccheck accepts)
+//   7  cp.async.mbarrier.arrive.noinc alone, 128 arrivals a phase (CUTLASS's
+//      cpasync_barrier_arrive_noinc producer commit)
+//   8  as 7 for the copies, plus one plain mbarrier.arrive by one producer thread after a named
+//      barrier of the producers (publishing their plain stores: union_sm90's tile plan), 129
+//      arrivals a phase
 //
 //   nvcc -std=c++17 -arch=sm_90a -lineinfo -o mbarrier_patterns mbarrier_patterns.cu
 //   compute-sanitizer --tool synccheck ./mbarrier_patterns MODE
@@ -61,13 +66,14 @@ constexpr int kProducers = 128;
 template <int kMode>
 __global__ void pipeline(const int4* src, int* out, int iters) {
   constexpr int kConsumers = kMode == 4 ? 256 : 128;
-  constexpr bool kNoinc = kMode == 1 || kMode == 5;
+  constexpr bool kNoinc = kMode == 1 || kMode == 5 || kMode == 7 || kMode == 8;
+  constexpr int kFullCount = kMode == 1 || kMode == 5 ? 2 * kProducers : (kMode == 8 ? kProducers + 1 : kProducers);
   __shared__ alignas(16) int4 buf[2][kProducers];
   __shared__ alignas(8) uint64_t full[2], empty[2];
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
-      init(smem(&full[i]), kNoinc ? 2 * kProducers : kProducers);
+      init(smem(&full[i]), kFullCount);
       init(smem(&empty[i]), kConsumers);
     }
   }
@@ -91,6 +97,12 @@ __global__ void pipeline(const int4* src, int* out, int iters) {
         arrive_cp_async_noinc(smem(&full[b]));
       } else {
         arrive_cp_async(smem(&full[b]));
+      }
+      if (kMode == 7) continue;
+      if (kMode == 8) {
+        asm volatile("bar.sync 1, %0;" ::"n"(kProducers) : "memory");  // the producers only
+        if (p == 0) arrive(smem(&full[b]));
+        continue;
       }
       arrive(smem(&full[b]));
     }
@@ -145,6 +157,8 @@ int main(int argc, char** argv) {
     case 4: return run<4>(src, out, iters, blocks);
     case 5: return run<5>(src, out, iters, blocks);
     case 6: return run<6>(src, out, iters, blocks);
-    default: fprintf(stderr, "mode must be 0..6, got %d\n", mode); return 2;
+    case 7: return run<7>(src, out, iters, blocks);
+    case 8: return run<8>(src, out, iters, blocks);
+    default: fprintf(stderr, "mode must be 0..8, got %d\n", mode); return 2;
   }
 }

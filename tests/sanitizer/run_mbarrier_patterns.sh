@@ -10,7 +10,7 @@ mkdir -p "$build"
 CS=${COMPUTE_SANITIZER:-compute-sanitizer}
 nvcc -std=c++17 -arch=sm_90a -lineinfo -o "$build/mbarrier_patterns" "$here/mbarrier_patterns.cu" || exit 1
 status=0
-for mode in 0 1 2 3 4 5 6; do
+for mode in 0 1 2 3 4 5 6 7 8; do
   log=$("$CS" --tool synccheck --print-limit 100000 --show-backtrace device "$build/mbarrier_patterns" "$mode" 2>&1)
   own=$(grep "^mode $mode:" <<<"$log")
   [[ $own == *" 0 of "* && $own == *"no error"* ]] || status=1
