@@ -194,11 +194,10 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
       plan.kernel = proxy_auto_takes_decode(p) ? ProxyKernel::kDecode : ProxyKernel::kSm90;
       break;
     case ProxyKernel::kMmaSync: plan.kernel = ProxyKernel::kMmaSync; break;
-    // Forced sm_90a options also take fp8 / NVFP4 K (convert_k); auto does not yet.
-    case ProxyKernel::kSm90: plan = {ProxyKernel::kSm90, false, true}; break;
-    case ProxyKernel::kSm90Only: plan = {ProxyKernel::kSm90, true, true}; break;
-    case ProxyKernel::kSm90Ss: plan = {ProxyKernel::kSm90Ss, false, true}; break;
-    case ProxyKernel::kSm90SsOnly: plan = {ProxyKernel::kSm90Ss, true, true}; break;
+    case ProxyKernel::kSm90: plan = {ProxyKernel::kSm90, false}; break;
+    case ProxyKernel::kSm90Only: plan = {ProxyKernel::kSm90, true}; break;
+    case ProxyKernel::kSm90Ss: plan = {ProxyKernel::kSm90Ss, false}; break;
+    case ProxyKernel::kSm90SsOnly: plan = {ProxyKernel::kSm90Ss, true}; break;
     case ProxyKernel::kDecode:
       // Calls the decode kernel does not run take mma_sync; decode_only keeps the kernel and its
       // launcher refuses them (NotImplementedError).
@@ -209,7 +208,7 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
       plan.kernel = proxy_decode_runs(p) ? ProxyKernel::kDecode : ProxyKernel::kMmaSync;
       plan.f16_mma = plan.kernel == ProxyKernel::kDecode;
       break;
-    case ProxyKernel::kDecodeF16Only: plan = {ProxyKernel::kDecode, true, false, true}; break;
+    case ProxyKernel::kDecodeF16Only: plan = {ProxyKernel::kDecode, true, true}; break;
   }
   return plan;
 }

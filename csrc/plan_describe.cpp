@@ -116,11 +116,8 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
     s << "auto: short queries, at most " << kProxyDecodeAutoMaxRows
       << " rows (heads x max_seqlen_q) per request and KV head: the decode streaming kernel";
   else if (o.kernel == ProxyKernel::kAuto)
-    s << "auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit K of q's dtype, "
-         "no reduce_heads), else the portable mma.sync kernel";
-  else if (named == plan.kernel && plan.convert_k)
-    s << "forced by the option kernel=" << option_name(o.kernel)
-      << "; fp8 K and NVFP4 q / K converted into 16-bit by the producer warpgroup";
+    s << "auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit q with K of its "
+         "dtype or fp8 K, or NVFP4 q and K; no reduce_heads), else the portable mma.sync kernel";
   else if (named == plan.kernel && plan.f16_mma)
     s << "forced by the option kernel=" << option_name(o.kernel) << "; fp16 MMAs for fp8 K";
   else if (named == plan.kernel)

@@ -36,10 +36,9 @@ enum class QSource { kSmem, kRegs };
 
 // The sm_90a prefill kernel; false (nothing launched) when the call or the device is not one it
 // runs (reduce_heads, fp8 q, not an sm_90 device, ...): the caller then launches the mma.sync
-// kernel. convert_k (ProxyScorePlan::convert_k) lets it take fp8 K and NVFP4 q / K, converted
-// exactly into 16-bit by its producer warpgroup; without it those calls return false.
+// kernel. fp8 K and NVFP4 q / K are converted exactly into 16-bit by its producer warpgroup.
 template <typename Elem>
-bool launch(const ProxyScoreParams& p, QSource q_source, bool convert_k, cudaStream_t stream);
+bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream);
 }  // namespace sm90
 
 }  // namespace flashmsa::cuda::proxy

@@ -2,8 +2,8 @@
 //   bf16 q (any k), fp8 q (fp8 k: e4m3 is exact in bf16), NVFP4 q and k (e2m1 x e4m3 is exact in
 //   bf16) -> bf16 MMAs; fp16 q -> fp16 MMAs.
 // Kernels: the portable mma.sync kernel (SM80+, every layout and dtype), the sm_90a TMA + wgmma
-// prefill kernel (proxy_score_sm90.cuh: 16-bit K of q's dtype, flat or paged, per-head output; fp8
-// K and NVFP4 q / K too when the plan's convert_k says so: forced sm90 options only) and
+// prefill kernel (proxy_score_sm90.cuh: 16-bit K of q's dtype, fp8 K, NVFP4 q / K; flat or paged,
+// per-head output) and
 // the decode streaming kernel (proxy_decode.cuh: short queries, G <= 16). The plan (plan.h
 // ProxyKernel) says which: auto is mma.sync until the other kernels' H200 runs show them correct
 // and faster; sm90 / sm90_ss / decode take theirs where it applies (else mma.sync), strict plans
@@ -33,7 +33,7 @@ void run(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t str
     case ProxyKernel::kSm90:
     case ProxyKernel::kSm90Ss: {
       const auto q_source = plan.kernel == ProxyKernel::kSm90 ? sm90::QSource::kRegs : sm90::QSource::kSmem;
-      if (sm90::launch<Elem>(p, q_source, plan.convert_k, stream)) return;
+      if (sm90::launch<Elem>(p, q_source, stream)) return;
       MSA_CHECK_SUPPORTED(!plan.strict,
                           "msa_proxy_score: the sm_90a kernel does not run this call (it needs an "
                           "sm_90 device and bf16 / fp16 q with k of q's dtype or fp8 k, or NVFP4 q "

@@ -707,17 +707,17 @@ inline CUtensorMapDataType tensor_map_type(DType d) {
 }
 
 // The operand format of a call (KFormat), or false where this kernel does not compute it:
-// bf16 / fp16 q with K of q's dtype (kNative) or, with convert_k, fp8 K (kFp8) and NVFP4 q and K
-// with a positive finite logit_scale (kNvfp4); flat or paged, per-head output. The caller then
-// takes the mma.sync kernel. convert_k is the plan's switch (ProxyScorePlan::convert_k): the
-// converting path is off by default until an H200 run shows it correct and faster.
-inline bool operand_format(const ProxyScoreParams& p, bool convert_k, KFormat& fmt) {
+// bf16 / fp16 q with K of q's dtype (kNative), fp8 K (kFp8), or NVFP4 q and K with a positive
+// finite logit_scale (kNvfp4); flat or paged, per-head output. The caller then takes the mma.sync
+// kernel. (The converting formats were a forced option until the H200 run of c7709c9 showed them
+// correct and faster: docs/design/proxy_score.md.)
+inline bool operand_format(const ProxyScoreParams& p, KFormat& fmt) {
   const bool q16 = p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16;
   if (q16 && p.k.dtype == p.q_dtype) {
     fmt = KFormat::kNative;
-  } else if (convert_k && q16 && p.k.dtype == DType::kFP8E4M3) {
+  } else if (q16 && p.k.dtype == DType::kFP8E4M3) {
     fmt = KFormat::kFp8;
-  } else if (convert_k && p.q_dtype == DType::kNVFP4 && p.k.dtype == DType::kNVFP4 && p.q_scale != nullptr &&
+  } else if (p.q_dtype == DType::kNVFP4 && p.k.dtype == DType::kNVFP4 && p.q_scale != nullptr &&
              p.k.scale != nullptr && p.logit_scale > 0.0f && std::isfinite(p.logit_scale)) {
     fmt = KFormat::kNvfp4;
   } else {
@@ -726,11 +726,11 @@ inline bool operand_format(const ProxyScoreParams& p, bool convert_k, KFormat& f
   return true;
 }
 
-inline bool supports(const ProxyScoreParams& p, bool convert_k) {
+inline bool supports(const ProxyScoreParams& p) {
   KFormat fmt;
   const bool k_ok =
       p.kv.paged ? p.kv.num_pages > 0 : p.kv.total_k > 0 && p.kv.total_k < (int64_t(1) << 31) - kBlockSize;
-  return operand_format(p, convert_k, fmt) && k_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 &&
+  return operand_format(p, fmt) && k_ok && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0 &&
          !p.reduce_heads && p.total_q < (int64_t(1) << 31) - 256;
 }
 
@@ -820,9 +820,9 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
 }
 
 template <typename Elem>
-bool launch(const ProxyScoreParams& p, QSource q_source, bool convert_k, cudaStream_t stream) {
+bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
   KFormat fmt;
-  if (!supports(p, convert_k) || !operand_format(p, convert_k, fmt)) return false;
+  if (!supports(p) || !operand_format(p, fmt)) return false;
   switch (fmt) {
     case KFormat::kNative: return launch_format<Elem, KFormat::kNative>(p, q_source, stream);
     case KFormat::kFp8: return launch_format<Elem, KFormat::kFp8>(p, q_source, stream);

@@ -33,7 +33,8 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 // Proxy-score kernels (docs/design/proxy_score.md): mma_sync (portable SM80+, every call), sm90 /
 // sm90_ss (the sm_90a TMA + wgmma prefill kernel with Q in registers / in shared memory, where it
-// applies: 16-bit K of q's dtype, no reduce_heads, an sm_90 device; elsewhere mma_sync), decode
+// applies: bf16 / fp16 q with K of q's dtype or fp8 K, or NVFP4 q and K (converted exactly into
+// 16-bit by its producer warpgroup), no reduce_heads, an sm_90 device; elsewhere mma_sync), decode
 // (the SM80+ streaming kernel for short queries: csrc/proxy_score/proxy_decode.cuh, where
 // proxy_decode_runs; elsewhere mma_sync), and the _only forms of the last three (the same without
 // the fallback: NotImplementedError where the kernel does not apply; tests and benchmarks).
@@ -41,7 +42,9 @@ enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 // (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only).
 // auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block), else
 // sm90 (which itself falls back to mma_sync where it does not apply). H200 at 162e97a: 32K prefill
-// 658 us vs mma_sync 1624; decode B64/32K 139 vs 190 us (bf16), 125 vs 216 (fp8), 145 vs 271 (NVFP4).
+// 658 us vs mma_sync 1624; decode B64/32K 139 vs 190 us (bf16), 125 vs 216 (fp8), 145 vs 271 (NVFP4);
+// at c7709c9, 32K prefill with fp8 K 1076 vs 1739 us, NVFP4 q / K 1806 vs 2038 us (auto took
+// mma_sync for them until then).
 enum class ProxyKernel : int32_t {
   kAuto = 0,
   kMmaSync = 1,
@@ -212,11 +215,6 @@ struct SparseAttnPlan {
 struct ProxyScorePlan {
   ProxyKernel kernel = ProxyKernel::kMmaSync;  // resolved: kMmaSync, kSm90, kSm90Ss or kDecode
   bool strict = false;  // the named kernel or NotImplementedError (no fallback to mma_sync)
-  // The sm_90a kernel also takes fp8 K and NVFP4 q / K (converted exactly into bf16 / fp16 by its
-  // producer warpgroup). Set only by the forced options sm90 / sm90_only / sm90_ss / sm90_ss_only:
-  // auto keeps those calls on mma.sync until an H200 run shows the converting path correct and
-  // faster (docs/design/proxy_score.md).
-  bool convert_k = false;
   // The decode kernel with fp8 K: fp16 MMAs whatever q's dtype (one cvt per e4m3 pair instead of
   // the e4m3 -> fp16 -> fp32 -> bf16 chain; bf16 q rows scaled into fp16 by a power of two, fp8 q
   // exact in fp16). Set only by decode_f16 / decode_f16_only: auto keeps bf16 MMAs until an H200

@@ -138,8 +138,9 @@ TEST(PlanDescribe, ProxyAndTopk) {
   ProxyScoreParams pp{};
   const ProxyScoreOptions auto_o;
   EXPECT_EQ(describe(plan_proxy_score(pp, auto_o), auto_o),
-            "kernel=sm90 (auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit K "
-            "of q's dtype, no reduce_heads), else the portable mma.sync kernel)");
+            "kernel=sm90 (auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit q "
+            "with K of its dtype or fp8 K, or NVFP4 q and K; no reduce_heads), else the portable "
+            "mma.sync kernel)");
   pp.num_heads = 4;  // M3's indexer decode: 4 heads over one index-K head, one token per request
   pp.num_kv_heads = 1;
   pp.qi.max_seqlen_q = 1;
@@ -149,8 +150,7 @@ TEST(PlanDescribe, ProxyAndTopk) {
   ProxyScoreOptions forced;
   forced.kernel = ProxyKernel::kSm90Only;
   dp = describe(plan_proxy_score(pp, forced), forced);
-  EXPECT_EQ(dp, "kernel=sm90 (forced by the option kernel=sm90_only; fp8 K and NVFP4 q / K converted into "
-                "16-bit by the producer warpgroup)");
+  EXPECT_EQ(dp, "kernel=sm90 (forced by the option kernel=sm90_only)");
   forced.kernel = ProxyKernel::kMmaSync;
   dp = describe(plan_proxy_score(pp, forced), forced);
   EXPECT_EQ(dp, "kernel=mma_sync (forced by the option kernel=mma_sync)");

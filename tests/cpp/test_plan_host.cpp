@@ -640,36 +640,35 @@ ProxyScorePlan proxy_plan(ProxyKernel k) {
 }
 
 TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
-  // convert_k (fp8 / NVFP4 K on the sm_90a kernel): only the forced sm90 options, off for auto
-  // until an H200 run shows that path correct and faster.
+  // f16_mma (the decode kernel's fp16 MMAs for fp8 K): only decode_f16 / decode_f16_only, until an
+  // H200 run shows that path correct and faster.
   struct Case {
     ProxyKernel option, kernel;
-    bool strict, convert_k, f16_mma = false;
-  } cases[] = {{ProxyKernel::kAuto, ProxyKernel::kSm90, false, false},  // no heads: not the decode kernel
-               {ProxyKernel::kMmaSync, ProxyKernel::kMmaSync, false, false},
-               {ProxyKernel::kSm90, ProxyKernel::kSm90, false, true},
-               {ProxyKernel::kSm90Only, ProxyKernel::kSm90, true, true},
-               {ProxyKernel::kSm90Ss, ProxyKernel::kSm90Ss, false, true},
-               {ProxyKernel::kSm90SsOnly, ProxyKernel::kSm90Ss, true, true},
+    bool strict, f16_mma = false;
+  } cases[] = {{ProxyKernel::kAuto, ProxyKernel::kSm90, false},  // no heads: not the decode kernel
+               {ProxyKernel::kMmaSync, ProxyKernel::kMmaSync, false},
+               {ProxyKernel::kSm90, ProxyKernel::kSm90, false},
+               {ProxyKernel::kSm90Only, ProxyKernel::kSm90, true},
+               {ProxyKernel::kSm90Ss, ProxyKernel::kSm90Ss, false},
+               {ProxyKernel::kSm90SsOnly, ProxyKernel::kSm90Ss, true},
                // No heads: the decode kernel does not run the call, decode_only keeps it (strict).
-               {ProxyKernel::kDecode, ProxyKernel::kMmaSync, false, false},
-               {ProxyKernel::kDecodeOnly, ProxyKernel::kDecode, true, false},
+               {ProxyKernel::kDecode, ProxyKernel::kMmaSync, false},
+               {ProxyKernel::kDecodeOnly, ProxyKernel::kDecode, true},
                // decode_f16: as decode (the fallback keeps bf16 MMAs: f16_mma only on the decode
                // kernel); decode_f16_only keeps the kernel and its fp16 MMAs.
-               {ProxyKernel::kDecodeF16, ProxyKernel::kMmaSync, false, false, false},
-               {ProxyKernel::kDecodeF16Only, ProxyKernel::kDecode, true, false, true}};
+               {ProxyKernel::kDecodeF16, ProxyKernel::kMmaSync, false, false},
+               {ProxyKernel::kDecodeF16Only, ProxyKernel::kDecode, true, true}};
   for (const Case& c : cases) {
     const ProxyScorePlan plan = proxy_plan(c.option);
     EXPECT_EQ(plan.kernel, c.kernel) << option_name(c.option);
     EXPECT_EQ(plan.strict, c.strict) << option_name(c.option);
-    EXPECT_EQ(plan.convert_k, c.convert_k) << option_name(c.option);
     EXPECT_EQ(plan.f16_mma, c.f16_mma) << option_name(c.option);
   }
 }
 
-// auto keeps fp8 and NVFP4 K off the converting sm_90a path (the launcher then takes mma.sync for
-// prefill), whatever the dtypes; the forced options take it for every dtype.
-TEST(PlanProxy, ConvertKOnlyWhenForced) {
+// Prefill (long queries): auto takes the sm_90a kernel for 16-bit, fp8 and NVFP4 K alike (its
+// launcher converts fp8 / NVFP4 K; H200 at c7709c9: faster than mma.sync for each).
+TEST(PlanProxy, AutoTakesSm90ForEveryKDtype) {
   for (DType k : {DType::kBF16, DType::kFP8E4M3, DType::kNVFP4}) {
     ProxyScoreParams p{};
     p.num_heads = 64;
@@ -677,14 +676,7 @@ TEST(PlanProxy, ConvertKOnlyWhenForced) {
     p.qi.max_seqlen_q = 32768;
     p.q_dtype = k == DType::kNVFP4 ? DType::kNVFP4 : DType::kBF16;
     p.k.dtype = k;
-    const ProxyScorePlan a = plan_proxy_score(p, {});
-    EXPECT_EQ(a.kernel, ProxyKernel::kSm90) << dtype_name(k);
-    EXPECT_FALSE(a.convert_k) << dtype_name(k);
-    for (ProxyKernel f : {ProxyKernel::kSm90, ProxyKernel::kSm90Only, ProxyKernel::kSm90Ss, ProxyKernel::kSm90SsOnly}) {
-      ProxyScoreOptions o;
-      o.kernel = f;
-      EXPECT_TRUE(plan_proxy_score(p, o).convert_k) << dtype_name(k) << " " << option_name(f);
-    }
+    EXPECT_EQ(plan_proxy_score(p, {}).kernel, ProxyKernel::kSm90) << dtype_name(k);
   }
 }
 

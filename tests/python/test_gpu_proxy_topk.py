@@ -323,8 +323,8 @@ def test_proxy_sm90_paged_equals_flat_bitwise(case: ProxyCase, variant: str):
     assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
 
 
-# fp8 and NVFP4 K on the sm_90a kernel (forced options only: ProxyScorePlan::convert_k; auto keeps
-# them on mma.sync until an H200 run shows this path correct and faster). The producer warpgroup
+# fp8 and NVFP4 K on the sm_90a kernel (auto's choice for prefill since the H200 run of c7709c9
+# showed it correct and faster; here forced, Q from registers and from shared memory). The producer warpgroup
 # converts the raw blocks exactly into the 16-bit tile the wgmmas read, so the result equals the
 # same kernel on the upcast / dequantized bf16 (fp16) tensors bit for bit; against the CPU reference
 # and the mma.sync kernel (other accumulation order) the usual PROXY_ATOL holds.
