@@ -143,3 +143,13 @@ def test_unknown_tool_fails_the_step(tmp_path):
     proc, line, _ = run_check(tmp_path, SANITIZER_TOOLS="memcheck leakcheck")
     assert proc.returncode == 1
     assert "unknown tool 'leakcheck'" in line
+
+
+def test_kernel_filter_reaches_every_tool_but_initcheck(tmp_path):
+    proc, line, out = run_check(tmp_path, SANITIZER_TOOLS="memcheck initcheck", SANITIZER_JOBS="1",
+                                SANITIZER_KERNEL_FILTER="kns=flashmsa")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fake args: --tool memcheck --error-exitcode 97 --print-limit 100 --leak-check no " \
+           "--kernel-name kns=flashmsa " in (out / "sanitizer-memcheck.log").read_text()
+    initcheck = (out / "sanitizer-initcheck.log").read_text()
+    assert "fake args: --tool initcheck " in initcheck and "--kernel-name" not in initcheck
