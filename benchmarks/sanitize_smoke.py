@@ -167,6 +167,10 @@ class Smoke:
         kc, table, used = self.paged(lengths, heads, dtype)
         return kc, self.rnd(kc.shape).to(dtype), table, used
 
+    def cu_rows(self, batch, seqlen_q):
+        """cu_seqlens_q of `batch` requests of seqlen_q query rows each."""
+        return torch.arange(0, batch * seqlen_q + 1, seqlen_q, dtype=torch.int32, device=self.dev)
+
     def decode_selection(self, lens, seqlen_q, hkv, topk=16):
         """Random causal selections of the last seqlen_q tokens of each sequence (batch-major)."""
         pos = torch.cat([torch.arange(n - seqlen_q, n, device=self.dev) for n in lens])
@@ -214,8 +218,7 @@ class Smoke:
         for hkv, dtype in ((1, BF16), (2, BF16), (1, FP8)):
             paged = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged(lens, hkv, dtype))
             for seqlen_q in (1, 4):
-                cu_qd = torch.arange(0, b * seqlen_q + 1, seqlen_q, dtype=torch.int32,
-                                     device=self.dev)
+                cu_qd = self.cu_rows(b, seqlen_q)
 
                 def call(paged=paged, cu_qd=cu_qd, sqd=seqlen_q):
                     cache, table, used = paged()
@@ -223,7 +226,7 @@ class Smoke:
                         self.rnd((b * sqd, 4, 128)), cache, cu_qd, None, page_table=table,
                         seqused_k=used, max_seqlen_q=sqd, max_k_tiles=table.shape[1])
                 self.run(f"proxy paged {str(dtype)[6:]} k, G{4 // hkv}, sq{seqlen_q}", call)
-        cu_qd = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
+        cu_qd = self.cu_rows(b, 1)
 
         def fp8_q():
             cache, table, used = self.paged(lens, 1, FP8)
@@ -315,55 +318,48 @@ class Smoke:
         self._proxy_decode_cases(PlannedOps(self.ops, msa_proxy_score=options,
                                             msa_proxy_score_fp4=options))
         # kernel=decode_f16_only: fp16 MMAs for fp8 K, bf16 q rows scaled into fp16 (fp8 q as is).
-        f16 = PlannedOps(self.ops, msa_proxy_score=dict(kernel="decode_f16_only"))
+        self._proxy_decode_paged(
+            PlannedOps(self.ops, msa_proxy_score=dict(kernel="decode_f16_only")), ((1, FP8),),
+            (BF16, FP8), (1, 4),
+            lambda dtype, hkv, q_dtype, sq: f"proxy decode_f16 paged {str(dtype)[6:]} k, "
+                                            f"{str(q_dtype)[6:]} q, sq{sq}")
+
+    def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name):
+        """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding
+        columns; reduce_heads at sq 3 with one KV head. kinds: (KV heads, K dtype) pairs."""
         lens = [700, 2048, 129, 0, 1000, 1]
         b = len(lens)
-
-        def build():
-            cache, table, used = self.paged(lens, 1, FP8)
-            table[0, 2] = -1
-            return cache, table, used
-        paged = self.lazy(build)
-        for q_dtype in (BF16, FP8):
-            for seqlen_q in (1, 4):
-                cu_qd = torch.arange(0, b * seqlen_q + 1, seqlen_q, dtype=torch.int32,
-                                     device=self.dev)
-
-                def call(cu_qd=cu_qd, sqd=seqlen_q, q_dtype=q_dtype):
-                    cache, table, used = paged()
-                    return f16.msa_proxy_score(
-                        self.rnd((b * sqd, 4, 128)).to(q_dtype), cache, cu_qd, None,
-                        page_table=table, seqused_k=used, max_seqlen_q=sqd,
-                        max_k_tiles=table.shape[1] + 2, q_offset=self.i32([350, 1024, 64, 0, 999, 0]))
-                self.run(f"proxy decode_f16 paged float8_e4m3fn k, {str(q_dtype)[6:]} q, sq{seqlen_q}",
-                         call)
-
-    def _proxy_decode_cases(self, ops):
-        lens = [700, 2048, 129, 0, 1000, 1]
-        b = len(lens)
-        for hkv, dtype in ((1, BF16), (2, BF16), (1, FP8)):
+        for hkv, dtype in kinds:
             def build(hkv=hkv, dtype=dtype):
                 cache, table, used = self.paged(lens, hkv, dtype)
                 table[0, 2] = -1  # an invalid page: its column is -inf, nothing read
                 return cache, table, used
             paged = self.lazy(build)
-            for seqlen_q in (1, 3, 4):
-                cu_qd = torch.arange(0, b * seqlen_q + 1, seqlen_q, dtype=torch.int32,
-                                     device=self.dev)
+            for q_dtype in q_dtypes:
+                for seqlen_q in seqlens_q:
+                    def call(paged=paged, sqd=seqlen_q, q_dtype=q_dtype,
+                             red=hkv == 1 and seqlen_q == 3):
+                        cache, table, used = paged()
+                        return ops.msa_proxy_score(
+                            self.rnd((b * sqd, 4, 128)).to(q_dtype), cache, self.cu_rows(b, sqd),
+                            None, page_table=table, seqused_k=used, max_seqlen_q=sqd,
+                            max_k_tiles=table.shape[1] + 2, reduce_heads=red,
+                            q_offset=self.i32([350, 1024, 64, 0, 999, 0]))
+                    self.run(name(dtype, hkv, q_dtype, seqlen_q), call)
 
-                def call(paged=paged, cu_qd=cu_qd, sqd=seqlen_q, red=hkv == 1 and seqlen_q == 3):
-                    cache, table, used = paged()
-                    return ops.msa_proxy_score(
-                        self.rnd((b * sqd, 4, 128)), cache, cu_qd, None, page_table=table,
-                        seqused_k=used, max_seqlen_q=sqd, max_k_tiles=table.shape[1] + 2,
-                        reduce_heads=red, q_offset=self.i32([350, 1024, 64, 0, 999, 0]))
-                self.run(f"proxy decode paged {str(dtype)[6:]} k, G{4 // hkv}, sq{seqlen_q}", call)
+    def _proxy_decode_cases(self, ops):
+        self._proxy_decode_paged(
+            ops, ((1, BF16), (2, BF16), (1, FP8)), (BF16,), (1, 3, 4),
+            lambda dtype, hkv, q_dtype, sq: f"proxy decode paged {str(dtype)[6:]} k, G{4 // hkv}, "
+                                            f"sq{sq}")
+        lens = [700, 2048, 129, 0, 1000, 1]
+        b = len(lens)
         sq, sk = [1, 4, 0, 2], [300, 1000, 256, 129]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
         self.run("proxy decode flat bf16, rows of no sequence", lambda: ops.msa_proxy_score(
             self.rnd((sum(sq) + 3, 4, 128)), self.rnd((sum(sk), 1, 128)), cu_q, cu_k,
             max_seqlen_q=4, max_k_tiles=8))
-        cu_q2 = torch.arange(0, 2 * b + 1, 2, dtype=torch.int32, device=self.dev)
+        cu_q2 = self.cu_rows(b, 2)
 
         def nvfp4():
             cache, table, used = self.paged(lens, 1)
@@ -378,7 +374,7 @@ class Smoke:
         ops = self.ops
         lens = [700, 300]
         b, hq, hkv = len(lens), 4, 1
-        cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
+        cu_q = self.cu_rows(b, 1)
 
         def call():
             cache, table, used = self.paged(lens, hkv)
@@ -701,7 +697,7 @@ class Smoke:
             return cache, table, bad, used
         paged = self.lazy(build_paged)
         b = len(lens)
-        cu_qd = torch.arange(0, 4 * b + 1, 4, dtype=torch.int32, device=self.dev)
+        cu_qd = self.cu_rows(b, 4)
         q = self.lazy(lambda: self.rnd((4 * b, 4, 128)))
 
         def invalid_pages():
@@ -895,7 +891,7 @@ class Smoke:
         ops = self.ops
         b, ctx = 8, 1024
         lens = [ctx - 37 * i for i in range(b)]
-        cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=self.dev)
+        cu_q = self.cu_rows(b, 1)
 
         def step():
             ik, table, used = self.paged(lens, 1)

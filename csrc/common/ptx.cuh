@@ -246,6 +246,27 @@ MSA_DEVICE uint32_t e2m1x2_to(uint32_t byte, float scale_x2p14) {
   return pack2<Elem>(f.x * scale_x2p14, f.y * scale_x2p14);
 }
 
+// ---- NVFP4 into fp16 MMAs as value x 2^-7 (the register kernels: proxy_decode.cuh, kv_regs.cuh) --
+// An e2m1 code placed at fp16 bits 15 and 11..9 is the fp16 number code x 2^-14 (subnormals
+// included); times the block scale x 2^7 (<= 448 x 128, exact in fp16) it is value x 2^-7, exact
+// (|value| <= 6 x 448 and its lowest bit is >= 2^-10). The kernels rescale by 2^7 in fp32.
+// The codes at bits 0..3 (element 0) and 16..19 (element 1) of u as an fp16 pair, code x 2^-14.
+MSA_DEVICE uint32_t e2m1_pair_code_bits(uint32_t u) {
+  return ((u & 0x00070007u) << 9) | ((u & 0x00080008u) << 12);
+}
+// The two codes of one byte (low nibble = even element) as an fp16 pair, code x 2^-14.
+MSA_DEVICE uint32_t e2m1x2_code_bits(uint32_t byte) {
+  return e2m1_pair_code_bits(byte * 0x1001u);  // low nibble at bits 0..3, high nibble at 16..19
+}
+MSA_DEVICE uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// Two e4m3 block-scale bytes (bits 0..15) times 2^7 as an fp16 pair.
+MSA_DEVICE uint32_t nvfp4_scale_pair_x128(uint32_t two_bytes) {
+  return hmul2_bits(e4m3x2_to_f16x2_bits(uint16_t(two_bytes & 0xFFFFu)), 0x58005800u);  // 128 = 0x5800
+}
+
 // ---- bf16 q rows into fp16 MMAs (the register kernels: kv_regs.cuh, proxy_decode.cuh) ----------
 // A bf16 row whose largest |q| is mx is multiplied by up = 2^(14 - E) into fp16 (its maximum in
 // [2^14, 2^15), fp16 max 65504) and its logits by down = 2^(E - 14) back; E is the exponent of mx

@@ -226,15 +226,10 @@ __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r,
   }
 }
 
-// Two e2m1 codes (one byte) times a block scale in fp16 -> packed fp16 pair, exact: the codes are
-// placed as fp16 code * 2^-14 (bits 15, 11..9), multiplied by scale * 2^7 (<= 448 * 128, exact in
-// fp16): the pair holds value * 2^-7 (|value| <= 2688, its lowest bit >= 2^-10, so value * 2^-7 is
-// an fp16 value, subnormals included); the logit is rescaled by 2^7 in fp32.
+// Two e2m1 codes (one byte) times a block scale x 2^7 (an fp16 pair): value x 2^-7, exact
+// (common/ptx.cuh); the logit is rescaled by 2^7 in fp32.
 __device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, __half2 scale_x2p7) {
-  const uint32_t y = byte * 0x1001u;  // low nibble at bits 0..3, high nibble at bits 16..19
-  const uint32_t bits = ((y & 0x00070007u) << 9) | ((y & 0x00080008u) << 12);
-  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits), scale_x2p7);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  return hmul2_bits(e2m1x2_code_bits(byte), *reinterpret_cast<const uint32_t*>(&scale_x2p7));
 }
 
 // B fragments of key `row` (this lane's key of an 8-key step) for the 8 k-steps: kb[s] = {b0, b1}.
@@ -247,13 +242,11 @@ __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int 
     static_assert(std::is_same_v<Mma, __half>, "NVFP4 K runs fp16 MMAs");
     const uint2 raw = *reinterpret_cast<const uint2*>(stage + Stage<kK>::kDataBytes + row * 8);
     const int shift = (c >> 1) * 8;
-    const __half2 x128 = __float2half2_rn(128.0f);
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
       // Bytes c / 2 and 2 + c / 2 of the word (columns 4w + c / 2 and 4w + 2 + c / 2).
-      const uint32_t pair = __byte_perm((w == 0 ? raw.x : raw.y) >> shift, 0u, 0x4420);
-      const uint32_t f16 = e4m3x2_to_f16x2_bits(uint16_t(pair));
-      scale[w] = __hmul2(*reinterpret_cast<const __half2*>(&f16), x128);
+      const uint32_t f16 = nvfp4_scale_pair_x128(__byte_perm((w == 0 ? raw.x : raw.y) >> shift, 0u, 0x4420));
+      scale[w] = *reinterpret_cast<const __half2*>(&f16);
     }
   }
 #pragma unroll

@@ -234,29 +234,16 @@ MSA_DEVICE void pv_fp8_regs(float (&o)[16][4], const float (&p)[kNT][4], const u
 // ---- NVFP4 K/V -------------------------------------------------------------------------------
 // Raw tiles of 128 keys as issue_kv_rows writes them: [keys][64] bytes of e2m1 pairs (low nibble =
 // even element), then [keys][8] e4m3 block scales (scale j covers dims 16 j .. 16 j + 15). A value
-// enters the fp16 MMAs as value x 2^-7: its e2m1 code placed at fp16 bits 15 and 11..9 is the fp16
-// number code x 2^-14 (subnormals included), times the block scale x 2^7 in one HMUL2: exact, as
-// |value| <= 6 x 448 and its lowest bit is >= 2^-10, so value x 2^-7 is an fp16 number. The logits
-// and the output are multiplied back by kNvfp4RegsUnscale (query_major.cuh). The same permuted
+// enters the fp16 MMAs as value x 2^-7 (common/ptx.cuh: the code placed as an fp16 number times
+// the block scale x 2^7 in one HMUL2, exact); the logits and the output are multiplied back by
+// kNvfp4RegsUnscale (query_major.cuh). The same permuted
 // head dims as the fp8 functions above, so the Q fragments and store_rows_perm are shared.
 inline constexpr float kNvfp4RegsUnscale = 128.0f;
 
-// The nibbles at bits 0..3 (element 0) and 16..19 (element 1) of u as an fp16 pair, code x 2^-14.
-MSA_DEVICE uint32_t e2m1_pair_code_bits(uint32_t u) {
-  return ((u << 9) & 0x0E000E00u) | ((u << 12) & 0x80008000u);
-}
-MSA_DEVICE uint32_t hmul2_bits(uint32_t a, uint32_t b) {
-  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-// Two e4m3 scale bytes (bits 0..15) times 2^7 as an fp16 pair (exact: <= 448 x 128 < 65504).
-MSA_DEVICE uint32_t nvfp4_scale_pair_x128(uint32_t two_bytes) {
-  return hmul2_bits(e4m3x2_to_f16x2_bits(uint16_t(two_bytes & 0xFFFFu)), 0x58005800u);  // 128 = 0x5800
-}
-// The two e2m1 values of byte j (0..3) of w, times the scale pair s2, as an fp16 pair x 2^-7.
+// The two e2m1 values of byte j (0..3) of w, times the scale pair s2, as an fp16 pair x 2^-7
+// (common/ptx.cuh e2m1x2_code_bits, nvfp4_scale_pair_x128).
 MSA_DEVICE uint32_t e2m1_byte_scaled(uint32_t w, int j, uint32_t s2) {
-  const uint32_t x = __byte_perm(w, 0u, 0x4440u | uint32_t(j));  // byte j alone at bits 0..7
-  return hmul2_bits(e2m1_pair_code_bits(x * 0x1001u), s2);       // high nibble to bits 16..19
+  return hmul2_bits(e2m1x2_code_bits(__byte_perm(w, 0u, 0x4440u | uint32_t(j))), s2);
 }
 
 // s[nt] = Q K^T x 2^-7 for the warp's kNT * 8 keys key0 .. of the raw NVFP4 K tile sK (128 keys).

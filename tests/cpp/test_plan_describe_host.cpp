@@ -110,15 +110,18 @@ TEST(PlanDescribe, DecodeRegsNamesItsConversion) {
   SparseDecodeParams dp{};
   dp.attn = attn(64);
   dp.force_fused = -1;
-  std::string d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
-  EXPECT_TRUE(has(d, "; kernel=regs (3 stages at 2 CTAs per SM)")) << d;
-  dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
-  d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
-  EXPECT_TRUE(has(d, "kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)")) << d;
-  dp.attn.k.dtype = dp.attn.v.dtype = DType::kNVFP4;
-  d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
-  EXPECT_TRUE(has(d, "kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)")) << d;
-  d = describe_decode(plan_sparse_decode(dp, f), dp.attn);  // auto: smem for NVFP4
+  const struct {
+    DType kv;
+    const char* text;
+  } cases[] = {{DType::kBF16, "; kernel=regs (3 stages at 2 CTAs per SM)"},
+               {DType::kFP8E4M3, "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)"},
+               {DType::kNVFP4, "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)"}};
+  for (const auto& c : cases) {
+    dp.attn.k.dtype = dp.attn.v.dtype = c.kv;
+    const std::string d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
+    EXPECT_TRUE(has(d, c.text)) << d;
+  }
+  const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);  // auto: smem for NVFP4
   EXPECT_FALSE(has(d, "kernel=regs")) << d;
 }
 
