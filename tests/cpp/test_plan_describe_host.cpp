@@ -150,19 +150,19 @@ TEST(PlanDescribe, ProxyAndTopk) {
   pp.q_dtype = pp.k.dtype = DType::kBF16;
   std::string dp = describe(plan_proxy_score(pp, auto_o), auto_o);
   EXPECT_TRUE(has(dp, "kernel=decode (auto: short queries, at most 16 rows")) << dp;
-  ProxyScoreOptions forced;
-  forced.kernel = ProxyKernel::kSm90Only;
-  dp = describe(plan_proxy_score(pp, forced), forced);
-  EXPECT_EQ(dp, "kernel=sm90 (forced by the option kernel=sm90_only)");
-  forced.kernel = ProxyKernel::kMmaSync;
-  dp = describe(plan_proxy_score(pp, forced), forced);
-  EXPECT_EQ(dp, "kernel=mma_sync (forced by the option kernel=mma_sync)");
-  forced.kernel = ProxyKernel::kDecodeF16;
-  dp = describe(plan_proxy_score(pp, forced), forced);
-  EXPECT_EQ(dp, "kernel=decode (forced by the option kernel=decode_f16; fp16 MMAs for fp8 K)");
-  forced.kernel = ProxyKernel::kDecodeOnly;
-  dp = describe(plan_proxy_score(pp, forced), forced);
-  EXPECT_EQ(dp, "kernel=decode (forced by the option kernel=decode_only)");
+  const struct {
+    ProxyKernel kernel;
+    const char* text;
+  } forced_cases[] = {
+      {ProxyKernel::kSm90Only, "kernel=sm90 (forced by the option kernel=sm90_only)"},
+      {ProxyKernel::kMmaSync, "kernel=mma_sync (forced by the option kernel=mma_sync)"},
+      {ProxyKernel::kDecodeF16, "kernel=decode (forced by the option kernel=decode_f16; fp16 MMAs for fp8 K)"},
+      {ProxyKernel::kDecodeOnly, "kernel=decode (forced by the option kernel=decode_only)"}};
+  for (const auto& c : forced_cases) {
+    ProxyScoreOptions forced;
+    forced.kernel = c.kernel;
+    EXPECT_EQ(describe(plan_proxy_score(pp, forced), forced), c.text);
+  }
   TopkSelectParams tp{};
   tp.num_heads = 4;
   tp.num_blocks = 256;
