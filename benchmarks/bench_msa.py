@@ -178,19 +178,16 @@ class DecodeStep:
     cache (pages, 1, 128, 128) and the K/V caches (pages, 4, 128, 128): a page id names the same
     128 tokens in each. `num_valid_pages` (position // 128 + 1 per token) is step metadata an
     engine prepares once for all layers, so it is an input here, not part of the step.
-    Works on CPU tensors too (the ops' reference), which the CPU tests use. `proxy_options`: plan
-    options of the proxy call (its private planned twin), e.g. dict(kernel="decode_f16")."""
+    Works on CPU tensors too (the ops' reference), which the CPU tests use."""
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
-                 device, geo=M3, topk: int = TOPK, proxy_options=None):
+                 device, geo=M3, topk: int = TOPK):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
         if geo["idx_hq"] != geo["hkv"]:
             raise ValueError("per-head selection needs as many index heads as KV heads")
         self.ops, self.geo, self.topk = ops, geo, topk
-        self.proxy = ops.msa_proxy_score if proxy_options is None else functools.partial(
-            ops._proxy_score_planned, options=proxy_options)
         self.batch, self.ctx, self.seqlen_q = batch, ctx, seqlen_q
         self.nb = nb = ctx // mi.BLOCK
         rows, pages = batch * seqlen_q, batch * nb
@@ -215,9 +212,9 @@ class DecodeStep:
     def __call__(self):
         """The step: returns (attention output, top-k selection (tokens, heads, topk))."""
         ops = self.ops
-        self.proxy(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
-                   seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
-                   max_k_tiles=self.nb, output=self.scores)
+        ops.msa_proxy_score(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
+                            seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
+                            max_k_tiles=self.nb, output=self.scores)
         ops.msa_topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
                             force_end_blocks=1)
         self.q2k.copy_(self.sel.transpose(0, 1))
@@ -528,7 +525,8 @@ class Bench:
                           self.build_proxy_decode(b, c, q, options=dec), "memory")
             self.run_case("proxy", name + " fp8 [decode]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dec), "memory")
-            # The same kernel with fp16 MMAs for fp8 K (bf16 q rows scaled into fp16).
+            # The same kernel with fp16 MMAs for fp8 K (bf16 q rows scaled into fp16): auto's
+            # choice for fp8 K since 1aad2ee; `[decode]` above is the bf16-MMA form.
             self.run_case("proxy", name + " fp8 [decode_f16]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True,
                                                   options=dict(kernel="decode_f16_only")), "memory")
@@ -872,21 +870,14 @@ class Bench:
                           "memory", ref,
                           extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
                                      kv_dtype=kv))
-            if idx == "fp8" and b >= 64:  # the proxy's fp16-MMA variant for fp8 index-K, forced
-                self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + " [proxy decode_f16]",
-                              lambda b=b, c=ctx, q=sq, i=idx, v=kv: self.build_step(
-                                  b, c, q, i, v, proxy_options=dict(kernel="decode_f16")),
-                              "memory", None,
-                              extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
-                                         kv_dtype=kv))
 
-    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", proxy_options=None):
+    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16"):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
-                          self.device, proxy_options=proxy_options)
+                          self.device)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

@@ -64,8 +64,6 @@ def cases(bench: bm.Bench) -> dict:
         # kernel node of the graph profiled.
         "step_b64": lambda: bench.build_step(64, 32 * K, 1),
         "step_b64_fp8": lambda: bench.build_step(64, 32 * K, 1, "fp8", "fp8"),
-        "step_b64_fp8_proxy_f16": lambda: bench.build_step(64, 32 * K, 1, "fp8", "fp8",
-                                                           proxy_options=dict(kernel="decode_f16")),
         "step_b1_128k": lambda: bench.build_step(1, 128 * K, 1),
     }
 

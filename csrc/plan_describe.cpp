@@ -114,7 +114,8 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   s << "kernel=" << option_name(plan.kernel) << " (";
   if (o.kernel == ProxyKernel::kAuto && plan.kernel == ProxyKernel::kDecode)
     s << "auto: short queries, at most " << kProxyDecodeAutoMaxRows
-      << " rows (heads x max_seqlen_q) per request and KV head: the decode streaming kernel";
+      << " rows (heads x max_seqlen_q) per request and KV head: the decode streaming kernel"
+      << (plan.f16_mma ? ", fp16 MMAs for fp8 K" : "");
   else if (o.kernel == ProxyKernel::kAuto)
     s << "auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit q with K of its "
          "dtype or fp8 K, or NVFP4 q and K; no reduce_heads), else the portable mma.sync kernel";

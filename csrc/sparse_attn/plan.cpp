@@ -37,10 +37,11 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups and MTP union items
   // (tokens x G rows) take 64-row tiles.
   plan.warps_m = group <= 16 && !mtp ? 1 : 4;
-  // auto: regs for fp8 K/V (converted in registers: the point of the kernel), smem for 16-bit and
-  // for NVFP4 (its register conversion runs only when forced until an H200 run measures it).
+  // auto: regs for fp8 and NVFP4 K/V (converted in registers: the point of the kernel), smem for
+  // 16-bit K/V (the two within 1 %).
   const bool want_regs = options.kernel == DecodeKernel::kRegs ||
-                         (options.kernel == DecodeKernel::kAuto && p.k.dtype == DType::kFP8E4M3);
+                         (options.kernel == DecodeKernel::kAuto &&
+                          (p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4));
   plan.regs = want_regs && plan.warps_m == 1 && regs_ctas > 0;
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;

@@ -40,7 +40,8 @@ enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 // the fallback: NotImplementedError where the kernel does not apply; tests and benchmarks).
 // decode_f16 / decode_f16_only: the decode kernel with fp16 MMAs for fp8 K with bf16 or fp8 q
 // (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only).
-// auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block), else
+// auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block; with
+// fp16 MMAs for fp8 K, as decode_f16), else
 // sm90 (which itself falls back to mma_sync where it does not apply). H200 at 162e97a: 32K prefill
 // 658 us vs mma_sync 1624; decode B64/32K 139 vs 190 us (bf16), 125 vs 216 (fp8), 145 vs 271 (NVFP4);
 // at c7709c9, 32K prefill with fp8 K 1076 vs 1739 us, NVFP4 q / K 1806 vs 2038 us (auto took
@@ -83,8 +84,8 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // K/V dequantized in shared memory, 2 stages of bf16 / fp16 K/V), regs (the streaming variant: 3
 // stages of 32 KB at 2 CTAs per SM, fp8 K/V converted in registers into fp16 MMAs; NVFP4 K/V: 5
 // stages of 18 KB, converted in registers too; G > 16 and MTP union items keep smem). auto: regs for
-// fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us), smem for 16-bit K/V (the two within 1%: 81.6
-// vs 80.9 us), for NVFP4 (its register conversion not yet measured) and where regs does not apply.
+// fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee: 66.7 vs 101.7 us),
+// smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us) and where regs does not apply.
 enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2 };
 // MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
 // over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,
@@ -217,8 +218,8 @@ struct ProxyScorePlan {
   bool strict = false;  // the named kernel or NotImplementedError (no fallback to mma_sync)
   // The decode kernel with fp8 K: fp16 MMAs whatever q's dtype (one cvt per e4m3 pair instead of
   // the e4m3 -> fp16 -> fp32 -> bf16 chain; bf16 q rows scaled into fp16 by a power of two, fp8 q
-  // exact in fp16). Set only by decode_f16 / decode_f16_only: auto keeps bf16 MMAs until an H200
-  // run shows it bit-identical and faster (docs/design/proxy_score.md, "The decode kernel").
+  // exact in fp16). Set by decode_f16 / decode_f16_only, and by auto for fp8 K on the decode kernel
+  // (H200 at 1aad2ee: bit-identical, B64/32K 105 vs 125 us; docs/design/proxy_score.md).
   bool f16_mma = false;
 };
 struct TopkSelectPlan {

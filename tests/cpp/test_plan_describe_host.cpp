@@ -121,7 +121,10 @@ TEST(PlanDescribe, DecodeRegsNamesItsConversion) {
     const std::string d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
     EXPECT_TRUE(has(d, c.text)) << d;
   }
-  const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);  // auto: smem for NVFP4
+  // auto: regs for NVFP4 (the last case's K/V) and fp8, smem for 16-bit K/V.
+  EXPECT_TRUE(has(describe_decode(plan_sparse_decode(dp, f), dp.attn), "kernel=regs"));
+  dp.attn.k.dtype = dp.attn.v.dtype = DType::kBF16;
+  const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);
   EXPECT_FALSE(has(d, "kernel=regs")) << d;
 }
 
@@ -150,6 +153,11 @@ TEST(PlanDescribe, ProxyAndTopk) {
   pp.q_dtype = pp.k.dtype = DType::kBF16;
   std::string dp = describe(plan_proxy_score(pp, auto_o), auto_o);
   EXPECT_TRUE(has(dp, "kernel=decode (auto: short queries, at most 16 rows")) << dp;
+  EXPECT_FALSE(has(dp, "fp16 MMAs")) << dp;
+  pp.k.dtype = DType::kFP8E4M3;  // fp8 index-K: auto's fp16 MMAs named
+  EXPECT_TRUE(has(describe(plan_proxy_score(pp, auto_o), auto_o),
+                  "the decode streaming kernel, fp16 MMAs for fp8 K)"));
+  pp.k.dtype = DType::kBF16;
   const struct {
     ProxyKernel kernel;
     const char* text;

@@ -396,7 +396,8 @@ TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
   SparseDecodeParams nvfp4 = decode(30, -1);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
   EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, regs).qm.regs);   // NVFP4: converted in registers
-  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, {}).qm.regs);     // ... only when forced
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, {}).qm.regs);      // ... by auto too
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, smem).qm.regs);
   EXPECT_FALSE(plan_sparse_decode(fp8(30, 128), h200, regs).qm.regs);    // G = 32: 64-row tiles
   SparseAttnDeviceFacts sm89 = a100;
   sm89.decode_regs_ctas = 0;  // below the kernel's 105 KB of shared memory
@@ -491,12 +492,13 @@ TEST(PlanDecode, StreamingKernelOption) {
   EXPECT_EQ(r.qm.splits, 4);
   EXPECT_EQ(plan_sparse_decode(decode(16, -1), f).qm.splits, 6);
   expect_layout_sound(r);
-  // Where it cannot run: the device lacks the shared memory, G > 16. NVFP4 K/V run it when forced.
+  // Where it cannot run: the device lacks the shared memory, G > 16. NVFP4 K/V run it under auto.
   EXPECT_FALSE(plan_sparse_decode(decode(16, -1), hopper(), regs).qm.regs);
   SparseDecodeParams nvfp4 = decode(16, -1);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
   EXPECT_TRUE(plan_sparse_decode(nvfp4, f, regs).qm.regs);
-  EXPECT_FALSE(plan_sparse_decode(nvfp4, f, {}).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, f, {}).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, hopper(), {}).qm.regs);  // no room for its 99 KB
   SparseDecodeParams fp8 = decode(16, -1);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
   EXPECT_TRUE(plan_sparse_decode(fp8, f, regs).qm.regs);
@@ -640,8 +642,8 @@ ProxyScorePlan proxy_plan(ProxyKernel k) {
 }
 
 TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
-  // f16_mma (the decode kernel's fp16 MMAs for fp8 K): only decode_f16 / decode_f16_only, until an
-  // H200 run shows that path correct and faster.
+  // f16_mma (the decode kernel's fp16 MMAs): decode_f16 / decode_f16_only, and auto for fp8 K
+  // (PlanProxy.AutoTakesSm90ForEveryKDtype; these params have bf16 K).
   struct Case {
     ProxyKernel option, kernel;
     bool strict, f16_mma = false;
@@ -757,11 +759,12 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   mtp4.qi.max_seqlen_q = 5;
   EXPECT_EQ(plan_proxy_score(mtp4, {}).kernel, ProxyKernel::kSm90);
   EXPECT_EQ(plan_proxy_score(params(16, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kDecode);
-  // fp16 MMAs for fp8 K only when forced (decode_f16), never for auto or decode.
+  // fp16 MMAs: auto for fp8 K on the decode kernel (not for 16-bit or NVFP4 K, and not on the
+  // prefill kernels), decode_f16 for any K on it, never decode.
   ProxyScoreOptions f16;
   f16.kernel = ProxyKernel::kDecodeF16;
   for (DType k : {bf16, fp8, fp4}) {
-    EXPECT_FALSE(plan_proxy_score(params(4, 1, false, k == fp4 ? fp4 : bf16, k), {}).f16_mma);
+    EXPECT_EQ(plan_proxy_score(params(4, 1, false, k == fp4 ? fp4 : bf16, k), {}).f16_mma, k == fp8);
     EXPECT_FALSE(plan_proxy_score(params(4, 1, false, k == fp4 ? fp4 : bf16, k), decode).f16_mma);
     const ProxyScorePlan forced = plan_proxy_score(params(4, 1, false, k == fp4 ? fp4 : bf16, k), f16);
     EXPECT_EQ(forced.kernel, ProxyKernel::kDecode);
@@ -769,6 +772,7 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).kernel, ProxyKernel::kMmaSync);
   EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).f16_mma);
+  EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), {}).f16_mma);  // sm90 prefill
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);
   EXPECT_TRUE(proxy_auto_takes_decode(params(16, 1, false, bf16, bf16)));
   EXPECT_FALSE(proxy_auto_takes_decode(params(8, 2, true, bf16, bf16)));

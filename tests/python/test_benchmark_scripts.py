@@ -112,23 +112,16 @@ def test_stage_step_runs_each_config_case():
     bench.cfg = bm.QUICK
     bm.Bench.stage_step(bench)
     calls = bench.run_case.call_args_list
-    # Each config case, then (fp8 index-K, batch >= 64) the same with the proxy's decode_f16.
-    expect = []
-    for case in bm.QUICK["step"]:
-        expect.append((case, bm.step_case_name(*case), None))
-        if case[3] == "fp8" and case[0] >= 64:
-            expect.append((case, bm.step_case_name(*case) + " [proxy decode_f16]",
-                           dict(kernel="decode_f16")))
-    assert len(calls) == len(expect) == len(bm.QUICK["step"]) + 1
-    for call, (case, name, options) in zip(calls, expect):
+    # One row per config case (the library's choices: auto everywhere).
+    assert len(calls) == len(bm.QUICK["step"])
+    for call, case in zip(calls, bm.QUICK["step"]):
         stage, got_name, build, bound, ref = call.args
-        assert (stage, got_name, bound) == ("step", name, "memory")
-        assert (ref is bm.REF_STEP) == (case == (64, 32 * bm.K, 1, "bf16", "bf16") and options is None)
+        assert (stage, got_name, bound) == ("step", bm.step_case_name(*case), "memory")
+        assert (ref is bm.REF_STEP) == (case == (64, 32 * bm.K, 1, "bf16", "bf16"))
         bench.build_step.reset_mock()
         build()  # autospec: build_step's argument list
         assert bench.build_step.call_args.args == case
-        assert bench.build_step.call_args.kwargs == ({} if options is None else
-                                                     dict(proxy_options=options))
+        assert bench.build_step.call_args.kwargs == {}
 
 
 # ---- the decode step's byte floor and replay check ---------------------------------------------

@@ -373,7 +373,8 @@ REGS_NATIVE_CASES = [c for c in CASES if c.name in (
     "q_offset_tensor_negative", "non_causal", "duplicates", "holes", "out_of_range",
     "some_empty_rows", "invalid_pages", "packed_nhd", "scales")]
 
-# NVFP4 K/V: converted in registers too (kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs) when forced.
+# NVFP4 K/V: converted in registers too (kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs; auto since the
+# H200 run at 1aad2ee).
 REGS_NVFP4_CASES = [c for c in CASES if c.name in (
     "nvfp4_paged", "nvfp4_flat_mtp", "fp8_q_nvfp4_kv")] + [
     DecodeCase("m3_b8_nvfp4_regs", 8, 1, 64, 4, kv="nvfp4"),
