@@ -4,8 +4,13 @@
 // completes when its expected number of arrivals has arrived; waits name the phase by parity.
 //   mbar_init           expected arrivals per phase (one thread, before a __syncthreads)
 //   mbar_arrive         one arrival, release semantics (orders this thread's prior writes)
-//   mbar_arrive_cp_async  makes the barrier's current phase also wait for all of this thread's
-//                       earlier cp.async copies (net zero arrivals: pair it with mbar_arrive)
+//   mbar_arrive_count   n arrivals at once by one thread (a phase one thread completes alone)
+//   mbar_arrive_cp_async_noinc  one arrival, made when all of this thread's earlier cp.async
+//                       copies have landed (counted in the expected arrivals: the form
+//                       compute-sanitizer's synccheck accepts; pairing the counting form with a
+//                       plain arrive, valid PTX too, is reported as "Missing wait":
+//                       tests/sanitizer/mbarrier_patterns.cu). It orders only the copies: a
+//                       thread's plain shared-memory stores need a plain arrive after them.
 //   mbar_wait           until the phase of the given parity has completed (acquire)
 // A buffer used for the n-th time waits "full" with parity n & 1; its producer waits "empty" with
 // parity (n & 1) ^ 1, which passes at once for n = 0 (the phase before the first never blocks).
@@ -24,8 +29,12 @@ MSA_DEVICE void mbar_init(uint32_t bar, int count) {
 MSA_DEVICE void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
-MSA_DEVICE void mbar_arrive_cp_async(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+MSA_DEVICE void mbar_arrive_count(uint32_t bar, uint32_t n) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar), "r"(n)
+               : "memory");
+}
+MSA_DEVICE void mbar_arrive_cp_async_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 MSA_DEVICE bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;

@@ -162,7 +162,9 @@ MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars,
     warpgroup_barrier(2);  // the tile's state, for every producer thread
     const int w = pl.st.w;
     if (w < 0) {
-      mbar_arrive(q_full + 8 * tb);  // publishes "no work left" to the consumers
+      // Publishes "no work left" (pl.st, written by this thread) to the consumers: the phase's
+      // T + 1 arrivals at once.
+      if (ptid == 0) mbar_arrive_count(q_full + 8 * tb, T + 1);
       return;
     }
     const int kh = pl.st.kh, r0 = pl.st.r0, b = pl.st.b, U = pl.st.count, seqlen_k = pl.st.seqlen_k;
@@ -183,9 +185,11 @@ MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars,
       const Elem* src = q + int64_t(r0 + e) * p.q_stride_token + int64_t(kh * G + g) * p.q_stride_head + ch * 8;
       cp_async_16(sQ_addr + uint32_t(row >> 6) * (64 * 256) + Sw128Tile<64>::at(row & 63, ch), src);
     }
-    mbar_arrive_cp_async(q_full + 8 * tb);
-    mbar_arrive(q_full + 8 * tb);  // also publishes the plan
-    warpgroup_barrier(2);          // the plan's blocks, written by all producer threads, are read by all
+    // q_full: T arrivals as each thread's Q copies land, and one plain arrive after the producers'
+    // barrier, which publishes the plan (plain stores of every producer thread) to the consumers.
+    mbar_arrive_cp_async_noinc(q_full + 8 * tb);
+    warpgroup_barrier(2);  // the plan's blocks, written by all producer threads, are read by all
+    if (ptid == 0) mbar_arrive(q_full + 8 * tb);
 
     if constexpr (kKv == KvKind::kNative) {
       for (int u = 0; u < U; ++u, ++kv) {
@@ -196,13 +200,11 @@ MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars,
         mbar_wait(k_empty + 8 * st, parity);
         issue_kv_rows<Elem, KvKind::kNative, kBlockSize, T, Sw128Tile<kBlockSize>>(
             p.k, kv_offset(p.k, p.kv, b, kh, j0), 0, 1, n_valid, sK_addr + st * Cfg::kKvBytes, ptid);
-        mbar_arrive_cp_async(k_full + 8 * st);
-        mbar_arrive(k_full + 8 * st);
+        mbar_arrive_cp_async_noinc(k_full + 8 * st);
         mbar_wait(v_empty + 8 * st, parity);
         issue_kv_rows<Elem, KvKind::kNative, kBlockSize, T, Sw128Tile<kBlockSize>>(
             p.v, kv_offset(p.v, p.kv, b, kh, j0), 0, 1, n_valid, sV_addr + st * Cfg::kKvBytes, ptid);
-        mbar_arrive_cp_async(v_full + 8 * st);
-        mbar_arrive(v_full + 8 * st);
+        mbar_arrive_cp_async_noinc(v_full + 8 * st);
       }
     } else {
       // fp8: this thread's raw copies of block u are in flight while it dequantizes block u - 1
@@ -261,7 +263,7 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
                  v_full = bars + 64, v_empty = bars + 80;
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
-      mbar_init(q_full + 8 * i, Cfg::kProducerThreads);
+      mbar_init(q_full + 8 * i, Cfg::kProducerThreads + 1);  // + the plan's publishing arrive
       mbar_init(q_empty + 8 * i, Cfg::kConsumerThreads);
       mbar_init(k_full + 8 * i, Cfg::kProducerThreads);
       mbar_init(k_empty + 8 * i, Cfg::kConsumerThreads);
