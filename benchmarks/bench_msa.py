@@ -533,6 +533,16 @@ class Bench:
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=dec), "memory")
+                # The decode kernel built for 3 / 4 CTAs per SM (plan option decode_ctas; fewer
+                # stages each) for fp8 and NVFP4 index-K, under auto's kernel choice otherwise.
+                for ctas in (3, 4):
+                    o = dict(decode_ctas=ctas)
+                    self.run_case("proxy", name + f" fp8 [decode_ctas={ctas}]",
+                                  lambda b=b, c=ctx, q=sq, o=o:
+                                  self.build_proxy_decode(b, c, q, k_fp8=True, options=o), "memory")
+                    self.run_case("proxy", name + f" nvfp4 [decode_ctas={ctas}]",
+                                  lambda b=b, c=ctx, q=sq, o=o:
+                                  self.build_proxy_decode(b, c, q, fp4=True, options=o), "memory")
 
     def build_proxy_prefill(self, s, options=None, fmt="bf16"):
         """fmt: bf16 q and k; fp8 (bf16 q, e4m3 k); nvfp4 (msa_proxy_score_fp4: q and k)."""

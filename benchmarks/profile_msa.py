@@ -39,6 +39,8 @@ def cases(bench: bm.Bench) -> dict:
             64, 32 * K, 1, k_fp8=True, options=dict(kernel="decode_only")),
         "proxy_decode_b64_fp8_decode_f16": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, k_fp8=True, options=dict(kernel="decode_f16_only")),
+        "proxy_decode_b64_fp8_ctas3": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, k_fp8=True, options=dict(decode_ctas=3)),
         "proxy_decode_b64_nvfp4_decode": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(kernel="decode_only")),
         "index_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True),

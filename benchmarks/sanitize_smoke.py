@@ -323,6 +323,13 @@ class Smoke:
             (BF16, FP8), (1, 4),
             lambda dtype, hkv, q_dtype, sq: f"proxy decode_f16 paged {str(dtype)[6:]} k, "
                                             f"{str(q_dtype)[6:]} q, sq{sq}")
+        # decode_ctas=3 / 4: the same kernel built for more CTAs per SM (4 / 3 stages for fp8 K).
+        for ctas in (3, 4):
+            self._proxy_decode_paged(
+                PlannedOps(self.ops, msa_proxy_score=dict(kernel="decode_f16_only", decode_ctas=ctas)),
+                ((1, FP8),), (BF16,), (1, 4),
+                lambda dtype, hkv, q_dtype, sq, c=ctas: f"proxy decode_ctas={c} paged "
+                                                        f"{str(dtype)[6:]} k, sq{sq}")
 
     def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name):
         """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding

@@ -43,6 +43,8 @@ constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
                                                  {DecodeKernel::kRegs, "regs"}};
 
+constexpr Named<int> kDecodeCtas[] = {{0, "auto"}, {2, "2"}, {3, "3"}, {4, "4"}};
+
 constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
                                             {DecodeMtp::kPerToken, "per_token"},
                                             {DecodeMtp::kUnion, "union"}};
@@ -159,8 +161,13 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
 ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
   ProxyScoreOptions o;
   for_each_option("msa_proxy_score", text, [&](std::string_view name, std::string_view value) {
-    MSA_CHECK(name == "kernel", "msa_proxy_score: unknown plan option '", name, "' (options: kernel)");
-    o.kernel = parse_enum(kProxyKernels, name, value);
+    if (name == "kernel") {
+      o.kernel = parse_enum(kProxyKernels, name, value);
+    } else if (name == "decode_ctas") {
+      o.decode_ctas = parse_enum(kDecodeCtas, name, value);
+    } else {
+      MSA_FAIL("msa_proxy_score: unknown plan option '", name, "' (options: kernel, decode_ctas)");
+    }
   });
   return o;
 }
@@ -213,6 +220,8 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
       break;
     case ProxyKernel::kDecodeF16Only: plan = {ProxyKernel::kDecode, true, true}; break;
   }
+  if (options.decode_ctas != 0 && (p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4))
+    plan.decode_ctas = options.decode_ctas;
   return plan;
 }
 

@@ -4,6 +4,7 @@
 #include "flashmsa/plan_describe.h"
 
 #include <sstream>
+#include <string>
 
 #include "sparse_attn/heuristics.h"
 
@@ -126,6 +127,10 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   else
     s << "the option kernel=" << option_name(o.kernel) << " does not apply to this call";
   s << ")";
+  if (plan.kernel == ProxyKernel::kDecode && o.decode_ctas != 0)
+    s << (plan.decode_ctas == o.decode_ctas
+              ? "; decode_ctas=" + std::to_string(plan.decode_ctas) + " (forced: CTAs per SM)"
+              : std::string("; decode_ctas does not apply (16-bit K: 2 CTAs per SM)"));
   return s.str();
 }
 

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flashmsa/params.h"
+#include "flashmsa/plan.h"
 
 namespace flashmsa::cuda::proxy {
 
@@ -20,9 +21,9 @@ void launch_proxy_score(const ProxyScoreParams& p, cudaStream_t stream);
 // The decode kernel (proxy_decode.cuh: a memory-streaming kernel over (request, KV head, key
 // block) units, for calls whose G heads fit 16 MMA rows); false (nothing launched) when it does
 // not run the call (G > 16, reduce_heads over several KV heads): the caller then launches the
-// mma.sync kernel. f16_mma (ProxyScorePlan::f16_mma): fp16 MMAs for fp8 K with bf16 / fp8 q.
+// mma.sync kernel. From the plan: f16_mma (fp16 MMAs for fp8 K with bf16 / fp8 q) and decode_ctas.
 template <typename Element>
-bool launch_proxy_decode(const ProxyScoreParams& p, bool f16_mma, cudaStream_t stream);
+bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream);
 
 namespace sm90 {
 // Where the sm_90a kernel's wgmma A operand (Q) comes from:

@@ -43,17 +43,23 @@ inline constexpr int kK16 = 0;
 inline constexpr int kK8 = 1;
 inline constexpr int kK4 = 2;
 
-// Shared-memory stage of one 128-key block and the pipeline depth per K kind: ~96 KB of stages so
-// that two CTAs fit an SM (2 x 97 KB of 228 KB) with (stages - 1) blocks in flight each while one
-// is multiplied: 64 KB (16-bit), 80 KB (fp8), 81 KB (NVFP4) per CTA, 2-3x the ~50 KB per SM that
-// HBM needs at full rate. NVFP4: 128 x 64 bytes of e2m1 pairs, then 128 x 8 scale bytes.
-template <int kK>
+// Shared-memory stage of one 128-key block and the pipeline depth per K kind. For the default two
+// CTAs per SM: ~96 KB of stages so that two CTAs fit an SM (2 x 97 KB of 228 KB) with (stages - 1)
+// blocks in flight each while one is multiplied: 64 KB (16-bit), 80 KB (fp8), 81 KB (NVFP4) per
+// CTA, 2-3x the ~50 KB per SM that HBM needs at full rate. NVFP4: 128 x 64 bytes of e2m1 pairs,
+// then 128 x 8 scale bytes. kCtas = 3 or 4 (plan option decode_ctas, fp8 / NVFP4 K: more warps
+// per SM to hide the conversion and MMA chains): as many stages as that many CTAs leave room for
+// on an sm_90 SM (228 KB, 1 KB reserved per CTA): fp8 4 / 3, NVFP4 8 / 6.
+template <int kK, int kCtas = 2>
 struct Stage {
   static constexpr int kRowBytes = kK == kK16 ? 256 : (kK == kK8 ? 128 : 64);
   static constexpr int kDataBytes = kBlockSize * kRowBytes;
   static constexpr int kBytes = kDataBytes + (kK == kK4 ? kBlockSize * 8 : 0);
-  static constexpr int kStages = kK == kK16 ? 3 : (kK == kK8 ? 6 : 10);
-  static constexpr int kSmemBytes = kStages * kBytes + 2 * 4 * kRows * 4;  // + part[2][warp][row]
+  static constexpr int kPartBytes = 2 * 4 * kRows * 4;  // part[2][warp][row]
+  static constexpr int kStages = kCtas == 2 ? (kK == kK16 ? 3 : (kK == kK8 ? 6 : 10))
+                                            : (228 * 1024 / kCtas - 1024 - kPartBytes) / kBytes;
+  static constexpr int kSmemBytes = kStages * kBytes + kPartBytes;
+  static_assert(kStages >= 2 && kStages <= 32, "the pipeline keeps one bit per stage in flight");
 };
 
 // Byte offset of the 16-byte chunk `chunk` of key row `row` in a stage (conflict-free swizzles for
@@ -367,9 +373,9 @@ __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
   }
 }
 
-template <typename Mma, int kK, bool kScaleQ>
-__global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_constant__ Params dp) {
-  using St = Stage<kK>;
+template <typename Mma, int kK, bool kScaleQ, int kCtas>
+__global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __grid_constant__ Params dp) {
+  using St = Stage<kK, kCtas>;
   constexpr int S = St::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
   float* part = reinterpret_cast<float*>(smem + S * St::kBytes);
@@ -478,10 +484,10 @@ __global__ void __launch_bounds__(kThreads, 2) proxy_decode_kernel(const __grid_
   fill_uncovered_rows(dp);
 }
 
-template <typename Mma, int kK, bool kScaleQ = false>
+template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2>
 void launch_kernel(const Params& dp, cudaStream_t stream) {
-  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ>;
-  const size_t smem = Stage<kK>::kSmemBytes;
+  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas>;
+  const size_t smem = Stage<kK, kCtas>::kSmemBytes;
   const int resident = prepare_launch(kernel, kThreads, smem);
   const DeviceLimits& limits = current_device_limits();
   // Exactly resident: one wave, every CTA streaming units / grid blocks.
@@ -491,15 +497,27 @@ void launch_kernel(const Params& dp, cudaStream_t stream) {
   MSA_CHECK_LAUNCH();
 }
 
+// f(std::integral_constant<int, n>{}) for n = ctas, the plan's CTAs per SM for fp8 / NVFP4 K.
+template <typename F>
+void with_ctas(int ctas, F&& f) {
+  switch (ctas) {
+    case 2: f(std::integral_constant<int, 2>{}); return;
+    case 3: f(std::integral_constant<int, 3>{}); return;
+    case 4: f(std::integral_constant<int, 4>{}); return;
+    default: MSA_FAIL("proxy_score: the plan's decode_ctas ", ctas, " is not 2, 3 or 4");
+  }
+}
+
 }  // namespace flashmsa::cuda::proxy::decode
 
 namespace flashmsa::cuda::proxy {
 
 // The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
-// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call. f16_mma
-// (ProxyScorePlan::f16_mma): fp8 K with bf16 or fp8 q runs fp16 MMAs (bf16 q scaled per row).
+// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call. From the plan:
+// f16_mma (fp8 K with bf16 or fp8 q runs fp16 MMAs, bf16 q scaled per row) and decode_ctas (the
+// CTAs per SM that fp8 / NVFP4 K are built for; 16-bit K always 2).
 template <typename Element>
-bool launch_proxy_decode(const ProxyScoreParams& p, bool f16_mma, cudaStream_t stream) {
+bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream) {
   if (!proxy_decode_runs(p)) return false;
   MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
             "proxy_score: NVFP4 q / k need their block scales");
@@ -527,24 +545,28 @@ bool launch_proxy_decode(const ProxyScoreParams& p, bool f16_mma, cudaStream_t s
     // NVFP4 q and k: fp16 MMAs (every e2m1 x e4m3 value is exact in fp16). Only the bf16 unit
     // (the type proxy_score picks for NVFP4 q) instantiates it.
     if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-      decode::launch_kernel<__half, decode::kK4>(dp, stream);
+      decode::with_ctas(plan.decode_ctas, [&](auto c) {
+        decode::launch_kernel<__half, decode::kK4, false, c.value>(dp, stream);
+      });
       return true;
     }
     return false;
   }
   if (k8) {
-    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-      if (f16_mma) {
-        // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
-        if (p.q_dtype == DType::kBF16) {
-          decode::launch_kernel<__half, decode::kK8, true>(dp, stream);
-        } else {
-          decode::launch_kernel<__half, decode::kK8, false>(dp, stream);
+    decode::with_ctas(plan.decode_ctas, [&](auto c) {
+      if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+        if (plan.f16_mma) {
+          // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
+          if (p.q_dtype == DType::kBF16) {
+            decode::launch_kernel<__half, decode::kK8, true, c.value>(dp, stream);
+          } else {
+            decode::launch_kernel<__half, decode::kK8, false, c.value>(dp, stream);
+          }
+          return;
         }
-        return true;
       }
-    }
-    decode::launch_kernel<Element, decode::kK8>(dp, stream);
+      decode::launch_kernel<Element, decode::kK8, false, c.value>(dp, stream);
+    });
   } else {
     decode::launch_kernel<Element, decode::kK16>(dp, stream);
   }

@@ -24,7 +24,7 @@ template <typename Elem>
 void run(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream) {
   switch (plan.kernel) {
     case ProxyKernel::kDecode:
-      if (launch_proxy_decode<Elem>(p, plan.f16_mma, stream)) return;
+      if (launch_proxy_decode<Elem>(p, plan, stream)) return;
       MSA_CHECK_SUPPORTED(!plan.strict,
                           "msa_proxy_score: the decode kernel does not run this call (it needs at "
                           "most 16 query heads per KV head, and one KV head with reduce_heads); "

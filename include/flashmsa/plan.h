@@ -106,6 +106,9 @@ struct SparseAttnOptions {
 };
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
+  // decode_ctas=2|3|4: the CTAs per SM the decode kernel is built for with fp8 / NVFP4 K (more
+  // CTAs: more warps per SM, fewer pipeline stages each); 0 = auto (2). A tuning knob.
+  int decode_ctas = 0;
 };
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
@@ -221,6 +224,8 @@ struct ProxyScorePlan {
   // exact in fp16). Set by decode_f16 / decode_f16_only, and by auto for fp8 K on the decode kernel
   // (H200 at 1aad2ee: bit-identical, B64/32K 105 vs 125 us; docs/design/proxy_score.md).
   bool f16_mma = false;
+  // The decode kernel's CTAs per SM (2, 3 or 4): the option decode_ctas for fp8 / NVFP4 K, else 2.
+  int decode_ctas = 2;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: kWarpPerRow, kWarpPerRow8 or kRadix

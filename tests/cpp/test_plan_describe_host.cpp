@@ -157,6 +157,11 @@ TEST(PlanDescribe, ProxyAndTopk) {
   pp.k.dtype = DType::kFP8E4M3;  // fp8 index-K: auto's fp16 MMAs named
   EXPECT_TRUE(has(describe(plan_proxy_score(pp, auto_o), auto_o),
                   "the decode streaming kernel, fp16 MMAs for fp8 K)"));
+  ProxyScoreOptions ctas3;
+  ctas3.decode_ctas = 3;
+  EXPECT_TRUE(has(describe(plan_proxy_score(pp, ctas3), ctas3), "; decode_ctas=3 (forced: CTAs per SM)"));
+  pp.k.dtype = DType::kBF16;
+  EXPECT_TRUE(has(describe(plan_proxy_score(pp, ctas3), ctas3), "; decode_ctas does not apply"));
   pp.k.dtype = DType::kBF16;
   const struct {
     ProxyKernel kernel;

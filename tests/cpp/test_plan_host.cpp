@@ -582,6 +582,12 @@ TEST(PlanOptions, ParsesEveryOption) {
                         ProxyKernel::kSm90Ss, ProxyKernel::kSm90SsOnly, ProxyKernel::kDecode,
                         ProxyKernel::kDecodeOnly, ProxyKernel::kDecodeF16, ProxyKernel::kDecodeF16Only})
     EXPECT_EQ(parse_proxy_score_options(std::string("kernel=") + option_name(k)).kernel, k);
+  EXPECT_EQ(parse_proxy_score_options("decode_ctas=auto").decode_ctas, 0);
+  for (int c : {2, 3, 4}) {
+    const ProxyScoreOptions o = parse_proxy_score_options("kernel=decode,decode_ctas=" + std::to_string(c));
+    EXPECT_EQ(o.decode_ctas, c);
+    EXPECT_EQ(o.kernel, ProxyKernel::kDecode);
+  }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
@@ -618,6 +624,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("kernel=wgmma"); }, ErrorKind::kValue,
                "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode, "
                "decode_only, decode_f16 or decode_f16_only, got 'wgmma'");
+  for (const char* v : {"1", "5", "0", "three", ""})
+    expect_error([&] { parse_proxy_score_options(std::string("decode_ctas=") + v); }, ErrorKind::kValue,
+                 std::string("decode_ctas must be auto, 2, 3 or 4, got '") + v + "'");
+  expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
+               "unknown plan option 'stages' (options: kernel, decode_ctas)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'heap'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
@@ -773,6 +784,16 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).kernel, ProxyKernel::kMmaSync);
   EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).f16_mma);
   EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), {}).f16_mma);  // sm90 prefill
+  // decode_ctas: 2 unless the option names 3 or 4 and K is fp8 or NVFP4 (16-bit K: always 2).
+  for (DType k : {bf16, fp8, fp4}) {
+    const ProxyScoreParams dp = params(4, 1, false, k == fp4 ? fp4 : bf16, k);
+    EXPECT_EQ(plan_proxy_score(dp, {}).decode_ctas, 2);
+    for (int c : {2, 3, 4}) {
+      ProxyScoreOptions o;
+      o.decode_ctas = c;
+      EXPECT_EQ(plan_proxy_score(dp, o).decode_ctas, k == bf16 ? 2 : c) << dtype_name(k);
+    }
+  }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);
   EXPECT_TRUE(proxy_auto_takes_decode(params(16, 1, false, bf16, bf16)));
   EXPECT_FALSE(proxy_auto_takes_decode(params(8, 2, true, bf16, bf16)));

@@ -106,9 +106,16 @@ def _to(x, device):
     return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
+def _options(kernel: Optional[str], extra: Optional[dict]) -> Optional[dict]:
+    """Plan options: kernel= (None: the library's own choice) and any others."""
+    options = dict(extra or {}, **({} if kernel is None else dict(kernel=kernel)))
+    return options or None
+
+
 def run_proxy(c: ProxyCase, inputs: dict, device, fill=float("nan"),
-              kernel: Optional[str] = None) -> torch.Tensor:
-    """The op on `device`; `kernel`: the plan option kernel= (None: the library's own choice)."""
+              kernel: Optional[str] = None, options: Optional[dict] = None) -> torch.Tensor:
+    """The op on `device`; `kernel`: the plan option kernel= (None: the library's own choice);
+    `options`: other plan options."""
     args = {k: _to(v, device) for k, v in inputs.items()}
     total_q = args["q"].shape[0]
     out = torch.full((1 if c.reduce_heads else c.hq, args["max_k_tiles"], total_q), fill,
@@ -117,8 +124,7 @@ def run_proxy(c: ProxyCase, inputs: dict, device, fill=float("nan"),
         args["q"], args["k"], args["cu_seqlens_q"], args["cu_seqlens_k"],
         page_table=args["page_table"], seqused_k=args["seqused_k"], causal=c.causal,
         max_seqlen_q=args["max_seqlen_q"], max_k_tiles=args["max_k_tiles"], output=out,
-        reduce_heads=c.reduce_heads, q_offset=args["q_offset"],
-        options=None if kernel is None else dict(kernel=kernel))
+        reduce_heads=c.reduce_heads, q_offset=args["q_offset"], options=_options(kernel, options))
     assert res.data_ptr() == out.data_ptr()
     return out
 
@@ -647,6 +653,39 @@ def test_proxy_decode_equals_mma_sync(case: ProxyCase):
     assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only"), want, case.name)
 
 
+
+# decode_ctas=3 / 4: the decode kernel built for 3 or 4 CTAs per SM (fewer pipeline stages each:
+# fp8 4 / 3, NVFP4 8 / 6) computes exactly what the default build (2 CTAs) does, bit for bit, with
+# bf16 MMAs (decode_only) and fp16 MMAs (decode_f16_only) for fp8 K and for NVFP4 q / K.
+CTAS_FP8_CASES = [c for c in FP8_K_DECODE_CASES if c.name in (
+    "dec_fp8_k", "dec_fp8_k_paged", "dec_fp8_q_fp8_k", "dec_f16_multi_pass_fp8", "dec_f16_g16_fp8",
+    "dec_f16_reduce_fp8")] + [
+    ProxyCase("dec_ctas_many_requests_fp8", [1] * 70, [37 * i + 1 for i in range(70)], hq=4, hkv=1,
+              k_dtype=FP8, paged=True)]
+
+
+@pytest.mark.parametrize("ctas", [3, 4])
+@pytest.mark.parametrize("case,kernel", [(c, k) for c in CTAS_FP8_CASES
+                                         for k in ("decode_only", "decode_f16_only")], ids=str)
+def test_proxy_decode_ctas_equal_default_bitwise(case: ProxyCase, kernel: str, ctas: int):
+    inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
+    want = run_proxy(case, inputs, DEV, kernel=kernel)
+    got = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(decode_ctas=ctas))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
+
+
+@pytest.mark.parametrize("ctas", [3, 4])
+@pytest.mark.parametrize("case", [
+    ProxyCase("dec_ctas_fp4_paged", [1, 1, 3, 1, 2], [4096, 129, 700, 0, 2500], hq=4, hkv=1,
+              paged=True, invalid_pages=True),
+    ProxyCase("dec_ctas_fp4_many", [1] * 40, [53 * i + 7 for i in range(40)], hq=4, hkv=1),
+], ids=str)
+def test_proxy_decode_fp4_ctas_equal_default_bitwise(case: ProxyCase, ctas: int):
+    a, _ = _fp4_decode_inputs(case, seed=random.getrandbits(31))
+    want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only")
+    got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(decode_ctas=ctas))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
+
 def _fp4_decode_inputs(case: ProxyCase, seed: int):
     """make_proxy_inputs with q and k quantized to NVFP4, and the bf16 tensors of their exactly
     dequantized values."""
@@ -659,7 +698,7 @@ def _fp4_decode_inputs(case: ProxyCase, seed: int):
 
 
 def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float,
-             kernel: Optional[str] = None) -> torch.Tensor:
+             kernel: Optional[str] = None, options: Optional[dict] = None) -> torch.Tensor:
     a = {k: _to(v, device) for k, v in a.items()}
     out = torch.full((1 if c.reduce_heads else c.hq, a["max_k_tiles"], a["q4"].shape[0]),
                      float("nan"), dtype=torch.float32, device=device)
@@ -667,8 +706,7 @@ def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float,
         a["q4"], a["k4"], a["qs"], a["ks"], q_gs, k_gs, a["cu_seqlens_q"], a["cu_seqlens_k"],
         page_table=a["page_table"], seqused_k=a["seqused_k"], causal=c.causal,
         max_seqlen_q=a["max_seqlen_q"], max_k_tiles=a["max_k_tiles"], output=out,
-        reduce_heads=c.reduce_heads, q_offset=a["q_offset"],
-        options=None if kernel is None else dict(kernel=kernel))
+        reduce_heads=c.reduce_heads, q_offset=a["q_offset"], options=_options(kernel, options))
     return out
 
 

@@ -13,10 +13,10 @@ extern template void launch_proxy_score<__nv_bfloat16>(const ProxyScoreParams&, 
 extern template void launch_proxy_score<__half>(const ProxyScoreParams&, cudaStream_t);
 
 // proxy_decode_bf16.cu
-extern template bool launch_proxy_decode<__nv_bfloat16>(const ProxyScoreParams&, bool, cudaStream_t);
+extern template bool launch_proxy_decode<__nv_bfloat16>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t);
 
 // proxy_decode_fp16.cu
-extern template bool launch_proxy_decode<__half>(const ProxyScoreParams&, bool, cudaStream_t);
+extern template bool launch_proxy_decode<__half>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t);
 
 // proxy_score_sm90_bf16.cu
 extern template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, cudaStream_t);

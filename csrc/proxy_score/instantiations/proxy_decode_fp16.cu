@@ -6,6 +6,6 @@
 
 namespace flashmsa::cuda::proxy {
 
-template bool launch_proxy_decode<__half>(const ProxyScoreParams&, bool, cudaStream_t);
+template bool launch_proxy_decode<__half>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t);
 
 }  // namespace flashmsa::cuda::proxy
