@@ -111,6 +111,7 @@ class Smoke:
             self.gen = build_gen
 
     def _call(self, name, fn):
+        start = time.perf_counter()
         try:
             out = fn()
             self.sync()
@@ -119,7 +120,9 @@ class Smoke:
                     if bool(torch.isnan(t).any()):
                         raise RuntimeError("output contains NaN")
             self.passed.append(name)
-            print(f"PASS {name}", flush=True)
+            # The call's wall time (inputs built, op run, synchronized): under a sanitizer it
+            # shows which calls the tool's time goes to.
+            print(f"PASS {name} ({time.perf_counter() - start:.1f} s)", flush=True)
         except (NotImplementedError, AttributeError) as e:
             if isinstance(e, AttributeError) and "msa_ops" not in str(e):
                 self._fail(name, e)
