@@ -998,9 +998,14 @@ class Problem:
             # partials under fp16 output need it (decode:1000134: V near 500 x 0.37, the partials'
             # half-ulp 2 x 0.37 = 0.74 against a 0.5 tolerance), as fp8 partials do. Capped at the
             # output's range (past it the outputs are inf, compared as the overflow threshold);
-            # rows without keys get none.
-            bits = {"fp8": 3, "bf16": 7, "fp16": 10}[partial]
-            tol += 2.0 ** -(bits + 1) * seen.double().clamp(max=fmax)
+            # rows without keys get none. Below the partial dtype's smallest normal the spacing
+            # is its subnormal step (e4m3 2^-9: decode:2034134, V near 0.01, a partial of 2^-10
+            # rounded to 2^-9), so the half-ulp is at least half that step.
+            bits, step = {"fp8": (3, 2.0 ** -9), "bf16": (7, 2.0 ** -133),
+                          "fp16": (10, 2.0 ** -24)}[partial]
+            seen = seen.double().clamp(max=fmax)
+            half_ulp = torch.clamp(2.0 ** -(bits + 1) * seen, min=step / 2)
+            tol += torch.where(seen > 0, half_ulp, torch.zeros_like(half_ulp))
         if bool((err > tol).any()):
             worst = int((err - tol).argmax())
             i = tuple(int(x) for x in torch.unravel_index(torch.tensor(worst), g.shape))

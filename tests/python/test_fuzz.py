@@ -7,6 +7,7 @@ not passed, without a GPU and a CUDA build). The harness tests that run cases on
 marked ``cpu_only`` (conftest.py): CI runs them, the GPU check leaves them to it.
 """
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -226,6 +227,33 @@ def test_bf16_partials_get_half_an_ulp_of_the_values_seen():
     i = int(empty[0])
     assert pb.check(moved(0.9 * allowance), want) is not None
 
+
+
+def test_fp8_partials_get_half_the_subnormal_step():
+    """decode:2034134 on the H200: fp8 partials with V near 0.01 (a request with 2 keys), an
+    output of 2^-10 returned as 2^-9: e4m3's subnormal step is 2^-9, so a partial that small rounds
+    by up to 2^-10 whatever the relative half-ulp (2^-4 of |V|) says. The check allows that half
+    step on rows with keys, and not four times it."""
+    import torch
+    seed = 2034134
+    p = fuzz_msa.case_params("decode", seed)
+    assert p["partial_dtype"] == "fp8" and p["kv"] == "fp8"
+    pb = fuzz_msa.Problem("decode", p, seed)
+    want = pb.run("cpu", reference=True)
+    out = want[0].double()
+    _, _, seen = pb.baseline()
+    # The element whose largest |V| is the smallest (~0.002: its relative half-ulp, ~1.2e-4, is
+    # far below the 2^-10 the rounding can cost).
+    i = int(torch.where(seen > 0, seen, torch.full_like(seen, math.inf)).view(-1).argmin())
+    assert 0 < float(seen.view(-1)[i]) < 2.0 ** -8
+
+    def moved(by):
+        got = out.clone()
+        got.view(-1)[i] += by
+        return (got.to(want[0].dtype),) + tuple(want[1:])
+    assert pb.check(moved(2.0 ** -10), want) is None
+    msg = pb.check(moved(2.0 ** -8), want)
+    assert msg is not None and msg.startswith("out: |dev - ref| "), msg
 
 def test_check_reads_one_sided_overflow_as_the_threshold():
     """An output that rounds to inf on one side and to the largest finite value on the other
