@@ -127,10 +127,15 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   else
     s << "the option kernel=" << option_name(o.kernel) << " does not apply to this call";
   s << ")";
-  if (plan.kernel == ProxyKernel::kDecode && o.decode_ctas != 0)
-    s << (plan.decode_ctas == o.decode_ctas
-              ? "; decode_ctas=" + std::to_string(plan.decode_ctas) + " (forced: CTAs per SM)"
-              : std::string("; decode_ctas does not apply (16-bit K: 2 CTAs per SM)"));
+  if (plan.kernel == ProxyKernel::kDecode) {
+    s << "; decode_ctas=" << plan.decode_ctas;
+    if (o.decode_ctas != 0 && plan.decode_ctas != o.decode_ctas)
+      s << " (the option decode_ctas does not apply to 16-bit K)";
+    else if (o.decode_ctas != 0)
+      s << " (forced: CTAs per SM)";
+    else
+      s << " (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)";
+  }
   return s.str();
 }
 

@@ -107,7 +107,7 @@ struct SparseAttnOptions {
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
   // decode_ctas=2|3|4: the CTAs per SM the decode kernel is built for with fp8 / NVFP4 K (more
-  // CTAs: more warps per SM, fewer pipeline stages each); 0 = auto (2). A tuning knob.
+  // CTAs: more warps per SM, fewer pipeline stages each); 0 = auto (fp8 3, NVFP4 4). A tuning knob.
   int decode_ctas = 0;
 };
 struct TopkSelectOptions {
@@ -224,7 +224,8 @@ struct ProxyScorePlan {
   // exact in fp16). Set by decode_f16 / decode_f16_only, and by auto for fp8 K on the decode kernel
   // (H200 at 1aad2ee: bit-identical, B64/32K 105 vs 125 us; docs/design/proxy_score.md).
   bool f16_mma = false;
-  // The decode kernel's CTAs per SM (2, 3 or 4): the option decode_ctas for fp8 / NVFP4 K, else 2.
+  // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
+  // 3 / 4 (H200 at b1fafdd), 16-bit K 2.
   int decode_ctas = 2;
 };
 struct TopkSelectPlan {

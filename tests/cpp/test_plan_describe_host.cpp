@@ -161,7 +161,9 @@ TEST(PlanDescribe, ProxyAndTopk) {
   ctas3.decode_ctas = 3;
   EXPECT_TRUE(has(describe(plan_proxy_score(pp, ctas3), ctas3), "; decode_ctas=3 (forced: CTAs per SM)"));
   pp.k.dtype = DType::kBF16;
-  EXPECT_TRUE(has(describe(plan_proxy_score(pp, ctas3), ctas3), "; decode_ctas does not apply"));
+  EXPECT_TRUE(has(describe(plan_proxy_score(pp, ctas3), ctas3),
+                  "; decode_ctas=2 (the option decode_ctas does not apply to 16-bit K)"));
+  EXPECT_TRUE(has(describe(plan_proxy_score(pp, auto_o), auto_o), "; decode_ctas=2 (auto: CTAs per SM"));
   pp.k.dtype = DType::kBF16;
   const struct {
     ProxyKernel kernel;
@@ -169,8 +171,10 @@ TEST(PlanDescribe, ProxyAndTopk) {
   } forced_cases[] = {
       {ProxyKernel::kSm90Only, "kernel=sm90 (forced by the option kernel=sm90_only)"},
       {ProxyKernel::kMmaSync, "kernel=mma_sync (forced by the option kernel=mma_sync)"},
-      {ProxyKernel::kDecodeF16, "kernel=decode (forced by the option kernel=decode_f16; fp16 MMAs for fp8 K)"},
-      {ProxyKernel::kDecodeOnly, "kernel=decode (forced by the option kernel=decode_only)"}};
+      {ProxyKernel::kDecodeF16, "kernel=decode (forced by the option kernel=decode_f16; fp16 MMAs for fp8 K)"
+       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"},
+      {ProxyKernel::kDecodeOnly, "kernel=decode (forced by the option kernel=decode_only)"
+       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"}};
   for (const auto& c : forced_cases) {
     ProxyScoreOptions forced;
     forced.kernel = c.kernel;

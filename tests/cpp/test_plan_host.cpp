@@ -784,10 +784,11 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).kernel, ProxyKernel::kMmaSync);
   EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).f16_mma);
   EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), {}).f16_mma);  // sm90 prefill
-  // decode_ctas: 2 unless the option names 3 or 4 and K is fp8 or NVFP4 (16-bit K: always 2).
+  // decode_ctas: auto 3 for fp8 K, 4 for NVFP4, 2 for 16-bit K; the option sets it for fp8 /
+  // NVFP4 K (16-bit K: always 2).
   for (DType k : {bf16, fp8, fp4}) {
     const ProxyScoreParams dp = params(4, 1, false, k == fp4 ? fp4 : bf16, k);
-    EXPECT_EQ(plan_proxy_score(dp, {}).decode_ctas, 2);
+    EXPECT_EQ(plan_proxy_score(dp, {}).decode_ctas, k == fp8 ? 3 : (k == fp4 ? 4 : 2)) << dtype_name(k);
     for (int c : {2, 3, 4}) {
       ProxyScoreOptions o;
       o.decode_ctas = c;
