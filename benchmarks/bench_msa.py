@@ -533,9 +533,10 @@ class Bench:
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=dec), "memory")
-                # The decode kernel built for 3 / 4 CTAs per SM (plan option decode_ctas; fewer
-                # stages each) for fp8 and NVFP4 index-K, under auto's kernel choice otherwise.
-                for ctas in (3, 4):
+                # The decode kernel built for 2 / 3 / 4 CTAs per SM (plan option decode_ctas;
+                # fewer stages each) for fp8 and NVFP4 index-K (auto: fp8 3, NVFP4 4 since
+                # b1fafdd), under auto's kernel choice otherwise.
+                for ctas in (2, 3, 4):
                     o = dict(decode_ctas=ctas)
                     self.run_case("proxy", name + f" fp8 [decode_ctas={ctas}]",
                                   lambda b=b, c=ctx, q=sq, o=o:
