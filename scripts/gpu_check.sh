@@ -408,8 +408,21 @@ step_sanitizer() {
   # which of them the tool reports, for the tile kernel's report (informational, not a failure).
   if [[ " $tools " == *" synccheck "* ]] && (( $(remaining) > 30 )); then
     local plog=$OUT_DIR/sanitizer-mbarrier-patterns.log
-    COMPUTE_SANITIZER=$SAN timeout "$(remaining)" bash tests/sanitizer/run_mbarrier_patterns.sh "$dir/patterns" >"$plog" 2>&1
+    COMPUTE_SANITIZER=$SAN KERNEL_FILTER=${SANITIZER_KERNEL_FILTER:-} timeout "$(remaining)" \
+      bash tests/sanitizer/run_mbarrier_patterns.sh "$dir/patterns" >"$plog" 2>&1
     detail+="mbarrier patterns (synccheck reports per mode): $(sed -n 's/^mode \([0-9]\):.*synccheck: \([0-9]*\) report.*/\1:\2/p' "$plog" | tr '\n' ' ')| "
+    # The filter check: a kernel of namespace flashmsa must be instrumented under the filter, else
+    # the filtered tools checked nothing of the library and fail.
+    if [[ -n ${SANITIZER_KERNEL_FILTER:-} ]]; then
+      local seen
+      seen=$(sed -n "s/^filter ${SANITIZER_KERNEL_FILTER}: mode 0 under synccheck: \([0-9]*\) report.*/\1/p" "$plog")
+      if [[ -n $seen && $seen != 0 ]]; then
+        detail+="kernel filter ${SANITIZER_KERNEL_FILTER} instruments namespace flashmsa ($seen reports on mode 0) | "
+      else
+        rc=1
+        detail+="kernel filter ${SANITIZER_KERNEL_FILTER} instruments no flashmsa kernel (mode 0: ${seen:-no result}) | "
+      fi
+    fi
   fi
   rm -rf "$dir"
   record sanitizer "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail% | }"

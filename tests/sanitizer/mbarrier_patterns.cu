@@ -26,11 +26,14 @@
 //   nvcc -std=c++17 -arch=sm_90a -lineinfo -o mbarrier_patterns mbarrier_patterns.cu
 //   compute-sanitizer --tool synccheck ./mbarrier_patterns MODE
 // (tests/sanitizer/run_mbarrier_patterns.sh runs every mode; scripts/gpu_check.sh runs it with
-// synccheck.) Each mode also checks its result and exits 1 when it is wrong.
+// synccheck.) Each mode also checks its result and exits 1 when it is wrong. The kernels live in
+// namespace flashmsa, as the library's do, so that mode 0 under the kernel filter gpu_check gives
+// compute-sanitizer (--kernel-name kns=flashmsa) shows that the filter selects such kernels.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
+namespace flashmsa::sanitizer_patterns {
 namespace {
 
 __device__ __forceinline__ uint32_t smem(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
@@ -137,8 +140,10 @@ int run(const int4* src, int* out, int iters, int blocks) {
 }
 
 }  // namespace
+}  // namespace flashmsa::sanitizer_patterns
 
 int main(int argc, char** argv) {
+  using namespace flashmsa::sanitizer_patterns;
   const int mode = argc > 1 ? atoi(argv[1]) : 0;
   const int iters = 16, blocks = 4;
   int4* src = nullptr;

@@ -18,4 +18,14 @@ for mode in 0 1 2 3 4 5 6 7 8; do
   where=$(grep -o "mbarrier_patterns.cu:[0-9]*" <<<"$log" | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
   echo "$own | synccheck: $n report(s) ${where}"
 done
+# With KERNEL_FILTER (gpu_check's SANITIZER_KERNEL_FILTER, e.g. kns=flashmsa): mode 0 under that
+# --kernel-name filter and under one that names no kernel. Its kernel lives in namespace flashmsa
+# like the library's, so a filter that selects the library's kernels still reports it; a filter
+# that selects nothing must report nothing.
+if [[ -n ${KERNEL_FILTER:-} ]]; then
+  for f in "$KERNEL_FILTER" kns=no_such_kernel; do
+    log=$("$CS" --tool synccheck --kernel-name "$f" --print-limit 100000 "$build/mbarrier_patterns" 0 2>&1)
+    echo "filter $f: mode 0 under synccheck: $(grep -c "Barrier error" <<<"$log") report(s)"
+  done
+fi
 exit $status
