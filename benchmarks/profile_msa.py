@@ -53,6 +53,7 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),
         "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
+        "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
         # The decode variants forced (decode plan options kernel / mtp).
