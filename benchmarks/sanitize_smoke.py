@@ -592,6 +592,7 @@ class Smoke:
             sel(), cu_seqlens_k=ft.cu_seqlens(lens, self.dev)))
         self.decode_regs(lens)
         self.decode_mtp_union(lens)
+        self.decode_mtp_union_regs(lens)
 
     def decode_regs(self, lens):
         """The streaming decode variant (plan option kernel=regs): fp8 and NVFP4 K/V converted in
@@ -687,6 +688,53 @@ class Smoke:
                     self.rnd((b * 4, 16, 128)), k4, v4, sel, page_table=table, seqused_k=used,
                     seqlen_q=4, force_fused=fused, **scales)
             self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}", call)
+
+    def decode_mtp_union_regs(self, lens):
+        """MTP union items with fp8 / NVFP4 K/V converted in registers (plan options kernel=regs,
+        mtp=union): M3, G = 8 and G = 3, bf16 / fp16 / fp8 q, seqlen_q 2 and 4, shared and
+        per-token selections, fused / split with each partial dtype, ids out of range and -1
+        holes."""
+        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs", mtp="union"))
+        b = len(lens)
+        for hq, hkv, q_dtype in ((64, 4, BF16), (16, 2, FP16), (12, 4, FP8)):
+            cache = self.lazy(lambda hkv=hkv: self.paged_kv(lens, hkv, FP8))
+            for seqlen_q, shared in ((4, True), (4, False), (2, False)):
+                def build(hq=hq, hkv=hkv, q_dtype=q_dtype, sqd=seqlen_q, shared=shared):
+                    sel = self.decode_selection(lens, sqd, hkv)
+                    if shared:  # every token of a request takes its last token's selection
+                        sel = sel.view(hkv, b, sqd, 16)[:, :, -1:].expand(-1, -1, sqd, -1)
+                        sel = sel.reshape(hkv, b * sqd, 16).contiguous()
+                    sel[:, ::3, 5] = 10 ** 6
+                    sel[:, 1::4, 9] = -1
+                    return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
+                q_sel = self.lazy(build)
+                for fused in (True, False):
+                    partials = (None, torch.float32, FP8) if fused is False else (None,)
+                    for partial in partials:
+                        def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused,
+                                 partial=partial):
+                            (kc, vc, table, used), (q, sel) = cache(), q_sel()
+                            return ops.msa_sparse_decode_attention(
+                                q, kc, vc, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
+                                return_softmax_lse=True, force_fused=fused, partial_dtype=partial)
+                        self.run(f"decode mtp union regs paged fp8 q={str(q_dtype)[6:]} "
+                                 f"{hq}/{hkv} sq{seqlen_q} shared={shared} fused={fused} "
+                                 f"partial={partial}", call)
+
+        def build_nvfp4():
+            kc, table, used = self.paged(lens, 4)
+            k4, ks, kg = ft.quantize_nvfp4(kc)
+            v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
+            return k4, v4, self.decode_selection(lens, 4, 4), table, used, dict(
+                k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg)
+        nvfp4 = self.lazy(build_nvfp4)
+        for fused in (True, False):
+            def call(fused=fused):
+                k4, v4, sel, table, used, scales = nvfp4()
+                return ops.msa_sparse_decode_attention(
+                    self.rnd((b * 4, 64, 128)), k4, v4, sel, page_table=table, seqused_k=used,
+                    seqlen_q=4, return_softmax_lse=True, force_fused=fused, **scales)
+            self.run(f"decode mtp union regs paged nvfp4 64/4 sq4 fused={fused}", call)
 
     def hostile(self):
         """Hostile inputs (every op; attention under each prefill schedule, decode fused and split,

@@ -90,7 +90,11 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
       << plan.qm.mtp_tokens << " tokens' blocks once)";
   else
     s << "schedule=query_major (decode always: a CTA per (token, kv head) streams its blocks)";
-  if (plan.qm.regs) {
+  if (plan.qm.regs && plan.qm.mtp_tokens > 0) {
+    s << "; kernel=regs (each warp 16 rows and all 128 keys of a block, "
+      << (p.k.dtype == DType::kNVFP4 ? "3 stages of 18 KB; NVFP4" : "2 stages of 32 KB; fp8")
+      << " K/V converted in registers)";
+  } else if (plan.qm.regs) {
     if (p.k.dtype == DType::kNVFP4)
       s << "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)";
     else if (p.k.dtype == DType::kFP8E4M3)

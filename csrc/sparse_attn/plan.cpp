@@ -38,11 +38,15 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // (tokens x G rows) take 64-row tiles.
   plan.warps_m = group <= 16 && !mtp ? 1 : 4;
   // auto: regs for fp8 and NVFP4 K/V (converted in registers: the point of the kernel), smem for
-  // 16-bit K/V (the two within 1 %).
+  // 16-bit K/V (the two within 1 %), and smem for MTP union items (their register conversion runs
+  // only when forced until an H200 run measures it).
+  // Forced regs: 16-row tiles where the device has the 105 KB of shared memory; MTP union items
+  // with fp8 / NVFP4 K/V (64-row tiles, 85 / 75 KB: every SM80+ GPU); bf16 / fp16 union items and
+  // G > 16 keep smem.
+  const bool quantized_kv = p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4;
   const bool want_regs = options.kernel == DecodeKernel::kRegs ||
-                         (options.kernel == DecodeKernel::kAuto &&
-                          (p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4));
-  plan.regs = want_regs && plan.warps_m == 1 && regs_ctas > 0;
+                         (options.kernel == DecodeKernel::kAuto && quantized_kv && !mtp);
+  plan.regs = want_regs && (mtp ? quantized_kv : plan.warps_m == 1 && regs_ctas > 0);
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
   const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads

@@ -26,10 +26,14 @@ namespace flashmsa::sparse_attn {
 // kRegs: the streaming decode variant (decode plan option kernel=regs), 16-row tiles, 2 CTAs per SM:
 // fp8 and NVFP4 K/V converted in registers from raw 128-key blocks (kv_regs.cuh); bf16 / fp16 K/V
 // through the shared-memory path with 3 stages of 64-key tiles instead of 2.
+// kRegs with kWarpsM = 4: MTP union items with the register conversion (fp8 / NVFP4 K/V only):
+// 64-row tiles, each warp its 16 rows (M3: one token) and all 128 keys of every block.
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false>
 struct QueryMajorConfig {
-  static_assert(!kRegs || kWarpsM == 1, "streaming variant: 16-row tiles");
+  static_assert(!kRegs || kWarpsM == 1 || kKv != KvKind::kNative,
+                "streaming variant: 16-row tiles, or 64-row MTP union tiles of fp8 / NVFP4 K/V");
   static constexpr bool kRegConvert = kRegs && kKv != KvKind::kNative;  // kv_regs.cuh
+  static constexpr bool kMtpRegs = kRegConvert && kWarpsM == 4;
   static constexpr int kWarps = kQmThreads / 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kRows = 16 * kWarpsM;          // query heads per CTA
@@ -43,9 +47,13 @@ struct QueryMajorConfig {
   // The streaming variant: 3 stages of 32 KB (fp8: raw 128-key blocks, no compute tile; native:
   // 64-key K and V tiles), 2 in flight per CTA while one is computed, 2 CTAs per SM; NVFP4: 5
   // stages of 18 KB (raw 128-key blocks with their scales), 4 in flight.
+  // MTP union in registers: a block is computed ~4x as long as at 16 rows (64 rows, each warp
+  // converts all its keys), so one block in flight covers the load: fp8 2 stages of 32 KB, NVFP4
+  // 3 of 18 KB (85 / 75 KB with the 16 KB Q tile: 2 CTAs per SM, and within sm_86 / sm_89's 99 KB).
   static constexpr int kStages =
-      kRegs ? (kKv == KvKind::kNvfp4 ? 5 : 3)
-            : (kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4));
+      kMtpRegs ? (kKv == KvKind::kNvfp4 ? 3 : 2)
+      : kRegs  ? (kKv == KvKind::kNvfp4 ? 5 : 3)
+               : (kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4));
   static constexpr int kTileBytes = kQmTileKeys * 256;  // one K or V compute tile
   static constexpr int kStageBytes =
       kKv == KvKind::kNative ? 2 * kTileBytes : 2 * kRawTileBytes<kKv, kTileKeys>;
@@ -68,11 +76,14 @@ struct QueryMajorConfig {
   static constexpr int kSmemBytes = kUnionOffset + kUnionBytes;
   // ldm_base_* fold the swizzle into an XOR, which needs 256-byte aligned tiles.
   static_assert(kUnionOffset % 256 == 0 && kStageBytes % 256 == 0, "256-byte aligned tiles");
-  static_assert(kRegs || kSmemBytes <= 99 * 1024,
+  static_assert((kRegs && !kMtpRegs) || kSmemBytes <= 99 * 1024,
                 "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
-  static_assert(!kRegs || kSmemBytes == kQmRegsSmemBytes ||
+  static_assert(!kRegs || kMtpRegs || kSmemBytes == kQmRegsSmemBytes ||
                     (kKv == KvKind::kNvfp4 && kSmemBytes <= kQmRegsSmemBytes),
                 "the host's figure for the streaming variant");
+  // MTP union in registers: each warp's fp16 Q fragments (4 KB, stash_q_frags) replace its own
+  // 16 rows of the Q tile.
+  static_assert(!kMtpRegs || kQOffset == 0 && kRows * 256 == kWarpsM * 4096, "Q fragments per warp");
 };
 
 // Warp 0: builds the item's tile list in shared memory; returns the number of tiles (all lanes).
@@ -155,6 +166,8 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
 // takes split s's share of it and cuts each block into <= 2 tiles of 64 keys holding the keys below
 // the largest limit. TileDesc.pad packs, per token t (byte t), how many leading keys of the tile t
 // sees: 0 when t did not select the block. Returns the number of tiles (all lanes).
+// kTileKeys = 128 (the register conversion): one tile per block.
+template <int kTileKeys = kQmTileKeys>
 MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int split,
                              TileDesc* s_tiles, int* s_list, int lane) {
   const SparseAttnParams& p = args.p;
@@ -227,7 +240,7 @@ MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int spli
     for (int t = 0; t < 4; ++t) vmax[h] = max(vmax[h], int((packed[h] >> (8 * t)) & 0xFFu));
     const int rank = h == 0 ? __popc(u0 & lt_mask) : __popc(u0) + __popc(u1 & lt_mask);
     sel[h] = keep[h] && rank >= s_begin && rank < s_end;
-    two[h] = sel[h] && vmax[h] > kQmTileKeys;
+    two[h] = sel[h] && vmax[h] > kTileKeys;
   }
   const uint32_t k0 = __ballot_sync(0xffffffffu, sel[0]);
   const uint32_t k1 = __ballot_sync(0xffffffffu, sel[1]);
@@ -244,21 +257,21 @@ MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int spli
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const int c = int((packed[h] >> (8 * t)) & 0xFFu);
-      first |= uint32_t(min(c, kQmTileKeys)) << (8 * t);
-      second |= uint32_t(max(c - kQmTileKeys, 0)) << (8 * t);
+      first |= uint32_t(min(c, kTileKeys)) << (8 * t);
+      second |= uint32_t(max(c - kTileKeys, 0)) << (8 * t);
     }
     TileDesc d;
     d.k_off = kv_offset(p.k, p.kv, b, kh, j0);
     d.v_off = kv_offset(p.v, p.kv, b, kh, j0);
     d.scale_row = p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j0) : 0;
-    d.n_valid = min(kQmTileKeys, vmax[h]);
+    d.n_valid = min(kTileKeys, vmax[h]);
     d.pad = int(first);
     s_tiles[idx] = d;
     if (two[h]) {
-      d.k_off += int64_t(kQmTileKeys) * p.k.stride_token;
-      d.v_off += int64_t(kQmTileKeys) * p.v.stride_token;
-      d.scale_row += int64_t(kQmTileKeys) * scale_row_step(p);
-      d.n_valid = vmax[h] - kQmTileKeys;
+      d.k_off += int64_t(kTileKeys) * p.k.stride_token;
+      d.v_off += int64_t(kTileKeys) * p.v.stride_token;
+      d.scale_row += int64_t(kTileKeys) * scale_row_step(p);
+      d.n_valid = vmax[h] - kTileKeys;
       d.pad = int(second);
       s_tiles[idx + 1] = d;
     }
@@ -318,12 +331,15 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
 
 // 3 CTAs per SM for 16-row tiles (decode: enough bytes in flight, ~150 registers); 2 for 64-row
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
-// variant (105 KB of shared memory).
+// variant (105 KB of shared memory; MTP union items in registers: 85 / 75 KB and 128 keys of
+// S per warp).
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
-  static_assert(!kMtp || (kWarpsM == 4 && !kRegs), "MTP union items: 64-row tiles, smem kernel");
+  static_assert(!kMtp || kWarpsM == 4, "MTP union items: 64-row tiles");
+  static_assert(!kRegs || kWarpsM == 1 || (kMtp && Cfg::kMtpRegs),
+                "64-row register tiles: MTP union items of fp8 / NVFP4 K/V");
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = args.p;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -358,7 +374,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     if (warp == 0) {
       int n;
       if constexpr (kMtp) {
-        n = plan_mtp_item(args, r, kh, split, s_tiles, s_list, lane);
+        n = plan_mtp_item<Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
       } else {
         n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
       }
@@ -397,21 +413,25 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       cp_async_commit();
     }
     float row_mul[2];  // register variant: per fragment row, fp16 logits -> base-2 units
+    // The warp's fp16 Q fragments (register variant): 16-row tiles, one copy at the Q tile that all
+    // warps read; MTP union (64 rows), warp w_m's own at its rows' 4 KB of the Q tile.
+    [[maybe_unused]] uint8_t* const sQf = sQ + w_m * 4096;
     if constexpr (Cfg::kRegConvert) {
       if (n_tiles > 0) {  // uniform
         // Q landed once all but the kStages - 1 tile groups are done (its copies are the first
-        // group). Every warp reads it (same 16 rows) and keeps its row factors; warp 0 then
-        // overwrites the Q tile with the fp16 fragments all warps read from here on.
+        // group). Every warp reads its 16 rows and keeps its row factors; then warp 0 (16-row
+        // tiles: every warp has the same rows) or each warp (MTP union) overwrites the Q tile with
+        // the fp16 fragments read from here on.
         cp_async_wait<Cfg::kStages - 1>();
         __syncthreads();
         uint32_t qa[8][4];
-        load_q_frags_f16<Elem>(sQ, 0, lane, args.scale_log2, qa, row_mul);
+        load_q_frags_f16<Elem>(sQ, w_m * 16, lane, args.scale_log2, qa, row_mul);
         if constexpr (kKv == KvKind::kNvfp4) {  // the NVFP4 logits come out x 2^-7 (kv_regs.cuh)
           row_mul[0] *= kNvfp4RegsUnscale;
           row_mul[1] *= kNvfp4RegsUnscale;
         }
         __syncthreads();
-        if (warp == 0) stash_q_frags(qa, sQ, lane);
+        if (kWarpsM > 1 || warp == 0) stash_q_frags(qa, sQf, lane);
         // The first iteration's barrier orders these stores before any warp reads them.
       }
     }
@@ -445,19 +465,27 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       if constexpr (Cfg::kRegConvert) {
         const uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
         const int key0 = w_n * Cfg::kWarpKeys;
-        const int lim_rel = s_tiles[i].n_valid - key0;
-        if (lim_rel > 0) {
+        int lim_rel = s_tiles[i].n_valid - key0;
+        int lim[1][2] = {{lim_rel, lim_rel}};
+        if constexpr (kMtp) {
+          // As in the shared-memory union below (key0 = 0: each warp takes every key of a block).
+          const uint32_t counts = uint32_t(s_tiles[i].pad);
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            lim[0][h] = tok_shift[h] >= 0 ? int((counts >> tok_shift[h]) & 0xFFu) : 0;
+          lim_rel = __any_sync(0xffffffffu, lim[0][0] > 0 || lim[0][1] > 0) ? 1 : 0;
+        }
+        if (lim_rel > 0) {  // warp-uniform
           float s[1][Cfg::kNT][4];
           if constexpr (kKv == KvKind::kNvfp4) {
-            qk_nvfp4_regs<Cfg::kNT>(s[0], sQ, raw, key0, lane);
+            qk_nvfp4_regs<Cfg::kNT>(s[0], sQf, raw, key0, lane);
           } else {
-            qk_fp8_regs<Cfg::kNT>(s[0], sQ, raw, key0, lane);
+            qk_fp8_regs<Cfg::kNT>(s[0], sQf, raw, key0, lane);
           }
 #pragma unroll
           for (int nt = 0; nt < Cfg::kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[0][nt][e] *= row_mul[e >> 1];
-          const int lim[1][2] = {{lim_rel, lim_rel}};
           softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
                              regs_rescale_slack(args.has_temp, temp));
           if constexpr (kKv == KvKind::kNvfp4) {

@@ -128,6 +128,39 @@ TEST(PlanDescribe, DecodeRegsNamesItsConversion) {
   EXPECT_FALSE(has(d, "kernel=regs")) << d;
 }
 
+TEST(PlanDescribe, DecodeMtpUnionRegsNamesItsConversion) {
+  SparseDecodeOptions both;
+  both.kernel = DecodeKernel::kRegs;
+  both.mtp = DecodeMtp::kUnion;
+  SparseDecodeParams dp{};
+  dp.attn = attn(64);  // 16 requests of 4 tokens, G = 16
+  dp.attn.batch = dp.attn.kv.batch = 16;
+  dp.attn.qi.seqlen_q = 4;
+  dp.force_fused = -1;
+  const struct {
+    DType kv;
+    const char* text;  // empty: the smem union kernel (no kernel=regs)
+  } cases[] = {{DType::kBF16, ""},
+               {DType::kFP8E4M3, "; kernel=regs (each warp 16 rows and all 128 keys of a block, 2 stages "
+                                 "of 32 KB; fp8 K/V converted in registers)"},
+               {DType::kNVFP4, "; kernel=regs (each warp 16 rows and all 128 keys of a block, 3 stages "
+                               "of 18 KB; NVFP4 K/V converted in registers)"}};
+  for (const auto& c : cases) {
+    dp.attn.k.dtype = dp.attn.v.dtype = c.kv;
+    const std::string d = describe_decode(plan_sparse_decode(dp, hopper(), both), dp.attn);
+    EXPECT_TRUE(has(d, "mtp=union")) << d;
+    if (*c.text == 0) {
+      EXPECT_FALSE(has(d, "kernel=regs")) << d;
+    } else {
+      EXPECT_TRUE(has(d, c.text)) << d;
+    }
+    // auto: the smem union kernel.
+    const std::string a = describe_decode(plan_sparse_decode(dp, hopper()), dp.attn);
+    EXPECT_TRUE(has(a, "mtp=union")) << a;
+    EXPECT_FALSE(has(a, "kernel=regs")) << a;
+  }
+}
+
 TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   SparseDecodeParams dp{};
   dp.attn = attn(64);

@@ -449,14 +449,44 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 5), h200, u).qm.mtp_tokens, 0);   // > 4 tokens
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4, 128), h200, u).qm.mtp_tokens, 0);  // 4 x G 32
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4, 64, 32), h200, u).qm.mtp_tokens, 0);  // 4 x 32
-  // Union items take 64-row tiles, so the register kernel (one m16 tile) does not apply.
+  // kernel=regs with union items: fp8 / NVFP4 K/V converted in registers in the union kernel's
+  // 64-row tiles (same items and splits); auto keeps the smem union kernel.
   SparseDecodeParams fp8 = mtp_call(8, 4);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
   SparseDecodeOptions both = u;
   both.kernel = DecodeKernel::kRegs;
-  EXPECT_FALSE(plan_sparse_decode(fp8, h200, both).qm.regs);
-  EXPECT_EQ(plan_sparse_decode(fp8, h200, both).qm.mtp_tokens, 4);
+  const QueryMajorPlan r = plan_sparse_decode(fp8, h200, both).qm;
+  EXPECT_TRUE(r.regs);
+  EXPECT_EQ(r.mtp_tokens, 4);
+  EXPECT_EQ(r.warps_m, 4);
+  EXPECT_EQ(r.splits, m3.splits);
+  EXPECT_EQ(r.num_items, m3.num_items);
+  EXPECT_FALSE(plan_sparse_decode(fp8, h200, u).qm.regs);   // auto kernel: smem union items
+  EXPECT_FALSE(plan_sparse_decode(fp8, h200, {}).qm.regs);  // auto, auto: the same
+  EXPECT_EQ(plan_sparse_decode(fp8, h200, {}).qm.mtp_tokens, 4);
+  SparseDecodeParams nvfp4 = mtp_call(8, 4);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, both).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, u).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(8, 4), h200, both).qm.regs);  // bf16 K/V: smem union
+  // Its 85 / 75 KB fit every SM80+ GPU: no need of the 16-row variant's 105 KB.
+  SparseAttnDeviceFacts sm89 = ampere();
+  sm89.decode_regs_ctas = 0;
+  EXPECT_TRUE(plan_sparse_decode(fp8, sm89, both).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(8, 1), sm89, both).qm.regs);  // one token: 105 KB
+  // G = 8, 2 tokens (16 rows of the 64): still union items in registers.
+  SparseDecodeParams g8 = mtp_call(8, 2, 32);
+  g8.attn.k.dtype = g8.attn.v.dtype = DType::kFP8E4M3;
+  EXPECT_TRUE(plan_sparse_decode(g8, h200, both).qm.regs);
+  EXPECT_EQ(plan_sparse_decode(g8, h200, both).qm.mtp_tokens, 2);
+  // Per-token items where union items do not apply: the 16-row register kernel.
+  SparseDecodeParams fp8_5 = mtp_call(8, 5);
+  fp8_5.attn.k.dtype = fp8_5.attn.v.dtype = DType::kFP8E4M3;
+  EXPECT_EQ(plan_sparse_decode(fp8_5, h200, both).qm.mtp_tokens, 0);
+  EXPECT_TRUE(plan_sparse_decode(fp8_5, h200, both).qm.regs);
+  EXPECT_EQ(plan_sparse_decode(fp8_5, h200, both).qm.warps_m, 1);
   expect_layout_sound(plan_sparse_decode(mtp_call(8, 4), h200, u));
+  expect_layout_sound(plan_sparse_decode(fp8, h200, both));
 }
 
 SparseDecodeOptions regs_only() {
@@ -539,7 +569,7 @@ TEST(PlanDecode, MtpUnionOption) {
   EXPECT_EQ(plan_sparse_decode(mtp_decode(8, 4, 64, 2), f, uni).qm.mtp_tokens, 0);
   EXPECT_EQ(plan_sparse_decode(mtp_decode(8, 1), f, uni).qm.mtp_tokens, 0);
   EXPECT_EQ(plan_sparse_decode(mtp_decode(8, 2, 64, 2), f, uni).qm.mtp_tokens, 2);  // 2 x 32 rows
-  // Union items take the smem kernel's 64-row tiles, whatever the kernel option.
+  // bf16 union items take the smem kernel's 64-row tiles, whatever the kernel option.
   SparseDecodeOptions both = uni;
   both.kernel = DecodeKernel::kRegs;
   const SparseAttnPlan b = plan_sparse_decode(mtp_decode(8, 4), f, both);

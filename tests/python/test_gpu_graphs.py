@@ -143,8 +143,9 @@ class Prefill:
 class Decode:
     """A paged decode batch: b requests of ragged length <= ctx, seqlen_q tokens each."""
 
-    def __init__(self, b, ctx, seqlen_q, gen, *, hq=64, hkv=4, kv_dtype=BF16):
+    def __init__(self, b, ctx, seqlen_q, gen, *, hq=64, hkv=4, kv_dtype=BF16, options=None):
         self.b, self.seqlen_q = b, seqlen_q
+        self.options = options  # plan options (msa_ops._sparse_decode_planned), None: the library's
         nb = ctx // mi.BLOCK
         lengths = torch.randint(seqlen_q, ctx + 1, (b,), generator=gen, device=DEV)
         lengths[0] = ctx
@@ -158,9 +159,13 @@ class Decode:
         self.sel = mi.random_selection(pos, hkv, TOPK, gen)
 
     def run(self, **kw):
-        return msa_ops.msa_sparse_decode_attention(
-            self.q, self.k, self.v, self.sel, page_table=self.page_table, seqused_k=self.seqused,
-            seqlen_q=self.seqlen_q, causal=True, return_softmax_lse=True, **kw)
+        if self.options is not None:
+            kw["options"] = self.options
+        fn = msa_ops._sparse_decode_planned if self.options is not None else \
+            msa_ops.msa_sparse_decode_attention
+        return fn(self.q, self.k, self.v, self.sel, page_table=self.page_table,
+                  seqused_k=self.seqused, seqlen_q=self.seqlen_q, causal=True,
+                  return_softmax_lse=True, **kw)
 
 
 # ---- CUDA graphs -----------------------------------------------------------------------------
@@ -256,6 +261,22 @@ def test_sparse_decode_graph_replay(seqlen_q, fused):
     replay_and_check(graph, out, lambda: x.run(force_fused=fused), "decode replay")
     refill(x.q, x.v, gen=gen)
     replay_and_check(graph, out, lambda: x.run(force_fused=fused), "decode replay on new inputs")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_sparse_decode_mtp_union_regs_graph_replay(fused):
+    """MTP union items with fp8 K/V converted in registers (plan options kernel=regs, mtp=union)."""
+    gen = mi.cuda_generator(16, DEV)
+    x = Decode(16, 2048, 4, gen, kv_dtype=FP8, options=dict(kernel="regs", mtp="union"))
+    static_out = torch.empty_like(x.q)
+    ws = new_workspace()
+    kw = graph_kwargs(msa_ops.msa_sparse_decode_attention, output=static_out, workspace=ws)
+    graph, out = capture(lambda: x.run(force_fused=fused, **kw))
+    replay_and_check(graph, out, lambda: x.run(force_fused=fused), "union regs decode replay")
+    refill(x.q, gen=gen)
+    x.v.copy_(mi.randn(x.v.shape, gen, DEV, torch.float32).to(x.v.dtype))
+    replay_and_check(graph, out, lambda: x.run(force_fused=fused),
+                     "union regs decode replay on new inputs")
 
 
 def test_m3_decode_pipeline_graph_replay():
@@ -369,3 +390,11 @@ def test_sparse_decode_deterministic(fused, seqlen_q):
     x = Decode(64, 8192, seqlen_q, gen)
     a, b = twice(lambda: x.run(force_fused=fused))
     assert_bitwise_equal(b, a, "decode run twice")
+
+
+@pytest.mark.parametrize("fused", [True, False, None])
+def test_sparse_decode_mtp_union_regs_deterministic(fused):
+    gen = mi.cuda_generator(25, DEV)
+    x = Decode(64, 8192, 4, gen, kv_dtype=FP8, options=dict(kernel="regs", mtp="union"))
+    a, b = twice(lambda: x.run(force_fused=fused))
+    assert_bitwise_equal(b, a, "union regs decode run twice")

@@ -8,7 +8,9 @@ split-K + combine paths (force_fused) with every partial dtype; determinism; a l
 (plan option kernel=regs / smem) on poisoned outputs and workspaces, the register kernel
 against the shared-memory one, and q rows of very different magnitudes (the register kernel's
 per-row power-of-two scaling into fp16); MTP union items (plan option mtp=union) the same way,
-with shared, partly shared and per-token selections, against per-token items.
+with shared, partly shared and per-token selections, against per-token items; MTP union items with
+fp8 / NVFP4 K/V converted in registers (plan options kernel=regs, mtp=union) against the reference
+and the shared-memory union kernel, and the plan description naming that path.
 
 A case's inputs, CPU reference and baseline are memoised per xdist worker (``problem`` /
 ``reference``, conftest.Memo): the parametrisations of one case over options, kernels, fused /
@@ -21,6 +23,7 @@ Skipped (not passed) without a CUDA device or without a CUDA build.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import List, Optional
 
@@ -579,3 +582,158 @@ def test_decode_mtp_option_rejects_unknown_values():
     dp = build_decode(CASES[2], seed=25)
     with pytest.raises(ValueError, match="mtp must be auto, per_token or union, got 'shared'"):
         msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, options=dict(mtp="shared"))
+
+
+# ---- MTP union items converted in registers (plan options kernel=regs, mtp=union) -------------
+# fp8 / NVFP4 K/V: the union items' 64-row tiles, each warp 16 rows (M3: one token) and all 128
+# keys of every block, K/V converted into fp16 fragments in registers (kv_regs.cuh). Off by default
+# (auto keeps the shared-memory union kernel); bf16 / fp16 union items ignore kernel=regs.
+
+def _kv(name: str, kv: str) -> DecodeCase:
+    return dataclasses.replace(next(c for c in CASES if c.name == name), name=f"{name}_{kv}_uregs",
+                               kv=kv)
+
+
+MTP_REGS_CASES = [_kv(n, kv) for kv in ("fp8", "nvfp4") for n in (
+    "spec_4_2_16_2_bf16_paged", "m3_tp4_mtp2", "mtp_seqlen_gt_keys", "q_offset_int",
+    "q_offset_tensor_negative", "non_causal", "duplicates", "some_empty_rows", "packed_nhd")] + [
+    c for c in CASES if c.name in ("nvfp4_flat_mtp", "fp16_fp8kv_mtp4", "fp8_q_fp8_kv")] + [
+    # M3 (G = 16): per-token distinct selections, one shared selection, partly shared.
+    DecodeCase("m3_mtp4_distinct_fp8_uregs", 8, 4, 64, 4, kv="fp8", seqlens="ragged"),
+    DecodeCase("m3_mtp4_shared_fp8_uregs", 8, 4, 64, 4, kv="fp8", selection="tile_shared"),
+    DecodeCase("m3_mtp3_mixed_fp8_uregs", 7, 3, 64, 4, kv="fp8",
+               seqlens=[1, 2, 3, 130, 700, 4000, 2049], selection="tile_mixed"),
+    DecodeCase("m3_mtp2_fp8_uregs", 8, 2, 64, 4, kv="fp8", seqlens="ragged"),
+    DecodeCase("m3_mtp4_distinct_nvfp4_uregs", 6, 4, 64, 4, kv="nvfp4", seqlens="ragged"),
+    DecodeCase("m3_mtp4_shared_nvfp4_uregs", 6, 4, 64, 4, kv="nvfp4", selection="tile_shared"),
+    DecodeCase("fp16_m3_mtp4_fp8_uregs", 5, 4, 64, 4, q_dtype=FP16, kv="fp8",
+               selection="tile_mixed"),
+    # Smaller and larger groups: G = 8 (warps 2, 3 idle at 2 tokens), 3, 1, and G = 32 (2 warps
+    # per token).
+    DecodeCase("g8_mtp4_holes_fp8_uregs", 6, 4, 16, 2, kv="fp8", selection="holes"),
+    DecodeCase("g3_mtp4_out_of_range_fp8_uregs", 6, 4, 9, 3, kv="fp8", selection="out_of_range"),
+    DecodeCase("g1_mtp2_unsorted_fp8_uregs", 8, 2, 4, 4, kv="fp8", selection="unsorted"),
+    DecodeCase("g32_mtp2_fp8_uregs", 4, 2, 64, 2, kv="fp8"),
+    DecodeCase("g16_topk32_mtp2_fp8_uregs", 5, 2, 16, 1, topk=32, kv="fp8", selection="full",
+               seqlens=[9000, 5000, 300, 4200, 129]),
+    DecodeCase("mtp4_invalid_pages_fp8_uregs", 6, 4, 16, 2, kv="fp8", invalid_pages=True,
+               selection="full", seqlens=[300, 1000, 2048, 129, 5000, 700]),
+    DecodeCase("mtp4_invalid_pages_nvfp4_uregs", 6, 4, 16, 2, kv="nvfp4", invalid_pages=True,
+               selection="full", seqlens=[300, 1000, 2048, 129, 5000, 700]),
+    DecodeCase("m3_mtp4_scales_fp8_uregs", 4, 4, 64, 4, kv="fp8", softmax_scale=-0.05,
+               v_global_scale=3.0),
+]
+
+
+def run_mtp_regs(dp: DecodeProblem, **extra):
+    return run_regs(dp, kernel="regs", mtp="union", **extra)
+
+
+@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", MTP_REGS_CASES, ids=str)
+def test_mtp_union_regs_matches_cpu_reference(case, force_fused):
+    dp, want, base_out = reference(case, seed=31)
+    got = run_mtp_regs(dp, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} union regs fused={force_fused}")
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
+@pytest.mark.parametrize("case", [c for c in MTP_REGS_CASES if c.name in (
+    "m3_mtp4_distinct_fp8_uregs", "fp16_fp8kv_mtp4", "g3_mtp4_out_of_range_fp8_uregs",
+    "m3_mtp4_shared_nvfp4_uregs")], ids=str)
+def test_mtp_union_regs_partial_dtypes(case, partial_dtype):
+    dp, want, base_out = reference(case, seed=32)
+    got = run_mtp_regs(dp, force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"{case} union regs partial {partial_dtype}",
+                            partial_dtype=partial_dtype)
+
+
+@pytest.mark.parametrize("case", [c for c in MTP_REGS_CASES if c.name in (
+    "m3_mtp4_distinct_fp8_uregs", "m3_mtp4_shared_fp8_uregs", "m3_mtp3_mixed_fp8_uregs",
+    "some_empty_rows_fp8_uregs", "mtp4_invalid_pages_fp8_uregs", "g8_mtp4_holes_fp8_uregs",
+    "m3_mtp4_distinct_nvfp4_uregs", "mtp4_invalid_pages_nvfp4_uregs")], ids=str)
+def test_mtp_union_regs_against_smem_union(case):
+    """The register and the shared-memory union kernels on the same data (same items, same
+    splits): the same -inf / 0 pattern, outputs within the fused vs split bound; the register
+    kernel deterministic, fused and split."""
+    dp = build_decode(case, seed=33)
+    smem = run_mtp(dp, kernel="smem")
+    regs = run_mtp_regs(dp)
+    empty = torch.isinf(regs[1])
+    assert torch.equal(torch.isinf(smem[1]), empty)
+    assert bool((regs[0][empty] == 0).all()) and bool((smem[0][empty] == 0).all())
+    assert not bool(torch.isnan(regs[0]).any()) and not bool(torch.isnan(regs[1]).any())
+    diff = float((smem[0].double() - regs[0].double()).abs().max())
+    assert diff < 5e-3, f"smem vs regs union: max |diff| {diff:.3e}"
+    for fused in (True, False):
+        first = run_mtp_regs(dp, force_fused=fused)
+        assert bits_equal(first, run_mtp_regs(dp, force_fused=fused))
+
+
+@pytest.mark.parametrize("kv", ["fp8", "nvfp4"])
+def test_mtp_union_regs_paged_equals_flat(kv):
+    case = DecodeCase("c", 8, 4, 32, 2, kv=kv)
+    flat = build_decode(case, seed=34, layout="flat")
+    paged = build_decode(case, seed=34, layout="paged")
+    for fused in (True, False):
+        assert bits_equal(run_mtp_regs(flat, force_fused=fused),
+                          run_mtp_regs(paged, force_fused=fused))
+
+
+@pytest.mark.parametrize("q_dtype", [BF16, FP16], ids=str)
+def test_mtp_union_regs_q_row_scales(q_dtype):
+    """Each warp scales its own 16 rows (M3: one token's 16 heads) into fp16: heads and tokens of
+    very different magnitudes (as test_regs_kernel_q_row_scales) still match the reference."""
+    case = DecodeCase("row_scales_union", 5, 4, 64, 4, q_dtype=q_dtype, kv="fp8")
+    dp = build_decode(case, seed=35)
+    exps = [-100, -30, 0, 12, 5] if q_dtype == BF16 else [-10, -3, 0, 3, 1]
+    rows = dp.pb.q.shape[0]
+    mult = torch.tensor([[2.0 ** exps[(r + h) % len(exps)] for h in range(case.hq)]
+                         for r in range(rows)])[:, :, None]
+    q = (dp.pb.q.float() * mult).to(q_dtype)
+    dp.pb.q = q
+    dp.cpu_args = (q,) + tuple(dp.cpu_args[1:])
+    dp.gpu_args = (q.to(DEV),) + tuple(dp.gpu_args[1:])
+    want = run(dp, gpu=False)
+    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
+    got = run_mtp_regs(dp)
+    check_against_reference(dp, got, want, base_out, f"union row scales {q_dtype}")
+
+
+class _Texts(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.texts: List[str] = []
+
+    def emit(self, record):
+        self.texts.append(record.getMessage())
+
+
+def _decode_plan_text(dp: DecodeProblem, options) -> str:
+    """The plan description (FLASHMSA_LOG=info) of one call with these plan options."""
+    from flashmsa import _log
+    handler, level = _Texts(), _log.logger.level
+    _log.logger.addHandler(handler)
+    _log.logger.setLevel(logging.INFO)
+    _log.reset_seen()
+    try:
+        run(dp, gpu=True, options=options)
+    finally:
+        _log.logger.removeHandler(handler)
+        _log.logger.setLevel(level)
+        _log.reset_seen()
+    texts = [t for t in handler.texts if t.startswith("msa_sparse_decode_attention")]
+    assert len(texts) == 1, handler.texts
+    return texts[0]
+
+
+@pytest.mark.parametrize("kv", ["fp8", "nvfp4", "same"])
+def test_mtp_union_regs_plan_names_the_path(kv):
+    """kernel=regs with mtp=union names the register conversion for fp8 / NVFP4 K/V (bf16: the
+    smem union kernel); auto keeps the shared-memory union kernel for MTP."""
+    dp = build_decode(DecodeCase("c", 4, 4, 64, 4, kv=kv), seed=36)
+    forced = _decode_plan_text(dp, dict(kernel="regs", mtp="union"))
+    assert "mtp=union" in forced, forced
+    assert ("kernel=regs (each warp 16 rows" in forced) == (kv != "same"), forced
+    auto = _decode_plan_text(dp, None)
+    assert "mtp=union" in auto and "kernel=regs" not in auto, auto

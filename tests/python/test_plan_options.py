@@ -49,7 +49,9 @@ VALID = {
                     dict(kernel="decode_f16"), dict(kernel="decode_f16_only")],
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size")],
-    "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs")],
+    "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
+                      dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
+                      dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union"],
 }
 
 

@@ -24,6 +24,7 @@ extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1>(const Qu
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>();
@@ -37,6 +38,7 @@ extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1>(const 
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>();
@@ -61,6 +63,7 @@ extern template void launch_query_major<__half, KvKind::kFp8, 1>(const QueryMajo
 extern template void launch_query_major<__half, KvKind::kFp8, 4>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kFp8, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kFp8, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kFp8>();
@@ -74,6 +77,7 @@ extern template void launch_query_major<__half, KvKind::kNvfp4, 1>(const QueryMa
 extern template void launch_query_major<__half, KvKind::kNvfp4, 4>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNvfp4, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNvfp4>();
