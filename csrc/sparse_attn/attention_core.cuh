@@ -12,6 +12,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "flashmsa/semantics.h"
 #include "sparse_attn/kernel_traits.h"
@@ -350,19 +351,41 @@ struct SoftmaxState {
 // running max) and bit-identical to it (an unmoved row's factor is exactly 1).
 // kMask = false: the caller knows every key of the step is visible to every row (lim >= kNT * 8),
 // and the per-key compares are left out (the same values as with the mask).
-template <int kMT, int kNT, bool kMask = true>
-MSA_DEVICE void softmax_step(float (&s)[kMT][kNT][4], float (&o)[kMT][16][4], SoftmaxState<kMT>& st,
+// o: kON n8 tiles of output per m tile (16: the 128 head dims; 4: a quarter of them).
+// row_max: called with the step's row maxima (after the quad reduction) before they are used; the
+// MTP union register kernel (query_major.cuh) takes the maximum over the warps that hold the other
+// keys of the same rows there. The default leaves them.
+struct NoRowMax {
+  template <int kMT>
+  MSA_DEVICE void operator()(float (&)[kMT][2]) const {}
+};
+template <int kMT, int kNT, bool kMask = true, int kON = 16, typename RowMax = NoRowMax>
+MSA_DEVICE void softmax_step(float (&s)[kMT][kNT][4], float (&o)[kMT][kON][4], SoftmaxState<kMT>& st,
                              const int (&lim)[kMT][2], float scale_log2, bool has_temp, float temp,
-                             int lane, float slack = 0.0f) {
+                             int lane, float slack = 0.0f, const RowMax& row_max = RowMax{}) {
   const int tig = lane & 3;
-  float alpha[kMT][2], m_use[kMT][2], m_prev[kMT][2];
+  constexpr bool kHook = !std::is_same_v<RowMax, NoRowMax>;
+  float alpha[kMT][2], m_use[kMT][2], m_prev[kMT][2], mx[kMT][2];
   bool moved[kMT][2];
   bool any_moved = false;
+  // The running max of row (mt, h) from the step's max (right after it without a hook, which keeps
+  // the kernels without one exactly as they were compiled before it existed).
+  auto update = [&](int mt, int h, const float (&step_max)[kMT][2]) {
+    // -inf + slack = -inf: the first visible key always moves the row; NaN never does.
+    const float m_old = st.m[mt][h];
+    m_prev[mt][h] = m_old;
+    moved[mt][h] = step_max[mt][h] > m_old + slack;
+    const float m_new = moved[mt][h] ? step_max[mt][h] : m_old;
+    m_use[mt][h] = m_new == neg_inf() ? 0.0f : m_new;
+    alpha[mt][h] = moved[mt][h] ? exp2_approx(m_old - m_use[mt][h]) : 1.0f;
+    st.m[mt][h] = m_new;
+    any_moved |= moved[mt][h];
+  };
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = neg_inf();
+      mx[mt][h] = neg_inf();
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
@@ -370,26 +393,25 @@ MSA_DEVICE void softmax_step(float (&s)[kMT][kNT][4], float (&o)[kMT][16][4], So
           const int key = nt * 8 + 2 * tig + e;
           const float x = !kMask || key < lim[mt][h] ? s[mt][nt][2 * h + e] * scale_log2 : neg_inf();
           s[mt][nt][2 * h + e] = x;
-          mx = fmaxf(mx, x);
+          mx[mt][h] = fmaxf(mx[mt][h], x);
         }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // -inf + slack = -inf: the first visible key always moves the row; NaN never does.
-      const float m_old = st.m[mt][h];
-      m_prev[mt][h] = m_old;
-      moved[mt][h] = mx > m_old + slack;
-      const float m_new = moved[mt][h] ? mx : m_old;
-      m_use[mt][h] = m_new == neg_inf() ? 0.0f : m_new;
-      alpha[mt][h] = moved[mt][h] ? exp2_approx(m_old - m_use[mt][h]) : 1.0f;
-      st.m[mt][h] = m_new;
-      any_moved |= moved[mt][h];
+      mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], 1));
+      mx[mt][h] = fmaxf(mx[mt][h], __shfl_xor_sync(0xffffffffu, mx[mt][h], 2));
+      if constexpr (!kHook) update(mt, h, mx);
     }
+  }
+  if constexpr (kHook) {
+    row_max(mx);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) update(mt, h, mx);
   }
   if (__any_sync(0xffffffffu, any_moved)) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int d = 0; d < 16; ++d)
+      for (int d = 0; d < kON; ++d)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[mt][d][e] *= alpha[mt][e >> 1];
   }

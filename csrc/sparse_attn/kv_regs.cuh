@@ -231,6 +231,114 @@ MSA_DEVICE void pv_fp8_regs(float (&o)[16][4], const float (&p)[kNT][4], const u
   }
 }
 
+// ---- MTP union items, cooperative (query_major.cuh QueryMajorConfig::kCoop) --------------------
+// 64 query rows (4 m tiles; the stash_q_frags buffers of the 4 warps at sQf + kQFragBytes * mt)
+// against a raw 128-key fp8 block, the work split so that each converted fragment feeds all 4 m
+// tiles instead of one:
+//   Q K^T: warp w takes keys 32 w .. + 31 of every row (the key layout of qk_fp8_regs);
+//   P V:   warp w takes head dims 32 w .. + 31 of every row. n-tile j (of 4), column n stands for
+//          dim 32 w + 4 n + j: lane (gid, tig) reads the 4 bytes at dim 32 w + 4 gid of keys
+//          2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 of each 16-key step, the key pairs interleaved by
+//          prmt as in pv_fp8_regs. Accumulator o[mt][j][2h + e] is row 16 mt + gid + 8 h, head dim
+//          32 w + 8 tig + 4 e + j (8 consecutive dims per row and lane: no permutation to undo).
+// P (already exponentiated) comes from shared memory: [64 rows][128 keys] fp16 in the Q tile's
+// layout (16-byte chunks swizzled, ldm_base_a), written by p_store_f16 of every warp. Every m tile
+// is computed for every block: rows whose token did not select it are masked (P = 0).
+// Addresses: key0 and dim0 are multiples of 32, so a lane's key or row % 8 is the same for every
+// n-tile and step, and the swizzles fold into per-lane offsets plus immediates.
+inline constexpr int kQFragBytes = 8 * 32 * 16;  // one warp's stash_q_frags buffer
+
+template <int kMT, int kNT>
+MSA_DEVICE void qk_fp8_regs_rows(float (&s)[kMT][kNT][4], const uint8_t* sQf, const uint8_t* sK,
+                                 int key0, int lane) {
+  const int gid = lane >> 2, tig = lane & 3;
+  // Key key0 + 8 nt + gid (% 8 = gid): chunks 2 tig and 2 tig + 1 (raw8_at).
+  const uint8_t* k_row = sK + (key0 + gid) * 128;
+  const int c0 = (2 * tig) ^ gid, c1 = (2 * tig + 1) ^ gid;
+  uint32_t w[kNT][8];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const uint4 r0 = *reinterpret_cast<const uint4*>(k_row + nt * 8 * 128 + c0 * 16);
+    const uint4 r1 = *reinterpret_cast<const uint4*>(k_row + nt * 8 * 128 + c1 * 16);
+    w[nt][0] = r0.x; w[nt][1] = r0.y; w[nt][2] = r0.z; w[nt][3] = r0.w;
+    w[nt][4] = r1.x; w[nt][5] = r1.y; w[nt][6] = r1.z; w[nt][7] = r1.w;
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    uint32_t b[kNT][2];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) e4m3x4_to_f16x2x2(w[nt][kk], b[nt][0], b[nt][1]);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      uint32_t a[4];
+      stashed_q_frag(sQf + mt * kQFragBytes, kk, lane, a);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) mma_m16n8k16<__half>(s[mt][nt], a, b[nt][0], b[nt][1]);
+    }
+  }
+}
+
+// P of the warp's keys key0 .. + 8 kNT - 1 (s after softmax_step) as fp16 into the [64][128] P tile
+// at sP (256-byte aligned): row 16 mt + 8 h + gid (% 8 = gid), chunk key0 / 8 + nt, bytes 4 tig.
+template <int kMT, int kNT>
+MSA_DEVICE void p_store_f16(const float (&p)[kMT][kNT][4], uint8_t* sP, int key0, int lane) {
+  static_assert(kNT <= 4, "chunk key0 / 8 + nt = (key0 / 8) ^ nt");
+  const int gid = lane >> 2, tig = lane & 3;
+  const uint32_t base = uint32_t(gid) * 256u + (uint32_t((key0 >> 3) ^ gid) << 4) + 4u * tig;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    // The row offsets (multiples of 256) leave the chunk bits alone: XOR once per n-tile.
+    uint8_t* at = sP + (base ^ uint32_t(nt << 4));
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(at + (16 * mt + 8 * h) * 256) =
+            pack2<__half>(p[mt][nt][2 * h], p[mt][nt][2 * h + 1]);
+  }
+}
+
+// o[mt][j] += P V for head dims dim0 .. + 31 (dim0 = 32 w) over the 128 keys of the raw V block sV;
+// P from the tile at shared address sP_addr (256-byte aligned).
+template <int kMT>
+MSA_DEVICE void pv_fp8_regs_dims(float (&o)[kMT][4][4], uint32_t sP_addr, const uint8_t* sV, int dim0,
+                                 int lane) {
+  const int gid = lane >> 2, tig = lane & 3;
+  // Dim dim0 + 4 gid: chunk dim0 / 16 + gid / 4, bytes 4 (gid % 4) of keys 16 ks + 2 tig (+ 1)
+  // (% 8 = 2 tig (+ 1)) and 8 keys further.
+  const int ch = (dim0 >> 4) + (gid >> 2);
+  const uint8_t* va = sV + (2 * tig) * 128 + ((ch ^ (2 * tig)) << 4) + 4 * (gid & 3);
+  const uint8_t* vb = sV + (2 * tig + 1) * 128 + ((ch ^ (2 * tig + 1)) << 4) + 4 * (gid & 3);
+  const uint32_t a_base = ldm_base_a(sP_addr, 0, lane);
+#pragma unroll
+  for (int ks = 0; ks < kBlockSize / 16; ++ks) {
+    const uint32_t wa = *reinterpret_cast<const uint32_t*>(va + ks * 16 * 128);
+    const uint32_t wb = *reinterpret_cast<const uint32_t*>(vb + ks * 16 * 128);
+    const uint32_t wc = *reinterpret_cast<const uint32_t*>(va + ks * 16 * 128 + 8 * 128);
+    const uint32_t wd = *reinterpret_cast<const uint32_t*>(vb + ks * 16 * 128 + 8 * 128);
+    // Dims j = 0..3 of the key pairs (k0, k0 + 1) and (k0 + 8, k0 + 9), interleaved per dim.
+    uint32_t bx[4], by[4];
+    e4m3x4_to_f16x2x2(__byte_perm(wa, wb, 0x5140), bx[0], bx[1]);
+    e4m3x4_to_f16x2x2(__byte_perm(wa, wb, 0x7362), bx[2], bx[3]);
+    e4m3x4_to_f16x2x2(__byte_perm(wc, wd, 0x5140), by[0], by[1]);
+    e4m3x4_to_f16x2x2(__byte_perm(wc, wd, 0x7362), by[2], by[3]);
+    const uint32_t a_step = a_base ^ uint32_t(ks << 5);  // the m tiles' rows: + 4096 mt, no carry
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      uint32_t a[4];
+      ldmatrix_x4(a, a_step + uint32_t(mt * 16 * 256));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_m16n8k16<__half>(o[mt][j], a, bx[j], by[j]);
+    }
+  }
+}
+
 // ---- NVFP4 K/V -------------------------------------------------------------------------------
 // Raw tiles of 128 keys as issue_kv_rows writes them: [keys][64] bytes of e2m1 pairs (low nibble =
 // even element), then [keys][8] e4m3 block scales (scale j covers dims 16 j .. 16 j + 15). A value

@@ -41,7 +41,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // 16-bit K/V (the two within 1 %), and smem for MTP union items (their register conversion runs
   // only when forced until an H200 run measures it).
   // Forced regs: 16-row tiles where the device has the 105 KB of shared memory; MTP union items
-  // with fp8 / NVFP4 K/V (64-row tiles, 85 / 75 KB: every SM80+ GPU); bf16 / fp16 union items and
+  // with fp8 / NVFP4 K/V (64-row tiles, 86 / 75 KB: every SM80+ GPU); bf16 / fp16 union items and
   // G > 16 keep smem.
   const bool quantized_kv = p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4;
   const bool want_regs = options.kernel == DecodeKernel::kRegs ||

@@ -34,6 +34,10 @@ struct QueryMajorConfig {
                 "streaming variant: 16-row tiles, or 64-row MTP union tiles of fp8 / NVFP4 K/V");
   static constexpr bool kRegConvert = kRegs && kKv != KvKind::kNative;  // kv_regs.cuh
   static constexpr bool kMtpRegs = kRegConvert && kWarpsM == 4;
+  // fp8: the cooperative variant (kv_regs.cuh "MTP union items, cooperative"): the 4 warps split
+  // the keys of Q K^T and the head dims of P V, so each conversion feeds the 4 m tiles. NVFP4 K/V:
+  // each warp its 16 rows and all 128 keys of a block (qk_nvfp4_regs / pv_nvfp4_regs).
+  static constexpr bool kCoop = kMtpRegs && kKv == KvKind::kFp8;
   static constexpr int kWarps = kQmThreads / 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kRows = 16 * kWarpsM;          // query heads per CTA
@@ -47,9 +51,9 @@ struct QueryMajorConfig {
   // The streaming variant: 3 stages of 32 KB (fp8: raw 128-key blocks, no compute tile; native:
   // 64-key K and V tiles), 2 in flight per CTA while one is computed, 2 CTAs per SM; NVFP4: 5
   // stages of 18 KB (raw 128-key blocks with their scales), 4 in flight.
-  // MTP union in registers: a block is computed ~4x as long as at 16 rows (64 rows, each warp
-  // converts all its keys), so one block in flight covers the load: fp8 2 stages of 32 KB, NVFP4
-  // 3 of 18 KB (85 / 75 KB with the 16 KB Q tile: 2 CTAs per SM, and within sm_86 / sm_89's 99 KB).
+  // MTP union in registers: a block is computed for 64 rows, ~2-4x as long as for 16, so one block
+  // in flight covers the load: fp8 2 stages of 32 KB, NVFP4 3 of 18 KB (86 / 75 KB with the 16 KB
+  // Q tile: 2 CTAs per SM, and within sm_86 / sm_89's 99 KB).
   static constexpr int kStages =
       kMtpRegs ? (kKv == KvKind::kNvfp4 ? 3 : 2)
       : kRegs  ? (kKv == KvKind::kNvfp4 ? 5 : 3)
@@ -72,7 +76,9 @@ struct QueryMajorConfig {
   static constexpr int kTilesOffset = kQOffset + kRows * 256;
   static constexpr int kListOffset = kTilesOffset + kQmMaxTiles * int(sizeof(TileDesc));
   static constexpr int kMiscOffset = kListOffset + kMaxTopk * 4;
-  static constexpr int kUnionOffset = (kMiscOffset + 128 + 1023) / 1024 * 1024;
+  // kCoop: the step's row maxima of each warp, [64 rows][4 warps].
+  static constexpr int kRowMaxOffset = kMiscOffset + 128;
+  static constexpr int kUnionOffset = (kRowMaxOffset + (kCoop ? 64 * 4 * 4 : 0) + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kUnionOffset + kUnionBytes;
   // ldm_base_* fold the swizzle into an XOR, which needs 256-byte aligned tiles.
   static_assert(kUnionOffset % 256 == 0 && kStageBytes % 256 == 0, "256-byte aligned tiles");
@@ -83,7 +89,10 @@ struct QueryMajorConfig {
                 "the host's figure for the streaming variant");
   // MTP union in registers: each warp's fp16 Q fragments (4 KB, stash_q_frags) replace its own
   // 16 rows of the Q tile.
-  static_assert(!kMtpRegs || kQOffset == 0 && kRows * 256 == kWarpsM * 4096, "Q fragments per warp");
+  static_assert(!kMtpRegs || kQOffset == 0 && kRows * 256 == kWarpsM * kQFragBytes, "Q fragments per warp");
+  // kCoop: P ([64][128] fp16) over the raw K half of the block's stage; the per-warp sums of l and
+  // lt ([2][64][4] floats) over the pipeline after the loop.
+  static_assert(!kCoop || (kStageBytes / 2 == kRows * 256 && kPipeBytes >= 2 * 64 * 4 * 4), "kCoop buffers");
 };
 
 // Warp 0: builds the item's tile list in shared memory; returns the number of tiles (all lanes).
@@ -329,9 +338,198 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
   }
 }
 
+// Eight consecutive values of a row (dims elem_off .., elem_off a multiple of 2) times mul.
+template <StoreKind kKind>
+MSA_DEVICE void store_row8(void* base, int64_t elem_off, const float (&v)[8], float mul) {
+  constexpr int kE = store_kind_bytes(kKind);
+  uint8_t* dst = static_cast<uint8_t*>(base) + elem_off * kE;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) store_pair<kKind>(dst + 2 * q * kE, v[2 * q] * mul, v[2 * q + 1] * mul);
+}
+
+// One MTP union item of the cooperative fp8 register variant (QueryMajorConfig::kCoop; the work
+// split of kv_regs.cuh "MTP union items, cooperative"), run by all 128 threads once the item's
+// plan, its Q copies and its first tile copies are issued: rows 16 mt + gid (+ 8) of every m tile
+// in every warp, keys 32 w .. + 31 of Q K^T and head dims 32 w .. + 31 of P V in warp w. Per block:
+// Q K^T, the row maxima of the 4 warps exchanged through s_rowmax (a barrier: every warp holds the
+// same maxima, hence the same running max, rescale decisions and factors, so that its partial row
+// sums add up), P as fp16 over the block's raw K (a barrier), P V. The per-warp sums are added in a
+// fixed order at the end.
+template <typename Cfg, typename Elem, typename IssueTile>
+MSA_DEVICE void mtp_coop_item(const QueryMajorArgs& args, int r0, int n_tok, int kh, int split,
+                              int n_tiles, const TileDesc* s_tiles, uint8_t* sQ, uint8_t* s_union,
+                              float* s_rowmax, int lane, int warp, const IssueTile& issue_tile) {
+  constexpr int kMT = 4, kNT = 4;  // 64 rows; 32 keys (Q K^T) / 32 dims (P V) per warp
+  const SparseAttnParams& p = args.p;
+  const int gid = lane >> 2, tig = lane & 3;
+  const float temp = p.lse_temperature;
+  const int key0 = 32 * warp;
+
+  // Row factors of all 64 rows (fp16 logits -> base-2 units); each warp stashes the fp16 Q
+  // fragments of its own m tile over its rows of the Q tile.
+  float row_mul[kMT][2] = {};
+  if (n_tiles > 0) {  // uniform
+    cp_async_wait<Cfg::kStages - 1>();
+    __syncthreads();
+    uint32_t qa[8][4];
+    float own[2];
+    load_q_frags_f16<Elem>(sQ, 16 * warp, lane, args.scale_log2, qa, own);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      uint32_t other[8][4];  // only the factors are kept
+      load_q_frags_f16<Elem>(sQ, 16 * mt, lane, args.scale_log2, other, row_mul[mt]);
+    }
+    __syncthreads();
+    stash_q_frags(qa, sQ + warp * kQFragBytes, lane);
+    // The first iteration's barrier orders these stores before any warp reads them.
+  }
+
+  // Byte of TileDesc.pad with the visible keys of each fragment row's token (-1: padding row).
+  int tok_shift[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = (16 * mt + gid + 8 * h) / args.group;
+      tok_shift[mt][h] = t < n_tok ? 8 * t : -1;
+    }
+
+  float o[kMT][kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][j][e] = 0.0f;
+  SoftmaxState<kMT> st;
+  st.init();
+  // The maxima of the 4 warps' keys of each row, in a fixed order (the same in every warp).
+  auto cta_max = [&](float (&mx)[kMT][2]) {
+    if (tig == 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) s_rowmax[(16 * mt + gid + 8 * h) * 4 + warp] = mx[mt][h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 v = *reinterpret_cast<const float4*>(s_rowmax + (16 * mt + gid + 8 * h) * 4);
+        mx[mt][h] = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+      }
+  };
+
+  for (int i = 0; i < n_tiles; ++i) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();  // tile i landed for every thread; everyone is done with tile i - 1 (and P)
+    const int nx = i + Cfg::kStages - 1;
+    if (nx < n_tiles) issue_tile(nx, nx % Cfg::kStages);
+    cp_async_commit();
+
+    uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
+    // Each row sees the leading keys its token sees (0: its token did not select the block); the
+    // warp's keys start at key0. All of these are the same in every warp (the 64 rows' counts).
+    const uint32_t counts = uint32_t(s_tiles[i].pad);
+    int lim[kMT][2];
+    bool whole = true;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = tok_shift[mt][h] >= 0 ? int((counts >> tok_shift[mt][h]) & 0xFFu) : 0;
+        lim[mt][h] = c - key0;
+        whole = whole && c >= kBlockSize;
+      }
+    // Every row sees the whole block and no temperature LSE: no per-key mask or temperature branch.
+    const bool plain = !args.has_temp && __all_sync(0xffffffffu, whole);
+
+    float s[kMT][kNT][4];
+    qk_fp8_regs_rows<kMT, kNT>(s, sQ, raw, key0, lane);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= row_mul[mt][e >> 1];
+    if (plain) {  // CTA-uniform (cta_max holds a barrier)
+      softmax_step<kMT, kNT, false>(s, o, st, lim, 1.0f, false, temp, lane,
+                                    regs_rescale_slack(false, temp), cta_max);
+    } else {
+      softmax_step<kMT, kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
+                             regs_rescale_slack(args.has_temp, temp), cta_max);
+    }
+    // Every warp is past its Q K^T (the barrier in cta_max): P replaces the block's raw K.
+    p_store_f16<kMT, kNT>(s, raw, key0, lane);
+    __syncthreads();
+    pv_fp8_regs_dims<kMT>(o, smem_addr(raw), raw + Cfg::kStageBytes / 2, 32 * warp, lane);
+  }
+
+  // The row sums: each warp's over its keys, added over the warps in a fixed order.
+  st.quad_reduce();
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline is free
+  float* sums = reinterpret_cast<float*>(s_union);  // [2][64 rows][4 warps]: l, lt
+  if (tig == 0) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = 16 * mt + gid + 8 * h;
+        sums[row * 4 + warp] = st.l[mt][h];
+        sums[256 + row * 4 + warp] = st.lt[mt][h];
+      }
+  }
+  __syncthreads();
+
+  const int dim = 32 * warp + 8 * tig;  // the lane's 8 output dims of each of its rows
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * mt + gid + 8 * h;
+      const float4 lv = *reinterpret_cast<const float4*>(sums + row * 4);
+      const float4 tv = *reinterpret_cast<const float4*>(sums + 256 + row * 4);
+      const float l = ((lv.x + lv.y) + lv.z) + lv.w;
+      const float lt = ((tv.x + tv.y) + tv.z) + tv.w;
+      const int t = row / args.group;
+      if (t >= n_tok) continue;  // a padding row
+      const int hh = row - t * args.group;
+      const int64_t rq = int64_t(r0) + t;
+      float v[8];
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) v[4 * e + j] = o[mt][j][2 * h + e];
+      const bool lse_lane = warp == 0 && tig == 0;
+      if (args.write_final) {
+        const int64_t idx = rq * p.num_heads + kh * args.group + hh;
+        store_row8<kElemStoreKind<Elem>>(p.out, idx * 128 + dim, v,
+                                         l > 0.0f ? p.v_global_scale / l : 0.0f);
+        if (lse_lane && p.lse != nullptr) p.lse[idx] = row_lse2(st.m[mt][h], l) * kLn2;
+        if (lse_lane && p.lse_temperature_out != nullptr)
+          p.lse_temperature_out[idx] = row_lse2_t(st.m[mt][h], lt, temp) * kLn2;
+      } else {
+        // Slot (kh, row, split, head) of the combine's layout.
+        const int64_t slot = ((int64_t(kh) * p.total_q + rq) * args.splits + split) * args.group + hh;
+        const float mul = l > 0.0f ? 1.0f / l : 0.0f;
+        switch (args.part_kind) {
+          case StoreKind::kF32: store_row8<StoreKind::kF32>(args.part_o, slot * 128 + dim, v, mul); break;
+          case StoreKind::kBF16: store_row8<StoreKind::kBF16>(args.part_o, slot * 128 + dim, v, mul); break;
+          case StoreKind::kF16: store_row8<StoreKind::kF16>(args.part_o, slot * 128 + dim, v, mul); break;
+          default: store_row8<StoreKind::kFP8>(args.part_o, slot * 128 + dim, v, mul); break;
+        }
+        if (lse_lane) args.part_lse[slot] = row_lse2(st.m[mt][h], l);
+        if (lse_lane && args.part_lse_t != nullptr)
+          args.part_lse_t[slot] = row_lse2_t(st.m[mt][h], lt, temp);
+      }
+    }
+}
+
 // 3 CTAs per SM for 16-row tiles (decode: enough bytes in flight, ~150 registers); 2 for 64-row
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
-// variant (105 KB of shared memory; MTP union items in registers: 85 / 75 KB and 128 keys of
+// variant (105 KB of shared memory; MTP union items in registers: 86 / 75 KB and 64 rows of
 // S per warp).
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
@@ -350,6 +548,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
   int* s_list = reinterpret_cast<int*>(smem + Cfg::kListOffset);
   int* s_misc = reinterpret_cast<int*>(smem + Cfg::kMiscOffset);
   uint8_t* s_union = smem + Cfg::kUnionOffset;
+  [[maybe_unused]] float* s_rowmax = reinterpret_cast<float*>(smem + Cfg::kRowMaxOffset);
   const uint32_t sQ_addr = smem_addr(sQ);
   check_smem_base(smem);
   const int scale_step = scale_row_step(p);
@@ -411,6 +610,11 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     for (int st = 0; st < Cfg::kStages - 1; ++st) {
       if (st < n_tiles) issue_tile(st, st);
       cp_async_commit();
+    }
+    if constexpr (Cfg::kCoop) {  // MTP union items, fp8 K/V in registers, warps cooperating
+      mtp_coop_item<Cfg, Elem>(args, r0, n_tok, kh, split, n_tiles, s_tiles, sQ, s_union, s_rowmax,
+                               lane, warp, issue_tile);
+      continue;
     }
     float row_mul[2];  // register variant: per fragment row, fp16 logits -> base-2 units
     // The warp's fp16 Q fragments (register variant): 16-row tiles, one copy at the Q tile that all

@@ -141,8 +141,8 @@ TEST(PlanDescribe, DecodeMtpUnionRegsNamesItsConversion) {
     DType kv;
     const char* text;  // empty: the smem union kernel (no kernel=regs)
   } cases[] = {{DType::kBF16, ""},
-               {DType::kFP8E4M3, "; kernel=regs (each warp 16 rows and all 128 keys of a block, 2 stages "
-                                 "of 32 KB; fp8 K/V converted in registers)"},
+               {DType::kFP8E4M3, "; kernel=regs (the 4 warps split the keys of Q K^T and the head dims of "
+                                 "P V over all rows, 2 stages of 32 KB; fp8 K/V converted in registers)"},
                {DType::kNVFP4, "; kernel=regs (each warp 16 rows and all 128 keys of a block, 3 stages "
                                "of 18 KB; NVFP4 K/V converted in registers)"}};
   for (const auto& c : cases) {

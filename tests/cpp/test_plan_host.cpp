@@ -469,7 +469,7 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, both).qm.regs);
   EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, u).qm.regs);
   EXPECT_FALSE(plan_sparse_decode(mtp_call(8, 4), h200, both).qm.regs);  // bf16 K/V: smem union
-  // Its 85 / 75 KB fit every SM80+ GPU: no need of the 16-row variant's 105 KB.
+  // Its 86 / 75 KB fit every SM80+ GPU: no need of the 16-row variant's 105 KB.
   SparseAttnDeviceFacts sm89 = ampere();
   sm89.decode_regs_ctas = 0;
   EXPECT_TRUE(plan_sparse_decode(fp8, sm89, both).qm.regs);

@@ -585,9 +585,11 @@ def test_decode_mtp_option_rejects_unknown_values():
 
 
 # ---- MTP union items converted in registers (plan options kernel=regs, mtp=union) -------------
-# fp8 / NVFP4 K/V: the union items' 64-row tiles, each warp 16 rows (M3: one token) and all 128
-# keys of every block, K/V converted into fp16 fragments in registers (kv_regs.cuh). Off by default
-# (auto keeps the shared-memory union kernel); bf16 / fp16 union items ignore kernel=regs.
+# The union items' 64-row tiles with K/V converted into fp16 fragments in registers (kv_regs.cuh):
+# fp8, the 4 warps split the keys of Q K^T and the head dims of P V over all 64 rows (row maxima and
+# P exchanged through shared memory); NVFP4, each warp 16 rows (M3: one token) and all 128 keys of
+# every block. Off by default (auto keeps the shared-memory union kernel); bf16 / fp16 union items
+# ignore kernel=regs.
 
 def _kv(name: str, kv: str) -> DecodeCase:
     return dataclasses.replace(next(c for c in CASES if c.name == name), name=f"{name}_{kv}_uregs",
@@ -734,6 +736,7 @@ def test_mtp_union_regs_plan_names_the_path(kv):
     dp = build_decode(DecodeCase("c", 4, 4, 64, 4, kv=kv), seed=36)
     forced = _decode_plan_text(dp, dict(kernel="regs", mtp="union"))
     assert "mtp=union" in forced, forced
-    assert ("kernel=regs (each warp 16 rows" in forced) == (kv != "same"), forced
+    assert ("K/V converted in registers" in forced) == (kv != "same"), forced
+    assert ("kernel=regs (the 4 warps split" in forced) == (kv == "fp8"), forced
     auto = _decode_plan_text(dp, None)
     assert "mtp=union" in auto and "kernel=regs" not in auto, auto
