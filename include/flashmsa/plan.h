@@ -84,7 +84,6 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // K/V dequantized in shared memory, 2 stages of bf16 / fp16 K/V), regs (the streaming variant: 3
 // stages of 32 KB at 2 CTAs per SM, fp8 K/V converted in registers into fp16 MMAs; NVFP4 K/V: 5
 // stages of 18 KB, converted in registers too; G > 16 keeps smem). MTP union items: regs converts
-// stages of 18 KB, converted in registers too; G > 16 keeps smem). MTP union items: regs converts
 // fp8 / NVFP4 K/V in registers (64-row tiles; fp8: the 4 warps split the keys of Q K^T and the head
 // dims of P V; NVFP4: each warp 16 rows and all keys of a block; bf16 / fp16 union items keep smem).
 // auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee:
