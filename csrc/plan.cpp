@@ -41,7 +41,8 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
-                                                 {DecodeKernel::kRegs, "regs"}};
+                                                 {DecodeKernel::kRegs, "regs"},
+                                                 {DecodeKernel::kRegs8, "regs8"}};
 
 constexpr Named<int> kDecodeCtas[] = {{0, "auto"}, {2, "2"}, {3, "3"}, {4, "4"}};
 

@@ -811,7 +811,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size;
 # msa_sparse_decode_attention:
-# kernel = auto | smem | regs (fp8 K/V; include/flashmsa/plan.h). An
+# kernel = auto | smem | regs | regs8 (regs with 8 warps per CTA for fp8 K/V), mtp = auto |
+# per_token | union (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).
 

@@ -51,7 +51,7 @@ VALID = {
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
-                      dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union"],
+                      dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union", dict(kernel="regs8")],
 }
 
 
@@ -110,7 +110,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
      "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode, "
      "decode_only, decode_f16 or decode_f16_only, got 'wgmma'"),
     ("proxy_score", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
-    ("sparse_decode", dict(kernel="fastest"), "kernel must be auto, smem or regs, got 'fastest'"),
+    ("sparse_decode", dict(kernel="fastest"), "kernel must be auto, smem, regs or regs8, got 'fastest'"),
     ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
     ("topk_select", dict(kernel="heap"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'heap'"),
