@@ -81,7 +81,8 @@ QUICK = dict(
             (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered"),
             (8 * K, "bf16", "flat", "pipeline")],
     decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
-                 (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8"), (64, 32 * K, 1, "nvfp4")],
+                 (1, 32 * K, 1, "fp8"), (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8"),
+                 (64, 32 * K, 1, "nvfp4")],
     pipeline_s=[8 * K, 32 * K],
     topk_s=[32 * K, 128 * K],
     step=[(b, 32 * K, 1, d, d) for d in ("bf16", "fp8") for b in (1, 64)],
@@ -764,10 +765,13 @@ class Bench:
             ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
             # forced by name (plan options); fp8 / NVFP4 union items also with their K/V converted
-            # in registers (kernel=regs, mtp=union; off by default).
+            # in registers (kernel=regs, mtp=union; off by default); fp8 sq 1 also with the 8-warp
+            # register kernel (kernel=regs8; off by default; other K/V kinds run regs under it).
             variants = [("", None)]
             if sq == 1:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
+                if kv == "fp8":
+                    variants.append((" [regs8]", dict(kernel="regs8")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv in ("fp8", "nvfp4"):
