@@ -89,8 +89,9 @@ QUICK = dict(
     budget_s=0.15, max_reps=50,
 )
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
-# The top-k kernels each top-k case runs under: the library's choice, then both forced.
-TOPK_KERNELS = ("auto", "warp_per_row", "by_size")
+# The top-k kernels each top-k case runs under: the library's choice, then forced ones: the
+# warp-per-row kernel, by_size, and the radix kernel's lean variants (off by default until measured).
+TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_lean", "radix_1buf", "radix_c32")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 
 

@@ -47,6 +47,8 @@ BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 
 PARTS = ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_attention", "decode",
          "pipeline", "hostile")
+# The top-k kernels (plan option kernel) whose calls the topk and hostile parts make.
+TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "radix_lean", "radix_1buf", "radix_c32")
 
 
 def seed_of(name: str) -> int:
@@ -397,9 +399,9 @@ class Smoke:
 
     def topk(self):
         """Every case under each top-k kernel (plan option kernel): warp-per-row at 32 and at 8
-        tokens per CTA, and the thread-per-row radix kernel (16-byte loads where S % 4 == 0,
-        4-byte ones on the S = 77 and misaligned cases)."""
-        for kernel in ("warp_per_row", "warp_per_row_8", "radix"):
+        tokens per CTA, and the thread-per-row radix kernel and its lean variants (16-byte loads
+        where S % 4 == 0, 4-byte ones on the S = 77 and misaligned cases)."""
+        for kernel in TOPK_KERNELS:
             self._topk_cases(kernel, PlannedOps(self.ops, msa_topk_select=dict(kernel=kernel)))
 
     def _topk_cases(self, kernel, ops):
@@ -820,7 +822,7 @@ class Smoke:
                                            max_k_tiles=table.shape[1])
         self.run("hostile proxy_fp4 paged invalid page ids", fp4_invalid_pages)
         # top-k: every nvp 0 (empty selections), no tokens, a single block.
-        for kernel in ("warp_per_row", "warp_per_row_8", "radix"):
+        for kernel in TOPK_KERNELS:
             kops = PlannedOps(ops, msa_topk_select=dict(kernel=kernel))
             score = self.lazy(lambda: torch.randn((2, 300, 40), generator=self.gen,
                                                   device=self.dev))

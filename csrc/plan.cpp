@@ -37,7 +37,10 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kWarpPerRow, "warp_per_row"},
                                               {TopkKernel::kWarpPerRow8, "warp_per_row_8"},
                                               {TopkKernel::kRadix, "radix"},
-                                              {TopkKernel::kBySize, "by_size"}};
+                                              {TopkKernel::kBySize, "by_size"},
+                                              {TopkKernel::kRadixLean, "radix_lean"},
+                                              {TopkKernel::kRadix1Buf, "radix_1buf"},
+                                              {TopkKernel::kRadixC32, "radix_c32"}};
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
@@ -238,6 +241,9 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kWarpPerRow: plan.kernel = TopkKernel::kWarpPerRow; break;
     case TopkKernel::kWarpPerRow8: plan.kernel = TopkKernel::kWarpPerRow8; break;
     case TopkKernel::kRadix: plan.kernel = TopkKernel::kRadix; break;
+    case TopkKernel::kRadixLean: plan.kernel = TopkKernel::kRadixLean; break;
+    case TopkKernel::kRadix1Buf: plan.kernel = TopkKernel::kRadix1Buf; break;
+    case TopkKernel::kRadixC32: plan.kernel = TopkKernel::kRadixC32; break;
     case TopkKernel::kAuto:
     case TopkKernel::kBySize: {
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);

@@ -5,10 +5,10 @@
 // A warp owns 32 consecutive tokens of one head; lane l owns row (s0 + l, h), whole. Nothing is
 // shared between the warps of a CTA: each warp has its own slice of shared memory and
 // synchronizes with __syncwarp only. Per warp, the blocks some row can choose are streamed in
-// chunks of kChunk blocks (16-byte cp.async of 4 tokens where S % 4 == 0, double-buffered: chunk
-// c + 1 loads while chunk c is chosen from), into a [block][lane] tile whose row is the 32 tokens
-// of one block (128 contiguous bytes in memory and in shared memory; lane l's column is
-// conflict-free).
+// chunks of kChunk blocks (16-byte cp.async of 4 tokens where S % 4 == 0; double-buffered: chunk
+// c + 1 loads while chunk c is chosen from, or one buffer), into a [block][lane] tile whose row
+// is the 32 tokens of one block (128 contiguous bytes in memory and in shared memory; lane l's
+// column is conflict-free).
 //
 // Each lane keeps its row's current choice (the carry: the best `target` entries so far, in
 // block order, with the largest key among them). A chunk entry whose key is not below that
@@ -23,6 +23,13 @@
 // keys equal to it to take. One pass in block order takes key < K*, plus the first `need` keys
 // == K*: exactly the reference's (key asc, block asc) order. The choice is the new carry, or on
 // the row's last chunk the output row. docs/design/topk_select.md has the reasoning and numbers.
+//
+// One template, four variants (topk_select_config.h, radix::Variant): the kernel `radix` as
+// measured (Classic) and three lean ones, off by default until measured: radix_lean (a row's
+// first chunk converted in place without compaction, the insertion-or-radix choice made
+// warp-uniform, the radix select after a full carry started at the keys' range), radix_1buf (the
+// same with one chunk buffer and one warp per CTA: more warps per SM) and radix_c32 (one buffer
+// of 32 blocks).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -59,14 +66,14 @@ __device__ __forceinline__ void write_frame(int* out_row, int topk, const TopkRa
 struct WarpSmem {
   uint32_t* carry_key;  // [carry][32]: the carry sits in rows [carry - n_carry, carry)
   int* carry_idx;       // [carry][32]: its block ids
-  uint32_t* tiles;      // [2][kChunk][32]: chunk buffers (scores, then compacted keys)
+  uint32_t* tiles;      // [kBuffers][kChunk][32]: chunk buffers (scores, then keys)
   uint8_t* offsets;     // [kChunk / 4][32] words: block offsets (in the chunk) of the compacted
                         // keys, four to a word of the lane's own (see offset_at)
   uint32_t* hist;       // [kBins + 1][32]: bin kBins is a spare that is never read
 };
 
-// The loads of chunk c (blocks [b_begin, b_end), all inside [p0, p0 + kChunk)) into tile rows
-// block - p0. Vectorized: 8 lanes cover the 32 tokens of one block (16 bytes each), a warp
+// The loads of chunk c (blocks [b_begin, b_end), all inside the chunk) into tile rows
+// block - p0 (p0: the chunk's first block). Vectorized: 8 lanes cover the 32 tokens of one block (16 bytes each), a warp
 // instruction 4 blocks; needs S % 4 == 0 and a 16-byte aligned score (the host checks).
 __device__ __forceinline__ void load_chunk(const Params& rp, uint32_t* tile, const float* src,
                                            int ntok, int b_begin, int b_end, int p0) {
@@ -143,11 +150,13 @@ struct RowState {
   TopkRanges r;
   int n_carry;         // entries carried (<= target), in carry rows [carry - n_carry, carry)
   uint32_t max_carry;  // their largest key (meaningful when n_carry == target)
+  uint32_t min_carry;  // lean variants: a lower bound of their keys (likewise)
 };
 
 // One lane, one row, one chunk: the row's candidates are tile rows [j_lo, j_hi) of buffer `b`
 // (blocks p0 + j). Chooses the row's `target` best of (carry) + (these); `last`: into the output
 // row, else as the new carry.
+template <class V>
 __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& ws, int b,
                                              RowState& st, int j_lo, int j_hi, int p0, bool last,
                                              int* out_row) {
@@ -155,27 +164,46 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   const int kc = rp.carry;
   uint32_t* ckey = ws.carry_key + lane;
   int* cidx = ws.carry_idx + lane;
-  uint32_t* tile = ws.tiles + b * kChunk * 32 + lane;
+  uint32_t* tile = ws.tiles + b * V::kChunk * 32 + lane;
   uint8_t* offs = ws.offsets + lane * 4;
   uint32_t* hist = ws.hist + lane;
   const TopkRanges& r = st.r;
   const int target = r.target;
   const int c_lo = kc - st.n_carry;  // carry rows [c_lo, kc)
 
-  // Scores -> order keys; the entries that can still be chosen are compacted to tile rows [0, w)
-  // (in place: row w <= j), their block offsets to `offs`. Without a full carry every entry is
-  // kept and the pass also counts the top digits for the radix select below.
+  // Scores -> order keys; the entries that can still be chosen end up in tile rows
+  // [t_lo, t_lo + w): compacted to rows [0, w) (in place: row w <= j) with their block offsets in
+  // `offs`, or (lean, no full carry: every entry is kept) where they are, block p0 + row. Without a
+  // full carry the pass also counts the top digits for the radix select below.
   const bool full = st.n_carry == target;
+  int t_lo = 0;
   int w = 0;
+  bool in_place = false;
+  // Radix select: every key lies in [base, base + 16 << shift) (the top 4 bits unless the lean
+  // full-carry path narrows it to the keys' range).
+  uint32_t base = 0;
+  int shift = 28;
+  uint32_t min_surv = 0xFFFFFFFFu;  // lean: the survivors' smallest key
   if (!full) {
     clear_hist(hist);
-    for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
-      const uint32_t k = topk_order_key(__uint_as_float(bits));
-      tile[w * 32] = k;
-      offs[offset_at(w)] = uint8_t(j);
-      atomicAdd(hist + (k >> 28) * 32, 1u);
-      ++w;
-    });
+    if constexpr (V::kLean) {
+      for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
+        const uint32_t k = topk_order_key(__uint_as_float(bits));
+        tile[j * 32] = k;
+        atomicAdd(hist + (k >> 28) * 32, 1u);
+      });
+      t_lo = j_lo;
+      w = j_hi - j_lo;
+      in_place = true;
+    } else {
+      for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
+        const uint32_t k = topk_order_key(__uint_as_float(bits));
+        tile[w * 32] = k;
+        offs[offset_at(w)] = uint8_t(j);
+        atomicAdd(hist + (k >> 28) * 32, 1u);
+        ++w;
+      });
+    }
   } else {
     const uint32_t max_carry = st.max_carry;
     for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
@@ -184,6 +212,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
         tile[w * 32] = k;
         offs[offset_at(w)] = uint8_t(j);
         ++w;
+        if constexpr (V::kLean) min_surv = min(min_surv, k);
       }
     });
     if (w == 0 && !last) return;  // nothing beats the carry: it stands
@@ -191,9 +220,13 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     // A few survivors: each replaces the carry's worst entry (the largest key, the highest block
     // among equal ones) if it still beats it, and is appended (its block is above every carried
     // one). ~5 instructions per carried entry and survivor, against a radix select's ~110 per
-    // digit plus its passes.
-    if (w * (target + 4) <= kInsertBudget) {
+    // digit plus its passes. Lean: only when every lane here can (both ways give the same bits),
+    // so that a warp does not run both paths one after the other.
+    bool insert = w * (target + 4) <= kInsertBudget;
+    if constexpr (V::kLean) insert = __all_sync(__activemask(), insert);
+    if (insert) {
       uint32_t mx = st.max_carry;
+      uint32_t mn = st.min_carry;
       for (int i = 0; i < w; ++i) {
         const uint32_t k = tile[i * 32];
         if (!(k < mx)) continue;
@@ -214,8 +247,10 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
         ckey[(kc - 1) * 32] = k;
         cidx[(kc - 1) * 32] = p0 + int(offs[offset_at(i)]);
         mx = max(rest, k);
+        if constexpr (V::kLean) mn = min(mn, k);  // a lower bound of the carry's keys
       }
       st.max_carry = mx;
+      if constexpr (V::kLean) st.min_carry = mn;
       if (last) {
         for_each_row(ckey, c_lo, kc, [&](uint32_t, int row) {
           out_row[r.fb + row - c_lo] = cidx[row * 32];
@@ -226,7 +261,9 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
       return;
     }
     clear_hist(hist);
-    for_each_row(tile, 0, w, [&](uint32_t k, int) { atomicAdd(hist + (k >> 28) * 32, 1u); });
+    if constexpr (!V::kLean) {
+      for_each_row(tile, 0, w, [&](uint32_t k, int) { atomicAdd(hist + (k >> 28) * 32, 1u); });
+    }
   }
 
   // Selection rule: key < thr, or key == thr and among the first `need` such keys in block order.
@@ -234,33 +271,79 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   uint32_t thr = 0xFFFFFFFFu;  // take everything (m <= target)
   int need = INT_MAX;
   if (m > target) {
-    for_each_row(ckey, c_lo, kc, [&](uint32_t k, int) { atomicAdd(hist + (k >> 28) * 32, 1u); });
-    uint32_t prefix = 0;  // the digits fixed so far
-    int rem = target;     // ranks still to fill among the keys that share them
-    for (int shift = 28;; shift -= 4) {
-      int bin, below, cnt;
-      find_bin(hist, rem, bin, below, cnt);
-      rem -= below;
-      prefix |= uint32_t(bin) << shift;
-      if (cnt == rem) {  // the whole bin is taken: every key <= prefix with all lower bits set
-        thr = prefix | ((1u << shift) - 1u);
-        break;
+    if constexpr (V::kLean) {
+      // Full carry: every key lies in [lo, max_carry] (the survivors are below max_carry, the
+      // carry's keys at least its lower bound), so the first digit spans that range instead of
+      // the top 4 bits: (k - lo) >> shift < 16. On Gaussian scores the best ~30 keys of a row
+      // share their top 6-8 bits and cross the 0x40000000 boundary of the order key (values 2.0
+      // and up), which the top digits split into almost empty bins.
+      if (full) {
+        const uint32_t lo = min(st.min_carry, min_surv);
+        shift = max(32 - __clz(st.max_carry - lo) - 4, 0);
+        base = lo;
+        for_each_row(tile, t_lo, t_lo + w, [&](uint32_t k, int) {
+          atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
+        });
       }
-      if (shift == 0) {  // the exact rank-`target` key; `rem` of the keys equal to it are taken
-        thr = prefix;
-        need = rem;
-        break;
+      for_each_row(ckey, c_lo, kc, [&](uint32_t k, int) {
+        atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
+      });
+      int rem = target;  // ranks still to fill among the keys in [base, base + 16 << shift)
+      for (;;) {
+        int bin, below, cnt;
+        find_bin(hist, rem, bin, below, cnt);
+        rem -= below;
+        base += uint32_t(bin) << shift;  // the bin holds a key, so no wrap-around
+        if (cnt == rem) {  // the whole bin is taken: every key <= its top (at most 0xFFFFFFFF)
+          const uint32_t top = base + ((1u << shift) - 1u);
+          thr = top < base ? 0xFFFFFFFFu : top;
+          break;
+        }
+        if (shift == 0) {  // the exact rank-`target` key; `rem` of the keys equal to it are taken
+          thr = base;
+          need = rem;
+          break;
+        }
+        clear_hist(hist);
+        const int next = max(shift - 4, 0);
+        // A key in the bin has k - base < 2^shift, so (k - base) >> next is its next digit; any
+        // other key (below: wraps around; above) gives >= kBins and counts into the spare bin.
+        auto count = [&](uint32_t k, int) {
+          atomicAdd(hist + min((k - base) >> next, uint32_t(kBins)) * 32, 1u);
+        };
+        for_each_row(ckey, c_lo, kc, count);
+        for_each_row(tile, t_lo, t_lo + w, count);
+        shift = next;
       }
-      clear_hist(hist);
-      const int next = shift - 4;
-      // A key with the prefix has k - prefix < 2^shift, so (k - prefix) >> next is its next
-      // digit; any other key (below: wraps around; above) gives >= kBins and counts into the
-      // spare bin. Branch-free: 3 integer instructions and the atomic per key.
-      auto count = [&](uint32_t k, int) {
-        atomicAdd(hist + min((k - prefix) >> next, uint32_t(kBins)) * 32, 1u);
-      };
-      for_each_row(ckey, c_lo, kc, count);
-      for_each_row(tile, 0, w, count);
+    } else {
+      for_each_row(ckey, c_lo, kc, [&](uint32_t k, int) { atomicAdd(hist + (k >> 28) * 32, 1u); });
+      uint32_t prefix = 0;  // the digits fixed so far
+      int rem = target;     // ranks still to fill among the keys that share them
+      for (shift = 28;; shift -= 4) {
+        int bin, below, cnt;
+        find_bin(hist, rem, bin, below, cnt);
+        rem -= below;
+        prefix |= uint32_t(bin) << shift;
+        if (cnt == rem) {  // the whole bin is taken: every key <= prefix with all lower bits set
+          thr = prefix | ((1u << shift) - 1u);
+          break;
+        }
+        if (shift == 0) {  // the exact rank-`target` key; `rem` of the keys equal to it are taken
+          thr = prefix;
+          need = rem;
+          break;
+        }
+        clear_hist(hist);
+        const int next = shift - 4;
+        // A key with the prefix has k - prefix < 2^shift, so (k - prefix) >> next is its next
+        // digit; any other key (below: wraps around; above) gives >= kBins and counts into the
+        // spare bin. Branch-free: 3 integer instructions and the atomic per key.
+        auto count = [&](uint32_t k, int) {
+          atomicAdd(hist + min((k - prefix) >> next, uint32_t(kBins)) * 32, 1u);
+        };
+        for_each_row(ckey, c_lo, kc, count);
+        for_each_row(tile, 0, w, count);
+      }
     }
   }
 
@@ -268,10 +351,11 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   // the new carry, rows [kc - n_sel, kc), written in place (row kc - n_sel + pos never passes the
   // row being read: n_sel >= n_carry).
   const int n_sel = min(m, target);
-  const int base = kc - n_sel;
+  const int base_row = kc - n_sel;
   int pos = 0;
   int n_eq = 0;
   uint32_t max_sel = 0;
+  uint32_t min_sel = 0xFFFFFFFFu;
   auto visit = [&](uint32_t k, int blk) {
     bool sel = k < thr;
     if (k == thr) sel = n_eq++ < need;
@@ -279,43 +363,51 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
       if (last) {
         out_row[r.fb + pos] = blk;
       } else {
-        ckey[(base + pos) * 32] = k;
-        cidx[(base + pos) * 32] = blk;
+        ckey[(base_row + pos) * 32] = k;
+        cidx[(base_row + pos) * 32] = blk;
         max_sel = max(max_sel, k);
+        if constexpr (V::kLean) min_sel = min(min_sel, k);
       }
       ++pos;
     }
   };
   for_each_row(ckey, c_lo, kc, [&](uint32_t k, int row) { visit(k, cidx[row * 32]); });
-  for_each_row(tile, 0, w, [&](uint32_t k, int row) { visit(k, p0 + int(offs[offset_at(row)])); });
+  if (in_place) {
+    for_each_row(tile, t_lo, t_lo + w, [&](uint32_t k, int row) { visit(k, p0 + row); });
+  } else {
+    for_each_row(tile, 0, w, [&](uint32_t k, int row) { visit(k, p0 + int(offs[offset_at(row)])); });
+  }
   if (last) {
     write_frame(out_row, rp.p.topk, r, n_sel);
     st.n_carry = 0;
   } else {
     st.n_carry = n_sel;
     st.max_carry = max_sel;
+    if constexpr (V::kLean) st.min_carry = min_sel;
   }
 }
 
-__global__ void __launch_bounds__(kThreads) topk_radix_kernel(const __grid_constant__ Params rp) {
+template <class V>
+__global__ void __launch_bounds__(V::kThreads) topk_radix_kernel(const __grid_constant__ Params rp) {
+  constexpr int kChunk = V::kChunk;
   const TopkSelectParams& p = rp.p;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int kc = rp.carry;
 
-  uint32_t* wbase = reinterpret_cast<uint32_t*>(topk_smem_raw) + warp * warp_words(kc);
+  uint32_t* wbase = reinterpret_cast<uint32_t*>(topk_smem_raw) + warp * V::warp_words(kc);
   WarpSmem ws;
   ws.carry_key = wbase;
   ws.carry_idx = reinterpret_cast<int*>(wbase + kc * 32);
   ws.tiles = wbase + 2 * kc * 32;
-  ws.offsets = reinterpret_cast<uint8_t*>(ws.tiles + 2 * kChunk * 32);
-  ws.hist = ws.tiles + 2 * kChunk * 32 + kChunk * 8;
+  ws.offsets = reinterpret_cast<uint8_t*>(ws.tiles + V::kBuffers * kChunk * 32);
+  ws.hist = ws.tiles + V::kBuffers * kChunk * 32 + kChunk * 8;
 
   // One group of 32 tokens per warp, the longest rows first: token groups in descending order,
   // heads interleaved (a causal prefill's rows grow with the token position); the hardware hands
   // the later, shorter groups to the SMs that free up. The loop only matters for a capped grid.
-  const int warps = gridDim.x * kWarps;
-  for (int g = blockIdx.x * kWarps + warp; g < rp.groups; g += warps) {
+  const int warps = gridDim.x * V::kWarps;
+  for (int g = blockIdx.x * V::kWarps + warp; g < rp.groups; g += warps) {
     const int h = g % p.num_heads;
     const int s0 = (rp.token_groups - 1 - g / p.num_heads) * 32;
     const int ntok = min(32, p.num_tokens - s0);
@@ -346,8 +438,8 @@ __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const __grid_const
     };
     issue(c_begin, 0);
     for (int c = c_begin; c < c_end; ++c) {
-      const int b = (c - c_begin) & 1;
-      if (c + 1 < c_end) {
+      const int b = V::kBuffers == 2 ? (c - c_begin) & 1 : 0;
+      if (V::kBuffers == 2 && c + 1 < c_end) {
         issue(c + 1, b ^ 1);  // its buffer was last read before the __syncwarp ending c - 1
         cp_async_wait<1>();
       } else {
@@ -358,8 +450,9 @@ __global__ void __launch_bounds__(kThreads) topk_radix_kernel(const __grid_const
       const int j_lo = max(st.r.mid_begin - p0, 0);
       const int j_hi = min(st.r.mid_end - p0, kChunk);
       if (active && j_lo < j_hi)
-        select_chunk(rp, ws, b, st, j_lo, j_hi, p0, st.r.mid_end <= p0 + kChunk, out_row);
-      __syncwarp();  // buffer b is free for chunk c + 2
+        select_chunk<V>(rp, ws, b, st, j_lo, j_hi, p0, st.r.mid_end <= p0 + kChunk, out_row);
+      __syncwarp();  // buffer b is free for chunk c + 2 (one buffer: for chunk c + 1)
+      if (V::kBuffers == 1 && c + 1 < c_end) issue(c + 1, 0);
     }
   }
 }

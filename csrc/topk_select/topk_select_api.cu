@@ -3,7 +3,9 @@
 // Three kernels, one result (bit-identical, docs/design/topk_select.md):
 //   * warp per row (topk_select_kernel.cuh): a warp chooses one row at a time; 32 tokens per CTA
 //     (warp_per_row), or 8 for decode-sized calls (warp_per_row_8: 4x the CTAs, a row per warp);
-//   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows.
+//   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows. Its lean
+//     variants (radix_lean, radix_1buf, radix_c32: fewer instructions per row, and one smaller
+//     buffer for more warps per SM) are off by default until measured.
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is warp_per_row
 // until by_size (radix for large calls, warp_per_row_8 for small ones) is measured on the H200.
 #include <cuda_runtime.h>
@@ -42,6 +44,7 @@ void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
   MSA_CHECK_LAUNCH();
 }
 
+template <class V>
 void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream) {
   topk::radix::Params rp{};
   rp.p = p;
@@ -49,13 +52,13 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
   rp.groups = int(groups);
   rp.carry = p.topk - p.force_begin - p.force_end;
   rp.vec = (p.num_tokens % 4 == 0 && reinterpret_cast<uintptr_t>(p.score) % 16 == 0) ? 1 : 0;
-  const size_t smem = topk::radix::smem_bytes(rp.carry);
-  prepare_launch(topk::radix::topk_radix_kernel, topk::radix::kThreads, smem);
+  const size_t smem = V::smem_bytes(rp.carry);
+  prepare_launch(topk::radix::topk_radix_kernel<V>, V::kThreads, smem);
   // One warp per group of 32 tokens, longest rows first (the kernel's group order): a persistent
   // grid with a fixed stride would give some warps only short causal rows and others only long
   // ones; the hardware's CTA scheduling balances them instead.
-  const int64_t ctas = ceil_div_int<int64_t>(groups, topk::radix::kWarps);
-  topk::radix::topk_radix_kernel<<<dim3(unsigned(ctas)), topk::radix::kThreads, smem, stream>>>(rp);
+  const int64_t ctas = ceil_div_int<int64_t>(groups, V::kWarps);
+  topk::radix::topk_radix_kernel<V><<<dim3(unsigned(ctas)), V::kThreads, smem, stream>>>(rp);
   MSA_CHECK_LAUNCH();
 }
 
@@ -72,7 +75,10 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
   MSA_CHECK_SUPPORTED(groups <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
                       " tokens exceed the kernel's work-item range");
   switch (plan.kernel) {
-    case TopkKernel::kRadix: launch_radix(p, groups, stream); break;
+    case TopkKernel::kRadix: launch_radix<topk::radix::Classic>(p, groups, stream); break;
+    case TopkKernel::kRadixLean: launch_radix<topk::radix::Lean>(p, groups, stream); break;
+    case TopkKernel::kRadix1Buf: launch_radix<topk::radix::Lean1Buf>(p, groups, stream); break;
+    case TopkKernel::kRadixC32: launch_radix<topk::radix::LeanC32>(p, groups, stream); break;
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     default: MSA_FAIL("topk_select: the plan's kernel ", option_name(plan.kernel), " has no launcher");

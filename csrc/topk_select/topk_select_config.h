@@ -71,19 +71,51 @@ constexpr size_t smem_bytes(int num_buffers) {
 
 namespace radix {
 
-// Warps per CTA. The warps share nothing, so the CTA size only sets how finely shared memory is
-// handed out: 2 warps of ~24 KB (topk 16) let 4 CTAs = 8 warps share an SM.
-inline constexpr int kWarps = 2;
-inline constexpr int kThreads = 32 * kWarps;
-// Blocks per chunk: 64 blocks x 32 tokens = 8 KB of scores per warp and buffer. A block offset in
-// the chunk fits a byte.
-inline constexpr int kChunk = 64;
 // Radix digit: 4 bits, 16 bins per row (one 32-bit counter per bin and lane).
 inline constexpr int kBins = 16;
 // A chunk whose survivors (entries below the full carry's largest key) number w is merged into
 // the carry one survivor at a time when w * (target + 4) <= kInsertBudget (each insertion scans
 // and shifts the carry), else by a radix select: 8 survivors at topk 16, 2 at topk 64.
 inline constexpr int kInsertBudget = 160;
+
+// One variant of the kernel (docs/design/topk_select.md, "Thread per row" and "Lean variants"):
+//   kBuffers: chunk buffers per warp (2: chunk c + 1 loads while chunk c is chosen from; 1: the
+//     warps of the SM hide each other's loads instead, at less shared memory per warp);
+//   kChunk: blocks per chunk (kChunk x 32 tokens x 4 bytes per buffer; an offset fits a byte);
+//   kWarps: warps per CTA. The warps share nothing, so this only sets how finely shared memory is
+//     handed out (every CTA also costs the SM 1 KB of reserved shared memory);
+//   kLean: the trims of the lean variants: a row's first chunk converted in place (no compaction
+//     bookkeeping), the insertion-or-radix choice made warp-uniform, and the radix select after a
+//     full carry started at the keys' range [min, max] instead of the top 4 bits.
+template <int kBuffers_, int kChunk_, int kWarps_, bool kLean_>
+struct Variant {
+  static constexpr int kBuffers = kBuffers_;
+  static constexpr int kChunk = kChunk_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = 32 * kWarps_;
+  static constexpr bool kLean = kLean_;
+  static_assert(kBuffers == 1 || kBuffers == 2, "one or two chunk buffers");
+  static_assert(kChunk % 8 == 0 && kChunk <= 256, "a block offset in the chunk fits a byte");
+
+  // 32-bit words of shared memory per warp, every array [rows][32 lanes]: carried keys and block
+  // ids [carry] each, chunk tiles [kBuffers][kChunk], byte offsets [kChunk / 4] (four bytes of
+  // one lane a word), histogram [kBins + 1] (the last bin counts the keys outside the prefix and
+  // is never read). Every part starts 16-byte aligned.
+  static constexpr int warp_words(int carry) {
+    return 2 * carry * 32 + kBuffers * kChunk * 32 + kChunk * 8 + (kBins + 1) * 32;
+  }
+  static constexpr size_t smem_bytes(int carry) { return size_t(warp_words(carry)) * 4 * kWarps; }
+};
+
+// radix: 2 warps of ~24 KB (topk 16) per CTA, 4 CTAs = 8 warps per SM.
+using Classic = Variant<2, 64, 2, false>;
+// radix_lean: the same buffers, the lean trims.
+using Lean = Variant<2, 64, 2, true>;
+// radix_1buf: one buffer of 64 blocks, one warp (~16 KB at topk 16) per CTA: 13 warps per SM.
+using Lean1Buf = Variant<1, 64, 1, true>;
+// radix_c32: one buffer of 32 blocks, one warp (~11 KB at topk 16) per CTA: 18 warps per SM, at
+// twice the chunks (and selections) per row.
+using LeanC32 = Variant<1, 32, 1, true>;
 
 struct Params {
   TopkSelectParams p;
@@ -92,15 +124,6 @@ struct Params {
   int carry;         // topk - force_begin - force_end: the most candidates a row chooses
   int vec;           // 1: 16-byte loads (S % 4 == 0 and score 16-byte aligned), else 4-byte
 };
-
-// 32-bit words of shared memory per warp, every array [rows][32 lanes]: carried keys and block ids
-// [carry] each, chunk tiles [2][kChunk], byte offsets [kChunk / 4] (four bytes of one lane a word),
-// histogram [kBins + 1] (the last bin counts the keys outside the prefix and is never read). Every
-// part starts 16-byte aligned.
-constexpr int warp_words(int carry) {
-  return 2 * carry * 32 + 2 * kChunk * 32 + kChunk * 8 + (kBins + 1) * 32;
-}
-constexpr size_t smem_bytes(int carry) { return size_t(warp_words(carry)) * 4 * kWarps; }
 
 }  // namespace radix
 

@@ -61,7 +61,11 @@ enum class ProxyKernel : int32_t {
 // Top-k kernels (docs/design/topk_select.md): warp_per_row (a warp per (token, head) row, bitwise
 // threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
 // for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), by_size
-// (radix from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8).
+// (radix from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8), and
+// the radix kernel's lean variants, forced only until measured: radix_lean (the first chunk of a
+// row without compaction, warp-uniform insertion, the radix select of a full carry started at the
+// keys' range), radix_1buf (the same with one chunk buffer per warp: 13 warps per SM at topk 16
+// instead of 8), radix_c32 (one buffer of 32 blocks: 18 warps per SM).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
 // blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row).
 enum class TopkKernel : int32_t {
@@ -69,7 +73,10 @@ enum class TopkKernel : int32_t {
   kWarpPerRow = 1,
   kWarpPerRow8 = 2,
   kRadix = 3,
-  kBySize = 4
+  kBySize = 4,
+  kRadixLean = 5,
+  kRadix1Buf = 6,
+  kRadixC32 = 7
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
@@ -130,7 +137,8 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
-// Options of msa_topk_select: kernel=auto|warp_per_row|warp_per_row_8|radix|by_size.
+// Options of msa_topk_select:
+// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_lean|radix_1buf|radix_c32.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------
@@ -237,7 +245,7 @@ struct ProxyScorePlan {
   int decode_ctas = 2;
 };
 struct TopkSelectPlan {
-  TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: kWarpPerRow, kWarpPerRow8 or kRadix
+  TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
 };
 
 // ---- planners (pure) ---------------------------------------------------------------------------

@@ -258,6 +258,9 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o.kernel = TopkKernel::kRadix;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix (forced by the option kernel=radix)")) << d;
+  o.kernel = TopkKernel::kRadix1Buf;
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=radix_1buf (forced by the option kernel=radix_1buf)")) << d;
 }
 
 }  // namespace

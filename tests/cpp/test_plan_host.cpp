@@ -674,7 +674,8 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(o.kernel, ProxyKernel::kDecode);
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
-                       TopkKernel::kRadix, TopkKernel::kBySize})
+                       TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadixLean,
+                       TopkKernel::kRadix1Buf, TopkKernel::kRadixC32})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -687,6 +688,9 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_decode_options(std::string("mtp=") + option_name(m)).mtp, m);
   EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
+  EXPECT_STREQ(option_name(TopkKernel::kRadixLean), "radix_lean");
+  EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
+  EXPECT_STREQ(option_name(TopkKernel::kRadixC32), "radix_c32");
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -716,7 +720,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'heap'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_lean, "
+               "radix_1buf or radix_c32, got 'heap'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem, regs or regs8, got 'fastest'");
@@ -725,7 +730,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
                "unknown plan option 'splits'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix or by_size, got 'new'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_lean, "
+               "radix_1buf or radix_c32, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -795,9 +801,11 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
               plan_topk_select(topk_call(4, tokens), {TopkKernel::kBySize}, h200).kernel);
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpPerRow8);
   EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadix);
-  for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix})
+  for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
+                       TopkKernel::kRadixLean, TopkKernel::kRadix1Buf, TopkKernel::kRadixC32})
     for (int tokens : {1, 64, 32768})
-      EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, h200).kernel, k) << option_name(k);
+      for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
+        EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);
 }
 
 TEST(PlanTopk, BySizeTakesRadixFromFourGroupsPerSm) {

@@ -819,9 +819,10 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 
 
 # Values of the plan option `kernel` (include/flashmsa/plan.h): warp-per-row at
-# 32 tokens per CTA (today's default), at 8 (decode-sized calls), the thread-per-row radix kernel,
-# and by_size, the size-based choice between the last two.
-TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size")
+# 32 tokens per CTA, at 8 (decode-sized calls), the thread-per-row radix kernel, by_size (the
+# default: the size-based choice between the last two), and the radix kernel's lean variants.
+TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_lean", "radix_1buf",
+                "radix_c32")
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
@@ -958,6 +959,41 @@ def test_topk_fuzz_all_kernels(seed: int):
         for fill in (-7, 2**31 - 1):
             got = run_topk(case, scores_dev, nvp_t, DEV, fill=fill, kernel=kernel).cpu()
             assert_topk_equal(got, want, f"{what} [{kernel}] fill={fill}")
+
+
+def _carry_scores(dist: str, H: int, P: int, S: int, gen: torch.Generator) -> torch.Tensor:
+    shape = (H, P, S)
+    if dist == "neg_nan_payloads":  # order keys 0xFFC00000..0xFFFFFFFF: the top of the key range
+        bits = torch.randint(0, 1 << 22, shape, generator=gen, dtype=torch.int32) | -(1 << 22)
+        return bits.view(torch.float32)
+    if dist == "equal":  # one key: every radix digit ties, the block order decides
+        return torch.full(shape, 0.25)
+    if dist == "around_two":  # keys on both sides of 0x40000000 (2.0), a few ulps apart
+        return 2.0 + (torch.randint(-40, 40, shape, generator=gen).float() * 2.0**-22)
+    x = torch.randn(shape, generator=gen)
+    order = torch.sort(x, dim=1, descending=dist == "descending").values
+    return order  # ascending: every chunk beats the carry; descending: none does
+
+
+@pytest.mark.parametrize("dist", ("neg_nan_payloads", "equal", "around_two", "ascending",
+                                  "descending"))
+def test_topk_full_carry_key_ranges(dist: str):
+    """Rows of several chunks (of 32 and 64 blocks) whose keys stress the selection after a full
+    carry, where the lean variants start the radix select at the keys' range [min, max] instead
+    of the top digit: keys at the very top of the key range, all equal, straddling 0x40000000,
+    and sorted rows (a radix select per chunk, or no survivors at all); topk 1..64 with forced
+    blocks, per-token nvp. Every kernel equals the C++ reference."""
+    gen = torch.Generator().manual_seed(77)
+    H, P, S = 2, 300, 45
+    scores = _carry_scores(dist, H, P, S, gen)
+    for topk, fb, fe in ((1, 0, 0), (2, 0, 1), (16, 0, 1), (17, 2, 1), (64, 1, 1)):
+        case = TopkCase(f"carry_{dist}_k{topk}", H, P, S, topk=topk, nvp="random", fb=fb, fe=fe,
+                        seed=topk)
+        nvp = make_nvp(case)
+        want = run_topk(case, scores, nvp, "cpu")
+        for kernel in TOPK_KERNELS:
+            got = run_topk(case, scores.to(DEV), nvp, DEV, kernel=kernel).cpu()
+            assert_topk_equal(got, want, f"{case.name} [{kernel}]")
 
 
 def test_pipeline_proxy_then_topk_matches_reference():
