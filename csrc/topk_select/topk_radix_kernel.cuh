@@ -27,9 +27,9 @@
 // One template, four variants (topk_select_config.h, radix::Variant): the kernel `radix` as
 // measured (Classic) and three lean ones, off by default until measured: radix_lean (a row's
 // first chunk converted in place without compaction, the insertion-or-radix choice made
-// warp-uniform, the radix select after a full carry started at the keys' range), radix_1buf (the
-// same with one chunk buffer and one warp per CTA: more warps per SM) and radix_c32 (one buffer
-// of 32 blocks).
+// warp-uniform, the radix select started at the keys' range with bins of at most one float
+// exponent), radix_1buf (the same with one chunk buffer and one warp per CTA: more warps per SM)
+// and radix_c32 (one buffer of 32 blocks).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -150,7 +150,7 @@ struct RowState {
   TopkRanges r;
   int n_carry;         // entries carried (<= target), in carry rows [carry - n_carry, carry)
   uint32_t max_carry;  // their largest key (meaningful when n_carry == target)
-  uint32_t min_carry;  // lean variants: a lower bound of their keys (likewise)
+  uint32_t min_carry;  // lean variants: a lower bound of their keys (when n_carry > 0)
 };
 
 // One lane, one row, one chunk: the row's candidates are tile rows [j_lo, j_hi) of buffer `b`
@@ -174,28 +174,27 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   // Scores -> order keys; the entries that can still be chosen end up in tile rows
   // [t_lo, t_lo + w): compacted to rows [0, w) (in place: row w <= j) with their block offsets in
   // `offs`, or (lean, no full carry: every entry is kept) where they are, block p0 + row. Without a
-  // full carry the pass also counts the top digits for the radix select below.
+  // full carry the pass also counts the top digits for the radix select below (lean: it takes the
+  // keys' range instead).
   const bool full = st.n_carry == target;
   int t_lo = 0;
   int w = 0;
   bool in_place = false;
-  // Radix select: every key lies in [base, base + 16 << shift) (the top 4 bits unless the lean
-  // full-carry path narrows it to the keys' range).
-  uint32_t base = 0;
-  int shift = 28;
-  uint32_t min_surv = 0xFFFFFFFFu;  // lean: the survivors' smallest key
+  uint32_t key_lo = 0xFFFFFFFFu;  // lean: the smallest key of the chunk's entries kept
+  uint32_t key_hi = 0;            // lean, no full carry: their largest
   if (!full) {
-    clear_hist(hist);
     if constexpr (V::kLean) {
       for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
         const uint32_t k = topk_order_key(__uint_as_float(bits));
         tile[j * 32] = k;
-        atomicAdd(hist + (k >> 28) * 32, 1u);
+        key_lo = min(key_lo, k);
+        key_hi = max(key_hi, k);
       });
       t_lo = j_lo;
       w = j_hi - j_lo;
       in_place = true;
     } else {
+      clear_hist(hist);
       for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
         const uint32_t k = topk_order_key(__uint_as_float(bits));
         tile[w * 32] = k;
@@ -212,7 +211,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
         tile[w * 32] = k;
         offs[offset_at(w)] = uint8_t(j);
         ++w;
-        if constexpr (V::kLean) min_surv = min(min_surv, k);
+        if constexpr (V::kLean) key_lo = min(key_lo, k);
       }
     });
     if (w == 0 && !last) return;  // nothing beats the carry: it stands
@@ -260,8 +259,8 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
       }
       return;
     }
-    clear_hist(hist);
     if constexpr (!V::kLean) {
+      clear_hist(hist);
       for_each_row(tile, 0, w, [&](uint32_t k, int) { atomicAdd(hist + (k >> 28) * 32, 1u); });
     }
   }
@@ -272,54 +271,62 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   int need = INT_MAX;
   if (m > target) {
     if constexpr (V::kLean) {
-      // Full carry: every key lies in [lo, max_carry] (the survivors are below max_carry, the
-      // carry's keys at least its lower bound), so the first digit spans that range instead of
-      // the top 4 bits: (k - lo) >> shift < 16. On Gaussian scores the best ~30 keys of a row
-      // share their top 6-8 bits and cross the 0x40000000 boundary of the order key (values 2.0
-      // and up), which the top digits split into almost empty bins.
+      // Every key of the select lies in [base, top]: after a full carry in [the survivors' and the
+      // carry's lower bound, max_carry] (the survivors are below max_carry), else in the range of
+      // the chunk's keys and the carry's. The first level's bins are 2^shift wide from the
+      // smallest key, shift = the range's bit length - 4 but at most 23 (one exponent of the
+      // float: on a wide range the bins follow the best key's exponents, the top-digit levels of
+      // `radix` split Gaussian keys into one or two bins), its last bin taking every key above.
+      // Each further level splits the chosen bin [base, top] 16 ways.
+      uint32_t base, top;
       if (full) {
-        const uint32_t lo = min(st.min_carry, min_surv);
-        shift = max(32 - __clz(st.max_carry - lo) - 4, 0);
-        base = lo;
-        for_each_row(tile, t_lo, t_lo + w, [&](uint32_t k, int) {
-          atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
-        });
+        base = min(st.min_carry, key_lo);
+        top = st.max_carry;
+      } else {
+        base = st.n_carry > 0 ? min(key_lo, st.min_carry) : key_lo;
+        top = st.n_carry > 0 ? max(key_hi, st.max_carry) : key_hi;
       }
-      for_each_row(ckey, c_lo, kc, [&](uint32_t k, int) {
-        atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
-      });
-      int rem = target;  // ranks still to fill among the keys in [base, base + 16 << shift)
-      for (;;) {
+      int shift = min(max(32 - __clz(top - base) - 4, 0), 23);
+      clear_hist(hist);
+      auto count_first = [&](uint32_t k, int) {
+        atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins - 1)) * 32, 1u);
+      };
+      for_each_row(ckey, c_lo, kc, count_first);
+      for_each_row(tile, t_lo, t_lo + w, count_first);
+      int rem = target;  // ranks still to fill among the keys in [base, top]
+      for (bool first = true;; first = false) {
         int bin, below, cnt;
         find_bin(hist, rem, bin, below, cnt);
         rem -= below;
-        base += uint32_t(bin) << shift;  // the bin holds a key, so no wrap-around
-        if (cnt == rem) {  // the whole bin is taken: every key <= its top (at most 0xFFFFFFFF)
-          const uint32_t top = base + ((1u << shift) - 1u);
-          thr = top < base ? 0xFFFFFFFFu : top;
+        const uint32_t b_lo = base + (uint32_t(bin) << shift);  // <= a key of the bin: no wrap
+        uint32_t b_hi = b_lo + ((1u << shift) - 1u);
+        if ((first && bin == kBins - 1) || b_hi < b_lo || b_hi > top) b_hi = top;
+        base = b_lo;
+        top = b_hi;
+        if (cnt == rem) {  // the whole bin is taken: every key <= its top
+          thr = top;
           break;
         }
-        if (shift == 0) {  // the exact rank-`target` key; `rem` of the keys equal to it are taken
+        if (base == top) {  // the exact rank-`target` key; `rem` of the keys equal to it are taken
           thr = base;
           need = rem;
           break;
         }
+        shift = max(32 - __clz(top - base) - 4, 0);  // (k - base) >> shift < 16 in the bin
         clear_hist(hist);
-        const int next = max(shift - 4, 0);
-        // A key in the bin has k - base < 2^shift, so (k - base) >> next is its next digit; any
-        // other key (below: wraps around; above) gives >= kBins and counts into the spare bin.
+        // Any key outside the bin (below: wraps around; above) gives >= kBins and counts into
+        // the spare bin. Branch-free: 3 integer instructions and the atomic per key.
         auto count = [&](uint32_t k, int) {
-          atomicAdd(hist + min((k - base) >> next, uint32_t(kBins)) * 32, 1u);
+          atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
         };
         for_each_row(ckey, c_lo, kc, count);
         for_each_row(tile, t_lo, t_lo + w, count);
-        shift = next;
       }
     } else {
       for_each_row(ckey, c_lo, kc, [&](uint32_t k, int) { atomicAdd(hist + (k >> 28) * 32, 1u); });
       uint32_t prefix = 0;  // the digits fixed so far
       int rem = target;     // ranks still to fill among the keys that share them
-      for (shift = 28;; shift -= 4) {
+      for (int shift = 28;; shift -= 4) {
         int bin, below, cnt;
         find_bin(hist, rem, bin, below, cnt);
         rem -= below;

@@ -85,8 +85,9 @@ inline constexpr int kInsertBudget = 160;
 //   kWarps: warps per CTA. The warps share nothing, so this only sets how finely shared memory is
 //     handed out (every CTA also costs the SM 1 KB of reserved shared memory);
 //   kLean: the trims of the lean variants: a row's first chunk converted in place (no compaction
-//     bookkeeping), the insertion-or-radix choice made warp-uniform, and the radix select after a
-//     full carry started at the keys' range [min, max] instead of the top 4 bits.
+//     bookkeeping), the insertion-or-radix choice made warp-uniform, and the radix select started
+//     at the keys' range [min, max] (bins at most one float exponent wide from the smallest key,
+//     the last one taking every key above) instead of the top 4 bits.
 template <int kBuffers_, int kChunk_, int kWarps_, bool kLean_>
 struct Variant {
   static constexpr int kBuffers = kBuffers_;

@@ -63,8 +63,8 @@ enum class ProxyKernel : int32_t {
 // for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), by_size
 // (radix from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8), and
 // the radix kernel's lean variants, forced only until measured: radix_lean (the first chunk of a
-// row without compaction, warp-uniform insertion, the radix select of a full carry started at the
-// keys' range), radix_1buf (the same with one chunk buffer per warp: 13 warps per SM at topk 16
+// row without compaction, warp-uniform insertion, the radix select started at the keys' range, at
+// most one float exponent a bin), radix_1buf (the same with one chunk buffer per warp: 13 warps per SM at topk 16
 // instead of 8), radix_c32 (one buffer of 32 blocks: 18 warps per SM).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
 // blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row).

@@ -970,19 +970,23 @@ def _carry_scores(dist: str, H: int, P: int, S: int, gen: torch.Generator) -> to
         return torch.full(shape, 0.25)
     if dist == "around_two":  # keys on both sides of 0x40000000 (2.0), a few ulps apart
         return 2.0 + (torch.randint(-40, 40, shape, generator=gen).float() * 2.0**-22)
+    if dist == "wide_exponents":  # a row's best keys many exponents apart: the last bin's keys
+        return torch.randn(shape, generator=gen) * torch.exp2(
+            torch.randint(-120, 120, shape, generator=gen).float())
     x = torch.randn(shape, generator=gen)
     order = torch.sort(x, dim=1, descending=dist == "descending").values
     return order  # ascending: every chunk beats the carry; descending: none does
 
 
-@pytest.mark.parametrize("dist", ("neg_nan_payloads", "equal", "around_two", "ascending",
-                                  "descending"))
+@pytest.mark.parametrize("dist", ("neg_nan_payloads", "equal", "around_two", "wide_exponents",
+                                  "ascending", "descending"))
 def test_topk_full_carry_key_ranges(dist: str):
-    """Rows of several chunks (of 32 and 64 blocks) whose keys stress the selection after a full
-    carry, where the lean variants start the radix select at the keys' range [min, max] instead
-    of the top digit: keys at the very top of the key range, all equal, straddling 0x40000000,
-    and sorted rows (a radix select per chunk, or no survivors at all); topk 1..64 with forced
-    blocks, per-token nvp. Every kernel equals the C++ reference."""
+    """Rows of several chunks (of 32 and 64 blocks) whose keys stress the lean variants' radix
+    select, which starts at the keys' range [min, max] with bins at most one float exponent wide
+    (the last taking every key above) instead of the top digit: keys at the very top of the key
+    range, all equal, straddling 0x40000000, spread over 240 exponents, and sorted rows (a radix
+    select per chunk, or no survivors at all); topk 1..64 with forced blocks, per-token nvp.
+    Every kernel equals the C++ reference."""
     gen = torch.Generator().manual_seed(77)
     H, P, S = 2, 300, 45
     scores = _carry_scores(dist, H, P, S, gen)
