@@ -38,15 +38,16 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // (tokens x G rows) take 64-row tiles.
   plan.warps_m = group <= 16 && !mtp ? 1 : 4;
   // auto: regs for fp8 and NVFP4 K/V (converted in registers: the point of the kernel), smem for
-  // 16-bit K/V (the two within 1 %), and smem for MTP union items (their register conversion runs
-  // only when forced until an H200 run measures it).
+  // 16-bit K/V (the two within 1 %); MTP union items: regs for fp8 K/V (H200 at 441d02d, B64/32K,
+  // 4 tokens: 79.7 vs 119.7 us), smem for NVFP4 (its union register path not yet measured).
   // Forced regs: 16-row tiles where the device has the 105 KB of shared memory; MTP union items
   // with fp8 / NVFP4 K/V (64-row tiles, 86 / 75 KB: every SM80+ GPU); bf16 / fp16 union items and
   // G > 16 keep smem.
   const bool quantized_kv = p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4;
   // regs8: 8 warps per CTA for fp8 K/V with 16-row tiles; elsewhere the same as regs.
   const bool forced_regs = options.kernel == DecodeKernel::kRegs || options.kernel == DecodeKernel::kRegs8;
-  const bool want_regs = forced_regs || (options.kernel == DecodeKernel::kAuto && quantized_kv && !mtp);
+  const bool want_regs = forced_regs || (options.kernel == DecodeKernel::kAuto && quantized_kv &&
+                                         (!mtp || p.k.dtype == DType::kFP8E4M3));
   plan.regs = want_regs && (mtp ? quantized_kv : plan.warps_m == 1 && regs_ctas > 0);
   plan.regs_warps =
       plan.regs && !mtp && p.k.dtype == DType::kFP8E4M3 && options.kernel == DecodeKernel::kRegs8 ? 8 : 4;

@@ -94,8 +94,9 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // fp8 / NVFP4 K/V in registers (64-row tiles; fp8: the 4 warps split the keys of Q K^T and the head
 // dims of P V; NVFP4: each warp 16 rows and all keys of a block; bf16 / fp16 union items keep smem).
 // auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee:
-// 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us), for MTP union items
-// (their register conversion not yet measured) and where regs does not apply.
+// 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us); MTP union items:
+// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us), smem for NVFP4 (not yet measured);
+// smem where regs does not apply.
 // regs8: regs with 8 warps per CTA for fp8 K/V and 16-row tiles, each warp 16 keys of a block
 // instead of 32 (16 warps per SM at the same 2 CTAs, stages and shared memory; off by default
 // until an H200 run measures it); elsewhere the same as regs (NVFP4: its 8-warp build spills at

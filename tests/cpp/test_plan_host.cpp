@@ -450,7 +450,8 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4, 128), h200, u).qm.mtp_tokens, 0);  // 4 x G 32
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4, 64, 32), h200, u).qm.mtp_tokens, 0);  // 4 x 32
   // kernel=regs with union items: fp8 / NVFP4 K/V converted in registers in the union kernel's
-  // 64-row tiles (same items and splits); auto keeps the smem union kernel.
+  // 64-row tiles (same items and splits); auto takes it for fp8 (H200 at 441d02d) and keeps the
+  // smem union kernel for NVFP4.
   SparseDecodeParams fp8 = mtp_call(8, 4);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
   SparseDecodeOptions both = u;
@@ -461,13 +462,16 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   EXPECT_EQ(r.warps_m, 4);
   EXPECT_EQ(r.splits, m3.splits);
   EXPECT_EQ(r.num_items, m3.num_items);
-  EXPECT_FALSE(plan_sparse_decode(fp8, h200, u).qm.regs);   // auto kernel: smem union items
-  EXPECT_FALSE(plan_sparse_decode(fp8, h200, {}).qm.regs);  // auto, auto: the same
+  EXPECT_TRUE(plan_sparse_decode(fp8, h200, u).qm.regs);   // auto kernel: fp8 union in registers
+  EXPECT_TRUE(plan_sparse_decode(fp8, h200, {}).qm.regs);  // auto, auto: the same
+  SparseDecodeOptions smem_union = u;
+  smem_union.kernel = DecodeKernel::kSmem;
+  EXPECT_FALSE(plan_sparse_decode(fp8, h200, smem_union).qm.regs);
   EXPECT_EQ(plan_sparse_decode(fp8, h200, {}).qm.mtp_tokens, 4);
   SparseDecodeParams nvfp4 = mtp_call(8, 4);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
   EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, both).qm.regs);
-  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, u).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, u).qm.regs);  // auto: NVFP4 union items in smem
   EXPECT_FALSE(plan_sparse_decode(mtp_call(8, 4), h200, both).qm.regs);  // bf16 K/V: smem union
   // Its 86 / 75 KB fit every SM80+ GPU: no need of the 16-row variant's 105 KB.
   SparseAttnDeviceFacts sm89 = ampere();

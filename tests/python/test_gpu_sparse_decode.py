@@ -677,7 +677,7 @@ def test_decode_mtp_option_rejects_unknown_values():
 # The union items' 64-row tiles with K/V converted into fp16 fragments in registers (kv_regs.cuh):
 # fp8, the 4 warps split the keys of Q K^T and the head dims of P V over all 64 rows (row maxima and
 # P exchanged through shared memory); NVFP4, each warp 16 rows (M3: one token) and all 128 keys of
-# every block. Off by default (auto keeps the shared-memory union kernel); bf16 / fp16 union items
+# every block. auto takes it for fp8 since the H200 run at 441d02d (NVFP4: forced only); bf16 / fp16 union items
 # ignore kernel=regs.
 
 def _kv(name: str, kv: str) -> DecodeCase:
