@@ -82,7 +82,7 @@ QUICK = dict(
             (8 * K, "bf16", "flat", "pipeline")],
     decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
                  (1, 32 * K, 1, "fp8"), (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8"),
-                 (64, 32 * K, 1, "nvfp4")],
+                 (64, 32 * K, 1, "nvfp4"), (64, 32 * K, 4, "nvfp4")],
     pipeline_s=[8 * K, 32 * K],
     topk_s=[32 * K, 128 * K],
     step=[(b, 32 * K, 1, d, d) for d in ("bf16", "fp8") for b in (1, 64)],
