@@ -248,7 +248,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kBySize: {
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);
       plan.kernel = groups >= int64_t(kTopkRadixMinGroupsPerSm) * facts.num_sms
-                        ? TopkKernel::kRadix
+                        ? TopkKernel::kRadix1Buf
                         : TopkKernel::kWarpPerRow8;
       break;
     }

@@ -157,7 +157,7 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
     case TopkKernel::kAuto: s << "auto: "; [[fallthrough]];
     case TopkKernel::kBySize: {
       const long long groups = (static_cast<long long>(p.num_tokens) + 31) / 32 * p.num_heads;
-      s << "by_size: " << groups << " groups of 32 rows " << (plan.kernel == TopkKernel::kRadix ? ">=" : "<")
+      s << "by_size: " << groups << " groups of 32 rows " << (plan.kernel == TopkKernel::kWarpPerRow8 ? "<" : ">=")
         << " " << kTopkRadixMinGroupsPerSm << " per SM x " << facts.num_sms << " SMs";
       break;
     }

@@ -60,14 +60,16 @@ enum class ProxyKernel : int32_t {
 };
 // Top-k kernels (docs/design/topk_select.md): warp_per_row (a warp per (token, head) row, bitwise
 // threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
-// for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), by_size
-// (radix from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8), and
-// the radix kernel's lean variants, forced only until measured: radix_lean (the first chunk of a
-// row without compaction, warp-uniform insertion, the radix select started at the keys' range, at
-// most one float exponent a bin), radix_1buf (the same with one chunk buffer per warp: 13 warps per SM at topk 16
-// instead of 8), radix_c32 (one buffer of 32 blocks: 18 warps per SM).
+// for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), the radix
+// kernel's lean variants: radix_lean (the first chunk of a row without compaction, warp-uniform
+// insertion, the radix select started at the keys' range, at most one float exponent a bin),
+// radix_1buf (the same with one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8),
+// radix_c32 (one buffer of 32 blocks: 18 warps per SM), and by_size (radix_1buf from
+// kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
-// blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row).
+// blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row; at 5b22cb3
+// radix_1buf for the large calls: 102 vs 152 us at 32K, 1025 vs 1606 us at 128K, against radix
+// (radix_lean 113 / 1228, radix_c32 129 / 1099)).
 enum class TopkKernel : int32_t {
   kAuto = 0,
   kWarpPerRow = 1,

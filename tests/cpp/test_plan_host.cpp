@@ -804,7 +804,7 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
     EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {}, h200).kernel,
               plan_topk_select(topk_call(4, tokens), {TopkKernel::kBySize}, h200).kernel);
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpPerRow8);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadix);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadix1Buf);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
                        TopkKernel::kRadixLean, TopkKernel::kRadix1Buf, TopkKernel::kRadixC32})
     for (int tokens : {1, 64, 32768})
@@ -812,22 +812,22 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);
 }
 
-TEST(PlanTopk, BySizeTakesRadixFromFourGroupsPerSm) {
+TEST(PlanTopk, BySizeTakesRadix1BufFromFourGroupsPerSm) {
   const TopkSelectDeviceFacts h200{132};
   const TopkSelectOptions by_size{TopkKernel::kBySize};
   // 4 x 132 = 528 groups of 32 tokens: 4 heads x 132 groups = 4 x 4224 tokens.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, h200).kernel, TopkKernel::kRadix);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, h200).kernel, TopkKernel::kRadix1Buf);
   EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32 - 32), by_size, h200).kernel,
             TopkKernel::kWarpPerRow8);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 131 * 32 + 1), by_size, h200).kernel, TopkKernel::kRadix);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 131 * 32 + 1), by_size, h200).kernel, TopkKernel::kRadix1Buf);
   // The benchmark's shapes: decode (64 tokens x 4 heads) and the 32K / 128K prefills.
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpPerRow8);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadix);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadix);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadix1Buf);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadix1Buf);
   // The threshold scales with the SMs: the same call on 264 SMs stays warp_per_row_8.
   EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, {264}).kernel, TopkKernel::kWarpPerRow8);
-  // Unknown device: radix.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadix);
+  // Unknown device: radix_1buf.
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadix1Buf);
 }
 
 // kernel=decode: the decode kernel where it runs (G <= 16 heads per KV head, reduce_heads only with
