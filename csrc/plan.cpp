@@ -40,7 +40,8 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kBySize, "by_size"},
                                               {TopkKernel::kRadixLean, "radix_lean"},
                                               {TopkKernel::kRadix1Buf, "radix_1buf"},
-                                              {TopkKernel::kRadixC32, "radix_c32"}};
+                                              {TopkKernel::kRadixC32, "radix_c32"},
+                                              {TopkKernel::kWarpSplit, "warp_split"}};
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
@@ -244,6 +245,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kRadixLean: plan.kernel = TopkKernel::kRadixLean; break;
     case TopkKernel::kRadix1Buf: plan.kernel = TopkKernel::kRadix1Buf; break;
     case TopkKernel::kRadixC32: plan.kernel = TopkKernel::kRadixC32; break;
+    case TopkKernel::kWarpSplit: plan.kernel = TopkKernel::kWarpSplit; break;
     case TopkKernel::kAuto:
     case TopkKernel::kBySize: {
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);

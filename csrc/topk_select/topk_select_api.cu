@@ -5,7 +5,9 @@
 //     (warp_per_row), or 8 for decode-sized calls (warp_per_row_8: 4x the CTAs, a row per warp);
 //   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows. Its lean
 //     variants (radix_lean, radix_1buf, radix_c32: fewer instructions per row, and one smaller
-//     buffer for more warps per SM) are off by default until measured.
+//     buffer for more warps per SM) are off by default until measured;
+//   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
+//     warps, one warp merges their choices: decode-sized calls with long rows (off by default).
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is warp_per_row
 // until by_size (radix for large calls, warp_per_row_8 for small ones) is measured on the H200.
 #include <cuda_runtime.h>
@@ -20,6 +22,7 @@
 #include "flashmsa/plan.h"
 #include "topk_select/topk_radix_kernel.cuh"
 #include "topk_select/topk_select_kernel.cuh"
+#include "topk_select/topk_split_kernel.cuh"
 
 namespace flashmsa::cuda {
 namespace {
@@ -41,6 +44,16 @@ void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
 
   const dim3 grid(unsigned(kp.items));
   topk::topk_select_kernel<kTok><<<grid, topk::kThreads, smem, stream>>>(kp);
+  MSA_CHECK_LAUNCH();
+}
+
+// warp_split: a CTA per (token, head) row (CTA b = row b of out[S, H, topk]).
+void launch_split_rows(const TopkSelectParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
+  MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
+                      " tokens exceed the kernel's work-item range");
+  prepare_launch(topk::split::topk_split_kernel, topk::kThreads, 0);
+  topk::split::topk_split_kernel<<<dim3(unsigned(rows)), topk::kThreads, 0, stream>>>(p);
   MSA_CHECK_LAUNCH();
 }
 
@@ -81,6 +94,7 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
     case TopkKernel::kRadixC32: launch_radix<topk::radix::LeanC32>(p, groups, stream); break;
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
+    case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;
     default: MSA_FAIL("topk_select: the plan's kernel ", option_name(plan.kernel), " has no launcher");
   }
 }

@@ -28,6 +28,9 @@ inline constexpr int kTileStride = kTok + 1;
 template <int kTok>
 inline constexpr int kTileWords = kChunk * kTileStride<kTok>;
 inline constexpr int kMaxCarry = kMaxTopk;
+// Split rows (warp_split, topk_split_kernel.cuh): a CTA per row, its chunks split over at most this
+// many warps (one chunk each up to 8 chunks = P 2048; longer rows give each warp a run of chunks).
+inline constexpr int kSplitWarps = kWarps;
 
 // Per-row selection state, one per token of the CTA.
 struct RowInfo {

@@ -64,7 +64,9 @@ enum class ProxyKernel : int32_t {
 // kernel's lean variants: radix_lean (the first chunk of a row without compaction, warp-uniform
 // insertion, the radix select started at the keys' range, at most one float exponent a bin),
 // radix_1buf (the same with one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8),
-// radix_c32 (one buffer of 32 blocks: 18 warps per SM), and by_size (radix_1buf from
+// radix_c32 (one buffer of 32 blocks: 18 warps per SM), warp_split (a CTA per row, the row's
+// 256-block chunks split over up to 8 warps, then one warp merges their choices: for decode-sized
+// calls with long rows; off by default until measured), and by_size (radix_1buf from
 // kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
 // blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row; at 5b22cb3
@@ -78,7 +80,8 @@ enum class TopkKernel : int32_t {
   kBySize = 4,
   kRadixLean = 5,
   kRadix1Buf = 6,
-  kRadixC32 = 7
+  kRadixC32 = 7,
+  kWarpSplit = 8
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
