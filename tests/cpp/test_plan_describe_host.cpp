@@ -261,6 +261,14 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o.kernel = TopkKernel::kRadix1Buf;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix_1buf (forced by the option kernel=radix_1buf)")) << d;
+  o.kernel = TopkKernel::kWarpSplit;  // off by default: only when asked for
+  tp.num_tokens = 1;
+  tp.num_blocks = 1024;
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_split (forced by the option kernel=warp_split)")) << d;
+  o.kernel = TopkKernel::kAuto;  // the B1 / 128K decode call stays with warp_per_row_8
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_per_row_8 (auto: by_size: 4 groups of 32 rows < 4 per SM")) << d;
 }
 
 }  // namespace

@@ -679,7 +679,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadixLean,
-                       TopkKernel::kRadix1Buf, TopkKernel::kRadixC32})
+                       TopkKernel::kRadix1Buf, TopkKernel::kRadixC32, TopkKernel::kWarpSplit})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -695,6 +695,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_STREQ(option_name(TopkKernel::kRadixLean), "radix_lean");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
   EXPECT_STREQ(option_name(TopkKernel::kRadixC32), "radix_c32");
+  EXPECT_STREQ(option_name(TopkKernel::kWarpSplit), "warp_split");
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -725,7 +726,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "unknown plan option 'stages' (options: kernel, decode_ctas)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_lean, "
-               "radix_1buf or radix_c32, got 'heap'");
+               "radix_1buf, radix_c32 or warp_split, got 'heap'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem, regs or regs8, got 'fastest'");
@@ -735,7 +736,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "unknown plan option 'splits'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_lean, "
-               "radix_1buf or radix_c32, got 'new'");
+               "radix_1buf, radix_c32 or warp_split, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -805,8 +806,13 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
               plan_topk_select(topk_call(4, tokens), {TopkKernel::kBySize}, h200).kernel);
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpPerRow8);
   EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadix1Buf);
+  // warp_split is off by default: the B1 / 128K decode call (1 token x 4 heads x 1024 blocks)
+  // stays with warp_per_row_8 until an H200 run shows the split faster.
+  for (int blocks : {256, 1024, 16384})
+    EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpPerRow8);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
-                       TopkKernel::kRadixLean, TopkKernel::kRadix1Buf, TopkKernel::kRadixC32})
+                       TopkKernel::kRadixLean, TopkKernel::kRadix1Buf, TopkKernel::kRadixC32,
+                       TopkKernel::kWarpSplit})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);

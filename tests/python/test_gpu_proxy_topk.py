@@ -820,9 +820,10 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 
 # Values of the plan option `kernel` (include/flashmsa/plan.h): warp-per-row at
 # 32 tokens per CTA, at 8 (decode-sized calls), the thread-per-row radix kernel, by_size (the
-# default: the size-based choice between the last two), and the radix kernel's lean variants.
+# default: the size-based choice between the last two), the radix kernel's lean variants, and
+# split rows (a CTA per row, its chunks over up to 8 warps, merged by one).
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_lean", "radix_1buf",
-                "radix_c32")
+                "radix_c32", "warp_split")
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
@@ -1020,3 +1021,57 @@ def test_pipeline_proxy_then_topk_matches_reference():
     got = run_topk(tk, scores, nvp, DEV).cpu()
     want = run_topk(tk, scores.cpu(), nvp, "cpu")
     assert torch.equal(got, want)
+
+
+def _long_row_scores(dist: str, H: int, P: int, S: int, gen: torch.Generator) -> torch.Tensor:
+    shape = (H, P, S)
+    if dist == "equal":  # one key: the block order alone decides, across every slice
+        return torch.full(shape, 0.25)
+    x = torch.randn(shape, generator=gen)
+    if dist == "specials_spread":  # +-NaN (payloads), +-inf, +-0 every few blocks, in every slice
+        blk = torch.arange(P)[None, :, None].expand(shape)
+        kind = (blk * 7 + torch.arange(S)[None, None, :]) % 13
+        x[kind == 0] = float("nan")
+        x[kind == 1] = -float("nan")
+        x[kind == 2] = float("inf")
+        x[kind == 3] = -float("inf")
+        x[kind == 4] = 0.0
+        x[kind == 5] = -0.0
+        bits = x.view(torch.int32)
+        nan = torch.isnan(x)
+        payload = torch.randint(0, 1 << 22, shape, generator=gen, dtype=torch.int32)
+        bits[nan] = bits[nan] | payload[nan]
+    elif dist == "ties":  # 1 + U * 2^-13: many exact ties spread over the slices
+        x = 1 + torch.randint(0, 8, shape, generator=gen).float() * 2.0**-13
+    elif dist in ("ascending", "descending"):  # the best blocks all in the last / first slice
+        x = torch.sort(x, dim=1, descending=dist == "descending").values
+    return x.contiguous()
+
+
+@pytest.mark.parametrize("P", (1024, 4096, 16384))
+@pytest.mark.parametrize("topk", (1, 16, 64))
+def test_topk_long_rows_few_tokens(P: int, topk: int):
+    """Decode-sized calls with long rows (batch 1 at 128K to 2M context): 4 tokens x 2 heads, P up
+    to 16384 (warp_split splits such a row over 8 warps, several chunks each, and merges their
+    choices); per-token nvp with the causal -inf tail beyond it (a full row, a row ending inside a
+    slice, one chunk and a single block) or none; all-equal keys, ties, NaN / inf / -0 spread across
+    the slices, sorted rows; forced blocks at both ends. Every kernel equals the C++ reference."""
+    gen = torch.Generator().manual_seed(P * 100 + topk)
+    H, S = 2, 4
+    nvp_tok = torch.tensor([P, P // 2 + 37, 257, 1], dtype=torch.int32)
+    fb2 = min(2, topk // 2)
+    forced = sorted({(0, 0), (0, min(1, topk)), (fb2, min(1, topk - fb2))})
+    for dist in ("randn", "equal", "ties", "specials_spread", "ascending", "descending"):
+        scores = _long_row_scores(dist, H, P, S, gen)
+        causal = scores.clone()
+        causal[:, torch.arange(P)[:, None] >= nvp_tok[None, :]] = -float("inf")
+        for fb, fe in forced:
+            for nvp, x in ((None, scores), (nvp_tok, causal)):
+                case = TopkCase(f"long_{dist}_p{P}_k{topk}_fb{fb}_fe{fe}_"
+                                f"{'tok' if nvp is not None else 'none'}", H, P, S, topk=topk,
+                                fb=fb, fe=fe)
+                want = run_topk(case, x, nvp, "cpu")
+                x_dev = x.to(DEV)
+                for kernel in TOPK_KERNELS:
+                    got = run_topk(case, x_dev, nvp, DEV, kernel=kernel).cpu()
+                    assert_topk_equal(got, want, f"{case.name} [{kernel}]")

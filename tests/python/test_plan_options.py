@@ -49,7 +49,8 @@ VALID = {
                     dict(kernel="decode_f16"), dict(kernel="decode_f16_only")],
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
-                    dict(kernel="radix_lean"), dict(kernel="radix_1buf"), dict(kernel="radix_c32")],
+                    dict(kernel="radix_lean"), dict(kernel="radix_1buf"), dict(kernel="radix_c32"),
+                    dict(kernel="warp_split")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union", dict(kernel="regs8")],
@@ -114,8 +115,8 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(kernel="fastest"), "kernel must be auto, smem, regs or regs8, got 'fastest'"),
     ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
     ("topk_select", dict(kernel="heap"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_lean, radix_1buf "
-     "or radix_c32, got 'heap'"),
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_lean, radix_1buf, "
+     "radix_c32 or warp_split, got 'heap'"),
 ])
 def test_bad_options_raise_value_error_naming_the_option(op, options, match):
     with pytest.raises(ValueError, match=match):
