@@ -91,8 +91,14 @@ QUICK = dict(
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # The top-k kernels each top-k case runs under: the library's choice, then forced ones: the
 # warp-per-row kernel, by_size, and the radix kernel's lean variants (off by default until measured).
-TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_lean", "radix_1buf", "radix_c32")
+TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_lean", "radix_1buf", "radix_c32",
+                "warp_split")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
+# The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, and batch 1 at 128K (rows of
+# 1024 blocks: the M3 decode step's largest kernel under warp_per_row_8).
+TOPK_DECODE_SHAPES = (TOPK_DECODE, (1, 4, 1024))
+# Kernels for decode-sized calls only (a CTA per row): not timed on the prefill shapes.
+TOPK_DECODE_ONLY = ("warp_split",)
 
 
 def size_name(n: int) -> str:
@@ -626,13 +632,14 @@ class Bench:
         for kernel in TOPK_KERNELS:
             tag = "" if kernel == "auto" else f" [{kernel}]"
             options = None if kernel == "auto" else dict(kernel=kernel)
-            for s in self.cfg["topk_s"]:
+            for s in self.cfg["topk_s"] if kernel not in TOPK_DECODE_ONLY else ():
                 self.run_case("topk", f"prefill S={size_name(s)} H4 P={math.ceil(s / 128)}{tag}",
                               lambda s=s, o=options: self.build_topk(s, o), "memory",
                               REF_TOPK_32K if s == 32 * K else None)
-            s, h, p = TOPK_DECODE
-            self.run_case("topk", f"decode S={s} H{h} P={p}{tag}",
-                          lambda o=options: self.build_topk_decode(s, h, p, o), "memory")
+            for s, h, p in TOPK_DECODE_SHAPES:
+                self.run_case("topk", f"decode S={s} H{h} P={p}{tag}",
+                              lambda s=s, h=h, p=p, o=options: self.build_topk_decode(s, h, p, o),
+                              "memory")
 
     def build_topk_decode(self, s, h, p, options=None):
         """A decode batch's top-k: every token sees all P blocks (nvp = P per token), Gaussian

@@ -55,6 +55,14 @@ def cases(bench: bm.Bench) -> dict:
                                                                  dict(kernel="radix_1buf")),
         "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
                                                              dict(kernel="warp_per_row_8")),
+        # The B1 / 128K decode step's top-k (1 token x 4 heads x 1024 blocks): today's kernel and
+        # split rows (docs/design/topk_select.md, "Split rows").
+        "topk_decode_b1_128k_warp8": lambda: bench.build_topk_decode(1, 4, 1024,
+                                                                     dict(kernel="warp_per_row_8")),
+        "topk_decode_b1_128k_warp_split": lambda: bench.build_topk_decode(
+            1, 4, 1024, dict(kernel="warp_split")),
+        "topk_decode_warp_split": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
+                                                                  dict(kernel="warp_split")),
         "sparse_random_32k": sparse("random"),
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),
