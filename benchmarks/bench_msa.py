@@ -773,13 +773,10 @@ class Bench:
             ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
             # forced by name (plan options); fp8 / NVFP4 union items also with their K/V converted
-            # in registers (kernel=regs, mtp=union; off by default); fp8 sq 1 also with the 8-warp
-            # register kernel (kernel=regs8; off by default; other K/V kinds run regs under it).
+            # in registers (kernel=regs, mtp=union; off by default).
             variants = [("", None)]
             if sq == 1:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
-                if kv == "fp8":
-                    variants.append((" [regs8]", dict(kernel="regs8")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv in ("fp8", "nvfp4"):

@@ -74,8 +74,6 @@ def cases(bench: bm.Bench) -> dict:
         "decode_b64_regs": lambda: bench.build_decode(64, 32 * K, 1, "bf16", dict(kernel="regs")),
         "decode_b64_fp8_smem": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="smem")),
         "decode_b64_fp8_regs": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="regs")),
-        "decode_b64_fp8_regs8": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="regs8")),
-        "decode_b1_fp8_regs8": lambda: bench.build_decode(1, 32 * K, 1, "fp8", dict(kernel="regs8")),
         "decode_b64_sq4_union": lambda: bench.build_decode(64, 32 * K, 4, "bf16", dict(mtp="union")),
         "decode_b64_sq4_fp8_union": lambda: bench.build_decode(64, 32 * K, 4, "fp8",
                                                                dict(mtp="union")),

@@ -596,7 +596,6 @@ class Smoke:
             self.rnd((b, 8, 128)), self.rnd((sum(lens), 2, 128)), self.rnd((sum(lens), 2, 128)),
             sel(), cu_seqlens_k=ft.cu_seqlens(lens, self.dev)))
         self.decode_regs(lens)
-        self.decode_regs8(lens)
         self.decode_mtp_union(lens)
         self.decode_mtp_union_regs(lens)
 
@@ -652,33 +651,6 @@ class Smoke:
                             return_softmax_lse=True, force_fused=fused, **scales)
                     self.run(f"decode regs paged nvfp4 q={str(q_dtype)[6:]} {hq}/{hkv} "
                              f"sq{seqlen_q} fused={fused}", call)
-
-    def decode_regs8(self, lens):
-        """The 8-warp register kernel for fp8 K/V (plan option kernel=regs8; per-token items so
-        that seqlen_q 4 runs it too): M3 and small groups, bf16 / fp16 / fp8 q, fused / split with
-        each partial dtype, ids out of range and -1 holes in the lists."""
-        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs8", mtp="per_token"))
-        b = len(lens)
-        for hq, hkv, q_dtype in ((64, 4, BF16), (8, 2, FP16), (16, 4, FP8)):
-            cache = self.lazy(lambda hkv=hkv: self.paged_kv(lens, hkv, FP8))
-            for seqlen_q in (1, 4):
-                def build(hq=hq, hkv=hkv, q_dtype=q_dtype, sqd=seqlen_q):
-                    sel = self.decode_selection(lens, sqd, hkv)
-                    sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
-                    sel[:, 1::4, 9] = -1      # the list ends there
-                    return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
-                q_sel = self.lazy(build)
-                for fused in (True, False, None):
-                    partials = (None, torch.float32, FP8) if fused is False else (None,)
-                    for partial in partials:
-                        def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused,
-                                 partial=partial):
-                            (kc, vc, table, used), (q, sel) = cache(), q_sel()
-                            return ops.msa_sparse_decode_attention(
-                                q, kc, vc, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
-                                return_softmax_lse=True, force_fused=fused, partial_dtype=partial)
-                        self.run(f"decode regs8 paged fp8 q={str(q_dtype)[6:]} {hq}/{hkv} "
-                                 f"sq{seqlen_q} fused={fused} partial={partial}", call)
 
     def decode_mtp_union(self, lens):
         """MTP union items (plan option mtp=union): M3 and small groups, bf16 / fp8 / NVFP4

@@ -45,8 +45,7 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
-                                                 {DecodeKernel::kRegs, "regs"},
-                                                 {DecodeKernel::kRegs8, "regs8"}};
+                                                 {DecodeKernel::kRegs, "regs"}};
 
 constexpr Named<int> kDecodeCtas[] = {{0, "auto"}, {2, "2"}, {3, "3"}, {4, "4"}};
 

@@ -97,9 +97,6 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
     else
       s << "; kernel=regs (the 4 warps split the keys of Q K^T and the head dims of P V over all "
            "rows, 2 stages of 32 KB; fp8 K/V converted in registers)";
-  } else if (plan.qm.regs && plan.qm.regs_warps == 8) {
-    s << "; kernel=regs8 (8 warps per CTA, 16 keys of a block each, 3 stages at 2 CTAs per SM; fp8 "
-         "K/V converted in registers)";
   } else if (plan.qm.regs) {
     if (p.k.dtype == DType::kNVFP4)
       s << "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)";

@@ -44,13 +44,10 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // with fp8 / NVFP4 K/V (64-row tiles, 86 / 75 KB: every SM80+ GPU); bf16 / fp16 union items and
   // G > 16 keep smem.
   const bool quantized_kv = p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4;
-  // regs8: 8 warps per CTA for fp8 K/V with 16-row tiles; elsewhere the same as regs.
-  const bool forced_regs = options.kernel == DecodeKernel::kRegs || options.kernel == DecodeKernel::kRegs8;
-  const bool want_regs = forced_regs || (options.kernel == DecodeKernel::kAuto && quantized_kv &&
-                                         (!mtp || p.k.dtype == DType::kFP8E4M3));
+  const bool want_regs = options.kernel == DecodeKernel::kRegs ||
+                         (options.kernel == DecodeKernel::kAuto && quantized_kv &&
+                          (!mtp || p.k.dtype == DType::kFP8E4M3));
   plan.regs = want_regs && (mtp ? quantized_kv : plan.warps_m == 1 && regs_ctas > 0);
-  plan.regs_warps =
-      plan.regs && !mtp && p.k.dtype == DType::kFP8E4M3 && options.kernel == DecodeKernel::kRegs8 ? 8 : 4;
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
   const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads

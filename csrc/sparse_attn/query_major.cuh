@@ -28,10 +28,7 @@ namespace flashmsa::sparse_attn {
 // through the shared-memory path with 3 stages of 64-key tiles instead of 2.
 // kRegs with kWarpsM = 4: MTP union items with the register conversion (fp8 / NVFP4 K/V only):
 // 64-row tiles, each warp its 16 rows (M3: one token) and all 128 keys of every block.
-// kThreads = 256 (decode plan option kernel=regs8; fp8 K/V, 16-row tiles): the register
-// variant with 8 warps per CTA, each 16 keys of every block (twice the warps per SM at the same
-// 2 CTAs, the same stages and shared memory; the 8 warps' states merged at the end).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false, int kThreads = kQmThreads>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false>
 struct QueryMajorConfig {
   static_assert(!kRegs || kWarpsM == 1 || kKv != KvKind::kNative,
                 "streaming variant: 16-row tiles, or 64-row MTP union tiles of fp8 / NVFP4 K/V");
@@ -41,9 +38,7 @@ struct QueryMajorConfig {
   // the keys of Q K^T and the head dims of P V, so each conversion feeds the 4 m tiles. NVFP4 K/V:
   // each warp its 16 rows and all 128 keys of a block (qk_nvfp4_regs / pv_nvfp4_regs).
   static constexpr bool kCoop = kMtpRegs && kKv == KvKind::kFp8;
-  static_assert(kThreads == kQmThreads || (kThreads == 256 && kRegs && kKv == KvKind::kFp8 && kWarpsM == 1),
-                "8 warps: the 16-row fp8 register variant only (NVFP4 spills at 128 registers)");
-  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kWarps = kQmThreads / 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kRows = 16 * kWarpsM;          // query heads per CTA
   // Keys per tile: 64 (a block is one or two tiles); the register variant streams whole 128-key
@@ -297,7 +292,7 @@ MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int spli
 // rows past G are zero. bf16/fp16 q by cp.async (joins the first commit group); fp8 q (decode) is
 // converted to bf16 through registers.
 // kMtp: row i of the tile is head i % G of token r + i / G (n_tok tokens; rows past them are zero).
-template <typename Elem, int kRows, bool kMtp = false, int kThreads = kQmThreads>
+template <typename Elem, int kRows, bool kMtp = false>
 MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int rt, uint8_t* sQ,
                                 int tid, int n_tok = 0) {
   const SparseAttnParams& p = args.p;
@@ -316,7 +311,7 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
   };
   if (!args.q_fp8) {
     const Elem* q = static_cast<const Elem*>(p.q);
-    for (int c = tid; c < kRows * 16; c += kThreads) {
+    for (int c = tid; c < kRows * 16; c += kQmThreads) {
       const int row = c >> 4, ch = c & 15;
       int64_t rq;
       int hh;
@@ -327,7 +322,7 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
     }
   } else {
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
-    for (int c = tid; c < kRows * 8; c += kThreads) {
+    for (int c = tid; c < kRows * 8; c += kQmThreads) {
       const int row = c >> 3, ch = c & 7;
       int64_t rq;
       int hh;
@@ -536,10 +531,10 @@ MSA_DEVICE void mtp_coop_item(const QueryMajorArgs& args, int r0, int n_tok, int
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
 // variant (105 KB of shared memory; MTP union items in registers: 86 / 75 KB and 64 rows of
 // S per warp).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, int kThreads = kQmThreads>
-__global__ void __launch_bounds__(kThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
+__global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
-  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs, kThreads>;
+  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
   static_assert(!kMtp || kWarpsM == 4, "MTP union items: 64-row tiles");
   static_assert(!kRegs || kWarpsM == 1 || (kMtp && Cfg::kMtpRegs),
                 "64-row register tiles: MTP union items of fp8 / NVFP4 K/V");
@@ -580,18 +575,11 @@ __global__ void __launch_bounds__(kThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       if constexpr (kMtp) {
         n = plan_mtp_item<Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
       } else {
-        // 8 warps, fp16 q (128 registers): the lane re-read here, so that ptxas keeps no
-        // lane-derived index of the plan live across the item loop (it spilled one on sm_90a;
-        // with bf16 q the same re-read moves a spill elsewhere, so bf16 keeps the plain lane).
-        int plan_lane = lane;
-        if constexpr (kThreads != kQmThreads && std::is_same_v<Elem, __half>)
-          asm volatile("mov.u32 %0, %%laneid;" : "=r"(plan_lane));
-        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list,
-                                                           plan_lane);
+        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
       }
       if (lane == 0) s_misc[0] = n;
     }
-    load_query_rows<Elem, Cfg::kRows, kMtp, kThreads>(args, r0, kh, rt, sQ, tid, n_tok);
+    load_query_rows<Elem, Cfg::kRows, kMtp>(args, r0, kh, rt, sQ, tid, n_tok);
     cp_async_commit();
     __syncthreads();
     const int n_tiles = s_misc[0];
@@ -602,20 +590,20 @@ __global__ void __launch_bounds__(kThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       const TileDesc d = s_tiles[tile];
       constexpr int kHalf = Cfg::kStageBytes / 2;
       if constexpr (Cfg::kRegConvert && kKv == KvKind::kFp8) {
-        issue_fp8_rows_swizzled<Cfg::kTileKeys, kThreads>(p.k, d.k_off, d.n_valid,
-                                                          stage_addr(st), tid);
-        issue_fp8_rows_swizzled<Cfg::kTileKeys, kThreads>(p.v, d.v_off, d.n_valid,
-                                                          stage_addr(st) + kHalf, tid);
+        issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(p.k, d.k_off, d.n_valid,
+                                                            stage_addr(st), tid);
+        issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(p.v, d.v_off, d.n_valid,
+                                                            stage_addr(st) + kHalf, tid);
       } else if constexpr (Cfg::kRegConvert) {  // NVFP4: whole raw blocks, data then scales
-        issue_kv_rows<Elem, kKv, Cfg::kTileKeys, kThreads>(p.k, d.k_off, d.scale_row, scale_step,
-                                                          d.n_valid, stage_addr(st), tid);
-        issue_kv_rows<Elem, kKv, Cfg::kTileKeys, kThreads>(p.v, d.v_off, d.scale_row, scale_step,
-                                                          d.n_valid, stage_addr(st) + kHalf, tid);
+        issue_kv_rows<Elem, kKv, Cfg::kTileKeys, kQmThreads>(p.k, d.k_off, d.scale_row, scale_step,
+                                                            d.n_valid, stage_addr(st), tid);
+        issue_kv_rows<Elem, kKv, Cfg::kTileKeys, kQmThreads>(p.v, d.v_off, d.scale_row, scale_step,
+                                                            d.n_valid, stage_addr(st) + kHalf, tid);
       } else {
-        issue_kv_rows<Elem, kKv, kQmTileKeys, kThreads>(p.k, d.k_off, d.scale_row, scale_step,
-                                                       d.n_valid, stage_addr(st), tid);
-        issue_kv_rows<Elem, kKv, kQmTileKeys, kThreads>(p.v, d.v_off, d.scale_row, scale_step,
-                                                       d.n_valid, stage_addr(st) + kHalf, tid);
+        issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.k, d.k_off, d.scale_row, scale_step,
+                                                         d.n_valid, stage_addr(st), tid);
+        issue_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(p.v, d.v_off, d.scale_row, scale_step,
+                                                         d.n_valid, stage_addr(st) + kHalf, tid);
       }
     };
 #pragma unroll
@@ -730,9 +718,9 @@ __global__ void __launch_bounds__(kThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         } else {
           uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
           uint8_t* cbuf = s_union + Cfg::kStages * Cfg::kStageBytes;
-          convert_kv_rows<Elem, kKv, kQmTileKeys, kThreads>(raw, cbuf, tid);
-          convert_kv_rows<Elem, kKv, kQmTileKeys, kThreads>(raw + Cfg::kStageBytes / 2,
-                                                            cbuf + Cfg::kTileBytes, tid);
+          convert_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(raw, cbuf, tid);
+          convert_kv_rows<Elem, kKv, kQmTileKeys, kQmThreads>(raw + Cfg::kStageBytes / 2,
+                                                              cbuf + Cfg::kTileBytes, tid);
           __syncthreads();
           sK = smem_addr(cbuf);
           sV = sK + Cfg::kTileBytes;
@@ -890,14 +878,14 @@ __global__ void __launch_bounds__(kThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
   }
 }
 
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, int kThreads>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
-  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs, kThreads>;
-  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kThreads>;
-  flashmsa::cuda::prepare_launch(kernel, kThreads, Cfg::kSmemBytes);  // cached smem opt-in
+  using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp>;
+  flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
   // Items beyond the largest grid are picked up by the grid-stride loop.
   const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
-  kernel<<<unsigned(grid), kThreads, Cfg::kSmemBytes, stream>>>(args);
+  kernel<<<unsigned(grid), kQmThreads, Cfg::kSmemBytes, stream>>>(args);
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -133,14 +133,6 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       }
       return;
     }
-    if (plan.regs && plan.regs_warps == 8) {  // 8 warps per CTA, 16 keys of a block each
-      if constexpr (kKv == KvKind::kFp8) {
-        launch_query_major<Elem, kKv, 1, true, false, 256>(a, stream);
-      } else {
-        MSA_FAIL("msa_sparse_decode_attention: the 8-warp register kernel needs fp8 K/V (planner bug)");
-      }
-      return;
-    }
     if (plan.regs) {
       launch_query_major<Elem, kKv, 1, true>(a, stream);
       return;

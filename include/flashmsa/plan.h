@@ -102,11 +102,7 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us); MTP union items:
 // regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us), smem for NVFP4 (not yet measured);
 // smem where regs does not apply.
-// regs8: regs with 8 warps per CTA for fp8 K/V and 16-row tiles, each warp 16 keys of a block
-// instead of 32 (16 warps per SM at the same 2 CTAs, stages and shared memory; off by default
-// until an H200 run measures it); elsewhere the same as regs (NVFP4: its 8-warp build spills at
-// the 128-register cap on sm_90a).
-enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2, kRegs8 = 3 };
+enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2 };
 // MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
 // over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,
 // seqlen_q x topk <= 64). auto: union where it applies (H200 at 162e97a, B64/32K, 4 tokens: 105 vs
@@ -138,7 +134,7 @@ struct TopkSelectOptions {
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
-// Options of msa_sparse_decode_attention: kernel=auto|smem|regs|regs8, mtp=auto|per_token|union.
+// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
@@ -195,7 +191,6 @@ struct WorkspaceLayout {
 struct QueryMajorPlan {
   int warps_m = 0;    // 1 (G <= 16: one m16 tile per token) or 4 (64-row tiles)
   bool regs = false;  // decode: the streaming variant (DecodeKernel::kRegs where it applies)
-  int regs_warps = 4; // regs: warps per CTA, 8 for DecodeKernel::kRegs8 (fp8 K/V, 16-row tiles)
   int mtp_tokens = 0; // decode: > 0 for MTP union items of this many tokens per request
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks

@@ -812,8 +812,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_lean |
 # radix_1buf | radix_c32 | warp_split;
 # msa_sparse_decode_attention:
-# kernel = auto | smem | regs | regs8 (regs with 8 warps per CTA for fp8 K/V), mtp = auto |
-# per_token | union (include/flashmsa/plan.h). An
+# kernel = auto | smem | regs, mtp = auto | per_token | union (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).
 

@@ -128,31 +128,6 @@ TEST(PlanDescribe, DecodeRegsNamesItsConversion) {
   EXPECT_FALSE(has(d, "kernel=regs")) << d;
 }
 
-TEST(PlanDescribe, DecodeRegs8NamesItsWarps) {
-  SparseAttnDeviceFacts f = hopper();
-  f.decode_regs_ctas = 2;
-  SparseDecodeOptions regs8;
-  regs8.kernel = DecodeKernel::kRegs8;
-  SparseDecodeParams dp{};
-  dp.attn = attn(64);
-  dp.force_fused = -1;
-  const struct {
-    DType kv;
-    const char* text;
-  } cases[] = {{DType::kBF16, "; kernel=regs (3 stages at 2 CTAs per SM)"},
-               {DType::kFP8E4M3, "; kernel=regs8 (8 warps per CTA, 16 keys of a block each, 3 stages at 2 "
-                                 "CTAs per SM; fp8 K/V converted in registers)"},
-               {DType::kNVFP4, "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)"}};
-  for (const auto& c : cases) {
-    dp.attn.k.dtype = dp.attn.v.dtype = c.kv;
-    const std::string d = describe_decode(plan_sparse_decode(dp, f, regs8), dp.attn);
-    EXPECT_TRUE(has(d, c.text)) << d;
-    // auto never names it.
-    const std::string a = describe_decode(plan_sparse_decode(dp, f), dp.attn);
-    EXPECT_FALSE(has(a, "regs8")) << a;
-  }
-}
-
 TEST(PlanDescribe, DecodeMtpUnionRegsNamesItsConversion) {
   SparseDecodeOptions both;
   both.kernel = DecodeKernel::kRegs;

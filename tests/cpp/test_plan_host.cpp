@@ -493,61 +493,6 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   expect_layout_sound(plan_sparse_decode(fp8, h200, both));
 }
 
-TEST(PlanDecode, Regs8KernelOnlyWhereItApplies) {
-  SparseAttnDeviceFacts h200 = hopper();
-  h200.decode_regs_ctas = 2;
-  auto call = [](int batch, DType kv, int hq = 64) {
-    SparseDecodeParams d = decode(batch, -1);
-    d.attn.num_heads = hq;
-    d.attn.k.dtype = d.attn.v.dtype = kv;
-    return d;
-  };
-  SparseDecodeOptions regs8;
-  regs8.kernel = DecodeKernel::kRegs8;
-  SparseDecodeOptions regs;
-  regs.kernel = DecodeKernel::kRegs;
-  // fp8 K/V with 16-row tiles: 8 warps per CTA, the items and splits of regs (the same 2 CTAs per
-  // SM): B64 x 4 kv heads = 256 items, fused; 30 x 4 = 120 items, 3 splits. NVFP4: regs (4 warps).
-  for (DType kv : {DType::kFP8E4M3, DType::kNVFP4}) {
-    const int warps = kv == DType::kFP8E4M3 ? 8 : 4;
-    for (int batch : {64, 30, 1}) {
-      const QueryMajorPlan a = plan_sparse_decode(call(batch, kv), h200, regs8).qm;
-      const QueryMajorPlan b = plan_sparse_decode(call(batch, kv), h200, regs).qm;
-      EXPECT_TRUE(a.regs);
-      EXPECT_EQ(a.regs_warps, warps);
-      EXPECT_EQ(b.regs_warps, 4);
-      EXPECT_EQ(a.splits, b.splits);
-      EXPECT_EQ(a.fused, b.fused);
-      EXPECT_EQ(a.num_items, b.num_items);
-    }
-    EXPECT_EQ(plan_sparse_decode(call(64, kv), h200, regs8).qm.splits, 1);
-    EXPECT_EQ(plan_sparse_decode(call(30, kv), h200, regs8).qm.splits, 3);
-    // auto never takes it (regs with 4 warps).
-    EXPECT_EQ(plan_sparse_decode(call(64, kv), h200, {}).qm.regs_warps, 4);
-    // G = 32: 64-row tiles, the smem kernel.
-    EXPECT_FALSE(plan_sparse_decode(call(30, kv, 128), h200, regs8).qm.regs);
-    EXPECT_EQ(plan_sparse_decode(call(30, kv, 128), h200, regs8).qm.regs_warps, 4);
-  }
-  // 16-bit K/V: the 4-warp regs kernel (64-key tiles leave 8 keys per warp, half an MMA k-step).
-  const QueryMajorPlan bf16 = plan_sparse_decode(call(64, DType::kBF16), h200, regs8).qm;
-  EXPECT_TRUE(bf16.regs);
-  EXPECT_EQ(bf16.regs_warps, 4);
-  // Below 105 KB of shared memory per CTA: smem, as regs.
-  SparseAttnDeviceFacts sm89 = ampere();
-  sm89.decode_regs_ctas = 0;
-  EXPECT_FALSE(plan_sparse_decode(call(30, DType::kFP8E4M3), sm89, regs8).qm.regs);
-  EXPECT_EQ(plan_sparse_decode(call(30, DType::kFP8E4M3), sm89, regs8).qm.regs_warps, 4);
-  // MTP union items: regs8 is regs there (the 64-row union kernel, 4 warps).
-  SparseDecodeParams mtp = mtp_call(8, 4);
-  mtp.attn.k.dtype = mtp.attn.v.dtype = DType::kFP8E4M3;
-  SparseDecodeOptions u8 = regs8;
-  u8.mtp = DecodeMtp::kUnion;
-  const QueryMajorPlan m = plan_sparse_decode(mtp, h200, u8).qm;
-  EXPECT_TRUE(m.regs);
-  EXPECT_EQ(m.mtp_tokens, 4);
-  EXPECT_EQ(m.regs_warps, 4);
-}
-
 SparseDecodeOptions regs_only() {
   SparseDecodeOptions o;
   o.kernel = DecodeKernel::kRegs;
@@ -685,8 +630,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
   EXPECT_EQ(d.mtp, DecodeMtp::kUnion);
   EXPECT_EQ(parse_sparse_decode_options("").kernel, DecodeKernel::kAuto);
-  EXPECT_EQ(parse_sparse_decode_options("kernel=regs8").kernel, DecodeKernel::kRegs8);
-  for (DecodeKernel k : {DecodeKernel::kAuto, DecodeKernel::kSmem, DecodeKernel::kRegs, DecodeKernel::kRegs8})
+  for (DecodeKernel k : {DecodeKernel::kAuto, DecodeKernel::kSmem, DecodeKernel::kRegs})
     EXPECT_EQ(parse_sparse_decode_options(std::string("kernel=") + option_name(k)).kernel, k);
   for (DecodeMtp m : {DecodeMtp::kAuto, DecodeMtp::kPerToken, DecodeMtp::kUnion})
     EXPECT_EQ(parse_sparse_decode_options(std::string("mtp=") + option_name(m)).mtp, m);
@@ -729,7 +673,10 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "radix_1buf, radix_c32 or warp_split, got 'heap'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
-               "kernel must be auto, smem, regs or regs8, got 'fastest'");
+               "kernel must be auto, smem or regs, got 'fastest'");
+  // kernel=regs8 (8 warps per CTA for fp8 K/V) was removed: slower than regs on the H200 (at 5b22cb3).
+  expect_error([] { parse_sparse_decode_options("kernel=regs8"); }, ErrorKind::kValue,
+               "kernel must be auto, smem or regs, got 'regs8'");
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,

@@ -279,21 +279,6 @@ def test_sparse_decode_mtp_union_regs_graph_replay(fused):
                      "union regs decode replay on new inputs")
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_sparse_decode_regs8_graph_replay(fused):
-    """The 8-warp register kernel for fp8 K/V (plan option kernel=regs8), one token per request."""
-    gen = mi.cuda_generator(17, DEV)
-    x = Decode(16, 2048, 1, gen, kv_dtype=FP8, options=dict(kernel="regs8"))
-    static_out = torch.empty_like(x.q)
-    ws = new_workspace()
-    kw = graph_kwargs(msa_ops.msa_sparse_decode_attention, output=static_out, workspace=ws)
-    graph, out = capture(lambda: x.run(force_fused=fused, **kw))
-    replay_and_check(graph, out, lambda: x.run(force_fused=fused), "regs8 decode replay")
-    refill(x.q, gen=gen)
-    x.v.copy_(mi.randn(x.v.shape, gen, DEV, torch.float32).to(x.v.dtype))
-    replay_and_check(graph, out, lambda: x.run(force_fused=fused), "regs8 decode replay on new inputs")
-
-
 def test_m3_decode_pipeline_graph_replay():
     """vLLM's M3 decode step, per-head selection (index heads == kv heads == 4), B=64, ctx 4096."""
     gen = mi.cuda_generator(15, DEV)
@@ -405,14 +390,6 @@ def test_sparse_decode_deterministic(fused, seqlen_q):
     x = Decode(64, 8192, seqlen_q, gen)
     a, b = twice(lambda: x.run(force_fused=fused))
     assert_bitwise_equal(b, a, "decode run twice")
-
-
-@pytest.mark.parametrize("fused", [True, False, None])
-def test_sparse_decode_regs8_deterministic(fused):
-    gen = mi.cuda_generator(26, DEV)
-    x = Decode(64, 8192, 1, gen, kv_dtype=FP8, options=dict(kernel="regs8"))
-    a, b = twice(lambda: x.run(force_fused=fused))
-    assert_bitwise_equal(b, a, "regs8 decode run twice")
 
 
 @pytest.mark.parametrize("fused", [True, False, None])

@@ -493,98 +493,9 @@ def test_regs_kernel_q_row_scales(q_dtype):
     check_against_reference(dp, got, want, base_out, f"row scales {q_dtype}")
 
 
-# ---- the 8-warp register kernel (plan option kernel=regs8) ----------------------------------------
-# fp8 K/V with G <= 16: 8 warps per CTA, each 16 keys of a block (the 4-warp kernel: 32); other
-# calls run what kernel=regs runs (NVFP4, bf16 / fp16 K/V, G > 16, MTP union items: covered too).
-# Its warps' key sets differ from the 4-warp kernel's, so the sums differ in rounding: checked
-# against the CPU reference and, within the fused vs split bound, against kernel=regs; bit-identical
-# to kernel=regs where regs8 runs the same kernel.
-
-REGS8_CASES = REGS_CASES + REGS_NVFP4_CASES[:2] + [c for c in REGS_NATIVE_CASES if c.name in (
-    "spec_4_2_16_2_bf16_paged", "fp16")] + REGS_FALLBACK_CASES
-
-
-@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
-@pytest.mark.parametrize("case", REGS8_CASES, ids=str)
-def test_regs8_kernel_matches_cpu_reference(case, force_fused):
-    dp, want, base_out = reference(case, seed=11)
-    got = run_regs(dp, kernel="regs8", force_fused=force_fused)
-    check_against_reference(dp, got, want, base_out, f"{case} regs8 fused={force_fused}")
-
-
-@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
-@pytest.mark.parametrize("case", [c for c in REGS_CASES if c.name in (
-    "spec_8_1_8_2_fp8_paged", "fp16_fp8kv_mtp4", "g3_topk33_fp8kv", "duplicates_fp8kv")], ids=str)
-def test_regs8_kernel_partial_dtypes(case, partial_dtype):
-    dp, want, base_out = reference(case, seed=12)
-    got = run_regs(dp, kernel="regs8", force_fused=False, partial_dtype=partial_dtype)
-    check_against_reference(dp, got, want, base_out, f"{case} regs8 partial {partial_dtype}",
-                            partial_dtype=partial_dtype)
-
-
-@pytest.mark.parametrize("case", [c for c in REGS_CASES if c.name in (
-    "spec_8_1_8_2_fp8_paged", "m3_b64_ctx2k_fp8_regs", "fp8_q_fp8_kv", "some_empty_rows_fp8kv",
-    "invalid_pages_fp8kv", "empty_and_tiny_sequences_fp8kv")] + REGS_NVFP4_CASES[:1] + [
-    c for c in REGS_NATIVE_CASES if c.name == "fp16"], ids=str)
-def test_regs8_kernel_against_regs_kernel(case):
-    """kernel=regs8 and kernel=regs on the same data: the same -inf / 0 pattern (empty selections,
-    invalid pages), outputs within the fused vs split bound, bit-identical where regs8 runs the
-    4-warp kernel (NVFP4, bf16 / fp16 K/V), and regs8 deterministic (fused and split)."""
-    dp = build_decode(case, seed=13)
-    for fused in (True, False):
-        regs = run_regs(dp, force_fused=fused)
-        regs8 = run_regs(dp, kernel="regs8", force_fused=fused)
-        empty = torch.isinf(regs8[1])
-        assert torch.equal(torch.isinf(regs[1]), empty)
-        assert bool((regs8[0][empty] == 0).all())
-        diff = float((regs[0].double() - regs8[0].double()).abs().max())
-        assert diff < 5e-3, f"regs vs regs8 fused={fused}: max |diff| {diff:.3e}"
-        if dp.gcase.kv != "fp8":
-            assert bits_equal(regs, regs8)
-        assert bits_equal(regs8, run_regs(dp, kernel="regs8", force_fused=fused))
-
-
-@pytest.mark.parametrize("force_fused", [True, False])
-def test_regs8_kernel_paged_equals_flat(force_fused):
-    case = DecodeCase("c", 8, 2, 16, 2, kv="fp8")
-    flat = problem(case, seed=14, layout="flat")
-    paged = problem(case, seed=14, layout="paged")
-    assert bits_equal(run_regs(flat, kernel="regs8", force_fused=force_fused),
-                      run_regs(paged, kernel="regs8", force_fused=force_fused))
-
-
-@pytest.mark.parametrize("q_dtype", [BF16, FP16], ids=str)
-def test_regs8_kernel_q_row_scales(q_dtype):
-    """As test_regs_kernel_q_row_scales: q rows scaled by 2^-100 .. 2^12 into the fp16 MMAs."""
-    case = DecodeCase("row_scales", 6, 2, 16, 2, q_dtype=q_dtype, kv="fp8")
-    dp = build_decode(case, seed=15)
-    exps = [-100, -30, 0, 12] if q_dtype == BF16 else [-10, -3, 0, 3]
-    mult = torch.tensor([2.0 ** exps[h % len(exps)] for h in range(case.hq)])[None, :, None]
-    q = (dp.pb.q.float() * mult).to(q_dtype)
-    dp.pb.q = q
-    dp.cpu_args = (q,) + tuple(dp.cpu_args[1:])
-    dp.gpu_args = (q.to(DEV),) + tuple(dp.gpu_args[1:])
-    want = run(dp, gpu=False)
-    base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
-    got = run_regs(dp, kernel="regs8")
-    check_against_reference(dp, got, want, base_out, f"regs8 row scales {q_dtype}")
-
-
-@pytest.mark.parametrize("kv", ["fp8", "nvfp4", "same"])
-def test_regs8_plan_names_the_path(kv):
-    """kernel=regs8 names the 8-warp kernel for fp8 K/V, kernel=regs's path otherwise; auto never
-    takes it."""
-    dp = build_decode(DecodeCase("c", 4, 1, 64, 4, kv=kv), seed=37)
-    forced = _decode_plan_text(dp, dict(kernel="regs8"))
-    assert ("kernel=regs8 (8 warps per CTA" in forced) == (kv == "fp8"), forced
-    assert "kernel=regs" in forced, forced
-    auto = _decode_plan_text(dp, None)
-    assert "regs8" not in auto, auto
-
-
 def test_decode_kernel_option_rejects_unknown_values():
     dp = build_decode(CASES[1], seed=16)
-    with pytest.raises(ValueError, match="kernel must be auto, smem, regs or regs8, got 'fastest'"):
+    with pytest.raises(ValueError, match="kernel must be auto, smem or regs, got 'fastest'"):
         msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs,
                                        options=dict(kernel="fastest"))
 

@@ -84,10 +84,4 @@ extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNvfp4>();
 extern template int kv_major_smem_bytes<__half, KvKind::kNvfp4>(int);
 extern template int kv_major_ctas_per_sm<__half, KvKind::kNvfp4>(int);
 
-// sparse_attn_regs8_bf16_fp8.cu
-extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true, false, 256>(const QueryMajorArgs&, cudaStream_t);
-
-// sparse_attn_regs8_fp16_fp8.cu
-extern template void launch_query_major<__half, KvKind::kFp8, 1, true, false, 256>(const QueryMajorArgs&, cudaStream_t);
-
 }  // namespace flashmsa::sparse_attn
