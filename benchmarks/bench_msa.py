@@ -772,14 +772,14 @@ class Bench:
                               lambda b=b, c=ctx: self.build_dense_decode(b, c), "memory")
             ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
-            # forced by name (plan options); fp8 / NVFP4 union items also with their K/V converted
-            # in registers (kernel=regs, mtp=union; off by default).
+            # forced by name (plan options); fp8 union items also with their K/V converted in
+            # registers (kernel=regs, mtp=union; auto since ffe265b).
             variants = [("", None)]
             if sq == 1:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
-                if kv in ("fp8", "nvfp4"):
+                if kv == "fp8":
                     variants.append((" [union regs]", dict(kernel="regs", mtp="union")))
             for suffix, options in variants:
                 self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged{suffix}",

@@ -695,7 +695,7 @@ class Smoke:
             self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}", call)
 
     def decode_mtp_union_regs(self, lens):
-        """MTP union items with fp8 / NVFP4 K/V converted in registers (plan options kernel=regs,
+        """MTP union items with fp8 K/V converted in registers (plan options kernel=regs,
         mtp=union): M3, G = 8 and G = 3, bf16 / fp16 / fp8 q, seqlen_q 2 and 4, shared and
         per-token selections, fused / split with each partial dtype, ids out of range and -1
         holes."""
@@ -726,20 +726,6 @@ class Smoke:
                                  f"{hq}/{hkv} sq{seqlen_q} shared={shared} fused={fused} "
                                  f"partial={partial}", call)
 
-        def build_nvfp4():
-            kc, table, used = self.paged(lens, 4)
-            k4, ks, kg = ft.quantize_nvfp4(kc)
-            v4, vs, vg = ft.quantize_nvfp4(self.rnd(kc.shape))
-            return k4, v4, self.decode_selection(lens, 4, 4), table, used, dict(
-                k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg)
-        nvfp4 = self.lazy(build_nvfp4)
-        for fused in (True, False):
-            def call(fused=fused):
-                k4, v4, sel, table, used, scales = nvfp4()
-                return ops.msa_sparse_decode_attention(
-                    self.rnd((b * 4, 64, 128)), k4, v4, sel, page_table=table, seqused_k=used,
-                    seqlen_q=4, return_softmax_lse=True, force_fused=fused, **scales)
-            self.run(f"decode mtp union regs paged nvfp4 64/4 sq4 fused={fused}", call)
 
     def hostile(self):
         """Hostile inputs (every op; attention under each prefill schedule, decode fused and split,

@@ -90,13 +90,9 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
       << plan.qm.mtp_tokens << " tokens' blocks once)";
   else
     s << "schedule=query_major (decode always: a CTA per (token, kv head) streams its blocks)";
-  if (plan.qm.regs && plan.qm.mtp_tokens > 0) {
-    if (p.k.dtype == DType::kNVFP4)
-      s << "; kernel=regs (each warp 16 rows and all 128 keys of a block, 3 stages of 18 KB; NVFP4 "
-           "K/V converted in registers)";
-    else
-      s << "; kernel=regs (the 4 warps split the keys of Q K^T and the head dims of P V over all "
-           "rows, 2 stages of 32 KB; fp8 K/V converted in registers)";
+  if (plan.qm.regs && plan.qm.mtp_tokens > 0) {  // fp8 K/V only
+    s << "; kernel=regs (the 4 warps split the keys of Q K^T and the head dims of P V over all "
+         "rows, 2 stages of 32 KB; fp8 K/V converted in registers)";
   } else if (plan.qm.regs) {
     if (p.k.dtype == DType::kNVFP4)
       s << "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)";

@@ -39,15 +39,15 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   plan.warps_m = group <= 16 && !mtp ? 1 : 4;
   // auto: regs for fp8 and NVFP4 K/V (converted in registers: the point of the kernel), smem for
   // 16-bit K/V (the two within 1 %); MTP union items: regs for fp8 K/V (H200 at 441d02d, B64/32K,
-  // 4 tokens: 79.7 vs 119.7 us), smem for NVFP4 (its union register path not yet measured).
+  // 4 tokens: 79.7 vs 119.7 us).
   // Forced regs: 16-row tiles where the device has the 105 KB of shared memory; MTP union items
-  // with fp8 / NVFP4 K/V (64-row tiles, 86 / 75 KB: every SM80+ GPU); bf16 / fp16 union items and
-  // G > 16 keep smem.
+  // with fp8 K/V (64-row tiles, 86 KB: every SM80+ GPU); NVFP4 / bf16 / fp16 union items and
+  // G > 16 keep smem (NVFP4 union items in registers: 168.3 vs 153.1 us for the smem union kernel
+  // at 5b22cb3, removed).
   const bool quantized_kv = p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4;
   const bool want_regs = options.kernel == DecodeKernel::kRegs ||
-                         (options.kernel == DecodeKernel::kAuto && quantized_kv &&
-                          (!mtp || p.k.dtype == DType::kFP8E4M3));
-  plan.regs = want_regs && (mtp ? quantized_kv : plan.warps_m == 1 && regs_ctas > 0);
+                         (options.kernel == DecodeKernel::kAuto && quantized_kv);
+  plan.regs = want_regs && (mtp ? p.k.dtype == DType::kFP8E4M3 : plan.warps_m == 1 && regs_ctas > 0);
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
   const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads

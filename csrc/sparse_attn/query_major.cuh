@@ -26,18 +26,18 @@ namespace flashmsa::sparse_attn {
 // kRegs: the streaming decode variant (decode plan option kernel=regs), 16-row tiles, 2 CTAs per SM:
 // fp8 and NVFP4 K/V converted in registers from raw 128-key blocks (kv_regs.cuh); bf16 / fp16 K/V
 // through the shared-memory path with 3 stages of 64-key tiles instead of 2.
-// kRegs with kWarpsM = 4: MTP union items with the register conversion (fp8 / NVFP4 K/V only):
-// 64-row tiles, each warp its 16 rows (M3: one token) and all 128 keys of every block.
+// kRegs with kWarpsM = 4: MTP union items with fp8 K/V converted in registers (64-row tiles; the
+// cooperative variant, kCoop). NVFP4 union items take the shared-memory union kernel (their
+// register variant, each warp its 16 rows and all keys, measured slower on the H200 and removed).
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false>
 struct QueryMajorConfig {
-  static_assert(!kRegs || kWarpsM == 1 || kKv != KvKind::kNative,
-                "streaming variant: 16-row tiles, or 64-row MTP union tiles of fp8 / NVFP4 K/V");
+  static_assert(!kRegs || kWarpsM == 1 || kKv == KvKind::kFp8,
+                "streaming variant: 16-row tiles, or 64-row MTP union tiles of fp8 K/V");
   static constexpr bool kRegConvert = kRegs && kKv != KvKind::kNative;  // kv_regs.cuh
   static constexpr bool kMtpRegs = kRegConvert && kWarpsM == 4;
-  // fp8: the cooperative variant (kv_regs.cuh "MTP union items, cooperative"): the 4 warps split
-  // the keys of Q K^T and the head dims of P V, so each conversion feeds the 4 m tiles. NVFP4 K/V:
-  // each warp its 16 rows and all 128 keys of a block (qk_nvfp4_regs / pv_nvfp4_regs).
-  static constexpr bool kCoop = kMtpRegs && kKv == KvKind::kFp8;
+  // The cooperative variant (kv_regs.cuh "MTP union items, cooperative"): the 4 warps split the
+  // keys of Q K^T and the head dims of P V, so each conversion feeds the 4 m tiles.
+  static constexpr bool kCoop = kMtpRegs;
   static constexpr int kWarps = kQmThreads / 32;
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kRows = 16 * kWarpsM;          // query heads per CTA
@@ -51,11 +51,11 @@ struct QueryMajorConfig {
   // The streaming variant: 3 stages of 32 KB (fp8: raw 128-key blocks, no compute tile; native:
   // 64-key K and V tiles), 2 in flight per CTA while one is computed, 2 CTAs per SM; NVFP4: 5
   // stages of 18 KB (raw 128-key blocks with their scales), 4 in flight.
-  // MTP union in registers: a block is computed for 64 rows, ~2-4x as long as for 16, so one block
-  // in flight covers the load: fp8 2 stages of 32 KB, NVFP4 3 of 18 KB (86 / 75 KB with the 16 KB
-  // Q tile: 2 CTAs per SM, and within sm_86 / sm_89's 99 KB).
+  // MTP union in registers (fp8): a block is computed for 64 rows, ~2-4x as long as for 16, so one
+  // block in flight covers the load: 2 stages of 32 KB (86 KB with the 16 KB Q tile: 2 CTAs per
+  // SM, and within sm_86 / sm_89's 99 KB).
   static constexpr int kStages =
-      kMtpRegs ? (kKv == KvKind::kNvfp4 ? 3 : 2)
+      kMtpRegs ? 2
       : kRegs  ? (kKv == KvKind::kNvfp4 ? 5 : 3)
                : (kKv == KvKind::kNative ? 2 : (kKv == KvKind::kFp8 ? (kWarpsM == 1 ? 3 : 2) : 4));
   static constexpr int kTileBytes = kQmTileKeys * 256;  // one K or V compute tile
@@ -529,15 +529,15 @@ MSA_DEVICE void mtp_coop_item(const QueryMajorArgs& args, int r0, int n_tok, int
 
 // 3 CTAs per SM for 16-row tiles (decode: enough bytes in flight, ~150 registers); 2 for 64-row
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
-// variant (105 KB of shared memory; MTP union items in registers: 86 / 75 KB and 64 rows of
-// S per warp).
+// variant (105 KB of shared memory; MTP union items in registers: 86 KB and 64 rows of S per
+// warp).
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
   static_assert(!kMtp || kWarpsM == 4, "MTP union items: 64-row tiles");
-  static_assert(!kRegs || kWarpsM == 1 || (kMtp && Cfg::kMtpRegs),
-                "64-row register tiles: MTP union items of fp8 / NVFP4 K/V");
+  static_assert(!kRegs || kWarpsM == 1 || (kMtp && Cfg::kCoop),
+                "64-row register tiles: MTP union items of fp8 K/V");
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = args.p;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -617,15 +617,14 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       continue;
     }
     float row_mul[2];  // register variant: per fragment row, fp16 logits -> base-2 units
-    // The warp's fp16 Q fragments (register variant): 16-row tiles, one copy at the Q tile that all
-    // warps read; MTP union (64 rows), warp w_m's own at its rows' 4 KB of the Q tile.
-    [[maybe_unused]] uint8_t* const sQf = sQ + w_m * 4096;
+    // The warp's fp16 Q fragments (register variant, 16-row tiles; kCoop items took the branch
+    // above): one copy at the Q tile that all warps read.
+    [[maybe_unused]] uint8_t* const sQf = sQ;
     if constexpr (Cfg::kRegConvert) {
       if (n_tiles > 0) {  // uniform
         // Q landed once all but the kStages - 1 tile groups are done (its copies are the first
-        // group). Every warp reads its 16 rows and keeps its row factors; then warp 0 (16-row
-        // tiles: every warp has the same rows) or each warp (MTP union) overwrites the Q tile with
-        // the fp16 fragments read from here on.
+        // group). Every warp reads its 16 rows and keeps its row factors; then warp 0 (every warp
+        // has the same rows) overwrites the Q tile with the fp16 fragments read from here on.
         cp_async_wait<Cfg::kStages - 1>();
         __syncthreads();
         uint32_t qa[8][4];
@@ -635,7 +634,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
           row_mul[1] *= kNvfp4RegsUnscale;
         }
         __syncthreads();
-        if (kWarpsM > 1 || warp == 0) stash_q_frags(qa, sQf, lane);
+        if (warp == 0) stash_q_frags(qa, sQf, lane);
         // The first iteration's barrier orders these stores before any warp reads them.
       }
     }
@@ -669,16 +668,8 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       if constexpr (Cfg::kRegConvert) {
         const uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
         const int key0 = w_n * Cfg::kWarpKeys;
-        int lim_rel = s_tiles[i].n_valid - key0;
+        const int lim_rel = s_tiles[i].n_valid - key0;
         int lim[1][2] = {{lim_rel, lim_rel}};
-        if constexpr (kMtp) {
-          // As in the shared-memory union below (key0 = 0: each warp takes every key of a block).
-          const uint32_t counts = uint32_t(s_tiles[i].pad);
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            lim[0][h] = tok_shift[h] >= 0 ? int((counts >> tok_shift[h]) & 0xFFu) : 0;
-          lim_rel = __any_sync(0xffffffffu, lim[0][0] > 0 || lim[0][1] > 0) ? 1 : 0;
-        }
         if (lim_rel > 0) {  // warp-uniform
           float s[1][Cfg::kNT][4];
           if constexpr (kKv == KvKind::kNvfp4) {
@@ -690,20 +681,8 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
           for (int nt = 0; nt < Cfg::kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[0][nt][e] *= row_mul[e >> 1];
-          // MTP union: most blocks are seen whole by every row of the warp (a token's 16 rows)
-          // and no temperature LSE is asked for; that step leaves out the per-key mask and the
-          // per-key temperature branch (the same values; ~13 % of the loop's instructions).
-          bool plain = false;
-          if constexpr (kMtp)
-            plain = !args.has_temp && __all_sync(0xffffffffu, lim[0][0] >= Cfg::kWarpKeys &&
-                                                                   lim[0][1] >= Cfg::kWarpKeys);
-          if (plain) {
-            softmax_step<1, Cfg::kNT, false>(s, o, st, lim, 1.0f, false, temp, lane,
-                                             regs_rescale_slack(false, temp));
-          } else {
-            softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
-                                      regs_rescale_slack(args.has_temp, temp));
-          }
+          softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
+                                    regs_rescale_slack(args.has_temp, temp));
           if constexpr (kKv == KvKind::kNvfp4) {
             pv_nvfp4_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
           } else {

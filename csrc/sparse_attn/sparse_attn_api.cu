@@ -124,11 +124,11 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
     a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
   }
   dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
-    if (plan.regs && plan.mtp_tokens > 0) {  // MTP union items, K/V converted in registers
-      if constexpr (kKv != KvKind::kNative) {
+    if (plan.regs && plan.mtp_tokens > 0) {  // MTP union items, fp8 K/V converted in registers
+      if constexpr (kKv == KvKind::kFp8) {
         launch_query_major<Elem, kKv, 4, true, true>(a, stream);
       } else {
-        MSA_FAIL("msa_sparse_decode_attention: MTP union items in registers need fp8 or NVFP4 K/V "
+        MSA_FAIL("msa_sparse_decode_attention: MTP union items in registers need fp8 K/V "
                  "(planner bug)");
       }
       return;

@@ -96,12 +96,12 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // K/V dequantized in shared memory, 2 stages of bf16 / fp16 K/V), regs (the streaming variant: 3
 // stages of 32 KB at 2 CTAs per SM, fp8 K/V converted in registers into fp16 MMAs; NVFP4 K/V: 5
 // stages of 18 KB, converted in registers too; G > 16 keeps smem). MTP union items: regs converts
-// fp8 / NVFP4 K/V in registers (64-row tiles; fp8: the 4 warps split the keys of Q K^T and the head
-// dims of P V; NVFP4: each warp 16 rows and all keys of a block; bf16 / fp16 union items keep smem).
+// fp8 K/V in registers (64-row tiles; the 4 warps split the keys of Q K^T and the head dims of
+// P V); NVFP4 / bf16 / fp16 union items keep smem (NVFP4 in registers measured slower, 168.3 vs
+// 153.1 us at 5b22cb3, and was removed).
 // auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee:
 // 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us); MTP union items:
-// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us), smem for NVFP4 (not yet measured);
-// smem where regs does not apply.
+// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us); smem where regs does not apply.
 enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2 };
 // MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
 // over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,

@@ -143,8 +143,8 @@ TEST(PlanDescribe, DecodeMtpUnionRegsNamesItsConversion) {
   } cases[] = {{DType::kBF16, ""},
                {DType::kFP8E4M3, "; kernel=regs (the 4 warps split the keys of Q K^T and the head dims of "
                                  "P V over all rows, 2 stages of 32 KB; fp8 K/V converted in registers)"},
-               {DType::kNVFP4, "; kernel=regs (each warp 16 rows and all 128 keys of a block, 3 stages "
-                               "of 18 KB; NVFP4 K/V converted in registers)"}};
+               // NVFP4: the smem union kernel (its register path measured slower at 5b22cb3, removed).
+               {DType::kNVFP4, ""}};
   for (const auto& c : cases) {
     dp.attn.k.dtype = dp.attn.v.dtype = c.kv;
     const std::string d = describe_decode(plan_sparse_decode(dp, hopper(), both), dp.attn);

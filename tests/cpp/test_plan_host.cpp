@@ -449,9 +449,9 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 5), h200, u).qm.mtp_tokens, 0);   // > 4 tokens
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4, 128), h200, u).qm.mtp_tokens, 0);  // 4 x G 32
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4, 64, 32), h200, u).qm.mtp_tokens, 0);  // 4 x 32
-  // kernel=regs with union items: fp8 / NVFP4 K/V converted in registers in the union kernel's
-  // 64-row tiles (same items and splits); auto takes it for fp8 (H200 at 441d02d) and keeps the
-  // smem union kernel for NVFP4.
+  // kernel=regs with union items: fp8 K/V converted in registers in the union kernel's 64-row tiles
+  // (same items and splits); auto takes it for fp8 (H200 at 441d02d). NVFP4 union items take the
+  // smem union kernel, forced regs too (their register path was slower at 5b22cb3 and removed).
   SparseDecodeParams fp8 = mtp_call(8, 4);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
   SparseDecodeOptions both = u;
@@ -470,10 +470,15 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   EXPECT_EQ(plan_sparse_decode(fp8, h200, {}).qm.mtp_tokens, 4);
   SparseDecodeParams nvfp4 = mtp_call(8, 4);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
-  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, both).qm.regs);
-  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, u).qm.regs);  // auto: NVFP4 union items in smem
+  const QueryMajorPlan n = plan_sparse_decode(nvfp4, h200, both).qm;
+  const QueryMajorPlan n_auto = plan_sparse_decode(nvfp4, h200, u).qm;
+  EXPECT_FALSE(n.regs);  // forced regs: NVFP4 union items in smem
+  EXPECT_EQ(n.mtp_tokens, 4);
+  EXPECT_EQ(n.splits, n_auto.splits);
+  EXPECT_EQ(n.num_items, n_auto.num_items);
+  EXPECT_FALSE(n_auto.regs);  // auto: the same
   EXPECT_FALSE(plan_sparse_decode(mtp_call(8, 4), h200, both).qm.regs);  // bf16 K/V: smem union
-  // Its 86 / 75 KB fit every SM80+ GPU: no need of the 16-row variant's 105 KB.
+  // Its 86 KB fit every SM80+ GPU: no need of the 16-row variant's 105 KB.
   SparseAttnDeviceFacts sm89 = ampere();
   sm89.decode_regs_ctas = 0;
   EXPECT_TRUE(plan_sparse_decode(fp8, sm89, both).qm.regs);

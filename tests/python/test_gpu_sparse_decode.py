@@ -585,32 +585,27 @@ def test_decode_mtp_option_rejects_unknown_values():
 
 
 # ---- MTP union items converted in registers (plan options kernel=regs, mtp=union) -------------
-# The union items' 64-row tiles with K/V converted into fp16 fragments in registers (kv_regs.cuh):
-# fp8, the 4 warps split the keys of Q K^T and the head dims of P V over all 64 rows (row maxima and
-# P exchanged through shared memory); NVFP4, each warp 16 rows (M3: one token) and all 128 keys of
-# every block. auto takes it for fp8 since the H200 run at 441d02d (NVFP4: forced only); bf16 / fp16 union items
-# ignore kernel=regs.
+# The union items' 64-row tiles with fp8 K/V converted into fp16 fragments in registers
+# (kv_regs.cuh): the 4 warps split the keys of Q K^T and the head dims of P V over all 64 rows (row
+# maxima and P exchanged through shared memory). auto takes it for fp8 since the H200 run at
+# 441d02d; NVFP4 / bf16 / fp16 union items ignore kernel=regs (NVFP4's register path measured
+# slower at 5b22cb3 and was removed: test_mtp_union_nvfp4_forced_regs_runs_smem_union).
 
 def _kv(name: str, kv: str) -> DecodeCase:
     return dataclasses.replace(next(c for c in CASES if c.name == name), name=f"{name}_{kv}_uregs",
                                kv=kv)
 
 
-# (Packed K|V views are bf16 / fp16 / fp8 only: with NVFP4 the op raises the ValueError
-# "k/v must be contiguous, or K/V views split from a paged KV cache ..." (H200 at 441d02d).)
-MTP_REGS_CASES = [_kv(n, kv) for kv in ("fp8", "nvfp4") for n in (
+MTP_REGS_CASES = [_kv(n, "fp8") for n in (
     "spec_4_2_16_2_bf16_paged", "m3_tp4_mtp2", "mtp_seqlen_gt_keys", "q_offset_int",
-    "q_offset_tensor_negative", "non_causal", "duplicates", "some_empty_rows", "packed_nhd")
-    if not (kv == "nvfp4" and n == "packed_nhd")] + [
-    c for c in CASES if c.name in ("nvfp4_flat_mtp", "fp16_fp8kv_mtp4", "fp8_q_fp8_kv")] + [
+    "q_offset_tensor_negative", "non_causal", "duplicates", "some_empty_rows", "packed_nhd")] + [
+    c for c in CASES if c.name in ("fp16_fp8kv_mtp4", "fp8_q_fp8_kv")] + [
     # M3 (G = 16): per-token distinct selections, one shared selection, partly shared.
     DecodeCase("m3_mtp4_distinct_fp8_uregs", 8, 4, 64, 4, kv="fp8", seqlens="ragged"),
     DecodeCase("m3_mtp4_shared_fp8_uregs", 8, 4, 64, 4, kv="fp8", selection="tile_shared"),
     DecodeCase("m3_mtp3_mixed_fp8_uregs", 7, 3, 64, 4, kv="fp8",
                seqlens=[1, 2, 3, 130, 700, 4000, 2049], selection="tile_mixed"),
     DecodeCase("m3_mtp2_fp8_uregs", 8, 2, 64, 4, kv="fp8", seqlens="ragged"),
-    DecodeCase("m3_mtp4_distinct_nvfp4_uregs", 6, 4, 64, 4, kv="nvfp4", seqlens="ragged"),
-    DecodeCase("m3_mtp4_shared_nvfp4_uregs", 6, 4, 64, 4, kv="nvfp4", selection="tile_shared"),
     DecodeCase("fp16_m3_mtp4_fp8_uregs", 5, 4, 64, 4, q_dtype=FP16, kv="fp8",
                selection="tile_mixed"),
     # Smaller and larger groups: G = 8 (warps 2, 3 idle at 2 tokens), 3, 1, and G = 32 (2 warps
@@ -622,8 +617,6 @@ MTP_REGS_CASES = [_kv(n, kv) for kv in ("fp8", "nvfp4") for n in (
     DecodeCase("g16_topk32_mtp2_fp8_uregs", 5, 2, 16, 1, topk=32, kv="fp8", selection="full",
                seqlens=[9000, 5000, 300, 4200, 129]),
     DecodeCase("mtp4_invalid_pages_fp8_uregs", 6, 4, 16, 2, kv="fp8", invalid_pages=True,
-               selection="full", seqlens=[300, 1000, 2048, 129, 5000, 700]),
-    DecodeCase("mtp4_invalid_pages_nvfp4_uregs", 6, 4, 16, 2, kv="nvfp4", invalid_pages=True,
                selection="full", seqlens=[300, 1000, 2048, 129, 5000, 700]),
     DecodeCase("m3_mtp4_scales_fp8_uregs", 4, 4, 64, 4, kv="fp8", softmax_scale=-0.05,
                v_global_scale=3.0),
@@ -644,8 +637,7 @@ def test_mtp_union_regs_matches_cpu_reference(case, force_fused):
 
 @pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
 @pytest.mark.parametrize("case", [c for c in MTP_REGS_CASES if c.name in (
-    "m3_mtp4_distinct_fp8_uregs", "fp16_fp8kv_mtp4", "g3_mtp4_out_of_range_fp8_uregs",
-    "m3_mtp4_shared_nvfp4_uregs")], ids=str)
+    "m3_mtp4_distinct_fp8_uregs", "fp16_fp8kv_mtp4", "g3_mtp4_out_of_range_fp8_uregs")], ids=str)
 def test_mtp_union_regs_partial_dtypes(case, partial_dtype):
     dp, want, base_out = reference(case, seed=32)
     got = run_mtp_regs(dp, force_fused=False, partial_dtype=partial_dtype)
@@ -655,8 +647,8 @@ def test_mtp_union_regs_partial_dtypes(case, partial_dtype):
 
 @pytest.mark.parametrize("case", [c for c in MTP_REGS_CASES if c.name in (
     "m3_mtp4_distinct_fp8_uregs", "m3_mtp4_shared_fp8_uregs", "m3_mtp3_mixed_fp8_uregs",
-    "some_empty_rows_fp8_uregs", "mtp4_invalid_pages_fp8_uregs", "g8_mtp4_holes_fp8_uregs",
-    "m3_mtp4_distinct_nvfp4_uregs", "mtp4_invalid_pages_nvfp4_uregs")], ids=str)
+    "some_empty_rows_fp8_uregs", "mtp4_invalid_pages_fp8_uregs", "g8_mtp4_holes_fp8_uregs")],
+    ids=str)
 def test_mtp_union_regs_against_smem_union(case):
     """The register and the shared-memory union kernels on the same data (same items, same
     splits): the same -inf / 0 pattern, outputs within the fused vs split bound; the register
@@ -675,9 +667,22 @@ def test_mtp_union_regs_against_smem_union(case):
         assert bits_equal(first, run_mtp_regs(dp, force_fused=fused))
 
 
-@pytest.mark.parametrize("kv", ["fp8", "nvfp4"])
-def test_mtp_union_regs_paged_equals_flat(kv):
-    case = DecodeCase("c", 8, 4, 32, 2, kv=kv)
+@pytest.mark.parametrize("case", [
+    DecodeCase("m3_mtp4_distinct_nvfp4", 6, 4, 64, 4, kv="nvfp4", seqlens="ragged"),
+    DecodeCase("m3_mtp4_shared_nvfp4", 6, 4, 64, 4, kv="nvfp4", selection="tile_shared"),
+    DecodeCase("mtp4_invalid_pages_nvfp4", 6, 4, 16, 2, kv="nvfp4", invalid_pages=True,
+               selection="full", seqlens=[300, 1000, 2048, 129, 5000, 700])], ids=str)
+def test_mtp_union_nvfp4_forced_regs_runs_smem_union(case):
+    """NVFP4 union items under kernel=regs run the shared-memory union kernel (their register path
+    was removed): bit for bit what kernel=smem gives, fused, split and the planner's choice."""
+    dp = build_decode(case, seed=33)
+    for fused in (None, True, False):
+        assert bits_equal(run_mtp_regs(dp, force_fused=fused),
+                          run_mtp(dp, kernel="smem", force_fused=fused))
+
+
+def test_mtp_union_regs_paged_equals_flat():
+    case = DecodeCase("c", 8, 4, 32, 2, kv="fp8")
     flat = build_decode(case, seed=34, layout="flat")
     paged = build_decode(case, seed=34, layout="paged")
     for fused in (True, False):
@@ -734,13 +739,14 @@ def _decode_plan_text(dp: DecodeProblem, options) -> str:
 
 @pytest.mark.parametrize("kv", ["fp8", "nvfp4", "same"])
 def test_mtp_union_regs_plan_names_the_path(kv):
-    """kernel=regs with mtp=union names the register conversion for fp8 / NVFP4 K/V (bf16: the
-    smem union kernel); auto takes it for fp8 (H200 at 441d02d) and keeps the shared-memory union
-    kernel for NVFP4 and 16-bit K/V."""
+    """kernel=regs with mtp=union names the register conversion for fp8 K/V (NVFP4 and bf16: the
+    smem union kernel, no register conversion named); auto takes it for fp8 (H200 at 441d02d) and
+    keeps the shared-memory union kernel for NVFP4 and 16-bit K/V."""
     dp = build_decode(DecodeCase("c", 4, 4, 64, 4, kv=kv), seed=36)
     forced = _decode_plan_text(dp, dict(kernel="regs", mtp="union"))
     assert "mtp=union" in forced, forced
-    assert ("K/V converted in registers" in forced) == (kv != "same"), forced
+    assert ("K/V converted in registers" in forced) == (kv == "fp8"), forced
+    assert ("kernel=regs" in forced) == (kv == "fp8"), forced
     assert ("kernel=regs (the 4 warps split" in forced) == (kv == "fp8"), forced
     auto = _decode_plan_text(dp, None)
     assert "mtp=union" in auto and ("kernel=regs" in auto) == (kv == "fp8"), auto
