@@ -47,10 +47,8 @@ def cases(bench: bm.Bench) -> dict:
         "topk_prefill_32k": lambda: bench.build_topk(32 * K),
         "topk_prefill_32k_radix": lambda: bench.build_topk(32 * K, dict(kernel="radix")),
         "topk_prefill_128k_radix": lambda: bench.build_topk(128 * K, dict(kernel="radix")),
-        # The radix kernel's lean variants (docs/design/topk_select.md, "Lean variants").
-        "topk_prefill_32k_radix_lean": lambda: bench.build_topk(32 * K, dict(kernel="radix_lean")),
+        # The radix kernel's lean variant (docs/design/topk_select.md, "Lean variants").
         "topk_prefill_32k_radix_1buf": lambda: bench.build_topk(32 * K, dict(kernel="radix_1buf")),
-        "topk_prefill_32k_radix_c32": lambda: bench.build_topk(32 * K, dict(kernel="radix_c32")),
         "topk_prefill_128k_radix_1buf": lambda: bench.build_topk(128 * K,
                                                                  dict(kernel="radix_1buf")),
         "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,

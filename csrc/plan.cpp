@@ -38,9 +38,7 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kWarpPerRow8, "warp_per_row_8"},
                                               {TopkKernel::kRadix, "radix"},
                                               {TopkKernel::kBySize, "by_size"},
-                                              {TopkKernel::kRadixLean, "radix_lean"},
                                               {TopkKernel::kRadix1Buf, "radix_1buf"},
-                                              {TopkKernel::kRadixC32, "radix_c32"},
                                               {TopkKernel::kWarpSplit, "warp_split"}};
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
@@ -241,9 +239,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kWarpPerRow: plan.kernel = TopkKernel::kWarpPerRow; break;
     case TopkKernel::kWarpPerRow8: plan.kernel = TopkKernel::kWarpPerRow8; break;
     case TopkKernel::kRadix: plan.kernel = TopkKernel::kRadix; break;
-    case TopkKernel::kRadixLean: plan.kernel = TopkKernel::kRadixLean; break;
     case TopkKernel::kRadix1Buf: plan.kernel = TopkKernel::kRadix1Buf; break;
-    case TopkKernel::kRadixC32: plan.kernel = TopkKernel::kRadixC32; break;
     case TopkKernel::kWarpSplit: plan.kernel = TopkKernel::kWarpSplit; break;
     case TopkKernel::kAuto:
     case TopkKernel::kBySize: {

@@ -24,12 +24,12 @@
 // == K*: exactly the reference's (key asc, block asc) order. The choice is the new carry, or on
 // the row's last chunk the output row. docs/design/topk_select.md has the reasoning and numbers.
 //
-// One template, four variants (topk_select_config.h, radix::Variant): the kernel `radix` as
-// measured (Classic) and three lean ones, off by default until measured: radix_lean (a row's
-// first chunk converted in place without compaction, the insertion-or-radix choice made
-// warp-uniform, the radix select started at the keys' range with bins of at most one float
-// exponent), radix_1buf (the same with one chunk buffer and one warp per CTA: more warps per SM)
-// and radix_c32 (one buffer of 32 blocks).
+// One template, two variants (topk_select_config.h, radix::Variant): the kernel `radix` as
+// measured (Classic) and the lean radix_1buf (by_size's kernel for large calls): a row's first
+// chunk converted in place without compaction, the insertion-or-radix choice made warp-uniform,
+// the radix select started at the keys' range with bins of at most one float exponent, and one
+// chunk buffer and one warp per CTA (more warps per SM). Two more lean variants, radix_lean (two
+// buffers) and radix_c32 (one buffer of 32 blocks), measured slower and were removed.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -150,7 +150,7 @@ struct RowState {
   TopkRanges r;
   int n_carry;         // entries carried (<= target), in carry rows [carry - n_carry, carry)
   uint32_t max_carry;  // their largest key (meaningful when n_carry == target)
-  uint32_t min_carry;  // lean variants: a lower bound of their keys (when n_carry > 0)
+  uint32_t min_carry;  // kLean: a lower bound of their keys (when n_carry > 0)
 };
 
 // One lane, one row, one chunk: the row's candidates are tile rows [j_lo, j_hi) of buffer `b`

@@ -4,12 +4,12 @@
 //   * warp per row (topk_select_kernel.cuh): a warp chooses one row at a time; 32 tokens per CTA
 //     (warp_per_row), or 8 for decode-sized calls (warp_per_row_8: 4x the CTAs, a row per warp);
 //   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows. Its lean
-//     variants (radix_lean, radix_1buf, radix_c32: fewer instructions per row, and one smaller
-//     buffer for more warps per SM) are off by default until measured;
+//     variant radix_1buf (fewer instructions per row, one chunk buffer for more warps per SM) is
+//     by_size's kernel for large calls;
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
 //     warps, one warp merges their choices: decode-sized calls with long rows (off by default).
-// plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is warp_per_row
-// until by_size (radix for large calls, warp_per_row_8 for small ones) is measured on the H200.
+// plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
+// (radix_1buf for large calls, warp_per_row_8 for small ones).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -89,9 +89,7 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
                       " tokens exceed the kernel's work-item range");
   switch (plan.kernel) {
     case TopkKernel::kRadix: launch_radix<topk::radix::Classic>(p, groups, stream); break;
-    case TopkKernel::kRadixLean: launch_radix<topk::radix::Lean>(p, groups, stream); break;
     case TopkKernel::kRadix1Buf: launch_radix<topk::radix::Lean1Buf>(p, groups, stream); break;
-    case TopkKernel::kRadixC32: launch_radix<topk::radix::LeanC32>(p, groups, stream); break;
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;

@@ -81,13 +81,14 @@ inline constexpr int kBins = 16;
 // and shifts the carry), else by a radix select: 8 survivors at topk 16, 2 at topk 64.
 inline constexpr int kInsertBudget = 160;
 
-// One variant of the kernel (docs/design/topk_select.md, "Thread per row" and "Lean variants"):
+// One variant of the kernel (docs/design/topk_select.md, "Thread per row" and "Lean variants";
+// two are built: Classic and Lean1Buf):
 //   kBuffers: chunk buffers per warp (2: chunk c + 1 loads while chunk c is chosen from; 1: the
 //     warps of the SM hide each other's loads instead, at less shared memory per warp);
 //   kChunk: blocks per chunk (kChunk x 32 tokens x 4 bytes per buffer; an offset fits a byte);
 //   kWarps: warps per CTA. The warps share nothing, so this only sets how finely shared memory is
 //     handed out (every CTA also costs the SM 1 KB of reserved shared memory);
-//   kLean: the trims of the lean variants: a row's first chunk converted in place (no compaction
+//   kLean: the lean trims: a row's first chunk converted in place (no compaction
 //     bookkeeping), the insertion-or-radix choice made warp-uniform, and the radix select started
 //     at the keys' range [min, max] (bins at most one float exponent wide from the smallest key,
 //     the last one taking every key above) instead of the top 4 bits.
@@ -113,13 +114,8 @@ struct Variant {
 
 // radix: 2 warps of ~24 KB (topk 16) per CTA, 4 CTAs = 8 warps per SM.
 using Classic = Variant<2, 64, 2, false>;
-// radix_lean: the same buffers, the lean trims.
-using Lean = Variant<2, 64, 2, true>;
 // radix_1buf: one buffer of 64 blocks, one warp (~16 KB at topk 16) per CTA: 13 warps per SM.
 using Lean1Buf = Variant<1, 64, 1, true>;
-// radix_c32: one buffer of 32 blocks, one warp (~11 KB at topk 16) per CTA: 18 warps per SM, at
-// twice the chunks (and selections) per row.
-using LeanC32 = Variant<1, 32, 1, true>;
 
 struct Params {
   TopkSelectParams p;

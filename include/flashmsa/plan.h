@@ -60,27 +60,25 @@ enum class ProxyKernel : int32_t {
 };
 // Top-k kernels (docs/design/topk_select.md): warp_per_row (a warp per (token, head) row, bitwise
 // threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
-// for calls of a few hundred rows), radix (a lane per row, radix select: for many rows), the radix
-// kernel's lean variants: radix_lean (the first chunk of a row without compaction, warp-uniform
-// insertion, the radix select started at the keys' range, at most one float exponent a bin),
-// radix_1buf (the same with one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8),
-// radix_c32 (one buffer of 32 blocks: 18 warps per SM), warp_split (a CTA per row, the row's
-// 256-block chunks split over up to 8 warps, then one warp merges their choices: for decode-sized
-// calls with long rows; off by default until measured), and by_size (radix_1buf from
-// kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8).
+// for calls of a few hundred rows), radix (a lane per row, radix select: for many rows),
+// radix_1buf (the radix kernel with the lean trims: the first chunk of a row without compaction,
+// warp-uniform insertion, the radix select started at the keys' range, at most one float exponent
+// a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
+// CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
+// choices: for decode-sized calls with long rows; off by default until measured), and by_size
+// (radix_1buf from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
 // blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row; at 5b22cb3
 // radix_1buf for the large calls: 102 vs 152 us at 32K, 1025 vs 1606 us at 128K, against radix
-// (radix_lean 113 / 1228, radix_c32 129 / 1099)).
+// (radix_lean 113 / 1228, radix_c32 129 / 1099: both removed)).
 enum class TopkKernel : int32_t {
   kAuto = 0,
   kWarpPerRow = 1,
   kWarpPerRow8 = 2,
   kRadix = 3,
   kBySize = 4,
-  kRadixLean = 5,
+  // 5 and 7 were radix_lean and radix_c32 (removed).
   kRadix1Buf = 6,
-  kRadixC32 = 7,
   kWarpSplit = 8
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
@@ -140,7 +138,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
-// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_lean|radix_1buf|radix_c32.
+// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------

@@ -628,8 +628,8 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(o.kernel, ProxyKernel::kDecode);
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
-                       TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadixLean,
-                       TopkKernel::kRadix1Buf, TopkKernel::kRadixC32, TopkKernel::kWarpSplit})
+                       TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
+                       TopkKernel::kWarpSplit})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -641,9 +641,7 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_decode_options(std::string("mtp=") + option_name(m)).mtp, m);
   EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
-  EXPECT_STREQ(option_name(TopkKernel::kRadixLean), "radix_lean");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
-  EXPECT_STREQ(option_name(TopkKernel::kRadixC32), "radix_c32");
   EXPECT_STREQ(option_name(TopkKernel::kWarpSplit), "warp_split");
 }
 
@@ -674,8 +672,14 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_lean, "
-               "radix_1buf, radix_c32 or warp_split, got 'heap'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
+               "warp_split, got 'heap'");
+  // radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
+  // H200 (at 5b22cb3).
+  for (const char* v : {"radix_lean", "radix_c32"})
+    expect_error([&] { parse_topk_select_options(std::string("kernel=") + v); }, ErrorKind::kValue,
+                 std::string("kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, "
+                             "radix_1buf or warp_split, got '") + v + "'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem or regs, got 'fastest'");
@@ -687,8 +691,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
                "unknown plan option 'splits'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_lean, "
-               "radix_1buf, radix_c32 or warp_split, got 'new'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
+               "warp_split, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -763,8 +767,7 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   for (int blocks : {256, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpPerRow8);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
-                       TopkKernel::kRadixLean, TopkKernel::kRadix1Buf, TopkKernel::kRadixC32,
-                       TopkKernel::kWarpSplit})
+                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);

@@ -820,10 +820,9 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 
 # Values of the plan option `kernel` (include/flashmsa/plan.h): warp-per-row at
 # 32 tokens per CTA, at 8 (decode-sized calls), the thread-per-row radix kernel, by_size (the
-# default: the size-based choice between the last two), the radix kernel's lean variants, and
-# split rows (a CTA per row, its chunks over up to 8 warps, merged by one).
-TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_lean", "radix_1buf",
-                "radix_c32", "warp_split")
+# default: the size-based choice between warp_per_row_8 and radix_1buf), the radix kernel's lean
+# variant radix_1buf, and split rows (a CTA per row, its chunks over up to 8 warps, merged by one).
+TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split")
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
@@ -982,7 +981,7 @@ def _carry_scores(dist: str, H: int, P: int, S: int, gen: torch.Generator) -> to
 @pytest.mark.parametrize("dist", ("neg_nan_payloads", "equal", "around_two", "wide_exponents",
                                   "ascending", "descending"))
 def test_topk_full_carry_key_ranges(dist: str):
-    """Rows of several chunks (of 32 and 64 blocks) whose keys stress the lean variants' radix
+    """Rows of several 64-block chunks whose keys stress radix_1buf's (the lean kernel's) radix
     select, which starts at the keys' range [min, max] with bins at most one float exponent wide
     (the last taking every key above) instead of the top digit: keys at the very top of the key
     range, all equal, straddling 0x40000000, spread over 240 exponents, and sorted rows (a radix
