@@ -58,7 +58,10 @@
 #   SANITIZER_KERNEL_FILTER=kns=flashmsa  compute-sanitizer --kernel-name for memcheck, racecheck
 #                              and synccheck: only the library's kernels instrumented, not torch's
 #                              that build each call's inputs (not initcheck: it must see their
-#                              writes); unset: every kernel (not yet tried on the H200)
+#                              writes); unset: every kernel. With synccheck the step checks
+#                              that the filter instruments namespace flashmsa (H200: memcheck
+#                              and synccheck over every smoke call in ~15 s a shard; racecheck
+#                              stays slow)
 #   SANITIZER_KEEP_SHARD_LOGS=1  keep the shard logs beside the merged ones (a device call brings
 #                              back at most 8 files)
 #   COMPUTE_SANITIZER=path     the compute-sanitizer to run (default: found on PATH or in CUDA)
