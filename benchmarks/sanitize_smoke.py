@@ -614,19 +614,10 @@ class Smoke:
                     sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
                     sel[:, 1::4, 9] = -1      # the list ends there
                     return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
-                q_sel = self.lazy(build)
-                for fused in (True, False, None):
-                    partials = (None, torch.float32, FP8) if fused is False else (None,)
-                    for partial in partials:
-                        def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused,
-                                 partial=partial):
-                            (kc, vc, table, used), (q, sel) = cache(), q_sel()
-                            return ops.msa_sparse_decode_attention(
-                                q, kc, vc, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
-                                return_softmax_lse=True, force_fused=fused, partial_dtype=partial)
-                        self.run(f"decode regs paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} "
-                                 f"{hq}/{hkv} "
-                                 f"sq{seqlen_q} fused={fused} partial={partial}", call)
+                self._decode_fused_and_split(
+                    ops, cache, self.lazy(build), seqlen_q, (True, False, None),
+                    f"decode regs paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} {hq}/{hkv} "
+                    f"sq{seqlen_q}")
         # NVFP4 K/V converted in registers (raw blocks with their scales, 5 stages).
         for hq, hkv, q_dtype in ((64, 4, BF16), (8, 2, FP8)):
             def build_fp4(hkv=hkv):
@@ -711,20 +702,24 @@ class Smoke:
                     sel[:, ::3, 5] = 10 ** 6
                     sel[:, 1::4, 9] = -1
                     return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
-                q_sel = self.lazy(build)
-                for fused in (True, False):
-                    partials = (None, torch.float32, FP8) if fused is False else (None,)
-                    for partial in partials:
-                        def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused,
-                                 partial=partial):
-                            (kc, vc, table, used), (q, sel) = cache(), q_sel()
-                            return ops.msa_sparse_decode_attention(
-                                q, kc, vc, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
-                                return_softmax_lse=True, force_fused=fused, partial_dtype=partial)
-                        self.run(f"decode mtp union regs paged fp8 q={str(q_dtype)[6:]} "
-                                 f"{hq}/{hkv} sq{seqlen_q} shared={shared} fused={fused} "
-                                 f"partial={partial}", call)
+                self._decode_fused_and_split(
+                    ops, cache, self.lazy(build), seqlen_q, (True, False),
+                    f"decode mtp union regs paged fp8 q={str(q_dtype)[6:]} {hq}/{hkv} "
+                    f"sq{seqlen_q} shared={shared}")
 
+
+    def _decode_fused_and_split(self, ops, cache, q_sel, seqlen_q, fuseds, name):
+        """Paged decode calls of one problem (cache: K/V, page table, lengths; q_sel: q and the
+        selection, both lazy) for each force_fused of `fuseds`; split (False) also with fp32 and
+        fp8 partials."""
+        for fused in fuseds:
+            for partial in (None, torch.float32, FP8) if fused is False else (None,):
+                def call(fused=fused, partial=partial):
+                    (kc, vc, table, used), (q, sel) = cache(), q_sel()
+                    return ops.msa_sparse_decode_attention(
+                        q, kc, vc, sel, page_table=table, seqused_k=used, seqlen_q=seqlen_q,
+                        return_softmax_lse=True, force_fused=fused, partial_dtype=partial)
+                self.run(f"{name} fused={fused} partial={partial}", call)
 
     def hostile(self):
         """Hostile inputs (every op; attention under each prefill schedule, decode fused and split,
