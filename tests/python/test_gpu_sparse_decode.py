@@ -743,10 +743,11 @@ def test_mtp_union_regs_plan_names_the_path(kv):
     smem union kernel, no register conversion named); auto takes it for fp8 (H200 at 441d02d) and
     keeps the shared-memory union kernel for NVFP4 and 16-bit K/V."""
     dp = build_decode(DecodeCase("c", 4, 4, 64, 4, kv=kv), seed=36)
-    forced = _decode_plan_text(dp, dict(kernel="regs", mtp="union"))
+    # The text echoes the call (with its plan= options) before "): "; the plan is what follows.
+    forced = _decode_plan_text(dp, dict(kernel="regs", mtp="union")).split("): ", 1)[1]
     assert "mtp=union" in forced, forced
     assert ("K/V converted in registers" in forced) == (kv == "fp8"), forced
     assert ("kernel=regs" in forced) == (kv == "fp8"), forced
     assert ("kernel=regs (the 4 warps split" in forced) == (kv == "fp8"), forced
-    auto = _decode_plan_text(dp, None)
+    auto = _decode_plan_text(dp, None).split("): ", 1)[1]
     assert "mtp=union" in auto and ("kernel=regs" in auto) == (kv == "fp8"), auto
