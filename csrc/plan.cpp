@@ -244,8 +244,11 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kAuto:
     case TopkKernel::kBySize: {
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);
+      const int64_t rows = int64_t(p.num_tokens) * int64_t(p.num_heads);
       plan.kernel = groups >= int64_t(kTopkRadixMinGroupsPerSm) * facts.num_sms
                         ? TopkKernel::kRadix1Buf
+                    : rows <= int64_t(kTopkSplitMaxRowsPerSm) * facts.num_sms
+                        ? TopkKernel::kWarpSplit
                         : TopkKernel::kWarpPerRow8;
       break;
     }

@@ -150,8 +150,14 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
     case TopkKernel::kAuto: s << "auto: "; [[fallthrough]];
     case TopkKernel::kBySize: {
       const long long groups = (static_cast<long long>(p.num_tokens) + 31) / 32 * p.num_heads;
-      s << "by_size: " << groups << " groups of 32 rows " << (plan.kernel == TopkKernel::kWarpPerRow8 ? "<" : ">=")
-        << " " << kTopkRadixMinGroupsPerSm << " per SM x " << facts.num_sms << " SMs";
+      const bool radix = plan.kernel == TopkKernel::kRadix1Buf;
+      s << "by_size: " << groups << " groups of 32 rows " << (radix ? ">=" : "<") << " "
+        << kTopkRadixMinGroupsPerSm << " per SM x " << facts.num_sms << " SMs";
+      if (!radix) {
+        const long long rows = static_cast<long long>(p.num_tokens) * p.num_heads;
+        s << ", " << rows << " rows " << (plan.kernel == TopkKernel::kWarpSplit ? "<=" : ">") << " "
+          << kTopkSplitMaxRowsPerSm << " per SM";
+      }
       break;
     }
     default: s << "forced by the option kernel=" << option_name(o.kernel); break;

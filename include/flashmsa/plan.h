@@ -65,12 +65,15 @@ enum class ProxyKernel : int32_t {
 // warp-uniform insertion, the radix select started at the keys' range, at most one float exponent
 // a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
 // CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
-// choices: for decode-sized calls with long rows; off by default until measured), and by_size
-// (radix_1buf from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on, else warp_per_row_8).
+// choices: for decode-sized calls), and by_size (radix_1buf from kTopkRadixMinGroupsPerSm groups of
+// 32 tokens per SM on; below it warp_split up to kTopkSplitMaxRowsPerSm rows per SM, else
+// warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
 // blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row; at 5b22cb3
 // radix_1buf for the large calls: 102 vs 152 us at 32K, 1025 vs 1606 us at 128K, against radix
-// (radix_lean 113 / 1228, radix_c32 129 / 1099: both removed)).
+// (radix_lean 113 / 1228, radix_c32 129 / 1099: both removed)); at 2f7070a warp_split for the
+// small calls: 10.8 vs 20.9 us for 1 token x 4 heads x 1024 blocks (B1 / 128K decode), 9.1 vs
+// 9.8 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row_8.
 enum class TopkKernel : int32_t {
   kAuto = 0,
   kWarpPerRow = 1,
@@ -85,6 +88,10 @@ enum class TopkKernel : int32_t {
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
 // a warp.
 inline constexpr int kTopkRadixMinGroupsPerSm = 4;
+// by_size below the radix threshold: warp_split (a 256-thread CTA per row, 4 CTAs per SM by its 64
+// registers) while the rows fit one wave of it, the decode calls measured (4 and 256 rows); more
+// rows of one chunk would leave 7 of its 8 warps idle, so they keep warp_per_row_8.
+inline constexpr int kTopkSplitMaxRowsPerSm = 4;
 // auto takes the proxy decode kernel when each request's query rows through one KV head (G heads x
 // max_seqlen_q tokens) fit one 16-row MMA pass per key block: M3's decode (G 4 x 1 token) and MTP
 // up to 4 tokens, the calls measured. Without max_seqlen_q the bound is total_q (device

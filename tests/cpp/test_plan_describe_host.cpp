@@ -227,23 +227,26 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o.kernel = TopkKernel::kBySize;  // 1024 groups x 4 heads = 4096 >= 4 x 132
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix_1buf (by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
-  tp.num_tokens = 64;  // 2 groups x 4 heads = 8 < 528
+  tp.num_tokens = 64;  // 2 groups x 4 heads = 8 < 528; 256 rows <= 528
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=warp_per_row_8 (by_size: 8 groups of 32 rows < 4 per SM")) << d;
+  EXPECT_TRUE(has(d, "kernel=warp_split (by_size: 8 groups of 32 rows < 4 per SM x 132 SMs, 256 rows <= 4 per SM)")) << d;
+  tp.num_tokens = 256;  // 8 groups x 4 heads = 32 < 528; 1024 rows > 528
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_per_row_8 (by_size: 32 groups of 32 rows < 4 per SM x 132 SMs, 1024 rows > 4 per SM)")) << d;
   o.kernel = TopkKernel::kRadix;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix (forced by the option kernel=radix)")) << d;
   o.kernel = TopkKernel::kRadix1Buf;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix_1buf (forced by the option kernel=radix_1buf)")) << d;
-  o.kernel = TopkKernel::kWarpSplit;  // off by default: only when asked for
+  o.kernel = TopkKernel::kWarpSplit;
   tp.num_tokens = 1;
   tp.num_blocks = 1024;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=warp_split (forced by the option kernel=warp_split)")) << d;
-  o.kernel = TopkKernel::kAuto;  // the B1 / 128K decode call stays with warp_per_row_8
+  o.kernel = TopkKernel::kAuto;  // the B1 / 128K decode call: warp_split (H200 at 2f7070a)
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=warp_per_row_8 (auto: by_size: 4 groups of 32 rows < 4 per SM")) << d;
+  EXPECT_TRUE(has(d, "kernel=warp_split (auto: by_size: 4 groups of 32 rows < 4 per SM x 132 SMs, 4 rows <= 4 per SM)")) << d;
 }
 
 }  // namespace

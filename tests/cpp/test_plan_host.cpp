@@ -760,12 +760,11 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   for (int tokens : {1, 64, 32768})
     EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {}, h200).kernel,
               plan_topk_select(topk_call(4, tokens), {TopkKernel::kBySize}, h200).kernel);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpPerRow8);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpSplit);
   EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadix1Buf);
-  // warp_split is off by default: the B1 / 128K decode call (1 token x 4 heads x 1024 blocks)
-  // stays with warp_per_row_8 until an H200 run shows the split faster.
+  // The B1 decode calls (1 token x 4 heads, any row length): warp_split (H200 at 2f7070a).
   for (int blocks : {256, 1024, 16384})
-    EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpPerRow8);
+    EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
                        TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit})
     for (int tokens : {1, 64, 32768})
@@ -780,13 +779,19 @@ TEST(PlanTopk, BySizeTakesRadix1BufFromFourGroupsPerSm) {
   EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, h200).kernel, TopkKernel::kRadix1Buf);
   EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32 - 32), by_size, h200).kernel,
             TopkKernel::kWarpPerRow8);
+  // Below it: warp_split up to 4 rows per SM (528 rows = 132 tokens x 4 heads), then
+  // warp_per_row_8.
+  EXPECT_EQ(plan_topk_select(topk_call(4, 132), by_size, h200).kernel, TopkKernel::kWarpSplit);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 133), by_size, h200).kernel, TopkKernel::kWarpPerRow8);
+  EXPECT_EQ(plan_topk_select(topk_call(1, 528, 4096), by_size, h200).kernel, TopkKernel::kWarpSplit);
   EXPECT_EQ(plan_topk_select(topk_call(4, 131 * 32 + 1), by_size, h200).kernel, TopkKernel::kRadix1Buf);
   // The benchmark's shapes: decode (64 tokens x 4 heads) and the 32K / 128K prefills.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpPerRow8);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpSplit);
   EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadix1Buf);
   EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadix1Buf);
-  // The threshold scales with the SMs: the same call on 264 SMs stays warp_per_row_8.
+  // The thresholds scale with the SMs: the same call on 264 SMs stays warp_per_row_8.
   EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, {264}).kernel, TopkKernel::kWarpPerRow8);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 133), by_size, {264}).kernel, TopkKernel::kWarpSplit);
   // Unknown device: radix_1buf.
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadix1Buf);
 }
