@@ -4,12 +4,12 @@
 #   bash scripts/gpu_check.sh                      # build, tests, sanitizers, quick benchmark
 #   FULL=1 SKIP_BUILD=1 SKIP_TESTS=1 SKIP_SANITIZER=1 bash scripts/gpu_check.sh   # full benchmark
 #
-# On an H200 the build (~50 s) and the Python suite (one call for all of it: ~420 s at most by the
-# estimate from the durations of the two-shard run at b84d325, 2 x ~560 s then; not yet measured)
-# fill most of a 600 s call: run SKIP_SANITIZER=1 SKIP_BENCH=1 for the tests, then SKIP_TESTS=1 for
-# the sanitizers (memcheck and racecheck took ~350 s over 128 smoke calls run serially; the smoke
-# has 394 calls now, and each tool runs as SANITIZER_JOBS concurrent shards, so that all four tools
-# should fit one call: SKIP_CTEST=1 SKIP_TESTS=1 SKIP_BENCH=1) and the quick benchmark (~15 s).
+# On an H200 (ded51a7 / 2f7070a): build ~75-80 s, ctest ~40 s, the Python suite ~60 s, the quick
+# benchmark of a few stages ~15-60 s; the sanitizers over all smoke calls as 16 shards: memcheck,
+# initcheck and synccheck ~2 min together, racecheck ~4.5 min by itself (next to the other tools
+# it is cut: the shards share the CPU cores). So one 600 s call holds the build, tests, bench and
+# profiles plus either the three fast tools or racecheck: SKIP_SANITIZER=1 for the first part,
+# then SKIP_BUILD=1 SKIP_CTEST=1 SKIP_TESTS=1 SKIP_BENCH=1 SANITIZER_TOOLS=... for the second.
 # Each call rebuilds on a fresh machine.
 #
 # Steps, each timed, each logging to $OUT/<step>.log ($OUT if set, else ./.out):
@@ -32,7 +32,11 @@
 #              shards (errors, calls) and names any shard that failed or was cut by the budget;
 #              with synccheck, also tests/sanitizer/run_mbarrier_patterns.sh (which producer /
 #              consumer mbarrier forms synccheck reports, per mode) to
-#              $OUT/sanitizer-mbarrier-patterns.log, its counts in the summary
+#              $OUT/sanitizer-mbarrier-patterns.log, its counts in the summary; with initcheck,
+#              its positive control tests/sanitizer/initcheck_control.py (an uninitialized read
+#              in a flashmsa kernel must be reported, else the step fails) to
+#              $OUT/sanitizer-initcheck-control.log. H200, 482 calls, 16 shards: memcheck,
+#              initcheck and synccheck ~2 min together, racecheck ~4.5 min by itself
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
@@ -59,9 +63,7 @@
 #                              and synccheck: only the library's kernels instrumented, not torch's
 #                              that build each call's inputs (not initcheck: it must see their
 #                              writes); unset: every kernel. With synccheck the step checks
-#                              that the filter instruments namespace flashmsa (H200: memcheck
-#                              and synccheck over every smoke call in ~15 s a shard; racecheck
-#                              stays slow)
+#                              that the filter instruments namespace flashmsa
 #   SANITIZER_KEEP_SHARD_LOGS=1  keep the shard logs beside the merged ones (a device call brings
 #                              back at most 8 files)
 #   COMPUTE_SANITIZER=path     the compute-sanitizer to run (default: found on PATH or in CUDA)
@@ -425,6 +427,20 @@ step_sanitizer() {
         rc=1
         detail+="kernel filter ${SANITIZER_KERNEL_FILTER} instruments no flashmsa kernel (mode 0: ${seen:-no result}) | "
       fi
+    fi
+  fi
+  # initcheck's positive control (tests/sanitizer/initcheck_control.py): a flashmsa kernel reading
+  # memory nothing wrote must be reported, else the initcheck shards checked nothing.
+  if [[ " $tools " == *" initcheck "* ]]; then
+    local clog=$OUT_DIR/sanitizer-initcheck-control.log seen
+    timeout 120 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool initcheck --print-limit 1000 \
+      "$PY" tests/sanitizer/initcheck_control.py >"$clog" 2>&1
+    seen=$(grep -A3 "Uninitialized __global__ memory read" "$clog" | grep -c "flashmsa::")
+    if (( seen > 0 )); then
+      detail+="initcheck control: uninitialized reads reported in flashmsa kernels ($seen) | "
+    else
+      rc=1
+      detail+="initcheck control: no uninitialized read reported in a flashmsa kernel ($clog) | "
     fi
   fi
   rm -rf "$dir"
