@@ -159,9 +159,6 @@ step_build() {
   local defs=(-C build-dir=build-gpu
               -C "cmake.define.FLASHMSA_ENABLE_CUDA=ON"
               -C "cmake.define.CMAKE_CUDA_ARCHITECTURES=80;90a")
-  # CUTLASS / CuTe headers are optional (no source needs them today): used when carried.
-  [[ -f .deps/cutlass/include/cute/tensor.hpp ]] \
-    && defs+=(-C "cmake.define.FLASHMSA_CUTLASS_DIR=$ROOT/.deps/cutlass/include")
   if [[ -z ${SKIP_CTEST:-} && -f .deps/googletest/CMakeLists.txt ]]; then
     defs+=(-C "cmake.define.FLASHMSA_BUILD_TESTS=ON"
            -C "cmake.define.FLASHMSA_GTEST_SOURCE_DIR=$ROOT/.deps/googletest")

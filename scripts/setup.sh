@@ -2,8 +2,7 @@
 # Brings a Linux machine with Python >= 3.10 to a working flashmsa install (the CUDA toolkit is
 # optional). Steps, each printed with its time:
 #   1. Python packages it lacks, from PyPI: torch, numpy, tqdm, pytest, scikit-build-core, ninja, and
-#      CMake when no cmake >= 3.25 is on PATH (the nvidia-cutlass headers only with
-#      FLASHMSA_USE_CUTLASS=ON); pip itself first when it is older than 23.1
+#      CMake when no cmake >= 3.25 is on PATH; pip itself first when it is older than 23.1
 #   2. with --tests (the test command): GoogleTest for the C++ tests, from the distribution's
 #      packages (apt-get / dnf) when it is missing; where that cannot run, a message naming the
 #      package (the Python install still completes)
@@ -17,8 +16,6 @@
 #   FLASHMSA_CUDA_ARCHS="80;90a"      CUDA architectures to compile (CMake list syntax), default
 #                                     "80;90a": sm_80 runs everywhere from Ampere up, sm_90a adds
 #                                     Hopper's kernels; e.g. "90a" for Hopper only (faster build)
-#   FLASHMSA_USE_CUTLASS=ON           also install and use the CUTLASS/CuTe headers (optional:
-#                                     no source needs them today)
 #   FLASHMSA_BUILD_DIR=<dir>          persistent build dir for incremental rebuilds (default build/py)
 #   FLASHMSA_OFFLINE=1                install nothing (a machine without a package index)
 #   FLASHMSA_VERBOSE=1                show the whole build output
@@ -51,13 +48,11 @@ cuda=${FLASHMSA_ENABLE_CUDA:-AUTO}
 if [[ "$cuda" == AUTO ]]; then
   if command -v nvcc >/dev/null 2>&1; then cuda=ON; else cuda=OFF; fi
 fi
-cutlass=${FLASHMSA_USE_CUTLASS:-OFF}
 
 # ---- 1. Python packages -----------------------------------------------------------------------
 begin_step "Python packages"
 # module:package pairs; find_spec looks for a module without importing it (torch takes seconds).
 wanted=(torch:torch numpy:numpy tqdm:tqdm pytest:pytest scikit_build_core:scikit-build-core ninja:ninja)
-[[ "$cutlass" == ON && -z "${FLASHMSA_CUTLASS_DIR:-}" ]] && wanted+=(cutlass_library:nvidia-cutlass==4.2.0.0)
 read -r -a need <<<"$($PY -c '
 import importlib.util, sys
 print(" ".join(p.split(":", 1)[1] for p in sys.argv[1:]
@@ -132,8 +127,7 @@ jobs=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 begin_step "building flashmsa ($what, $jobs parallel jobs; log: $log)"
 [[ "$cuda" == ON ]] && echo "setup: compiling the CUDA kernels takes minutes (the [n/N] lines count the steps)"
 args=(-C "cmake.define.FLASHMSA_ENABLE_CUDA=$cuda" -C "cmake.define.FLASHMSA_CUDA_ARCHS=$archs"
-      -C "cmake.define.FLASHMSA_USE_CUTLASS=$cutlass" -C "build-dir=${FLASHMSA_BUILD_DIR:-build/py}")
-[[ -n "${FLASHMSA_CUTLASS_DIR:-}" ]] && args+=(-C "cmake.define.FLASHMSA_CUTLASS_DIR=$FLASHMSA_CUTLASS_DIR")
+      -C "build-dir=${FLASHMSA_BUILD_DIR:-build/py}")
 build=(env CMAKE_BUILD_PARALLEL_LEVEL="$jobs"
        $PY -m pip install --no-build-isolation --no-deps -v "${args[@]}" .)
 if [[ "${FLASHMSA_VERBOSE:-${PIP_VERBOSE:-0}}" != 0 ]]; then
