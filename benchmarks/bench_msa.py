@@ -318,7 +318,9 @@ class Bench:
         self.args = args
         self.ops = ops
         self.device = device
-        self.cfg = QUICK if args.quick else FULL
+        self.cfg = dict(QUICK if args.quick else FULL)
+        if args.pipeline_sizes:
+            self.cfg["pipeline_s"] = args.pipeline_sizes
         self.timer = Timer(device, self.cfg["budget_s"], self.cfg["max_reps"])
         self.rows: list[dict] = []
         self.ceil: dict = {}
@@ -995,6 +997,17 @@ def meta(args, ops_module) -> dict:
     )
 
 
+def parse_sizes(text: str) -> list:
+    """"8K,128K" / "8192" -> [8192, 131072]."""
+    sizes = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        n = int(part[:-1]) * K if part[-1] in "kK" else int(part)
+        if n <= 0 or n % mi.BLOCK:
+            raise argparse.ArgumentTypeError(f"a size must be a positive multiple of {mi.BLOCK}: {part}")
+        sizes.append(n)
+    return sizes
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="subset that runs in < 2 minutes")
@@ -1003,6 +1016,9 @@ def main(argv=None) -> int:
                     help="comma-separated values of the tile_max_waste plan option (1 to 8; the "
                          "library's bound is 1.5): bf16 flat sparse cases also run under the "
                          "hybrid schedule with each (tuning)")
+    ap.add_argument("--pipeline-sizes", default=[], type=parse_sizes,
+                    help="comma-separated prefill lengths of the pipeline stage (e.g. 8K,128K), "
+                         "instead of the quick / full run's")
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)}")
     args = ap.parse_args(argv)
