@@ -34,6 +34,17 @@ for ((k = 0; k < ${#args[@]}; k++)); do
     --shard) shard=${args[k + 1]} ;;
   esac
 done
+if [[ " $* " == *"initcheck_control.py"* ]]; then
+  # initcheck's positive control: the real tool reports the uninitialized read in a flashmsa kernel.
+  if [[ -z ${FAKE_SAN_CONTROL_SILENT:-} ]]; then
+    echo "========= Uninitialized __global__ memory read of size 4 bytes"
+    echo "=========     at flashmsa::cuda::topk::split::topk_split_kernel(flashmsa::TopkSelectParams)+0x1a0"
+    echo "========= ERROR SUMMARY: 1 error"
+  else
+    echo "========= ERROR SUMMARY: 0 errors"
+  fi
+  exit 0
+fi
 echo "$tool $shard start $(date +%s.%N)" >>"$FAKE_SAN_TRACE"
 echo "fake args: $*"
 i=${shard%/*} n=${shard#*/} total=${FAKE_SAN_CALLS:-20}
@@ -119,7 +130,8 @@ def test_a_failing_shard_fails_its_tool(tmp_path):
                                 FAKE_SAN_FAILED="initcheck:4", SANITIZER_KEEP_SHARD_LOGS="1")
     assert proc.returncode == 1
     assert " FAIL " in line, line
-    memcheck, racecheck, initcheck = line.split(" | ")
+    memcheck, racecheck, initcheck, control = line.split(" | ")
+    assert control.startswith("initcheck control: uninitialized reads reported"), control
     assert "memcheck: 0 errors, 20/20 calls" in memcheck and "; shard" not in memcheck
     assert "racecheck: 2 errors, 20/20 calls" in racecheck and "shard 2/4 2 errors" in racecheck
     assert "initcheck: 0 errors, 20/20 calls (19 passed, 0 skipped, 1 failed)" in initcheck
@@ -153,3 +165,17 @@ def test_kernel_filter_reaches_every_tool_but_initcheck(tmp_path):
            "--kernel-name kns=flashmsa " in (out / "sanitizer-memcheck.log").read_text()
     initcheck = (out / "sanitizer-initcheck.log").read_text()
     assert "fake args: --tool initcheck " in initcheck and "--kernel-name" not in initcheck
+
+
+def test_initcheck_without_its_positive_control_fails(tmp_path):
+    # The control (tests/sanitizer/initcheck_control.py) reads memory nothing wrote in a flashmsa
+    # kernel: an initcheck that does not report it checked nothing, and the step fails.
+    proc, line, out = run_check(tmp_path, SANITIZER_TOOLS="initcheck", SANITIZER_JOBS="2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "initcheck control: uninitialized reads reported in flashmsa kernels (1)" in line, line
+    proc, line, out = run_check(tmp_path, SANITIZER_TOOLS="initcheck", SANITIZER_JOBS="2",
+                                FAKE_SAN_CONTROL_SILENT="1")
+    assert proc.returncode == 1
+    assert " FAIL " in line and "initcheck: 0 errors, 20/20 calls" in line, line
+    assert "initcheck control: no uninitialized read reported in a flashmsa kernel" in line, line
+    assert (out / "sanitizer-initcheck-control.log").exists()
