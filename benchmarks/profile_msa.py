@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     from flashmsa import msa_ops
 
     device = torch.device("cuda", torch.cuda.current_device())
-    bench = bm.Bench(argparse.Namespace(quick=True, tile_waste=[]), msa_ops, device)
+    bench = bm.Bench(argparse.Namespace(quick=True, tile_waste=[], pipeline_sizes=[]), msa_ops, device)
     table = cases(bench)
     if args.case not in table:
         ap.error(f"unknown case {args.case!r}; choose from {', '.join(table)}")
