@@ -73,6 +73,8 @@
 #   FUZZ=seconds               run the fuzzer (fuzz step) for that long; FUZZ_ARGS="..." extra
 #                              fuzz_msa.py arguments (e.g. "--seed 1000000 --ops attention")
 #   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
+#   PROFILE_KERNEL=regex       only the kernels of those cases whose name matches (ncu
+#                              --kernel-name regex:...), PROFILE_LAUNCHES (2) launches of them
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
 #                              600 s device call ends; a cut step counts as failed
 #   PYTHON=python3  CMAKE_BUILD_PARALLEL_LEVEL=16  FLASHMSA_COMMIT=<sha> (when the copy has no .git)
@@ -506,10 +508,15 @@ step_profile() {
   local sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy
                   --section LaunchStats --section WarpStateStats --section SchedulerStats
                   --section ComputeWorkloadAnalysis --section SourceCounters)
+  # PROFILE_KERNEL=<regex>: only the kernels whose name matches, at most PROFILE_LAUNCHES (default
+  # 2) launches of them (e.g. one KV-major launch of a prefill's nine launch groups).
+  local only=()
+  [[ -n ${PROFILE_KERNEL:-} ]] && only=(--kernel-name "regex:${PROFILE_KERNEL}"
+                                        --launch-count "${PROFILE_LAUNCHES:-2}")
   for c in ${PROFILE//,/ }; do
     echo "===== $c" >>"$log"
     run_logged "$log" "$ncu" --profile-from-start off --clock-control none "${sections[@]}" \
-      "$PY" benchmarks/profile_msa.py --case "$c" || rc=1
+      "${only[@]}" "$PY" benchmarks/profile_msa.py --case "$c" || rc=1
     n=$((n + 1))
   done
   trim_log "$log"
