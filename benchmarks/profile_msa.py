@@ -65,9 +65,13 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),
         "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
+        # The whole 8K prefill (proxy, top-k, q2k transpose, attention): every kernel of one call.
+        "pipeline_8k": lambda: bench.build_pipeline(8 * K, bm.M3),
         "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
+        "decode_b64_fp8": lambda: bench.build_decode(64, 32 * K, 1, "fp8"),
+        "decode_b64_nvfp4": lambda: bench.build_decode(64, 32 * K, 1, "nvfp4"),
         # The decode variants forced (decode plan options kernel / mtp).
         "decode_b64_regs": lambda: bench.build_decode(64, 32 * K, 1, "bf16", dict(kernel="regs")),
         "decode_b64_fp8_smem": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="smem")),
