@@ -53,4 +53,22 @@ bool encode_tensor_map(CUtensorMap& map, CUtensorMapDataType dtype, const void* 
   return true;
 }
 
+bool encode_kv_block_map(CUtensorMap& map, CUtensorMapDataType dtype, const KVTensor& t, const KVIndex& kv,
+                         int num_kv_heads, uint32_t row_elems, uint32_t box0, int elem_bytes,
+                         CUtensorMapSwizzle swizzle) {
+  const auto bytes = [&](int64_t stride) { return uint64_t(stride * elem_bytes); };
+  if (kv.paged) {
+    if (kv.num_pages <= 0) return false;
+    const uint64_t dims[4] = {row_elems, kBlockSize, uint64_t(num_kv_heads), uint64_t(kv.num_pages)};
+    const uint64_t strides[3] = {bytes(t.stride_token), bytes(t.stride_head), bytes(t.stride_page)};
+    const uint32_t box[4] = {box0, kBlockSize, 1, 1};
+    return encode_tensor_map(map, dtype, t.data, 4, dims, strides, box, swizzle);
+  }
+  if (kv.total_k <= 0 || kv.total_k >= (int64_t(1) << 31) - kBlockSize) return false;
+  const uint64_t dims[3] = {row_elems, uint64_t(num_kv_heads), uint64_t(kv.total_k)};
+  const uint64_t strides[2] = {bytes(t.stride_head), bytes(t.stride_token)};
+  const uint32_t box[3] = {box0, 1, kBlockSize};
+  return encode_tensor_map(map, dtype, t.data, 3, dims, strides, box, swizzle);
+}
+
 }  // namespace flashmsa::cuda

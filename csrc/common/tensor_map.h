@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "flashmsa/params.h"
+
 namespace flashmsa::cuda {
 
 // A map of rank 3 to 5 over 16-bit elements: dims[0] contiguous, strides_bytes[i - 1] between
@@ -23,5 +25,14 @@ bool encode_tensor_map_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const 
 bool encode_tensor_map(CUtensorMap& map, CUtensorMapDataType dtype, const void* base, int rank,
                        const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
                        CUtensorMapSwizzle swizzle);
+
+// The 128-key blocks of a K or V cache (elements of elem_bytes bytes, rows of row_elems): flat
+// (row_elems, Hkv, total_k) in boxes (box0, 1, 128), a block at coordinates (c, kh, first row);
+// paged (row_elems, 128, Hkv, num_pages) in boxes (box0, 128, 1, 1), a page at (c, 0, kh, page).
+// False as above, or where the coordinates would not fit TMA's 32-bit ones (flat: total_k + 128,
+// paged: no pages).
+bool encode_kv_block_map(CUtensorMap& map, CUtensorMapDataType dtype, const KVTensor& t, const KVIndex& kv,
+                         int num_kv_heads, uint32_t row_elems, uint32_t box0, int elem_bytes,
+                         CUtensorMapSwizzle swizzle);
 
 }  // namespace flashmsa::cuda

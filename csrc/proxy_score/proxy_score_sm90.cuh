@@ -800,18 +800,8 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
   const uint32_t k_row = kFmt == KFormat::kNative ? kHeadDim : kFmt == KFormat::kFp8 ? kHeadDim : kHeadDim / 2;
   const uint32_t k_box0 = kFmt == KFormat::kNative ? 64 : k_row;
   const CUtensorMapSwizzle k_swizzle = kFmt == KFormat::kNvfp4 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-  if (kp.paged) {
-    const uint64_t dims[4] = {k_row, kBlockSize, uint64_t(p.num_kv_heads), uint64_t(p.kv.num_pages)};
-    const uint64_t strides[3] = {uint64_t(p.k.stride_token * k_elt), uint64_t(p.k.stride_head * k_elt),
-                                 uint64_t(p.k.stride_page * k_elt)};
-    const uint32_t box[4] = {k_box0, kBlockSize, 1, 1};
-    if (!encode_tensor_map(kp.k_map, k_ty, p.k.data, 4, dims, strides, box, k_swizzle)) return false;
-  } else {
-    const uint64_t dims[3] = {k_row, uint64_t(p.num_kv_heads), uint64_t(p.kv.total_k)};
-    const uint64_t strides[2] = {uint64_t(p.k.stride_head * k_elt), uint64_t(p.k.stride_token * k_elt)};
-    const uint32_t box[3] = {k_box0, 1, kBlockSize};
-    if (!encode_tensor_map(kp.k_map, k_ty, p.k.data, 3, dims, strides, box, k_swizzle)) return false;
-  }
+  if (!encode_kv_block_map(kp.k_map, k_ty, p.k, p.kv, p.num_kv_heads, k_row, k_box0, int(k_elt), k_swizzle))
+    return false;
 
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(kp.n_items, limits.num_sms));
   kernel<<<unsigned(grid), kThreads, smem_bytes, stream>>>(kp);

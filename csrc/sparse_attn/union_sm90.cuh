@@ -28,6 +28,7 @@
 
 #include "common/cuda_utils.h"
 #include "common/mbarrier.cuh"
+#include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
@@ -104,6 +105,144 @@ MSA_DEVICE void union_softmax_row(float (&s)[16][4], int h, int lim, float sc, f
   if constexpr (kTemp) lt += sum_t;
 }
 
+// The next tile of the work list (one producer thread): its state, w = -1 when none is left.
+MSA_DEVICE UnionTileState union_next_tile(const UnionArgs& a) {
+  const SparseAttnParams& p = a.p;
+  UnionTileState st{};
+  st.w = -1;
+  const int idx = atomicAdd(&a.control[1], 1);
+  if (idx < a.control[0]) {
+    st.w = a.work[idx];
+    st.kh = st.w / a.num_tiles;
+    st.r0 = (st.w - st.kh * a.num_tiles) * a.tile_tokens;
+    st.b = find_sequence(p, st.r0);
+    st.count = a.plan_count[st.w];
+    st.seqlen_k = kv_seqlen(p.kv, st.b);
+  }
+  return st;
+}
+
+// The causal limits, union blocks and token masks of the tile pl.st names into pl, spread over
+// `threads` producer threads (ptid < threads).
+MSA_DEVICE void union_copy_plan(const UnionArgs& a, UnionTilePlan& pl, int ptid, int threads) {
+  const SparseAttnParams& p = a.p;
+  const int w = pl.st.w, b = pl.st.b, U = pl.st.count, seqlen_k = pl.st.seqlen_k;
+  if (ptid < a.tile_tokens) {
+    const RowRange rr = q_rows(p.qi, p.total_q, b);
+    pl.lim[ptid] = col_limit(p.causal, q_offset_of(p.q_offset, b, rr.len, seqlen_k), pl.st.r0 + ptid - rr.begin, seqlen_k);
+  }
+#pragma unroll 1
+  for (int i = ptid; i < U; i += threads) {
+    pl.block[i] = a.plan_block[int64_t(w) * a.max_entries + i];
+    pl.mask[i] = a.plan_mask[int64_t(w) * a.max_entries + i];
+  }
+}
+
+// A consumer thread's two fragment rows of the tile (token, head) and the tokens with rows in its
+// warpgroup (rows 64 wg .. 64 wg + 63; G = 128: both own token 0): a block none of them selected
+// is skipped (nothing of it is visible to these rows).
+struct UnionRows {
+  int tok[2], head[2];
+  uint32_t wg_mask;
+};
+MSA_DEVICE UnionRows union_rows(int wg, int warp, int gid, int G) {
+  UnionRows r;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 64 * wg + 16 * warp + gid + 8 * h;
+    r.tok[h] = row / G;
+    r.head[h] = row - r.tok[h] * G;
+  }
+  const int wg_tok = G >= 64 ? 1 : 64 / G;
+  r.wg_mask = ((1u << wg_tok) - 1u) << (64 * wg / G);
+  return r;
+}
+
+// The online softmax of both fragment rows over union block u (first key j0, token mask msk): a row
+// whose token did not select it sees nothing of it, the others their causal limit. s becomes P.
+MSA_DEVICE void union_block_softmax(float (&s)[16][4], const UnionTilePlan& pl, const UnionRows& rows,
+                                    uint32_t msk, int j0, bool has_temp, float sc, float temp, int tig,
+                                    float (&m)[2], float (&l)[2], float (&lt)[2], float (&alpha)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int lim = ((msk >> rows.tok[h]) & 1u) ? min(kBlockSize, pl.lim[rows.tok[h]] - j0) : 0;
+    union_softmax_row<true, false>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
+  }
+}
+
+// A union block none of the warpgroup's tokens selected: no MMA, m / l / o unchanged (exactly what
+// the masked path computes). The slots are still waited for before they are released, so that
+// this warpgroup's arrivals stay in the ring phase the producer is filling (an early release could
+// complete a phase the other warpgroup is still reading). bars: the kernel's mbarriers (k_full at
+// +32, k_empty +48, v_full +64, v_empty +80).
+MSA_DEVICE void union_pass_block(uint32_t bars, int st, uint32_t parity) {
+  mbar_wait_loop(bars + 32 + 8 * st, parity);
+  mbar_arrive(bars + 48 + 8 * st);
+  mbar_wait_loop(bars + 64 + 8 * st, parity);
+  mbar_arrive(bars + 80 + 8 * st);
+}
+
+// A consumer thread's accumulator and row statistics at the start of a tile.
+MSA_DEVICE void union_tile_init(float (&o)[16][4], float (&m)[2], float (&l)[2], float (&lt)[2]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m[h] = neg_inf();
+    l[h] = lt[h] = 0.0f;
+  }
+}
+
+// o's rows times alpha, skipped when no row of the warp moved.
+MSA_DEVICE void union_rescale(float (&o)[16][4], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e >> 1];
+  }
+}
+
+// The tile's outputs of a consumer warpgroup: out = O * v_global_scale / l through `stage` (its
+// consumed 64-row query tile: 16 rows of 256 bytes per warp) and the LSEs, like the fused
+// query-major path.
+template <typename Elem>
+MSA_DEVICE void union_epilogue(const UnionArgs& a, const UnionRows& rows, int kh, int r0, int wg, int warp,
+                               int lane, float (&o)[16][4], const float (&m)[2], float (&l)[2], float (&lt)[2],
+                               uint8_t* stage) {
+  const SparseAttnParams& p = a.p;
+  const int G = a.group, tig = lane & 3;
+  const float temp = p.lse_temperature;
+  float mul[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (a.has_temp) {
+      lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 1);
+      lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 2);
+    }
+    mul[h] = l[h] > 0.0f ? p.v_global_scale / l[h] : 0.0f;
+  }
+  int64_t row_off = -1;
+  if (lane < 16) {
+    const int row = 64 * wg + 16 * warp + lane;
+    const int e = row / G, g = row - e * G;
+    row_off = (int64_t(r0 + e) * p.num_heads + kh * G + g) * 128;
+  }
+  store_rows<kElemStoreKind<Elem>>(o, mul, stage + warp * 16 * 256, p.out, row_off, lane);
+  if (tig == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t idx = int64_t(r0 + rows.tok[h]) * p.num_heads + kh * G + rows.head[h];
+      if (p.lse != nullptr) p.lse[idx] = row_lse2(m[h], l[h]) * kLn2;
+      if (p.lse_temperature_out != nullptr) p.lse_temperature_out[idx] = row_lse2_t(m[h], lt[h], temp) * kLn2;
+    }
+  }
+}
+
 // fp8 K / V: the raw rows of a block are copied into the upper half of its ring slot ([128][128]
 // bytes at +16 KB, issue_kv_rows' layout) and dequantized in place into the slot's Sw128Tile<128>
 // compute tile (exact: every e4m3 value is a bf16 and an fp16 value). Raw row r occupies exactly
@@ -135,7 +274,7 @@ MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars,
   using Cfg = UnionSm90Config;
   constexpr int T = Cfg::kProducerThreads;
   const SparseAttnParams& p = a.p;
-  const int t = a.tile_tokens, G = a.group;
+  const int G = a.group;
   const uint32_t q_full = bars, q_empty = bars + 16, k_full = bars + 32, k_empty = bars + 48,
                  v_full = bars + 64, v_empty = bars + 80;
   const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
@@ -145,20 +284,7 @@ MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars,
     const int tb = it & 1;
     mbar_wait(q_empty + 8 * tb, ((it >> 1) & 1) ^ 1);
     UnionTilePlan& pl = *reinterpret_cast<UnionTilePlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
-    if (ptid == 0) {
-      UnionTileState st{};
-      st.w = -1;
-      const int idx = atomicAdd(&a.control[1], 1);
-      if (idx < a.control[0]) {
-        st.w = a.work[idx];
-        st.kh = st.w / a.num_tiles;
-        st.r0 = (st.w - st.kh * a.num_tiles) * t;
-        st.b = find_sequence(p, st.r0);
-        st.count = a.plan_count[st.w];
-        st.seqlen_k = kv_seqlen(p.kv, st.b);
-      }
-      pl.st = st;
-    }
+    if (ptid == 0) pl.st = union_next_tile(a);
     warpgroup_barrier(2);  // the tile's state, for every producer thread
     const int w = pl.st.w;
     if (w < 0) {
@@ -168,14 +294,7 @@ MSA_DEVICE void union_producer(const UnionArgs& a, uint8_t* smem, uint32_t bars,
       return;
     }
     const int kh = pl.st.kh, r0 = pl.st.r0, b = pl.st.b, U = pl.st.count, seqlen_k = pl.st.seqlen_k;
-    if (ptid < t) {
-      const RowRange rr = q_rows(p.qi, p.total_q, b);
-      pl.lim[ptid] = col_limit(p.causal, q_offset_of(p.q_offset, b, rr.len, seqlen_k), r0 + ptid - rr.begin, seqlen_k);
-    }
-    for (int i = ptid; i < U; i += T) {
-      pl.block[i] = a.plan_block[int64_t(w) * a.max_entries + i];
-      pl.mask[i] = a.plan_mask[int64_t(w) * a.max_entries + i];
-    }
+    union_copy_plan(a, pl, ptid, T);
     // Q: 128 rows x 16 chunks of 16 bytes; row = token * G + head, in warpgroup (row / 64)'s tile.
     const uint32_t sQ_addr = smem_addr(smem + Cfg::kQOffset + tb * Cfg::kQBytes);
 #pragma unroll 1
@@ -284,19 +403,7 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
   const int G = a.group;
   const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
   const float sc = a.scale_log2, temp = p.lse_temperature;
-  // This thread's two fragment rows of the tile: token and head.
-  int row_tok[2], row_head[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = 64 * wg + 16 * warp + gid + 8 * h;
-    row_tok[h] = row / G;
-    row_head[h] = row - row_tok[h] * G;
-  }
-
-  // Tokens of the tile with rows in this warpgroup (rows 64 wg .. 64 wg + 63; G = 128: both own
-  // token 0): a block none of them selected is skipped (nothing of it is visible to these rows).
-  const int wg_tok = G >= 64 ? 1 : 64 / G;
-  const uint32_t wg_mask = ((1u << wg_tok) - 1u) << (64 * wg / G);
+  const UnionRows rows = union_rows(wg, warp, gid, G);
 
   int kv = 0;  // K / V blocks consumed so far (ring position)
   for (int it = 0;; ++it) {
@@ -310,27 +417,16 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
     const uint32_t my_q_addr = smem_addr(my_q);
     fence_proxy_async_smem();  // Q landed through cp.async; wgmma reads it through the async proxy
 
-    float o[16][4];
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
-    float m_row[2] = {neg_inf(), neg_inf()}, l_row[2] = {0.0f, 0.0f}, lt_row[2] = {0.0f, 0.0f};
+    float o[16][4], m_row[2], l_row[2], lt_row[2];
+    union_tile_init(o, m_row, l_row, lt_row);
 
 #pragma unroll 1
     for (int u = 0; u < U; ++u, ++kv) {
       const int st = kv & 1;
       const uint32_t parity = (kv >> 1) & 1;
       const uint32_t msk = pl.mask[u];
-      if ((msk & wg_mask) == 0u) {
-        // Its rows would see nothing of the block: no MMA, m / l / o unchanged (exactly what the
-        // masked path computes). The slots are still waited for before they are released, so
-        // that this warpgroup's arrivals stay in the ring phase the producer is filling (an
-        // early release could complete a phase the other warpgroup is still reading).
-        mbar_wait(k_full + 8 * st, parity);
-        mbar_arrive(k_empty + 8 * st);
-        mbar_wait(v_full + 8 * st, parity);
-        mbar_arrive(v_empty + 8 * st);
+      if ((msk & rows.wg_mask) == 0u) {
+        union_pass_block(bars, st, parity);  // its rows would see nothing of the block
         continue;
       }
       mbar_wait(k_full + 8 * st, parity);
@@ -339,25 +435,10 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
       wgmma_qk_tile<Elem>(s, my_q_addr, sK_addr + st * Cfg::kKvBytes);
       mbar_arrive(k_empty + 8 * st);
 
-      const int j0 = pl.block[u] * kBlockSize;
       float alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lim = ((msk >> row_tok[h]) & 1u) ? min(kBlockSize, pl.lim[row_tok[h]] - j0) : 0;
-        if (lim >= kBlockSize) {
-          if (a.has_temp) union_softmax_row<false, true>(s, h, lim, sc, temp, tig, m_row[h], l_row[h], lt_row[h], alpha[h]);
-          else union_softmax_row<false, false>(s, h, lim, sc, temp, tig, m_row[h], l_row[h], lt_row[h], alpha[h]);
-        } else {
-          if (a.has_temp) union_softmax_row<true, true>(s, h, lim, sc, temp, tig, m_row[h], l_row[h], lt_row[h], alpha[h]);
-          else union_softmax_row<true, false>(s, h, lim, sc, temp, tig, m_row[h], l_row[h], lt_row[h], alpha[h]);
-        }
-      }
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[j][e] *= alpha[e >> 1];
-      }
+      union_block_softmax(s, pl, rows, msk, pl.block[u] * kBlockSize, a.has_temp, sc, temp, tig, m_row, l_row,
+                          lt_row, alpha);
+      union_rescale(o, alpha);
       mbar_wait(v_full + 8 * st, parity);
       fence_proxy_async_smem();
       wgmma_pv_tile<Elem>(o, s, sV_addr + st * Cfg::kKvBytes, true);
@@ -365,32 +446,7 @@ __global__ void __launch_bounds__(UnionSm90Config::kThreads, 1) union_sm90_kerne
     }
 
     // Epilogue: rows of the warp through its quarter of the warpgroup's (consumed) query tile.
-    float mul[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 1);
-      l_row[h] += __shfl_xor_sync(0xffffffffu, l_row[h], 2);
-      if (a.has_temp) {
-        lt_row[h] += __shfl_xor_sync(0xffffffffu, lt_row[h], 1);
-        lt_row[h] += __shfl_xor_sync(0xffffffffu, lt_row[h], 2);
-      }
-      mul[h] = l_row[h] > 0.0f ? p.v_global_scale / l_row[h] : 0.0f;
-    }
-    int64_t row_off = -1;
-    if (lane < 16) {
-      const int row = 64 * wg + 16 * warp + lane;
-      const int e = row / G, g = row - e * G;
-      row_off = (int64_t(r0 + e) * p.num_heads + kh * G + g) * 128;
-    }
-    store_rows<kElemStoreKind<Elem>>(o, mul, my_q + warp * 16 * 256, p.out, row_off, lane);
-    if (tig == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t idx = int64_t(r0 + row_tok[h]) * p.num_heads + kh * G + row_head[h];
-        if (p.lse != nullptr) p.lse[idx] = row_lse2(m_row[h], l_row[h]) * kLn2;
-        if (p.lse_temperature_out != nullptr) p.lse_temperature_out[idx] = row_lse2_t(m_row[h], lt_row[h], temp) * kLn2;
-      }
-    }
+    union_epilogue<Elem>(a, rows, kh, r0, wg, warp, lane, o, m_row, l_row, lt_row, my_q);
     mbar_arrive(q_empty + 8 * tb);  // Q buffer and plan tb are free for tile it + 2
   }
 #else

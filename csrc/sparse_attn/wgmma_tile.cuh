@@ -1,9 +1,11 @@
 // Warpgroup-level pieces shared by the sm_90a attention kernels (kv_major_sm90.cuh, union_sm90.cuh):
 // a 64-row query tile against one 128-key block.
-//   wgmma_qk_tile    S = Q K^T (8 x wgmma m64n128k16, both operands in shared memory)
+//   wgmma_qk_tile    S = Q K^T (8 x wgmma m64n128k16, both operands in shared memory); _issue
+//                    without the wait (union_tma_sm90.cuh overlaps it with the softmax)
 //   row_extreme      the largest scaled logit of a fragment row over its visible keys
 //   row_exp_sum      P = 2^(x - m) in place, and the row's partial sums
-//   wgmma_pv_tile    O (+)= P V (8 x wgmma m64n128k16, P from registers)
+//   wgmma_pv_tile    O (+)= P V (8 x wgmma m64n128k16, P from registers); pack_p + _issue without
+//                    the wait
 // Tiles are common/wgmma.cuh's [2][rows][64] 128-byte-swizzled layout; fragment row h of a thread
 // is row 16 warp + gid + 8 h of the tile, its keys 8 j + 2 tig + e (j < 16, e < 2).
 #pragma once
@@ -19,10 +21,11 @@ MSA_DEVICE void warpgroup_barrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
 }
 
-// s = Q K^T for the 64 query rows at q_addr ([2][64][64]) and the 128 keys at k_addr ([2][128][64]);
-// returns once the MMAs are complete.
+// s = Q K^T for the 64 query rows at q_addr ([2][64][64]) and the 128 keys at k_addr ([2][128][64]):
+// the 8 MMAs issued as one wgmma group (committed, not waited for: the caller's wgmma_wait and
+// wgmma_fence_operand(s) complete it).
 template <typename Elem>
-MSA_DEVICE void wgmma_qk_tile(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
+MSA_DEVICE void wgmma_qk_issue(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
   wgmma_fence_operand(s);
   wgmma_fence();
 #pragma unroll
@@ -33,18 +36,20 @@ MSA_DEVICE void wgmma_qk_tile(float (&s)[16][4], uint32_t q_addr, uint32_t k_add
     wgmma_m64n128k16_ss<Elem, 0>(s, da, db, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
+}
+
+// wgmma_qk_issue, returning once the MMAs are complete.
+template <typename Elem>
+MSA_DEVICE void wgmma_qk_tile(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
+  wgmma_qk_issue<Elem>(s, q_addr, k_addr);
   wgmma_wait<0>();
   wgmma_fence_operand(s);
 }
 
-// o (+)= P V with P = s (already exponentiated) rounded to the compute dtype and V the 128 keys at
-// v_addr, read MN-major; accumulate = false: o = P V. Returns once the MMAs are complete.
+// P = s (already exponentiated) rounded to the compute dtype, as the A fragments of P V: the S
+// accumulator layout is the A-fragment layout, k-step kk takes n8 tiles 2 kk and 2 kk + 1.
 template <typename Elem>
-MSA_DEVICE void wgmma_pv_tile(float (&o)[16][4], const float (&s)[16][4], uint32_t v_addr, bool accumulate) {
-  // The S accumulator layout is the A-fragment layout: k-step kk takes n8 tiles 2 kk and 2 kk + 1.
-  // All fragments are converted before the first wgmma, so that no register the MMAs read is
-  // written while they run.
-  uint32_t pa[8][4];
+MSA_DEVICE void pack_p(uint32_t (&pa)[8][4], const float (&s)[16][4]) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     pa[kk][0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
@@ -53,6 +58,13 @@ MSA_DEVICE void wgmma_pv_tile(float (&o)[16][4], const float (&s)[16][4], uint32
     pa[kk][3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     wgmma_fence_operand(pa[kk]);
   }
+}
+
+// o (+)= P V for the packed P (pack_p) and V the 128 keys at v_addr, read MN-major, issued as one
+// wgmma group (committed, not waited for); accumulate = false: o = P V. Neither o nor pa may be
+// touched until the caller's wgmma_wait (then wgmma_fence_operand of both).
+template <typename Elem>
+MSA_DEVICE void wgmma_pv_issue(float (&o)[16][4], const uint32_t (&pa)[8][4], uint32_t v_addr, bool accumulate) {
   wgmma_fence_operand(o);
   wgmma_fence();
 #pragma unroll
@@ -61,6 +73,15 @@ MSA_DEVICE void wgmma_pv_tile(float (&o)[16][4], const float (&s)[16][4], uint32
     wgmma_m64n128k16_rs<Elem, 1>(o, pa[kk], db, accumulate || kk > 0 ? 1 : 0);
   }
   wgmma_commit();
+}
+
+// o (+)= P V with P = s (already exponentiated); returns once the MMAs are complete. All fragments
+// are converted before the first wgmma, so that no register the MMAs read is written while they run.
+template <typename Elem>
+MSA_DEVICE void wgmma_pv_tile(float (&o)[16][4], const float (&s)[16][4], uint32_t v_addr, bool accumulate) {
+  uint32_t pa[8][4];
+  pack_p<Elem>(pa, s);
+  wgmma_pv_issue<Elem>(o, pa, v_addr, accumulate);
   wgmma_wait<0>();
   wgmma_fence_operand(o);
 }
