@@ -78,6 +78,7 @@ QUICK = dict(
     prefill_s=[8 * K, 32 * K],
     decode=[(1, 32 * K, 1), (64, 32 * K, 1), (64, 32 * K, 4)],
     sparse=[(32 * K, "bf16", "flat", "random"), (32 * K, "bf16", "flat", "clustered"),
+            (32 * K, "bf16", "paged", "clustered"),
             (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered"),
             (8 * K, "bf16", "flat", "pipeline")],
     decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
@@ -299,11 +300,14 @@ class GraphedStep:
 
 def plan_options(schedule: str):
     """Plan options of a schedule label of stage_sparse: "auto" (the library's own plan: None),
-    or "<schedule>" followed by any of "<kv-major kernel>" and "waste=<x>" (tile_max_waste),
-    space-separated."""
+    or "<schedule>" followed by any of "<kv-major kernel>", "waste=<x>" (tile_max_waste) and
+    "<option>=<value>", space-separated; a label that starts with "<option>=<value>" keeps the
+    auto schedule (e.g. "tile_kernel=tma")."""
     if schedule == "auto":
         return None
     sched, *rest = schedule.split(" ")
+    if "=" in sched:
+        sched, rest = "auto", [sched] + rest
     options = dict(schedule=sched, kv_major_kernel="auto")
     for word in rest:
         name, eq, value = word.partition("=")
@@ -713,6 +717,11 @@ class Bench:
             # per-group costs (lists, the tail) are worth there.
             if s <= 16 * K and (kv, layout) == ("bf16", "flat"):
                 schedules.append(f"hybrid chunk_rows={s}")
+            # The TMA tile kernel (plan option tile_kernel=tma, not the default until measured):
+            # the 32K clustered cases, where nearly every tile qualifies, and the 8K pipeline.
+            if kv == "bf16" and ((s, pattern) == (32 * K, "clustered") or
+                                 ((s, layout, pattern) == (8 * K, "flat", "pipeline"))):
+                schedules.append("tile_kernel=tma")
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",

@@ -457,7 +457,8 @@ class Smoke:
         """Every prefill case under each schedule (plan option schedule: query_major, kv_major,
         hybrid), the KV-major schedule once more with small launch groups (chunk_rows=100) and the
         hybrid one with every tile of up to 96 union blocks taken (tile_max_waste=8: consumer
-        warpgroups skip blocks on unrelated selections); both KV-major schedules once more with
+        warpgroups skip blocks on unrelated selections), both with the TMA tile kernel too
+        (tile_kernel=tma; fp8 K/V fall back to the cp.async one); both KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles)."""
         for tag, options in (("query_major", dict(schedule="query_major")),
@@ -465,7 +466,10 @@ class Smoke:
                              ("kv_major/chunk100", dict(schedule="kv_major", chunk_rows=100)),
                              ("hybrid", dict(schedule="hybrid")),
                              ("hybrid/chunk100", dict(schedule="hybrid", chunk_rows=100)),
-                             ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8))):
+                             ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8)),
+                             ("hybrid/tma", dict(schedule="hybrid", tile_kernel="tma")),
+                             ("hybrid/tma/waste8", dict(schedule="hybrid", tile_kernel="tma",
+                                                        tile_max_waste=8))):
             self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))
 
     def _sparse_attention_cases(self, tag, ops):

@@ -45,6 +45,12 @@ template <typename Elem, KvKind kKv>
 void launch_union_sm90(const UnionArgs& args, int grid, cudaStream_t stream);
 template <typename Elem, KvKind kKv>
 int union_sm90_ctas_per_sm();
+// The same tiles with TMA loads and intra-warpgroup overlap (union_tma_sm90.cuh; plan option
+// tile_kernel=tma): bf16 / fp16 K and V of the compute dtype.
+template <typename Elem>
+void launch_union_tma_sm90(const UnionArgs& args, int grid, cudaStream_t stream);
+template <typename Elem>
+int union_tma_sm90_ctas_per_sm();
 
 // KV-major list building (kv_major_lists.cu): once per call, then once per launch group.
 void launch_kv_major_prepare(const KvMajorArgs& args, int num_sms, cudaStream_t stream);

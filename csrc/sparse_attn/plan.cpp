@@ -75,6 +75,22 @@ int tile_ctas(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
   return facts.tile_ctas;
 }
 
+}  // namespace
+
+const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
+  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
+  if (p.k.dtype != compute || p.v.dtype != compute)
+    return "fp8 / NVFP4 K/V (the TMA kernel loads 16-bit K and V of the compute dtype)";
+  if (facts.tile_tma_ctas <= 0) return "the TMA tile kernel cannot run on this device";
+  // TMA coordinates are 32-bit: rows of q, flat K/V rows (a box reaches 128 past the last block).
+  if (p.total_q >= (int64_t(1) << 31) || (!p.kv.paged && p.kv.total_k >= (int64_t(1) << 31) - kBlockSize) ||
+      (p.kv.paged && p.kv.num_pages <= 0))
+    return "q or K/V rows beyond TMA's 32-bit coordinates";
+  return nullptr;
+}
+
+namespace {
+
 // False when no KV-major kernel fits this device. with_tiles: also plan the shared-selection tiles
 // where they apply.
 bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const SparseAttnDeviceFacts& facts,
@@ -145,7 +161,10 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     plan.tile_max_entries = plan.tile_tokens * p.topk;
     plan.tile_max_waste_milli = o.tile_max_waste_milli > 0 ? o.tile_max_waste_milli : kUnionMaxWasteMilli;
     const size_t tiles = size_t(p.num_kv_heads) * plan.num_tiles;
-    plan.tile_grid = tctas * facts.num_sms;
+    if (o.tile_kernel == TileKernel::kTma) plan.tile_fallback = tile_tma_unsupported(p, facts);
+    plan.tile_kernel =
+        o.tile_kernel == TileKernel::kTma && plan.tile_fallback == nullptr ? TileKernel::kTma : TileKernel::kCpAsync;
+    plan.tile_grid = (plan.tile_kernel == TileKernel::kTma ? facts.tile_tma_ctas : tctas) * facts.num_sms;
     plan.tile_done_off = ws.take("tile.done", tiles);
     plan.tile_count_off = ws.take("tile.count", tiles * 4);
     plan.tile_block_off = ws.take("tile.block", tiles * plan.tile_max_entries * 4);

@@ -209,6 +209,14 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     u.control = at<int>(p, plan.tile_control_off);
     launch_union_plan(u, stream);
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+      if constexpr (kKv == KvKind::kNative) {
+        if (plan.tile_kernel == TileKernel::kTma) {
+          launch_union_tma_sm90<Elem>(u, plan.tile_grid, stream);
+          return;
+        }
+      }
+      MSA_CHECK(plan.tile_kernel != TileKernel::kTma, "msa_sparse_attention: tile_kernel=tma planned for "
+                "K/V it does not load (planner bug)");
       if constexpr (kKv != KvKind::kNvfp4) launch_union_sm90<Elem, kKv>(u, plan.tile_grid, stream);
     });
     a.union_done = u.done;
@@ -266,6 +274,7 @@ SparseAttnDeviceFacts device_facts(const SparseAttnParams& p, bool decode) {
     f.kv_major_wgmma_ctas = kv_major_sm90_ctas_per_sm<Elem, kKv>();
     for (int stages = 1; stages <= 2; ++stages) f.kv_major_mma_sync_ctas[stages - 1] = kv_major_ctas_per_sm<Elem, kKv>(stages);
     if constexpr (kKv != KvKind::kNvfp4) f.tile_ctas = union_sm90_ctas_per_sm<Elem, kKv>();
+    if constexpr (kKv == KvKind::kNative) f.tile_tma_ctas = union_tma_sm90_ctas_per_sm<Elem>();
   });
   return f;
 }

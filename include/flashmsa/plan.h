@@ -31,6 +31,13 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // KV-major attention kernels: mma_sync (portable SM80+), wgmma (sm_90a warpgroup MMAs).
 // auto: wgmma where it can run, else mma_sync.
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
+// Shared-selection tile kernels (sm_90a, docs/design/sparse_attention.md): cp_async (a producer
+// warpgroup of cp.async loads, one block's S, softmax and P V after another: union_sm90.cuh; bf16
+// / fp16 / fp8 K and V), tma (TMA loads by one producer warp, S of the next block and P V of the
+// last one in flight while the softmax runs: union_tma_sm90.cuh; bf16 / fp16 K and V). tma where
+// it cannot run (fp8 K/V, the device, K/V or q beyond TMA's 32-bit coordinates) falls back to
+// cp_async and the plan text says why. auto: cp_async (tma is not yet measured on the GPU).
+enum class TileKernel : int32_t { kAuto = 0, kCpAsync = 1, kTma = 2 };
 // Proxy-score kernels (docs/design/proxy_score.md): mma_sync (portable SM80+, every call), sm90 /
 // sm90_ss (the sm_90a TMA + wgmma prefill kernel with Q in registers / in shared memory, where it
 // applies: bf16 / fp16 q with K of q's dtype or fp8 K, or NVFP4 q and K (converted exactly into
@@ -127,6 +134,7 @@ struct SparseAttnOptions {
   KvMajorKernel kv_major_kernel = KvMajorKernel::kAuto;
   int64_t chunk_rows = 0;        // > 0: at most this many query rows per KV-major launch group
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
+  TileKernel tile_kernel = TileKernel::kAuto;
 };
 // The proxy decode kernel's block pipeline (docs/design/proxy_score.md, "The prefetch pipeline"):
 // ring (each block's page id read from the page table right before its copies, two barriers per
@@ -148,7 +156,8 @@ struct TopkSelectOptions {
 
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
-// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5).
+// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5),
+// tile_kernel=auto|cp_async|tma.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
@@ -169,7 +178,8 @@ struct SparseAttnDeviceFacts {
   int num_sms = 0;
   int kv_major_wgmma_ctas = 0;
   int kv_major_mma_sync_ctas[2] = {0, 0};  // with 1 and 2 query-tile stages
-  int tile_ctas = 0;                       // shared-selection tile kernel
+  int tile_ctas = 0;                       // shared-selection tile kernel (cp_async)
+  int tile_tma_ctas = 0;                   // its TMA variant (16-bit K/V only)
   int decode_regs_ctas = 0;                // streaming decode variant (0: < 105 KB per CTA)
 };
 
@@ -237,6 +247,8 @@ struct KvMajorPlan {
   int tile_max_entries = 0;
   int tile_max_waste_milli = 0;
   int tile_grid = 0;
+  TileKernel tile_kernel = TileKernel::kCpAsync;  // resolved: kCpAsync or kTma
+  const char* tile_fallback = nullptr;  // tile_kernel=tma that fell back: why (a static string)
   size_t tile_done_off = 0, tile_count_off = 0, tile_block_off = 0, tile_mask_off = 0,
          tile_work_off = 0, tile_control_off = 0;
 };
@@ -274,6 +286,9 @@ struct TopkSelectPlan {
 
 SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttnOptions& options,
                                      const SparseAttnDeviceFacts& facts);
+// Why tile_kernel=tma falls back to the cp_async tile kernel for these params and facts (a static
+// string, kept in KvMajorPlan::tile_fallback for the plan text), or nullptr where it runs.
+const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts);
 SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnDeviceFacts& facts,
                                   const SparseDecodeOptions& options = {});
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);
@@ -288,6 +303,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
+const char* option_name(TileKernel v);
 const char* option_name(ProxyKernel v);
 const char* option_name(ProxyDecodePipeline v);
 const char* option_name(TopkKernel v);

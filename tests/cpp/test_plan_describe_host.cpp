@@ -81,6 +81,20 @@ TEST(PlanDescribe, PrefillAutoLargeOnAmpereSaysWhyNotTheSm90Kernels) {
   EXPECT_TRUE(has(d, "kv_major_kernel=mma_sync (auto: the sm_90a kernel cannot run here")) << d;
 }
 
+TEST(PlanDescribe, TileKernelIsNamedWithItsFallback) {
+  SparseAttnDeviceFacts f = hopper();
+  f.tile_tma_ctas = 1;
+  SparseAttnOptions o;
+  const SparseAttnParams p = attn(32768);
+  EXPECT_TRUE(has(describe(plan_sparse_attention(p, o, f), p, o), "tile_kernel=cp_async")) << "auto";
+  o.tile_kernel = TileKernel::kTma;
+  std::string d = describe(plan_sparse_attention(p, o, f), p, o);
+  EXPECT_TRUE(has(d, "tile_kernel=tma (forced by the option")) << d;
+  d = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_TRUE(has(d, "tile_kernel=cp_async (tile_kernel=tma falls back to cp_async: the TMA tile kernel "
+                     "cannot run on this device)")) << d;
+}
+
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {
   const SparseAttnParams p = attn(4096);
   SparseAttnOptions o;

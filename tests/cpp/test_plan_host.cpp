@@ -250,6 +250,57 @@ TEST(PlanGroups, DefaultGroupsKeepPartialsUnderTheBudget) {
   EXPECT_EQ(plan_sparse_attention(attn(2000), {}, hopper()).kvm.groups, 1);
 }
 
+// ---- tile kernel --------------------------------------------------------------------------------
+
+TEST(PlanTileKernel, DefaultIsCpAsyncAndTmaRunsWhereItApplies) {
+  SparseAttnDeviceFacts f = hopper();
+  f.tile_tma_ctas = 1;
+  // auto and cp_async: the cp.async kernel (the default stays until the TMA kernel is measured).
+  EXPECT_EQ(plan_sparse_attention(attn(4096), {}, f).kvm.tile_kernel, TileKernel::kCpAsync);
+  SparseAttnOptions o;
+  o.tile_kernel = TileKernel::kCpAsync;
+  EXPECT_EQ(plan_sparse_attention(attn(4096), o, f).kvm.tile_kernel, TileKernel::kCpAsync);
+  o.tile_kernel = TileKernel::kTma;
+  for (int g : {16, 32, 64, 128}) {
+    const SparseAttnPlan plan = plan_sparse_attention(attn(4096, g, 1), o, f);
+    EXPECT_TRUE(plan.kvm.tiles) << g;
+    EXPECT_EQ(plan.kvm.tile_kernel, TileKernel::kTma) << g;
+    EXPECT_EQ(plan.kvm.tile_fallback, nullptr) << g;
+    EXPECT_EQ(plan.kvm.tile_grid, 132) << g;
+  }
+  SparseAttnParams fp16 = attn(4096);
+  fp16.q_dtype = fp16.out_dtype = fp16.k.dtype = fp16.v.dtype = DType::kFP16;
+  EXPECT_EQ(plan_sparse_attention(fp16, o, f).kvm.tile_kernel, TileKernel::kTma);
+  SparseAttnParams paged = attn(4096);
+  paged.kv.paged = true;
+  paged.kv.num_pages = 40;
+  paged.kv.max_pages = 40;
+  EXPECT_EQ(plan_sparse_attention(paged, o, f).kvm.tile_kernel, TileKernel::kTma);
+}
+
+TEST(PlanTileKernel, TmaFallsBackToCpAsyncAndSaysWhy) {
+  SparseAttnDeviceFacts f = hopper();
+  f.tile_tma_ctas = 1;
+  SparseAttnOptions o;
+  o.tile_kernel = TileKernel::kTma;
+  auto fallback = [&](const SparseAttnParams& p, const SparseAttnDeviceFacts& facts, const std::string& why) {
+    const SparseAttnPlan plan = plan_sparse_attention(p, o, facts);
+    EXPECT_TRUE(plan.kvm.tiles);
+    EXPECT_EQ(plan.kvm.tile_kernel, TileKernel::kCpAsync);
+    ASSERT_NE(plan.kvm.tile_fallback, nullptr);
+    EXPECT_NE(std::string(plan.kvm.tile_fallback).find(why), std::string::npos) << plan.kvm.tile_fallback;
+    EXPECT_EQ(plan.kvm.tile_grid, 132);
+  };
+  fallback(attn(4096, 64, 4, 16, DType::kFP8E4M3), f, "fp8");
+  fallback(attn(4096), hopper(), "cannot run on this device");
+  SparseAttnParams huge = attn(4096);
+  huge.kv.total_k = (int64_t(1) << 31) - 100;
+  fallback(huge, f, "32-bit coordinates");
+  // No tiles (NVFP4 K/V, G = 8, the kv_major schedule): the option changes nothing.
+  EXPECT_FALSE(plan_sparse_attention(attn(4096, 64, 4, 16, DType::kNVFP4), o, f).kvm.tiles);
+  EXPECT_FALSE(plan_sparse_attention(attn(4096, 32, 4), o, f).kvm.tiles);
+}
+
 // ---- tile waste ---------------------------------------------------------------------------------
 
 TEST(PlanTiles, WasteBoundDefaultsTo1500AndFollowsTheOption) {
@@ -615,6 +666,8 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_attention_options(std::string("schedule=") + option_name(s)).schedule, s);
   for (KvMajorKernel k : {KvMajorKernel::kAuto, KvMajorKernel::kMmaSync, KvMajorKernel::kWgmma})
     EXPECT_EQ(parse_sparse_attention_options(std::string("kv_major_kernel=") + option_name(k)).kv_major_kernel, k);
+  for (TileKernel k : {TileKernel::kAuto, TileKernel::kCpAsync, TileKernel::kTma})
+    EXPECT_EQ(parse_sparse_attention_options(std::string("tile_kernel=") + option_name(k)).tile_kernel, k);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
   for (ProxyKernel k : {ProxyKernel::kAuto, ProxyKernel::kMmaSync, ProxyKernel::kSm90, ProxyKernel::kSm90Only,
@@ -659,7 +712,9 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("chunk_rows=") + v).c_str(), "chunk_rows must be a positive integer");
   for (const char* v : {"abc", "0.5", "9", "nan", "1.5x", ""})
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
-  bad("speed=11", "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste)");
+  bad("speed=11",
+      "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel)");
+  bad("tile_kernel=wgmma", "tile_kernel must be auto, cp_async or tma, got 'wgmma'");
   // The KV-major combine variants (prefetch, overlap, overlap_staged) were removed, and with them the
   // option: the combine is always the separate kernel.
   for (const char* v : {"auto", "separate", "prefetch", "overlap", "overlap_staged"})

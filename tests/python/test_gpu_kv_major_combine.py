@@ -35,7 +35,8 @@ from test_gpu_sparse_attention import (  # noqa: E402
     plan_options, problem, reference, run)
 
 # The schedules of test_gpu_sparse_attention.SCHEDULES that combine KV-major partials.
-KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_mma_sync", "hybrid"])
+KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_mma_sync", "hybrid",
+                                                        "hybrid_tma"])
 
 
 def check_against_reference(case, seed, got, what):

@@ -53,8 +53,10 @@ BLOCK = 128
 # kv_major runs the sm_90a warpgroup-MMA kernel on an sm_90 GPU (forced there, so a library without
 # it fails instead of silently testing the portable one) and the mma.sync kernel elsewhere;
 # kv_major_mma_sync forces the portable kernel everywhere.
-# hybrid: shared-selection tiles (sm_90a) for the tiles that qualify, KV-major for the rest.
-SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid"]
+# hybrid: shared-selection tiles (sm_90a) for the tiles that qualify, KV-major for the rest;
+# hybrid_tma: the same with the TMA tile kernel (tile_kernel=tma; fp8 K/V fall back to the cp.async
+# one, the plan text says so).
+SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_tma"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -68,6 +70,7 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto"),
         "kv_major_mma_sync": dict(schedule="kv_major", kv_major_kernel="mma_sync"),
         "hybrid": dict(schedule="hybrid", kv_major_kernel="auto"),
+        "hybrid_tma": dict(schedule="hybrid", kv_major_kernel="auto", tile_kernel="tma"),
     }[schedule]
     return {**options, **extra}
 
@@ -536,17 +539,21 @@ def test_large(hq, hkv, schedule):
     check_lse(lse[rows], want[1], "large lse")
 
 
-def test_hybrid_runs_shared_tiles():
+TILE_KERNELS = pytest.mark.parametrize("tile_kernel", ["cp_async", "tma"])
+
+
+@TILE_KERNELS
+def test_hybrid_runs_shared_tiles(tile_kernel):
     """On sm_90 the hybrid schedule computes the qualifying tiles with the shared-selection tile
-    kernel: its bits differ from the KV-major schedule's (another summation order), both match the
-    reference, and repeated runs are bit-identical."""
+    kernel (either of them): its bits differ from the KV-major schedule's (another summation
+    order), both match the reference, and repeated runs are bit-identical."""
     if not IS_SM90:
         pytest.skip("the shared-selection tile kernel is sm_90a only (hybrid = kv_major elsewhere)")
     case = next(c for c in CASES if c.name == "m3_tile_shared")
     pb = build(case, seed=5)
     res = {"kv_major": run(pb, gpu=True, schedule="kv_major"),
-           "hybrid": run(pb, gpu=True, schedule="hybrid")}
-    again = run(pb, gpu=True, schedule="hybrid")
+           "hybrid": run(pb, gpu=True, schedule="hybrid", tile_kernel=tile_kernel)}
+    again = run(pb, gpu=True, schedule="hybrid", tile_kernel=tile_kernel)
     assert not bits_equal(res["kv_major"], res["hybrid"]), "hybrid did not run the tile kernel"
     assert bits_equal(res["hybrid"], again)
     base_out, _ = baseline(case, pb, pb.cpu_args[3])
@@ -560,7 +567,8 @@ def test_hybrid_runs_shared_tiles():
 @pytest.mark.parametrize("name", ["spec_16_1", "m3_1x1024", "m3_tile_mixed_temp",
                                   "g32_tile_shared_paged", "g64_tile_mixed_nocausal",
                                   "m3_tile_shared_fp8", "g32_tile_mixed_fp8_paged_fp16"])
-def test_tile_kernel_on_unrelated_selections(name):
+@TILE_KERNELS
+def test_tile_kernel_on_unrelated_selections(name, tile_kernel):
     """Plan option tile_max_waste=8 sends every tile whose union fits the plan to the shared-selection
     tile kernel, also tiles of unrelated (random) selections, where a consumer warpgroup often skips
     blocks that none of its tokens selected: the results still match the reference, differ in their
@@ -570,8 +578,8 @@ def test_tile_kernel_on_unrelated_selections(name):
     case = next(c for c in CASES if c.name == name)
     pb = build(case, seed=11)
     kvm = run(pb, gpu=True, schedule="kv_major")
-    got = run(pb, gpu=True, schedule="hybrid", tile_max_waste=8)
-    again = run(pb, gpu=True, schedule="hybrid", tile_max_waste=8)
+    got = run(pb, gpu=True, schedule="hybrid", tile_max_waste=8, tile_kernel=tile_kernel)
+    again = run(pb, gpu=True, schedule="hybrid", tile_max_waste=8, tile_kernel=tile_kernel)
     assert not bits_equal(kvm, got), "tile_max_waste=8: the tile kernel did not run"
     assert bits_equal(got, again)
     base_out, _ = baseline(case, pb, pb.cpu_args[3])

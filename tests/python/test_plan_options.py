@@ -42,6 +42,7 @@ VALID = {
         None, "", {}, dict(schedule="query_major"), dict(schedule="kv_major"),
         dict(schedule="hybrid", kv_major_kernel="mma_sync", chunk_rows=7, tile_max_waste=8),
         dict(schedule="auto", kv_major_kernel="wgmma", tile_max_waste=1.25),
+        dict(schedule="hybrid", tile_kernel="tma"), dict(tile_kernel="cp_async"), dict(tile_kernel="auto"),
         "schedule=kv_major,chunk_rows=1",
     ],
     "proxy_score": [None, dict(kernel="auto"), dict(kernel="mma_sync"), dict(kernel="sm90"),
@@ -102,6 +103,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_attention", dict(tile_max_waste="nan"), "tile_max_waste must be a number from 1 to 8"),
     ("sparse_attention", dict(tile_max_waste="1.5x"), "tile_max_waste must be a number from 1 to 8"),
     ("sparse_attention", dict(speed=11), "unknown plan option 'speed'"),
+    ("sparse_attention", dict(tile_kernel="wgmma"), "tile_kernel must be auto, cp_async or tma, got 'wgmma'"),
     # The KV-major combine variants were removed, and the combine option with them.
     ("sparse_attention", dict(combine="separate"), "unknown plan option 'combine'"),
     ("sparse_attention", dict(combine="prefetch"), "unknown plan option 'combine'"),

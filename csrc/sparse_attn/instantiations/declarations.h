@@ -82,4 +82,12 @@ extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNvfp4>();
 extern template int kv_major_smem_bytes<__half, KvKind::kNvfp4>(int);
 extern template int kv_major_ctas_per_sm<__half, KvKind::kNvfp4>(int);
 
+// union_tma_bf16.cu
+extern template void launch_union_tma_sm90<__nv_bfloat16>(const UnionArgs&, int, cudaStream_t);
+extern template int union_tma_sm90_ctas_per_sm<__nv_bfloat16>();
+
+// union_tma_fp16.cu
+extern template void launch_union_tma_sm90<__half>(const UnionArgs&, int, cudaStream_t);
+extern template int union_tma_sm90_ctas_per_sm<__half>();
+
 }  // namespace flashmsa::sparse_attn

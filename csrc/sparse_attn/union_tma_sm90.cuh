@@ -1,0 +1,307 @@
+// Shared-selection tiles on Hopper (sm_90a) with TMA loads and intra-warpgroup overlap: the
+// plan option tile_kernel=tma (bf16 / fp16 K and V; union_sm90.cuh is the default tile kernel and
+// the one for fp8 K and V). Same tiles, plans, masks, outputs and smem layout as union_sm90.cuh
+// (read its header first); what differs:
+//   producer      one warp (the other three of its warpgroup leave at once; 40 registers). Lanes
+//                 take the tile and copy its plan; lane 0 loads Q (four 3-D boxes: 64 rows x 64
+//                 dims of (token, head) rows per consumer warpgroup and half) and each union
+//                 block's K and V (a 128-key box per 64-dim half: flat (dims, Hkv, total_k) at the
+//                 block's first row, paged (dims, 128, Hkv, pages) at its page) with
+//                 cp.async.bulk.tensor into the 128-byte-swizzled [2][rows][64] tiles the wgmma
+//                 descriptors read, completing on the slots' "full" mbarriers (expect_tx). A block
+//                 past the sequence's last key (n_valid < 128 keys) has its V rows n_valid..127
+//                 zeroed by the warp before it is published (TMA reads those rows from the next
+//                 sequence / the page's unused rows, and P = 0 times a NaN there would be NaN;
+//                 K's rows there only reach scores the softmax masks by selection).
+//   2 consumers   (232 registers) issue S_u = Q K_u^T, then O += P_{u-1} V_{u-1} (both wgmma
+//                 groups in flight), wait for S_u alone (wgmma.wait_group 1), release K_u, run the
+//                 softmax of block u while P V runs, then wait for it, release V_{u-1}, rescale O
+//                 and keep P_u in registers (bf16 / fp16) for the next step: the tensor core works
+//                 while the softmax runs (FlashAttention-3's intra-warpgroup pipelining). A block
+//                 none of the warpgroup's tokens selected first completes the pending P V.
+// The arithmetic per block is the old kernel's (same MMAs, same rescale order); a row's result
+// depends only on its tile's plan (D11).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "common/cuda_utils.h"
+#include "common/mbarrier.cuh"
+#include "common/tensor_map.h"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
+#include "flashmsa/error.h"
+#include "sparse_attn/union_sm90.cuh"
+
+namespace flashmsa::sparse_attn {
+
+struct UnionTmaArgs {
+  CUtensorMap q_map;  // q as (128 dims, Hq, total_q), box (64, min(G, 64), 64 / min(G, 64))
+  CUtensorMap k_map;  // common/tensor_map.h encode_kv_block_map, box0 64
+  CUtensorMap v_map;
+  UnionArgs u;
+};
+
+struct UnionTmaConfig : UnionSm90Config {
+  // 65536 / 384 = 168 at launch; setmaxnreg then 40 + 2 x 232 = 3 x 168 (the proxy kernel's
+  // split). 24 + 2 x 240 spills 16 bytes in the producer warp (the tile's plan copy, the work
+  // counter, the page lookups), 32 + 2 x 232 8 bytes; the consumers need no more than 232.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  // mbarriers: UnionSm90Config's twelve, then v_fix (a partial block's V, waited for by the
+  // producer warp before it zeroes the rows past the sequence).
+  static constexpr int kSmemBytes = kBarOffset + 13 * 8;
+};
+static_assert(UnionTmaConfig::kProducerRegs + 2 * UnionTmaConfig::kConsumerRegs <=
+                  3 * (65536 / UnionTmaConfig::kThreads / 8 * 8),
+              "register split");
+static_assert(UnionTmaConfig::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
+static_assert(UnionTmaConfig::kQOffset % 1024 == 0 && UnionTmaConfig::kKOffset % 1024 == 0 &&
+                  UnionTmaConfig::kVOffset % 1024 == 0,
+              "swizzled tiles start on 1024-byte boundaries");
+
+#if MSA_HAS_WGMMA
+// The producer warp (lane 0..31): see the top of the file.
+template <typename Elem>
+MSA_DEVICE void union_tma_producer(const UnionTmaArgs& ta, uint8_t* smem, uint32_t bars, int lane) {
+  using Cfg = UnionTmaConfig;
+  const UnionArgs& a = ta.u;
+  const SparseAttnParams& p = a.p;
+  const uint32_t q_full = bars, q_empty = bars + 16, k_full = bars + 32, k_empty = bars + 48,
+                 v_full = bars + 64, v_empty = bars + 80, v_fix = bars + 96;
+  const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
+  if (lane == 0) {
+    tma_prefetch_map(&ta.q_map);
+    tma_prefetch_map(&ta.k_map);
+    tma_prefetch_map(&ta.v_map);
+  }
+  // A consumer warpgroup's 64 rows: box_h heads x 64 / box_h tokens.
+  const int G = a.group;
+  int kv = 0;     // K / V blocks issued so far (ring position)
+  int fixes = 0;  // partial blocks so far (v_fix's phase)
+  for (int it = 0;; ++it) {
+    const int tb = it & 1;
+    mbar_wait(q_empty + 8 * tb, ((it >> 1) & 1) ^ 1);
+    UnionTilePlan& pl = *reinterpret_cast<UnionTilePlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
+    if (lane == 0) pl.st = union_next_tile(a);
+    __syncwarp();
+    if (pl.st.w < 0) {
+      if (lane == 0) mbar_arrive(q_full + 8 * tb);  // publishes "no work left" (pl.st)
+      return;
+    }
+    union_copy_plan(a, pl, lane, 32);
+    __syncwarp();  // lane 0's arrive below publishes every lane's plan writes
+    const int kh = pl.st.kh, b = pl.st.b, U = pl.st.count, seqlen_k = pl.st.seqlen_k;
+    if (lane == 0) {
+      const uint32_t sQ_addr = smem_addr(smem + Cfg::kQOffset + tb * Cfg::kQBytes);
+      mbar_expect_tx(q_full + 8 * tb, Cfg::kQBytes);
+#pragma unroll
+      for (int wg = 0; wg < 2; ++wg)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          tma_load_3d(sQ_addr + uint32_t(wg * 64 * 256 + half * 64 * 128), &ta.q_map, q_full + 8 * tb, 64 * half,
+                      kh * G + (64 * wg) % G, pl.st.r0 + (64 * wg) / G);
+    }
+    const int64_t row0 = p.kv.paged ? 0 : kv_row_begin(p.kv, b);
+#pragma unroll 1
+    for (int u = 0; u < U; ++u, ++kv) {
+      const int st = kv & 1;
+      const uint32_t parity = ((kv >> 1) & 1) ^ 1;
+      const int blk = pl.block[u], j0 = blk * kBlockSize;
+      const bool partial = seqlen_k - j0 < kBlockSize;
+      // The plan holds only blocks with a valid page (union_plan.cu), so page >= 0 here.
+      const int c1 = p.kv.paged ? 0 : kh, c2 = p.kv.paged ? kh : int(row0 + j0);
+      const int c3 = p.kv.paged ? int(kv_page(p.kv, b, blk)) : 0;
+      auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar) {
+        mbar_expect_tx(bar, Cfg::kKvBytes);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          if (p.kv.paged) tma_load_4d(dst + half * (kBlockSize * 128), map, bar, 64 * half, c1, c2, c3);
+          else tma_load_3d(dst + half * (kBlockSize * 128), map, bar, 64 * half, c1, c2);
+        }
+      };
+      const uint32_t sK = sK_addr + st * Cfg::kKvBytes, sV = sV_addr + st * Cfg::kKvBytes;
+      if (lane == 0) {
+        mbar_wait(k_empty + 8 * st, parity);
+        load(&ta.k_map, sK, k_full + 8 * st);
+        mbar_wait(v_empty + 8 * st, parity);
+        load(&ta.v_map, sV, partial ? v_fix : v_full + 8 * st);
+      }
+      if (partial) {
+        mbar_wait(v_fix, fixes & 1);
+        ++fixes;
+        const int n_valid = max(seqlen_k - j0, 0);
+        uint8_t* v = smem + Cfg::kVOffset + st * Cfg::kKvBytes;
+        for (int c = n_valid * 8 + lane; c < kBlockSize * 8; c += 32) {  // 8 chunks of 16 bytes per row and half
+          const int row = c >> 3, ch = c & 7;
+          *reinterpret_cast<uint4*>(v + row * 128 + ch * 16) = make_uint4(0u, 0u, 0u, 0u);
+          *reinterpret_cast<uint4*>(v + kBlockSize * 128 + row * 128 + ch * 16) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        fence_proxy_async_smem();  // generic writes, read by wgmma / overwritten by TMA next
+        __syncwarp();
+        if (lane == 0) mbar_arrive(v_full + 8 * st);
+      }
+    }
+    __syncwarp();
+  }
+}
+#endif
+
+template <typename Elem>
+__global__ void __launch_bounds__(UnionTmaConfig::kThreads, 1) union_tma_sm90_kernel(const __grid_constant__ UnionTmaArgs ta) {
+#if MSA_HAS_WGMMA
+  using Cfg = UnionTmaConfig;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const UnionArgs& a = ta.u;
+  const SparseAttnParams& p = a.p;
+  const int tid = threadIdx.x;
+  check_smem_base(smem);
+  const uint32_t bars = smem_addr(smem + Cfg::kBarOffset);
+  const uint32_t q_full = bars, q_empty = bars + 16, k_full = bars + 32, k_empty = bars + 48,
+                 v_full = bars + 64, v_empty = bars + 80, v_fix = bars + 96;
+  if (tid == 0) {
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(q_full + 8 * i, 1);  // the producer's arrive.expect_tx (+ the bytes of Q)
+      mbar_init(q_empty + 8 * i, Cfg::kConsumerThreads);
+      mbar_init(k_full + 8 * i, 1);
+      mbar_init(k_empty + 8 * i, Cfg::kConsumerThreads);
+      mbar_init(v_full + 8 * i, 1);
+      mbar_init(v_empty + 8 * i, Cfg::kConsumerThreads);
+    }
+    mbar_init(v_fix, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();  // the only CTA-wide barrier: producer and consumers part here
+  if (tid >= Cfg::kConsumerThreads) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (tid < Cfg::kConsumerThreads + 32) union_tma_producer<Elem>(ta, smem, bars, tid - Cfg::kConsumerThreads);
+    return;
+  }
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
+
+  const int wg = tid >> 7, wtid = tid & 127;
+  const int lane = tid & 31, warp = wtid >> 5, gid = lane >> 2, tig = lane & 3;
+  const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
+  const float sc = a.scale_log2, temp = p.lse_temperature;
+  const UnionRows rows = union_rows(wg, warp, gid, a.group);
+
+  int kv = 0;  // K / V blocks consumed so far (ring position)
+  for (int it = 0;; ++it) {
+    const int tb = it & 1;
+    mbar_wait_loop(q_full + 8 * tb, (it >> 1) & 1);
+    const UnionTilePlan& pl = *reinterpret_cast<const UnionTilePlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
+    if (pl.st.w < 0) break;
+    const int kh = pl.st.kh, r0 = pl.st.r0, U = pl.st.count;
+    uint8_t* my_q = smem + Cfg::kQOffset + tb * Cfg::kQBytes + wg * (64 * 256);
+    const uint32_t my_q_addr = smem_addr(my_q);
+
+    float o[16][4], m_row[2], l_row[2], lt_row[2];
+    union_tile_init(o, m_row, l_row, lt_row);
+    // The pending P V: P of the last computed block (packed) and its V slot.
+    uint32_t pa[8][4];
+    bool pending = false;
+    int p_st = 0;
+    uint32_t p_parity = 0;
+    // Completes the pending P V (o += P V, waited for) and releases its V slot.
+    auto flush = [&]() {
+      mbar_wait_loop(v_full + 8 * p_st, p_parity);
+      wgmma_pv_issue<Elem>(o, pa, sV_addr + p_st * Cfg::kKvBytes, true);
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) wgmma_fence_operand(pa[kk]);
+      mbar_arrive(v_empty + 8 * p_st);
+      pending = false;
+    };
+
+#pragma unroll 1
+    for (int u = 0; u < U; ++u, ++kv) {
+      const int st = kv & 1;
+      const uint32_t parity = (kv >> 1) & 1;
+      const uint32_t msk = pl.mask[u];
+      // Warp-uniform to the compiler too (a lane's copy): no wgmma may sit in a branch it thinks
+      // divergent (ptxas would serialize all of them, C7518).
+      if (__shfl_sync(0xffffffffu, (msk & rows.wg_mask) == 0u, 0)) {
+        // Nothing of the block is visible to these rows (union_sm90.cuh): its slots are waited
+        // for and released. The pending P V goes first: its V slot must be released before
+        // the producer can fill the ring past this block.
+        if (pending) flush();
+        union_pass_block(bars, st, parity);
+        continue;
+      }
+      mbar_wait_loop(k_full + 8 * st, parity);
+      float s[16][4];
+      wgmma_qk_issue<Elem>(s, my_q_addr, sK_addr + st * Cfg::kKvBytes);
+      if (pending) {
+        mbar_wait_loop(v_full + 8 * p_st, p_parity);
+        wgmma_pv_issue<Elem>(o, pa, sV_addr + p_st * Cfg::kKvBytes, true);
+        wgmma_wait<1>();  // S_u done, P V of the previous block may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      wgmma_fence_operand(s);
+      mbar_arrive(k_empty + 8 * st);
+
+      float alpha[2];
+      union_block_softmax(s, pl, rows, msk, pl.block[u] * kBlockSize, a.has_temp, sc, temp, tig, m_row, l_row,
+                          lt_row, alpha);
+      // P V done (without a pending P V nothing is in flight: unconditional, so that on every
+      // path the compiler sees no accumulator read while an MMA may run).
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) wgmma_fence_operand(pa[kk]);
+      if (pending) mbar_arrive(v_empty + 8 * p_st);
+      union_rescale(o, alpha);
+      pack_p<Elem>(pa, s);
+      pending = true;
+      p_st = st;
+      p_parity = parity;
+    }
+    if (pending) flush();
+
+    // Epilogue: rows of the warp through its quarter of the warpgroup's (consumed) query tile.
+    union_epilogue<Elem>(a, rows, kh, r0, wg, warp, lane, o, m_row, l_row, lt_row, my_q);
+    fence_proxy_async_smem();  // the staging writes before the next TMA into this buffer
+    mbar_arrive(q_empty + 8 * tb);  // Q buffer and plan tb are free for tile it + 2
+  }
+#else
+  __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
+#endif
+}
+
+// CTAs per SM of the TMA tile kernel, 0 where this device cannot run it.
+template <typename Elem>
+int union_tma_sm90_ctas_per_sm() {
+  return flashmsa::cuda::prepare_sm90a_launch(union_tma_sm90_kernel<Elem>, UnionTmaConfig::kThreads,
+                                              size_t(UnionTmaConfig::kSmemBytes));
+}
+
+// Encodes the maps of q, k and v (NotSupported where the driver rejects them; the planner's
+// union_tma_applies keeps the calls it sends here within TMA's coordinates) and launches.
+template <typename Elem>
+void launch_union_tma_sm90(const UnionArgs& args, int grid, cudaStream_t stream) {
+  const SparseAttnParams& p = args.p;
+  UnionTmaArgs ta{};
+  ta.u = args;
+  const CUtensorMapDataType ty =
+      std::is_same_v<Elem, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const uint32_t box_h = uint32_t(args.group < 64 ? args.group : 64);
+  const uint64_t q_dims[3] = {128, uint64_t(p.num_heads), uint64_t(p.total_q)};
+  const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
+  const uint32_t q_box[3] = {64, box_h, 64 / box_h};
+  const bool ok = flashmsa::cuda::encode_tensor_map_sw128(ta.q_map, ty, p.q, 3, q_dims, q_strides, q_box) &&
+                  flashmsa::cuda::encode_kv_block_map(ta.k_map, ty, p.k, p.kv, p.num_kv_heads, 128, 64, 2,
+                                                      CU_TENSOR_MAP_SWIZZLE_128B) &&
+                  flashmsa::cuda::encode_kv_block_map(ta.v_map, ty, p.v, p.kv, p.num_kv_heads, 128, 64, 2,
+                                                      CU_TENSOR_MAP_SWIZZLE_128B);
+  MSA_CHECK_SUPPORTED(ok, "tile_kernel=tma: the driver rejected the TMA descriptors of q / k / v");
+  auto* kernel = union_tma_sm90_kernel<Elem>;
+  constexpr int smem = UnionTmaConfig::kSmemBytes;
+  flashmsa::cuda::prepare_launch(kernel, UnionTmaConfig::kThreads, size_t(smem));
+  kernel<<<grid, UnionTmaConfig::kThreads, smem, stream>>>(ta);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashmsa::sparse_attn
