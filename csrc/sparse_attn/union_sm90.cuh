@@ -60,8 +60,8 @@ struct UnionSm90Config {
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   // Registers per thread: 168 at launch (65536 / 384); then the producer gives registers back to
   // the consumers (setmaxnreg). Each SM sub-partition holds one warp of every warpgroup and a
-  // quarter of the register file: 2 x 216 + 72 = 3 x 168 (the producer keeps one value of its
-  // tile loop in local memory: a load per tile).
+  // quarter of the register file: 2 x 216 + 72 = 3 x 168 (no spill since the plan copy's loop is
+  // not unrolled; it kept one value of its tile loop in local memory before).
   static constexpr int kProducerRegs = 72;
   static constexpr int kConsumerRegs = 216;
   static constexpr int kTileBufs = 2;  // Q + plan of the current and the next tile
