@@ -166,7 +166,15 @@ MSA_DEVICE void union_block_softmax(float (&s)[16][4], const UnionTilePlan& pl, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int lim = ((msk >> rows.tok[h]) & 1u) ? min(kBlockSize, pl.lim[rows.tok[h]] - j0) : 0;
-    union_softmax_row<true, false>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
+    // Uniform choices outside the element loops: the mask only where keys are cut, the
+    // temperature sum only where it is asked for.
+    if (lim >= kBlockSize) {
+      if (has_temp) union_softmax_row<false, true>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
+      else union_softmax_row<false, false>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
+    } else {
+      if (has_temp) union_softmax_row<true, true>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
+      else union_softmax_row<true, false>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
+    }
   }
 }
 

@@ -87,12 +87,13 @@ MSA_DEVICE void union_tma_producer(const UnionTmaArgs& ta, uint8_t* smem, uint32
     if (lane == 0) pl.st = union_next_tile(a);
     __syncwarp();
     if (pl.st.w < 0) {
-      if (lane == 0) mbar_arrive(q_full + 8 * tb);  // publishes "no work left" (pl.st)
+      mbar_arrive(q_full + 8 * tb);  // publishes "no work left" (pl.st, lane 0's write)
       return;
     }
     union_copy_plan(a, pl, lane, 32);
-    __syncwarp();  // lane 0's arrive below publishes every lane's plan writes
     const int kh = pl.st.kh, b = pl.st.b, U = pl.st.count, seqlen_k = pl.st.seqlen_k;
+    if (lane != 0) mbar_arrive(q_full + 8 * tb);  // this lane's plan writes
+    __syncwarp();  // every lane has read pl.st / written its part before the producer moves on
     if (lane == 0) {
       const uint32_t sQ_addr = smem_addr(smem + Cfg::kQOffset + tb * Cfg::kQBytes);
       mbar_expect_tx(q_full + 8 * tb, Cfg::kQBytes);
@@ -162,7 +163,11 @@ __global__ void __launch_bounds__(UnionTmaConfig::kThreads, 1) union_tma_sm90_ke
                  v_full = bars + 64, v_empty = bars + 80, v_fix = bars + 96;
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
-      mbar_init(q_full + 8 * i, 1);  // the producer's arrive.expect_tx (+ the bytes of Q)
+      // Every producer lane arrives after its own plan writes (lane 0 with the expect_tx of Q's
+      // bytes), so that each write is released by its own thread's arrive: compute-sanitizer's
+      // racecheck does not carry a __syncwarp + one lane's arrive over to the other lanes'
+      // writes (H200 at bff5899: hazards on pl.lim / pl.mask with a single arrive).
+      mbar_init(q_full + 8 * i, 32);
       mbar_init(q_empty + 8 * i, Cfg::kConsumerThreads);
       mbar_init(k_full + 8 * i, 1);
       mbar_init(k_empty + 8 * i, Cfg::kConsumerThreads);
