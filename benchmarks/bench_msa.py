@@ -138,10 +138,7 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
 # Step rows also timed with sparse-decode plan options: (suffix of the case name, options), for
 # batches up to STEP_VARIANT_MAX_BATCH (the split-K calls: at batch 64 the decode is fused and
 # combine=in_kernel changes nothing).
-# split=tiles: the shared-memory kernel's splits over 64-key tiles (bf16 K/V at batch 1: 32 CTAs
-# of one tile per kv head instead of 16 of one block; the fp8 step's regs kernel ignores it).
-STEP_VARIANTS = ((" [combine=in_kernel]", dict(combine="in_kernel")),
-                 (" [combine=in_kernel,split=tiles]", dict(combine="in_kernel", split="tiles")))
+STEP_VARIANTS = ((" [combine=in_kernel]", dict(combine="in_kernel")),)
 STEP_VARIANT_MAX_BATCH = 8
 
 
@@ -824,9 +821,6 @@ class Bench:
             variants = [("", None), (" [combine=in_kernel]", dict(combine="in_kernel"))]
             if sq == 1:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
-                # The shared-memory kernel split over 64-key tiles (split=tiles, in-kernel combine).
-                variants.append((" [smem combine=in_kernel,split=tiles]",
-                                 dict(kernel="smem", combine="in_kernel", split="tiles")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":

@@ -105,8 +105,7 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 # The kernel choices a case may force on the device, as plan options of flashmsa's private planned
 # twins of the ops (msa_ops._*_planned; the CPU reference has no plan): the proxy kernel (decode_f16:
 # the decode kernel's fp16 MMAs for fp8 K), the top-k and decode kernel (regs: fp8 and NVFP4 K/V in
-# registers), decode's MTP items and split-K combine (in_kernel, then sometimes split=tiles), the
-# prefill schedule (auto is query-major at these sizes), the
+# registers), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
 # KV-major kernel, chunk_rows (launch groups) and tile_max_waste (8: every tile whose union fits
 # goes to the shared-selection tile kernel).
 SCHEDULES = {
@@ -127,11 +126,6 @@ KERNELS = {
                          "warp_split", "warp_pivot"))],
     "decode": [("kernel", ("smem", "regs")), ("mtp", ("per_token", "union"))],
 }
-# Decode's split-K combine (plan option combine: the default or in_kernel) and, with in_kernel
-# (which it needs), half the time split=tiles: drawn after every other parameter of a decode case,
-# so that a seed's other parameters stay those of the cases reported before they were added.
-DECODE_COMBINES = (None, "in_kernel")
-DECODE_SPLIT_TILES_P = 0.5
 
 
 def _options(rng: random.Random, op: str) -> Dict[str, str]:
@@ -361,11 +355,6 @@ def gen_decode(rng: random.Random) -> dict:
     if p["q_dtype"] != "fp16" and rng.random() < 0.05:
         p["v_global_scale"] = 1e35
     _value_ranges(rng, p, "bf16" if p["q_dtype"] == "fp8" else p["q_dtype"])
-    combine = rng.choice(DECODE_COMBINES)
-    if combine:
-        p["options"]["combine"] = combine
-        if rng.random() < DECODE_SPLIT_TILES_P:
-            p["options"]["split"] = "tiles"
     return p
 
 

@@ -87,8 +87,6 @@ def cases(bench: bm.Bench) -> dict:
                                                                   dict(combine="in_kernel")),
         "decode_b1_fp8_combine_in_kernel": lambda: bench.build_decode(
             1, 32 * K, 1, "fp8", dict(combine="in_kernel")),
-        "decode_b1_split_tiles": lambda: bench.build_decode(
-            1, 32 * K, 1, "bf16", dict(kernel="smem", combine="in_kernel", split="tiles")),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
         "decode_b64_fp8": lambda: bench.build_decode(64, 32 * K, 1, "fp8"),
@@ -109,8 +107,6 @@ def cases(bench: bm.Bench) -> dict:
         "step_b1_128k": lambda: bench.build_step(1, 128 * K, 1),
         "step_b1_128k_combine_in_kernel": lambda: bench.build_step(
             1, 128 * K, 1, decode_options=dict(combine="in_kernel")),
-        "step_b1_128k_split_tiles": lambda: bench.build_step(
-            1, 128 * K, 1, decode_options=dict(combine="in_kernel", split="tiles")),
     }
 
 

@@ -644,20 +644,6 @@ class Smoke:
                 ops, cache, self.lazy(build), seqlen_q, (False,),
                 f"decode combine=in_kernel {kernel} mtp={mtp} paged {str(dtype)[6:]} {hq}/{hkv} "
                 f"sq{seqlen_q}")
-        # The shared-memory kernel split over 64-key tiles (split=tiles): M3, G = 64 (64-row tiles).
-        for hq, hkv, dtype in ((64, 4, BF16), (64, 1, FP8)):
-            ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(
-                kernel="smem", combine="in_kernel", split="tiles"))
-            cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, dtype))
-
-            def build_tiles(hq=hq, hkv=hkv):
-                sel = self.decode_selection(lens, 1, hkv)
-                sel[:, ::3, 5] = 10 ** 6
-                sel[:, 1::4, 9] = -1
-                return self.rnd((b, hq, 128)), sel
-            self._decode_fused_and_split(
-                ops, cache, self.lazy(build_tiles), 1, (False,),
-                f"decode combine=in_kernel split=tiles smem paged {str(dtype)[6:]} {hq}/{hkv} sq1")
         # NVFP4 K/V in registers.
         ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs",
                                                                     combine="in_kernel"))

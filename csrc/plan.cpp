@@ -63,10 +63,6 @@ constexpr Named<DecodeCombine> kDecodeCombines[] = {{DecodeCombine::kAuto, "auto
                                                     {DecodeCombine::kSeparate, "separate"},
                                                     {DecodeCombine::kInKernel, "in_kernel"}};
 
-constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
-                                                {DecodeSplit::kBlocks, "blocks"},
-                                                {DecodeSplit::kTiles, "tiles"}};
-
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
   for (const auto& e : table)
@@ -145,7 +141,6 @@ const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeCombine v) { return name_of(kDecodeCombines, v); }
-const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -156,16 +151,11 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.mtp = parse_enum(kDecodeMtps, name, value);
     } else if (name == "combine") {
       o.combine = parse_enum(kDecodeCombines, name, value);
-    } else if (name == "split") {
-      o.split = parse_enum(kDecodeSplits, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, combine, split)");
+               "' (options: kernel, mtp, combine)");
     }
   });
-  // (The planner checks the same for options built in C++.)
-  MSA_CHECK(o.split != DecodeSplit::kTiles || o.combine == DecodeCombine::kInKernel,
-            "msa_sparse_decode_attention: split=tiles needs combine=in_kernel");
   return o;
 }
 

@@ -30,9 +30,7 @@ void query_major_details(std::ostringstream& s, const QueryMajorPlan& qm) {
   if (qm.fused)
     s << "; fused: outputs written directly";
   else
-    s << "; split-K: " << qm.splits << (qm.split_tiles ? " chunks of 64-key tiles per row (split=tiles), "
-                                                       : " chunks per row, ")
-      << store_kind_name(qm.part_kind)
+    s << "; split-K: " << qm.splits << " chunks per row, " << store_kind_name(qm.part_kind)
       << (qm.combine_in_kernel ? " partials, combine=in_kernel (the last CTA of a row's splits "
                                  "merges them in the attention kernel)"
                                : " partials + combine");

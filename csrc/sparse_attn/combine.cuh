@@ -9,34 +9,6 @@
 #include "sparse_attn/attention_core.cuh"
 #include "sparse_attn/kernel_traits.h"
 
-namespace flashmsa::sparse_attn {
-
-// The combine of a query-major split-K call: every row, one slot per split (the combine kernel's
-// launch and the in-kernel combine of combine=in_kernel read the same arguments).
-__host__ __device__ inline CombineArgs query_major_combine_args(const QueryMajorArgs& a) {
-  const SparseAttnParams& p = a.p;
-  CombineArgs c{};
-  c.row_begin = 0;
-  c.rows = p.total_q;
-  c.row_stride = p.total_q;
-  c.num_heads = p.num_heads;
-  c.num_kv_heads = p.num_kv_heads;
-  c.group = a.group;
-  c.num_slots = a.splits;
-  c.part_o = a.part_o;
-  c.part_kind = a.part_kind;
-  c.part_lse = a.part_lse;
-  c.part_lse_t = a.part_lse_t;
-  c.out = p.out;
-  c.lse = p.lse;
-  c.lse_t = p.lse_temperature_out;
-  c.v_scale = p.v_global_scale;
-  c.unit_rows = combine_unit_rows(c.group);
-  return c;
-}
-
-}  // namespace flashmsa::sparse_attn
-
 namespace flashmsa::sparse_attn::combine {
 
 MSA_DEVICE float sanitize_lse(float v) { return v == v ? fminf(v, FLT_MAX) : neg_inf(); }

@@ -56,9 +56,6 @@ struct QueryMajorArgs {
   // (request, kv head) for MTP union items: item / splits), zero when the kernel starts, and left
   // at zero by it (the last CTA of a group resets its counter).
   int* arrivals;
-  // kCombine kernels with 64-key tiles (decode plan option split=tiles): the splits share each
-  // row's 64-key tiles rather than its blocks (both halves of a block may go to different CTAs).
-  bool split_tiles;
 };
 
 // ---- KV-major schedule -------------------------------------------------------------------------

@@ -52,12 +52,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
   const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads
                             : int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
-  // split=tiles (with combine=in_kernel; the shared-memory kernel's per-token items): the splits
-  // share the row's 64-key tiles, two per block, within the combine's kMaxTopk slots.
-  const bool tiles = options.split == DecodeSplit::kTiles && options.combine == DecodeCombine::kInKernel &&
-                     !plan.regs && !mtp;
-  const int units = tiles ? std::min(2 * p.topk, kMaxTopk) : p.topk;
-  plan.splits = query_major_splits(items, units, num_sms, force_fused,
+  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused,
                                    query_major_target_ctas(plan.regs, mtp));
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
@@ -70,7 +65,6 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     // combine=in_kernel: an arrival counter per split group (the items of one (row, kv head, row
     // tile), or of one (request, kv head) for MTP union items).
     plan.combine_in_kernel = options.combine == DecodeCombine::kInKernel;
-    plan.split_tiles = tiles;
     if (plan.combine_in_kernel) plan.arrivals_off = ws.take("qm.arrivals", size_t(items) * 4);
   }
   return plan;
@@ -220,8 +214,6 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttn
 SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttnDeviceFacts& facts,
                                   const SparseDecodeOptions& options) {
   const SparseAttnParams& p = dp.attn;
-  MSA_CHECK(options.split != DecodeSplit::kTiles || options.combine == DecodeCombine::kInKernel,
-            "msa_sparse_decode_attention: split=tiles needs combine=in_kernel");
   SparseAttnPlan plan;
   if (p.total_q <= 0) return plan;
   MSA_CHECK(p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0,

@@ -96,37 +96,9 @@ struct QueryMajorConfig {
   static_assert(!kCoop || (kStageBytes / 2 == kRows * 256 && kPipeBytes >= 2 * 64 * 4 * 4), "kCoop buffers");
 };
 
-// The first tile of block blk (vis visible keys) of sequence b through kv head kh: keys
-// 0 .. min(kTileKeys, vis).
-template <int kTileKeys>
-MSA_DEVICE TileDesc first_tile(const SparseAttnParams& p, int b, int kh, int blk, int vis) {
-  const int j0 = blk * kBlockSize;
-  TileDesc d;
-  d.k_off = kv_offset(p.k, p.kv, b, kh, j0);
-  d.v_off = kv_offset(p.v, p.kv, b, kh, j0);
-  d.scale_row = p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j0) : 0;
-  d.n_valid = min(kTileKeys, vis);
-  d.pad = 0;
-  return d;
-}
-
-// The second tile of the block whose first tile is d: keys kTileKeys .. vis (vis > kTileKeys);
-// rows of a block are stride_token apart.
-template <int kTileKeys>
-MSA_DEVICE TileDesc second_tile(const SparseAttnParams& p, TileDesc d, int vis) {
-  d.k_off += int64_t(kTileKeys) * p.k.stride_token;
-  d.v_off += int64_t(kTileKeys) * p.v.stride_token;
-  d.scale_row += int64_t(kTileKeys) * scale_row_step(p);
-  d.n_valid = vis - kTileKeys;
-  return d;
-}
-
 // Warp 0: builds the item's tile list in shared memory; returns the number of tiles (all lanes).
 // kTileKeys = 64: a block is one or two tiles; 128: one tile per block.
-// kTileSplit (decode plan option split=tiles, kernels with kCombine and 64-key tiles): the splits
-// share the row's tiles instead of its blocks, so that the two halves of a block can go to two
-// CTAs (split s takes tiles s * per_split .. of the row's tiles in list order).
-template <int kWarpsM, int kTileKeys = kQmTileKeys, bool kTileSplit = false>
+template <int kWarpsM, int kTileKeys = kQmTileKeys>
 MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, int split,
                                      TileDesc* s_tiles, int* s_list, int lane) {
   const SparseAttnParams& p = args.p;
@@ -161,28 +133,6 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
   const uint32_t lt_mask = (1u << lane) - 1u;
   const uint32_t u0 = __ballot_sync(0xffffffffu, used[0]);
   const uint32_t u1 = __ballot_sync(0xffffffffu, used[1]);
-  if constexpr (kTileSplit) {
-    static_assert(kTileKeys == kQmTileKeys, "tile splits: 64-key tiles");
-    const uint32_t w0 = __ballot_sync(0xffffffffu, two[0]);
-    const uint32_t w1 = __ballot_sync(0xffffffffu, two[1]);
-    const int n_tiles = __popc(u0) + __popc(w0) + __popc(u1) + __popc(w1);
-    const int per_split = (n_tiles + args.splits - 1) / args.splits;
-    const int t_begin = split * per_split;
-    const int t_end = min(n_tiles, t_begin + per_split);
-    // The rank of each entry's first tile among the row's tiles.
-    const int rank[2] = {__popc(u0 & lt_mask) + __popc(w0 & lt_mask),
-                         __popc(u0) + __popc(w0) + __popc(u1 & lt_mask) + __popc(w1 & lt_mask)};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const bool take0 = used[h] && rank[h] >= t_begin && rank[h] < t_end;
-      const bool take1 = two[h] && rank[h] + 1 >= t_begin && rank[h] + 1 < t_end;
-      if (!take0 && !take1) continue;
-      const TileDesc d = first_tile<kTileKeys>(p, b, kh, blk[h], vis[h]);
-      if (take0) s_tiles[rank[h] - t_begin] = d;
-      if (take1) s_tiles[rank[h] + 1 - t_begin] = second_tile<kTileKeys>(p, d, vis[h]);
-    }
-    return max(t_end - t_begin, 0);
-  }
   const int n_used = __popc(u0) + __popc(u1);
   const int per_split = (n_used + args.splits - 1) / args.splits;
   const int s_begin = split * per_split;
@@ -200,9 +150,22 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
     if (!keep[h]) continue;
     const int idx = h == 0 ? __popc(k0 & lt_mask) + __popc(t0 & lt_mask)
                            : __popc(k0) + __popc(t0) + __popc(k1 & lt_mask) + __popc(t1 & lt_mask);
-    const TileDesc d = first_tile<kTileKeys>(p, b, kh, blk[h], vis[h]);
+    const int j0 = blk[h] * kBlockSize;
+    TileDesc d;
+    d.k_off = kv_offset(p.k, p.kv, b, kh, j0);
+    d.v_off = kv_offset(p.v, p.kv, b, kh, j0);
+    d.scale_row = p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j0) : 0;
+    d.n_valid = min(kTileKeys, vis[h]);
+    d.pad = 0;
     s_tiles[idx] = d;
-    if (two[h]) s_tiles[idx + 1] = second_tile<kTileKeys>(p, d, vis[h]);
+    if (two[h]) {
+      // Second half of the block: keys 64 .. vis; rows of a block are stride_token apart.
+      d.k_off += int64_t(kTileKeys) * p.k.stride_token;
+      d.v_off += int64_t(kTileKeys) * p.v.stride_token;
+      d.scale_row += int64_t(kTileKeys) * scale_row_step(p);
+      d.n_valid = vis[h] - kTileKeys;
+      s_tiles[idx + 1] = d;
+    }
   }
   return __popc(k0) + __popc(k1) + __popc(t0) + __popc(t1);
 }
@@ -589,7 +552,23 @@ MSA_DEVICE void arrive_and_combine(const QueryMajorArgs& args, int64_t group, in
   }
   __syncthreads();
   if (*s_last == 0) return;  // CTA-uniform
-  const CombineArgs c = query_major_combine_args(args);
+  const SparseAttnParams& p = args.p;
+  CombineArgs c{};
+  c.row_begin = 0;
+  c.rows = p.total_q;
+  c.row_stride = p.total_q;
+  c.num_heads = p.num_heads;
+  c.num_kv_heads = p.num_kv_heads;
+  c.group = args.group;
+  c.num_slots = args.splits;
+  c.part_o = args.part_o;
+  c.part_kind = args.part_kind;
+  c.part_lse = args.part_lse;
+  c.part_lse_t = args.part_lse_t;
+  c.out = p.out;
+  c.lse = p.lse;
+  c.lse_t = p.lse_temperature_out;
+  c.v_scale = p.v_global_scale;
   const int lane = tid & 31, warp = tid >> 5;
   const int n = kMtp ? n_tok * args.group : min(kRows, args.group - rt * kRows);
   for (int i = warp; i < n; i += kQmThreads / 32) {  // warp-uniform loop
@@ -659,10 +638,6 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       int n;
       if constexpr (kMtp) {
         n = plan_mtp_item<Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
-      } else if constexpr (kCombine && Cfg::kTileKeys == kQmTileKeys) {
-        n = args.split_tiles
-                ? plan_query_major_item<kWarpsM, Cfg::kTileKeys, true>(args, r, kh, split, s_tiles, s_list, lane)
-                : plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
       } else {
         n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
       }

@@ -13,7 +13,6 @@
 #include "flashmsa/error.h"
 #include "flashmsa/plan.h"
 #include "flashmsa/semantics.h"
-#include "sparse_attn/combine.cuh"
 #include "sparse_attn/launch.h"
 
 namespace flashmsa::sparse_attn {
@@ -155,14 +154,32 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
     // from the caching allocator when the caller passes none), so this call zeroes them itself,
     // one memset node of num_items / splits ints (a CUDA graph replays it too).
     a.arrivals = at<int>(p, plan.arrivals_off);
-    a.split_tiles = plan.split_tiles;
     const size_t groups = size_t(plan.num_items / plan.splits);
     MSA_CUDA_CHECK(cudaMemsetAsync(a.arrivals, 0, groups * sizeof(int), stream));
     launch.template operator()<true>();
     return;
   }
   launch.template operator()<false>();
-  if (!plan.fused) launch_combine(query_major_combine_args(a), p.out_dtype, stream);
+  if (!plan.fused) {
+    CombineArgs c{};
+    c.row_begin = 0;
+    c.rows = p.total_q;
+    c.row_stride = p.total_q;
+    c.num_heads = p.num_heads;
+    c.num_kv_heads = p.num_kv_heads;
+    c.group = a.group;
+    c.num_slots = plan.splits;
+    c.part_o = a.part_o;
+    c.part_kind = plan.part_kind;
+    c.part_lse = a.part_lse;
+    c.part_lse_t = a.part_lse_t;
+    c.out = p.out;
+    c.lse = p.lse;
+    c.lse_t = p.lse_temperature_out;
+    c.v_scale = p.v_global_scale;
+    c.unit_rows = combine_unit_rows(c.group);
+    launch_combine(c, p.out_dtype, stream);
+  }
 }
 
 // ---- KV-major --------------------------------------------------------------------------------

@@ -130,19 +130,11 @@ enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
 // docs/design/sparse_attention.md "Combine in the attention kernel"). No effect on fused calls
 // (one split). auto: separate (in_kernel is not yet measured on the GPU).
 enum class DecodeCombine : int32_t { kAuto = 0, kSeparate = 1, kInKernel = 2 };
-// What the split-K splits of a row share: blocks (a CTA streams whole 128-key blocks), tiles
-// (the 64-key tiles of the shared-memory kernel: the two halves of a block may go to two CTAs, so a
-// batch-1 call of 16 blocks per row can run 32 splits, each one tile's dependent chain long).
-// tiles needs combine=in_kernel (ValueError otherwise) and applies to the shared-memory kernel's
-// per-token items (kernel=regs streams whole blocks and MTP union items split their union's
-// blocks: both keep blocks). auto: blocks.
-enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kTiles = 2 };
 
 struct SparseDecodeOptions {
   DecodeKernel kernel = DecodeKernel::kAuto;
   DecodeMtp mtp = DecodeMtp::kAuto;
   DecodeCombine combine = DecodeCombine::kAuto;
-  DecodeSplit split = DecodeSplit::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -176,7 +168,7 @@ struct TopkSelectOptions {
 // tile_kernel=auto|cp_async|tma.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union,
-// combine=auto|separate|in_kernel, split=auto|blocks|tiles.
+// combine=auto|separate|in_kernel.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|
@@ -243,9 +235,6 @@ struct QueryMajorPlan {
   // merges its partials; arrivals_off holds one int counter per group (num_items / splits), zeroed
   // by a memset in the call's launch sequence and left at zero by the kernel.
   bool combine_in_kernel = false;
-  // With combine_in_kernel, split=tiles on the shared-memory kernel's per-token items: splits
-  // counts chunks of each row's 64-key tiles (at most kMaxTopk slots), not of its blocks.
-  bool split_tiles = false;
   StoreKind part_kind = StoreKind::kBF16;
   int64_t num_items = 0;
   size_t part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0, arrivals_off = 0;
@@ -334,6 +323,5 @@ const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);
 const char* option_name(DecodeCombine v);
-const char* option_name(DecodeSplit v);
 
 }  // namespace flashmsa

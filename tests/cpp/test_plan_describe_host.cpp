@@ -191,11 +191,6 @@ TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   EXPECT_TRUE(has(ik, "partials, combine=in_kernel (the last CTA of a row's splits merges them in "
                       "the attention kernel)")) << ik;
   EXPECT_FALSE(has(ik, "partials + combine")) << ik;
-  in_kernel.split = DecodeSplit::kTiles;
-  dp.force_fused = -1;
-  dp.attn = attn(1);
-  const std::string t = describe_decode(plan_sparse_decode(dp, hopper(), in_kernel), dp.attn);
-  EXPECT_TRUE(has(t, "split-K: 32 chunks of 64-key tiles per row (split=tiles)")) << t;
 }
 
 TEST(PlanDescribe, ProxyAndTopk) {

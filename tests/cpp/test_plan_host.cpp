@@ -709,68 +709,6 @@ TEST(PlanDecode, CombineInKernelOption) {
   EXPECT_FALSE(prefill.qm.combine_in_kernel);
 }
 
-TEST(PlanDecode, SplitTilesOption) {
-  SparseAttnDeviceFacts f = hopper();
-  f.decode_regs_ctas = 2;
-  SparseDecodeOptions tiles;
-  tiles.combine = DecodeCombine::kInKernel;
-  tiles.split = DecodeSplit::kTiles;
-  SparseDecodeOptions blocks = tiles;
-  blocks.split = DecodeSplit::kBlocks;
-  // Batch 1, M3 (4 kv heads, topk 16): 4 items; by blocks at most 16 splits of one block, by
-  // tiles 32 splits of one 64-key tile (ceil(396 / 4) = 99 wanted).
-  const SparseAttnPlan b = plan_sparse_decode(decode(1, -1), f, blocks);
-  EXPECT_EQ(b.qm.splits, 16);
-  EXPECT_FALSE(b.qm.split_tiles);
-  const SparseAttnPlan t = plan_sparse_decode(decode(1, -1), f, tiles);
-  EXPECT_TRUE(t.qm.split_tiles);
-  EXPECT_TRUE(t.qm.combine_in_kernel);
-  EXPECT_EQ(t.qm.splits, 32);
-  EXPECT_EQ(t.qm.num_items, 4 * 32);
-  expect_layout_sound(t);
-  EXPECT_EQ(section(t, "qm.part_o")->bytes, size_t(64) * 32 * 128 * 2);
-  EXPECT_EQ(section(t, "qm.arrivals")->bytes, size_t(4) * 4);
-  // Batch 8: 32 items want ceil(396 / 32) = 13 splits: 3 tiles each, 11 splits (by blocks: 2
-  // blocks each, 8 splits).
-  EXPECT_EQ(plan_sparse_decode(decode(8, -1), f, tiles).qm.splits, 11);
-  EXPECT_EQ(plan_sparse_decode(decode(8, -1), f, blocks).qm.splits, 8);
-  // topk 64: at most kMaxTopk (64) slots per row, the combine's bound.
-  SparseDecodeParams t64 = decode(1, -1);
-  t64.attn.topk = 64;
-  const SparseAttnPlan w = plan_sparse_decode(t64, f, tiles);
-  EXPECT_TRUE(w.qm.split_tiles);
-  EXPECT_EQ(w.qm.splits, 64);
-  // The register kernel streams whole blocks, MTP union items split their union's blocks: tiles
-  // do not apply (the same plans as split=blocks).
-  SparseDecodeParams fp8 = decode(1, -1);
-  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
-  const SparseAttnPlan r = plan_sparse_decode(fp8, f, tiles);
-  EXPECT_TRUE(r.qm.regs);
-  EXPECT_FALSE(r.qm.split_tiles);
-  EXPECT_EQ(r.qm.splits, plan_sparse_decode(fp8, f, blocks).qm.splits);
-  SparseDecodeOptions smem_tiles = tiles;
-  smem_tiles.kernel = DecodeKernel::kSmem;
-  EXPECT_TRUE(plan_sparse_decode(fp8, f, smem_tiles).qm.split_tiles);
-  SparseDecodeOptions uni = tiles;
-  uni.mtp = DecodeMtp::kUnion;
-  const SparseAttnPlan u = plan_sparse_decode(mtp_decode(8, 4), f, uni);
-  EXPECT_EQ(u.qm.mtp_tokens, 4);
-  EXPECT_FALSE(u.qm.split_tiles);
-  // Fused calls: nothing to split.
-  const SparseAttnPlan fused = plan_sparse_decode(decode(64, -1), f, tiles);
-  EXPECT_TRUE(fused.qm.fused);
-  EXPECT_FALSE(fused.qm.split_tiles);
-  // split=tiles needs the in-kernel combine.
-  SparseDecodeOptions separate = tiles;
-  separate.combine = DecodeCombine::kSeparate;
-  expect_error([&] { plan_sparse_decode(decode(1, -1), f, separate); }, ErrorKind::kValue,
-               "split=tiles needs combine=in_kernel");
-  SparseDecodeOptions alone;
-  alone.split = DecodeSplit::kTiles;
-  expect_error([&] { plan_sparse_decode(decode(1, -1), f, alone); }, ErrorKind::kValue,
-               "split=tiles needs combine=in_kernel");
-}
-
 TEST(PlanDecode, PrefillQueryMajorPartialsUseTheComputeDtype) {
   SparseAttnParams p = attn(8, 64, 4, 16);
   p.q_dtype = p.out_dtype = p.k.dtype = p.v.dtype = DType::kFP16;
@@ -832,9 +770,6 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_EQ(all.mtp, DecodeMtp::kUnion);
   EXPECT_EQ(all.combine, DecodeCombine::kInKernel);
   EXPECT_STREQ(option_name(DecodeCombine::kInKernel), "in_kernel");
-  for (DecodeSplit v : {DecodeSplit::kAuto, DecodeSplit::kBlocks, DecodeSplit::kTiles})
-    EXPECT_EQ(parse_sparse_decode_options(std::string("combine=in_kernel,split=") + option_name(v)).split, v);
-  EXPECT_EQ(parse_sparse_decode_options("combine=in_kernel,split=tiles").split, DecodeSplit::kTiles);
   EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
@@ -891,17 +826,12 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, combine, split)");
+               "unknown plan option 'splits' (options: kernel, mtp, combine)");
   for (const char* v : {"fused", "inkernel", "in-kernel", "kernel", ""})
     expect_error([&] { parse_sparse_decode_options(std::string("combine=") + v); }, ErrorKind::kValue,
                  std::string("combine must be auto, separate or in_kernel, got '") + v + "'");
   expect_error([] { parse_sparse_decode_options("combine=in_kernel,combine=separate"); },
                ErrorKind::kValue, "option combine given twice");
-  expect_error([] { parse_sparse_decode_options("split=keys"); }, ErrorKind::kValue,
-               "split must be auto, blocks or tiles, got 'keys'");
-  for (const char* text : {"split=tiles", "split=tiles,combine=separate", "combine=auto,split=tiles"})
-    expect_error([&] { parse_sparse_decode_options(text); }, ErrorKind::kValue,
-                 "split=tiles needs combine=in_kernel");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
                "warp_split or warp_pivot, got 'new'");

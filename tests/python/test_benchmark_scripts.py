@@ -121,7 +121,6 @@ def test_stage_step_runs_each_config_case():
         if case[0] <= bm.STEP_VARIANT_MAX_BATCH:
             want += [(case, suffix, options) for suffix, options in bm.STEP_VARIANTS]
     assert [suffix for _, suffix, _ in want].count(" [combine=in_kernel]") == 2  # B1 bf16, fp8
-    assert [suffix for _, suffix, _ in want].count(" [combine=in_kernel,split=tiles]") == 2
     assert len(calls) == len(want)
     for call, (case, suffix, options) in zip(calls, want):
         stage, got_name, build, bound, ref = call.args
@@ -278,15 +277,14 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.cfg = dict(cpu_bench.cfg,
                          step=[(2, 1024, 1, "bf16", "bf16"), (2, 1024, 4, "fp8", "fp8")])
     cpu_bench.stage_step()
-    # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its rows with sparse-decode options.
-    n = 1 + len(bm.STEP_VARIANTS)
-    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 2 * n, cpu_bench.rows
-    for (suffix, options), variant in zip(bm.STEP_VARIANTS, cpu_bench.rows[1:n]):
-        assert variant["case"] == bm.step_case_name(2, 1024, 1, "bf16", "bf16") + suffix
-        assert variant["decode_options"] == options
+    # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [combine=in_kernel] row.
+    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 4, cpu_bench.rows
+    variant = cpu_bench.rows[1]
+    assert variant["case"] == bm.step_case_name(2, 1024, 1, "bf16", "bf16") + " [combine=in_kernel]"
+    assert variant["decode_options"] == dict(combine="in_kernel")
     assert "decode_options" not in cpu_bench.rows[0]
-    cpu_bench.rows = cpu_bench.rows[::n]
-    graphs = graphs[::n]
+    cpu_bench.rows = cpu_bench.rows[::2]
+    graphs = graphs[::2]
     for row, g in zip(cpu_bench.rows, graphs):
         assert row["stage"] == "step" and row["bound"] == "memory"
         assert row["bit_identical"] and g.replays >= 2 + row["reps"]

@@ -282,20 +282,15 @@ def test_sparse_decode_mtp_union_regs_graph_replay(fused):
 # Split-K merged in the attention kernel (plan option combine=in_kernel): the call's memset of the
 # arrival counters and the kernel are captured; replays give the eager call's bits, which are the
 # separate combine's. Batch 1 at 32K is the shape the option is for (64 splits of one block).
-# split=tiles (the shared-memory kernel's splits over 64-key tiles) changes the arithmetic: its
-# replays are compared with its eager call only.
-@pytest.mark.parametrize("b,ctx,seqlen_q,kv_dtype,kernel,split", [
-    (1, 32768, 1, FP8, "regs", None), (1, 8192, 1, BF16, "smem", None),
-    (16, 2048, 1, BF16, "smem", None), (16, 2048, 4, BF16, "auto", None),
-    (16, 2048, 4, FP8, "regs", None), (1, 32768, 1, BF16, "smem", "tiles")],
+@pytest.mark.parametrize("b,ctx,seqlen_q,kv_dtype,kernel", [
+    (1, 32768, 1, FP8, "regs"), (1, 8192, 1, BF16, "smem"), (16, 2048, 1, BF16, "smem"),
+    (16, 2048, 4, BF16, "auto"), (16, 2048, 4, FP8, "regs")],
     ids=["b1_32k_fp8_regs", "b1_8k_bf16_smem", "b16_bf16_smem", "b16_mtp4_bf16_union",
-         "b16_mtp4_fp8_union_regs", "b1_32k_bf16_smem_split_tiles"])
-def test_sparse_decode_combine_in_kernel_graph_replay(b, ctx, seqlen_q, kv_dtype, kernel, split):
+         "b16_mtp4_fp8_union_regs"])
+def test_sparse_decode_combine_in_kernel_graph_replay(b, ctx, seqlen_q, kv_dtype, kernel):
     gen = mi.cuda_generator(17, DEV)
-    options = dict(kernel=kernel, combine="in_kernel")
-    if split is not None:
-        options["split"] = split
-    x = Decode(b, ctx, seqlen_q, gen, kv_dtype=kv_dtype, options=options)
+    x = Decode(b, ctx, seqlen_q, gen, kv_dtype=kv_dtype,
+               options=dict(kernel=kernel, combine="in_kernel"))
     static_out = torch.empty_like(x.q)
     ws = new_workspace()
     kw = graph_kwargs(msa_ops.msa_sparse_decode_attention, output=static_out, workspace=ws)
@@ -310,13 +305,11 @@ def test_sparse_decode_combine_in_kernel_graph_replay(b, ctx, seqlen_q, kv_dtype
 
     for what in ("in-kernel combine replay", "second replay"):
         replay_and_check(graph, out, lambda: x.run(force_fused=False), what)
-        if split is None:
-            assert_bitwise_equal(out, separate(), f"{what} vs the separate combine")
+        assert_bitwise_equal(out, separate(), f"{what} vs the separate combine")
     refill(x.q, gen=gen)
     x.v.copy_(mi.randn(x.v.shape, gen, DEV, torch.float32).to(x.v.dtype))
     replay_and_check(graph, out, lambda: x.run(force_fused=False), "replay on new inputs")
-    if split is None:
-        assert_bitwise_equal(out, separate(), "new inputs vs the separate combine")
+    assert_bitwise_equal(out, separate(), "new inputs vs the separate combine")
 
 
 def test_m3_decode_pipeline_graph_replay():

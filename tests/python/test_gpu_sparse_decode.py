@@ -413,11 +413,12 @@ def _poison_allocator(dp: DecodeProblem):
 
 
 def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None,
-             combine: Optional[str] = None, split: Optional[str] = None, **extra):
+             combine: Optional[str] = None, **extra):
     options = dict(kernel=kernel)
-    for name, value in (("mtp", mtp), ("combine", combine), ("split", split)):
-        if value is not None:
-            options[name] = value
+    if mtp is not None:
+        options["mtp"] = mtp
+    if combine is not None:
+        options["combine"] = combine
     ws = _poisoned_workspace(dp, options, **extra)
     _poison_allocator(dp)
     result = msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, **extra,
@@ -503,10 +504,10 @@ def test_regs_kernel_q_row_scales(q_dtype):
 # Each split CTA writes its partial as for the combine kernel, then counts its arrival on its
 # group's counter in the workspace; the last one merges the group's partials with the combine
 # kernel's own arithmetic (combine.cuh): the outputs and LSEs must be bit-identical to the separate
-# combine, for every decode kernel that splits (smem 16- and 64-row tiles, regs fp8 / NVFP4 /
-# 16-bit, MTP union items smem and regs) and every partial dtype. Poisoned workspaces (0xFF: the
-# counters start at -1 unless the call zeroes them) and outputs; repeated calls on one workspace
-# (the counters the kernel leaves behind).
+# combine, for every decode kernel that splits (smem 16- and 64-row tiles, regs fp8 / NVFP4 / 16-bit,
+# MTP union items smem and regs) and every partial dtype. Poisoned workspaces (0xFF: the counters
+# start at -1 unless the call zeroes them) and outputs; repeated calls on one workspace (the
+# counters the kernel leaves behind).
 
 COMBINE_CASES = [c for c in CASES if c.name in (
     "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "spec_16_1_4_4_topk8_fp8",
@@ -586,37 +587,6 @@ def test_combine_in_kernel_after_a_prefill_on_the_same_workspace():
     check_against_reference(dp, second, want, base_out, "after a foreign write")
 
 
-# split=tiles (with combine=in_kernel): the shared-memory kernel's splits share each row's 64-key
-# tiles, so both halves of a block may be computed by different CTAs (batch 1: 32 splits of one
-# tile instead of 16 of one block). Other arithmetic than split=blocks (more partials), so checked
-# against the reference, the -inf / 0 pattern and the bound of the fused vs split comparison.
-SPLIT_TILES_CASES = [c for c in COMBINE_CASES if c.name in (
-    "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "spec_16_1_4_4_topk8_fp8",
-    "fp8_q_nvfp4_kv", "g3_topk33", "g4_topk64", "g16_topk64_mtp4", "m3_tp4_mtp2",
-    "empty_and_tiny_sequences", "some_empty_rows", "invalid_pages", "duplicates", "fp16",
-    "scales", "m3_b1_ctx32k_fp8", "g32_fp8_combine", "g128_bf16_combine")] + [
-    DecodeCase("m3_b1_ctx32k_bf16", 1, 1, 64, 4, seqlens=[32768]),
-    DecodeCase("m3_b1_partial_last_block", 1, 1, 64, 4, seqlens=[32700], selection="full"),
-]
-
-
-@pytest.mark.parametrize("partial_dtype", [None, torch.float32], ids=str)
-@pytest.mark.parametrize("case", SPLIT_TILES_CASES, ids=str)
-def test_split_tiles_matches_cpu_reference(case, partial_dtype):
-    dp, want, base_out = reference(case, seed=34)
-    tiles = run_regs(dp, kernel="smem", mtp="per_token", combine="in_kernel", split="tiles",
-                     force_fused=False, partial_dtype=partial_dtype)
-    check_against_reference(dp, tiles, want, base_out, f"{case} split=tiles")
-    blocks = run_regs(dp, kernel="smem", mtp="per_token", combine="in_kernel",
-                      force_fused=False, partial_dtype=partial_dtype)
-    assert torch.equal(torch.isinf(tiles[1]), torch.isinf(blocks[1]))
-    diff = float((tiles[0].double() - blocks[0].double()).abs().max())
-    assert diff < 5e-3, f"split=tiles vs blocks: max |diff| {diff:.3e}"
-    again = run_regs(dp, kernel="smem", mtp="per_token", combine="in_kernel", split="tiles",
-                     force_fused=False, partial_dtype=partial_dtype)
-    assert bits_equal(tiles, again)
-
-
 def test_decode_combine_option_names_the_path_and_rejects_unknown_values():
     case = next(c for c in COMBINE_CASES if c.name == "spec_4_2_16_2_bf16_paged")
     dp = problem(case, seed=31)
@@ -625,14 +595,9 @@ def test_decode_combine_option_names_the_path_and_rejects_unknown_values():
     assert "combine=in_kernel (the last CTA of a row's splits merges them" in text, text
     separate = _decode_plan_text(dp, None, force_fused=False).split("): ", 1)[1]
     assert "partials + combine" in separate and "in_kernel" not in separate, separate
-    with pytest.raises(ValueError,
-                       match="combine must be auto, separate or in_kernel, got 'fused'"):
+    with pytest.raises(ValueError, match="combine must be auto, separate or in_kernel, got 'fused'"):
         msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs,
                                        options=dict(combine="fused"))
-    text = _decode_plan_text(dp, dict(combine="in_kernel", split="tiles"), force_fused=False)
-    assert "chunks of 64-key tiles per row (split=tiles)" in text.split("): ", 1)[1], text
-    with pytest.raises(ValueError, match="split=tiles needs combine=in_kernel"):
-        msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, options=dict(split="tiles"))
 
 
 def test_decode_kernel_option_rejects_unknown_values():

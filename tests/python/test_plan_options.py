@@ -57,9 +57,7 @@ VALID = {
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
                       dict(combine="auto"), dict(combine="separate"), dict(combine="in_kernel"),
                       dict(kernel="regs", mtp="union", combine="in_kernel"),
-                      "kernel=smem,combine=in_kernel", dict(split="blocks"),
-                      dict(combine="in_kernel", split="tiles"),
-                      "kernel=smem,mtp=per_token,combine=in_kernel,split=tiles"],
+                      "kernel=smem,combine=in_kernel"],
 }
 
 
@@ -129,11 +127,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
      "combine must be auto, separate or in_kernel, got 'in-kernel'"),
     ("sparse_decode", "combine=in_kernel,combine=separate", "option combine given twice"),
     ("sparse_decode", dict(splits=4),
-     r"unknown plan option 'splits' \(options: kernel, mtp, combine, split\)"),
-    ("sparse_decode", dict(split="keys"), "split must be auto, blocks or tiles, got 'keys'"),
-    ("sparse_decode", dict(split="tiles"), "split=tiles needs combine=in_kernel"),
-    ("sparse_decode", dict(combine="separate", split="tiles"),
-     "split=tiles needs combine=in_kernel"),
+     r"unknown plan option 'splits' \(options: kernel, mtp, combine\)"),
     ("topk_select", dict(kernel="heap"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
      "warp_pivot, "
