@@ -135,13 +135,6 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
     return f"B{b} ctx={size_name(ctx)} sq{sq} idx-K {idx} K/V {kv} graph"
 
 
-# Step rows also timed with sparse-decode plan options: (suffix of the case name, options), for
-# batches up to STEP_VARIANT_MAX_BATCH (the split-K calls: at batch 64 the decode is fused and
-# combine=in_kernel changes nothing).
-STEP_VARIANTS = ((" [combine=in_kernel]", dict(combine="in_kernel")),)
-STEP_VARIANT_MAX_BATCH = 8
-
-
 def randn_pages(shape, gen, device, dtype, rows: int = 4096) -> torch.Tensor:
     """Gaussian pages of a cache (flashmsa.testing.inputs.randn), `rows` pages at a time: the K/V
     of a batch of 64 at 128K context are 17 GB in bf16, and a float32 temporary of the whole would
@@ -198,16 +191,13 @@ class DecodeStep:
     Works on CPU tensors too (the ops' reference), which the CPU tests use."""
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
-                 device, geo=M3, topk: int = TOPK, decode_options=None):
+                 device, geo=M3, topk: int = TOPK):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
         if geo["idx_hq"] != geo["hkv"]:
             raise ValueError("per-head selection needs as many index heads as KV heads")
         self.ops, self.geo, self.topk = ops, geo, topk
-        # Sparse-decode plan options (flashmsa's private planned twin), None: the public op.
-        self.decode = ops.msa_sparse_decode_attention if decode_options is None else \
-            functools.partial(ops._sparse_decode_planned, options=decode_options)
         self.batch, self.ctx, self.seqlen_q = batch, ctx, seqlen_q
         self.nb = nb = ctx // mi.BLOCK
         rows, pages = batch * seqlen_q, batch * nb
@@ -238,9 +228,10 @@ class DecodeStep:
         ops.msa_topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
                             force_end_blocks=1)
         self.q2k.copy_(self.sel.transpose(0, 1))
-        out = self.decode(self.q, self.k, self.v, self.q2k, page_table=self.page_table,
-                          seqused_k=self.seqused, seqlen_q=self.seqlen_q, causal=True,
-                          workspace=self.workspace)
+        out = ops.msa_sparse_decode_attention(self.q, self.k, self.v, self.q2k,
+                                              page_table=self.page_table, seqused_k=self.seqused,
+                                              seqlen_q=self.seqlen_q, causal=True,
+                                              workspace=self.workspace)
         return out, self.sel
 
     def index_k_bytes(self) -> int:
@@ -816,9 +807,7 @@ class Bench:
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
             # forced by name (plan options); fp8 union items also with their K/V converted in
             # registers (kernel=regs, mtp=union; auto since ffe265b).
-            # Every case also with the split-K partials merged in the attention kernel
-            # (combine=in_kernel; fused calls, e.g. B64 sq 1, are unchanged by it).
-            variants = [("", None), (" [combine=in_kernel]", dict(combine="in_kernel"))]
+            variants = [("", None)]
             if sq == 1:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
             if sq > 1:
@@ -937,23 +926,14 @@ class Bench:
                           "memory", ref,
                           extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
                                      kv_dtype=kv))
-            if b > STEP_VARIANT_MAX_BATCH:
-                continue
-            for suffix, options in STEP_VARIANTS:
-                self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
-                              lambda b=b, c=ctx, q=sq, i=idx, v=kv, o=options:
-                              self.build_step(b, c, q, i, v, decode_options=o),
-                              "memory", None,
-                              extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
-                                         kv_dtype=kv, decode_options=options))
 
-    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None):
+    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16"):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
-                          self.device, decode_options=decode_options)
+                          self.device)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

@@ -81,12 +81,6 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_clustered_32k_tma": sparse("clustered", options=dict(tile_kernel="tma")),
         "sparse_paged_clustered_32k_tma": sparse("clustered", "bf16", "paged", dict(tile_kernel="tma")),
         "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
-        # Batch 1 with the split-K partials merged in the attention kernel (combine=in_kernel): one
-        # kernel (and the counters' memset) instead of attention + combine.
-        "decode_b1_combine_in_kernel": lambda: bench.build_decode(1, 32 * K, 1, "bf16",
-                                                                  dict(combine="in_kernel")),
-        "decode_b1_fp8_combine_in_kernel": lambda: bench.build_decode(
-            1, 32 * K, 1, "fp8", dict(combine="in_kernel")),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
         "decode_b64_fp8": lambda: bench.build_decode(64, 32 * K, 1, "fp8"),
@@ -105,8 +99,6 @@ def cases(bench: bm.Bench) -> dict:
         "step_b64": lambda: bench.build_step(64, 32 * K, 1),
         "step_b64_fp8": lambda: bench.build_step(64, 32 * K, 1, "fp8", "fp8"),
         "step_b1_128k": lambda: bench.build_step(1, 128 * K, 1),
-        "step_b1_128k_combine_in_kernel": lambda: bench.build_step(
-            1, 128 * K, 1, decode_options=dict(combine="in_kernel")),
     }
 
 

@@ -617,50 +617,6 @@ class Smoke:
         self.decode_regs(lens)
         self.decode_mtp_union(lens)
         self.decode_mtp_union_regs(lens)
-        self.decode_combine_in_kernel(lens)
-
-    def decode_combine_in_kernel(self, lens):
-        """Split-K merged in the attention kernel (plan option combine=in_kernel: arrival counters
-        in the workspace, the last CTA of a group merges): each decode kernel that splits (smem
-        16- and 64-row tiles, regs fp8 / NVFP4, MTP union items smem and regs), split calls with
-        each partial dtype, ids out of range and -1 holes."""
-        b = len(lens)
-        for kernel, mtp, hq, hkv, dtype in (("smem", "per_token", 64, 4, BF16),
-                                            ("smem", "per_token", 64, 1, FP8),  # 64-row tiles
-                                            ("regs", "per_token", 64, 4, FP8),
-                                            ("auto", "union", 64, 4, BF16),
-                                            ("regs", "union", 16, 2, FP8)):
-            ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(
-                kernel=kernel, mtp=mtp, combine="in_kernel"))
-            cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, dtype))
-            seqlen_q = 4 if mtp == "union" else 1
-
-            def build(hq=hq, hkv=hkv, sqd=seqlen_q):
-                sel = self.decode_selection(lens, sqd, hkv)
-                sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
-                sel[:, 1::4, 9] = -1      # the list ends there
-                return self.rnd((b * sqd, hq, 128)), sel
-            self._decode_fused_and_split(
-                ops, cache, self.lazy(build), seqlen_q, (False,),
-                f"decode combine=in_kernel {kernel} mtp={mtp} paged {str(dtype)[6:]} {hq}/{hkv} "
-                f"sq{seqlen_q}")
-        # NVFP4 K/V in registers.
-        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs",
-                                                                    combine="in_kernel"))
-
-        def build_fp4():
-            kc, vc, table, used = self.paged_kv(lens, 4)
-            (k4, ks, kg), (v4, vs, vg) = ft.quantize_nvfp4(kc), ft.quantize_nvfp4(vc)
-            return k4, v4, dict(k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg), \
-                table, used, self.rnd((b, 64, 128)), self.decode_selection(lens, 1, 4)
-        fp4 = self.lazy(build_fp4)
-
-        def call_fp4():
-            k4, v4, scales, table, used, q, sel = fp4()
-            return ops.msa_sparse_decode_attention(q, k4, v4, sel, page_table=table, seqused_k=used,
-                                                   return_softmax_lse=True, force_fused=False,
-                                                   **scales)
-        self.run("decode combine=in_kernel regs paged nvfp4 64/4 sq1 fused=False", call_fp4)
 
     def decode_regs(self, lens):
         """The streaming decode variant (plan option kernel=regs): fp8 and NVFP4 K/V converted in

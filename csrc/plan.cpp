@@ -59,10 +59,6 @@ constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
                                             {DecodeMtp::kPerToken, "per_token"},
                                             {DecodeMtp::kUnion, "union"}};
 
-constexpr Named<DecodeCombine> kDecodeCombines[] = {{DecodeCombine::kAuto, "auto"},
-                                                    {DecodeCombine::kSeparate, "separate"},
-                                                    {DecodeCombine::kInKernel, "in_kernel"}};
-
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
   for (const auto& e : table)
@@ -140,7 +136,6 @@ const char* option_name(ProxyDecodePipeline v) { return name_of(kProxyDecodePipe
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
-const char* option_name(DecodeCombine v) { return name_of(kDecodeCombines, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -149,11 +144,8 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.kernel = parse_enum(kDecodeKernels, name, value);
     } else if (name == "mtp") {
       o.mtp = parse_enum(kDecodeMtps, name, value);
-    } else if (name == "combine") {
-      o.combine = parse_enum(kDecodeCombines, name, value);
     } else {
-      MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, combine)");
+      MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name, "' (options: kernel, mtp)");
     }
   });
   return o;

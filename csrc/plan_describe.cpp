@@ -31,9 +31,7 @@ void query_major_details(std::ostringstream& s, const QueryMajorPlan& qm) {
     s << "; fused: outputs written directly";
   else
     s << "; split-K: " << qm.splits << " chunks per row, " << store_kind_name(qm.part_kind)
-      << (qm.combine_in_kernel ? " partials, combine=in_kernel (the last CTA of a row's splits "
-                                 "merges them in the attention kernel)"
-                               : " partials + combine");
+      << " partials + combine";
 }
 
 void workspace(std::ostringstream& s, size_t bytes) { s << "; workspace " << bytes << " bytes"; }

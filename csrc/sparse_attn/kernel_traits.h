@@ -51,11 +51,6 @@ struct QueryMajorArgs {
   StoreKind part_kind;
   float* part_lse;       // [Hkv, total_q, splits, G] log2-domain LSE of the slot, -inf when empty
   float* part_lse_t;     // same for the temperature LSE, or nullptr
-  // Combine in the attention kernel (the launchers' kCombine, decode plan option combine=in_kernel):
-  // one arrival counter per split group (the splits of one (row, kv head, row tile), or of one
-  // (request, kv head) for MTP union items: item / splits), zero when the kernel starts, and left
-  // at zero by it (the last CTA of a group resets its counter).
-  int* arrivals;
 };
 
 // ---- KV-major schedule -------------------------------------------------------------------------

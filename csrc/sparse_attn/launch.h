@@ -17,11 +17,8 @@ namespace flashmsa::sparse_attn {
 // Query-major attention: one CTA per item (grid-stride over args.num_items). kRegs: the streaming
 // decode variant (fp8 / NVFP4 K/V converted in registers, kv_regs.cuh; native K/V with 3 stages;
 // kWarpsM = 1, or 4 with kMtp for fp8 K/V). kMtp: MTP union items (one per request and kv
-// head, rows = tokens x G, kWarpsM = 4 only). kCombine: split calls only (write_final false): the
-// CTA that completes a split group merges the group's partials into the outputs (args.arrivals;
-// combine.cuh), so no combine kernel follows.
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false, bool kMtp = false,
-          bool kCombine = false>
+// head, rows = tokens x G, kWarpsM = 4 only).
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false, bool kMtp = false>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream);
 
 // KV-major attention: a persistent grid of `grid` CTAs of 256 threads with

@@ -62,10 +62,6 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     plan.part_o_off = ws.take("qm.part_o", size_t(slots) * 128 * store_kind_bytes(part_kind));
     plan.part_lse_off = ws.take("qm.part_lse", size_t(slots) * 4);
     if (p.lse_temperature_out != nullptr) plan.part_lse_t_off = ws.take("qm.part_lse_t", size_t(slots) * 4);
-    // combine=in_kernel: an arrival counter per split group (the items of one (row, kv head, row
-    // tile), or of one (request, kv head) for MTP union items).
-    plan.combine_in_kernel = options.combine == DecodeCombine::kInKernel;
-    if (plan.combine_in_kernel) plan.arrivals_off = ws.take("qm.arrivals", size_t(items) * 4);
   }
   return plan;
 }

@@ -18,7 +18,6 @@
 #include "common/cuda_utils.h"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
-#include "sparse_attn/combine.cuh"
 #include "sparse_attn/kv_regs.cuh"
 #include "sparse_attn/launch.h"
 
@@ -528,73 +527,11 @@ MSA_DEVICE void mtp_coop_item(const QueryMajorArgs& args, int r0, int n_tok, int
     }
 }
 
-// Combine in the attention kernel (kCombine, decode plan option combine=in_kernel), by all threads
-// once the CTA's partial stores of an item are issued: the CTA counts its arrival on its split
-// group's counter (release: the barrier orders every thread's partial stores before thread 0's
-// fence and atomic); the CTA that arrives last (acquire: its fence after the atomic) resets the
-// counter to zero for the next call and merges the group's rows, a warp per (row, head) in turn,
-// with the combine kernel's own combine_one over the splits in slot order, so the outputs and LSEs
-// are bit-identical to the separate combine and do not depend on which CTA came last.
-// Rows: heads rt * kRows .. of token r (at most kRows, below G), or MTP union items: the n_tok
-// tokens from r (every head).
-template <typename Elem, int kRows, bool kMtp>
-MSA_DEVICE void arrive_and_combine(const QueryMajorArgs& args, int64_t group, int r, int n_tok,
-                                   int kh, int rt, int* s_last, int tid) {
-  __syncthreads();  // every partial store of the CTA is issued
-  if (tid == 0) {
-    __threadfence();
-    const bool last = atomicAdd(args.arrivals + group, 1) == args.splits - 1;
-    if (last) {
-      atomicExch(args.arrivals + group, 0);
-      __threadfence();
-    }
-    *s_last = last ? 1 : 0;
-  }
-  __syncthreads();
-  if (*s_last == 0) return;  // CTA-uniform
-  const SparseAttnParams& p = args.p;
-  CombineArgs c{};
-  c.row_begin = 0;
-  c.rows = p.total_q;
-  c.row_stride = p.total_q;
-  c.num_heads = p.num_heads;
-  c.num_kv_heads = p.num_kv_heads;
-  c.group = args.group;
-  c.num_slots = args.splits;
-  c.part_o = args.part_o;
-  c.part_kind = args.part_kind;
-  c.part_lse = args.part_lse;
-  c.part_lse_t = args.part_lse_t;
-  c.out = p.out;
-  c.lse = p.lse;
-  c.lse_t = p.lse_temperature_out;
-  c.v_scale = p.v_global_scale;
-  const int lane = tid & 31, warp = tid >> 5;
-  const int n = kMtp ? n_tok * args.group : min(kRows, args.group - rt * kRows);
-  for (int i = warp; i < n; i += kQmThreads / 32) {  // warp-uniform loop
-    int row, g;
-    if constexpr (kMtp) {
-      const int t = i / args.group;
-      row = r + t;
-      g = i - t * args.group;
-    } else {
-      row = r;
-      g = rt * kRows + i;
-    }
-    switch (args.part_kind) {
-      case StoreKind::kF32: combine::combine_one<Elem, StoreKind::kF32>(c, row, kh, g, lane); break;
-      case StoreKind::kBF16: combine::combine_one<Elem, StoreKind::kBF16>(c, row, kh, g, lane); break;
-      case StoreKind::kF16: combine::combine_one<Elem, StoreKind::kF16>(c, row, kh, g, lane); break;
-      default: combine::combine_one<Elem, StoreKind::kFP8>(c, row, kh, g, lane); break;
-    }
-  }
-}
-
 // 3 CTAs per SM for 16-row tiles (decode: enough bytes in flight, ~150 registers); 2 for 64-row
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
 // variant (105 KB of shared memory; MTP union items in registers: 86 KB and 64 rows of S per
 // warp).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kCombine>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
@@ -619,8 +556,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
 
   for (int64_t item = blockIdx.x; item < args.num_items; item += gridDim.x) {
     const int split = int(item % args.splits);
-    const int64_t group = item / args.splits;  // the split group (kCombine's arrival counter)
-    int64_t rest = group;
+    int64_t rest = item / args.splits;
     const int rt = int(rest % args.row_tiles);
     rest /= args.row_tiles;
     const int kh = int(rest % p.num_kv_heads);
@@ -678,8 +614,6 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     if constexpr (Cfg::kCoop) {  // MTP union items, fp8 K/V in registers, warps cooperating
       mtp_coop_item<Cfg, Elem>(args, r0, n_tok, kh, split, n_tiles, s_tiles, sQ, s_union, s_rowmax,
                                lane, warp, issue_tile);
-      if constexpr (kCombine)
-        arrive_and_combine<Elem, Cfg::kRows, kMtp>(args, group, r0, n_tok, kh, rt, s_misc + 1, tid);
       continue;
     }
     float row_mul[2];  // register variant: per fragment row, fp16 logits -> base-2 units
@@ -920,17 +854,13 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         }
       }
     }
-    if constexpr (kCombine)
-      arrive_and_combine<Elem, Cfg::kRows, kMtp>(args, group, r0, n_tok, kh, rt, s_misc + 1, tid);
   }
 }
 
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kCombine>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
-  MSA_CHECK(!kCombine || (!args.write_final && args.arrivals != nullptr),
-            "query-major: the in-kernel combine needs a split call and its arrival counters");
-  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kCombine>;
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp>;
   flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
   // Items beyond the largest grid are picked up by the grid-stride loop.
   const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);

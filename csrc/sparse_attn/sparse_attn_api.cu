@@ -123,43 +123,28 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
     a.part_lse = at<float>(p, plan.part_lse_off);
     a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
   }
-  // kCombine: the split groups' last CTAs merge the partials (combine=in_kernel); no combine kernel.
-  auto launch = [&]<bool kCombine>() {
-    dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
-      if (plan.regs && plan.mtp_tokens > 0) {  // MTP union items, fp8 K/V converted in registers
-        if constexpr (kKv == KvKind::kFp8) {
-          launch_query_major<Elem, kKv, 4, true, true, kCombine>(a, stream);
-        } else {
-          MSA_FAIL("msa_sparse_decode_attention: MTP union items in registers need fp8 K/V "
-                   "(planner bug)");
-        }
-        return;
-      }
-      if (plan.regs) {
-        launch_query_major<Elem, kKv, 1, true, false, kCombine>(a, stream);
-        return;
-      }
-      if (plan.mtp_tokens > 0) {
-        launch_query_major<Elem, kKv, 4, false, true, kCombine>(a, stream);
-      } else if (plan.warps_m == 1) {
-        launch_query_major<Elem, kKv, 1, false, false, kCombine>(a, stream);
+  dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+    if (plan.regs && plan.mtp_tokens > 0) {  // MTP union items, fp8 K/V converted in registers
+      if constexpr (kKv == KvKind::kFp8) {
+        launch_query_major<Elem, kKv, 4, true, true>(a, stream);
       } else {
-        launch_query_major<Elem, kKv, 4, false, false, kCombine>(a, stream);
+        MSA_FAIL("msa_sparse_decode_attention: MTP union items in registers need fp8 K/V "
+                 "(planner bug)");
       }
-    });
-  };
-  if (plan.combine_in_kernel) {
-    MSA_CHECK(!plan.fused, "msa_sparse_decode_attention: combine=in_kernel on a fused plan (planner bug)");
-    // The counters start at zero: the workspace is shared with other calls and plans (and comes
-    // from the caching allocator when the caller passes none), so this call zeroes them itself,
-    // one memset node of num_items / splits ints (a CUDA graph replays it too).
-    a.arrivals = at<int>(p, plan.arrivals_off);
-    const size_t groups = size_t(plan.num_items / plan.splits);
-    MSA_CUDA_CHECK(cudaMemsetAsync(a.arrivals, 0, groups * sizeof(int), stream));
-    launch.template operator()<true>();
-    return;
-  }
-  launch.template operator()<false>();
+      return;
+    }
+    if (plan.regs) {
+      launch_query_major<Elem, kKv, 1, true>(a, stream);
+      return;
+    }
+    if (plan.mtp_tokens > 0) {
+      launch_query_major<Elem, kKv, 4, false, true>(a, stream);
+    } else if (plan.warps_m == 1) {
+      launch_query_major<Elem, kKv, 1>(a, stream);
+    } else {
+      launch_query_major<Elem, kKv, 4>(a, stream);
+    }
+  });
   if (!plan.fused) {
     CombineArgs c{};
     c.row_begin = 0;

@@ -123,18 +123,10 @@ enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2 };
 // seqlen_q x topk <= 64). auto: union where it applies (H200 at 162e97a, B64/32K, 4 tokens: 105 vs
 // 179 us bf16, 119 vs 268 us fp8).
 enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
-// Where the split-K partials of a decode call are merged: separate (the combine kernel, a second
-// launch), in_kernel (the attention kernel itself: each CTA writes its partial, then counts its
-// arrival on a per-(row, kv head, row tile) counter in the workspace, and the CTA that arrives last
-// merges the row's partials with the combine kernel's arithmetic, so the results are bit-identical;
-// docs/design/sparse_attention.md "Combine in the attention kernel"). No effect on fused calls
-// (one split). auto: separate (in_kernel is not yet measured on the GPU).
-enum class DecodeCombine : int32_t { kAuto = 0, kSeparate = 1, kInKernel = 2 };
 
 struct SparseDecodeOptions {
   DecodeKernel kernel = DecodeKernel::kAuto;
   DecodeMtp mtp = DecodeMtp::kAuto;
-  DecodeCombine combine = DecodeCombine::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -167,8 +159,7 @@ struct TopkSelectOptions {
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5),
 // tile_kernel=auto|cp_async|tma.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
-// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union,
-// combine=auto|separate|in_kernel.
+// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|
@@ -231,13 +222,9 @@ struct QueryMajorPlan {
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks
   bool fused = true;  // true: outputs written directly; false: partials + combine
-  // Split (fused == false) decode calls with combine=in_kernel: the last CTA of each split group
-  // merges its partials; arrivals_off holds one int counter per group (num_items / splits), zeroed
-  // by a memset in the call's launch sequence and left at zero by the kernel.
-  bool combine_in_kernel = false;
   StoreKind part_kind = StoreKind::kBF16;
   int64_t num_items = 0;
-  size_t part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0, arrivals_off = 0;
+  size_t part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
 };
 
 struct KvMajorPlan {
@@ -322,6 +309,5 @@ const char* option_name(ProxyDecodePipeline v);
 const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);
-const char* option_name(DecodeCombine v);
 
 }  // namespace flashmsa

@@ -185,12 +185,6 @@ TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   dp.force_fused = 0;
   const std::string split = describe_decode(plan_sparse_decode(dp, hopper()), dp.attn);
   EXPECT_TRUE(has(split, "partials + combine")) << split;
-  SparseDecodeOptions in_kernel;
-  in_kernel.combine = DecodeCombine::kInKernel;
-  const std::string ik = describe_decode(plan_sparse_decode(dp, hopper(), in_kernel), dp.attn);
-  EXPECT_TRUE(has(ik, "partials, combine=in_kernel (the last CTA of a row's splits merges them in "
-                      "the attention kernel)")) << ik;
-  EXPECT_FALSE(has(ik, "partials + combine")) << ik;
 }
 
 TEST(PlanDescribe, ProxyAndTopk) {

@@ -642,73 +642,6 @@ TEST(PlanDecode, MtpUnionOption) {
   EXPECT_TRUE(plan_sparse_decode(mtp_decode(8, 4), f, regs_per_token).qm.regs);
 }
 
-TEST(PlanDecode, CombineInKernelOption) {
-  SparseAttnDeviceFacts f = hopper();
-  f.decode_regs_ctas = 2;
-  SparseDecodeOptions in_kernel;
-  in_kernel.combine = DecodeCombine::kInKernel;
-  SparseDecodeOptions separate;
-  separate.combine = DecodeCombine::kSeparate;
-  // auto and separate: the combine kernel, no counters.
-  const SparseAttnPlan base = plan_sparse_decode(decode(8, -1), f);
-  EXPECT_FALSE(base.qm.fused);
-  EXPECT_FALSE(base.qm.combine_in_kernel);
-  EXPECT_EQ(section(base, "qm.arrivals"), nullptr);
-  const SparseAttnPlan sep = plan_sparse_decode(decode(8, -1), f, separate);
-  EXPECT_FALSE(sep.qm.combine_in_kernel);
-  EXPECT_EQ(sep.bytes, base.bytes);
-  // in_kernel: the same splits and partials, plus one counter per split group (8 rows x 4 kv heads
-  // x 1 row tile), in a section of its own after the partials.
-  const SparseAttnPlan ik = plan_sparse_decode(decode(8, -1), f, in_kernel);
-  EXPECT_TRUE(ik.qm.combine_in_kernel);
-  EXPECT_FALSE(ik.qm.fused);
-  EXPECT_EQ(ik.qm.splits, base.qm.splits);
-  EXPECT_EQ(ik.qm.num_items, base.qm.num_items);
-  expect_layout_sound(ik);
-  ASSERT_NE(section(ik, "qm.arrivals"), nullptr);
-  EXPECT_EQ(section(ik, "qm.arrivals")->offset, ik.qm.arrivals_off);
-  EXPECT_EQ(section(ik, "qm.arrivals")->bytes, size_t(8 * 4) * 4);
-  EXPECT_EQ(ik.qm.num_items / ik.qm.splits, 8 * 4);
-  EXPECT_EQ(section(ik, "qm.part_o")->bytes, section(base, "qm.part_o")->bytes);
-  EXPECT_EQ(ik.bytes, base.bytes + kWorkspaceAlign);
-  // With the register kernel, the temperature LSE and G = 64 (64-row tiles) as well.
-  SparseDecodeParams fp8 = decode(8, -1);
-  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
-  fp8.attn = with_temperature(fp8.attn);
-  const SparseAttnPlan r = plan_sparse_decode(fp8, f, in_kernel);
-  EXPECT_TRUE(r.qm.regs);
-  EXPECT_TRUE(r.qm.combine_in_kernel);
-  expect_layout_sound(r);
-  EXPECT_NE(section(r, "qm.part_lse_t"), nullptr);
-  SparseDecodeParams g128 = decode(2, -1);
-  g128.attn.num_heads = 128;
-  g128.attn.num_kv_heads = 1;
-  const SparseAttnPlan w = plan_sparse_decode(g128, f, in_kernel);
-  EXPECT_EQ(w.qm.warps_m, 4);
-  EXPECT_EQ(w.qm.row_tiles, 2);
-  EXPECT_TRUE(w.qm.combine_in_kernel);
-  EXPECT_EQ(section(w, "qm.arrivals")->bytes, size_t(2 * 1 * 2) * 4);  // rows x kv heads x row tiles
-  // MTP union items: a counter per (request, kv head).
-  SparseDecodeOptions uni = in_kernel;
-  uni.mtp = DecodeMtp::kUnion;
-  const SparseAttnPlan u8 = plan_sparse_decode(mtp_decode(8, 4), f, uni);
-  EXPECT_EQ(u8.qm.mtp_tokens, 4);
-  EXPECT_TRUE(u8.qm.combine_in_kernel);
-  EXPECT_EQ(section(u8, "qm.arrivals")->bytes, size_t(8 * 4) * 4);
-  // Fused calls have nothing to combine: the option changes nothing.
-  const SparseAttnPlan fused = plan_sparse_decode(decode(64, -1), f, in_kernel);
-  EXPECT_TRUE(fused.qm.fused);
-  EXPECT_FALSE(fused.qm.combine_in_kernel);
-  EXPECT_EQ(fused.bytes, 0u);
-  EXPECT_FALSE(plan_sparse_decode(decode(2, 1), f, in_kernel).qm.combine_in_kernel);
-  // force_fused = 0 splits even a full grid, and then combines in the kernel.
-  EXPECT_TRUE(plan_sparse_decode(decode(64, 0), f, in_kernel).qm.combine_in_kernel);
-  // Prefill's query-major path keeps the separate combine.
-  const SparseAttnPlan prefill = plan_sparse_attention(attn(20, 8, 2, 5), {}, hopper());
-  EXPECT_FALSE(prefill.qm.fused);
-  EXPECT_FALSE(prefill.qm.combine_in_kernel);
-}
-
 TEST(PlanDecode, PrefillQueryMajorPartialsUseTheComputeDtype) {
   SparseAttnParams p = attn(8, 64, 4, 16);
   p.q_dtype = p.out_dtype = p.k.dtype = p.v.dtype = DType::kFP16;
@@ -762,14 +695,6 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_decode_options(std::string("kernel=") + option_name(k)).kernel, k);
   for (DecodeMtp m : {DecodeMtp::kAuto, DecodeMtp::kPerToken, DecodeMtp::kUnion})
     EXPECT_EQ(parse_sparse_decode_options(std::string("mtp=") + option_name(m)).mtp, m);
-  for (DecodeCombine c : {DecodeCombine::kAuto, DecodeCombine::kSeparate, DecodeCombine::kInKernel})
-    EXPECT_EQ(parse_sparse_decode_options(std::string("combine=") + option_name(c)).combine, c);
-  EXPECT_EQ(parse_sparse_decode_options("").combine, DecodeCombine::kAuto);
-  const SparseDecodeOptions all = parse_sparse_decode_options("kernel=regs,mtp=union,combine=in_kernel");
-  EXPECT_EQ(all.kernel, DecodeKernel::kRegs);
-  EXPECT_EQ(all.mtp, DecodeMtp::kUnion);
-  EXPECT_EQ(all.combine, DecodeCombine::kInKernel);
-  EXPECT_STREQ(option_name(DecodeCombine::kInKernel), "in_kernel");
   EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
@@ -826,12 +751,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, combine)");
-  for (const char* v : {"fused", "inkernel", "in-kernel", "kernel", ""})
-    expect_error([&] { parse_sparse_decode_options(std::string("combine=") + v); }, ErrorKind::kValue,
-                 std::string("combine must be auto, separate or in_kernel, got '") + v + "'");
-  expect_error([] { parse_sparse_decode_options("combine=in_kernel,combine=separate"); },
-               ErrorKind::kValue, "option combine given twice");
+               "unknown plan option 'splits'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
                "warp_split or warp_pivot, got 'new'");

@@ -279,39 +279,6 @@ def test_sparse_decode_mtp_union_regs_graph_replay(fused):
                      "union regs decode replay on new inputs")
 
 
-# Split-K merged in the attention kernel (plan option combine=in_kernel): the call's memset of the
-# arrival counters and the kernel are captured; replays give the eager call's bits, which are the
-# separate combine's. Batch 1 at 32K is the shape the option is for (64 splits of one block).
-@pytest.mark.parametrize("b,ctx,seqlen_q,kv_dtype,kernel", [
-    (1, 32768, 1, FP8, "regs"), (1, 8192, 1, BF16, "smem"), (16, 2048, 1, BF16, "smem"),
-    (16, 2048, 4, BF16, "auto"), (16, 2048, 4, FP8, "regs")],
-    ids=["b1_32k_fp8_regs", "b1_8k_bf16_smem", "b16_bf16_smem", "b16_mtp4_bf16_union",
-         "b16_mtp4_fp8_union_regs"])
-def test_sparse_decode_combine_in_kernel_graph_replay(b, ctx, seqlen_q, kv_dtype, kernel):
-    gen = mi.cuda_generator(17, DEV)
-    x = Decode(b, ctx, seqlen_q, gen, kv_dtype=kv_dtype,
-               options=dict(kernel=kernel, combine="in_kernel"))
-    static_out = torch.empty_like(x.q)
-    ws = new_workspace()
-    kw = graph_kwargs(msa_ops.msa_sparse_decode_attention, output=static_out, workspace=ws)
-    graph, out = capture(lambda: x.run(force_fused=False, **kw))
-
-    def separate():
-        options, x.options = x.options, dict(kernel=kernel)
-        try:
-            return x.run(force_fused=False)
-        finally:
-            x.options = options
-
-    for what in ("in-kernel combine replay", "second replay"):
-        replay_and_check(graph, out, lambda: x.run(force_fused=False), what)
-        assert_bitwise_equal(out, separate(), f"{what} vs the separate combine")
-    refill(x.q, gen=gen)
-    x.v.copy_(mi.randn(x.v.shape, gen, DEV, torch.float32).to(x.v.dtype))
-    replay_and_check(graph, out, lambda: x.run(force_fused=False), "replay on new inputs")
-    assert_bitwise_equal(out, separate(), "new inputs vs the separate combine")
-
-
 def test_m3_decode_pipeline_graph_replay():
     """vLLM's M3 decode step, per-head selection (index heads == kv heads == 4), B=64, ctx 4096."""
     gen = mi.cuda_generator(15, DEV)

@@ -158,11 +158,9 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
 
 
 # auto (the library's choice: regs for fp8 K/V, union items for MTP) and the kernels auto replaced,
-# forced (the smem kernel with an item per token), which stay the fallback; auto's kernels with the
-# split-K partials merged in the attention kernel (plan option combine=in_kernel).
-@pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token"),
-                                     dict(combine="in_kernel")],
-                         ids=["auto", "smem_per_token", "combine_in_kernel"])
+# forced (the smem kernel with an item per token), which stay the fallback.
+@pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token")],
+                         ids=["auto", "smem_per_token"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_decode_matches_cpu_reference(case, options):
     dp, want, base_out = reference(case)
@@ -412,13 +410,8 @@ def _poison_allocator(dp: DecodeProblem):
     del junk
 
 
-def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None,
-             combine: Optional[str] = None, **extra):
-    options = dict(kernel=kernel)
-    if mtp is not None:
-        options["mtp"] = mtp
-    if combine is not None:
-        options["combine"] = combine
+def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None, **extra):
+    options = dict(kernel=kernel) if mtp is None else dict(kernel=kernel, mtp=mtp)
     ws = _poisoned_workspace(dp, options, **extra)
     _poison_allocator(dp)
     result = msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, **extra,
@@ -498,106 +491,6 @@ def test_regs_kernel_q_row_scales(q_dtype):
     base_out, _ = baseline(dp.gcase, dp.pb, dp.pb.cpu_args[3])
     got = run_regs(dp)
     check_against_reference(dp, got, want, base_out, f"row scales {q_dtype}")
-
-
-# ---- split-K combined in the attention kernel (plan option combine=in_kernel) --------------------
-# Each split CTA writes its partial as for the combine kernel, then counts its arrival on its
-# group's counter in the workspace; the last one merges the group's partials with the combine
-# kernel's own arithmetic (combine.cuh): the outputs and LSEs must be bit-identical to the separate
-# combine, for every decode kernel that splits (smem 16- and 64-row tiles, regs fp8 / NVFP4 / 16-bit,
-# MTP union items smem and regs) and every partial dtype. Poisoned workspaces (0xFF: the counters
-# start at -1 unless the call zeroes them) and outputs; repeated calls on one workspace (the
-# counters the kernel leaves behind).
-
-COMBINE_CASES = [c for c in CASES if c.name in (
-    "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "spec_16_1_4_4_topk8_fp8",
-    "nvfp4_flat_mtp", "fp8_q_nvfp4_kv", "g3_topk33", "g4_topk64", "g16_topk64_mtp4", "m3_tp4_mtp2",
-    "empty_and_tiny_sequences", "some_empty_rows", "invalid_pages", "duplicates", "fp16",
-    "fp8_q_fp8_kv", "packed_hnd_fp8", "scales")] + [
-    DecodeCase("m3_b1_ctx32k_fp8", 1, 1, 64, 4, kv="fp8", seqlens=[32768]),  # 64 splits of 1 block
-    DecodeCase("m3_mtp4_distinct_fp8_combine", 4, 4, 64, 4, kv="fp8", seqlens="ragged"),
-    DecodeCase("m3_mtp4_shared_bf16_combine", 4, 4, 64, 4, selection="tile_shared"),
-    DecodeCase("g32_fp8_combine", 4, 2, 64, 2, kv="fp8"),      # 64-row tiles (smem)
-    DecodeCase("g128_bf16_combine", 2, 1, 128, 1),             # two 64-row tiles per token
-    DecodeCase("nvfp4_b2_combine", 2, 1, 64, 4, kv="nvfp4", seqlens=[9000, 3000]),
-]
-COMBINE_KERNELS = [dict(kernel="auto"), dict(kernel="smem", mtp="per_token"),
-                   dict(kernel="regs", mtp="per_token"), dict(kernel="regs", mtp="union")]
-
-
-@pytest.mark.parametrize("kernel", COMBINE_KERNELS,
-                         ids=lambda k: "-".join(f"{n}={v}" for n, v in k.items()))
-@pytest.mark.parametrize("case", COMBINE_CASES, ids=str)
-def test_combine_in_kernel_matches_separate_bitwise(case, kernel):
-    dp, want, base_out = reference(case, seed=31)
-    separate = run_regs(dp, **kernel, force_fused=False)
-    in_kernel = run_regs(dp, **kernel, combine="in_kernel", force_fused=False)
-    check_against_reference(dp, in_kernel, want, base_out, f"{case} {kernel} combine=in_kernel")
-    assert bits_equal(in_kernel, separate), f"{case} {kernel}: in-kernel vs separate combine"
-
-
-@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
-@pytest.mark.parametrize("kernel", COMBINE_KERNELS[:3],
-                         ids=lambda k: "-".join(f"{n}={v}" for n, v in k.items()))
-@pytest.mark.parametrize("case", [c for c in COMBINE_CASES if c.name in (
-    "spec_4_2_16_2_bf16_paged", "m3_tp4_mtp2", "spec_16_1_4_4_topk8_fp8", "nvfp4_flat_mtp",
-    "m3_mtp4_distinct_fp8_combine")], ids=str)
-def test_combine_in_kernel_partial_dtypes(case, kernel, partial_dtype):
-    dp, want, base_out = reference(case, seed=32)
-    separate = run_regs(dp, **kernel, force_fused=False, partial_dtype=partial_dtype)
-    in_kernel = run_regs(dp, **kernel, combine="in_kernel", force_fused=False,
-                         partial_dtype=partial_dtype)
-    check_against_reference(dp, in_kernel, want, base_out,
-                            f"{case} {kernel} in-kernel partial {partial_dtype}",
-                            partial_dtype=partial_dtype)
-    assert bits_equal(in_kernel, separate)
-
-
-@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
-@pytest.mark.parametrize("seqlen_q", [1, 4])
-def test_combine_in_kernel_deterministic_and_paged_equals_flat(kv, seqlen_q):
-    """Repeated calls on one workspace (the kernel leaves its counters at zero, and the call zeroes
-    them anyway), flat and paged: the same bits every time, whichever CTA of a group came last."""
-    case = DecodeCase("c", 3, seqlen_q, 64, 4, kv=kv, seqlens=[5000, 700, 3000])
-    flat = problem(case, seed=33, layout="flat")
-    paged = problem(case, seed=33, layout="paged")
-    options = dict(combine="in_kernel")
-    ws = msa_ops.MSASparseAttentionWorkspace(DEV)
-    first = msa_ops._sparse_decode_planned(*flat.gpu_args, **flat.gpu_kwargs, force_fused=False,
-                                           workspace=ws, options=options)
-    for _ in range(3):
-        again = msa_ops._sparse_decode_planned(*flat.gpu_args, **flat.gpu_kwargs,
-                                               force_fused=False, workspace=ws, options=options)
-        assert bits_equal(first, again)
-    assert bits_equal(first, run(paged, gpu=True, options=options, force_fused=False))
-    assert bits_equal(first, run(flat, gpu=True, force_fused=False))  # the separate combine
-
-
-def test_combine_in_kernel_after_a_prefill_on_the_same_workspace():
-    """A prefill call on the decode call's workspace overwrites the counters' bytes: the next
-    decode call still starts its counters from zero."""
-    case = next(c for c in COMBINE_CASES if c.name == "spec_4_2_16_2_bf16_paged")
-    dp, want, base_out = reference(case, seed=31)
-    ws = msa_ops.MSASparseAttentionWorkspace(DEV)
-    options = dict(combine="in_kernel")
-    first = run(dp, gpu=True, options=options, force_fused=False, workspace=ws)
-    ws.buffer.fill_(0x7F)  # what another call may leave there
-    second = run(dp, gpu=True, options=options, force_fused=False, workspace=ws)
-    assert bits_equal(first, second)
-    check_against_reference(dp, second, want, base_out, "after a foreign write")
-
-
-def test_decode_combine_option_names_the_path_and_rejects_unknown_values():
-    case = next(c for c in COMBINE_CASES if c.name == "spec_4_2_16_2_bf16_paged")
-    dp = problem(case, seed=31)
-    # The text echoes the call (with its plan= options) before "): "; the plan is what follows.
-    text = _decode_plan_text(dp, dict(combine="in_kernel"), force_fused=False).split("): ", 1)[1]
-    assert "combine=in_kernel (the last CTA of a row's splits merges them" in text, text
-    separate = _decode_plan_text(dp, None, force_fused=False).split("): ", 1)[1]
-    assert "partials + combine" in separate and "in_kernel" not in separate, separate
-    with pytest.raises(ValueError, match="combine must be auto, separate or in_kernel, got 'fused'"):
-        msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs,
-                                       options=dict(combine="fused"))
 
 
 def test_decode_kernel_option_rejects_unknown_values():
@@ -826,16 +719,15 @@ class _Texts(logging.Handler):
         self.texts.append(record.getMessage())
 
 
-def _decode_plan_text(dp: DecodeProblem, options, **extra) -> str:
-    """The plan description (FLASHMSA_LOG=info) of one call with these plan options (and extra
-    arguments)."""
+def _decode_plan_text(dp: DecodeProblem, options) -> str:
+    """The plan description (FLASHMSA_LOG=info) of one call with these plan options."""
     from flashmsa import _log
     handler, level = _Texts(), _log.logger.level
     _log.logger.addHandler(handler)
     _log.logger.setLevel(logging.INFO)
     _log.reset_seen()
     try:
-        run(dp, gpu=True, options=options, **extra)
+        run(dp, gpu=True, options=options)
     finally:
         _log.logger.removeHandler(handler)
         _log.logger.setLevel(level)

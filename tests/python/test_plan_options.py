@@ -54,10 +54,7 @@ VALID = {
                     dict(kernel="warp_pivot")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
-                      dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
-                      dict(combine="auto"), dict(combine="separate"), dict(combine="in_kernel"),
-                      dict(kernel="regs", mtp="union", combine="in_kernel"),
-                      "kernel=smem,combine=in_kernel"],
+                      dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union"],
 }
 
 
@@ -121,13 +118,6 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     # kernel=regs8 (8 warps per CTA for fp8 K/V) was removed: slower than regs on the H200 (at 5b22cb3).
     ("sparse_decode", dict(kernel="regs8"), "kernel must be auto, smem or regs, got 'regs8'"),
     ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
-    ("sparse_decode", dict(combine="fused"),
-     "combine must be auto, separate or in_kernel, got 'fused'"),
-    ("sparse_decode", dict(combine="in-kernel"),
-     "combine must be auto, separate or in_kernel, got 'in-kernel'"),
-    ("sparse_decode", "combine=in_kernel,combine=separate", "option combine given twice"),
-    ("sparse_decode", dict(splits=4),
-     r"unknown plan option 'splits' \(options: kernel, mtp, combine\)"),
     ("topk_select", dict(kernel="heap"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
      "warp_pivot, "
