@@ -57,10 +57,6 @@ def cases(bench: bm.Bench) -> dict:
         "topk_prefill_32k_radix_1buf": lambda: bench.build_topk(32 * K, dict(kernel="radix_1buf")),
         "topk_prefill_128k_radix_1buf": lambda: bench.build_topk(128 * K,
                                                                  dict(kernel="radix_1buf")),
-        # Warp per row with the pivot-filtered selection (docs/design/topk_select.md, "Pivot").
-        "topk_prefill_32k_warp_pivot": lambda: bench.build_topk(32 * K, dict(kernel="warp_pivot")),
-        "topk_prefill_128k_warp_pivot": lambda: bench.build_topk(128 * K,
-                                                                  dict(kernel="warp_pivot")),
         "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
                                                              dict(kernel="warp_per_row_8")),
         # The B1 / 128K decode step's top-k (1 token x 4 heads x 1024 blocks): today's kernel and

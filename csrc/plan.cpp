@@ -41,8 +41,7 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kRadix, "radix"},
                                               {TopkKernel::kBySize, "by_size"},
                                               {TopkKernel::kRadix1Buf, "radix_1buf"},
-                                              {TopkKernel::kWarpSplit, "warp_split"},
-                                              {TopkKernel::kWarpPivot, "warp_pivot"}};
+                                              {TopkKernel::kWarpSplit, "warp_split"}};
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
@@ -259,7 +258,6 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kRadix: plan.kernel = TopkKernel::kRadix; break;
     case TopkKernel::kRadix1Buf: plan.kernel = TopkKernel::kRadix1Buf; break;
     case TopkKernel::kWarpSplit: plan.kernel = TopkKernel::kWarpSplit; break;
-    case TopkKernel::kWarpPivot: plan.kernel = TopkKernel::kWarpPivot; break;
     case TopkKernel::kAuto:
     case TopkKernel::kBySize: {
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);

@@ -7,10 +7,7 @@
 //     variant radix_1buf (fewer instructions per row, one chunk buffer for more warps per SM) is
 //     by_size's kernel for large calls;
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
-//     warps, one warp merges their choices: decode-sized calls with long rows (off by default);
-//   * warp_pivot (topk_select_kernel.cuh, warp per row at 32 tokens per CTA): the search over a
-//     row's slots replaced by a pivot (the target-th smallest lane minimum) and a search over the
-//     ~16 survivors compacted one per lane; for prefill-sized calls (off by default).
+//     warps, one warp merges their choices: decode-sized calls with long rows (off by default).
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
 // (radix_1buf for large calls, warp_per_row_8 for small ones).
 #include <cuda_runtime.h>
@@ -30,7 +27,7 @@
 namespace flashmsa::cuda {
 namespace {
 
-template <int kTok, bool kPivot = false>
+template <int kTok>
 void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
   topk::KernelParams kp{};
   kp.p = p;
@@ -43,10 +40,10 @@ void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
   // chosen from).
   kp.num_buffers = p.num_blocks > topk::kChunk ? 2 : 1;
   const size_t smem = topk::smem_bytes<kTok>(kp.num_buffers);
-  prepare_launch(topk::topk_select_kernel<kTok, kPivot>, topk::kThreads, smem);
+  prepare_launch(topk::topk_select_kernel<kTok>, topk::kThreads, smem);
 
   const dim3 grid(unsigned(kp.items));
-  topk::topk_select_kernel<kTok, kPivot><<<grid, topk::kThreads, smem, stream>>>(kp);
+  topk::topk_select_kernel<kTok><<<grid, topk::kThreads, smem, stream>>>(kp);
   MSA_CHECK_LAUNCH();
 }
 
@@ -96,7 +93,6 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;
-    case TopkKernel::kWarpPivot: launch_warp_rows<topk::kTokens, true>(p, stream); break;
     default: MSA_FAIL("topk_select: the plan's kernel ", option_name(plan.kernel), " has no launcher");
   }
 }

@@ -9,8 +9,7 @@
 // key value that leaves fewer than `target` keys below it. Keys below the threshold are chosen,
 // plus the lowest-index keys equal to it (ballot ranks), which is exactly the reference's
 // (key, index) order. Rows longer than one chunk carry their current choice (<= 64 entries,
-// ascending) into the next chunk. warp_pivot (kPivot) replaces the search by a pivot-filtered one
-// (pivot::select below). docs/design/topk_select.md has the reasoning.
+// ascending) into the next chunk. docs/design/topk_select.md has the reasoning.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,249 +44,45 @@ __device__ __forceinline__ void write_row_frame(int* out_row, int topk, const Ro
   }
 }
 
-// A row's entries of one chunk, in registers: slot i of lane l = block p0 + l + 32 i (slot order
-// is block order), the carry's entry c at lane c % 32, column c / 32 (before every slot in block
-// order). Empty slots hold key kNone. load_slots returns the row's number of entries (carry and
-// chunk), after the warp has read the old carry (any lane may then write the new one).
-struct RowSlots {
-  uint32_t key[kKeysPerLane];
-  uint32_t valid;  // bit i: slot i holds a candidate
-  uint32_t ckey[2];
-  int cidx[2];
-  bool cvalid[2];
-};
-
-template <int kTok, bool kCarry>
-__device__ __forceinline__ int load_slots(int tok, const RowInfo& ri, const uint32_t* tile, int p0,
-                                          RowSlots& rs) {
-  SharedStorage<kTok>& sm = shared_storage<kTok>();
-  const int lane = threadIdx.x & 31;
-  constexpr uint32_t kNone = 0xFFFFFFFFu;  // key of an empty slot: never counted as "below"
-  rs.valid = 0;
-#pragma unroll
-  for (int i = 0; i < kKeysPerLane; ++i) {
-    const int blk = p0 + lane + 32 * i;
-    const bool v = blk >= ri.mid_begin && blk < ri.mid_end;
-    const uint32_t bits = tile[(lane + 32 * i) * kTileStride<kTok> + tok];
-    rs.key[i] = v ? topk_order_key(__uint_as_float(bits)) : kNone;
-    rs.valid |= uint32_t(v) << i;
-  }
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    rs.ckey[j] = kNone;
-    rs.cidx[j] = 0;
-    rs.cvalid[j] = false;
-  }
-  if constexpr (kCarry) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int c = lane + 32 * j;
-      rs.cvalid[j] = c < ri.n_carry;
-      if (rs.cvalid[j]) {
-        rs.ckey[j] = sm.carry_key[tok][c];
-        rs.cidx[j] = sm.carry_idx[tok][c];
-      }
-    }
-  }
-  __syncwarp();  // every lane has read the old carry before any lane writes the new one
-  const int n_lane = __popc(rs.valid) + int(rs.cvalid[0]) + int(rs.cvalid[1]);
-  return __reduce_add_sync(0xFFFFFFFFu, n_lane);
-}
-
-// A chosen entry at rank `pos` of the row's choice: to the output row (the row's last chunk) or
-// to the carry.
-template <int kTok>
-__device__ __forceinline__ void store_chosen(int tok, const RowInfo& ri, bool last, int* out_row,
-                                             int pos, uint32_t k, int blk) {
-  if (last) {
-    out_row[ri.fb + pos] = blk;
-  } else {
-    SharedStorage<kTok>& sm = shared_storage<kTok>();
-    sm.carry_key[tok][pos] = k;
-    sm.carry_idx[tok][pos] = blk;
-  }
-}
-
-// warp_pivot's selection (docs/design/topk_select.md, "Pivot-filtered warp per row"): instead of
-// the bitwise search over all of a row's 8 + 2 slots per lane (~15-20 steps of ~38 instructions),
-// 1. a pivot T0 with at least `target` entries <= T0: the `target`-th smallest of the 32 lanes'
-//    minima (each lane's minimum is a distinct entry), by the bitwise search over one value per
-//    lane (a ballot and a popcount per step);
-// 2. the survivors key <= T0 (Gaussian rows of 64-256 entries and target 14: ~16-18 of them, a
-//    host model) compacted in block order, one per lane, through 256 bytes of shared memory per
-//    warp (ballot prefix counts per slot column);
-// 3. the exact threshold among the survivors by the same one-value-per-lane search, ties to the
-//    lower lane (= the lower block), and the chosen entries written at their ballot ranks.
-// Every entry of the row's top `target` is <= T0 (at least `target` entries are), so it survives,
-// and the survivors keep block order: the result is select_chunk's bit for bit. Returns false,
-// having written nothing, when this does not apply (at most `target` entries: select_chunk takes
-// them all; target > 32, fewer than `target` lanes hold an entry, more than 32 survivors:
-// all-equal or adversarial rows); select_chunk then runs its own search from its own loads.
-namespace pivot {
-
-// Invariant of the search over one value per lane (`v`, counted where `has`): count(v < lo) <
-// target <= count(v < lo + 2^(b + 1)). Returns the largest `lo` with count(v < lo) < target, with
-// c_lo = count(v < lo); or on an exact hit (count(v < mid) == target) mid and target.
-__device__ __forceinline__ uint32_t lane_threshold(uint32_t v, bool has, int target, int& c_lo) {
-  constexpr uint32_t kNone = 0xFFFFFFFFu;
-  const uint32_t vmin = __reduce_min_sync(0xFFFFFFFFu, has ? v : kNone);
-  const uint32_t vmax = __reduce_max_sync(0xFFFFFFFFu, has ? v : 0u);
-  c_lo = 0;
-  if (vmin == vmax) return vmin;  // count(v < vmin) = 0 < target <= count(v <= vmin)
-  const int hb = 31 - __clz(vmin ^ vmax);
-  // Bits above hb are common to every value: vmax < lo + 2^(hb + 1) (no overflow: mid < 2^32).
-  uint32_t lo = hb == 31 ? 0u : (vmin & ~((2u << hb) - 1u));
-  for (int b = hb; b >= 0; --b) {
-    const uint32_t mid = lo + (1u << b);
-    const int c = __popc(__ballot_sync(0xFFFFFFFFu, has && v < mid));
-    if (c == target) {
-      c_lo = c;
-      return mid;
-    }
-    if (c < target) {
-      lo = mid;
-      c_lo = c;
-    }
-  }
-  return lo;
-}
-
-// Per-warp staging of the compacted survivors (key, block), in block order: 256 bytes of static
-// shared memory a warp, only in the kernels that call this.
-struct Stage {
-  uint32_t key[32];
-  int idx[32];
-};
-__device__ __forceinline__ Stage& warp_stage() {
-  __shared__ Stage stage[kWarps];
-  return stage[threadIdx.x >> 5];
-}
-
-template <int kTok, bool kCarry>
-__device__ __forceinline__ bool select(int tok, const RowInfo& ri, const uint32_t* tile, int p0,
-                                       bool last, int* out_row, int topk) {
-  SharedStorage<kTok>& sm = shared_storage<kTok>();
-  const int lane = threadIdx.x & 31;
-  const uint32_t lt_mask = (1u << lane) - 1u;
-  const int target = ri.target;
-  if (target > 32) return false;  // warp-uniform, as every early return here
-  RowSlots rs;
-  if (load_slots<kTok, kCarry>(tok, ri, tile, p0, rs) <= target) return false;  // takes all
-  const uint32_t* key = rs.key;
-  const uint32_t* ckey = rs.ckey;
-  const bool* cvalid = rs.cvalid;
-  const uint32_t valid = rs.valid;
-
-  // 1. The pivot: the target-th smallest lane minimum (empty slots hold kNone, the largest key,
-  // so they never lower a minimum; a lane with no entry does not count).
-  uint32_t lmin = 0xFFFFFFFFu;
-#pragma unroll
-  for (int i = 0; i < kKeysPerLane; ++i) lmin = min(lmin, key[i]);
-  bool has = valid != 0;
-  if constexpr (kCarry) {
-    lmin = min(lmin, min(ckey[0], ckey[1]));
-    has = has || cvalid[0];
-  }
-  if (__popc(__ballot_sync(0xFFFFFFFFu, has)) < target) return false;
-  int c_piv;
-  const uint32_t t0 = lane_threshold(lmin, has, target, c_piv);
-  // lane_threshold gives count(lmin < t0) == target (an exact hit: t0 > 0) or count(lmin <= t0)
-  // >= target: the survivors are the entries <= t0_incl.
-  const uint32_t t0_incl = c_piv == target ? t0 - 1u : t0;
-
-  // 2. Survivors, counted first (a lane count and one reduction), then placed in block order: the
-  // carry's two columns, then slot columns 0..7; column q's survivor of lane l goes to base_q +
-  // (survivors of lanes < l in column q). Columns no lane has an entry in are skipped
-  // (warp-uniform). The ballots are taken again in the second loop rather than kept in ten more
-  // registers (the kernel is at its register limit).
-  auto live = [&](int i) { return p0 + 32 * i < ri.mid_end && p0 + 32 * i + 32 > ri.mid_begin; };
-  int n_lane = 0;
-  if constexpr (kCarry)
-    n_lane = int(cvalid[0] && ckey[0] <= t0_incl) + int(cvalid[1] && ckey[1] <= t0_incl);
-#pragma unroll
-  for (int i = 0; i < kKeysPerLane; ++i) n_lane += int(((valid >> i) & 1u) && key[i] <= t0_incl);
-  const int n = __reduce_add_sync(0xFFFFFFFFu, n_lane);
-  if (n > 32) return false;  // n >= target: at least `target` lane minima survive
-
-  // n == target: every survivor is chosen, straight to its place. Else to the warp's stage.
-  Stage& st = warp_stage();
-  const bool direct = n == target;
-  int base = 0;
-  auto place = [&](uint32_t k, bool v, int blk) {
-    const bool s = v && k <= t0_incl;
-    const uint32_t b = __ballot_sync(0xFFFFFFFFu, s);
-    if (s) {
-      const int pos = base + __popc(b & lt_mask);
-      if (direct) {
-        store_chosen<kTok>(tok, ri, last, out_row, pos, k, blk);
-      } else {
-        st.key[pos] = k;
-        st.idx[pos] = blk;
-      }
-    }
-    base += __popc(b);
-  };
-  if constexpr (kCarry) {
-    place(ckey[0], cvalid[0], rs.cidx[0]);
-    place(ckey[1], cvalid[1], rs.cidx[1]);
-  }
-#pragma unroll
-  for (int i = 0; i < kKeysPerLane; ++i)
-    if (live(i)) place(key[i], (valid >> i) & 1u, p0 + lane + 32 * i);
-
-  if (!direct) {
-    __syncwarp();  // the stage is written
-    const bool have = lane < n;
-    const uint32_t k = have ? st.key[lane] : 0xFFFFFFFFu;
-    const int blk = have ? st.idx[lane] : 0;
-    __syncwarp();  // every lane has read the stage (the warp's next row rewrites it)
-    // 3. The exact threshold among the survivors: key < thr, plus the first `need` (lowest lanes
-    // = lowest blocks) with key == thr.
-    int c_lo;
-    const uint32_t thr = lane_threshold(k, have, target, c_lo);
-    const int need = target - c_lo;
-    const bool eq = have && k == thr;
-    const int eq_rank = __popc(__ballot_sync(0xFFFFFFFFu, eq) & lt_mask);
-    const bool sel = have && (k < thr || (eq && eq_rank < need));
-    const int pos = __popc(__ballot_sync(0xFFFFFFFFu, sel) & lt_mask);
-    if (sel) store_chosen<kTok>(tok, ri, last, out_row, pos, k, blk);
-  }
-
-  if (last) {
-    write_row_frame(out_row, topk, ri, target);
-  } else {
-    __syncwarp();
-    if (lane == 0) sm.rows[tok].n_carry = target;
-  }
-  return true;
-}
-
-}  // namespace pivot
-
 // One warp, one row, one chunk [p0, p0 + kChunk): choose among (the carried choice) + (this
 // chunk's candidates). On the row's last chunk the result goes to the output row, else to the
 // carry. Candidate order for ties is the block order: carry (ascending, all below p0), then chunk
 // slot i, lane l = block p0 + l + 32 i.
-template <int kTok, bool kCarry, bool kPivot>
+template <int kTok, bool kCarry>
 __device__ __forceinline__ void select_chunk(int tok, const RowInfo& ri, const uint32_t* tile,
                                              int p0, bool last, int* out_row, int topk) {
-  if constexpr (kPivot) {
-    // Its own loads: the general search below reloads the slots when the pivot does not apply,
-    // so that the two paths' registers are not live at once.
-    if (pivot::select<kTok, kCarry>(tok, ri, tile, p0, last, out_row, topk)) return;
-  }
   SharedStorage<kTok>& sm = shared_storage<kTok>();
   const int lane = threadIdx.x & 31;
   const uint32_t lt_mask = (1u << lane) - 1u;
   constexpr uint32_t kNone = 0xFFFFFFFFu;  // key of an empty slot: never counted as "below"
 
-  RowSlots rs;
-  const int total = load_slots<kTok, kCarry>(tok, ri, tile, p0, rs);
-  const uint32_t (&key)[kKeysPerLane] = rs.key;
-  const uint32_t valid = rs.valid;
-  const uint32_t (&ckey)[2] = rs.ckey;
-  const int (&cidx)[2] = rs.cidx;
-  const bool (&cvalid)[2] = rs.cvalid;
+  uint32_t key[kKeysPerLane];
+  uint32_t valid = 0;  // bit i: slot i holds a candidate
+#pragma unroll
+  for (int i = 0; i < kKeysPerLane; ++i) {
+    const int blk = p0 + lane + 32 * i;
+    const bool v = blk >= ri.mid_begin && blk < ri.mid_end;
+    key[i] = v ? topk_order_key(__uint_as_float(tile[(lane + 32 * i) * kTileStride<kTok> + tok])) : kNone;
+    valid |= uint32_t(v) << i;
+  }
+  uint32_t ckey[2] = {kNone, kNone};
+  int cidx[2] = {0, 0};
+  bool cvalid[2] = {false, false};
+  if constexpr (kCarry) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int c = lane + 32 * j;
+      cvalid[j] = c < ri.n_carry;
+      if (cvalid[j]) {
+        ckey[j] = sm.carry_key[tok][c];
+        cidx[j] = sm.carry_idx[tok][c];
+      }
+    }
+  }
+  __syncwarp();  // every lane has read the old carry before any lane writes the new one
+
+  const int n_lane = __popc(valid) + int(cvalid[0]) + int(cvalid[1]);
+  const int total = __reduce_add_sync(0xFFFFFFFFu, n_lane);
   const int target = ri.target;
 
   // Selection rule: all candidates (total <= target), or key < thr, or key < thr plus the first
@@ -355,7 +150,14 @@ __device__ __forceinline__ void select_chunk(int tok, const RowInfo& ri, const u
     const uint32_t sel_ballot = __ballot_sync(0xFFFFFFFFu, sel);
     const int pos = n_sel + __popc(sel_ballot & lt_mask);
     n_sel += __popc(sel_ballot);
-    if (sel) store_chosen<kTok>(tok, ri, last, out_row, pos, k, blk);
+    if (sel) {
+      if (last) {
+        out_row[ri.fb + pos] = blk;
+      } else {
+        sm.carry_key[tok][pos] = k;
+        sm.carry_idx[tok][pos] = blk;
+      }
+    }
   };
   if constexpr (kCarry) {
     visit(ckey[0], cvalid[0], cidx[0]);
@@ -390,10 +192,8 @@ __device__ __forceinline__ void load_chunk(const TopkSelectParams& p, uint32_t* 
 }
 
 // kTok = kTokens (32 tokens per CTA) or kTokensSmall (8: decode-sized calls, 4x the CTAs).
-// kPivot (warp_pivot, 32 tokens): the pivot-filtered selection. It needs a few more registers than
-// 64 (at 4 CTAs per SM ptxas spilled 8 bytes): 3 CTAs per SM, 24 warps.
-template <int kTok, bool kPivot>
-__global__ void __launch_bounds__(kThreads, kPivot ? 3 : 4)
+template <int kTok>
+__global__ void __launch_bounds__(kThreads, 4)
     topk_select_kernel(const __grid_constant__ KernelParams kp) {
   const TopkSelectParams& p = kp.p;
   SharedStorage<kTok>& sm = shared_storage<kTok>();
@@ -471,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, kPivot ? 3 : 4)
           const bool last = ri.mid_end <= p0 + kChunk;
           int* out_row = p.out + (int64_t(s0 + tok) * p.num_heads + h) * p.topk;
           if (ri.n_carry > 0) {
-            select_chunk<kTok, true, kPivot>(tok, ri, tile, p0, last, out_row, p.topk);
+            select_chunk<kTok, true>(tok, ri, tile, p0, last, out_row, p.topk);
           } else {
-            select_chunk<kTok, false, kPivot>(tok, ri, tile, p0, last, out_row, p.topk);
+            select_chunk<kTok, false>(tok, ri, tile, p0, last, out_row, p.topk);
           }
         }
         __syncthreads();  // the tile buffer and the row state are reused by the next chunk / item

@@ -72,11 +72,9 @@ enum class ProxyKernel : int32_t {
 // warp-uniform insertion, the radix select started at the keys' range, at most one float exponent
 // a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
 // CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
-// choices: for decode-sized calls), warp_pivot (warp_per_row's CTA and tiles, its per-row search
-// replaced by a pivot (the target-th smallest lane minimum) and an exact search over the ~16
-// survivors compacted one per lane: for prefill-sized calls; off by default until measured), and
-// by_size (radix_1buf from kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on; below it
-// warp_split up to kTopkSplitMaxRowsPerSm rows per SM, else warp_per_row_8).
+// choices: for decode-sized calls), and by_size (radix_1buf from kTopkRadixMinGroupsPerSm groups of
+// 32 tokens per SM on; below it warp_split up to kTopkSplitMaxRowsPerSm rows per SM, else
+// warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
 // blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row; at 5b22cb3
 // radix_1buf for the large calls: 102 vs 152 us at 32K, 1025 vs 1606 us at 128K, against radix
@@ -91,8 +89,7 @@ enum class TopkKernel : int32_t {
   kBySize = 4,
   // 5 and 7 were radix_lean and radix_c32 (removed).
   kRadix1Buf = 6,
-  kWarpSplit = 8,
-  kWarpPivot = 9
+  kWarpSplit = 8
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
@@ -166,7 +163,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // decode_f16_only, decode_ctas=auto|2|3|4, decode_pipeline=auto|ring|prefetch.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
-// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|warp_pivot.
+// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------

@@ -685,7 +685,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_EQ(parse_proxy_score_options("decode_ctas=3,decode_pipeline=prefetch").decode_ctas, 3);
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
-                       TopkKernel::kWarpSplit, TopkKernel::kWarpPivot})
+                       TopkKernel::kWarpSplit})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -699,7 +699,6 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
   EXPECT_STREQ(option_name(TopkKernel::kWarpSplit), "warp_split");
-  EXPECT_STREQ(option_name(TopkKernel::kWarpPivot), "warp_pivot");
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -734,14 +733,14 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas, decode_pipeline)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split or warp_pivot, got 'heap'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
+               "warp_split, got 'heap'");
   // radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
   // H200 (at 5b22cb3).
   for (const char* v : {"radix_lean", "radix_c32"})
     expect_error([&] { parse_topk_select_options(std::string("kernel=") + v); }, ErrorKind::kValue,
                  std::string("kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, "
-                             "radix_1buf, warp_split or warp_pivot, got '") + v + "'");
+                             "radix_1buf or warp_split, got '") + v + "'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem or regs, got 'fastest'");
@@ -753,8 +752,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
                "unknown plan option 'splits'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split or warp_pivot, got 'new'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
+               "warp_split, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -827,10 +826,8 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   // The B1 decode calls (1 token x 4 heads, any row length): warp_split (H200 at 2f7070a).
   for (int blocks : {256, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
-  // warp_pivot is off by default: the prefill calls stay with radix_1buf until an H200 run.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), {}, h200).kernel, TopkKernel::kRadix1Buf);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
-                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kWarpPivot})
+                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);
