@@ -544,14 +544,6 @@ class Bench:
             self.run_case("proxy", name + " fp8 [decode_f16]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True,
                                                   options=dict(kernel="decode_f16_only")), "memory")
-            # The prefetch pipeline (plan option decode_pipeline=prefetch: page ids read ahead,
-            # one barrier per block; docs/design/proxy_score.md), auto's kernel and CTAs per SM
-            # otherwise: next to the rows `name`, `name fp8` and `name nvfp4` above.
-            pf = dict(decode_pipeline="prefetch")
-            self.run_case("proxy", name + " [decode_pipeline=prefetch]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, options=pf), "memory")
-            self.run_case("proxy", name + " fp8 [decode_pipeline=prefetch]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, k_fp8=True, options=pf), "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=dec), "memory")
@@ -566,19 +558,6 @@ class Bench:
                     self.run_case("proxy", name + f" nvfp4 [decode_ctas={ctas}]",
                                   lambda b=b, c=ctx, q=sq, o=o:
                                   self.build_proxy_decode(b, c, q, fp4=True, options=o), "memory")
-                self.run_case("proxy", name + " nvfp4 [decode_pipeline=prefetch]",
-                              lambda b=b, c=ctx, q=sq:
-                              self.build_proxy_decode(b, c, q, fp4=True, options=pf), "memory")
-                # The prefetch pipeline at the other CTA counts (it may move the best one).
-                for ctas in (2, 4):
-                    o = dict(pf, decode_ctas=ctas)
-                    self.run_case("proxy", name + f" fp8 [decode_pipeline=prefetch,decode_ctas={ctas}]",
-                                  lambda b=b, c=ctx, q=sq, o=o:
-                                  self.build_proxy_decode(b, c, q, k_fp8=True, options=o), "memory")
-                o = dict(pf, decode_ctas=3)
-                self.run_case("proxy", name + " nvfp4 [decode_pipeline=prefetch,decode_ctas=3]",
-                              lambda b=b, c=ctx, q=sq, o=o:
-                              self.build_proxy_decode(b, c, q, fp4=True, options=o), "memory")
 
     def build_proxy_prefill(self, s, options=None, fmt="bf16"):
         """fmt: bf16 q and k; fp8 (bf16 q, e4m3 k); nvfp4 (msa_proxy_score_fp4: q and k)."""

@@ -43,12 +43,6 @@ def cases(bench: bm.Bench) -> dict:
             64, 32 * K, 1, k_fp8=True, options=dict(decode_ctas=3)),
         "proxy_decode_b64_nvfp4_decode": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(kernel="decode_only")),
-        # The prefetch pipeline (decode_pipeline=prefetch), auto's kernel and CTAs per SM otherwise;
-        # against proxy_decode_b64_fp8_ctas3 (the ring pipeline at fp8's auto of 3 CTAs).
-        "proxy_decode_b64_fp8_prefetch": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, k_fp8=True, options=dict(decode_pipeline="prefetch")),
-        "proxy_decode_b64_nvfp4_prefetch": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, fp4=True, options=dict(decode_pipeline="prefetch")),
         "index_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True),
         "topk_prefill_32k": lambda: bench.build_topk(32 * K),
         "topk_prefill_32k_radix": lambda: bench.build_topk(32 * K, dict(kernel="radix")),
