@@ -47,11 +47,6 @@ constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
                                                  {DecodeKernel::kRegs, "regs"}};
 
-constexpr Named<ProxyDecodePipeline> kProxyDecodePipelines[] = {
-    {ProxyDecodePipeline::kAuto, "auto"},
-    {ProxyDecodePipeline::kRing, "ring"},
-    {ProxyDecodePipeline::kPrefetch, "prefetch"}};
-
 constexpr Named<int> kDecodeCtas[] = {{0, "auto"}, {2, "2"}, {3, "3"}, {4, "4"}};
 
 constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
@@ -131,7 +126,6 @@ const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
 const char* option_name(TileKernel v) { return name_of(kTileKernels, v); }
 const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
-const char* option_name(ProxyDecodePipeline v) { return name_of(kProxyDecodePipelines, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
@@ -178,11 +172,8 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.kernel = parse_enum(kProxyKernels, name, value);
     } else if (name == "decode_ctas") {
       o.decode_ctas = parse_enum(kDecodeCtas, name, value);
-    } else if (name == "decode_pipeline") {
-      o.decode_pipeline = parse_enum(kProxyDecodePipelines, name, value);
     } else {
-      MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_pipeline)");
+      MSA_FAIL("msa_proxy_score: unknown plan option '", name, "' (options: kernel, decode_ctas)");
     }
   });
   return o;
@@ -243,9 +234,6 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
     plan.decode_ctas = options.decode_ctas != 0 ? options.decode_ctas : 3;
   else if (p.k.dtype == DType::kNVFP4)
     plan.decode_ctas = options.decode_ctas != 0 ? options.decode_ctas : 4;
-  // The decode kernel's pipeline: the option, else ring (prefetch is not yet measured on a GPU).
-  plan.decode_pipeline = options.decode_pipeline == ProxyDecodePipeline::kPrefetch ? ProxyDecodePipeline::kPrefetch
-                                                                                   : ProxyDecodePipeline::kRing;
   return plan;
 }
 

@@ -143,8 +143,6 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
       s << " (forced: CTAs per SM)";
     else
       s << " (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)";
-    s << "; decode_pipeline=" << option_name(plan.decode_pipeline)
-      << (o.decode_pipeline == ProxyDecodePipeline::kAuto ? " (auto)" : " (forced)");
   }
   return s.str();
 }

@@ -119,13 +119,14 @@ __device__ __forceinline__ void unit_coords(const Params& dp, int64_t u, int& b,
   kh = int(bk - int64_t(b) * dp.p.num_kv_heads);
 }
 
-// The cp.async copies of block t of request r (its keys from element offset `base` of K) into
-// `stage`. NVFP4 also copies the keys' scale bytes; their row comes from `page` when kPageKnown
-// (the prefetch pipeline has read it already), else from the page table again.
-template <int kK, bool kPageKnown = false>
-__device__ __forceinline__ void copy_block(const Params& dp, const Request& r, int t, int64_t base,
-                                           int64_t page, uint8_t* stage) {
+// Issues the cp.async copies of block t of request r into `stage`; false when nothing is loaded
+// (no query row, no visible key, or an invalid page: the unit's columns are then -inf).
+template <int kK>
+__device__ __forceinline__ bool load_block(const Params& dp, const Request& r, int t, uint8_t* stage) {
   const ProxyScoreParams& p = dp.p;
+  if (r.ntok == 0 || t >= r.n_compute) return false;
+  const int64_t base = kv_offset(p.k, p.kv, r.b, r.kh, t * kBlockSize);
+  if (base < 0) return false;
   const int n_keys = min(kBlockSize, r.seqlen_k - t * kBlockSize);
   const uint32_t dst = smem_addr(stage);
   if constexpr (kK == kK16) {
@@ -144,9 +145,7 @@ __device__ __forceinline__ void copy_block(const Params& dp, const Request& r, i
     for (int row = threadIdx.x >> 2; row < n_keys; row += kThreads / 4)
       cp_async_16(dst + chunk_offset<kK>(row, c), src + int64_t(row) * p.k.stride_token + c * 16);
     // Scale bytes of a key: columns 0..3 and 4..7 are two 4-byte runs of the 128x4 layout.
-    const int64_t srow0 = kPageKnown && p.kv.paged
-                              ? nvfp4_scale_row_paged(page, r.kh, 0, p.num_kv_heads)
-                              : kv_scale_row(p.kv, p.num_kv_heads, r.b, r.kh, t * kBlockSize);
+    const int64_t srow0 = kv_scale_row(p.kv, p.num_kv_heads, r.b, r.kh, t * kBlockSize);
     const int step = !p.kv.paged ? p.num_kv_heads : 1;
     for (int e = threadIdx.x; e < n_keys * 2; e += kThreads) {
       const int row = e >> 1, half = e & 1;
@@ -154,40 +153,6 @@ __device__ __forceinline__ void copy_block(const Params& dp, const Request& r, i
                  p.k.scale + nvfp4_scale_offset(srow0 + int64_t(row) * step, 4 * half));
     }
   }
-}
-
-// Unit (b, kh, t) -> the next unit (unit_coords of u + 1).
-__device__ __forceinline__ void next_unit(const Params& dp, int& b, int& kh, int& t) {
-  if (++t == dp.p.max_k_tiles) {
-    t = 0;
-    if (++kh == dp.p.num_kv_heads) {
-      kh = 0;
-      ++b;
-    }
-  }
-}
-
-// The first S - 1 units' copies (unit j into stage j, one commit group each); bit j of the result:
-// unit j was loaded.
-template <int S, typename Issue>
-__device__ __forceinline__ uint32_t issue_prologue(int64_t n, Issue&& issue) {
-  uint32_t issued = 0;
-#pragma unroll 1
-  for (int j = 0; j < S - 1; ++j) {
-    if (j < n && issue(j)) issued |= 1u << j;
-    cp_async_commit();
-  }
-  return issued;
-}
-
-// Issues the cp.async copies of block t of request r into `stage`; false when nothing is loaded
-// (no query row, no visible key, or an invalid page: the unit's columns are then -inf).
-template <int kK>
-__device__ __forceinline__ bool load_block(const Params& dp, const Request& r, int t, uint8_t* stage) {
-  if (r.ntok == 0 || t >= r.n_compute) return false;
-  const int64_t base = kv_offset(dp.p.k, dp.p.kv, r.b, r.kh, t * kBlockSize);
-  if (base < 0) return false;
-  copy_block<kK>(dp, r, t, base, 0, stage);
   return true;
 }
 
@@ -265,19 +230,6 @@ __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r,
       qmul[half] = rs.down;
     }
   }
-}
-
-// The consumer's first unit u0: its coordinates, its request, and (a single-pass request) its Q
-// fragments, which load while the first blocks are in flight (batch 1: most CTAs take one block,
-// and the Q latency would otherwise follow the block's). Returns whether qa holds the single pass.
-template <typename Mma, int kK, bool kScaleQ>
-__device__ __forceinline__ bool start_consumer(const Params& dp, int64_t u0, Request& cr, int& cb, int& ckh,
-                                               int& ct, uint32_t (&qa)[8][4], float (&qmul)[2]) {
-  unit_coords(dp, u0, cb, ckh, ct);
-  load_request(dp, cr, cb, ckh);
-  const bool q_ready = cr.ntok > 0 && cr.ntok <= dp.tokens;
-  if (q_ready) load_q_frags<Mma, kK, kScaleQ>(dp, cr, 0, qa, qmul);
-  return q_ready;
 }
 
 // Two e2m1 codes (one byte) times a block scale x 2^7 (an fp16 pair): value x 2^-7, exact
@@ -373,29 +325,6 @@ __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t 
   }
 }
 
-// Pass tok0 of block t of request r (multiply_block): the per-key mask only where the pass's first
-// token does not see the whole block (it sees the fewest keys: col_limit grows with the token; when
-// it sees the block every row does). 64-bit: t + 1 may be 2^24.
-template <typename Mma, int kK, bool kScaleQ>
-__device__ __forceinline__ void multiply_pass(const Params& dp, const Request& r, int t, int tok0, int g,
-                                              const uint32_t (&qa)[8][4], const float (&qmul)[2],
-                                              const uint8_t* stage, float* part) {
-  const ProxyScoreParams& p = dp.p;
-  int lim[2] = {0, 0};
-  if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, r.q_off, tok0, r.seqlen_k)) {
-    multiply_block<Mma, kK, false, kScaleQ>(dp, qa, qmul, stage, lim, part);
-  } else {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = g + 8 * h;
-      const int hl = row / dp.tokens;
-      const int tok = tok0 + row - hl * dp.tokens;
-      lim[h] = (hl < dp.group && tok < r.ntok) ? col_limit(p.causal, r.q_off, tok, r.seqlen_k) - t * kBlockSize : 0;
-    }
-    multiply_block<Mma, kK, true, kScaleQ>(dp, qa, qmul, stage, lim, part);
-  }
-}
-
 // Rows of pass tok0 of block t -> out (after the part[] barrier). `loaded` false: -inf.
 __device__ __forceinline__ void store_pass(const Params& dp, const Request& r, int t, int tok0,
                                            const float* part, bool loaded) {
@@ -464,18 +393,34 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   Request pr, cr;
   int pb, pkh, pt;
   unit_coords(dp, u0, pb, pkh, pt);
+  uint32_t issued = 0;
   auto issue = [&](int64_t j) -> bool {  // unit u0 + j (the cursor) into stage j % S
     if (pb != pr.b || pkh != pr.kh) load_request(dp, pr, pb, pkh);
     const bool loaded = load_block<kK>(dp, pr, pt, smem + int(j % S) * St::kBytes);
-    next_unit(dp, pb, pkh, pt);
+    if (++pt == p.max_k_tiles) {
+      pt = 0;
+      if (++pkh == p.num_kv_heads) {
+        pkh = 0;
+        ++pb;
+      }
+    }
     return loaded;
   };
-  uint32_t issued = issue_prologue<S>(n, issue);
+#pragma unroll 1
+  for (int j = 0; j < S - 1; ++j) {
+    if (j < n && issue(j)) issued |= 1u << j;
+    cp_async_commit();
+  }
 
   int cb, ckh, ct;
+  unit_coords(dp, u0, cb, ckh, ct);
   uint32_t qa[8][4];
   float qmul[2];
-  bool q_ready = start_consumer<Mma, kK, kScaleQ>(dp, u0, cr, cb, ckh, ct, qa, qmul);
+  // The first request's Q fragments load while its first blocks are in flight (batch 1: most CTAs
+  // take one block, and the Q latency would otherwise follow the block's).
+  load_request(dp, cr, cb, ckh);
+  bool q_ready = cr.ntok > 0 && cr.ntok <= dp.tokens;  // qa holds the single pass of request cr
+  if (q_ready) load_q_frags<Mma, kK, kScaleQ>(dp, cr, 0, qa, qmul);
 #pragma unroll 1
   for (int64_t i = 0; i < n; ++i) {
     // Refill stage (i - 1) % S with unit i + S - 1 (its bit lands at position S - 1) before
@@ -503,176 +448,45 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
         if (loaded) {
           if (!q_ready || cr.ntok > dp.tokens) load_q_frags<Mma, kK, kScaleQ>(dp, cr, tok0, qa, qmul);
           q_ready = true;
-          multiply_pass<Mma, kK, kScaleQ>(dp, cr, t, tok0, g, qa, qmul, stage, part);
+          int lim[2] = {0, 0};
+          // The pass's first token sees the fewest keys (col_limit grows with the token): when it
+          // sees the whole block, every row does and the per-key mask is skipped (64-bit: t + 1
+          // may be 2^24).
+          if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, cr.q_off, tok0, cr.seqlen_k)) {
+            multiply_block<Mma, kK, false, kScaleQ>(dp, qa, qmul, stage, lim, part);
+          } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int row = g + 8 * h;
+              const int hl = row / dp.tokens;
+              const int tok = tok0 + row - hl * dp.tokens;
+              lim[h] = (hl < dp.group && tok < cr.ntok)
+                           ? col_limit(p.causal, cr.q_off, tok, cr.seqlen_k) - t * kBlockSize
+                           : 0;
+            }
+            multiply_block<Mma, kK, true, kScaleQ>(dp, qa, qmul, stage, lim, part);
+          }
           __syncthreads();
         }
         store_pass(dp, cr, t, tok0, part, loaded);
         if (loaded && tok0 + dp.tokens < cr.ntok) __syncthreads();  // part[] reused by the next pass
       }
     }
-    next_unit(dp, cb, ckh, ct);
+    if (++ct == p.max_k_tiles) {
+      ct = 0;
+      if (++ckh == p.num_kv_heads) {
+        ckh = 0;
+        ++cb;
+      }
+    }
   }
   cp_async_wait<0>();
   fill_uncovered_rows(dp);
 }
 
-// ---- The prefetch pipeline (plan option decode_pipeline=prefetch) ------------------------------
-// The same units, stages, fragments and arithmetic as proxy_decode_kernel (so the same bits), with
-// the dependent loads taken off the issue path and one barrier per block instead of two:
-// * the page id of the next block a thread issues is loaded one block ahead (a register), and
-//   thread 0 asks L2 for the page-table sector kPageLookahead blocks ahead: the cp.async copies of
-//   a block no longer wait for a page-table read (an L2 hit at best, a DRAM miss every 8 blocks of
-//   a request otherwise) at the head of every block;
-// * when the producer reaches a new request it asks L2 for the request's first-pass q rows, so
-//   that the consumer's Q fragments (loaded when it reaches that request, S - 1 blocks later) hit;
-// * part[] is double-buffered: one barrier per multiplied pass, after which the previous pass's
-//   row maxima are stored (overlapping this pass's multiply) and the stage of the previous block
-//   is refilled. With a single barrier the refill comes after the wait instead of before it, so
-//   S - 1 blocks are in flight during the wait (S with two barriers) and S - 1 during the multiply.
-inline constexpr int kPageLookahead = 4;  // blocks: > DRAM latency, << the time 50 MB of L2 lasts
-inline constexpr int kPartFloats = (kThreads / 32) * kRows;  // one buffer of part[]
-
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
-}
-
-// L2 prefetch of the q rows of request r's first pass (G heads x min(T, ntok) tokens; a row is 256
-// bytes of 16-bit q, 128 of fp8, 64 of NVFP4 pairs), one 128-byte line per thread. q strides are
-// in elements, and an NVFP4 q element is its byte of two codes.
-__device__ __forceinline__ void prefetch_q_rows(const Params& dp, const Request& r) {
-  const ProxyScoreParams& p = dp.p;
-  const int elt_bytes = p.q_dtype == DType::kBF16 || p.q_dtype == DType::kFP16 ? 2 : 1;
-  const int lines = elt_bytes == 2 ? 2 : 1;
-  const int ntok = min(dp.tokens, r.ntok);
-  for (int e = threadIdx.x; e < dp.group * ntok * lines; e += kThreads) {
-    const int line = e % lines, row = e / lines;
-    const int hl = row / ntok, tok = row - hl * ntok;
-    const int64_t elt = (int64_t(r.row_begin) + tok) * p.q_stride_token +
-                        int64_t(r.kh * dp.group + hl) * p.q_stride_head;
-    prefetch_l2(static_cast<const uint8_t*>(p.q) + elt * elt_bytes + line * 128);
-  }
-}
-
-template <typename Mma, int kK, bool kScaleQ, int kCtas>
-__global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_prefetch_kernel(const __grid_constant__ Params dp) {
-  using St = Stage<kK, kCtas>;
-  constexpr int S = St::kStages;
-  extern __shared__ __align__(128) uint8_t smem[];
-  float* part = reinterpret_cast<float*>(smem + S * St::kBytes);  // [2][warp][row]
-  const ProxyScoreParams& p = dp.p;
-  const int g = (threadIdx.x & 31) >> 2;
-
-  const int64_t u0 = dp.units * blockIdx.x / gridDim.x;
-  const int64_t u1 = dp.units * (blockIdx.x + 1) / gridDim.x;
-  const int64_t n = u1 - u0;
-
-  // Producer: cursor (pb, pkh, pt) = the next unit to issue, its request pr, and (paged) its page
-  // id when next_ok (loaded by the previous issue).
-  Request pr, cr;
-  int pb, pkh, pt;
-  unit_coords(dp, u0, pb, pkh, pt);
-  int next_page = 0;
-  bool next_ok = false;
-  auto page_entry = [&](int b, int t) { return p.kv.page_table + int64_t(b) * p.kv.page_table_stride + t; };
-  auto issue = [&](int64_t j) -> bool {  // unit u0 + j (the cursor) into stage j % S
-    if (pb != pr.b || pkh != pr.kh) {
-      load_request(dp, pr, pb, pkh);
-      next_ok = false;
-      if (pr.ntok > 0) prefetch_q_rows(dp, pr);
-    }
-    bool loaded = false;
-    const int t = pt;
-    if (pr.ntok > 0 && t < pr.n_compute) {
-      int64_t base;
-      int64_t page = 0;
-      if (p.kv.paged) {
-        page = kv_page_id(p.kv, next_ok ? next_page : *page_entry(pr.b, t));
-        base = page < 0 ? -1 : kv_page_offset(p.k, page, pr.kh, 0);
-      } else {
-        base = kv_offset(p.k, p.kv, pr.b, pr.kh, t * kBlockSize);
-      }
-      if (base >= 0) {
-        copy_block<kK, true>(dp, pr, t, base, page, smem + int(j % S) * St::kBytes);
-        loaded = true;
-      }
-    }
-    next_unit(dp, pb, pkh, pt);
-    // The next unit's page id (same request, a block that is read), and L2 ahead of it.
-    next_ok = p.kv.paged && pt != 0 && pr.ntok > 0 && pt < pr.n_compute;
-    if (next_ok) {
-      next_page = *page_entry(pr.b, pt);
-      if (threadIdx.x == 0 && pt + kPageLookahead < pr.n_compute) prefetch_l2(page_entry(pr.b, pt + kPageLookahead));
-    }
-    return loaded;
-  };
-  uint32_t issued = issue_prologue<S>(n, issue);
-
-  int cb, ckh, ct;
-  uint32_t qa[8][4];
-  float qmul[2];
-  bool q_ready = start_consumer<Mma, kK, kScaleQ>(dp, u0, cr, cb, ckh, ct, qa, qmul);
-  // The multiplied pass whose row maxima wait in part[buf ^ 1] for the next barrier.
-  bool pending = false;
-  Request sr;  // its request
-  int st = 0, stok0 = 0, buf = 0;
-  auto store_pending = [&] {
-    if (pending) store_pass(dp, sr, st, stok0, part + (buf ^ 1) * kPartFloats, true);
-    pending = false;
-  };
-#pragma unroll 1
-  for (int64_t i = 0; i < n; ++i) {
-    const bool loaded = issued & 1u;
-    issued >>= 1;
-    if (loaded || pending) {
-      if (loaded) cp_async_wait<S - 2>();  // unit i's group; units i + 1 .. i + S - 2 may fly
-      __syncthreads();  // block i landed; every warp left the previous pass (its part[], its stage)
-    }
-    store_pending();
-    // Refill the previous unit's stage with unit i + S - 1 (bit S - 2): its readers are behind
-    // the barrier above (taken whenever that unit was multiplied).
-    if (i + S - 1 < n && issue(i + S - 1)) issued |= 1u << (S - 2);
-    cp_async_commit();
-
-    if (cb != cr.b || ckh != cr.kh) {
-      load_request(dp, cr, cb, ckh);
-      q_ready = false;
-    }
-    const int t = ct;
-    if (cr.ntok > 0) {
-      const uint8_t* stage = smem + int(i % S) * St::kBytes;
-      for (int tok0 = 0; tok0 < cr.ntok; tok0 += dp.tokens) {
-        if (!loaded) {
-          store_pass(dp, cr, t, tok0, part, false);
-          continue;
-        }
-        if (tok0 > 0) {  // a further pass of the unit: the previous one's part[] buffer complete
-          __syncthreads();
-          store_pending();
-        }
-        if (!q_ready || cr.ntok > dp.tokens) load_q_frags<Mma, kK, kScaleQ>(dp, cr, tok0, qa, qmul);
-        q_ready = true;
-        multiply_pass<Mma, kK, kScaleQ>(dp, cr, t, tok0, g, qa, qmul, stage, part + buf * kPartFloats);
-        pending = true;
-        sr = cr;
-        st = t;
-        stok0 = tok0;
-        buf ^= 1;
-      }
-    }
-    next_unit(dp, cb, ckh, ct);
-  }
-  cp_async_wait<0>();
-  if (pending) {
-    __syncthreads();
-    store_pending();
-  }
-  fill_uncovered_rows(dp);
-}
-
-template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, bool kPrefetch = false>
+template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2>
 void launch_kernel(const Params& dp, cudaStream_t stream) {
-  auto kernel = kPrefetch ? proxy_decode_prefetch_kernel<Mma, kK, kScaleQ, kCtas>
-                          : proxy_decode_kernel<Mma, kK, kScaleQ, kCtas>;
+  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas>;
   const size_t smem = Stage<kK, kCtas>::kSmemBytes;
   const int resident = prepare_launch(kernel, kThreads, smem);
   const DeviceLimits& limits = current_device_limits();
@@ -681,16 +495,6 @@ void launch_kernel(const Params& dp, cudaStream_t stream) {
                                                               std::max<int64_t>(dp.units, 1)));
   kernel<<<unsigned(ctas), kThreads, smem, stream>>>(dp);
   MSA_CHECK_LAUNCH();
-}
-
-// f(std::bool_constant<prefetch>{}) for the plan's pipeline (ProxyDecodePipeline::kPrefetch).
-template <typename F>
-void with_pipeline(ProxyDecodePipeline pipeline, F&& f) {
-  switch (pipeline) {
-    case ProxyDecodePipeline::kRing: f(std::false_type{}); return;
-    case ProxyDecodePipeline::kPrefetch: f(std::true_type{}); return;
-    default: MSA_FAIL("proxy_score: the plan's decode_pipeline ", option_name(pipeline), " has no kernel");
-  }
 }
 
 // f(std::integral_constant<int, n>{}) for n = ctas, the plan's CTAs per SM for fp8 / NVFP4 K.
@@ -737,37 +541,36 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
                 (p.k.stride_head * k_elt) % 16 == 0 && (p.k.stride_page * k_elt) % 16 == 0,
             "proxy_score: k must be 16-byte aligned with 16-byte multiple strides");
 
-  decode::with_pipeline(plan.decode_pipeline, [&](auto prefetch) {
-    constexpr bool kPrefetch = decltype(prefetch)::value;
-    if (k4) {
-      // NVFP4 q and k: fp16 MMAs (every e2m1 x e4m3 value is exact in fp16). Only the bf16 unit
-      // (the type proxy_score picks for NVFP4 q) instantiates it.
-      if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-        decode::with_ctas(plan.decode_ctas, [&](auto c) {
-          decode::launch_kernel<__half, decode::kK4, false, c.value, kPrefetch>(dp, stream);
-        });
-      }
-    } else if (k8) {
+  if (k4) {
+    // NVFP4 q and k: fp16 MMAs (every e2m1 x e4m3 value is exact in fp16). Only the bf16 unit
+    // (the type proxy_score picks for NVFP4 q) instantiates it.
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
       decode::with_ctas(plan.decode_ctas, [&](auto c) {
-        if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-          if (plan.f16_mma) {
-            // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
-            if (p.q_dtype == DType::kBF16) {
-              decode::launch_kernel<__half, decode::kK8, true, c.value, kPrefetch>(dp, stream);
-            } else {
-              decode::launch_kernel<__half, decode::kK8, false, c.value, kPrefetch>(dp, stream);
-            }
-            return;
-          }
-        }
-        decode::launch_kernel<Element, decode::kK8, false, c.value, kPrefetch>(dp, stream);
+        decode::launch_kernel<__half, decode::kK4, false, c.value>(dp, stream);
       });
-    } else {
-      decode::launch_kernel<Element, decode::kK16, false, 2, kPrefetch>(dp, stream);
+      return true;
     }
-  });
-  // NVFP4 q and k run on the bf16 unit only (proxy_score's type for NVFP4 q).
-  return !k4 || std::is_same_v<Element, __nv_bfloat16>;
+    return false;
+  }
+  if (k8) {
+    decode::with_ctas(plan.decode_ctas, [&](auto c) {
+      if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+        if (plan.f16_mma) {
+          // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
+          if (p.q_dtype == DType::kBF16) {
+            decode::launch_kernel<__half, decode::kK8, true, c.value>(dp, stream);
+          } else {
+            decode::launch_kernel<__half, decode::kK8, false, c.value>(dp, stream);
+          }
+          return;
+        }
+      }
+      decode::launch_kernel<Element, decode::kK8, false, c.value>(dp, stream);
+    });
+  } else {
+    decode::launch_kernel<Element, decode::kK16>(dp, stream);
+  }
+  return true;
 }
 
 }  // namespace flashmsa::cuda::proxy

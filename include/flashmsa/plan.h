@@ -133,19 +133,11 @@ struct SparseAttnOptions {
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
   TileKernel tile_kernel = TileKernel::kAuto;
 };
-// The proxy decode kernel's block pipeline (docs/design/proxy_score.md, "The prefetch pipeline"):
-// ring (each block's page id read from the page table right before its copies, two barriers per
-// block) or prefetch (page ids one block ahead in registers and a few blocks ahead in L2, the
-// next request's q rows prefetched into L2, part[] double-buffered: one barrier per block). The
-// same arithmetic, so the same bits. auto: ring (prefetch is not yet measured on a GPU).
-enum class ProxyDecodePipeline : int32_t { kAuto = 0, kRing = 1, kPrefetch = 2 };
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
   // decode_ctas=2|3|4: the CTAs per SM the decode kernel is built for with fp8 / NVFP4 K (more
   // CTAs: more warps per SM, fewer pipeline stages each); 0 = auto (fp8 3, NVFP4 4). A tuning knob.
   int decode_ctas = 0;
-  // decode_pipeline=auto|ring|prefetch (ProxyDecodePipeline): every K kind.
-  ProxyDecodePipeline decode_pipeline = ProxyDecodePipeline::kAuto;
 };
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
@@ -159,8 +151,7 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
-// kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|
-// decode_f16_only, decode_ctas=auto|2|3|4, decode_pipeline=auto|ring|prefetch.
+// kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split.
@@ -270,8 +261,6 @@ struct ProxyScorePlan {
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.
   int decode_ctas = 2;
-  // The decode kernel's block pipeline: kRing or kPrefetch (the option; auto: kRing).
-  ProxyDecodePipeline decode_pipeline = ProxyDecodePipeline::kRing;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
@@ -302,7 +291,6 @@ const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(TileKernel v);
 const char* option_name(ProxyKernel v);
-const char* option_name(ProxyDecodePipeline v);
 const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);

@@ -80,20 +80,12 @@ MSA_HOST_DEVICE int64_t kv_row_begin(const KVIndex& kv, int b) {
   return clamp64(kv.cu_seqlens_k[b], 0, kv.total_k);
 }
 
-// A page id read from the page table, or -1 when it is outside the cache.
-MSA_HOST_DEVICE int64_t kv_page_id(const KVIndex& kv, int page) {
-  return (page >= 0 && page < kv.num_pages) ? page : -1;
-}
 // Physical page of batch-local block t of sequence b, or -1 when the page id is outside the cache
 // (such a block contributes no key). Callers only ask for t < num_blocks(kv_seqlen(kv, b)), which
 // kv_seqlen keeps below max_pages, so page_table is never read out of bounds.
 MSA_HOST_DEVICE int64_t kv_page(const KVIndex& kv, int b, int t) {
-  return kv_page_id(kv, kv.page_table[int64_t(b) * kv.page_table_stride + t]);
-}
-
-// Element offset of key `token_in_page` (head h) of a valid page.
-MSA_HOST_DEVICE int64_t kv_page_offset(const KVTensor& t, int64_t page, int h, int token_in_page) {
-  return page * t.stride_page + int64_t(h) * t.stride_head + int64_t(token_in_page) * t.stride_token;
+  const int page = kv.page_table[int64_t(b) * kv.page_table_stride + t];
+  return (page >= 0 && page < kv.num_pages) ? page : -1;
 }
 
 // Element offset of key j (head h) of sequence b, or -1 when its page is invalid.
@@ -102,7 +94,7 @@ MSA_HOST_DEVICE int64_t kv_offset(const KVTensor& t, const KVIndex& kv, int b, i
     return (kv_row_begin(kv, b) + j) * t.stride_token + int64_t(h) * t.stride_head;
   const int64_t page = kv_page(kv, b, j / kBlockSize);
   if (page < 0) return -1;
-  return kv_page_offset(t, page, h, j % kBlockSize);
+  return page * t.stride_page + int64_t(h) * t.stride_head + int64_t(j % kBlockSize) * t.stride_token;
 }
 
 // Logical NVFP4 scale row of key j (head h) of sequence b (valid page assumed).

@@ -211,9 +211,6 @@ TEST(PlanDescribe, ProxyAndTopk) {
   EXPECT_TRUE(has(describe(plan_proxy_score(pp, ctas3), ctas3),
                   "; decode_ctas=2 (the option decode_ctas does not apply to 16-bit K)"));
   EXPECT_TRUE(has(describe(plan_proxy_score(pp, auto_o), auto_o), "; decode_ctas=2 (auto: CTAs per SM"));
-  ProxyScoreOptions prefetch;
-  prefetch.decode_pipeline = ProxyDecodePipeline::kPrefetch;
-  EXPECT_TRUE(has(describe(plan_proxy_score(pp, prefetch), prefetch), "; decode_pipeline=prefetch (forced)"));
   pp.k.dtype = DType::kBF16;
   const struct {
     ProxyKernel kernel;
@@ -222,9 +219,9 @@ TEST(PlanDescribe, ProxyAndTopk) {
       {ProxyKernel::kSm90Only, "kernel=sm90 (forced by the option kernel=sm90_only)"},
       {ProxyKernel::kMmaSync, "kernel=mma_sync (forced by the option kernel=mma_sync)"},
       {ProxyKernel::kDecodeF16, "kernel=decode (forced by the option kernel=decode_f16; fp16 MMAs for fp8 K)"
-       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2); decode_pipeline=ring (auto)"},
+       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"},
       {ProxyKernel::kDecodeOnly, "kernel=decode (forced by the option kernel=decode_only)"
-       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2); decode_pipeline=ring (auto)"}};
+       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"}};
   for (const auto& c : forced_cases) {
     ProxyScoreOptions forced;
     forced.kernel = c.kernel;

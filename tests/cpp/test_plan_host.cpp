@@ -680,9 +680,6 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(o.decode_ctas, c);
     EXPECT_EQ(o.kernel, ProxyKernel::kDecode);
   }
-  for (ProxyDecodePipeline v : {ProxyDecodePipeline::kAuto, ProxyDecodePipeline::kRing, ProxyDecodePipeline::kPrefetch})
-    EXPECT_EQ(parse_proxy_score_options(std::string("decode_pipeline=") + option_name(v)).decode_pipeline, v);
-  EXPECT_EQ(parse_proxy_score_options("decode_ctas=3,decode_pipeline=prefetch").decode_ctas, 3);
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
                        TopkKernel::kWarpSplit})
@@ -727,11 +724,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"1", "5", "0", "three", ""})
     expect_error([&] { parse_proxy_score_options(std::string("decode_ctas=") + v); }, ErrorKind::kValue,
                  std::string("decode_ctas must be auto, 2, 3 or 4, got '") + v + "'");
-  for (const char* v : {"pipelined", "2", "", "Prefetch"})
-    expect_error([&] { parse_proxy_score_options(std::string("decode_pipeline=") + v); }, ErrorKind::kValue,
-                 std::string("decode_pipeline must be auto, ring or prefetch, got '") + v + "'");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
-               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_pipeline)");
+               "unknown plan option 'stages' (options: kernel, decode_ctas)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
                "warp_split, got 'heap'");
@@ -918,15 +912,6 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       ProxyScoreOptions o;
       o.decode_ctas = c;
       EXPECT_EQ(plan_proxy_score(dp, o).decode_ctas, k == bf16 ? 2 : c) << dtype_name(k);
-    }
-    // decode_pipeline: ring unless the option names prefetch (every K kind).
-    EXPECT_EQ(plan_proxy_score(dp, {}).decode_pipeline, ProxyDecodePipeline::kRing) << dtype_name(k);
-    for (ProxyDecodePipeline v : {ProxyDecodePipeline::kAuto, ProxyDecodePipeline::kRing, ProxyDecodePipeline::kPrefetch}) {
-      ProxyScoreOptions o;
-      o.decode_pipeline = v;
-      o.kernel = ProxyKernel::kDecodeOnly;
-      EXPECT_EQ(plan_proxy_score(dp, o).decode_pipeline,
-                v == ProxyDecodePipeline::kPrefetch ? ProxyDecodePipeline::kPrefetch : ProxyDecodePipeline::kRing);
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);

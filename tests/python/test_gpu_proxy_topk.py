@@ -548,30 +548,23 @@ FP8_K_DECODE_CASES = [c for c in DECODE_CASES if c.k_dtype == FP8] + [
 ]
 
 
-# The decode kernel's block pipelines (plan option decode_pipeline): ring (auto's) and prefetch.
-DECODE_PIPELINES = ["ring", "prefetch"]
-
-
 # decode_f16_only (fp16 MMAs for fp8 K, bf16 q rows scaled into fp16) on the fp8-K cases.
-@pytest.mark.parametrize("pipeline", DECODE_PIPELINES)
 @pytest.mark.parametrize("case,kernel", [(c, "decode_only") for c in DECODE_CASES] +
                          [(c, "decode_f16_only") for c in FP8_K_DECODE_CASES],
                          ids=lambda x: str(x))
-def test_proxy_decode_matches_reference(case: ProxyCase, kernel: str, pipeline: str):
+def test_proxy_decode_matches_reference(case: ProxyCase, kernel: str):
     """The decode kernel against the CPU reference on fresh random inputs: same -inf / NaN
     patterns, finite entries within PROXY_ATOL, every element written, deterministic."""
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, "cpu", kernel="decode_only")
-    options = dict(decode_pipeline=pipeline)
-    got = run_proxy(case, inputs, DEV, kernel=kernel, options=options)
+    got = run_proxy(case, inputs, DEV, kernel=kernel)
     assert_proxy_close(got, want, f"{case.name} seed={seed}")
-    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel=kernel, options=options)
+    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel=kernel)
     assert torch.equal(got.view(torch.int32), again.view(torch.int32)), "not deterministic"
 
 
-@pytest.mark.parametrize("pipeline", DECODE_PIPELINES)
-def test_proxy_decode_shared_pages(pipeline: str):
+def test_proxy_decode_shared_pages():
     """Requests whose page tables share pages (prefix sharing), shuffled pages: each request reads
     the shared page for itself."""
     case = ProxyCase("dec_shared_pages", [1, 2, 1, 4], [1000, 1000, 700, 1300], hq=4, hkv=1,
@@ -583,8 +576,7 @@ def test_proxy_decode_shared_pages(pipeline: str):
     pt[3, :4] = pt[0, 3:7]
     pt[2, 2] = pt[0, 0]
     want = run_proxy(case, inputs, "cpu", kernel="decode_only")
-    got = run_proxy(case, inputs, DEV, kernel="decode_only", options=dict(decode_pipeline=pipeline))
-    assert_proxy_close(got, want, f"{case.name} seed={seed}")
+    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only"), want, f"{case.name} seed={seed}")
 
 
 @pytest.mark.parametrize("case", [
@@ -653,14 +645,12 @@ def test_proxy_decode_f16_row_scales_equal_bf16_mma():
     ProxyCase("dec_vs_mma_b3_32k_mtp4", [4] * 3, [32768, 20001, 129], hq=4, hkv=1),
     ProxyCase("dec_vs_mma_b1_128k", [1], [131072], hq=4, hkv=1, paged=True),
 ], ids=str)
-@pytest.mark.parametrize("pipeline", DECODE_PIPELINES)
-def test_proxy_decode_equals_mma_sync(case: ProxyCase, pipeline: str):
+def test_proxy_decode_equals_mma_sync(case: ProxyCase):
     """Long contexts (too slow for the CPU reference): the decode kernel against the mma.sync
     kernel (identical -inf / NaN patterns, finite entries within PROXY_ATOL)."""
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
     want = run_proxy(case, inputs, DEV, kernel="mma_sync").cpu()
-    got = run_proxy(case, inputs, DEV, kernel="decode_only", options=dict(decode_pipeline=pipeline))
-    assert_proxy_close(got, want, case.name)
+    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only"), want, case.name)
 
 
 
@@ -696,48 +686,6 @@ def test_proxy_decode_fp4_ctas_equal_default_bitwise(case: ProxyCase, ctas: int)
     got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(decode_ctas=ctas))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
 
-
-# decode_pipeline=prefetch: the same units, stages, fragments and MMA order as the ring pipeline
-# (page ids read ahead, one barrier per block), so the same bits, for every K kind, MMA type and
-# CTAs-per-SM build; the cases cover paged / flat, invalid pages, empty contexts, multi-pass
-# requests (part[] double-buffered across passes), reduce_heads, G 16, and more requests than CTAs.
-PREFETCH_CASES = CTAS_FP8_CASES + [c for c in DECODE_CASES if c.name in (
-    "dec_m3_paged", "dec_paged_invalid_pages", "dec_ctx_zero_paged", "dec_mtp4", "dec_multi_pass",
-    "dec_prefill_many_passes", "dec_reduce_heads_g16", "dec_g3_odd", "dec_fp16", "dec_fp8_k_fp16_q",
-    "dec_empty_sequences", "dec_uncovered_rows", "dec_many_requests", "dec_nan_keys_fp8")]
-
-
-@pytest.mark.parametrize("ctas", [2, 3, 4])
-@pytest.mark.parametrize("case,kernel", [(c, k) for c in PREFETCH_CASES
-                                         for k in ("decode_only", "decode_f16_only")
-                                         if k == "decode_only" or c.k_dtype == FP8], ids=str)
-def test_proxy_decode_prefetch_equals_ring_bitwise(case: ProxyCase, kernel: str, ctas: int):
-    inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
-    base = dict(decode_ctas=ctas)
-    want = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(base, decode_pipeline="ring"))
-    got = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(base, decode_pipeline="prefetch"))
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
-
-
-@pytest.mark.parametrize("ctas", [2, 3, 4])
-@pytest.mark.parametrize("case", [
-    ProxyCase("dec_prefetch_fp4_paged", [1, 1, 3, 1, 2], [4096, 129, 700, 0, 2500], hq=4, hkv=1,
-              paged=True, invalid_pages=True),
-    ProxyCase("dec_prefetch_fp4_many", [1] * 40, [53 * i + 7 for i in range(40)], hq=4, hkv=1,
-              paged=True),
-    ProxyCase("dec_prefetch_fp4_flat_mtp", [2, 4, 1], [3000, 1500, 129], hq=4, hkv=1),
-    ProxyCase("dec_prefetch_fp4_reduce", [1, 4], [1000, 300], hq=4, hkv=1, reduce_heads=True,
-              paged=True),
-], ids=str)
-def test_proxy_decode_fp4_prefetch_equals_ring_bitwise(case: ProxyCase, ctas: int):
-    a, _ = _fp4_decode_inputs(case, seed=random.getrandbits(31))
-    base = dict(decode_ctas=ctas)
-    want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only",
-                    options=dict(base, decode_pipeline="ring"))
-    got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only",
-                   options=dict(base, decode_pipeline="prefetch"))
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
-
 def _fp4_decode_inputs(case: ProxyCase, seed: int):
     """make_proxy_inputs with q and k quantized to NVFP4, and the bf16 tensors of their exactly
     dequantized values."""
@@ -770,8 +718,7 @@ def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float,
     ProxyCase("dec_fp4_reduce", [1, 4], [1000, 300], hq=4, hkv=1, reduce_heads=True, paged=True),
     ProxyCase("dec_fp4_q_offset", [1, 2], [512, 900], hq=4, hkv=1, q_offset=[-5, 400]),
 ], ids=str)
-@pytest.mark.parametrize("pipeline", DECODE_PIPELINES)
-def test_proxy_decode_fp4(case: ProxyCase, pipeline: str):
+def test_proxy_decode_fp4(case: ProxyCase):
     """NVFP4 q and k on the decode kernel (dequantized in registers into fp16 MMAs): against the
     CPU reference with global scales, and with unit scales bit for bit equal to the decode kernel
     on the dequantized bf16 tensors; with scales, exactly that result times q_gs * k_gs."""
@@ -779,11 +726,10 @@ def test_proxy_decode_fp4(case: ProxyCase, pipeline: str):
     a, deq = _fp4_decode_inputs(case, seed=seed)
     q_gs, k_gs = 0.37, 2.5
     want = _run_fp4(case, a, "cpu", q_gs, k_gs, kernel="decode_only")
-    options = dict(decode_pipeline=pipeline)
-    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only", options=options)
+    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only")
     scale = q_gs * k_gs
     assert_proxy_close(got / scale, want / scale, f"{case.name} seed={seed}")
-    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=options)
+    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only")
     dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel="decode_only")
     assert torch.equal(unit.view(torch.int32), dequantized.view(torch.int32)), f"seed={seed}"
     product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
