@@ -695,11 +695,12 @@ class Bench:
             # per-group costs (lists, the tail) are worth there.
             if s <= 16 * K and (kv, layout) == ("bf16", "flat"):
                 schedules.append(f"hybrid chunk_rows={s}")
-            # The TMA tile kernel (plan option tile_kernel=tma, not the default until measured):
-            # the 32K clustered cases, where nearly every tile qualifies, and the 8K pipeline.
+            # The cp.async tile kernel (plan option tile_kernel=cp_async; the TMA one is the
+            # default where it runs since d865e57): the 32K clustered cases, where nearly every
+            # tile qualifies, and the 8K pipeline.
             if kv == "bf16" and ((s, pattern) == (32 * K, "clustered") or
                                  ((s, layout, pattern) == (8 * K, "flat", "pipeline"))):
-                schedules.append("tile_kernel=tma")
+                schedules.append("tile_kernel=cp_async")
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",

@@ -67,9 +67,11 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
         # The whole 8K prefill (proxy, top-k, q2k transpose, attention): every kernel of one call.
         "pipeline_8k": lambda: bench.build_pipeline(8 * K, bm.M3),
-        # The TMA tile kernel (plan option tile_kernel=tma) on the clustered selections.
-        "sparse_clustered_32k_tma": sparse("clustered", options=dict(tile_kernel="tma")),
-        "sparse_paged_clustered_32k_tma": sparse("clustered", "bf16", "paged", dict(tile_kernel="tma")),
+        # The cp.async tile kernel (plan option tile_kernel=cp_async; the clustered cases above
+        # run the default TMA one).
+        "sparse_clustered_32k_cp_async": sparse("clustered", options=dict(tile_kernel="cp_async")),
+        "sparse_paged_clustered_32k_cp_async": sparse("clustered", "bf16", "paged",
+                                                      dict(tile_kernel="cp_async")),
         "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),

@@ -441,8 +441,8 @@ class Smoke:
         """Every prefill case under each schedule (plan option schedule: query_major, kv_major,
         hybrid), the KV-major schedule once more with small launch groups (chunk_rows=100) and the
         hybrid one with every tile of up to 96 union blocks taken (tile_max_waste=8: consumer
-        warpgroups skip blocks on unrelated selections), both with the TMA tile kernel too
-        (tile_kernel=tma; fp8 K/V fall back to the cp.async one); both KV-major schedules once more with
+        warpgroups skip blocks on unrelated selections), both with the default tile kernel (TMA; fp8
+        K/V take the cp.async one) and with the cp.async one forced (tile_kernel=cp_async); both KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles)."""
         for tag, options in (("query_major", dict(schedule="query_major")),
@@ -451,9 +451,9 @@ class Smoke:
                              ("hybrid", dict(schedule="hybrid")),
                              ("hybrid/chunk100", dict(schedule="hybrid", chunk_rows=100)),
                              ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8)),
-                             ("hybrid/tma", dict(schedule="hybrid", tile_kernel="tma")),
-                             ("hybrid/tma/waste8", dict(schedule="hybrid", tile_kernel="tma",
-                                                        tile_max_waste=8))):
+                             ("hybrid/cp_async", dict(schedule="hybrid", tile_kernel="cp_async")),
+                             ("hybrid/cp_async/waste8", dict(schedule="hybrid", tile_kernel="cp_async",
+                                                             tile_max_waste=8))):
             self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))
 
     def _sparse_attention_cases(self, tag, ops):

@@ -68,10 +68,14 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
         << " per kv head) run first where the union of their selections is at most "
         << kvm.tile_max_waste_milli / 1000.0 << "x a token's, KV-major for the other rows; tile_kernel="
         << option_name(kvm.tile_kernel);
-    if (kvm.tiles && kvm.tile_fallback != nullptr)
+    if (kvm.tiles && kvm.tile_fallback != nullptr && o.tile_kernel == TileKernel::kTma)
       s << " (tile_kernel=tma falls back to cp_async: " << kvm.tile_fallback << ")";
-    else if (kvm.tiles && o.tile_kernel == TileKernel::kTma)
-      s << " (forced by the option: TMA loads, S of the next block in flight during the softmax)";
+    else if (kvm.tiles && kvm.tile_fallback != nullptr)
+      s << " (auto: the TMA kernel cannot run: " << kvm.tile_fallback << ")";
+    else if (kvm.tiles && o.tile_kernel != TileKernel::kAuto)
+      s << " (forced by the option)";
+    else if (kvm.tiles)
+      s << " (auto: TMA loads, S of the next block in flight during the softmax)";
     s << "; kv_major_kernel=" << option_name(kvm.kernel) << " (";
     if (o.kv_major_kernel != KvMajorKernel::kAuto)
       s << "forced by the option kv_major_kernel=" << option_name(o.kv_major_kernel);

@@ -161,9 +161,11 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     plan.tile_max_entries = plan.tile_tokens * p.topk;
     plan.tile_max_waste_milli = o.tile_max_waste_milli > 0 ? o.tile_max_waste_milli : kUnionMaxWasteMilli;
     const size_t tiles = size_t(p.num_kv_heads) * plan.num_tiles;
-    if (o.tile_kernel == TileKernel::kTma) plan.tile_fallback = tile_tma_unsupported(p, facts);
-    plan.tile_kernel =
-        o.tile_kernel == TileKernel::kTma && plan.tile_fallback == nullptr ? TileKernel::kTma : TileKernel::kCpAsync;
+    // auto and tma: the TMA kernel where it runs (auto quietly, a forced tma names the reason in
+    // the plan text), else cp_async.
+    if (o.tile_kernel != TileKernel::kCpAsync) plan.tile_fallback = tile_tma_unsupported(p, facts);
+    plan.tile_kernel = o.tile_kernel != TileKernel::kCpAsync && plan.tile_fallback == nullptr ? TileKernel::kTma
+                                                                                              : TileKernel::kCpAsync;
     plan.tile_grid = (plan.tile_kernel == TileKernel::kTma ? facts.tile_tma_ctas : tctas) * facts.num_sms;
     plan.tile_done_off = ws.take("tile.done", tiles);
     plan.tile_count_off = ws.take("tile.count", tiles * 4);

@@ -86,7 +86,14 @@ TEST(PlanDescribe, TileKernelIsNamedWithItsFallback) {
   f.tile_tma_ctas = 1;
   SparseAttnOptions o;
   const SparseAttnParams p = attn(32768);
-  EXPECT_TRUE(has(describe(plan_sparse_attention(p, o, f), p, o), "tile_kernel=cp_async")) << "auto";
+  std::string a = describe(plan_sparse_attention(p, o, f), p, o);
+  EXPECT_TRUE(has(a, "tile_kernel=tma (auto: TMA loads")) << a;
+  a = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_TRUE(has(a, "tile_kernel=cp_async (auto: the TMA kernel cannot run: the TMA tile kernel cannot run "
+                     "on this device)")) << a;
+  o.tile_kernel = TileKernel::kCpAsync;
+  a = describe(plan_sparse_attention(p, o, f), p, o);
+  EXPECT_TRUE(has(a, "tile_kernel=cp_async (forced by the option)")) << a;
   o.tile_kernel = TileKernel::kTma;
   std::string d = describe(plan_sparse_attention(p, o, f), p, o);
   EXPECT_TRUE(has(d, "tile_kernel=tma (forced by the option")) << d;

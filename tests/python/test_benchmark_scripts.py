@@ -55,7 +55,7 @@ def test_profile_list_needs_no_device(capsys):
     ("kv_major", dict(schedule="kv_major", kv_major_kernel="auto")),
     ("kv_major mma_sync", dict(schedule="kv_major", kv_major_kernel="mma_sync")),
     ("hybrid waste=2.5", dict(schedule="hybrid", kv_major_kernel="auto", tile_max_waste="2.5")),
-    ("tile_kernel=tma", dict(schedule="auto", kv_major_kernel="auto", tile_kernel="tma")),
+    ("tile_kernel=cp_async", dict(schedule="auto", kv_major_kernel="auto", tile_kernel="cp_async")),
 ])
 def test_bench_schedule_labels_become_plan_options(label, options):
     assert bm.plan_options(label) == options

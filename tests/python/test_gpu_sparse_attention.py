@@ -53,10 +53,10 @@ BLOCK = 128
 # kv_major runs the sm_90a warpgroup-MMA kernel on an sm_90 GPU (forced there, so a library without
 # it fails instead of silently testing the portable one) and the mma.sync kernel elsewhere;
 # kv_major_mma_sync forces the portable kernel everywhere.
-# hybrid: shared-selection tiles (sm_90a) for the tiles that qualify, KV-major for the rest;
-# hybrid_tma: the same with the TMA tile kernel (tile_kernel=tma; fp8 K/V fall back to the cp.async
-# one, the plan text says so).
-SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_tma"]
+# hybrid: shared-selection tiles (sm_90a) for the tiles that qualify, KV-major for the rest, with
+# the default tile kernel (the TMA one where it runs; fp8 K/V take the cp.async one);
+# hybrid_cp_async: the same with the cp.async tile kernel forced (tile_kernel=cp_async).
+SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -70,7 +70,7 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto"),
         "kv_major_mma_sync": dict(schedule="kv_major", kv_major_kernel="mma_sync"),
         "hybrid": dict(schedule="hybrid", kv_major_kernel="auto"),
-        "hybrid_tma": dict(schedule="hybrid", kv_major_kernel="auto", tile_kernel="tma"),
+        "hybrid_cp_async": dict(schedule="hybrid", kv_major_kernel="auto", tile_kernel="cp_async"),
     }[schedule]
     return {**options, **extra}
 
