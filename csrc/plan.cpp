@@ -29,6 +29,8 @@ constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto
                                                     {KvMajorKernel::kWgmma, "wgmma"}};
 constexpr Named<TileKernel> kTileKernels[] = {
     {TileKernel::kAuto, "auto"}, {TileKernel::kCpAsync, "cp_async"}, {TileKernel::kTma, "tma"}};
+constexpr Named<KvMajorLists> kKvMajorListsNames[] = {{KvMajorLists::kPerGroup, "per_group"},
+                                                      {KvMajorLists::kOnce, "once"}};
 constexpr Named<ProxyKernel> kProxyKernels[] = {
     {ProxyKernel::kAuto, "auto"},      {ProxyKernel::kMmaSync, "mma_sync"},
     {ProxyKernel::kSm90, "sm90"},      {ProxyKernel::kSm90Only, "sm90_only"},
@@ -125,6 +127,7 @@ size_t WorkspaceLayout::take(const char* name, size_t n) {
 const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
 const char* option_name(TileKernel v) { return name_of(kTileKernels, v); }
+const char* option_name(KvMajorLists v) { return name_of(kKvMajorListsNames, v); }
 const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
@@ -157,9 +160,11 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
       o.tile_max_waste_milli = parse_milli(name, value, 1.0, 8.0);
     } else if (name == "tile_kernel") {
       o.tile_kernel = parse_enum(kTileKernels, name, value);
+    } else if (name == "lists") {
+      o.lists = parse_enum(kKvMajorListsNames, name, value);
     } else {
       MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
-               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel)");
+               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists)");
     }
   });
   return o;

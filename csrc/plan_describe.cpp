@@ -86,6 +86,12 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
     s << ", " << kvm.q_stages << " query-tile stage(s)); " << kvm.groups << " launch group(s) of "
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";
+    if (kvm.lists == KvMajorLists::kOnce)
+      s << "; lists=once (forced by the option: the work lists of all " << kvm.groups
+        << " group(s) in one count / scan / scatter, " << kvm.lists_once_bytes << " bytes)";
+    else if (kvm.lists_fallback)
+      s << "; lists=per_group (lists=once falls back: the lists of all " << kvm.groups << " groups would take "
+        << kvm.lists_once_bytes << " bytes > " << kKvMajorListsOnceBudget << ")";
   }
   workspace(s, plan.bytes);
   return s.str();

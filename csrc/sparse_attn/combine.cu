@@ -1,7 +1,8 @@
 // Combine of the split schedules (query-major split-K and KV-major): one warp per (row, head)
 // reads the row's partial LSEs (lanes = slots), weights w_s = 2^(lse_s - max) and sums the partial
 // outputs, so the result is deterministic. Slots with LSE -inf (empty, or never written by the
-// attention kernel and set to -inf by the list builder) get weight 0 and their output is not read;
+// attention kernel and set to -inf by the list builder, or with the KV-major lists=once by the
+// previous group's combine: reset_lse) get weight 0 and their output is not read;
 // other partial values are clamped to +-FLT_MAX so garbage can never turn a zero weight into NaN
 // (0 * inf). A row with no finite slot gets output 0 and LSE -inf.
 //
@@ -31,6 +32,14 @@ constexpr int kCombineCtasPerSm = 32;
 
 MSA_DEVICE float sanitize_lse(float v) { return v == v ? fminf(v, FLT_MAX) : neg_inf(); }
 MSA_DEVICE float clamp_finite(float v) { return fminf(fmaxf(v, -FLT_MAX), FLT_MAX); }
+
+// One slot's partial LSE, sanitized; with reset_lse (KV-major lists=once) the slot is set back to
+// -inf once read, unless it is -inf already (the slot belongs to this lane alone).
+MSA_DEVICE float read_lse(const CombineArgs& a, float* lse, int64_t idx) {
+  const float v = lse[idx];
+  if (a.reset_lse && v != neg_inf()) lse[idx] = neg_inf();
+  return sanitize_lse(v);
+}
 
 // Eight consecutive values of the partial buffer starting at element `elem` (a multiple of 8), as
 // raw bits: 16 bytes for 2-byte kinds, 8 for fp8, 32 for f32 (two loads). Kept raw so that a batch
@@ -131,8 +140,8 @@ MSA_DEVICE void combine_one(const CombineArgs& a, int rel, int kh, int g, int la
   const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + hq;
   const int half = lane >> 4, hl = lane & 15;  // slot parity, 8-value chunk of the row
 
-  const float v0 = lane < a.num_slots ? sanitize_lse(a.part_lse[base + int64_t(lane) * a.group]) : neg_inf();
-  const float v1 = lane + 32 < a.num_slots ? sanitize_lse(a.part_lse[base + int64_t(lane + 32) * a.group]) : neg_inf();
+  const float v0 = lane < a.num_slots ? read_lse(a, a.part_lse, base + int64_t(lane) * a.group) : neg_inf();
+  const float v1 = lane + 32 < a.num_slots ? read_lse(a, a.part_lse, base + int64_t(lane + 32) * a.group) : neg_inf();
   const float m = warp_max(fmaxf(v0, v1));
   float acc[8];
 #pragma unroll
@@ -181,8 +190,8 @@ MSA_DEVICE void combine_one(const CombineArgs& a, int rel, int kh, int g, int la
   }
   if (a.lse != nullptr && lane == 0) a.lse[out_idx] = lse;
   if (a.lse_t != nullptr) {
-    const float t0 = lane < a.num_slots ? sanitize_lse(a.part_lse_t[base + int64_t(lane) * a.group]) : neg_inf();
-    const float t1 = lane + 32 < a.num_slots ? sanitize_lse(a.part_lse_t[base + int64_t(lane + 32) * a.group]) : neg_inf();
+    const float t0 = lane < a.num_slots ? read_lse(a, a.part_lse_t, base + int64_t(lane) * a.group) : neg_inf();
+    const float t1 = lane + 32 < a.num_slots ? read_lse(a, a.part_lse_t, base + int64_t(lane + 32) * a.group) : neg_inf();
     const float lse_t = combined_lse(t0, t1);
     if (lane == 0) a.lse_t[out_idx] = lse_t;
   }

@@ -72,7 +72,7 @@ struct KvMajorItem {
   int pad[3];
 };
 
-// Control words of one KV-major launch group.
+// Control words of one KV-major launch group (lists=once: one per group, [groups]).
 struct KvMajorControl {
   int num_items;
   int next_item;  // work counter of the persistent attention kernel
@@ -103,6 +103,17 @@ struct KvMajorArgs {
   const uint8_t* union_done;  // [Hkv, ceil(total_q / union_tile_tokens)] rows done by the
   int union_tile_tokens;      // shared-selection tiles (skipped here), or nullptr
   int union_num_tiles;
+  // List building only (kv_major_lists.cu; appended so the attention kernels' parameter offsets
+  // stay those of the per-group layout). The rows [row_begin, row_begin + rows) of one list launch
+  // span list_groups launch groups of chunk_rows rows: 1 with lists=per_group, every group of the
+  // call with lists=once. Group j of the launch has its own counts / cursors (+ j * Hkv *
+  // nb_bound), control (+ j), items (+ j * max_items) and list (+ j * Hkv * chunk_rows * topk);
+  // the attention kernel of a group gets those pointers already offset, so it never sees j.
+  int list_groups;
+  // lists=once: the non-pair slots' -inf partial LSEs are written for the first group only (every
+  // slot of its union_done rows included); the combine of each group resets the slots it read to
+  // -inf (CombineArgs::reset_lse), which keeps the invariant for the next group.
+  bool lists_once;
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------
@@ -155,8 +166,8 @@ struct CombineArgs {
   int num_slots;
   const void* part_o;
   StoreKind part_kind;
-  const float* part_lse;
-  const float* part_lse_t;
+  float* part_lse;    // written only with reset_lse
+  float* part_lse_t;
   void* out;       // [total_q, Hq, 128]
   float* lse;      // [total_q, Hq] natural log, or nullptr
   float* lse_t;    // or nullptr
@@ -165,6 +176,9 @@ struct CombineArgs {
   int union_tile_tokens;
   int union_num_tiles;
   int unit_rows;  // rows of one work unit: combine_unit_rows(group)
+  // KV-major lists=once: each slot read with a finite (or NaN) LSE is set back to -inf (both LSE
+  // arrays), so the next launch group finds every slot it does not write at -inf.
+  bool reset_lse;
 };
 
 // Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly

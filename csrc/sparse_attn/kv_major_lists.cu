@@ -1,13 +1,16 @@
 // Device-side construction of the KV-major work lists (a counting sort of (row, q2k slot) pairs by
-// (kv head, flat block)), run once per launch group of query rows:
+// (kv head, flat block)), run once per launch group of query rows (lists=per_group), or once for
+// the launch groups of the whole call (lists=once: the same kernels over all rows, each group with
+// its own counters, list, items and control, see KvMajorArgs::list_groups):
 //   block_base   flat block numbering: sequence b's blocks are columns [base[b], base[b+1]);
-//   zero_counts  clears the per-(kv head, column) counters once per call;
+//   zero_counts  clears the per-(group, kv head, column) counters once per call;
 //   count        histogram of the pairs with integer atomics; slots that get no pair (list end,
 //                duplicate, out-of-range id, invalid page, block the row cannot see, row of no
 //                sequence) have their partial LSE set to -inf right here, so the combine kernel
 //                can read every slot of a row;
-//   scan         one CTA: list offsets (exclusive scan of the counts) and the items (runs of at
-//                most tokens_per_item tokens of one list); clears the counts for the next group;
+//   scan         one CTA per group: list offsets (exclusive scan of the counts) and the items (runs
+//                of at most tokens_per_item tokens of one list); clears the counts for the next
+//                group;
 //   scatter      writes each pair into its list at an atomically taken cursor position.
 // The order of the pairs inside a list depends on the atomics; the results do not (see kv_major.cuh).
 #include <cuda_runtime_api.h>
@@ -74,11 +77,12 @@ __global__ void __launch_bounds__(kScanThreads) block_base_kernel(const __grid_c
 
 __global__ void zero_counts_kernel(const __grid_constant__ KvMajorArgs a) {
   const int nb = a.block_base[a.p.batch];
-  const int64_t n = int64_t(a.p.num_kv_heads) * nb;
+  // (group, kv head) pairs: their counter rows are nb_bound apart.
+  const int64_t n = int64_t(a.list_groups) * a.p.num_kv_heads * nb;
   for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n;
        x += int64_t(gridDim.x) * blockDim.x) {
-    const int kh = int(x / nb), col = int(x % nb);
-    a.counts[int64_t(kh) * a.nb_bound + col] = 0;
+    const int64_t gk = x / nb, col = x % nb;
+    a.counts[gk * a.nb_bound + col] = 0;
   }
 }
 
@@ -112,31 +116,37 @@ __device__ int entry_column(const KvMajorArgs& a, const RowContext& c, int t, bo
   return col < a.nb_bound ? int(col) : -1;
 }
 
-// One warp per (kv head, row of the group). kScatter = false: count; true: scatter.
+// One warp per (kv head, row of the launch). kScatter = false: count; true: scatter.
 template <bool kScatter>
 __global__ void __launch_bounds__(kListWarpsPerCta * 32) pair_kernel(const __grid_constant__ KvMajorArgs a) {
   const SparseAttnParams& p = a.p;
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (w >= int64_t(p.num_kv_heads) * a.rows) return;  // warp-uniform
-  const int kh = int(w / a.rows), rel = int(w % a.rows);
-  const int r = a.row_begin + rel;
-  // Rows of a shared-selection tile are done already; the combine skips them too.
-  if (a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens]) return;
+  const int kh = int(w / a.rows), lr = int(w % a.rows);
+  const int r = a.row_begin + lr;
+  const int j = lr / a.chunk_rows, rel = lr - j * a.chunk_rows;  // launch group, row in it
+  // Rows of a shared-selection tile are done already; the combine skips them too. lists=once: the
+  // first group's rows set every slot of such a row to -inf (no later group's combine resets them).
+  const bool done = a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens];
+  if (done && (kScatter || !a.lists_once || j != 0)) return;
+  // lists=once: the -inf LSEs of the later groups' non-pair slots come from the combine's reset.
+  const bool mark = j == 0;
   const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
   RowContext c;
-  const bool covered = row_context(a, r, c);
+  const bool covered = !done && row_context(a, r, c);
   const WarpQ2k wl = warp_q2k_list(list, p.topk, covered ? c.nb : 0, lane);
+  const int64_t counter0 = (int64_t(j) * p.num_kv_heads + kh) * a.nb_bound;
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int e = lane + 32 * k;
     if (e >= p.topk) break;
     const int col = covered ? entry_column(a, c, wl.v[k], wl.used[k]) : -1;
-    const int64_t counter = int64_t(kh) * a.nb_bound + col;
+    const int64_t counter = counter0 + col;
     if constexpr (!kScatter) {
       if (col >= 0) {
         atomicAdd(&a.counts[counter], 1);
-      } else {
+      } else if (mark) {
         const int64_t slot0 = ((int64_t(kh) * a.chunk_rows + rel) * p.topk + e) * a.group;
         for (int g = 0; g < a.group; ++g) {
           a.part_lse[slot0 + g] = -INFINITY;
@@ -146,12 +156,13 @@ __global__ void __launch_bounds__(kListWarpsPerCta * 32) pair_kernel(const __gri
     } else {
       if (col >= 0) {
         const int pos = atomicAdd(&a.cursors[counter], 1);
-        a.list[pos] = (uint32_t(rel) << 6) | uint32_t(e);
+        a.list[int64_t(j) * p.num_kv_heads * a.chunk_rows * p.topk + pos] = (uint32_t(rel) << 6) | uint32_t(e);
       }
     }
   }
 }
 
+// One CTA per launch group of the list launch (blockIdx.x: the group).
 __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constant__ KvMajorArgs a) {
   __shared__ int64_t s_warp[32];
   __shared__ int64_t s_total_pairs, s_total_items;
@@ -160,7 +171,10 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constan
   const int64_t seg = (n + kScanThreads - 1) / kScanThreads;
   const int64_t begin = min(n, int64_t(threadIdx.x) * seg), end = min(n, begin + seg);
   const int tpi = a.tokens_per_item;
-  auto counter = [&](int64_t x) { return (x / nb) * a.nb_bound + x % nb; };
+  const int64_t group_counters = int64_t(blockIdx.x) * a.p.num_kv_heads * a.nb_bound;
+  KvMajorItem* const group_items = a.items + int64_t(blockIdx.x) * a.max_items;
+  KvMajorControl* const control = a.control + blockIdx.x;
+  auto counter = [&](int64_t x) { return group_counters + (x / nb) * a.nb_bound + x % nb; };
   int64_t pairs = 0, items = 0;
   for (int64_t x = begin; x < end; ++x) {
     const int cnt = a.counts[counter(x)];
@@ -195,14 +209,14 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constan
         it.t = col - a.block_base[b];
         it.start = int(off) + j * tpi;
         it.count = min(tpi, cnt - j * tpi);
-        a.items[io] = it;
+        group_items[io] = it;
       }
     }
     off += cnt;
   }
   if (threadIdx.x == 0) {
-    a.control->num_items = int(min(s_total_items, int64_t(a.max_items)));
-    a.control->next_item = 0;
+    control->num_items = int(min(s_total_items, int64_t(a.max_items)));
+    control->next_item = 0;
   }
 }
 
@@ -219,9 +233,11 @@ void launch_kv_major_lists(const KvMajorArgs& a, cudaStream_t stream) {
   const int64_t warps = int64_t(a.p.num_kv_heads) * a.rows;
   const int64_t grid = (warps + kListWarpsPerCta - 1) / kListWarpsPerCta;
   MSA_CHECK(grid <= INT_MAX, "msa_sparse_attention: too many query rows in one launch group");
+  MSA_CHECK(a.list_groups >= 1 && int64_t(a.list_groups) * a.chunk_rows >= a.rows,
+            "msa_sparse_attention: list launch groups do not cover its rows (planner bug)");
   pair_kernel<false><<<unsigned(grid), kListWarpsPerCta * 32, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());
-  scan_kernel<<<1, kScanThreads, 0, stream>>>(a);
+  scan_kernel<<<unsigned(a.list_groups), kScanThreads, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());
   pair_kernel<true><<<unsigned(grid), kListWarpsPerCta * 32, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());

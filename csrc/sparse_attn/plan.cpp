@@ -144,12 +144,26 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_items, int64_t(ctas) * facts.num_sms)));
   plan.num_sms = facts.num_sms;
 
+  // lists=once: every group's lists at once (group j's part of each array at j times the size of
+  // one group's), within kKvMajorListsOnceBudget.
+  const int64_t counters = int64_t(p.num_kv_heads) * plan.nb_bound;
+  const int64_t per_group_lists = 2 * counters * 4 + int64_t(sizeof(KvMajorControl)) +
+                                  max_items * int64_t(sizeof(KvMajorItem)) + pairs * 4;
+  int64_t list_groups = 1;
+  if (o.lists == KvMajorLists::kOnce) {
+    plan.lists_once_bytes = per_group_lists * plan.groups;
+    plan.lists_fallback = plan.lists_once_bytes > kKvMajorListsOnceBudget;
+    if (!plan.lists_fallback) {
+      plan.lists = KvMajorLists::kOnce;
+      list_groups = plan.groups;
+    }
+  }
   plan.block_base_off = ws.take("kvm.block_base", size_t(p.batch + 1) * 4);
-  plan.counts_off = ws.take("kvm.counts", size_t(p.num_kv_heads) * plan.nb_bound * 4);
-  plan.cursors_off = ws.take("kvm.cursors", size_t(p.num_kv_heads) * plan.nb_bound * 4);
-  plan.control_off = ws.take("kvm.control", sizeof(KvMajorControl));
-  plan.items_off = ws.take("kvm.items", size_t(max_items) * sizeof(KvMajorItem));
-  plan.list_off = ws.take("kvm.list", size_t(pairs) * 4);
+  plan.counts_off = ws.take("kvm.counts", size_t(list_groups * counters) * 4);
+  plan.cursors_off = ws.take("kvm.cursors", size_t(list_groups * counters) * 4);
+  plan.control_off = ws.take("kvm.control", size_t(list_groups) * sizeof(KvMajorControl));
+  plan.items_off = ws.take("kvm.items", size_t(list_groups * max_items) * sizeof(KvMajorItem));
+  plan.list_off = ws.take("kvm.list", size_t(list_groups * pairs) * 4);
   plan.part_o_off = ws.take("kvm.part_o", size_t(pairs) * group * 128 * 2);
   plan.part_lse_off = ws.take("kvm.part_lse", size_t(pairs) * group * 4);
   if (has_temp) plan.part_lse_t_off = ws.take("kvm.part_lse_t", size_t(pairs) * group * 4);

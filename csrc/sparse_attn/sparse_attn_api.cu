@@ -223,11 +223,28 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     a.union_tile_tokens = u.tile_tokens;
     a.union_num_tiles = u.num_tiles;
   }
+  const bool once = plan.lists == KvMajorLists::kOnce;
+  a.lists_once = once;
+  a.list_groups = once ? plan.groups : 1;
   launch_kv_major_prepare(a, plan.num_sms, stream);
-  for (int64_t r0 = 0; r0 < p.total_q; r0 += plan.chunk_rows) {
+  if (once) {  // the lists of every launch group: one count, one scan (a CTA per group), one scatter
+    a.row_begin = 0;
+    a.rows = int(p.total_q);
+    launch_kv_major_lists(a, stream);
+  }
+  KvMajorControl* const control0 = a.control;
+  KvMajorItem* const items0 = a.items;
+  uint32_t* const list0 = a.list;
+  for (int64_t r0 = 0, j = 0; r0 < p.total_q; r0 += plan.chunk_rows, ++j) {
     a.row_begin = int(r0);
     a.rows = int(std::min<int64_t>(plan.chunk_rows, p.total_q - r0));
-    launch_kv_major_lists(a, stream);
+    if (once) {  // group j's part of the lists built above
+      a.control = control0 + j;
+      a.items = items0 + j * plan.max_items;
+      a.list = list0 + j * int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk;
+    } else {
+      launch_kv_major_lists(a, stream);
+    }
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
       if (plan.kernel == KvMajorKernel::kWgmma) {
         launch_kv_major_sm90<Elem, kKv>(a, plan.grid, stream);
@@ -255,6 +272,7 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     c.union_tile_tokens = a.union_tile_tokens;
     c.union_num_tiles = a.union_num_tiles;
     c.unit_rows = combine_unit_rows(c.group);
+    c.reset_lse = once;
     launch_combine(c, p.out_dtype, stream);
   }
 }

@@ -31,6 +31,13 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // KV-major attention kernels: mma_sync (portable SM80+), wgmma (sm_90a warpgroup MMAs).
 // auto: wgmma where it can run, else mma_sync.
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
+// KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
+// scatter before each launch group's attention kernel; the default), once (the lists of every
+// launch group built by one count, one scan of a CTA per group and one scatter before the first
+// group; each group then runs only its attention kernel and its combine; not yet measured on a
+// GPU). once needs every group's counters, cursors, items and list at the same time; where those
+// would exceed kKvMajorListsOnceBudget bytes the plan keeps per_group and its text says so.
+enum class KvMajorLists : int32_t { kPerGroup = 0, kOnce = 1 };
 // Shared-selection tile kernels (sm_90a, docs/design/sparse_attention.md): cp_async (a producer
 // warpgroup of cp.async loads, one block's S, softmax and P V after another: union_sm90.cuh; bf16
 // / fp16 / fp8 K and V), tma (TMA loads by one producer warp, S of the next block and P V of the
@@ -134,6 +141,7 @@ struct SparseAttnOptions {
   int64_t chunk_rows = 0;        // > 0: at most this many query rows per KV-major launch group
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
   TileKernel tile_kernel = TileKernel::kAuto;
+  KvMajorLists lists = KvMajorLists::kPerGroup;
 };
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
@@ -148,7 +156,7 @@ struct TopkSelectOptions {
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5),
-// tile_kernel=auto|cp_async|tma.
+// tile_kernel=auto|cp_async|tma, lists=per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
@@ -185,6 +193,14 @@ enum class StoreKind : int { kF32 = 0, kBF16 = 1, kF16 = 2, kFP8 = 3 };
 inline constexpr int store_kind_bytes(StoreKind k) {
   return k == StoreKind::kF32 ? 4 : (k == StoreKind::kFP8 ? 1 : 2);
 }
+
+// Bound of the KV-major lists=once work lists (counters, cursors, controls, items and list entries
+// of every launch group; sized by kv_major_lists_once_bytes in sparse_attn/plan.cpp): the KV-major
+// partial budget (1 GiB). Per group: 2 x Hkv x nb_bound counters / cursors, max_items items of 32
+// bytes, Hkv x chunk_rows x topk list entries; the first two grow with the context, so the total
+// grows about quadratically. M3 (4 kv heads, G 16, topk 16): 8K 2.2 MB (3 groups), 32K 9.0 MB
+// (9 groups), 1M 619 MB (261 groups); 2M would take 1.9 GB and keeps per_group.
+inline constexpr int64_t kKvMajorListsOnceBudget = int64_t(1) << 30;
 
 // Every section of a workspace starts at a multiple of this many bytes.
 inline constexpr size_t kWorkspaceAlign = 256;
@@ -227,6 +243,13 @@ struct KvMajorPlan {
   int max_items = 0;
   int grid = 0;     // persistent attention CTAs
   int num_sms = 0;  // of the device planned for (the list-building prologue's grid: 2 per SM)
+  // Work lists: per_group, or once (then counts / cursors [groups, Hkv, nb_bound], control
+  // [groups], items [groups, max_items], list [groups, Hkv, chunk_rows, topk]: group j's part of
+  // each at j times its per-group size). lists_fallback: once was asked for and exceeded
+  // kKvMajorListsOnceBudget (lists_once_bytes, the size it would have taken).
+  KvMajorLists lists = KvMajorLists::kPerGroup;
+  bool lists_fallback = false;
+  int64_t lists_once_bytes = 0;
   size_t block_base_off = 0, counts_off = 0, cursors_off = 0, control_off = 0, items_off = 0,
          list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
   // Shared-selection tiles (sm_90a, bf16 / fp16 / fp8 K and V, G in {16, 32, 64, 128}), computed
@@ -292,6 +315,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(TileKernel v);
+const char* option_name(KvMajorLists v);
 const char* option_name(ProxyKernel v);
 const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);

@@ -118,6 +118,21 @@ TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {
   EXPECT_TRUE(has(q, "schedule=query_major (forced by the option schedule=query_major)")) << q;
 }
 
+TEST(PlanDescribe, ListsOnceIsNamedWithItsFallback) {
+  SparseAttnOptions o;
+  const SparseAttnParams p = attn(32768);
+  std::string d = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_FALSE(has(d, "lists=")) << d;  // per_group, the default, is not named
+  o.lists = KvMajorLists::kOnce;
+  d = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_TRUE(has(d, "; lists=once (forced by the option: the work lists of all 9 group(s) in one count / "
+                     "scan / scatter, ")) << d;
+  const SparseAttnParams big = attn(1 << 21);
+  d = describe(plan_sparse_attention(big, o, hopper()), big, o);
+  EXPECT_TRUE(has(d, "; lists=per_group (lists=once falls back: the lists of all 521 groups would take ")) << d;
+  EXPECT_TRUE(has(d, " > 1073741824)")) << d;
+}
+
 TEST(PlanDescribe, EmptyCallRunsNothing) {
   const SparseAttnParams p = attn(0);
   EXPECT_EQ(describe(plan_sparse_attention(p, {}, hopper()), p, {}), "no query rows: nothing runs");

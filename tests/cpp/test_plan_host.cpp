@@ -250,6 +250,72 @@ TEST(PlanGroups, DefaultGroupsKeepPartialsUnderTheBudget) {
   EXPECT_EQ(plan_sparse_attention(attn(2000), {}, hopper()).kvm.groups, 1);
 }
 
+// ---- work lists ---------------------------------------------------------------------------------
+
+TEST(PlanLists, DefaultIsPerGroupAndOnceSizesEveryGroupsLists) {
+  const SparseAttnParams p = attn(32768);
+  const SparseAttnPlan dflt = plan_sparse_attention(p, {}, hopper());
+  EXPECT_EQ(dflt.kvm.lists, KvMajorLists::kPerGroup);
+  EXPECT_FALSE(dflt.kvm.lists_fallback);
+  SparseAttnOptions o;
+  o.lists = KvMajorLists::kOnce;
+  const SparseAttnPlan once = plan_sparse_attention(p, o, hopper());
+  expect_layout_sound(once);
+  const KvMajorPlan& k = once.kvm;
+  ASSERT_EQ(k.lists, KvMajorLists::kOnce);
+  EXPECT_FALSE(k.lists_fallback);
+  // The same groups, kernel, grid and partials as per_group: only the list arrays grow.
+  EXPECT_EQ(k.groups, 9);
+  EXPECT_EQ(k.chunk_rows, dflt.kvm.chunk_rows);
+  EXPECT_EQ(k.max_items, dflt.kvm.max_items);
+  EXPECT_EQ(k.grid, dflt.kvm.grid);
+  EXPECT_EQ(section(once, "kvm.part_o")->bytes, section(dflt, "kvm.part_o")->bytes);
+  EXPECT_EQ(section(once, "kvm.part_lse")->bytes, section(dflt, "kvm.part_lse")->bytes);
+  for (const char* name : {"kvm.counts", "kvm.cursors", "kvm.control", "kvm.items", "kvm.list"})
+    EXPECT_EQ(section(once, name)->bytes, size_t(9) * section(dflt, name)->bytes) << name;
+  EXPECT_EQ(section(once, "kvm.list")->bytes, size_t(9) * 4 * 3641 * 16 * 4);
+  EXPECT_EQ(section(once, "kvm.counts")->bytes, size_t(9) * 4 * (32768 / 128 + 2) * 4);
+  const int64_t per_group = 2 * int64_t(4) * k.nb_bound * 4 + 8 +
+                            int64_t(k.max_items) * 32 + 4 * 3641 * 16 * 4;
+  EXPECT_EQ(k.lists_once_bytes, 9 * per_group);
+  EXPECT_LT(k.lists_once_bytes, 10 << 20);  // 9.0 MB (docs/design/sparse_attention.md#work-lists)
+  // One group: the same layout as per_group.
+  const SparseAttnPlan small = plan_sparse_attention(attn(2000), o, hopper());
+  EXPECT_EQ(small.kvm.lists, KvMajorLists::kOnce);
+  EXPECT_EQ(small.kvm.groups, 1);
+  EXPECT_EQ(small.bytes, plan_sparse_attention(attn(2000), {}, hopper()).bytes);
+  // With tiles, paged K/V, a temperature LSE and small groups the layout stays sound.
+  o.chunk_rows = 37;
+  o.schedule = PrefillSchedule::kHybrid;
+  const SparseAttnPlan h = plan_sparse_attention(paged(with_temperature(attn(1500, 32, 2, 7)), 3, 11), o, hopper());
+  expect_layout_sound(h);
+  EXPECT_EQ(h.kvm.lists, KvMajorLists::kOnce);
+  EXPECT_EQ(h.kvm.groups, 41);
+  EXPECT_EQ(section(h, "kvm.control")->bytes, size_t(41) * 8);
+  EXPECT_EQ(section(h, "kvm.counts")->bytes, size_t(41) * 2 * 33 * 4);
+}
+
+TEST(PlanLists, OnceFallsBackToPerGroupBeyondTheBudget) {
+  SparseAttnOptions o;
+  o.lists = KvMajorLists::kOnce;
+  // M3 at 1M tokens: 261 groups, 619 MB of lists (within 1 GiB).
+  const KvMajorPlan m = plan_sparse_attention(attn(1 << 20), o, hopper()).kvm;
+  EXPECT_EQ(m.groups, 261);
+  EXPECT_EQ(m.lists, KvMajorLists::kOnce);
+  EXPECT_FALSE(m.lists_fallback);
+  EXPECT_GT(m.lists_once_bytes, 600000000);
+  EXPECT_LE(m.lists_once_bytes, kKvMajorListsOnceBudget);
+  // At 2M tokens they would take 1.9 GB: per_group, with the size it would have taken.
+  const SparseAttnPlan big = plan_sparse_attention(attn(1 << 21), o, hopper());
+  EXPECT_EQ(big.kvm.lists, KvMajorLists::kPerGroup);
+  EXPECT_TRUE(big.kvm.lists_fallback);
+  EXPECT_GT(big.kvm.lists_once_bytes, kKvMajorListsOnceBudget);
+  EXPECT_EQ(big.bytes, plan_sparse_attention(attn(1 << 21), {}, hopper()).bytes);
+  // Query-major plans have no lists.
+  o.schedule = PrefillSchedule::kQueryMajor;
+  EXPECT_EQ(plan_sparse_attention(attn(32768), o, hopper()).schedule, PrefillSchedule::kQueryMajor);
+}
+
 // ---- tile kernel --------------------------------------------------------------------------------
 
 TEST(PlanTileKernel, DefaultIsTmaWhereItRunsAndCpAsyncWhenForced) {
@@ -677,6 +743,9 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_attention_options(std::string("kv_major_kernel=") + option_name(k)).kv_major_kernel, k);
   for (TileKernel k : {TileKernel::kAuto, TileKernel::kCpAsync, TileKernel::kTma})
     EXPECT_EQ(parse_sparse_attention_options(std::string("tile_kernel=") + option_name(k)).tile_kernel, k);
+  for (KvMajorLists l : {KvMajorLists::kPerGroup, KvMajorLists::kOnce})
+    EXPECT_EQ(parse_sparse_attention_options(std::string("lists=") + option_name(l)).lists, l);
+  EXPECT_EQ(parse_sparse_attention_options("").lists, KvMajorLists::kPerGroup);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
   for (ProxyKernel k : {ProxyKernel::kAuto, ProxyKernel::kMmaSync, ProxyKernel::kSm90, ProxyKernel::kSm90Only,
@@ -718,7 +787,10 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"abc", "0.5", "9", "nan", "1.5x", ""})
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
-      "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel)");
+      "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
+      "lists)");
+  bad("lists=all", "lists must be per_group or once, got 'all'");
+  bad("lists=", "lists must be per_group or once, got ''");
   bad("tile_kernel=wgmma", "tile_kernel must be auto, cp_async or tma, got 'wgmma'");
   // The KV-major combine variants (prefetch, overlap, overlap_staged) were removed, and with them the
   // option: the combine is always the separate kernel.

@@ -56,7 +56,11 @@ BLOCK = 128
 # hybrid: shared-selection tiles (sm_90a) for the tiles that qualify, KV-major for the rest, with
 # the default tile kernel (the TMA one where it runs; fp8 K/V take the cp.async one);
 # hybrid_cp_async: the same with the cp.async tile kernel forced (tile_kernel=cp_async).
-SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async"]
+# kv_major_lists_once / hybrid_lists_once: kv_major / hybrid with the work lists of all launch
+# groups built at once (lists=once), in groups of 64 rows so that most cases run several (an
+# explicit chunk_rows of a test replaces the 64).
+SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
+             "kv_major_lists_once", "hybrid_lists_once"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -71,6 +75,9 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_mma_sync": dict(schedule="kv_major", kv_major_kernel="mma_sync"),
         "hybrid": dict(schedule="hybrid", kv_major_kernel="auto"),
         "hybrid_cp_async": dict(schedule="hybrid", kv_major_kernel="auto", tile_kernel="cp_async"),
+        "kv_major_lists_once": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
+                                    lists="once", chunk_rows=64),
+        "hybrid_lists_once": dict(schedule="hybrid", kv_major_kernel="auto", lists="once", chunk_rows=64),
     }[schedule]
     return {**options, **extra}
 
@@ -451,6 +458,37 @@ def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     cpu = run(pb, gpu=False)
     check_lse(grouped[1], cpu[1], "lse")
     check_lse(grouped[2], cpu[2], "lse_t")
+
+
+@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "hybrid"])
+@pytest.mark.parametrize("chunk_rows", [1, 37, 500])
+def test_lists_once_is_bitwise_per_group(chunk_rows, kernel):
+    """lists=once builds the same lists as per_group (per group, in another order) and the partials
+    at the same addresses: bit-identical results, with tiles (hybrid: union_done rows) too; run twice
+    on the same workspace-sized call (the combine's LSE reset leaves no state behind)."""
+    case = GpuCase("lists", [300, 5, 0, 211], [2000, 100, 50, 3000], 16, 2, topk=33, causal=True,
+                   temperature=0.9, selection="causal_local")
+    pb = build(case, seed=6)
+    per_group = run(pb, gpu=True, schedule=kernel, chunk_rows=chunk_rows)
+    once = run(pb, gpu=True, schedule=kernel, chunk_rows=chunk_rows, lists="once")
+    assert bits_equal(per_group, once)
+    assert bits_equal(once, run(pb, gpu=True, schedule=kernel, chunk_rows=chunk_rows, lists="once"))
+    cpu = run(pb, gpu=False)
+    check_lse(once[1], cpu[1], "lse")
+    check_lse(once[2], cpu[2], "lse_t")
+
+
+@pytest.mark.parametrize("tile_kernel", ["cp_async", "tma"])
+@pytest.mark.parametrize("chunk_rows", [37, 500])
+def test_lists_once_is_bitwise_per_group_with_tiles(chunk_rows, tile_kernel):
+    """The same with shared-selection tiles on an M3-shaped call (sm_90: the list builder and the
+    combine skip the tiles' rows; lists=once marks their slots -inf in the first group)."""
+    case = next(c for c in CASES if c.name == "m3_tile_shared")
+    pb = build(case, seed=7)
+    opts = dict(schedule="hybrid", chunk_rows=chunk_rows, tile_kernel=tile_kernel)
+    per_group = run(pb, gpu=True, **opts)
+    once = run(pb, gpu=True, lists="once", **opts)
+    assert bits_equal(per_group, once)
 
 
 @each_schedule
