@@ -661,12 +661,7 @@ class Smoke:
             cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, dtype))
             for seqlen_q, shared in ((4, True), (4, False), (2, False)):
                 def build(hq=hq, hkv=hkv, sqd=seqlen_q, shared=shared):
-                    sel = self.decode_selection(lens, sqd, hkv)
-                    if shared:  # every token of a request takes its last token's selection
-                        sel = sel.view(hkv, b, sqd, 16)[:, :, -1:].expand(-1, -1, sqd, -1)
-                        sel = sel.reshape(hkv, b * sqd, 16).contiguous()
-                    sel[:, ::3, 5] = 10 ** 6
-                    sel[:, 1::4, 9] = -1
+                    sel = self.mtp_selection(lens, sqd, hkv, shared)
                     return self.rnd((b * sqd, hq, 128)), sel
                 q_sel = self.lazy(build)
                 for fused in (True, False):
@@ -693,6 +688,18 @@ class Smoke:
                     seqlen_q=4, force_fused=fused, **scales)
             self.run(f"decode mtp union paged nvfp4 sq4 fused={fused}", call)
 
+    def mtp_selection(self, lens, seqlen_q, hkv, shared):
+        """The MTP calls' selection: decode_selection, every token of a request on its last token's
+        selection when `shared`, with ids out of range (every 3rd row) and -1 holes (every 4th)."""
+        b = len(lens)
+        sel = self.decode_selection(lens, seqlen_q, hkv)
+        if shared:
+            sel = sel.view(hkv, b, seqlen_q, 16)[:, :, -1:].expand(-1, -1, seqlen_q, -1)
+            sel = sel.reshape(hkv, b * seqlen_q, 16).contiguous()
+        sel[:, ::3, 5] = 10 ** 6
+        sel[:, 1::4, 9] = -1
+        return sel
+
     def decode_mtp_union_regs(self, lens):
         """MTP union items with fp8 K/V converted in registers (plan options kernel=regs,
         mtp=union): M3, G = 8 and G = 3, bf16 / fp16 / fp8 q, seqlen_q 2 and 4, shared and
@@ -704,12 +711,7 @@ class Smoke:
             cache = self.lazy(lambda hkv=hkv: self.paged_kv(lens, hkv, FP8))
             for seqlen_q, shared in ((4, True), (4, False), (2, False)):
                 def build(hq=hq, hkv=hkv, q_dtype=q_dtype, sqd=seqlen_q, shared=shared):
-                    sel = self.decode_selection(lens, sqd, hkv)
-                    if shared:  # every token of a request takes its last token's selection
-                        sel = sel.view(hkv, b, sqd, 16)[:, :, -1:].expand(-1, -1, sqd, -1)
-                        sel = sel.reshape(hkv, b * sqd, 16).contiguous()
-                    sel[:, ::3, 5] = 10 ** 6
-                    sel[:, 1::4, 9] = -1
+                    sel = self.mtp_selection(lens, sqd, hkv, shared)
                     return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
                 self._decode_fused_and_split(
                     ops, cache, self.lazy(build), seqlen_q, (True, False),
