@@ -72,8 +72,9 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_clustered_32k_cp_async": sparse("clustered", options=dict(tile_kernel="cp_async")),
         "sparse_paged_clustered_32k_cp_async": sparse("clustered", "bf16", "paged",
                                                       dict(tile_kernel="cp_async")),
-        # The KV-major work lists of all launch groups built at once (plan option lists=once).
-        "sparse_random_32k_lists_once": sparse("random", options=dict(lists="once")),
+        # Each KV-major launch group's work lists built before it (plan option lists=per_group;
+        # the default builds them all at once).
+        "sparse_random_32k_per_group": sparse("random", options=dict(lists="per_group")),
         "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),

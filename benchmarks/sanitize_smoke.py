@@ -444,17 +444,17 @@ class Smoke:
         warpgroups skip blocks on unrelated selections), both with the default tile kernel (TMA; fp8
         K/V take the cp.async one) and with the cp.async one forced (tile_kernel=cp_async); both KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
-        of done tiles), and with those groups' work lists built at once (lists=once: initcheck
-        sees the first group's -inf marks and the combine's LSE resets)."""
+        of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
+        combine's LSE resets), and with each group's work lists built before it (lists=per_group)."""
         for tag, options in (("query_major", dict(schedule="query_major")),
                              ("kv_major", dict(schedule="kv_major")),
                              ("kv_major/chunk100", dict(schedule="kv_major", chunk_rows=100)),
                              ("hybrid", dict(schedule="hybrid")),
                              ("hybrid/chunk100", dict(schedule="hybrid", chunk_rows=100)),
-                             ("kv_major/chunk100/lists_once", dict(schedule="kv_major", chunk_rows=100,
-                                                                   lists="once")),
-                             ("hybrid/chunk100/lists_once", dict(schedule="hybrid", chunk_rows=100,
-                                                                 lists="once")),
+                             ("kv_major/chunk100/per_group", dict(schedule="kv_major", chunk_rows=100,
+                                                                  lists="per_group")),
+                             ("hybrid/chunk100/per_group", dict(schedule="hybrid", chunk_rows=100,
+                                                                lists="per_group")),
                              ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8)),
                              ("hybrid/cp_async", dict(schedule="hybrid", tile_kernel="cp_async")),
                              ("hybrid/cp_async/waste8", dict(schedule="hybrid", tile_kernel="cp_async",

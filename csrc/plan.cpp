@@ -29,8 +29,8 @@ constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto
                                                     {KvMajorKernel::kWgmma, "wgmma"}};
 constexpr Named<TileKernel> kTileKernels[] = {
     {TileKernel::kAuto, "auto"}, {TileKernel::kCpAsync, "cp_async"}, {TileKernel::kTma, "tma"}};
-constexpr Named<KvMajorLists> kKvMajorListsNames[] = {{KvMajorLists::kPerGroup, "per_group"},
-                                                      {KvMajorLists::kOnce, "once"}};
+constexpr Named<KvMajorLists> kKvMajorListsNames[] = {
+    {KvMajorLists::kAuto, "auto"}, {KvMajorLists::kPerGroup, "per_group"}, {KvMajorLists::kOnce, "once"}};
 constexpr Named<ProxyKernel> kProxyKernels[] = {
     {ProxyKernel::kAuto, "auto"},      {ProxyKernel::kMmaSync, "mma_sync"},
     {ProxyKernel::kSm90, "sm90"},      {ProxyKernel::kSm90Only, "sm90_only"},

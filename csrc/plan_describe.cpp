@@ -87,11 +87,15 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";
     if (kvm.lists == KvMajorLists::kOnce)
-      s << "; lists=once (forced by the option: the work lists of all " << kvm.groups
-        << " group(s) in one count / scan / scatter, " << kvm.lists_once_bytes << " bytes)";
+      s << "; lists=once (" << (o.lists == KvMajorLists::kOnce ? "forced by the option" : "auto")
+        << ": the work lists of all " << kvm.groups << " group(s) in one count / scan / scatter, "
+        << kvm.lists_once_bytes << " bytes)";
     else if (kvm.lists_fallback)
-      s << "; lists=per_group (lists=once falls back: the lists of all " << kvm.groups << " groups would take "
-        << kvm.lists_once_bytes << " bytes > " << kKvMajorListsOnceBudget << ")";
+      s << "; lists=per_group (" << (o.lists == KvMajorLists::kOnce ? "lists=once falls back" : "auto")
+        << ": the lists of all " << kvm.groups << " groups would take " << kvm.lists_once_bytes << " bytes > "
+        << kKvMajorListsOnceBudget << ")";
+    else if (o.lists == KvMajorLists::kPerGroup)
+      s << "; lists=per_group (forced by the option)";
   }
   workspace(s, plan.bytes);
   return s.str();

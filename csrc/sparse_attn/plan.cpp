@@ -144,13 +144,13 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_items, int64_t(ctas) * facts.num_sms)));
   plan.num_sms = facts.num_sms;
 
-  // lists=once: every group's lists at once (group j's part of each array at j times the size of
+  // lists=once (and auto): every group's lists at once (group j's part of each array at j times the size of
   // one group's), within kKvMajorListsOnceBudget.
   const int64_t counters = int64_t(p.num_kv_heads) * plan.nb_bound;
   const int64_t per_group_lists = 2 * counters * 4 + int64_t(sizeof(KvMajorControl)) +
                                   max_items * int64_t(sizeof(KvMajorItem)) + pairs * 4;
   int64_t list_groups = 1;
-  if (o.lists == KvMajorLists::kOnce) {
+  if (o.lists != KvMajorLists::kPerGroup) {
     plan.lists_once_bytes = per_group_lists * plan.groups;
     plan.lists_fallback = plan.lists_once_bytes > kKvMajorListsOnceBudget;
     if (!plan.lists_fallback) {

@@ -32,12 +32,13 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // auto: wgmma where it can run, else mma_sync.
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
-// scatter before each launch group's attention kernel; the default), once (the lists of every
-// launch group built by one count, one scan of a CTA per group and one scatter before the first
-// group; each group then runs only its attention kernel and its combine; not yet measured on a
-// GPU). once needs every group's counters, cursors, items and list at the same time; where those
-// would exceed kKvMajorListsOnceBudget bytes the plan keeps per_group and its text says so.
-enum class KvMajorLists : int32_t { kPerGroup = 0, kOnce = 1 };
+// scatter before each launch group's attention kernel), once (the lists of every launch group
+// built by one count, one scan of a CTA per group and one scatter before the first group; each
+// group then runs only its attention kernel and its combine). once needs every group's counters,
+// cursors, items and list at the same time; where those would exceed kKvMajorListsOnceBudget bytes
+// the plan keeps per_group (a forced once says so in the plan text). auto: once where it fits
+// (H200 at 7cbcfcc: M3 32K random 9.66 vs 9.94 ms, 8K pipeline selections 1.93 vs 1.99 ms).
+enum class KvMajorLists : int32_t { kAuto = 0, kPerGroup = 1, kOnce = 2 };
 // Shared-selection tile kernels (sm_90a, docs/design/sparse_attention.md): cp_async (a producer
 // warpgroup of cp.async loads, one block's S, softmax and P V after another: union_sm90.cuh; bf16
 // / fp16 / fp8 K and V), tma (TMA loads by one producer warp, S of the next block and P V of the
@@ -141,7 +142,7 @@ struct SparseAttnOptions {
   int64_t chunk_rows = 0;        // > 0: at most this many query rows per KV-major launch group
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
   TileKernel tile_kernel = TileKernel::kAuto;
-  KvMajorLists lists = KvMajorLists::kPerGroup;
+  KvMajorLists lists = KvMajorLists::kAuto;
 };
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
@@ -156,7 +157,7 @@ struct TopkSelectOptions {
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5),
-// tile_kernel=auto|cp_async|tma, lists=per_group|once.
+// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
@@ -245,8 +246,9 @@ struct KvMajorPlan {
   int num_sms = 0;  // of the device planned for (the list-building prologue's grid: 2 per SM)
   // Work lists: per_group, or once (then counts / cursors [groups, Hkv, nb_bound], control
   // [groups], items [groups, max_items], list [groups, Hkv, chunk_rows, topk]: group j's part of
-  // each at j times its per-group size). lists_fallback: once was asked for and exceeded
-  // kKvMajorListsOnceBudget (lists_once_bytes, the size it would have taken).
+  // each at j times its per-group size); resolved from the option (auto: once where it fits).
+  // lists_fallback: once (asked for or auto) exceeded kKvMajorListsOnceBudget (lists_once_bytes,
+  // the size it would have taken).
   KvMajorLists lists = KvMajorLists::kPerGroup;
   bool lists_fallback = false;
   int64_t lists_once_bytes = 0;

@@ -122,7 +122,11 @@ TEST(PlanDescribe, ListsOnceIsNamedWithItsFallback) {
   SparseAttnOptions o;
   const SparseAttnParams p = attn(32768);
   std::string d = describe(plan_sparse_attention(p, o, hopper()), p, o);
-  EXPECT_FALSE(has(d, "lists=")) << d;  // per_group, the default, is not named
+  EXPECT_TRUE(has(d, "; lists=once (auto: the work lists of all 9 group(s) in one count / scan / scatter, "))
+      << d;
+  o.lists = KvMajorLists::kPerGroup;
+  d = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_TRUE(has(d, "; lists=per_group (forced by the option)")) << d;
   o.lists = KvMajorLists::kOnce;
   d = describe(plan_sparse_attention(p, o, hopper()), p, o);
   EXPECT_TRUE(has(d, "; lists=once (forced by the option: the work lists of all 9 group(s) in one count / "
@@ -131,6 +135,9 @@ TEST(PlanDescribe, ListsOnceIsNamedWithItsFallback) {
   d = describe(plan_sparse_attention(big, o, hopper()), big, o);
   EXPECT_TRUE(has(d, "; lists=per_group (lists=once falls back: the lists of all 521 groups would take ")) << d;
   EXPECT_TRUE(has(d, " > 1073741824)")) << d;
+  o.lists = KvMajorLists::kAuto;
+  d = describe(plan_sparse_attention(big, o, hopper()), big, o);
+  EXPECT_TRUE(has(d, "; lists=per_group (auto: the lists of all 521 groups would take ")) << d;
 }
 
 TEST(PlanDescribe, EmptyCallRunsNothing) {

@@ -252,14 +252,20 @@ TEST(PlanGroups, DefaultGroupsKeepPartialsUnderTheBudget) {
 
 // ---- work lists ---------------------------------------------------------------------------------
 
-TEST(PlanLists, DefaultIsPerGroupAndOnceSizesEveryGroupsLists) {
+TEST(PlanLists, DefaultIsOnceAndOnceSizesEveryGroupsLists) {
   const SparseAttnParams p = attn(32768);
-  const SparseAttnPlan dflt = plan_sparse_attention(p, {}, hopper());
+  SparseAttnOptions pg;
+  pg.lists = KvMajorLists::kPerGroup;
+  const SparseAttnPlan dflt = plan_sparse_attention(p, pg, hopper());
   EXPECT_EQ(dflt.kvm.lists, KvMajorLists::kPerGroup);
   EXPECT_FALSE(dflt.kvm.lists_fallback);
   SparseAttnOptions o;
   o.lists = KvMajorLists::kOnce;
   const SparseAttnPlan once = plan_sparse_attention(p, o, hopper());
+  // auto (the default) plans exactly what once does where it fits.
+  const SparseAttnPlan au = plan_sparse_attention(p, {}, hopper());
+  EXPECT_EQ(au.kvm.lists, KvMajorLists::kOnce);
+  EXPECT_EQ(au.bytes, once.bytes);
   expect_layout_sound(once);
   const KvMajorPlan& k = once.kvm;
   ASSERT_EQ(k.lists, KvMajorLists::kOnce);
@@ -283,7 +289,7 @@ TEST(PlanLists, DefaultIsPerGroupAndOnceSizesEveryGroupsLists) {
   const SparseAttnPlan small = plan_sparse_attention(attn(2000), o, hopper());
   EXPECT_EQ(small.kvm.lists, KvMajorLists::kOnce);
   EXPECT_EQ(small.kvm.groups, 1);
-  EXPECT_EQ(small.bytes, plan_sparse_attention(attn(2000), {}, hopper()).bytes);
+  EXPECT_EQ(small.bytes, plan_sparse_attention(attn(2000), pg, hopper()).bytes);
   // With tiles, paged K/V, a temperature LSE and small groups the layout stays sound.
   o.chunk_rows = 37;
   o.schedule = PrefillSchedule::kHybrid;
@@ -310,7 +316,13 @@ TEST(PlanLists, OnceFallsBackToPerGroupBeyondTheBudget) {
   EXPECT_EQ(big.kvm.lists, KvMajorLists::kPerGroup);
   EXPECT_TRUE(big.kvm.lists_fallback);
   EXPECT_GT(big.kvm.lists_once_bytes, kKvMajorListsOnceBudget);
-  EXPECT_EQ(big.bytes, plan_sparse_attention(attn(1 << 21), {}, hopper()).bytes);
+  SparseAttnOptions pg;
+  pg.lists = KvMajorLists::kPerGroup;
+  EXPECT_EQ(big.bytes, plan_sparse_attention(attn(1 << 21), pg, hopper()).bytes);
+  // auto falls back the same way.
+  const KvMajorPlan au = plan_sparse_attention(attn(1 << 21), {}, hopper()).kvm;
+  EXPECT_EQ(au.lists, KvMajorLists::kPerGroup);
+  EXPECT_TRUE(au.lists_fallback);
   // Query-major plans have no lists.
   o.schedule = PrefillSchedule::kQueryMajor;
   EXPECT_EQ(plan_sparse_attention(attn(32768), o, hopper()).schedule, PrefillSchedule::kQueryMajor);
@@ -743,9 +755,9 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_attention_options(std::string("kv_major_kernel=") + option_name(k)).kv_major_kernel, k);
   for (TileKernel k : {TileKernel::kAuto, TileKernel::kCpAsync, TileKernel::kTma})
     EXPECT_EQ(parse_sparse_attention_options(std::string("tile_kernel=") + option_name(k)).tile_kernel, k);
-  for (KvMajorLists l : {KvMajorLists::kPerGroup, KvMajorLists::kOnce})
+  for (KvMajorLists l : {KvMajorLists::kAuto, KvMajorLists::kPerGroup, KvMajorLists::kOnce})
     EXPECT_EQ(parse_sparse_attention_options(std::string("lists=") + option_name(l)).lists, l);
-  EXPECT_EQ(parse_sparse_attention_options("").lists, KvMajorLists::kPerGroup);
+  EXPECT_EQ(parse_sparse_attention_options("").lists, KvMajorLists::kAuto);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
   for (ProxyKernel k : {ProxyKernel::kAuto, ProxyKernel::kMmaSync, ProxyKernel::kSm90, ProxyKernel::kSm90Only,
@@ -789,8 +801,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
       "lists)");
-  bad("lists=all", "lists must be per_group or once, got 'all'");
-  bad("lists=", "lists must be per_group or once, got ''");
+  bad("lists=all", "lists must be auto, per_group or once, got 'all'");
+  bad("lists=", "lists must be auto, per_group or once, got ''");
   bad("tile_kernel=wgmma", "tile_kernel must be auto, cp_async or tma, got 'wgmma'");
   // The KV-major combine variants (prefetch, overlap, overlap_staged) were removed, and with them the
   // option: the combine is always the separate kernel.

@@ -57,10 +57,11 @@ BLOCK = 128
 # the default tile kernel (the TMA one where it runs; fp8 K/V take the cp.async one);
 # hybrid_cp_async: the same with the cp.async tile kernel forced (tile_kernel=cp_async).
 # kv_major_lists_once / hybrid_lists_once: kv_major / hybrid with the work lists of all launch
-# groups built at once (lists=once), in groups of 64 rows so that most cases run several (an
-# explicit chunk_rows of a test replaces the 64).
+# groups built at once (lists=once, the default where it fits), in groups of 64 rows so that most
+# cases run several (an explicit chunk_rows of a test replaces the 64); kv_major_per_group /
+# hybrid_per_group: the same groups with each group's lists built before it (lists=per_group).
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
-             "kv_major_lists_once", "hybrid_lists_once"]
+             "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -78,6 +79,9 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_lists_once": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
                                     lists="once", chunk_rows=64),
         "hybrid_lists_once": dict(schedule="hybrid", kv_major_kernel="auto", lists="once", chunk_rows=64),
+        "kv_major_per_group": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
+                                   lists="per_group", chunk_rows=64),
+        "hybrid_per_group": dict(schedule="hybrid", kv_major_kernel="auto", lists="per_group", chunk_rows=64),
     }[schedule]
     return {**options, **extra}
 
@@ -469,7 +473,7 @@ def test_lists_once_is_bitwise_per_group(chunk_rows, kernel):
     case = GpuCase("lists", [300, 5, 0, 211], [2000, 100, 50, 3000], 16, 2, topk=33, causal=True,
                    temperature=0.9, selection="causal_local")
     pb = build(case, seed=6)
-    per_group = run(pb, gpu=True, schedule=kernel, chunk_rows=chunk_rows)
+    per_group = run(pb, gpu=True, schedule=kernel, chunk_rows=chunk_rows, lists="per_group")
     once = run(pb, gpu=True, schedule=kernel, chunk_rows=chunk_rows, lists="once")
     assert bits_equal(per_group, once)
     assert bits_equal(once, run(pb, gpu=True, schedule=kernel, chunk_rows=chunk_rows, lists="once"))
@@ -486,7 +490,7 @@ def test_lists_once_is_bitwise_per_group_with_tiles(chunk_rows, tile_kernel):
     case = next(c for c in CASES if c.name == "m3_tile_shared")
     pb = build(case, seed=7)
     opts = dict(schedule="hybrid", chunk_rows=chunk_rows, tile_kernel=tile_kernel)
-    per_group = run(pb, gpu=True, **opts)
+    per_group = run(pb, gpu=True, lists="per_group", **opts)
     once = run(pb, gpu=True, lists="once", **opts)
     assert bits_equal(per_group, once)
 
