@@ -51,6 +51,9 @@ def cases(bench: bm.Bench) -> dict:
         "topk_prefill_32k_radix_1buf": lambda: bench.build_topk(32 * K, dict(kernel="radix_1buf")),
         "topk_prefill_128k_radix_1buf": lambda: bench.build_topk(128 * K,
                                                                  dict(kernel="radix_1buf")),
+        # radix_1buf with its serial chains cut (docs/design/topk_select.md, "radix_ilp").
+        "topk_prefill_32k_radix_ilp": lambda: bench.build_topk(32 * K, dict(kernel="radix_ilp")),
+        "topk_prefill_128k_radix_ilp": lambda: bench.build_topk(128 * K, dict(kernel="radix_ilp")),
         "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
                                                              dict(kernel="warp_per_row_8")),
         # The B1 / 128K decode step's top-k (1 token x 4 heads x 1024 blocks): today's kernel and

@@ -90,6 +90,7 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
   switch (plan.kernel) {
     case TopkKernel::kRadix: launch_radix<topk::radix::Classic>(p, groups, stream); break;
     case TopkKernel::kRadix1Buf: launch_radix<topk::radix::Lean1Buf>(p, groups, stream); break;
+    case TopkKernel::kRadixIlp: launch_radix<topk::radix::Lean1BufIlp>(p, groups, stream); break;
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;

@@ -772,7 +772,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
-                       TopkKernel::kWarpSplit})
+                       TopkKernel::kWarpSplit, TopkKernel::kRadixIlp})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -786,6 +786,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
   EXPECT_STREQ(option_name(TopkKernel::kWarpSplit), "warp_split");
+  EXPECT_STREQ(option_name(TopkKernel::kRadixIlp), "radix_ilp");
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -820,14 +821,14 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
-               "warp_split, got 'heap'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
+               "warp_split or radix_ilp, got 'heap'");
   // radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
   // H200 (at 5b22cb3).
   for (const char* v : {"radix_lean", "radix_c32"})
     expect_error([&] { parse_topk_select_options(std::string("kernel=") + v); }, ErrorKind::kValue,
                  std::string("kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, "
-                             "radix_1buf or warp_split, got '") + v + "'");
+                             "radix_1buf, warp_split or radix_ilp, got '") + v + "'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem or regs, got 'fastest'");
@@ -839,8 +840,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
                "unknown plan option 'splits'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
-               "warp_split, got 'new'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
+               "warp_split or radix_ilp, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -913,8 +914,10 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   // The B1 decode calls (1 token x 4 heads, any row length): warp_split (H200 at 2f7070a).
   for (int blocks : {256, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
+  // radix_ilp is off by default: the prefill calls stay with radix_1buf until an H200 run.
+  EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), {}, h200).kernel, TopkKernel::kRadix1Buf);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
-                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit})
+                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixIlp})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);

@@ -50,7 +50,8 @@ VALID = {
                     dict(kernel="decode_f16"), dict(kernel="decode_f16_only")],
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
-                    dict(kernel="radix_1buf"), dict(kernel="warp_split")],
+                    dict(kernel="radix_1buf"), dict(kernel="warp_split"),
+                    dict(kernel="radix_ilp")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union"],
@@ -118,15 +119,18 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(kernel="regs8"), "kernel must be auto, smem or regs, got 'regs8'"),
     ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
     ("topk_select", dict(kernel="heap"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or warp_split, "
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
+     "radix_ilp, "
      "got 'heap'"),
     # radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
     # H200 (at 5b22cb3).
     ("topk_select", dict(kernel="radix_lean"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or warp_split, "
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
+     "radix_ilp, "
      "got 'radix_lean'"),
     ("topk_select", dict(kernel="radix_c32"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or warp_split, "
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
+     "radix_ilp, "
      "got 'radix_c32'"),
 ])
 def test_bad_options_raise_value_error_naming_the_option(op, options, match):
