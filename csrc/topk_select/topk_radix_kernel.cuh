@@ -115,13 +115,21 @@ __device__ __forceinline__ void for_each_row(const T* col, int r_lo, int r_hi, F
 }
 
 // radix_ilp: f(v, row, n) for the rows [r_lo, r_hi) of a lane's column, 8 at a time: v[i] is row
-// row + i for i < n (n <= 8; the others are 0 and must be masked by the caller). One step per 8
+// row + i for i < n. Full steps pass n as the constant 8 (no masks compiled in); the last, partial
+// step passes n < 8 at run time, with v[i] = 0 for i >= n (the caller masks them). One step per 8
 // rows, so that f can treat them as one: masks and popcounts instead of a counter that every
 // row's update waits on. f may write rows <= row + i for its entry i (all 8 are read first).
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_batch(const T* col, int r_lo, int r_hi, F&& f) {
-  for (int row = r_lo; row < r_hi; row += 8) {
-    const int n = min(8, r_hi - row);
+  int row = r_lo;
+  for (; row + 8 <= r_hi; row += 8) {
+    T v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = col[(row + i) * 32];
+    f(v, row, std::integral_constant<int, 8>{});
+  }
+  if (row < r_hi) {
+    const int n = r_hi - row;
     T v[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = i < n ? col[(row + i) * 32] : T{};
@@ -268,7 +276,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   uint32_t key_hi = 0;            // lean, no full carry: their largest
   if (!full) {
     if constexpr (V::kIlp) {
-      for_each_batch(tile, j_lo, j_hi, [&](const uint32_t (&bits)[8], int j0, int n) {
+      for_each_batch(tile, j_lo, j_hi, [&](const uint32_t (&bits)[8], int j0, auto n) {
         uint32_t lo[8], hi[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -307,7 +315,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     const uint32_t max_carry = st.max_carry;
     if constexpr (V::kIlp) {
       // The survivors of 8 entries as a mask; entry i goes to row w + (survivors before it).
-      for_each_batch(tile, j_lo, j_hi, [&](const uint32_t (&bits)[8], int j0, int n) {
+      for_each_batch(tile, j_lo, j_hi, [&](const uint32_t (&bits)[8], int j0, auto n) {
         uint32_t k[8], lo[8];
         uint32_t keep = 0;
 #pragma unroll
@@ -317,16 +325,18 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
           keep |= uint32_t(kept) << i;
           lo[i] = kept ? k[i] : 0xFFFFFFFFu;
         }
+        if (keep != 0) {  // later chunks: most steps keep nothing and end here
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          if (keep & (1u << i)) {
-            const int at = w + rank_below(keep, i);
-            tile[at * 32] = k[i];
-            offs[offset_at(at)] = uint8_t(j0 + i);
+          for (int i = 0; i < 8; ++i) {
+            if (keep & (1u << i)) {
+              const int at = w + rank_below(keep, i);
+              tile[at * 32] = k[i];
+              offs[offset_at(at)] = uint8_t(j0 + i);
+            }
           }
+          w += __popc(keep);
+          key_lo = min(key_lo, tree8<false>(lo));
         }
-        w += __popc(keep);
-        key_lo = min(key_lo, tree8<false>(lo));
       });
     } else {
       for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
@@ -511,7 +521,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     // 8 entries a step: the taken ones as a mask (key < thr, and the keys == thr whose rank among
     // those is below need: the lowest need - n_eq of this step's), entry i written at pos + (the
     // taken entries before it). `last` is a compile-time branch of its own (output or carry).
-    auto take = [&](const uint32_t(&k)[8], const int(&blk)[8], int n, auto last_c) {
+    auto take = [&](const uint32_t(&k)[8], const int(&blk)[8], auto n, auto last_c) {
       uint32_t sel = 0;
       uint32_t eq = 0;
 #pragma unroll
@@ -550,21 +560,21 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
       }
     };
     auto pass = [&](auto last_c) {
-      for_each_batch(ckey, c_lo, kc, [&](const uint32_t(&k)[8], int row, int n) {
+      for_each_batch(ckey, c_lo, kc, [&](const uint32_t(&k)[8], int row, auto n) {
         int blk[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) blk[i] = i < n ? cidx[(row + i) * 32] : 0;
         take(k, blk, n, last_c);
       });
       if (in_place) {
-        for_each_batch(tile, t_lo, t_lo + w, [&](const uint32_t(&k)[8], int row, int n) {
+        for_each_batch(tile, t_lo, t_lo + w, [&](const uint32_t(&k)[8], int row, auto n) {
           int blk[8];
 #pragma unroll
           for (int i = 0; i < 8; ++i) blk[i] = p0 + row + i;
           take(k, blk, n, last_c);
         });
       } else {
-        for_each_batch(tile, 0, w, [&](const uint32_t(&k)[8], int row, int n) {
+        for_each_batch(tile, 0, w, [&](const uint32_t(&k)[8], int row, auto n) {
           int blk[8];
 #pragma unroll
           for (int i = 0; i < 8; ++i) blk[i] = i < n ? p0 + int(offs[offset_at(row + i)]) : 0;
