@@ -29,7 +29,10 @@
 // chunk converted in place without compaction, the insertion-or-radix choice made warp-uniform,
 // the radix select started at the keys' range with bins of at most one float exponent, and one
 // chunk buffer and one warp per CTA (more warps per SM). Two more lean variants, radix_lean (two
-// buffers) and radix_c32 (one buffer of 32 blocks), measured slower and were removed.
+// buffers) and radix_c32 (one buffer of 32 blocks), measured slower and were removed. A third,
+// radix_ilp (kIlp, off by default until measured), is radix_1buf with the serial chains of its
+// passes cut: conversion, filter and output 8 keys a step (masks and popcounts instead of a
+// counter carried key to key), the bin search as trees.
 #pragma once
 
 #include <cuda_runtime.h>
