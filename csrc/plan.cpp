@@ -51,6 +51,7 @@ constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kRegs, "regs"}};
 
 constexpr Named<int> kDecodeCtas[] = {{0, "auto"}, {2, "2"}, {3, "3"}, {4, "4"}};
+constexpr Named<int> kDecodeIlp[] = {{0, "auto"}, {1, "1"}, {2, "2"}};
 
 constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
                                             {DecodeMtp::kPerToken, "per_token"},
@@ -178,8 +179,11 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.kernel = parse_enum(kProxyKernels, name, value);
     } else if (name == "decode_ctas") {
       o.decode_ctas = parse_enum(kDecodeCtas, name, value);
+    } else if (name == "decode_ilp") {
+      o.decode_ilp = parse_enum(kDecodeIlp, name, value);
     } else {
-      MSA_FAIL("msa_proxy_score: unknown plan option '", name, "' (options: kernel, decode_ctas)");
+      MSA_FAIL("msa_proxy_score: unknown plan option '", name,
+               "' (options: kernel, decode_ctas, decode_ilp)");
     }
   });
   return o;
@@ -240,6 +244,8 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
     plan.decode_ctas = options.decode_ctas != 0 ? options.decode_ctas : 3;
   else if (p.k.dtype == DType::kNVFP4)
     plan.decode_ctas = options.decode_ctas != 0 ? options.decode_ctas : 4;
+  // Key blocks per decode-kernel iteration: the option, else 1 (2 not yet measured on a GPU).
+  plan.decode_ilp = options.decode_ilp != 0 ? options.decode_ilp : 1;
   return plan;
 }
 

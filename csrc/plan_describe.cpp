@@ -157,6 +157,8 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
       s << " (forced: CTAs per SM)";
     else
       s << " (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)";
+    s << "; decode_ilp=" << plan.decode_ilp
+      << (o.decode_ilp != 0 ? " (forced: key blocks per iteration)" : " (auto: key blocks per iteration)");
   }
   return s.str();
 }

@@ -153,6 +153,12 @@ struct ProxyScoreOptions {
   // decode_ctas=2|3|4: the CTAs per SM the decode kernel is built for with fp8 / NVFP4 K (more
   // CTAs: more warps per SM, fewer pipeline stages each); 0 = auto (fp8 3, NVFP4 4). A tuning knob.
   int decode_ctas = 0;
+  // decode_ilp=1|2: key blocks per loop iteration of the decode kernel (every K dtype). 2: units
+  // waited for in pairs, and a pair of loaded blocks of one single-pass request multiplied
+  // together (two blocks' MMA chains per warp; the wait, barriers, shuffles and stores once per
+  // pair); bit-identical to 1. 0 = auto (1). Not yet measured on a GPU
+  // (docs/design/proxy_score.md, "Two key blocks per iteration").
+  int decode_ilp = 0;
 };
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
@@ -292,6 +298,8 @@ struct ProxyScorePlan {
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.
   int decode_ctas = 2;
+  // The decode kernel's key blocks per loop iteration (1 or 2): the option decode_ilp, auto 1.
+  int decode_ilp = 1;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize

@@ -240,6 +240,9 @@ TEST(PlanDescribe, ProxyAndTopk) {
   EXPECT_TRUE(has(describe(plan_proxy_score(pp, ctas3), ctas3),
                   "; decode_ctas=2 (the option decode_ctas does not apply to 16-bit K)"));
   EXPECT_TRUE(has(describe(plan_proxy_score(pp, auto_o), auto_o), "; decode_ctas=2 (auto: CTAs per SM"));
+  ProxyScoreOptions ilp2;
+  ilp2.decode_ilp = 2;
+  EXPECT_TRUE(has(describe(plan_proxy_score(pp, ilp2), ilp2), "; decode_ilp=2 (forced: key blocks per iteration)"));
   pp.k.dtype = DType::kBF16;
   const struct {
     ProxyKernel kernel;
@@ -248,9 +251,11 @@ TEST(PlanDescribe, ProxyAndTopk) {
       {ProxyKernel::kSm90Only, "kernel=sm90 (forced by the option kernel=sm90_only)"},
       {ProxyKernel::kMmaSync, "kernel=mma_sync (forced by the option kernel=mma_sync)"},
       {ProxyKernel::kDecodeF16, "kernel=decode (forced by the option kernel=decode_f16; fp16 MMAs for fp8 K)"
-       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"},
+       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"
+       "; decode_ilp=1 (auto: key blocks per iteration)"},
       {ProxyKernel::kDecodeOnly, "kernel=decode (forced by the option kernel=decode_only)"
-       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"}};
+       "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"
+       "; decode_ilp=1 (auto: key blocks per iteration)"}};
   for (const auto& c : forced_cases) {
     ProxyScoreOptions forced;
     forced.kernel = c.kernel;

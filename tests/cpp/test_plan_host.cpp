@@ -770,6 +770,14 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(o.decode_ctas, c);
     EXPECT_EQ(o.kernel, ProxyKernel::kDecode);
   }
+  EXPECT_EQ(parse_proxy_score_options("").decode_ilp, 0);
+  EXPECT_EQ(parse_proxy_score_options("decode_ilp=auto").decode_ilp, 0);
+  for (int u : {1, 2}) {
+    const ProxyScoreOptions o = parse_proxy_score_options("kernel=decode_only,decode_ctas=3,decode_ilp=" + std::to_string(u));
+    EXPECT_EQ(o.decode_ilp, u);
+    EXPECT_EQ(o.decode_ctas, 3);
+    EXPECT_EQ(o.kernel, ProxyKernel::kDecodeOnly);
+  }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
                        TopkKernel::kWarpSplit, TopkKernel::kRadixIlp})
@@ -818,8 +826,13 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"1", "5", "0", "three", ""})
     expect_error([&] { parse_proxy_score_options(std::string("decode_ctas=") + v); }, ErrorKind::kValue,
                  std::string("decode_ctas must be auto, 2, 3 or 4, got '") + v + "'");
+  for (const char* v : {"0", "3", "4", "two", ""})
+    expect_error([&] { parse_proxy_score_options(std::string("decode_ilp=") + v); }, ErrorKind::kValue,
+                 std::string("decode_ilp must be auto, 1 or 2, got '") + v + "'");
+  expect_error([] { parse_proxy_score_options("decode_ilp=2,decode_ilp=1"); }, ErrorKind::kValue,
+               "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
-               "unknown plan option 'stages' (options: kernel, decode_ctas)");
+               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
                "warp_split or radix_ilp, got 'heap'");
@@ -1008,6 +1021,17 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       ProxyScoreOptions o;
       o.decode_ctas = c;
       EXPECT_EQ(plan_proxy_score(dp, o).decode_ctas, k == bf16 ? 2 : c) << dtype_name(k);
+    }
+    // decode_ilp: auto 1 (the default kernel unchanged); the option sets it for every K dtype and
+    // leaves the CTAs per SM alone.
+    EXPECT_EQ(plan_proxy_score(dp, {}).decode_ilp, 1) << dtype_name(k);
+    for (int u : {1, 2}) {
+      ProxyScoreOptions o;
+      o.decode_ilp = u;
+      const ProxyScorePlan plan = plan_proxy_score(dp, o);
+      EXPECT_EQ(plan.decode_ilp, u) << dtype_name(k);
+      EXPECT_EQ(plan.decode_ctas, k == fp8 ? 3 : (k == fp4 ? 4 : 2)) << dtype_name(k);
+      EXPECT_EQ(plan.kernel, ProxyKernel::kDecode) << dtype_name(k);
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);
