@@ -21,7 +21,8 @@ void launch_proxy_score(const ProxyScoreParams& p, cudaStream_t stream);
 // The decode kernel (proxy_decode.cuh: a memory-streaming kernel over (request, KV head, key
 // block) units, for calls whose G heads fit 16 MMA rows); false (nothing launched) when it does
 // not run the call (G > 16, reduce_heads over several KV heads): the caller then launches the
-// mma.sync kernel. From the plan: f16_mma (fp16 MMAs for fp8 K with bf16 / fp8 q) and decode_ctas.
+// mma.sync kernel. From the plan: f16_mma (fp16 MMAs for fp8 K with bf16 / fp8 q), decode_ctas and
+// decode_ilp (key blocks per loop iteration).
 template <typename Element>
 bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream);
 

@@ -284,6 +284,45 @@ __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int 
   }
 }
 
+// One key step of one block (keys key0 .. key0 + 7 against the 16 rows): B fragments, 8 MMAs,
+// scale, mask, and this lane's keys key0 + 2c, key0 + 2c + 1 into the maxima of rows g, g + 8.
+// kMasked: lim[h] = visible keys of row g + 8h relative to the block (<= 0: none).
+template <typename Mma, int kK, bool kMasked, bool kScaleQ>
+__device__ __forceinline__ void multiply_step(const Params& dp, const uint32_t (&qa)[8][4],
+                                              const float (&qmul)[2], const uint8_t* stage,
+                                              const int (&lim)[2], int key0, int g, int c,
+                                              float (&rmax)[2]) {
+  uint32_t kb[8][2];
+  load_k_frags<Mma, kK>(stage, key0 + g, c, kb);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int s = 0; s < 8; ++s) mma_m16n8k16<Mma>(acc, qa[s], kb[s][0], kb[s][1]);
+  // acc[e]: row g + 8 (e / 2), key key0 + 2c + e % 2.
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float v = acc[e];
+    if constexpr (kK == kK4) v *= dp.scale;
+    if constexpr (kScaleQ) v *= qmul[e >> 1];  // a power of two: exact, back to q's scale
+    if constexpr (kMasked) {
+      const int key = key0 + 2 * c + (e & 1);
+      v = key < lim[e >> 1] ? v : neg_inf();
+    }
+    rmax[e >> 1] = max_nan(rmax[e >> 1], v);
+  }
+}
+
+// Rows g, g + 8's maxima over the quad (the lanes of a row) into part[warp][row].
+__device__ __forceinline__ void store_row_max(const float (&rmax)[2], float* part, int warp, int g,
+                                              int c) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float v = rmax[h];
+    v = max_nan(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+    v = max_nan(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+    if (c == 0) part[warp * kRows + g + 8 * h] = v;
+  }
+}
+
 // This warp's 32 keys of the block against the 16 rows: per-row maxima into part[warp][row].
 // kMasked: per key, lim[h] = visible keys of row g + 8h relative to the block (<= 0: none); else
 // every key of the block is visible to every row that is stored.
@@ -296,36 +335,51 @@ __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t 
   const int g = lane >> 2, c = lane & 3;
   float rmax[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-  for (int ns = 0; ns < 4; ++ns) {
-    const int key0 = warp * 32 + ns * 8;
-    uint32_t kb[8][2];
-    load_k_frags<Mma, kK>(stage, key0 + g, c, kb);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int ns = 0; ns < 4; ++ns)
+    multiply_step<Mma, kK, kMasked, kScaleQ>(dp, qa, qmul, stage, lim, warp * 32 + ns * 8, g, c, rmax);
+  store_row_max(rmax, part, warp, g, c);
+}
+
+// multiply_block over two independent blocks (plan option decode_ilp=2): block b's per-row maxima
+// into part[b][warp][row]. The warp has 8 independent accumulator chains (2 blocks x 4 key steps)
+// to schedule instead of 4 (ptxas keeps about 4 live and overlaps the blocks at the seam:
+// docs/design/proxy_score.md), and the tail (quad shuffles, part[] stores, the caller's barrier
+// and output stores) is paid once per pair. Every block's steps are multiply_block's, in its
+// order: the results are bit-identical.
+template <typename Mma, int kK, bool kMasked, bool kScaleQ>
+__device__ __forceinline__ void multiply_pair(const Params& dp, const uint32_t (&qa)[8][4],
+                                              const float (&qmul)[2], const uint8_t* const (&stage)[2],
+                                              const int (&lim)[2][2], float* part) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  float rmax[2][2] = {{neg_inf(), neg_inf()}, {neg_inf(), neg_inf()}};
 #pragma unroll
-    for (int s = 0; s < 8; ++s) mma_m16n8k16<Mma>(acc, qa[s], kb[s][0], kb[s][1]);
-    // acc[e]: row g + 8 (e / 2), key key0 + 2c + e % 2.
+  for (int ns = 0; ns < 4; ++ns)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float v = acc[e];
-      if constexpr (kK == kK4) v *= dp.scale;
-      if constexpr (kScaleQ) v *= qmul[e >> 1];  // a power of two: exact, back to q's scale
-      if constexpr (kMasked) {
-        const int key = key0 + 2 * c + (e & 1);
-        v = key < lim[e >> 1] ? v : neg_inf();
-      }
-      rmax[e >> 1] = max_nan(rmax[e >> 1], v);
-    }
-  }
+    for (int b = 0; b < 2; ++b)
+      multiply_step<Mma, kK, kMasked, kScaleQ>(dp, qa, qmul, stage[b], lim[b], warp * 32 + ns * 8, g, c,
+                                               rmax[b]);
+#pragma unroll
+  for (int b = 0; b < 2; ++b) store_row_max(rmax[b], part + b * (kThreads / 32) * kRows, warp, g, c);
+}
+
+// Per-key limits of the rows g, g + 8 of pass tok0 against block t (multiply_block's lim).
+__device__ __forceinline__ void row_limits(const Params& dp, const Request& r, int t, int tok0, int g,
+                                           int (&lim)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float v = rmax[h];
-    v = max_nan(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
-    v = max_nan(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
-    if (c == 0) part[warp * kRows + g + 8 * h] = v;
+    const int row = g + 8 * h;
+    const int hl = row / dp.tokens;
+    const int tok = tok0 + row - hl * dp.tokens;
+    lim[h] = (hl < dp.group && tok < r.ntok) ? col_limit(dp.p.causal, r.q_off, tok, r.seqlen_k) - t * kBlockSize
+                                             : 0;
   }
 }
 
 // Rows of pass tok0 of block t -> out (after the part[] barrier). `loaded` false: -inf.
+// Threads [kBase, kBase + 16) store (decode_ilp=2: warp b stores block b of a pair).
+template <int kBase = 0>
 __device__ __forceinline__ void store_pass(const Params& dp, const Request& r, int t, int tok0,
                                            const float* part, bool loaded) {
   const ProxyScoreParams& p = dp.p;
@@ -333,8 +387,8 @@ __device__ __forceinline__ void store_pass(const Params& dp, const Request& r, i
   const int T = dp.tokens;
   const int ntok = min(T, r.ntok - tok0);
   if (!p.reduce_heads) {
-    const int row = threadIdx.x;
-    if (row >= kRows) return;
+    const int row = threadIdx.x - kBase;
+    if (row >= kRows || (kBase > 0 && row < 0)) return;
     const int hl = row / T;
     const int tok = row - hl * T;
     if (hl >= dp.group || tok >= ntok) return;
@@ -348,8 +402,8 @@ __device__ __forceinline__ void store_pass(const Params& dp, const Request& r, i
     p.out[(int64_t(head) * p.max_k_tiles + t) * total_q + r.row_begin + tok0 + tok] = v;
   } else {
     // One KV head (checked by the launcher): the max over the G heads of the pass.
-    const int tok = threadIdx.x;
-    if (tok >= ntok) return;
+    const int tok = threadIdx.x - kBase;
+    if (tok >= ntok || (kBase > 0 && tok < 0)) return;
     float v = neg_inf();
     if (loaded) {
       for (int hl = 0; hl < dp.group; ++hl)
@@ -373,10 +427,15 @@ __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
   }
 }
 
-template <typename Mma, int kK, bool kScaleQ, int kCtas>
+// kIlp = 2 (plan option decode_ilp=2): an iteration waits for units i and i + 1 and, where both
+// are loaded blocks of the same single-pass request, multiplies them together (multiply_pair)
+// with one barrier and one store round for the pair, then moves on by two; otherwise it runs
+// unit i alone as kIlp = 1 does (unit i + 1 already waited for).
+template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp = 1>
 __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __grid_constant__ Params dp) {
   using St = Stage<kK, kCtas>;
   constexpr int S = St::kStages;
+  static_assert(kIlp == 1 || (kIlp == 2 && S >= 3), "decode_ilp=2 waits for two stages of S >= 3");
   extern __shared__ __align__(128) uint8_t smem[];
   float* part = reinterpret_cast<float*>(smem + S * St::kBytes);
   const ProxyScoreParams& p = dp.p;
@@ -421,20 +480,30 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   load_request(dp, cr, cb, ckh);
   bool q_ready = cr.ntok > 0 && cr.ntok <= dp.tokens;  // qa holds the single pass of request cr
   if (q_ready) load_q_frags<Mma, kK, kScaleQ>(dp, cr, 0, qa, qmul);
+  int step = 1;  // units consumed by the last iteration (kIlp = 2: 1 or 2)
 #pragma unroll 1
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n; i += step) {
     // Refill stage (i - 1) % S with unit i + S - 1 (its bit lands at position S - 1) before
     // waiting for unit i, so that all S stages are in flight during the wait. The stage is free:
     // its last reader was a loaded unit <= i - 1, which every thread left through the barrier
     // after its multiply. For the same reason units that load nothing take no barrier at all
-    // (-inf runs are just stores).
+    // (-inf runs are just stores). kIlp = 2 after a pair: stage (i - 2) % S too, with unit
+    // i + S - 2 (bit S - 2).
+    if constexpr (kIlp == 2) {
+      if (step == 2) {
+        if (i + S - 2 < n && issue(i + S - 2)) issued |= 1u << (S - 2);
+        cp_async_commit();
+      }
+    }
     if (i + S - 1 < n && issue(i + S - 1)) issued |= 1u << (S - 1);
     cp_async_commit();
     const bool loaded = issued & 1u;
-    issued >>= 1;
-    if (loaded) {
-      cp_async_wait<S - 1>();  // unit i's group: S - 1 newer groups may stay in flight
-      __syncthreads();         // block i landed (every thread's copies); part[] is free again
+    const bool loaded1 = kIlp == 2 && (issued & 2u);  // unit i + 1 (never set when i + 1 >= n)
+    step = 1;
+    if (loaded || loaded1) {
+      // Unit i's group (kIlp = 2: and unit i + 1's): S - kIlp newer groups may stay in flight.
+      cp_async_wait<S - kIlp>();
+      __syncthreads();  // the blocks landed (every thread's copies); part[] is free again
     }
 
     if (cb != cr.b || ckh != cr.kh) {
@@ -442,6 +511,40 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
       q_ready = false;
     }
     const int t = ct;
+    if constexpr (kIlp == 2) {
+      if (loaded && loaded1 && t + 1 < p.max_k_tiles && cr.ntok <= dp.tokens) {
+        // Blocks t and t + 1 of request cr (both loaded: cr has rows, and one pass).
+        const uint8_t* const stages[2] = {smem + int(i % S) * St::kBytes, smem + int((i + 1) % S) * St::kBytes};
+        float* part1 = part + (kThreads / 32) * kRows;
+        if (!q_ready) load_q_frags<Mma, kK, kScaleQ>(dp, cr, 0, qa, qmul);
+        q_ready = true;
+        int lim[2][2] = {{0, 0}, {0, 0}};
+        // Block t + 1 whole to the first token: both blocks are whole to every row. Else both
+        // masked (a block a row sees whole gets a limit >= its 128 keys: kept as it is).
+        if (int64_t(t + 2) * kBlockSize <= col_limit(p.causal, cr.q_off, 0, cr.seqlen_k)) {
+          multiply_pair<Mma, kK, false, kScaleQ>(dp, qa, qmul, stages, lim, part);
+        } else {
+          row_limits(dp, cr, t, 0, g, lim[0]);
+          row_limits(dp, cr, t + 1, 0, g, lim[1]);
+          multiply_pair<Mma, kK, true, kScaleQ>(dp, qa, qmul, stages, lim, part);
+        }
+        __syncthreads();
+        store_pass(dp, cr, t, 0, part, true);
+        store_pass<32>(dp, cr, t + 1, 0, part1, true);  // warp 1
+        ct += 2;  // t + 1 < max_k_tiles: at most the request's last block
+        if (ct == p.max_k_tiles) {
+          ct = 0;
+          if (++ckh == p.num_kv_heads) {
+            ckh = 0;
+            ++cb;
+          }
+        }
+        issued >>= 2;
+        step = 2;
+        continue;
+      }
+    }
+    issued >>= 1;
     if (cr.ntok > 0) {
       const uint8_t* stage = smem + int(i % S) * St::kBytes;
       for (int tok0 = 0; tok0 < cr.ntok; tok0 += dp.tokens) {
@@ -455,15 +558,7 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
           if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, cr.q_off, tok0, cr.seqlen_k)) {
             multiply_block<Mma, kK, false, kScaleQ>(dp, qa, qmul, stage, lim, part);
           } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int row = g + 8 * h;
-              const int hl = row / dp.tokens;
-              const int tok = tok0 + row - hl * dp.tokens;
-              lim[h] = (hl < dp.group && tok < cr.ntok)
-                           ? col_limit(p.causal, cr.q_off, tok, cr.seqlen_k) - t * kBlockSize
-                           : 0;
-            }
+            row_limits(dp, cr, t, tok0, g, lim);
             multiply_block<Mma, kK, true, kScaleQ>(dp, qa, qmul, stage, lim, part);
           }
           __syncthreads();
@@ -484,9 +579,9 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   fill_uncovered_rows(dp);
 }
 
-template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2>
+template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, int kIlp = 1>
 void launch_kernel(const Params& dp, cudaStream_t stream) {
-  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas>;
+  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas, kIlp>;
   const size_t smem = Stage<kK, kCtas>::kSmemBytes;
   const int resident = prepare_launch(kernel, kThreads, smem);
   const DeviceLimits& limits = current_device_limits();
@@ -505,6 +600,16 @@ void with_ctas(int ctas, F&& f) {
     case 3: f(std::integral_constant<int, 3>{}); return;
     case 4: f(std::integral_constant<int, 4>{}); return;
     default: MSA_FAIL("proxy_score: the plan's decode_ctas ", ctas, " is not 2, 3 or 4");
+  }
+}
+
+// f(std::integral_constant<int, n>{}) for n = ilp, the plan's units per loop iteration (decode_ilp).
+template <typename F>
+void with_ilp(int ilp, F&& f) {
+  switch (ilp) {
+    case 1: f(std::integral_constant<int, 1>{}); return;
+    case 2: f(std::integral_constant<int, 2>{}); return;
+    default: MSA_FAIL("proxy_score: the plan's decode_ilp ", ilp, " is not 1 or 2");
   }
 }
 
@@ -541,35 +646,37 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
                 (p.k.stride_head * k_elt) % 16 == 0 && (p.k.stride_page * k_elt) % 16 == 0,
             "proxy_score: k must be 16-byte aligned with 16-byte multiple strides");
 
-  if (k4) {
-    // NVFP4 q and k: fp16 MMAs (every e2m1 x e4m3 value is exact in fp16). Only the bf16 unit
-    // (the type proxy_score picks for NVFP4 q) instantiates it.
-    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-      decode::with_ctas(plan.decode_ctas, [&](auto c) {
-        decode::launch_kernel<__half, decode::kK4, false, c.value>(dp, stream);
-      });
-      return true;
-    }
-    return false;
-  }
-  if (k8) {
-    decode::with_ctas(plan.decode_ctas, [&](auto c) {
+  // NVFP4 q and k run fp16 MMAs: only the bf16 unit (the type proxy_score picks for NVFP4 q)
+  // instantiates them.
+  if (k4 && !std::is_same_v<Element, __nv_bfloat16>) return false;
+  decode::with_ilp(plan.decode_ilp, [&](auto u) {
+    constexpr int kIlp = u.value;
+    if (k4) {
+      // NVFP4 q and k: fp16 MMAs (every e2m1 x e4m3 value is exact in fp16).
       if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-        if (plan.f16_mma) {
-          // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
-          if (p.q_dtype == DType::kBF16) {
-            decode::launch_kernel<__half, decode::kK8, true, c.value>(dp, stream);
-          } else {
-            decode::launch_kernel<__half, decode::kK8, false, c.value>(dp, stream);
-          }
-          return;
-        }
+        decode::with_ctas(plan.decode_ctas, [&](auto c) {
+          decode::launch_kernel<__half, decode::kK4, false, c.value, kIlp>(dp, stream);
+        });
       }
-      decode::launch_kernel<Element, decode::kK8, false, c.value>(dp, stream);
-    });
-  } else {
-    decode::launch_kernel<Element, decode::kK16>(dp, stream);
-  }
+    } else if (k8) {
+      decode::with_ctas(plan.decode_ctas, [&](auto c) {
+        if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+          if (plan.f16_mma) {
+            // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
+            if (p.q_dtype == DType::kBF16) {
+              decode::launch_kernel<__half, decode::kK8, true, c.value, kIlp>(dp, stream);
+            } else {
+              decode::launch_kernel<__half, decode::kK8, false, c.value, kIlp>(dp, stream);
+            }
+            return;
+          }
+        }
+        decode::launch_kernel<Element, decode::kK8, false, c.value, kIlp>(dp, stream);
+      });
+    } else {
+      decode::launch_kernel<Element, decode::kK16, false, 2, kIlp>(dp, stream);
+    }
+  });
   return true;
 }
 
