@@ -527,6 +527,16 @@ class Bench:
                               self.build_proxy_decode(b, c, q, fp4=True), "memory")
             self.run_case("proxy", name + " fp8", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True), "memory")
+            # Two key blocks per decode-kernel iteration (plan option decode_ilp=2; bit-identical,
+            # not yet the default), under auto's choices otherwise: bf16, fp8 and NVFP4 index-K.
+            ilp = dict(decode_ilp=2)
+            self.run_case("proxy", name + " [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, options=ilp), "memory")
+            self.run_case("proxy", name + " fp8 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, k_fp8=True, options=ilp), "memory")
+            if sq == 1:
+                self.run_case("proxy", name + " nvfp4 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
+                              self.build_proxy_decode(b, c, q, fp4=True, options=ilp), "memory")
             # The decode streaming kernel (csrc/proxy_score/proxy_decode.cuh), forced: decode_only
             # gives a skip row, never a silent fallback. bf16, fp8 and NVFP4 index-K.
             # The portable mma.sync kernel, forced (auto takes the decode kernel for short queries).

@@ -43,6 +43,13 @@ def cases(bench: bm.Bench) -> dict:
             64, 32 * K, 1, k_fp8=True, options=dict(decode_ctas=3)),
         "proxy_decode_b64_nvfp4_decode": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(kernel="decode_only")),
+        # Two key blocks per decode-kernel iteration (plan option decode_ilp=2), auto otherwise
+        # (fp8: fp16 MMAs, 3 CTAs per SM; NVFP4: 4): against proxy_decode_b64_fp8_ctas3 / the
+        # NVFP4 default.
+        "proxy_decode_b64_fp8_ilp2": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, k_fp8=True, options=dict(decode_ilp=2)),
+        "proxy_decode_b64_nvfp4_ilp2": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, fp4=True, options=dict(decode_ilp=2)),
         "index_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True),
         "topk_prefill_32k": lambda: bench.build_topk(32 * K),
         "topk_prefill_32k_radix": lambda: bench.build_topk(32 * K, dict(kernel="radix")),

@@ -336,6 +336,18 @@ class Smoke:
                 ((1, FP8),), (BF16,), (1, 4),
                 lambda dtype, hkv, q_dtype, sq, c=ctas: f"proxy decode_ctas={c} paged "
                                                         f"{str(dtype)[6:]} k, sq{sq}")
+        # decode_ilp=2: two key blocks per iteration (pairs multiplied together, multi-pass and
+        # boundary units one by one), on every case above; and with fp16 MMAs at 3 / 4 CTAs.
+        ilp = dict(kernel="decode_only", decode_ilp=2)
+        self._proxy_decode_cases(PlannedOps(self.ops, msa_proxy_score=ilp, msa_proxy_score_fp4=ilp),
+                                 tag="decode_ilp=2")
+        for ctas in (3, 4):
+            self._proxy_decode_paged(
+                PlannedOps(self.ops, msa_proxy_score=dict(kernel="decode_f16_only", decode_ctas=ctas,
+                                                          decode_ilp=2)),
+                ((1, FP8),), (BF16,), (1, 4),
+                lambda dtype, hkv, q_dtype, sq, c=ctas: f"proxy decode_ilp=2 decode_ctas={c} paged "
+                                                        f"{str(dtype)[6:]} k, sq{sq}")
 
     def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name):
         """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding
@@ -360,16 +372,17 @@ class Smoke:
                             q_offset=self.i32([350, 1024, 64, 0, 999, 0]))
                     self.run(name(dtype, hkv, q_dtype, seqlen_q), call)
 
-    def _proxy_decode_cases(self, ops):
+    def _proxy_decode_cases(self, ops, tag="decode"):
+        """tag: the calls' name after "proxy " (the plan options they run under)."""
         self._proxy_decode_paged(
             ops, ((1, BF16), (2, BF16), (1, FP8)), (BF16,), (1, 3, 4),
-            lambda dtype, hkv, q_dtype, sq: f"proxy decode paged {str(dtype)[6:]} k, G{4 // hkv}, "
+            lambda dtype, hkv, q_dtype, sq: f"proxy {tag} paged {str(dtype)[6:]} k, G{4 // hkv}, "
                                             f"sq{sq}")
         lens = [700, 2048, 129, 0, 1000, 1]
         b = len(lens)
         sq, sk = [1, 4, 0, 2], [300, 1000, 256, 129]
         cu_q, cu_k = ft.cu_seqlens(sq, self.dev), ft.cu_seqlens(sk, self.dev)
-        self.run("proxy decode flat bf16, rows of no sequence", lambda: ops.msa_proxy_score(
+        self.run(f"proxy {tag} flat bf16, rows of no sequence", lambda: ops.msa_proxy_score(
             self.rnd((sum(sq) + 3, 4, 128)), self.rnd((sum(sk), 1, 128)), cu_q, cu_k,
             max_seqlen_q=4, max_k_tiles=8))
         cu_q2 = self.cu_rows(b, 2)
@@ -381,7 +394,7 @@ class Smoke:
             return ops.msa_proxy_score_fp4(
                 q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q2, None, page_table=table,
                 seqused_k=used, max_seqlen_q=2, max_k_tiles=table.shape[1])
-        self.run("proxy decode paged nvfp4 sq2", nvfp4)
+        self.run(f"proxy {tag} paged nvfp4 sq2", nvfp4)
 
     def proxy_fp4(self):
         ops = self.ops

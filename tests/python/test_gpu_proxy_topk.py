@@ -538,6 +538,19 @@ DECODE_CASES = [
 ]
 
 
+# decode_ilp=2 (two key blocks per loop iteration, multiplied together where they belong to one
+# single-pass request; bit-identical to the default): every test below that forces the decode
+# kernel runs with the default options and with it.
+DECODE_ILPS = [None, dict(decode_ilp=2)]
+DECODE_ILP_IDS = ["ilp1", "ilp2"]
+
+
+def _with(ilp: Optional[dict], **options) -> Optional[dict]:
+    """The plan options `options` plus decode_ilp's (None: none at all)."""
+    merged = dict(options, **(ilp or {}))
+    return merged or None
+
+
 FP8_K_DECODE_CASES = [c for c in DECODE_CASES if c.k_dtype == FP8] + [
     ProxyCase("dec_f16_multi_pass_fp8", [5, 9], [700, 2000], hq=4, hkv=1, k_dtype=FP8),
     ProxyCase("dec_f16_q_offset_fp8", [1, 2, 4, 1], [512, 512, 300, 1000], hq=4, hkv=1,
@@ -552,19 +565,21 @@ FP8_K_DECODE_CASES = [c for c in DECODE_CASES if c.k_dtype == FP8] + [
 @pytest.mark.parametrize("case,kernel", [(c, "decode_only") for c in DECODE_CASES] +
                          [(c, "decode_f16_only") for c in FP8_K_DECODE_CASES],
                          ids=lambda x: str(x))
-def test_proxy_decode_matches_reference(case: ProxyCase, kernel: str):
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_matches_reference(case: ProxyCase, kernel: str, ilp):
     """The decode kernel against the CPU reference on fresh random inputs: same -inf / NaN
     patterns, finite entries within PROXY_ATOL, every element written, deterministic."""
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, "cpu", kernel="decode_only")
-    got = run_proxy(case, inputs, DEV, kernel=kernel)
+    got = run_proxy(case, inputs, DEV, kernel=kernel, options=ilp)
     assert_proxy_close(got, want, f"{case.name} seed={seed}")
-    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel=kernel)
+    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel=kernel, options=ilp)
     assert torch.equal(got.view(torch.int32), again.view(torch.int32)), "not deterministic"
 
 
-def test_proxy_decode_shared_pages():
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_shared_pages(ilp):
     """Requests whose page tables share pages (prefix sharing), shuffled pages: each request reads
     the shared page for itself."""
     case = ProxyCase("dec_shared_pages", [1, 2, 1, 4], [1000, 1000, 700, 1300], hq=4, hkv=1,
@@ -576,7 +591,8 @@ def test_proxy_decode_shared_pages():
     pt[3, :4] = pt[0, 3:7]
     pt[2, 2] = pt[0, 0]
     want = run_proxy(case, inputs, "cpu", kernel="decode_only")
-    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only"), want, f"{case.name} seed={seed}")
+    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only", options=ilp), want,
+                       f"{case.name} seed={seed}")
 
 
 @pytest.mark.parametrize("case", [
@@ -588,21 +604,23 @@ def test_proxy_decode_shared_pages():
               k_dtype=FP8),
 ], ids=str)
 @pytest.mark.parametrize("kernel", ["decode_only", "decode_f16_only"])
-def test_proxy_decode_fp8_equals_upcast_bitwise(case: ProxyCase, kernel: str):
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_fp8_equals_upcast_bitwise(case: ProxyCase, kernel: str, ilp):
     """fp8 K (and q) converted exactly in registers: equal bit for bit to the decode kernel on the
     upcast tensors (the same dims-to-lanes assignment for every K dtype). decode_f16_only: fp16
     MMAs, bf16 q rows scaled by a power of two: the products stay exact and the scale commutes
     with the fp32 accumulation, so the result should still equal the bf16 MMAs' bit for bit (this
     test is what shows it on a GPU)."""
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
-    got = run_proxy(case, inputs, DEV, kernel=kernel)
+    got = run_proxy(case, inputs, DEV, kernel=kernel, options=ilp)
     up = BF16 if case.q_dtype in (BF16, FP8) else FP16
     twin_inputs = dict(inputs, q=inputs["q"].to(up), k=inputs["k"].to(up))
     want = run_proxy(_twin(case, q_dtype=up, k_dtype=up), twin_inputs, DEV, kernel="decode_only")
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-def test_proxy_decode_paged_equals_flat_bitwise():
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_paged_equals_flat_bitwise(ilp):
     case = ProxyCase("dec_paged_vs_flat", [1, 4, 1, 2, 1, 3], [129, 256, 700, 1, 2000, 3333],
                      hq=8, hkv=2)
     flat = make_proxy_inputs(case, seed=11)
@@ -612,11 +630,12 @@ def test_proxy_decode_paged_equals_flat_bitwise():
                                           generator=torch.Generator().manual_seed(3), extra_pages=2)
     paged.update(q=flat["q"], k=cache, page_table=page_table, seqused_k=seqused)
     got_flat = run_proxy(case, flat, DEV, kernel="decode_only")
-    got_paged = run_proxy(paged_case, paged, DEV, kernel="decode_only")
+    got_paged = run_proxy(paged_case, paged, DEV, kernel="decode_only", options=ilp)
     assert torch.equal(got_flat.view(torch.int32), got_paged.view(torch.int32))
 
 
-def test_proxy_decode_f16_row_scales_equal_bf16_mma():
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_f16_row_scales_equal_bf16_mma(ilp):
     """bf16 q rows of very different magnitudes (2^-60 ... 2^40 times Gaussian, one zero row): the
     per-row power-of-two scaling of decode_f16_only keeps every product exact, so the scores
     equal the bf16-MMA decode kernel's bit for bit, and the CPU reference's up to rounding."""
@@ -628,7 +647,7 @@ def test_proxy_decode_f16_row_scales_equal_bf16_mma():
         q[:, h] *= 2.0 ** e
     q[:, 6] = 0.0
     inputs["q"] = q.to(inputs["q"].dtype)
-    f16 = run_proxy(case, inputs, DEV, kernel="decode_f16_only")
+    f16 = run_proxy(case, inputs, DEV, kernel="decode_f16_only", options=ilp)
     bf16 = run_proxy(case, inputs, DEV, kernel="decode_only")
     assert torch.equal(f16.view(torch.int32), bf16.view(torch.int32)), f"seed={seed}"
     want = run_proxy(case, inputs, "cpu", kernel="decode_only")
@@ -645,12 +664,13 @@ def test_proxy_decode_f16_row_scales_equal_bf16_mma():
     ProxyCase("dec_vs_mma_b3_32k_mtp4", [4] * 3, [32768, 20001, 129], hq=4, hkv=1),
     ProxyCase("dec_vs_mma_b1_128k", [1], [131072], hq=4, hkv=1, paged=True),
 ], ids=str)
-def test_proxy_decode_equals_mma_sync(case: ProxyCase):
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_equals_mma_sync(case: ProxyCase, ilp):
     """Long contexts (too slow for the CPU reference): the decode kernel against the mma.sync
     kernel (identical -inf / NaN patterns, finite entries within PROXY_ATOL)."""
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
     want = run_proxy(case, inputs, DEV, kernel="mma_sync").cpu()
-    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only"), want, case.name)
+    assert_proxy_close(run_proxy(case, inputs, DEV, kernel="decode_only", options=ilp), want, case.name)
 
 
 
@@ -667,10 +687,11 @@ CTAS_FP8_CASES = [c for c in FP8_K_DECODE_CASES if c.name in (
 @pytest.mark.parametrize("ctas", [3, 4])
 @pytest.mark.parametrize("case,kernel", [(c, k) for c in CTAS_FP8_CASES
                                          for k in ("decode_only", "decode_f16_only")], ids=str)
-def test_proxy_decode_ctas_equal_default_bitwise(case: ProxyCase, kernel: str, ctas: int):
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_ctas_equal_default_bitwise(case: ProxyCase, kernel: str, ctas: int, ilp):
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
     want = run_proxy(case, inputs, DEV, kernel=kernel)
-    got = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(decode_ctas=ctas))
+    got = run_proxy(case, inputs, DEV, kernel=kernel, options=_with(ilp, decode_ctas=ctas))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
 
 
@@ -680,11 +701,49 @@ def test_proxy_decode_ctas_equal_default_bitwise(case: ProxyCase, kernel: str, c
               paged=True, invalid_pages=True),
     ProxyCase("dec_ctas_fp4_many", [1] * 40, [53 * i + 7 for i in range(40)], hq=4, hkv=1),
 ], ids=str)
-def test_proxy_decode_fp4_ctas_equal_default_bitwise(case: ProxyCase, ctas: int):
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_fp4_ctas_equal_default_bitwise(case: ProxyCase, ctas: int, ilp):
     a, _ = _fp4_decode_inputs(case, seed=random.getrandbits(31))
     want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only")
-    got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(decode_ctas=ctas))
+    got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_with(ilp, decode_ctas=ctas))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
+
+# decode_ilp=2 against the default build bit for bit, for every K kind (bf16, fp8 with bf16 and fp16
+# MMAs, NVFP4) and every CTAs-per-SM build: odd and even unit counts per CTA, pairs across request
+# and KV-head boundaries, multi-pass requests (which run unit by unit), masked diagonal blocks,
+# invalid pages and empty requests.
+ILP_CASES = [
+    ProxyCase("dec_ilp_many_requests", [1] * 70, [37 * i + 1 for i in range(70)], hq=4, hkv=1,
+              paged=True),
+    ProxyCase("dec_ilp_mixed", [1, 4, 0, 2, 7, 1], [4096, 1300, 900, 129, 2000, 257], hq=4, hkv=1,
+              paged=True, invalid_pages=True),
+    ProxyCase("dec_ilp_g2_mtp", [2, 1, 3], [3000, 128, 1500], hq=8, hkv=4, q_offset=[0, 7, -40]),
+    ProxyCase("dec_ilp_reduce", [1, 2, 4], [2100, 640, 3333], hq=4, hkv=1, reduce_heads=True),
+    ProxyCase("dec_ilp_long", [1] * 3, [8191, 8192, 8193], hq=4, hkv=1, paged=True),
+]
+
+
+@pytest.mark.parametrize("ctas", [None, 3, 4])
+@pytest.mark.parametrize("case,kernel", [(c, "decode_only") for c in ILP_CASES] +
+                         [(_twin(c, name=c.name + "_fp8", k_dtype=FP8), k) for c in ILP_CASES
+                          for k in ("decode_only", "decode_f16_only")], ids=str)
+def test_proxy_decode_ilp_equals_default_bitwise(case: ProxyCase, kernel: str, ctas):
+    inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
+    extra = {} if ctas is None or case.k_dtype != FP8 else dict(decode_ctas=ctas)
+    want = run_proxy(case, inputs, DEV, kernel=kernel, options=extra or None)
+    got = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(extra, decode_ilp=2))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
+
+
+@pytest.mark.parametrize("ctas", [None, 3, 4])
+@pytest.mark.parametrize("case", ILP_CASES, ids=str)
+def test_proxy_decode_fp4_ilp_equals_default_bitwise(case: ProxyCase, ctas):
+    a, _ = _fp4_decode_inputs(case, seed=random.getrandbits(31))
+    extra = {} if ctas is None else dict(decode_ctas=ctas)
+    want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=extra or None)
+    got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(extra, decode_ilp=2))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
+
 
 def _fp4_decode_inputs(case: ProxyCase, seed: int):
     """make_proxy_inputs with q and k quantized to NVFP4, and the bf16 tensors of their exactly
@@ -718,7 +777,8 @@ def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float,
     ProxyCase("dec_fp4_reduce", [1, 4], [1000, 300], hq=4, hkv=1, reduce_heads=True, paged=True),
     ProxyCase("dec_fp4_q_offset", [1, 2], [512, 900], hq=4, hkv=1, q_offset=[-5, 400]),
 ], ids=str)
-def test_proxy_decode_fp4(case: ProxyCase):
+@pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
+def test_proxy_decode_fp4(case: ProxyCase, ilp):
     """NVFP4 q and k on the decode kernel (dequantized in registers into fp16 MMAs): against the
     CPU reference with global scales, and with unit scales bit for bit equal to the decode kernel
     on the dequantized bf16 tensors; with scales, exactly that result times q_gs * k_gs."""
@@ -726,10 +786,10 @@ def test_proxy_decode_fp4(case: ProxyCase):
     a, deq = _fp4_decode_inputs(case, seed=seed)
     q_gs, k_gs = 0.37, 2.5
     want = _run_fp4(case, a, "cpu", q_gs, k_gs, kernel="decode_only")
-    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only")
+    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only", options=ilp)
     scale = q_gs * k_gs
     assert_proxy_close(got / scale, want / scale, f"{case.name} seed={seed}")
-    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only")
+    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=ilp)
     dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel="decode_only")
     assert torch.equal(unit.view(torch.int32), dequantized.view(torch.int32)), f"seed={seed}"
     product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
