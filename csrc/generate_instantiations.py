@@ -84,6 +84,7 @@ KERNELS = [
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, {KV}, 1, true>(const QueryMajorArgs&, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, {KV}, 4, false, true>(const QueryMajorArgs&, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, {KV}, 4, true, true>(const QueryMajorArgs&, cudaStream_t)", kvs=("fp8",)),
+    Kernel("sparse_attn_{e}_{kv}", "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, {KV}, 1, true, false, true>(const QueryMajorArgs&, cudaStream_t)", kvs=("nvfp4",)),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "void launch_kv_major<{E}, {KV}>(const KvMajorArgs&, int, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "void launch_kv_major_sm90<{E}, {KV}>(const KvMajorArgs&, int, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "int kv_major_sm90_ctas_per_sm<{E}, {KV}>()"),

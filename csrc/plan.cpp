@@ -57,6 +57,10 @@ constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
                                             {DecodeMtp::kPerToken, "per_token"},
                                             {DecodeMtp::kUnion, "union"}};
 
+constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "auto"},
+                                                     {DecodeNvfp4Cvt::kByte, "byte"},
+                                                     {DecodeNvfp4Cvt::kWord, "word"}};
+
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
   for (const auto& e : table)
@@ -134,6 +138,7 @@ const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
+const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -142,8 +147,11 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.kernel = parse_enum(kDecodeKernels, name, value);
     } else if (name == "mtp") {
       o.mtp = parse_enum(kDecodeMtps, name, value);
+    } else if (name == "nvfp4_cvt") {
+      o.nvfp4_cvt = parse_enum(kDecodeNvfp4Cvts, name, value);
     } else {
-      MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name, "' (options: kernel, mtp)");
+      MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
+               "' (options: kernel, mtp, nvfp4_cvt)");
     }
   });
   return o;

@@ -114,7 +114,8 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
          "rows, 2 stages of 32 KB; fp8 K/V converted in registers)";
   } else if (plan.qm.regs) {
     if (p.k.dtype == DType::kNVFP4)
-      s << "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)";
+      s << "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers"
+        << (plan.qm.nvfp4_word ? ", nvfp4_cvt=word: a word of 8 codes at a time)" : ")");
     else if (p.k.dtype == DType::kFP8E4M3)
       s << "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)";
     else

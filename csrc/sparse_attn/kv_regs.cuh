@@ -354,11 +354,60 @@ MSA_DEVICE uint32_t e2m1_byte_scaled(uint32_t w, int j, uint32_t s2) {
   return hmul2_bits(e2m1x2_code_bits(__byte_perm(w, 0u, 0x4440u | uint32_t(j))), s2);
 }
 
+// kWord (decode plan option nvfp4_cvt=word; default: a byte at a time): the same tiles, loads,
+// scales, 2^-7 placement and HMUL2, the codes converted a 32-bit word (8 codes) at a time:
+//   e2m1_hi_codes(x): byte i = the fp16 high byte of the high nibble of byte i of x (sign at bit 7,
+//     e e m at bits 3..1: code x 2^-14 once at fp16 bits 8..15); 3 instructions (2 LOP3, LEA.HI);
+//   e2m1_lo_codes(x): the same for the low nibbles; 4 instructions;
+//   an fp16 pair is two of these bytes at bits 8..15 and 24..31 with zero low bytes: bytes 0 and 2
+//     by one prmt with a zero operand (codes_02), bytes 1 and 3 by one AND (codes_13);
+// 11 instructions per 4 fp16 pairs before their HMUL2, against ~6 per pair a byte at a time (the
+// byte's extraction, the 0x1001 spread, masks and shifts). A word yields the nibble pairs (i, i + 4)
+// (dims d, d + 4), so Q K^T takes a k-step's dims in that order (q_frags_word_order permutes the Q
+// fragments to match: the same dot products, summed in another order by the MMA). P V pairs keys:
+// a lane first interleaves bytes q, q + 1 of two keys into one word ([a q, a q+1, b q, b q+1], one
+// prmt per 4 pairs instead of 2), and its B fragments, n-tiles and MMA order are the byte
+// conversion's, bit for bit.
+MSA_DEVICE uint32_t e2m1_hi_codes(uint32_t x) { return (x & 0x80808080u) | ((x & 0x70707070u) >> 3); }
+MSA_DEVICE uint32_t e2m1_lo_codes(uint32_t x) { return ((x << 4) & 0x80808080u) | ((x & 0x07070707u) << 1); }
+// Code bytes 0 and 2 (codes_02) or 1 and 3 (codes_13) of c as an fp16 pair (low bytes zero).
+MSA_DEVICE uint32_t codes_02(uint32_t c) { return __byte_perm(c, 0u, 0x2404u); }
+MSA_DEVICE uint32_t codes_13(uint32_t c) { return c & 0xFF00FF00u; }
+// a times half i of s on both halves (HMUL2's half-select operand: no prmt to broadcast it).
+MSA_DEVICE uint32_t hmul2_half_bits(uint32_t a, uint32_t s, int i) {
+  const __half2 s2 = *reinterpret_cast<const __half2*>(&s);
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), i == 0 ? __low2half2(s2) : __high2half2(s2));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// load_q_frags_f16's fragments (k-step kk: k index 2 tig + e (+ 8) = dim 32 tig + 4 kk + e (+ 2))
+// in the order of qk_nvfp4_regs<.., kWord = true>: k-step 2 m + o, k index 2 tig + e (+ 8) = dim
+// 32 tig + 8 m + 2 o + 4 e (+ 1).
+MSA_DEVICE void q_frags_word_order(uint32_t (&qa)[8][4]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    uint32_t n[2][4];
+#pragma unroll
+    for (int o = 0; o < 2; ++o)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t lo = qa[2 * m][2 * o + h], hi = qa[2 * m + 1][2 * o + h];  // dims d, d + 1 | d + 4, d + 5
+        n[o][h] = __byte_perm(lo, hi, 0x5410u);      // dims d, d + 4
+        n[o][2 + h] = __byte_perm(lo, hi, 0x7632u);  // dims d + 1, d + 5
+      }
+#pragma unroll
+    for (int o = 0; o < 2; ++o)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) qa[2 * m + o][r] = n[o][r];
+  }
+}
+
 // s[nt] = Q K^T x 2^-7 for the warp's kNT * 8 keys key0 .. of the raw NVFP4 K tile sK (128 keys).
 // Lane (gid, tig) of n-tile nt reads key key0 + 8 nt + gid: dims 32 tig .. + 31 are the 16 bytes
-// at 16 tig of its row (k-step kk: bytes 2 kk and 2 kk + 1 for b0 and b1) and scale columns
-// 2 tig (kk < 4) and 2 tig + 1.
-template <int kNT>
+// at 16 tig of its row and scale columns 2 tig (words 0, 1) and 2 tig + 1 (words 2, 3). A byte at
+// a time, k-step kk takes bytes 2 kk and 2 kk + 1 for b0 and b1; kWord: word m gives k-steps 2 m
+// (nibble pairs 0, 4 and 1, 5) and 2 m + 1 (2, 6 and 3, 7).
+template <int kNT, bool kWord = false>
 MSA_DEVICE void qk_nvfp4_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint8_t* sK, int key0,
                               int lane) {
   static_assert(kNT % 2 == 0, "n-tiles in pairs");
@@ -373,21 +422,47 @@ MSA_DEVICE void qk_nvfp4_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint
       const uint4 r = *reinterpret_cast<const uint4*>(sK + key * 64 + tig * 16);
       w[h][0] = r.x; w[h][1] = r.y; w[h][2] = r.z; w[h][3] = r.w;
       const uint32_t f = nvfp4_scale_pair_x128(*reinterpret_cast<const uint16_t*>(scales + key * 8 + 2 * tig));
-      sc[h][0] = __byte_perm(f, 0u, 0x1010u);  // {scale 2 tig, scale 2 tig}
-      sc[h][1] = __byte_perm(f, 0u, 0x3232u);  // {scale 2 tig + 1, scale 2 tig + 1}
+      if constexpr (kWord) {
+        sc[h][0] = sc[h][1] = f;  // {scale 2 tig, scale 2 tig + 1}, halves selected by the HMUL2
+      } else {
+        sc[h][0] = __byte_perm(f, 0u, 0x1010u);  // {scale 2 tig, scale 2 tig}
+        sc[h][1] = __byte_perm(f, 0u, 0x3232u);  // {scale 2 tig + 1, scale 2 tig + 1}
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[2 * np + h][e] = 0.0f;
     }
+    if constexpr (kWord) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      uint32_t a[4];
-      stashed_q_frag(sQf, kk, lane, a);
+      for (int m = 0; m < 4; ++m) {  // k-steps 2 m, 2 m + 1
+        uint32_t lo[2], hi[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t word = w[h][kk >> 1], s2 = sc[h][kk >> 2];
-        const int j = 2 * (kk & 1);
-        mma_m16n8k16<__half>(s[2 * np + h], a, e2m1_byte_scaled(word, j, s2),
-                             e2m1_byte_scaled(word, j + 1, s2));
+        for (int h = 0; h < 2; ++h) {
+          lo[h] = e2m1_lo_codes(w[h][m]);
+          hi[h] = e2m1_hi_codes(w[h][m]);
+        }
+#pragma unroll
+        for (int odd = 0; odd < 2; ++odd) {
+          uint32_t a[4];
+          stashed_q_frag(sQf, 2 * m + odd, lane, a);
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            mma_m16n8k16<__half>(
+                s[2 * np + h], a, hmul2_half_bits(odd ? codes_13(lo[h]) : codes_02(lo[h]), sc[h][0], m >> 1),
+                hmul2_half_bits(odd ? codes_13(hi[h]) : codes_02(hi[h]), sc[h][0], m >> 1));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        uint32_t a[4];
+        stashed_q_frag(sQf, kk, lane, a);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t word = w[h][kk >> 1], s2 = sc[h][kk >> 2];
+          const int j = 2 * (kk & 1);
+          mma_m16n8k16<__half>(s[2 * np + h], a, e2m1_byte_scaled(word, j, s2),
+                               e2m1_byte_scaled(word, j + 1, s2));
+        }
       }
     }
   }
@@ -396,8 +471,9 @@ MSA_DEVICE void qk_nvfp4_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint
 // o += P V x 2^-7 for the warp's kNT * 8 keys key0 .. of the raw NVFP4 V tile sV (128 keys); P in
 // p, rounded to fp16. Per 16 keys a lane reads, of keys k0 = key0 + 16 ks + 2 tig, k0 + 1, k0 + 8
 // and k0 + 9, the 8 bytes at 8 gid (dims 16 gid .. + 15, scale column gid): n-tile j takes nibble
-// j % 2 of byte j / 2 of each, the key pairs interleaved by prmt (bytes at bits 0..7 and 16..23).
-template <int kNT>
+// j % 2 of byte j / 2 of each, the key pairs interleaved by prmt (a byte at a time: bytes at bits
+// 0..7 and 16..23; kWord: bytes q, q + 1 of each key in one word).
+template <int kNT, bool kWord = false>
 MSA_DEVICE void pv_nvfp4_regs(float (&o)[16][4], const float (&p)[kNT][4], const uint8_t* sV, int key0,
                               int lane) {
   const int gid = lane >> 2, tig = lane & 3;
@@ -415,17 +491,34 @@ MSA_DEVICE void pv_nvfp4_regs(float (&o)[16][4], const float (&p)[kNT][4], const
     const uint32_t sx = nvfp4_scale_pair_x128(uint32_t(scales[k0 * 8 + gid]) | (uint32_t(scales[(k0 + 1) * 8 + gid]) << 8));
     const uint32_t sy = nvfp4_scale_pair_x128(uint32_t(scales[k1 * 8 + gid]) | (uint32_t(scales[(k1 + 1) * 8 + gid]) << 8));
     const uint32_t wa[2] = {va.x, va.y}, wb[2] = {vb.x, vb.y}, wc[2] = {vc.x, vc.y}, wd[2] = {vd.x, vd.y};
+    if constexpr (kWord) {
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      // Byte q (dims 16 gid + 2q, + 1) of both keys of a pair at bits 0..7 and 16..23.
-      const uint32_t sel = uint32_t(q & 3) | (uint32_t(4 + (q & 3)) << 8);
-      const uint32_t x = __byte_perm(wa[q >> 2], wb[q >> 2], sel);
-      const uint32_t y = __byte_perm(wc[q >> 2], wd[q >> 2], sel);
-      // n-tile 2q: the low nibbles; 2q + 1: the high nibbles.
-      mma_m16n8k16<__half>(o[2 * q], a, hmul2_bits(e2m1_pair_code_bits(x), sx),
-                           hmul2_bits(e2m1_pair_code_bits(y), sy));
-      mma_m16n8k16<__half>(o[2 * q + 1], a, hmul2_bits(e2m1_pair_code_bits(x >> 4), sx),
-                           hmul2_bits(e2m1_pair_code_bits(y >> 4), sy));
+      for (int t = 0; t < 4; ++t) {
+        // Bytes q, q + 1 (q = 2 t: dims 16 gid + 2 q .. + 3) of both keys of a pair.
+        const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
+        const uint32_t x = __byte_perm(wa[t >> 1], wb[t >> 1], sel);
+        const uint32_t y = __byte_perm(wc[t >> 1], wd[t >> 1], sel);
+        const uint32_t xh = e2m1_hi_codes(x), xl = e2m1_lo_codes(x);
+        const uint32_t yh = e2m1_hi_codes(y), yl = e2m1_lo_codes(y);
+        const int q = 2 * t;  // n-tiles 2 q (low nibbles of byte q), 2 q + 1 (high), 2 q + 2, 2 q + 3
+        mma_m16n8k16<__half>(o[2 * q], a, hmul2_bits(codes_02(xl), sx), hmul2_bits(codes_02(yl), sy));
+        mma_m16n8k16<__half>(o[2 * q + 1], a, hmul2_bits(codes_02(xh), sx), hmul2_bits(codes_02(yh), sy));
+        mma_m16n8k16<__half>(o[2 * q + 2], a, hmul2_bits(codes_13(xl), sx), hmul2_bits(codes_13(yl), sy));
+        mma_m16n8k16<__half>(o[2 * q + 3], a, hmul2_bits(codes_13(xh), sx), hmul2_bits(codes_13(yh), sy));
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        // Byte q (dims 16 gid + 2q, + 1) of both keys of a pair at bits 0..7 and 16..23.
+        const uint32_t sel = uint32_t(q & 3) | (uint32_t(4 + (q & 3)) << 8);
+        const uint32_t x = __byte_perm(wa[q >> 2], wb[q >> 2], sel);
+        const uint32_t y = __byte_perm(wc[q >> 2], wd[q >> 2], sel);
+        // n-tile 2q: the low nibbles; 2q + 1: the high nibbles.
+        mma_m16n8k16<__half>(o[2 * q], a, hmul2_bits(e2m1_pair_code_bits(x), sx),
+                             hmul2_bits(e2m1_pair_code_bits(y), sy));
+        mma_m16n8k16<__half>(o[2 * q + 1], a, hmul2_bits(e2m1_pair_code_bits(x >> 4), sx),
+                             hmul2_bits(e2m1_pair_code_bits(y >> 4), sy));
+      }
     }
   }
 }

@@ -17,8 +17,10 @@ namespace flashmsa::sparse_attn {
 // Query-major attention: one CTA per item (grid-stride over args.num_items). kRegs: the streaming
 // decode variant (fp8 / NVFP4 K/V converted in registers, kv_regs.cuh; native K/V with 3 stages;
 // kWarpsM = 1, or 4 with kMtp for fp8 K/V). kMtp: MTP union items (one per request and kv
-// head, rows = tokens x G, kWarpsM = 4 only).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false, bool kMtp = false>
+// head, rows = tokens x G, kWarpsM = 4 only). kWordCvt: NVFP4 K/V of the register variant converted
+// a word at a time (decode plan option nvfp4_cvt=word; kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs).
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false, bool kMtp = false,
+          bool kWordCvt = false>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream);
 
 // KV-major attention: a persistent grid of `grid` CTAs of 256 threads with

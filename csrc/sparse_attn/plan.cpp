@@ -48,6 +48,9 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   const bool want_regs = options.kernel == DecodeKernel::kRegs ||
                          (options.kernel == DecodeKernel::kAuto && quantized_kv);
   plan.regs = want_regs && (mtp ? p.k.dtype == DType::kFP8E4M3 : plan.warps_m == 1 && regs_ctas > 0);
+  // nvfp4_cvt=word: the 16-row register kernel's NVFP4 conversion a word at a time (auto: byte).
+  plan.nvfp4_word = plan.regs && !mtp && p.k.dtype == DType::kNVFP4 &&
+                    options.nvfp4_cvt == DecodeNvfp4Cvt::kWord;
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
   const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads

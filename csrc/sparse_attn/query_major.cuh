@@ -531,11 +531,13 @@ MSA_DEVICE void mtp_coop_item(const QueryMajorArgs& args, int r0, int n_tok, int
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
 // variant (105 KB of shared memory; MTP union items in registers: 86 KB and 64 rows of S per
 // warp).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
   static_assert(!kMtp || kWarpsM == 4, "MTP union items: 64-row tiles");
+  static_assert(!kWordCvt || (kKv == KvKind::kNvfp4 && kRegs && kWarpsM == 1),
+                "nvfp4_cvt=word: the 16-row register variant with NVFP4 K/V");
   static_assert(!kRegs || kWarpsM == 1 || (kMtp && Cfg::kCoop),
                 "64-row register tiles: MTP union items of fp8 K/V");
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -633,6 +635,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
           row_mul[0] *= kNvfp4RegsUnscale;
           row_mul[1] *= kNvfp4RegsUnscale;
         }
+        if constexpr (kWordCvt) q_frags_word_order(qa);  // the dims of qk_nvfp4_regs<.., true>
         __syncthreads();
         if (warp == 0) stash_q_frags(qa, sQf, lane);
         // The first iteration's barrier orders these stores before any warp reads them.
@@ -673,7 +676,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         if (lim_rel > 0) {  // warp-uniform
           float s[1][Cfg::kNT][4];
           if constexpr (kKv == KvKind::kNvfp4) {
-            qk_nvfp4_regs<Cfg::kNT>(s[0], sQf, raw, key0, lane);
+            qk_nvfp4_regs<Cfg::kNT, kWordCvt>(s[0], sQf, raw, key0, lane);
           } else {
             qk_fp8_regs<Cfg::kNT>(s[0], sQf, raw, key0, lane);
           }
@@ -684,7 +687,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
           softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
                                     regs_rescale_slack(args.has_temp, temp));
           if constexpr (kKv == KvKind::kNvfp4) {
-            pv_nvfp4_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
+            pv_nvfp4_regs<Cfg::kNT, kWordCvt>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
           } else {
             pv_fp8_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
           }
@@ -857,10 +860,10 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
   }
 }
 
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
-  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp>;
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kWordCvt>;
   flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
   // Items beyond the largest grid are picked up by the grid-stride loop.
   const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);

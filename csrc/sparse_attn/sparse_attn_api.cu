@@ -133,6 +133,14 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       }
       return;
     }
+    if (plan.regs && plan.nvfp4_word) {  // nvfp4_cvt=word
+      if constexpr (kKv == KvKind::kNvfp4) {
+        launch_query_major<Elem, kKv, 1, true, false, true>(a, stream);
+      } else {
+        MSA_FAIL("msa_sparse_decode_attention: nvfp4_cvt=word needs NVFP4 K/V (planner bug)");
+      }
+      return;
+    }
     if (plan.regs) {
       launch_query_major<Elem, kKv, 1, true>(a, stream);
       return;

@@ -134,10 +134,18 @@ enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2 };
 // seqlen_q x topk <= 64). auto: union where it applies (H200 at 162e97a, B64/32K, 4 tokens: 105 vs
 // 179 us bf16, 119 vs 268 us fp8).
 enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
+// How the 16-row register kernel (kernel=regs, or auto) converts NVFP4 K/V: byte (a byte of two
+// e2m1 codes at a time: extraction, spread, masks and shifts per fp16 pair), word (a 32-bit word of
+// 8 codes at a time: the codes of its high and of its low nibbles by two mask/shift/merge chains,
+// then one prmt or AND per fp16 pair; ~20 % fewer instructions per block, the same B values, Q K^T
+// dims taken in another order). auto: byte (word not yet measured on a GPU). Other kernels and KV
+// kinds ignore it.
+enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 
 struct SparseDecodeOptions {
   DecodeKernel kernel = DecodeKernel::kAuto;
   DecodeMtp mtp = DecodeMtp::kAuto;
+  DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -169,7 +177,8 @@ struct TopkSelectOptions {
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
-// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union.
+// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union,
+// nvfp4_cvt=auto|byte|word.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
@@ -235,6 +244,7 @@ struct WorkspaceLayout {
 struct QueryMajorPlan {
   int warps_m = 0;    // 1 (G <= 16: one m16 tile per token) or 4 (64-row tiles)
   bool regs = false;  // decode: the streaming variant (DecodeKernel::kRegs where it applies)
+  bool nvfp4_word = false;  // regs with NVFP4 K/V (16-row tiles): nvfp4_cvt=word's conversion
   int mtp_tokens = 0; // decode: > 0 for MTP union items of this many tokens per request
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks
@@ -334,5 +344,6 @@ const char* option_name(ProxyKernel v);
 const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);
+const char* option_name(DecodeNvfp4Cvt v);
 
 }  // namespace flashmsa

@@ -815,7 +815,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
 # warp_split | radix_ilp;
 # msa_sparse_decode_attention:
-# kernel = auto | smem | regs, mtp = auto | per_token | union (include/flashmsa/plan.h). An
+# kernel = auto | smem | regs, mtp = auto | per_token | union, nvfp4_cvt = auto | byte | word (the
+# register kernel's NVFP4 conversion; auto: byte) (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).
 

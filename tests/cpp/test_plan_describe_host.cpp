@@ -164,6 +164,12 @@ TEST(PlanDescribe, DecodeRegsNamesItsConversion) {
     const std::string d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
     EXPECT_TRUE(has(d, c.text)) << d;
   }
+  // nvfp4_cvt=word: named for NVFP4 K/V under the register kernel only.
+  SparseDecodeOptions word = regs;
+  word.nvfp4_cvt = DecodeNvfp4Cvt::kWord;
+  EXPECT_TRUE(has(describe_decode(plan_sparse_decode(dp, f, word), dp.attn),
+                  "NVFP4 K/V converted in registers, nvfp4_cvt=word: a word of 8 codes at a time)"));
+  EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f, regs), dp.attn), "nvfp4_cvt"));
   // auto: regs for NVFP4 (the last case's K/V) and fp8, smem for 16-bit K/V.
   EXPECT_TRUE(has(describe_decode(plan_sparse_decode(dp, f), dp.attn), "kernel=regs"));
   dp.attn.k.dtype = dp.attn.v.dtype = DType::kBF16;

@@ -550,6 +550,43 @@ TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
   EXPECT_FALSE(plan_sparse_attention(p, {}, h200).qm.regs);
 }
 
+TEST(PlanDecode, Nvfp4WordConversionOnlyUnderTheRegisterKernelWithNvfp4) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  SparseDecodeParams nvfp4 = decode(30, -1);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  SparseDecodeOptions word;
+  word.nvfp4_cvt = DecodeNvfp4Cvt::kWord;
+  SparseDecodeOptions regs_word = word;
+  regs_word.kernel = DecodeKernel::kRegs;
+  SparseDecodeOptions smem_word = word;
+  smem_word.kernel = DecodeKernel::kSmem;
+  SparseDecodeOptions byte;
+  byte.nvfp4_cvt = DecodeNvfp4Cvt::kByte;
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, word).qm.nvfp4_word);       // auto takes regs
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, regs_word).qm.nvfp4_word);
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, {}).qm.nvfp4_word);        // default: byte
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, byte).qm.nvfp4_word);
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, smem_word).qm.nvfp4_word);  // smem kernel
+  // The same plan otherwise: items, splits, workspace.
+  const SparseAttnPlan a = plan_sparse_decode(nvfp4, h200, regs_word);
+  const SparseAttnPlan b = plan_sparse_decode(nvfp4, h200, {});
+  EXPECT_TRUE(a.qm.regs && b.qm.regs);
+  EXPECT_EQ(a.qm.splits, b.qm.splits);
+  EXPECT_EQ(a.qm.num_items, b.qm.num_items);
+  EXPECT_EQ(a.bytes, b.bytes);
+  SparseAttnDeviceFacts sm89 = h200;
+  sm89.decode_regs_ctas = 0;  // no register kernel: nothing to convert a word at a time
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, sm89, regs_word).qm.nvfp4_word);
+  SparseDecodeParams fp8 = decode(30, -1);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  EXPECT_FALSE(plan_sparse_decode(fp8, h200, regs_word).qm.nvfp4_word);
+  EXPECT_FALSE(plan_sparse_decode(decode(30, -1), h200, regs_word).qm.nvfp4_word);  // bf16
+  SparseDecodeParams g32 = nvfp4;
+  g32.attn.num_heads = 128;  // G = 32: 64-row tiles, the smem kernel
+  EXPECT_FALSE(plan_sparse_decode(g32, h200, regs_word).qm.nvfp4_word);
+}
+
 SparseDecodeParams mtp_call(int batch, int seqlen_q, int hq = 64, int topk = 16) {
   SparseDecodeParams d{};
   d.attn = attn(batch * seqlen_q, hq, 4, topk);
@@ -790,6 +827,10 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_decode_options(std::string("kernel=") + option_name(k)).kernel, k);
   for (DecodeMtp m : {DecodeMtp::kAuto, DecodeMtp::kPerToken, DecodeMtp::kUnion})
     EXPECT_EQ(parse_sparse_decode_options(std::string("mtp=") + option_name(m)).mtp, m);
+  EXPECT_EQ(parse_sparse_decode_options("").nvfp4_cvt, DecodeNvfp4Cvt::kAuto);
+  for (DecodeNvfp4Cvt c : {DecodeNvfp4Cvt::kAuto, DecodeNvfp4Cvt::kByte, DecodeNvfp4Cvt::kWord})
+    EXPECT_EQ(parse_sparse_decode_options(std::string("nvfp4_cvt=") + option_name(c)).nvfp4_cvt, c);
+  EXPECT_EQ(parse_sparse_decode_options("kernel=regs,nvfp4_cvt=word").nvfp4_cvt, DecodeNvfp4Cvt::kWord);
   EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
@@ -852,6 +893,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
                "unknown plan option 'splits'");
+  expect_error([] { parse_sparse_decode_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
+               "nvfp4_cvt must be auto, byte or word, got 'prmt'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
                "warp_split or radix_ilp, got 'new'");

@@ -410,8 +410,11 @@ def _poison_allocator(dp: DecodeProblem):
     del junk
 
 
-def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None, **extra):
+def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None,
+             nvfp4_cvt: Optional[str] = None, **extra):
     options = dict(kernel=kernel) if mtp is None else dict(kernel=kernel, mtp=mtp)
+    if nvfp4_cvt is not None:
+        options["nvfp4_cvt"] = nvfp4_cvt
     ws = _poisoned_workspace(dp, options, **extra)
     _poison_allocator(dp)
     result = msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, **extra,
@@ -427,6 +430,47 @@ def test_regs_kernel_matches_cpu_reference(case, force_fused):
     dp, want, base_out = reference(case, seed=11)
     got = run_regs(dp, force_fused=force_fused)
     check_against_reference(dp, got, want, base_out, f"{case} regs fused={force_fused}")
+
+
+# NVFP4 K/V converted a word (8 codes) at a time (plan option nvfp4_cvt=word; kv_regs.cuh
+# qk_nvfp4_regs / pv_nvfp4_regs with kWord): every REGS_NVFP4_CASES case, the tolerances of the byte
+# conversion; against the byte conversion on the same data, the same -inf / 0 pattern and outputs
+# within the bound of two summation orders (the B values are the same; Q K^T adds the dims of a
+# k-step in another order), and deterministic. Kinds it does not apply to (fp8, bf16) ignore it.
+@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", REGS_NVFP4_CASES + [
+    c for c in REGS_CASES if c.name == "spec_8_1_8_2_fp8_paged"] + [
+    c for c in REGS_NATIVE_CASES if c.name == "fp16"], ids=str)
+def test_regs_nvfp4_word_matches_cpu_reference(case, force_fused):
+    dp, want, base_out = reference(case, seed=11)
+    got = run_regs(dp, nvfp4_cvt="word", force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} regs nvfp4_cvt=word fused={force_fused}")
+
+
+@pytest.mark.parametrize("partial_dtype", [torch.float32, FP8], ids=str)
+@pytest.mark.parametrize("case", REGS_NVFP4_CASES[:2], ids=str)
+def test_regs_nvfp4_word_partial_dtypes(case, partial_dtype):
+    dp, want, base_out = reference(case, seed=12)
+    got = run_regs(dp, nvfp4_cvt="word", force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"{case} nvfp4_cvt=word partial {partial_dtype}",
+                            partial_dtype=partial_dtype)
+
+
+@pytest.mark.parametrize("case", REGS_NVFP4_CASES, ids=str)
+def test_regs_nvfp4_word_against_byte(case):
+    dp = build_decode(case, seed=13)
+    for fused in (True, False):
+        byte = run_regs(dp, nvfp4_cvt="byte", force_fused=fused)
+        word = run_regs(dp, nvfp4_cvt="word", force_fused=fused)
+        empty = torch.isinf(word[1])
+        assert torch.equal(torch.isinf(byte[1]), empty)
+        assert bool((word[0][empty] == 0).all())
+        diff = float((byte[0].double() - word[0].double()).abs().max())
+        assert diff < 5e-3, f"byte vs word: max |diff| {diff:.3e}"
+        lse_diff = float((byte[1][~empty].double() - word[1][~empty].double()).abs().max()) \
+            if bool((~empty).any()) else 0.0
+        assert lse_diff < 1e-3, f"byte vs word lse: max |diff| {lse_diff:.3e}"
+        assert bits_equal(word, run_regs(dp, nvfp4_cvt="word", force_fused=fused))
 
 
 @pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
@@ -735,6 +779,19 @@ def _decode_plan_text(dp: DecodeProblem, options) -> str:
     texts = [t for t in handler.texts if t.startswith("msa_sparse_decode_attention")]
     assert len(texts) == 1, handler.texts
     return texts[0]
+
+
+@pytest.mark.parametrize("kv", ["fp8", "nvfp4", "same"])
+def test_nvfp4_word_plan_names_the_conversion(kv):
+    """nvfp4_cvt=word is named in the plan text for NVFP4 K/V under the register kernel only; auto
+    keeps the byte conversion."""
+    dp = build_decode(DecodeCase("c", 4, 1, 16, 2, kv=kv), seed=37)
+    forced = _decode_plan_text(dp, dict(kernel="regs", nvfp4_cvt="word")).split("): ", 1)[1]
+    assert ("nvfp4_cvt=word" in forced) == (kv == "nvfp4"), forced
+    auto = _decode_plan_text(dp, None).split("): ", 1)[1]
+    assert "nvfp4_cvt=word" not in auto, auto
+    smem = _decode_plan_text(dp, dict(kernel="smem", nvfp4_cvt="word")).split("): ", 1)[1]
+    assert "nvfp4_cvt=word" not in smem, smem
 
 
 @pytest.mark.parametrize("kv", ["fp8", "nvfp4", "same"])

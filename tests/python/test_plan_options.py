@@ -56,7 +56,9 @@ VALID = {
                     dict(kernel="radix_ilp")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
-                      dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union"],
+                      dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
+                      dict(nvfp4_cvt="auto"), dict(nvfp4_cvt="byte"),
+                      dict(kernel="regs", nvfp4_cvt="word"), "kernel=regs,nvfp4_cvt=word"],
 }
 
 
@@ -122,6 +124,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     # kernel=regs8 (8 warps per CTA for fp8 K/V) was removed: slower than regs on the H200 (at 5b22cb3).
     ("sparse_decode", dict(kernel="regs8"), "kernel must be auto, smem or regs, got 'regs8'"),
     ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
+    ("sparse_decode", dict(nvfp4_cvt="prmt"), "nvfp4_cvt must be auto, byte or word, got 'prmt'"),
     ("topk_select", dict(kernel="heap"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
      "radix_ilp, "

@@ -38,6 +38,7 @@ extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1>(const 
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>();
@@ -76,6 +77,7 @@ extern template void launch_query_major<__half, KvKind::kNvfp4, 1>(const QueryMa
 extern template void launch_query_major<__half, KvKind::kNvfp4, 4>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNvfp4>();
