@@ -83,7 +83,7 @@ QUICK = dict(
             (8 * K, "bf16", "flat", "pipeline")],
     decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
                  (1, 32 * K, 1, "fp8"), (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8"),
-                 (64, 32 * K, 1, "nvfp4"), (64, 32 * K, 4, "nvfp4")],
+                 (1, 32 * K, 1, "nvfp4"), (64, 32 * K, 1, "nvfp4"), (64, 32 * K, 4, "nvfp4")],
     pipeline_s=[8 * K, 32 * K],
     topk_s=[32 * K, 128 * K],
     step=[(b, 32 * K, 1, d, d) for d in ("bf16", "fp8") for b in (1, 64)],
@@ -801,10 +801,13 @@ class Bench:
             ref = REF_DECODE_ATTN if (b, ctx, sq, kv) == (64, 32 * K, 1, "bf16") else None
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
             # forced by name (plan options); fp8 union items also with their K/V converted in
-            # registers (kernel=regs, mtp=union; auto since ffe265b).
+            # registers (kernel=regs, mtp=union; auto since ffe265b); NVFP4 sq 1 also with the
+            # register kernel's word conversion (nvfp4_cvt=word, not yet the default).
             variants = [("", None)]
             if sq == 1:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
+                if kv == "nvfp4":
+                    variants.append((" [nvfp4_cvt=word]", dict(kernel="regs", nvfp4_cvt="word")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":

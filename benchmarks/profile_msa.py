@@ -94,6 +94,9 @@ def cases(bench: bm.Bench) -> dict:
         "decode_b64_regs": lambda: bench.build_decode(64, 32 * K, 1, "bf16", dict(kernel="regs")),
         "decode_b64_fp8_smem": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="smem")),
         "decode_b64_fp8_regs": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="regs")),
+        # NVFP4 K/V converted a word (8 codes) at a time (nvfp4_cvt=word; auto: byte).
+        "decode_b64_nvfp4_word": lambda: bench.build_decode(64, 32 * K, 1, "nvfp4",
+                                                            dict(kernel="regs", nvfp4_cvt="word")),
         "decode_b64_sq4_union": lambda: bench.build_decode(64, 32 * K, 4, "bf16", dict(mtp="union")),
         "decode_b64_sq4_fp8_union": lambda: bench.build_decode(64, 32 * K, 4, "fp8",
                                                                dict(mtp="union")),

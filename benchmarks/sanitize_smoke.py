@@ -628,6 +628,10 @@ class Smoke:
         seqlen_q 1 and 4, fused / split with each partial dtype, ids out of range and -1 holes in
         the lists."""
         ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs"))
+        # NVFP4 K/V also converted a word at a time (nvfp4_cvt=word; seqlen_q 1: MTP calls take
+        # union items, which do not convert in registers).
+        word_ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs",
+                                                                         nvfp4_cvt="word"))
         b = len(lens)
         for hq, hkv, q_dtype, kv_dtype in ((64, 4, BF16, FP8), (8, 2, FP16, FP8), (16, 4, FP8, FP8),
                                            (64, 4, BF16, BF16), (8, 2, FP16, FP16)):
@@ -658,13 +662,16 @@ class Smoke:
                     return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
                 q_sel = self.lazy(build)
                 for fused in (True, False):
-                    def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused):
-                        (k4, v4, scales, table, used), (q, sel) = cache(), q_sel()
-                        return ops.msa_sparse_decode_attention(
-                            q, k4, v4, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
-                            return_softmax_lse=True, force_fused=fused, **scales)
-                    self.run(f"decode regs paged nvfp4 q={str(q_dtype)[6:]} {hq}/{hkv} "
-                             f"sq{seqlen_q} fused={fused}", call)
+                    for tag, planned in (("", ops), (" nvfp4_cvt=word", word_ops)):
+                        if tag and seqlen_q != 1:
+                            continue
+                        def call(cache=cache, q_sel=q_sel, sqd=seqlen_q, fused=fused, o=planned):
+                            (k4, v4, scales, table, used), (q, sel) = cache(), q_sel()
+                            return o.msa_sparse_decode_attention(
+                                q, k4, v4, sel, page_table=table, seqused_k=used, seqlen_q=sqd,
+                                return_softmax_lse=True, force_fused=fused, **scales)
+                        self.run(f"decode regs{tag} paged nvfp4 q={str(q_dtype)[6:]} {hq}/{hkv} "
+                                 f"sq{seqlen_q} fused={fused}", call)
 
     def decode_mtp_union(self, lens):
         """MTP union items (plan option mtp=union): M3 and small groups, bf16 / fp8 / NVFP4
