@@ -326,7 +326,7 @@ class Bench:
         self.cfg = dict(QUICK if args.quick else FULL)
         if args.pipeline_sizes:
             self.cfg["pipeline_s"] = args.pipeline_sizes
-        self.timer = Timer(device, self.cfg["budget_s"], self.cfg["max_reps"])
+        self.timer = Timer(device, self.cfg["budget_s"], self.cfg["max_reps"], flush=args.l2_flush)
         self.rows: list[dict] = []
         self.ceil: dict = {}
         self.dense_us: dict = {}
@@ -1021,8 +1021,9 @@ def meta(args, ops_module) -> dict:
         torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
         flashmsa=getattr(ops_module, "__file__", None), commit=commit or "unknown",
         mode="quick" if args.quick else "full", argv=sys.argv,
-        timing="CUDA events around each call, L2 flushed by a 256 MB memset and a GPU sleep "
-               "queued before each repetition, median of the repetitions",
+        timing=(f"CUDA events around each call, L2 flushed by a 256 MB "
+                f"{'read' if args.l2_flush == 'read' else 'memset'} and a GPU sleep queued before "
+                f"each repetition, median of the repetitions"),
     )
 
 
@@ -1040,6 +1041,10 @@ def parse_sizes(text: str) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="subset that runs in < 2 minutes")
+    ap.add_argument("--l2-flush", choices=("read", "write"), default="read",
+                    help="how L2 is flushed before each repetition: read a 256 MB buffer (clean "
+                         "lines; the default) or write it (a memset, the method before 2026-12-02: "
+                         "the dirty lines' write-back lands in the timed op)")
     ap.add_argument("--out", help="write every row and the ceilings as JSON here")
     ap.add_argument("--tile-waste", default="", type=lambda v: [w for w in v.split(",") if w],
                     help="comma-separated values of the tile_max_waste plan option (1 to 8; the "

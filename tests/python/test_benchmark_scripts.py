@@ -238,7 +238,7 @@ def cpu_bench(monkeypatch):
     """A Bench on the CPU: the ops' reference, the host timer, no-op device synchronisation."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
-    bench = bm.Bench(argparse.Namespace(quick=True, tile_waste=[], pipeline_sizes=[]), msa_ops, torch.device("cpu"))
+    bench = bm.Bench(argparse.Namespace(quick=True, tile_waste=[], pipeline_sizes=[], l2_flush="read"), msa_ops, torch.device("cpu"))
     bench.timer = Timer("cpu", budget_s=0.0, max_reps=2, min_reps=2)
     bench.ceil["copy_gbs"] = 1000.0
     return bench

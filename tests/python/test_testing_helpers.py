@@ -245,6 +245,13 @@ def test_timer_on_cpu_runs_the_requested_repetitions():
     assert 2 <= budgeted["reps"] <= 25
 
 
+def test_timer_flush_mode_is_checked():
+    assert timing.Timer("cpu", budget_s=0.0, max_reps=1, flush="write").flush_mode == "write"
+    assert timing.Timer("cpu", budget_s=0.0, max_reps=1).flush_mode == "read"
+    with pytest.raises(ValueError, match="flush must be 'read' or 'write'"):
+        timing.Timer("cpu", budget_s=0.0, max_reps=1, flush="none")
+
+
 # ---- cases -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("table", ["ATTENTION", "DECODE", "PROXY", "TOPK"])

@@ -2,9 +2,11 @@
 demo alike.
 
 On CUDA: one call (L2 flushed) estimates the time and warms up, one more measures the host time of
-a call while the GPU is kept busy, then every repetition flushes L2 with a 256 MB memset and queues
-a GPU-side sleep ahead of the op (so that host launch time is not timed), and CUDA events bracket
-the op. The repetition count fits a time budget between ``min_reps`` and ``max_reps``; the median is
+a call while the GPU is kept busy, then every repetition flushes L2 and queues a GPU-side sleep
+ahead of the op (so that host launch time is not timed), and CUDA events bracket the op. The flush
+(``flush="read"``, the default) reads a 256 MB buffer, which leaves L2 holding clean lines only;
+``flush="write"`` (a 256 MB memset, the method before 2026-12-02) leaves it full of dirty lines, whose
+write-back then lands inside the timed op and costs a memory-bound op of ~0.1 ms several µs. The repetition count fits a time budget between ``min_reps`` and ``max_reps``; the median is
 the result. On the CPU every repetition is timed with the wall clock (no flush, no sleep).
 
 :func:`capture_graph` captures a function into a CUDA graph (the benchmark's decode step and the
@@ -27,13 +29,16 @@ class Timer:
 
     HOST_PROBE_US = 20_000  # GPU sleep queued while the host time of one call is measured
 
-    def __init__(self, device, budget_s: float, max_reps: int, min_reps: int = 5):
+    def __init__(self, device, budget_s: float, max_reps: int, min_reps: int = 5, flush: str = "read"):
+        if flush not in ("read", "write"):
+            raise ValueError(f"flush must be 'read' or 'write', got {flush!r}")
+        self.flush_mode = flush
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.budget_s = budget_s
         self.max_reps = max_reps
         self.min_reps = min_reps
-        self.flush_buf = (torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=self.device)
+        self.flush_buf = (torch.zeros(FLUSH_BYTES, dtype=torch.uint8, device=self.device)
                           if self.cuda else None)
         self.cycles_per_us = self._calibrate_sleep() if self.cuda else None
 
@@ -54,7 +59,10 @@ class Timer:
             torch.cuda._sleep(int(us * self.cycles_per_us))
 
     def flush(self) -> None:
-        self.flush_buf.zero_()
+        if self.flush_mode == "write":
+            self.flush_buf.zero_()
+        else:  # a read of every line: L2 ends up clean (the sum is discarded)
+            torch.sum(self.flush_buf.view(torch.int64))
 
     def host_us(self, fn):
         """Host time of one call while the GPU is busy; a call that synchronizes with the host
