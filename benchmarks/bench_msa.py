@@ -92,9 +92,8 @@ QUICK = dict(
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # The top-k kernels each top-k case runs under: the library's choice, then forced ones: the
 # warp-per-row kernel, by_size, the radix kernel's lean variant radix_1buf (by_size's prefill
-# kernel), split rows, and radix_ilp (radix_1buf with its serial chains cut: off by default until
-# measured; its rows sit next to radix_1buf's).
-TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_1buf", "radix_ilp", "warp_split")
+# kernel), and split rows.
+TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_1buf", "warp_split")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 # The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, and batch 1 at 128K (rows of
 # 1024 blocks: the M3 decode step's largest kernel under warp_per_row_8).
@@ -527,13 +526,15 @@ class Bench:
                               self.build_proxy_decode(b, c, q, fp4=True), "memory")
             self.run_case("proxy", name + " fp8", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True), "memory")
-            # Two key blocks per decode-kernel iteration (plan option decode_ilp=2; bit-identical,
-            # not yet the default), under auto's choices otherwise: bf16, fp8 and NVFP4 index-K.
+            # Key blocks per decode-kernel iteration (plan option decode_ilp; bit-identical; auto
+            # takes 2 for fp8 K since f4fdc62, 1 otherwise): the other value, under auto's choices
+            # otherwise: bf16, fp8 and NVFP4 index-K.
             ilp = dict(decode_ilp=2)
             self.run_case("proxy", name + " [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, options=ilp), "memory")
-            self.run_case("proxy", name + " fp8 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, k_fp8=True, options=ilp), "memory")
+            self.run_case("proxy", name + " fp8 [decode_ilp=1]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_ilp=1)),
+                          "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=ilp), "memory")
@@ -802,12 +803,12 @@ class Bench:
             # The default choices, then (sq 1) each decode kernel and (sq > 1) each MTP item kind
             # forced by name (plan options); fp8 union items also with their K/V converted in
             # registers (kernel=regs, mtp=union; auto since ffe265b); NVFP4 sq 1 also with the
-            # register kernel's word conversion (nvfp4_cvt=word, not yet the default).
+            # register kernel's byte conversion (nvfp4_cvt=byte; auto takes word since f4fdc62).
             variants = [("", None)]
             if sq == 1:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
                 if kv == "nvfp4":
-                    variants.append((" [nvfp4_cvt=word]", dict(kernel="regs", nvfp4_cvt="word")))
+                    variants.append((" [nvfp4_cvt=byte]", dict(kernel="regs", nvfp4_cvt="byte")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":

@@ -123,7 +123,7 @@ KERNELS = {
     "proxy": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode", "decode_f16"))],
     "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode"))],
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf",
-                         "warp_split", "radix_ilp"))],
+                         "warp_split"))],
     "decode": [("kernel", ("smem", "regs")), ("mtp", ("per_token", "union"))],
 }
 

@@ -43,11 +43,11 @@ def cases(bench: bm.Bench) -> dict:
             64, 32 * K, 1, k_fp8=True, options=dict(decode_ctas=3)),
         "proxy_decode_b64_nvfp4_decode": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(kernel="decode_only")),
-        # Two key blocks per decode-kernel iteration (plan option decode_ilp=2), auto otherwise
-        # (fp8: fp16 MMAs, 3 CTAs per SM; NVFP4: 4): against proxy_decode_b64_fp8_ctas3 / the
-        # NVFP4 default.
-        "proxy_decode_b64_fp8_ilp2": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, k_fp8=True, options=dict(decode_ilp=2)),
+        # One / two key blocks per decode-kernel iteration (plan option decode_ilp; auto: 2 for fp8
+        # K, 1 otherwise), auto otherwise (fp8: fp16 MMAs, 3 CTAs per SM; NVFP4: 4): against the
+        # fp8 / NVFP4 defaults.
+        "proxy_decode_b64_fp8_ilp1": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, k_fp8=True, options=dict(decode_ilp=1)),
         "proxy_decode_b64_nvfp4_ilp2": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(decode_ilp=2)),
         "index_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True),
@@ -58,9 +58,6 @@ def cases(bench: bm.Bench) -> dict:
         "topk_prefill_32k_radix_1buf": lambda: bench.build_topk(32 * K, dict(kernel="radix_1buf")),
         "topk_prefill_128k_radix_1buf": lambda: bench.build_topk(128 * K,
                                                                  dict(kernel="radix_1buf")),
-        # radix_1buf with its serial chains cut (docs/design/topk_select.md, "radix_ilp").
-        "topk_prefill_32k_radix_ilp": lambda: bench.build_topk(32 * K, dict(kernel="radix_ilp")),
-        "topk_prefill_128k_radix_ilp": lambda: bench.build_topk(128 * K, dict(kernel="radix_ilp")),
         "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
                                                              dict(kernel="warp_per_row_8")),
         # The B1 / 128K decode step's top-k (1 token x 4 heads x 1024 blocks): today's kernel and
@@ -94,9 +91,9 @@ def cases(bench: bm.Bench) -> dict:
         "decode_b64_regs": lambda: bench.build_decode(64, 32 * K, 1, "bf16", dict(kernel="regs")),
         "decode_b64_fp8_smem": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="smem")),
         "decode_b64_fp8_regs": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="regs")),
-        # NVFP4 K/V converted a word (8 codes) at a time (nvfp4_cvt=word; auto: byte).
-        "decode_b64_nvfp4_word": lambda: bench.build_decode(64, 32 * K, 1, "nvfp4",
-                                                            dict(kernel="regs", nvfp4_cvt="word")),
+        # NVFP4 K/V converted a byte at a time (nvfp4_cvt=byte; auto: word since f4fdc62).
+        "decode_b64_nvfp4_byte": lambda: bench.build_decode(64, 32 * K, 1, "nvfp4",
+                                                            dict(kernel="regs", nvfp4_cvt="byte")),
         "decode_b64_sq4_union": lambda: bench.build_decode(64, 32 * K, 4, "bf16", dict(mtp="union")),
         "decode_b64_sq4_fp8_union": lambda: bench.build_decode(64, 32 * K, 4, "fp8",
                                                                dict(mtp="union")),

@@ -48,8 +48,7 @@ BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 PARTS = ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_attention", "decode",
          "pipeline", "hostile")
 # The top-k kernels (plan option kernel) whose calls the topk and hostile parts make.
-TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "radix_1buf", "warp_split",
-                "radix_ilp")
+TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "radix_1buf", "warp_split")
 
 
 def seed_of(name: str) -> int:
@@ -414,9 +413,8 @@ class Smoke:
     def topk(self):
         """Every case under each top-k kernel (plan option kernel): warp-per-row at 32 and at 8
         tokens per CTA, the thread-per-row radix kernel and its lean variant (16-byte loads
-        where S % 4 == 0, 4-byte ones on the S = 77 and misaligned cases), split rows (the
-        P = 5000 case: rows over 7 warps of 3 chunks each, then the merge), and radix_ilp (the
-        lean kernel's passes 8 keys a step: batch tails of 1-7 keys)."""
+        where S % 4 == 0, 4-byte ones on the S = 77 and misaligned cases), and split rows (the
+        P = 5000 case: rows over 7 warps of 3 chunks each, then the merge)."""
         for kernel in TOPK_KERNELS:
             self._topk_cases(kernel, PlannedOps(self.ops, msa_topk_select=dict(kernel=kernel)))
 

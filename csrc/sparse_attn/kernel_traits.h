@@ -128,9 +128,14 @@ struct KvMajorArgs {
 // way (kernel, combine, lists), so the break-even was ~1.6; the warp-specialized kernel brought the
 // first figure to ~2.4 ns (break-even ~2.1), the threshold is not re-tuned yet. The others go the
 // KV-major way, whose list builder and combine skip the rows done here (done flags).
-// The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces the 1.5.
+// The TMA tile kernel (~513 useful TFLOP/s at waste 1 against ~400 for the cp.async one) moves the
+// break-even up: its bound is 2.0 (H200 at f4fdc62, M3 bf16, bound 1.5 / 2 / 2.5 / 3: 8K pipeline
+// selections 1.97 / 1.69 / 1.63 / 1.63 ms, 32K pipeline 9.51 / 9.36 / 10.22 / 9.83, 32K random 9.79
+// / 9.58 / 9.75 / 10.68, 32K clustered 4.07 / 4.07 / 4.07 / 3.99); the cp.async one keeps 1.5.
+// The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces either.
 inline constexpr int kUnionRows = 128;
-inline constexpr int kUnionMaxWasteMilli = 1500;  // the 1.5, in thousandths
+inline constexpr int kUnionMaxWasteMilli = 1500;     // the 1.5 (cp.async tiles), in thousandths
+inline constexpr int kUnionMaxWasteMilliTma = 2000;  // the 2.0 (TMA tiles)
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
 // most a tile of topk 64 could have under the default whole-union criterion.

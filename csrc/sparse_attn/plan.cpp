@@ -48,9 +48,10 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   const bool want_regs = options.kernel == DecodeKernel::kRegs ||
                          (options.kernel == DecodeKernel::kAuto && quantized_kv);
   plan.regs = want_regs && (mtp ? p.k.dtype == DType::kFP8E4M3 : plan.warps_m == 1 && regs_ctas > 0);
-  // nvfp4_cvt=word: the 16-row register kernel's NVFP4 conversion a word at a time (auto: byte).
+  // nvfp4_cvt: the 16-row register kernel's NVFP4 conversion a word at a time (auto, word) or a
+  // byte at a time (H200 at f4fdc62, B64/32K: word 61.4 vs 67.8 us; B1 30.0 vs 29.3 us).
   plan.nvfp4_word = plan.regs && !mtp && p.k.dtype == DType::kNVFP4 &&
-                    options.nvfp4_cvt == DecodeNvfp4Cvt::kWord;
+                    options.nvfp4_cvt != DecodeNvfp4Cvt::kByte;
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
   const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads
@@ -176,7 +177,6 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     plan.tile_tokens = kUnionRows / group;
     plan.num_tiles = int((int64_t(p.total_q) + plan.tile_tokens - 1) / plan.tile_tokens);
     plan.tile_max_entries = plan.tile_tokens * p.topk;
-    plan.tile_max_waste_milli = o.tile_max_waste_milli > 0 ? o.tile_max_waste_milli : kUnionMaxWasteMilli;
     const size_t tiles = size_t(p.num_kv_heads) * plan.num_tiles;
     // auto and tma: the TMA kernel where it runs (auto quietly, a forced tma names the reason in
     // the plan text), else cp_async.
@@ -184,6 +184,9 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     plan.tile_kernel = o.tile_kernel != TileKernel::kCpAsync && plan.tile_fallback == nullptr ? TileKernel::kTma
                                                                                               : TileKernel::kCpAsync;
     plan.tile_grid = (plan.tile_kernel == TileKernel::kTma ? facts.tile_tma_ctas : tctas) * facts.num_sms;
+    plan.tile_max_waste_milli = o.tile_max_waste_milli > 0       ? o.tile_max_waste_milli
+                                : plan.tile_kernel == TileKernel::kTma ? kUnionMaxWasteMilliTma
+                                                                       : kUnionMaxWasteMilli;
     plan.tile_done_off = ws.take("tile.done", tiles);
     plan.tile_count_off = ws.take("tile.count", tiles * 4);
     plan.tile_block_off = ws.take("tile.block", tiles * plan.tile_max_entries * 4);

@@ -29,17 +29,13 @@
 // chunk converted in place without compaction, the insertion-or-radix choice made warp-uniform,
 // the radix select started at the keys' range with bins of at most one float exponent, and one
 // chunk buffer and one warp per CTA (more warps per SM). Two more lean variants, radix_lean (two
-// buffers) and radix_c32 (one buffer of 32 blocks), measured slower and were removed. A third,
-// radix_ilp (kIlp, off by default until measured), is radix_1buf with the serial chains of its
-// passes cut: conversion, filter and output 8 keys a step (masks and popcounts instead of a
-// counter carried key to key), the bin search as trees.
+// buffers) and radix_c32 (one buffer of 32 blocks), measured slower and were removed.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/ptx.cuh"
 #include "flashmsa/params.h"
@@ -117,41 +113,6 @@ __device__ __forceinline__ void for_each_row(const T* col, int r_lo, int r_hi, F
   for (; row < r_hi; ++row) f(col[row * 32], row);
 }
 
-// radix_ilp: f(v, row, n) for the rows [r_lo, r_hi) of a lane's column, 8 at a time: v[i] is row
-// row + i for i < n. Full steps pass n as the constant 8 (no masks compiled in); the last, partial
-// step passes n < 8 at run time, with v[i] = 0 for i >= n (the caller masks them). One step per 8
-// rows, so that f can treat them as one: masks and popcounts instead of a counter that every
-// row's update waits on. f may write rows <= row + i for its entry i (all 8 are read first).
-template <typename T, typename F>
-__device__ __forceinline__ void for_each_batch(const T* col, int r_lo, int r_hi, F&& f) {
-  int row = r_lo;
-  for (; row + 8 <= r_hi; row += 8) {
-    T v[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = col[(row + i) * 32];
-    f(v, row, std::integral_constant<int, 8>{});
-  }
-  if (row < r_hi) {
-    const int n = r_hi - row;
-    T v[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = i < n ? col[(row + i) * 32] : T{};
-    f(v, row, n);
-  }
-}
-
-// The minimum / maximum of 8 values as a tree (depth 3, not a chain of 8).
-template <bool kMax>
-__device__ __forceinline__ uint32_t tree8(const uint32_t (&v)[8]) {
-  auto op = [](uint32_t a, uint32_t b) { return kMax ? max(a, b) : min(a, b); };
-  return op(op(op(v[0], v[1]), op(v[2], v[3])), op(op(v[4], v[5]), op(v[6], v[7])));
-}
-
-// Bits below bit i of mask.
-__device__ __forceinline__ int rank_below(uint32_t mask, int i) {
-  return __popc(mask & ((1u << i) - 1u));
-}
-
 // The bin holding rank `rem` (1-based) of the histogram: `below` keys lie in lower bins, `m` in
 // it. The bins hold at least `rem` keys in all (the caller's invariant).
 __device__ __forceinline__ void find_bin(const uint32_t* hist, int rem, int& bin, int& below,
@@ -172,62 +133,6 @@ __device__ __forceinline__ void find_bin(const uint32_t* hist, int rem, int& bin
     }
     cum += c;
   }
-}
-
-// find_bin with its chain cut (radix_ilp): the 16 counters' inclusive prefix sums as four
-// groups of four (group sums, their prefix, then within the groups), and the bin, the keys below
-// it and its count from independent compares: bin = the number of prefixes below rem; below =
-// the largest prefix below rem; the bin's count = the smallest prefix >= rem minus below. The
-// same results as find_bin (the prefixes never decrease; the bins hold >= rem keys).
-__device__ __forceinline__ void find_bin_ilp(const uint32_t* hist, int rem, int& bin, int& below,
-                                             int& m) {
-  static_assert(kBins == 16, "four groups of four counters");
-  int c[kBins];
-#pragma unroll
-  for (int d = 0; d < kBins; ++d) c[d] = int(hist[d * 32]);
-  int g[4];  // exclusive prefix of the groups
-  {
-    const int s0 = (c[0] + c[1]) + (c[2] + c[3]);
-    const int s1 = (c[4] + c[5]) + (c[6] + c[7]);
-    const int s2 = (c[8] + c[9]) + (c[10] + c[11]);
-    g[0] = 0;
-    g[1] = s0;
-    g[2] = s0 + s1;
-    g[3] = (s0 + s1) + s2;
-  }
-  int incl[kBins];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int a = c[4 * q], b = c[4 * q + 1];
-    incl[4 * q] = g[q] + a;
-    incl[4 * q + 1] = g[q] + (a + b);
-    incl[4 * q + 2] = g[q] + ((a + b) + c[4 * q + 2]);
-    incl[4 * q + 3] = g[q] + ((a + b) + (c[4 * q + 2] + c[4 * q + 3]));
-  }
-  int lt[kBins], lo[kBins], hi[kBins];
-#pragma unroll
-  for (int d = 0; d < kBins; ++d) {
-    const bool under = incl[d] < rem;
-    lt[d] = under ? 1 : 0;
-    lo[d] = under ? incl[d] : 0;
-    hi[d] = under ? INT_MAX : incl[d];
-  }
-  auto fold = [&](auto half) {  // bins [0, w) take in bins [w, 2w)
-    constexpr int w = decltype(half)::value;
-#pragma unroll
-    for (int d = 0; d < w; ++d) {
-      lt[d] += lt[d + w];
-      lo[d] = max(lo[d], lo[d + w]);
-      hi[d] = min(hi[d], hi[d + w]);
-    }
-  };
-  fold(std::integral_constant<int, 8>{});
-  fold(std::integral_constant<int, 4>{});
-  fold(std::integral_constant<int, 2>{});
-  fold(std::integral_constant<int, 1>{});
-  bin = min(lt[0], kBins - 1);
-  below = lo[0];
-  m = hi[0] == INT_MAX ? 0 : hi[0] - lo[0];
 }
 
 // Byte offset of entry `row` in a lane's offset column (from ws.offsets + 4 * lane): byte row % 4
@@ -278,23 +183,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   uint32_t key_lo = 0xFFFFFFFFu;  // lean: the smallest key of the chunk's entries kept
   uint32_t key_hi = 0;            // lean, no full carry: their largest
   if (!full) {
-    if constexpr (V::kIlp) {
-      for_each_batch(tile, j_lo, j_hi, [&](const uint32_t (&bits)[8], int j0, auto n) {
-        uint32_t lo[8], hi[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const uint32_t k = topk_order_key(__uint_as_float(bits[i]));
-          if (i < n) tile[(j0 + i) * 32] = k;
-          lo[i] = i < n ? k : 0xFFFFFFFFu;
-          hi[i] = i < n ? k : 0u;
-        }
-        key_lo = min(key_lo, tree8<false>(lo));
-        key_hi = max(key_hi, tree8<true>(hi));
-      });
-      t_lo = j_lo;
-      w = j_hi - j_lo;
-      in_place = true;
-    } else if constexpr (V::kLean) {
+    if constexpr (V::kLean) {
       for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
         const uint32_t k = topk_order_key(__uint_as_float(bits));
         tile[j * 32] = k;
@@ -316,42 +205,15 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     }
   } else {
     const uint32_t max_carry = st.max_carry;
-    if constexpr (V::kIlp) {
-      // The survivors of 8 entries as a mask; entry i goes to row w + (survivors before it).
-      for_each_batch(tile, j_lo, j_hi, [&](const uint32_t (&bits)[8], int j0, auto n) {
-        uint32_t k[8], lo[8];
-        uint32_t keep = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          k[i] = topk_order_key(__uint_as_float(bits[i]));
-          const bool kept = i < n && k[i] < max_carry;
-          keep |= uint32_t(kept) << i;
-          lo[i] = kept ? k[i] : 0xFFFFFFFFu;
-        }
-        if (keep != 0) {  // later chunks: most steps keep nothing and end here
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            if (keep & (1u << i)) {
-              const int at = w + rank_below(keep, i);
-              tile[at * 32] = k[i];
-              offs[offset_at(at)] = uint8_t(j0 + i);
-            }
-          }
-          w += __popc(keep);
-          key_lo = min(key_lo, tree8<false>(lo));
-        }
-      });
-    } else {
-      for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
-        const uint32_t k = topk_order_key(__uint_as_float(bits));
-        if (k < max_carry) {
-          tile[w * 32] = k;
-          offs[offset_at(w)] = uint8_t(j);
-          ++w;
-          if constexpr (V::kLean) key_lo = min(key_lo, k);
-        }
-      });
-    }
+    for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
+      const uint32_t k = topk_order_key(__uint_as_float(bits));
+      if (k < max_carry) {
+        tile[w * 32] = k;
+        offs[offset_at(w)] = uint8_t(j);
+        ++w;
+        if constexpr (V::kLean) key_lo = min(key_lo, k);
+      }
+    });
     if (w == 0 && !last) return;  // nothing beats the carry: it stands
 
     // A few survivors: each replaces the carry's worst entry (the largest key, the highest block
@@ -434,11 +296,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
       int rem = target;  // ranks still to fill among the keys in [base, top]
       for (bool first = true;; first = false) {
         int bin, below, cnt;
-        if constexpr (V::kIlp) {
-          find_bin_ilp(hist, rem, bin, below, cnt);
-        } else {
-          find_bin(hist, rem, bin, below, cnt);
-        }
+        find_bin(hist, rem, bin, below, cnt);
         rem -= below;
         const uint32_t b_lo = base + (uint32_t(bin) << shift);  // <= a key of the bin: no wrap
         uint32_t b_hi = b_lo + ((1u << shift) - 1u);
@@ -520,84 +378,11 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
       ++pos;
     }
   };
-  if constexpr (V::kIlp) {
-    // 8 entries a step: the taken ones as a mask (key < thr, and the keys == thr whose rank among
-    // those is below need: the lowest need - n_eq of this step's), entry i written at pos + (the
-    // taken entries before it). `last` is a compile-time branch of its own (output or carry).
-    auto take = [&](const uint32_t(&k)[8], const int(&blk)[8], auto n, auto last_c) {
-      uint32_t sel = 0;
-      uint32_t eq = 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        sel |= uint32_t(i < n && k[i] < thr) << i;
-        eq |= uint32_t(i < n && k[i] == thr) << i;
-      }
-      if (eq != 0) {
-        uint32_t e = eq;
-        for (int room = need - n_eq; room > 0 && e != 0; --room) {
-          sel |= e & (0u - e);  // the lowest key == thr not yet taken
-          e &= e - 1u;
-        }
-        n_eq += __popc(eq);
-      }
-      uint32_t hi[8], lo[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const bool taken = (sel >> i) & 1u;
-        if (taken) {
-          const int at = pos + rank_below(sel, i);
-          if constexpr (decltype(last_c)::value) {
-            out_row[r.fb + at] = blk[i];
-          } else {
-            ckey[(base_row + at) * 32] = k[i];
-            cidx[(base_row + at) * 32] = blk[i];
-          }
-        }
-        hi[i] = taken ? k[i] : 0u;
-        lo[i] = taken ? k[i] : 0xFFFFFFFFu;
-      }
-      pos += __popc(sel);
-      if constexpr (!decltype(last_c)::value) {
-        max_sel = max(max_sel, tree8<true>(hi));
-        min_sel = min(min_sel, tree8<false>(lo));
-      }
-    };
-    auto pass = [&](auto last_c) {
-      for_each_batch(ckey, c_lo, kc, [&](const uint32_t(&k)[8], int row, auto n) {
-        int blk[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) blk[i] = i < n ? cidx[(row + i) * 32] : 0;
-        take(k, blk, n, last_c);
-      });
-      if (in_place) {
-        for_each_batch(tile, t_lo, t_lo + w, [&](const uint32_t(&k)[8], int row, auto n) {
-          int blk[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) blk[i] = p0 + row + i;
-          take(k, blk, n, last_c);
-        });
-      } else {
-        for_each_batch(tile, 0, w, [&](const uint32_t(&k)[8], int row, auto n) {
-          int blk[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) blk[i] = i < n ? p0 + int(offs[offset_at(row + i)]) : 0;
-          take(k, blk, n, last_c);
-        });
-      }
-    };
-    if (last) {
-      pass(std::true_type{});
-    } else {
-      pass(std::false_type{});
-    }
+  for_each_row(ckey, c_lo, kc, [&](uint32_t k, int row) { visit(k, cidx[row * 32]); });
+  if (in_place) {
+    for_each_row(tile, t_lo, t_lo + w, [&](uint32_t k, int row) { visit(k, p0 + row); });
   } else {
-    for_each_row(ckey, c_lo, kc, [&](uint32_t k, int row) { visit(k, cidx[row * 32]); });
-    if (in_place) {
-      for_each_row(tile, t_lo, t_lo + w, [&](uint32_t k, int row) { visit(k, p0 + row); });
-    } else {
-      for_each_row(tile, 0, w,
-                   [&](uint32_t k, int row) { visit(k, p0 + int(offs[offset_at(row)])); });
-    }
+    for_each_row(tile, 0, w, [&](uint32_t k, int row) { visit(k, p0 + int(offs[offset_at(row)])); });
   }
   if (last) {
     write_frame(out_row, rp.p.topk, r, n_sel);

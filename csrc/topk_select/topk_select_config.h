@@ -91,22 +91,16 @@ inline constexpr int kInsertBudget = 160;
 //   kLean: the lean trims: a row's first chunk converted in place (no compaction
 //     bookkeeping), the insertion-or-radix choice made warp-uniform, and the radix select started
 //     at the keys' range [min, max] (bins at most one float exponent wide from the smallest key,
-//     the last one taking every key above) instead of the top 4 bits;
-//   kIlp (lean only, radix_ilp): the same passes with their serial chains cut. The conversion,
-//     filter and output passes take 8 keys at a time as one step: selection masks, positions
-//     from popcounts of the masks (no counter carried key to key), min / max as trees; the bin
-//     search sums and compares its 16 counters as independent trees instead of one chain.
-template <int kBuffers_, int kChunk_, int kWarps_, bool kLean_, bool kIlp_ = false>
+//     the last one taking every key above) instead of the top 4 bits.
+template <int kBuffers_, int kChunk_, int kWarps_, bool kLean_>
 struct Variant {
   static constexpr int kBuffers = kBuffers_;
   static constexpr int kChunk = kChunk_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps_;
   static constexpr bool kLean = kLean_;
-  static constexpr bool kIlp = kIlp_;
   static_assert(kBuffers == 1 || kBuffers == 2, "one or two chunk buffers");
   static_assert(kChunk % 8 == 0 && kChunk <= 256, "a block offset in the chunk fits a byte");
-  static_assert(!kIlp || kLean, "kIlp restructures the lean passes");
 
   // 32-bit words of shared memory per warp, every array [rows][32 lanes]: carried keys and block
   // ids [carry] each, chunk tiles [kBuffers][kChunk], byte offsets [kChunk / 4] (four bytes of
@@ -122,9 +116,6 @@ struct Variant {
 using Classic = Variant<2, 64, 2, false>;
 // radix_1buf: one buffer of 64 blocks, one warp (~16 KB at topk 16) per CTA: 13 warps per SM.
 using Lean1Buf = Variant<1, 64, 1, true>;
-// radix_ilp: radix_1buf (same buffers, warps, shared memory) with the serial chains of its
-// conversion, filter, output and bin-search steps cut (docs/design/topk_select.md, "radix_ilp").
-using Lean1BufIlp = Variant<1, 64, 1, true, true>;
 
 struct Params {
   TopkSelectParams p;

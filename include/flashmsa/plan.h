@@ -82,9 +82,7 @@ enum class ProxyKernel : int32_t {
 // warp-uniform insertion, the radix select started at the keys' range, at most one float exponent
 // a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
 // CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
-// choices: for decode-sized calls), radix_ilp (radix_1buf with the serial chains of its
-// conversion, filter, output and bin-search steps cut: 8 keys a step by masks and popcounts, trees
-// for min / max and the bin's prefix sums; off by default until measured), and by_size (radix_1buf from kTopkRadixMinGroupsPerSm groups of
+// choices: for decode-sized calls), and by_size (radix_1buf from kTopkRadixMinGroupsPerSm groups of
 // 32 tokens per SM on; below it warp_split up to kTopkSplitMaxRowsPerSm rows per SM, else
 // warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
@@ -101,9 +99,7 @@ enum class TopkKernel : int32_t {
   kBySize = 4,
   // 5 and 7 were radix_lean and radix_c32 (removed).
   kRadix1Buf = 6,
-  kWarpSplit = 8,
-  // 9 was warp_pivot (removed).
-  kRadixIlp = 10
+  kWarpSplit = 8
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
@@ -138,8 +134,8 @@ enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
 // e2m1 codes at a time: extraction, spread, masks and shifts per fp16 pair), word (a 32-bit word of
 // 8 codes at a time: the codes of its high and of its low nibbles by two mask/shift/merge chains,
 // then one prmt or AND per fp16 pair; ~20 % fewer instructions per block, the same B values, Q K^T
-// dims taken in another order). auto: byte (word not yet measured on a GPU). Other kernels and KV
-// kinds ignore it.
+// dims taken in another order). auto: word (H200 at f4fdc62, B64/32K: 61.4 vs 67.8 us; B1 30.0 vs
+// 29.3 us). Other kernels and KV kinds ignore it.
 enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 
 struct SparseDecodeOptions {
@@ -164,8 +160,8 @@ struct ProxyScoreOptions {
   // decode_ilp=1|2: key blocks per loop iteration of the decode kernel (every K dtype). 2: units
   // waited for in pairs, and a pair of loaded blocks of one single-pass request multiplied
   // together (two blocks' MMA chains per warp; the wait, barriers, shuffles and stores once per
-  // pair); bit-identical to 1. 0 = auto (1). Not yet measured on a GPU
-  // (docs/design/proxy_score.md, "Two key blocks per iteration").
+  // pair); bit-identical to 1. 0 = auto: 2 for fp8 K (H200 at f4fdc62, B64/32K 84.4 vs 87.4 us), 1
+  // otherwise (docs/design/proxy_score.md, "Two key blocks per iteration").
   int decode_ilp = 0;
 };
 struct TopkSelectOptions {
@@ -174,7 +170,7 @@ struct TopkSelectOptions {
 
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
-// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 1.5),
+// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 2 with the TMA tiles, 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union,
@@ -184,7 +180,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
-// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_ilp.
+// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------
@@ -308,7 +304,7 @@ struct ProxyScorePlan {
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.
   int decode_ctas = 2;
-  // The decode kernel's key blocks per loop iteration (1 or 2): the option decode_ilp, auto 1.
+  // The decode kernel's key blocks per loop iteration (1 or 2): the option decode_ilp (auto: 2 for fp8 K).
   int decode_ilp = 1;
 };
 struct TopkSelectPlan {

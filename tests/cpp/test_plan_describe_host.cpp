@@ -158,18 +158,21 @@ TEST(PlanDescribe, DecodeRegsNamesItsConversion) {
     const char* text;
   } cases[] = {{DType::kBF16, "; kernel=regs (3 stages at 2 CTAs per SM)"},
                {DType::kFP8E4M3, "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)"},
-               {DType::kNVFP4, "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers)"}};
+               {DType::kNVFP4, "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers, "
+                               "nvfp4_cvt=word: a word of 8 codes at a time)"}};
   for (const auto& c : cases) {
     dp.attn.k.dtype = dp.attn.v.dtype = c.kv;
     const std::string d = describe_decode(plan_sparse_decode(dp, f, regs), dp.attn);
     EXPECT_TRUE(has(d, c.text)) << d;
   }
-  // nvfp4_cvt=word: named for NVFP4 K/V under the register kernel only.
+  // nvfp4_cvt=word (the default): named for NVFP4 K/V under the register kernel only; byte is not.
   SparseDecodeOptions word = regs;
   word.nvfp4_cvt = DecodeNvfp4Cvt::kWord;
   EXPECT_TRUE(has(describe_decode(plan_sparse_decode(dp, f, word), dp.attn),
                   "NVFP4 K/V converted in registers, nvfp4_cvt=word: a word of 8 codes at a time)"));
-  EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f, regs), dp.attn), "nvfp4_cvt"));
+  SparseDecodeOptions byte = regs;
+  byte.nvfp4_cvt = DecodeNvfp4Cvt::kByte;
+  EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f, byte), dp.attn), "nvfp4_cvt"));
   // auto: regs for NVFP4 (the last case's K/V) and fp8, smem for 16-bit K/V.
   EXPECT_TRUE(has(describe_decode(plan_sparse_decode(dp, f), dp.attn), "kernel=regs"));
   dp.attn.k.dtype = dp.attn.v.dtype = DType::kBF16;
@@ -293,9 +296,6 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o.kernel = TopkKernel::kRadix1Buf;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix_1buf (forced by the option kernel=radix_1buf)")) << d;
-  o.kernel = TopkKernel::kRadixIlp;
-  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=radix_ilp (forced by the option kernel=radix_ilp)")) << d;
   o.kernel = TopkKernel::kWarpSplit;
   tp.num_tokens = 1;
   tp.num_blocks = 1024;

@@ -390,9 +390,17 @@ TEST(PlanTileKernel, TmaFallsBackToCpAsyncAndSaysWhy) {
 
 // ---- tile waste ---------------------------------------------------------------------------------
 
-TEST(PlanTiles, WasteBoundDefaultsTo1500AndFollowsTheOption) {
+TEST(PlanTiles, WasteBoundDefaultsPerTileKernelAndFollowsTheOption) {
+  // TMA tiles 2.0, cp.async tiles 1.5 (H200 at f4fdc62).
+  SparseAttnDeviceFacts tma = hopper();
+  tma.tile_tma_ctas = 1;
+  ASSERT_EQ(plan_sparse_attention(attn(4096), {}, tma).kvm.tile_kernel, TileKernel::kTma);
+  EXPECT_EQ(plan_sparse_attention(attn(4096), {}, tma).kvm.tile_max_waste_milli, 2000);
+  EXPECT_EQ(plan_sparse_attention(attn(4096), {}, hopper()).kvm.tile_kernel, TileKernel::kCpAsync);
   EXPECT_EQ(plan_sparse_attention(attn(4096), {}, hopper()).kvm.tile_max_waste_milli, 1500);
   SparseAttnOptions o;
+  o.tile_kernel = TileKernel::kCpAsync;
+  EXPECT_EQ(plan_sparse_attention(attn(4096), o, tma).kvm.tile_max_waste_milli, 1500);
   o.tile_max_waste_milli = 8000;
   EXPECT_EQ(plan_sparse_attention(attn(4096), o, hopper()).kvm.tile_max_waste_milli, 8000);
   o.tile_max_waste_milli = 999;
@@ -565,12 +573,12 @@ TEST(PlanDecode, Nvfp4WordConversionOnlyUnderTheRegisterKernelWithNvfp4) {
   byte.nvfp4_cvt = DecodeNvfp4Cvt::kByte;
   EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, word).qm.nvfp4_word);       // auto takes regs
   EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, regs_word).qm.nvfp4_word);
-  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, {}).qm.nvfp4_word);        // default: byte
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, {}).qm.nvfp4_word);         // default: word
   EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, byte).qm.nvfp4_word);
   EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, smem_word).qm.nvfp4_word);  // smem kernel
   // The same plan otherwise: items, splits, workspace.
   const SparseAttnPlan a = plan_sparse_decode(nvfp4, h200, regs_word);
-  const SparseAttnPlan b = plan_sparse_decode(nvfp4, h200, {});
+  const SparseAttnPlan b = plan_sparse_decode(nvfp4, h200, byte);
   EXPECT_TRUE(a.qm.regs && b.qm.regs);
   EXPECT_EQ(a.qm.splits, b.qm.splits);
   EXPECT_EQ(a.qm.num_items, b.qm.num_items);
@@ -817,7 +825,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
-                       TopkKernel::kWarpSplit, TopkKernel::kRadixIlp})
+                       TopkKernel::kWarpSplit})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -835,7 +843,6 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
   EXPECT_STREQ(option_name(TopkKernel::kWarpSplit), "warp_split");
-  EXPECT_STREQ(option_name(TopkKernel::kRadixIlp), "radix_ilp");
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -875,14 +882,14 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split or radix_ilp, got 'heap'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
+               "warp_split, got 'heap'");
   // radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
   // H200 (at 5b22cb3).
   for (const char* v : {"radix_lean", "radix_c32"})
     expect_error([&] { parse_topk_select_options(std::string("kernel=") + v); }, ErrorKind::kValue,
                  std::string("kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, "
-                             "radix_1buf, warp_split or radix_ilp, got '") + v + "'");
+                             "radix_1buf or warp_split, got '") + v + "'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem or regs, got 'fastest'");
@@ -896,8 +903,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
                "nvfp4_cvt must be auto, byte or word, got 'prmt'");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split or radix_ilp, got 'new'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
+               "warp_split, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -970,10 +977,8 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   // The B1 decode calls (1 token x 4 heads, any row length): warp_split (H200 at 2f7070a).
   for (int blocks : {256, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
-  // radix_ilp is off by default: the prefill calls stay with radix_1buf until an H200 run.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), {}, h200).kernel, TopkKernel::kRadix1Buf);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
-                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixIlp})
+                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);
@@ -1065,9 +1070,9 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       o.decode_ctas = c;
       EXPECT_EQ(plan_proxy_score(dp, o).decode_ctas, k == bf16 ? 2 : c) << dtype_name(k);
     }
-    // decode_ilp: auto 1 (the default kernel unchanged); the option sets it for every K dtype and
-    // leaves the CTAs per SM alone.
-    EXPECT_EQ(plan_proxy_score(dp, {}).decode_ilp, 1) << dtype_name(k);
+    // decode_ilp: auto 2 for fp8 K, else 1; the option sets it for every K dtype and leaves the
+    // CTAs per SM alone.
+    EXPECT_EQ(plan_proxy_score(dp, {}).decode_ilp, k == fp8 ? 2 : 1) << dtype_name(k);
     for (int u : {1, 2}) {
       ProxyScoreOptions o;
       o.decode_ilp = u;

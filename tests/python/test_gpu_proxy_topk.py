@@ -538,10 +538,10 @@ DECODE_CASES = [
 ]
 
 
-# decode_ilp=2 (two key blocks per loop iteration, multiplied together where they belong to one
-# single-pass request; bit-identical to the default): every test below that forces the decode
-# kernel runs with the default options and with it.
-DECODE_ILPS = [None, dict(decode_ilp=2)]
+# decode_ilp=1 / 2 (one or two key blocks per loop iteration, two multiplied together where they
+# belong to one single-pass request; bit-identical; auto takes 2 for fp8 K): every test below that
+# forces the decode kernel runs with each, forced.
+DECODE_ILPS = [dict(decode_ilp=1), dict(decode_ilp=2)]
 DECODE_ILP_IDS = ["ilp1", "ilp2"]
 
 
@@ -732,7 +732,7 @@ def test_proxy_decode_ilp_equals_default_bitwise(case: ProxyCase, kernel: str, c
     auto's 3), bf16 K (always 2 CTAs)."""
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
     extra = {} if ctas is None else dict(decode_ctas=ctas)
-    want = run_proxy(case, inputs, DEV, kernel=kernel, options=extra or None)
+    want = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(extra, decode_ilp=1))
     got = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(extra, decode_ilp=2))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
 
@@ -742,7 +742,7 @@ def test_proxy_decode_ilp_equals_default_bitwise(case: ProxyCase, kernel: str, c
 def test_proxy_decode_fp4_ilp_equals_default_bitwise(case: ProxyCase, ctas):
     a, _ = _fp4_decode_inputs(case, seed=random.getrandbits(31))
     extra = {} if ctas is None else dict(decode_ctas=ctas)
-    want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=extra or None)
+    want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(extra, decode_ilp=1))
     got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(extra, decode_ilp=2))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
 
@@ -883,10 +883,8 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 # Values of the plan option `kernel` (include/flashmsa/plan.h): warp-per-row at
 # 32 tokens per CTA, at 8 (decode-sized calls), the thread-per-row radix kernel, by_size (the
 # default: the size-based choice between warp_split, warp_per_row_8 and radix_1buf), the radix kernel's lean
-# variant radix_1buf, split rows (a CTA per row, its chunks over up to 8 warps, merged by one), and
-# radix_ilp (radix_1buf with its serial chains cut: off by default until measured).
-TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split",
-                "radix_ilp")
+# variant radix_1buf, and split rows (a CTA per row, its chunks over up to 8 warps, merged by one).
+TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split")
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,

@@ -432,19 +432,20 @@ def test_regs_kernel_matches_cpu_reference(case, force_fused):
     check_against_reference(dp, got, want, base_out, f"{case} regs fused={force_fused}")
 
 
-# NVFP4 K/V converted a word (8 codes) at a time (plan option nvfp4_cvt=word; kv_regs.cuh
-# qk_nvfp4_regs / pv_nvfp4_regs with kWord): every REGS_NVFP4_CASES case, the tolerances of the byte
-# conversion; against the byte conversion on the same data, the same -inf / 0 pattern and outputs
+# NVFP4 K/V converted a word (8 codes) at a time (plan option nvfp4_cvt=word, the default since
+# f4fdc62's H200 run; kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs with kWord; the default-option test
+# above runs it) or a byte at a time (nvfp4_cvt=byte, forced here): every REGS_NVFP4_CASES case, the
+# same tolerances; word against byte on the same data, the same -inf / 0 pattern and outputs
 # within the bound of two summation orders (the B values are the same; Q K^T adds the dims of a
 # k-step in another order), and deterministic. Kinds it does not apply to (fp8, bf16) ignore it.
 @pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
 @pytest.mark.parametrize("case", REGS_NVFP4_CASES + [
     c for c in REGS_CASES if c.name == "spec_8_1_8_2_fp8_paged"] + [
     c for c in REGS_NATIVE_CASES if c.name == "fp16"], ids=str)
-def test_regs_nvfp4_word_matches_cpu_reference(case, force_fused):
+def test_regs_nvfp4_byte_matches_cpu_reference(case, force_fused):
     dp, want, base_out = reference(case, seed=11)
-    got = run_regs(dp, nvfp4_cvt="word", force_fused=force_fused)
-    check_against_reference(dp, got, want, base_out, f"{case} regs nvfp4_cvt=word fused={force_fused}")
+    got = run_regs(dp, nvfp4_cvt="byte", force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} regs nvfp4_cvt=byte fused={force_fused}")
 
 
 @pytest.mark.parametrize("partial_dtype", [torch.float32, FP8], ids=str)
@@ -783,13 +784,15 @@ def _decode_plan_text(dp: DecodeProblem, options) -> str:
 
 @pytest.mark.parametrize("kv", ["fp8", "nvfp4", "same"])
 def test_nvfp4_word_plan_names_the_conversion(kv):
-    """nvfp4_cvt=word is named in the plan text for NVFP4 K/V under the register kernel only; auto
-    keeps the byte conversion."""
+    """nvfp4_cvt=word (auto's choice) is named in the plan text for NVFP4 K/V under the register
+    kernel only; a forced byte conversion is not named."""
     dp = build_decode(DecodeCase("c", 4, 1, 16, 2, kv=kv), seed=37)
     forced = _decode_plan_text(dp, dict(kernel="regs", nvfp4_cvt="word")).split("): ", 1)[1]
     assert ("nvfp4_cvt=word" in forced) == (kv == "nvfp4"), forced
     auto = _decode_plan_text(dp, None).split("): ", 1)[1]
-    assert "nvfp4_cvt=word" not in auto, auto
+    assert ("nvfp4_cvt=word" in auto) == (kv == "nvfp4"), auto
+    byte = _decode_plan_text(dp, dict(kernel="regs", nvfp4_cvt="byte")).split("): ", 1)[1]
+    assert "nvfp4_cvt" not in byte, byte
     smem = _decode_plan_text(dp, dict(kernel="smem", nvfp4_cvt="word")).split("): ", 1)[1]
     assert "nvfp4_cvt=word" not in smem, smem
 

@@ -52,8 +52,7 @@ VALID = {
                     "kernel=decode_f16_only,decode_ctas=4,decode_ilp=2"],
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
-                    dict(kernel="radix_1buf"), dict(kernel="warp_split"),
-                    dict(kernel="radix_ilp")],
+                    dict(kernel="radix_1buf"), dict(kernel="warp_split")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
@@ -126,18 +125,15 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
     ("sparse_decode", dict(nvfp4_cvt="prmt"), "nvfp4_cvt must be auto, byte or word, got 'prmt'"),
     ("topk_select", dict(kernel="heap"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
-     "radix_ilp, "
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or warp_split, "
      "got 'heap'"),
     # radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
     # H200 (at 5b22cb3).
     ("topk_select", dict(kernel="radix_lean"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
-     "radix_ilp, "
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or warp_split, "
      "got 'radix_lean'"),
     ("topk_select", dict(kernel="radix_c32"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
-     "radix_ilp, "
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or warp_split, "
      "got 'radix_c32'"),
 ])
 def test_bad_options_raise_value_error_naming_the_option(op, options, match):
