@@ -20,6 +20,7 @@
 #include "common/cuda_utils.h"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/combine.cuh"
 #include "sparse_attn/launch.h"
 
 namespace flashmsa::sparse_attn {
@@ -29,173 +30,6 @@ namespace {
 constexpr int kCombineWarps = 8;
 // Grid bound of the combine: CTAs per SM (a few waves of the ~3 resident ones).
 constexpr int kCombineCtasPerSm = 32;
-
-MSA_DEVICE float sanitize_lse(float v) { return v == v ? fminf(v, FLT_MAX) : neg_inf(); }
-MSA_DEVICE float clamp_finite(float v) { return fminf(fmaxf(v, -FLT_MAX), FLT_MAX); }
-
-// One slot's partial LSE, sanitized; with reset_lse (KV-major lists=once) the slot is set back to
-// -inf once read, unless it is -inf already (the slot belongs to this lane alone).
-MSA_DEVICE float read_lse(const CombineArgs& a, float* lse, int64_t idx) {
-  const float v = lse[idx];
-  if (a.reset_lse && v != neg_inf()) lse[idx] = neg_inf();
-  return sanitize_lse(v);
-}
-
-// Eight consecutive values of the partial buffer starting at element `elem` (a multiple of 8), as
-// raw bits: 16 bytes for 2-byte kinds, 8 for fp8, 32 for f32 (two loads). Kept raw so that a batch
-// of loads can be issued before any conversion.
-struct Raw8 {
-  uint4 a;
-  uint4 b;  // f32 only: values 4..7
-};
-
-template <StoreKind kKind>
-MSA_DEVICE Raw8 load8(const void* base, int64_t elem) {
-  Raw8 r{};
-  switch (kKind) {
-    case StoreKind::kF32: {
-      const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(base) + elem);
-      r.a = p[0];
-      r.b = p[1];
-      break;
-    }
-    case StoreKind::kBF16:
-    case StoreKind::kF16:
-      r.a = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + elem);
-      break;
-    default: {
-      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + elem);
-      r.a = make_uint4(u.x, u.y, 0u, 0u);
-      break;
-    }
-  }
-  return r;
-}
-
-template <StoreKind kKind>
-MSA_DEVICE void unpack8(const Raw8& r, float (&v)[8]) {
-  const uint32_t w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
-  switch (kKind) {
-    case StoreKind::kF32: {
-      const uint32_t w2[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        v[i] = __uint_as_float(w[i]);
-        v[4 + i] = __uint_as_float(w2[i]);
-      }
-      break;
-    }
-    case StoreKind::kBF16:
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-      }
-      break;
-    case StoreKind::kF16:
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-      }
-      break;
-    default:
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = e4m3_to_float(uint8_t(w[i >> 2] >> (8 * (i & 3))));
-      break;
-  }
-}
-
-MSA_DEVICE float warp_max(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
-  return v;
-}
-MSA_DEVICE float warp_sum(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-  return v;
-}
-
-// ln of sum_s 2^(v_s) over the lane's two slot values; -inf when every value is -inf.
-MSA_DEVICE float combined_lse(float v0, float v1) {
-  const float m = warp_max(fmaxf(v0, v1));
-  if (m == neg_inf()) return neg_inf();
-  const float w = warp_sum(exp2_approx(v0 - m) + exp2_approx(v1 - m));
-  return (m + log2f(w)) * kLn2;
-}
-
-// Slots per batch of loads: all of a lane's loads of a batch are in flight together. 16 is a
-// multiple of 2 (the half-warp split) and divides 32, so a batch's weights come from one lane
-// register (w0 for slots < 32, w1 above).
-constexpr int kCombineBatch = 16;
-
-// The combine of row row_begin + rel, head kh * G + g (one warp).
-template <typename OutElem, StoreKind kKind>
-MSA_DEVICE void combine_one(const CombineArgs& a, int rel, int kh, int g, int lane) {
-  const int hq = kh * a.group + g;
-  const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
-  const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + hq;
-  const int half = lane >> 4, hl = lane & 15;  // slot parity, 8-value chunk of the row
-
-  const float v0 = lane < a.num_slots ? read_lse(a, a.part_lse, base + int64_t(lane) * a.group) : neg_inf();
-  const float v1 = lane + 32 < a.num_slots ? read_lse(a, a.part_lse, base + int64_t(lane + 32) * a.group) : neg_inf();
-  const float m = warp_max(fmaxf(v0, v1));
-  float acc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-  float lse = neg_inf();
-  if (m != neg_inf()) {
-    const float w0 = exp2_approx(v0 - m), w1 = exp2_approx(v1 - m);
-    const float wsum = warp_sum(w0 + w1);
-    const int64_t elem0 = base * 128 + 8 * hl;
-    const int64_t slot_elems = int64_t(a.group) * 128;
-    for (int s0 = 0; s0 < a.num_slots; s0 += kCombineBatch) {
-      const float wsrc = s0 < 32 ? w0 : w1;
-      float ws[kCombineBatch / 2];
-      Raw8 raw[kCombineBatch / 2];
-#pragma unroll
-      for (int i = 0; i < kCombineBatch / 2; ++i) {
-        const int s = s0 + 2 * i + half;
-        ws[i] = __shfl_sync(0xffffffffu, wsrc, s & 31);
-        if (s >= a.num_slots) ws[i] = 0.0f;
-        raw[i] = Raw8{};
-        if (ws[i] != 0.0f) raw[i] = load8<kKind>(a.part_o, elem0 + int64_t(s) * slot_elems);
-      }
-#pragma unroll
-      for (int i = 0; i < kCombineBatch / 2; ++i) {
-        if (ws[i] == 0.0f) continue;
-        float v[8];
-        unpack8<kKind>(raw[i], v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] += ws[i] * clamp_finite(v[e]);
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);
-    const float mul = a.v_scale / wsum;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= mul;
-    lse = (m + log2f(wsum)) * kLn2;
-  }
-  if (half == 0) {
-    uint4 packed;
-    packed.x = pack2<OutElem>(acc[0], acc[1]);
-    packed.y = pack2<OutElem>(acc[2], acc[3]);
-    packed.z = pack2<OutElem>(acc[4], acc[5]);
-    packed.w = pack2<OutElem>(acc[6], acc[7]);
-    *reinterpret_cast<uint4*>(static_cast<OutElem*>(a.out) + out_idx * 128 + 8 * hl) = packed;
-  }
-  if (a.lse != nullptr && lane == 0) a.lse[out_idx] = lse;
-  if (a.lse_t != nullptr) {
-    const float t0 = lane < a.num_slots ? read_lse(a, a.part_lse_t, base + int64_t(lane) * a.group) : neg_inf();
-    const float t1 = lane + 32 < a.num_slots ? read_lse(a, a.part_lse_t, base + int64_t(lane + 32) * a.group) : neg_inf();
-    const float lse_t = combined_lse(t0, t1);
-    if (lane == 0) a.lse_t[out_idx] = lse_t;
-  }
-}
 
 // Units of work: (kv head, run of unit_rows = max(1, 128 / G) rows) x its G heads, about 128
 // (row, head) pairs, taken by CTAs in a grid-stride loop (a bounded grid) and by the CTA's warps in
@@ -216,7 +50,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
     const int n = (r_end - r_begin) * a.group;
     for (int i = warp; i < n; i += kCombineWarps) {  // warp-uniform loop
       const int e = i / a.group;
-      combine_one<OutElem, kKind>(a, r_begin - a.row_begin + e, kh, i - e * a.group, lane);
+      const int rel = r_begin - a.row_begin + e, g = i - e * a.group;
+      combine_row<OutElem, kKind>(a, (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g,
+                                  (int64_t(a.row_begin) + rel) * a.num_heads + kh * a.group + g, lane);
     }
   }
 }

@@ -103,6 +103,30 @@ void check_workspace(const SparseAttnParams& p, size_t needed, const char* op) {
             ": workspace must be ", kWorkspaceAlign, "-byte aligned");
 }
 
+// ---- combine -----------------------------------------------------------------------------------
+
+// The combine of a call's partials (num_slots per (row, head), row_stride rows per kv head) into
+// its outputs; rows and the KV-major fields are the caller's.
+CombineArgs combine_args(const SparseAttnParams& p, int num_slots, int row_stride, const void* part_o,
+                         StoreKind part_kind, float* part_lse, float* part_lse_t) {
+  CombineArgs c{};
+  c.row_stride = row_stride;
+  c.num_heads = p.num_heads;
+  c.num_kv_heads = p.num_kv_heads;
+  c.group = p.num_heads / p.num_kv_heads;
+  c.num_slots = num_slots;
+  c.part_o = part_o;
+  c.part_kind = part_kind;
+  c.part_lse = part_lse;
+  c.part_lse_t = part_lse_t;
+  c.out = p.out;
+  c.lse = p.lse;
+  c.lse_t = p.lse_temperature_out;
+  c.v_scale = p.v_global_scale;
+  c.unit_rows = combine_unit_rows(c.group);
+  return c;
+}
+
 // ---- query-major -----------------------------------------------------------------------------
 
 void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cudaStream_t stream) {
@@ -154,23 +178,9 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
     }
   });
   if (!plan.fused) {
-    CombineArgs c{};
+    CombineArgs c = combine_args(p, plan.splits, p.total_q, a.part_o, plan.part_kind, a.part_lse, a.part_lse_t);
     c.row_begin = 0;
     c.rows = p.total_q;
-    c.row_stride = p.total_q;
-    c.num_heads = p.num_heads;
-    c.num_kv_heads = p.num_kv_heads;
-    c.group = a.group;
-    c.num_slots = plan.splits;
-    c.part_o = a.part_o;
-    c.part_kind = plan.part_kind;
-    c.part_lse = a.part_lse;
-    c.part_lse_t = a.part_lse_t;
-    c.out = p.out;
-    c.lse = p.lse;
-    c.lse_t = p.lse_temperature_out;
-    c.v_scale = p.v_global_scale;
-    c.unit_rows = combine_unit_rows(c.group);
     launch_combine(c, p.out_dtype, stream);
   }
 }
@@ -234,6 +244,33 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   const bool once = plan.lists == KvMajorLists::kOnce;
   a.lists_once = once;
   a.list_groups = once ? plan.groups : 1;
+  CombineArgs c = combine_args(p, p.topk, plan.chunk_rows, a.part_o,
+                               compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16, a.part_lse, a.part_lse_t);
+  c.union_done = a.union_done;
+  c.union_tile_tokens = a.union_tile_tokens;
+  c.union_num_tiles = a.union_num_tiles;
+  c.reset_lse = once;
+  if (plan.combine == KvMajorCombine::kFused) {  // one launch: lists of every group, queue, tasks
+    MSA_CHECK(once && plan.kernel == KvMajorKernel::kWgmma &&
+                  (a.union_done == nullptr || a.union_tile_tokens == c.unit_rows),
+              "msa_sparse_attention: combine=fused planned without lists=once, the wgmma kernel or "
+              "tile-aligned combine units (planner bug)");
+    a.fused.counters = at<int>(p, plan.fused_counters_off);
+    a.fused.task_start = at<int>(p, plan.fused_task_start_off);
+    a.fused.unit_items = at<int>(p, plan.fused_unit_items_off);
+    a.fused.units = p.num_kv_heads * plan.groups;
+    a.fused.groups = plan.groups;
+    c.row_begin = 0;
+    c.rows = int(p.total_q);
+    a.fused.combine = c;
+    a.row_begin = 0;
+    a.rows = int(p.total_q);
+    launch_kv_major_prepare(a, plan.num_sms, stream);
+    launch_kv_major_lists(a, stream);
+    launch_kv_major_fused_prepare(a, plan.num_sms, stream);
+    dispatch_types(p, [&]<typename Elem, KvKind kKv>() { launch_kv_major_sm90<Elem, kKv>(a, plan.grid, stream); });
+    return;
+  }
   launch_kv_major_prepare(a, plan.num_sms, stream);
   if (once) {  // the lists of every launch group: one count, one scan (a CTA per group), one scatter
     a.row_begin = 0;
@@ -260,27 +297,8 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
         launch_kv_major<Elem, kKv>(a, plan.grid, stream);
       }
     });
-    CombineArgs c{};
     c.row_begin = a.row_begin;
     c.rows = a.rows;
-    c.row_stride = plan.chunk_rows;
-    c.num_heads = p.num_heads;
-    c.num_kv_heads = p.num_kv_heads;
-    c.group = a.group;
-    c.num_slots = p.topk;
-    c.part_o = a.part_o;
-    c.part_kind = compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16;
-    c.part_lse = a.part_lse;
-    c.part_lse_t = a.part_lse_t;
-    c.out = p.out;
-    c.lse = p.lse;
-    c.lse_t = p.lse_temperature_out;
-    c.v_scale = p.v_global_scale;
-    c.union_done = a.union_done;
-    c.union_tile_tokens = a.union_tile_tokens;
-    c.union_num_tiles = a.union_num_tiles;
-    c.unit_rows = combine_unit_rows(c.group);
-    c.reset_lse = once;
     launch_combine(c, p.out_dtype, stream);
   }
 }
