@@ -134,6 +134,13 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
     return f"B{b} ctx={size_name(ctx)} sq{sq} idx-K {idx} K/V {kv} graph"
 
 
+# Step rows also timed with sparse-decode plan options: (suffix of the case name, options), for
+# batches up to STEP_VARIANT_MAX_BATCH (the split-K calls: at batch 64 the decode is fused and
+# split=cluster changes nothing).
+STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),)
+STEP_VARIANT_MAX_BATCH = 8
+
+
 def randn_pages(shape, gen, device, dtype, rows: int = 4096) -> torch.Tensor:
     """Gaussian pages of a cache (flashmsa.testing.inputs.randn), `rows` pages at a time: the K/V
     of a batch of 64 at 128K context are 17 GB in bf16, and a float32 temporary of the whole would
@@ -190,13 +197,16 @@ class DecodeStep:
     Works on CPU tensors too (the ops' reference), which the CPU tests use."""
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
-                 device, geo=M3, topk: int = TOPK):
+                 device, geo=M3, topk: int = TOPK, decode_options=None):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
         if geo["idx_hq"] != geo["hkv"]:
             raise ValueError("per-head selection needs as many index heads as KV heads")
         self.ops, self.geo, self.topk = ops, geo, topk
+        # Sparse-decode plan options (flashmsa's private planned twin), None: the public op.
+        self.decode = ops.msa_sparse_decode_attention if decode_options is None else \
+            functools.partial(ops._sparse_decode_planned, options=decode_options)
         self.batch, self.ctx, self.seqlen_q = batch, ctx, seqlen_q
         self.nb = nb = ctx // mi.BLOCK
         rows, pages = batch * seqlen_q, batch * nb
@@ -227,10 +237,9 @@ class DecodeStep:
         ops.msa_topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
                             force_end_blocks=1)
         self.q2k.copy_(self.sel.transpose(0, 1))
-        out = ops.msa_sparse_decode_attention(self.q, self.k, self.v, self.q2k,
-                                              page_table=self.page_table, seqused_k=self.seqused,
-                                              seqlen_q=self.seqlen_q, causal=True,
-                                              workspace=self.workspace)
+        out = self.decode(self.q, self.k, self.v, self.q2k, page_table=self.page_table,
+                          seqused_k=self.seqused, seqlen_q=self.seqlen_q, causal=True,
+                          workspace=self.workspace)
         return out, self.sel
 
     def index_k_bytes(self) -> int:
@@ -814,6 +823,10 @@ class Bench:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
                 if kv == "nvfp4":
                     variants.append((" [nvfp4_cvt=byte]", dict(kernel="regs", nvfp4_cvt="byte")))
+            # Split-K batches (<= 8) of 16-bit and fp8 K/V: the splits of a row as one cluster
+            # merging in distributed shared memory instead of partials + combine.
+            if sq == 1 and b <= STEP_VARIANT_MAX_BATCH and kv in ("bf16", "fp8"):
+                variants.append((" [split=cluster]", dict(split="cluster")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":
@@ -930,14 +943,23 @@ class Bench:
                           "memory", ref,
                           extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
                                      kv_dtype=kv))
+            if b > STEP_VARIANT_MAX_BATCH:
+                continue
+            for suffix, options in STEP_VARIANTS:
+                self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
+                              lambda b=b, c=ctx, q=sq, i=idx, v=kv, o=options:
+                              self.build_step(b, c, q, i, v, decode_options=o),
+                              "memory", None,
+                              extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
+                                         kv_dtype=kv, decode_options=options))
 
-    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16"):
+    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
-                          self.device)
+                          self.device, decode_options=decode_options)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

@@ -85,6 +85,10 @@ def cases(bench: bm.Bench) -> dict:
         # The KV-major combine fused into the persistent attention kernel (plan option combine=fused).
         "sparse_random_32k_combine_fused": sparse("random", options=dict(combine="fused")),
         "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
+        # Batch 1 with the splits of a row as one cluster merging in distributed shared memory
+        # (split=cluster): one kernel instead of attention + combine.
+        "decode_b1_split_cluster": lambda: bench.build_decode(1, 32 * K, 1, "bf16", dict(split="cluster")),
+        "decode_b1_fp8_split_cluster": lambda: bench.build_decode(1, 32 * K, 1, "fp8", dict(split="cluster")),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
         "decode_b64_fp8": lambda: bench.build_decode(64, 32 * K, 1, "fp8"),
@@ -106,6 +110,8 @@ def cases(bench: bm.Bench) -> dict:
         "step_b64": lambda: bench.build_step(64, 32 * K, 1),
         "step_b64_fp8": lambda: bench.build_step(64, 32 * K, 1, "fp8", "fp8"),
         "step_b1_128k": lambda: bench.build_step(1, 128 * K, 1),
+        "step_b1_128k_split_cluster": lambda: bench.build_step(1, 128 * K, 1,
+                                                               decode_options=dict(split="cluster")),
     }
 
 

@@ -627,6 +627,52 @@ class Smoke:
         self.decode_regs(lens)
         self.decode_mtp_union(lens)
         self.decode_mtp_union_regs(lens)
+        self.decode_split_cluster(lens)
+
+    def decode_split_cluster(self, lens):
+        """The splits of a row as one thread-block cluster merging through distributed shared
+        memory (plan option split=cluster; sm_90, elsewhere the blocks split runs): batch 1 at M3
+        (16 splits: a cluster of 16) and the smoke lengths, the smem and regs kernels, bf16 / fp16
+        / fp8 / NVFP4 K/V, G 16 / 4 / 32 (64-row tiles), MTP per-token items, split (forced and by
+        the plan) with each partial dtype, ids out of range and -1 holes (empty splits and rows)."""
+        b = len(lens)
+        for kernel in ("smem", "regs"):
+            ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(
+                kernel=kernel, mtp="per_token", split="cluster"))
+            for blens, hq, hkv, q_dtype, kv_dtype, seqlen_q in (
+                    ([4096], 64, 4, BF16, BF16, 1), ([4096], 64, 4, BF16, FP8, 1),
+                    (lens, 8, 2, FP16, FP16, 1), (lens, 16, 4, FP8, FP8, 4),
+                    (lens[:2], 64, 2, BF16, BF16, 1)):
+                nb = len(blens)
+                cache = self.lazy(lambda blens=blens, hkv=hkv, dtype=kv_dtype:
+                                  self.paged_kv(blens, hkv, dtype))
+
+                def build(blens=blens, hq=hq, hkv=hkv, q_dtype=q_dtype, sqd=seqlen_q, nb=nb):
+                    sel = self.decode_selection(blens, sqd, hkv)
+                    sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
+                    sel[:, 1::4, 9] = -1      # the list ends there
+                    return self.rnd((nb * sqd, hq, 128)).to(q_dtype), sel
+                self._decode_fused_and_split(
+                    ops, cache, self.lazy(build), seqlen_q, (False, None),
+                    f"decode split=cluster {kernel} paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} "
+                    f"B{nb} {hq}/{hkv} sq{seqlen_q}")
+        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(split="cluster"))
+
+        def build_fp4():
+            kc, vc, table, used = self.paged_kv(lens, 2)
+            (k4, ks, kg), (v4, vs, vg) = ft.quantize_nvfp4(kc), ft.quantize_nvfp4(vc)
+            sel = self.decode_selection(lens, 1, 2)
+            sel[:, ::3, 5] = 10 ** 6
+            return k4, v4, sel, table, used, dict(k_scale=ks, v_scale=vs, k_global_scale=kg,
+                                                  v_global_scale=vg)
+        nvfp4 = self.lazy(build_fp4)
+
+        def call_fp4():
+            k4, v4, sel, table, used, scales = nvfp4()
+            return ops.msa_sparse_decode_attention(
+                self.rnd((b, 8, 128)), k4, v4, sel, page_table=table, seqused_k=used,
+                return_softmax_lse=True, force_fused=False, **scales)
+        self.run(f"decode split=cluster paged nvfp4 B{b} 8/2 sq1 fused=False", call_fp4)
 
     def decode_regs(self, lens):
         """The streaming decode variant (plan option kernel=regs): fp8 and NVFP4 K/V converted in

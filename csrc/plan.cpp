@@ -61,6 +61,9 @@ constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
 constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "auto"},
                                                      {DecodeNvfp4Cvt::kByte, "byte"},
                                                      {DecodeNvfp4Cvt::kWord, "word"}};
+constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
+                                               {DecodeSplit::kBlocks, "blocks"},
+                                               {DecodeSplit::kCluster, "cluster"}};
 
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
@@ -141,6 +144,7 @@ const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
+const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -151,9 +155,11 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.mtp = parse_enum(kDecodeMtps, name, value);
     } else if (name == "nvfp4_cvt") {
       o.nvfp4_cvt = parse_enum(kDecodeNvfp4Cvts, name, value);
+    } else if (name == "split") {
+      o.split = parse_enum(kDecodeSplits, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt)");
+               "' (options: kernel, mtp, nvfp4_cvt, split)");
     }
   });
   return o;

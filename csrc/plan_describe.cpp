@@ -30,9 +30,14 @@ void query_major_details(std::ostringstream& s, const QueryMajorPlan& qm) {
     << qm.row_tiles << " row tile(s) per (token, kv head)";
   if (qm.fused)
     s << "; fused: outputs written directly";
+  else if (qm.cluster)
+    s << "; split-K: " << qm.splits << " chunks per row, split=cluster (a cluster of " << qm.splits
+      << " CTAs per row merges its " << store_kind_name(qm.part_kind)
+      << " partials through distributed shared memory; no combine)";
   else
     s << "; split-K: " << qm.splits << " chunks per row, " << store_kind_name(qm.part_kind)
       << " partials + combine";
+  if (qm.cluster_fallback != nullptr) s << " (split=cluster falls back to blocks: " << qm.cluster_fallback << ")";
 }
 
 void workspace(std::ostringstream& s, size_t bytes) { s << "; workspace " << bytes << " bytes"; }

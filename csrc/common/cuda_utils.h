@@ -51,6 +51,18 @@ int prepare_sm90a_launch(Kernel* kernel, int threads, size_t smem_bytes) {
   return prepare_sm90a_launch(reinterpret_cast<const void*>(kernel), threads, smem_bytes);
 }
 
+// prepare_launch for a kernel launched in thread-block clusters of 1-D CTAs (sm_90 and up): the
+// largest cluster size of 16 (non-portable, allowed on H100 / H200), 8, 4 or 2 CTAs of which at
+// least one can be resident at once, or 0 where prepare_sm90a_launch gives 0 (the cluster kernels
+// are traps below sm_90, and a newer GPU would JIT their sm_80 PTX). Cached per (kernel, device);
+// opts the kernel into its shared memory and into clusters above 8.
+int prepare_cluster_launch(const void* kernel, int threads, size_t smem_bytes);
+
+template <typename Kernel>
+int prepare_cluster_launch(Kernel* kernel, int threads, size_t smem_bytes) {
+  return prepare_cluster_launch(reinterpret_cast<const void*>(kernel), threads, smem_bytes);
+}
+
 }  // namespace flashmsa::cuda
 
 // Checks the launch that just happened (configuration errors surface here; asynchronous faults

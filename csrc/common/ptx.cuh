@@ -294,4 +294,82 @@ MSA_DEVICE float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
 }
 
+// ---- thread-block clusters (sm_90) -------------------------------------------------------------
+// Distributed shared memory between the CTAs of a cluster (the split-K decode with split=cluster,
+// query_major.cuh): a CTA's rank in its cluster, the cluster barrier (arrive with release, wait
+// with acquire: the shared-memory writes of every CTA before its arrive are visible to every CTA
+// after its wait), and loads from another CTA's shared memory (mapa maps a shared-window address
+// of this CTA to the same offset in CTA `rank`'s shared memory, addressed through
+// ld.shared::cluster). On an architecture below sm_90 they trap: the planner only takes clusters
+// where the kernel's image is sm_90 or newer.
+
+MSA_DEVICE uint32_t cluster_ctarank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+// All threads of every CTA of the cluster (.aligned: every thread of a warp executes it together).
+MSA_DEVICE void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// The shared::cluster address of shared-window address `addr` in the CTA of cluster rank `rank`.
+MSA_DEVICE uint32_t cluster_map(uint32_t addr, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
+MSA_DEVICE float ld_cluster_f32(uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+#else
+  __trap();
+  return 0.0f;
+#endif
+}
+
+MSA_DEVICE uint4 ld_cluster_v4(uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+#else
+  __trap();
+  return make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+MSA_DEVICE uint2 ld_cluster_v2(uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint2 v;
+  asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+  return v;
+#else
+  __trap();
+  return make_uint2(0u, 0u);
+#endif
+}
+
 }  // namespace flashmsa

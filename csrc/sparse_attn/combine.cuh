@@ -1,5 +1,8 @@
 // Device code of the combine (combine.cu's kernel; the KV-major kernel's fused combine tasks,
-// kv_major_sm90.cuh): the merge of one (row, head)'s partial slots, see combine.cu for the method.
+// kv_major_sm90.cuh; the split=cluster decode kernel's merge through distributed shared memory,
+// query_major.cuh): the merge of one (row, head)'s partial slots, see combine.cu for the method.
+// One function (merge_row) over a source of slots, so that every path gives the same bits for the
+// same partials.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,6 +47,26 @@ MSA_DEVICE Raw8 load8(const void* base, int64_t elem) {
       break;
     default: {
       const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + elem);
+      r.a = make_uint4(u.x, u.y, 0u, 0u);
+      break;
+    }
+  }
+  return r;
+}
+
+// The same from distributed shared memory: `addr` is the shared::cluster address of the values.
+template <StoreKind kKind>
+MSA_DEVICE Raw8 load8_cluster(uint32_t addr) {
+  Raw8 r{};
+  switch (kKind) {
+    case StoreKind::kF32:
+      r.a = ld_cluster_v4(addr);
+      r.b = ld_cluster_v4(addr + 16);
+      break;
+    case StoreKind::kBF16:
+    case StoreKind::kF16: r.a = ld_cluster_v4(addr); break;
+    default: {
+      const uint2 u = ld_cluster_v2(addr);
       r.a = make_uint4(u.x, u.y, 0u, 0u);
       break;
     }
@@ -111,15 +134,17 @@ MSA_DEVICE float combined_lse(float v0, float v1) {
 // register (w0 for slots < 32, w1 above).
 inline constexpr int kCombineBatch = 16;
 
-// The combine of one (row, head) (one warp): its slots at part index base + s * G, its output and
-// LSEs at out_idx (row * Hq + head). Used by combine_kernel below and by the fused combine tasks of
-// the KV-major kernel (kv_major_sm90.cuh), which differ only in where a row's slots are.
-template <typename OutElem, StoreKind kKind>
-MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx, int lane) {
+// The merge of one (row, head) over num_slots slots (<= 64) into row out_idx of out (128 values of
+// OutElem), lse[out_idx] and lse_t[out_idx] (each skipped when null). Slots: the partials' source,
+//   float lse(int s), float lse_t(int s)   slot s's log2 LSEs, sanitized (sanitize_lse)
+//   Raw8 load(int s, int hl)                  values 8 hl .. 8 hl + 7 of slot s's row
+// A slot whose LSE is -inf has weight 0 and its values are not read.
+template <typename OutElem, StoreKind kKind, typename Slots>
+MSA_DEVICE void merge_row(const Slots& slots, int num_slots, float v_scale, void* out, float* lse_out,
+                          float* lse_t_out, int64_t out_idx, int lane) {
   const int half = lane >> 4, hl = lane & 15;  // slot parity, 8-value chunk of the row
-
-  const float v0 = lane < a.num_slots ? read_lse(a, a.part_lse, base + int64_t(lane) * a.group) : neg_inf();
-  const float v1 = lane + 32 < a.num_slots ? read_lse(a, a.part_lse, base + int64_t(lane + 32) * a.group) : neg_inf();
+  const float v0 = lane < num_slots ? slots.lse(lane) : neg_inf();
+  const float v1 = lane + 32 < num_slots ? slots.lse(lane + 32) : neg_inf();
   const float m = warp_max(fmaxf(v0, v1));
   float acc[8];
 #pragma unroll
@@ -128,9 +153,7 @@ MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx,
   if (m != neg_inf()) {
     const float w0 = exp2_approx(v0 - m), w1 = exp2_approx(v1 - m);
     const float wsum = warp_sum(w0 + w1);
-    const int64_t elem0 = base * 128 + 8 * hl;
-    const int64_t slot_elems = int64_t(a.group) * 128;
-    for (int s0 = 0; s0 < a.num_slots; s0 += kCombineBatch) {
+    for (int s0 = 0; s0 < num_slots; s0 += kCombineBatch) {
       const float wsrc = s0 < 32 ? w0 : w1;
       float ws[kCombineBatch / 2];
       Raw8 raw[kCombineBatch / 2];
@@ -138,9 +161,9 @@ MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx,
       for (int i = 0; i < kCombineBatch / 2; ++i) {
         const int s = s0 + 2 * i + half;
         ws[i] = __shfl_sync(0xffffffffu, wsrc, s & 31);
-        if (s >= a.num_slots) ws[i] = 0.0f;
+        if (s >= num_slots) ws[i] = 0.0f;
         raw[i] = Raw8{};
-        if (ws[i] != 0.0f) raw[i] = load8<kKind>(a.part_o, elem0 + int64_t(s) * slot_elems);
+        if (ws[i] != 0.0f) raw[i] = slots.load(s, hl);
       }
 #pragma unroll
       for (int i = 0; i < kCombineBatch / 2; ++i) {
@@ -153,7 +176,7 @@ MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx,
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);
-    const float mul = a.v_scale / wsum;
+    const float mul = v_scale / wsum;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= mul;
     lse = (m + log2f(wsum)) * kLn2;
@@ -164,15 +187,40 @@ MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx,
     packed.y = pack2<OutElem>(acc[2], acc[3]);
     packed.z = pack2<OutElem>(acc[4], acc[5]);
     packed.w = pack2<OutElem>(acc[6], acc[7]);
-    *reinterpret_cast<uint4*>(static_cast<OutElem*>(a.out) + out_idx * 128 + 8 * hl) = packed;
+    *reinterpret_cast<uint4*>(static_cast<OutElem*>(out) + out_idx * 128 + 8 * hl) = packed;
   }
-  if (a.lse != nullptr && lane == 0) a.lse[out_idx] = lse;
-  if (a.lse_t != nullptr) {
-    const float t0 = lane < a.num_slots ? read_lse(a, a.part_lse_t, base + int64_t(lane) * a.group) : neg_inf();
-    const float t1 = lane + 32 < a.num_slots ? read_lse(a, a.part_lse_t, base + int64_t(lane + 32) * a.group) : neg_inf();
+  if (lse_out != nullptr && lane == 0) lse_out[out_idx] = lse;
+  if (lse_t_out != nullptr) {
+    const float t0 = lane < num_slots ? slots.lse_t(lane) : neg_inf();
+    const float t1 = lane + 32 < num_slots ? slots.lse_t(lane + 32) : neg_inf();
     const float lse_t = combined_lse(t0, t1);
-    if (lane == 0) a.lse_t[out_idx] = lse_t;
+    if (lane == 0) lse_t_out[out_idx] = lse_t;
   }
+}
+
+// The slots of one (row, head) in the workspace (merge_row's source): slot s at base + s * G of the
+// LSE arrays, its values from (base + s * G) * 128 of part_o (elem0: the lane's 8-value chunk of
+// slot 0).
+template <StoreKind kKind>
+struct WorkspaceSlots {
+  const CombineArgs& a;
+  int64_t base;
+  int64_t elem0;
+  int64_t slot_elems;
+  MSA_DEVICE float lse(int s) const { return read_lse(a, a.part_lse, base + int64_t(s) * a.group); }
+  MSA_DEVICE float lse_t(int s) const { return read_lse(a, a.part_lse_t, base + int64_t(s) * a.group); }
+  MSA_DEVICE Raw8 load(int s, int /*hl: in elem0*/) const {
+    return load8<kKind>(a.part_o, elem0 + int64_t(s) * slot_elems);
+  }
+};
+
+// The combine of one (row, head) (one warp): its slots at part index base + s * G, its output and
+// LSEs at out_idx (row * Hq + head). Used by combine_kernel below and by the fused combine tasks of
+// the KV-major kernel (kv_major_sm90.cuh), which differ only in where a row's slots are.
+template <typename OutElem, StoreKind kKind>
+MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx, int lane) {
+  const WorkspaceSlots<kKind> slots{a, base, base * 128 + 8 * (lane & 15), int64_t(a.group) * 128};
+  merge_row<OutElem, kKind>(slots, a.num_slots, a.v_scale, a.out, a.lse, a.lse_t, out_idx, lane);
 }
 
 }  // namespace flashmsa::sparse_attn

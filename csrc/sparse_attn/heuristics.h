@@ -19,13 +19,14 @@ inline constexpr int kQmTargetCtasPerSm = 3;
 // 0 -> at least 2 (the split + combine path, even when the grid is already full); -1 -> heuristic.
 // The count is rounded so that no split of a full list is empty.
 // ctas_per_sm: the resident CTAs of the kernel that runs (2 for the register-converting decode
-// kernel, whose 105 KB of shared memory allow no third).
+// kernel, whose 105 KB of shared memory allow no third). max_splits: at most this many (split=cluster:
+// the largest cluster of the device, a cluster holding the splits of one row).
 inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fused,
-                              int ctas_per_sm = kQmTargetCtasPerSm) {
+                              int ctas_per_sm = kQmTargetCtasPerSm, int max_splits = 64) {
   if (force_fused == 1 || items <= 0) return 1;
   const int64_t target = int64_t(ctas_per_sm) * num_sms;
   int64_t splits = items >= num_sms ? 1 : (target + items - 1) / items;
-  splits = std::min<int64_t>(splits, topk);
+  splits = std::min<int64_t>({splits, topk, max_splits});
   if (force_fused == 0) splits = std::max<int64_t>(splits, std::min(2, topk));
   const int64_t per_split = (topk + splits - 1) / splits;
   return int((topk + per_split - 1) / per_split);

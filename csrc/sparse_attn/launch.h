@@ -19,9 +19,16 @@ namespace flashmsa::sparse_attn {
 // kWarpsM = 1, or 4 with kMtp for fp8 K/V). kMtp: MTP union items (one per request and kv
 // head, rows = tokens x G, kWarpsM = 4 only). kWordCvt: NVFP4 K/V of the register variant converted
 // a word at a time (decode plan option nvfp4_cvt=word; kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs).
+// kCluster (decode plan option split=cluster, sm_90): split calls only; the splits of one (row, kv
+// head, row tile) run as a thread-block cluster that merges its partials through distributed shared
+// memory (no workspace partials, no combine).
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false, bool kMtp = false,
-          bool kWordCvt = false>
+          bool kWordCvt = false, bool kCluster = false>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream);
+// The largest cluster every kCluster kernel of this compute dtype and KV kind gets on the current
+// device (regs: the streaming variant's too); 0 where clusters cannot run.
+template <typename Elem, KvKind kKv>
+int query_major_cluster_max(bool regs);
 
 // KV-major attention: a persistent grid of `grid` CTAs of 256 threads with
 // kv_major_smem_bytes(q_stages) bytes of dynamic shared memory each.

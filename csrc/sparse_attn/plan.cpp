@@ -27,7 +27,8 @@ StoreKind compute_store_kind(const SparseAttnParams& p) {
 // options / facts: decode only (prefill passes the defaults: smem kernel, per-token items).
 QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused,
                                 StoreKind part_kind, WorkspaceLayout& ws,
-                                const SparseDecodeOptions& options = {}, int regs_ctas = 0) {
+                                const SparseDecodeOptions& options = {}, int regs_ctas = 0,
+                                int cluster_max = 0) {
   QueryMajorPlan plan;
   const int group = p.num_heads / p.num_kv_heads;
   const bool mtp = options.mtp != DecodeMtp::kPerToken &&
@@ -56,12 +57,28 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
   const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads
                             : int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
-  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused,
-                                   query_major_target_ctas(plan.regs, mtp));
+  const int target_ctas = query_major_target_ctas(plan.regs, mtp);
+  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas);
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
+  // split=cluster: where the call splits, the splits of a row as one cluster of at most
+  // cluster_max CTAs (the split count capped there), a CTA per item (the grid is the items).
+  if (options.split == DecodeSplit::kCluster && !plan.fused) {
+    if (mtp)
+      plan.cluster_fallback = "MTP union items keep the combine kernel (mtp=per_token items run in clusters)";
+    else if (cluster_max < 2)
+      plan.cluster_fallback = "no thread-block clusters here (needs an sm_90 GPU and the library's sm_90a image)";
+    else if (plan.nvfp4_word)
+      plan.cluster_fallback = "nvfp4_cvt=word has no cluster kernel (the cluster kernels convert NVFP4 a byte at a time)";
+    else if (items * std::min(plan.splits, cluster_max) > INT_MAX)
+      plan.cluster_fallback = "more items than one grid holds";
+    if (plan.cluster_fallback == nullptr) {
+      plan.cluster = true;
+      plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, cluster_max);
+    }
+  }
   plan.num_items = items * plan.splits;
-  if (!plan.fused) {
+  if (!plan.fused && !plan.cluster) {
     const int64_t slots = int64_t(p.total_q) * p.num_heads * plan.splits;
     plan.part_o_off = ws.take("qm.part_o", size_t(slots) * 128 * store_kind_bytes(part_kind));
     plan.part_lse_off = ws.take("qm.part_lse", size_t(slots) * 4);
@@ -304,7 +321,7 @@ SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttn
   // partials off by 4x on the H200 (values above 448 clamped).
   plan.schedule = PrefillSchedule::kQueryMajor;
   plan.qm = plan_query_major(p, facts.num_sms, dp.force_fused, part_kind, plan.workspace, options,
-                             facts.decode_regs_ctas);
+                             facts.decode_regs_ctas, facts.decode_cluster_max);
   plan.bytes = plan.workspace.bytes;
   return plan;
 }

@@ -8,16 +8,19 @@
 // through a kStages-deep cp.async pipeline; warp (w_m, w_n) owns query rows 16 w_m .. + 16 and keys
 // [w_n * 64 / kWarpsN, ...) of every tile, with its own online softmax. At the end the kWarpsN
 // states of a row tile are merged through shared memory in a fixed order (deterministic) and the
-// item writes either the final output / LSE (fused) or a partial for the combine kernel.
+// item writes either the final output / LSE (fused) or a partial for the combine kernel, or
+// (split=cluster, kCluster below) keeps its partial in shared memory for its cluster to merge.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "common/cuda_utils.h"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/combine.cuh"
 #include "sparse_attn/kv_regs.cuh"
 #include "sparse_attn/launch.h"
 
@@ -527,17 +530,98 @@ MSA_DEVICE void mtp_coop_item(const QueryMajorArgs& args, int r0, int n_tok, int
     }
 }
 
+// split=cluster (kCluster): the split CTAs of one (row, kv head, row tile) run as one thread-block
+// cluster (rank = split). Each writes its partial as the combine would read it (the tile's rows
+// of part_kind values normalised by their l, and their log2 LSEs) into its own shared memory,
+// after the epilogue's buffers; after a cluster barrier the CTAs merge the rows in parallel (tile
+// row i by warp i / S of rank i % S), each reading the S partials of its row from the cluster's
+// shared memory with merge_row, the combine kernel's own code and slot order; a second
+// cluster barrier keeps every CTA's shared memory alive until the last read.
+template <typename Cfg>
+struct QueryMajorClusterLayout {
+  static constexpr int kPartOffset = Cfg::kUnionOffset + Cfg::kEpilogueBytes;  // [kRows][128] values
+  static constexpr int kLseOffset = kPartOffset + Cfg::kRows * 128 * 4;        // [kRows] floats
+  static constexpr int kLseTOffset = kLseOffset + Cfg::kRows * 4;              // [kRows] floats
+  static constexpr int kEnd = kLseTOffset + Cfg::kRows * 4;
+  static constexpr int kRows = Cfg::kRows;
+  static constexpr int kSmemBytes = kEnd > Cfg::kSmemBytes ? kEnd : Cfg::kSmemBytes;
+  static_assert(kPartOffset % 16 == 0, "16-byte partial rows");
+  // The streaming variant keeps its 105 KB (2 CTAs per SM); the others fit every SM80+ GPU.
+  static_assert(kSmemBytes == Cfg::kSmemBytes || kSmemBytes <= 99 * 1024,
+                "cluster partials fit");
+};
+
+// The slots of tile row `row` in the cluster's shared memory (merge_row's source): slot
+// s is the partial of the CTA of rank s.
+template <StoreKind kKind>
+struct ClusterSlots {
+  uint32_t part;   // this CTA's shared-window address of the partial rows
+  uint32_t lse_a;  // of the LSEs of the row
+  uint32_t lse_t_a;
+  int row;
+  MSA_DEVICE float lse(int s) const {
+    return sanitize_lse(ld_cluster_f32(cluster_map(lse_a, uint32_t(s))));
+  }
+  MSA_DEVICE float lse_t(int s) const {
+    return sanitize_lse(ld_cluster_f32(cluster_map(lse_t_a, uint32_t(s))));
+  }
+  MSA_DEVICE Raw8 load(int s, int hl) const {
+    constexpr int kE = store_kind_bytes(kKind);
+    return load8_cluster<kKind>(
+        cluster_map(part + uint32_t((row * 128 + 8 * hl) * kE), uint32_t(s)));
+  }
+};
+
+// split=cluster: the merge of one item's tile rows once every CTA of the cluster has written its
+// partial (all threads of the CTA call it).
+template <typename Elem, typename Cl>
+MSA_DEVICE void cluster_merge(const QueryMajorArgs& args, uint8_t* smem, int r, int kh, int rt, int rank,
+                              int warp, int lane) {
+  constexpr int kRows = Cl::kRows;
+  const SparseAttnParams& p = args.p;
+  cluster_sync();  // every CTA's partial is written
+  const int S = args.splits;
+  // Tile row i by warp i / S of rank i % S: the rows spread over the cluster's SMs first.
+  for (int i = warp * S + rank; i < kRows; i += S * (kQmThreads / 32)) {  // warp-uniform
+    const int hh = rt * kRows + i;
+    if (hh >= args.group) break;
+    const int64_t out_idx = int64_t(r) * p.num_heads + kh * args.group + hh;
+    const uint32_t base = smem_addr(smem);
+    auto merge = [&]<StoreKind kKind>() {
+      const ClusterSlots<kKind> slots{base + uint32_t(Cl::kPartOffset), base + uint32_t(Cl::kLseOffset + 4 * i),
+                                      base + uint32_t(Cl::kLseTOffset + 4 * i), i};
+      merge_row<Elem, kKind>(slots, S, p.v_global_scale, p.out, p.lse, p.lse_temperature_out, out_idx,
+                                      lane);
+    };
+    switch (args.part_kind) {
+      case StoreKind::kF32: merge.template operator()<StoreKind::kF32>(); break;
+      case StoreKind::kBF16: merge.template operator()<StoreKind::kBF16>(); break;
+      case StoreKind::kF16: merge.template operator()<StoreKind::kF16>(); break;
+      default: merge.template operator()<StoreKind::kFP8>(); break;
+    }
+  }
+  cluster_sync();  // no CTA's shared memory is read after it exits
+}
+
 // 3 CTAs per SM for 16-row tiles (decode: enough bytes in flight, ~150 registers); 2 for 64-row
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
 // variant (105 KB of shared memory; MTP union items in registers: 86 KB and 64 rows of S per
 // warp).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
+  using Cl = QueryMajorClusterLayout<Cfg>;
   static_assert(!kMtp || kWarpsM == 4, "MTP union items: 64-row tiles");
   static_assert(!kWordCvt || (kKv == KvKind::kNvfp4 && kRegs && kWarpsM == 1),
                 "nvfp4_cvt=word: the 16-row register variant with NVFP4 K/V");
+  static_assert(!kCluster || !kMtp, "split=cluster: per-token items");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kCluster) {  // no clusters below sm_90: never planned there (prepare_cluster_launch)
+    __trap();
+    return;
+  }
+#endif
   static_assert(!kRegs || kWarpsM == 1 || (kMtp && Cfg::kCoop),
                 "64-row register tiles: MTP union items of fp8 K/V");
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -830,6 +914,31 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
               p.lse_temperature_out[idx] = row_lse2_t(st.m[0][h], st.lt[0][h], temp) * kLn2;
           }
         }
+      } else if constexpr (kCluster) {
+        // split=cluster: the partial, as the combine would read it, at tile row i of this CTA's
+        // shared memory (merged by cluster_merge below).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mul[h] = st.l[0][h] > 0.0f ? kOutUnscale / st.l[0][h] : 0.0f;
+        const int64_t row_off = row_ok ? int64_t(w_m * 16 + (lane & 15)) * 128 : -1;
+        void* const part = smem + Cl::kPartOffset;
+        switch (args.part_kind) {
+          case StoreKind::kF32: store.template operator()<StoreKind::kF32>(mul, part, row_off); break;
+          case StoreKind::kBF16: store.template operator()<StoreKind::kBF16>(mul, part, row_off); break;
+          case StoreKind::kF16: store.template operator()<StoreKind::kF16>(mul, part, row_off); break;
+          default: store.template operator()<StoreKind::kFP8>(mul, part, row_off); break;
+        }
+        if (tig == 0) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            int64_t rq;
+            int hh;
+            if (!row_of(w_m * 16 + gid + 8 * h, rq, hh)) continue;
+            const int i = w_m * 16 + gid + 8 * h;
+            reinterpret_cast<float*>(smem + Cl::kLseOffset)[i] = row_lse2(st.m[0][h], st.l[0][h]);
+            if (args.has_temp)
+              reinterpret_cast<float*>(smem + Cl::kLseTOffset)[i] = row_lse2_t(st.m[0][h], st.lt[0][h], temp);
+          }
+        }
       } else {
         // Slot (kh, row, split, head) of the combine's layout.
         auto slot = [&](int64_t rq, int hh) {
@@ -857,18 +966,57 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         }
       }
     }
+    if constexpr (kCluster) cluster_merge<Elem, Cl>(args, smem, r, kh, rt, split, warp, lane);
   }
 }
 
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
-  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kWordCvt>;
-  flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
-  // Items beyond the largest grid are picked up by the grid-stride loop.
-  const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
-  kernel<<<unsigned(grid), kQmThreads, Cfg::kSmemBytes, stream>>>(args);
-  MSA_CUDA_CHECK(cudaGetLastError());
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kWordCvt, kCluster>;
+  if constexpr (kCluster) {
+    // One cluster per (row, kv head, row tile): its splits are consecutive items, one CTA each
+    // (no grid-stride loop: every CTA of a cluster must reach its barriers).
+    constexpr int kSmem = QueryMajorClusterLayout<Cfg>::kSmemBytes;
+    const int max_size = flashmsa::cuda::prepare_cluster_launch(kernel, kQmThreads, kSmem);
+    MSA_CHECK(!args.write_final && args.splits >= 1 && args.splits <= max_size &&
+                  args.num_items % args.splits == 0 && args.num_items <= int64_t(INT_MAX),
+              "msa_sparse_decode_attention: split=cluster with ", args.splits, " splits of ", args.num_items,
+              " items, clusters of at most ", max_size, " CTAs here (planner bug)");
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(args.num_items));
+    cfg.blockDim = dim3(kQmThreads);
+    cfg.dynamicSmemBytes = kSmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(args.splits);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+  } else {
+    flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
+    // Items beyond the largest grid are picked up by the grid-stride loop.
+    const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
+    kernel<<<unsigned(grid), kQmThreads, Cfg::kSmemBytes, stream>>>(args);
+    MSA_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+// split=cluster: the largest cluster (in CTAs, 0 where clusters cannot run) that every split=cluster
+// kernel of this compute dtype and KV kind the planner may pick gets on the current device.
+template <typename Elem, KvKind kKv>
+int query_major_cluster_max(bool regs) {
+  auto size = [&]<int kWarpsM, bool kRegs>() {
+    using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
+    return flashmsa::cuda::prepare_cluster_launch(query_major_kernel<Elem, kKv, kWarpsM, kRegs, false, false, true>,
+                                                  kQmThreads, QueryMajorClusterLayout<Cfg>::kSmemBytes);
+  };
+  int n = std::min(size.template operator()<1, false>(), size.template operator()<4, false>());
+  if (regs) n = std::min(n, size.template operator()<1, true>());
+  return n;
 }
 
 }  // namespace flashmsa::sparse_attn

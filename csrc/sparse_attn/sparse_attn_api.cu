@@ -142,12 +142,24 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
   a.num_items = plan.num_items;
   a.mtp_tokens = plan.mtp_tokens;
   a.part_kind = plan.part_kind;
-  if (!plan.fused) {
+  if (!plan.fused && !plan.cluster) {
     a.part_o = at<void>(p, plan.part_o_off);
     a.part_lse = at<float>(p, plan.part_lse_off);
     a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
   }
   dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+    if (plan.cluster) {  // split=cluster: per-token items (the planner keeps MTP union items off it)
+      MSA_CHECK(plan.mtp_tokens == 0 && !plan.fused && !plan.nvfp4_word, "msa_sparse_decode_attention: "
+                "split=cluster planned for MTP union items, a fused call or nvfp4_cvt=word (planner bug)");
+      if (plan.regs) {
+        launch_query_major<Elem, kKv, 1, true, false, false, true>(a, stream);
+      } else if (plan.warps_m == 1) {
+        launch_query_major<Elem, kKv, 1, false, false, false, true>(a, stream);
+      } else {
+        launch_query_major<Elem, kKv, 4, false, false, false, true>(a, stream);
+      }
+      return;
+    }
     if (plan.regs && plan.mtp_tokens > 0) {  // MTP union items, fp8 K/V converted in registers
       if constexpr (kKv == KvKind::kFp8) {
         launch_query_major<Elem, kKv, 4, true, true>(a, stream);
@@ -177,7 +189,7 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       launch_query_major<Elem, kKv, 4>(a, stream);
     }
   });
-  if (!plan.fused) {
+  if (!plan.fused && !plan.cluster) {
     CombineArgs c = combine_args(p, plan.splits, p.total_q, a.part_o, plan.part_kind, a.part_lse, a.part_lse_t);
     c.row_begin = 0;
     c.rows = p.total_q;
@@ -313,7 +325,12 @@ SparseAttnDeviceFacts device_facts(const SparseAttnParams& p, bool decode) {
   f.num_sms = limits.num_sms;
   // The streaming decode variant keeps 2 CTAs per SM where its 105 KB of shared memory fit.
   f.decode_regs_ctas = limits.max_smem_per_block_optin >= kQmRegsSmemBytes ? 2 : 0;
-  if (decode) return f;  // decode is query-major only
+  if (decode) {  // decode is query-major only
+    dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+      f.decode_cluster_max = query_major_cluster_max<Elem, kKv>(f.decode_regs_ctas > 0);
+    });
+    return f;
+  }
   dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
     f.kv_major_wgmma_ctas = kv_major_sm90_ctas_per_sm<Elem, kKv>();
     for (int stages = 1; stages <= 2; ++stages) f.kv_major_mma_sync_ctas[stages - 1] = kv_major_ctas_per_sm<Elem, kKv>(stages);

@@ -146,11 +146,22 @@ enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
 // dims taken in another order). auto: word (H200 at f4fdc62, B64/32K: 61.4 vs 67.8 us; B1 30.0 vs
 // 29.3 us). Other kernels and KV kinds ignore it.
 enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
+// Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
+// batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
+// to the workspace, the combine kernel merges them), cluster (the splits of a row run as one
+// thread-block cluster, sm_90: each CTA keeps its partial in shared memory and after a cluster
+// barrier the CTAs merge the row's heads in parallel through distributed shared memory with the
+// combine's own code and slot order, so the results are bit-identical to blocks; at most 16 splits
+// (the largest cluster; 8 where the device allows no larger), no workspace, no combine launch).
+// cluster falls back to blocks for MTP union items, with nvfp4_cvt=word and where clusters cannot
+// run (the plan text says why); calls that do not split ignore it. auto: blocks (cluster not measured yet).
+enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 
 struct SparseDecodeOptions {
   DecodeKernel kernel = DecodeKernel::kAuto;
   DecodeMtp mtp = DecodeMtp::kAuto;
   DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
+  DecodeSplit split = DecodeSplit::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -185,7 +196,7 @@ struct TopkSelectOptions {
 // combine=separate|fused.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union,
-// nvfp4_cvt=auto|byte|word.
+// nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
@@ -206,6 +217,7 @@ struct SparseAttnDeviceFacts {
   int tile_ctas = 0;                       // shared-selection tile kernel (cp_async)
   int tile_tma_ctas = 0;                   // its TMA variant (16-bit K/V only)
   int decode_regs_ctas = 0;                // streaming decode variant (0: < 105 KB per CTA)
+  int decode_cluster_max = 0;              // split=cluster: largest cluster (0: no clusters)
 };
 
 // Of a top-k call on the current device (0: unknown; by_size then takes the radix kernel).
@@ -256,6 +268,11 @@ struct QueryMajorPlan {
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks
   bool fused = true;  // true: outputs written directly; false: partials + combine
+  // split=cluster where it runs: the splits of a row as one cluster merging in shared memory (no
+  // workspace, no combine); cluster_fallback: why a split=cluster call splits by blocks instead
+  // (a static string for the plan text), nullptr otherwise.
+  bool cluster = false;
+  const char* cluster_fallback = nullptr;
   StoreKind part_kind = StoreKind::kBF16;
   int64_t num_items = 0;
   size_t part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
@@ -361,5 +378,6 @@ const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
+const char* option_name(DecodeSplit v);
 
 }  // namespace flashmsa

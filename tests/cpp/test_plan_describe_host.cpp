@@ -243,6 +243,34 @@ TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   EXPECT_TRUE(has(split, "partials + combine")) << split;
 }
 
+TEST(PlanDescribe, DecodeSplitCluster) {
+  SparseDecodeParams dp{};
+  dp.attn = attn(1);
+  dp.attn.qi.seqlen_q = 1;
+  dp.force_fused = -1;
+  dp.partial_dtype = PartialDType::kDefault;
+  SparseDecodeOptions o;
+  o.split = DecodeSplit::kCluster;
+  SparseAttnDeviceFacts f = hopper();
+  f.decode_cluster_max = 16;
+  const std::string c = describe_decode(plan_sparse_decode(dp, f, o), dp.attn);
+  EXPECT_TRUE(has(c, "split=cluster (a cluster of 16 CTAs per row merges its bf16 partials through "
+                     "distributed shared memory; no combine)")) << c;
+  EXPECT_TRUE(has(c, "workspace 0 bytes")) << c;
+  f.decode_cluster_max = 0;
+  const std::string b = describe_decode(plan_sparse_decode(dp, f, o), dp.attn);
+  EXPECT_TRUE(has(b, "partials + combine (split=cluster falls back to blocks: no thread-block clusters here")) << b;
+  // MTP union items keep the combine.
+  f.decode_cluster_max = 16;
+  SparseDecodeParams mtp = dp;
+  mtp.attn = attn(4);
+  mtp.attn.batch = mtp.attn.kv.batch = 1;
+  mtp.attn.qi.seqlen_q = 4;
+  const std::string m = describe_decode(plan_sparse_decode(mtp, f, o), mtp.attn);
+  EXPECT_TRUE(has(m, "mtp=union")) << m;
+  EXPECT_TRUE(has(m, "split=cluster falls back to blocks: MTP union items")) << m;
+}
+
 TEST(PlanDescribe, ProxyAndTopk) {
   ProxyScoreParams pp{};
   const ProxyScoreOptions auto_o;

@@ -685,6 +685,82 @@ TEST(PlanDecode, Nvfp4WordConversionOnlyUnderTheRegisterKernelWithNvfp4) {
   EXPECT_FALSE(plan_sparse_decode(g32, h200, regs_word).qm.nvfp4_word);
 }
 
+// split=cluster: where the call splits and the device has clusters, the splits of a row run as one
+// cluster (capped at its largest size, no workspace); elsewhere blocks, and the plan says why.
+TEST(PlanDecode, SplitClusterWhereItRuns) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  h200.decode_cluster_max = 16;
+  SparseDecodeOptions cluster;
+  cluster.split = DecodeSplit::kCluster;
+  // B1 / M3: 4 items want ceil(396 / 4) = 99 splits, 16 at topk 16: one block per CTA, a cluster of
+  // 16 per (token, kv head); no partials, no workspace.
+  const SparseAttnPlan b1 = plan_sparse_decode(decode(1, -1), h200, cluster);
+  EXPECT_TRUE(b1.qm.cluster);
+  EXPECT_EQ(b1.qm.cluster_fallback, nullptr);
+  EXPECT_FALSE(b1.qm.fused);
+  EXPECT_EQ(b1.qm.splits, 16);
+  EXPECT_EQ(b1.qm.num_items, 4 * 16);
+  EXPECT_EQ(b1.bytes, 0u);
+  // The default (and blocks) split the same way through the workspace and the combine.
+  SparseDecodeOptions blocks;
+  blocks.split = DecodeSplit::kBlocks;
+  for (const SparseDecodeOptions& o : {SparseDecodeOptions{}, blocks}) {
+    const SparseAttnPlan d = plan_sparse_decode(decode(1, -1), h200, o);
+    EXPECT_FALSE(d.qm.cluster);
+    EXPECT_EQ(d.qm.splits, 16);
+    EXPECT_GT(d.bytes, 0u);
+  }
+  // Clusters of at most 8: 8 splits of 2 blocks.
+  SparseAttnDeviceFacts eight = h200;
+  eight.decode_cluster_max = 8;
+  EXPECT_EQ(plan_sparse_decode(decode(1, -1), eight, cluster).qm.splits, 8);
+  // topk 12 in clusters of 8: 2 blocks per split, 6 splits (none empty).
+  SparseDecodeParams t12 = decode(1, -1);
+  t12.attn.topk = 12;
+  EXPECT_EQ(plan_sparse_decode(t12, eight, cluster).qm.splits, 6);
+  // B8: 32 items want 13 splits, 2 blocks each: 8.
+  EXPECT_EQ(plan_sparse_decode(decode(8, -1), h200, cluster).qm.splits, 8);
+  EXPECT_TRUE(plan_sparse_decode(decode(8, -1), h200, cluster).qm.cluster);
+  // The streaming variant (fp8) and 64-row tiles (G = 32) run in clusters too.
+  SparseDecodeParams fp8 = decode(1, -1);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  const SparseAttnPlan f = plan_sparse_decode(fp8, h200, cluster);
+  EXPECT_TRUE(f.qm.regs && f.qm.cluster);
+  SparseDecodeParams g32 = decode(1, -1);
+  g32.attn.num_heads = 128;
+  const SparseAttnPlan g = plan_sparse_decode(g32, h200, cluster);
+  EXPECT_TRUE(g.qm.cluster);
+  EXPECT_EQ(g.qm.warps_m, 4);
+  // A forced split (force_fused = 0) at B64 runs in clusters; a fused call ignores the option.
+  EXPECT_TRUE(plan_sparse_decode(decode(64, 0), h200, cluster).qm.cluster);
+  const SparseAttnPlan fused = plan_sparse_decode(decode(64, -1), h200, cluster);
+  EXPECT_TRUE(fused.qm.fused);
+  EXPECT_FALSE(fused.qm.cluster);
+  EXPECT_EQ(fused.qm.cluster_fallback, nullptr);
+  // No clusters (A100, or no sm_90a image): blocks, and why.
+  SparseAttnDeviceFacts a100 = ampere();
+  const SparseAttnPlan a = plan_sparse_decode(decode(1, -1), a100, cluster);
+  EXPECT_FALSE(a.qm.cluster);
+  ASSERT_NE(a.qm.cluster_fallback, nullptr);
+  EXPECT_NE(std::string(a.qm.cluster_fallback).find("no thread-block clusters"), std::string::npos);
+  EXPECT_EQ(a.qm.splits, plan_sparse_decode(decode(1, -1), a100, {}).qm.splits);
+  EXPECT_EQ(a.bytes, plan_sparse_decode(decode(1, -1), a100, {}).bytes);
+  // nvfp4_cvt=word has no cluster kernel: blocks, and why; NVFP4 K/V otherwise run in clusters.
+  SparseDecodeParams nvfp4 = decode(1, -1);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, cluster).qm.cluster);
+  SparseDecodeOptions cluster_word = cluster;
+  cluster_word.nvfp4_cvt = DecodeNvfp4Cvt::kWord;
+  const SparseAttnPlan w = plan_sparse_decode(nvfp4, h200, cluster_word);
+  EXPECT_TRUE(w.qm.nvfp4_word);
+  EXPECT_FALSE(w.qm.cluster);
+  ASSERT_NE(w.qm.cluster_fallback, nullptr);
+  EXPECT_NE(std::string(w.qm.cluster_fallback).find("nvfp4_cvt=word"), std::string::npos);
+  // Prefill never takes it.
+  EXPECT_FALSE(plan_sparse_attention(decode(1, -1).attn, {}, h200).qm.cluster);
+}
+
 SparseDecodeParams mtp_call(int batch, int seqlen_q, int hq = 64, int topk = 16) {
   SparseDecodeParams d{};
   d.attn = attn(batch * seqlen_q, hq, 4, topk);
@@ -932,6 +1008,10 @@ TEST(PlanOptions, ParsesEveryOption) {
   for (DecodeNvfp4Cvt c : {DecodeNvfp4Cvt::kAuto, DecodeNvfp4Cvt::kByte, DecodeNvfp4Cvt::kWord})
     EXPECT_EQ(parse_sparse_decode_options(std::string("nvfp4_cvt=") + option_name(c)).nvfp4_cvt, c);
   EXPECT_EQ(parse_sparse_decode_options("kernel=regs,nvfp4_cvt=word").nvfp4_cvt, DecodeNvfp4Cvt::kWord);
+  for (DecodeSplit v : {DecodeSplit::kAuto, DecodeSplit::kBlocks, DecodeSplit::kCluster})
+    EXPECT_EQ(parse_sparse_decode_options(std::string("split=") + option_name(v)).split, v);
+  EXPECT_EQ(parse_sparse_decode_options("").split, DecodeSplit::kAuto);
+  EXPECT_EQ(parse_sparse_decode_options("kernel=regs,split=cluster").split, DecodeSplit::kCluster);
   EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
@@ -996,6 +1076,13 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "unknown plan option 'splits'");
   expect_error([] { parse_sparse_decode_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
                "nvfp4_cvt must be auto, byte or word, got 'prmt'");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split)");
+  expect_error([] { parse_sparse_decode_options("split=tiles"); }, ErrorKind::kValue,
+               "split must be auto, blocks or cluster, got 'tiles'");
+  expect_error([] { parse_sparse_decode_options("split="); }, ErrorKind::kValue,
+               "split must be auto, blocks or cluster, got ''");
+  expect_error([] { parse_sparse_decode_options("split=cluster,split=blocks"); }, ErrorKind::kValue,
+               "option split given twice");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
                "warp_split, got 'new'");

@@ -113,16 +113,24 @@ def test_stage_step_runs_each_config_case():
     bench.cfg = bm.QUICK
     bm.Bench.stage_step(bench)
     calls = bench.run_case.call_args_list
-    # One row per config case (the library's choices: auto everywhere).
-    assert len(calls) == len(bm.QUICK["step"])
-    for call, case in zip(calls, bm.QUICK["step"]):
+    # One row per config case (the library's choices: auto everywhere), followed for the split-K
+    # batches by one row per sparse-decode variant (plan options: split=cluster).
+    want = []
+    for case in bm.QUICK["step"]:
+        want.append((case, "", None))
+        if case[0] <= bm.STEP_VARIANT_MAX_BATCH:
+            want += [(case, suffix, options) for suffix, options in bm.STEP_VARIANTS]
+    assert [suffix for _, suffix, _ in want].count(" [split=cluster]") == 2  # B1 bf16, fp8
+    assert len(calls) == len(want)
+    for call, (case, suffix, options) in zip(calls, want):
         stage, got_name, build, bound, ref = call.args
-        assert (stage, got_name, bound) == ("step", bm.step_case_name(*case), "memory")
-        assert (ref is bm.REF_STEP) == (case == (64, 32 * bm.K, 1, "bf16", "bf16"))
+        assert (stage, got_name, bound) == ("step", bm.step_case_name(*case) + suffix, "memory")
+        assert (ref is bm.REF_STEP) == (case == (64, 32 * bm.K, 1, "bf16", "bf16") and not suffix)
         bench.build_step.reset_mock()
         build()  # autospec: build_step's argument list
         assert bench.build_step.call_args.args == case
-        assert bench.build_step.call_args.kwargs == {}
+        assert bench.build_step.call_args.kwargs == ({} if options is None
+                                                     else dict(decode_options=options))
 
 
 # ---- the decode step's byte floor and replay check ---------------------------------------------
@@ -174,9 +182,10 @@ def test_replay_mismatch():
 
 # ---- the decode step on the CPU reference ------------------------------------------------------
 
-def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3):
+def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3, decode_options=None):
     return bm.DecodeStep(msa_ops, b, ctx, sq, bm.STEP_DTYPES[idx], bm.STEP_DTYPES[kv],
-                         torch.Generator().manual_seed(seed), torch.device("cpu"))
+                         torch.Generator().manual_seed(seed), torch.device("cpu"),
+                         decode_options=decode_options)
 
 
 @pytest.mark.parametrize("sq,idx,kv", [(1, "bf16", "bf16"), (1, "fp8", "fp8"),
@@ -214,6 +223,19 @@ def test_decode_step_on_cpu(sq, idx, kv):
     assert floor["bytes"] == floor["index_k_bytes"] + distinct * 2 * 128 * 128 * elt
     assert (distinct == b * 4 * 16) if sq == 1 else (b * 4 * 16 <= distinct <= b * 4 * 16 * sq)
     assert step.flop() > 0
+
+
+def test_decode_step_with_decode_options_on_cpu():
+    """The step's [split=cluster] rows pass their plan options to the planned twin of the sparse
+    decode (the CPU reference: the same results as the public op)."""
+    plain = make_step(1)
+    step = make_step(1, decode_options=dict(split="cluster"))
+    assert step.decode.keywords == dict(options=dict(split="cluster"))
+    got, want = step(), plain()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    bad = make_step(1, decode_options=dict(split="dsmem"))
+    with pytest.raises(ValueError, match="split must be auto, blocks or cluster"):
+        bad()
 
 
 class HostGraph:
@@ -255,7 +277,14 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.cfg = dict(cpu_bench.cfg,
                          step=[(2, 1024, 1, "bf16", "bf16"), (2, 1024, 4, "fp8", "fp8")])
     cpu_bench.stage_step()
-    assert [r["status"] for r in cpu_bench.rows] == ["ok", "ok"], cpu_bench.rows
+    # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] row.
+    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 4, cpu_bench.rows
+    variant = cpu_bench.rows[1]
+    assert variant["case"] == bm.step_case_name(2, 1024, 1, "bf16", "bf16") + " [split=cluster]"
+    assert variant["decode_options"] == dict(split="cluster")
+    assert "decode_options" not in cpu_bench.rows[0]
+    cpu_bench.rows = cpu_bench.rows[::2]
+    graphs = graphs[::2]
     for row, g in zip(cpu_bench.rows, graphs):
         assert row["stage"] == "step" and row["bound"] == "memory"
         assert row["bit_identical"] and g.replays >= 2 + row["reps"]
@@ -275,6 +304,7 @@ def test_stage_step_replay_mismatch_is_an_error_row(cpu_bench, monkeypatch):
         g = HostGraph(fn, corrupt_replay=2)
         return g, g.static
     monkeypatch.setattr(bm, "capture_graph", capture)
+    monkeypatch.setattr(bm, "STEP_VARIANTS", ())
     cpu_bench.cfg = dict(cpu_bench.cfg, step=[(1, 512, 1, "bf16", "bf16")])
     cpu_bench.stage_step()
     (row,) = cpu_bench.rows

@@ -10,7 +10,9 @@ against the shared-memory one, and q rows of very different magnitudes (the regi
 per-row power-of-two scaling into fp16); MTP union items (plan option mtp=union) the same way,
 with shared, partly shared and per-token selections, against per-token items; MTP union items with
 fp8 / NVFP4 K/V converted in registers (plan options kernel=regs, mtp=union) against the reference
-and the shared-memory union kernel, and the plan description naming that path.
+and the shared-memory union kernel, and the plan description naming that path; the split CTAs of
+a row as one thread-block cluster merging through distributed shared memory (plan option
+split=cluster, sm_90) against the reference and bit for bit against the combine kernel.
 
 A case's inputs, CPU reference and baseline are memoised per xdist worker (``problem`` /
 ``reference``, conftest.Memo): the parametrisations of one case over options, kernels, fused /
@@ -415,6 +417,11 @@ def run_regs(dp: DecodeProblem, kernel: str = "regs", mtp: Optional[str] = None,
     options = dict(kernel=kernel) if mtp is None else dict(kernel=kernel, mtp=mtp)
     if nvfp4_cvt is not None:
         options["nvfp4_cvt"] = nvfp4_cvt
+    return run_poisoned(dp, options, **extra)
+
+
+def run_poisoned(dp: DecodeProblem, options, **extra):
+    """The call with these plan options on a poisoned workspace and poisoned outputs."""
     ws = _poisoned_workspace(dp, options, **extra)
     _poison_allocator(dp)
     result = msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, **extra,
@@ -764,15 +771,16 @@ class _Texts(logging.Handler):
         self.texts.append(record.getMessage())
 
 
-def _decode_plan_text(dp: DecodeProblem, options) -> str:
-    """The plan description (FLASHMSA_LOG=info) of one call with these plan options."""
+def _decode_plan_text(dp: DecodeProblem, options, **extra) -> str:
+    """The plan description (FLASHMSA_LOG=info) of one call with these plan options (and extra
+    arguments of the call)."""
     from flashmsa import _log
     handler, level = _Texts(), _log.logger.level
     _log.logger.addHandler(handler)
     _log.logger.setLevel(logging.INFO)
     _log.reset_seen()
     try:
-        run(dp, gpu=True, options=options)
+        run(dp, gpu=True, options=options, **extra)
     finally:
         _log.logger.removeHandler(handler)
         _log.logger.setLevel(level)
@@ -811,3 +819,135 @@ def test_mtp_union_regs_plan_names_the_path(kv):
     assert ("kernel=regs (the 4 warps split" in forced) == (kv == "fp8"), forced
     auto = _decode_plan_text(dp, None).split("): ", 1)[1]
     assert "mtp=union" in auto and ("kernel=regs" in auto) == (kv == "fp8"), auto
+
+
+# ---- split=cluster (plan option split=cluster, sm_90) ---------------------------------------------
+# The split CTAs of a (token, kv head) row run as one thread-block cluster and merge their partials
+# through distributed shared memory with the combine kernel's own code and slot order
+# (docs/design/sparse_attention.md#decode-cluster). On a GPU without clusters (or without the sm_90a
+# image) the plan falls back to the blocks split (checked: the plan text says so), and the checks
+# still hold. Outputs and workspaces are poisoned; the smem and regs kernels, every K/V kind,
+# G 1..32 (64-row tiles), topk 1..64, MTP per-token items, -inf rows, paged / flat / packed.
+
+HAS_CLUSTERS = torch.cuda.get_device_capability() == (9, 0)
+
+CLUSTER_CASES = [c for c in CASES if c.name in (
+    "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "spec_8_1_8_2_fp8_paged",
+    "spec_16_1_4_4_topk8_fp8", "nvfp4_paged", "nvfp4_flat_mtp", "m3_tp4_mtp2", "fp16",
+    "fp16_fp8kv_mtp4", "fp8_q_fp8_kv", "fp8_q_bf16_kv", "fp8_q_nvfp4_kv", "g1_topk1", "g3_topk33",
+    "g4_topk64", "g16_topk64_mtp4", "empty_and_tiny_sequences", "mtp_seqlen_gt_keys",
+    "q_offset_tensor_negative", "non_causal", "duplicates", "holes", "out_of_range",
+    "some_empty_rows", "invalid_pages", "packed_hnd_fp8", "packed_nhd", "scales")] + [
+    DecodeCase("m3_b1_cluster", 1, 1, 64, 4, seqlens=[32768]),
+    DecodeCase("m3_b1_cluster_fp8", 1, 1, 64, 4, kv="fp8", seqlens=[32768]),
+    DecodeCase("m3_b4_cluster_nvfp4", 4, 1, 64, 4, kv="nvfp4", seqlens="multiples"),
+    DecodeCase("m3_mtp4_per_token_cluster", 2, 4, 64, 4, seqlens=[3000, 700], selection="random"),
+] + REGS_FALLBACK_CASES
+
+
+def run_cluster(dp: DecodeProblem, kernel: Optional[str] = None, split: str = "cluster", **extra):
+    """split=cluster (or blocks) with an item per token (union items never run in clusters) on a
+    poisoned workspace and poisoned outputs."""
+    options = dict(mtp="per_token", split=split)
+    if kernel is not None:
+        options["kernel"] = kernel
+    return run_poisoned(dp, options, **extra)
+
+
+@pytest.mark.parametrize("force_fused", [None, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("kernel", ["smem", "regs"])
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=str)
+def test_split_cluster_matches_cpu_reference(case, kernel, force_fused):
+    dp, want, base_out = reference(case, seed=41)
+    got = run_cluster(dp, kernel=kernel, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} cluster {kernel} fused={force_fused}")
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
+@pytest.mark.parametrize("case", [c for c in CLUSTER_CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "fp16_fp8kv_mtp4", "g3_topk33", "m3_b1_cluster_fp8",
+    "m3_b4_cluster_nvfp4")], ids=str)
+def test_split_cluster_partial_dtypes(case, partial_dtype):
+    dp, want, base_out = reference(case, seed=42)
+    got = run_cluster(dp, force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"{case} cluster partial {partial_dtype}",
+                            partial_dtype=partial_dtype)
+
+
+def _splits_of(text: str) -> Optional[int]:
+    """The split count a decode plan text names (None: fused)."""
+    if "split-K: " not in text:
+        return None
+    return int(text.split("split-K: ", 1)[1].split(" ", 1)[0])
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, FP8], ids=str)
+@pytest.mark.parametrize("kernel", ["smem", "regs"])
+@pytest.mark.parametrize("case", [c for c in CLUSTER_CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "spec_8_1_8_2_fp8_paged", "nvfp4_paged", "fp16", "g1_topk1",
+    "g3_topk33", "g4_topk64", "some_empty_rows", "invalid_pages", "m3_b1_cluster",
+    "m3_b1_cluster_fp8", "m3_mtp4_per_token_cluster", "g32_bf16")], ids=str)
+def test_split_cluster_bitwise_equals_blocks(case, kernel, partial_dtype):
+    """The cluster merge is the combine's own code and slot order over the same partials: with the
+    same split count the outputs and LSEs are bit-identical to split=blocks (the combine kernel).
+    Where the cluster caps the split count (more than 16 splits, topk > 16 at small batches) the
+    two differ within the fused vs split bound with the same -inf pattern."""
+    dp = problem(case, seed=43)
+    extra = dict(force_fused=False, partial_dtype=partial_dtype)
+    cluster = run_cluster(dp, kernel=kernel, **extra)
+    blocks = run_cluster(dp, kernel=kernel, split="blocks", **extra)
+    options = dict(mtp="per_token", kernel=kernel)
+    text_c = _decode_plan_text(dp, dict(options, split="cluster"), **extra)
+    text_b = _decode_plan_text(dp, dict(options, split="blocks"), **extra)
+    if HAS_CLUSTERS:
+        assert "split=cluster (a cluster of" in text_c, text_c
+    if _splits_of(text_c) == _splits_of(text_b):
+        assert bits_equal(cluster, blocks), f"{case}: cluster vs blocks not bit-identical"
+    else:
+        assert torch.equal(torch.isinf(cluster[1]), torch.isinf(blocks[1]))
+        diff = float((cluster[0].double() - blocks[0].double()).abs().max())
+        assert diff < 5e-3, f"cluster vs blocks: max |diff| {diff:.3e}"
+    for _ in range(2):  # deterministic
+        assert bits_equal(cluster, run_cluster(dp, kernel=kernel, **extra))
+
+
+@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
+def test_split_cluster_paged_equals_flat(kv):
+    case = DecodeCase("c", 2, 1, 64, 4, kv=kv, seqlens=[5000, 3000])
+    flat = problem(case, seed=44, layout="flat")
+    paged = problem(case, seed=44, layout="paged")
+    assert bits_equal(run_cluster(flat, force_fused=False), run_cluster(paged, force_fused=False))
+
+
+@pytest.mark.parametrize("kv", ["same", "fp8"])
+def test_split_cluster_plan_names_the_path(kv):
+    """B1 / M3: 16 splits (one block each) in one cluster of 16 per (token, kv head) on an sm_90
+    GPU, no workspace; elsewhere the blocks split and the reason. MTP union items keep the
+    combine kernel and say so."""
+    dp = build_decode(DecodeCase("c", 1, 1, 64, 4, kv=kv, seqlens=[32768]), seed=45)
+    text = _decode_plan_text(dp, dict(split="cluster")).split("): ", 1)[1]
+    if HAS_CLUSTERS:
+        assert "split=cluster (a cluster of 16 CTAs per row" in text, text
+        assert "workspace 0 bytes" in text, text
+    else:
+        assert "split=cluster falls back to blocks: no thread-block clusters" in text, text
+    assert "split=cluster" not in _decode_plan_text(dp, None).split("): ", 1)[1]
+    mtp = build_decode(DecodeCase("c", 1, 4, 64, 4, kv=kv, seqlens=[32768]), seed=46)
+    text = _decode_plan_text(mtp, dict(split="cluster")).split("): ", 1)[1]
+    assert "mtp=union" in text and "split=cluster falls back to blocks: MTP union items" in text, text
+
+
+def test_split_cluster_graph_replay():
+    """A captured B1 call replays to the eager call's bits (the cluster launch inside a graph)."""
+    dp = problem(DecodeCase("m3_b1_cluster", 1, 1, 64, 4, seqlens=[32768]), seed=47)
+    opts = dict(split="cluster")
+    want = run(dp, gpu=True, options=opts)
+    ws = msa_ops.MSASparseAttentionWorkspace(DEV)
+    run(dp, gpu=True, options=opts, workspace=ws)  # warm-up: plan caches, workspace
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs, workspace=ws, options=opts)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bits_equal(got, want)

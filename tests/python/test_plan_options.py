@@ -58,7 +58,9 @@ VALID = {
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
                       dict(nvfp4_cvt="auto"), dict(nvfp4_cvt="byte"),
-                      dict(kernel="regs", nvfp4_cvt="word"), "kernel=regs,nvfp4_cvt=word"],
+                      dict(kernel="regs", nvfp4_cvt="word"), "kernel=regs,nvfp4_cvt=word",
+                      dict(split="cluster"), dict(split="blocks"), dict(split="auto"),
+                      dict(kernel="regs", split="cluster"), "mtp=per_token,split=cluster"],
 }
 
 
@@ -124,6 +126,10 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(kernel="regs8"), "kernel must be auto, smem or regs, got 'regs8'"),
     ("sparse_decode", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
     ("sparse_decode", dict(nvfp4_cvt="prmt"), "nvfp4_cvt must be auto, byte or word, got 'prmt'"),
+    ("sparse_decode", dict(split="tiles"), "split must be auto, blocks or cluster, got 'tiles'"),
+    ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
+    # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
+    ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
     ("topk_select", dict(kernel="heap"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or warp_split, "
      "got 'heap'"),

@@ -84,6 +84,42 @@ extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNvfp4>();
 extern template int kv_major_smem_bytes<__half, KvKind::kNvfp4>(int);
 extern template int kv_major_ctas_per_sm<__half, KvKind::kNvfp4>(int);
 
+// sparse_attn_qm_cluster_bf16_native.cu
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_cluster_max<__nv_bfloat16, KvKind::kNative>(bool);
+
+// sparse_attn_qm_cluster_bf16_fp8.cu
+extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_cluster_max<__nv_bfloat16, KvKind::kFp8>(bool);
+
+// sparse_attn_qm_cluster_bf16_nvfp4.cu
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_cluster_max<__nv_bfloat16, KvKind::kNvfp4>(bool);
+
+// sparse_attn_qm_cluster_fp16_native.cu
+extern template void launch_query_major<__half, KvKind::kNative, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNative, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNative, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_cluster_max<__half, KvKind::kNative>(bool);
+
+// sparse_attn_qm_cluster_fp16_fp8.cu
+extern template void launch_query_major<__half, KvKind::kFp8, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kFp8, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kFp8, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_cluster_max<__half, KvKind::kFp8>(bool);
+
+// sparse_attn_qm_cluster_fp16_nvfp4.cu
+extern template void launch_query_major<__half, KvKind::kNvfp4, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNvfp4, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_cluster_max<__half, KvKind::kNvfp4>(bool);
+
 // union_tma_bf16.cu
 extern template void launch_union_tma_sm90<__nv_bfloat16>(const UnionArgs&, int, cudaStream_t);
 extern template int union_tma_sm90_ctas_per_sm<__nv_bfloat16>();
