@@ -1073,10 +1073,9 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits'");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split)");
   expect_error([] { parse_sparse_decode_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
                "nvfp4_cvt must be auto, byte or word, got 'prmt'");
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split)");
   expect_error([] { parse_sparse_decode_options("split=tiles"); }, ErrorKind::kValue,
                "split must be auto, blocks or cluster, got 'tiles'");
   expect_error([] { parse_sparse_decode_options("split="); }, ErrorKind::kValue,

@@ -160,9 +160,11 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
 
 
 # auto (the library's choice: regs for fp8 K/V, union items for MTP) and the kernels auto replaced,
-# forced (the smem kernel with an item per token), which stay the fallback.
-@pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token")],
-                         ids=["auto", "smem_per_token"])
+# forced (the smem kernel with an item per token), which stay the fallback; and split=cluster (the
+# split calls' CTAs of a row as one cluster on sm_90; elsewhere, fused calls and MTP union items as
+# auto).
+@pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token"), dict(split="cluster")],
+                         ids=["auto", "smem_per_token", "split_cluster"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_decode_matches_cpu_reference(case, options):
     dp, want, base_out = reference(case)
