@@ -68,8 +68,6 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       plan.cluster_fallback = "MTP union items keep the combine kernel (mtp=per_token items run in clusters)";
     else if (cluster_max < 2)
       plan.cluster_fallback = "no thread-block clusters here (needs an sm_90 GPU and the library's sm_90a image)";
-    else if (plan.nvfp4_word)
-      plan.cluster_fallback = "nvfp4_cvt=word has no cluster kernel (the cluster kernels convert NVFP4 a byte at a time)";
     else if (items * std::min(plan.splits, cluster_max) > INT_MAX)
       plan.cluster_fallback = "more items than one grid holds";
     if (plan.cluster_fallback == nullptr) {

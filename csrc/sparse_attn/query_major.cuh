@@ -1009,13 +1009,17 @@ void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
 // kernel of this compute dtype and KV kind the planner may pick gets on the current device.
 template <typename Elem, KvKind kKv>
 int query_major_cluster_max(bool regs) {
-  auto size = [&]<int kWarpsM, bool kRegs>() {
+  auto size = [&]<int kWarpsM, bool kRegs, bool kWordCvt = false>() {
     using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
-    return flashmsa::cuda::prepare_cluster_launch(query_major_kernel<Elem, kKv, kWarpsM, kRegs, false, false, true>,
-                                                  kQmThreads, QueryMajorClusterLayout<Cfg>::kSmemBytes);
+    return flashmsa::cuda::prepare_cluster_launch(
+        query_major_kernel<Elem, kKv, kWarpsM, kRegs, false, kWordCvt, true>, kQmThreads,
+        QueryMajorClusterLayout<Cfg>::kSmemBytes);
   };
   int n = std::min(size.template operator()<1, false>(), size.template operator()<4, false>());
   if (regs) n = std::min(n, size.template operator()<1, true>());
+  if constexpr (kKv == KvKind::kNvfp4) {  // and its word conversion (nvfp4_cvt=word, auto)
+    if (regs) n = std::min(n, size.template operator()<1, true, true>());
+  }
   return n;
 }
 

@@ -149,9 +149,15 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
   }
   dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
     if (plan.cluster) {  // split=cluster: per-token items (the planner keeps MTP union items off it)
-      MSA_CHECK(plan.mtp_tokens == 0 && !plan.fused && !plan.nvfp4_word, "msa_sparse_decode_attention: "
-                "split=cluster planned for MTP union items, a fused call or nvfp4_cvt=word (planner bug)");
-      if (plan.regs) {
+      MSA_CHECK(plan.mtp_tokens == 0 && !plan.fused, "msa_sparse_decode_attention: split=cluster "
+                "planned for MTP union items or a fused call (planner bug)");
+      if (plan.regs && plan.nvfp4_word) {  // nvfp4_cvt=word (auto)
+        if constexpr (kKv == KvKind::kNvfp4) {
+          launch_query_major<Elem, kKv, 1, true, false, true, true>(a, stream);
+        } else {
+          MSA_FAIL("msa_sparse_decode_attention: nvfp4_cvt=word needs NVFP4 K/V (planner bug)");
+        }
+      } else if (plan.regs) {
         launch_query_major<Elem, kKv, 1, true, false, false, true>(a, stream);
       } else if (plan.warps_m == 1) {
         launch_query_major<Elem, kKv, 1, false, false, false, true>(a, stream);

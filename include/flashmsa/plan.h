@@ -153,8 +153,8 @@ enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 // barrier the CTAs merge the row's heads in parallel through distributed shared memory with the
 // combine's own code and slot order, so the results are bit-identical to blocks; at most 16 splits
 // (the largest cluster; 8 where the device allows no larger), no workspace, no combine launch).
-// cluster falls back to blocks for MTP union items, with nvfp4_cvt=word and where clusters cannot
-// run (the plan text says why); calls that do not split ignore it. auto: blocks (cluster not measured yet).
+// cluster falls back to blocks for MTP union items and where clusters cannot run (the plan text
+// says why); calls that do not split ignore it. auto: blocks (cluster not measured yet).
 enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 
 struct SparseDecodeOptions {

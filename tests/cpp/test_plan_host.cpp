@@ -746,17 +746,15 @@ TEST(PlanDecode, SplitClusterWhereItRuns) {
   EXPECT_NE(std::string(a.qm.cluster_fallback).find("no thread-block clusters"), std::string::npos);
   EXPECT_EQ(a.qm.splits, plan_sparse_decode(decode(1, -1), a100, {}).qm.splits);
   EXPECT_EQ(a.bytes, plan_sparse_decode(decode(1, -1), a100, {}).bytes);
-  // nvfp4_cvt=word has no cluster kernel: blocks, and why; NVFP4 K/V otherwise run in clusters.
+  // NVFP4 K/V in clusters with either conversion (auto: word).
   SparseDecodeParams nvfp4 = decode(1, -1);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
-  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, cluster).qm.cluster);
-  SparseDecodeOptions cluster_word = cluster;
-  cluster_word.nvfp4_cvt = DecodeNvfp4Cvt::kWord;
-  const SparseAttnPlan w = plan_sparse_decode(nvfp4, h200, cluster_word);
-  EXPECT_TRUE(w.qm.nvfp4_word);
-  EXPECT_FALSE(w.qm.cluster);
-  ASSERT_NE(w.qm.cluster_fallback, nullptr);
-  EXPECT_NE(std::string(w.qm.cluster_fallback).find("nvfp4_cvt=word"), std::string::npos);
+  const SparseAttnPlan w = plan_sparse_decode(nvfp4, h200, cluster);
+  EXPECT_TRUE(w.qm.cluster && w.qm.regs && w.qm.nvfp4_word);
+  SparseDecodeOptions cluster_byte = cluster;
+  cluster_byte.nvfp4_cvt = DecodeNvfp4Cvt::kByte;
+  const SparseAttnPlan b = plan_sparse_decode(nvfp4, h200, cluster_byte);
+  EXPECT_TRUE(b.qm.cluster && b.qm.regs && !b.qm.nvfp4_word);
   // Prefill never takes it.
   EXPECT_FALSE(plan_sparse_attention(decode(1, -1).attn, {}, h200).qm.cluster);
 }

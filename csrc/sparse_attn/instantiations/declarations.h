@@ -100,6 +100,7 @@ extern template int query_major_cluster_max<__nv_bfloat16, KvKind::kFp8>(bool);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true, false, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template int query_major_cluster_max<__nv_bfloat16, KvKind::kNvfp4>(bool);
 
 // sparse_attn_qm_cluster_fp16_native.cu
@@ -118,6 +119,7 @@ extern template int query_major_cluster_max<__half, KvKind::kFp8>(bool);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template int query_major_cluster_max<__half, KvKind::kNvfp4>(bool);
 
 // union_tma_bf16.cu

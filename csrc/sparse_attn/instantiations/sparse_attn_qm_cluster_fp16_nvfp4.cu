@@ -9,6 +9,7 @@ namespace flashmsa::sparse_attn {
 template void launch_query_major<__half, KvKind::kNvfp4, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
 template void launch_query_major<__half, KvKind::kNvfp4, 4, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
 template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, true, true>(const QueryMajorArgs&, cudaStream_t);
 template int query_major_cluster_max<__half, KvKind::kNvfp4>(bool);
 
 }  // namespace flashmsa::sparse_attn
