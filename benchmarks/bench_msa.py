@@ -1066,7 +1066,8 @@ def parse_sizes(text: str) -> list:
     return sizes
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """bench_msa's command line (profile_msa and the tests take its defaults: parser().parse_args([...]))."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="subset that runs in < 2 minutes")
     ap.add_argument("--l2-flush", choices=("read", "write"), default="read",
@@ -1076,13 +1077,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write every row and the ceilings as JSON here")
     ap.add_argument("--tile-waste", default="", type=lambda v: [w for w in v.split(",") if w],
                     help="comma-separated values of the tile_max_waste plan option (1 to 8; the "
-                         "library's bound is 1.5): bf16 flat sparse cases also run under the "
+                         "library's bound is 2 with the TMA tiles, 1.5 with cp.async): bf16 flat sparse cases also run under the "
                          "hybrid schedule with each (tuning)")
     ap.add_argument("--pipeline-sizes", default=[], type=parse_sizes,
                     help="comma-separated prefill lengths of the pipeline stage (e.g. 8K,128K), "
                          "instead of the quick / full run's")
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)}")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = set(stages) - set(STAGES)

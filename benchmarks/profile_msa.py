@@ -115,6 +115,11 @@ def cases(bench: bm.Bench) -> dict:
     }
 
 
+def make_bench(ops, device) -> "bm.Bench":
+    """The benchmark whose builders the cases call: bench_msa's quick configuration, its defaults."""
+    return bm.Bench(bm.parser().parse_args(["--quick"]), ops, device)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", help="the case to run (see --list)")
@@ -130,7 +135,7 @@ def main(argv=None) -> int:
     from flashmsa import msa_ops
 
     device = torch.device("cuda", torch.cuda.current_device())
-    bench = bm.Bench(argparse.Namespace(quick=True, tile_waste=[], pipeline_sizes=[]), msa_ops, device)
+    bench = make_bench(msa_ops, device)
     table = cases(bench)
     if args.case not in table:
         ap.error(f"unknown case {args.case!r}; choose from {', '.join(table)}")

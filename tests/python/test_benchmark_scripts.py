@@ -43,6 +43,12 @@ def test_profile_cases_call_existing_builders():
             "build_sparse", "build_decode", "build_step"} <= called
 
 
+def test_profile_bench_takes_bench_msa_defaults():
+    from flashmsa import msa_ops
+    bench = profile_msa.make_bench(msa_ops, torch.device("cpu"))
+    assert bench.timer.flush_mode == "read" and bench.cfg["max_reps"] == bm.QUICK["max_reps"]
+
+
 def test_profile_list_needs_no_device(capsys):
     assert profile_msa.main(["--list"]) == 0
     names = capsys.readouterr().out.split()
@@ -260,7 +266,7 @@ def cpu_bench(monkeypatch):
     """A Bench on the CPU: the ops' reference, the host timer, no-op device synchronisation."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
-    bench = bm.Bench(argparse.Namespace(quick=True, tile_waste=[], pipeline_sizes=[], l2_flush="read"), msa_ops, torch.device("cpu"))
+    bench = bm.Bench(bm.parser().parse_args(["--quick"]), msa_ops, torch.device("cpu"))
     bench.timer = Timer("cpu", budget_s=0.0, max_reps=2, min_reps=2)
     bench.ceil["copy_gbs"] = 1000.0
     return bench
