@@ -58,6 +58,11 @@ def cases(bench: bm.Bench) -> dict:
         "topk_prefill_32k_radix_1buf": lambda: bench.build_topk(32 * K, dict(kernel="radix_1buf")),
         "topk_prefill_128k_radix_1buf": lambda: bench.build_topk(128 * K,
                                                                  dict(kernel="radix_1buf")),
+        # radix_1buf with branch-free passes of warp-uniform trip counts ("Uniform passes").
+        "topk_prefill_32k_radix_uniform": lambda: bench.build_topk(32 * K,
+                                                                   dict(kernel="radix_uniform")),
+        "topk_prefill_128k_radix_uniform": lambda: bench.build_topk(128 * K,
+                                                                    dict(kernel="radix_uniform")),
         "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
                                                              dict(kernel="warp_per_row_8")),
         # The B1 / 128K decode step's top-k (1 token x 4 heads x 1024 blocks): today's kernel and

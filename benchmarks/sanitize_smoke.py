@@ -48,7 +48,8 @@ BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 PARTS = ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_attention", "decode",
          "pipeline", "hostile")
 # The top-k kernels (plan option kernel) whose calls the topk and hostile parts make.
-TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "radix_1buf", "warp_split")
+TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "radix_1buf", "warp_split",
+                "radix_uniform")
 
 
 def seed_of(name: str) -> int:

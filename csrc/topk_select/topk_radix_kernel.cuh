@@ -24,18 +24,22 @@
 // == K*: exactly the reference's (key asc, block asc) order. The choice is the new carry, or on
 // the row's last chunk the output row. docs/design/topk_select.md has the reasoning and numbers.
 //
-// One template, two variants (topk_select_config.h, radix::Variant): the kernel `radix` as
+// One template, three variants (topk_select_config.h, radix::Variant): the kernel `radix` as
 // measured (Classic) and the lean radix_1buf (by_size's kernel for large calls): a row's first
 // chunk converted in place without compaction, the insertion-or-radix choice made warp-uniform,
 // the radix select started at the keys' range with bins of at most one float exponent, and one
 // chunk buffer and one warp per CTA (more warps per SM). Two more lean variants, radix_lean (two
-// buffers) and radix_c32 (one buffer of 32 blocks), measured slower and were removed.
+// buffers) and radix_c32 (one buffer of 32 blocks), measured slower and were removed. A third one,
+// radix_uniform (Uniform1Buf, off by default), is radix_1buf with its passes branch-free and their
+// trip counts warp-uniform: the filter, the survivors' radix levels and the ordered output.
+// docs/design/topk_select.md, "Uniform passes".
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/ptx.cuh"
 #include "flashmsa/params.h"
@@ -111,6 +115,28 @@ __device__ __forceinline__ void for_each_row(const T* col, int r_lo, int r_hi, F
     for (int i = 0; i < kBatch; ++i) f(v[i], row + i);
   }
   for (; row < r_hi; ++row) f(col[row * 32], row);
+}
+
+// A candidate of the ordered output: its order key and block id.
+struct Entry {
+  uint32_t key;
+  int blk;
+};
+
+// f(load(row), row) for the rows [r_lo, r_hi), in order, the entries loaded kBatch at a time
+// before any is used (as in for_each_row; here the key and its block id, whose loads would
+// otherwise wait behind f's stores to the carry). f may write rows <= the current one.
+template <int kBatch = 8, typename L, typename F>
+__device__ __forceinline__ void for_each_entry(int r_lo, int r_hi, L&& load, F&& f) {
+  int row = r_lo;
+  for (; row + kBatch <= r_hi; row += kBatch) {
+    Entry e[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) e[i] = load(row + i);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) f(e[i], row + i);
+  }
+  for (; row < r_hi; ++row) f(load(row), row);
 }
 
 // The bin holding rank `rem` (1-based) of the histogram: `below` keys lie in lower bins, `m` in
@@ -205,15 +231,28 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     }
   } else {
     const uint32_t max_carry = st.max_carry;
-    for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
-      const uint32_t k = topk_order_key(__uint_as_float(bits));
-      if (k < max_carry) {
+    if constexpr (V::kUniform) {
+      // Branch-free: every entry is written at row w (<= j: a row already read); a dropped one
+      // is overwritten by the next survivor or lies past the survivors.
+      for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
+        const uint32_t k = topk_order_key(__uint_as_float(bits));
+        const bool keep = k < max_carry;
         tile[w * 32] = k;
         offs[offset_at(w)] = uint8_t(j);
-        ++w;
-        if constexpr (V::kLean) key_lo = min(key_lo, k);
-      }
-    });
+        w += int(keep);
+        key_lo = min(key_lo, keep ? k : 0xFFFFFFFFu);
+      });
+    } else {
+      for_each_row(tile, j_lo, j_hi, [&](uint32_t bits, int j) {
+        const uint32_t k = topk_order_key(__uint_as_float(bits));
+        if (k < max_carry) {
+          tile[w * 32] = k;
+          offs[offset_at(w)] = uint8_t(j);
+          ++w;
+          if constexpr (V::kLean) key_lo = min(key_lo, k);
+        }
+      });
+    }
     if (w == 0 && !last) return;  // nothing beats the carry: it stands
 
     // A few survivors: each replaces the carry's worst entry (the largest key, the highest block
@@ -265,6 +304,15 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     }
   }
 
+  // The chunk's entries are tile rows [t_lo, t_hi). Uniform: the passes over them run to t_end,
+  // the warp's largest survivor count from t_lo (rows past t_hi are masked: their tile rows hold
+  // dropped keys or scores), so that lanes of different survivor counts run the same loop;
+  // otherwise t_end == t_hi.
+  const int t_hi = t_lo + w;
+  int t_end = t_hi;
+  if constexpr (V::kUniform)
+    t_end = t_lo + min(int(__reduce_max_sync(__activemask(), unsigned(w))), V::kChunk - t_lo);
+
   // Selection rule: key < thr, or key == thr and among the first `need` such keys in block order.
   const int m = st.n_carry + w;
   uint32_t thr = 0xFFFFFFFFu;  // take everything (m <= target)
@@ -292,7 +340,14 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
         atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins - 1)) * 32, 1u);
       };
       for_each_row(ckey, c_lo, kc, count_first);
-      for_each_row(tile, t_lo, t_lo + w, count_first);
+      if constexpr (V::kUniform) {
+        for_each_row(tile, t_lo, t_end, [&](uint32_t k, int row) {  // masked: the spare bin
+          const uint32_t d = min((k - base) >> shift, uint32_t(kBins - 1));
+          atomicAdd(hist + (row < t_hi ? d : uint32_t(kBins)) * 32, 1u);
+        });
+      } else {
+        for_each_row(tile, t_lo, t_lo + w, count_first);
+      }
       int rem = target;  // ranks still to fill among the keys in [base, top]
       for (bool first = true;; first = false) {
         int bin, below, cnt;
@@ -320,7 +375,14 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
           atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
         };
         for_each_row(ckey, c_lo, kc, count);
-        for_each_row(tile, t_lo, t_lo + w, count);
+        if constexpr (V::kUniform) {
+          for_each_row(tile, t_lo, t_end, [&](uint32_t k, int row) {  // masked: the spare bin
+            const uint32_t d = min((k - base) >> shift, uint32_t(kBins));
+            atomicAdd(hist + (row < t_hi ? d : uint32_t(kBins)) * 32, 1u);
+          });
+        } else {
+          for_each_row(tile, t_lo, t_lo + w, count);
+        }
       }
     } else {
       for_each_row(ckey, c_lo, kc, [&](uint32_t k, int) { atomicAdd(hist + (k >> 28) * 32, 1u); });
@@ -363,26 +425,70 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
   int n_eq = 0;
   uint32_t max_sel = 0;
   uint32_t min_sel = 0xFFFFFFFFu;
-  auto visit = [&](uint32_t k, int blk) {
-    bool sel = k < thr;
-    if (k == thr) sel = n_eq++ < need;
-    if (sel) {
-      if (last) {
-        out_row[r.fb + pos] = blk;
+  if constexpr (V::kUniform) {
+    // Branch-free per key (a warp otherwise runs the take / skip paths of its lanes one after the
+    // other on nearly every key), `last` hoisted out of the loops.
+    auto emit = [&](auto last_c) {
+      uint32_t* dst_key = ckey + base_row * 32;  // the next carry row (not `last`)
+      const int idx_off = int(reinterpret_cast<uint32_t*>(cidx) - ckey);  // block ids: kc rows on
+      auto visit = [&](const Entry& e, bool valid) {
+        // Bitwise on the conditions: predicate logic, no short-circuit branches.
+        const bool eq = valid & (e.key == thr);
+        const bool take = (valid & (e.key < thr)) | (eq & (n_eq < need));
+        n_eq += int(eq);
+        if constexpr (decltype(last_c)::value) {
+          if (take) out_row[r.fb + pos] = e.blk;
+        } else {
+          // Predicated single instructions: the stores at the next carry row, min / max.
+          if (take) {
+            dst_key[0] = e.key;
+            dst_key[idx_off] = uint32_t(e.blk);
+            max_sel = max(max_sel, e.key);
+            min_sel = min(min_sel, e.key);
+            dst_key += 32;
+          }
+        }
+        pos += int(take);
+      };
+      for_each_entry(c_lo, kc, [&](int row) { return Entry{ckey[row * 32], cidx[row * 32]}; },
+                     [&](const Entry& e, int) { visit(e, true); });
+      if (in_place) {
+        for_each_entry(t_lo, t_end, [&](int row) { return Entry{tile[row * 32], p0 + row}; },
+                       [&](const Entry& e, int row) { visit(e, row < t_hi); });
       } else {
-        ckey[(base_row + pos) * 32] = k;
-        cidx[(base_row + pos) * 32] = blk;
-        max_sel = max(max_sel, k);
-        if constexpr (V::kLean) min_sel = min(min_sel, k);
+        for_each_entry(
+            0, t_end,
+            [&](int row) { return Entry{tile[row * 32], p0 + int(offs[offset_at(row)])}; },
+            [&](const Entry& e, int row) { visit(e, row < t_hi); });
       }
-      ++pos;
+    };
+    if (last) {
+      emit(std::true_type{});
+    } else {
+      emit(std::false_type{});
     }
-  };
-  for_each_row(ckey, c_lo, kc, [&](uint32_t k, int row) { visit(k, cidx[row * 32]); });
-  if (in_place) {
-    for_each_row(tile, t_lo, t_lo + w, [&](uint32_t k, int row) { visit(k, p0 + row); });
   } else {
-    for_each_row(tile, 0, w, [&](uint32_t k, int row) { visit(k, p0 + int(offs[offset_at(row)])); });
+    auto visit = [&](uint32_t k, int blk) {
+      bool sel = k < thr;
+      if (k == thr) sel = n_eq++ < need;
+      if (sel) {
+        if (last) {
+          out_row[r.fb + pos] = blk;
+        } else {
+          ckey[(base_row + pos) * 32] = k;
+          cidx[(base_row + pos) * 32] = blk;
+          max_sel = max(max_sel, k);
+          if constexpr (V::kLean) min_sel = min(min_sel, k);
+        }
+        ++pos;
+      }
+    };
+    for_each_row(ckey, c_lo, kc, [&](uint32_t k, int row) { visit(k, cidx[row * 32]); });
+    if (in_place) {
+      for_each_row(tile, t_lo, t_lo + w, [&](uint32_t k, int row) { visit(k, p0 + row); });
+    } else {
+      for_each_row(tile, 0, w, [&](uint32_t k, int row) { visit(k, p0 + int(offs[offset_at(row)])); });
+    }
   }
   if (last) {
     write_frame(out_row, rp.p.topk, r, n_sel);

@@ -5,7 +5,8 @@
 //     (warp_per_row), or 8 for decode-sized calls (warp_per_row_8: 4x the CTAs, a row per warp);
 //   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows. Its lean
 //     variant radix_1buf (fewer instructions per row, one chunk buffer for more warps per SM) is
-//     by_size's kernel for large calls;
+//     by_size's kernel for large calls; radix_uniform is radix_1buf with branch-free passes of
+//     warp-uniform trip counts (off by default);
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
 //     warps, one warp merges their choices: decode-sized calls with long rows (off by default).
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
@@ -90,6 +91,7 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
   switch (plan.kernel) {
     case TopkKernel::kRadix: launch_radix<topk::radix::Classic>(p, groups, stream); break;
     case TopkKernel::kRadix1Buf: launch_radix<topk::radix::Lean1Buf>(p, groups, stream); break;
+    case TopkKernel::kRadixUniform: launch_radix<topk::radix::Uniform1Buf>(p, groups, stream); break;
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;

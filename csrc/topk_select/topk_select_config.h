@@ -82,7 +82,7 @@ inline constexpr int kBins = 16;
 inline constexpr int kInsertBudget = 160;
 
 // One variant of the kernel (docs/design/topk_select.md, "Thread per row" and "Lean variants";
-// two are built: Classic and Lean1Buf):
+// three are built: Classic, Lean1Buf and Uniform1Buf):
 //   kBuffers: chunk buffers per warp (2: chunk c + 1 loads while chunk c is chosen from; 1: the
 //     warps of the SM hide each other's loads instead, at less shared memory per warp);
 //   kChunk: blocks per chunk (kChunk x 32 tokens x 4 bytes per buffer; an offset fits a byte);
@@ -91,15 +91,22 @@ inline constexpr int kInsertBudget = 160;
 //   kLean: the lean trims: a row's first chunk converted in place (no compaction
 //     bookkeeping), the insertion-or-radix choice made warp-uniform, and the radix select started
 //     at the keys' range [min, max] (bins at most one float exponent wide from the smallest key,
-//     the last one taking every key above) instead of the top 4 bits.
-template <int kBuffers_, int kChunk_, int kWarps_, bool kLean_>
+//     the last one taking every key above) instead of the top 4 bits;
+//   kUniform (lean only): the passes without per-lane branches and with warp-uniform trip counts
+//     (docs/design/topk_select.md, "Uniform passes"): the filter compacts branch-free, the select's
+//     survivor passes run to the warp's largest survivor count (rows past a lane's own count
+//     masked), and the ordered output is branch-free per key, its `last` choice hoisted out of the
+//     loop and the carry's block ids loaded with its keys.
+template <int kBuffers_, int kChunk_, int kWarps_, bool kLean_, bool kUniform_ = false>
 struct Variant {
   static constexpr int kBuffers = kBuffers_;
   static constexpr int kChunk = kChunk_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps_;
   static constexpr bool kLean = kLean_;
+  static constexpr bool kUniform = kUniform_;
   static_assert(kBuffers == 1 || kBuffers == 2, "one or two chunk buffers");
+  static_assert(kLean || !kUniform, "the uniform passes are built on the lean select");
   static_assert(kChunk % 8 == 0 && kChunk <= 256, "a block offset in the chunk fits a byte");
 
   // 32-bit words of shared memory per warp, every array [rows][32 lanes]: carried keys and block
@@ -116,6 +123,8 @@ struct Variant {
 using Classic = Variant<2, 64, 2, false>;
 // radix_1buf: one buffer of 64 blocks, one warp (~16 KB at topk 16) per CTA: 13 warps per SM.
 using Lean1Buf = Variant<1, 64, 1, true>;
+// radix_uniform: radix_1buf (same buffers, warps and shared memory) with the uniform passes.
+using Uniform1Buf = Variant<1, 64, 1, true, true>;
 
 struct Params {
   TopkSelectParams p;

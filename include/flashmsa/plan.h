@@ -91,7 +91,9 @@ enum class ProxyKernel : int32_t {
 // warp-uniform insertion, the radix select started at the keys' range, at most one float exponent
 // a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
 // CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
-// choices: for decode-sized calls), and by_size (radix_1buf from kTopkRadixMinGroupsPerSm groups of
+// choices: for decode-sized calls), radix_uniform (radix_1buf with its passes branch-free and
+// their trip counts warp-uniform: lane divergence; off by default, not yet measured), and by_size
+// (radix_1buf from kTopkRadixMinGroupsPerSm groups of
 // 32 tokens per SM on; below it warp_split up to kTopkSplitMaxRowsPerSm rows per SM, else
 // warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
@@ -108,7 +110,9 @@ enum class TopkKernel : int32_t {
   kBySize = 4,
   // 5 and 7 were radix_lean and radix_c32 (removed).
   kRadix1Buf = 6,
-  kWarpSplit = 8
+  kWarpSplit = 8,
+  // 9 and 10 were warp_pivot and radix_ilp (removed).
+  kRadixUniform = 11
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
@@ -202,7 +206,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
-// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split.
+// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------

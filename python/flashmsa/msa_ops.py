@@ -816,7 +816,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
-# warp_split;
+# warp_split | radix_uniform;
 # msa_sparse_decode_attention:
 # kernel = auto | smem | regs, mtp = auto | per_token | union, nvfp4_cvt = auto | byte | word (the
 # register kernel's NVFP4 conversion; auto: byte) (include/flashmsa/plan.h). An

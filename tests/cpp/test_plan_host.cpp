@@ -992,7 +992,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
-                       TopkKernel::kWarpSplit})
+                       TopkKernel::kWarpSplit, TopkKernel::kRadixUniform})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -1014,6 +1014,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
   EXPECT_STREQ(option_name(TopkKernel::kWarpSplit), "warp_split");
+  EXPECT_STREQ(option_name(TopkKernel::kRadixUniform), "radix_uniform");
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -1054,14 +1055,14 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp)");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
-               "warp_split, got 'heap'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
+               "warp_split or radix_uniform, got 'heap'");
   // radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
   // H200 (at 5b22cb3).
   for (const char* v : {"radix_lean", "radix_c32"})
     expect_error([&] { parse_topk_select_options(std::string("kernel=") + v); }, ErrorKind::kValue,
                  std::string("kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, "
-                             "radix_1buf or warp_split, got '") + v + "'");
+                             "radix_1buf, warp_split or radix_uniform, got '") + v + "'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem or regs, got 'fastest'");
@@ -1081,8 +1082,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("split=cluster,split=blocks"); }, ErrorKind::kValue,
                "option split given twice");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
-               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf or "
-               "warp_split, got 'new'");
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
+               "warp_split or radix_uniform, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -1156,7 +1157,7 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   for (int blocks : {256, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
-                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit})
+                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixUniform})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);
@@ -1184,6 +1185,12 @@ TEST(PlanTopk, BySizeTakesRadix1BufFromFourGroupsPerSm) {
   EXPECT_EQ(plan_topk_select(topk_call(4, 133), by_size, {264}).kernel, TopkKernel::kWarpSplit);
   // Unknown device: radix_1buf.
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadix1Buf);
+  // radix_uniform is only ever forced: no call size picks it (off by default, not yet measured).
+  for (int tokens : {1, 64, 132 * 32, 32768})
+    for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}}) {
+      EXPECT_NE(plan_topk_select(topk_call(4, tokens), by_size, f).kernel, TopkKernel::kRadixUniform);
+      EXPECT_NE(plan_topk_select(topk_call(4, tokens), {}, f).kernel, TopkKernel::kRadixUniform);
+    }
 }
 
 // kernel=decode: the decode kernel where it runs (G <= 16 heads per KV head, reduce_heads only with
