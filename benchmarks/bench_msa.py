@@ -728,11 +728,6 @@ class Bench:
             # random (9 groups, every row KV-major) and the 8K pipeline (3 groups).
             if kv == "bf16" and layout == "flat" and (s, pattern) in ((32 * K, "random"), (8 * K, "pipeline")):
                 schedules.append("lists=per_group")
-            # The KV-major combine fused into one persistent launch, partials kept in L2 (plan option
-            # combine=fused, implies lists=once): 32K random, the 8K and 128K pipelines.
-            if kv == "bf16" and layout == "flat" and (s, pattern) in ((32 * K, "random"), (8 * K, "pipeline"),
-                                                                      (128 * K, "pipeline")):
-                schedules.append("combine=fused")
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",

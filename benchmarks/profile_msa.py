@@ -87,8 +87,6 @@ def cases(bench: bm.Bench) -> dict:
         # Each KV-major launch group's work lists built before it (plan option lists=per_group;
         # the default builds them all at once).
         "sparse_random_32k_per_group": sparse("random", options=dict(lists="per_group")),
-        # The KV-major combine fused into the persistent attention kernel (plan option combine=fused).
-        "sparse_random_32k_combine_fused": sparse("random", options=dict(combine="fused")),
         "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
         # Batch 1 with the splits of a row as one cluster merging in distributed shared memory
         # (split=cluster): one kernel instead of attention + combine.

@@ -459,9 +459,7 @@ class Smoke:
         K/V take the cp.async one) and with the cp.async one forced (tile_kernel=cp_async); both KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
-        combine's LSE resets), and with each group's work lists built before it (lists=per_group), and with the combine fused
-        into the persistent kernel (combine=fused; groups of 100 and of 7 rows: many units, the ring
-        of partial slots wraps many times, racecheck / synccheck see the task queue's waits)."""
+        combine's LSE resets), and with each group's work lists built before it (lists=per_group)."""
         for tag, options in (("query_major", dict(schedule="query_major")),
                              ("kv_major", dict(schedule="kv_major")),
                              ("kv_major/chunk100", dict(schedule="kv_major", chunk_rows=100)),
@@ -471,12 +469,6 @@ class Smoke:
                                                                   lists="per_group")),
                              ("hybrid/chunk100/per_group", dict(schedule="hybrid", chunk_rows=100,
                                                                 lists="per_group")),
-                             ("kv_major/chunk100/combine_fused", dict(schedule="kv_major", chunk_rows=100,
-                                                                      combine="fused")),
-                             ("hybrid/chunk100/combine_fused", dict(schedule="hybrid", chunk_rows=100,
-                                                                    combine="fused")),
-                             ("kv_major/chunk7/combine_fused", dict(schedule="kv_major", chunk_rows=7,
-                                                                    combine="fused")),
                              ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8)),
                              ("hybrid/cp_async", dict(schedule="hybrid", tile_kernel="cp_async")),
                              ("hybrid/cp_async/waste8", dict(schedule="hybrid", tile_kernel="cp_async",

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "sparse_attn/heuristics.h"
-#include "sparse_attn/kernel_traits.h"
 
 using flashmsa::sparse_attn::kKvMajorMinRows;
 
@@ -93,8 +92,7 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";
     if (kvm.lists == KvMajorLists::kOnce)
-      s << "; lists=once (" << (kvm.combine == KvMajorCombine::kFused ? "implied by combine=fused"
-                       : o.lists == KvMajorLists::kOnce ? "forced by the option" : "auto")
+      s << "; lists=once (" << (o.lists == KvMajorLists::kOnce ? "forced by the option" : "auto")
         << ": the work lists of all " << kvm.groups << " group(s) in one count / scan / scatter, "
         << kvm.lists_once_bytes << " bytes)";
     else if (kvm.lists_fallback)
@@ -103,13 +101,6 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
         << kKvMajorListsOnceBudget << ")";
     else if (o.lists == KvMajorLists::kPerGroup)
       s << "; lists=per_group (forced by the option)";
-    if (kvm.combine == KvMajorCombine::kFused)
-      s << "; combine=fused (forced by the option: one persistent launch runs the attention items and the "
-           "combine of all " << p.num_kv_heads * kvm.groups << " units (kv head x group) as one task queue, the "
-           "partials of the last " << sparse_attn::kKvmFusedRing << " units in a ring of " << kvm.unit_partial_bytes
-        << " bytes per unit)";
-    else if (kvm.combine_fallback != nullptr)
-      s << "; combine=separate (combine=fused falls back: " << kvm.combine_fallback << ")";
   }
   workspace(s, plan.bytes);
   return s.str();

@@ -1,6 +1,6 @@
-// Device code of the combine (combine.cu's kernel; the KV-major kernel's fused combine tasks,
-// kv_major_sm90.cuh; the split=cluster decode kernel's merge through distributed shared memory,
-// query_major.cuh): the merge of one (row, head)'s partial slots, see combine.cu for the method.
+// Device code of the combine (combine.cu's kernel; the split=cluster decode kernel's merge through
+// distributed shared memory, query_major.cuh): the merge of one (row, head)'s partial slots, see
+// combine.cu for the method.
 // One function (merge_row) over a source of slots, so that every path gives the same bits for the
 // same partials.
 #pragma once
@@ -215,8 +215,7 @@ struct WorkspaceSlots {
 };
 
 // The combine of one (row, head) (one warp): its slots at part index base + s * G, its output and
-// LSEs at out_idx (row * Hq + head). Used by combine_kernel below and by the fused combine tasks of
-// the KV-major kernel (kv_major_sm90.cuh), which differ only in where a row's slots are.
+// LSEs at out_idx (row * Hq + head). Used by combine_kernel (combine.cu).
 template <typename OutElem, StoreKind kKind>
 MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx, int lane) {
   const WorkspaceSlots<kKind> slots{a, base, base * 128 + 8 * (lane & 15), int64_t(a.group) * 128};

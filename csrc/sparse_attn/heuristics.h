@@ -61,11 +61,6 @@ inline constexpr int kKvMajorMinRows = 1024;
 // engines for ~6 GB of scratch, which they size up front for the longest prefill.
 inline constexpr int64_t kKvMajorPartialBudget = int64_t(1) << 30;
 
-// combine=fused: partial bytes of one unit (one kv head of a launch group), so that the unit being
-// written and the unit being combined stay in the H200's L2 (50-60 MB) with the kv head's K/V (16 MB at
-// 32K): M3 251 rows per group (docs/design/sparse_attention.md#fused-combine).
-inline constexpr int64_t kKvMajorFusedUnitBudget = int64_t(16) << 20;
-
 // Bytes of KV-major workspace per query row of a launch group: per (kv head, q2k slot) a list entry
 // and G partial rows (128 values in the compute dtype + the log2 LSE [+ temperature LSE]).
 inline int64_t kv_major_bytes_per_row(int num_kv_heads, int topk, int group, bool has_temp) {

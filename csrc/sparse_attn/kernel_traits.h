@@ -53,56 +53,6 @@ struct QueryMajorArgs {
   float* part_lse_t;     // same for the temperature LSE, or nullptr
 };
 
-// ---- combine -----------------------------------------------------------------------------------
-// out[r, hq] = v_global_scale * sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s) over
-// the slots of (kh, r); slot s of head g at ((kh * row_stride + r - row_begin) * num_slots + s) * G + g.
-struct CombineArgs {
-  int row_begin;
-  int rows;
-  int row_stride;
-  int num_heads;
-  int num_kv_heads;
-  int group;
-  int num_slots;
-  const void* part_o;
-  StoreKind part_kind;
-  float* part_lse;    // written only with reset_lse
-  float* part_lse_t;
-  void* out;       // [total_q, Hq, 128]
-  float* lse;      // [total_q, Hq] natural log, or nullptr
-  float* lse_t;    // or nullptr
-  float v_scale;
-  const uint8_t* union_done;  // rows done by shared-selection tiles are skipped (or nullptr)
-  int union_tile_tokens;
-  int union_num_tiles;
-  int unit_rows;  // rows of one work unit: combine_unit_rows(group)
-  // KV-major lists=once: each slot read with a finite (or NaN) LSE is set back to -inf (both LSE
-  // arrays), so the next launch group finds every slot it does not write at -inf.
-  bool reset_lse;
-};
-
-// ---- KV-major combine=fused -------------------------------------------------------------------
-// One persistent launch of the sm_90a KV-major kernel runs every launch group's attention items and
-// combine as one task queue (docs/design/sparse_attention.md#fused-combine). Units u = kh * groups +
-// c (kv head outer, launch group c inner); phase k = the attention items of unit k, then the combine
-// tasks of unit k - kKvmFusedLag (one per combine_unit_rows tile of the group's rows). Unit u's
-// partials go to ring slot u % kKvmFusedRing of [kKvmFusedRing, chunk_rows, topk, G] (the kv head
-// index of the per-group layout replaced by the ring slot). An attention item of u waits for the
-// combine of u - kKvmFusedRing (the slot's previous unit), a combine task of u for u's attention
-// items: each waits only on tasks of earlier phases, all taken from the queue before it.
-inline constexpr int kKvmFusedRing = 3;
-inline constexpr int kKvmFusedLag = 1;
-static_assert(kKvmFusedLag >= 1 && kKvmFusedLag < kKvmFusedRing, "waits go to earlier phases only");
-
-struct KvMajorFused {
-  int* counters;    // [2 units + 1]: attention items done per unit, combine tasks done per unit, task counter
-  int* task_start;  // [units + kKvmFusedLag + 1] first task of each phase ([phases]: the total)
-  int* unit_items;  // [groups, Hkv + 1] first item of kv head kh in group c's items ([Hkv]: their count)
-  int units;        // Hkv * groups
-  int groups;
-  CombineArgs combine;  // row_begin 0, rows total_q, row_stride chunk_rows, reset_lse
-};
-
 // ---- KV-major schedule -------------------------------------------------------------------------
 // Work item = (kv head, sequence, block, a run of at most kKvmMaxRowsPerItem / G of the tokens that
 // selected the block). A CTA loads the 128-key block once and its warps stream 32-row query tiles
@@ -164,8 +114,6 @@ struct KvMajorArgs {
   // slot of its union_done rows included); the combine of each group resets the slots it read to
   // -inf (CombineArgs::reset_lse), which keeps the invariant for the next group.
   bool lists_once;
-  // combine=fused (kv_major_sm90.cuh with kFused): null fused.counters otherwise.
-  KvMajorFused fused;
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------
@@ -208,6 +156,34 @@ struct UnionArgs {
   uint8_t* plan_mask;    // [Hkv, num_tiles, max_entries] tokens of the tile that selected each
   int* work;             // [Hkv * num_tiles] qualifying (kh * num_tiles + tile)
   int* control;          // [0] qualifying tiles, [1] work counter of the attention kernel
+};
+
+// ---- combine -----------------------------------------------------------------------------------
+// out[r, hq] = v_global_scale * sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s) over
+// the slots of (kh, r); slot s of head g at ((kh * row_stride + r - row_begin) * num_slots + s) * G + g.
+struct CombineArgs {
+  int row_begin;
+  int rows;
+  int row_stride;
+  int num_heads;
+  int num_kv_heads;
+  int group;
+  int num_slots;
+  const void* part_o;
+  StoreKind part_kind;
+  float* part_lse;    // written only with reset_lse
+  float* part_lse_t;
+  void* out;       // [total_q, Hq, 128]
+  float* lse;      // [total_q, Hq] natural log, or nullptr
+  float* lse_t;    // or nullptr
+  float v_scale;
+  const uint8_t* union_done;  // rows done by shared-selection tiles are skipped (or nullptr)
+  int union_tile_tokens;
+  int union_num_tiles;
+  int unit_rows;  // rows of one work unit: combine_unit_rows(group)
+  // KV-major lists=once: each slot read with a finite (or NaN) LSE is set back to -inf (both LSE
+  // arrays), so the next launch group finds every slot it does not write at -inf.
+  bool reset_lse;
 };
 
 // Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly

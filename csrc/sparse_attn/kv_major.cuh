@@ -73,28 +73,23 @@ struct KvmRow {
   int lim;         // keys [0, lim) of the block are visible to the row (0 for padding)
 };
 
-// What every tile needs of item `it`, into `is`.
-MSA_DEVICE void fill_kvm_item(const KvMajorArgs& args, const KvMajorItem& it, KvmItemState& is) {
-  const SparseAttnParams& p = args.p;
-  is.kh = it.kh;
-  is.b = it.b;
-  is.j0 = it.t * kBlockSize;
-  is.start = it.start;
-  is.rows = it.count * args.group;
-  is.seqlen_k = kv_seqlen(p.kv, it.b);
-  const RowRange rr = q_rows(p.qi, p.total_q, it.b);
-  is.q_begin = rr.begin;
-  is.q_off = q_offset_of(p.q_offset, it.b, rr.len, is.seqlen_k);
-}
-
 // Takes the next item from the work counter (one thread) and derives what every tile needs.
 MSA_DEVICE KvmItemState fetch_kvm_item(const KvMajorArgs& args) {
+  const SparseAttnParams& p = args.p;
   const int idx = atomicAdd(&args.control->next_item, 1);
   KvmItemState is{};
   is.kh = -1;
   if (idx < min(args.control->num_items, args.max_items)) {
     const KvMajorItem it = args.items[idx];
-    fill_kvm_item(args, it, is);
+    is.kh = it.kh;
+    is.b = it.b;
+    is.j0 = it.t * kBlockSize;
+    is.start = it.start;
+    is.rows = it.count * args.group;
+    is.seqlen_k = kv_seqlen(p.kv, it.b);
+    const RowRange rr = q_rows(p.qi, p.total_q, it.b);
+    is.q_begin = rr.begin;
+    is.q_off = q_offset_of(p.q_offset, it.b, rr.len, is.seqlen_k);
   }
   return is;
 }

@@ -129,11 +129,9 @@ __global__ void __launch_bounds__(kListWarpsPerCta * 32) pair_kernel(const __gri
   // Rows of a shared-selection tile are done already; the combine skips them too. lists=once: the
   // first group's rows set every slot of such a row to -inf (no later group's combine resets them).
   const bool done = a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens];
-  // combine=fused: the ring of partial slots is set to -inf by launch_kv_major_fused_prepare.
-  const bool fused = a.fused.counters != nullptr;
-  if (done && (kScatter || !a.lists_once || j != 0 || fused)) return;
+  if (done && (kScatter || !a.lists_once || j != 0)) return;
   // lists=once: the -inf LSEs of the later groups' non-pair slots come from the combine's reset.
-  const bool mark = j == 0 && !fused;
+  const bool mark = j == 0;
   const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
   RowContext c;
   const bool covered = !done && row_context(a, r, c);
@@ -185,12 +183,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constan
   }
   int64_t off = block_exclusive_scan<int64_t>(pairs, s_warp, &s_total_pairs);
   int64_t io = block_exclusive_scan<int64_t>(items, s_warp, &s_total_items);
-  // combine=fused: the items come out ordered by kv head (x = kh * nb + column); record where each
-  // kv head's start (the column-0 counter of kv head kh is x = kh * nb).
-  int* const unit_items = a.fused.unit_items != nullptr
-                              ? a.fused.unit_items + int64_t(blockIdx.x) * (a.p.num_kv_heads + 1) : nullptr;
   for (int64_t x = begin; x < end; ++x) {
-    if (unit_items != nullptr && x % nb == 0) unit_items[x / nb] = int(min(io, int64_t(a.max_items)));
     const int64_t idx = counter(x);
     const int cnt = a.counts[idx];
     a.counts[idx] = 0;  // ready for the next launch group
@@ -224,57 +217,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constan
   if (threadIdx.x == 0) {
     control->num_items = int(min(s_total_items, int64_t(a.max_items)));
     control->next_item = 0;
-    if (unit_items != nullptr) {
-      if (nb == 0)
-        for (int kh = 0; kh < a.p.num_kv_heads; ++kh) unit_items[kh] = 0;
-      unit_items[a.p.num_kv_heads] = control->num_items;
-    }
   }
-}
-
-// combine=fused: the task queue of the persistent kernel (kv_major_sm90.cuh). CTA 0 scans the
-// tasks per phase into task_start and clears the counters; every CTA sets the ring of partial LSEs
-// to -inf (the slots no pair writes; the fused combine resets what it reads, as lists=once does).
-__global__ void __launch_bounds__(kScanThreads) fused_prepare_kernel(const __grid_constant__ KvMajorArgs a) {
-  const KvMajorFused& f = a.fused;
-  const int64_t ring = int64_t(min(kKvmFusedRing, f.units)) * a.chunk_rows * a.p.topk * a.group;
-  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < ring; x += int64_t(gridDim.x) * blockDim.x) {
-    a.part_lse[x] = -INFINITY;
-    if (a.part_lse_t != nullptr) a.part_lse_t[x] = -INFINITY;
-  }
-  if (blockIdx.x != 0) return;
-  __shared__ int64_t s_warp[32];
-  __shared__ int64_t s_total;
-  const int hkv = a.p.num_kv_heads;
-  const int t = f.combine.unit_rows;
-  // Tasks of phase k: the attention items of unit k, the combine tasks of unit k - lag.
-  auto tasks = [&](int k) {
-    int64_t n = 0;
-    if (k < f.units) {
-      const int h = k / f.groups, c = k % f.groups;
-      const int* ui = f.unit_items + int64_t(c) * (hkv + 1);
-      n += ui[h + 1] - ui[h];
-    }
-    if (k >= kKvmFusedLag) {
-      const int c = (k - kKvmFusedLag) % f.groups;
-      const int r0 = c * a.chunk_rows;
-      const int rows = min(a.chunk_rows, a.p.total_q - r0);
-      n += (r0 + rows - 1) / t - r0 / t + 1;
-    }
-    return n;
-  };
-  const int phases = f.units + kKvmFusedLag;
-  const int seg = (phases + kScanThreads - 1) / kScanThreads;
-  const int begin = min(phases, int(threadIdx.x) * seg), end = min(phases, begin + seg);
-  int64_t sum = 0;
-  for (int k = begin; k < end; ++k) sum += tasks(k);
-  int64_t run = block_exclusive_scan<int64_t>(sum, s_warp, &s_total);
-  for (int k = begin; k < end; ++k) {
-    f.task_start[k] = int(run);
-    run += tasks(k);
-  }
-  if (threadIdx.x == 0) f.task_start[phases] = int(s_total);
-  for (int x = threadIdx.x; x < 2 * f.units + 1; x += kScanThreads) f.counters[x] = 0;
 }
 
 }  // namespace
@@ -283,11 +226,6 @@ void launch_kv_major_prepare(const KvMajorArgs& a, int num_sms, cudaStream_t str
   block_base_kernel<<<1, kScanThreads, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());
   zero_counts_kernel<<<2 * num_sms, 256, 0, stream>>>(a);
-  MSA_CUDA_CHECK(cudaGetLastError());
-}
-
-void launch_kv_major_fused_prepare(const KvMajorArgs& a, int num_sms, cudaStream_t stream) {
-  fused_prepare_kernel<<<unsigned(num_sms), kScanThreads, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 

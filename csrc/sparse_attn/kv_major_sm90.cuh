@@ -15,10 +15,6 @@
 // and the log2 LSE as the row's partial, exactly where kv_major.cuh writes it; the combine kernel
 // is shared. Each output row depends only on its own query row and the block (row-independent
 // MMAs, a softmax reduced in a fixed order), so results are deterministic (D11).
-//
-// kFused (plan option combine=fused, kernel_traits.h#KvMajorFused): one launch runs the attention
-// items of every launch group and the combine as tasks of one queue, the combine tasks calling the
-// combine kernel's per-row merge (combine.cuh) on partials that are still in L2.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,9 +23,7 @@
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
-#include "sparse_attn/combine.cuh"
 #include "sparse_attn/kv_major.cuh"
-#include "sparse_attn/kv_major_fused.cuh"
 #include "sparse_attn/wgmma_tile.cuh"
 
 namespace flashmsa::sparse_attn {
@@ -55,7 +49,7 @@ struct KvMajorSm90Config {
   static constexpr int kRowLimOffset = kRowSlotOffset + kTables * kTileRows * 8;
   // The item's list entries (the plan caps items at kKvm90MaxTokensPerItem tokens).
   static constexpr int kListOffset = kRowLimOffset + kTables * kTileRows * 4;
-  // Two item records (combine=fused: task records), used alternately (see the item loop).
+  // Two item records, used alternately (see the item loop).
   static constexpr int kItemOffset = kListOffset + kKvm90MaxTokensPerItem * 4;
   static constexpr int kSmemBytes = kItemOffset + 2 * 128;
   static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "1024-byte aligned tiles");
@@ -66,12 +60,8 @@ struct KvMajorSm90Config {
 // Fills the row table of one 64-row tile (threads 0-63 of the warpgroup, one row each): the query
 // element offset, the partial row index and the block's visible-key count of (token, head) row
 // `i` of the item (-1 / -1 / 0 for padding rows past the item).
-// kFused: the item's rows start at row_begin, its partials are those of kv head index part_head
-// (the unit's ring slot); else args.row_begin and is.kh.
-template <bool kFused>
 MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is, const uint32_t* s_list,
-                                 int tile, int64_t* s_q, int64_t* s_slot, int* s_lim, int wtid, int row_begin,
-                                 int part_head) {
+                                 int tile, int64_t* s_q, int64_t* s_slot, int* s_lim, int wtid) {
   if (wtid >= 64) return;
   const SparseAttnParams& p = args.p;
   const int G = args.group;
@@ -83,9 +73,9 @@ MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is
     const int g = i - e * G;
     const uint32_t v = s_list[e];
     const int rel = int(v >> 6), slot = int(v & 63u);
-    const int r = (kFused ? row_begin : args.row_begin) + rel;
+    const int r = args.row_begin + rel;
     qe = int64_t(r) * p.q_stride_token + int64_t(is.kh * G + g) * p.q_stride_head;
-    slot_idx = ((int64_t(kFused ? part_head : is.kh) * args.chunk_rows + rel) * p.topk + slot) * G + g;
+    slot_idx = ((int64_t(is.kh) * args.chunk_rows + rel) * p.topk + slot) * G + g;
     lim = max(0, min(kBlockSize, col_limit(p.causal, is.q_off, r - is.q_begin, is.seqlen_k) - is.j0));
   }
   s_q[wtid] = qe;
@@ -132,100 +122,7 @@ MSA_DEVICE void block_softmax_row(float (&s)[16][4], int h, int lim, float sc, f
 }
 #endif
 
-// ---- combine=fused tasks ---------------------------------------------------------------------------
-
-// A task of the fused queue as the CTA needs it (written by thread 0, read from shared memory).
-struct KvmFusedTask {
-  KvmItemState item;  // attention: the item; combine: item.kh only. item.kh -1: the queue is empty
-  int combine_tile;   // -1: attention; else the combine work tile (global, unit_rows rows) to merge
-  int unit;
-  int ring;       // the unit's partial slot
-  int row_begin;  // first row of the unit's launch group
-  int rows;       // rows of the group
-  int pad;
-};
-static_assert(2 * sizeof(KvmFusedTask) <= 2 * 128, "two task records fit the item records' space");
-
-#if MSA_HAS_WGMMA
-// Warp 0: takes the next task from the queue and decodes it; lane 0 then waits for the task's
-// dependencies and writes the record. `phase` (warp 0's registers, 0 at the start) is the phase of
-// this CTA's last task: a CTA's tasks come in increasing order, so the phase search starts there
-// (one round of 32 loads mostly).
-MSA_DEVICE void fused_fetch(const KvMajorArgs& args, KvmFusedTask* rec, int& phase, int lane) {
-  const KvMajorFused& f = args.fused;
-  const int phases = f.units + kKvmFusedLag;
-  int idx = 0;
-  if (lane == 0) idx = atomicAdd(fused_next_task(f), 1);
-  idx = __shfl_sync(0xffffffffu, idx, 0);
-  KvmFusedTask t{};
-  t.item.kh = -1;
-  t.combine_tile = -1;
-  if (idx >= f.task_start[phases]) {  // warp-uniform
-    if (lane == 0) *rec = t;
-    return;
-  }
-  // The phase: the last k with task_start[k] <= idx (the starts are non-decreasing, so the lanes
-  // whose start is <= idx are a prefix).
-  while (true) {
-    const int j = phase + 1 + lane;
-    const bool le = j <= phases && f.task_start[j] <= idx;
-    const int n = __popc(__ballot_sync(0xffffffffu, le));
-    phase += n;
-    if (n < 32) break;
-  }
-  if (lane != 0) return;
-  const int hkv = args.p.num_kv_heads;
-  int off = idx - f.task_start[phase];
-  if (phase < f.units) {
-    const int u = phase, c = fused_unit_group(f, u), h = fused_unit_head(f, u);
-    const int first = f.unit_items[int64_t(c) * (hkv + 1) + h];
-    const int n = fused_unit_items(f, hkv, u);
-    if (off < n) {  // attention item: its partial slot's previous unit must be combined
-      if (u >= kKvmFusedRing) fused_wait(fused_combine_done(f, u - kKvmFusedRing), fused_combine_tasks(args, u - kKvmFusedRing));
-      const KvMajorItem it = args.items[int64_t(c) * args.max_items + first + off];
-      fill_kvm_item(args, it, t.item);
-      t.item.start += c * hkv * args.chunk_rows * args.p.topk;  // group c's list (the plan bounds it)
-      t.unit = u;
-      t.ring = u % kKvmFusedRing;
-      t.row_begin = fused_group_row0(args, u);
-      t.rows = fused_group_rows(args, u);
-      *rec = t;
-      return;
-    }
-    off -= n;
-  }
-  // combine task: every attention item of its unit must be done
-  const int u = phase - kKvmFusedLag;
-  fused_wait(fused_attn_done(f, u), fused_unit_items(f, hkv, u));
-  t.item.kh = fused_unit_head(f, u);
-  t.unit = u;
-  t.ring = u % kKvmFusedRing;
-  t.row_begin = fused_group_row0(args, u);
-  t.rows = fused_group_rows(args, u);
-  t.combine_tile = t.row_begin / f.combine.unit_rows + off;
-  *rec = t;
-}
-
-// A combine task: the standalone combine's work unit (kv head, tile) restricted to the group's rows,
-// (row, head) pairs over the CTA's warps, each merged by combine_row from the unit's ring slot.
-template <typename Elem>
-MSA_DEVICE void fused_combine(const KvMajorArgs& args, const KvmFusedTask& t, int warp, int num_warps, int lane) {
-  const CombineArgs& a = args.fused.combine;
-  const int kh = t.item.kh, tile = t.combine_tile, G = a.group;
-  if (a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + tile]) return;
-  const int r_begin = max(tile * a.unit_rows, t.row_begin);
-  const int r_end = min((tile + 1) * a.unit_rows, t.row_begin + t.rows);
-  const int n = (r_end - r_begin) * G;
-  for (int i = warp; i < n; i += num_warps) {  // warp-uniform loop
-    const int e = i / G, g = i - e * G;
-    const int r = r_begin + e;
-    combine_row<Elem, kElemStoreKind<Elem>>(a, ((int64_t(t.ring) * a.row_stride + r - t.row_begin) * a.num_slots) * G + g,
-                                            int64_t(r) * a.num_heads + kh * G + g, lane);
-  }
-}
-#endif
-
-template <typename Elem, KvKind kKv, bool kFused>
+template <typename Elem, KvKind kKv>
 __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     kv_major_sm90_kernel(const __grid_constant__ KvMajorArgs args) {
 #if MSA_HAS_WGMMA
@@ -250,8 +147,6 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const Elem* q = static_cast<const Elem*>(p.q);
   const float temp = p.lse_temperature;
   check_smem_base(smem);
-  KvmFusedTask* s_task = reinterpret_cast<KvmFusedTask*>(smem + Cfg::kItemOffset);
-  int phase = 0;  // combine=fused: warp 0's queue position (fused_fetch)
 
 #pragma unroll 1
   for (int parity = 0;; parity ^= 1) {
@@ -259,29 +154,13 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     // not use, so the write is two CTA barriers away from any read of the record it replaces.
     // (The racecheck reports on the record were the warpgroups' unequal barrier counts, not the
     // single record: see the rounds below.)
-    if constexpr (kFused) {
-      if (tid < 32) fused_fetch(args, s_task + parity, phase, lane);
-    } else if (tid == 0) {
+    if (tid == 0) {
       s_state[parity] = fetch_kvm_item(args);
     }
     __syncthreads();
     // Read from shared memory where used (registers go to the accumulators).
-    const KvmItemState& is = kFused ? s_task[parity].item : s_state[parity];
+    const KvmItemState& is = s_state[parity];
     if (is.kh < 0) break;
-    // The item's first row and partial head (kvm90_build_rows): fused, the task's group and ring
-    // slot (kept in registers: fewer spills there); unused otherwise (args.row_begin, is.kh).
-    int row_begin = 0, part_head = 0;
-    if constexpr (kFused) {
-      const KvmFusedTask& t = s_task[parity];
-      if (t.combine_tile >= 0) {
-        fused_combine<Elem>(args, t, tid >> 5, Cfg::kThreads / 32, lane);
-        __syncthreads();  // every warp's outputs and LSE resets are written
-        if (tid == 0) fused_release(fused_combine_done(args.fused, t.unit));
-        continue;
-      }
-      row_begin = t.row_begin;
-      part_head = t.ring;
-    }
 
     // K / V block: native straight into the tiles (its cp.async group completes no later than the
     // first query tile's); quantized through the query area, dequantized before any query tile
@@ -321,8 +200,8 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     const int my_tiles = n_tiles > wg ? (n_tiles - wg + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups : 0;
     auto prefetch = [&](int i) {  // row table and query loads of local tile i (an empty group past the end)
       const int st = i % S;
-      kvm90_build_rows<kFused>(args, is, s_list, i < my_tiles ? wg + Cfg::kWarpgroups * i : -1, s_rowq + st * 64,
-                               s_rowslot + st * 64, s_rowlim + st * 64, wtid, row_begin, part_head);
+      kvm90_build_rows(args, is, s_list, i < my_tiles ? wg + Cfg::kWarpgroups * i : -1, s_rowq + st * 64,
+                       s_rowslot + st * 64, s_rowlim + st * 64, wtid);
       warpgroup_barrier(wg);
       kvm90_issue_q<Elem>(q, s_rowq + st * 64, my_q_addr + st * Cfg::kQTileBytes, wtid);
     };
@@ -396,9 +275,6 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     }
     cp_async_wait<0>();  // the empty groups past the end
     __syncthreads();     // the block, the list and the item record are reused by the next item
-    if constexpr (kFused) {
-      if (tid == 0) fused_release(fused_attn_done(args.fused, s_task[parity].unit));  // partials stored
-    }
   }
 #else
   __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
@@ -408,16 +284,13 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
 // CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it.
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv, false>, KvMajorSm90Config<kKv>::kThreads,
+  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv>, KvMajorSm90Config<kKv>::kThreads,
                                               size_t(KvMajorSm90Config<kKv>::kSmemBytes));
 }
 
-// combine=fused (args.fused.counters set): the task-queue instantiation (the same launch bounds and
-// shared memory; any grid is deadlock-free: a task waits only on tasks taken before it).
 template <typename Elem, KvKind kKv>
 void launch_kv_major_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream) {
-  auto* kernel = args.fused.counters != nullptr ? kv_major_sm90_kernel<Elem, kKv, true>
-                                                : kv_major_sm90_kernel<Elem, kKv, false>;
+  auto* kernel = kv_major_sm90_kernel<Elem, kKv>;
   constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
   constexpr int threads = KvMajorSm90Config<kKv>::kThreads;
   flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));

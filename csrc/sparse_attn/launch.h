@@ -64,9 +64,6 @@ int union_tma_sm90_ctas_per_sm();
 // KV-major list building (kv_major_lists.cu): once per call, then once per launch group.
 void launch_kv_major_prepare(const KvMajorArgs& args, int num_sms, cudaStream_t stream);
 void launch_kv_major_lists(const KvMajorArgs& args, cudaStream_t stream);
-// combine=fused, after the lists of every group: the task queue (per-phase task starts from the
-// scan's per-kv-head item ranges, cleared counters) and the ring of partial LSEs set to -inf.
-void launch_kv_major_fused_prepare(const KvMajorArgs& args, int num_sms, cudaStream_t stream);
 
 // Combine of partials into out (bf16 or fp16) and the LSEs (combine.cu).
 void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t stream);

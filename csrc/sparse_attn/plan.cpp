@@ -133,6 +133,19 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   const int group = p.num_heads / p.num_kv_heads;
   const bool has_temp = p.lse_temperature_out != nullptr;
   const int64_t per_row = kv_major_bytes_per_row(p.num_kv_heads, p.topk, group, has_temp);
+  int64_t chunk = std::max<int64_t>(1, kKvMajorPartialBudget / per_row);
+  if (o.chunk_rows > 0) chunk = o.chunk_rows;
+  // (row << 6 | slot) list entries and int list offsets bound one group's pairs.
+  chunk = std::min<int64_t>({chunk, p.total_q, (int64_t(1) << 28) / (int64_t(p.num_kv_heads) * p.topk)});
+  chunk = std::max<int64_t>(chunk, 1);
+  // Equal launch groups: each group's persistent kernel ends with a tail of unevenly finishing
+  // CTAs, and a small last group (e.g. 536 of 32K rows at a 4029-row cap) pays a whole launch
+  // sequence for little work.
+  const int64_t groups = std::max<int64_t>(1, (int64_t(p.total_q) + chunk - 1) / chunk);
+  chunk = std::max<int64_t>(1, (int64_t(p.total_q) + groups - 1) / groups);
+  plan.chunk_rows = int(chunk);
+  plan.groups = int((int64_t(p.total_q) + chunk - 1) / chunk);
+
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages
                                      : p.kv.total_k / kBlockSize + p.batch + 1;
   MSA_CHECK(nb_bound * p.num_kv_heads < INT_MAX, "msa_sparse_attention: too many KV blocks (",
@@ -141,72 +154,22 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.tokens_per_item = std::max(1, kKvmMaxRowsPerItem / group);
   if (plan.kernel == KvMajorKernel::kWgmma)
     plan.tokens_per_item = std::min(plan.tokens_per_item, kKvm90MaxTokensPerItem);
-  const int64_t counters = int64_t(p.num_kv_heads) * plan.nb_bound;
-
-  // Launch groups of at most `cap` rows (the chunk_rows option replaces it); returns one group's
-  // list bytes (counters, cursors, control, items, entries).
-  auto size_groups = [&](int64_t cap) {
-    int64_t chunk = o.chunk_rows > 0 ? o.chunk_rows : std::max<int64_t>(1, cap);
-    // (row << 6 | slot) list entries and int list offsets bound one group's pairs.
-    chunk = std::min<int64_t>({chunk, p.total_q, (int64_t(1) << 28) / (int64_t(p.num_kv_heads) * p.topk)});
-    chunk = std::max<int64_t>(chunk, 1);
-    // Equal launch groups: each group's persistent kernel ends with a tail of unevenly finishing
-    // CTAs, and a small last group (e.g. 536 of 32K rows at a 4029-row cap) pays a whole launch
-    // sequence for little work.
-    const int64_t groups = std::max<int64_t>(1, (int64_t(p.total_q) + chunk - 1) / chunk);
-    chunk = std::max<int64_t>(1, (int64_t(p.total_q) + groups - 1) / groups);
-    plan.chunk_rows = int(chunk);
-    plan.groups = int((int64_t(p.total_q) + chunk - 1) / chunk);
-    // Items: every list contributes ceil(count / tokens_per_item) <= count / tpi + 1, and at most
-    // min(columns, pairs) lists are non-empty.
-    const int64_t pairs = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk;
-    plan.max_items = int((pairs + plan.tokens_per_item - 1) / plan.tokens_per_item +
-                         std::min<int64_t>(counters, pairs));
-    return 2 * counters * 4 + int64_t(sizeof(KvMajorControl)) + int64_t(plan.max_items) * int64_t(sizeof(KvMajorItem)) +
-           pairs * 4;
-  };
-
-  // combine=fused: the wgmma kernel's task queue over groups of kKvMajorFusedUnitBudget bytes of
-  // partials per kv head, with the lists of every group built at once.
-  bool fused = o.combine == KvMajorCombine::kFused;
-  if (fused && plan.kernel != KvMajorKernel::kWgmma) {
-    fused = false;
-    plan.combine_fallback = "the mma_sync KV-major kernel runs (the fused combine is a task of the sm_90a wgmma kernel)";
-  }
-  int64_t per_group_lists = size_groups(fused ? kKvMajorFusedUnitBudget / (per_row / p.num_kv_heads)
-                                              : kKvMajorPartialBudget / per_row);
-  if (fused) {
-    const int64_t units = int64_t(p.num_kv_heads) * plan.groups;
-    const int64_t tasks = int64_t(plan.groups) * plan.max_items +
-                          units * (plan.chunk_rows / combine_unit_rows(group) + 2);
-    const int64_t entries = units * plan.chunk_rows * p.topk;
-    plan.lists_once_bytes = per_group_lists * plan.groups;
-    if (plan.lists_once_bytes > kKvMajorListsOnceBudget) {
-      plan.combine_fallback = "the work lists of all its launch groups exceed kKvMajorListsOnceBudget";
-    } else if (tasks >= INT_MAX || entries >= INT_MAX) {
-      plan.combine_fallback = "more tasks or list entries than its 32-bit indices hold";
-    }
-    if (plan.combine_fallback != nullptr) {
-      fused = false;
-      plan.lists_once_bytes = 0;
-      per_group_lists = size_groups(kKvMajorPartialBudget / per_row);
-    }
-  }
-  plan.combine = fused ? KvMajorCombine::kFused : KvMajorCombine::kSeparate;
+  // Items: every list contributes ceil(count / tokens_per_item) <= count / tpi + 1, and at most
+  // min(columns, pairs) lists are non-empty.
   const int64_t pairs = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk;
-  const int64_t max_items = plan.max_items;
-  // fused: every group's tasks in one launch, so the grid is the resident CTAs.
-  plan.grid = int(std::max<int64_t>(1, fused ? int64_t(ctas) * facts.num_sms
-                                             : std::min<int64_t>(max_items, int64_t(ctas) * facts.num_sms)));
+  const int64_t max_items = (pairs + plan.tokens_per_item - 1) / plan.tokens_per_item +
+                            std::min<int64_t>(int64_t(p.num_kv_heads) * plan.nb_bound, pairs);
+  plan.max_items = int(max_items);
+  plan.grid = int(std::max<int64_t>(1, std::min<int64_t>(max_items, int64_t(ctas) * facts.num_sms)));
   plan.num_sms = facts.num_sms;
 
   // lists=once (and auto): every group's lists at once (group j's part of each array at j times the size of
   // one group's), within kKvMajorListsOnceBudget.
+  const int64_t counters = int64_t(p.num_kv_heads) * plan.nb_bound;
+  const int64_t per_group_lists = 2 * counters * 4 + int64_t(sizeof(KvMajorControl)) +
+                                  max_items * int64_t(sizeof(KvMajorItem)) + pairs * 4;
   int64_t list_groups = 1;
-  if (fused) {
-    plan.lists = KvMajorLists::kOnce;
-    list_groups = plan.groups;
-  } else if (o.lists != KvMajorLists::kPerGroup) {
+  if (o.lists != KvMajorLists::kPerGroup) {
     plan.lists_once_bytes = per_group_lists * plan.groups;
     plan.lists_fallback = plan.lists_once_bytes > kKvMajorListsOnceBudget;
     if (!plan.lists_fallback) {
@@ -220,20 +183,9 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.control_off = ws.take("kvm.control", size_t(list_groups) * sizeof(KvMajorControl));
   plan.items_off = ws.take("kvm.items", size_t(list_groups * max_items) * sizeof(KvMajorItem));
   plan.list_off = ws.take("kvm.list", size_t(list_groups * pairs) * 4);
-  // Partials: [Hkv, chunk_rows, topk, G] per group, fused [min(kKvmFusedRing, units), chunk_rows,
-  // topk, G] (a ring slot per unit of the last kKvmFusedRing).
-  const int64_t unit_slots = int64_t(plan.chunk_rows) * p.topk * group;
-  const int64_t units = int64_t(p.num_kv_heads) * plan.groups;
-  const int64_t slots = fused ? std::min<int64_t>(kKvmFusedRing, units) * unit_slots : pairs * group;
-  plan.part_o_off = ws.take("kvm.part_o", size_t(slots) * 128 * 2);
-  plan.part_lse_off = ws.take("kvm.part_lse", size_t(slots) * 4);
-  if (has_temp) plan.part_lse_t_off = ws.take("kvm.part_lse_t", size_t(slots) * 4);
-  if (fused) {
-    plan.unit_partial_bytes = unit_slots * 128 * 2;
-    plan.fused_counters_off = ws.take("kvm.fused_counters", size_t(2 * units + 1) * 4);
-    plan.fused_task_start_off = ws.take("kvm.fused_task_start", size_t(units + kKvmFusedLag + 1) * 4);
-    plan.fused_unit_items_off = ws.take("kvm.fused_unit_items", size_t(plan.groups) * (p.num_kv_heads + 1) * 4);
-  }
+  plan.part_o_off = ws.take("kvm.part_o", size_t(pairs) * group * 128 * 2);
+  plan.part_lse_off = ws.take("kvm.part_lse", size_t(pairs) * group * 4);
+  if (has_temp) plan.part_lse_t_off = ws.take("kvm.part_lse_t", size_t(pairs) * group * 4);
   const int tctas = with_tiles ? tile_ctas(p, facts) : 0;
   if (tctas > 0) {
     plan.tiles = true;

@@ -268,27 +268,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   c.union_tile_tokens = a.union_tile_tokens;
   c.union_num_tiles = a.union_num_tiles;
   c.reset_lse = once;
-  if (plan.combine == KvMajorCombine::kFused) {  // one launch: lists of every group, queue, tasks
-    MSA_CHECK(once && plan.kernel == KvMajorKernel::kWgmma &&
-                  (a.union_done == nullptr || a.union_tile_tokens == c.unit_rows),
-              "msa_sparse_attention: combine=fused planned without lists=once, the wgmma kernel or "
-              "tile-aligned combine units (planner bug)");
-    a.fused.counters = at<int>(p, plan.fused_counters_off);
-    a.fused.task_start = at<int>(p, plan.fused_task_start_off);
-    a.fused.unit_items = at<int>(p, plan.fused_unit_items_off);
-    a.fused.units = p.num_kv_heads * plan.groups;
-    a.fused.groups = plan.groups;
-    c.row_begin = 0;
-    c.rows = int(p.total_q);
-    a.fused.combine = c;
-    a.row_begin = 0;
-    a.rows = int(p.total_q);
-    launch_kv_major_prepare(a, plan.num_sms, stream);
-    launch_kv_major_lists(a, stream);
-    launch_kv_major_fused_prepare(a, plan.num_sms, stream);
-    dispatch_types(p, [&]<typename Elem, KvKind kKv>() { launch_kv_major_sm90<Elem, kKv>(a, plan.grid, stream); });
-    return;
-  }
   launch_kv_major_prepare(a, plan.num_sms, stream);
   if (once) {  // the lists of every launch group: one count, one scan (a CTA per group), one scatter
     a.row_begin = 0;

@@ -39,15 +39,6 @@ enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
 // the plan keeps per_group (a forced once says so in the plan text). auto: once where it fits
 // (H200 at 7cbcfcc: M3 32K random 9.66 vs 9.94 ms, 8K pipeline selections 1.93 vs 1.99 ms).
 enum class KvMajorLists : int32_t { kAuto = 0, kPerGroup = 1, kOnce = 2 };
-// KV-major combine (docs/design/sparse_attention.md#fused-combine): separate (the combine kernel
-// after each launch group's attention kernel; the default), fused (one persistent launch of the
-// sm_90a KV-major kernel runs every group's attention items and combine as one task queue, kv head
-// outer, launch groups of kKvMajorFusedUnitBudget bytes of partials per kv head, the combine of a
-// unit one unit behind its attention in a ring of kKvmFusedRing units of partials, so the partials
-// stay in L2; implies lists=once, whatever lists says; not yet measured on a GPU). fused falls back
-// to separate, and the plan text says why, where the wgmma KV-major kernel does not run (mma_sync
-// keeps the separate combine) or the lists of all groups exceed kKvMajorListsOnceBudget.
-enum class KvMajorCombine : int32_t { kSeparate = 0, kFused = 1 };
 // Shared-selection tile kernels (sm_90a, docs/design/sparse_attention.md): cp_async (a producer
 // warpgroup of cp.async loads, one block's S, softmax and P V after another: union_sm90.cuh; bf16
 // / fp16 / fp8 K and V), tma (TMA loads by one producer warp, S of the next block and P V of the
@@ -175,7 +166,6 @@ struct SparseAttnOptions {
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
   TileKernel tile_kernel = TileKernel::kAuto;
   KvMajorLists lists = KvMajorLists::kAuto;
-  KvMajorCombine combine = KvMajorCombine::kSeparate;
 };
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
@@ -196,8 +186,7 @@ struct TopkSelectOptions {
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
 // kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default 2 with the TMA tiles, 1.5 with cp.async),
-// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once,
-// combine=separate|fused.
+// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster.
@@ -247,7 +236,7 @@ inline constexpr int64_t kKvMajorListsOnceBudget = int64_t(1) << 30;
 
 // Every section of a workspace starts at a multiple of this many bytes.
 inline constexpr size_t kWorkspaceAlign = 256;
-inline constexpr int kMaxWorkspaceSections = 20;
+inline constexpr int kMaxWorkspaceSections = 16;
 
 // One named section of a plan's workspace; sections follow each other, each starting aligned.
 struct WorkspaceSection {
@@ -302,14 +291,6 @@ struct KvMajorPlan {
   int64_t lists_once_bytes = 0;
   size_t block_base_off = 0, counts_off = 0, cursors_off = 0, control_off = 0, items_off = 0,
          list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
-  // combine=fused (then lists is kOnce, and the partials are [kKvmFusedRing, chunk_rows, topk, G]
-  // instead of [Hkv, chunk_rows, topk, G]: units = Hkv x groups, each unit's partials
-  // chunk_rows x topk x G x 256 bytes (+ LSEs)). combine_fallback: fused was asked for and the plan
-  // keeps separate: why (a static string, for the plan text).
-  KvMajorCombine combine = KvMajorCombine::kSeparate;
-  const char* combine_fallback = nullptr;
-  int64_t unit_partial_bytes = 0;  // fused: part_o bytes of one unit
-  size_t fused_counters_off = 0, fused_task_start_off = 0, fused_unit_items_off = 0;
   // Shared-selection tiles (sm_90a, bf16 / fp16 / fp8 K and V, G in {16, 32, 64, 128}), computed
   // before the KV-major groups, which skip the rows of qualifying tiles.
   bool tiles = false;
@@ -376,7 +357,6 @@ const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(TileKernel v);
 const char* option_name(KvMajorLists v);
-const char* option_name(KvMajorCombine v);
 const char* option_name(ProxyKernel v);
 const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);

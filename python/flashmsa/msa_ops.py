@@ -809,10 +809,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # mma_sync | wgmma, chunk_rows = <rows per KV-major launch group>, tile_max_waste = <1 to 8>,
 # tile_kernel = auto | cp_async | tma (the shared-selection tile kernel; tma falls back to cp_async
 # for fp8 K/V, and the plan text says so), lists = per_group | once (the KV-major work lists of all
-# launch groups built in one pass; once falls back to per_group beyond its workspace bound),
-# combine = separate | fused (sm_90a: one persistent KV-major launch runs every group's attention
-# and combine as one task queue, the partials kept in L2; implies lists=once; falls back to
-# separate, and the plan text says why);
+# launch groups built in one pass; once falls back to per_group beyond its workspace bound);
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |

@@ -140,24 +140,6 @@ TEST(PlanDescribe, ListsOnceIsNamedWithItsFallback) {
   EXPECT_TRUE(has(d, "; lists=per_group (auto: the lists of all 521 groups would take ")) << d;
 }
 
-TEST(PlanDescribe, FusedCombineIsNamedWithItsFallback) {
-  SparseAttnOptions o;
-  const SparseAttnParams p = attn(32768);
-  std::string d = describe(plan_sparse_attention(p, o, hopper()), p, o);
-  EXPECT_FALSE(has(d, "combine=")) << d;  // separate, the default, is not named
-  o.combine = KvMajorCombine::kFused;
-  d = describe(plan_sparse_attention(p, o, hopper()), p, o);
-  EXPECT_TRUE(has(d, "131 launch group(s) of 251 rows")) << d;
-  EXPECT_TRUE(has(d, "; lists=once (implied by combine=fused: the work lists of all 131 group(s)")) << d;
-  EXPECT_TRUE(has(d, "; combine=fused (forced by the option: one persistent launch runs the attention items "
-                     "and the combine of all 524 units (kv head x group) as one task queue, the partials of "
-                     "the last 3 units in a ring of 16449536 bytes per unit)")) << d;
-  const SparseAttnParams big = attn(1 << 20);
-  d = describe(plan_sparse_attention(big, o, hopper()), big, o);
-  EXPECT_TRUE(has(d, "; combine=separate (combine=fused falls back: the work lists of all its launch groups "
-                     "exceed kKvMajorListsOnceBudget)")) << d;
-}
-
 TEST(PlanDescribe, EmptyCallRunsNothing) {
   const SparseAttnParams p = attn(0);
   EXPECT_EQ(describe(plan_sparse_attention(p, {}, hopper()), p, {}), "no query rows: nothing runs");

@@ -328,96 +328,6 @@ TEST(PlanLists, OnceFallsBackToPerGroupBeyondTheBudget) {
   EXPECT_EQ(plan_sparse_attention(attn(32768), o, hopper()).schedule, PrefillSchedule::kQueryMajor);
 }
 
-// ---- combine ------------------------------------------------------------------------------------
-
-TEST(PlanCombine, DefaultIsSeparateAndFusedTakesARingOfL2SizedUnits) {
-  const SparseAttnParams p = attn(32768);
-  const SparseAttnOptions kvm = opts(PrefillSchedule::kKvMajor);
-  const SparseAttnPlan dflt = plan_sparse_attention(p, kvm, hopper());
-  EXPECT_EQ(dflt.kvm.combine, KvMajorCombine::kSeparate);
-  EXPECT_EQ(dflt.kvm.combine_fallback, nullptr);
-  EXPECT_EQ(section(dflt, "kvm.fused_counters"), nullptr);
-  SparseAttnOptions o = kvm;
-  o.combine = KvMajorCombine::kFused;
-  const SparseAttnPlan fused = plan_sparse_attention(p, o, hopper());
-  expect_layout_sound(fused);
-  const KvMajorPlan& k = fused.kvm;
-  ASSERT_EQ(k.combine, KvMajorCombine::kFused);
-  EXPECT_EQ(k.combine_fallback, nullptr);
-  EXPECT_EQ(k.kernel, KvMajorKernel::kWgmma);
-  EXPECT_EQ(k.lists, KvMajorLists::kOnce);  // implied
-  // Units of 16 MiB of partials per kv head: 66624 bytes per row and kv head (M3) -> 251 rows.
-  EXPECT_EQ(k.chunk_rows, 251);
-  EXPECT_EQ(k.groups, 131);
-  EXPECT_EQ(k.unit_partial_bytes, int64_t(251) * 16 * 16 * 256);
-  EXPECT_LE(k.unit_partial_bytes, int64_t(16) << 20);  // kKvMajorFusedUnitBudget
-  EXPECT_EQ(k.grid, 132);  // every resident CTA: one launch for all groups
-  // A ring of 3 units of partials, not a group's 4 kv heads.
-  EXPECT_EQ(section(fused, "kvm.part_o")->bytes, size_t(3) * 251 * 16 * 16 * 256);
-  EXPECT_EQ(section(fused, "kvm.part_lse")->bytes, size_t(3) * 251 * 16 * 16 * 4);
-  EXPECT_EQ(section(fused, "kvm.part_lse_t"), nullptr);
-  const int units = 4 * 131;
-  EXPECT_EQ(section(fused, "kvm.fused_counters")->bytes, size_t(2 * units + 1) * 4);
-  EXPECT_EQ(section(fused, "kvm.fused_task_start")->bytes, size_t(units + 2) * 4);
-  EXPECT_EQ(section(fused, "kvm.fused_unit_items")->bytes, size_t(131) * 5 * 4);
-  EXPECT_EQ(section(fused, "kvm.list")->bytes, size_t(131) * 4 * 251 * 16 * 4);
-  EXPECT_GT(k.lists_once_bytes, 0);
-  EXPECT_LE(k.lists_once_bytes, kKvMajorListsOnceBudget);
-  EXPECT_LT(fused.bytes, dflt.bytes);  // 49 MB of partials instead of 970 MB
-  // hybrid keeps its tiles (the combine tasks skip their rows); the chunk_rows option sets the
-  // units; a temperature LSE gets its ring too; one unit takes one ring slot.
-  o.schedule = PrefillSchedule::kHybrid;
-  EXPECT_TRUE(plan_sparse_attention(p, o, hopper()).kvm.tiles);
-  EXPECT_EQ(plan_sparse_attention(p, o, hopper()).kvm.combine, KvMajorCombine::kFused);
-  o.chunk_rows = 37;
-  const SparseAttnPlan h = plan_sparse_attention(paged(with_temperature(attn(1500, 32, 2, 7)), 3, 11), o, hopper());
-  expect_layout_sound(h);
-  EXPECT_EQ(h.kvm.combine, KvMajorCombine::kFused);
-  EXPECT_EQ(h.kvm.groups, 41);
-  EXPECT_EQ(section(h, "kvm.part_lse_t")->bytes, size_t(3) * 37 * 7 * 16 * 4);
-  EXPECT_EQ(section(h, "kvm.fused_task_start")->bytes, size_t(2 * 41 + 2) * 4);
-  o.chunk_rows = 5000;
-  const SparseAttnPlan one = plan_sparse_attention(attn(2000, 16, 1), o, hopper());
-  EXPECT_EQ(one.kvm.groups, 1);
-  EXPECT_EQ(section(one, "kvm.part_o")->bytes, size_t(2000) * 16 * 16 * 256);
-}
-
-TEST(PlanCombine, FusedFallsBackToSeparateAndSaysWhy) {
-  SparseAttnOptions o;
-  o.combine = KvMajorCombine::kFused;
-  const SparseAttnParams p = attn(32768);
-  // The mma_sync kernel keeps the separate combine (on an A100, or forced).
-  const SparseAttnPlan a = plan_sparse_attention(p, o, ampere());
-  EXPECT_EQ(a.kvm.kernel, KvMajorKernel::kMmaSync);
-  EXPECT_EQ(a.kvm.combine, KvMajorCombine::kSeparate);
-  ASSERT_NE(a.kvm.combine_fallback, nullptr);
-  EXPECT_NE(std::string(a.kvm.combine_fallback).find("mma_sync"), std::string::npos);
-  EXPECT_EQ(a.bytes, plan_sparse_attention(p, {}, ampere()).bytes);  // the default layout
-  SparseAttnOptions m = opts(PrefillSchedule::kKvMajor, KvMajorKernel::kMmaSync);
-  m.combine = KvMajorCombine::kFused;
-  EXPECT_EQ(plan_sparse_attention(p, m, hopper()).kvm.combine, KvMajorCombine::kSeparate);
-  // M3 at 1M tokens: the lists of 4178 small groups would exceed 1 GiB: separate, with the default
-  // groups and lists (lists=auto: once, 261 groups), or per_group where that is asked for.
-  const SparseAttnParams big = attn(1 << 20);
-  const SparseAttnPlan b = plan_sparse_attention(big, o, hopper());
-  EXPECT_EQ(b.kvm.combine, KvMajorCombine::kSeparate);
-  ASSERT_NE(b.kvm.combine_fallback, nullptr);
-  EXPECT_NE(std::string(b.kvm.combine_fallback).find("kKvMajorListsOnceBudget"), std::string::npos);
-  EXPECT_EQ(b.kvm.lists, KvMajorLists::kOnce);
-  EXPECT_EQ(b.kvm.groups, 261);
-  EXPECT_EQ(b.bytes, plan_sparse_attention(big, {}, hopper()).bytes);
-  o.lists = KvMajorLists::kPerGroup;
-  SparseAttnOptions per_group;
-  per_group.lists = KvMajorLists::kPerGroup;
-  const SparseAttnPlan bp = plan_sparse_attention(big, o, hopper());
-  EXPECT_EQ(bp.kvm.lists, KvMajorLists::kPerGroup);
-  EXPECT_EQ(bp.bytes, plan_sparse_attention(big, per_group, hopper()).bytes);
-  // Below the budget fused wins over a forced per_group (it implies once).
-  EXPECT_EQ(plan_sparse_attention(p, o, hopper()).kvm.lists, KvMajorLists::kOnce);
-  // 128K still fuses.
-  EXPECT_EQ(plan_sparse_attention(attn(1 << 17), o, hopper()).kvm.combine, KvMajorCombine::kFused);
-}
-
 // ---- tile kernel --------------------------------------------------------------------------------
 
 TEST(PlanTileKernel, DefaultIsTmaWhereItRunsAndCpAsyncWhenForced) {
@@ -967,9 +877,6 @@ TEST(PlanOptions, ParsesEveryOption) {
   for (KvMajorLists l : {KvMajorLists::kAuto, KvMajorLists::kPerGroup, KvMajorLists::kOnce})
     EXPECT_EQ(parse_sparse_attention_options(std::string("lists=") + option_name(l)).lists, l);
   EXPECT_EQ(parse_sparse_attention_options("").lists, KvMajorLists::kAuto);
-  for (KvMajorCombine c : {KvMajorCombine::kSeparate, KvMajorCombine::kFused})
-    EXPECT_EQ(parse_sparse_attention_options(std::string("combine=") + option_name(c)).combine, c);
-  EXPECT_EQ(parse_sparse_attention_options("").combine, KvMajorCombine::kSeparate);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=8").tile_max_waste_milli, 8000);
   EXPECT_EQ(parse_sparse_attention_options("tile_max_waste=1").tile_max_waste_milli, 1000);
   for (ProxyKernel k : {ProxyKernel::kAuto, ProxyKernel::kMmaSync, ProxyKernel::kSm90, ProxyKernel::kSm90Only,
@@ -1029,15 +936,14 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, combine)");
-  bad("combine=", "combine must be separate or fused, got ''");
+      "lists)");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
   bad("tile_kernel=wgmma", "tile_kernel must be auto, cp_async or tma, got 'wgmma'");
-  // The earlier KV-major combine variants (prefetch, overlap, overlap_staged) were removed; the
-  // option now names separate and fused only.
-  for (const char* v : {"auto", "prefetch", "overlap", "overlap_staged"})
-    bad((std::string("combine=") + v).c_str(), std::string("combine must be separate or fused, got '") + v + "'");
+  // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3) were
+  // removed, and with them the option: the combine is always the separate kernel.
+  for (const char* v : {"auto", "separate", "prefetch", "overlap", "overlap_staged", "fused"})
+    bad((std::string("combine=") + v).c_str(), "unknown plan option 'combine'");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");

@@ -5,11 +5,9 @@ outputs, exact -inf / zero patterns, LSE and temperature LSE) on fresh random in
 launch groups (the chunk_rows option), topk above one batch of slots, bf16 / fp16 / fp8 K and V,
 flat and paged caches, a workspace poisoned with NaN bytes, and under CUDA-graph capture.
 
-The variants prefetch, overlap and overlap_staged were removed: equal or slower on the H200, and
-the prefetching loads read partials the KV-major kernel never wrote (compute-sanitizer initcheck);
-docs/design/sparse_attention.md#combine-variants. combine=fused (the schedules *_combine_fused:
-every group's attention and combine as one task queue of the sm_90a kernel, partials in L2) runs
-the separate combine's per-row merge, which reads only slots of non-zero weight.
+The variants prefetch, overlap and overlap_staged (and the plan option combine) were removed:
+equal or slower on the H200, and the prefetching loads read partials the KV-major kernel never
+wrote (compute-sanitizer initcheck); docs/design/sparse_attention.md#combine-variants.
 
 A case's inputs, CPU reference and baseline are memoised per xdist worker
 (test_gpu_sparse_attention's ``problem`` / ``reference``): the schedules of one case (the last,
@@ -40,8 +38,7 @@ from test_gpu_sparse_attention import (  # noqa: E402
 KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_mma_sync", "hybrid",
                                                         "hybrid_cp_async", "kv_major_lists_once",
                                                         "hybrid_lists_once", "kv_major_per_group",
-                                                        "hybrid_per_group", "kv_major_combine_fused",
-                                                        "hybrid_combine_fused"])
+                                                        "hybrid_per_group"])
 
 
 def check_against_reference(case, seed, got, what):
@@ -128,11 +125,10 @@ def test_combine_under_graph_capture(schedule):
     assert bits_equal(eager, captured)
 
 
-def test_removed_combine_variants_are_refused():
-    """The removed combine variants took the plan option combine=...; it names separate and fused
-    only now."""
+def test_combine_option_is_gone():
+    """The removed combine variants took a plan option combine=...; it is an unknown option now."""
     case = GpuCase("opt", [64], [256], 16, 2, causal=True)
     pb = build(case, seed=27)
-    for value in ("auto", "prefetch", "overlap", "overlap_staged"):
-        with pytest.raises(ValueError, match="combine must be separate or fused"):
+    for value in ("separate", "prefetch", "overlap", "overlap_staged"):
+        with pytest.raises(ValueError, match="unknown plan option 'combine'"):
             run(pb, gpu=True, schedule="kv_major", combine=value)

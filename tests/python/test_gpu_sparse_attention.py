@@ -60,12 +60,8 @@ BLOCK = 128
 # groups built at once (lists=once, the default where it fits), in groups of 64 rows so that most
 # cases run several (an explicit chunk_rows of a test replaces the 64); kv_major_per_group /
 # hybrid_per_group: the same groups with each group's lists built before it (lists=per_group).
-# kv_major_combine_fused / hybrid_combine_fused: kv_major / hybrid with the combine fused into one
-# persistent launch of the sm_90a kernel (combine=fused, implying lists=once; elsewhere the plan
-# falls back to the separate combine), in groups of 16 rows: many units, the ring of partials wraps.
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
-             "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
-             "kv_major_combine_fused", "hybrid_combine_fused"]
+             "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -86,9 +82,6 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_per_group": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
                                    lists="per_group", chunk_rows=64),
         "hybrid_per_group": dict(schedule="hybrid", kv_major_kernel="auto", lists="per_group", chunk_rows=64),
-        "kv_major_combine_fused": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
-                                       combine="fused", chunk_rows=16),
-        "hybrid_combine_fused": dict(schedule="hybrid", kv_major_kernel="auto", combine="fused", chunk_rows=16),
     }[schedule]
     return {**options, **extra}
 
@@ -500,43 +493,6 @@ def test_lists_once_is_bitwise_per_group_with_tiles(chunk_rows, tile_kernel):
     per_group = run(pb, gpu=True, lists="per_group", **opts)
     once = run(pb, gpu=True, lists="once", **opts)
     assert bits_equal(per_group, once)
-
-
-@pytest.mark.parametrize("schedule", ["kv_major", "hybrid"])
-@pytest.mark.parametrize("chunk_rows", [1, 7, 37, 500, None])
-def test_combine_fused_is_bitwise_separate(chunk_rows, schedule):
-    """combine=fused writes the same partials (in a ring of unit slots instead of a group's kv
-    heads) and merges them with the same per-row code in the same slot order: bit-identical to the
-    separate combine with lists=once in the same launch groups, and to the default plan (per_group
-    lists, separate combine, its own groups: a partial depends only on its (row, block)); chunk_rows
-    None: the fused plan's own L2-sized groups. Twice on the same call (the queue's counters and the
-    ring's LSE resets leave no state behind). On an A100 the plan falls back to the separate combine
-    and the test checks that path."""
-    case = GpuCase("fused", [300, 5, 0, 211], [2000, 100, 50, 3000], 16, 2, topk=33, causal=True,
-                   temperature=0.9, selection="causal_local")
-    pb = build(case, seed=8)
-    rows = {} if chunk_rows is None else dict(chunk_rows=chunk_rows)
-    fused = run(pb, gpu=True, schedule=schedule, combine="fused", **rows)
-    assert bits_equal(run(pb, gpu=True, schedule=schedule), fused)
-    if chunk_rows is not None:
-        assert bits_equal(run(pb, gpu=True, schedule=schedule, lists="once", **rows), fused)
-    assert bits_equal(fused, run(pb, gpu=True, schedule=schedule, combine="fused", **rows))
-    cpu = run(pb, gpu=False)
-    check_lse(fused[1], cpu[1], "lse")
-    check_lse(fused[2], cpu[2], "lse_t")
-
-
-@pytest.mark.parametrize("tile_kernel", ["cp_async", "tma"])
-@pytest.mark.parametrize("chunk_rows", [16, 37, 500])
-def test_combine_fused_is_bitwise_separate_with_tiles(chunk_rows, tile_kernel):
-    """The same with shared-selection tiles on an M3-shaped call (the fused combine tasks skip the
-    done tiles' rows, whose ring slots stay -inf for the units after them)."""
-    case = next(c for c in CASES if c.name == "m3_tile_shared")
-    pb = build(case, seed=9)
-    opts = dict(schedule="hybrid", chunk_rows=chunk_rows, tile_kernel=tile_kernel)
-    separate = run(pb, gpu=True, lists="once", **opts)
-    fused = run(pb, gpu=True, combine="fused", **opts)
-    assert bits_equal(separate, fused)
 
 
 @each_schedule
