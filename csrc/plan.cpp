@@ -258,10 +258,13 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
     plan.decode_ctas = options.decode_ctas != 0 ? options.decode_ctas : 3;
   else if (p.k.dtype == DType::kNVFP4)
     plan.decode_ctas = options.decode_ctas != 0 ? options.decode_ctas : 4;
-  // Key blocks per decode-kernel iteration: the option, else 2 for fp8 K and 1 otherwise (H200 at
-  // f4fdc62, B64/32K: fp8 84.4 vs 87.4 us; bf16 140.7 vs 141.8 and NVFP4 121.2 vs 120.2 within the
-  // noise; batch 1 within 0.2 us).
-  plan.decode_ilp = options.decode_ilp != 0 ? options.decode_ilp : (p.k.dtype == DType::kFP8E4M3 ? 2 : 1);
+  // Key blocks per decode-kernel iteration: the option, else 2 for fp8 K from kProxyDecodeIlpMinBatch
+  // requests on and 1 otherwise (H200, 32K context, fp8: B64 84.4 vs 87.4 us at f4fdc62, 78.2 vs
+  // 81.5 at a1af6c4; B1 10.4 vs 8.9 us at a1af6c4, where a CTA holds about one block and no pair
+  // forms; bf16 and NVFP4 within the noise at B64, slower at B1).
+  plan.decode_ilp = options.decode_ilp != 0 ? options.decode_ilp
+                    : (p.k.dtype == DType::kFP8E4M3 && p.batch >= kProxyDecodeIlpMinBatch) ? 2
+                                                                                           : 1;
   return plan;
 }
 
@@ -280,7 +283,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);
       const int64_t rows = int64_t(p.num_tokens) * int64_t(p.num_heads);
       plan.kernel = groups >= int64_t(kTopkRadixMinGroupsPerSm) * facts.num_sms
-                        ? TopkKernel::kRadix1Buf
+                        ? TopkKernel::kRadixUniform
                     : rows <= int64_t(kTopkSplitMaxRowsPerSm) * facts.num_sms
                         ? TopkKernel::kWarpSplit
                         : TopkKernel::kWarpPerRow8;

@@ -177,7 +177,7 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
     case TopkKernel::kAuto: s << "auto: "; [[fallthrough]];
     case TopkKernel::kBySize: {
       const long long groups = (static_cast<long long>(p.num_tokens) + 31) / 32 * p.num_heads;
-      const bool radix = plan.kernel == TopkKernel::kRadix1Buf;
+      const bool radix = plan.kernel == TopkKernel::kRadixUniform;
       s << "by_size: " << groups << " groups of 32 rows " << (radix ? ">=" : "<") << " "
         << kTopkRadixMinGroupsPerSm << " per SM x " << facts.num_sms << " SMs";
       if (!radix) {

@@ -83,16 +83,16 @@ enum class ProxyKernel : int32_t {
 // a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
 // CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
 // choices: for decode-sized calls), radix_uniform (radix_1buf with its passes branch-free and
-// their trip counts warp-uniform: lane divergence; off by default, not yet measured), and by_size
-// (radix_1buf from kTopkRadixMinGroupsPerSm groups of
-// 32 tokens per SM on; below it warp_split up to kTopkSplitMaxRowsPerSm rows per SM, else
-// warp_per_row_8).
+// their trip counts warp-uniform: less lane divergence), and by_size (radix_uniform from
+// kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on; below it warp_split up to
+// kTopkSplitMaxRowsPerSm rows per SM, else warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
 // blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row; at 5b22cb3
 // radix_1buf for the large calls: 102 vs 152 us at 32K, 1025 vs 1606 us at 128K, against radix
 // (radix_lean 113 / 1228, radix_c32 129 / 1099: both removed)); at 2f7070a warp_split for the
 // small calls: 10.8 vs 20.9 us for 1 token x 4 heads x 1024 blocks (B1 / 128K decode), 9.1 vs
-// 9.8 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row_8.
+// 9.8 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row_8; at a1af6c4 radix_uniform
+// for the large calls: 86.2 vs 99.3 us at 32K, 869.5 vs 1022.8 us at 128K, against radix_1buf.
 enum class TopkKernel : int32_t {
   kAuto = 0,
   kWarpPerRow = 1,
@@ -167,6 +167,9 @@ struct SparseAttnOptions {
   TileKernel tile_kernel = TileKernel::kAuto;
   KvMajorLists lists = KvMajorLists::kAuto;
 };
+// Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
+// measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
+inline constexpr int kProxyDecodeIlpMinBatch = 16;
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
   // decode_ctas=2|3|4: the CTAs per SM the decode kernel is built for with fp8 / NVFP4 K (more
@@ -175,8 +178,9 @@ struct ProxyScoreOptions {
   // decode_ilp=1|2: key blocks per loop iteration of the decode kernel (every K dtype). 2: units
   // waited for in pairs, and a pair of loaded blocks of one single-pass request multiplied
   // together (two blocks' MMA chains per warp; the wait, barriers, shuffles and stores once per
-  // pair); bit-identical to 1. 0 = auto: 2 for fp8 K (H200 at f4fdc62, B64/32K 84.4 vs 87.4 us), 1
-  // otherwise (docs/design/proxy_score.md, "Two key blocks per iteration").
+  // pair); bit-identical to 1. 0 = auto: 2 for fp8 K at batch >= kProxyDecodeIlpMinBatch (H200,
+  // B64/32K 84.4 vs 87.4 us at f4fdc62; B1 10.4 vs 8.9 us at a1af6c4), 1 otherwise
+  // (docs/design/proxy_score.md, "Two key blocks per iteration").
   int decode_ilp = 0;
 };
 struct TopkSelectOptions {

@@ -307,11 +307,11 @@ TEST(PlanDescribe, ProxyAndTopk) {
   facts.num_sms = 132;
   TopkSelectOptions o;
   std::string d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=radix_1buf (auto: by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
+  EXPECT_TRUE(has(d, "kernel=radix_uniform (auto: by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
   EXPECT_TRUE(has(d, "32768 tokens x 4 heads over 256 blocks, top-16")) << d;
   o.kernel = TopkKernel::kBySize;  // 1024 groups x 4 heads = 4096 >= 4 x 132
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=radix_1buf (by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
+  EXPECT_TRUE(has(d, "kernel=radix_uniform (by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
   tp.num_tokens = 64;  // 2 groups x 4 heads = 8 < 528; 256 rows <= 528
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=warp_split (by_size: 8 groups of 32 rows < 4 per SM x 132 SMs, 256 rows <= 4 per SM)")) << d;

@@ -1058,7 +1058,7 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
     EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {}, h200).kernel,
               plan_topk_select(topk_call(4, tokens), {TopkKernel::kBySize}, h200).kernel);
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpSplit);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadix1Buf);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadixUniform);
   // The B1 decode calls (1 token x 4 heads, any row length): warp_split (H200 at 2f7070a).
   for (int blocks : {256, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
@@ -1069,11 +1069,11 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);
 }
 
-TEST(PlanTopk, BySizeTakesRadix1BufFromFourGroupsPerSm) {
+TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
   const TopkSelectDeviceFacts h200{132};
   const TopkSelectOptions by_size{TopkKernel::kBySize};
   // 4 x 132 = 528 groups of 32 tokens: 4 heads x 132 groups = 4 x 4224 tokens.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, h200).kernel, TopkKernel::kRadix1Buf);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, h200).kernel, TopkKernel::kRadixUniform);
   EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32 - 32), by_size, h200).kernel,
             TopkKernel::kWarpPerRow8);
   // Below it: warp_split up to 4 rows per SM (528 rows = 132 tokens x 4 heads), then
@@ -1081,21 +1081,21 @@ TEST(PlanTopk, BySizeTakesRadix1BufFromFourGroupsPerSm) {
   EXPECT_EQ(plan_topk_select(topk_call(4, 132), by_size, h200).kernel, TopkKernel::kWarpSplit);
   EXPECT_EQ(plan_topk_select(topk_call(4, 133), by_size, h200).kernel, TopkKernel::kWarpPerRow8);
   EXPECT_EQ(plan_topk_select(topk_call(1, 528, 4096), by_size, h200).kernel, TopkKernel::kWarpSplit);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 131 * 32 + 1), by_size, h200).kernel, TopkKernel::kRadix1Buf);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 131 * 32 + 1), by_size, h200).kernel, TopkKernel::kRadixUniform);
   // The benchmark's shapes: decode (64 tokens x 4 heads) and the 32K / 128K prefills.
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpSplit);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadix1Buf);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadix1Buf);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadixUniform);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadixUniform);
   // The thresholds scale with the SMs: the same call on 264 SMs stays warp_per_row_8.
   EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, {264}).kernel, TopkKernel::kWarpPerRow8);
   EXPECT_EQ(plan_topk_select(topk_call(4, 133), by_size, {264}).kernel, TopkKernel::kWarpSplit);
-  // Unknown device: radix_1buf.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadix1Buf);
-  // radix_uniform is only ever forced: no call size picks it (off by default, not yet measured).
+  // Unknown device: radix_uniform.
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadixUniform);
+  // radix_1buf is only ever forced since a1af6c4 (radix_uniform measured faster).
   for (int tokens : {1, 64, 132 * 32, 32768})
     for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}}) {
-      EXPECT_NE(plan_topk_select(topk_call(4, tokens), by_size, f).kernel, TopkKernel::kRadixUniform);
-      EXPECT_NE(plan_topk_select(topk_call(4, tokens), {}, f).kernel, TopkKernel::kRadixUniform);
+      EXPECT_NE(plan_topk_select(topk_call(4, tokens), by_size, f).kernel, TopkKernel::kRadix1Buf);
+      EXPECT_NE(plan_topk_select(topk_call(4, tokens), {}, f).kernel, TopkKernel::kRadix1Buf);
     }
 }
 
@@ -1161,9 +1161,15 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       o.decode_ctas = c;
       EXPECT_EQ(plan_proxy_score(dp, o).decode_ctas, k == bf16 ? 2 : c) << dtype_name(k);
     }
-    // decode_ilp: auto 2 for fp8 K, else 1; the option sets it for every K dtype and leaves the
-    // CTAs per SM alone.
-    EXPECT_EQ(plan_proxy_score(dp, {}).decode_ilp, k == fp8 ? 2 : 1) << dtype_name(k);
+    // decode_ilp: auto 2 for fp8 K from kProxyDecodeIlpMinBatch requests on, else 1; the option
+    // sets it for every K dtype and leaves the CTAs per SM alone.
+    EXPECT_EQ(plan_proxy_score(dp, {}).decode_ilp, k == fp8 && dp.batch >= kProxyDecodeIlpMinBatch ? 2 : 1)
+        << dtype_name(k);
+    ProxyScoreParams big = dp, one = dp;
+    big.batch = kProxyDecodeIlpMinBatch;
+    one.batch = kProxyDecodeIlpMinBatch - 1;
+    EXPECT_EQ(plan_proxy_score(big, {}).decode_ilp, k == fp8 ? 2 : 1) << dtype_name(k);
+    EXPECT_EQ(plan_proxy_score(one, {}).decode_ilp, 1) << dtype_name(k);
     for (int u : {1, 2}) {
       ProxyScoreOptions o;
       o.decode_ilp = u;
