@@ -45,8 +45,10 @@
 # step failed; the summary is printed either way.
 #
 # Environment: SKIP_BUILD=1 SKIP_CTEST=1 SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 FULL=1
-#   PYTEST_ARGS="..."          extra pytest arguments (e.g. "-k graphs"; note "-k gpu" leaves out the
-#                              cuda-parametrized and validation tests, which run on the GPU build too)
+#   PYTEST_ARGS="..."          extra pytest arguments, split with shell quoting (shlex), e.g.
+#                              PYTEST_ARGS='-k "topk or proxy_decode"' (unquoted, "-k topk or x"
+#                              would hand pytest "or" and "x" as paths); note "-k gpu" leaves out the
+#                              cuda-parametrized and validation tests, which run on the GPU build too
 #   PYTEST_WORKERS=16          pytest-xdist workers (conftest.py gives each cores / workers torch
 #                              threads: with a core's worth each, OpenMP spin-waiting slowed the
 #                              CPU side of the tests several-fold)
@@ -246,7 +248,11 @@ step_pytest() {
   fi
   local markers=()
   [[ -n ${PYTEST_MARKERS-not cpu_only} ]] && markers=(-m "${PYTEST_MARKERS-not cpu_only}")
-  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
+  # PYTEST_ARGS: words split with shell quoting, so that a -k expression may hold spaces.
+  local extra=()
+  if [[ -n ${PYTEST_ARGS:-} ]]; then
+    mapfile -t extra < <("$PY" -c 'import shlex, sys; print("\n".join(shlex.split(sys.argv[1])))' "$PYTEST_ARGS")
+  fi
   # --durations: the slowest tests (mostly the CPU reference they compare with) in the log, to
   # see where the device time of a full run goes.
   # PYTEST_SHARD=i/n: only every n-th test file, starting at the i-th (1-based) of the sorted list
@@ -266,8 +272,8 @@ step_pytest() {
   # $OUT/pytest-reports/{durations.tsv,failures.txt}, complete also when the budget cuts the run.
   export FLASHMSA_TEST_REPORT_DIR="$OUT_DIR/pytest-reports"
   rm -rf "$FLASHMSA_TEST_REPORT_DIR"
-  echo "pytest ${files[*]} ${markers[*]} ${par[*]} ${PYTEST_ARGS:-}" >>"$log"
-  run_logged "$log" "$PY" -m pytest "${files[@]}" -v -rfEs -p no:cacheprovider --durations=25 "${markers[@]}" "${par[@]}" ${PYTEST_ARGS:-}
+  echo "pytest ${files[*]} ${markers[*]} ${par[*]} ${extra[*]}" >>"$log"
+  run_logged "$log" "$PY" -m pytest "${files[@]}" -v -rfEs -p no:cacheprovider --durations=25 "${markers[@]}" "${par[@]}" "${extra[@]}"
   rc=$?
   trim_log "$log"
   local result gpu_skips

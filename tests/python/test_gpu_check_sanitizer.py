@@ -179,3 +179,27 @@ def test_initcheck_without_its_positive_control_fails(tmp_path):
     assert " FAIL " in line and "initcheck: 0 errors, 20/20 calls" in line, line
     assert "initcheck control: no uninitialized read reported in a flashmsa kernel" in line, line
     assert (out / "sanitizer-initcheck-control.log").exists()
+
+
+def test_pytest_args_keep_quoted_words(tmp_path):
+    """PYTEST_ARGS is split with shell quoting: a -k expression with spaces reaches pytest as one
+    argument (a plain word split once handed pytest "or" and the next word as paths)."""
+    record = tmp_path / "pytest-args"
+    fake_py = tmp_path / "python"
+    fake_py.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ $1 == -m && $2 == pytest ]]; then printf "%s\\n" "${@:3}" >"$FAKE_PYTEST_ARGS"; exit 0; fi\n'
+        'if [[ $* == *cuda.is_available* ]]; then exit 0; fi\n'  # "a GPU is there"
+        f'exec "{sys.executable}" "$@"\n')
+    fake_py.chmod(0o755)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SANITIZER_", "SKIP_", "FAKE_SAN_", "PYTEST_", "FUZZ", "PROFILE"))
+           and k not in ("OUT", "FULL", "TIME_BUDGET", "COMPUTE_SANITIZER")}
+    env.update(SKIP_BUILD="1", SKIP_CTEST="1", SKIP_SANITIZER="1", SKIP_BENCH="1", OUT=str(out),
+               PYTHON=str(fake_py), FLASHMSA_COMMIT="test", FAKE_PYTEST_ARGS=str(record),
+               PYTEST_ARGS="-k 'topk or proxy_decode' -x")
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, cwd=ROOT,
+                   capture_output=True, text=True, timeout=120)
+    args = record.read_text().splitlines()
+    assert args[-3:] == ["-k", "topk or proxy_decode", "-x"], args
