@@ -92,8 +92,8 @@ QUICK = dict(
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # The top-k kernels each top-k case runs under: the library's choice, then forced ones: the
 # warp-per-row kernel, by_size, the radix kernel's lean variant radix_1buf (by_size's prefill
-# kernel), radix_uniform (radix_1buf with branch-free passes of warp-uniform trip counts; off by
-# default, not yet measured), and split rows.
+# kernel until a1af6c4), radix_uniform (radix_1buf with branch-free passes of warp-uniform trip
+# counts; by_size's prefill kernel since), and split rows.
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_1buf", "radix_uniform", "warp_split")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 # The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, and batch 1 at 128K (rows of
