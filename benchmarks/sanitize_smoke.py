@@ -348,6 +348,12 @@ class Smoke:
                 ((1, FP8),), (BF16,), (1, 4),
                 lambda dtype, hkv, q_dtype, sq, c=ctas: f"proxy decode_ilp=2 decode_ctas={c} paged "
                                                         f"{str(dtype)[6:]} k, sq{sq}")
+        # nvfp4_cvt=word: NVFP4 K converted a word (8 codes) at a time, one and two key blocks per
+        # iteration (sq 1: single-pass pairs; sq 2; sq 5: two passes of 16 rows).
+        for ilp in (1, 2):
+            word = dict(kernel="decode_only", nvfp4_cvt="word", decode_ilp=ilp)
+            self._proxy_decode_nvfp4(PlannedOps(self.ops, msa_proxy_score_fp4=word),
+                                     f"nvfp4_cvt=word decode_ilp={ilp}", (1, 2, 5))
 
     def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name):
         """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding
@@ -385,16 +391,24 @@ class Smoke:
         self.run(f"proxy {tag} flat bf16, rows of no sequence", lambda: ops.msa_proxy_score(
             self.rnd((sum(sq) + 3, 4, 128)), self.rnd((sum(sk), 1, 128)), cu_q, cu_k,
             max_seqlen_q=4, max_k_tiles=8))
-        cu_q2 = self.cu_rows(b, 2)
+        self._proxy_decode_nvfp4(ops, tag, (2,))
 
-        def nvfp4():
-            cache, table, used = self.paged(lens, 1)
-            k_fp4, k_sc, k_gs = ft.quantize_nvfp4(cache)
-            q_fp4, q_sc, q_gs = ft.quantize_nvfp4(self.rnd((b * 2, 4, 128)))
-            return ops.msa_proxy_score_fp4(
-                q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q2, None, page_table=table,
-                seqused_k=used, max_seqlen_q=2, max_k_tiles=table.shape[1])
-        self.run(f"proxy {tag} paged nvfp4 sq2", nvfp4)
+    def _proxy_decode_nvfp4(self, ops, tag, seqlens_q):
+        """Paged NVFP4 decode calls (ragged and empty contexts, 4 heads over 1 KV head) at each
+        query length of seqlens_q."""
+        lens = [700, 2048, 129, 0, 1000, 1]
+        b = len(lens)
+        for sq in seqlens_q:
+            cu_q = self.cu_rows(b, sq)
+
+            def nvfp4(sq=sq, cu_q=cu_q):
+                cache, table, used = self.paged(lens, 1)
+                k_fp4, k_sc, k_gs = ft.quantize_nvfp4(cache)
+                q_fp4, q_sc, q_gs = ft.quantize_nvfp4(self.rnd((b * sq, 4, 128)))
+                return ops.msa_proxy_score_fp4(
+                    q_fp4, k_fp4, q_sc, k_sc, q_gs, k_gs, cu_q, None, page_table=table,
+                    seqused_k=used, max_seqlen_q=sq, max_k_tiles=table.shape[1])
+            self.run(f"proxy {tag} paged nvfp4 sq{sq}", nvfp4)
 
     def proxy_fp4(self):
         ops = self.ops

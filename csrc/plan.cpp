@@ -195,9 +195,11 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.decode_ctas = parse_enum(kDecodeCtas, name, value);
     } else if (name == "decode_ilp") {
       o.decode_ilp = parse_enum(kDecodeIlp, name, value);
+    } else if (name == "nvfp4_cvt") {
+      o.nvfp4_cvt = parse_enum(kDecodeNvfp4Cvts, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt)");
     }
   });
   return o;
@@ -265,6 +267,10 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   plan.decode_ilp = options.decode_ilp != 0 ? options.decode_ilp
                     : (p.k.dtype == DType::kFP8E4M3 && p.batch >= kProxyDecodeIlpMinBatch) ? 2
                                                                                            : 1;
+  // NVFP4 K on the decode kernel: a byte at a time unless nvfp4_cvt=word (auto = byte until an
+  // H200 run; docs/design/proxy_score.md, "NVFP4 a word at a time").
+  plan.nvfp4_word = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kNVFP4 &&
+                    options.nvfp4_cvt == DecodeNvfp4Cvt::kWord;
   return plan;
 }
 

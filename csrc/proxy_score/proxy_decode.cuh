@@ -16,6 +16,8 @@
 // slots by a fixed permutation, the same for every K dtype (so that fp8 / NVFP4 / paged twins of a
 // call give bit-identical results): lane (g = lane / 4, c = lane % 4) owns the 8-dim chunks 4m + c,
 // m = 0..3, of its rows and keys; k-step s = 2m + i takes dims (4m + c) * 8 + 4i + [0, 4).
+// Except with NVFP4 K under the plan option nvfp4_cvt=word (load_k_frags): k-step 2m + i then takes
+// the chunk's dims 2i + {0, 1, 4, 5}, so its sums may differ from the byte conversion's in the last bits.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,6 +30,7 @@
 #include <type_traits>
 
 #include "common/cuda_utils.h"
+#include "common/e2m1_word.cuh"
 #include "common/ptx.cuh"
 #include "flashmsa/error.h"
 #include "flashmsa/params.h"
@@ -161,7 +164,7 @@ __device__ __forceinline__ bool load_block(const Params& dp, const Request& r, i
 // with d = (4 (s / 2) + c) * 8 + 4 (s % 2). Padding rows are zero.
 // kScaleQ (bf16 q, fp16 MMAs): row h (g, g + 8) is multiplied by 2^(14 - E) into fp16 and
 // qmul[h] = 2^(E - 14) turns its logits back (common/ptx.cuh f16_row_scale). Else qmul[h] = 1.
-template <typename Mma, int kK, bool kScaleQ = false>
+template <typename Mma, int kK, bool kScaleQ = false, bool kWord = false>
 __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r, int tok0,
                                              uint32_t (&qa)[8][4], float (&qmul)[2]) {
   const ProxyScoreParams& p = dp.p;
@@ -210,6 +213,7 @@ __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r,
       qa[2 * m + 1][2 + half] = w[3];
     }
   }
+  if constexpr (kWord) q_frags_word_order(qa);  // the k-step dims of load_k_frags<.., true>
   qmul[0] = qmul[1] = 1.0f;
   if constexpr (kScaleQ) {
     static_assert(std::is_same_v<Mma, __half> && kK == kK8, "bf16 q into fp16 MMAs, fp8 K");
@@ -239,7 +243,10 @@ __device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, __half2 scale_x
 }
 
 // B fragments of key `row` (this lane's key of an 8-key step) for the 8 k-steps: kb[s] = {b0, b1}.
-template <typename Mma, int kK>
+// kWord (plan option nvfp4_cvt=word, NVFP4 only): the word of chunk m converted 8 codes at a time
+// (common/e2m1_word.cuh); k-step 2m + o then takes dims d + 2o + {0, 4} (b0) and d + 2o + {1, 5}
+// (b1), d = (4m + c) * 8, and load_q_frags<.., kWord> permutes the Q fragments to match.
+template <typename Mma, int kK, bool kWord = false>
 __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int c, uint32_t (&kb)[8][2]) {
   // NVFP4: the key's scale columns 2m + c / 2 (m = 0..3) x 2^7 as fp16 pairs {m = 0, 1}, {2, 3}:
   // one 8-byte load of the key's scales, two e4m3x2 conversions, two exact multiplies by 2^7.
@@ -273,6 +280,15 @@ __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int 
     } else {
       // Dims (4m + c) * 8: 4 bytes at 16-byte chunk m, word c; their scale is column 2m + c / 2.
       const uint32_t v = *reinterpret_cast<const uint32_t*>(stage + chunk_offset<kK>(row, m) + c * 4);
+      if constexpr (kWord) {
+        const uint32_t sc = *reinterpret_cast<const uint32_t*>(&scale[m >> 1]);  // half m % 2
+        const uint32_t lo = e2m1_lo_codes(v), hi = e2m1_hi_codes(v);
+        kb[2 * m][0] = hmul2_half_bits(codes_02(lo), sc, m & 1);      // dims d, d + 4
+        kb[2 * m][1] = hmul2_half_bits(codes_02(hi), sc, m & 1);      // d + 1, d + 5
+        kb[2 * m + 1][0] = hmul2_half_bits(codes_13(lo), sc, m & 1);  // d + 2, d + 6
+        kb[2 * m + 1][1] = hmul2_half_bits(codes_13(hi), sc, m & 1);  // d + 3, d + 7
+        continue;
+      }
       const __half2 s2 = m == 0 ? __low2half2(scale[0])
                                 : (m == 1 ? __high2half2(scale[0])
                                           : (m == 2 ? __low2half2(scale[1]) : __high2half2(scale[1])));
@@ -287,13 +303,13 @@ __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int 
 // One key step of one block (keys key0 .. key0 + 7 against the 16 rows): B fragments, 8 MMAs,
 // scale, mask, and this lane's keys key0 + 2c, key0 + 2c + 1 into the maxima of rows g, g + 8.
 // kMasked: lim[h] = visible keys of row g + 8h relative to the block (<= 0: none).
-template <typename Mma, int kK, bool kMasked, bool kScaleQ>
+template <typename Mma, int kK, bool kMasked, bool kScaleQ, bool kWord>
 __device__ __forceinline__ void multiply_step(const Params& dp, const uint32_t (&qa)[8][4],
                                               const float (&qmul)[2], const uint8_t* stage,
                                               const int (&lim)[2], int key0, int g, int c,
                                               float (&rmax)[2]) {
   uint32_t kb[8][2];
-  load_k_frags<Mma, kK>(stage, key0 + g, c, kb);
+  load_k_frags<Mma, kK, kWord>(stage, key0 + g, c, kb);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int s = 0; s < 8; ++s) mma_m16n8k16<Mma>(acc, qa[s], kb[s][0], kb[s][1]);
@@ -326,7 +342,7 @@ __device__ __forceinline__ void store_row_max(const float (&rmax)[2], float* par
 // This warp's 32 keys of the block against the 16 rows: per-row maxima into part[warp][row].
 // kMasked: per key, lim[h] = visible keys of row g + 8h relative to the block (<= 0: none); else
 // every key of the block is visible to every row that is stored.
-template <typename Mma, int kK, bool kMasked, bool kScaleQ = false>
+template <typename Mma, int kK, bool kMasked, bool kScaleQ, bool kWord>
 __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t (&qa)[8][4],
                                                const float (&qmul)[2], const uint8_t* stage,
                                                const int (&lim)[2], float* part) {
@@ -336,7 +352,7 @@ __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t 
   float rmax[2] = {neg_inf(), neg_inf()};
 #pragma unroll
   for (int ns = 0; ns < 4; ++ns)
-    multiply_step<Mma, kK, kMasked, kScaleQ>(dp, qa, qmul, stage, lim, warp * 32 + ns * 8, g, c, rmax);
+    multiply_step<Mma, kK, kMasked, kScaleQ, kWord>(dp, qa, qmul, stage, lim, warp * 32 + ns * 8, g, c, rmax);
   store_row_max(rmax, part, warp, g, c);
 }
 
@@ -346,7 +362,7 @@ __device__ __forceinline__ void multiply_block(const Params& dp, const uint32_t 
 // docs/design/proxy_score.md), and the tail (quad shuffles, part[] stores, the caller's barrier
 // and output stores) is paid once per pair. Every block's steps are multiply_block's, in its
 // order: the results are bit-identical.
-template <typename Mma, int kK, bool kMasked, bool kScaleQ>
+template <typename Mma, int kK, bool kMasked, bool kScaleQ, bool kWord>
 __device__ __forceinline__ void multiply_pair(const Params& dp, const uint32_t (&qa)[8][4],
                                               const float (&qmul)[2], const uint8_t* const (&stage)[2],
                                               const int (&lim)[2][2], float* part) {
@@ -358,7 +374,7 @@ __device__ __forceinline__ void multiply_pair(const Params& dp, const uint32_t (
   for (int ns = 0; ns < 4; ++ns)
 #pragma unroll
     for (int b = 0; b < 2; ++b)
-      multiply_step<Mma, kK, kMasked, kScaleQ>(dp, qa, qmul, stage[b], lim[b], warp * 32 + ns * 8, g, c,
+      multiply_step<Mma, kK, kMasked, kScaleQ, kWord>(dp, qa, qmul, stage[b], lim[b], warp * 32 + ns * 8, g, c,
                                                rmax[b]);
 #pragma unroll
   for (int b = 0; b < 2; ++b) store_row_max(rmax[b], part + b * (kThreads / 32) * kRows, warp, g, c);
@@ -431,7 +447,7 @@ __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
 // are loaded blocks of the same single-pass request, multiplies them together (multiply_pair)
 // with one barrier and one store round for the pair, then moves on by two; otherwise it runs
 // unit i alone as kIlp = 1 does (unit i + 1 already waited for).
-template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp = 1>
+template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp, bool kWord>
 __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __grid_constant__ Params dp) {
   using St = Stage<kK, kCtas>;
   constexpr int S = St::kStages;
@@ -479,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   // take one block, and the Q latency would otherwise follow the block's).
   load_request(dp, cr, cb, ckh);
   bool q_ready = cr.ntok > 0 && cr.ntok <= dp.tokens;  // qa holds the single pass of request cr
-  if (q_ready) load_q_frags<Mma, kK, kScaleQ>(dp, cr, 0, qa, qmul);
+  if (q_ready) load_q_frags<Mma, kK, kScaleQ, kWord>(dp, cr, 0, qa, qmul);
   int step = 1;  // units consumed by the last iteration (kIlp = 2: 1 or 2)
 #pragma unroll 1
   for (int64_t i = 0; i < n; i += step) {
@@ -516,17 +532,17 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
         // Blocks t and t + 1 of request cr (both loaded: cr has rows, and one pass).
         const uint8_t* const stages[2] = {smem + int(i % S) * St::kBytes, smem + int((i + 1) % S) * St::kBytes};
         float* part1 = part + (kThreads / 32) * kRows;
-        if (!q_ready) load_q_frags<Mma, kK, kScaleQ>(dp, cr, 0, qa, qmul);
+        if (!q_ready) load_q_frags<Mma, kK, kScaleQ, kWord>(dp, cr, 0, qa, qmul);
         q_ready = true;
         int lim[2][2] = {{0, 0}, {0, 0}};
         // Block t + 1 whole to the first token: both blocks are whole to every row. Else both
         // masked (a block a row sees whole gets a limit >= its 128 keys: kept as it is).
         if (int64_t(t + 2) * kBlockSize <= col_limit(p.causal, cr.q_off, 0, cr.seqlen_k)) {
-          multiply_pair<Mma, kK, false, kScaleQ>(dp, qa, qmul, stages, lim, part);
+          multiply_pair<Mma, kK, false, kScaleQ, kWord>(dp, qa, qmul, stages, lim, part);
         } else {
           row_limits(dp, cr, t, 0, g, lim[0]);
           row_limits(dp, cr, t + 1, 0, g, lim[1]);
-          multiply_pair<Mma, kK, true, kScaleQ>(dp, qa, qmul, stages, lim, part);
+          multiply_pair<Mma, kK, true, kScaleQ, kWord>(dp, qa, qmul, stages, lim, part);
         }
         __syncthreads();
         store_pass(dp, cr, t, 0, part, true);
@@ -549,17 +565,17 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
       const uint8_t* stage = smem + int(i % S) * St::kBytes;
       for (int tok0 = 0; tok0 < cr.ntok; tok0 += dp.tokens) {
         if (loaded) {
-          if (!q_ready || cr.ntok > dp.tokens) load_q_frags<Mma, kK, kScaleQ>(dp, cr, tok0, qa, qmul);
+          if (!q_ready || cr.ntok > dp.tokens) load_q_frags<Mma, kK, kScaleQ, kWord>(dp, cr, tok0, qa, qmul);
           q_ready = true;
           int lim[2] = {0, 0};
           // The pass's first token sees the fewest keys (col_limit grows with the token): when it
           // sees the whole block, every row does and the per-key mask is skipped (64-bit: t + 1
           // may be 2^24).
           if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, cr.q_off, tok0, cr.seqlen_k)) {
-            multiply_block<Mma, kK, false, kScaleQ>(dp, qa, qmul, stage, lim, part);
+            multiply_block<Mma, kK, false, kScaleQ, kWord>(dp, qa, qmul, stage, lim, part);
           } else {
             row_limits(dp, cr, t, tok0, g, lim);
-            multiply_block<Mma, kK, true, kScaleQ>(dp, qa, qmul, stage, lim, part);
+            multiply_block<Mma, kK, true, kScaleQ, kWord>(dp, qa, qmul, stage, lim, part);
           }
           __syncthreads();
         }
@@ -579,9 +595,10 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   fill_uncovered_rows(dp);
 }
 
-template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, int kIlp = 1>
+template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, int kIlp = 1, bool kWord = false>
 void launch_kernel(const Params& dp, cudaStream_t stream) {
-  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas, kIlp>;
+  static_assert(!kWord || kK == kK4, "nvfp4_cvt=word converts NVFP4 K");
+  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas, kIlp, kWord>;
   const size_t smem = Stage<kK, kCtas>::kSmemBytes;
   const int resident = prepare_launch(kernel, kThreads, smem);
   const DeviceLimits& limits = current_device_limits();
@@ -619,8 +636,9 @@ namespace flashmsa::cuda::proxy {
 
 // The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
 // (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call. From the plan:
-// f16_mma (fp8 K with bf16 or fp8 q runs fp16 MMAs, bf16 q scaled per row) and decode_ctas (the
-// CTAs per SM that fp8 / NVFP4 K are built for; 16-bit K always 2).
+// f16_mma (fp8 K with bf16 or fp8 q runs fp16 MMAs, bf16 q scaled per row), decode_ctas (the
+// CTAs per SM that fp8 / NVFP4 K are built for; 16-bit K always 2), decode_ilp and nvfp4_word
+// (NVFP4 K converted a word at a time).
 template <typename Element>
 bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream) {
   if (!proxy_decode_runs(p)) return false;
@@ -655,7 +673,10 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
       // NVFP4 q and k: fp16 MMAs (every e2m1 x e4m3 value is exact in fp16).
       if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
         decode::with_ctas(plan.decode_ctas, [&](auto c) {
-          decode::launch_kernel<__half, decode::kK4, false, c.value, kIlp>(dp, stream);
+          if (plan.nvfp4_word)  // nvfp4_cvt=word: the codes a word (8) at a time
+            decode::launch_kernel<__half, decode::kK4, false, c.value, kIlp, true>(dp, stream);
+          else
+            decode::launch_kernel<__half, decode::kK4, false, c.value, kIlp>(dp, stream);
         });
       }
     } else if (k8) {

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/e2m1_word.cuh"
 #include "sparse_attn/attention_core.cuh"
 
 namespace flashmsa::sparse_attn {
@@ -354,53 +355,14 @@ MSA_DEVICE uint32_t e2m1_byte_scaled(uint32_t w, int j, uint32_t s2) {
   return hmul2_bits(e2m1x2_code_bits(__byte_perm(w, 0u, 0x4440u | uint32_t(j))), s2);
 }
 
-// kWord (decode plan option nvfp4_cvt=word; default: a byte at a time): the same tiles, loads,
-// scales, 2^-7 placement and HMUL2, the codes converted a 32-bit word (8 codes) at a time:
-//   e2m1_hi_codes(x): byte i = the fp16 high byte of the high nibble of byte i of x (sign at bit 7,
-//     e e m at bits 3..1: code x 2^-14 once at fp16 bits 8..15); 3 instructions (2 LOP3, LEA.HI);
-//   e2m1_lo_codes(x): the same for the low nibbles; 4 instructions;
-//   an fp16 pair is two of these bytes at bits 8..15 and 24..31 with zero low bytes: bytes 0 and 2
-//     by one prmt with a zero operand (codes_02), bytes 1 and 3 by one AND (codes_13);
-// 11 instructions per 4 fp16 pairs before their HMUL2, against ~6 per pair a byte at a time (the
-// byte's extraction, the 0x1001 spread, masks and shifts). A word yields the nibble pairs (i, i + 4)
-// (dims d, d + 4), so Q K^T takes a k-step's dims in that order (q_frags_word_order permutes the Q
-// fragments to match: the same dot products, summed in another order by the MMA). P V pairs keys:
-// a lane first interleaves bytes q, q + 1 of two keys into one word ([a q, a q+1, b q, b q+1], one
-// prmt per 4 pairs instead of 2), and its B fragments, n-tiles and MMA order are the byte
-// conversion's, bit for bit.
-MSA_DEVICE uint32_t e2m1_hi_codes(uint32_t x) { return (x & 0x80808080u) | ((x & 0x70707070u) >> 3); }
-MSA_DEVICE uint32_t e2m1_lo_codes(uint32_t x) { return ((x << 4) & 0x80808080u) | ((x & 0x07070707u) << 1); }
-// Code bytes 0 and 2 (codes_02) or 1 and 3 (codes_13) of c as an fp16 pair (low bytes zero).
-MSA_DEVICE uint32_t codes_02(uint32_t c) { return __byte_perm(c, 0u, 0x2404u); }
-MSA_DEVICE uint32_t codes_13(uint32_t c) { return c & 0xFF00FF00u; }
-// a times half i of s on both halves (HMUL2's half-select operand: no prmt to broadcast it).
-MSA_DEVICE uint32_t hmul2_half_bits(uint32_t a, uint32_t s, int i) {
-  const __half2 s2 = *reinterpret_cast<const __half2*>(&s);
-  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), i == 0 ? __low2half2(s2) : __high2half2(s2));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
-// load_q_frags_f16's fragments (k-step kk: k index 2 tig + e (+ 8) = dim 32 tig + 4 kk + e (+ 2))
-// in the order of qk_nvfp4_regs<.., kWord = true>: k-step 2 m + o, k index 2 tig + e (+ 8) = dim
-// 32 tig + 8 m + 2 o + 4 e (+ 1).
-MSA_DEVICE void q_frags_word_order(uint32_t (&qa)[8][4]) {
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    uint32_t n[2][4];
-#pragma unroll
-    for (int o = 0; o < 2; ++o)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t lo = qa[2 * m][2 * o + h], hi = qa[2 * m + 1][2 * o + h];  // dims d, d + 1 | d + 4, d + 5
-        n[o][h] = __byte_perm(lo, hi, 0x5410u);      // dims d, d + 4
-        n[o][2 + h] = __byte_perm(lo, hi, 0x7632u);  // dims d + 1, d + 5
-      }
-#pragma unroll
-    for (int o = 0; o < 2; ++o)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) qa[2 * m + o][r] = n[o][r];
-  }
-}
+// kWord (decode plan option nvfp4_cvt=word): the same tiles, loads, scales, 2^-7 placement and
+// HMUL2, the codes converted a 32-bit word (8 codes) at a time by common/e2m1_word.cuh (shared with
+// the proxy-score decode kernel). A word yields the nibble pairs (i, i + 4) (dims d, d + 4), so
+// Q K^T takes a k-step's dims in that order (q_frags_word_order permutes the Q fragments to match:
+// the same dot products, summed in another order by the MMA). P V pairs keys: a lane first
+// interleaves bytes q, q + 1 of two keys into one word ([a q, a q+1, b q, b q+1], one prmt per 4
+// pairs instead of 2), and its B fragments, n-tiles and MMA order are the byte conversion's, bit
+// for bit.
 
 // s[nt] = Q K^T x 2^-7 for the warp's kNT * 8 keys key0 .. of the raw NVFP4 K tile sK (128 keys).
 // Lane (gid, tig) of n-tile nt reads key key0 + 8 nt + gid: dims 32 tig .. + 31 are the 16 bytes

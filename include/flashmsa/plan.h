@@ -183,6 +183,11 @@ struct ProxyScoreOptions {
   // B64/32K 84.4 vs 87.4 us at f4fdc62; B1 10.4 vs 8.9 us at a1af6c4), 1 otherwise
   // (docs/design/proxy_score.md, "Two key blocks per iteration").
   int decode_ilp = 0;
+  // nvfp4_cvt=auto|byte|word: the decode kernel's NVFP4 K codes converted a byte (2 codes) or a
+  // 32-bit word (8 codes) at a time (common/e2m1_word.cuh, as the sparse decode kernel's option of
+  // that name); auto = byte. Word sums a k-step's dims in another order (last-bit differences).
+  // Not yet measured on the GPU (docs/design/proxy_score.md, "NVFP4 a word at a time").
+  DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
 };
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
@@ -197,7 +202,8 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
-// kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only.
+// kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
+// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform.
@@ -332,6 +338,8 @@ struct ProxyScorePlan {
   int decode_ctas = 2;
   // The decode kernel's key blocks per loop iteration (1 or 2): the option decode_ilp (auto: 2 for fp8 K).
   int decode_ilp = 1;
+  // The decode kernel with NVFP4 K converts its codes a word at a time (the option nvfp4_cvt=word).
+  bool nvfp4_word = false;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize

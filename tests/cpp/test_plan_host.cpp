@@ -897,6 +897,12 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(o.decode_ctas, 3);
     EXPECT_EQ(o.kernel, ProxyKernel::kDecodeOnly);
   }
+  EXPECT_EQ(parse_proxy_score_options("").nvfp4_cvt, DecodeNvfp4Cvt::kAuto);
+  for (DecodeNvfp4Cvt c : {DecodeNvfp4Cvt::kAuto, DecodeNvfp4Cvt::kByte, DecodeNvfp4Cvt::kWord}) {
+    const ProxyScoreOptions o = parse_proxy_score_options(std::string("kernel=decode_only,nvfp4_cvt=") + option_name(c));
+    EXPECT_EQ(o.nvfp4_cvt, c);
+    EXPECT_EQ(o.kernel, ProxyKernel::kDecodeOnly);
+  }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
                        TopkKernel::kWarpSplit, TopkKernel::kRadixUniform})
@@ -959,7 +965,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("decode_ilp=2,decode_ilp=1"); }, ErrorKind::kValue,
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
-               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp)");
+               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt)");
+  expect_error([] { parse_proxy_score_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
+               "nvfp4_cvt must be auto, byte or word, got 'prmt'");
+  expect_error([] { parse_proxy_score_options("nvfp4_cvt=word,nvfp4_cvt=byte"); }, ErrorKind::kValue,
+               "option nvfp4_cvt given twice");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
                "warp_split or radix_uniform, got 'heap'");
@@ -1177,6 +1187,20 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       EXPECT_EQ(plan.decode_ilp, u) << dtype_name(k);
       EXPECT_EQ(plan.decode_ctas, k == fp8 ? 3 : (k == fp4 ? 4 : 2)) << dtype_name(k);
       EXPECT_EQ(plan.kernel, ProxyKernel::kDecode) << dtype_name(k);
+    }
+    // nvfp4_cvt: word only when forced and only for NVFP4 K on the decode kernel (auto, byte: a
+    // byte at a time); the other plan fields stay as auto sets them.
+    EXPECT_FALSE(plan_proxy_score(dp, {}).nvfp4_word) << dtype_name(k);
+    for (DecodeNvfp4Cvt c : {DecodeNvfp4Cvt::kAuto, DecodeNvfp4Cvt::kByte, DecodeNvfp4Cvt::kWord}) {
+      ProxyScoreOptions o;
+      o.nvfp4_cvt = c;
+      const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
+      EXPECT_EQ(plan.nvfp4_word, k == fp4 && c == DecodeNvfp4Cvt::kWord) << dtype_name(k);
+      EXPECT_EQ(plan.kernel, dflt.kernel);
+      EXPECT_EQ(plan.decode_ctas, dflt.decode_ctas);
+      EXPECT_EQ(plan.decode_ilp, dflt.decode_ilp);
+      o.kernel = ProxyKernel::kSm90;  // not the decode kernel: no word conversion
+      EXPECT_FALSE(plan_proxy_score(dp, o).nvfp4_word) << dtype_name(k);
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);

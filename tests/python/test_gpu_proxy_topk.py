@@ -551,6 +551,20 @@ def _with(ilp: Optional[dict], **options) -> Optional[dict]:
     return merged or None
 
 
+# NVFP4 K converted a byte (2 codes; auto) or a 32-bit word (8 codes; plan option nvfp4_cvt=word)
+# at a time: every test below that forces the decode kernel with NVFP4 runs each (None: auto). The
+# word conversion hands the MMAs a k-step's dims in another order (d, d + 4 | d + 1, d + 5 instead
+# of d, d + 1 | d + 2, d + 3), so its sums may differ from the byte conversion's in the last bits:
+# it is checked against the CPU reference and against byte with the proxy tolerance, and bit for
+# bit against itself across CTAs-per-SM builds and key blocks per iteration.
+NVFP4_CVTS = [None, "word"]
+NVFP4_CVT_IDS = ["cvt_auto", "cvt_word"]
+
+
+def _cvt(cvt: Optional[str]) -> dict:
+    return {} if cvt is None else dict(nvfp4_cvt=cvt)
+
+
 FP8_K_DECODE_CASES = [c for c in DECODE_CASES if c.k_dtype == FP8] + [
     ProxyCase("dec_f16_multi_pass_fp8", [5, 9], [700, 2000], hq=4, hkv=1, k_dtype=FP8),
     ProxyCase("dec_f16_q_offset_fp8", [1, 2, 4, 1], [512, 512, 300, 1000], hq=4, hkv=1,
@@ -702,10 +716,12 @@ def test_proxy_decode_ctas_equal_default_bitwise(case: ProxyCase, kernel: str, c
     ProxyCase("dec_ctas_fp4_many", [1] * 40, [53 * i + 7 for i in range(40)], hq=4, hkv=1),
 ], ids=str)
 @pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
-def test_proxy_decode_fp4_ctas_equal_default_bitwise(case: ProxyCase, ctas: int, ilp):
+@pytest.mark.parametrize("cvt", NVFP4_CVTS, ids=NVFP4_CVT_IDS)
+def test_proxy_decode_fp4_ctas_equal_default_bitwise(case: ProxyCase, ctas: int, ilp, cvt):
     a, _ = _fp4_decode_inputs(case, seed=random.getrandbits(31))
-    want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only")
-    got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_with(ilp, decode_ctas=ctas))
+    want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_with(None, **_cvt(cvt)))
+    got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only",
+                   options=_with(ilp, decode_ctas=ctas, **_cvt(cvt)))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
 
 # decode_ilp=2 against the default build bit for bit, for every K kind (bf16, fp8 with bf16 and fp16
@@ -739,9 +755,10 @@ def test_proxy_decode_ilp_equals_default_bitwise(case: ProxyCase, kernel: str, c
 
 @pytest.mark.parametrize("ctas", [None, 3, 4])
 @pytest.mark.parametrize("case", ILP_CASES, ids=str)
-def test_proxy_decode_fp4_ilp_equals_default_bitwise(case: ProxyCase, ctas):
+@pytest.mark.parametrize("cvt", NVFP4_CVTS, ids=NVFP4_CVT_IDS)
+def test_proxy_decode_fp4_ilp_equals_default_bitwise(case: ProxyCase, ctas, cvt):
     a, _ = _fp4_decode_inputs(case, seed=random.getrandbits(31))
-    extra = {} if ctas is None else dict(decode_ctas=ctas)
+    extra = dict(_cvt(cvt), **({} if ctas is None else dict(decode_ctas=ctas)))
     want = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(extra, decode_ilp=1))
     got = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(extra, decode_ilp=2))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
@@ -780,22 +797,42 @@ def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float,
     ProxyCase("dec_fp4_q_offset", [1, 2], [512, 900], hq=4, hkv=1, q_offset=[-5, 400]),
 ], ids=str)
 @pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
-def test_proxy_decode_fp4(case: ProxyCase, ilp):
+@pytest.mark.parametrize("cvt", NVFP4_CVTS, ids=NVFP4_CVT_IDS)
+def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
     """NVFP4 q and k on the decode kernel (dequantized in registers into fp16 MMAs): against the
     CPU reference with global scales, and with unit scales bit for bit equal to the decode kernel
-    on the dequantized bf16 tensors; with scales, exactly that result times q_gs * k_gs."""
+    on the dequantized bf16 tensors (nvfp4_cvt=word: within the proxy tolerance of it, the same
+    -inf / NaN pattern); with scales, exactly the unit-scale result times q_gs * k_gs."""
     seed = random.getrandbits(31)
     a, deq = _fp4_decode_inputs(case, seed=seed)
     q_gs, k_gs = 0.37, 2.5
+    options = _with(ilp, **_cvt(cvt))
     want = _run_fp4(case, a, "cpu", q_gs, k_gs, kernel="decode_only")
-    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only", options=ilp)
+    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only", options=options)
     scale = q_gs * k_gs
-    assert_proxy_close(got / scale, want / scale, f"{case.name} seed={seed}")
-    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=ilp)
+    assert_proxy_close(got / scale, want / scale, f"{case.name} {cvt} seed={seed}")
+    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=options)
     dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel="decode_only")
-    assert torch.equal(unit.view(torch.int32), dequantized.view(torch.int32)), f"seed={seed}"
+    if cvt == "word":
+        assert_proxy_close(unit, dequantized.cpu(), f"{case.name} word vs byte seed={seed}")
+    else:
+        assert torch.equal(unit.view(torch.int32), dequantized.view(torch.int32)), f"seed={seed}"
     product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
-    assert torch.equal(got, dequantized * product.to(DEV))
+    assert torch.equal(got, unit * product.to(DEV))
+
+
+@pytest.mark.parametrize("case", ILP_CASES, ids=str)
+def test_proxy_decode_fp4_word_close_to_byte(case: ProxyCase):
+    """nvfp4_cvt=word against nvfp4_cvt=byte on contexts too long for the CPU reference (many
+    requests, masked diagonal blocks, invalid pages, multi-pass requests, reduce_heads): the same
+    -inf / NaN pattern, the values within the proxy tolerance; deterministic."""
+    seed = random.getrandbits(31)
+    a, _ = _fp4_decode_inputs(case, seed=seed)
+    byte = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(nvfp4_cvt="byte"))
+    word = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(nvfp4_cvt="word"))
+    assert_proxy_close(word, byte.cpu(), f"{case.name} seed={seed}")
+    again = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(nvfp4_cvt="word"))
+    assert torch.equal(word.view(torch.int32), again.view(torch.int32)), f"seed={seed}"
 
 
 @pytest.mark.parametrize("case", [
