@@ -69,20 +69,26 @@ exit $failed
 """
 
 
+def gpu_check(out, **env):
+    """scripts/gpu_check.sh with OUT=out, the caller's environment less this script's knobs, plus
+    env; returns the finished process."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SANITIZER_", "SKIP_", "FAKE_SAN_", "PYTEST_", "FUZZ", "PROFILE"))
+            and k not in ("OUT", "FULL", "TIME_BUDGET", "COMPUTE_SANITIZER")}
+    base.update(SKIP_BUILD="1", SKIP_CTEST="1", OUT=str(out), FLASHMSA_COMMIT="test")
+    base.update(env)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=base, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
 def run_check(tmp_path, **env):
     fake = tmp_path / "fake-compute-sanitizer"
     fake.write_text(FAKE)
     fake.chmod(0o755)
     out = tmp_path / "out"
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("SANITIZER_", "SKIP_", "FAKE_SAN_", "PYTEST_", "FUZZ", "PROFILE"))
-            and k not in ("OUT", "FULL", "TIME_BUDGET", "COMPUTE_SANITIZER")}
-    base.update(SKIP_BUILD="1", SKIP_CTEST="1", SKIP_TESTS="1", SKIP_BENCH="1", OUT=str(out),
-                COMPUTE_SANITIZER=str(fake), FAKE_SAN_TRACE=str(tmp_path / "trace"),
-                PYTHON=sys.executable, FLASHMSA_COMMIT="test")
-    base.update(env)
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=base, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = gpu_check(out, **dict(dict(SKIP_TESTS="1", SKIP_BENCH="1", COMPUTE_SANITIZER=str(fake),
+                                      FAKE_SAN_TRACE=str(tmp_path / "trace"), PYTHON=sys.executable),
+                                 **env))
     summary = (out / "summary.txt").read_text()
     line = next(ln for ln in summary.splitlines() if ln.startswith("sanitizer "))
     return proc, line, out
@@ -192,14 +198,7 @@ def test_pytest_args_keep_quoted_words(tmp_path):
         'if [[ $* == *cuda.is_available* ]]; then exit 0; fi\n'  # "a GPU is there"
         f'exec "{sys.executable}" "$@"\n')
     fake_py.chmod(0o755)
-    out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SANITIZER_", "SKIP_", "FAKE_SAN_", "PYTEST_", "FUZZ", "PROFILE"))
-           and k not in ("OUT", "FULL", "TIME_BUDGET", "COMPUTE_SANITIZER")}
-    env.update(SKIP_BUILD="1", SKIP_CTEST="1", SKIP_SANITIZER="1", SKIP_BENCH="1", OUT=str(out),
-               PYTHON=str(fake_py), FLASHMSA_COMMIT="test", FAKE_PYTEST_ARGS=str(record),
-               PYTEST_ARGS="-k 'topk or proxy_decode' -x")
-    subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, cwd=ROOT,
-                   capture_output=True, text=True, timeout=120)
+    gpu_check(tmp_path / "out", SKIP_SANITIZER="1", SKIP_BENCH="1", PYTHON=str(fake_py),
+              FAKE_PYTEST_ARGS=str(record), PYTEST_ARGS="-k 'topk or proxy_decode' -x")
     args = record.read_text().splitlines()
     assert args[-3:] == ["-k", "topk or proxy_decode", "-x"], args
