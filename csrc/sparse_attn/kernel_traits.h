@@ -132,10 +132,15 @@ struct KvMajorArgs {
 // break-even up: its bound is 2.0 (H200 at f4fdc62, M3 bf16, bound 1.5 / 2 / 2.5 / 3: 8K pipeline
 // selections 1.97 / 1.69 / 1.63 / 1.63 ms, 32K pipeline 9.51 / 9.36 / 10.22 / 9.83, 32K random 9.79
 // / 9.58 / 9.75 / 10.68, 32K clustered 4.07 / 4.07 / 4.07 / 3.99); the cp.async one keeps 1.5.
-// The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces either.
+// Calls of at most kUnionSmallRows query rows take 2.5 with the TMA tiles: at 8K the KV-major rows
+// cost more per pair (fewer per block) and 2.5 measured 1.63 vs 1.69 ms there, while at 32K it lost
+// (pipeline 10.22 vs 9.36, random 9.75 vs 9.58 ms); sizes between 8K and 32K are not measured.
+// The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces any of them.
 inline constexpr int kUnionRows = 128;
-inline constexpr int kUnionMaxWasteMilli = 1500;     // the 1.5 (cp.async tiles), in thousandths
-inline constexpr int kUnionMaxWasteMilliTma = 2000;  // the 2.0 (TMA tiles)
+inline constexpr int kUnionMaxWasteMilli = 1500;       // the 1.5 (cp.async tiles), in thousandths
+inline constexpr int kUnionMaxWasteMilliTma = 2000;    // the 2.0 (TMA tiles)
+inline constexpr int kUnionMaxWasteMilliSmall = 2500;  // the 2.5 (TMA tiles, small calls)
+inline constexpr int64_t kUnionSmallRows = 8192;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
 // most a tile of topk 64 could have under the default whole-union criterion.

@@ -199,9 +199,10 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     plan.tile_kernel = o.tile_kernel != TileKernel::kCpAsync && plan.tile_fallback == nullptr ? TileKernel::kTma
                                                                                               : TileKernel::kCpAsync;
     plan.tile_grid = (plan.tile_kernel == TileKernel::kTma ? facts.tile_tma_ctas : tctas) * facts.num_sms;
-    plan.tile_max_waste_milli = o.tile_max_waste_milli > 0       ? o.tile_max_waste_milli
-                                : plan.tile_kernel == TileKernel::kTma ? kUnionMaxWasteMilliTma
-                                                                       : kUnionMaxWasteMilli;
+    plan.tile_max_waste_milli = o.tile_max_waste_milli > 0 ? o.tile_max_waste_milli
+                                : plan.tile_kernel != TileKernel::kTma ? kUnionMaxWasteMilli
+                                : p.total_q <= kUnionSmallRows  ? kUnionMaxWasteMilliSmall
+                                                                : kUnionMaxWasteMilliTma;
     plan.tile_done_off = ws.take("tile.done", tiles);
     plan.tile_count_off = ws.take("tile.count", tiles * 4);
     plan.tile_block_off = ws.take("tile.block", tiles * plan.tile_max_entries * 4);
