@@ -548,11 +548,11 @@ class Bench:
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=ilp), "memory")
-                # NVFP4 index-K converted a word (8 codes) at a time (plan option nvfp4_cvt=word;
-                # auto: a byte at a time), auto otherwise: against the nvfp4 row.
-                word = dict(nvfp4_cvt="word")
-                self.run_case("proxy", name + " nvfp4 [nvfp4_cvt=word]", lambda b=b, c=ctx, q=sq:
-                              self.build_proxy_decode(b, c, q, fp4=True, options=word), "memory")
+                # NVFP4 index-K converted a byte (2 codes) at a time (plan option nvfp4_cvt=byte;
+                # auto: a word of 8 codes since 27436c2), auto otherwise: against the nvfp4 row.
+                byte = dict(nvfp4_cvt="byte")
+                self.run_case("proxy", name + " nvfp4 [nvfp4_cvt=byte]", lambda b=b, c=ctx, q=sq:
+                              self.build_proxy_decode(b, c, q, fp4=True, options=byte), "memory")
             # The decode streaming kernel (csrc/proxy_score/proxy_decode.cuh), forced: decode_only
             # gives a skip row, never a silent fallback. bf16, fp8 and NVFP4 index-K.
             # The portable mma.sync kernel, forced (auto takes the decode kernel for short queries).

@@ -50,10 +50,10 @@ def cases(bench: bm.Bench) -> dict:
             64, 32 * K, 1, k_fp8=True, options=dict(decode_ilp=1)),
         "proxy_decode_b64_nvfp4_ilp2": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(decode_ilp=2)),
-        # NVFP4 index-K converted a word (8 codes) at a time (plan option nvfp4_cvt=word; auto:
-        # a byte at a time), auto otherwise: against proxy_decode_b64_nvfp4_decode.
-        "proxy_decode_b64_nvfp4_word": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, fp4=True, options=dict(nvfp4_cvt="word")),
+        # NVFP4 index-K converted a byte (2 codes) at a time (plan option nvfp4_cvt=byte; auto:
+        # a word of 8 codes since 27436c2), auto otherwise: against proxy_decode_b64_nvfp4_decode.
+        "proxy_decode_b64_nvfp4_byte": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, fp4=True, options=dict(nvfp4_cvt="byte")),
         "index_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True),
         "topk_prefill_32k": lambda: bench.build_topk(32 * K),
         "topk_prefill_32k_radix": lambda: bench.build_topk(32 * K, dict(kernel="radix")),

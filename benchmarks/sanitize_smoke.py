@@ -348,12 +348,14 @@ class Smoke:
                 ((1, FP8),), (BF16,), (1, 4),
                 lambda dtype, hkv, q_dtype, sq, c=ctas: f"proxy decode_ilp=2 decode_ctas={c} paged "
                                                         f"{str(dtype)[6:]} k, sq{sq}")
-        # nvfp4_cvt=word: NVFP4 K converted a word (8 codes) at a time, one and two key blocks per
-        # iteration (sq 1: single-pass pairs; sq 2; sq 5: two passes of 16 rows).
-        for ilp in (1, 2):
-            word = dict(kernel="decode_only", nvfp4_cvt="word", decode_ilp=ilp)
-            self._proxy_decode_nvfp4(PlannedOps(self.ops, msa_proxy_score_fp4=word),
-                                     f"nvfp4_cvt=word decode_ilp={ilp}", (1, 2, 5))
+        # NVFP4 K converted a word (8 codes; auto since 27436c2) or a byte (2 codes) at a time,
+        # one and two key blocks per iteration (sq 1: single-pass pairs; sq 2; sq 5: two passes of
+        # 16 rows).
+        for cvt in ("word", "byte"):
+            for ilp in (1, 2):
+                forced = dict(kernel="decode_only", nvfp4_cvt=cvt, decode_ilp=ilp)
+                self._proxy_decode_nvfp4(PlannedOps(self.ops, msa_proxy_score_fp4=forced),
+                                         f"nvfp4_cvt={cvt} decode_ilp={ilp}", (1, 2, 5))
 
     def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name):
         """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding

@@ -267,10 +267,11 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   plan.decode_ilp = options.decode_ilp != 0 ? options.decode_ilp
                     : (p.k.dtype == DType::kFP8E4M3 && p.batch >= kProxyDecodeIlpMinBatch) ? 2
                                                                                            : 1;
-  // NVFP4 K on the decode kernel: a byte at a time unless nvfp4_cvt=word (auto = byte until an
-  // H200 run; docs/design/proxy_score.md, "NVFP4 a word at a time").
+  // NVFP4 K on the decode kernel: a word (8 codes) at a time unless nvfp4_cvt=byte (H200 at
+  // 27436c2: B64 / 32K 103.5 vs 118.2 us, B1 10.3 vs 11.2 us; docs/design/proxy_score.md, "NVFP4 a
+  // word at a time").
   plan.nvfp4_word = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kNVFP4 &&
-                    options.nvfp4_cvt == DecodeNvfp4Cvt::kWord;
+                    options.nvfp4_cvt != DecodeNvfp4Cvt::kByte;
   return plan;
 }
 

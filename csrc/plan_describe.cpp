@@ -165,7 +165,9 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
       s << " (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)";
     s << "; decode_ilp=" << plan.decode_ilp
       << (o.decode_ilp != 0 ? " (forced: key blocks per iteration)" : " (auto: key blocks per iteration)");
-    if (plan.nvfp4_word) s << "; nvfp4_cvt=word (forced: NVFP4 K a word of 8 codes at a time)";
+    if (plan.nvfp4_word)
+      s << "; nvfp4_cvt=word (" << (o.nvfp4_cvt == DecodeNvfp4Cvt::kWord ? "forced" : "auto")
+        << ": NVFP4 K a word of 8 codes at a time)";
   }
   return s.str();
 }

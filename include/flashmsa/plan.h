@@ -185,8 +185,9 @@ struct ProxyScoreOptions {
   int decode_ilp = 0;
   // nvfp4_cvt=auto|byte|word: the decode kernel's NVFP4 K codes converted a byte (2 codes) or a
   // 32-bit word (8 codes) at a time (common/e2m1_word.cuh, as the sparse decode kernel's option of
-  // that name); auto = byte. Word sums a k-step's dims in another order (last-bit differences).
-  // Not yet measured on the GPU (docs/design/proxy_score.md, "NVFP4 a word at a time").
+  // that name); auto = word (H200 at 27436c2: B64 / 32K 103.5 vs 118.2 us, B1 10.3 vs 11.2 us).
+  // Word sums a k-step's dims in another order than byte (last-bit differences; docs/design/
+  // proxy_score.md, "NVFP4 a word at a time").
   DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
 };
 struct TopkSelectOptions {

@@ -811,12 +811,15 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # for fp8 K/V, and the plan text says so), lists = per_group | once (the KV-major work lists of all
 # launch groups built in one pass; once falls back to per_group beyond its workspace bound);
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
-# decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K);
+# decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K),
+# decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the
+# decode kernel's NVFP4 conversion; auto: word);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
 # warp_split | radix_uniform;
 # msa_sparse_decode_attention:
-# kernel = auto | smem | regs, mtp = auto | per_token | union, nvfp4_cvt = auto | byte | word (the
-# register kernel's NVFP4 conversion; auto: byte) (include/flashmsa/plan.h). An
+# kernel = auto | smem | regs, mtp = auto | per_token | union, split = auto | blocks | cluster,
+# nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word)
+# (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).
 

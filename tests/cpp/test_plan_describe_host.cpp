@@ -280,7 +280,8 @@ TEST(PlanDescribe, ProxyAndTopk) {
   ProxyScoreOptions ilp2;
   ilp2.decode_ilp = 2;
   EXPECT_TRUE(has(describe(plan_proxy_score(pp, ilp2), ilp2), "; decode_ilp=2 (forced: key blocks per iteration)"));
-  // nvfp4_cvt=word: named for NVFP4 K on the decode kernel only; byte (auto's choice) is not.
+  // nvfp4_cvt=word: named for NVFP4 K on the decode kernel only (forced or auto's choice); byte is
+  // not.
   ProxyScoreOptions word, byte;
   word.nvfp4_cvt = DecodeNvfp4Cvt::kWord;
   byte.nvfp4_cvt = DecodeNvfp4Cvt::kByte;
@@ -292,7 +293,8 @@ TEST(PlanDescribe, ProxyAndTopk) {
     EXPECT_TRUE(has(describe(plan_proxy_score(fp4, word), word),
                     "; nvfp4_cvt=word (forced: NVFP4 K a word of 8 codes at a time)"));
     EXPECT_FALSE(has(describe(plan_proxy_score(fp4, byte), byte), "nvfp4_cvt"));
-    EXPECT_FALSE(has(describe(plan_proxy_score(fp4, {}), {}), "nvfp4_cvt"));
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp4, {}), {}),
+                    "; nvfp4_cvt=word (auto: NVFP4 K a word of 8 codes at a time)"));
   }
   pp.k.dtype = DType::kBF16;
   const struct {

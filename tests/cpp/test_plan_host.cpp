@@ -1191,14 +1191,14 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       EXPECT_EQ(plan.decode_ctas, k == fp8 ? 3 : (k == fp4 ? 4 : 2)) << dtype_name(k);
       EXPECT_EQ(plan.kernel, ProxyKernel::kDecode) << dtype_name(k);
     }
-    // nvfp4_cvt: word only when forced and only for NVFP4 K on the decode kernel (auto, byte: a
-    // byte at a time); the other plan fields stay as auto sets them.
-    EXPECT_FALSE(plan_proxy_score(dp, {}).nvfp4_word) << dtype_name(k);
+    // nvfp4_cvt: word (auto's choice, or forced) only for NVFP4 K on the decode kernel; byte a
+    // byte at a time; the other plan fields stay as auto sets them.
+    EXPECT_EQ(plan_proxy_score(dp, {}).nvfp4_word, k == fp4) << dtype_name(k);
     for (DecodeNvfp4Cvt c : {DecodeNvfp4Cvt::kAuto, DecodeNvfp4Cvt::kByte, DecodeNvfp4Cvt::kWord}) {
       ProxyScoreOptions o;
       o.nvfp4_cvt = c;
       const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
-      EXPECT_EQ(plan.nvfp4_word, k == fp4 && c == DecodeNvfp4Cvt::kWord) << dtype_name(k);
+      EXPECT_EQ(plan.nvfp4_word, k == fp4 && c != DecodeNvfp4Cvt::kByte) << dtype_name(k);
       EXPECT_EQ(plan.kernel, dflt.kernel);
       EXPECT_EQ(plan.decode_ctas, dflt.decode_ctas);
       EXPECT_EQ(plan.decode_ilp, dflt.decode_ilp);

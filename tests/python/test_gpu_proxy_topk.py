@@ -551,14 +551,15 @@ def _with(ilp: Optional[dict], **options) -> Optional[dict]:
     return merged or None
 
 
-# NVFP4 K converted a byte (2 codes; auto) or a 32-bit word (8 codes; plan option nvfp4_cvt=word)
-# at a time: every test below that forces the decode kernel with NVFP4 runs each (None: auto). The
+# NVFP4 K converted a 32-bit word (8 codes; auto since the H200 run at 27436c2) or a byte (2 codes;
+# plan option nvfp4_cvt=byte) at a time: every test below that forces the decode kernel with NVFP4
+# runs each (None: auto). The
 # word conversion hands the MMAs a k-step's dims in another order (d, d + 4 | d + 1, d + 5 instead
 # of d, d + 1 | d + 2, d + 3), so its sums may differ from the byte conversion's in the last bits:
 # it is checked against the CPU reference and against byte with the proxy tolerance, and bit for
 # bit against itself across CTAs-per-SM builds and key blocks per iteration.
-NVFP4_CVTS = [None, "word"]
-NVFP4_CVT_IDS = ["cvt_auto", "cvt_word"]
+NVFP4_CVTS = [None, "byte"]
+NVFP4_CVT_IDS = ["cvt_auto", "cvt_byte"]
 
 
 def _cvt(cvt: Optional[str]) -> dict:
@@ -801,8 +802,9 @@ def _run_fp4(c: ProxyCase, a: dict, device, q_gs: float, k_gs: float,
 def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
     """NVFP4 q and k on the decode kernel (dequantized in registers into fp16 MMAs): against the
     CPU reference with global scales, and with unit scales bit for bit equal to the decode kernel
-    on the dequantized bf16 tensors (nvfp4_cvt=word: within the proxy tolerance of it, the same
-    -inf / NaN pattern); with scales, exactly the unit-scale result times q_gs * k_gs."""
+    on the dequantized bf16 tensors under nvfp4_cvt=byte (word, auto's: within the proxy tolerance
+    of it, the same -inf / NaN pattern); with scales, exactly the unit-scale result times
+    q_gs * k_gs."""
     seed = random.getrandbits(31)
     a, deq = _fp4_decode_inputs(case, seed=seed)
     q_gs, k_gs = 0.37, 2.5
@@ -813,7 +815,7 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
     assert_proxy_close(got / scale, want / scale, f"{case.name} {cvt} seed={seed}")
     unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=options)
     dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel="decode_only")
-    if cvt == "word":
+    if cvt != "byte":
         assert_proxy_close(unit, dequantized.cpu(), f"{case.name} word vs byte seed={seed}")
     else:
         assert torch.equal(unit.view(torch.int32), dequantized.view(torch.int32)), f"seed={seed}"
