@@ -128,7 +128,11 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee:
 // 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us); MTP union items:
 // regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us); smem where regs does not apply.
-enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2 };
+// regs_pipe: regs with fp8 K/V software-pipelined across blocks (Q K^T of block i + 1 in one basic
+// block with P V of block i; K and V halves as separate cp.async groups, the same 3 stages and
+// results; per-token items without split=cluster, where the regs kernel runs; elsewhere as regs).
+// Not yet measured (docs/design/sparse_attention.md#decode-regs-pipe); auto never picks it.
+enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2, kRegsPipe = 3 };
 // MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
 // over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,
 // seqlen_q x topk <= 64). auto: union where it applies (H200 at 162e97a, B64/32K, 4 tokens: 105 vs
@@ -270,6 +274,7 @@ struct QueryMajorPlan {
   int warps_m = 0;    // 1 (G <= 16: one m16 tile per token) or 4 (64-row tiles)
   bool regs = false;  // decode: the streaming variant (DecodeKernel::kRegs where it applies)
   bool nvfp4_word = false;  // regs with NVFP4 K/V (16-row tiles): nvfp4_cvt=word's conversion
+  bool pipe = false;  // regs with fp8 K/V, per-token items, no cluster: kernel=regs_pipe
   int mtp_tokens = 0; // decode: > 0 for MTP union items of this many tokens per request
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks
