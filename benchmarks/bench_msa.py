@@ -545,6 +545,11 @@ class Bench:
             self.run_case("proxy", name + " fp8 [decode_ilp=1]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_ilp=1)),
                           "memory")
+            # fp8 index-K through TMA, a warp per key block (plan option decode_fp8=tma, sm_90a;
+            # auto: the cp.async ring), auto otherwise: against the fp8 row.
+            self.run_case("proxy", name + " fp8 [decode_fp8=tma]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_fp8="tma")),
+                          "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=ilp), "memory")

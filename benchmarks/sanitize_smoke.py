@@ -357,6 +357,15 @@ class Smoke:
                 self._proxy_decode_nvfp4(PlannedOps(self.ops, msa_proxy_score_fp4=forced),
                                          f"nvfp4_cvt={cvt} decode_ilp={ilp}", (1, 2, 5))
 
+        # decode_fp8=tma: fp8 K through the TMA ring, a warp per key block (bf16 and fp16 MMAs;
+        # sq 1, 2 and 4: one pass of 8 columns, then two), invalid pages and empty contexts.
+        for kernel in ("decode_only", "decode_f16_only"):
+            self._proxy_decode_paged(
+                PlannedOps(self.ops, msa_proxy_score=dict(kernel=kernel, decode_fp8="tma")),
+                ((1, FP8),), (BF16, FP8), (1, 2, 4),
+                lambda dtype, hkv, q_dtype, sq, k=kernel: f"proxy decode_fp8=tma {k} paged "
+                                                          f"{str(dtype)[6:]} k, {str(q_dtype)[6:]} q, sq{sq}")
+
     def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name):
         """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding
         columns; reduce_heads at sq 3 with one KV head. kinds: (KV heads, K dtype) pairs."""

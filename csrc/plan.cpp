@@ -61,6 +61,7 @@ constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
 constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "auto"},
                                                      {DecodeNvfp4Cvt::kByte, "byte"},
                                                      {DecodeNvfp4Cvt::kWord, "word"}};
+constexpr Named<DecodeFp8> kDecodeFp8s[] = {{DecodeFp8::kAuto, "auto"}, {DecodeFp8::kCta, "cta"}, {DecodeFp8::kTma, "tma"}};
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
@@ -143,6 +144,7 @@ const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
+const char* option_name(DecodeFp8 v) { return name_of(kDecodeFp8s, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
@@ -198,9 +200,11 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.decode_ilp = parse_enum(kDecodeIlp, name, value);
     } else if (name == "nvfp4_cvt") {
       o.nvfp4_cvt = parse_enum(kDecodeNvfp4Cvts, name, value);
+    } else if (name == "decode_fp8") {
+      o.decode_fp8 = parse_enum(kDecodeFp8s, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8)");
     }
   });
   return o;
@@ -273,6 +277,10 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   // word at a time").
   plan.nvfp4_word = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kNVFP4 &&
                     options.nvfp4_cvt != DecodeNvfp4Cvt::kByte;
+  // fp8 K on the decode kernel: the CTA-wide cp.async ring unless decode_fp8=tma (auto = cta until
+  // an H200 run; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block").
+  plan.fp8_tma = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kFP8E4M3 &&
+                 options.decode_fp8 == DecodeFp8::kTma;
   return plan;
 }
 

@@ -74,6 +74,10 @@ __device__ __forceinline__ int chunk_offset(int row, int chunk) {
   else return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
 }
 
+// Byte offset of the 16-byte chunk `chunk` of fp8 key row `row` in a stage that a TMA box of
+// 128-byte rows wrote with the 128-byte swizzle (chunk ^ row % 8; decode_fp8=tma, proxy_decode_tma.cuh).
+__device__ __forceinline__ int tma_sw128_offset(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
 struct Params {
   ProxyScoreParams p;
   int group;     // G = Hq / Hkv (<= 16)
@@ -246,8 +250,10 @@ __device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, __half2 scale_x
 // kWord (plan option nvfp4_cvt=word, NVFP4 only): the word of chunk m converted 8 codes at a time
 // (common/e2m1_word.cuh); k-step 2m + o then takes dims d + 2o + {0, 4} (b0) and d + 2o + {1, 5}
 // (b1), d = (4m + c) * 8, and load_q_frags<.., kWord> permutes the Q fragments to match.
-template <typename Mma, int kK, bool kWord = false>
+// kSw128 (fp8 only): the stage has the TMA 128-byte swizzle (tma_sw128_offset), not chunk_offset's.
+template <typename Mma, int kK, bool kWord = false, bool kSw128 = false>
 __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int c, uint32_t (&kb)[8][2]) {
+  static_assert(!kSw128 || kK == kK8, "the TMA-swizzled stage holds fp8 K");
   // NVFP4: the key's scale columns 2m + c / 2 (m = 0..3) x 2^7 as fp16 pairs {m = 0, 1}, {2, 3}:
   // one 8-byte load of the key's scales, two e4m3x2 conversions, two exact multiplies by 2^7.
   __half2 scale[2];
@@ -272,7 +278,8 @@ __device__ __forceinline__ void load_k_frags(const uint8_t* stage, int row, int 
       kb[2 * m + 1][1] = v.w;
     } else if constexpr (kK == kK8) {
       // Dims (4m + c) * 8: 16-byte chunk 2m + c / 2, its half c % 2.
-      const uint2 v = *reinterpret_cast<const uint2*>(stage + chunk_offset<kK>(row, 2 * m + (c >> 1)) + (c & 1) * 8);
+      const int off = kSw128 ? tma_sw128_offset(row, 2 * m + (c >> 1)) : chunk_offset<kK>(row, 2 * m + (c >> 1));
+      const uint2 v = *reinterpret_cast<const uint2*>(stage + off + (c & 1) * 8);
       kb[2 * m][0] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.x & 0xFFFFu));
       kb[2 * m][1] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.x >> 16));
       kb[2 * m + 1][0] = e4m3x2_to_mma_bits<Mma>(uint16_t(v.y & 0xFFFFu));
@@ -431,13 +438,14 @@ __device__ __forceinline__ void store_pass(const Params& dp, const Request& r, i
 }
 
 // -inf for the rows of out no request covers: [0, cu_seqlens_q[0]) and [cu_seqlens_q[B], total_q).
+template <int kCtaThreads = kThreads>
 __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
   const ProxyScoreParams& p = dp.p;
   const int64_t total_q = p.total_q;
   const UncoveredRows rows = uncovered_q_rows(p.qi, p.batch, total_q);
   if (rows.count == 0) return;
   const int64_t n = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles * rows.count;
-  for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n; e += int64_t(gridDim.x) * kThreads) {
+  for (int64_t e = int64_t(blockIdx.x) * kCtaThreads + threadIdx.x; e < n; e += int64_t(gridDim.x) * kCtaThreads) {
     const int64_t ht = e / rows.count;
     p.out[ht * total_q + rows.row(e % rows.count)] = neg_inf();
   }
@@ -632,6 +640,8 @@ void with_ilp(int ilp, F&& f) {
 
 }  // namespace flashmsa::cuda::proxy::decode
 
+#include "proxy_score/proxy_decode_tma.cuh"
+
 namespace flashmsa::cuda::proxy {
 
 // The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
@@ -667,6 +677,9 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
   // NVFP4 q and k run fp16 MMAs: only the bf16 unit (the type proxy_score picks for NVFP4 q)
   // instantiates them.
   if (k4 && !std::is_same_v<Element, __nv_bfloat16>) return false;
+  // decode_fp8=tma: the TMA-fed warp-per-block kernel where it applies (sm_90a, G <= 8, no
+  // reduce_heads), else the cp.async ring below.
+  if (k8 && plan.fp8_tma && decode::tma::launch_fp8<Element>(dp, plan, stream)) return true;
   decode::with_ilp(plan.decode_ilp, [&](auto u) {
     constexpr int kIlp = u.value;
     if (k4) {

@@ -145,6 +145,11 @@ enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
 // dims taken in another order). auto: word (H200 at f4fdc62, B64/32K: 61.4 vs 67.8 us; B1 30.0 vs
 // 29.3 us). Other kernels and KV kinds ignore it.
 enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
+// The proxy decode kernel's fp8 K path (option decode_fp8): cta (the CTA-wide cp.async ring, 4 warps
+// splitting each key block) or tma (sm_90a: a producer warp loads whole key blocks with TMA into a
+// 13-stage mbarrier ring, 8 consumer warps each take whole blocks, keys on the MMA's M side;
+// docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). auto = cta.
+enum class DecodeFp8 : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
 // to the workspace, the combine kernel merges them), cluster (the splits of a row run as one
@@ -193,6 +198,10 @@ struct ProxyScoreOptions {
   // Word sums a k-step's dims in another order than byte (last-bit differences; docs/design/
   // proxy_score.md, "NVFP4 a word at a time").
   DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
+  // decode_fp8=auto|cta|tma: fp8 K on the decode kernel through the CTA-wide cp.async ring (cta) or
+  // the TMA-fed warp-per-block kernel (tma: sm_90a, G <= 8, no reduce_heads; elsewhere cta runs).
+  // auto = cta. Not yet measured on the GPU (docs/design/proxy_score.md, "fp8 K through TMA").
+  DecodeFp8 decode_fp8 = DecodeFp8::kAuto;
 };
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
@@ -209,7 +218,7 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
-// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word.
+// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform.
@@ -347,6 +356,9 @@ struct ProxyScorePlan {
   int decode_ilp = 1;
   // The decode kernel with NVFP4 K converts its codes a word at a time (the option nvfp4_cvt=word).
   bool nvfp4_word = false;
+  // The decode kernel with fp8 K takes the TMA-fed warp-per-block kernel where it applies (the
+  // option decode_fp8=tma; the launcher falls back to the cp.async ring elsewhere).
+  bool fp8_tma = false;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
@@ -382,6 +394,7 @@ const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
+const char* option_name(DecodeFp8 v);
 const char* option_name(DecodeSplit v);
 
 }  // namespace flashmsa

@@ -296,6 +296,17 @@ TEST(PlanDescribe, ProxyAndTopk) {
     EXPECT_TRUE(has(describe(plan_proxy_score(fp4, {}), {}),
                     "; nvfp4_cvt=word (auto: NVFP4 K a word of 8 codes at a time)"));
   }
+  // decode_fp8=tma: named for fp8 K on the decode kernel only.
+  {
+    ProxyScoreOptions tma;
+    tma.decode_fp8 = DecodeFp8::kTma;
+    EXPECT_FALSE(has(describe(plan_proxy_score(pp, tma), tma), "decode_fp8"));  // 16-bit K
+    ProxyScoreParams fp8 = pp;
+    fp8.k.dtype = DType::kFP8E4M3;
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp8, tma), tma),
+                    "; decode_fp8=tma (forced: fp8 K by TMA, a warp per key block, where it applies)"));
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp8, {}), {}), "decode_fp8"));
+  }
   pp.k.dtype = DType::kBF16;
   const struct {
     ProxyKernel kernel;

@@ -940,6 +940,12 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(o.nvfp4_cvt, c);
     EXPECT_EQ(o.kernel, ProxyKernel::kDecodeOnly);
   }
+  EXPECT_EQ(parse_proxy_score_options("").decode_fp8, DecodeFp8::kAuto);
+  for (DecodeFp8 f : {DecodeFp8::kAuto, DecodeFp8::kCta, DecodeFp8::kTma}) {
+    const ProxyScoreOptions o = parse_proxy_score_options(std::string("kernel=decode_only,decode_fp8=") + option_name(f));
+    EXPECT_EQ(o.decode_fp8, f);
+    EXPECT_EQ(o.kernel, ProxyKernel::kDecodeOnly);
+  }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
                        TopkKernel::kWarpSplit, TopkKernel::kRadixUniform})
@@ -1002,7 +1008,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("decode_ilp=2,decode_ilp=1"); }, ErrorKind::kValue,
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
-               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt)");
+               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8)");
+  expect_error([] { parse_proxy_score_options("decode_fp8=wgmma"); }, ErrorKind::kValue,
+               "decode_fp8 must be auto, cta or tma, got 'wgmma'");
+  expect_error([] { parse_proxy_score_options("decode_fp8=tma,decode_fp8=cta"); }, ErrorKind::kValue,
+               "option decode_fp8 given twice");
   expect_error([] { parse_proxy_score_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
                "nvfp4_cvt must be auto, byte or word, got 'prmt'");
   expect_error([] { parse_proxy_score_options("nvfp4_cvt=word,nvfp4_cvt=byte"); }, ErrorKind::kValue,
@@ -1238,6 +1248,21 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       EXPECT_EQ(plan.decode_ilp, dflt.decode_ilp);
       o.kernel = ProxyKernel::kSm90;  // not the decode kernel: no word conversion
       EXPECT_FALSE(plan_proxy_score(dp, o).nvfp4_word) << dtype_name(k);
+    }
+    // decode_fp8: the TMA kernel only when forced and only for fp8 K on the decode kernel (auto,
+    // cta: the cp.async ring); the other plan fields stay as auto sets them.
+    EXPECT_FALSE(plan_proxy_score(dp, {}).fp8_tma) << dtype_name(k);
+    for (DecodeFp8 f : {DecodeFp8::kAuto, DecodeFp8::kCta, DecodeFp8::kTma}) {
+      ProxyScoreOptions o;
+      o.decode_fp8 = f;
+      const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
+      EXPECT_EQ(plan.fp8_tma, k == fp8 && f == DecodeFp8::kTma) << dtype_name(k);
+      EXPECT_EQ(plan.kernel, dflt.kernel);
+      EXPECT_EQ(plan.decode_ctas, dflt.decode_ctas);
+      EXPECT_EQ(plan.decode_ilp, dflt.decode_ilp);
+      EXPECT_EQ(plan.f16_mma, dflt.f16_mma);
+      o.kernel = ProxyKernel::kMmaSync;  // not the decode kernel
+      EXPECT_FALSE(plan_proxy_score(dp, o).fp8_tma) << dtype_name(k);
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);

@@ -1,0 +1,264 @@
+// msa_proxy_score decode with fp8 K through TMA, a warp per key block (plan option decode_fp8=tma,
+// sm_90a; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). Included by
+// proxy_decode.cuh after the cp.async kernel, whose pieces it reuses (units, requests, Q fragments,
+// the fp8 B-fragment loads, the -inf fill).
+//
+// One CTA per SM: warp 8 is the producer, warps 0..7 consume. The CTA's units are proxy_decode's
+// (an equal contiguous share of B x Hkv x P); unit j of the share goes to ring stage j % kStages and
+// to consumer warp j % 8. The producer resolves 32 units at a time (one per lane: request, causal
+// limit, page id), then its lane 0 waits for each stage's "empty" barrier and loads the 128 x 128 B
+// block with one TMA (the paged / flat K map of common/tensor_map.h, 128-byte swizzle) completing on
+// the stage's "full" barrier, or, for a unit that loads nothing, just arrives (stage flag 0). A
+// consumer warp multiplies the whole block alone, so no barrier spans warps: it waits "full",
+// reduces, stores, and releases the stage.
+//
+// Math per warp and block: keys on the MMA's M side. mma.sync m16n8k16 with A = 16 keys x 16 dims
+// (fp8 -> MMA type in registers, load_k_frags' lane / dim assignment) and B = the pass's 8 query
+// columns (G heads x T = 8 / G tokens; Q's A fragments of load_q_frags with rows g < 8 are exactly
+// these B fragments), so a 16-key tile is 8 MMAs and none of their rows is padding (the cp.async
+// kernel puts the 4 query rows of M3 on M and wastes 12 of 16). The dims of k-step s are those of
+// proxy_decode's k-step s, in the same order. MMA row g holds key 2 (g % 4) + g / 4 of its 8-key
+// half: with the swizzle (chunk ^ key % 8), each 16-lane phase of the 8-byte K loads covers all 32
+// banks once. The column maxima over keys are reduced in registers and over g by 3 xor-shuffles;
+// bf16 q rows scaled into fp16 (kScaleQ) are scaled back after the max (a positive power of two:
+// exact and monotone, so the same value as scaling each logit first).
+#pragma once
+
+#include "common/mbarrier.cuh"
+#include "common/tensor_map.h"
+#include "common/tma.cuh"
+
+namespace flashmsa::cuda::proxy::decode::tma {
+
+inline constexpr int kConsumers = 8;                    // consumer warps (0..7), a whole block each
+inline constexpr int kCtaThreads = (kConsumers + 1) * 32;  // + the producer warp (8)
+inline constexpr int kCols = 8;                          // MMA N: G heads x T tokens of a pass
+inline constexpr int kStageBytes = kBlockSize * 128;     // one 128-key fp8 block, 16 KB
+inline constexpr int kStages = 13;                       // 208 KB ring
+// Stages (1024-byte aligned: the 128-byte swizzle's period), full[S] and empty[S] mbarriers, the
+// stages' loaded flags, and the alignment slack of the dynamic shared memory.
+inline constexpr int kSmemBytes = kStages * kStageBytes + kStages * (2 * 8 + 4) + 1024;
+
+struct TmaParams {
+  Params dp;         // dp.tokens = kCols / G
+  CUtensorMap k_map; // encode_kv_block_map: 128 bytes x 128 keys per box, 128-byte swizzle
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Warp 8: resolves 32 units at a time (lane l: unit j0 + l) and loads them in order.
+__device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, int* flags, uint32_t full0,
+                                        uint32_t empty0, int64_t u0, int64_t n, int lane) {
+  const Params& dp = tp.dp;
+  const ProxyScoreParams& p = dp.p;
+  if (lane == 0) tma_prefetch_map(&tp.k_map);
+#pragma unroll 1
+  for (int64_t j0 = 0; j0 < n; j0 += 32) {
+    int coord = -1;  // paged: the page, flat: the block's first row; -1: nothing to load
+    int kh = 0;
+    if (j0 + lane < n) {
+      int b, t;
+      unit_coords(dp, u0 + j0 + lane, b, kh, t);
+      Request r;
+      load_request(dp, r, b, kh);
+      if (r.ntok > 0 && t < r.n_compute)
+        coord = p.kv.paged ? int(kv_page(p.kv, b, t)) : int(kv_row_begin(p.kv, b) + int64_t(t) * kBlockSize);
+    }
+    const int m = n - j0 < 32 ? int(n - j0) : 32;
+#pragma unroll 1
+    for (int k = 0; k < m; ++k) {
+      const int ck = __shfl_sync(0xFFFFFFFFu, coord, k);
+      const int khk = __shfl_sync(0xFFFFFFFFu, kh, k);
+      if (lane == 0) {
+        const int64_t j = j0 + k;
+        const int s = int(j % kStages);
+        const uint32_t full = full0 + 8 * s;
+        mbar_wait(empty0 + 8 * s, (uint32_t(j / kStages) & 1u) ^ 1u);
+        flags[s] = ck >= 0;
+        if (ck >= 0) {
+          mbar_expect_tx(full, kStageBytes);
+          if (p.kv.paged)
+            tma_load_4d(stage0 + s * kStageBytes, &tp.k_map, full, 0, 0, khk, ck);
+          else
+            tma_load_3d(stage0 + s * kStageBytes, &tp.k_map, full, 0, khk, ck);
+        } else {
+          mbar_arrive(full);
+        }
+      }
+    }
+  }
+}
+
+// Per-key limits of the lane's columns 2c, 2c + 1 of pass tok0 against block t (0: none visible).
+__device__ __forceinline__ void col_limits(const Params& dp, const Request& r, int t, int tok0, int c, int (&lim)[2]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int col = 2 * c + j;
+    const int hl = col / dp.tokens;
+    const int tok = tok0 + col - hl * dp.tokens;
+    lim[j] = (hl < dp.group && tok < r.ntok) ? col_limit(dp.p.causal, r.q_off, tok, r.seqlen_k) - t * kBlockSize : 0;
+  }
+}
+
+// The whole block (8 tiles of 16 keys) against the pass's columns: this lane's maxima of columns
+// 2c, 2c + 1 over its keys into v (kMasked: key < lim[j], else -inf).
+template <typename Mma, bool kMasked>
+__device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4], const uint8_t* stage,
+                                                      const int (&lim)[2], int g, int c, float (&v)[2]) {
+  const int kr = 2 * (g & 3) + (g >> 2);  // MMA row g's key within its 8-key half
+#pragma unroll
+  for (int tile = 0; tile < kBlockSize / 16; ++tile) {
+    uint32_t lo[8][2], hi[8][2];
+    load_k_frags<Mma, kK8, false, true>(stage, tile * 16 + kr, c, lo);
+    load_k_frags<Mma, kK8, false, true>(stage, tile * 16 + 8 + kr, c, hi);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint32_t a[4] = {lo[s][0], hi[s][0], lo[s][1], hi[s][1]};
+      mma_m16n8k16<Mma>(acc, a, qa[s][0], qa[s][2]);
+    }
+    // acc[e]: key tile * 16 + 8 (e / 2) + kr, column 2c + e % 2.
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = acc[e];
+      if constexpr (kMasked) x = tile * 16 + 8 * (e >> 1) + kr < lim[e & 1] ? x : neg_inf();
+      v[e & 1] = max_nan(v[e & 1], x);
+    }
+  }
+}
+
+// Warps 0..7: units j = warp, warp + 8, ... of the CTA's share.
+template <typename Mma, bool kScaleQ>
+__device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages, const int* flags, uint32_t full0,
+                                        uint32_t empty0, int64_t u0, int64_t n, int warp, int lane) {
+  const ProxyScoreParams& p = dp.p;
+  const int g = lane >> 2, c = lane & 3;
+  if (warp >= n) return;
+  int b, kh, t;
+  unit_coords(dp, u0 + warp, b, kh, t);
+  Request r;
+  uint32_t qa[8][4];
+  float qmul[2], cmul[2] = {1.0f, 1.0f};
+  bool q_ready = false;
+#pragma unroll 1
+  for (int64_t j = warp; j < n; j += kConsumers) {
+    const int s = int(j % kStages);
+    if (b != r.b || kh != r.kh) {
+      load_request(dp, r, b, kh);
+      q_ready = false;
+    }
+    mbar_wait(full0 + 8 * s, uint32_t(j / kStages) & 1u);
+    const bool loaded = flags[s] != 0;
+    const uint8_t* stage = stages + s * kStageBytes;
+#pragma unroll 1
+    for (int tok0 = 0; tok0 < r.ntok; tok0 += dp.tokens) {
+      float v[2] = {neg_inf(), neg_inf()};
+      if (loaded) {
+        if (!q_ready || r.ntok > dp.tokens) {
+          load_q_frags<Mma, kK8, kScaleQ>(dp, r, tok0, qa, qmul);
+          // Column 2c + j's scale is row 2c + j's, held by the lanes of quad 2c + j.
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) cmul[jj] = __shfl_sync(0xFFFFFFFFu, qmul[0], (2 * c + jj) * 4);
+          q_ready = true;
+        }
+        int lim[2] = {0, 0};
+        if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, r.q_off, tok0, r.seqlen_k)) {
+          multiply_block_keys_m<Mma, false>(qa, stage, lim, g, c, v);
+        } else {
+          col_limits(dp, r, t, tok0, c, lim);
+          multiply_block_keys_m<Mma, true>(qa, stage, lim, g, c, v);
+        }
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+          for (int x = 4; x < 32; x <<= 1) v[jj] = max_nan(v[jj], __shfl_xor_sync(0xFFFFFFFFu, v[jj], x));
+          if constexpr (kScaleQ) v[jj] *= cmul[jj];
+        }
+      }
+      if (g == 0) {
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const int col = 2 * c + jj;
+          const int hl = col / dp.tokens;
+          const int tok = tok0 + col - hl * dp.tokens;
+          if (hl < dp.group && tok < r.ntok)
+            p.out[(int64_t(kh * dp.group + hl) * p.max_k_tiles + t) * p.total_q + r.row_begin + tok] = v[jj];
+        }
+      }
+    }
+    __syncwarp();  // every lane's reads of the stage are done
+    if (lane == 0) mbar_arrive(empty0 + 8 * s);
+    t += kConsumers;
+    while (t >= p.max_k_tiles) {
+      t -= p.max_k_tiles;
+      if (++kh == p.num_kv_heads) {
+        kh = 0;
+        ++b;
+      }
+    }
+  }
+}
+#endif
+
+template <typename Mma, bool kScaleQ>
+__global__ void __launch_bounds__(kCtaThreads, 1) proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const Params& dp = tp.dp;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  uint8_t* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const uint32_t stage0 = smem_addr(smem);
+  const uint32_t full0 = stage0 + kStages * kStageBytes, empty0 = full0 + 8 * kStages;
+  int* flags = reinterpret_cast<int*>(smem + kStages * kStageBytes + 16 * kStages);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t u0 = dp.units * blockIdx.x / gridDim.x;
+  const int64_t n = dp.units * (blockIdx.x + 1) / gridDim.x - u0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, 1);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (warp == kConsumers)
+    produce(tp, stage0, flags, full0, empty0, u0, n, lane);
+  else
+    consume<Mma, kScaleQ>(dp, smem, flags, full0, empty0, u0, n, warp, lane);
+  fill_uncovered_rows<kCtaThreads>(dp);
+#endif
+}
+
+// Launches the kernel for fp8 K where it applies (sm_90a device and binary, G <= 8, no
+// reduce_heads, a K map TMA can address); false (nothing launched) otherwise.
+template <typename Mma, bool kScaleQ>
+bool launch(const Params& dp, cudaStream_t stream) {
+  const ProxyScoreParams& p = dp.p;
+  if (dp.group > kCols || p.reduce_heads) return false;
+  auto kernel = proxy_decode_tma_kernel<Mma, kScaleQ>;
+  const int resident = prepare_sm90a_launch(kernel, kCtaThreads, kSmemBytes);
+  if (resident == 0) return false;
+  TmaParams tp{};
+  tp.dp = dp;
+  tp.dp.tokens = kCols / dp.group;
+  if (!encode_kv_block_map(tp.k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k, p.kv, p.num_kv_heads, 128, 128, 1,
+                           CU_TENSOR_MAP_SWIZZLE_128B))
+    return false;
+  const int64_t ctas = std::max<int64_t>(
+      1, std::min<int64_t>(int64_t(current_device_limits().num_sms) * resident, std::max<int64_t>(dp.units, 1)));
+  kernel<<<unsigned(ctas), kCtaThreads, kSmemBytes, stream>>>(tp);
+  MSA_CHECK_LAUNCH();
+  return true;
+}
+
+// The MMA type and q scaling of the cp.async kernel's fp8 path (launch_proxy_decode).
+template <typename Element>
+bool launch_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    if (plan.f16_mma) {
+      return dp.p.q_dtype == DType::kBF16 ? launch<__half, true>(dp, stream) : launch<__half, false>(dp, stream);
+    }
+  }
+  return launch<Element, false>(dp, stream);
+}
+
+}  // namespace flashmsa::cuda::proxy::decode::tma
