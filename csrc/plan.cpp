@@ -26,7 +26,8 @@ constexpr Named<PrefillSchedule> kSchedules[] = {{PrefillSchedule::kAuto, "auto"
                                                  {PrefillSchedule::kHybrid, "hybrid"}};
 constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto"},
                                                     {KvMajorKernel::kMmaSync, "mma_sync"},
-                                                    {KvMajorKernel::kWgmma, "wgmma"}};
+                                                    {KvMajorKernel::kWgmma, "wgmma"},
+                                                    {KvMajorKernel::kTma, "tma"}};
 constexpr Named<TileKernel> kTileKernels[] = {
     {TileKernel::kAuto, "auto"}, {TileKernel::kCpAsync, "cp_async"}, {TileKernel::kTma, "tma"}};
 constexpr Named<KvMajorLists> kKvMajorListsNames[] = {

@@ -82,7 +82,12 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
     else if (kvm.tiles)
       s << " (auto: TMA loads, S of the next block in flight during the softmax)";
     s << "; kv_major_kernel=" << option_name(kvm.kernel) << " (";
-    if (o.kv_major_kernel != KvMajorKernel::kAuto)
+    if (kvm.tma_fallback != nullptr)
+      s << "kv_major_kernel=tma falls back: " << kvm.tma_fallback;
+    else if (kvm.kernel == KvMajorKernel::kTma)
+      s << "forced by the option: a TMA producer warp (the next item's K/V prefetched), two consumer "
+           "warpgroups, S of the next tile in flight during the softmax, partials by TMA stores";
+    else if (o.kv_major_kernel != KvMajorKernel::kAuto)
       s << "forced by the option kv_major_kernel=" << option_name(o.kv_major_kernel);
     else if (kvm.kernel == KvMajorKernel::kWgmma)
       s << "auto: the sm_90a warpgroup-MMA kernel runs on this GPU";

@@ -8,6 +8,12 @@
 //                        counted)
 //   tma_load_*_hint      the same with an L2 cache policy (l2_policy_evict_last)
 //   fence_mbarrier_init  makes mbarrier.init visible to the async proxy (before a __syncthreads)
+//   tma_store_2d         one box of shared memory -> a rank-2 tensor map (cp.async.bulk.tensor,
+//                        bulk-group completion); the writers of the box fence their generic writes
+//                        (fence_proxy_async_smem) and pass a barrier before the one thread issues it
+//   bulk_commit / bulk_wait_read<N> / bulk_wait<N>   the issuing thread's bulk groups: commit, wait
+//                        until at most N groups still read their shared memory (the source may be
+//                        overwritten), wait until at most N are incomplete (global writes done)
 // Valid on sm_90 and up; callers guard with __CUDA_ARCH__ >= 900.
 #pragma once
 
@@ -78,6 +84,21 @@ MSA_DEVICE void tma_load_4d_hint(uint32_t dst, const CUtensorMap* map, uint32_t 
       : "memory");
 }
 MSA_DEVICE void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+MSA_DEVICE void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+MSA_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+MSA_DEVICE void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+MSA_DEVICE void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 #endif
 
 }  // namespace flashmsa

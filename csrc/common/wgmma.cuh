@@ -87,6 +87,25 @@ MSA_DEVICE void wgmma_fence_operand(uint32_t (&a)[4]) {
       "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
       "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
 
+// The same 64 operands write-only ("=f"): D = A B, the old values neither read nor kept alive.
+#define MSA_WGMMA_D_NEW(d) \
+      "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), \
+      "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]), \
+      "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]), \
+      "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), \
+      "=f"(d[4][0]), "=f"(d[4][1]), "=f"(d[4][2]), "=f"(d[4][3]), \
+      "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]), \
+      "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), \
+      "=f"(d[7][0]), "=f"(d[7][1]), "=f"(d[7][2]), "=f"(d[7][3]), \
+      "=f"(d[8][0]), "=f"(d[8][1]), "=f"(d[8][2]), "=f"(d[8][3]), \
+      "=f"(d[9][0]), "=f"(d[9][1]), "=f"(d[9][2]), "=f"(d[9][3]), \
+      "=f"(d[10][0]), "=f"(d[10][1]), "=f"(d[10][2]), "=f"(d[10][3]), \
+      "=f"(d[11][0]), "=f"(d[11][1]), "=f"(d[11][2]), "=f"(d[11][3]), \
+      "=f"(d[12][0]), "=f"(d[12][1]), "=f"(d[12][2]), "=f"(d[12][3]), \
+      "=f"(d[13][0]), "=f"(d[13][1]), "=f"(d[13][2]), "=f"(d[13][3]), \
+      "=f"(d[14][0]), "=f"(d[14][1]), "=f"(d[14][2]), "=f"(d[14][3]), \
+      "=f"(d[15][0]), "=f"(d[15][1]), "=f"(d[15][2]), "=f"(d[15][3])
+
 // One asm statement per (A source, operand type); TY is the PTX type of A and B (bf16 / f16).
 #define MSA_WGMMA_SS(TY)                                                                      \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                  \
@@ -113,6 +132,24 @@ MSA_DEVICE void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t desc_a, uint64_t
   }
 }
 
+// D = A B (scale-d 0) with D write-only: for a first k-step into an array whose old values are
+// dead, so that they are not kept alive (registers) up to the MMA. B K-major.
+template <typename Elem>
+MSA_DEVICE void wgmma_m64n128k16_ss_new(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MSA_WGMMA_D_REGS
+                 ", %64, %65, 0, 1, 1, 0, 0;\n"
+                 : MSA_WGMMA_D_NEW(d)
+                 : "l"(desc_a), "l"(desc_b));
+  } else {
+    static_assert(std::is_same_v<Elem, __half>, "MMA dtype is bf16 or fp16");
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MSA_WGMMA_D_REGS
+                 ", %64, %65, 0, 1, 1, 0, 0;\n"
+                 : MSA_WGMMA_D_NEW(d)
+                 : "l"(desc_a), "l"(desc_b));
+  }
+}
+
 // The same with A (this warp's 16 rows x 16 k, the mma.sync A fragment) from registers.
 template <typename Elem, int kTransB>
 MSA_DEVICE void wgmma_m64n128k16_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
@@ -127,6 +164,7 @@ MSA_DEVICE void wgmma_m64n128k16_rs(float (&d)[16][4], const uint32_t (&a)[4], u
 #undef MSA_WGMMA_SS
 #undef MSA_WGMMA_RS
 #undef MSA_WGMMA_D_OUTS
+#undef MSA_WGMMA_D_NEW
 #undef MSA_WGMMA_D_REGS
 #endif  // MSA_HAS_WGMMA
 

@@ -62,6 +62,9 @@ inline constexpr int kKvmWarpRows = 32;
 inline constexpr int kKvmMaxRowsPerItem = 4096;
 // The sm_90a kernel keeps an item's list in shared memory: at most this many tokens per item.
 inline constexpr int kKvm90MaxTokensPerItem = 1024;
+// The TMA kernel (kv_major_kernel=tma) keeps two items' lists next to two K/V blocks, a 4-stage
+// query ring and two staging tiles: at most this many tokens per item (4096 / G for G = 16).
+inline constexpr int kKvmTmaMaxTokensPerItem = 256;
 
 struct KvMajorItem {
   int kh;

@@ -47,6 +47,12 @@ template <typename Elem, KvKind kKv>
 void launch_kv_major_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream);
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm();
+// The same in FlashAttention-3's structure (kv_major_tma_sm90.cuh; plan option kv_major_kernel=tma):
+// a TMA producer warp and two consumer warpgroups, bf16 / fp16 K and V of the compute dtype.
+template <typename Elem>
+void launch_kv_major_tma_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream);
+template <typename Elem>
+int kv_major_tma_sm90_ctas_per_sm();
 
 // Shared-selection tiles (union_plan.cu, union_sm90.cuh): the plan of every (kv head, tile) and
 // the persistent sm_90a attention kernel over the qualifying ones (bf16 / fp16 / fp8 K and V).

@@ -111,6 +111,27 @@ const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDevi
   return nullptr;
 }
 
+const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts,
+                                     int64_t chunk_rows) {
+  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
+  if (p.k.dtype != compute || p.v.dtype != compute)
+    return "fp8 / NVFP4 K/V (the TMA kernel loads 16-bit K and V of the compute dtype)";
+  if (facts.kv_major_tma_ctas <= 0) return "the TMA KV-major kernel cannot run on this device";
+  // A token's G heads are whole 8-row swizzle atoms of a 64-row tile: one box per token and half.
+  const int group = p.num_heads / p.num_kv_heads;
+  if (group % 8 != 0 || (64 % group != 0 && group % 64 != 0))
+    return "G is not a multiple of 8 that divides 64 or a multiple of 64";
+  // TMA boxes take 16-byte aligned strides; coordinates are 32-bit (q rows, flat K/V rows (a box
+  // reaches 128 past the last block), partial rows).
+  if ((p.q_stride_head * 2) % 16 != 0 || (p.q_stride_token * 2) % 16 != 0)
+    return "q strides that are not multiples of 16 bytes";
+  const int64_t part_rows = int64_t(p.num_kv_heads) * chunk_rows * p.topk * group;
+  if (p.total_q >= (int64_t(1) << 31) || (!p.kv.paged && p.kv.total_k >= (int64_t(1) << 31) - kBlockSize) ||
+      (p.kv.paged && p.kv.num_pages <= 0) || part_rows >= (int64_t(1) << 31))
+    return "q, K/V or partial rows beyond TMA's 32-bit coordinates";
+  return nullptr;
+}
+
 namespace {
 
 // False when no KV-major kernel fits this device. with_tiles: also plan the shared-selection tiles
@@ -119,6 +140,8 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
                    bool with_tiles, KvMajorPlan& plan, WorkspaceLayout& ws) {
   plan = KvMajorPlan{};
   int ctas = 0;
+  // tma where it applies (checked once the launch groups are known, below); it falls back to the
+  // kernel auto would take.
   if (o.kv_major_kernel != KvMajorKernel::kMmaSync) {
     ctas = facts.kv_major_wgmma_ctas;
     MSA_CHECK_SUPPORTED(ctas > 0 || o.kv_major_kernel != KvMajorKernel::kWgmma, "kv_major_kernel=wgmma: the "
@@ -148,6 +171,14 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   chunk = std::max<int64_t>(1, (int64_t(p.total_q) + groups - 1) / groups);
   plan.chunk_rows = int(chunk);
   plan.groups = int((int64_t(p.total_q) + chunk - 1) / chunk);
+  if (o.kv_major_kernel == KvMajorKernel::kTma) {
+    plan.tma_fallback = kv_major_tma_unsupported(p, facts, plan.chunk_rows);
+    if (plan.tma_fallback == nullptr) {
+      plan.kernel = KvMajorKernel::kTma;
+      plan.q_stages = 4;
+      ctas = facts.kv_major_tma_ctas;
+    }
+  }
 
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages
                                      : p.kv.total_k / kBlockSize + p.batch + 1;
@@ -157,6 +188,8 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.tokens_per_item = std::max(1, kKvmMaxRowsPerItem / group);
   if (plan.kernel == KvMajorKernel::kWgmma)
     plan.tokens_per_item = std::min(plan.tokens_per_item, kKvm90MaxTokensPerItem);
+  if (plan.kernel == KvMajorKernel::kTma)
+    plan.tokens_per_item = std::min(plan.tokens_per_item, kKvmTmaMaxTokensPerItem);
   // Items: every list contributes ceil(count / tokens_per_item) <= count / tpi + 1, and at most
   // min(columns, pairs) lists are non-empty.
   const int64_t pairs = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk;

@@ -296,6 +296,14 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
       launch_kv_major_lists(a, stream);
     }
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
+      if constexpr (kKv == KvKind::kNative) {
+        if (plan.kernel == KvMajorKernel::kTma) {
+          launch_kv_major_tma_sm90<Elem>(a, plan.grid, stream);
+          return;
+        }
+      }
+      MSA_CHECK(plan.kernel != KvMajorKernel::kTma, "msa_sparse_attention: kv_major_kernel=tma planned for "
+                "K/V it does not load (planner bug)");
       if (plan.kernel == KvMajorKernel::kWgmma) {
         launch_kv_major_sm90<Elem, kKv>(a, plan.grid, stream);
       } else {
@@ -329,6 +337,7 @@ SparseAttnDeviceFacts device_facts(const SparseAttnParams& p, bool decode) {
     for (int stages = 1; stages <= 2; ++stages) f.kv_major_mma_sync_ctas[stages - 1] = kv_major_ctas_per_sm<Elem, kKv>(stages);
     if constexpr (kKv != KvKind::kNvfp4) f.tile_ctas = union_sm90_ctas_per_sm<Elem, kKv>();
     if constexpr (kKv == KvKind::kNative) f.tile_tma_ctas = union_tma_sm90_ctas_per_sm<Elem>();
+    if constexpr (kKv == KvKind::kNative) f.kv_major_tma_ctas = kv_major_tma_sm90_ctas_per_sm<Elem>();
   });
   return f;
 }

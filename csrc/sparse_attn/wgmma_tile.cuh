@@ -38,6 +38,22 @@ MSA_DEVICE void wgmma_qk_issue(float (&s)[16][4], uint32_t q_addr, uint32_t k_ad
   wgmma_commit();
 }
 
+// wgmma_qk_issue into an array whose old values are dead: the first k-step's accumulators are
+// write-only operands (wgmma_m64n128k16_ss_new), so the old values need no registers up to the MMA.
+template <typename Elem>
+MSA_DEVICE void wgmma_qk_issue_new(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t koff = uint32_t(kk & 3) * 32u;
+    const uint64_t da = wgmma_desc_sw128(q_addr + uint32_t(kk >> 2) * (64 * 128) + koff, 0, 1024);
+    const uint64_t db = wgmma_desc_sw128(k_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
+    if (kk == 0) wgmma_m64n128k16_ss_new<Elem>(s, da, db);
+    else wgmma_m64n128k16_ss<Elem, 0>(s, da, db, 1);
+  }
+  wgmma_commit();
+}
+
 // wgmma_qk_issue, returning once the MMAs are complete.
 template <typename Elem>
 MSA_DEVICE void wgmma_qk_tile(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {

@@ -28,9 +28,15 @@ namespace flashmsa {
 // run). auto: query_major below kKvMajorMinRows rows, else hybrid (query_major when the KV-major
 // kernel does not fit the GPU).
 enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2, kHybrid = 3 };
-// KV-major attention kernels: mma_sync (portable SM80+), wgmma (sm_90a warpgroup MMAs).
-// auto: wgmma where it can run, else mma_sync.
-enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
+// KV-major attention kernels: mma_sync (portable SM80+), wgmma (sm_90a warpgroup MMAs), tma (sm_90a
+// in FlashAttention-3's structure: a TMA producer warp, the next item's K/V prefetched, a 4-stage
+// query ring, two consumer warpgroups with S of the next tile in flight during the softmax,
+// partials written by TMA stores; kv_major_tma_sm90.cuh). tma needs bf16 / fp16 K and V of the
+// compute dtype, G a multiple of 8 that divides 64 or is a multiple of 64, and q / K/V / partial
+// rows within TMA's coordinates; elsewhere it falls back to wgmma (else mma_sync) and the plan text
+// says why. Not yet measured on the GPU. auto: wgmma where it can run, else mma_sync (tma only when
+// named).
+enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kTma = 3 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
 // scatter before each launch group's attention kernel), once (the lists of every launch group
 // built by one count, one scan of a CTA per group and one scatter before the first group; each
@@ -208,7 +214,7 @@ struct TopkSelectOptions {
 };
 
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
-// kv_major_kernel=auto|mma_sync|wgmma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
+// kv_major_kernel=auto|mma_sync|wgmma|tma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 2.5 up to 8192 rows, else
 // 2; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
@@ -232,6 +238,7 @@ TopkSelectOptions parse_topk_select_options(std::string_view text);
 struct SparseAttnDeviceFacts {
   int num_sms = 0;
   int kv_major_wgmma_ctas = 0;
+  int kv_major_tma_ctas = 0;               // kv_major_kernel=tma (16-bit K/V only)
   int kv_major_mma_sync_ctas[2] = {0, 0};  // with 1 and 2 query-tile stages
   int tile_ctas = 0;                       // shared-selection tile kernel (cp_async)
   int tile_tma_ctas = 0;                   // its TMA variant (16-bit K/V only)
@@ -299,7 +306,8 @@ struct QueryMajorPlan {
 };
 
 struct KvMajorPlan {
-  KvMajorKernel kernel = KvMajorKernel::kMmaSync;  // resolved: kMmaSync or kWgmma
+  KvMajorKernel kernel = KvMajorKernel::kMmaSync;  // resolved: kMmaSync, kWgmma or kTma
+  const char* tma_fallback = nullptr;  // kv_major_kernel=tma that took another kernel: why (static)
   int q_stages = 0;
   int chunk_rows = 0;  // rows of a launch group (equal groups, the last one may be shorter)
   int groups = 0;      // launch groups: ceil(total_q / chunk_rows)
@@ -373,6 +381,11 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttn
 // Why tile_kernel=tma falls back to the cp_async tile kernel for these params and facts (a static
 // string, kept in KvMajorPlan::tile_fallback for the plan text), or nullptr where it runs.
 const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts);
+// Why kv_major_kernel=tma falls back for these params and facts (a static string, kept in
+// KvMajorPlan::tma_fallback for the plan text), or nullptr where it runs; chunk_rows: the rows of
+// a launch group (the partial rows must fit TMA's 32-bit coordinates).
+const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts,
+                                     int64_t chunk_rows);
 SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnDeviceFacts& facts,
                                   const SparseDecodeOptions& options = {});
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);

@@ -806,7 +806,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 #                             options=dict(schedule="kv_major", kv_major_kernel="mma_sync"))
 #
 # msa_sparse_attention: schedule = auto | query_major | kv_major | hybrid, kv_major_kernel = auto |
-# mma_sync | wgmma, chunk_rows = <rows per KV-major launch group>, tile_max_waste = <1 to 8>,
+# mma_sync | wgmma | tma, chunk_rows = <rows per KV-major launch group>, tile_max_waste = <1 to 8>,
 # tile_kernel = auto | cp_async | tma (the shared-selection tile kernel; tma falls back to cp_async
 # for fp8 K/V, and the plan text says so), lists = per_group | once (the KV-major work lists of all
 # launch groups built in one pass; once falls back to per_group beyond its workspace bound);

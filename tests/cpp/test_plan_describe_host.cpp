@@ -102,6 +102,25 @@ TEST(PlanDescribe, TileKernelIsNamedWithItsFallback) {
                      "cannot run on this device)")) << d;
 }
 
+TEST(PlanDescribe, KvMajorTmaRunsOrSaysWhyNot) {
+  const SparseAttnParams p = attn(4096);
+  SparseAttnOptions o;
+  o.schedule = PrefillSchedule::kKvMajor;
+  o.kv_major_kernel = KvMajorKernel::kTma;
+  SparseAttnDeviceFacts f = hopper();
+  f.kv_major_tma_ctas = 1;
+  const std::string d = describe(plan_sparse_attention(p, o, f), p, o);
+  EXPECT_TRUE(has(d, "kv_major_kernel=tma (forced by the option: a TMA producer warp")) << d;
+  EXPECT_TRUE(has(d, "4 query-tile stage(s)")) << d;
+  const std::string w = describe(plan_sparse_attention(p, o, hopper()), p, o);
+  EXPECT_TRUE(has(w, "kv_major_kernel=wgmma (kv_major_kernel=tma falls back: the TMA KV-major kernel cannot "
+                     "run on this device")) << w;
+  SparseAttnParams fp8 = attn(4096);
+  fp8.k.dtype = fp8.v.dtype = DType::kFP8E4M3;
+  const std::string q = describe(plan_sparse_attention(fp8, o, f), fp8, o);
+  EXPECT_TRUE(has(q, "kv_major_kernel=wgmma (kv_major_kernel=tma falls back: fp8 / NVFP4 K/V")) << q;
+}
+
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {
   const SparseAttnParams p = attn(4096);
   SparseAttnOptions o;

@@ -218,6 +218,49 @@ TEST(PlanKernel, ForcedKernels) {
             PrefillSchedule::kQueryMajor);
 }
 
+TEST(PlanKernel, TmaOnlyWhenNamedAndFallsBackSayingWhy) {
+  SparseAttnDeviceFacts f = hopper();
+  f.kv_major_tma_ctas = 1;
+  // auto never takes it (not yet measured on the GPU).
+  EXPECT_EQ(plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), f).kvm.kernel, KvMajorKernel::kWgmma);
+  const KvMajorPlan t = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor, KvMajorKernel::kTma), f).kvm;
+  EXPECT_EQ(t.kernel, KvMajorKernel::kTma);
+  EXPECT_EQ(t.tma_fallback, nullptr);
+  EXPECT_EQ(t.grid, std::min(t.max_items, 1 * 132));
+  EXPECT_EQ(t.tokens_per_item, 256);  // 4096 / G = 16, the TMA kernel's cap
+  // G = 8: 512 tokens by rows, capped at 256; G = 64 and G = 128 run too.
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 32, 4), opts(PrefillSchedule::kKvMajor, KvMajorKernel::kTma), f)
+                .kvm.tokens_per_item, 256);
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 64, 1), opts(PrefillSchedule::kKvMajor, KvMajorKernel::kTma), f)
+                .kvm.kernel, KvMajorKernel::kTma);
+  EXPECT_EQ(plan_sparse_attention(attn(4096, 128, 1), opts(PrefillSchedule::kKvMajor, KvMajorKernel::kTma), f)
+                .kvm.kernel, KvMajorKernel::kTma);
+  // The same lists and workspace as wgmma but for the item cap (equal here: 256 tokens both).
+  const KvMajorPlan w = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor, KvMajorKernel::kWgmma), f).kvm;
+  EXPECT_EQ(t.chunk_rows, w.chunk_rows);
+  EXPECT_EQ(t.max_items, w.max_items);
+  auto fallback = [&](const SparseAttnParams& p, const SparseAttnDeviceFacts& facts, KvMajorKernel to,
+                      const std::string& why) {
+    const KvMajorPlan k = plan_sparse_attention(p, opts(PrefillSchedule::kHybrid, KvMajorKernel::kTma), facts).kvm;
+    EXPECT_EQ(k.kernel, to);
+    ASSERT_NE(k.tma_fallback, nullptr);
+    EXPECT_NE(std::string(k.tma_fallback).find(why), std::string::npos) << k.tma_fallback;
+    if (to == KvMajorKernel::kWgmma) EXPECT_LE(k.tokens_per_item, 1024);  // the wgmma kernel's cap
+  };
+  fallback(attn(4096, 64, 4, 16, DType::kFP8E4M3), f, KvMajorKernel::kWgmma, "fp8");
+  fallback(attn(4096, 64, 4, 16, DType::kNVFP4), f, KvMajorKernel::kWgmma, "NVFP4");
+  fallback(attn(4096), hopper(), KvMajorKernel::kWgmma, "cannot run on this device");
+  fallback(attn(4096), ampere(), KvMajorKernel::kMmaSync, "cannot run on this device");
+  fallback(attn(4096, 16, 4), f, KvMajorKernel::kWgmma, "G is not");   // G = 4
+  fallback(attn(4096, 96, 4), f, KvMajorKernel::kWgmma, "G is not");   // G = 24
+  SparseAttnParams strided = attn(4096);
+  strided.q_stride_head = 132;  // 264 bytes
+  fallback(strided, f, KvMajorKernel::kWgmma, "16 bytes");
+  SparseAttnParams huge = attn(4096);
+  huge.kv.total_k = (int64_t(1) << 31) - 100;
+  fallback(huge, f, KvMajorKernel::kWgmma, "32-bit coordinates");
+}
+
 // ---- launch groups -----------------------------------------------------------------------------
 
 TEST(PlanGroups, ChunkRowsGiveEqualLaunchGroups) {
@@ -907,7 +950,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   for (PrefillSchedule s : {PrefillSchedule::kAuto, PrefillSchedule::kQueryMajor, PrefillSchedule::kKvMajor,
                             PrefillSchedule::kHybrid})
     EXPECT_EQ(parse_sparse_attention_options(std::string("schedule=") + option_name(s)).schedule, s);
-  for (KvMajorKernel k : {KvMajorKernel::kAuto, KvMajorKernel::kMmaSync, KvMajorKernel::kWgmma})
+  for (KvMajorKernel k : {KvMajorKernel::kAuto, KvMajorKernel::kMmaSync, KvMajorKernel::kWgmma, KvMajorKernel::kTma})
     EXPECT_EQ(parse_sparse_attention_options(std::string("kv_major_kernel=") + option_name(k)).kv_major_kernel, k);
   for (TileKernel k : {TileKernel::kAuto, TileKernel::kCpAsync, TileKernel::kTma})
     EXPECT_EQ(parse_sparse_attention_options(std::string("tile_kernel=") + option_name(k)).tile_kernel, k);
@@ -978,7 +1021,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     expect_error([&] { parse_sparse_attention_options(text); }, ErrorKind::kValue, needle);
   };
   bad("schedule=fast", "schedule must be auto, query_major, kv_major or hybrid, got 'fast'");
-  bad("kv_major_kernel=tensor", "kv_major_kernel must be auto, mma_sync or wgmma, got 'tensor'");
+  bad("kv_major_kernel=tensor", "kv_major_kernel must be auto, mma_sync, wgmma or tma, got 'tensor'");
   for (const char* v : {"0", "-3", "abc", "1.5", ""})
     bad((std::string("chunk_rows=") + v).c_str(), "chunk_rows must be a positive integer");
   for (const char* v : {"abc", "0.5", "9", "nan", "1.5x", ""})

@@ -106,7 +106,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_attention", dict(schedule="fast"),
      "schedule must be auto, query_major, kv_major or hybrid, got 'fast'"),
     ("sparse_attention", dict(kv_major_kernel="tensor"),
-     "kv_major_kernel must be auto, mma_sync or wgmma, got 'tensor'"),
+     "kv_major_kernel must be auto, mma_sync, wgmma or tma, got 'tensor'"),
     ("sparse_attention", dict(chunk_rows=0), "chunk_rows must be a positive integer, got '0'"),
     ("sparse_attention", dict(chunk_rows=2.5), "chunk_rows must be a positive integer"),
     ("sparse_attention", dict(tile_max_waste=9), "tile_max_waste must be a number from 1 to 8"),

@@ -132,4 +132,12 @@ extern template int union_tma_sm90_ctas_per_sm<__nv_bfloat16>();
 extern template void launch_union_tma_sm90<__half>(const UnionArgs&, int, cudaStream_t);
 extern template int union_tma_sm90_ctas_per_sm<__half>();
 
+// kv_major_tma_bf16.cu
+extern template void launch_kv_major_tma_sm90<__nv_bfloat16>(const KvMajorArgs&, int, cudaStream_t);
+extern template int kv_major_tma_sm90_ctas_per_sm<__nv_bfloat16>();
+
+// kv_major_tma_fp16.cu
+extern template void launch_kv_major_tma_sm90<__half>(const KvMajorArgs&, int, cudaStream_t);
+extern template int kv_major_tma_sm90_ctas_per_sm<__half>();
+
 }  // namespace flashmsa::sparse_attn
