@@ -719,6 +719,10 @@ class Bench:
             # that the table shows what the choice costs.
             schedules = ["auto"] + (["query_major", "kv_major", "kv_major mma_sync"]
                                     if (kv, layout) == ("bf16", "flat") else [])
+            # The KV-major TMA kernel (plan option kv_major_kernel=tma, off by default): alone
+            # beside [kv_major], and under the hybrid schedule (what auto would run with it).
+            if (kv, layout) == ("bf16", "flat") and s in (8 * K, 32 * K):
+                schedules += ["kv_major tma", "hybrid tma"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]

@@ -95,6 +95,9 @@ def cases(bench: bm.Bench) -> dict:
         # Each KV-major launch group's work lists built before it (plan option lists=per_group;
         # the default builds them all at once).
         "sparse_random_32k_per_group": sparse("random", options=dict(lists="per_group")),
+        # The KV-major TMA kernel (plan option kv_major_kernel=tma, off by default; the auto
+        # schedule, so that its KV-major part runs it): docs/design/sparse_attention.md#kv-major-tma.
+        "sparse_random_32k_kv_tma": sparse("random", options=dict(kv_major_kernel="tma")),
         "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
         # Batch 1 with the splits of a row as one cluster merging in distributed shared memory
         # (split=cluster): one kernel instead of attention + combine.

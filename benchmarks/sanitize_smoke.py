@@ -481,7 +481,8 @@ class Smoke:
         hybrid), the KV-major schedule once more with small launch groups (chunk_rows=100) and the
         hybrid one with every tile of up to 96 union blocks taken (tile_max_waste=8: consumer
         warpgroups skip blocks on unrelated selections), both with the default tile kernel (TMA; fp8
-        K/V take the cp.async one) and with the cp.async one forced (tile_kernel=cp_async); both KV-major schedules once more with
+        K/V take the cp.async one) and with the cp.async one forced (tile_kernel=cp_async); the TMA
+        KV-major kernel (kv_major_kernel=tma) alone, in small groups and under hybrid; both KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
         combine's LSE resets), and with each group's work lists built before it (lists=per_group)."""
@@ -497,7 +498,14 @@ class Smoke:
                              ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8)),
                              ("hybrid/cp_async", dict(schedule="hybrid", tile_kernel="cp_async")),
                              ("hybrid/cp_async/waste8", dict(schedule="hybrid", tile_kernel="cp_async",
-                                                             tile_max_waste=8))):
+                                                             tile_max_waste=8)),
+                             # The TMA KV-major kernel (kv_major_kernel=tma; fp8 / NVFP4 K/V and
+                             # other G fall back, as the plan text says), alone, in small launch
+                             # groups (items crossing groups, lists=once), and under the tiles.
+                             ("kv_major/tma", dict(schedule="kv_major", kv_major_kernel="tma")),
+                             ("kv_major/tma/chunk100", dict(schedule="kv_major", kv_major_kernel="tma",
+                                                            chunk_rows=100)),
+                             ("hybrid/tma", dict(schedule="hybrid", kv_major_kernel="tma"))):
             self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))
 
     def _sparse_attention_cases(self, tag, ops):

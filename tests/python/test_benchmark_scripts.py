@@ -60,6 +60,8 @@ def test_profile_list_needs_no_device(capsys):
     ("query_major", dict(schedule="query_major", kv_major_kernel="auto")),
     ("kv_major", dict(schedule="kv_major", kv_major_kernel="auto")),
     ("kv_major mma_sync", dict(schedule="kv_major", kv_major_kernel="mma_sync")),
+    ("kv_major tma", dict(schedule="kv_major", kv_major_kernel="tma")),
+    ("hybrid tma", dict(schedule="hybrid", kv_major_kernel="tma")),
     ("hybrid waste=2.5", dict(schedule="hybrid", kv_major_kernel="auto", tile_max_waste="2.5")),
     ("tile_kernel=cp_async", dict(schedule="auto", kv_major_kernel="auto", tile_kernel="cp_async")),
 ])

@@ -38,7 +38,8 @@ from test_gpu_sparse_attention import (  # noqa: E402
 KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_mma_sync", "hybrid",
                                                         "hybrid_cp_async", "kv_major_lists_once",
                                                         "hybrid_lists_once", "kv_major_per_group",
-                                                        "hybrid_per_group"])
+                                                        "hybrid_per_group", "kv_major_tma",
+                                                        "hybrid_tma", "kv_major_tma_groups"])
 
 
 def check_against_reference(case, seed, got, what):

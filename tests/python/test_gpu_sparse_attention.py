@@ -61,7 +61,8 @@ BLOCK = 128
 # cases run several (an explicit chunk_rows of a test replaces the 64); kv_major_per_group /
 # hybrid_per_group: the same groups with each group's lists built before it (lists=per_group).
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
-             "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group"]
+             "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
+             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -82,6 +83,12 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_per_group": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
                                    lists="per_group", chunk_rows=64),
         "hybrid_per_group": dict(schedule="hybrid", kv_major_kernel="auto", lists="per_group", chunk_rows=64),
+        # The TMA KV-major kernel (kv_major_kernel=tma; where it does not apply, e.g. fp8 / NVFP4
+        # K/V, G = 4, or off sm_90, the plan falls back to the kernel auto takes): alone, under
+        # the tiles, and in launch groups of 64 rows.
+        "kv_major_tma": dict(schedule="kv_major", kv_major_kernel="tma"),
+        "hybrid_tma": dict(schedule="hybrid", kv_major_kernel="tma"),
+        "kv_major_tma_groups": dict(schedule="kv_major", kv_major_kernel="tma", chunk_rows=64),
     }[schedule]
     return {**options, **extra}
 
@@ -448,7 +455,7 @@ def test_schedules_agree(selection):
         check_lse(got["query_major"][1], res[1], f"query_major vs {name} lse", atol=1e-3)
 
 
-@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync"])
+@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "kv_major_tma"])
 @pytest.mark.parametrize("chunk_rows", [1, 37, 500])
 def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     """A KV-major partial depends only on its (row, block): any split of the rows into launch
@@ -464,7 +471,7 @@ def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     check_lse(grouped[2], cpu[2], "lse_t")
 
 
-@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "hybrid"])
+@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "hybrid", "kv_major_tma", "hybrid_tma"])
 @pytest.mark.parametrize("chunk_rows", [1, 37, 500])
 def test_lists_once_is_bitwise_per_group(chunk_rows, kernel):
     """lists=once builds the same lists as per_group (per group, in another order) and the partials
