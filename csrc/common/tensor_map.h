@@ -35,4 +35,12 @@ bool encode_kv_block_map(CUtensorMap& map, CUtensorMapDataType dtype, const KVTe
                          int num_kv_heads, uint32_t row_elems, uint32_t box0, int elem_bytes,
                          CUtensorMapSwizzle swizzle);
 
+// The maps of an attention call's 16-bit K and V blocks as the sm_90a TMA kernels read them
+// (encode_kv_block_map: 128-dim rows, 64-element boxes, 128-byte swizzle); false as above.
+inline bool encode_kv_maps_sw128(CUtensorMap& k_map, CUtensorMap& v_map, CUtensorMapDataType dtype,
+                                 const SparseAttnParams& p) {
+  return encode_kv_block_map(k_map, dtype, p.k, p.kv, p.num_kv_heads, 128, 64, 2, CU_TENSOR_MAP_SWIZZLE_128B) &&
+         encode_kv_block_map(v_map, dtype, p.v, p.kv, p.num_kv_heads, 128, 64, 2, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 }  // namespace flashmsa::cuda

@@ -454,10 +454,7 @@ void launch_kv_major_tma_sm90(const KvMajorArgs& args, int grid, cudaStream_t st
   const uint64_t o_strides[1] = {256};
   const uint32_t o_box[2] = {64, box_rows};
   const bool ok = flashmsa::cuda::encode_tensor_map_sw128(ta.q_map, ty, p.q, 3, q_dims, q_strides, q_box) &&
-                  flashmsa::cuda::encode_kv_block_map(ta.k_map, ty, p.k, p.kv, p.num_kv_heads, 128, 64, 2,
-                                                      CU_TENSOR_MAP_SWIZZLE_128B) &&
-                  flashmsa::cuda::encode_kv_block_map(ta.v_map, ty, p.v, p.kv, p.num_kv_heads, 128, 64, 2,
-                                                      CU_TENSOR_MAP_SWIZZLE_128B) &&
+                  flashmsa::cuda::encode_kv_maps_sw128(ta.k_map, ta.v_map, ty, p) &&
                   flashmsa::cuda::encode_tensor_map_sw128(ta.o_map, ty, args.part_o, 2, o_dims, o_strides, o_box);
   MSA_CHECK_SUPPORTED(ok, "kv_major_kernel=tma: the driver rejected the TMA descriptors of q / k / v / partials");
   auto* kernel = kv_major_tma_sm90_kernel<Elem>;

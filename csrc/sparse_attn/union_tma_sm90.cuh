@@ -297,10 +297,7 @@ void launch_union_tma_sm90(const UnionArgs& args, int grid, cudaStream_t stream)
   const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
   const uint32_t q_box[3] = {64, box_h, 64 / box_h};
   const bool ok = flashmsa::cuda::encode_tensor_map_sw128(ta.q_map, ty, p.q, 3, q_dims, q_strides, q_box) &&
-                  flashmsa::cuda::encode_kv_block_map(ta.k_map, ty, p.k, p.kv, p.num_kv_heads, 128, 64, 2,
-                                                      CU_TENSOR_MAP_SWIZZLE_128B) &&
-                  flashmsa::cuda::encode_kv_block_map(ta.v_map, ty, p.v, p.kv, p.num_kv_heads, 128, 64, 2,
-                                                      CU_TENSOR_MAP_SWIZZLE_128B);
+                  flashmsa::cuda::encode_kv_maps_sw128(ta.k_map, ta.v_map, ty, p);
   MSA_CHECK_SUPPORTED(ok, "tile_kernel=tma: the driver rejected the TMA descriptors of q / k / v");
   auto* kernel = union_tma_sm90_kernel<Elem>;
   constexpr int smem = UnionTmaConfig::kSmemBytes;
