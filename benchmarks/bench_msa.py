@@ -843,6 +843,10 @@ class Bench:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":
                     variants.append((" [union regs]", dict(kernel="regs", mtp="union")))
+                # 16-bit union items on the sm_90a TMA + wgmma kernel (kernel=wgmma; planned as
+                # auto where it cannot run: the plan text says why).
+                if kv == "bf16":
+                    variants.append((" [wgmma]", dict(kernel="wgmma")))
             for suffix, options in variants:
                 self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged{suffix}",
                               lambda b=b, c=ctx, q=sq, kv=kv, o=options:
@@ -955,9 +959,12 @@ class Bench:
                           "memory", ref,
                           extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
                                      kv_dtype=kv))
-            if b > STEP_VARIANT_MAX_BATCH:
-                continue
-            for suffix, options in STEP_VARIANTS:
+            # MTP steps of 16-bit K/V also with their union items on the sm_90a TMA + wgmma
+            # kernel (decode plan option kernel=wgmma), whatever the batch.
+            variants = [(" [wgmma]", dict(kernel="wgmma"))] if sq > 1 and kv == "bf16" else []
+            if b <= STEP_VARIANT_MAX_BATCH:
+                variants += list(STEP_VARIANTS)
+            for suffix, options in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
                               lambda b=b, c=ctx, q=sq, i=idx, v=kv, o=options:
                               self.build_step(b, c, q, i, v, decode_options=o),

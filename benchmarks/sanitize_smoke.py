@@ -653,6 +653,7 @@ class Smoke:
         self.decode_regs(lens)
         self.decode_mtp_union(lens)
         self.decode_mtp_union_regs(lens)
+        self.decode_mtp_wgmma(lens)
         self.decode_split_cluster(lens)
 
     def decode_split_cluster(self, lens):
@@ -825,6 +826,23 @@ class Smoke:
                     f"decode mtp union regs paged fp8 q={str(q_dtype)[6:]} {hq}/{hkv} "
                     f"sq{seqlen_q} shared={shared}")
 
+
+    def decode_mtp_wgmma(self, lens):
+        """MTP union items with bf16 / fp16 K/V on the sm_90a TMA + wgmma kernel (plan option
+        kernel=wgmma; planned as auto where it cannot run): M3, G = 8 and G = 3, seqlen_q 2 and 4,
+        shared and per-token selections, fused / split with each partial dtype, ids out of range
+        and -1 holes."""
+        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="wgmma"))
+        b = len(lens)
+        for hq, hkv, dtype in ((64, 4, BF16), (16, 2, FP16), (12, 4, BF16)):
+            cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, dtype))
+            for seqlen_q, shared in ((4, True), (4, False), (2, False)):
+                def build(hq=hq, hkv=hkv, dtype=dtype, sqd=seqlen_q, shared=shared):
+                    sel = self.mtp_selection(lens, sqd, hkv, shared)
+                    return self.rnd((b * sqd, hq, 128)).to(dtype), sel
+                self._decode_fused_and_split(
+                    ops, cache, self.lazy(build), seqlen_q, (True, False),
+                    f"decode mtp wgmma paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} shared={shared}")
 
     def _decode_fused_and_split(self, ops, cache, q_sel, seqlen_q, fuseds, name):
         """Paged decode calls of one problem (cache: K/V, page table, lengths; q_sel: q and the

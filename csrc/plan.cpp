@@ -50,7 +50,8 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
                                                  {DecodeKernel::kRegs, "regs"},
-                                                 {DecodeKernel::kRegsPipe, "regs_pipe"}};
+                                                 {DecodeKernel::kRegsPipe, "regs_pipe"},
+                                                 {DecodeKernel::kWgmma, "wgmma"}};
 
 constexpr Named<int> kDecodeCtas[] = {{0, "auto"}, {2, "2"}, {3, "3"}, {4, "4"}};
 constexpr Named<int> kDecodeIlp[] = {{0, "auto"}, {1, "1"}, {2, "2"}};

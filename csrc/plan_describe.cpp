@@ -119,6 +119,13 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
       << plan.qm.mtp_tokens << " tokens' blocks once)";
   else
     s << "schedule=query_major (decode always: a CTA per (token, kv head) streams its blocks)";
+  if (plan.qm.wgmma) {
+    s << "; kernel=wgmma (sm_90a: TMA loads of each item's union blocks through a 3-stage K / V ring by "
+         "a producer warp, one warpgroup's wgmma tiles of all 64 rows; a persistent grid of "
+      << plan.qm.grid << " CTAs, one per SM)";
+  } else if (plan.qm.wgmma_fallback != nullptr) {
+    s << "; kernel=wgmma falls back to auto's kernel: " << plan.qm.wgmma_fallback;
+  }
   if (plan.qm.regs && plan.qm.mtp_tokens > 0) {  // fp8 K/V only
     s << "; kernel=regs (the 4 warps split the keys of Q K^T and the head dims of P V over all "
          "rows, 2 stages of 32 KB; fp8 K/V converted in registers)";

@@ -68,6 +68,14 @@ void launch_union_tma_sm90(const UnionArgs& args, int grid, cudaStream_t stream)
 template <typename Elem>
 int union_tma_sm90_ctas_per_sm();
 
+// MTP union items on sm_90a with TMA loads and warpgroup MMAs (mtp_wgmma_sm90.cuh; decode plan
+// option kernel=wgmma): bf16 / fp16 q, K and V of the compute dtype; a persistent grid of `grid`
+// CTAs (at most ctas_per_sm per SM, 0 where the device cannot run it).
+template <typename Elem>
+void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, cudaStream_t stream);
+template <typename Elem>
+int mtp_wgmma_sm90_ctas_per_sm();
+
 // KV-major list building (kv_major_lists.cu): once per call, then once per launch group.
 void launch_kv_major_prepare(const KvMajorArgs& args, int num_sms, cudaStream_t stream);
 void launch_kv_major_lists(const KvMajorArgs& args, cudaStream_t stream);

@@ -27,14 +27,21 @@ StoreKind compute_store_kind(const SparseAttnParams& p) {
 // options / facts: decode only (prefill passes the defaults: smem kernel, per-token items).
 QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int force_fused,
                                 StoreKind part_kind, WorkspaceLayout& ws,
-                                const SparseDecodeOptions& options = {}, int regs_ctas = 0,
-                                int cluster_max = 0) {
+                                const SparseDecodeOptions& options = {},
+                                const SparseAttnDeviceFacts& facts = {}) {
   QueryMajorPlan plan;
   const int group = p.num_heads / p.num_kv_heads;
   const bool mtp = options.mtp != DecodeMtp::kPerToken &&
                    mtp_union_applies(p.qi.cu_seqlens_q != nullptr, p.qi.seqlen_q, group, p.topk,
                                      p.batch, p.total_q);
   plan.mtp_tokens = mtp ? p.qi.seqlen_q : 0;
+  // kernel=wgmma: the sm_90a union kernel where it runs; elsewhere the call is planned as auto.
+  if (options.kernel == DecodeKernel::kWgmma) {
+    plan.wgmma_fallback = mtp_wgmma_unsupported(p, mtp, facts);
+    plan.wgmma = plan.wgmma_fallback == nullptr;
+  }
+  const DecodeKernel kernel = options.kernel == DecodeKernel::kWgmma ? DecodeKernel::kAuto : options.kernel;
+  const int regs_ctas = facts.decode_regs_ctas, cluster_max = facts.decode_cluster_max;
   // G <= 16 fills one m16 tile per token (M3: G = 16 exactly); larger groups and MTP union items
   // (tokens x G rows) take 64-row tiles.
   plan.warps_m = group <= 16 && !mtp ? 1 : 4;
@@ -46,8 +53,8 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // G > 16 keep smem (NVFP4 union items in registers: 168.3 vs 153.1 us for the smem union kernel
   // at 5b22cb3, removed).
   const bool quantized_kv = p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4;
-  const bool want_regs = options.kernel == DecodeKernel::kRegs || options.kernel == DecodeKernel::kRegsPipe ||
-                         (options.kernel == DecodeKernel::kAuto && quantized_kv);
+  const bool want_regs = !plan.wgmma && (kernel == DecodeKernel::kRegs || kernel == DecodeKernel::kRegsPipe ||
+                                         (kernel == DecodeKernel::kAuto && quantized_kv));
   plan.regs = want_regs && (mtp ? p.k.dtype == DType::kFP8E4M3 : plan.warps_m == 1 && regs_ctas > 0);
   // nvfp4_cvt: the 16-row register kernel's NVFP4 conversion a word at a time (auto, word) or a
   // byte at a time (H200 at f4fdc62, B64/32K: word 61.4 vs 67.8 us; B1 30.0 vs 29.3 us).
@@ -57,7 +64,8 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
   const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads
                             : int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
-  const int target_ctas = query_major_target_ctas(plan.regs, mtp);
+  // The wgmma kernel runs one CTA per SM (its 226 KB of shared memory).
+  const int target_ctas = plan.wgmma ? facts.decode_mtp_wgmma_ctas : query_major_target_ctas(plan.regs, mtp);
   plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas);
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
@@ -79,6 +87,10 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   plan.pipe = options.kernel == DecodeKernel::kRegsPipe && plan.regs && !mtp &&
               p.k.dtype == DType::kFP8E4M3 && !plan.cluster;
   plan.num_items = items * plan.splits;
+  // kernel=wgmma: persistent CTAs, at most one per SM and item (a CTA takes items blockIdx.x,
+  // + grid, ...).
+  if (plan.wgmma)
+    plan.grid = int(std::min<int64_t>(plan.num_items, int64_t(facts.decode_mtp_wgmma_ctas) * num_sms));
   if (!plan.fused && !plan.cluster) {
     const int64_t slots = int64_t(p.total_q) * p.num_heads * plan.splits;
     plan.part_o_off = ws.take("qm.part_o", size_t(slots) * 128 * store_kind_bytes(part_kind));
@@ -98,6 +110,23 @@ int tile_ctas(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
 }
 
 }  // namespace
+
+const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts) {
+  if (!mtp)
+    return "no MTP union items in this call (per-token items, or mtp=per_token): the wgmma kernel runs "
+           "union items only";
+  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
+  if (p.q_dtype != compute) return "fp8 q (the wgmma kernel loads bf16 / fp16 q by TMA)";
+  if (p.k.dtype != compute || p.v.dtype != compute)
+    return "fp8 / NVFP4 K/V (the wgmma kernel loads 16-bit K and V of the compute dtype)";
+  if (facts.decode_mtp_wgmma_ctas <= 0 || facts.num_sms <= 0)
+    return "the wgmma kernel cannot run on this device (needs an sm_90 GPU and the library's sm_90a image)";
+  // TMA coordinates are 32-bit: rows of q, flat K/V rows (a box reaches 128 past the last block).
+  if (p.total_q >= (int64_t(1) << 31) || (!p.kv.paged && p.kv.total_k >= (int64_t(1) << 31) - kBlockSize) ||
+      (p.kv.paged && p.kv.num_pages <= 0))
+    return "q or K/V rows beyond TMA's 32-bit coordinates";
+  return nullptr;
+}
 
 const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
   const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
@@ -307,8 +336,7 @@ SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttn
   // to the compute dtype above (docs/semantics.md#decode); the fuzzer found NVFP4 V with fp8
   // partials off by 4x on the H200 (values above 448 clamped).
   plan.schedule = PrefillSchedule::kQueryMajor;
-  plan.qm = plan_query_major(p, facts.num_sms, dp.force_fused, part_kind, plan.workspace, options,
-                             facts.decode_regs_ctas, facts.decode_cluster_max);
+  plan.qm = plan_query_major(p, facts.num_sms, dp.force_fused, part_kind, plan.workspace, options, facts);
   plan.bytes = plan.workspace.bytes;
   return plan;
 }

@@ -172,16 +172,23 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
   return __popc(k0) + __popc(k1) + __popc(t0) + __popc(t1);
 }
 
+// Split s's share of an MTP union item's blocks, as one warp finds it: entry lane + 32 h of the
+// request's lists (token-major) is blk[h], the per-token visible key counts of its block (byte t:
+// keys token t sees, 0 when t did not select it) are counts[h], and sel[h] says that the entry is
+// the first naming its block (the union's order) and that the block is in split s's share (the
+// union index of a kept entry is its rank among the warp's sel entries, h = 0 before h = 1).
+struct MtpUnionEntries {
+  int blk[2];
+  uint32_t counts[2];
+  bool sel[2];
+};
+
 // Warp 0, MTP union item (args.mtp_tokens > 0): the rows of request b (its n_tok <= 4 tokens, each
-// with its own q2k list) and kv head kh. Builds the union of the tokens' used, visible, valid-page
-// blocks (token 0's list order, then the blocks token 1 adds, ...; semantics.h rules per token),
-// takes split s's share of it and cuts each block into <= 2 tiles of 64 keys holding the keys below
-// the largest limit. TileDesc.pad packs, per token t (byte t), how many leading keys of the tile t
-// sees: 0 when t did not select the block. Returns the number of tiles (all lanes).
-// kTileKeys = 128 (the register conversion): one tile per block.
-template <int kTileKeys = kQmTileKeys>
-MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int split,
-                             TileDesc* s_tiles, int* s_list, int lane) {
+// with its own q2k list, read into s_list) and kv head kh. The union of the tokens' used, visible,
+// valid-page blocks (token 0's list order, then the blocks token 1 adds, ...; semantics.h rules per
+// token) and split s's share of it.
+MSA_DEVICE MtpUnionEntries mtp_union_entries(const QueryMajorArgs& args, int b, int kh, int split,
+                                             int* s_list, int lane) {
   const SparseAttnParams& p = args.p;
   const int seqlen_k = kv_seqlen(p.kv, b);
   const int nb = num_blocks(seqlen_k);
@@ -243,15 +250,37 @@ MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int spli
   const int per_split = (n_used + args.splits - 1) / args.splits;
   const int s_begin = split * per_split;
   const int s_end = min(n_used, s_begin + per_split);
+  MtpUnionEntries r;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rank = h == 0 ? __popc(u0 & lt_mask) : __popc(u0) + __popc(u1 & lt_mask);
+    r.sel[h] = keep[h] && rank >= s_begin && rank < s_end;
+    r.blk[h] = v[h];
+    r.counts[h] = packed[h];
+  }
+  return r;
+}
+
+// Warp 0, MTP union item: split s's share of the union (mtp_union_entries) cut into <= 2 tiles of
+// 64 keys per block holding the keys below the largest limit. TileDesc.pad packs, per token t (byte
+// t), how many leading keys of the tile t sees: 0 when t did not select the block. Returns the
+// number of tiles (all lanes). kTileKeys = 128 (the register conversion): one tile per block.
+template <int kTileKeys = kQmTileKeys>
+MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int split,
+                             TileDesc* s_tiles, int* s_list, int lane) {
+  const SparseAttnParams& p = args.p;
+  const MtpUnionEntries ue = mtp_union_entries(args, b, kh, split, s_list, lane);
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  const bool(&sel)[2] = ue.sel;
+  const int(&v)[2] = ue.blk;
+  const uint32_t(&packed)[2] = ue.counts;
   int vmax[2];
-  bool two[2], sel[2];
+  bool two[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     vmax[h] = 0;
 #pragma unroll
     for (int t = 0; t < 4; ++t) vmax[h] = max(vmax[h], int((packed[h] >> (8 * t)) & 0xFFu));
-    const int rank = h == 0 ? __popc(u0 & lt_mask) : __popc(u0) + __popc(u1 & lt_mask);
-    sel[h] = keep[h] && rank >= s_begin && rank < s_end;
     two[h] = sel[h] && vmax[h] > kTileKeys;
   }
   const uint32_t k0 = __ballot_sync(0xffffffffu, sel[0]);

@@ -166,6 +166,16 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       }
       return;
     }
+    if (plan.wgmma) {  // kernel=wgmma: MTP union items on the sm_90a kernel
+      MSA_CHECK(plan.mtp_tokens > 0 && !plan.cluster, "msa_sparse_decode_attention: kernel=wgmma planned "
+                "without MTP union items (planner bug)");
+      if constexpr (kKv == KvKind::kNative) {
+        launch_mtp_wgmma_sm90<Elem>(a, plan.grid, stream);
+      } else {
+        MSA_FAIL("msa_sparse_decode_attention: kernel=wgmma needs 16-bit K/V (planner bug)");
+      }
+      return;
+    }
     if (plan.regs && plan.mtp_tokens > 0) {  // MTP union items, fp8 K/V converted in registers
       if constexpr (kKv == KvKind::kFp8) {
         launch_query_major<Elem, kKv, 4, true, true>(a, stream);
@@ -329,6 +339,7 @@ SparseAttnDeviceFacts device_facts(const SparseAttnParams& p, bool decode) {
   if (decode) {  // decode is query-major only
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
       f.decode_cluster_max = query_major_cluster_max<Elem, kKv>(f.decode_regs_ctas > 0);
+      if constexpr (kKv == KvKind::kNative) f.decode_mtp_wgmma_ctas = mtp_wgmma_sm90_ctas_per_sm<Elem>();
     });
     return f;
   }

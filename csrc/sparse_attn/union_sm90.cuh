@@ -158,6 +158,20 @@ MSA_DEVICE UnionRows union_rows(int wg, int warp, int gid, int G) {
   return r;
 }
 
+// The online softmax of fragment row h over one block whose first lim keys it sees (<= 0: none),
+// s becoming P. Uniform choices outside the element loops: the mask only where keys are cut, the
+// temperature sum only where it is asked for.
+MSA_DEVICE void union_softmax_row_lim(float (&s)[16][4], int h, int lim, bool has_temp, float sc, float temp,
+                                      int tig, float& m, float& l, float& lt, float& alpha) {
+  if (lim >= kBlockSize) {
+    if (has_temp) union_softmax_row<false, true>(s, h, lim, sc, temp, tig, m, l, lt, alpha);
+    else union_softmax_row<false, false>(s, h, lim, sc, temp, tig, m, l, lt, alpha);
+  } else {
+    if (has_temp) union_softmax_row<true, true>(s, h, lim, sc, temp, tig, m, l, lt, alpha);
+    else union_softmax_row<true, false>(s, h, lim, sc, temp, tig, m, l, lt, alpha);
+  }
+}
+
 // The online softmax of both fragment rows over union block u (first key j0, token mask msk): a row
 // whose token did not select it sees nothing of it, the others their causal limit. s becomes P.
 MSA_DEVICE void union_block_softmax(float (&s)[16][4], const UnionTilePlan& pl, const UnionRows& rows,
@@ -166,15 +180,7 @@ MSA_DEVICE void union_block_softmax(float (&s)[16][4], const UnionTilePlan& pl, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int lim = ((msk >> rows.tok[h]) & 1u) ? min(kBlockSize, pl.lim[rows.tok[h]] - j0) : 0;
-    // Uniform choices outside the element loops: the mask only where keys are cut, the
-    // temperature sum only where it is asked for.
-    if (lim >= kBlockSize) {
-      if (has_temp) union_softmax_row<false, true>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
-      else union_softmax_row<false, false>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
-    } else {
-      if (has_temp) union_softmax_row<true, true>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
-      else union_softmax_row<true, false>(s, h, lim, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
-    }
+    union_softmax_row_lim(s, h, lim, has_temp, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
   }
 }
 

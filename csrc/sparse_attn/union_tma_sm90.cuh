@@ -62,6 +62,41 @@ static_assert(UnionTmaConfig::kQOffset % 1024 == 0 && UnionTmaConfig::kKOffset %
               "swizzled tiles start on 1024-byte boundaries");
 
 #if MSA_HAS_WGMMA
+// TMA coordinates of one 128-key block of K or V of sequence b and kv head kh: paged maps at the
+// block's page, flat ones at its first row (row0: the sequence's first row). The caller's plan holds
+// only blocks with a valid page, so the page is >= 0 here.
+struct KvBlockCoords {
+  int c1, c2, c3;
+};
+MSA_DEVICE KvBlockCoords kv_block_coords(const SparseAttnParams& p, int b, int kh, int blk, int64_t row0) {
+  return {p.kv.paged ? 0 : kh, p.kv.paged ? kh : int(row0 + blk * kBlockSize),
+          p.kv.paged ? int(kv_page(p.kv, b, blk)) : 0};
+}
+
+// The block at c (its two 64-dim halves, one box each) into the [2][128][64] swizzled tile at dst,
+// its bytes announced on bar (expect_tx, an arrival).
+MSA_DEVICE void tma_load_kv_block(bool paged, const CUtensorMap* map, uint32_t dst, uint32_t bar,
+                                  const KvBlockCoords& c) {
+  mbar_expect_tx(bar, kBlockSize * 256);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (paged) tma_load_4d(dst + half * (kBlockSize * 128), map, bar, 64 * half, c.c1, c.c2, c.c3);
+    else tma_load_3d(dst + half * (kBlockSize * 128), map, bar, 64 * half, c.c1, c.c2);
+  }
+}
+
+// Zeroes rows n_valid..127 of a landed [2][128][64] tile (a warp, lane 0..31): TMA reads rows past
+// a block's last visible key from wherever they lie (the next sequence, a page's unused rows), and
+// P = 0 times a NaN there would be NaN. Fenced for the async proxy (wgmma reads, TMA overwrites).
+MSA_DEVICE void zero_tile_rows_from(uint8_t* tile, int n_valid, int lane) {
+  for (int c = n_valid * 8 + lane; c < kBlockSize * 8; c += 32) {  // 8 chunks of 16 bytes per row and half
+    const int row = c >> 3, ch = c & 7;
+    *reinterpret_cast<uint4*>(tile + row * 128 + ch * 16) = make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(tile + kBlockSize * 128 + row * 128 + ch * 16) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fence_proxy_async_smem();
+}
+
 // The producer warp (lane 0..31): see the top of the file.
 template <typename Elem>
 MSA_DEVICE void union_tma_producer(const UnionTmaArgs& ta, uint8_t* smem, uint32_t bars, int lane) {
@@ -111,35 +146,18 @@ MSA_DEVICE void union_tma_producer(const UnionTmaArgs& ta, uint8_t* smem, uint32
       const uint32_t parity = ((kv >> 1) & 1) ^ 1;
       const int blk = pl.block[u], j0 = blk * kBlockSize;
       const bool partial = seqlen_k - j0 < kBlockSize;
-      // The plan holds only blocks with a valid page (union_plan.cu), so page >= 0 here.
-      const int c1 = p.kv.paged ? 0 : kh, c2 = p.kv.paged ? kh : int(row0 + j0);
-      const int c3 = p.kv.paged ? int(kv_page(p.kv, b, blk)) : 0;
-      auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar) {
-        mbar_expect_tx(bar, Cfg::kKvBytes);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          if (p.kv.paged) tma_load_4d(dst + half * (kBlockSize * 128), map, bar, 64 * half, c1, c2, c3);
-          else tma_load_3d(dst + half * (kBlockSize * 128), map, bar, 64 * half, c1, c2);
-        }
-      };
+      const KvBlockCoords c = kv_block_coords(p, b, kh, blk, row0);
       const uint32_t sK = sK_addr + st * Cfg::kKvBytes, sV = sV_addr + st * Cfg::kKvBytes;
       if (lane == 0) {
         mbar_wait(k_empty + 8 * st, parity);
-        load(&ta.k_map, sK, k_full + 8 * st);
+        tma_load_kv_block(p.kv.paged, &ta.k_map, sK, k_full + 8 * st, c);
         mbar_wait(v_empty + 8 * st, parity);
-        load(&ta.v_map, sV, partial ? v_fix : v_full + 8 * st);
+        tma_load_kv_block(p.kv.paged, &ta.v_map, sV, partial ? v_fix : v_full + 8 * st, c);
       }
       if (partial) {
         mbar_wait(v_fix, fixes & 1);
         ++fixes;
-        const int n_valid = max(seqlen_k - j0, 0);
-        uint8_t* v = smem + Cfg::kVOffset + st * Cfg::kKvBytes;
-        for (int c = n_valid * 8 + lane; c < kBlockSize * 8; c += 32) {  // 8 chunks of 16 bytes per row and half
-          const int row = c >> 3, ch = c & 7;
-          *reinterpret_cast<uint4*>(v + row * 128 + ch * 16) = make_uint4(0u, 0u, 0u, 0u);
-          *reinterpret_cast<uint4*>(v + kBlockSize * 128 + row * 128 + ch * 16) = make_uint4(0u, 0u, 0u, 0u);
-        }
-        fence_proxy_async_smem();  // generic writes, read by wgmma / overwritten by TMA next
+        zero_tile_rows_from(smem + Cfg::kVOffset + st * Cfg::kKvBytes, max(seqlen_k - j0, 0), lane);
         __syncwarp();
         if (lane == 0) mbar_arrive(v_full + 8 * st);
       }

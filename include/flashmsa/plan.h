@@ -138,7 +138,13 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // block with P V of block i; K and V halves as separate cp.async groups, the same 3 stages and
 // results; per-token items without split=cluster, where the regs kernel runs; elsewhere as regs).
 // Not yet measured (docs/design/sparse_attention.md#decode-regs-pipe); auto never picks it.
-enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2, kRegsPipe = 3 };
+// wgmma: MTP union items with bf16 / fp16 q, K and V on the sm_90a kernel of warpgroup MMAs and TMA
+// loads (csrc/sparse_attn/mtp_wgmma_sm90.cuh: a persistent CTA per SM, a producer warp streaming
+// each item's union blocks through a 3-stage K / V ring, one consumer warpgroup computing all 64
+// rows); every other call (per-token items, fp8 / NVFP4 K/V, fp8 q, no sm_90a image or device,
+// q / K / V beyond TMA's 32-bit coordinates) is planned as auto and the plan text says why
+// (mtp_wgmma_unsupported). Not measured yet: auto never takes it.
+enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2, kRegsPipe = 3, kWgmma = 4 };
 // MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
 // over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,
 // seqlen_q x topk <= 64). auto: union where it applies (H200 at 162e97a, B64/32K, 4 tokens: 105 vs
@@ -219,7 +225,7 @@ struct TopkSelectOptions {
 // 2; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
-// Options of msa_sparse_decode_attention: kernel=auto|smem|regs, mtp=auto|per_token|union,
+// Options of msa_sparse_decode_attention: kernel=auto|smem|regs|regs_pipe|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
@@ -244,6 +250,7 @@ struct SparseAttnDeviceFacts {
   int tile_tma_ctas = 0;                   // its TMA variant (16-bit K/V only)
   int decode_regs_ctas = 0;                // streaming decode variant (0: < 105 KB per CTA)
   int decode_cluster_max = 0;              // split=cluster: largest cluster (0: no clusters)
+  int decode_mtp_wgmma_ctas = 0;           // kernel=wgmma's MTP union kernel (16-bit K/V only)
 };
 
 // Of a top-k call on the current device (0: unknown; by_size then takes the radix kernel).
@@ -300,6 +307,11 @@ struct QueryMajorPlan {
   // (a static string for the plan text), nullptr otherwise.
   bool cluster = false;
   const char* cluster_fallback = nullptr;
+  // kernel=wgmma where it runs: MTP union items on the sm_90a TMA + wgmma kernel, a persistent grid
+  // of `grid` CTAs; wgmma_fallback: why a kernel=wgmma call is planned as auto instead (static).
+  bool wgmma = false;
+  int grid = 0;
+  const char* wgmma_fallback = nullptr;
   StoreKind part_kind = StoreKind::kBF16;
   int64_t num_items = 0;
   size_t part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
@@ -388,6 +400,10 @@ const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttn
                                      int64_t chunk_rows);
 SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnDeviceFacts& facts,
                                   const SparseDecodeOptions& options = {});
+// Why kernel=wgmma's MTP union kernel does not run these params with these facts (a static string,
+// kept in QueryMajorPlan::wgmma_fallback for the plan text), or nullptr where it runs. mtp: whether
+// the call has MTP union items.
+const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts);
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);
 // Whether the proxy decode kernel runs a call: at most 16 query heads per KV head (the G heads of
 // a token fill one 16-row MMA pass), reduce_heads only with one KV head, NVFP4 q and k together.

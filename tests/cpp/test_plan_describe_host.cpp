@@ -232,6 +232,31 @@ TEST(PlanDescribe, DecodeMtpUnionRegsNamesItsConversion) {
   }
 }
 
+TEST(PlanDescribe, DecodeNamesTheWgmmaKernelOrWhyNot) {
+  SparseDecodeOptions w;
+  w.kernel = DecodeKernel::kWgmma;
+  SparseDecodeParams dp{};
+  dp.attn = attn(256);  // 64 requests of 4 tokens, G = 16
+  dp.attn.batch = dp.attn.kv.batch = 64;
+  dp.attn.qi.seqlen_q = 4;
+  dp.force_fused = -1;
+  SparseAttnDeviceFacts f = hopper();
+  f.decode_mtp_wgmma_ctas = 1;
+  const std::string d = describe_decode(plan_sparse_decode(dp, f, w), dp.attn);
+  EXPECT_TRUE(has(d, "mtp=union")) << d;
+  EXPECT_TRUE(has(d, "; kernel=wgmma (sm_90a: TMA loads")) << d;
+  EXPECT_TRUE(has(d, "a persistent grid of 132 CTAs")) << d;
+  const std::string no_dev = describe_decode(plan_sparse_decode(dp, hopper(), w), dp.attn);
+  EXPECT_TRUE(has(no_dev, "kernel=wgmma falls back to auto's kernel: the wgmma kernel cannot run on this device"))
+      << no_dev;
+  dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
+  const std::string fp8 = describe_decode(plan_sparse_decode(dp, f, w), dp.attn);
+  EXPECT_TRUE(has(fp8, "kernel=wgmma falls back to auto's kernel: fp8 / NVFP4 K/V")) << fp8;
+  EXPECT_TRUE(has(fp8, "; kernel=regs (the 4 warps split")) << fp8;
+  // auto never names it.
+  EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f), dp.attn), "wgmma"));
+}
+
 TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   SparseDecodeParams dp{};
   dp.attn = attn(64);

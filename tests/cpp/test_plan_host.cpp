@@ -852,6 +852,84 @@ SparseDecodeParams mtp_decode(int batch, int seqlen_q, int hq = 64, int hkv = 4,
   return d;
 }
 
+// kernel=wgmma: bf16 / fp16 MTP union items on the sm_90a TMA + wgmma kernel (one CTA per SM, a
+// persistent grid of at most one CTA per SM and item); every other call planned as auto, with the
+// reason kept for the plan text.
+TEST(PlanDecode, MtpWgmmaWhereItRunsElseAuto) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  h200.decode_mtp_wgmma_ctas = 1;
+  SparseDecodeOptions w;
+  w.kernel = DecodeKernel::kWgmma;
+  // B64, 4 tokens, M3: 256 items on 132 SMs, fused, 132 persistent CTAs.
+  const QueryMajorPlan b64 = plan_sparse_decode(mtp_call(64, 4), h200, w).qm;
+  EXPECT_TRUE(b64.wgmma);
+  EXPECT_EQ(b64.wgmma_fallback, nullptr);
+  EXPECT_FALSE(b64.regs);
+  EXPECT_EQ(b64.mtp_tokens, 4);
+  EXPECT_EQ(b64.splits, 1);
+  EXPECT_TRUE(b64.fused);
+  EXPECT_EQ(b64.num_items, 256);
+  EXPECT_EQ(b64.grid, 132);
+  // The same items as the smem union kernel's at that size (auto).
+  EXPECT_EQ(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.num_items, 256);
+  // B8: 32 items, split for one CTA per SM: ceil(132 / 32) = 5 -> 4 splits of 16 (no empty split).
+  const QueryMajorPlan b8 = plan_sparse_decode(mtp_call(8, 4), h200, w).qm;
+  EXPECT_TRUE(b8.wgmma);
+  EXPECT_EQ(b8.splits, 4);
+  EXPECT_FALSE(b8.fused);
+  EXPECT_EQ(b8.num_items, 128);
+  EXPECT_EQ(b8.grid, 128);
+  expect_layout_sound(plan_sparse_decode(mtp_call(8, 4), h200, w));
+  // Forced split-K / fused keep their meaning.
+  SparseDecodeParams split = mtp_call(64, 4);
+  split.force_fused = 0;
+  EXPECT_TRUE(plan_sparse_decode(split, h200, w).qm.wgmma);
+  EXPECT_FALSE(plan_sparse_decode(split, h200, w).qm.fused);
+  // Fallbacks, each planned as auto would plan it.
+  auto expect_auto = [&](const SparseDecodeParams& dp, const SparseAttnDeviceFacts& f, const char* why) {
+    const QueryMajorPlan got = plan_sparse_decode(dp, f, w).qm;
+    const QueryMajorPlan want = plan_sparse_decode(dp, f, {}).qm;
+    EXPECT_FALSE(got.wgmma) << why;
+    ASSERT_NE(got.wgmma_fallback, nullptr) << why;
+    EXPECT_NE(std::string(got.wgmma_fallback).find(why), std::string::npos) << got.wgmma_fallback;
+    EXPECT_EQ(got.regs, want.regs) << why;
+    EXPECT_EQ(got.mtp_tokens, want.mtp_tokens) << why;
+    EXPECT_EQ(got.splits, want.splits) << why;
+    EXPECT_EQ(got.num_items, want.num_items) << why;
+    EXPECT_EQ(got.grid, 0) << why;
+  };
+  expect_auto(mtp_call(64, 1), h200, "no MTP union items");  // decode, one token
+  expect_auto(mtp_call(8, 5), h200, "no MTP union items");   // union items do not apply
+  SparseDecodeOptions wp = w;
+  wp.mtp = DecodeMtp::kPerToken;
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(8, 4), h200, wp).qm.wgmma);
+  SparseDecodeParams fp8 = mtp_call(64, 4);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  expect_auto(fp8, h200, "fp8 / NVFP4 K/V");
+  EXPECT_TRUE(plan_sparse_decode(fp8, h200, w).qm.regs);  // auto's fp8 union register kernel
+  SparseDecodeParams nvfp4 = mtp_call(64, 4);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  expect_auto(nvfp4, h200, "fp8 / NVFP4 K/V");
+  SparseDecodeParams q8 = mtp_call(64, 4);
+  q8.attn.q_dtype = DType::kFP8E4M3;
+  expect_auto(q8, h200, "fp8 q");
+  SparseDecodeParams fp16 = mtp_call(64, 4);
+  fp16.attn.q_dtype = fp16.attn.out_dtype = fp16.attn.k.dtype = fp16.attn.v.dtype = DType::kFP16;
+  EXPECT_TRUE(plan_sparse_decode(fp16, h200, w).qm.wgmma);
+  expect_auto(mtp_call(64, 4), ampere(), "cannot run on this device");
+  SparseDecodeParams far = mtp_call(64, 4);
+  far.attn.kv.total_k = int64_t(1) << 31;
+  expect_auto(far, h200, "32-bit coordinates");
+  SparseDecodeParams no_pages = mtp_call(64, 4);
+  no_pages.attn = paged(no_pages.attn, 64, 16);
+  no_pages.attn.qi.seqlen_q = 4;
+  no_pages.attn.kv.num_pages = 0;
+  expect_auto(no_pages, h200, "32-bit coordinates");
+  no_pages.attn.kv.num_pages = 1024;
+  EXPECT_TRUE(plan_sparse_decode(no_pages, h200, w).qm.wgmma);
+}
+
 TEST(PlanDecode, StreamingKernelOption) {
   SparseAttnDeviceFacts f = hopper();
   f.decode_regs_ctas = 2;
@@ -1009,6 +1087,8 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_decode_options(std::string("split=") + option_name(v)).split, v);
   EXPECT_EQ(parse_sparse_decode_options("").split, DecodeSplit::kAuto);
   EXPECT_EQ(parse_sparse_decode_options("kernel=regs,split=cluster").split, DecodeSplit::kCluster);
+  EXPECT_EQ(parse_sparse_decode_options("kernel=wgmma").kernel, DecodeKernel::kWgmma);
+  EXPECT_EQ(parse_sparse_decode_options("kernel=wgmma,mtp=union").mtp, DecodeMtp::kUnion);
   EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
@@ -1071,10 +1151,10 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                              "radix_1buf, warp_split or radix_uniform, got '") + v + "'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
-               "kernel must be auto, smem, regs or regs_pipe, got 'fastest'");
+               "kernel must be auto, smem, regs, regs_pipe or wgmma, got 'fastest'");
   // kernel=regs8 (8 warps per CTA for fp8 K/V) was removed: slower than regs on the H200 (at 5b22cb3).
   expect_error([] { parse_sparse_decode_options("kernel=regs8"); }, ErrorKind::kValue,
-               "kernel must be auto, smem, regs or regs_pipe, got 'regs8'");
+               "kernel must be auto, smem, regs, regs_pipe or wgmma, got 'regs8'");
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,

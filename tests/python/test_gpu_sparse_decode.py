@@ -563,7 +563,7 @@ def test_regs_kernel_q_row_scales(q_dtype):
 
 def test_decode_kernel_option_rejects_unknown_values():
     dp = build_decode(CASES[1], seed=16)
-    with pytest.raises(ValueError, match="kernel must be auto, smem, regs or regs_pipe, got 'fastest'"):
+    with pytest.raises(ValueError, match="kernel must be auto, smem, regs, regs_pipe or wgmma, got 'fastest'"):
         msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs,
                                        options=dict(kernel="fastest"))
 
@@ -598,52 +598,85 @@ def run_mtp(dp: DecodeProblem, mtp: str = "union", kernel: str = "auto", **extra
     return run_regs(dp, kernel=kernel, mtp=mtp, **extra)
 
 
+# The union items' kernels forced: auto's (the smem union kernel for 16-bit K/V, fp8 in registers)
+# and kernel=wgmma (bf16 / fp16 union items on the sm_90a TMA + wgmma kernel, mtp_wgmma_sm90.cuh;
+# every other case, and any GPU without the sm_90a image, planned as auto: the same checks hold).
+MTP_KERNELS = ["auto", "wgmma"]
+
+
+@pytest.mark.parametrize("kernel", MTP_KERNELS)
 @pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
-@pytest.mark.parametrize("case", MTP_CASES, ids=str)
-def test_mtp_union_matches_cpu_reference(case, force_fused):
+@pytest.mark.parametrize("case", MTP_CASES + [
+    # kernel=wgmma's shapes: G = 16 at 2 / 3 tokens (32 / 48 of the 64 rows), G = 32 at 2, fp16,
+    # the partial blocks (V rows past the largest count zeroed), the scale and v_global_scale.
+    DecodeCase("m3_mtp2_bf16", 8, 2, 64, 4, seqlens="ragged"),
+    DecodeCase("g32_mtp2_bf16", 4, 2, 64, 2),
+    DecodeCase("fp16_m3_mtp4_mixed", 5, 4, 64, 4, q_dtype=FP16, kv="same", selection="tile_mixed"),
+    DecodeCase("m3_mtp4_scales_bf16", 4, 4, 64, 4, softmax_scale=-0.05, v_global_scale=3.0),
+    DecodeCase("g16_topk32_mtp2_bf16", 5, 2, 16, 1, topk=32, selection="full",
+               seqlens=[9000, 5000, 300, 4200, 129])], ids=str)
+def test_mtp_union_matches_cpu_reference(case, force_fused, kernel):
     dp, want, base_out = reference(case, seed=21)
-    got = run_mtp(dp, force_fused=force_fused)
-    check_against_reference(dp, got, want, base_out, f"{case} union fused={force_fused}")
+    got = run_mtp(dp, kernel=kernel, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} union {kernel} fused={force_fused}")
 
 
+@pytest.mark.parametrize("kernel", MTP_KERNELS)
 @pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
 @pytest.mark.parametrize("case", [c for c in MTP_CASES if c.name in (
     "m3_mtp4_distinct_bf16", "m3_mtp4_shared_fp8_union", "fp16_fp8kv_mtp4", "g3_mtp4_out_of_range")],
     ids=str)
-def test_mtp_union_partial_dtypes(case, partial_dtype):
+def test_mtp_union_partial_dtypes(case, partial_dtype, kernel):
     dp, want, base_out = reference(case, seed=22)
-    got = run_mtp(dp, force_fused=False, partial_dtype=partial_dtype)
-    check_against_reference(dp, got, want, base_out, f"{case} union partial {partial_dtype}",
+    got = run_mtp(dp, kernel=kernel, force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"{case} union {kernel} partial {partial_dtype}",
                             partial_dtype=partial_dtype)
 
 
 @pytest.mark.parametrize("case", [c for c in MTP_CASES if c.name in (
     "m3_mtp4_distinct_bf16", "m3_mtp4_shared_fp8_union", "some_empty_rows", "mtp4_invalid_pages",
     "m3_mtp3_mixed")], ids=str)
-def test_mtp_union_against_per_token(case):
+@pytest.mark.parametrize("kernel", MTP_KERNELS)
+def test_mtp_union_against_per_token(case, kernel):
     """Union and per-token items on the same data: same -inf / 0 pattern, outputs within the
     fused vs split bound; union items deterministic, paged fused and split."""
     dp = build_decode(case, seed=23)
     per_token = run_mtp(dp, mtp="per_token")
-    union = run_mtp(dp)
+    union = run_mtp(dp, kernel=kernel)
     empty = torch.isinf(union[1])
     assert torch.equal(torch.isinf(per_token[1]), empty)
     assert bool((union[0][empty] == 0).all())
     diff = float((per_token[0].double() - union[0].double()).abs().max())
     assert diff < 5e-3, f"per-token vs union: max |diff| {diff:.3e}"
     for fused in (True, False):
-        first = run_mtp(dp, force_fused=fused)
-        assert bits_equal(first, run_mtp(dp, force_fused=fused))
+        first = run_mtp(dp, kernel=kernel, force_fused=fused)
+        assert bits_equal(first, run_mtp(dp, kernel=kernel, force_fused=fused))
 
 
+@pytest.mark.parametrize("kernel", MTP_KERNELS)
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
-def test_mtp_union_paged_equals_flat(kv):
+def test_mtp_union_paged_equals_flat(kv, kernel):
     case = DecodeCase("c", 8, 4, 32, 2, kv=kv)
     flat = build_decode(case, seed=24, layout="flat")
     paged = build_decode(case, seed=24, layout="paged")
     for fused in (True, False):
-        assert bits_equal(run_mtp(flat, force_fused=fused),
-                          run_mtp(paged, force_fused=fused))
+        assert bits_equal(run_mtp(flat, kernel=kernel, force_fused=fused),
+                          run_mtp(paged, kernel=kernel, force_fused=fused))
+
+
+@pytest.mark.parametrize("kv", ["same", "fp8"])
+def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
+    """kernel=wgmma names the sm_90a kernel for 16-bit union items on an sm_90 GPU with the
+    sm_90a image; elsewhere (fp8 K/V, other GPUs, per-token items) the plan text says why it
+    falls back to auto's kernel."""
+    dp = build_decode(DecodeCase("c", 4, 4, 64, 4, kv=kv), seed=38)
+    text = _decode_plan_text(dp, dict(kernel="wgmma")).split("): ", 1)[1]
+    assert "mtp=union" in text, text
+    runs = kv == "same" and HAS_CLUSTERS  # an sm_90 device (the library is built for sm_90a there)
+    assert ("; kernel=wgmma (sm_90a" in text) == runs, text
+    assert ("kernel=wgmma falls back to auto's kernel" in text) == (not runs), text
+    per_token = _decode_plan_text(dp, dict(kernel="wgmma", mtp="per_token")).split("): ", 1)[1]
+    assert "kernel=wgmma falls back to auto's kernel: no MTP union items" in per_token, per_token
 
 
 def test_decode_mtp_option_rejects_unknown_values():

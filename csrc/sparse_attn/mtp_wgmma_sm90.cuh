@@ -1,0 +1,415 @@
+// MTP union items on Hopper (sm_90a) with TMA loads and warpgroup MMAs: the decode plan option
+// kernel=wgmma (bf16 / fp16 q, K and V of the compute dtype). Same items, plan, splits, partials,
+// combine and outputs as the query-major union items (query_major.cuh, plan_mtp_item): item =
+// (request b, kv head kh, split s), rows = the request's n_tok tokens x G heads (token-major,
+// n_tok x G <= 64: one wgmma m64 tile; M3 at 4 tokens: exactly 64 rows), blocks = split s's share
+// of the union of the tokens' selections (mtp_union_entries), each with its per-token visible key
+// counts. docs/design/sparse_attention.md "MTP union items on warpgroup MMAs" has the cost model.
+//
+// Persistent CTAs (a grid of at most one per SM, items blockIdx.x, + gridDim.x, ...) of two
+// warpgroups, warp-specialized as union_tma_sm90.cuh (read it first):
+//   producer   one warp (the other three of its warpgroup leave at once). Per item, into one of two
+//              item buffers: the union plan (mtp_union_entries: block ids and per-token counts,
+//              written by the lanes that found them), Q (one 3-D box per 64-dim half: G heads x
+//              n_tok tokens at the request's first row); then each block's K and V through a
+//              3-stage ring of [2][128][64] 128-byte-swizzled tiles (tma_load_kv_block), completing
+//              on the slots' "full" mbarriers. A block whose largest count is below 128 keys has
+//              its V rows from there on zeroed before it is published (what the smem union kernel's
+//              zero-filled loads give; P = 0 times a NaN there would be NaN). It runs ahead into
+//              the next item: the ring never drains between items.
+//   consumer   one warpgroup (128 threads), all 64 rows: S_u = Q K_u^T and O += P_{u-1} V_{u-1}
+//              both in flight, the masked online softmax of block u (row of token t: the first
+//              count_t keys; the union kernels' lazy rescale) while P V runs, P_u kept in registers
+//              (union_tma_sm90.cuh's intra-warpgroup overlap). Then out = O * v_global_scale / l
+//              and the LSEs, or the split's partial and log2 LSEs, as the query-major kernel writes
+//              them; 16-bit and fp8 outputs are staged through the consumed Q tile, fp32 partials
+//              are stored from the fragments (32 bytes per row and store: whole sectors).
+// A row of a token that did not select a block is masked (P = 0) rather than skipped, so a
+// non-finite V value in a block only another token of the request selected would reach it (as in
+// the fp8 union register kernel); finite V never does. Registers: one CTA of 256 threads per SM
+// leaves the consumers up to 255 without setmaxnreg.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "common/cuda_utils.h"
+#include "common/mbarrier.cuh"
+#include "common/tensor_map.h"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
+#include "flashmsa/error.h"
+#include "sparse_attn/query_major.cuh"
+#include "sparse_attn/union_tma_sm90.cuh"
+
+namespace flashmsa::sparse_attn {
+
+struct MtpWgmmaArgs {
+  CUtensorMap q_map;  // q as (128 dims, Hq, total_q), box (64, G, mtp_tokens)
+  CUtensorMap k_map;  // common/tensor_map.h encode_kv_block_map, box0 64
+  CUtensorMap v_map;
+  QueryMajorArgs a;
+};
+
+// One item as the producer planned it (an item buffer).
+struct MtpWgmmaPlan {
+  int none;  // 1: no work left
+  int kh, r0, n_tok, split, count;
+  int pad[2];
+  uint32_t counts[kMaxTopk];  // per union block of the split: byte t = keys token t sees
+  int block[kMaxTopk];        // the blocks (producer only)
+  int list[kMaxTopk];         // the tokens' q2k entries (mtp_union_entries' scratch)
+};
+
+struct MtpWgmmaConfig {
+  static constexpr int kConsumerThreads = 128;  // one warpgroup
+  static constexpr int kThreads = 256;          // + the producer warpgroup (one warp works)
+  static constexpr int kItemBufs = 2;
+  static constexpr int kStages = 3;  // K / V ring
+  static constexpr int kQBytes = 64 * 256;
+  static constexpr int kKvBytes = kBlockSize * 256;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kItemBufs * kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKvBytes;
+  static constexpr int kPlanOffset = kVOffset + kStages * kKvBytes;
+  static constexpr int kPlanBytes = (int(sizeof(MtpWgmmaPlan)) + 15) / 16 * 16;
+  // mbarriers: q_full[2], q_empty[2], k_full[3], k_empty[3], v_full[3], v_empty[3], v_fix
+  static constexpr int kBarOffset = kPlanOffset + kItemBufs * kPlanBytes;
+  static constexpr int kSmemBytes = kBarOffset + 17 * 8;
+};
+static_assert(MtpWgmmaConfig::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
+static_assert(MtpWgmmaConfig::kKOffset % 1024 == 0 && MtpWgmmaConfig::kVOffset % 1024 == 0,
+              "swizzled tiles start on 1024-byte boundaries");
+
+// mbarrier addresses of MtpWgmmaConfig's plan.
+struct MtpWgmmaBars {
+  uint32_t base;
+  MSA_DEVICE uint32_t q_full(int i) const { return base + 8 * i; }
+  MSA_DEVICE uint32_t q_empty(int i) const { return base + 16 + 8 * i; }
+  MSA_DEVICE uint32_t k_full(int i) const { return base + 32 + 8 * i; }
+  MSA_DEVICE uint32_t k_empty(int i) const { return base + 56 + 8 * i; }
+  MSA_DEVICE uint32_t v_full(int i) const { return base + 80 + 8 * i; }
+  MSA_DEVICE uint32_t v_empty(int i) const { return base + 104 + 8 * i; }
+  MSA_DEVICE uint32_t v_fix() const { return base + 128; }
+};
+
+// Position in the K / V ring: slot and the parity of its current phase.
+struct RingPos {
+  int st = 0;
+  uint32_t ph = 0;
+  MSA_DEVICE void advance() {
+    if (++st == MtpWgmmaConfig::kStages) {
+      st = 0;
+      ph ^= 1u;
+    }
+  }
+};
+
+#if MSA_HAS_WGMMA
+// The producer warp (lane 0..31): see the top of the file.
+MSA_DEVICE void mtp_wgmma_producer(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int lane) {
+  using Cfg = MtpWgmmaConfig;
+  const QueryMajorArgs& a = ta.a;
+  const SparseAttnParams& p = a.p;
+  const int G = a.group;
+  if (lane == 0) {
+    tma_prefetch_map(&ta.q_map);
+    tma_prefetch_map(&ta.k_map);
+    tma_prefetch_map(&ta.v_map);
+  }
+  RingPos pos;
+  int fixes = 0;  // partial blocks so far (v_fix's phase)
+  for (int it = 0;; ++it) {
+    const int tb = it & 1;
+    mbar_wait(bars.q_empty(tb), ((it >> 1) & 1) ^ 1);
+    MtpWgmmaPlan& pl = *reinterpret_cast<MtpWgmmaPlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
+    const int64_t item = blockIdx.x + int64_t(it) * gridDim.x;
+    if (item >= a.num_items) {
+      if (lane == 0) pl.none = 1;
+      mbar_arrive(bars.q_full(tb));  // every lane (the barrier counts 32): publishes "no work left"
+      return;
+    }
+    const int split = int(item % a.splits);
+    const int64_t rest = item / a.splits;
+    const int kh = int(rest % p.num_kv_heads), b = int(rest / p.num_kv_heads);
+    const RowRange rr = q_rows(p.qi, p.total_q, b);
+    const MtpUnionEntries ue = mtp_union_entries(a, b, kh, split, pl.list, lane);
+    const uint32_t lt_mask = (1u << lane) - 1u;
+    const uint32_t k0 = __ballot_sync(0xffffffffu, ue.sel[0]), k1 = __ballot_sync(0xffffffffu, ue.sel[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!ue.sel[h]) continue;
+      const int idx = h == 0 ? __popc(k0 & lt_mask) : __popc(k0) + __popc(k1 & lt_mask);
+      pl.block[idx] = ue.blk[h];
+      pl.counts[idx] = ue.counts[h];
+    }
+    const int U = __popc(k0) + __popc(k1);
+    if (lane == 0) {
+      pl.none = 0;
+      pl.kh = kh;
+      pl.r0 = rr.begin;
+      pl.n_tok = min(rr.len, a.mtp_tokens);
+      pl.split = split;
+      pl.count = U;
+    }
+    __syncwarp();  // every lane's entries are written before any lane reads them below
+    if (lane != 0) mbar_arrive(bars.q_full(tb));  // this lane's plan writes
+    if (lane == 0) {
+      const uint32_t sQ = smem_addr(smem + Cfg::kQOffset + tb * Cfg::kQBytes);
+      mbar_expect_tx(bars.q_full(tb), uint32_t(2 * 64 * 2 * G * a.mtp_tokens));
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        tma_load_3d(sQ + uint32_t(half * 64 * 128), &ta.q_map, bars.q_full(tb), 64 * half, kh * G, rr.begin);
+    }
+    const int64_t row0 = p.kv.paged ? 0 : kv_row_begin(p.kv, b);
+#pragma unroll 1
+    for (int u = 0; u < U; ++u, pos.advance()) {
+      const int blk = pl.block[u];
+      const uint32_t c = pl.counts[u];
+      const int n_valid = int(max(max(c & 0xFFu, (c >> 8) & 0xFFu), max((c >> 16) & 0xFFu, c >> 24)));
+      const bool partial = n_valid < kBlockSize;
+      const uint32_t sK = smem_addr(smem + Cfg::kKOffset + pos.st * Cfg::kKvBytes);
+      const uint32_t sV = smem_addr(smem + Cfg::kVOffset + pos.st * Cfg::kKvBytes);
+      if (lane == 0) {
+        const KvBlockCoords kc = kv_block_coords(p, b, kh, blk, row0);
+        mbar_wait(bars.k_empty(pos.st), pos.ph ^ 1);
+        tma_load_kv_block(p.kv.paged, &ta.k_map, sK, bars.k_full(pos.st), kc);
+        mbar_wait(bars.v_empty(pos.st), pos.ph ^ 1);
+        tma_load_kv_block(p.kv.paged, &ta.v_map, sV, partial ? bars.v_fix() : bars.v_full(pos.st), kc);
+      }
+      if (partial) {
+        mbar_wait(bars.v_fix(), fixes & 1);
+        ++fixes;
+        zero_tile_rows_from(smem + Cfg::kVOffset + pos.st * Cfg::kKvBytes, n_valid, lane);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bars.v_full(pos.st));
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// fp32 partial rows straight from the accumulator fragments (per store, 8 rows x 32 bytes): row
+// gid + 8 h of the warp's 16 at element offset row_off of the lane holding it (lane i < 16: row i;
+// < 0: not written), times mul[h].
+MSA_DEVICE void store_rows_f32_direct(const float (&o)[16][4], const float (&mul)[2], float* gbase,
+                                      int64_t row_off, int lane) {
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t ro = __shfl_sync(0xffffffffu, row_off, gid + 8 * h);
+    if (ro < 0) continue;
+#pragma unroll
+    for (int d = 0; d < 16; ++d)
+      *reinterpret_cast<float2*>(gbase + ro + 8 * d + 2 * tig) = make_float2(o[d][2 * h] * mul[h], o[d][2 * h + 1] * mul[h]);
+  }
+}
+
+// The item's outputs of a consumer warp (its 16 rows): final (out, LSEs) or the split's partial,
+// as the query-major kernel writes them; stage: the warp's 4 KB of the consumed Q tile.
+template <typename Elem>
+MSA_DEVICE void mtp_wgmma_epilogue(const QueryMajorArgs& a, const MtpWgmmaPlan& pl, int warp, int lane,
+                                   float (&o)[16][4], const float (&m)[2], float (&l)[2], float (&lt)[2],
+                                   uint8_t* stage) {
+  const SparseAttnParams& p = a.p;
+  const int G = a.group, gid = lane >> 2, tig = lane & 3;
+  const float temp = p.lse_temperature;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (a.has_temp) {
+      lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 1);
+      lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 2);
+    }
+  }
+  // Global row of tile row i: out's (token, head) row, or the partial's slot; -1 past the tokens.
+  auto row_of = [&](int i) -> int64_t {
+    const int t = i / G, hh = i - t * G;
+    if (t >= pl.n_tok) return -1;
+    const int64_t rq = int64_t(pl.r0) + t;
+    return a.write_final ? rq * p.num_heads + pl.kh * G + hh
+                         : ((int64_t(pl.kh) * p.total_q + rq) * a.splits + pl.split) * G + hh;
+  };
+  const int64_t lane_row = lane < 16 ? row_of(16 * warp + lane) : -1;
+  const int64_t row_off = lane_row >= 0 ? lane_row * 128 : -1;
+  float mul[2];
+  const float num = a.write_final ? p.v_global_scale : 1.0f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) mul[h] = l[h] > 0.0f ? num / l[h] : 0.0f;
+  if (a.write_final) {
+    store_rows<kElemStoreKind<Elem>>(o, mul, stage, p.out, row_off, lane);
+  } else {
+    switch (a.part_kind) {
+      case StoreKind::kF32: store_rows_f32_direct(o, mul, static_cast<float*>(a.part_o), row_off, lane); break;
+      case StoreKind::kBF16: store_rows<StoreKind::kBF16>(o, mul, stage, a.part_o, row_off, lane); break;
+      case StoreKind::kF16: store_rows<StoreKind::kF16>(o, mul, stage, a.part_o, row_off, lane); break;
+      default: store_rows<StoreKind::kFP8>(o, mul, stage, a.part_o, row_off, lane); break;
+    }
+  }
+  if (tig == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t idx = row_of(16 * warp + gid + 8 * h);
+      if (idx < 0) continue;
+      if (a.write_final) {
+        if (p.lse != nullptr) p.lse[idx] = row_lse2(m[h], l[h]) * kLn2;
+        if (p.lse_temperature_out != nullptr) p.lse_temperature_out[idx] = row_lse2_t(m[h], lt[h], temp) * kLn2;
+      } else {
+        a.part_lse[idx] = row_lse2(m[h], l[h]);
+        if (a.part_lse_t != nullptr) a.part_lse_t[idx] = row_lse2_t(m[h], lt[h], temp);
+      }
+    }
+  }
+}
+#endif
+
+template <typename Elem>
+__global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_kernel(const __grid_constant__ MtpWgmmaArgs ta) {
+#if MSA_HAS_WGMMA
+  using Cfg = MtpWgmmaConfig;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const QueryMajorArgs& a = ta.a;
+  const int tid = threadIdx.x;
+  check_smem_base(smem);
+  const MtpWgmmaBars bars{smem_addr(smem + Cfg::kBarOffset)};
+  if (tid == 0) {
+    for (int i = 0; i < Cfg::kItemBufs; ++i) {
+      // Every producer lane arrives after its own plan writes (lane 0 with the expect_tx of Q's
+      // bytes): union_tma_sm90.cuh says why one arrive per writer.
+      mbar_init(bars.q_full(i), 32);
+      mbar_init(bars.q_empty(i), Cfg::kConsumerThreads);
+    }
+    for (int i = 0; i < Cfg::kStages; ++i) {
+      mbar_init(bars.k_full(i), 1);
+      mbar_init(bars.k_empty(i), Cfg::kConsumerThreads);
+      mbar_init(bars.v_full(i), 1);
+      mbar_init(bars.v_empty(i), Cfg::kConsumerThreads);
+    }
+    mbar_init(bars.v_fix(), 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();  // the only CTA-wide barrier: producer and consumers part here
+  if (tid >= Cfg::kConsumerThreads) {
+    if (tid < Cfg::kConsumerThreads + 32) mtp_wgmma_producer(ta, smem, bars, tid - Cfg::kConsumerThreads);
+    return;
+  }
+
+  const int lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
+  const float sc = a.scale_log2, temp = a.p.lse_temperature;
+  // Byte of a block's counts holding the visible keys of each fragment row's token (-1: a padding
+  // row past the request's tokens).
+  int tok_shift[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = (16 * warp + gid + 8 * h) / a.group;
+    tok_shift[h] = t < a.mtp_tokens ? 8 * t : -1;
+  }
+
+  RingPos pos;
+  for (int it = 0;; ++it) {
+    const int tb = it & 1;
+    mbar_wait_loop(bars.q_full(tb), (it >> 1) & 1);
+    const MtpWgmmaPlan& pl = *reinterpret_cast<const MtpWgmmaPlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
+    if (pl.none != 0) break;
+    const int U = pl.count;
+    uint8_t* my_q = smem + Cfg::kQOffset + tb * Cfg::kQBytes;
+    const uint32_t my_q_addr = smem_addr(my_q);
+
+    float o[16][4], m_row[2], l_row[2], lt_row[2];
+    union_tile_init(o, m_row, l_row, lt_row);
+    // The pending P V: P of the last computed block (packed) and its V slot.
+    uint32_t pa[8][4];
+    bool pending = false;
+    RingPos p_pos;
+#pragma unroll 1
+    for (int u = 0; u < U; ++u, pos.advance()) {
+      const uint32_t counts = pl.counts[u];
+      mbar_wait_loop(bars.k_full(pos.st), pos.ph);
+      float s[16][4];
+      wgmma_qk_issue<Elem>(s, my_q_addr, sK_addr + pos.st * Cfg::kKvBytes);
+      if (pending) {
+        mbar_wait_loop(bars.v_full(p_pos.st), p_pos.ph);
+        wgmma_pv_issue<Elem>(o, pa, sV_addr + p_pos.st * Cfg::kKvBytes, true);
+        wgmma_wait<1>();  // S_u done, P V of the previous block may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      wgmma_fence_operand(s);
+      mbar_arrive(bars.k_empty(pos.st));
+
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int lim = tok_shift[h] >= 0 ? int((counts >> tok_shift[h]) & 0xFFu) : 0;
+        union_softmax_row_lim(s, h, lim, a.has_temp, sc, temp, tig, m_row[h], l_row[h], lt_row[h], alpha[h]);
+      }
+      // P V done (unconditional: on every path the compiler sees no accumulator read while an
+      // MMA may run).
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) wgmma_fence_operand(pa[kk]);
+      if (pending) mbar_arrive(bars.v_empty(p_pos.st));
+      union_rescale(o, alpha);
+      pack_p<Elem>(pa, s);
+      pending = true;
+      p_pos = pos;
+    }
+    if (pending) {
+      mbar_wait_loop(bars.v_full(p_pos.st), p_pos.ph);
+      wgmma_pv_issue<Elem>(o, pa, sV_addr + p_pos.st * Cfg::kKvBytes, true);
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) wgmma_fence_operand(pa[kk]);
+      mbar_arrive(bars.v_empty(p_pos.st));
+    }
+
+    // Epilogue: the warp's rows through its quarter of the (consumed) Q tile.
+    mtp_wgmma_epilogue<Elem>(a, pl, warp, lane, o, m_row, l_row, lt_row, my_q + warp * (16 * 256));
+    fence_proxy_async_smem();  // the staging writes before the next TMA into this buffer
+    mbar_arrive(bars.q_empty(tb));  // Q buffer and plan tb are free for item it + 2
+  }
+#else
+  __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
+#endif
+}
+
+// CTAs per SM of the kernel (1), 0 where this device cannot run it.
+template <typename Elem>
+int mtp_wgmma_sm90_ctas_per_sm() {
+  return flashmsa::cuda::prepare_sm90a_launch(mtp_wgmma_sm90_kernel<Elem>, MtpWgmmaConfig::kThreads,
+                                              size_t(MtpWgmmaConfig::kSmemBytes));
+}
+
+// Encodes the maps of q, k and v (NotSupported where the driver rejects them; the planner's
+// mtp_wgmma_unsupported keeps the calls it sends here within TMA's coordinates) and launches
+// `grid` persistent CTAs.
+template <typename Elem>
+void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, cudaStream_t stream) {
+  const SparseAttnParams& p = args.p;
+  MSA_CHECK(args.mtp_tokens >= 1 && args.mtp_tokens * args.group <= 64 && !args.q_fp8 && grid >= 1,
+            "msa_sparse_decode_attention: kernel=wgmma planned for a call it does not run (planner bug)");
+  MtpWgmmaArgs ta{};
+  ta.a = args;
+  const CUtensorMapDataType ty =
+      std::is_same_v<Elem, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const uint64_t q_dims[3] = {128, uint64_t(p.num_heads), uint64_t(p.total_q)};
+  const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
+  const uint32_t q_box[3] = {64, uint32_t(args.group), uint32_t(args.mtp_tokens)};
+  const bool ok = flashmsa::cuda::encode_tensor_map_sw128(ta.q_map, ty, p.q, 3, q_dims, q_strides, q_box) &&
+                  flashmsa::cuda::encode_kv_maps_sw128(ta.k_map, ta.v_map, ty, p);
+  MSA_CHECK_SUPPORTED(ok, "kernel=wgmma: the driver rejected the TMA descriptors of q / k / v");
+  auto* kernel = mtp_wgmma_sm90_kernel<Elem>;
+  constexpr int smem = MtpWgmmaConfig::kSmemBytes;
+  flashmsa::cuda::prepare_launch(kernel, MtpWgmmaConfig::kThreads, size_t(smem));
+  kernel<<<grid, MtpWgmmaConfig::kThreads, smem, stream>>>(ta);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashmsa::sparse_attn
