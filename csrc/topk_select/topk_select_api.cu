@@ -6,7 +6,8 @@
 //   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows. Its lean
 //     variant radix_1buf (fewer instructions per row, one chunk buffer for more warps per SM) is
 //     by_size's kernel for large calls; radix_uniform is radix_1buf with branch-free passes of
-//     warp-uniform trip counts (off by default);
+//     warp-uniform trip counts, and radix_coop is radix_uniform with cooperative histograms (a
+//     radix level that at most three lanes still need is counted by the whole warp; off by default);
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
 //     warps, one warp merges their choices: decode-sized calls with long rows (off by default).
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
@@ -92,6 +93,7 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
     case TopkKernel::kRadix: launch_radix<topk::radix::Classic>(p, groups, stream); break;
     case TopkKernel::kRadix1Buf: launch_radix<topk::radix::Lean1Buf>(p, groups, stream); break;
     case TopkKernel::kRadixUniform: launch_radix<topk::radix::Uniform1Buf>(p, groups, stream); break;
+    case TopkKernel::kRadixCoop: launch_radix<topk::radix::Coop1Buf>(p, groups, stream); break;
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;
