@@ -3,14 +3,19 @@
 // proxy_decode.cuh after the cp.async kernel, whose pieces it reuses (units, requests, Q fragments,
 // the fp8 B-fragment loads, the -inf fill).
 //
-// One CTA per SM: warp 8 is the producer, warps 0..7 consume. The CTA's units are proxy_decode's
-// (an equal contiguous share of B x Hkv x P); unit j of the share goes to ring stage j % kStages and
-// to consumer warp j % 8. The producer resolves 32 units at a time (one per lane: request, causal
-// limit, page id), then its lane 0 waits for each stage's "empty" barrier and loads the 128 x 128 B
-// block with one TMA (the paged / flat K map of common/tensor_map.h, 128-byte swizzle) completing on
-// the stage's "full" barrier, or, for a unit that loads nothing, just arrives (stage flag 0). A
-// consumer warp multiplies the whole block alone, so no barrier spans warps: it waits "full",
-// reduces, stores, and releases the stage.
+// One CTA per SM: warp 6 is the producer, warps 0..5 consume. The CTA's units are proxy_decode's
+// (an equal contiguous share of B x Hkv x P); unit j of the share goes to consumer warp
+// w = j % kConsumers, as that warp's i-th unit (i = j / kConsumers), into the warp's own stage
+// kStagesPerWarp * w + i % kStagesPerWarp. Each stage is so read by one warp, in order: a waiter is
+// never a phase ahead of the stage (with one ring shared by all warps, a warp could reach a stage's
+// next phase while an earlier, slower TMA into it was still in flight, and its parity wait would
+// pass on the old phase: the first version did, and hung or faulted at B64 / 32K on the H200). The
+// producer resolves 32 units at a time (one per lane: request, causal limit, page id), then its
+// lane 0 waits for each stage's "empty" barrier and loads the 128 x 128 B block with one TMA (the
+// paged / flat K map of common/tensor_map.h, 128-byte swizzle) completing on the stage's "full"
+// barrier, or, for a unit that loads nothing, just arrives (stage flag 0). A consumer warp
+// multiplies the whole block alone, so no barrier spans warps: it waits "full", reduces, stores,
+// and releases the stage.
 //
 // Math per warp and block: keys on the MMA's M side. mma.sync m16n8k16 with A = 16 keys x 16 dims
 // (fp8 -> MMA type in registers, load_k_frags' lane / dim assignment) and B = the pass's 8 query
@@ -30,11 +35,20 @@
 
 namespace flashmsa::cuda::proxy::decode::tma {
 
-inline constexpr int kConsumers = 8;                    // consumer warps (0..7), a whole block each
-inline constexpr int kCtaThreads = (kConsumers + 1) * 32;  // + the producer warp (8)
+inline constexpr int kConsumers = 6;                    // consumer warps (0..5), a whole block each
+inline constexpr int kCtaThreads = (kConsumers + 1) * 32;  // + the producer warp (6)
 inline constexpr int kCols = 8;                          // MMA N: G heads x T tokens of a pass
 inline constexpr int kStageBytes = kBlockSize * 128;     // one 128-key fp8 block, 16 KB
-inline constexpr int kStages = 13;                       // 208 KB ring
+inline constexpr int kStagesPerWarp = 2;                 // each consumer warp's own stages
+inline constexpr int kStages = kConsumers * kStagesPerWarp;  // 192 KB in all
+
+// Unit j of the CTA's share: its stage and the phase (of that stage's uses) it is.
+__host__ __device__ constexpr int unit_stage(int64_t j) {
+  return int(j % kConsumers) * kStagesPerWarp + int((j / kConsumers) % kStagesPerWarp);
+}
+__host__ __device__ constexpr uint32_t unit_parity(int64_t j) {
+  return uint32_t(j / (int64_t(kConsumers) * kStagesPerWarp)) & 1u;
+}
 // Stages (1024-byte aligned: the 128-byte swizzle's period), full[S] and empty[S] mbarriers, the
 // stages' loaded flags, and the alignment slack of the dynamic shared memory.
 inline constexpr int kSmemBytes = kStages * kStageBytes + kStages * (2 * 8 + 4) + 1024;
@@ -70,9 +84,9 @@ __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, in
       const int khk = __shfl_sync(0xFFFFFFFFu, kh, k);
       if (lane == 0) {
         const int64_t j = j0 + k;
-        const int s = int(j % kStages);
+        const int s = unit_stage(j);
         const uint32_t full = full0 + 8 * s;
-        mbar_wait(empty0 + 8 * s, (uint32_t(j / kStages) & 1u) ^ 1u);
+        mbar_wait(empty0 + 8 * s, unit_parity(j) ^ 1u);
         flags[s] = ck >= 0;
         if (ck >= 0) {
           mbar_expect_tx(full, kStageBytes);
@@ -126,7 +140,7 @@ __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4]
   }
 }
 
-// Warps 0..7: units j = warp, warp + 8, ... of the CTA's share.
+// Warps 0..kConsumers-1: units j = warp, warp + kConsumers, ... of the CTA's share.
 template <typename Mma, bool kScaleQ>
 __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages, const int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int warp, int lane) {
@@ -141,12 +155,12 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
   bool q_ready = false;
 #pragma unroll 1
   for (int64_t j = warp; j < n; j += kConsumers) {
-    const int s = int(j % kStages);
+    const int s = unit_stage(j);
     if (b != r.b || kh != r.kh) {
       load_request(dp, r, b, kh);
       q_ready = false;
     }
-    mbar_wait(full0 + 8 * s, uint32_t(j / kStages) & 1u);
+    mbar_wait(full0 + 8 * s, unit_parity(j));
     const bool loaded = flags[s] != 0;
     const uint8_t* stage = stages + s * kStageBytes;
 #pragma unroll 1

@@ -855,6 +855,23 @@ def test_proxy_decode_fp8_tma_close_to_default(case: ProxyCase, kernel: str):
     assert_proxy_close(got, want.cpu(), f"{case.name} seed={seed}")
 
 
+def test_proxy_decode_fp8_tma_b64_32k():
+    """The benchmark's shape (64 requests x 32K, paged: ~124 units per CTA, the memory system
+    saturated), where the first version's shared ring let a warp pass a stage's parity wait on the
+    previous phase and hung or faulted: five calls against the default kernel, each the same bits
+    as the first."""
+    case = ProxyCase("dec_tma_b64_32k_fp8", [1] * 64, [32768] * 64, hq=4, hkv=1, paged=True,
+                     k_dtype=FP8)
+    seed = random.getrandbits(31)
+    inputs = make_proxy_inputs(case, seed=seed)
+    want = run_proxy(case, inputs, DEV, kernel="decode_only")
+    first = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_TMA)
+    assert_proxy_close(first, want.cpu(), f"seed={seed}")
+    for _ in range(4):
+        again = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_TMA)
+        assert torch.equal(again.view(torch.int32), first.view(torch.int32)), f"seed={seed}"
+
+
 @pytest.mark.parametrize("case", ILP_CASES, ids=str)
 def test_proxy_decode_fp4_word_close_to_byte(case: ProxyCase):
     """nvfp4_cvt=word against nvfp4_cvt=byte on contexts too long for the CPU reference (many
