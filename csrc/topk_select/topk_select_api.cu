@@ -4,14 +4,15 @@
 //   * warp per row (topk_select_kernel.cuh): a warp chooses one row at a time; 32 tokens per CTA
 //     (warp_per_row), or 8 for decode-sized calls (warp_per_row_8: 4x the CTAs, a row per warp);
 //   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows. Its lean
-//     variant radix_1buf (fewer instructions per row, one chunk buffer for more warps per SM) is
-//     by_size's kernel for large calls; radix_uniform is radix_1buf with branch-free passes of
-//     warp-uniform trip counts, and radix_coop is radix_uniform with cooperative histograms (a
+//     variant radix_1buf (fewer instructions per row, one chunk buffer for more warps per SM);
+//     radix_uniform is radix_1buf with branch-free passes of warp-uniform trip counts (by_size's
+//     kernel for large calls), and radix_coop is radix_uniform with cooperative histograms (a
 //     radix level that at most three lanes still need is counted by the whole warp; off by default);
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
 //     warps, one warp merges their choices: decode-sized calls with long rows (off by default).
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
-// (radix_1buf for large calls, warp_per_row_8 for small ones).
+// (radix_uniform for large calls, warp_split for decode-sized calls with few rows per SM,
+// warp_per_row_8 for the other small ones).
 #include <cuda_runtime.h>
 
 #include <algorithm>
