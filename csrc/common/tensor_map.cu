@@ -35,7 +35,10 @@ bool encode_tensor_map(CUtensorMap& map, CUtensorMapDataType dtype, const void* 
                        const uint64_t* dims, const uint64_t* strides_bytes, const uint32_t* box,
                        CUtensorMapSwizzle swizzle) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || rank < 3 || rank > 5) return false;
+  // Ranks 2..5 (the KV-major TMA kernel stores its partial rows through a rank-2 map; rank 1 would
+  // have no strides to pass). Until the commit after 054c9ce this rejected rank 2, so every call
+  // of kv_major_kernel=tma raised NotSupportedError on the H200 before its kernel ever ran.
+  if (encode == nullptr || rank < 2 || rank > 5) return false;
   cuuint64_t d[5], st[4];
   cuuint32_t b[5], elem_strides[5];
   for (int i = 0; i < rank; ++i) {

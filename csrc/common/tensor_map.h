@@ -11,7 +11,7 @@
 
 namespace flashmsa::cuda {
 
-// A map of rank 3 to 5 over 16-bit elements: dims[0] contiguous, strides_bytes[i - 1] between
+// A map of rank 2 to 5 over 16-bit elements: dims[0] contiguous, strides_bytes[i - 1] between
 // consecutive indices of dims[i], read in boxes `box` into 128-byte-swizzled shared memory
 // (box[0] * 2 must be 128 bytes or less). Out-of-bounds elements read as zero.
 // Returns false (map untouched) where the driver offers no encoder or rejects the arguments, so
