@@ -181,7 +181,9 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
     if (plan.nvfp4_word)
       s << "; nvfp4_cvt=word (" << (o.nvfp4_cvt == DecodeNvfp4Cvt::kWord ? "forced" : "auto")
         << ": NVFP4 K a word of 8 codes at a time)";
-    if (plan.fp8_tma) s << "; decode_fp8=tma (forced: fp8 K by TMA, a warp per key block, where it applies)";
+    if (plan.fp8_tma)
+      s << "; decode_fp8=tma (" << (o.decode_fp8 == DecodeFp8::kTma ? "forced" : "auto")
+        << ": fp8 K by TMA, a warp per key block, where it applies)";
   }
   return s.str();
 }

@@ -37,7 +37,7 @@ namespace flashmsa::cuda::proxy::decode::tma {
 
 inline constexpr int kConsumers = 6;                    // consumer warps (0..5), a whole block each
 inline constexpr int kCtaThreads = (kConsumers + 1) * 32;  // + the producer warp (6)
-inline constexpr int kCols = 8;                          // MMA N: G heads x T tokens of a pass
+inline constexpr int kCols = kProxyDecodeTmaCols;        // MMA N: G heads x T tokens of a pass
 inline constexpr int kStageBytes = kBlockSize * 128;     // one 128-key fp8 block, 16 KB
 inline constexpr int kStagesPerWarp = 2;                 // each consumer warp's own stages
 inline constexpr int kStages = kConsumers * kStagesPerWarp;  // 192 KB in all

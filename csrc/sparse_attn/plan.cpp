@@ -36,9 +36,15 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
                                      p.batch, p.total_q);
   plan.mtp_tokens = mtp ? p.qi.seqlen_q : 0;
   // kernel=wgmma: the sm_90a union kernel where it runs; elsewhere the call is planned as auto.
-  if (options.kernel == DecodeKernel::kWgmma) {
-    plan.wgmma_fallback = mtp_wgmma_unsupported(p, mtp, facts);
-    plan.wgmma = plan.wgmma_fallback == nullptr;
+  // auto takes it for the MTP union items it runs (16-bit q, K and V) when they fill the GPU, at
+  // least one item per SM (H200 at 054c9ce, B64 / 32K, 4 tokens, bf16: 99.0 vs 104.1 us for the
+  // smem union kernel; fewer items, which split, are not measured).
+  const bool auto_wgmma = options.kernel == DecodeKernel::kAuto && mtp && num_sms > 0 &&
+                          int64_t(p.batch) * p.num_kv_heads >= num_sms;
+  if (options.kernel == DecodeKernel::kWgmma || auto_wgmma) {
+    const char* why = mtp_wgmma_unsupported(p, mtp, facts);
+    if (options.kernel == DecodeKernel::kWgmma) plan.wgmma_fallback = why;
+    plan.wgmma = why == nullptr;
   }
   const DecodeKernel kernel = options.kernel == DecodeKernel::kWgmma ? DecodeKernel::kAuto : options.kernel;
   const int regs_ctas = facts.decode_regs_ctas, cluster_max = facts.decode_cluster_max;

@@ -162,8 +162,10 @@ enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
 enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 // The proxy decode kernel's fp8 K path (option decode_fp8): cta (the CTA-wide cp.async ring, 4 warps
 // splitting each key block) or tma (sm_90a: a producer warp loads whole key blocks with TMA into a
-// 13-stage mbarrier ring, 8 consumer warps each take whole blocks, keys on the MMA's M side;
-// docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). auto = cta.
+// 12-stage mbarrier ring, 6 consumer warps each take whole blocks from their own two stages, keys
+// on the MMA's M side; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). auto =
+// tma from kProxyDecodeIlpMinBatch requests on when G x max_seqlen_q <= kProxyDecodeTmaCols, else
+// cta.
 enum class DecodeFp8 : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
@@ -195,6 +197,9 @@ struct SparseAttnOptions {
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
 inline constexpr int kProxyDecodeIlpMinBatch = 16;
+// The fp8 TMA decode kernel's query columns per pass (G heads x tokens, MMA N): auto takes it for
+// fp8 K where a request's rows fit one pass (decode_fp8, below).
+inline constexpr int kProxyDecodeTmaCols = 8;
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
   // decode_ctas=2|3|4: the CTAs per SM the decode kernel is built for with fp8 / NVFP4 K (more
@@ -215,7 +220,8 @@ struct ProxyScoreOptions {
   DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
   // decode_fp8=auto|cta|tma: fp8 K on the decode kernel through the CTA-wide cp.async ring (cta) or
   // the TMA-fed warp-per-block kernel (tma: sm_90a, G <= 8, no reduce_heads; elsewhere cta runs).
-  // auto = cta. Not yet measured on the GPU (docs/design/proxy_score.md, "fp8 K through TMA").
+  // auto = tma for batch >= kProxyDecodeIlpMinBatch with G x max_seqlen_q <= kProxyDecodeTmaCols
+  // (one pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us, sq 4 115.5 vs 88.4).
   DecodeFp8 decode_fp8 = DecodeFp8::kAuto;
 };
 struct TopkSelectOptions {

@@ -871,8 +871,15 @@ TEST(PlanDecode, MtpWgmmaWhereItRunsElseAuto) {
   EXPECT_TRUE(b64.fused);
   EXPECT_EQ(b64.num_items, 256);
   EXPECT_EQ(b64.grid, 132);
-  // The same items as the smem union kernel's at that size (auto).
+  // auto takes it for 16-bit union items with at least an item per SM (B64: 256 items; B32: 128
+  // items on 132 SMs do not), with no fallback text; the smem union kernel otherwise.
   EXPECT_EQ(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.num_items, 256);
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.wgmma);
+  EXPECT_EQ(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.wgmma_fallback, nullptr);
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(32, 4), h200, {}).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(33, 4), h200, {}).qm.wgmma);
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), ampere(), {}).qm.wgmma);
+  EXPECT_EQ(plan_sparse_decode(mtp_call(64, 4), ampere(), {}).qm.wgmma_fallback, nullptr);
   // B8: 32 items, split for one CTA per SM: ceil(132 / 32) = 5 -> 4 splits of 16 (no empty split).
   const QueryMajorPlan b8 = plan_sparse_decode(mtp_call(8, 4), h200, w).qm;
   EXPECT_TRUE(b8.wgmma);
@@ -1378,13 +1385,28 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       EXPECT_FALSE(plan_proxy_score(dp, o).nvfp4_word) << dtype_name(k);
     }
     // decode_fp8: the TMA kernel only when forced and only for fp8 K on the decode kernel (auto,
-    // cta: the cp.async ring); the other plan fields stay as auto sets them.
-    EXPECT_FALSE(plan_proxy_score(dp, {}).fp8_tma) << dtype_name(k);
+    // cta: the cp.async ring; auto: tma from kProxyDecodeIlpMinBatch requests on when G x
+    // max_seqlen_q fits one kProxyDecodeTmaCols-column pass); the other plan fields stay as auto
+    // sets them.
+    EXPECT_EQ(plan_proxy_score(dp, {}).fp8_tma, k == fp8) << dtype_name(k);  // B64, 4 x 1 rows
+    {
+      ProxyScoreParams few = dp, mtp2 = dp, mtp4 = dp;
+      few.batch = kProxyDecodeIlpMinBatch - 1;
+      mtp2.qi.max_seqlen_q = 2;  // 8 rows: one pass
+      mtp4.qi.max_seqlen_q = 4;  // 16 rows: two passes
+      EXPECT_FALSE(plan_proxy_score(few, {}).fp8_tma) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(mtp2, {}).fp8_tma, k == fp8) << dtype_name(k);
+      EXPECT_FALSE(plan_proxy_score(mtp4, {}).fp8_tma) << dtype_name(k);
+      ProxyScoreOptions forced;
+      forced.decode_fp8 = DecodeFp8::kTma;
+      EXPECT_EQ(plan_proxy_score(few, forced).fp8_tma, k == fp8) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(mtp4, forced).fp8_tma, k == fp8) << dtype_name(k);
+    }
     for (DecodeFp8 f : {DecodeFp8::kAuto, DecodeFp8::kCta, DecodeFp8::kTma}) {
       ProxyScoreOptions o;
       o.decode_fp8 = f;
       const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
-      EXPECT_EQ(plan.fp8_tma, k == fp8 && f == DecodeFp8::kTma) << dtype_name(k);
+      EXPECT_EQ(plan.fp8_tma, k == fp8 && f != DecodeFp8::kCta) << dtype_name(k);
       EXPECT_EQ(plan.kernel, dflt.kernel);
       EXPECT_EQ(plan.decode_ctas, dflt.decode_ctas);
       EXPECT_EQ(plan.decode_ilp, dflt.decode_ilp);

@@ -829,10 +829,12 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
 
 # decode_fp8=tma (sm_90a: TMA-fed ring, a warp per key block, keys on the MMA's M side; G <= 8
 # without reduce_heads, else the cp.async kernel runs): against the CPU reference on every fp8-K
-# decode case (bf16 MMAs: decode_only, fp16 MMAs: decode_f16_only), and against the default
-# cp.async kernel on long contexts (same dims per k-step in the same order, so bit-identical results
-# are expected; asserted here only within the proxy tolerance with identical -inf / NaN patterns).
+# decode case (bf16 MMAs: decode_only, fp16 MMAs: decode_f16_only), and against the cp.async kernel
+# (decode_fp8=cta) on long contexts (same dims per k-step in the same order, so bit-identical
+# results are expected; asserted here only within the proxy tolerance with identical -inf / NaN
+# patterns). auto takes tma from 16 requests on with one pass (G x max_seqlen_q <= 8).
 FP8_TMA = dict(decode_fp8="tma")
+FP8_CTA = dict(decode_fp8="cta")  # the cp.async ring (auto's below 16 requests or with two passes)
 
 
 @pytest.mark.parametrize("case,kernel", [(c, k) for c in FP8_K_DECODE_CASES
@@ -850,7 +852,7 @@ def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str):
 def test_proxy_decode_fp8_tma_close_to_default(case: ProxyCase, kernel: str):
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
-    want = run_proxy(case, inputs, DEV, kernel=kernel)
+    want = run_proxy(case, inputs, DEV, kernel=kernel, options=FP8_CTA)
     got = run_proxy(case, inputs, DEV, kernel=kernel, options=FP8_TMA)
     assert_proxy_close(got, want.cpu(), f"{case.name} seed={seed}")
 
@@ -858,13 +860,13 @@ def test_proxy_decode_fp8_tma_close_to_default(case: ProxyCase, kernel: str):
 def test_proxy_decode_fp8_tma_b64_32k():
     """The benchmark's shape (64 requests x 32K, paged: ~124 units per CTA, the memory system
     saturated), where the first version's shared ring let a warp pass a stage's parity wait on the
-    previous phase and hung or faulted: five calls against the default kernel, each the same bits
+    previous phase and hung or faulted: five calls against the cp.async ring, each the same bits
     as the first."""
     case = ProxyCase("dec_tma_b64_32k_fp8", [1] * 64, [32768] * 64, hq=4, hkv=1, paged=True,
                      k_dtype=FP8)
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
-    want = run_proxy(case, inputs, DEV, kernel="decode_only")
+    want = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_CTA)
     first = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_TMA)
     assert_proxy_close(first, want.cpu(), f"seed={seed}")
     for _ in range(4):
