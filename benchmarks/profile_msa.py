@@ -71,11 +71,6 @@ def cases(bench: bm.Bench) -> dict:
                                                                    dict(kernel="radix_uniform")),
         "topk_prefill_128k_radix_uniform": lambda: bench.build_topk(128 * K,
                                                                     dict(kernel="radix_uniform")),
-        # radix_uniform with cooperative histograms ("Cooperative histograms"): active threads
-        # per warp and warp instructions against radix_uniform's, shared-memory bank conflicts.
-        "topk_prefill_32k_radix_coop": lambda: bench.build_topk(32 * K, dict(kernel="radix_coop")),
-        "topk_prefill_128k_radix_coop": lambda: bench.build_topk(128 * K,
-                                                                 dict(kernel="radix_coop")),
         "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
                                                              dict(kernel="warp_per_row_8")),
         # The B1 / 128K decode step's top-k (1 token x 4 heads x 1024 blocks): today's kernel and

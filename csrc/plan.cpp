@@ -45,8 +45,7 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kBySize, "by_size"},
                                               {TopkKernel::kRadix1Buf, "radix_1buf"},
                                               {TopkKernel::kWarpSplit, "warp_split"},
-                                              {TopkKernel::kRadixUniform, "radix_uniform"},
-                                              {TopkKernel::kRadixCoop, "radix_coop"}};
+                                              {TopkKernel::kRadixUniform, "radix_uniform"}};
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
@@ -304,7 +303,6 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kRadix1Buf: plan.kernel = TopkKernel::kRadix1Buf; break;
     case TopkKernel::kWarpSplit: plan.kernel = TopkKernel::kWarpSplit; break;
     case TopkKernel::kRadixUniform: plan.kernel = TopkKernel::kRadixUniform; break;
-    case TopkKernel::kRadixCoop: plan.kernel = TopkKernel::kRadixCoop; break;
     case TopkKernel::kAuto:
     case TopkKernel::kBySize: {
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);

@@ -32,9 +32,7 @@
 // buffers) and radix_c32 (one buffer of 32 blocks), measured slower and were removed. A third one,
 // radix_uniform (Uniform1Buf, off by default), is radix_1buf with its passes branch-free and their
 // trip counts warp-uniform: the filter, the survivors' radix levels and the ordered output.
-// docs/design/topk_select.md, "Uniform passes". radix_coop (Coop1Buf, off by default) is
-// radix_uniform with cooperative histograms: a radix level that at most three lanes of the warp
-// still need is counted by all the select's lanes ("Cooperative histograms").
+// docs/design/topk_select.md, "Uniform passes".
 #pragma once
 
 #include <cuda_runtime.h>
@@ -171,35 +169,6 @@ __device__ __forceinline__ int offset_at(int row) { return (row >> 2) * 128 + (r
 __device__ __forceinline__ void clear_hist(uint32_t* hist) {
 #pragma unroll
   for (int d = 0; d < kBins; ++d) hist[d * 32] = 0;
-}
-
-// One level of the lean select: the bin of the histogram holding rank `rem` of the keys in [base,
-// top] (bins 2^shift wide from base; on the first level the last bin takes every key above)
-// becomes [base, top], `rem` the ranks still to fill in it. Returns true when that ends the
-// select: the whole bin is taken (thr = its top), or it is one key value (thr = that key, `need`
-// of the keys equal to it taken). Else sets the next level's shift and clears the histogram.
-__device__ __forceinline__ bool next_level(uint32_t* hist, bool first, int& rem, uint32_t& base,
-                                           uint32_t& top, int& shift, uint32_t& thr, int& need) {
-  int bin, below, cnt;
-  find_bin(hist, rem, bin, below, cnt);
-  rem -= below;
-  const uint32_t b_lo = base + (uint32_t(bin) << shift);  // <= a key of the bin: no wrap
-  uint32_t b_hi = b_lo + ((1u << shift) - 1u);
-  if ((first && bin == kBins - 1) || b_hi < b_lo || b_hi > top) b_hi = top;
-  base = b_lo;
-  top = b_hi;
-  if (cnt == rem) {  // the whole bin is taken: every key <= its top
-    thr = top;
-    return true;
-  }
-  if (base == top) {  // the exact rank-`target` key; `rem` of the keys equal to it are taken
-    thr = base;
-    need = rem;
-    return true;
-  }
-  shift = max(32 - __clz(top - base) - 4, 0);  // (k - base) >> shift < 16 in the bin
-  clear_hist(hist);
-  return false;
 }
 
 // A lane's row: its ranges and its carried choice.
@@ -380,74 +349,39 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
         for_each_row(tile, t_lo, t_lo + w, count_first);
       }
       int rem = target;  // ranks still to fill among the keys in [base, top]
-      if constexpr (V::kCoopLanes > 0) {
-        // Cooperative histograms: the select's lanes run its levels together, to the warp's last
-        // unresolved lane. A level that at most kCoopLanes lanes still need is counted by all of
-        // them: lane `helper` of `helpers` takes keys helper, helper + helpers, ... of each
-        // unresolved lane u (its carry rows, then its tile rows) and counts them into u's
-        // histogram (column u: one bank, see "Cooperative histograms" in the design doc). The
-        // counts are the lane's own (keys outside the bin are not counted: the spare bin is never
-        // read), so the bits are those of the uniform select.
-        //
-        // A level with more lanes unresolved: each counts its own keys, as in the uniform select
-        // below (keys outside the bin into the spare bin; tile rows past t_hi masked).
-        auto count_own = [&]() {
-          for_each_row(ckey, c_lo, kc, [&](uint32_t k, int) {
-            atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
-          });
-          for_each_row(tile, t_lo, t_end, [&](uint32_t k, int row) {
+      for (bool first = true;; first = false) {
+        int bin, below, cnt;
+        find_bin(hist, rem, bin, below, cnt);
+        rem -= below;
+        const uint32_t b_lo = base + (uint32_t(bin) << shift);  // <= a key of the bin: no wrap
+        uint32_t b_hi = b_lo + ((1u << shift) - 1u);
+        if ((first && bin == kBins - 1) || b_hi < b_lo || b_hi > top) b_hi = top;
+        base = b_lo;
+        top = b_hi;
+        if (cnt == rem) {  // the whole bin is taken: every key <= its top
+          thr = top;
+          break;
+        }
+        if (base == top) {  // the exact rank-`target` key; `rem` of the keys equal to it are taken
+          thr = base;
+          need = rem;
+          break;
+        }
+        shift = max(32 - __clz(top - base) - 4, 0);  // (k - base) >> shift < 16 in the bin
+        clear_hist(hist);
+        // Any key outside the bin (below: wraps around; above) gives >= kBins and counts into
+        // the spare bin. Branch-free: 3 integer instructions and the atomic per key.
+        auto count = [&](uint32_t k, int) {
+          atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
+        };
+        for_each_row(ckey, c_lo, kc, count);
+        if constexpr (V::kUniform) {
+          for_each_row(tile, t_lo, t_end, [&](uint32_t k, int row) {  // masked: the spare bin
             const uint32_t d = min((k - base) >> shift, uint32_t(kBins));
             atomicAdd(hist + (row < t_hi ? d : uint32_t(kBins)) * 32, 1u);
           });
-        };
-        const unsigned act = __activemask();
-        const int helpers = __popc(act);
-        const int helper = __popc(act & ((1u << lane) - 1u));
-        const uint32_t* tile_col0 = ws.tiles + b * V::kChunk * 32;
-        bool done = false;
-        for (bool first = true;; first = false) {
-          if (!done) done = next_level(hist, first, rem, base, top, shift, thr, need);
-          const unsigned todo = __ballot_sync(act, !done);
-          if (todo == 0) break;
-          if (__popc(todo) > V::kCoopLanes) {
-            if (!done) count_own();
-            continue;
-          }
-          __syncwarp(act);  // the unresolved lanes' histograms are clear before anyone counts
-          for (unsigned left = todo; left != 0; left &= left - 1) {
-            const int u = __ffs(int(left)) - 1;
-            const uint32_t u_base = __shfl_sync(act, base, u);
-            const int u_shift = __shfl_sync(act, shift, u);
-            const int u_c_lo = __shfl_sync(act, c_lo, u);
-            const int u_t_lo = __shfl_sync(act, t_lo, u);
-            const int u_w = __shfl_sync(act, w, u);
-            const int n_c = kc - u_c_lo;  // keys [0, n_c): carry rows; [n_c, n_c + u_w): tile rows
-            const uint32_t* u_carry = ws.carry_key + u_c_lo * 32 + u;
-            const uint32_t* u_tile = tile_col0 + u_t_lo * 32 + u;
-            uint32_t* u_hist = ws.hist + u;
-            for (int i = helper; i < n_c + u_w; i += helpers) {
-              const uint32_t k = i < n_c ? u_carry[i * 32] : u_tile[(i - n_c) * 32];
-              const uint32_t d = (k - u_base) >> u_shift;
-              if (d < uint32_t(kBins)) atomicAdd(u_hist + d * 32, 1u);
-            }
-          }
-          __syncwarp(act);  // every count is in before the unresolved lanes' bin searches
-        }
-      } else {
-        for (bool first = true;; first = false) {
-          if (next_level(hist, first, rem, base, top, shift, thr, need)) break;
-          auto count = [&](uint32_t k, int) {
-            atomicAdd(hist + min((k - base) >> shift, uint32_t(kBins)) * 32, 1u);
-          };
-          for_each_row(ckey, c_lo, kc, count);
-          if constexpr (V::kUniform) {
-            for_each_row(tile, t_lo, t_end, [&](uint32_t k, int row) {  // masked: the spare bin
-              const uint32_t d = min((k - base) >> shift, uint32_t(kBins));
-              atomicAdd(hist + (row < t_hi ? d : uint32_t(kBins)) * 32, 1u);
-            });
-          } else {
-            for_each_row(tile, t_lo, t_lo + w, count);
-          }
+        } else {
+          for_each_row(tile, t_lo, t_lo + w, count);
         }
       }
     } else {

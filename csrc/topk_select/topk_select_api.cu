@@ -6,8 +6,7 @@
 //   * thread per row (topk_radix_kernel.cuh, radix): a lane owns a row; for many rows. Its lean
 //     variant radix_1buf (fewer instructions per row, one chunk buffer for more warps per SM);
 //     radix_uniform is radix_1buf with branch-free passes of warp-uniform trip counts (by_size's
-//     kernel for large calls), and radix_coop is radix_uniform with cooperative histograms (a
-//     radix level that at most three lanes still need is counted by the whole warp; off by default);
+//     kernel for large calls);
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
 //     warps, one warp merges their choices: decode-sized calls with long rows (off by default).
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
@@ -94,7 +93,6 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
     case TopkKernel::kRadix: launch_radix<topk::radix::Classic>(p, groups, stream); break;
     case TopkKernel::kRadix1Buf: launch_radix<topk::radix::Lean1Buf>(p, groups, stream); break;
     case TopkKernel::kRadixUniform: launch_radix<topk::radix::Uniform1Buf>(p, groups, stream); break;
-    case TopkKernel::kRadixCoop: launch_radix<topk::radix::Coop1Buf>(p, groups, stream); break;
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;

@@ -96,14 +96,8 @@ inline constexpr int kInsertBudget = 160;
 //     (docs/design/topk_select.md, "Uniform passes"): the filter compacts branch-free, the select's
 //     survivor passes run to the warp's largest survivor count (rows past a lane's own count
 //     masked), and the ordered output is branch-free per key, its `last` choice hoisted out of the
-//     loop and the carry's block ids loaded with its keys;
-//   kCoopLanes (uniform only; 0: off): cooperative histograms (docs/design/topk_select.md,
-//     "Cooperative histograms"): a radix level after the first one that at most this many lanes
-//     of the warp still need is counted by all the warp's lanes of the select (they read the
-//     unresolved lanes' keys and count into their histograms); with more lanes unresolved each
-//     counts its own keys, as in the uniform select.
-template <int kBuffers_, int kChunk_, int kWarps_, bool kLean_, bool kUniform_ = false,
-          int kCoopLanes_ = 0>
+//     loop and the carry's block ids loaded with its keys.
+template <int kBuffers_, int kChunk_, int kWarps_, bool kLean_, bool kUniform_ = false>
 struct Variant {
   static constexpr int kBuffers = kBuffers_;
   static constexpr int kChunk = kChunk_;
@@ -111,11 +105,8 @@ struct Variant {
   static constexpr int kThreads = 32 * kWarps_;
   static constexpr bool kLean = kLean_;
   static constexpr bool kUniform = kUniform_;
-  static constexpr int kCoopLanes = kCoopLanes_;
   static_assert(kBuffers == 1 || kBuffers == 2, "one or two chunk buffers");
   static_assert(kLean || !kUniform, "the uniform passes are built on the lean select");
-  static_assert(kCoopLanes >= 0 && kCoopLanes <= 32 && (kUniform || kCoopLanes == 0),
-                "the cooperative levels are built on the uniform select");
   static_assert(kChunk % 8 == 0 && kChunk <= 256, "a block offset in the chunk fits a byte");
 
   // 32-bit words of shared memory per warp, every array [rows][32 lanes]: carried keys and block
@@ -134,11 +125,6 @@ using Classic = Variant<2, 64, 2, false>;
 using Lean1Buf = Variant<1, 64, 1, true>;
 // radix_uniform: radix_1buf (same buffers, warps and shared memory) with the uniform passes.
 using Uniform1Buf = Variant<1, 64, 1, true, true>;
-// radix_coop: radix_uniform whose radix levels with at most 3 unresolved lanes are counted by the
-// whole warp (docs/design/topk_select.md, "Cooperative histograms": a helped column is one
-// shared-memory bank and each unresolved lane costs the warp ~25 instructions of its own, so more
-// lanes than ~3 save no issue and add shared-memory wavefronts).
-using Coop1Buf = Variant<1, 64, 1, true, true, 3>;
 
 struct Params {
   TopkSelectParams p;

@@ -89,9 +89,7 @@ enum class ProxyKernel : int32_t {
 // a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
 // CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
 // choices: for decode-sized calls), radix_uniform (radix_1buf with its passes branch-free and
-// their trip counts warp-uniform: less lane divergence), radix_coop (radix_uniform with
-// cooperative histograms: a radix level that at most three lanes of a warp still need is counted by
-// all its lanes; off by default, not yet measured), and by_size (radix_uniform from
+// their trip counts warp-uniform: less lane divergence), and by_size (radix_uniform from
 // kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on; below it warp_split up to
 // kTopkSplitMaxRowsPerSm rows per SM, else warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
@@ -111,8 +109,9 @@ enum class TopkKernel : int32_t {
   kRadix1Buf = 6,
   kWarpSplit = 8,
   // 9 and 10 were warp_pivot and radix_ilp (removed).
-  kRadixUniform = 11,
-  kRadixCoop = 12
+  kRadixUniform = 11
+  // 12 was radix_coop (cooperative histograms; H200 at 054c9ce: 86.6 vs 86.3 us at 32K, 31.2 vs
+  // 28.5 us for 64 tokens x 4 heads x 256 blocks, against radix_uniform; removed).
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
@@ -242,8 +241,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
-// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
-// radix_coop.
+// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------

@@ -405,9 +405,6 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o.kernel = TopkKernel::kRadixUniform;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix_uniform (forced by the option kernel=radix_uniform)")) << d;
-  o.kernel = TopkKernel::kRadixCoop;
-  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=radix_coop (forced by the option kernel=radix_coop)")) << d;
   o.kernel = TopkKernel::kWarpSplit;
   tp.num_tokens = 1;
   tp.num_blocks = 1024;

@@ -1076,7 +1076,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
-                       TopkKernel::kWarpSplit, TopkKernel::kRadixUniform, TopkKernel::kRadixCoop})
+                       TopkKernel::kWarpSplit, TopkKernel::kRadixUniform})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -1101,7 +1101,6 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
   EXPECT_STREQ(option_name(TopkKernel::kWarpSplit), "warp_split");
   EXPECT_STREQ(option_name(TopkKernel::kRadixUniform), "radix_uniform");
-  EXPECT_STREQ(option_name(TopkKernel::kRadixCoop), "radix_coop");
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -1150,13 +1149,14 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option nvfp4_cvt given twice");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split, radix_uniform or radix_coop, got 'heap'");
+               "warp_split or radix_uniform, got 'heap'");
   // radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
-  // H200 (at 5b22cb3).
-  for (const char* v : {"radix_lean", "radix_c32", "radix_coop2", "coop"})
+  // H200 (at 5b22cb3); radix_coop (cooperative histograms) not faster than radix_uniform (at
+  // 054c9ce).
+  for (const char* v : {"radix_lean", "radix_c32", "radix_coop"})
     expect_error([&] { parse_topk_select_options(std::string("kernel=") + v); }, ErrorKind::kValue,
                  std::string("kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, "
-                             "radix_1buf, warp_split, radix_uniform or radix_coop, got '") + v + "'");
+                             "radix_1buf, warp_split or radix_uniform, got '") + v + "'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem, regs, regs_pipe or wgmma, got 'fastest'");
@@ -1177,7 +1177,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option split given twice");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split, radix_uniform or radix_coop, got 'new'");
+               "warp_split or radix_uniform, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -1251,8 +1251,7 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   for (int blocks : {256, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
-                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixUniform,
-                       TopkKernel::kRadixCoop})
+                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixUniform})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);
@@ -1285,9 +1284,6 @@ TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
     for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}}) {
       EXPECT_NE(plan_topk_select(topk_call(4, tokens), by_size, f).kernel, TopkKernel::kRadix1Buf);
       EXPECT_NE(plan_topk_select(topk_call(4, tokens), {}, f).kernel, TopkKernel::kRadix1Buf);
-      // radix_coop (cooperative histograms) is off by default until measured on the H200.
-      EXPECT_NE(plan_topk_select(topk_call(4, tokens), by_size, f).kernel, TopkKernel::kRadixCoop);
-      EXPECT_NE(plan_topk_select(topk_call(4, tokens), {}, f).kernel, TopkKernel::kRadixCoop);
     }
 }
 

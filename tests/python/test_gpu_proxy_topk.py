@@ -972,13 +972,11 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 
 # Values of the plan option `kernel` (include/flashmsa/plan.h): warp-per-row at
 # 32 tokens per CTA, at 8 (decode-sized calls), the thread-per-row radix kernel, by_size (the
-# default: the size-based choice between warp_split, warp_per_row_8 and radix_1buf), the radix kernel's lean
+# default: the size-based choice between warp_split, warp_per_row_8 and radix_uniform), the radix kernel's lean
 # variant radix_1buf, split rows (a CTA per row, its chunks over up to 8 warps, merged by one), and
-# radix_uniform (radix_1buf with branch-free passes of warp-uniform trip counts), and radix_coop
-# (radix_uniform with cooperative histograms: a radix level that at most 3 lanes still need is
-# counted by the whole warp).
+# radix_uniform (radix_1buf with branch-free passes of warp-uniform trip counts).
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split",
-                "radix_uniform", "radix_coop")
+                "radix_uniform")
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
