@@ -833,8 +833,6 @@ class Bench:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
                 if kv == "nvfp4":
                     variants.append((" [nvfp4_cvt=byte]", dict(kernel="regs", nvfp4_cvt="byte")))
-                if kv == "fp8":  # the regs kernel pipelined across blocks (off by default)
-                    variants.append((" [regs_pipe]", dict(kernel="regs_pipe")))
             # Split-K batches (<= 8) of 16-bit and fp8 K/V: the splits of a row as one cluster
             # merging in distributed shared memory instead of partials + combine.
             if sq == 1 and b <= STEP_VARIANT_MAX_BATCH and kv in ("bf16", "fp8"):

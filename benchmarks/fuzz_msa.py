@@ -105,11 +105,11 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 # The kernel choices a case may force on the device, as plan options of flashmsa's private planned
 # twins of the ops (msa_ops._*_planned; the CPU reference has no plan): the proxy kernel (decode_f16:
 # the decode kernel's fp16 MMAs for fp8 K) and its fp8 (decode_fp8) and NVFP4 (nvfp4_cvt) variants,
-# the top-k and decode kernel (regs: fp8 and NVFP4 K/V in registers; regs_pipe: fp8 pipelined
-# across blocks; wgmma: MTP union items on sm_90a), decode's MTP items, the prefill schedule (auto
-# is query-major at these sizes), the KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows
-# (launch groups) and tile_max_waste (8: every tile whose union fits goes to the shared-selection
-# tile kernel). A forced kernel that cannot run a case falls back as the plan says.
+# the top-k and decode kernel (regs: fp8 and NVFP4 K/V in registers; wgmma: MTP union items on
+# sm_90a), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
+# KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups) and tile_max_waste (8:
+# every tile whose union fits goes to the shared-selection tile kernel). A forced kernel that cannot
+# run a case falls back as the plan says.
 SCHEDULES = {
     "auto": {},
     "query_major": {"schedule": "query_major"},
@@ -129,7 +129,7 @@ KERNELS = {
     "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode")), ("nvfp4_cvt", ("byte", "word"))],
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf",
                          "warp_split", "radix_uniform"))],
-    "decode": [("kernel", ("smem", "regs", "regs_pipe", "wgmma")), ("mtp", ("per_token", "union"))],
+    "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],
 }
 
 

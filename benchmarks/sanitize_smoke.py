@@ -711,8 +711,6 @@ class Smoke:
         # union items, which do not convert in registers).
         word_ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs",
                                                                          nvfp4_cvt="word"))
-        # fp8 K/V pipelined across blocks (kernel=regs_pipe; other K/V kinds and MTP run as regs).
-        pipe_ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs_pipe"))
         b = len(lens)
         for hq, hkv, q_dtype, kv_dtype in ((64, 4, BF16, FP8), (8, 2, FP16, FP8), (16, 4, FP8, FP8),
                                            (64, 4, BF16, BF16), (8, 2, FP16, FP16)):
@@ -723,15 +721,10 @@ class Smoke:
                     sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
                     sel[:, 1::4, 9] = -1      # the list ends there
                     return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
-                q_sel = self.lazy(build)
                 self._decode_fused_and_split(
-                    ops, cache, q_sel, seqlen_q, (True, False, None),
+                    ops, cache, self.lazy(build), seqlen_q, (True, False, None),
                     f"decode regs paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} {hq}/{hkv} "
                     f"sq{seqlen_q}")
-                if kv_dtype == FP8 and seqlen_q == 1:
-                    self._decode_fused_and_split(
-                        pipe_ops, cache, q_sel, seqlen_q, (True, False, None),
-                        f"decode regs_pipe paged fp8 q={str(q_dtype)[6:]} {hq}/{hkv} sq1")
         # NVFP4 K/V converted in registers (raw blocks with their scales, 5 stages).
         for hq, hkv, q_dtype in ((64, 4, BF16), (8, 2, FP8)):
             def build_fp4(hkv=hkv):

@@ -85,7 +85,6 @@ KERNELS = [
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, {KV}, 4, false, true>(const QueryMajorArgs&, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, {KV}, 4, true, true>(const QueryMajorArgs&, cudaStream_t)", kvs=("fp8",)),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, {KV}, 1, true, false, true>(const QueryMajorArgs&, cudaStream_t)", kvs=("nvfp4",)),
-    Kernel("sparse_attn_{e}_{kv}", "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, {KV}, 1, true, false, false, false, true>(const QueryMajorArgs&, cudaStream_t)", kvs=("fp8",)),
     # kCluster (decode plan option split=cluster): the split CTAs of a row as one cluster merging
     # through distributed shared memory, in units of their own so that they compile beside the others.
     Kernel("sparse_attn_qm_cluster_{e}_{kv}", "sparse_attn/query_major.cuh", "void launch_query_major<{E}, {KV}, 1, false, false, false, true>(const QueryMajorArgs&, cudaStream_t)"),

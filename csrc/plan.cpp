@@ -50,7 +50,6 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
                                                  {DecodeKernel::kRegs, "regs"},
-                                                 {DecodeKernel::kRegsPipe, "regs_pipe"},
                                                  {DecodeKernel::kWgmma, "wgmma"}};
 
 constexpr Named<int> kDecodeCtas[] = {{0, "auto"}, {2, "2"}, {3, "3"}, {4, "4"}};

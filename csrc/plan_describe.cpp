@@ -134,8 +134,7 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
       s << "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers"
         << (plan.qm.nvfp4_word ? ", nvfp4_cvt=word: a word of 8 codes at a time)" : ")");
     else if (p.k.dtype == DType::kFP8E4M3)
-      s << "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers"
-        << (plan.qm.pipe ? ", regs_pipe: pipelined across blocks)" : ")");
+      s << "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)";
     else
       s << "; kernel=regs (3 stages at 2 CTAs per SM)";
   }

@@ -21,10 +21,9 @@ namespace flashmsa::sparse_attn {
 // a word at a time (decode plan option nvfp4_cvt=word; kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs).
 // kCluster (decode plan option split=cluster, sm_90): split calls only; the splits of one (row, kv
 // head, row tile) run as a thread-block cluster that merges its partials through distributed shared
-// memory (no workspace partials, no combine). kPipe (decode plan option kernel=regs_pipe): the fp8
-// register variant software-pipelined across blocks (query_major.cuh).
+// memory (no workspace partials, no combine).
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false, bool kMtp = false,
-          bool kWordCvt = false, bool kCluster = false, bool kPipe = false>
+          bool kWordCvt = false, bool kCluster = false>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream);
 // The largest cluster every kCluster kernel of this compute dtype and KV kind gets on the current
 // device (regs: the streaming variant's too); 0 where clusters cannot run.

@@ -59,7 +59,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // G > 16 keep smem (NVFP4 union items in registers: 168.3 vs 153.1 us for the smem union kernel
   // at 5b22cb3, removed).
   const bool quantized_kv = p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4;
-  const bool want_regs = !plan.wgmma && (kernel == DecodeKernel::kRegs || kernel == DecodeKernel::kRegsPipe ||
+  const bool want_regs = !plan.wgmma && (kernel == DecodeKernel::kRegs ||
                                          (kernel == DecodeKernel::kAuto && quantized_kv));
   plan.regs = want_regs && (mtp ? p.k.dtype == DType::kFP8E4M3 : plan.warps_m == 1 && regs_ctas > 0);
   // nvfp4_cvt: the 16-row register kernel's NVFP4 conversion a word at a time (auto, word) or a
@@ -89,9 +89,6 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, cluster_max);
     }
   }
-  // kernel=regs_pipe: the fp8 16-row register kernel pipelined across blocks (not with clusters).
-  plan.pipe = options.kernel == DecodeKernel::kRegsPipe && plan.regs && !mtp &&
-              p.k.dtype == DType::kFP8E4M3 && !plan.cluster;
   plan.num_items = items * plan.splits;
   // kernel=wgmma: persistent CTAs, at most one per SM and item (a CTA takes items blockIdx.x,
   // + grid, ...).

@@ -636,16 +636,7 @@ MSA_DEVICE void cluster_merge(const QueryMajorArgs& args, uint8_t* smem, int r, 
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
 // variant (105 KB of shared memory; MTP union items in registers: 86 KB and 64 rows of S per
 // warp).
-// kPipe (decode plan option kernel=regs_pipe, fp8 K/V, 16-row tiles, per-token items without
-// split=cluster): the register variant software-pipelined across blocks. K and V of a block are
-// separate cp.async groups (the same 3 stages, as 6 halves), and iteration i computes the softmax
-// of block i, then Q K^T of block i + 1 and P V of block i in one basic block, so that the
-// tensor-core chains of the next block's Q K^T fill the gaps of this block's P V (and the reverse)
-// instead of running one after the other; the MMAs, their order and the softmax are those of the
-// register variant (the same results). In flight while block i is computed: V(i + 1), K(i + 2),
-// V(i + 2), K(i + 3), 64 KB per CTA as before (docs/design/sparse_attention.md#decode-regs-pipe).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster,
-          bool kPipe>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
@@ -654,9 +645,6 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
   static_assert(!kWordCvt || (kKv == KvKind::kNvfp4 && kRegs && kWarpsM == 1),
                 "nvfp4_cvt=word: the 16-row register variant with NVFP4 K/V");
   static_assert(!kCluster || !kMtp, "split=cluster: per-token items");
-  static_assert(!kPipe || (kRegs && kKv == KvKind::kFp8 && kWarpsM == 1 && !kMtp && !kCluster &&
-                           Cfg::kStages == 3),
-                "kernel=regs_pipe: the 16-row fp8 register variant, per-token items, no clusters");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   if constexpr (kCluster) {  // no clusters below sm_90: never planned there (prepare_cluster_launch)
     __trap();
@@ -733,31 +721,10 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
                                                          d.n_valid, stage_addr(st) + kHalf, tid);
       }
     };
-    // kPipe: K and V halves as their own groups (h = 2 tile + 0 for K, + 1 for V; tile t's halves in
-    // stage t % 3 as issue_tile places them); out-of-range halves commit empty groups so that the
-    // wait counts stay uniform.
-    [[maybe_unused]] auto issue_half = [&](int h) {
-      const int tile = h >> 1;
-      if (tile < n_tiles) {
-        const TileDesc d = s_tiles[tile];
-        const bool v = (h & 1) != 0;
-        issue_fp8_rows_swizzled<Cfg::kTileKeys, kQmThreads>(
-            v ? p.v : p.k, v ? d.v_off : d.k_off, d.n_valid,
-            stage_addr(tile % Cfg::kStages) + (v ? uint32_t(Cfg::kStageBytes / 2) : 0u), tid);
-      }
+#pragma unroll
+    for (int st = 0; st < Cfg::kStages - 1; ++st) {
+      if (st < n_tiles) issue_tile(st, st);
       cp_async_commit();
-    };
-    // Tile groups issued before the loop (kPipe: halves K0, V0, K1, V1, K2).
-    constexpr int kPrologueGroups = kPipe ? 5 : Cfg::kStages - 1;
-    if constexpr (kPipe) {
-#pragma unroll
-      for (int h = 0; h < kPrologueGroups; ++h) issue_half(h);
-    } else {
-#pragma unroll
-      for (int st = 0; st < Cfg::kStages - 1; ++st) {
-        if (st < n_tiles) issue_tile(st, st);
-        cp_async_commit();
-      }
     }
     if constexpr (Cfg::kCoop) {  // MTP union items, fp8 K/V in registers, warps cooperating
       mtp_coop_item<Cfg, Elem>(args, r0, n_tok, kh, split, n_tiles, s_tiles, sQ, s_union, s_rowmax,
@@ -773,7 +740,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         // Q landed once all but the kStages - 1 tile groups are done (its copies are the first
         // group). Every warp reads its 16 rows and keeps its row factors; then warp 0 (every warp
         // has the same rows) overwrites the Q tile with the fp16 fragments read from here on.
-        cp_async_wait<kPrologueGroups>();
+        cp_async_wait<Cfg::kStages - 1>();
         __syncthreads();
         uint32_t qa[8][4];
         load_q_frags_f16<Elem>(sQ, w_m * 16, lane, args.scale_log2, qa, row_mul);
@@ -807,52 +774,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     SoftmaxState<1> st;
     st.init();
 
-    if constexpr (kPipe) {
-      const int key0 = w_n * Cfg::kWarpKeys;
-      float s_cur[Cfg::kNT][4], s_nxt[Cfg::kNT][4];
-      if (n_tiles > 0) {
-        cp_async_wait<kPrologueGroups - 1>();
-        __syncthreads();  // K0 landed for every thread; the stashed Q fragments are visible
-        qk_fp8_regs<Cfg::kNT>(s_cur, sQf, s_union, key0, lane);
-      }
-      for (int i = 0; i < n_tiles; ++i) {
-        // K(i + 1) and V(i) landed for every thread (pending: V(i + 1), K(i + 2)); every warp is
-        // done with K(i) (read by the previous iteration) and V(i - 1).
-        cp_async_wait<2>();
-        __syncthreads();
-        issue_half(2 * (i + 2) + 1);  // V(i + 2): stage (i + 2) % 3 = V(i - 1)'s
-        issue_half(2 * (i + 3));      // K(i + 3): stage i % 3 = K(i)'s
-        const uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
-        const uint8_t* raw_next = s_union + ((i + 1) % Cfg::kStages) * Cfg::kStageBytes;
-        const int lim_rel = s_tiles[i].n_valid - key0;
-        float s[1][Cfg::kNT][4];
-        if (lim_rel > 0) {  // warp-uniform
-          int lim[1][2] = {{lim_rel, lim_rel}};
-#pragma unroll
-          for (int nt = 0; nt < Cfg::kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[0][nt][e] = s_cur[nt][e] * row_mul[e >> 1];
-          softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
-                                    regs_rescale_slack(args.has_temp, temp));
-        } else {
-          // A slice past the tile's last visible key: P = 0 against its zero-filled V rows adds
-          // nothing (kept in the same basic block as the next Q K^T).
-#pragma unroll
-          for (int nt = 0; nt < Cfg::kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[0][nt][e] = 0.0f;
-        }
-        // Q K^T of block i + 1 (past the last tile: stale shared memory no copy writes to, whose
-        // result is never used) and P V of block i, one basic block.
-        qk_fp8_regs<Cfg::kNT>(s_nxt, sQf, raw_next, key0, lane);
-        pv_fp8_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_cur[nt][e] = s_nxt[nt][e];
-      }
-    }
-    for (int i = 0; i < (kPipe ? 0 : n_tiles); ++i) {
+    for (int i = 0; i < n_tiles; ++i) {
       cp_async_wait<Cfg::kStages - 2>();
       __syncthreads();  // tile i landed for every thread; everyone is done with tile i - 1
       const int nx = i + Cfg::kStages - 1;
@@ -1077,11 +999,10 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
   }
 }
 
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster,
-          bool kPipe>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
-  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kWordCvt, kCluster, kPipe>;
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kWordCvt, kCluster>;
   if constexpr (kCluster) {
     // One cluster per (row, kv head, row tile): its splits are consecutive items, one CTA each
     // (no grid-stride loop: every CTA of a cluster must reach its barriers).
@@ -1120,7 +1041,7 @@ int query_major_cluster_max(bool regs) {
   auto size = [&]<int kWarpsM, bool kRegs, bool kWordCvt = false>() {
     using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
     return flashmsa::cuda::prepare_cluster_launch(
-        query_major_kernel<Elem, kKv, kWarpsM, kRegs, false, kWordCvt, true, false>, kQmThreads,
+        query_major_kernel<Elem, kKv, kWarpsM, kRegs, false, kWordCvt, true>, kQmThreads,
         QueryMajorClusterLayout<Cfg>::kSmemBytes);
   };
   int n = std::min(size.template operator()<1, false>(), size.template operator()<4, false>());

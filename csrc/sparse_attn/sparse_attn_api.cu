@@ -185,14 +185,6 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       }
       return;
     }
-    if (plan.regs && plan.pipe) {  // kernel=regs_pipe
-      if constexpr (kKv == KvKind::kFp8) {
-        launch_query_major<Elem, kKv, 1, true, false, false, false, true>(a, stream);
-      } else {
-        MSA_FAIL("msa_sparse_decode_attention: kernel=regs_pipe needs fp8 K/V (planner bug)");
-      }
-      return;
-    }
     if (plan.regs && plan.nvfp4_word) {  // nvfp4_cvt=word
       if constexpr (kKv == KvKind::kNvfp4) {
         launch_query_major<Elem, kKv, 1, true, false, true>(a, stream);

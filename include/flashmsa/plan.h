@@ -136,17 +136,19 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee:
 // 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us); MTP union items:
 // regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us); smem where regs does not apply.
-// regs_pipe: regs with fp8 K/V software-pipelined across blocks (Q K^T of block i + 1 in one basic
-// block with P V of block i; K and V halves as separate cp.async groups, the same 3 stages and
-// results; per-token items without split=cluster, where the regs kernel runs; elsewhere as regs).
-// Not yet measured (docs/design/sparse_attention.md#decode-regs-pipe); auto never picks it.
 // wgmma: MTP union items with bf16 / fp16 q, K and V on the sm_90a kernel of warpgroup MMAs and TMA
 // loads (csrc/sparse_attn/mtp_wgmma_sm90.cuh: a persistent CTA per SM, a producer warp streaming
 // each item's union blocks through a 3-stage K / V ring, one consumer warpgroup computing all 64
 // rows); every other call (per-token items, fp8 / NVFP4 K/V, fp8 q, no sm_90a image or device,
 // q / K / V beyond TMA's 32-bit coordinates) is planned as auto and the plan text says why
 // (mtp_wgmma_unsupported). Not measured yet: auto never takes it.
-enum class DecodeKernel : int32_t { kAuto = 0, kSmem = 1, kRegs = 2, kRegsPipe = 3, kWgmma = 4 };
+enum class DecodeKernel : int32_t {
+  kAuto = 0,
+  kSmem = 1,
+  kRegs = 2,
+  // 3 was regs_pipe (removed: docs/design/sparse_attention.md#decode-regs-pipe).
+  kWgmma = 4
+};
 // MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
 // over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,
 // seqlen_q x topk <= 64). auto: union where it applies (H200 at 162e97a, B64/32K, 4 tokens: 105 vs
@@ -233,7 +235,7 @@ struct TopkSelectOptions {
 // 2; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
-// Options of msa_sparse_decode_attention: kernel=auto|smem|regs|regs_pipe|wgmma, mtp=auto|per_token|union,
+// Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
@@ -305,7 +307,6 @@ struct QueryMajorPlan {
   int warps_m = 0;    // 1 (G <= 16: one m16 tile per token) or 4 (64-row tiles)
   bool regs = false;  // decode: the streaming variant (DecodeKernel::kRegs where it applies)
   bool nvfp4_word = false;  // regs with NVFP4 K/V (16-row tiles): nvfp4_cvt=word's conversion
-  bool pipe = false;  // regs with fp8 K/V, per-token items, no cluster: kernel=regs_pipe
   int mtp_tokens = 0; // decode: > 0 for MTP union items of this many tokens per request
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks

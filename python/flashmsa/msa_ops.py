@@ -817,7 +817,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
 # warp_split | radix_uniform;
 # msa_sparse_decode_attention:
-# kernel = auto | smem | regs | regs_pipe | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
+# kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,
 # split = auto | blocks | cluster,
 # nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word)

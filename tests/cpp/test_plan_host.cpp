@@ -604,40 +604,6 @@ TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
   EXPECT_FALSE(plan_sparse_attention(p, {}, h200).qm.regs);
 }
 
-TEST(PlanDecode, RegsPipeOnlyForFp8PerTokenItemsWithoutClusters) {
-  SparseAttnDeviceFacts h200 = hopper();
-  h200.decode_regs_ctas = 2;
-  h200.decode_cluster_max = 16;
-  SparseDecodeOptions pipe;
-  pipe.kernel = DecodeKernel::kRegsPipe;
-  SparseDecodeOptions regs;
-  regs.kernel = DecodeKernel::kRegs;
-  SparseDecodeParams fp8 = decode(64, -1);
-  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
-  const SparseAttnPlan a = plan_sparse_decode(fp8, h200, pipe);
-  EXPECT_TRUE(a.qm.regs);
-  EXPECT_TRUE(a.qm.pipe);
-  EXPECT_EQ(a.qm.splits, plan_sparse_decode(fp8, h200, regs).qm.splits);  // regs' split rule
-  EXPECT_FALSE(plan_sparse_decode(fp8, h200, regs).qm.pipe);
-  EXPECT_FALSE(plan_sparse_decode(fp8, h200, {}).qm.pipe);  // auto never takes it
-  // Other K/V kinds run regs unchanged.
-  SparseDecodeParams nvfp4 = decode(64, -1);
-  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
-  EXPECT_TRUE(plan_sparse_decode(nvfp4, h200, pipe).qm.regs);
-  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, pipe).qm.pipe);
-  EXPECT_TRUE(plan_sparse_decode(decode(64, -1), h200, pipe).qm.regs);
-  EXPECT_FALSE(plan_sparse_decode(decode(64, -1), h200, pipe).qm.pipe);
-  // split=cluster runs the cluster kernel (not pipelined).
-  SparseDecodeOptions cluster = pipe;
-  cluster.split = DecodeSplit::kCluster;
-  SparseDecodeParams b1 = decode(1, -1);
-  b1.attn.k.dtype = b1.attn.v.dtype = DType::kFP8E4M3;
-  const SparseAttnPlan c = plan_sparse_decode(b1, h200, cluster);
-  EXPECT_TRUE(c.qm.cluster);
-  EXPECT_FALSE(c.qm.pipe);
-  EXPECT_TRUE(plan_sparse_decode(b1, h200, pipe).qm.pipe);
-}
-
 TEST(PlanDecode, Nvfp4WordConversionOnlyUnderTheRegisterKernelWithNvfp4) {
   SparseAttnDeviceFacts h200 = hopper();
   h200.decode_regs_ctas = 2;
@@ -1159,10 +1125,12 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                              "radix_1buf, warp_split or radix_uniform, got '") + v + "'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
-               "kernel must be auto, smem, regs, regs_pipe or wgmma, got 'fastest'");
-  // kernel=regs8 (8 warps per CTA for fp8 K/V) was removed: slower than regs on the H200 (at 5b22cb3).
-  expect_error([] { parse_sparse_decode_options("kernel=regs8"); }, ErrorKind::kValue,
-               "kernel must be auto, smem, regs, regs_pipe or wgmma, got 'regs8'");
+               "kernel must be auto, smem, regs or wgmma, got 'fastest'");
+  // kernel=regs8 (8 warps per CTA for fp8 K/V) and kernel=regs_pipe (the fp8 register kernel
+  // pipelined across blocks) were removed: not faster than regs on the H200 (at 5b22cb3, 054c9ce).
+  for (const char* v : {"regs8", "regs_pipe"})
+    expect_error([&] { parse_sparse_decode_options(std::string("kernel=") + v); }, ErrorKind::kValue,
+                 std::string("kernel must be auto, smem, regs or wgmma, got '") + v + "'");
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,

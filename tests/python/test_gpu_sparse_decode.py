@@ -441,20 +441,6 @@ def test_regs_kernel_matches_cpu_reference(case, force_fused):
     check_against_reference(dp, got, want, base_out, f"{case} regs fused={force_fused}")
 
 
-# fp8 K/V pipelined across blocks (plan option kernel=regs_pipe, off by default; query_major.cuh
-# kPipe): the regs kernel's MMAs, order and softmax, so against the CPU reference on every fp8 case
-# (MTP cases run their items as under regs) and bit for bit against kernel=regs; 16-bit / NVFP4
-# K/V take regs unchanged.
-@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
-@pytest.mark.parametrize("case", REGS_CASES + [c for c in REGS_NATIVE_CASES if c.name == "fp16"] +
-                         REGS_NVFP4_CASES[:1], ids=str)
-def test_regs_pipe_matches_cpu_reference_and_regs(case, force_fused):
-    dp, want, base_out = reference(case, seed=11)
-    got = run_regs(dp, kernel="regs_pipe", force_fused=force_fused)
-    check_against_reference(dp, got, want, base_out, f"{case} regs_pipe fused={force_fused}")
-    assert bits_equal(got, run_regs(dp, kernel="regs", force_fused=force_fused))
-
-
 # NVFP4 K/V converted a word (8 codes) at a time (plan option nvfp4_cvt=word, the default since
 # f4fdc62's H200 run; kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs with kWord; the default-option test
 # above runs it) or a byte at a time (nvfp4_cvt=byte, forced here): every REGS_NVFP4_CASES case, the
@@ -563,7 +549,7 @@ def test_regs_kernel_q_row_scales(q_dtype):
 
 def test_decode_kernel_option_rejects_unknown_values():
     dp = build_decode(CASES[1], seed=16)
-    with pytest.raises(ValueError, match="kernel must be auto, smem, regs, regs_pipe or wgmma, got 'fastest'"):
+    with pytest.raises(ValueError, match="kernel must be auto, smem, regs or wgmma, got 'fastest'"):
         msa_ops._sparse_decode_planned(*dp.gpu_args, **dp.gpu_kwargs,
                                        options=dict(kernel="fastest"))
 

@@ -25,7 +25,6 @@ extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4>(const Qu
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
-extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>();
@@ -65,7 +64,6 @@ extern template void launch_query_major<__half, KvKind::kFp8, 4>(const QueryMajo
 extern template void launch_query_major<__half, KvKind::kFp8, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kFp8, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
-extern template void launch_query_major<__half, KvKind::kFp8, 1, true, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kFp8>();
