@@ -74,8 +74,23 @@ static_assert(KvMajorTmaConfig::kProducerRegs + 2 * KvMajorTmaConfig::kConsumerR
               "register split");
 static_assert(KvMajorTmaConfig::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
 static_assert(sizeof(KvmItemState) <= KvMajorTmaConfig::kItemBytes, "item record fits its slot");
-static_assert(KvMajorTmaConfig::kStageOffset % 1024 == 0 && KvMajorTmaConfig::kQOffset % 1024 == 0,
+// Every 128-byte-swizzled box lands 1024-byte aligned (the swizzle is taken from address bits
+// 4..9): K / V buffers and their 64-dim halves, Q stages and staging tiles and their halves; a
+// token's box at row e x min(G, 64) of a tile is too, G being a multiple of 8 (the planner's
+// kv_major_tma_unsupported).
+static_assert(KvMajorTmaConfig::kKOffset % 1024 == 0 && KvMajorTmaConfig::kVOffset % 1024 == 0 &&
+                  KvMajorTmaConfig::kKvBytes % 1024 == 0 && (kBlockSize * 128) % 1024 == 0 &&
+                  KvMajorTmaConfig::kQOffset % 1024 == 0 && KvMajorTmaConfig::kStageOffset % 1024 == 0 &&
+                  KvMajorTmaConfig::kTileBytes % 1024 == 0 && (64 * 128) % 1024 == 0,
               "swizzled tiles start on 1024-byte boundaries");
+// Tile n of the CTA's stream goes to warpgroup n & 1 and Q stage n % kQStages: with an even stage
+// count every stage belongs to one warpgroup, which waits its q_full phases in order (never more
+// than one phase from the barrier's). An odd count would hand consecutive phases of a stage to
+// different warpgroups: the parity aliasing that faulted the first proxy decode TMA ring.
+static_assert(KvMajorTmaConfig::kQStages % 2 == 0, "each Q stage is consumed by one warpgroup");
+static_assert(KvMajorTmaConfig::kItemOffset % 8 == 0 && KvMajorTmaConfig::kItemBytes % 8 == 0 &&
+                  KvMajorTmaConfig::kBarOffset % 8 == 0,
+              "item records (int64 fields) and mbarriers 8-byte aligned");
 
 #if MSA_HAS_WGMMA
 // Barrier addresses (bars = the first one's shared address).

@@ -261,6 +261,62 @@ TEST(PlanKernel, TmaOnlyWhenNamedAndFallsBackSayingWhy) {
   fallback(huge, f, KvMajorKernel::kWgmma, "32-bit coordinates");
 }
 
+// What the TMA KV-major kernel's launcher builds its maps on (kv_major_tma_sm90.cuh): the partial
+// store map is (128 dims, Hkv x chunk_rows x topk x G rows) of the compute dtype with a 256-byte
+// row stride on kvm.part_o, and an item's list fits the kernel's 256-token shared-memory slot. So
+// for every G the kernel takes, flat and paged, with and without the temperature LSE: 16-bit
+// partials of exactly 128 elements per row, sections 256-byte aligned (TMA needs 16), partial rows
+// within 32-bit coordinates, items of at most 256 tokens and 4096 rows.
+TEST(PlanKernel, TmaWorkspaceMatchesItsTensorMaps) {
+  SparseAttnDeviceFacts f = hopper();
+  f.kv_major_tma_ctas = 1;
+  float lse_t[1];
+  for (int hq : {32, 64, 128, 256, 512}) {  // G = 8 .. 128 at 4 kv heads
+    for (bool is_paged : {false, true}) {
+      for (bool temp : {false, true}) {
+        for (DType dt : {DType::kBF16, DType::kFP16}) {
+          SparseAttnParams p = attn(4096, hq, 4, 16, dt);
+          p.q_dtype = p.out_dtype = dt;
+          if (is_paged) {
+            p = paged(p, 1, 32);
+            p.kv.num_pages = 32;
+          }
+          if (temp) p.lse_temperature_out = lse_t;
+          const int G = hq / 4;
+          const std::string what = "G " + std::to_string(G) + (is_paged ? " paged" : " flat") +
+                                   (temp ? " temp" : "") + (dt == DType::kFP16 ? " fp16" : " bf16");
+          for (PrefillSchedule s : {PrefillSchedule::kKvMajor, PrefillSchedule::kHybrid}) {
+            const SparseAttnPlan plan = plan_sparse_attention(p, opts(s, KvMajorKernel::kTma), f);
+            const KvMajorPlan& k = plan.kvm;
+            ASSERT_EQ(k.kernel, KvMajorKernel::kTma) << what << (k.tma_fallback ? k.tma_fallback : "");
+            expect_layout_sound(plan);
+            EXPECT_GE(k.tokens_per_item, 1) << what;
+            EXPECT_LE(k.tokens_per_item, 256) << what;  // kKvmTmaMaxTokensPerItem: the list slot
+            EXPECT_LE(int64_t(k.tokens_per_item) * G, 4096) << what;
+            const int64_t rows = int64_t(4) * k.chunk_rows * 16 * G;
+            EXPECT_LT(rows, int64_t(1) << 31) << what;
+            const WorkspaceSection* o = section(plan, "kvm.part_o");
+            const WorkspaceSection* lse = section(plan, "kvm.part_lse");
+            const WorkspaceSection* lt = section(plan, "kvm.part_lse_t");
+            ASSERT_NE(o, nullptr);
+            ASSERT_NE(lse, nullptr);
+            EXPECT_EQ(o->offset, k.part_o_off) << what;
+            EXPECT_EQ(o->offset % kWorkspaceAlign, 0u) << what;
+            EXPECT_EQ(o->bytes, size_t(rows) * 128 * 2) << what;  // the o map: 256-byte rows
+            EXPECT_EQ(lse->offset, k.part_lse_off) << what;
+            EXPECT_EQ(lse->bytes, size_t(rows) * 4) << what;
+            ASSERT_EQ(lt != nullptr, temp) << what;
+            if (temp) {
+              EXPECT_EQ(lt->offset, k.part_lse_t_off) << what;
+              EXPECT_EQ(lt->bytes, size_t(rows) * 4) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- launch groups -----------------------------------------------------------------------------
 
 TEST(PlanGroups, ChunkRowsGiveEqualLaunchGroups) {
