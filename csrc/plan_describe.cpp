@@ -182,7 +182,8 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
         << ": NVFP4 K a word of 8 codes at a time)";
     if (plan.fp8_tma)
       s << "; decode_fp8=tma (" << (o.decode_fp8 == DecodeFp8::kTma ? "forced" : "auto")
-        << ": fp8 K by TMA, a warp per key block, where it applies)";
+        << ": fp8 K by TMA, a warp per key block"
+        << (plan.fp8_tma_cols == kProxyDecodeTmaMaxCols ? ", 16 query columns a pass" : "") << ", where it applies)";
   }
   return s.str();
 }

@@ -18,10 +18,14 @@
 // and releases the stage.
 //
 // Math per warp and block: keys on the MMA's M side. mma.sync m16n8k16 with A = 16 keys x 16 dims
-// (fp8 -> MMA type in registers, load_k_frags' lane / dim assignment) and B = the pass's 8 query
-// columns (G heads x T = 8 / G tokens; Q's A fragments of load_q_frags with rows g < 8 are exactly
-// these B fragments), so a 16-key tile is 8 MMAs and none of their rows is padding (the cp.async
-// kernel puts the 4 query rows of M3 on M and wastes 12 of 16). The dims of k-step s are those of
+// (fp8 -> MMA type in registers, load_k_frags' lane / dim assignment) and B = 8 query columns of
+// the pass. A pass covers kCols = 8 or 16 columns (G heads x T = kCols / G tokens; the plan's
+// ProxyScorePlan::fp8_tma_cols, a template parameter): Q's A fragments of load_q_frags are exactly
+// the B fragments, rows g < 8 (qa[s][0], qa[s][2]) of columns 0-7 and rows g + 8 (qa[s][1],
+// qa[s][3]) of columns 8-15, so with 16 columns each converted K A-fragment feeds two MMAs instead
+// of being converted again in a second pass. A 16-key tile is 8 (16) MMAs and none of their rows
+// is padding (the cp.async kernel puts the 4 query rows of M3 on M and wastes 12 of 16). The
+// 8-column build is the kernel as first measured (054c9ce). The dims of k-step s are those of
 // proxy_decode's k-step s, in the same order. MMA row g holds key 2 (g % 4) + g / 4 of its 8-key
 // half: with the swizzle (chunk ^ key % 8), each 16-lane phase of the 8-byte K loads covers all 32
 // banks once. The column maxima over keys are reduced in registers and over g by 3 xor-shuffles;
@@ -37,7 +41,6 @@ namespace flashmsa::cuda::proxy::decode::tma {
 
 inline constexpr int kConsumers = 6;                    // consumer warps (0..5), a whole block each
 inline constexpr int kCtaThreads = (kConsumers + 1) * 32;  // + the producer warp (6)
-inline constexpr int kCols = kProxyDecodeTmaCols;        // MMA N: G heads x T tokens of a pass
 inline constexpr int kStageBytes = kBlockSize * 128;     // one 128-key fp8 block, 16 KB
 inline constexpr int kStagesPerWarp = 2;                 // each consumer warp's own stages
 inline constexpr int kStages = kConsumers * kStagesPerWarp;  // 192 KB in all
@@ -54,7 +57,7 @@ __host__ __device__ constexpr uint32_t unit_parity(int64_t j) {
 inline constexpr int kSmemBytes = kStages * kStageBytes + kStages * (2 * 8 + 4) + 1024;
 
 struct TmaParams {
-  Params dp;         // dp.tokens = kCols / G
+  Params dp;         // dp.tokens = kCols / G (kCols: the launch's columns per pass, 8 or 16)
   CUtensorMap k_map; // encode_kv_block_map: 128 bytes x 128 keys per box, 128-byte swizzle
 };
 
@@ -102,48 +105,67 @@ __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, in
   }
 }
 
-// Per-key limits of the lane's columns 2c, 2c + 1 of pass tok0 against block t (0: none visible).
-__device__ __forceinline__ void col_limits(const Params& dp, const Request& r, int t, int tok0, int c, int (&lim)[2]) {
+// Per-key limits of the lane's columns 8h + 2c, 8h + 2c + 1 (h < kCols / 8) of pass tok0 against
+// block t (0: none visible).
+template <int kCols>
+__device__ __forceinline__ void col_limits(const Params& dp, const Request& r, int t, int tok0, int c,
+                                           int (&lim)[kCols / 8][2]) {
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int col = 2 * c + j;
-    const int hl = col / dp.tokens;
-    const int tok = tok0 + col - hl * dp.tokens;
-    lim[j] = (hl < dp.group && tok < r.ntok) ? col_limit(dp.p.causal, r.q_off, tok, r.seqlen_k) - t * kBlockSize : 0;
+  for (int h = 0; h < kCols / 8; ++h) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int col = 8 * h + 2 * c + j;
+      const int hl = col / dp.tokens;
+      const int tok = tok0 + col - hl * dp.tokens;
+      lim[h][j] =
+          (hl < dp.group && tok < r.ntok) ? col_limit(dp.p.causal, r.q_off, tok, r.seqlen_k) - t * kBlockSize : 0;
+    }
   }
 }
 
-// The whole block (8 tiles of 16 keys) against the pass's columns: this lane's maxima of columns
-// 2c, 2c + 1 over its keys into v (kMasked: key < lim[j], else -inf).
-template <typename Mma, bool kMasked>
+// The whole block (8 tiles of 16 keys) against the pass's kCols columns: this lane's maxima of
+// columns 8h + 2c, 8h + 2c + 1 over its keys into v[h] (kMasked: key < lim[h][j], else -inf). Each
+// k-step's converted K A-fragment feeds the MMA of every 8-column half h (B = qa[s][h], qa[s][2 + h]).
+template <typename Mma, bool kMasked, int kCols>
 __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4], const uint8_t* stage,
-                                                      const int (&lim)[2], int g, int c, float (&v)[2]) {
+                                                      const int (&lim)[kCols / 8][2], int g, int c,
+                                                      float (&v)[kCols / 8][2]) {
+  constexpr int kHalves = kCols / 8;
   const int kr = 2 * (g & 3) + (g >> 2);  // MMA row g's key within its 8-key half
 #pragma unroll
   for (int tile = 0; tile < kBlockSize / 16; ++tile) {
     uint32_t lo[8][2], hi[8][2];
     load_k_frags<Mma, kK8, false, true>(stage, tile * 16 + kr, c, lo);
     load_k_frags<Mma, kK8, false, true>(stage, tile * 16 + 8 + kr, c, hi);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[kHalves][4];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[h][e] = 0.0f;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       const uint32_t a[4] = {lo[s][0], hi[s][0], lo[s][1], hi[s][1]};
-      mma_m16n8k16<Mma>(acc, a, qa[s][0], qa[s][2]);
-    }
-    // acc[e]: key tile * 16 + 8 (e / 2) + kr, column 2c + e % 2.
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = acc[e];
-      if constexpr (kMasked) x = tile * 16 + 8 * (e >> 1) + kr < lim[e & 1] ? x : neg_inf();
-      v[e & 1] = max_nan(v[e & 1], x);
+      for (int h = 0; h < kHalves; ++h) mma_m16n8k16<Mma>(acc[h], a, qa[s][h], qa[s][2 + h]);
+    }
+    // acc[h][e]: key tile * 16 + 8 (e / 2) + kr, column 8h + 2c + e % 2.
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = acc[h][e];
+        if constexpr (kMasked) x = tile * 16 + 8 * (e >> 1) + kr < lim[h][e & 1] ? x : neg_inf();
+        v[h][e & 1] = max_nan(v[h][e & 1], x);
+      }
     }
   }
 }
 
 // Warps 0..kConsumers-1: units j = warp, warp + kConsumers, ... of the CTA's share.
-template <typename Mma, bool kScaleQ>
+template <typename Mma, bool kScaleQ, int kCols>
 __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages, const int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int warp, int lane) {
+  constexpr int kHalves = kCols / 8;
   const ProxyScoreParams& p = dp.p;
   const int g = lane >> 2, c = lane & 3;
   if (warp >= n) return;
@@ -151,7 +173,9 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
   unit_coords(dp, u0 + warp, b, kh, t);
   Request r;
   uint32_t qa[8][4];
-  float qmul[2], cmul[2] = {1.0f, 1.0f};
+  float qmul[2], cmul[kHalves][2];
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) cmul[h][0] = cmul[h][1] = 1.0f;
   bool q_ready = false;
 #pragma unroll 1
   for (int64_t j = warp; j < n; j += kConsumers) {
@@ -165,37 +189,50 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
     const uint8_t* stage = stages + s * kStageBytes;
 #pragma unroll 1
     for (int tok0 = 0; tok0 < r.ntok; tok0 += dp.tokens) {
-      float v[2] = {neg_inf(), neg_inf()};
+      float v[kHalves][2];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) v[h][0] = v[h][1] = neg_inf();
       if (loaded) {
         if (!q_ready || r.ntok > dp.tokens) {
           load_q_frags<Mma, kK8, kScaleQ>(dp, r, tok0, qa, qmul);
-          // Column 2c + j's scale is row 2c + j's, held by the lanes of quad 2c + j.
+          // Column 8h + 2c + j's scale is row 8h + 2c + j's (qmul[h] of the lanes of quad 2c + j).
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) cmul[jj] = __shfl_sync(0xFFFFFFFFu, qmul[0], (2 * c + jj) * 4);
+          for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) cmul[h][jj] = __shfl_sync(0xFFFFFFFFu, qmul[h], (2 * c + jj) * 4);
           q_ready = true;
         }
-        int lim[2] = {0, 0};
+        int lim[kHalves][2];
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) lim[h][0] = lim[h][1] = 0;
         if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, r.q_off, tok0, r.seqlen_k)) {
-          multiply_block_keys_m<Mma, false>(qa, stage, lim, g, c, v);
+          multiply_block_keys_m<Mma, false, kCols>(qa, stage, lim, g, c, v);
         } else {
-          col_limits(dp, r, t, tok0, c, lim);
-          multiply_block_keys_m<Mma, true>(qa, stage, lim, g, c, v);
+          col_limits<kCols>(dp, r, t, tok0, c, lim);
+          multiply_block_keys_m<Mma, true, kCols>(qa, stage, lim, g, c, v);
         }
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
+        for (int h = 0; h < kHalves; ++h) {
 #pragma unroll
-          for (int x = 4; x < 32; x <<= 1) v[jj] = max_nan(v[jj], __shfl_xor_sync(0xFFFFFFFFu, v[jj], x));
-          if constexpr (kScaleQ) v[jj] *= cmul[jj];
+          for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) v[h][jj] = max_nan(v[h][jj], __shfl_xor_sync(0xFFFFFFFFu, v[h][jj], x));
+            if constexpr (kScaleQ) v[h][jj] *= cmul[h][jj];
+          }
         }
       }
-      if (g == 0) {
+      // Every lane holds its columns' maxima: the lanes of g = h store the columns of half h.
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const int col = 2 * c + jj;
-          const int hl = col / dp.tokens;
-          const int tok = tok0 + col - hl * dp.tokens;
-          if (hl < dp.group && tok < r.ntok)
-            p.out[(int64_t(kh * dp.group + hl) * p.max_k_tiles + t) * p.total_q + r.row_begin + tok] = v[jj];
+      for (int h = 0; h < kHalves; ++h) {
+        if (g == h) {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int col = 8 * h + 2 * c + jj;
+            const int hl = col / dp.tokens;
+            const int tok = tok0 + col - hl * dp.tokens;
+            if (hl < dp.group && tok < r.ntok)
+              p.out[(int64_t(kh * dp.group + hl) * p.max_k_tiles + t) * p.total_q + r.row_begin + tok] = v[h][jj];
+          }
         }
       }
     }
@@ -213,8 +250,9 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
 }
 #endif
 
-template <typename Mma, bool kScaleQ>
+template <typename Mma, bool kScaleQ, int kCols>
 __global__ void __launch_bounds__(kCtaThreads, 1) proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
+  static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const Params& dp = tp.dp;
   extern __shared__ uint8_t smem_raw[];
@@ -237,18 +275,18 @@ __global__ void __launch_bounds__(kCtaThreads, 1) proxy_decode_tma_kernel(const 
   if (warp == kConsumers)
     produce(tp, stage0, flags, full0, empty0, u0, n, lane);
   else
-    consume<Mma, kScaleQ>(dp, smem, flags, full0, empty0, u0, n, warp, lane);
+    consume<Mma, kScaleQ, kCols>(dp, smem, flags, full0, empty0, u0, n, warp, lane);
   fill_uncovered_rows<kCtaThreads>(dp);
 #endif
 }
 
-// Launches the kernel for fp8 K where it applies (sm_90a device and binary, G <= 8, no
-// reduce_heads, a K map TMA can address); false (nothing launched) otherwise.
-template <typename Mma, bool kScaleQ>
+// Launches the kernel of kCols columns a pass for fp8 K where it applies (sm_90a device and
+// binary, G <= kCols, no reduce_heads, a K map TMA can address); false (nothing launched) otherwise.
+template <typename Mma, bool kScaleQ, int kCols>
 bool launch(const Params& dp, cudaStream_t stream) {
   const ProxyScoreParams& p = dp.p;
   if (dp.group > kCols || p.reduce_heads) return false;
-  auto kernel = proxy_decode_tma_kernel<Mma, kScaleQ>;
+  auto kernel = proxy_decode_tma_kernel<Mma, kScaleQ, kCols>;
   const int resident = prepare_sm90a_launch(kernel, kCtaThreads, kSmemBytes);
   if (resident == 0) return false;
   TmaParams tp{};
@@ -264,15 +302,23 @@ bool launch(const Params& dp, cudaStream_t stream) {
   return true;
 }
 
+// The plan's columns per pass (fp8_tma_cols: 16 or else 8).
+template <typename Mma, bool kScaleQ>
+bool launch_cols(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
+  return plan.fp8_tma_cols == kProxyDecodeTmaMaxCols ? launch<Mma, kScaleQ, kProxyDecodeTmaMaxCols>(dp, stream)
+                                                     : launch<Mma, kScaleQ, kProxyDecodeTmaCols>(dp, stream);
+}
+
 // The MMA type and q scaling of the cp.async kernel's fp8 path (launch_proxy_decode).
 template <typename Element>
 bool launch_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
   if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
     if (plan.f16_mma) {
-      return dp.p.q_dtype == DType::kBF16 ? launch<__half, true>(dp, stream) : launch<__half, false>(dp, stream);
+      return dp.p.q_dtype == DType::kBF16 ? launch_cols<__half, true>(dp, plan, stream)
+                                          : launch_cols<__half, false>(dp, plan, stream);
     }
   }
-  return launch<Element, false>(dp, stream);
+  return launch_cols<Element, false>(dp, plan, stream);
 }
 
 }  // namespace flashmsa::cuda::proxy::decode::tma

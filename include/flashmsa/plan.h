@@ -166,9 +166,11 @@ enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 // The proxy decode kernel's fp8 K path (option decode_fp8): cta (the CTA-wide cp.async ring, 4 warps
 // splitting each key block) or tma (sm_90a: a producer warp loads whole key blocks with TMA into a
 // 12-stage mbarrier ring, 6 consumer warps each take whole blocks from their own two stages, keys
-// on the MMA's M side; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). auto =
-// tma from kProxyDecodeIlpMinBatch requests on when G x max_seqlen_q <= kProxyDecodeTmaCols, else
-// cta.
+// on the MMA's M side; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). A pass
+// of tma covers kProxyDecodeTmaCols (8) query columns (G heads x tokens) where G x max_seqlen_q fits
+// them, else kProxyDecodeTmaMaxCols (16: two MMAs per converted K fragment; not yet measured). auto =
+// tma from kProxyDecodeIlpMinBatch requests on when G x max_seqlen_q <= kProxyDecodeTmaCols (the
+// 8-column build, as measured), else cta.
 enum class DecodeFp8 : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
@@ -201,8 +203,11 @@ struct SparseAttnOptions {
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
 inline constexpr int kProxyDecodeIlpMinBatch = 16;
 // The fp8 TMA decode kernel's query columns per pass (G heads x tokens, MMA N): auto takes it for
-// fp8 K where a request's rows fit one pass (decode_fp8, below).
+// fp8 K where a request's rows fit one 8-column pass (decode_fp8, below).
 inline constexpr int kProxyDecodeTmaCols = 8;
+// What one pass of its 16-column build covers (two m16n8k16 MMAs per converted K fragment): forced
+// decode_fp8=tma takes it where G x max_seqlen_q > kProxyDecodeTmaCols (auto never: not measured).
+inline constexpr int kProxyDecodeTmaMaxCols = 16;
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
   // decode_ctas=2|3|4: the CTAs per SM the decode kernel is built for with fp8 / NVFP4 K (more
@@ -222,9 +227,11 @@ struct ProxyScoreOptions {
   // proxy_score.md, "NVFP4 a word at a time").
   DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
   // decode_fp8=auto|cta|tma: fp8 K on the decode kernel through the CTA-wide cp.async ring (cta) or
-  // the TMA-fed warp-per-block kernel (tma: sm_90a, G <= 8, no reduce_heads; elsewhere cta runs).
+  // the TMA-fed warp-per-block kernel (tma: sm_90a, no reduce_heads; elsewhere cta runs); tma's
+  // passes cover 8 columns (G x max_seqlen_q <= kProxyDecodeTmaCols) or else 16.
   // auto = tma for batch >= kProxyDecodeIlpMinBatch with G x max_seqlen_q <= kProxyDecodeTmaCols
-  // (one pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us, sq 4 115.5 vs 88.4).
+  // (one 8-column pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us; sq 4, then two
+  // 8-column passes, 115.5 vs 88.4; the 16-column pass is not yet measured).
   DecodeFp8 decode_fp8 = DecodeFp8::kAuto;
 };
 struct TopkSelectOptions {
@@ -390,6 +397,9 @@ struct ProxyScorePlan {
   // The decode kernel with fp8 K takes the TMA-fed warp-per-block kernel where it applies (the
   // option decode_fp8=tma; the launcher falls back to the cp.async ring elsewhere).
   bool fp8_tma = false;
+  // Its query columns per pass (G heads x tokens): kProxyDecodeTmaCols (8) where G x max_seqlen_q
+  // fits them, else kProxyDecodeTmaMaxCols (16; only when forced); 8 without fp8_tma.
+  int fp8_tma_cols = kProxyDecodeTmaCols;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize

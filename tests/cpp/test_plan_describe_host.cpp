@@ -357,6 +357,12 @@ TEST(PlanDescribe, ProxyAndTopk) {
     ProxyScoreOptions cta;
     cta.decode_fp8 = DecodeFp8::kCta;
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, cta), cta), "decode_fp8"));
+    // G 4 x 4 tokens: 16 columns a pass, forced only.
+    fp8.qi.max_seqlen_q = 4;
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp8, tma), tma),
+                    "; decode_fp8=tma (forced: fp8 K by TMA, a warp per key block, 16 query columns a pass, "
+                    "where it applies)"));
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp8, {}), {}), "decode_fp8"));
   }
   pp.k.dtype = DType::kBF16;
   const struct {

@@ -1407,20 +1407,45 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
     // decode_fp8: the TMA kernel only when forced and only for fp8 K on the decode kernel (auto,
     // cta: the cp.async ring; auto: tma from kProxyDecodeIlpMinBatch requests on when G x
     // max_seqlen_q fits one kProxyDecodeTmaCols-column pass); the other plan fields stay as auto
-    // sets them.
+    // sets them. Its passes: 8 columns where G x max_seqlen_q fits them, else 16 (forced only).
     EXPECT_EQ(plan_proxy_score(dp, {}).fp8_tma, k == fp8) << dtype_name(k);  // B64, 4 x 1 rows
+    EXPECT_EQ(plan_proxy_score(dp, {}).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
     {
-      ProxyScoreParams few = dp, mtp2 = dp, mtp4 = dp;
+      ProxyScoreParams few = dp, mtp2 = dp, mtp3 = dp, mtp4 = dp, mtp5 = dp, g8 = dp, g8mtp2 = dp, g16 = dp;
       few.batch = kProxyDecodeIlpMinBatch - 1;
-      mtp2.qi.max_seqlen_q = 2;  // 8 rows: one pass
-      mtp4.qi.max_seqlen_q = 4;  // 16 rows: two passes
+      mtp2.qi.max_seqlen_q = 2;  // 8 columns: one 8-column pass
+      mtp3.qi.max_seqlen_q = 3;  // 12 columns: one 16-column pass (forced only)
+      mtp4.qi.max_seqlen_q = 4;  // 16 columns: one 16-column pass (forced only)
+      mtp5.qi.max_seqlen_q = 5;  // 20 columns: two 16-column passes (forced only)
+      g8.num_heads = 8;          // G 8 x 1 token: one 8-column pass
+      g8mtp2.num_heads = 8;      // G 8 x 2 tokens: one 16-column pass (forced only)
+      g8mtp2.qi.max_seqlen_q = 2;
+      g16.num_heads = 16;        // G 16 x 1 token: one 16-column pass (forced only)
       EXPECT_FALSE(plan_proxy_score(few, {}).fp8_tma) << dtype_name(k);
       EXPECT_EQ(plan_proxy_score(mtp2, {}).fp8_tma, k == fp8) << dtype_name(k);
-      EXPECT_FALSE(plan_proxy_score(mtp4, {}).fp8_tma) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(g8, {}).fp8_tma, k == fp8) << dtype_name(k);
+      for (const ProxyScoreParams& wide : {mtp3, mtp4, mtp5, g8mtp2, g16}) {
+        EXPECT_FALSE(plan_proxy_score(wide, {}).fp8_tma) << dtype_name(k);  // auto: never 16 columns
+        EXPECT_EQ(plan_proxy_score(wide, {}).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+      }
       ProxyScoreOptions forced;
+      forced.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows (mtp5)
       forced.decode_fp8 = DecodeFp8::kTma;
       EXPECT_EQ(plan_proxy_score(few, forced).fp8_tma, k == fp8) << dtype_name(k);
-      EXPECT_EQ(plan_proxy_score(mtp4, forced).fp8_tma, k == fp8) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(few, forced).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+      for (const ProxyScoreParams& narrow : {mtp2, g8}) {
+        const ProxyScorePlan plan = plan_proxy_score(narrow, forced);
+        EXPECT_EQ(plan.fp8_tma, k == fp8) << dtype_name(k);
+        EXPECT_EQ(plan.fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+      }
+      for (const ProxyScoreParams& wide : {mtp3, mtp4, mtp5, g8mtp2, g16}) {
+        const ProxyScorePlan plan = plan_proxy_score(wide, forced);
+        EXPECT_EQ(plan.fp8_tma, k == fp8) << dtype_name(k);
+        EXPECT_EQ(plan.fp8_tma_cols, k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols) << dtype_name(k);
+        ProxyScoreOptions cta = forced;
+        cta.decode_fp8 = DecodeFp8::kCta;
+        EXPECT_EQ(plan_proxy_score(wide, cta).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+      }
     }
     for (DecodeFp8 f : {DecodeFp8::kAuto, DecodeFp8::kCta, DecodeFp8::kTma}) {
       ProxyScoreOptions o;
