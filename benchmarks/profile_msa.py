@@ -58,6 +58,12 @@ def cases(bench: bm.Bench) -> dict:
         # cp.async ring), auto otherwise: against proxy_decode_b64_fp8_ctas3 (the fp8 default).
         "proxy_decode_b64_fp8_tma": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, k_fp8=True, options=dict(decode_fp8="tma")),
+        # MTP 4 tokens (G 4 x 4 = 16 columns): decode_fp8=tma's 16-column pass (each converted K
+        # fragment into two MMAs; forced only) against proxy_decode_b64_sq4_fp8 (auto: the cp.async
+        # ring, one 16-row pass).
+        "proxy_decode_b64_sq4_fp8_tma": lambda: bench.build_proxy_decode(
+            64, 32 * K, 4, k_fp8=True, options=dict(decode_fp8="tma")),
+        "proxy_decode_b64_sq4_fp8": lambda: bench.build_proxy_decode(64, 32 * K, 4, k_fp8=True),
         "index_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True),
         "topk_prefill_32k": lambda: bench.build_topk(32 * K),
         "topk_prefill_32k_radix": lambda: bench.build_topk(32 * K, dict(kernel="radix")),

@@ -358,17 +358,20 @@ class Smoke:
                                          f"nvfp4_cvt={cvt} decode_ilp={ilp}", (1, 2, 5))
 
         # decode_fp8=tma: fp8 K through the TMA ring, a warp per key block (bf16 and fp16 MMAs;
-        # sq 1, 2 and 4: one pass of 8 columns, then two), invalid pages and empty contexts.
+        # sq 1 and 2: one pass of 8 columns; sq 3 and 4: one pass of 16 columns), invalid pages
+        # and empty contexts (no reduce_heads at sq 3: that call would run the cp.async ring).
         for kernel in ("decode_only", "decode_f16_only"):
             self._proxy_decode_paged(
                 PlannedOps(self.ops, msa_proxy_score=dict(kernel=kernel, decode_fp8="tma")),
-                ((1, FP8),), (BF16, FP8), (1, 2, 4),
+                ((1, FP8),), (BF16, FP8), (1, 2, 3, 4),
                 lambda dtype, hkv, q_dtype, sq, k=kernel: f"proxy decode_fp8=tma {k} paged "
-                                                          f"{str(dtype)[6:]} k, {str(q_dtype)[6:]} q, sq{sq}")
+                                                          f"{str(dtype)[6:]} k, {str(q_dtype)[6:]} q, sq{sq}",
+                reduce_sq=None)
 
-    def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name):
+    def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name, reduce_sq=3):
         """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding
-        columns; reduce_heads at sq 3 with one KV head. kinds: (KV heads, K dtype) pairs."""
+        columns; reduce_heads at sq reduce_sq (None: never) with one KV head. kinds: (KV heads, K
+        dtype) pairs."""
         lens = [700, 2048, 129, 0, 1000, 1]
         b = len(lens)
         for hkv, dtype in kinds:
@@ -380,7 +383,7 @@ class Smoke:
             for q_dtype in q_dtypes:
                 for seqlen_q in seqlens_q:
                     def call(paged=paged, sqd=seqlen_q, q_dtype=q_dtype,
-                             red=hkv == 1 and seqlen_q == 3):
+                             red=hkv == 1 and seqlen_q == reduce_sq):
                         cache, table, used = paged()
                         return ops.msa_proxy_score(
                             self.rnd((b * sqd, 4, 128)).to(q_dtype), cache, self.cu_rows(b, sqd),

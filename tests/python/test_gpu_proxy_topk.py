@@ -827,17 +827,38 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
     assert torch.equal(got, unit * product.to(DEV))
 
 
-# decode_fp8=tma (sm_90a: TMA-fed ring, a warp per key block, keys on the MMA's M side; G <= 8
-# without reduce_heads, else the cp.async kernel runs): against the CPU reference on every fp8-K
-# decode case (bf16 MMAs: decode_only, fp16 MMAs: decode_f16_only), and against the cp.async kernel
+# decode_fp8=tma (sm_90a: TMA-fed ring, a warp per key block, keys on the MMA's M side; without
+# reduce_heads, else the cp.async kernel runs): against the CPU reference on every fp8-K decode
+# case (bf16 MMAs: decode_only, fp16 MMAs: decode_f16_only), and against the cp.async kernel
 # (decode_fp8=cta) on long contexts (same dims per k-step in the same order, so bit-identical
 # results are expected; asserted here only within the proxy tolerance with identical -inf / NaN
-# patterns). auto takes tma from 16 requests on with one pass (G x max_seqlen_q <= 8).
+# patterns). Its passes cover 8 query columns (G heads x tokens) where G x max_seqlen_q <= 8, else
+# 16 (each converted K fragment feeding two MMAs; forced only). auto takes tma from 16 requests on
+# with one 8-column pass.
 FP8_TMA = dict(decode_fp8="tma")
-FP8_CTA = dict(decode_fp8="cta")  # the cp.async ring (auto's below 16 requests or with two passes)
+FP8_CTA = dict(decode_fp8="cta")  # the cp.async ring (auto's below 16 requests or above 8 columns)
+
+# 16-column passes: MTP 3 and 4 tokens at G 4 (12 and 16 columns), G 8 x 2 tokens, G 6 x 2 (12 of
+# 16 columns, 16 / G not whole), G 16 x 1, fp8 q and fp16 q, masked diagonal blocks, invalid pages.
+FP8_TMA16_CASES = [
+    ProxyCase("dec_tma16_mtp3_fp8", [3] * 4, [3, 128, 131, 2500], hq=4, hkv=1, k_dtype=FP8),
+    ProxyCase("dec_tma16_mtp4_fp8", [4] * 6, [4, 127, 128, 129, 1024, 3333], hq=4, hkv=1,
+              k_dtype=FP8, paged=True, invalid_pages=True),
+    ProxyCase("dec_tma16_mtp34_q_offset_fp8", [3, 4, 1, 4], [512, 900, 300, 1000], hq=4, hkv=1,
+              k_dtype=FP8, q_offset=[-5, 400, 7, 999]),
+    ProxyCase("dec_tma16_g8_mtp2_fp8", [2, 2, 1, 2], [700, 2000, 129, 2], hq=16, hkv=2,
+              k_dtype=FP8, paged=True),
+    ProxyCase("dec_tma16_g6_mtp2_fp8", [2, 1, 2], [900, 300, 1500], hq=12, hkv=2, k_dtype=FP8),
+    ProxyCase("dec_tma16_g16_fp8", [1, 1], [1500, 700], hq=16, hkv=1, k_dtype=FP8, paged=True),
+    ProxyCase("dec_tma16_fp8_q_mtp4", [4, 3], [2000, 600], hq=8, hkv=2, q_dtype=FP8, k_dtype=FP8,
+              paged=True),
+    ProxyCase("dec_tma16_fp16_q_mtp3", [3, 3], [1300, 250], hq=4, hkv=1, q_dtype=FP16, k_dtype=FP8),
+    ProxyCase("dec_tma16_nan_keys_mtp4", [4, 2], [900, 300], hq=4, hkv=1, k_dtype=FP8,
+              nan_keys=True, paged=True),
+]
 
 
-@pytest.mark.parametrize("case,kernel", [(c, k) for c in FP8_K_DECODE_CASES
+@pytest.mark.parametrize("case,kernel", [(c, k) for c in FP8_K_DECODE_CASES + FP8_TMA16_CASES
                                          for k in ("decode_only", "decode_f16_only")], ids=str)
 def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str):
     _decode_matches_reference(case, kernel, FP8_TMA)
@@ -847,7 +868,11 @@ def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str):
     (_twin(c, name=c.name + "_fp8", k_dtype=FP8), k) for c in ILP_CASES + [
         ProxyCase("dec_tma_b64_4k", [1] * 64, [4096] * 64, hq=4, hkv=1, paged=True),
         ProxyCase("dec_tma_b3_32k_mtp2", [2] * 3, [32768, 20001, 129], hq=4, hkv=1),
-        ProxyCase("dec_tma_b2_g8", [1, 1], [9000, 4000], hq=16, hkv=2, paged=True)]
+        ProxyCase("dec_tma_b2_g8", [1, 1], [9000, 4000], hq=16, hkv=2, paged=True),
+        # 16-column passes: MTP 3 / 4 at G 4, G 8 x 2 tokens.
+        ProxyCase("dec_tma16_b64_4k_mtp4", [4] * 64, [4096] * 64, hq=4, hkv=1, paged=True),
+        ProxyCase("dec_tma16_b3_32k_mtp3", [3] * 3, [32768, 20001, 129], hq=4, hkv=1),
+        ProxyCase("dec_tma16_b2_g8_mtp2", [2, 2], [9000, 4000], hq=16, hkv=2, paged=True)]
     for k in ("decode_only", "decode_f16_only")], ids=str)
 def test_proxy_decode_fp8_tma_close_to_default(case: ProxyCase, kernel: str):
     seed = random.getrandbits(31)
@@ -857,13 +882,14 @@ def test_proxy_decode_fp8_tma_close_to_default(case: ProxyCase, kernel: str):
     assert_proxy_close(got, want.cpu(), f"{case.name} seed={seed}")
 
 
-def test_proxy_decode_fp8_tma_b64_32k():
-    """The benchmark's shape (64 requests x 32K, paged: ~124 units per CTA, the memory system
+@pytest.mark.parametrize("sq", [1, 4], ids=["sq1", "sq4"])
+def test_proxy_decode_fp8_tma_b64_32k(sq: int):
+    """The benchmark's shapes (64 requests x 32K, paged: ~124 units per CTA, the memory system
     saturated), where the first version's shared ring let a warp pass a stage's parity wait on the
     previous phase and hung or faulted: five calls against the cp.async ring, each the same bits
-    as the first."""
-    case = ProxyCase("dec_tma_b64_32k_fp8", [1] * 64, [32768] * 64, hq=4, hkv=1, paged=True,
-                     k_dtype=FP8)
+    as the first. sq 1: one 8-column pass; sq 4: one 16-column pass."""
+    case = ProxyCase(f"dec_tma_b64_32k_sq{sq}_fp8", [sq] * 64, [32768] * 64, hq=4, hkv=1,
+                     paged=True, k_dtype=FP8)
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_CTA)
