@@ -75,6 +75,7 @@
 #   FUZZ=seconds               run the fuzzer (fuzz step) for that long; FUZZ_ARGS="..." extra
 #                              fuzz_msa.py arguments (e.g. "--seed 1000000 --ops attention")
 #   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
+#   PROFILE_CASE_TIMEOUT=150   seconds one profile case may take (a hang costs no more)
 #   PROFILE_KERNEL=regex       only the kernels of those cases whose name matches (ncu
 #                              --kernel-name regex:...), PROFILE_LAUNCHES (2) launches of them
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
@@ -111,13 +112,14 @@ remaining() { echo $(( TIME_BUDGET - (SECONDS - T0) - SUMMARY_RESERVE )); }
 
 # run_logged <log> <command...>: runs the command under the remaining time budget, output to log
 # (and the tail of it on the console); returns its exit status (124 when cut by the budget).
-run_logged() {
+run_logged() {  # RUN_CAP=<s> (optional): at most that long, whatever the budget leaves
   local log=$1; shift
   local left; left=$(remaining)
   if (( left < 5 )); then
     echo "no time left in TIME_BUDGET=$TIME_BUDGET" >>"$log"
     return 124
   fi
+  if (( ${RUN_CAP:-0} > 0 && RUN_CAP < left )); then left=$RUN_CAP; fi
   timeout --signal=TERM --kill-after=10 "$left" "$@" >>"$log" 2>&1
 }
 
@@ -524,10 +526,19 @@ step_profile() {
   local only=()
   [[ -n ${PROFILE_KERNEL:-} ]] && only=(--kernel-name "regex:${PROFILE_KERNEL}"
                                         --launch-count "${PROFILE_LAUNCHES:-2}")
+  # Each case at most PROFILE_CASE_TIMEOUT seconds (default 150): a kernel that hangs under the
+  # profiler (as a ring bug did at 4f75a66, 293 s to the end of the budget) costs that much only.
+  local case_rc
   for c in ${PROFILE//,/ }; do
     echo "===== $c" >>"$log"
-    run_logged "$log" "$ncu" --profile-from-start off --clock-control none "${sections[@]}" \
-      "${only[@]}" "$PY" benchmarks/profile_msa.py --case "$c" || rc=1
+    case_rc=0
+    RUN_CAP=${PROFILE_CASE_TIMEOUT:-150} run_logged "$log" "$ncu" --profile-from-start off \
+      --clock-control none "${sections[@]}" "${only[@]}" "$PY" benchmarks/profile_msa.py --case "$c" ||
+      case_rc=$?
+    if (( case_rc == 124 || case_rc == 137 )); then
+      echo "profile case $c: cut after ${PROFILE_CASE_TIMEOUT:-150} s or the budget (a hang?)" >>"$log"
+    fi
+    (( case_rc == 0 )) || rc=1
     n=$((n + 1))
   done
   trim_log "$log"

@@ -202,3 +202,26 @@ def test_pytest_args_keep_quoted_words(tmp_path):
               FAKE_PYTEST_ARGS=str(record), PYTEST_ARGS="-k 'topk or proxy_decode' -x")
     args = record.read_text().splitlines()
     assert args[-3:] == ["-k", "topk or proxy_decode", "-x"], args
+
+
+def test_profile_case_that_hangs_is_cut(tmp_path):
+    """A profile case is cut after PROFILE_CASE_TIMEOUT seconds (a kernel that hangs under ncu took
+    the rest of a device call's budget once), the next case still runs, and the step fails."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_ncu = bin_dir / "ncu"
+    fake_ncu.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$*" in *"--case hang"*) exec sleep 60;; esac\n'
+        'echo "profiled: ${@: -1}"\n')
+    fake_ncu.chmod(0o755)
+    out = tmp_path / "out"
+    proc = gpu_check(out, SKIP_TESTS="1", SKIP_SANITIZER="1", SKIP_BENCH="1", PYTHON=sys.executable,
+                     PATH=f"{bin_dir}:{os.environ['PATH']}", PROFILE="hang,fine",
+                     PROFILE_CASE_TIMEOUT="2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    log = (out / "profile.log").read_text()
+    assert "profile case hang: cut after 2 s or the budget (a hang?)" in log, log
+    assert "profiled: fine" in log, log
+    line = next(ln for ln in (out / "summary.txt").read_text().splitlines() if ln.startswith("profile "))
+    assert " FAIL " in line and "2 case(s): hang,fine" in line, line
