@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cuda.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "flashmsa/params.h"
 
@@ -41,6 +43,23 @@ inline bool encode_kv_maps_sw128(CUtensorMap& k_map, CUtensorMap& v_map, CUtenso
                                  const SparseAttnParams& p) {
   return encode_kv_block_map(k_map, dtype, p.k, p.kv, p.num_kv_heads, 128, 64, 2, CU_TENSOR_MAP_SWIZZLE_128B) &&
          encode_kv_block_map(v_map, dtype, p.v, p.kv, p.num_kv_heads, 128, 64, 2, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// The map of an attention call's q, (total_q, Hq, 128) 16-bit rows at its strides, as the sm_90a
+// TMA kernels read it: boxes of 64 dims x box_heads heads x box_tokens tokens, 128-byte swizzle;
+// false as above.
+inline bool encode_q_map_sw128(CUtensorMap& map, CUtensorMapDataType dtype, const SparseAttnParams& p,
+                               uint32_t box_heads, uint32_t box_tokens) {
+  const uint64_t dims[3] = {128, uint64_t(p.num_heads), uint64_t(p.total_q)};
+  const uint64_t strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
+  const uint32_t box[3] = {64, box_heads, box_tokens};
+  return encode_tensor_map_sw128(map, dtype, p.q, 3, dims, strides, box);
+}
+
+// The tensor-map element type of a 16-bit compute type: fp16 for __half, else bf16.
+template <typename Elem>
+constexpr CUtensorMapDataType tma_dtype_16() {
+  return std::is_same_v<Elem, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
 }  // namespace flashmsa::cuda

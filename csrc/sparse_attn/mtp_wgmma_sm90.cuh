@@ -397,12 +397,8 @@ void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, cudaStream_t st
             "msa_sparse_decode_attention: kernel=wgmma planned for a call it does not run (planner bug)");
   MtpWgmmaArgs ta{};
   ta.a = args;
-  const CUtensorMapDataType ty =
-      std::is_same_v<Elem, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const uint64_t q_dims[3] = {128, uint64_t(p.num_heads), uint64_t(p.total_q)};
-  const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
-  const uint32_t q_box[3] = {64, uint32_t(args.group), uint32_t(args.mtp_tokens)};
-  const bool ok = flashmsa::cuda::encode_tensor_map_sw128(ta.q_map, ty, p.q, 3, q_dims, q_strides, q_box) &&
+  const CUtensorMapDataType ty = flashmsa::cuda::tma_dtype_16<Elem>();
+  const bool ok = flashmsa::cuda::encode_q_map_sw128(ta.q_map, ty, p, uint32_t(args.group), uint32_t(args.mtp_tokens)) &&
                   flashmsa::cuda::encode_kv_maps_sw128(ta.k_map, ta.v_map, ty, p);
   MSA_CHECK_SUPPORTED(ok, "kernel=wgmma: the driver rejected the TMA descriptors of q / k / v");
   auto* kernel = mtp_wgmma_sm90_kernel<Elem>;

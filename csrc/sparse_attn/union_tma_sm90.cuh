@@ -308,13 +308,9 @@ void launch_union_tma_sm90(const UnionArgs& args, int grid, cudaStream_t stream)
   const SparseAttnParams& p = args.p;
   UnionTmaArgs ta{};
   ta.u = args;
-  const CUtensorMapDataType ty =
-      std::is_same_v<Elem, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType ty = flashmsa::cuda::tma_dtype_16<Elem>();
   const uint32_t box_h = uint32_t(args.group < 64 ? args.group : 64);
-  const uint64_t q_dims[3] = {128, uint64_t(p.num_heads), uint64_t(p.total_q)};
-  const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
-  const uint32_t q_box[3] = {64, box_h, 64 / box_h};
-  const bool ok = flashmsa::cuda::encode_tensor_map_sw128(ta.q_map, ty, p.q, 3, q_dims, q_strides, q_box) &&
+  const bool ok = flashmsa::cuda::encode_q_map_sw128(ta.q_map, ty, p, box_h, 64 / box_h) &&
                   flashmsa::cuda::encode_kv_maps_sw128(ta.k_map, ta.v_map, ty, p);
   MSA_CHECK_SUPPORTED(ok, "tile_kernel=tma: the driver rejected the TMA descriptors of q / k / v");
   auto* kernel = union_tma_sm90_kernel<Elem>;
