@@ -87,6 +87,12 @@ def cases(bench: bm.Bench) -> dict:
             1, 4, 1024, dict(kernel="warp_split")),
         "topk_decode_warp_split": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
                                                                   dict(kernel="warp_split")),
+        # Split rows with one-chunk rows' thresholds by 8-bit digits (docs/design/topk_select.md,
+        # "Digit rows"): the decode call (one warp a CTA) and B1 / 128K (as warp_split).
+        "topk_decode_warp_digits": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
+                                                                   dict(kernel="warp_digits")),
+        "topk_decode_b1_128k_warp_digits": lambda: bench.build_topk_decode(
+            1, 4, 1024, dict(kernel="warp_digits")),
         "sparse_random_32k": sparse("random"),
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),

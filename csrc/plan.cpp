@@ -45,7 +45,8 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kBySize, "by_size"},
                                               {TopkKernel::kRadix1Buf, "radix_1buf"},
                                               {TopkKernel::kWarpSplit, "warp_split"},
-                                              {TopkKernel::kRadixUniform, "radix_uniform"}};
+                                              {TopkKernel::kRadixUniform, "radix_uniform"},
+                                              {TopkKernel::kWarpDigits, "warp_digits"}};
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
@@ -305,6 +306,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kRadix1Buf: plan.kernel = TopkKernel::kRadix1Buf; break;
     case TopkKernel::kWarpSplit: plan.kernel = TopkKernel::kWarpSplit; break;
     case TopkKernel::kRadixUniform: plan.kernel = TopkKernel::kRadixUniform; break;
+    case TopkKernel::kWarpDigits: plan.kernel = TopkKernel::kWarpDigits; break;
     case TopkKernel::kAuto:
     case TopkKernel::kBySize: {
       const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);

@@ -210,6 +210,11 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
   }
   s << "); " << p.num_tokens << " tokens x " << p.num_heads << " heads over " << p.num_blocks
     << " blocks, top-" << p.topk;
+  if (plan.kernel == TopkKernel::kWarpDigits) {
+    s << (p.num_blocks <= kTopkDigitsChunk
+              ? "; every row one chunk: thresholds by 8-bit digits, a warp per CTA"
+              : "; rows of one chunk by 8-bit digits, longer ones as warp_split");
+  }
   return s.str();
 }
 

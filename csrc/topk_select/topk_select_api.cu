@@ -8,7 +8,8 @@
 //     radix_uniform is radix_1buf with branch-free passes of warp-uniform trip counts (by_size's
 //     kernel for large calls);
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
-//     warps, one warp merges their choices: decode-sized calls with long rows (off by default).
+//     warps, one warp merges their choices: decode-sized calls with long rows; warp_digits
+//     (off by default) is warp_split with one-chunk rows' thresholds by 8-bit radix digits.
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
 // (radix_uniform for large calls, warp_split for decode-sized calls with few rows per SM,
 // warp_per_row_8 for the other small ones).
@@ -59,6 +60,19 @@ void launch_split_rows(const TopkSelectParams& p, cudaStream_t stream) {
   MSA_CHECK_LAUNCH();
 }
 
+// warp_digits: where every row is one chunk (num_blocks <= kChunk), a one-warp CTA per row with
+// the threshold by 8-bit digits; longer rows run as warp_split.
+void launch_digit_rows(const TopkSelectParams& p, cudaStream_t stream) {
+  static_assert(topk::kChunk == kTopkDigitsChunk, "plan.h's chunk of warp_digits is the kernel's");
+  if (p.num_blocks > topk::kChunk) return launch_split_rows(p, stream);
+  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
+  MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
+                      " tokens exceed the kernel's work-item range");
+  prepare_launch(topk::split::topk_digits_kernel, 32, 0);
+  topk::split::topk_digits_kernel<<<dim3(unsigned(rows)), 32, 0, stream>>>(p);
+  MSA_CHECK_LAUNCH();
+}
+
 template <class V>
 void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream) {
   topk::radix::Params rp{};
@@ -96,6 +110,7 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
     case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;
+    case TopkKernel::kWarpDigits: launch_digit_rows(p, stream); break;
     default: MSA_FAIL("topk_select: the plan's kernel ", option_name(plan.kernel), " has no launcher");
   }
 }

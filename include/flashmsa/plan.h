@@ -88,7 +88,8 @@ enum class ProxyKernel : int32_t {
 // warp-uniform insertion, the radix select started at the keys' range, at most one float exponent
 // a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
 // CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
-// choices: for decode-sized calls), radix_uniform (radix_1buf with its passes branch-free and
+// choices: for decode-sized calls), warp_digits (warp_split with one-chunk rows' thresholds by
+// 8-bit radix digits; only forced), radix_uniform (radix_1buf with its passes branch-free and
 // their trip counts warp-uniform: less lane divergence), and by_size (radix_uniform from
 // kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on; below it warp_split up to
 // kTopkSplitMaxRowsPerSm rows per SM, else warp_per_row_8).
@@ -109,9 +110,14 @@ enum class TopkKernel : int32_t {
   kRadix1Buf = 6,
   kWarpSplit = 8,
   // 9 and 10 were warp_pivot and radix_ilp (removed).
-  kRadixUniform = 11
+  kRadixUniform = 11,
   // 12 was radix_coop (cooperative histograms; H200 at 054c9ce: 86.6 vs 86.3 us at 32K, 31.2 vs
   // 28.5 us for 64 tokens x 4 heads x 256 blocks, against radix_uniform; removed).
+  // warp_digits: warp_split with a one-chunk row's (<= 256 candidates) exact threshold found by
+  // 8-bit radix digits of its order keys (<= 4 passes of a 256-bin histogram and a warp scan)
+  // instead of the bitwise search (~15-20 dependent steps), one warp a CTA where num_blocks <= 256;
+  // rows of several chunks run warp_split unchanged. Only forced (not yet measured).
+  kWarpDigits = 13
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
@@ -121,6 +127,9 @@ inline constexpr int kTopkRadixMinGroupsPerSm = 4;
 // registers) while the rows fit one wave of it, the decode calls measured (4 and 256 rows); more
 // rows of one chunk would leave 7 of its 8 warps idle, so they keep warp_per_row_8.
 inline constexpr int kTopkSplitMaxRowsPerSm = 4;
+// warp_digits: rows of at most this many candidates (one chunk of the split kernel) take the digit
+// threshold; where num_blocks is at most this every row does, and a CTA is one warp.
+inline constexpr int kTopkDigitsChunk = 256;
 // auto takes the proxy decode kernel when each request's query rows through one KV head (G heads x
 // max_seqlen_q tokens) fit one 16-row MMA pass per key block: M3's decode (G 4 x 1 token) and MTP
 // up to 4 tokens, the calls measured. Without max_seqlen_q the bound is total_q (device
@@ -252,7 +261,8 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
-// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform.
+// kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
+// warp_digits.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------

@@ -815,7 +815,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the
 # decode kernel's NVFP4 conversion; auto: word);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
-# warp_split | radix_uniform;
+# warp_split | radix_uniform | warp_digits (warp_split with one-chunk rows' thresholds by
+# 8-bit radix digits; only forced);
 # msa_sparse_decode_attention:
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,

@@ -419,6 +419,14 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o.kernel = TopkKernel::kAuto;  // the B1 / 128K decode call: warp_split (H200 at 2f7070a)
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=warp_split (auto: by_size: 4 groups of 32 rows < 4 per SM x 132 SMs, 4 rows <= 4 per SM)")) << d;
+  EXPECT_FALSE(has(d, "digits")) << d;
+  o.kernel = TopkKernel::kWarpDigits;  // 1024 blocks: rows of several chunks run as warp_split
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_digits (forced by the option kernel=warp_digits); 1 tokens x 4 heads over 1024 blocks, top-16; rows of one chunk by 8-bit digits, longer ones as warp_split")) << d;
+  tp.num_tokens = 64;
+  tp.num_blocks = 256;  // the decode call: every row one chunk
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_digits (forced by the option kernel=warp_digits); 64 tokens x 4 heads over 256 blocks, top-16; every row one chunk: thresholds by 8-bit digits, a warp per CTA")) << d;
 }
 
 }  // namespace

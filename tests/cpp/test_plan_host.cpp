@@ -1098,7 +1098,7 @@ TEST(PlanOptions, ParsesEveryOption) {
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
-                       TopkKernel::kWarpSplit, TopkKernel::kRadixUniform})
+                       TopkKernel::kWarpSplit, TopkKernel::kRadixUniform, TopkKernel::kWarpDigits})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -1123,6 +1123,8 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
   EXPECT_STREQ(option_name(TopkKernel::kWarpSplit), "warp_split");
   EXPECT_STREQ(option_name(TopkKernel::kRadixUniform), "radix_uniform");
+  EXPECT_STREQ(option_name(TopkKernel::kWarpDigits), "warp_digits");
+  EXPECT_EQ(parse_topk_select_options("kernel=warp_digits").kernel, TopkKernel::kWarpDigits);
 }
 
 TEST(PlanOptions, BadOptionsNameTheOption) {
@@ -1171,14 +1173,19 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option nvfp4_cvt given twice");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split or radix_uniform, got 'heap'");
+               "warp_split, radix_uniform or warp_digits, got 'heap'");
   // radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
   // H200 (at 5b22cb3); radix_coop (cooperative histograms) not faster than radix_uniform (at
   // 054c9ce).
   for (const char* v : {"radix_lean", "radix_c32", "radix_coop"})
     expect_error([&] { parse_topk_select_options(std::string("kernel=") + v); }, ErrorKind::kValue,
                  std::string("kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, "
-                             "radix_1buf, warp_split or radix_uniform, got '") + v + "'");
+                             "radix_1buf, warp_split, radix_uniform or warp_digits, got '") + v + "'");
+  expect_error([] { parse_topk_select_options("kernel=warp_digits,kernel=warp_split"); },
+               ErrorKind::kValue, "option kernel given twice");
+  expect_error([] { parse_topk_select_options("kernel=digits"); }, ErrorKind::kValue,
+               "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
+               "warp_split, radix_uniform or warp_digits, got 'digits'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem, regs or wgmma, got 'fastest'");
@@ -1201,7 +1208,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option split given twice");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split or radix_uniform, got 'new'");
+               "warp_split, radix_uniform or warp_digits, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -1274,8 +1281,17 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   // The B1 decode calls (1 token x 4 heads, any row length): warp_split (H200 at 2f7070a).
   for (int blocks : {256, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
+  // warp_digits is only forced (not yet measured): by_size never takes it, at any size.
+  for (int tokens : {1, 64, 132, 256, 32768})
+    for (int blocks : {64, 256, 1024})
+      for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kBySize}) {
+        EXPECT_NE(plan_topk_select(topk_call(4, tokens, blocks), {k}, h200).kernel, TopkKernel::kWarpDigits);
+        EXPECT_EQ(plan_topk_select(topk_call(4, tokens, blocks), {TopkKernel::kWarpDigits}, h200).kernel,
+                  TopkKernel::kWarpDigits);
+      }
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
-                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixUniform})
+                       TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixUniform,
+                       TopkKernel::kWarpDigits})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);

@@ -1000,9 +1000,10 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 # 32 tokens per CTA, at 8 (decode-sized calls), the thread-per-row radix kernel, by_size (the
 # default: the size-based choice between warp_split, warp_per_row_8 and radix_uniform), the radix kernel's lean
 # variant radix_1buf, split rows (a CTA per row, its chunks over up to 8 warps, merged by one), and
-# radix_uniform (radix_1buf with branch-free passes of warp-uniform trip counts).
+# radix_uniform (radix_1buf with branch-free passes of warp-uniform trip counts), and warp_digits
+# (split rows, a one-chunk row's threshold by 8-bit radix digits).
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split",
-                "radix_uniform")
+                "radix_uniform", "warp_digits")
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,

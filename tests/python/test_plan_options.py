@@ -56,7 +56,7 @@ VALID = {
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
                     dict(kernel="radix_1buf"), dict(kernel="warp_split"),
-                    dict(kernel="radix_uniform")],
+                    dict(kernel="radix_uniform"), dict(kernel="warp_digits")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
@@ -142,21 +142,21 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
     ("topk_select", dict(kernel="heap"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
-     "radix_uniform, got 'heap'"),
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
+     "radix_uniform or warp_digits, got 'heap'"),
     # radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
     # H200 (at 5b22cb3).
     ("topk_select", dict(kernel="radix_lean"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
-     "radix_uniform, got 'radix_lean'"),
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
+     "radix_uniform or warp_digits, got 'radix_lean'"),
     ("topk_select", dict(kernel="radix_c32"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
-     "radix_uniform, got 'radix_c32'"),
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
+     "radix_uniform or warp_digits, got 'radix_c32'"),
     # radix_coop (cooperative histograms) was removed: not faster than radix_uniform (H200 at
     # 054c9ce).
     ("topk_select", dict(kernel="radix_coop"),
-     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split or "
-     "radix_uniform, got 'radix_coop'"),
+     "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
+     "radix_uniform or warp_digits, got 'radix_coop'"),
 ])
 def test_bad_options_raise_value_error_naming_the_option(op, options, match):
     with pytest.raises(ValueError, match=match):
