@@ -1181,6 +1181,33 @@ def test_topk_full_carry_key_ranges(dist: str):
             assert_topk_equal(got, want, f"{case.name} [{kernel}]")
 
 
+@pytest.mark.parametrize("dist", ("neg_nan_payloads", "top_bin", "equal", "around_two",
+                                  "wide_exponents", "ascending", "descending"))
+@pytest.mark.parametrize("P", (256, 97))
+def test_topk_one_chunk_key_ranges(dist: str, P: int):
+    """Rows of one chunk (P <= 256: warp_digits' one-warp CTAs and its 8-bit digit threshold) with
+    the keys of test_topk_full_carry_key_ranges, and top_bin: keys 0xFFFFFFF0..0xFFFFFFFF only
+    (negative NaNs; the largest equals the empty-slot key: the digit search's early exit must not
+    end a bin there, and its last pass ties at 0xFFFFFFFF), all equal
+    (every pass keeps the whole row, ties by block), a few ulps around 0x40000000, 240 exponents,
+    sorted rows; topk 1..64 with forced blocks, per-token nvp. Equals the C++ reference."""
+    gen = torch.Generator().manual_seed(78)
+    H, S = 2, 45
+    if dist == "top_bin":
+        bits = torch.randint(-16, 0, (H, P, S), generator=gen, dtype=torch.int32)
+        scores = bits.view(torch.float32)
+    else:
+        scores = _carry_scores(dist, H, P, S, gen)
+    for topk, fb, fe in ((1, 0, 0), (2, 0, 1), (16, 0, 1), (17, 2, 1), (64, 1, 1)):
+        case = TopkCase(f"one_chunk_{dist}_P{P}_k{topk}", H, P, S, topk=topk, nvp="random", fb=fb,
+                        fe=fe, seed=topk)
+        nvp = make_nvp(case)
+        want = run_topk(case, scores, nvp, "cpu")
+        for kernel in ("warp_digits", "warp_split", "by_size"):
+            got = run_topk(case, scores.to(DEV), nvp, DEV, kernel=kernel).cpu()
+            assert_topk_equal(got, want, f"{case.name} [{kernel}]")
+
+
 def test_pipeline_proxy_then_topk_matches_reference():
     """Stage 1 -> stage 2 on M3 shapes with vLLM's per-token nvp and local block. The proxy is
     checked against the reference within its tolerance; the top-k then runs on the GPU's own scores
