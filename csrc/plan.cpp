@@ -280,16 +280,18 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   plan.nvfp4_word = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kNVFP4 &&
                     options.nvfp4_cvt != DecodeNvfp4Cvt::kByte;
   // fp8 K on the decode kernel: the TMA-fed warp-per-block kernel where forced, and for auto from
-  // kProxyDecodeIlpMinBatch requests on when a request's rows (G x max_seqlen_q) fit its single
-  // 8-column pass; else the CTA-wide cp.async ring (H200 at 054c9ce, 32K context, fp8 K: B64 sq 1
-  // 74.5 vs 81.2 us; B64 sq 4, two 8-column passes, 115.5 vs 88.4; B1 9.2 vs 8.9; docs/design/
-  // proxy_score.md, "fp8 K through TMA, a warp per block"). Its passes cover 8 columns where the
-  // rows fit them, else 16 (one conversion of each K fragment for two MMAs; only forced: not yet
-  // measured). Where the kernel cannot run (not sm_90a, reduce_heads) the launcher takes the
-  // cp.async ring.
+  // kProxyDecodeIlpMinBatch requests on when a request's rows (G x max_seqlen_q) fit one pass of
+  // it; else the CTA-wide cp.async ring (H200, 32K context, fp8 K: at 054c9ce B64 sq 1 74.5 vs 81.2
+  // us, B1 9.2 vs 8.9; at 3cebf5e B64 sq 4, one 16-column pass, 78.2 vs 85.5 us, where two 8-column
+  // passes were 115.5 vs 88.4 at 054c9ce; docs/design/proxy_score.md, "fp8 K through TMA, a warp
+  // per block"). Its passes cover 8 columns where the rows fit them, else 16 (one conversion of
+  // each K fragment for two MMAs). Where the kernel cannot run (not sm_90a, reduce_heads) the
+  // launcher takes the cp.async ring.
   const int64_t group = p.num_heads / std::max(p.num_kv_heads, 1);
-  const bool fits8 = group * std::max(p.qi.max_seqlen_q, 1) <= kProxyDecodeTmaCols;
-  const bool auto_tma = options.decode_fp8 == DecodeFp8::kAuto && p.batch >= kProxyDecodeIlpMinBatch && fits8;
+  const int64_t cols = group * std::max(p.qi.max_seqlen_q, 1);
+  const bool fits8 = cols <= kProxyDecodeTmaCols;
+  const bool auto_tma = options.decode_fp8 == DecodeFp8::kAuto && p.batch >= kProxyDecodeIlpMinBatch &&
+                        cols <= kProxyDecodeTmaMaxCols;
   plan.fp8_tma = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kFP8E4M3 &&
                  (options.decode_fp8 == DecodeFp8::kTma || auto_tma);
   plan.fp8_tma_cols = plan.fp8_tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
@@ -314,7 +316,8 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
       plan.kernel = groups >= int64_t(kTopkRadixMinGroupsPerSm) * facts.num_sms
                         ? TopkKernel::kRadixUniform
                     : rows <= int64_t(kTopkSplitMaxRowsPerSm) * facts.num_sms
-                        ? TopkKernel::kWarpSplit
+                        ? (p.num_blocks <= kTopkDigitsChunk ? TopkKernel::kWarpDigits
+                                                            : TopkKernel::kWarpSplit)
                         : TopkKernel::kWarpPerRow8;
       break;
     }

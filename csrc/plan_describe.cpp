@@ -201,7 +201,7 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
         << kTopkRadixMinGroupsPerSm << " per SM x " << facts.num_sms << " SMs";
       if (!radix) {
         const long long rows = static_cast<long long>(p.num_tokens) * p.num_heads;
-        s << ", " << rows << " rows " << (plan.kernel == TopkKernel::kWarpSplit ? "<=" : ">") << " "
+        s << ", " << rows << " rows " << (plan.kernel == TopkKernel::kWarpPerRow8 ? ">" : "<=") << " "
           << kTopkSplitMaxRowsPerSm << " per SM";
       }
       break;

@@ -89,17 +89,20 @@ enum class ProxyKernel : int32_t {
 // a bin; and one chunk buffer per warp: 13 warps per SM at topk 16 instead of 8), warp_split (a
 // CTA per row, the row's 256-block chunks split over up to 8 warps, then one warp merges their
 // choices: for decode-sized calls), warp_digits (warp_split with one-chunk rows' thresholds by
-// 8-bit radix digits; only forced), radix_uniform (radix_1buf with its passes branch-free and
+// 8-bit radix digits), radix_uniform (radix_1buf with its passes branch-free and
 // their trip counts warp-uniform: less lane divergence), and by_size (radix_uniform from
 // kTopkRadixMinGroupsPerSm groups of 32 tokens per SM on; below it warp_split up to
-// kTopkSplitMaxRowsPerSm rows per SM, else warp_per_row_8).
+// kTopkSplitMaxRowsPerSm rows per SM, as warp_digits where every row is one chunk, else
+// warp_per_row_8).
 // auto: by_size (H200 at 162e97a: 152 vs 193 us at prefill 32K, 1615 vs 2956 us at 4 x 128K x 1024
 // blocks, 10.0 vs 21.5 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row; at 5b22cb3
 // radix_1buf for the large calls: 102 vs 152 us at 32K, 1025 vs 1606 us at 128K, against radix
 // (radix_lean 113 / 1228, radix_c32 129 / 1099: both removed)); at 2f7070a warp_split for the
 // small calls: 10.8 vs 20.9 us for 1 token x 4 heads x 1024 blocks (B1 / 128K decode), 9.1 vs
 // 9.8 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row_8; at a1af6c4 radix_uniform
-// for the large calls: 86.2 vs 99.3 us at 32K, 869.5 vs 1022.8 us at 128K, against radix_1buf.
+// for the large calls: 86.2 vs 99.3 us at 32K, 869.5 vs 1022.8 us at 128K, against radix_1buf;
+// at 3cebf5e warp_digits for the small calls of one-chunk rows: 8.2 vs 9.1 us for 64 tokens x 4
+// heads x 256 blocks, against warp_split.
 enum class TopkKernel : int32_t {
   kAuto = 0,
   kWarpPerRow = 1,
@@ -116,7 +119,8 @@ enum class TopkKernel : int32_t {
   // warp_digits: warp_split with a one-chunk row's (<= 256 candidates) exact threshold found by
   // 8-bit radix digits of its order keys (<= 4 passes of a 256-bin histogram and a warp scan)
   // instead of the bitwise search (~15-20 dependent steps), one warp a CTA where num_blocks <= 256;
-  // rows of several chunks run warp_split unchanged. Only forced (not yet measured).
+  // rows of several chunks run warp_split unchanged. by_size takes it in place of warp_split where
+  // num_blocks <= kTopkDigitsChunk (H200 at 3cebf5e: 8.2 vs 9.1 us at 64 x 4 x 256).
   kWarpDigits = 13
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
@@ -177,9 +181,9 @@ enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 // 12-stage mbarrier ring, 6 consumer warps each take whole blocks from their own two stages, keys
 // on the MMA's M side; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). A pass
 // of tma covers kProxyDecodeTmaCols (8) query columns (G heads x tokens) where G x max_seqlen_q fits
-// them, else kProxyDecodeTmaMaxCols (16: two MMAs per converted K fragment; not yet measured). auto =
-// tma from kProxyDecodeIlpMinBatch requests on when G x max_seqlen_q <= kProxyDecodeTmaCols (the
-// 8-column build, as measured), else cta.
+// them, else kProxyDecodeTmaMaxCols (16: two MMAs per converted K fragment). auto = tma from
+// kProxyDecodeIlpMinBatch requests on when G x max_seqlen_q <= kProxyDecodeTmaMaxCols (one pass of
+// either build, as measured), else cta.
 enum class DecodeFp8 : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
@@ -211,11 +215,12 @@ struct SparseAttnOptions {
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
 inline constexpr int kProxyDecodeIlpMinBatch = 16;
-// The fp8 TMA decode kernel's query columns per pass (G heads x tokens, MMA N): auto takes it for
-// fp8 K where a request's rows fit one 8-column pass (decode_fp8, below).
+// The fp8 TMA decode kernel's query columns per pass (G heads x tokens, MMA N) where a request's
+// rows fit them (decode_fp8, below).
 inline constexpr int kProxyDecodeTmaCols = 8;
-// What one pass of its 16-column build covers (two m16n8k16 MMAs per converted K fragment): forced
-// decode_fp8=tma takes it where G x max_seqlen_q > kProxyDecodeTmaCols (auto never: not measured).
+// What one pass of its 16-column build covers (two m16n8k16 MMAs per converted K fragment): taken
+// where G x max_seqlen_q > kProxyDecodeTmaCols; auto takes the TMA kernel only up to this many
+// columns (one pass).
 inline constexpr int kProxyDecodeTmaMaxCols = 16;
 struct ProxyScoreOptions {
   ProxyKernel kernel = ProxyKernel::kAuto;
@@ -238,9 +243,9 @@ struct ProxyScoreOptions {
   // decode_fp8=auto|cta|tma: fp8 K on the decode kernel through the CTA-wide cp.async ring (cta) or
   // the TMA-fed warp-per-block kernel (tma: sm_90a, no reduce_heads; elsewhere cta runs); tma's
   // passes cover 8 columns (G x max_seqlen_q <= kProxyDecodeTmaCols) or else 16.
-  // auto = tma for batch >= kProxyDecodeIlpMinBatch with G x max_seqlen_q <= kProxyDecodeTmaCols
-  // (one 8-column pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us; sq 4, then two
-  // 8-column passes, 115.5 vs 88.4; the 16-column pass is not yet measured).
+  // auto = tma for batch >= kProxyDecodeIlpMinBatch with G x max_seqlen_q <= kProxyDecodeTmaMaxCols
+  // (one pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us; at 3cebf5e sq 4, one
+  // 16-column pass, 78.2 vs 85.5 us).
   DecodeFp8 decode_fp8 = DecodeFp8::kAuto;
 };
 struct TopkSelectOptions {
@@ -408,7 +413,7 @@ struct ProxyScorePlan {
   // option decode_fp8=tma; the launcher falls back to the cp.async ring elsewhere).
   bool fp8_tma = false;
   // Its query columns per pass (G heads x tokens): kProxyDecodeTmaCols (8) where G x max_seqlen_q
-  // fits them, else kProxyDecodeTmaMaxCols (16; only when forced); 8 without fp8_tma.
+  // fits them, else kProxyDecodeTmaMaxCols (16); 8 without fp8_tma.
   int fp8_tma_cols = kProxyDecodeTmaCols;
 };
 struct TopkSelectPlan {

@@ -357,11 +357,15 @@ TEST(PlanDescribe, ProxyAndTopk) {
     ProxyScoreOptions cta;
     cta.decode_fp8 = DecodeFp8::kCta;
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, cta), cta), "decode_fp8"));
-    // G 4 x 4 tokens: 16 columns a pass, forced only.
+    // G 4 x 4 tokens: 16 columns a pass, forced or auto's.
     fp8.qi.max_seqlen_q = 4;
     EXPECT_TRUE(has(describe(plan_proxy_score(fp8, tma), tma),
                     "; decode_fp8=tma (forced: fp8 K by TMA, a warp per key block, 16 query columns a pass, "
                     "where it applies)"));
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp8, {}), {}),
+                    "; decode_fp8=tma (auto: fp8 K by TMA, a warp per key block, 16 query columns a pass, "
+                    "where it applies)"));
+    fp8.qi.max_seqlen_q = 5;  // two passes: auto keeps the cp.async ring
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, {}), {}), "decode_fp8"));
   }
   pp.k.dtype = DType::kBF16;
@@ -396,9 +400,13 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o.kernel = TopkKernel::kBySize;  // 1024 groups x 4 heads = 4096 >= 4 x 132
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix_uniform (by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
-  tp.num_tokens = 64;  // 2 groups x 4 heads = 8 < 528; 256 rows <= 528
+  tp.num_tokens = 64;  // 2 groups x 4 heads = 8 < 528; 256 rows <= 528, rows of one chunk
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_digits (by_size: 8 groups of 32 rows < 4 per SM x 132 SMs, 256 rows <= 4 per SM); 64 tokens x 4 heads over 256 blocks, top-16; every row one chunk")) << d;
+  tp.num_blocks = 257;  // two chunks a row: warp_split
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=warp_split (by_size: 8 groups of 32 rows < 4 per SM x 132 SMs, 256 rows <= 4 per SM)")) << d;
+  tp.num_blocks = 256;
   tp.num_tokens = 256;  // 8 groups x 4 heads = 32 < 528; 1024 rows > 528
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=warp_per_row_8 (by_size: 32 groups of 32 rows < 4 per SM x 132 SMs, 1024 rows > 4 per SM)")) << d;

@@ -1276,16 +1276,25 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
   for (int tokens : {1, 64, 32768})
     EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {}, h200).kernel,
               plan_topk_select(topk_call(4, tokens), {TopkKernel::kBySize}, h200).kernel);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpSplit);
+  // The decode call of 64 tokens x 4 heads x 256 blocks: rows of one chunk, warp_digits (H200 at
+  // 3cebf5e: 8.2 vs 9.1 us against warp_split).
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpDigits);
   EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadixUniform);
-  // The B1 decode calls (1 token x 4 heads, any row length): warp_split (H200 at 2f7070a).
-  for (int blocks : {256, 1024, 16384})
+  // The B1 decode calls (1 token x 4 heads): warp_split for rows of several chunks (H200 at
+  // 2f7070a), warp_digits for rows of one.
+  for (int blocks : {257, 1024, 16384})
     EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
-  // warp_digits is only forced (not yet measured): by_size never takes it, at any size.
-  for (int tokens : {1, 64, 132, 256, 32768})
-    for (int blocks : {64, 256, 1024})
+  for (int blocks : {1, 64, 256})
+    EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpDigits);
+  // by_size takes warp_digits exactly where it would take warp_split and every row is one chunk;
+  // forced, it is kept at any size.
+  for (int tokens : {1, 64, 132, 133, 256, 4224, 32768})
+    for (int blocks : {64, 256, 257, 1024})
       for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kBySize}) {
-        EXPECT_NE(plan_topk_select(topk_call(4, tokens, blocks), {k}, h200).kernel, TopkKernel::kWarpDigits);
+        const TopkKernel got = plan_topk_select(topk_call(4, tokens, blocks), {k}, h200).kernel;
+        const bool split_size = tokens * 4 <= kTopkSplitMaxRowsPerSm * 132 && tokens < 4224;
+        EXPECT_EQ(got == TopkKernel::kWarpDigits, split_size && blocks <= kTopkDigitsChunk) << tokens << " " << blocks;
+        EXPECT_EQ(got == TopkKernel::kWarpSplit, split_size && blocks > kTopkDigitsChunk) << tokens << " " << blocks;
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens, blocks), {TopkKernel::kWarpDigits}, h200).kernel,
                   TopkKernel::kWarpDigits);
       }
@@ -1306,17 +1315,18 @@ TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
             TopkKernel::kWarpPerRow8);
   // Below it: warp_split up to 4 rows per SM (528 rows = 132 tokens x 4 heads), then
   // warp_per_row_8.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 132), by_size, h200).kernel, TopkKernel::kWarpSplit);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 132), by_size, h200).kernel, TopkKernel::kWarpDigits);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 132, 512), by_size, h200).kernel, TopkKernel::kWarpSplit);
   EXPECT_EQ(plan_topk_select(topk_call(4, 133), by_size, h200).kernel, TopkKernel::kWarpPerRow8);
   EXPECT_EQ(plan_topk_select(topk_call(1, 528, 4096), by_size, h200).kernel, TopkKernel::kWarpSplit);
   EXPECT_EQ(plan_topk_select(topk_call(4, 131 * 32 + 1), by_size, h200).kernel, TopkKernel::kRadixUniform);
   // The benchmark's shapes: decode (64 tokens x 4 heads) and the 32K / 128K prefills.
-  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpSplit);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpDigits);
   EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadixUniform);
   EXPECT_EQ(plan_topk_select(topk_call(4, 131072, 1024), by_size, h200).kernel, TopkKernel::kRadixUniform);
   // The thresholds scale with the SMs: the same call on 264 SMs stays warp_per_row_8.
   EXPECT_EQ(plan_topk_select(topk_call(4, 132 * 32), by_size, {264}).kernel, TopkKernel::kWarpPerRow8);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 133), by_size, {264}).kernel, TopkKernel::kWarpSplit);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 133), by_size, {264}).kernel, TopkKernel::kWarpDigits);
   // Unknown device: radix_uniform.
   EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, {}).kernel, TopkKernel::kRadixUniform);
   // radix_1buf is only ever forced since a1af6c4 (radix_uniform measured faster).
@@ -1422,28 +1432,38 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
     }
     // decode_fp8: the TMA kernel only when forced and only for fp8 K on the decode kernel (auto,
     // cta: the cp.async ring; auto: tma from kProxyDecodeIlpMinBatch requests on when G x
-    // max_seqlen_q fits one kProxyDecodeTmaCols-column pass); the other plan fields stay as auto
-    // sets them. Its passes: 8 columns where G x max_seqlen_q fits them, else 16 (forced only).
+    // max_seqlen_q fits one pass, kProxyDecodeTmaMaxCols columns); the other plan fields stay as
+    // auto sets them. Its passes: 8 columns where G x max_seqlen_q fits them, else 16.
     EXPECT_EQ(plan_proxy_score(dp, {}).fp8_tma, k == fp8) << dtype_name(k);  // B64, 4 x 1 rows
     EXPECT_EQ(plan_proxy_score(dp, {}).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
     {
       ProxyScoreParams few = dp, mtp2 = dp, mtp3 = dp, mtp4 = dp, mtp5 = dp, g8 = dp, g8mtp2 = dp, g16 = dp;
       few.batch = kProxyDecodeIlpMinBatch - 1;
       mtp2.qi.max_seqlen_q = 2;  // 8 columns: one 8-column pass
-      mtp3.qi.max_seqlen_q = 3;  // 12 columns: one 16-column pass (forced only)
-      mtp4.qi.max_seqlen_q = 4;  // 16 columns: one 16-column pass (forced only)
+      mtp3.qi.max_seqlen_q = 3;  // 12 columns: one 16-column pass
+      mtp4.qi.max_seqlen_q = 4;  // 16 columns: one 16-column pass
       mtp5.qi.max_seqlen_q = 5;  // 20 columns: two 16-column passes (forced only)
       g8.num_heads = 8;          // G 8 x 1 token: one 8-column pass
-      g8mtp2.num_heads = 8;      // G 8 x 2 tokens: one 16-column pass (forced only)
+      g8mtp2.num_heads = 8;      // G 8 x 2 tokens: one 16-column pass
       g8mtp2.qi.max_seqlen_q = 2;
-      g16.num_heads = 16;        // G 16 x 1 token: one 16-column pass (forced only)
+      g16.num_heads = 16;        // G 16 x 1 token: one 16-column pass
       EXPECT_FALSE(plan_proxy_score(few, {}).fp8_tma) << dtype_name(k);
       EXPECT_EQ(plan_proxy_score(mtp2, {}).fp8_tma, k == fp8) << dtype_name(k);
       EXPECT_EQ(plan_proxy_score(g8, {}).fp8_tma, k == fp8) << dtype_name(k);
-      for (const ProxyScoreParams& wide : {mtp3, mtp4, mtp5, g8mtp2, g16}) {
-        EXPECT_FALSE(plan_proxy_score(wide, {}).fp8_tma) << dtype_name(k);  // auto: never 16 columns
-        EXPECT_EQ(plan_proxy_score(wide, {}).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+      // auto: the 16-column pass where the rows fit one (H200 at 3cebf5e: B64 / 32K sq 4 78.2 vs
+      // 85.5 us), never two passes.
+      for (const ProxyScoreParams& one16 : {mtp3, mtp4, g8mtp2, g16}) {
+        EXPECT_EQ(plan_proxy_score(one16, {}).fp8_tma, k == fp8) << dtype_name(k);
+        EXPECT_EQ(plan_proxy_score(one16, {}).fp8_tma_cols, k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols)
+            << dtype_name(k);
+        ProxyScoreParams small = one16;
+        small.batch = kProxyDecodeIlpMinBatch - 1;
+        EXPECT_FALSE(plan_proxy_score(small, {}).fp8_tma) << dtype_name(k);
       }
+      ProxyScoreOptions on_decode;
+      on_decode.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows
+      EXPECT_FALSE(plan_proxy_score(mtp5, on_decode).fp8_tma) << dtype_name(k);  // auto: never two passes
+      EXPECT_EQ(plan_proxy_score(mtp5, on_decode).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
       ProxyScoreOptions forced;
       forced.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows (mtp5)
       forced.decode_fp8 = DecodeFp8::kTma;
