@@ -78,6 +78,7 @@
 #   PROFILE_CASE_TIMEOUT=150   seconds one profile case may take (a hang costs no more)
 #   PROFILE_KERNEL=regex       only the kernels of those cases whose name matches (ncu
 #                              --kernel-name regex:...), PROFILE_LAUNCHES (2) launches of them
+#                              after the first PROFILE_SKIP (0) matching ones
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
 #                              600 s device call ends; a cut step counts as failed
 #   GPU_ARCHS="80;90a"         CUDA architectures of the build (e.g. 90a: a faster build on an H200,
@@ -522,9 +523,11 @@ step_profile() {
                   --section LaunchStats --section WarpStateStats --section SchedulerStats
                   --section ComputeWorkloadAnalysis --section SourceCounters)
   # PROFILE_KERNEL=<regex>: only the kernels whose name matches, at most PROFILE_LAUNCHES (default
-  # 2) launches of them (e.g. one KV-major launch of a prefill's nine launch groups).
+  # 2) launches of them (e.g. one KV-major launch of a prefill's nine launch groups), after the
+  # first PROFILE_SKIP (default 0) matching launches (e.g. past a near-empty first group).
   local only=()
   [[ -n ${PROFILE_KERNEL:-} ]] && only=(--kernel-name "regex:${PROFILE_KERNEL}"
+                                        --launch-skip "${PROFILE_SKIP:-0}"
                                         --launch-count "${PROFILE_LAUNCHES:-2}")
   # Each case at most PROFILE_CASE_TIMEOUT seconds (default 150): a kernel that hangs under the
   # profiler (as a ring bug did at 4f75a66, 293 s to the end of the budget) costs that much only.
