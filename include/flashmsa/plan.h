@@ -34,7 +34,9 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // partials written by TMA stores; kv_major_tma_sm90.cuh). tma needs bf16 / fp16 K and V of the
 // compute dtype, G a multiple of 8 that divides 64 or is a multiple of 64, and q / K/V / partial
 // rows within TMA's coordinates; elsewhere it falls back to wgmma (else mma_sync) and the plan text
-// says why. Not yet measured on the GPU. auto: wgmma where it can run, else mma_sync (tma only when
+// says why. Measured slower than wgmma (H200 at 3cebf5e: 32K random 11.84 vs 9.90 ms; two consumer
+// warpgroups hide the per-tile softmax chain worse than wgmma's four: docs/design/
+// sparse_attention.md#kv-major-tma). auto: wgmma where it can run, else mma_sync (tma only when
 // named).
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kTma = 3 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
