@@ -848,6 +848,8 @@ class Bench:
                 # auto where it cannot run: the plan text says why).
                 if kv == "bf16":
                     variants.append((" [wgmma]", dict(kernel="wgmma")))
+                    # ... fed by a planner warp ahead of its loader warp (wgmma_pipe=ahead).
+                    variants.append((" [wgmma_pipe=ahead]", dict(kernel="wgmma", wgmma_pipe="ahead")))
             for suffix, options in variants:
                 self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged{suffix}",
                               lambda b=b, c=ctx, q=sq, kv=kv, o=options:

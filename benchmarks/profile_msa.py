@@ -133,6 +133,9 @@ def cases(bench: bm.Bench) -> dict:
             64, 32 * K, 4, "fp8", dict(kernel="regs", mtp="union")),
         # bf16 union items on the sm_90a TMA + wgmma kernel (kernel=wgmma).
         "decode_b64_sq4_wgmma": lambda: bench.build_decode(64, 32 * K, 4, "bf16", dict(kernel="wgmma")),
+        # The same with the planner warp ahead of the loader warp (wgmma_pipe=ahead).
+        "decode_b64_sq4_wgmma_ahead": lambda: bench.build_decode(
+            64, 32 * K, 4, "bf16", dict(kernel="wgmma", wgmma_pipe="ahead")),
         # The decode step captured in one CUDA graph (bench_msa stage step): one replay, every
         # kernel node of the graph profiled.
         "step_b64": lambda: bench.build_step(64, 32 * K, 1),

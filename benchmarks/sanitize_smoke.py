@@ -657,6 +657,7 @@ class Smoke:
         self.decode_mtp_union(lens)
         self.decode_mtp_union_regs(lens)
         self.decode_mtp_wgmma(lens)
+        self.decode_mtp_wgmma(lens, pipe="ahead")
         self.decode_split_cluster(lens)
 
     def decode_split_cluster(self, lens):
@@ -823,12 +824,22 @@ class Smoke:
                     f"sq{seqlen_q} shared={shared}")
 
 
-    def decode_mtp_wgmma(self, lens):
+    def decode_mtp_wgmma(self, lens, pipe="inline"):
         """MTP union items with bf16 / fp16 K/V on the sm_90a TMA + wgmma kernel (plan option
         kernel=wgmma; planned as auto where it cannot run): M3, G = 8 and G = 3, seqlen_q 2 and 4,
         shared and per-token selections, fused / split with each partial dtype, ids out of range
-        and -1 holes."""
-        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="wgmma"))
+        and -1 holes. pipe: the option wgmma_pipe (ahead: the planner / loader warps; then also 40
+        requests of M3, 160 items: CTAs that take two items, plans made while a loader streams)."""
+        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="wgmma", wgmma_pipe=pipe))
+        tag = "wgmma" if pipe == "inline" else f"wgmma {pipe}"
+        if pipe == "ahead":
+            many = [700, 130, 1, 300, 129] * 8
+            cache = self.lazy(lambda: self.paged_kv(many, 4, BF16))
+
+            def build_many():
+                return self.rnd((len(many) * 4, 64, 128)).to(BF16), self.mtp_selection(many, 4, 4, False)
+            self._decode_fused_and_split(ops, cache, self.lazy(build_many), 4, (True, False),
+                                         f"decode mtp {tag} paged bfloat16 64/4 sq4 b{len(many)}")
         b = len(lens)
         for hq, hkv, dtype in ((64, 4, BF16), (16, 2, FP16), (12, 4, BF16)):
             cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, dtype))
@@ -838,7 +849,7 @@ class Smoke:
                     return self.rnd((b * sqd, hq, 128)).to(dtype), sel
                 self._decode_fused_and_split(
                     ops, cache, self.lazy(build), seqlen_q, (True, False),
-                    f"decode mtp wgmma paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} shared={shared}")
+                    f"decode mtp {tag} paged {str(dtype)[6:]} {hq}/{hkv} sq{seqlen_q} shared={shared}")
 
     def _decode_fused_and_split(self, ops, cache, q_sel, seqlen_q, fuseds, name):
         """Paged decode calls of one problem (cache: K/V, page table, lengths; q_sel: q and the

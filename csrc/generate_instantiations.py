@@ -103,7 +103,7 @@ KERNELS = [
     Kernel("union_tma_{e}",        "sparse_attn/union_tma_sm90.cuh", "int union_tma_sm90_ctas_per_sm<{E}>()"),
     Kernel("kv_major_tma_{e}",     "sparse_attn/kv_major_tma_sm90.cuh", "void launch_kv_major_tma_sm90<{E}>(const KvMajorArgs&, int, cudaStream_t)"),
     Kernel("kv_major_tma_{e}",     "sparse_attn/kv_major_tma_sm90.cuh", "int kv_major_tma_sm90_ctas_per_sm<{E}>()"),
-    Kernel("mtp_wgmma_{e}",        "sparse_attn/mtp_wgmma_sm90.cuh", "void launch_mtp_wgmma_sm90<{E}>(const QueryMajorArgs&, int, cudaStream_t)"),
+    Kernel("mtp_wgmma_{e}",        "sparse_attn/mtp_wgmma_sm90.cuh", "void launch_mtp_wgmma_sm90<{E}>(const QueryMajorArgs&, int, bool, cudaStream_t)"),
     Kernel("mtp_wgmma_{e}",        "sparse_attn/mtp_wgmma_sm90.cuh", "int mtp_wgmma_sm90_ctas_per_sm<{E}>()"),
     Kernel("proxy_score_{e}",      "proxy_score/proxy_score_launch.cuh", "void launch_proxy_score<{E}>(const ProxyScoreParams&, cudaStream_t)"),
     Kernel("proxy_decode_{e}",     "proxy_score/proxy_decode.cuh",       "bool launch_proxy_decode<{E}>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t)"),

@@ -67,6 +67,8 @@ constexpr Named<DecodeFp8> kDecodeFp8s[] = {{DecodeFp8::kAuto, "auto"}, {DecodeF
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
+constexpr Named<DecodeWgmmaPipe> kDecodeWgmmaPipes[] = {
+    {DecodeWgmmaPipe::kAuto, "auto"}, {DecodeWgmmaPipe::kInline, "inline"}, {DecodeWgmmaPipe::kAhead, "ahead"}};
 
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
@@ -148,6 +150,7 @@ const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
 const char* option_name(DecodeFp8 v) { return name_of(kDecodeFp8s, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
+const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -160,9 +163,11 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.nvfp4_cvt = parse_enum(kDecodeNvfp4Cvts, name, value);
     } else if (name == "split") {
       o.split = parse_enum(kDecodeSplits, name, value);
+    } else if (name == "wgmma_pipe") {
+      o.wgmma_pipe = parse_enum(kDecodeWgmmaPipes, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt, split)");
+               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe)");
     }
   });
   return o;

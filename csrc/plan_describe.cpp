@@ -123,6 +123,9 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
     s << "; kernel=wgmma (sm_90a: TMA loads of each item's union blocks through a 3-stage K / V ring by "
          "a producer warp, one warpgroup's wgmma tiles of all 64 rows; a persistent grid of "
       << plan.qm.grid << " CTAs, one per SM)";
+    if (plan.qm.wgmma_ahead)
+      s << "; wgmma_pipe=ahead (a planner warp plans the next item and its K / V coordinates while a "
+           "loader warp streams this one's blocks, K one block ahead of V)";
   } else if (plan.qm.wgmma_fallback != nullptr) {
     s << "; kernel=wgmma falls back to auto's kernel: " << plan.qm.wgmma_fallback;
   }

@@ -12,6 +12,7 @@
 //                       tests/sanitizer/mbarrier_patterns.cu). It orders only the copies: a
 //                       thread's plain shared-memory stores need a plain arrive after them.
 //   mbar_wait           until the phase of the given parity has completed (acquire)
+//   mbar_test_wait      whether it has, without blocking
 // A buffer used for the n-th time waits "full" with parity n & 1; its producer waits "empty" with
 // parity (n & 1) ^ 1, which passes at once for n = 0 (the phase before the first never blocks).
 #pragma once
@@ -40,6 +41,16 @@ MSA_DEVICE bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   asm volatile(
       "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Whether the phase of the given parity has completed, without blocking (acquire when it has).
+MSA_DEVICE bool mbar_test_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
       : "=r"(done)
       : "r"(bar), "r"(parity)
       : "memory");

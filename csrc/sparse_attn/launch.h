@@ -69,9 +69,10 @@ int union_tma_sm90_ctas_per_sm();
 
 // MTP union items on sm_90a with TMA loads and warpgroup MMAs (mtp_wgmma_sm90.cuh; decode plan
 // option kernel=wgmma): bf16 / fp16 q, K and V of the compute dtype; a persistent grid of `grid`
-// CTAs (at most ctas_per_sm per SM, 0 where the device cannot run it).
+// CTAs (at most ctas_per_sm per SM, 0 where the device cannot run it); ahead: wgmma_pipe=ahead
+// (a planner warp plans items ahead of the loader warp).
 template <typename Elem>
-void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, cudaStream_t stream);
+void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, bool ahead, cudaStream_t stream);
 template <typename Elem>
 int mtp_wgmma_sm90_ctas_per_sm();
 

@@ -84,7 +84,17 @@ static_assert(MtpWgmmaConfig::kSmemBytes <= 227 * 1024, "shared memory plan exce
 static_assert(MtpWgmmaConfig::kKOffset % 1024 == 0 && MtpWgmmaConfig::kVOffset % 1024 == 0,
               "swizzled tiles start on 1024-byte boundaries");
 
-// mbarrier addresses of MtpWgmmaConfig's plan.
+// wgmma_pipe=ahead: MtpWgmmaConfig's plan, then two more mbarriers (plan_full[2]) and per item
+// buffer the K / V coordinate of each union block (the page, or the flat row), written by the
+// planner warp so that the loader warp reads no global memory per block.
+struct MtpWgmmaAheadConfig : MtpWgmmaConfig {
+  static constexpr int kCoordOffset = (kBarOffset + 19 * 8 + 15) / 16 * 16;
+  static constexpr int kCoordBytes = kMaxTopk * 4;
+  static constexpr int kSmemBytes = kCoordOffset + kItemBufs * kCoordBytes;
+};
+static_assert(MtpWgmmaAheadConfig::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
+
+// mbarrier addresses of MtpWgmmaConfig's plan (plan_full: MtpWgmmaAheadConfig's only).
 struct MtpWgmmaBars {
   uint32_t base;
   MSA_DEVICE uint32_t q_full(int i) const { return base + 8 * i; }
@@ -94,6 +104,7 @@ struct MtpWgmmaBars {
   MSA_DEVICE uint32_t v_full(int i) const { return base + 80 + 8 * i; }
   MSA_DEVICE uint32_t v_empty(int i) const { return base + 104 + 8 * i; }
   MSA_DEVICE uint32_t v_fix() const { return base + 128; }
+  MSA_DEVICE uint32_t plan_full(int i) const { return base + 136 + 8 * i; }
 };
 
 // Position in the K / V ring: slot and the parity of its current phase.
@@ -109,84 +120,206 @@ struct RingPos {
 };
 
 #if MSA_HAS_WGMMA
-// The producer warp (lane 0..31): see the top of the file.
-MSA_DEVICE void mtp_wgmma_producer(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int lane) {
-  using Cfg = MtpWgmmaConfig;
+// Item `it` of this CTA (blockIdx.x + it x gridDim.x) as one warp plans it into pl: "no work left"
+// (returned, pl.none = 1 by lane 0), or the union blocks of its split (mtp_union_entries), their
+// counts, and (coord != nullptr) each block's K / V coordinate (kv_block_coords' page or flat row).
+// Each lane writes its own entries; the caller orders them (__syncwarp, per-lane arrivals).
+struct MtpItem {
+  bool none;
+  int b, kh, r0, count;
+};
+MSA_DEVICE MtpItem mtp_wgmma_plan_item(const MtpWgmmaArgs& ta, MtpWgmmaPlan& pl, int it, int* coord, int lane) {
   const QueryMajorArgs& a = ta.a;
   const SparseAttnParams& p = a.p;
-  const int G = a.group;
-  if (lane == 0) {
-    tma_prefetch_map(&ta.q_map);
-    tma_prefetch_map(&ta.k_map);
-    tma_prefetch_map(&ta.v_map);
+  const int64_t item = blockIdx.x + int64_t(it) * gridDim.x;
+  if (item >= a.num_items) {
+    if (lane == 0) pl.none = 1;
+    return {true, 0, 0, 0, 0};
   }
+  const int split = int(item % a.splits);
+  const int64_t rest = item / a.splits;
+  const int kh = int(rest % p.num_kv_heads), b = int(rest / p.num_kv_heads);
+  const RowRange rr = q_rows(p.qi, p.total_q, b);
+  const MtpUnionEntries ue = mtp_union_entries(a, b, kh, split, pl.list, lane);
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  const uint32_t k0 = __ballot_sync(0xffffffffu, ue.sel[0]), k1 = __ballot_sync(0xffffffffu, ue.sel[1]);
+  const int64_t row0 = coord != nullptr && !p.kv.paged ? kv_row_begin(p.kv, b) : 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!ue.sel[h]) continue;
+    const int idx = h == 0 ? __popc(k0 & lt_mask) : __popc(k0) + __popc(k1 & lt_mask);
+    pl.block[idx] = ue.blk[h];
+    pl.counts[idx] = ue.counts[h];
+    if (coord != nullptr) {
+      const KvBlockCoords kc = kv_block_coords(p, b, kh, ue.blk[h], row0);
+      coord[idx] = p.kv.paged ? kc.c3 : kc.c2;
+    }
+  }
+  const int U = __popc(k0) + __popc(k1);
+  if (lane == 0) {
+    pl.none = 0;
+    pl.kh = kh;
+    pl.r0 = rr.begin;
+    pl.n_tok = min(rr.len, a.mtp_tokens);
+    pl.split = split;
+    pl.count = U;
+  }
+  return {false, b, kh, rr.begin, U};
+}
+
+// The three tensor maps into the TMA unit's descriptor cache (one thread).
+MSA_DEVICE void mtp_wgmma_prefetch_maps(const MtpWgmmaArgs& ta) {
+  tma_prefetch_map(&ta.q_map);
+  tma_prefetch_map(&ta.k_map);
+  tma_prefetch_map(&ta.v_map);
+}
+
+// Lane 0: Q of an item (one 3-D box per 64-dim half: G heads x mtp_tokens tokens at row r0) into
+// item buffer tb, its bytes on q_full(tb) (expect_tx, an arrival).
+MSA_DEVICE void mtp_wgmma_load_q(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int tb, int kh, int r0) {
+  using Cfg = MtpWgmmaConfig;
+  const int G = ta.a.group;
+  const uint32_t sQ = smem_addr(smem + Cfg::kQOffset + tb * Cfg::kQBytes);
+  mbar_expect_tx(bars.q_full(tb), uint32_t(2 * 64 * 2 * G * ta.a.mtp_tokens));
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+    tma_load_3d(sQ + uint32_t(half * 64 * 128), &ta.q_map, bars.q_full(tb), 64 * half, kh * G, r0);
+}
+
+// The visible keys of a block: its largest per-token count (< 128: V rows from there are zeroed).
+MSA_DEVICE int mtp_block_valid(uint32_t c) {
+  return int(max(max(c & 0xFFu, (c >> 8) & 0xFFu), max((c >> 16) & 0xFFu, c >> 24)));
+}
+
+// V of a block into ring slot st (lane 0 waits for the slot), published on v_full(st); a partial
+// block (n_valid < 128) lands on v_fix first, the warp zeroes its rows n_valid.. and then
+// publishes it (fixes: partial blocks so far, v_fix's phase).
+MSA_DEVICE void mtp_wgmma_load_v(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, RingPos pos,
+                                 const KvBlockCoords& kc, int n_valid, int& fixes, int lane) {
+  using Cfg = MtpWgmmaConfig;
+  const bool partial = n_valid < kBlockSize;
+  if (lane == 0) {
+    mbar_wait(bars.v_empty(pos.st), pos.ph ^ 1);
+    tma_load_kv_block(ta.a.p.kv.paged, &ta.v_map, smem_addr(smem + Cfg::kVOffset + pos.st * Cfg::kKvBytes),
+                      partial ? bars.v_fix() : bars.v_full(pos.st), kc);
+  }
+  if (partial) {
+    mbar_wait(bars.v_fix(), fixes & 1);
+    ++fixes;
+    zero_tile_rows_from(smem + Cfg::kVOffset + pos.st * Cfg::kKvBytes, n_valid, lane);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars.v_full(pos.st));
+  }
+}
+
+// The producer warp (lane 0..31) of wgmma_pipe=inline: see the top of the file.
+MSA_DEVICE void mtp_wgmma_producer(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int lane) {
+  using Cfg = MtpWgmmaConfig;
+  const SparseAttnParams& p = ta.a.p;
+  if (lane == 0) mtp_wgmma_prefetch_maps(ta);
   RingPos pos;
   int fixes = 0;  // partial blocks so far (v_fix's phase)
   for (int it = 0;; ++it) {
     const int tb = it & 1;
     mbar_wait(bars.q_empty(tb), ((it >> 1) & 1) ^ 1);
     MtpWgmmaPlan& pl = *reinterpret_cast<MtpWgmmaPlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
-    const int64_t item = blockIdx.x + int64_t(it) * gridDim.x;
-    if (item >= a.num_items) {
-      if (lane == 0) pl.none = 1;
+    const MtpItem im = mtp_wgmma_plan_item(ta, pl, it, nullptr, lane);
+    if (im.none) {
       mbar_arrive(bars.q_full(tb));  // every lane (the barrier counts 32): publishes "no work left"
       return;
     }
-    const int split = int(item % a.splits);
-    const int64_t rest = item / a.splits;
-    const int kh = int(rest % p.num_kv_heads), b = int(rest / p.num_kv_heads);
-    const RowRange rr = q_rows(p.qi, p.total_q, b);
-    const MtpUnionEntries ue = mtp_union_entries(a, b, kh, split, pl.list, lane);
-    const uint32_t lt_mask = (1u << lane) - 1u;
-    const uint32_t k0 = __ballot_sync(0xffffffffu, ue.sel[0]), k1 = __ballot_sync(0xffffffffu, ue.sel[1]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!ue.sel[h]) continue;
-      const int idx = h == 0 ? __popc(k0 & lt_mask) : __popc(k0) + __popc(k1 & lt_mask);
-      pl.block[idx] = ue.blk[h];
-      pl.counts[idx] = ue.counts[h];
-    }
-    const int U = __popc(k0) + __popc(k1);
-    if (lane == 0) {
-      pl.none = 0;
-      pl.kh = kh;
-      pl.r0 = rr.begin;
-      pl.n_tok = min(rr.len, a.mtp_tokens);
-      pl.split = split;
-      pl.count = U;
-    }
     __syncwarp();  // every lane's entries are written before any lane reads them below
     if (lane != 0) mbar_arrive(bars.q_full(tb));  // this lane's plan writes
-    if (lane == 0) {
-      const uint32_t sQ = smem_addr(smem + Cfg::kQOffset + tb * Cfg::kQBytes);
-      mbar_expect_tx(bars.q_full(tb), uint32_t(2 * 64 * 2 * G * a.mtp_tokens));
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        tma_load_3d(sQ + uint32_t(half * 64 * 128), &ta.q_map, bars.q_full(tb), 64 * half, kh * G, rr.begin);
-    }
-    const int64_t row0 = p.kv.paged ? 0 : kv_row_begin(p.kv, b);
+    if (lane == 0) mtp_wgmma_load_q(ta, smem, bars, tb, im.kh, im.r0);
+    const int64_t row0 = p.kv.paged ? 0 : kv_row_begin(p.kv, im.b);
 #pragma unroll 1
-    for (int u = 0; u < U; ++u, pos.advance()) {
+    for (int u = 0; u < im.count; ++u, pos.advance()) {
       const int blk = pl.block[u];
-      const uint32_t c = pl.counts[u];
-      const int n_valid = int(max(max(c & 0xFFu, (c >> 8) & 0xFFu), max((c >> 16) & 0xFFu, c >> 24)));
-      const bool partial = n_valid < kBlockSize;
-      const uint32_t sK = smem_addr(smem + Cfg::kKOffset + pos.st * Cfg::kKvBytes);
-      const uint32_t sV = smem_addr(smem + Cfg::kVOffset + pos.st * Cfg::kKvBytes);
+      const int n_valid = mtp_block_valid(pl.counts[u]);
+      KvBlockCoords kc{};  // lane 0's (the page lookup is its global load on the ring's path)
       if (lane == 0) {
-        const KvBlockCoords kc = kv_block_coords(p, b, kh, blk, row0);
+        kc = kv_block_coords(p, im.b, im.kh, blk, row0);
         mbar_wait(bars.k_empty(pos.st), pos.ph ^ 1);
-        tma_load_kv_block(p.kv.paged, &ta.k_map, sK, bars.k_full(pos.st), kc);
-        mbar_wait(bars.v_empty(pos.st), pos.ph ^ 1);
-        tma_load_kv_block(p.kv.paged, &ta.v_map, sV, partial ? bars.v_fix() : bars.v_full(pos.st), kc);
+        tma_load_kv_block(p.kv.paged, &ta.k_map, smem_addr(smem + Cfg::kKOffset + pos.st * Cfg::kKvBytes),
+                          bars.k_full(pos.st), kc);
       }
-      if (partial) {
-        mbar_wait(bars.v_fix(), fixes & 1);
-        ++fixes;
-        zero_tile_rows_from(smem + Cfg::kVOffset + pos.st * Cfg::kKvBytes, n_valid, lane);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bars.v_full(pos.st));
+      mtp_wgmma_load_v(ta, smem, bars, pos, kc, n_valid, fixes, lane);
+    }
+    __syncwarp();
+  }
+}
+
+// wgmma_pipe=ahead, the planner warp (lane 0..31): plans item it into item buffer it & 1 as soon
+// as the consumers have released that buffer (item it - 2 done), i.e. while the loader still
+// streams item it - 1's blocks; publishes the plan to the loader (plan_full) and to the consumers
+// (q_full: 32 arrivals of its lanes, the 33rd is the loader's expect_tx of Q).
+MSA_DEVICE void mtp_wgmma_planner(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int lane) {
+  using Cfg = MtpWgmmaAheadConfig;
+  for (int it = 0;; ++it) {
+    const int tb = it & 1;
+    mbar_wait(bars.q_empty(tb), ((it >> 1) & 1) ^ 1);
+    MtpWgmmaPlan& pl = *reinterpret_cast<MtpWgmmaPlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
+    int* coord = reinterpret_cast<int*>(smem + Cfg::kCoordOffset + tb * Cfg::kCoordBytes);
+    const MtpItem im = mtp_wgmma_plan_item(ta, pl, it, coord, lane);
+    mbar_arrive(bars.plan_full(tb));  // this lane's plan writes, to the loader
+    mbar_arrive(bars.q_full(tb));     // and to the consumers
+    if (im.none) return;
+  }
+}
+
+// wgmma_pipe=ahead, the loader warp (lane 0..31): per planned item Q, then each block's K, with V
+// one block behind K (V_u - 1 after K_u: the consumers read V a block after K); lane 0 issues, the
+// warp zeroes partial V tiles (mtp_wgmma_load_v). No global load on its path.
+MSA_DEVICE void mtp_wgmma_loader(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int lane) {
+  using Cfg = MtpWgmmaAheadConfig;
+  const SparseAttnParams& p = ta.a.p;
+  if (lane == 0) mtp_wgmma_prefetch_maps(ta);
+  RingPos kpos, vpos;
+  int fixes = 0;  // partial blocks so far (v_fix's phase)
+  bool v_pending = false;  // V of the last block whose K was issued
+  KvBlockCoords v_kc{};
+  int v_valid = 0;
+  for (int it = 0;; ++it) {
+    const int tb = it & 1;
+    const uint32_t ph = (it >> 1) & 1;
+    // The last block's V waits for the next item's first K only while that item's plan is ready
+    // (short items: the consumers may need this V before the planner can plan the next one).
+    const bool ready = __shfl_sync(0xffffffffu, int(mbar_test_wait(bars.plan_full(tb), ph)), 0) != 0;
+    if (v_pending && !ready) {
+      mtp_wgmma_load_v(ta, smem, bars, vpos, v_kc, v_valid, fixes, lane);
+      vpos.advance();
+      v_pending = false;
+    }
+    mbar_wait(bars.plan_full(tb), ph);
+    // Passes at once (the planner waited for this phase): orders Q's TMA after the consumers'
+    // staging writes into the buffer in this warp's own view too.
+    mbar_wait(bars.q_empty(tb), ph ^ 1);
+    const MtpWgmmaPlan& pl = *reinterpret_cast<const MtpWgmmaPlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
+    const int* coord = reinterpret_cast<const int*>(smem + Cfg::kCoordOffset + tb * Cfg::kCoordBytes);
+    if (pl.none != 0) {
+      if (v_pending) mtp_wgmma_load_v(ta, smem, bars, vpos, v_kc, v_valid, fixes, lane);
+      if (lane == 0) mbar_arrive(bars.q_full(tb));  // the 33rd arrival: "no work left"
+      return;
+    }
+    const int kh = pl.kh, U = pl.count;
+    if (lane == 0) mtp_wgmma_load_q(ta, smem, bars, tb, kh, pl.r0);
+#pragma unroll 1
+    for (int u = 0; u < U; ++u, kpos.advance()) {
+      const int c = coord[u];
+      const KvBlockCoords kc{p.kv.paged ? 0 : kh, p.kv.paged ? kh : c, p.kv.paged ? c : 0};
+      const int n_valid = mtp_block_valid(pl.counts[u]);
+      if (lane == 0) {
+        mbar_wait(bars.k_empty(kpos.st), kpos.ph ^ 1);
+        tma_load_kv_block(p.kv.paged, &ta.k_map, smem_addr(smem + Cfg::kKOffset + kpos.st * Cfg::kKvBytes),
+                          bars.k_full(kpos.st), kc);
       }
+      if (v_pending) {
+        mtp_wgmma_load_v(ta, smem, bars, vpos, v_kc, v_valid, fixes, lane);
+        vpos.advance();
+      }
+      v_pending = true;
+      v_kc = kc;
+      v_valid = n_valid;
     }
     __syncwarp();
   }
@@ -267,7 +400,9 @@ MSA_DEVICE void mtp_wgmma_epilogue(const QueryMajorArgs& a, const MtpWgmmaPlan& 
 }
 #endif
 
-template <typename Elem>
+// kAhead: wgmma_pipe=ahead (a planner and a loader warp instead of the one producer warp; the
+// consumers' code is the same).
+template <typename Elem, bool kAhead>
 __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_kernel(const __grid_constant__ MtpWgmmaArgs ta) {
 #if MSA_HAS_WGMMA
   using Cfg = MtpWgmmaConfig;
@@ -279,9 +414,11 @@ __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_ke
   if (tid == 0) {
     for (int i = 0; i < Cfg::kItemBufs; ++i) {
       // Every producer lane arrives after its own plan writes (lane 0 with the expect_tx of Q's
-      // bytes): union_tma_sm90.cuh says why one arrive per writer.
-      mbar_init(bars.q_full(i), 32);
+      // bytes): union_tma_sm90.cuh says why one arrive per writer. kAhead: the planner's 32 lanes
+      // and the loader's expect_tx; the loader waits for the planner's lanes on plan_full.
+      mbar_init(bars.q_full(i), kAhead ? 33 : 32);
       mbar_init(bars.q_empty(i), Cfg::kConsumerThreads);
+      if constexpr (kAhead) mbar_init(bars.plan_full(i), 32);
     }
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbar_init(bars.k_full(i), 1);
@@ -294,7 +431,13 @@ __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_ke
   }
   __syncthreads();  // the only CTA-wide barrier: producer and consumers part here
   if (tid >= Cfg::kConsumerThreads) {
-    if (tid < Cfg::kConsumerThreads + 32) mtp_wgmma_producer(ta, smem, bars, tid - Cfg::kConsumerThreads);
+    const int pw = (tid - Cfg::kConsumerThreads) >> 5;
+    if constexpr (kAhead) {
+      if (pw == 0) mtp_wgmma_loader(ta, smem, bars, tid & 31);
+      else if (pw == 1) mtp_wgmma_planner(ta, smem, bars, tid & 31);
+    } else {
+      if (pw == 0) mtp_wgmma_producer(ta, smem, bars, tid & 31);
+    }
     return;
   }
 
@@ -380,18 +523,19 @@ __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_ke
 #endif
 }
 
-// CTAs per SM of the kernel (1), 0 where this device cannot run it.
+// CTAs per SM of the kernel (1), 0 where this device cannot run it (wgmma_pipe=ahead's 0.5 KB more
+// shared memory leaves it at the same count: both static_asserts).
 template <typename Elem>
 int mtp_wgmma_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(mtp_wgmma_sm90_kernel<Elem>, MtpWgmmaConfig::kThreads,
+  return flashmsa::cuda::prepare_sm90a_launch(mtp_wgmma_sm90_kernel<Elem, false>, MtpWgmmaConfig::kThreads,
                                               size_t(MtpWgmmaConfig::kSmemBytes));
 }
 
 // Encodes the maps of q, k and v (NotSupported where the driver rejects them; the planner's
 // mtp_wgmma_unsupported keeps the calls it sends here within TMA's coordinates) and launches
-// `grid` persistent CTAs.
+// `grid` persistent CTAs; ahead: wgmma_pipe=ahead's kernel.
 template <typename Elem>
-void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, cudaStream_t stream) {
+void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, bool ahead, cudaStream_t stream) {
   const SparseAttnParams& p = args.p;
   MSA_CHECK(args.mtp_tokens >= 1 && args.mtp_tokens * args.group <= 64 && !args.q_fp8 && grid >= 1,
             "msa_sparse_decode_attention: kernel=wgmma planned for a call it does not run (planner bug)");
@@ -401,8 +545,8 @@ void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, cudaStream_t st
   const bool ok = flashmsa::cuda::encode_q_map_sw128(ta.q_map, ty, p, uint32_t(args.group), uint32_t(args.mtp_tokens)) &&
                   flashmsa::cuda::encode_kv_maps_sw128(ta.k_map, ta.v_map, ty, p);
   MSA_CHECK_SUPPORTED(ok, "kernel=wgmma: the driver rejected the TMA descriptors of q / k / v");
-  auto* kernel = mtp_wgmma_sm90_kernel<Elem>;
-  constexpr int smem = MtpWgmmaConfig::kSmemBytes;
+  auto* kernel = ahead ? mtp_wgmma_sm90_kernel<Elem, true> : mtp_wgmma_sm90_kernel<Elem, false>;
+  const int smem = ahead ? MtpWgmmaAheadConfig::kSmemBytes : MtpWgmmaConfig::kSmemBytes;
   flashmsa::cuda::prepare_launch(kernel, MtpWgmmaConfig::kThreads, size_t(smem));
   kernel<<<grid, MtpWgmmaConfig::kThreads, smem, stream>>>(ta);
   MSA_CUDA_CHECK(cudaGetLastError());

@@ -170,7 +170,7 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       MSA_CHECK(plan.mtp_tokens > 0 && !plan.cluster, "msa_sparse_decode_attention: kernel=wgmma planned "
                 "without MTP union items (planner bug)");
       if constexpr (kKv == KvKind::kNative) {
-        launch_mtp_wgmma_sm90<Elem>(a, plan.grid, stream);
+        launch_mtp_wgmma_sm90<Elem>(a, plan.grid, plan.wgmma_ahead, stream);
       } else {
         MSA_FAIL("msa_sparse_decode_attention: kernel=wgmma needs 16-bit K/V (planner bug)");
       }

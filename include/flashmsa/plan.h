@@ -199,11 +199,22 @@ enum class DecodeFp8 : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // decode 21.1 vs 23.1 us with cluster, but the captured B1 step 34.3 vs 34.2 us: no gain there).
 enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 
+// How the MTP wgmma kernel (kernel=wgmma, or auto where it takes it) feeds its K / V ring:
+// inline (one producer warp plans each item (mtp_union_entries: the q2k lists, the page lookups,
+// the union) between the last block of the item before and the first of this one, then loads
+// each block after a page lookup of its own), ahead (a planner warp plans item i + 1, K / V
+// coordinates included, while a loader warp streams item i's blocks; the loader reads no global
+// memory and issues each block's K one block ahead of its V). Same MMAs and softmax order:
+// bit-identical. auto: inline (ahead not measured yet). Other kernels ignore it.
+// docs/design/sparse_attention.md, "MTP union items on warpgroup MMAs".
+enum class DecodeWgmmaPipe : int32_t { kAuto = 0, kInline = 1, kAhead = 2 };
+
 struct SparseDecodeOptions {
   DecodeKernel kernel = DecodeKernel::kAuto;
   DecodeMtp mtp = DecodeMtp::kAuto;
   DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
   DecodeSplit split = DecodeSplit::kAuto;
+  DecodeWgmmaPipe wgmma_pipe = DecodeWgmmaPipe::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -261,7 +272,7 @@ struct TopkSelectOptions {
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
-// nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster.
+// nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
@@ -345,6 +356,7 @@ struct QueryMajorPlan {
   // kernel=wgmma where it runs: MTP union items on the sm_90a TMA + wgmma kernel, a persistent grid
   // of `grid` CTAs; wgmma_fallback: why a kernel=wgmma call is planned as auto instead (static).
   bool wgmma = false;
+  bool wgmma_ahead = false;  // wgmma with wgmma_pipe=ahead (planner and loader warps)
   int grid = 0;
   const char* wgmma_fallback = nullptr;
   StoreKind part_kind = StoreKind::kBF16;
@@ -463,5 +475,6 @@ const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
 const char* option_name(DecodeFp8 v);
 const char* option_name(DecodeSplit v);
+const char* option_name(DecodeWgmmaPipe v);
 
 }  // namespace flashmsa

@@ -821,7 +821,9 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,
 # split = auto | blocks | cluster,
-# nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word)
+# nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word),
+# wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of
+# its loader warp; bit-identical; auto: inline)
 # (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).

@@ -246,6 +246,12 @@ TEST(PlanDescribe, DecodeNamesTheWgmmaKernelOrWhyNot) {
   EXPECT_TRUE(has(d, "mtp=union")) << d;
   EXPECT_TRUE(has(d, "; kernel=wgmma (sm_90a: TMA loads")) << d;
   EXPECT_TRUE(has(d, "a persistent grid of 132 CTAs")) << d;
+  EXPECT_FALSE(has(d, "wgmma_pipe")) << d;
+  SparseDecodeOptions wa = w;
+  wa.wgmma_pipe = DecodeWgmmaPipe::kAhead;
+  const std::string a = describe_decode(plan_sparse_decode(dp, f, wa), dp.attn);
+  EXPECT_TRUE(has(a, "; kernel=wgmma (sm_90a: TMA loads")) << a;
+  EXPECT_TRUE(has(a, "; wgmma_pipe=ahead (a planner warp plans the next item")) << a;
   const std::string no_dev = describe_decode(plan_sparse_decode(dp, hopper(), w), dp.attn);
   EXPECT_TRUE(has(no_dev, "kernel=wgmma falls back to auto's kernel: the wgmma kernel cannot run on this device"))
       << no_dev;

@@ -959,6 +959,52 @@ TEST(PlanDecode, MtpWgmmaWhereItRunsElseAuto) {
   EXPECT_TRUE(plan_sparse_decode(no_pages, h200, w).qm.wgmma);
 }
 
+// wgmma_pipe=ahead: the wgmma kernel's planner / loader warps wherever the wgmma kernel runs
+// (forced or auto's), with the same items, splits, grid and workspace; ignored elsewhere; never
+// auto's choice.
+TEST(PlanDecode, MtpWgmmaPipeAhead) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  h200.decode_mtp_wgmma_ctas = 1;
+  SparseDecodeOptions w, wa, aa;
+  w.kernel = wa.kernel = DecodeKernel::kWgmma;
+  wa.wgmma_pipe = aa.wgmma_pipe = DecodeWgmmaPipe::kAhead;
+  for (int batch : {64, 8}) {
+    for (int fused : {-1, 0}) {
+      SparseDecodeParams dp = mtp_call(batch, 4);
+      dp.force_fused = fused;
+      const SparseAttnPlan base = plan_sparse_decode(dp, h200, w), ahead = plan_sparse_decode(dp, h200, wa);
+      EXPECT_FALSE(base.qm.wgmma_ahead);
+      EXPECT_TRUE(ahead.qm.wgmma);
+      EXPECT_TRUE(ahead.qm.wgmma_ahead);
+      EXPECT_EQ(ahead.qm.splits, base.qm.splits);
+      EXPECT_EQ(ahead.qm.fused, base.qm.fused);
+      EXPECT_EQ(ahead.qm.num_items, base.qm.num_items);
+      EXPECT_EQ(ahead.qm.grid, base.qm.grid);
+      EXPECT_EQ(ahead.bytes, base.bytes);
+      expect_layout_sound(ahead);
+    }
+  }
+  // auto's wgmma (B64) takes it too; auto stays inline.
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, aa).qm.wgmma_ahead);
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.wgmma_ahead);
+  SparseDecodeOptions wi = w;
+  wi.wgmma_pipe = DecodeWgmmaPipe::kInline;
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), h200, wi).qm.wgmma_ahead);
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, wi).qm.wgmma);
+  // Where the wgmma kernel does not run, the option changes nothing.
+  SparseDecodeParams fp8 = mtp_call(64, 4);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  for (const SparseDecodeParams& dp : {fp8, mtp_call(32, 4), mtp_call(64, 1)}) {
+    const QueryMajorPlan got = plan_sparse_decode(dp, h200, aa).qm, want = plan_sparse_decode(dp, h200, {}).qm;
+    EXPECT_FALSE(got.wgmma_ahead);
+    EXPECT_EQ(got.wgmma, want.wgmma);
+    EXPECT_EQ(got.regs, want.regs);
+    EXPECT_EQ(got.splits, want.splits);
+  }
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), ampere(), wa).qm.wgmma_ahead);
+}
+
 TEST(PlanDecode, StreamingKernelOption) {
   SparseAttnDeviceFacts f = hopper();
   f.decode_regs_ctas = 2;
@@ -1118,6 +1164,10 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_EQ(parse_sparse_decode_options("kernel=regs,split=cluster").split, DecodeSplit::kCluster);
   EXPECT_EQ(parse_sparse_decode_options("kernel=wgmma").kernel, DecodeKernel::kWgmma);
   EXPECT_EQ(parse_sparse_decode_options("kernel=wgmma,mtp=union").mtp, DecodeMtp::kUnion);
+  for (DecodeWgmmaPipe v : {DecodeWgmmaPipe::kAuto, DecodeWgmmaPipe::kInline, DecodeWgmmaPipe::kAhead})
+    EXPECT_EQ(parse_sparse_decode_options(std::string("wgmma_pipe=") + option_name(v)).wgmma_pipe, v);
+  EXPECT_EQ(parse_sparse_decode_options("").wgmma_pipe, DecodeWgmmaPipe::kAuto);
+  EXPECT_EQ(parse_sparse_decode_options("kernel=wgmma,wgmma_pipe=ahead").kernel, DecodeKernel::kWgmma);
   EXPECT_STREQ(option_name(ProxyKernel::kSm90SsOnly), "sm90_ss_only");
   EXPECT_STREQ(option_name(TopkKernel::kWarpPerRow8), "warp_per_row_8");
   EXPECT_STREQ(option_name(TopkKernel::kRadix1Buf), "radix_1buf");
@@ -1197,11 +1247,15 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split)");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe)");
   expect_error([] { parse_sparse_decode_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
                "nvfp4_cvt must be auto, byte or word, got 'prmt'");
   expect_error([] { parse_sparse_decode_options("split=tiles"); }, ErrorKind::kValue,
                "split must be auto, blocks or cluster, got 'tiles'");
+  expect_error([] { parse_sparse_decode_options("wgmma_pipe=deep"); }, ErrorKind::kValue,
+               "wgmma_pipe must be auto, inline or ahead, got 'deep'");
+  expect_error([] { parse_sparse_decode_options("wgmma_pipe=ahead,wgmma_pipe=inline"); }, ErrorKind::kValue,
+               "option wgmma_pipe given twice");
   expect_error([] { parse_sparse_decode_options("split="); }, ErrorKind::kValue,
                "split must be auto, blocks or cluster, got ''");
   expect_error([] { parse_sparse_decode_options("split=cluster,split=blocks"); }, ErrorKind::kValue,

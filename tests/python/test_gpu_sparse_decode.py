@@ -581,13 +581,17 @@ MTP_CASES = [c for c in CASES if c.name in (
 
 
 def run_mtp(dp: DecodeProblem, mtp: str = "union", kernel: str = "auto", **extra):
+    if kernel == "wgmma_ahead":  # kernel=wgmma with wgmma_pipe=ahead (planner and loader warps)
+        return run_poisoned(dp, dict(kernel="wgmma", mtp=mtp, wgmma_pipe="ahead"), **extra)
     return run_regs(dp, kernel=kernel, mtp=mtp, **extra)
 
 
-# The union items' kernels forced: auto's (the smem union kernel for 16-bit K/V, fp8 in registers)
-# and kernel=wgmma (bf16 / fp16 union items on the sm_90a TMA + wgmma kernel, mtp_wgmma_sm90.cuh;
-# every other case, and any GPU without the sm_90a image, planned as auto: the same checks hold).
-MTP_KERNELS = ["auto", "wgmma"]
+# The union items' kernels forced: auto's (the smem union kernel for 16-bit K/V, fp8 in registers),
+# kernel=wgmma (bf16 / fp16 union items on the sm_90a TMA + wgmma kernel, mtp_wgmma_sm90.cuh;
+# every other case, and any GPU without the sm_90a image, planned as auto: the same checks hold)
+# and wgmma_ahead (kernel=wgmma,wgmma_pipe=ahead: the same consumers fed by a planner warp ahead of
+# a loader warp; bit-identical to kernel=wgmma, test_mtp_wgmma_ahead_is_bit_identical).
+MTP_KERNELS = ["auto", "wgmma", "wgmma_ahead"]
 
 
 @pytest.mark.parametrize("kernel", MTP_KERNELS)
@@ -650,6 +654,29 @@ def test_mtp_union_paged_equals_flat(kv, kernel):
                           run_mtp(paged, kernel=kernel, force_fused=fused))
 
 
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16], ids=str)
+@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", [
+    # B64 of M3 at 4 tokens (the benchmark's items: 2 per CTA on a 132-SM GPU), ragged lengths
+    # (partial blocks), items of a few blocks (the loader's V held back only while the next plan
+    # is ready), split items, fp16.
+    DecodeCase("m3_mtp4_b64_bf16", 64, 4, 64, 4, seqlens="ragged"),
+    DecodeCase("m3_mtp2_bf16", 8, 2, 64, 4, seqlens="ragged"),
+    DecodeCase("m3_mtp4_short_bf16", 40, 4, 64, 4, seqlens=[130, 1, 129, 256, 5000] * 8),
+    DecodeCase("fp16_m3_mtp4_mixed", 5, 4, 64, 4, q_dtype=FP16, kv="same", selection="tile_mixed"),
+    DecodeCase("g16_topk32_mtp2_bf16", 5, 2, 16, 1, topk=32, selection="full",
+               seqlens=[9000, 5000, 300, 4200, 129])], ids=str)
+def test_mtp_wgmma_ahead_is_bit_identical(case, force_fused, partial_dtype):
+    """wgmma_pipe=ahead changes only who plans and loads: the outputs, LSEs and partials are
+    kernel=wgmma's bit for bit, and match the CPU reference."""
+    dp, want, base_out = reference(case, seed=41)
+    kw = dict(force_fused=force_fused, partial_dtype=partial_dtype)
+    ahead = run_mtp(dp, kernel="wgmma_ahead", **kw)
+    check_against_reference(dp, ahead, want, base_out, f"{case} wgmma_ahead fused={force_fused}",
+                            partial_dtype=partial_dtype)
+    assert bits_equal(ahead, run_mtp(dp, kernel="wgmma", **kw))
+
+
 @pytest.mark.parametrize("kv", ["same", "fp8"])
 def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
     """kernel=wgmma names the sm_90a kernel for 16-bit union items on an sm_90 GPU with the
@@ -663,6 +690,9 @@ def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
     assert ("kernel=wgmma falls back to auto's kernel" in text) == (not runs), text
     per_token = _decode_plan_text(dp, dict(kernel="wgmma", mtp="per_token")).split("): ", 1)[1]
     assert "kernel=wgmma falls back to auto's kernel: no MTP union items" in per_token, per_token
+    ahead = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_pipe="ahead")).split("): ", 1)[1]
+    assert ("; wgmma_pipe=ahead (a planner warp" in ahead) == runs, ahead
+    assert "wgmma_pipe=ahead" not in text, text
 
 
 def test_decode_mtp_option_rejects_unknown_values():

@@ -139,11 +139,11 @@ extern template void launch_kv_major_tma_sm90<__half>(const KvMajorArgs&, int, c
 extern template int kv_major_tma_sm90_ctas_per_sm<__half>();
 
 // mtp_wgmma_bf16.cu
-extern template void launch_mtp_wgmma_sm90<__nv_bfloat16>(const QueryMajorArgs&, int, cudaStream_t);
+extern template void launch_mtp_wgmma_sm90<__nv_bfloat16>(const QueryMajorArgs&, int, bool, cudaStream_t);
 extern template int mtp_wgmma_sm90_ctas_per_sm<__nv_bfloat16>();
 
 // mtp_wgmma_fp16.cu
-extern template void launch_mtp_wgmma_sm90<__half>(const QueryMajorArgs&, int, cudaStream_t);
+extern template void launch_mtp_wgmma_sm90<__half>(const QueryMajorArgs&, int, bool, cudaStream_t);
 extern template int mtp_wgmma_sm90_ctas_per_sm<__half>();
 
 }  // namespace flashmsa::sparse_attn

@@ -6,7 +6,7 @@
 
 namespace flashmsa::sparse_attn {
 
-template void launch_mtp_wgmma_sm90<__half>(const QueryMajorArgs&, int, cudaStream_t);
+template void launch_mtp_wgmma_sm90<__half>(const QueryMajorArgs&, int, bool, cudaStream_t);
 template int mtp_wgmma_sm90_ctas_per_sm<__half>();
 
 }  // namespace flashmsa::sparse_attn
