@@ -848,8 +848,9 @@ class Bench:
                 # auto where it cannot run: the plan text says why).
                 if kv == "bf16":
                     variants.append((" [wgmma]", dict(kernel="wgmma")))
-                    # ... fed by a planner warp ahead of its loader warp (wgmma_pipe=ahead).
-                    variants.append((" [wgmma_pipe=ahead]", dict(kernel="wgmma", wgmma_pipe="ahead")))
+                    # ... fed by one producer warp that plans each item between the blocks of the
+                    # one before (wgmma_pipe=inline; auto's pipe is ahead since 42bbb91).
+                    variants.append((" [wgmma_pipe=inline]", dict(kernel="wgmma", wgmma_pipe="inline")))
             for suffix, options in variants:
                 self.run_case("decode", f"B{b} ctx={size_name(ctx)} sq{sq} {kv} paged{suffix}",
                               lambda b=b, c=ctx, q=sq, kv=kv, o=options:

@@ -131,9 +131,12 @@ def cases(bench: bm.Bench) -> dict:
                                                                dict(mtp="union")),
         "decode_b64_sq4_fp8_union_regs": lambda: bench.build_decode(
             64, 32 * K, 4, "fp8", dict(kernel="regs", mtp="union")),
-        # bf16 union items on the sm_90a TMA + wgmma kernel (kernel=wgmma).
+        # bf16 union items on the sm_90a TMA + wgmma kernel (kernel=wgmma; its pipe auto: ahead).
         "decode_b64_sq4_wgmma": lambda: bench.build_decode(64, 32 * K, 4, "bf16", dict(kernel="wgmma")),
-        # The same with the planner warp ahead of the loader warp (wgmma_pipe=ahead).
+        # The same with one producer warp planning each item inline (wgmma_pipe=inline), and with
+        # the planner warp ahead of the loader warp named (wgmma_pipe=ahead).
+        "decode_b64_sq4_wgmma_inline": lambda: bench.build_decode(
+            64, 32 * K, 4, "bf16", dict(kernel="wgmma", wgmma_pipe="inline")),
         "decode_b64_sq4_wgmma_ahead": lambda: bench.build_decode(
             64, 32 * K, 4, "bf16", dict(kernel="wgmma", wgmma_pipe="ahead")),
         # The decode step captured in one CUDA graph (bench_msa stage step): one replay, every

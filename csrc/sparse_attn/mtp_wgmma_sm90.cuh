@@ -84,17 +84,17 @@ static_assert(MtpWgmmaConfig::kSmemBytes <= 227 * 1024, "shared memory plan exce
 static_assert(MtpWgmmaConfig::kKOffset % 1024 == 0 && MtpWgmmaConfig::kVOffset % 1024 == 0,
               "swizzled tiles start on 1024-byte boundaries");
 
-// wgmma_pipe=ahead: MtpWgmmaConfig's plan, then two more mbarriers (plan_full[2]) and per item
+// wgmma_pipe=ahead: MtpWgmmaConfig's plan, then four more mbarriers (plan_full[2], plan_empty[2]) and per item
 // buffer the K / V coordinate of each union block (the page, or the flat row), written by the
 // planner warp so that the loader warp reads no global memory per block.
 struct MtpWgmmaAheadConfig : MtpWgmmaConfig {
-  static constexpr int kCoordOffset = (kBarOffset + 19 * 8 + 15) / 16 * 16;
+  static constexpr int kCoordOffset = (kBarOffset + 21 * 8 + 15) / 16 * 16;
   static constexpr int kCoordBytes = kMaxTopk * 4;
   static constexpr int kSmemBytes = kCoordOffset + kItemBufs * kCoordBytes;
 };
 static_assert(MtpWgmmaAheadConfig::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
 
-// mbarrier addresses of MtpWgmmaConfig's plan (plan_full: MtpWgmmaAheadConfig's only).
+// mbarrier addresses of MtpWgmmaConfig's plan (plan_full, plan_empty: MtpWgmmaAheadConfig's only).
 struct MtpWgmmaBars {
   uint32_t base;
   MSA_DEVICE uint32_t q_full(int i) const { return base + 8 * i; }
@@ -105,6 +105,11 @@ struct MtpWgmmaBars {
   MSA_DEVICE uint32_t v_empty(int i) const { return base + 104 + 8 * i; }
   MSA_DEVICE uint32_t v_fix() const { return base + 128; }
   MSA_DEVICE uint32_t plan_full(int i) const { return base + 136 + 8 * i; }
+  // The loader's reads of item buffer i's plan and coordinates are done (32 arrivals, one per lane
+  // after its own reads): the planner rewrites the buffer only then. The consumers' release of
+  // the buffer (q_empty) comes later in practice, but orders the loader's reads only through the
+  // TMA completions racecheck does not follow.
+  MSA_DEVICE uint32_t plan_empty(int i) const { return base + 152 + 8 * i; }
 };
 
 // Position in the K / V ring: slot and the parity of its current phase.
@@ -258,6 +263,7 @@ MSA_DEVICE void mtp_wgmma_planner(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmm
   for (int it = 0;; ++it) {
     const int tb = it & 1;
     mbar_wait(bars.q_empty(tb), ((it >> 1) & 1) ^ 1);
+    mbar_wait(bars.plan_empty(tb), ((it >> 1) & 1) ^ 1);  // the loader is done reading item it - 2
     MtpWgmmaPlan& pl = *reinterpret_cast<MtpWgmmaPlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
     int* coord = reinterpret_cast<int*>(smem + Cfg::kCoordOffset + tb * Cfg::kCoordBytes);
     const MtpItem im = mtp_wgmma_plan_item(ta, pl, it, coord, lane);
@@ -321,6 +327,7 @@ MSA_DEVICE void mtp_wgmma_loader(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmma
       v_kc = kc;
       v_valid = n_valid;
     }
+    mbar_arrive(bars.plan_empty(tb));  // this lane's reads of the plan and coordinates are done
     __syncwarp();
   }
 }
@@ -418,7 +425,10 @@ __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_ke
       // and the loader's expect_tx; the loader waits for the planner's lanes on plan_full.
       mbar_init(bars.q_full(i), kAhead ? 33 : 32);
       mbar_init(bars.q_empty(i), Cfg::kConsumerThreads);
-      if constexpr (kAhead) mbar_init(bars.plan_full(i), 32);
+      if constexpr (kAhead) {
+        mbar_init(bars.plan_full(i), 32);
+        mbar_init(bars.plan_empty(i), 32);
+      }
     }
     for (int i = 0; i < Cfg::kStages; ++i) {
       mbar_init(bars.k_full(i), 1);

@@ -246,7 +246,10 @@ TEST(PlanDescribe, DecodeNamesTheWgmmaKernelOrWhyNot) {
   EXPECT_TRUE(has(d, "mtp=union")) << d;
   EXPECT_TRUE(has(d, "; kernel=wgmma (sm_90a: TMA loads")) << d;
   EXPECT_TRUE(has(d, "a persistent grid of 132 CTAs")) << d;
-  EXPECT_FALSE(has(d, "wgmma_pipe")) << d;
+  EXPECT_TRUE(has(d, "; wgmma_pipe=ahead (a planner warp plans the next item")) << d;  // auto's pipe
+  SparseDecodeOptions wi = w;
+  wi.wgmma_pipe = DecodeWgmmaPipe::kInline;
+  EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f, wi), dp.attn), "wgmma_pipe"));
   SparseDecodeOptions wa = w;
   wa.wgmma_pipe = DecodeWgmmaPipe::kAhead;
   const std::string a = describe_decode(plan_sparse_decode(dp, f, wa), dp.attn);

@@ -960,14 +960,15 @@ TEST(PlanDecode, MtpWgmmaWhereItRunsElseAuto) {
 }
 
 // wgmma_pipe=ahead: the wgmma kernel's planner / loader warps wherever the wgmma kernel runs
-// (forced or auto's), with the same items, splits, grid and workspace; ignored elsewhere; never
-// auto's choice.
+// (forced or auto's), with the same items, splits, grid and workspace; ignored elsewhere; auto's
+// choice since the H200 run at 42bbb91 (inline only when named).
 TEST(PlanDecode, MtpWgmmaPipeAhead) {
   SparseAttnDeviceFacts h200 = hopper();
   h200.decode_regs_ctas = 2;
   h200.decode_mtp_wgmma_ctas = 1;
   SparseDecodeOptions w, wa, aa;
   w.kernel = wa.kernel = DecodeKernel::kWgmma;
+  w.wgmma_pipe = DecodeWgmmaPipe::kInline;
   wa.wgmma_pipe = aa.wgmma_pipe = DecodeWgmmaPipe::kAhead;
   for (int batch : {64, 8}) {
     for (int fused : {-1, 0}) {
@@ -985,11 +986,13 @@ TEST(PlanDecode, MtpWgmmaPipeAhead) {
       expect_layout_sound(ahead);
     }
   }
-  // auto's wgmma (B64) takes it too; auto stays inline.
+  // auto's wgmma (B64) takes it too, and auto's pipe is ahead; inline only when named.
   EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, aa).qm.wgmma_ahead);
-  EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.wgmma_ahead);
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.wgmma_ahead);
+  SparseDecodeOptions wk = w;
+  wk.wgmma_pipe = DecodeWgmmaPipe::kAuto;
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, wk).qm.wgmma_ahead);
   SparseDecodeOptions wi = w;
-  wi.wgmma_pipe = DecodeWgmmaPipe::kInline;
   EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), h200, wi).qm.wgmma_ahead);
   EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, wi).qm.wgmma);
   // Where the wgmma kernel does not run, the option changes nothing.

@@ -581,17 +581,19 @@ MTP_CASES = [c for c in CASES if c.name in (
 
 
 def run_mtp(dp: DecodeProblem, mtp: str = "union", kernel: str = "auto", **extra):
-    if kernel == "wgmma_ahead":  # kernel=wgmma with wgmma_pipe=ahead (planner and loader warps)
-        return run_poisoned(dp, dict(kernel="wgmma", mtp=mtp, wgmma_pipe="ahead"), **extra)
+    if kernel in ("wgmma_ahead", "wgmma_inline"):  # kernel=wgmma with wgmma_pipe named
+        return run_poisoned(dp, dict(kernel="wgmma", mtp=mtp, wgmma_pipe=kernel[6:]), **extra)
     return run_regs(dp, kernel=kernel, mtp=mtp, **extra)
 
 
 # The union items' kernels forced: auto's (the smem union kernel for 16-bit K/V, fp8 in registers),
 # kernel=wgmma (bf16 / fp16 union items on the sm_90a TMA + wgmma kernel, mtp_wgmma_sm90.cuh;
 # every other case, and any GPU without the sm_90a image, planned as auto: the same checks hold)
-# and wgmma_ahead (kernel=wgmma,wgmma_pipe=ahead: the same consumers fed by a planner warp ahead of
-# a loader warp; bit-identical to kernel=wgmma, test_mtp_wgmma_ahead_is_bit_identical).
-MTP_KERNELS = ["auto", "wgmma", "wgmma_ahead"]
+# with each feed: wgmma_inline (wgmma_pipe=inline: one producer warp plans each item between the
+# blocks of the one before) and wgmma_ahead (wgmma_pipe=ahead, auto's pipe since 42bbb91: the same
+# consumers fed by a planner warp ahead of a loader warp; bit-identical to inline,
+# test_mtp_wgmma_ahead_is_bit_identical).
+MTP_KERNELS = ["auto", "wgmma_inline", "wgmma_ahead"]
 
 
 @pytest.mark.parametrize("kernel", MTP_KERNELS)
@@ -668,13 +670,13 @@ def test_mtp_union_paged_equals_flat(kv, kernel):
                seqlens=[9000, 5000, 300, 4200, 129])], ids=str)
 def test_mtp_wgmma_ahead_is_bit_identical(case, force_fused, partial_dtype):
     """wgmma_pipe=ahead changes only who plans and loads: the outputs, LSEs and partials are
-    kernel=wgmma's bit for bit, and match the CPU reference."""
+    wgmma_pipe=inline's bit for bit, and match the CPU reference."""
     dp, want, base_out = reference(case, seed=41)
     kw = dict(force_fused=force_fused, partial_dtype=partial_dtype)
     ahead = run_mtp(dp, kernel="wgmma_ahead", **kw)
     check_against_reference(dp, ahead, want, base_out, f"{case} wgmma_ahead fused={force_fused}",
                             partial_dtype=partial_dtype)
-    assert bits_equal(ahead, run_mtp(dp, kernel="wgmma", **kw))
+    assert bits_equal(ahead, run_mtp(dp, kernel="wgmma_inline", **kw))
 
 
 @pytest.mark.parametrize("kv", ["same", "fp8"])
@@ -692,7 +694,9 @@ def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
     assert "kernel=wgmma falls back to auto's kernel: no MTP union items" in per_token, per_token
     ahead = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_pipe="ahead")).split("): ", 1)[1]
     assert ("; wgmma_pipe=ahead (a planner warp" in ahead) == runs, ahead
-    assert "wgmma_pipe=ahead" not in text, text
+    assert ("; wgmma_pipe=ahead (a planner warp" in text) == runs, text  # auto's pipe
+    inline = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_pipe="inline")).split("): ", 1)[1]
+    assert "wgmma_pipe=ahead" not in inline, inline
 
 
 def test_decode_mtp_option_rejects_unknown_values():
