@@ -17,11 +17,11 @@
 // multiplies the whole block alone, so no barrier spans warps: it waits "full", reduces, stores,
 // and releases the stage.
 //
-// decode_sched=dynamic (kDynamic; docs/design/proxy_score.md, "Dynamic schedule"): the CTA takes
-// its equal contiguous share of the first kStaticQuarters / 4 of the units (the head), then claims
-// chunks of kChunk consecutive units of the rest from a per-call counter in the workspace (zeroed
-// by the launcher, incremented atomically; the first claim at the start), the next claim issued
-// kClaimLead units before the current chunk runs out. Its units keep the local sequence j (claim order), so stage, warp and parity are the
+// decode_sched=dynamic (kDynamic; docs/design/proxy_score.md, "Dynamic schedule"): instead of the
+// equal contiguous share, the producer claims chunks of kChunk consecutive units from a per-call
+// counter in the workspace (zeroed by the launcher; a CTA's first chunk is its blockIdx.x, later
+// ones are gridDim.x + the counter, incremented atomically), the next claim issued kClaimLead units before the current chunk
+// runs out. Its units keep the local sequence j (claim order), so stage, warp and parity are the
 // static schedule's; the producer writes each unit's id next to the stage's flag (units[s]) and a
 // consumer reads it after the "full" wait. A warp whose next unit would lie past the end gets the
 // sentinel -1 in its next stage instead and leaves its loop (one sentinel per warp). Every unit's
@@ -80,12 +80,6 @@ static_assert((kStages * (2 * 8 + 4)) % 8 == 0, "the unit ids follow the flags 8
 // flight) cover it.
 inline constexpr int kChunk = kConsumers;
 inline constexpr int kClaimLead = 3;
-// The head: the first kStaticQuarters / 4 of the units go out in equal contiguous shares, as the
-// static schedule's (a consumer warp's units then come from one request, q loaded once); only the
-// tail is claimed. H200 at 0ce2731, every unit claimed: B64 / 32K sq 1 82.4 vs 74.8 us static (each
-// warp reloaded its request's q per chunk, and the producer waited a claim and a chunk's
-// coordinates per 6 units).
-inline constexpr int kStaticQuarters = 3;
 static_assert(kChunk <= 32 && kClaimLead >= 1 && kClaimLead <= kChunk, "one lane per unit of a chunk");
 
 struct TmaParams {
@@ -160,42 +154,25 @@ __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, in
   }
 }
 
-// Warp 6, dynamic schedule: first the CTA's equal contiguous share of the head (the first
-// kStaticQuarters / 4 of the units, resolved 32 at a time as the static schedule does), then the
-// chunks of the tail it claims from the counter (chunk c: units head + c kChunk ...), kChunk units
-// each resolved one per lane, the first claim issued at the start (its round trip hidden behind
-// the head), the next kClaimLead units before a chunk's end. Units keep the local sequence j. A
-// unit past the end (the last chunk's tail) is the sentinel of its warp; once the claims run out,
-// every warp without one gets it in its next stage.
+// Warp 6, dynamic schedule: chunk blockIdx.x first, then the chunks it claims from the counter
+// (gridDim.x + the counter's old value), kChunk units each resolved one per lane, the next claim
+// issued kClaimLead units before the chunk's end. Units keep the local sequence j. A unit past the
+// end (the last chunk's tail) is the sentinel of its warp; once the claims run out, every warp
+// without one gets it in its next stage.
 __device__ __forceinline__ void produce_dynamic(const TmaParams& tp, uint32_t stage0, int* flags, int64_t* units,
                                                 uint32_t full0, uint32_t empty0, int lane) {
   const int64_t total = tp.dp.units;
-  const int64_t per = total * kStaticQuarters / 4 / gridDim.x;  // head units per CTA
-  const int64_t head = per * gridDim.x, u0 = per * blockIdx.x;
-  const int64_t chunks = (total - head + kChunk - 1) / kChunk;
+  const int64_t chunks = (total + kChunk - 1) / kChunk;
   if (lane == 0) tma_prefetch_map(&tp.k_map);
-  unsigned int claimed = 0;
-  if (lane == 0) claimed = atomicAdd(tp.next_chunk, 1u);
+  int64_t chunk = blockIdx.x;
   int64_t j = 0;
-#pragma unroll 1
-  for (int64_t j0 = 0; j0 < per; j0 += 32) {
-    int coord = -1, kh = 0;
-    if (j0 + lane < per) unit_load_coord(tp.dp, u0 + j0 + lane, coord, kh);
-    const int m = per - j0 < 32 ? int(per - j0) : 32;
-#pragma unroll 1
-    for (int k = 0; k < m; ++k, ++j) {
-      const int ck = __shfl_sync(0xFFFFFFFFu, coord, k);
-      const int khk = __shfl_sync(0xFFFFFFFFu, kh, k);
-      if (lane == 0) issue_unit<true>(tp, stage0, flags, units, full0, empty0, j, u0 + j0 + k, ck, khk);
-    }
-  }
-  int64_t chunk = __shfl_sync(0xFFFFFFFFu, claimed, 0);
   uint32_t ended = 0;  // lane 0: the consumer warps sent their sentinel
 #pragma unroll 1
   while (chunk < chunks) {
-    const int64_t c0 = head + chunk * kChunk;
+    const int64_t c0 = chunk * kChunk;
     int coord = -1, kh = 0;
     if (lane < kChunk && c0 + lane < total) unit_load_coord(tp.dp, c0 + lane, coord, kh);
+    unsigned int claimed = 0;
 #pragma unroll 1
     for (int k = 0; k < kChunk; ++k, ++j) {
       const int ck = __shfl_sync(0xFFFFFFFFu, coord, k);
@@ -207,7 +184,7 @@ __device__ __forceinline__ void produce_dynamic(const TmaParams& tp, uint32_t st
         if (past) ended |= 1u << int(j % kConsumers);
       }
     }
-    chunk = __shfl_sync(0xFFFFFFFFu, claimed, 0);
+    chunk = int64_t(gridDim.x) + int64_t(__shfl_sync(0xFFFFFFFFu, claimed, 0));
   }
   if (lane == 0) {
 #pragma unroll 1
