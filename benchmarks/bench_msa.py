@@ -553,13 +553,6 @@ class Bench:
             self.run_case("proxy", name + " fp8 [decode_fp8=tma]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_fp8="tma")),
                           "memory")
-            # The same kernel with the dynamic schedule (plan option decode_sched=dynamic: CTAs
-            # claim chunks of 6 key blocks from a workspace counter instead of equal contiguous
-            # shares, against the ~13 % idle tail of the static shares at B64 / 32K; forced only).
-            self.run_case("proxy", name + " fp8 [decode_fp8=tma decode_sched=dynamic]",
-                          lambda b=b, c=ctx, q=sq: self.build_proxy_decode(
-                              b, c, q, k_fp8=True, options=dict(decode_fp8="tma", decode_sched="dynamic")),
-                          "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=ilp), "memory")

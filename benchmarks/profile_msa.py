@@ -63,12 +63,6 @@ def cases(bench: bm.Bench) -> dict:
         # ring, one 16-row pass).
         "proxy_decode_b64_sq4_fp8_tma": lambda: bench.build_proxy_decode(
             64, 32 * K, 4, k_fp8=True, options=dict(decode_fp8="tma")),
-        # decode_fp8=tma with the dynamic schedule (decode_sched=dynamic: chunks of 6 key blocks
-        # claimed from a workspace counter; SM Active Cycles against the static shares' ~87 %).
-        "proxy_decode_b64_fp8_tma_dyn": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, k_fp8=True, options=dict(decode_fp8="tma", decode_sched="dynamic")),
-        "proxy_decode_b64_sq4_fp8_tma_dyn": lambda: bench.build_proxy_decode(
-            64, 32 * K, 4, k_fp8=True, options=dict(decode_fp8="tma", decode_sched="dynamic")),
         "proxy_decode_b64_sq4_fp8": lambda: bench.build_proxy_decode(64, 32 * K, 4, k_fp8=True),
         "index_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1, with_topk=True),
         "topk_prefill_32k": lambda: bench.build_topk(32 * K),

@@ -367,16 +367,6 @@ class Smoke:
                 lambda dtype, hkv, q_dtype, sq, k=kernel: f"proxy decode_fp8=tma {k} paged "
                                                           f"{str(dtype)[6:]} k, {str(q_dtype)[6:]} q, sq{sq}",
                 reduce_sq=None)
-        # decode_sched=dynamic: the same kernel with claimed chunks (the workspace counter, its
-        # memset, the atomics, the sentinels of CTAs that get no chunk), sq 1 (8 columns) and sq 4
-        # (16 columns).
-        self._proxy_decode_paged(
-            PlannedOps(self.ops, msa_proxy_score=dict(kernel="decode_f16_only", decode_fp8="tma",
-                                                      decode_sched="dynamic")),
-            ((1, FP8),), (BF16,), (1, 4),
-            lambda dtype, hkv, q_dtype, sq: f"proxy decode_fp8=tma decode_sched=dynamic paged "
-                                            f"{str(dtype)[6:]} k, {str(q_dtype)[6:]} q, sq{sq}",
-            reduce_sq=None)
 
     def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name, reduce_sq=3):
         """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding

@@ -110,14 +110,8 @@ const char* proxy_op_name(const ProxyScoreParams& p) {
   return p.q_dtype == DType::kNVFP4 ? "msa_proxy_score_fp4" : "msa_proxy_score";
 }
 
-// Host memory: the reference needs no scratch, so the plan's workspace is dropped.
-ProxyScorePlan make_proxy_score_plan(const ProxyScoreParams& p, const ProxyScoreOptions& options, int device) {
-  ProxyScorePlan plan = plan_proxy_score(p, options);
-  if (device < 0) {
-    plan.workspace = WorkspaceLayout{};
-    plan.bytes = 0;
-  }
-  return plan;
+ProxyScorePlan make_proxy_score_plan(const ProxyScoreParams& p, const ProxyScoreOptions& options, int) {
+  return plan_proxy_score(p, options);
 }
 
 void run_proxy_score(const ProxyScoreParams& p, const ProxyScorePlan& plan, int device,

@@ -64,8 +64,6 @@ constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "a
                                                      {DecodeNvfp4Cvt::kByte, "byte"},
                                                      {DecodeNvfp4Cvt::kWord, "word"}};
 constexpr Named<DecodeFp8> kDecodeFp8s[] = {{DecodeFp8::kAuto, "auto"}, {DecodeFp8::kCta, "cta"}, {DecodeFp8::kTma, "tma"}};
-constexpr Named<DecodeSched> kDecodeScheds[] = {
-    {DecodeSched::kAuto, "auto"}, {DecodeSched::kStatic, "static"}, {DecodeSched::kDynamic, "dynamic"}};
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
@@ -151,7 +149,6 @@ const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
 const char* option_name(DecodeFp8 v) { return name_of(kDecodeFp8s, v); }
-const char* option_name(DecodeSched v) { return name_of(kDecodeScheds, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 
@@ -212,11 +209,9 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.nvfp4_cvt = parse_enum(kDecodeNvfp4Cvts, name, value);
     } else if (name == "decode_fp8") {
       o.decode_fp8 = parse_enum(kDecodeFp8s, name, value);
-    } else if (name == "decode_sched") {
-      o.decode_sched = parse_enum(kDecodeScheds, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_sched)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8)");
     }
   });
   return o;
@@ -305,11 +300,6 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   plan.fp8_tma = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kFP8E4M3 &&
                  (options.decode_fp8 == DecodeFp8::kTma || auto_tma);
   plan.fp8_tma_cols = plan.fp8_tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
-  // The TMA kernel's schedule: claimed chunks (a 4-byte counter in the workspace) where
-  // decode_sched=dynamic; auto = static until the H200 measures dynamic.
-  plan.fp8_tma_dynamic = plan.fp8_tma && options.decode_sched == DecodeSched::kDynamic;
-  if (plan.fp8_tma_dynamic) plan.sched_counter_off = plan.workspace.take("decode_sched_counter", 4);
-  plan.bytes = plan.workspace.bytes;
   return plan;
 }
 

@@ -187,9 +187,6 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
       s << "; decode_fp8=tma (" << (o.decode_fp8 == DecodeFp8::kTma ? "forced" : "auto")
         << ": fp8 K by TMA, a warp per key block"
         << (plan.fp8_tma_cols == kProxyDecodeTmaMaxCols ? ", 16 query columns a pass" : "") << ", where it applies)";
-    if (plan.fp8_tma_dynamic)
-      s << "; decode_sched=dynamic (forced: CTAs claim chunks of key blocks from a counter in the "
-        << plan.bytes << "-byte workspace)";
   }
   return s.str();
 }

@@ -224,22 +224,20 @@ void boxed(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   if (kMode == Mode::kDescribe) torch::jit::push(*stack, std::move(t_description));
 }
 
-// Device scratch of a call (the Params' workspace / workspace_bytes): the caller's workspace when it
-// is large enough, else a temporary from PyTorch's caching allocator (stream-ordered on the current
-// stream, and taken from the graph's private pool during CUDA-graph capture). A caller-owned
-// workspace that is too small is an error rather than a silent fallback: the caller chose it so
-// that capture allocates nothing.
-template <typename Params>
-std::optional<at::Tensor> provide_workspace(const char* op, Params& p, size_t need, bool caller_owned,
-                                            int device) {
-  if (p.workspace_bytes >= need) return std::nullopt;
-  MSA_CHECK(!caller_owned, op, ": workspace holds ", p.workspace_bytes,
+// Device scratch of an attention call: the caller's workspace when it is large enough, else a
+// temporary from PyTorch's caching allocator (stream-ordered on the current stream, and taken from
+// the graph's private pool during CUDA-graph capture). A caller-owned workspace that is too small
+// is an error rather than a silent fallback: the caller chose it so that capture allocates nothing.
+std::optional<at::Tensor> provide_workspace(const char* op, SparseAttnParams& attn, size_t need,
+                                            bool caller_owned, int device) {
+  if (attn.workspace_bytes >= need) return std::nullopt;
+  MSA_CHECK(!caller_owned, op, ": workspace holds ", attn.workspace_bytes,
             " bytes but this call needs ", need,
             " bytes; grow it (MSASparseAttentionWorkspace.reserve) before CUDA-graph capture");
   at::Tensor scratch = at::empty({static_cast<int64_t>(need)},
                                  at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
-  p.workspace = scratch.data_ptr();
-  p.workspace_bytes = need;
+  attn.workspace = scratch.data_ptr();
+  attn.workspace_bytes = need;
   return scratch;
 }
 
@@ -259,10 +257,7 @@ std::optional<at::Tensor> provide_workspace(const char* op, Params& p, size_t ne
   {"bool reduce_heads", [](auto& a, const In& v) { a.reduce_heads = v.boolean(); }},               \
   {"Tensor(a!) output", [](auto& a, const In& v) { a.output = v.tensor(); }}
 
-// The proxy ops take no workspace argument: the plan's few bytes (decode_sched=dynamic's counter,
-// 0 otherwise) come from PyTorch's caching allocator.
-int64_t run_proxy(ProxyScoreParams p, std::string_view plan_text, int device, Mode mode,
-                  const char* op) {
+int64_t run_proxy(const ProxyScoreParams& p, std::string_view plan_text, int device, Mode mode) {
   DeviceScope scope(device);
   const ProxyScoreOptions options = parse_proxy_score_options(plan_text);
   if (mode == Mode::kDescribe) {
@@ -270,8 +265,6 @@ int64_t run_proxy(ProxyScoreParams p, std::string_view plan_text, int device, Mo
     return 0;
   }
   const ProxyScorePlan plan = make_proxy_score_plan(p, options, device);
-  std::optional<at::Tensor> scratch;
-  if (device >= 0) scratch = provide_workspace(op, p, plan.bytes, false, device);
   run_proxy_score(p, plan, device, scope.stream());
   return 0;
 }
@@ -291,7 +284,7 @@ struct ProxyScoreOp {
     return table;
   }
   static int64_t exec(Args& a, std::string_view plan, Mode mode) {
-    return run_proxy(make_proxy_score_params(a), plan, a.q.device, mode, kPublicName);
+    return run_proxy(make_proxy_score_params(a), plan, a.q.device, mode);
   }
 };
 
@@ -314,7 +307,7 @@ struct ProxyScoreFp4Op {
     return table;
   }
   static int64_t exec(Args& a, std::string_view plan, Mode mode) {
-    return run_proxy(make_proxy_score_fp4_params(a), plan, a.q.device, mode, kPublicName);
+    return run_proxy(make_proxy_score_fp4_params(a), plan, a.q.device, mode);
   }
 };
 

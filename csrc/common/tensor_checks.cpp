@@ -90,19 +90,6 @@ void check_contiguous(const Ctx& c, const TensorRef& t, const char* name) {
                " with strides ", strides_str(t));
 }
 
-void fill_workspace(const Ctx& c, const TensorRef& w, void** data, size_t* bytes) {
-  *data = nullptr;
-  *bytes = 0;
-  if (!w.defined()) return;
-  check_tensor(c, w, "workspace", 16);
-  MSA_OP_CHECK(c, w.dtype == ScalarType::kUInt8 && w.ndim == 1,
-               "workspace must be a 1-D uint8 tensor, got ", dtype_str(w), " of shape ",
-               shape_str(w));
-  check_contiguous(c, w, "workspace");
-  *data = w.data;
-  *bytes = size_t(w.numel());
-}
-
 namespace {
 
 // Bytes [lo, hi) spanned by t's elements; empty (lo == hi) when it has none.

@@ -49,9 +49,6 @@ std::array<int64_t, kMaxDims> contiguous_strides(const TensorRef& t);
 // the kernels load and store in 16-byte vectors).
 void check_tensor(const Ctx& c, const TensorRef& t, const char* name, int64_t align = 0);
 void check_contiguous(const Ctx& c, const TensorRef& t, const char* name);
-// Optional caller-owned scratch (`workspace`): 1-D contiguous uint8 on the anchor's device, 16-byte
-// aligned; *data / *bytes = nullptr / 0 when not given.
-void fill_workspace(const Ctx& c, const TensorRef& w, void** data, size_t* bytes);
 
 // An output must not share memory with any other argument of the call (`others`: name, tensor;
 // undefined tensors and tensors on another device are skipped): the ops read their inputs while

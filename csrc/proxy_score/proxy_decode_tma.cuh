@@ -17,16 +17,6 @@
 // multiplies the whole block alone, so no barrier spans warps: it waits "full", reduces, stores,
 // and releases the stage.
 //
-// decode_sched=dynamic (kDynamic; docs/design/proxy_score.md, "Dynamic schedule"): instead of the
-// equal contiguous share, the producer claims chunks of kChunk consecutive units from a per-call
-// counter in the workspace (zeroed by the launcher; a CTA's first chunk is its blockIdx.x, later
-// ones are gridDim.x + the counter, incremented atomically), the next claim issued kClaimLead units before the current chunk
-// runs out. Its units keep the local sequence j (claim order), so stage, warp and parity are the
-// static schedule's; the producer writes each unit's id next to the stage's flag (units[s]) and a
-// consumer reads it after the "full" wait. A warp whose next unit would lie past the end gets the
-// sentinel -1 in its next stage instead and leaves its loop (one sentinel per warp). Every unit's
-// output rows are the same whichever CTA computes them, so the results equal the static kernel's.
-//
 // Math per warp and block: keys on the MMA's M side. mma.sync m16n8k16 with A = 16 keys x 16 dims
 // (fp8 -> MMA type in registers, load_k_frags' lane / dim assignment) and B = 8 query columns of
 // the pass. A pass covers kCols = 8 or 16 columns (G heads x T = kCols / G tokens; the plan's
@@ -63,70 +53,16 @@ __host__ __device__ constexpr uint32_t unit_parity(int64_t j) {
   return uint32_t(j / (int64_t(kConsumers) * kStagesPerWarp)) & 1u;
 }
 // Stages (1024-byte aligned: the 128-byte swizzle's period), full[S] and empty[S] mbarriers, the
-// stages' loaded flags, and the alignment slack of the dynamic shared memory; kDynamic: the
-// stages' unit ids after the flags (int64, 8-byte aligned: kStages * 20 is a multiple of 8).
+// stages' loaded flags, and the alignment slack of the dynamic shared memory.
 inline constexpr int kSmemBytes = kStages * kStageBytes + kStages * (2 * 8 + 4) + 1024;
-inline constexpr int kDynamicSmemBytes = kSmemBytes + kStages * 8;
-static_assert((kStages * (2 * 8 + 4)) % 8 == 0, "the unit ids follow the flags 8-byte aligned");
-
-// decode_sched=dynamic: units per claimed chunk (one per consumer warp) and how many units before
-// the chunk's end the next claim is issued. A CTA holds at most kChunk + kClaimLead claimed units
-// it has not issued, which bounds the tail's imbalance at ~9 units (~5 us at one SM's ~0.6 us per
-// 16 KB block) and ~4.5 (~2.6 us) on average, against ~9 us of idle SM time measured with the
-// static shares at B64 / 32K. The lead was meant to hide the atomic's round trip, but ptxas
-// aggregates the atomic over the warp and reads its result back by a shuffle at once (sm_90a
-// SASS, also for PTX atom.add / atom.inc), so lane 0 waits the round trip (~1 us) at the claim,
-// once a chunk (~3.5 us): the 3 units still to issue and the 12-stage ring (>= 6 stages in
-// flight) cover it.
-inline constexpr int kChunk = kConsumers;
-inline constexpr int kClaimLead = 3;
-static_assert(kChunk <= 32 && kClaimLead >= 1 && kClaimLead <= kChunk, "one lane per unit of a chunk");
 
 struct TmaParams {
   Params dp;         // dp.tokens = kCols / G (kCols: the launch's columns per pass, 8 or 16)
   CUtensorMap k_map; // encode_kv_block_map: 128 bytes x 128 keys per box, 128-byte swizzle
-  unsigned int* next_chunk;  // kDynamic: the workspace's chunk counter, 0 at launch
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Unit u's load (producer lane): the page (paged) or the block's first row (flat) into coord, -1
-// where nothing is loaded (no query row, no visible key, an invalid page); its KV head into kh.
-__device__ __forceinline__ void unit_load_coord(const Params& dp, int64_t u, int& coord, int& kh) {
-  const ProxyScoreParams& p = dp.p;
-  int b, t;
-  unit_coords(dp, u, b, kh, t);
-  Request r;
-  load_request(dp, r, b, kh);
-  if (r.ntok > 0 && t < r.n_compute)
-    coord = p.kv.paged ? int(kv_page(p.kv, b, t)) : int(kv_row_begin(p.kv, b) + int64_t(t) * kBlockSize);
-}
-
-// Producer lane 0: unit j of the CTA's sequence into its stage: waits for the stage's "empty"
-// barrier, sets its flag (and with kDynamic its unit id u, -1: the warp's end) and loads the block
-// at coord (the "full" barrier completes with the bytes) or, for coord < 0, just arrives.
-template <bool kDynamic>
-__device__ __forceinline__ void issue_unit(const TmaParams& tp, uint32_t stage0, int* flags, int64_t* units,
-                                           uint32_t full0, uint32_t empty0, int64_t j, int64_t u, int coord,
-                                           int kh) {
-  const int s = unit_stage(j);
-  const uint32_t full = full0 + 8 * s;
-  mbar_wait(empty0 + 8 * s, unit_parity(j) ^ 1u);
-  flags[s] = coord >= 0;
-  if constexpr (kDynamic) units[s] = u;
-  if (coord >= 0) {
-    mbar_expect_tx(full, kStageBytes);
-    if (tp.dp.p.kv.paged)
-      tma_load_4d(stage0 + s * kStageBytes, &tp.k_map, full, 0, 0, kh, coord);
-    else
-      tma_load_3d(stage0 + s * kStageBytes, &tp.k_map, full, 0, kh, coord);
-  } else {
-    mbar_arrive(full);
-  }
-}
-
-// Warp 6, static schedule: resolves 32 units of the share at a time (lane l: unit j0 + l) and
-// loads them in order.
-// (unit_load_coord written out: so the static kernel's SASS stays the one measured at 3cebf5e.)
+// Warp 8: resolves 32 units at a time (lane l: unit j0 + l) and loads them in order.
 __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int lane) {
   const Params& dp = tp.dp;
@@ -149,47 +85,23 @@ __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, in
     for (int k = 0; k < m; ++k) {
       const int ck = __shfl_sync(0xFFFFFFFFu, coord, k);
       const int khk = __shfl_sync(0xFFFFFFFFu, kh, k);
-      if (lane == 0) issue_unit<false>(tp, stage0, flags, nullptr, full0, empty0, j0 + k, 0, ck, khk);
-    }
-  }
-}
-
-// Warp 6, dynamic schedule: chunk blockIdx.x first, then the chunks it claims from the counter
-// (gridDim.x + the counter's old value), kChunk units each resolved one per lane, the next claim
-// issued kClaimLead units before the chunk's end. Units keep the local sequence j. A unit past the
-// end (the last chunk's tail) is the sentinel of its warp; once the claims run out, every warp
-// without one gets it in its next stage.
-__device__ __forceinline__ void produce_dynamic(const TmaParams& tp, uint32_t stage0, int* flags, int64_t* units,
-                                                uint32_t full0, uint32_t empty0, int lane) {
-  const int64_t total = tp.dp.units;
-  const int64_t chunks = (total + kChunk - 1) / kChunk;
-  if (lane == 0) tma_prefetch_map(&tp.k_map);
-  int64_t chunk = blockIdx.x;
-  int64_t j = 0;
-  uint32_t ended = 0;  // lane 0: the consumer warps sent their sentinel
-#pragma unroll 1
-  while (chunk < chunks) {
-    const int64_t c0 = chunk * kChunk;
-    int coord = -1, kh = 0;
-    if (lane < kChunk && c0 + lane < total) unit_load_coord(tp.dp, c0 + lane, coord, kh);
-    unsigned int claimed = 0;
-#pragma unroll 1
-    for (int k = 0; k < kChunk; ++k, ++j) {
-      const int ck = __shfl_sync(0xFFFFFFFFu, coord, k);
-      const int khk = __shfl_sync(0xFFFFFFFFu, kh, k);
       if (lane == 0) {
-        if (k == kChunk - kClaimLead) claimed = atomicAdd(tp.next_chunk, 1u);
-        const bool past = c0 + k >= total;
-        issue_unit<true>(tp, stage0, flags, units, full0, empty0, j, past ? -1 : c0 + k, ck, khk);
-        if (past) ended |= 1u << int(j % kConsumers);
+        const int64_t j = j0 + k;
+        const int s = unit_stage(j);
+        const uint32_t full = full0 + 8 * s;
+        mbar_wait(empty0 + 8 * s, unit_parity(j) ^ 1u);
+        flags[s] = ck >= 0;
+        if (ck >= 0) {
+          mbar_expect_tx(full, kStageBytes);
+          if (p.kv.paged)
+            tma_load_4d(stage0 + s * kStageBytes, &tp.k_map, full, 0, 0, khk, ck);
+          else
+            tma_load_3d(stage0 + s * kStageBytes, &tp.k_map, full, 0, khk, ck);
+        } else {
+          mbar_arrive(full);
+        }
       }
     }
-    chunk = int64_t(gridDim.x) + int64_t(__shfl_sync(0xFFFFFFFFu, claimed, 0));
-  }
-  if (lane == 0) {
-#pragma unroll 1
-    for (int k = 0; k < kConsumers; ++k, ++j)
-      if (!(ended >> int(j % kConsumers) & 1u)) issue_unit<true>(tp, stage0, flags, units, full0, empty0, j, -1, -1, 0);
   }
 }
 
@@ -249,68 +161,7 @@ __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4]
   }
 }
 
-// One unit (block t of request r, KV head kh) from its full stage: every pass's column maxima
-// (-inf where nothing was loaded) stored to out. The warp's q fragments (qa, qmul, cmul; q_ready:
-// those of r's single pass) carry over between units. The caller then releases the stage.
-template <typename Mma, bool kScaleQ, int kCols>
-__device__ __forceinline__ void consume_unit(const Params& dp, const Request& r, uint32_t (&qa)[8][4],
-                                             float (&qmul)[2], float (&cmul)[kCols / 8][2], bool& q_ready,
-                                             const uint8_t* stage, bool loaded, int kh, int t, int g, int c) {
-  constexpr int kHalves = kCols / 8;
-  const ProxyScoreParams& p = dp.p;
-#pragma unroll 1
-  for (int tok0 = 0; tok0 < r.ntok; tok0 += dp.tokens) {
-    float v[kHalves][2];
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h) v[h][0] = v[h][1] = neg_inf();
-    if (loaded) {
-      if (!q_ready || r.ntok > dp.tokens) {
-        load_q_frags<Mma, kK8, kScaleQ>(dp, r, tok0, qa, qmul);
-        // Column 8h + 2c + j's scale is row 8h + 2c + j's (qmul[h] of the lanes of quad 2c + j).
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj) cmul[h][jj] = __shfl_sync(0xFFFFFFFFu, qmul[h], (2 * c + jj) * 4);
-        q_ready = true;
-      }
-      int lim[kHalves][2];
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) lim[h][0] = lim[h][1] = 0;
-      if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, r.q_off, tok0, r.seqlen_k)) {
-        multiply_block_keys_m<Mma, false, kCols>(qa, stage, lim, g, c, v);
-      } else {
-        col_limits<kCols>(dp, r, t, tok0, c, lim);
-        multiply_block_keys_m<Mma, true, kCols>(qa, stage, lim, g, c, v);
-      }
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-#pragma unroll
-          for (int x = 4; x < 32; x <<= 1) v[h][jj] = max_nan(v[h][jj], __shfl_xor_sync(0xFFFFFFFFu, v[h][jj], x));
-          if constexpr (kScaleQ) v[h][jj] *= cmul[h][jj];
-        }
-      }
-    }
-    // Every lane holds its columns' maxima: the lanes of g = h store the columns of half h.
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h) {
-      if (g == h) {
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-          const int col = 8 * h + 2 * c + jj;
-          const int hl = col / dp.tokens;
-          const int tok = tok0 + col - hl * dp.tokens;
-          if (hl < dp.group && tok < r.ntok)
-            p.out[(int64_t(kh * dp.group + hl) * p.max_k_tiles + t) * p.total_q + r.row_begin + tok] = v[h][jj];
-        }
-      }
-    }
-  }
-}
-
-// Warps 0..kConsumers-1, static schedule: units j = warp, warp + kConsumers, ... of the CTA's
-// share, their coordinates stepped on from the first.
+// Warps 0..kConsumers-1: units j = warp, warp + kConsumers, ... of the CTA's share.
 template <typename Mma, bool kScaleQ, int kCols>
 __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages, const int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int warp, int lane) {
@@ -336,7 +187,55 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
     mbar_wait(full0 + 8 * s, unit_parity(j));
     const bool loaded = flags[s] != 0;
     const uint8_t* stage = stages + s * kStageBytes;
-    consume_unit<Mma, kScaleQ, kCols>(dp, r, qa, qmul, cmul, q_ready, stage, loaded, kh, t, g, c);
+#pragma unroll 1
+    for (int tok0 = 0; tok0 < r.ntok; tok0 += dp.tokens) {
+      float v[kHalves][2];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) v[h][0] = v[h][1] = neg_inf();
+      if (loaded) {
+        if (!q_ready || r.ntok > dp.tokens) {
+          load_q_frags<Mma, kK8, kScaleQ>(dp, r, tok0, qa, qmul);
+          // Column 8h + 2c + j's scale is row 8h + 2c + j's (qmul[h] of the lanes of quad 2c + j).
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) cmul[h][jj] = __shfl_sync(0xFFFFFFFFu, qmul[h], (2 * c + jj) * 4);
+          q_ready = true;
+        }
+        int lim[kHalves][2];
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) lim[h][0] = lim[h][1] = 0;
+        if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, r.q_off, tok0, r.seqlen_k)) {
+          multiply_block_keys_m<Mma, false, kCols>(qa, stage, lim, g, c, v);
+        } else {
+          col_limits<kCols>(dp, r, t, tok0, c, lim);
+          multiply_block_keys_m<Mma, true, kCols>(qa, stage, lim, g, c, v);
+        }
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+            for (int x = 4; x < 32; x <<= 1) v[h][jj] = max_nan(v[h][jj], __shfl_xor_sync(0xFFFFFFFFu, v[h][jj], x));
+            if constexpr (kScaleQ) v[h][jj] *= cmul[h][jj];
+          }
+        }
+      }
+      // Every lane holds its columns' maxima: the lanes of g = h store the columns of half h.
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        if (g == h) {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const int col = 8 * h + 2 * c + jj;
+            const int hl = col / dp.tokens;
+            const int tok = tok0 + col - hl * dp.tokens;
+            if (hl < dp.group && tok < r.ntok)
+              p.out[(int64_t(kh * dp.group + hl) * p.max_k_tiles + t) * p.total_q + r.row_begin + tok] = v[h][jj];
+          }
+        }
+      }
+    }
     __syncwarp();  // every lane's reads of the stage are done
     if (lane == 0) mbar_arrive(empty0 + 8 * s);
     t += kConsumers;
@@ -349,42 +248,9 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
     }
   }
 }
-
-// Warps 0..kConsumers-1, dynamic schedule: the units the producer put in the warp's stages, in
-// order (j = warp, warp + kConsumers, ...), each named by its stage's unit id, until the sentinel.
-template <typename Mma, bool kScaleQ, int kCols>
-__device__ __forceinline__ void consume_dynamic(const Params& dp, const uint8_t* stages, const int* flags,
-                                                const int64_t* units, uint32_t full0, uint32_t empty0, int warp,
-                                                int lane) {
-  constexpr int kHalves = kCols / 8;
-  const int g = lane >> 2, c = lane & 3;
-  Request r;
-  uint32_t qa[8][4];
-  float qmul[2], cmul[kHalves][2];
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h) cmul[h][0] = cmul[h][1] = 1.0f;
-  bool q_ready = false;
-#pragma unroll 1
-  for (int64_t j = warp;; j += kConsumers) {
-    const int s = unit_stage(j);
-    mbar_wait(full0 + 8 * s, unit_parity(j));
-    const int64_t u = units[s];
-    if (u < 0) break;  // the sentinel: the stage is left as it is (nothing follows)
-    int b, kh, t;
-    unit_coords(dp, u, b, kh, t);
-    if (b != r.b || kh != r.kh) {
-      load_request(dp, r, b, kh);
-      q_ready = false;
-    }
-    consume_unit<Mma, kScaleQ, kCols>(dp, r, qa, qmul, cmul, q_ready, stages + s * kStageBytes, flags[s] != 0, kh,
-                                      t, g, c);
-    __syncwarp();  // every lane's reads of the stage are done
-    if (lane == 0) mbar_arrive(empty0 + 8 * s);
-  }
-}
 #endif
 
-template <typename Mma, bool kScaleQ, int kCols, bool kDynamic>
+template <typename Mma, bool kScaleQ, int kCols>
 __global__ void __launch_bounds__(kCtaThreads, 1) proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -395,9 +261,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) proxy_decode_tma_kernel(const 
   const uint32_t stage0 = smem_addr(smem);
   const uint32_t full0 = stage0 + kStages * kStageBytes, empty0 = full0 + 8 * kStages;
   int* flags = reinterpret_cast<int*>(smem + kStages * kStageBytes + 16 * kStages);
-  int64_t* units = reinterpret_cast<int64_t*>(smem + kStages * kStageBytes + 20 * kStages);  // kDynamic
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // Static schedule: the CTA's equal contiguous share [u0, u0 + n) of the units.
   const int64_t u0 = dp.units * blockIdx.x / gridDim.x;
   const int64_t n = dp.units * (blockIdx.x + 1) / gridDim.x - u0;
   if (threadIdx.x == 0) {
@@ -408,31 +272,22 @@ __global__ void __launch_bounds__(kCtaThreads, 1) proxy_decode_tma_kernel(const 
     fence_mbarrier_init();
   }
   __syncthreads();
-  if constexpr (kDynamic) {
-    if (warp == kConsumers)
-      produce_dynamic(tp, stage0, flags, units, full0, empty0, lane);
-    else
-      consume_dynamic<Mma, kScaleQ, kCols>(dp, smem, flags, units, full0, empty0, warp, lane);
-  } else {
-    if (warp == kConsumers)
-      produce(tp, stage0, flags, full0, empty0, u0, n, lane);
-    else
-      consume<Mma, kScaleQ, kCols>(dp, smem, flags, full0, empty0, u0, n, warp, lane);
-  }
+  if (warp == kConsumers)
+    produce(tp, stage0, flags, full0, empty0, u0, n, lane);
+  else
+    consume<Mma, kScaleQ, kCols>(dp, smem, flags, full0, empty0, u0, n, warp, lane);
   fill_uncovered_rows<kCtaThreads>(dp);
 #endif
 }
 
 // Launches the kernel of kCols columns a pass for fp8 K where it applies (sm_90a device and
 // binary, G <= kCols, no reduce_heads, a K map TMA can address); false (nothing launched) otherwise.
-// kDynamic: the chunk counter next_chunk (4 bytes of the workspace) is zeroed on the stream first.
-template <typename Mma, bool kScaleQ, int kCols, bool kDynamic>
-bool launch(const Params& dp, unsigned int* next_chunk, cudaStream_t stream) {
+template <typename Mma, bool kScaleQ, int kCols>
+bool launch(const Params& dp, cudaStream_t stream) {
   const ProxyScoreParams& p = dp.p;
   if (dp.group > kCols || p.reduce_heads) return false;
-  auto kernel = proxy_decode_tma_kernel<Mma, kScaleQ, kCols, kDynamic>;
-  constexpr int kSmem = kDynamic ? kDynamicSmemBytes : kSmemBytes;
-  const int resident = prepare_sm90a_launch(kernel, kCtaThreads, kSmem);
+  auto kernel = proxy_decode_tma_kernel<Mma, kScaleQ, kCols>;
+  const int resident = prepare_sm90a_launch(kernel, kCtaThreads, kSmemBytes);
   if (resident == 0) return false;
   TmaParams tp{};
   tp.dp = dp;
@@ -442,29 +297,16 @@ bool launch(const Params& dp, unsigned int* next_chunk, cudaStream_t stream) {
     return false;
   const int64_t ctas = std::max<int64_t>(
       1, std::min<int64_t>(int64_t(current_device_limits().num_sms) * resident, std::max<int64_t>(dp.units, 1)));
-  if constexpr (kDynamic) {
-    MSA_CHECK(next_chunk != nullptr, "proxy_score: decode_sched=dynamic needs its workspace counter");
-    tp.next_chunk = next_chunk;
-    MSA_CUDA_CHECK(cudaMemsetAsync(next_chunk, 0, sizeof(*next_chunk), stream));
-  }
-  kernel<<<unsigned(ctas), kCtaThreads, kSmem, stream>>>(tp);
+  kernel<<<unsigned(ctas), kCtaThreads, kSmemBytes, stream>>>(tp);
   MSA_CHECK_LAUNCH();
   return true;
 }
 
-// The plan's columns per pass (fp8_tma_cols: 16 or else 8) and schedule (fp8_tma_dynamic: the
-// counter at plan.sched_counter_off of the workspace).
+// The plan's columns per pass (fp8_tma_cols: 16 or else 8).
 template <typename Mma, bool kScaleQ>
 bool launch_cols(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
-  const bool cols16 = plan.fp8_tma_cols == kProxyDecodeTmaMaxCols;
-  if (plan.fp8_tma_dynamic) {
-    auto* next_chunk = reinterpret_cast<unsigned int*>(static_cast<uint8_t*>(dp.p.workspace) +
-                                                             plan.sched_counter_off);
-    return cols16 ? launch<Mma, kScaleQ, kProxyDecodeTmaMaxCols, true>(dp, next_chunk, stream)
-                  : launch<Mma, kScaleQ, kProxyDecodeTmaCols, true>(dp, next_chunk, stream);
-  }
-  return cols16 ? launch<Mma, kScaleQ, kProxyDecodeTmaMaxCols, false>(dp, nullptr, stream)
-                : launch<Mma, kScaleQ, kProxyDecodeTmaCols, false>(dp, nullptr, stream);
+  return plan.fp8_tma_cols == kProxyDecodeTmaMaxCols ? launch<Mma, kScaleQ, kProxyDecodeTmaMaxCols>(dp, stream)
+                                                     : launch<Mma, kScaleQ, kProxyDecodeTmaCols>(dp, stream);
 }
 
 // The MMA type and q scaling of the cp.async kernel's fp8 path (launch_proxy_decode).

@@ -8,8 +8,6 @@
 // ProxyKernel) says which: auto is mma.sync until the other kernels' H200 runs show them correct
 // and faster; sm90 / sm90_ss / decode take theirs where it applies (else mma.sync), strict plans
 // (the _only options) raise NotImplementedError where it does not.
-#include <cstdint>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -51,14 +49,6 @@ void run(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t str
 }  // namespace proxy
 
 void proxy_score(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream) {
-  // The plan's scratch (decode_sched=dynamic's chunk counter): the caller provides plan.bytes.
-  if (plan.bytes > 0) {
-    const char* op = p.q_dtype == DType::kNVFP4 ? "msa_proxy_score_fp4" : "msa_proxy_score";
-    MSA_CHECK(p.workspace != nullptr && p.workspace_bytes >= plan.bytes, op, ": workspace needs ", plan.bytes,
-              " bytes of device scratch, got ", p.workspace_bytes);
-    MSA_CHECK(reinterpret_cast<uintptr_t>(p.workspace) % kWorkspaceAlign == 0, op, ": workspace must be ",
-              kWorkspaceAlign, "-byte aligned");
-  }
   switch (p.q_dtype) {
     case DType::kBF16:
     case DType::kFP8E4M3:

@@ -149,16 +149,11 @@ ProxyScoreParams make_proxy_params(const ProxyScoreArgs& a, bool fp4) {
   }
   p.qi = varlen_q_index(c, a.cu_seqlens_q, a.max_seqlen_q, p.total_q);
   p.q_offset = make_q_offset(c, a.q_offset, batch);
-  const std::initializer_list<NamedRef> all = {
-      {fp4 ? "q_fp4" : "q", &a.q},        {kname, &a.k},
-      {"cu_seqlens_q", &a.cu_seqlens_q}, {"cu_seqlens_k", &a.cu_seqlens_k},
-      {"page_table", &a.page_table},     {"seqused_k", &a.seqused_k},
-      {"q_offset", &a.q_offset.tensor},  {"q_scale", &a.q_scale},
-      {"k_scale", &a.k_scale},           {"output", &a.output},
-      {"workspace", &a.workspace}};
-  fill_workspace(c, a.workspace, &p.workspace, &p.workspace_bytes);
-  check_no_overlap(c, out, "output", all);
-  check_no_overlap(c, a.workspace, "workspace", all);
+  check_no_overlap(c, out, "output",
+                   {{fp4 ? "q_fp4" : "q", &a.q}, {kname, &a.k}, {"cu_seqlens_q", &a.cu_seqlens_q},
+                    {"cu_seqlens_k", &a.cu_seqlens_k}, {"page_table", &a.page_table},
+                    {"seqused_k", &a.seqused_k}, {"q_offset", &a.q_offset.tensor},
+                    {"q_scale", &a.q_scale}, {"k_scale", &a.k_scale}});
   p.out = static_cast<float*>(out.data);
   return p;
 }

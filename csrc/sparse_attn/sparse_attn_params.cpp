@@ -22,6 +22,20 @@ namespace {
 
 constexpr double kDefaultSoftmaxScale = 0.08838834764831845;  // head_dim ** -0.5 = 128 ** -0.5
 
+// Optional caller-owned scratch: 1-D contiguous uint8 on the device.
+void fill_workspace(const Ctx& c, const TensorRef& w, void** data, size_t* bytes) {
+  *data = nullptr;
+  *bytes = 0;
+  if (!w.defined()) return;
+  check_tensor(c, w, "workspace", 16);
+  MSA_OP_CHECK(c, w.dtype == ScalarType::kUInt8 && w.ndim == 1,
+               "workspace must be a 1-D uint8 tensor, got ", dtype_str(w), " of shape ",
+               shape_str(w));
+  check_contiguous(c, w, "workspace");
+  *data = w.data;
+  *bytes = size_t(w.numel());
+}
+
 // (rows, cols) float32 contiguous output such as lse; nullptr when not requested.
 float* check_row_output(const Ctx& c, const TensorRef& t, const char* name, int64_t total_q,
                         int64_t hq) {

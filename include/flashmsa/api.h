@@ -51,13 +51,9 @@ struct ProxyScoreArgs {
   TensorRef k_scale;                      // same; paged rows (page * Hkv + head) * 128 + token
   std::optional<double> q_global_scale;   // dequant multipliers (1 / global scale)
   std::optional<double> k_global_scale;
-  TensorRef workspace;                    // caller-owned scratch (uint8), optional
 };
 ProxyScoreParams make_proxy_score_params(const ProxyScoreArgs& args);
 ProxyScoreParams make_proxy_score_fp4_params(const ProxyScoreArgs& args);
-// The plan's bytes are the device scratch the call needs: 0 except for decode_sched=dynamic on the
-// fp8 TMA decode kernel (a 4-byte counter), and 0 on host memory; p.workspace must hold that many
-// (a CUDA run with less throws). The torch binding takes it from PyTorch's caching allocator.
 ProxyScorePlan make_proxy_score_plan(const ProxyScoreParams& p, const ProxyScoreOptions& options,
                                      int device);
 void run_proxy_score(const ProxyScoreParams& p, const ProxyScorePlan& plan, int device,

@@ -91,8 +91,6 @@ struct ProxyScoreParams {
   QIndex qi;
   QOffset q_offset;
   float* out;             // [reduce_heads ? 1 : Hq, P, total_q] contiguous
-  void* workspace;        // caller-owned device scratch, or nullptr (the plan's bytes, api.h)
-  size_t workspace_bytes;
 };
 
 // Stage 2: per (token s, head h) row, the topk best blocks of score[h, :, s] within [0, nvp),

@@ -187,14 +187,6 @@ enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 // kProxyDecodeIlpMinBatch requests on when G x max_seqlen_q <= kProxyDecodeTmaMaxCols (one pass of
 // either build, as measured), else cta.
 enum class DecodeFp8 : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
-// How the fp8 TMA decode kernel (decode_fp8=tma, where it runs) spreads its key blocks over its
-// CTAs (option decode_sched): static (each CTA an equal contiguous share of the B x Hkv x P units)
-// or dynamic (CTAs claim chunks of 6 consecutive units from a per-call counter in the workspace,
-// zeroed by a memset on the call's stream, so an SM that gets less bandwidth takes fewer blocks;
-// the results are bit-identical: a unit's output rows do not depend on its CTA). Other kernels
-// ignore it. auto = static (dynamic not yet measured on the GPU: at B64 / 32K the static shares
-// leave ~13 % of the SM time idle at the end, docs/design/proxy_score.md, "Dynamic schedule").
-enum class DecodeSched : int32_t { kAuto = 0, kStatic = 1, kDynamic = 2 };
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
 // to the workspace, the combine kernel merges them), cluster (the splits of a row run as one
@@ -269,9 +261,6 @@ struct ProxyScoreOptions {
   // (one pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us; at 3cebf5e sq 4, one
   // 16-column pass, 78.2 vs 85.5 us).
   DecodeFp8 decode_fp8 = DecodeFp8::kAuto;
-  // decode_sched=auto|static|dynamic: the fp8 TMA kernel's static shares or claimed chunks
-  // (DecodeSched); only where fp8_tma is planned, ignored elsewhere. auto = static.
-  DecodeSched decode_sched = DecodeSched::kAuto;
 };
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
@@ -288,8 +277,7 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
-// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma,
-// decode_sched=auto|static|dynamic.
+// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
@@ -442,13 +430,6 @@ struct ProxyScorePlan {
   // Its query columns per pass (G heads x tokens): kProxyDecodeTmaCols (8) where G x max_seqlen_q
   // fits them, else kProxyDecodeTmaMaxCols (16); 8 without fp8_tma.
   int fp8_tma_cols = kProxyDecodeTmaCols;
-  // The TMA kernel's dynamic schedule (decode_sched=dynamic with fp8_tma): its chunk counter, 4
-  // bytes at sched_counter_off of the workspace, zeroed by the launcher before each launch.
-  bool fp8_tma_dynamic = false;
-  size_t sched_counter_off = 0;
-  // Device scratch of the call (workspace.bytes): 0 unless fp8_tma_dynamic, and 0 on host memory.
-  WorkspaceLayout workspace{};
-  size_t bytes = 0;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
@@ -494,7 +475,6 @@ const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
 const char* option_name(DecodeFp8 v);
-const char* option_name(DecodeSched v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 

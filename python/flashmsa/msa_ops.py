@@ -813,9 +813,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K),
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the
-# decode kernel's NVFP4 conversion; auto: word), decode_fp8 = auto | cta | tma (fp8 K on the
-# cp.async ring or the sm_90a TMA kernel), decode_sched = auto | static | dynamic (the TMA kernel's
-# equal shares or chunks claimed from a counter in a small workspace; auto: static);
+# decode kernel's NVFP4 conversion; auto: word);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
 # warp_split | radix_uniform | warp_digits (warp_split with one-chunk rows' thresholds by
 # 8-bit radix digits; auto's choice for small calls of rows of at most 256 blocks);

@@ -376,21 +376,6 @@ TEST(PlanDescribe, ProxyAndTopk) {
                     "where it applies)"));
     fp8.qi.max_seqlen_q = 5;  // two passes: auto keeps the cp.async ring
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, {}), {}), "decode_fp8"));
-    // decode_sched=dynamic: named only where the TMA kernel is planned (auto, static: not named).
-    fp8.qi.max_seqlen_q = 1;
-    ProxyScoreOptions dyn = tma;
-    dyn.decode_sched = DecodeSched::kDynamic;
-    const std::string dyn_text =
-        "; decode_sched=dynamic (forced: CTAs claim chunks of key blocks from a counter in the 256-byte workspace)";
-    EXPECT_TRUE(has(describe(plan_proxy_score(fp8, dyn), dyn), dyn_text));
-    EXPECT_FALSE(has(describe(plan_proxy_score(fp8, tma), tma), "decode_sched"));
-    ProxyScoreOptions dyn_cta = dyn;
-    dyn_cta.decode_fp8 = DecodeFp8::kCta;
-    EXPECT_FALSE(has(describe(plan_proxy_score(fp8, dyn_cta), dyn_cta), "decode_sched"));
-    EXPECT_FALSE(has(describe(plan_proxy_score(pp, dyn), dyn), "decode_sched"));  // 16-bit K
-    ProxyScoreOptions dyn_auto;  // auto's TMA kernel (B64, one pass): dynamic applies
-    dyn_auto.decode_sched = DecodeSched::kDynamic;
-    EXPECT_TRUE(has(describe(plan_proxy_score(fp8, dyn_auto), dyn_auto), dyn_text));
   }
   pp.k.dtype = DType::kBF16;
   const struct {

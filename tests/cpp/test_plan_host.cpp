@@ -1145,13 +1145,6 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(o.decode_fp8, f);
     EXPECT_EQ(o.kernel, ProxyKernel::kDecodeOnly);
   }
-  EXPECT_EQ(parse_proxy_score_options("").decode_sched, DecodeSched::kAuto);
-  for (DecodeSched d : {DecodeSched::kAuto, DecodeSched::kStatic, DecodeSched::kDynamic}) {
-    const ProxyScoreOptions o =
-        parse_proxy_score_options(std::string("decode_fp8=tma,decode_sched=") + option_name(d));
-    EXPECT_EQ(o.decode_sched, d);
-    EXPECT_EQ(o.decode_fp8, DecodeFp8::kTma);
-  }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
                        TopkKernel::kWarpSplit, TopkKernel::kRadixUniform, TopkKernel::kWarpDigits})
@@ -1222,16 +1215,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("decode_ilp=2,decode_ilp=1"); }, ErrorKind::kValue,
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
-               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, "
-               "decode_sched)");
+               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8)");
   expect_error([] { parse_proxy_score_options("decode_fp8=wgmma"); }, ErrorKind::kValue,
                "decode_fp8 must be auto, cta or tma, got 'wgmma'");
   expect_error([] { parse_proxy_score_options("decode_fp8=tma,decode_fp8=cta"); }, ErrorKind::kValue,
                "option decode_fp8 given twice");
-  expect_error([] { parse_proxy_score_options("decode_sched=steal"); }, ErrorKind::kValue,
-               "decode_sched must be auto, static or dynamic, got 'steal'");
-  expect_error([] { parse_proxy_score_options("decode_sched=dynamic,decode_sched=static"); }, ErrorKind::kValue,
-               "option decode_sched given twice");
   expect_error([] { parse_proxy_score_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
                "nvfp4_cvt must be auto, byte or word, got 'prmt'");
   expect_error([] { parse_proxy_score_options("nvfp4_cvt=word,nvfp4_cvt=byte"); }, ErrorKind::kValue,
@@ -1563,33 +1551,6 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       EXPECT_EQ(plan.f16_mma, dflt.f16_mma);
       o.kernel = ProxyKernel::kMmaSync;  // not the decode kernel
       EXPECT_FALSE(plan_proxy_score(dp, o).fp8_tma) << dtype_name(k);
-    }
-    // decode_sched: dynamic only on the TMA kernel (fp8 K, decode_fp8 tma or auto's), with an
-    // 4-byte counter in a one-section workspace; every other plan has no workspace, and the rest
-    // of the plan is the static one's.
-    for (DecodeFp8 f : {DecodeFp8::kAuto, DecodeFp8::kCta, DecodeFp8::kTma}) {
-      for (DecodeSched d : {DecodeSched::kAuto, DecodeSched::kStatic, DecodeSched::kDynamic}) {
-        ProxyScoreOptions o;
-        o.decode_fp8 = f;
-        o.decode_sched = d;
-        ProxyScoreOptions st = o;
-        st.decode_sched = DecodeSched::kStatic;
-        const ProxyScorePlan plan = plan_proxy_score(dp, o), stat = plan_proxy_score(dp, st);
-        const bool dyn = k == fp8 && f != DecodeFp8::kCta && d == DecodeSched::kDynamic;
-        EXPECT_EQ(plan.fp8_tma_dynamic, dyn) << dtype_name(k);
-        EXPECT_EQ(plan.bytes, dyn ? kWorkspaceAlign : 0u) << dtype_name(k);
-        EXPECT_EQ(plan.workspace.bytes, plan.bytes);
-        EXPECT_EQ(plan.workspace.num_sections, dyn ? 1 : 0);
-        EXPECT_EQ(plan.sched_counter_off, 0u);
-        EXPECT_EQ(stat.bytes, 0u);
-        EXPECT_EQ(plan.fp8_tma, stat.fp8_tma);
-        EXPECT_EQ(plan.fp8_tma_cols, stat.fp8_tma_cols);
-        EXPECT_EQ(plan.kernel, stat.kernel);
-        EXPECT_EQ(plan.decode_ilp, stat.decode_ilp);
-        o.kernel = ProxyKernel::kSm90;  // not the decode kernel: ignored
-        EXPECT_FALSE(plan_proxy_score(dp, o).fp8_tma_dynamic) << dtype_name(k);
-        EXPECT_EQ(plan_proxy_score(dp, o).bytes, 0u) << dtype_name(k);
-      }
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);

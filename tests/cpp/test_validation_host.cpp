@@ -96,7 +96,7 @@ const std::vector<int> kSeqK = {200, 130};
 constexpr int64_t kTotalQ = 8, kTotalK = 330, kPages = 5, kMaxPages = 3;
 
 struct ProxySetup {
-  HostTensor q, k, cu_q, cu_k, page_table, seqused_k, out, qoff, workspace;
+  HostTensor q, k, cu_q, cu_k, page_table, seqused_k, out, qoff;
   ProxyScoreArgs a;
 
   explicit ProxySetup(bool paged, ST q_dt = ST::kBF16, ST k_dt = ST::kBF16, int64_t hq = 4,
@@ -299,26 +299,6 @@ TEST(ValidationProxy, FlatBaselineFillsParams) {
   EXPECT_EQ(p.qi.max_seqlen_q, 5);  // host cu_seqlens_q: the exact maximum
   EXPECT_EQ(p.q_offset.mode, QOffsetMode::kRightAligned);
   EXPECT_EQ(p.out, s.out.as<float>());
-  EXPECT_EQ(p.workspace, nullptr);
-  EXPECT_EQ(p.workspace_bytes, 0u);
-}
-
-// decode_sched=dynamic plans a 4-byte counter for the fp8 TMA decode kernel; host memory runs the
-// reference, whose plan has no workspace, and a given workspace lands in the params.
-TEST(ValidationProxy, WorkspaceAndHostPlan) {
-  ProxySetup s(/*paged=*/false, ST::kBF16, ST::kFP8E4M3);
-  s.workspace = HostTensor(ST::kUInt8, {256});
-  s.a.workspace = s.workspace.ref();
-  const ProxyScoreParams p = s.make();
-  EXPECT_EQ(p.workspace, s.workspace.bytes.data());
-  EXPECT_EQ(p.workspace_bytes, 256u);
-  const ProxyScoreOptions o = parse_proxy_score_options("kernel=decode,decode_fp8=tma,decode_sched=dynamic");
-  EXPECT_TRUE(plan_proxy_score(p, o).fp8_tma_dynamic);
-  EXPECT_EQ(plan_proxy_score(p, o).bytes, kWorkspaceAlign);
-  const ProxyScorePlan host = make_proxy_score_plan(p, o, -1);
-  EXPECT_EQ(host.bytes, 0u);
-  EXPECT_EQ(host.workspace.num_sections, 0);
-  run_proxy_score(p, host, -1, nullptr);
 }
 
 TEST(ValidationProxy, PagedBaselineFillsParams) {
@@ -805,11 +785,6 @@ const std::vector<ProxyReject> kProxyRejects = {
     {"QOffsetOtherDevice", proxy_flat, [](ProxySetup& s) { s.qoff = int_tensor({1, 2}); s.a.q_offset.tensor = on_device(s.qoff.ref(), 0); }, kV, "q_offset", "same device as q"},
     {"QOffsetIntOverflow", proxy_flat, [](ProxySetup& s) { s.a.q_offset.value = int64_t(1) << 31; }, kV, "q_offset", "does not fit in int32"},
     {"QOffsetBoth", proxy_flat, [](ProxySetup& s) { s.qoff = int_tensor({1, 2}); s.a.q_offset.tensor = s.qoff.ref(); s.a.q_offset.value = 3; }, kV, "q_offset", "not both"},
-    // workspace (decode_sched=dynamic's counter; optional)
-    {"WorkspaceDtype", proxy_flat, [](ProxySetup& s) { s.workspace = HostTensor(ST::kFloat32, {64}); s.a.workspace = s.workspace.ref(); }, kV, "workspace", "workspace must be a 1-D uint8 tensor"},
-    {"WorkspaceNotContiguous", proxy_flat, [](ProxySetup& s) { s.workspace = HostTensor(ST::kUInt8, {64}); s.a.workspace = with_stride(s.workspace.ref(), 0, 2); }, kV, "workspace", "workspace must be contiguous"},
-    {"WorkspaceOverK", proxy_flat, [](ProxySetup& s) { s.workspace = HostTensor(ST::kUInt8, {64}); s.a.workspace = s.workspace.ref(); s.a.workspace.data = s.a.k.data; }, kV, "workspace", "workspace must not share memory with k"},
-    {"OutputOverWorkspace", proxy_flat, [](ProxySetup& s) { s.workspace = HostTensor(ST::kUInt8, {64}); s.a.workspace = s.workspace.ref(); s.a.workspace.data = s.a.output.data; }, kV, "output", "output must not share memory with workspace"},
 };
 
 class ProxyRejectTest : public ::testing::TestWithParam<ProxyReject> {};

@@ -206,36 +206,6 @@ def test_proxy_score_graph_replay(layout):
     replay_and_check(graph, static_out, eager, "proxy replay on new inputs")
 
 
-@pytest.mark.parametrize("sched", ["static", "dynamic"])
-def test_proxy_decode_fp8_tma_graph_replay(sched):
-    """The fp8 TMA decode kernel (plan options decode_fp8=tma, decode_sched): dynamic claims chunks
-    from a counter in a workspace the binding takes from the caching allocator (the graph's pool
-    during capture) and zeroes with a memset on the stream (a memset node), so each replay starts
-    from 0 again: replays equal eager calls, and dynamic equals static."""
-    gen = mi.cuda_generator(17, DEV)
-    sk = [700 + 613 * i for i in range(24)]
-    hq, hk, b = 4, 1, len(sk)
-    p = math.ceil(max(sk) / mi.BLOCK)
-    q = mi.randn((b, hq, 128), gen, DEV)
-    cu_q = ft.cu_seqlens([1] * b, DEV)
-    k = mi.randn((sum(sk), hk, 128), gen, DEV)
-    k, table, used = ft.paginate(k, sk, extra_pages=2, generator=torch.Generator().manual_seed(3))
-    k = k.to(FP8)
-    static_out = torch.empty((hq, p, b), dtype=torch.float32, device=DEV)
-
-    def run(options, **kw):
-        return msa_ops._proxy_score_planned(q, k, cu_q, max_seqlen_q=1, max_k_tiles=p, page_table=table,
-                                            seqused_k=used, options=options, **kw)
-    opts = dict(kernel="decode_only", decode_fp8="tma", decode_sched=sched)
-    graph, out = capture(lambda: run(opts, output=static_out))
-    assert out.data_ptr() == static_out.data_ptr()
-    replay_and_check(graph, static_out, lambda: run(opts), f"proxy tma {sched} replay")
-    replay_and_check(graph, static_out, lambda: run(dict(opts, decode_sched="static")),
-                     f"proxy tma {sched} replay against static")
-    refill(q, k, gen=gen)
-    replay_and_check(graph, static_out, lambda: run(opts), f"proxy tma {sched} replay on new inputs")
-
-
 def test_topk_select_graph_replay():
     gen = mi.cuda_generator(12, DEV)
     h, p, s = 4, 300, 512

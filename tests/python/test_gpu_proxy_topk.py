@@ -32,7 +32,6 @@ import dataclasses
 import math
 import random
 import zlib
-from typing import NamedTuple
 
 import pytest
 import torch
@@ -588,13 +587,7 @@ def test_proxy_decode_matches_reference(case: ProxyCase, kernel: str, ilp):
     _decode_matches_reference(case, kernel, ilp)
 
 
-class _DecodeRun(NamedTuple):
-    out: torch.Tensor
-    inputs: dict
-    seed: int
-
-
-def _decode_matches_reference(case: ProxyCase, kernel: str, options: Optional[dict]) -> _DecodeRun:
+def _decode_matches_reference(case: ProxyCase, kernel: str, options: Optional[dict]):
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, "cpu", kernel="decode_only")
@@ -602,7 +595,6 @@ def _decode_matches_reference(case: ProxyCase, kernel: str, options: Optional[di
     assert_proxy_close(got, want, f"{case.name} seed={seed}")
     again = run_proxy(case, inputs, DEV, fill=-7.0, kernel=kernel, options=options)
     assert torch.equal(got.view(torch.int32), again.view(torch.int32)), "not deterministic"
-    return _DecodeRun(got, inputs, seed)
 
 
 @pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
@@ -845,18 +837,6 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
 # with one 8-column pass.
 FP8_TMA = dict(decode_fp8="tma")
 FP8_CTA = dict(decode_fp8="cta")  # the cp.async ring (auto's below 16 requests or above 8 columns)
-# decode_sched=dynamic: the TMA kernel's CTAs claim chunks of units from a workspace counter instead
-# of equal contiguous shares. A unit's output rows do not depend on its CTA, so every result must be
-# bit-identical to the static schedule's (asserted below, besides the reference / cta checks).
-FP8_TMA_SCHEDS = ["static", "dynamic"]
-
-
-def _tma(sched: str) -> dict:
-    return dict(FP8_TMA, decode_sched=sched)
-
-
-def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str):
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), what
 
 # 16-column passes: MTP 3 and 4 tokens at G 4 (12 and 16 columns), G 8 x 2 tokens, G 6 x 2 (12 of
 # 16 columns, 16 / G not whole), G 16 x 1, fp8 q and fp16 q, masked diagonal blocks, invalid pages.
@@ -880,12 +860,8 @@ FP8_TMA16_CASES = [
 
 @pytest.mark.parametrize("case,kernel", [(c, k) for c in FP8_K_DECODE_CASES + FP8_TMA16_CASES
                                          for k in ("decode_only", "decode_f16_only")], ids=str)
-@pytest.mark.parametrize("sched", FP8_TMA_SCHEDS)
-def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str, sched: str):
-    got = _decode_matches_reference(case, kernel, _tma(sched))
-    if sched == "dynamic":
-        static = run_proxy(case, got.inputs, DEV, kernel=kernel, options=_tma("static"))
-        _assert_same_bits(got.out, static, f"{case.name} seed={got.seed}: dynamic != static")
+def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str):
+    _decode_matches_reference(case, kernel, FP8_TMA)
 
 
 @pytest.mark.parametrize("case,kernel", [
@@ -899,37 +875,29 @@ def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str, sc
         ProxyCase("dec_tma16_b2_g8_mtp2", [2, 2], [9000, 4000], hq=16, hkv=2, paged=True)]
     for k in ("decode_only", "decode_f16_only")], ids=str)
 def test_proxy_decode_fp8_tma_close_to_default(case: ProxyCase, kernel: str):
-    """Both schedules against the cp.async ring; dynamic bit-identical to static."""
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, DEV, kernel=kernel, options=FP8_CTA)
-    got = run_proxy(case, inputs, DEV, kernel=kernel, options=_tma("static"))
+    got = run_proxy(case, inputs, DEV, kernel=kernel, options=FP8_TMA)
     assert_proxy_close(got, want.cpu(), f"{case.name} seed={seed}")
-    dynamic = run_proxy(case, inputs, DEV, fill=-7.0, kernel=kernel, options=_tma("dynamic"))
-    _assert_same_bits(dynamic, got, f"{case.name} seed={seed}: dynamic != static")
 
 
-@pytest.mark.parametrize("sched", FP8_TMA_SCHEDS)
 @pytest.mark.parametrize("sq", [1, 4], ids=["sq1", "sq4"])
-def test_proxy_decode_fp8_tma_b64_32k(sq: int, sched: str):
+def test_proxy_decode_fp8_tma_b64_32k(sq: int):
     """The benchmark's shapes (64 requests x 32K, paged: ~124 units per CTA, the memory system
     saturated), where the first version's shared ring let a warp pass a stage's parity wait on the
     previous phase and hung or faulted: five calls against the cp.async ring, each the same bits
-    as the first. sq 1: one 8-column pass; sq 4: one 16-column pass. dynamic: claimed chunks,
-    each call also the same bits as the static schedule's."""
+    as the first. sq 1: one 8-column pass; sq 4: one 16-column pass."""
     case = ProxyCase(f"dec_tma_b64_32k_sq{sq}_fp8", [sq] * 64, [32768] * 64, hq=4, hkv=1,
                      paged=True, k_dtype=FP8)
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_CTA)
-    first = run_proxy(case, inputs, DEV, kernel="decode_only", options=_tma(sched))
+    first = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_TMA)
     assert_proxy_close(first, want.cpu(), f"seed={seed}")
-    if sched == "dynamic":
-        static = run_proxy(case, inputs, DEV, kernel="decode_only", options=_tma("static"))
-        _assert_same_bits(first, static, f"seed={seed}: dynamic != static")
     for _ in range(4):
-        again = run_proxy(case, inputs, DEV, fill=-7.0, kernel="decode_only", options=_tma(sched))
-        _assert_same_bits(again, first, f"seed={seed}")
+        again = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_TMA)
+        assert torch.equal(again.view(torch.int32), first.view(torch.int32)), f"seed={seed}"
 
 
 @pytest.mark.parametrize("case", ILP_CASES, ids=str)
