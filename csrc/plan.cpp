@@ -69,6 +69,8 @@ constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kCluster, "cluster"}};
 constexpr Named<DecodeWgmmaPipe> kDecodeWgmmaPipes[] = {
     {DecodeWgmmaPipe::kAuto, "auto"}, {DecodeWgmmaPipe::kInline, "inline"}, {DecodeWgmmaPipe::kAhead, "ahead"}};
+constexpr Named<DecodeWgmmaFp8> kDecodeWgmmaFp8s[] = {
+    {DecodeWgmmaFp8::kAuto, "auto"}, {DecodeWgmmaFp8::kOff, "off"}, {DecodeWgmmaFp8::kOn, "on"}};
 
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
@@ -151,6 +153,7 @@ const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v);
 const char* option_name(DecodeFp8 v) { return name_of(kDecodeFp8s, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
+const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -165,9 +168,11 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.split = parse_enum(kDecodeSplits, name, value);
     } else if (name == "wgmma_pipe") {
       o.wgmma_pipe = parse_enum(kDecodeWgmmaPipes, name, value);
+    } else if (name == "wgmma_fp8") {
+      o.wgmma_fp8 = parse_enum(kDecodeWgmmaFp8s, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe)");
+               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe)");
     }
   });
   return o;
