@@ -66,7 +66,8 @@ VALID = {
                       dict(kernel="regs", split="cluster"), "mtp=per_token,split=cluster",
                       dict(kernel="wgmma"), dict(kernel="wgmma", mtp="union"), "kernel=wgmma,mtp=per_token",
                       dict(kernel="wgmma", wgmma_pipe="ahead"), dict(wgmma_pipe="inline"),
-                      "wgmma_pipe=ahead"],
+                      "wgmma_pipe=ahead", dict(kernel="wgmma", wgmma_fp8="on"), dict(wgmma_fp8="off"),
+                      "kernel=wgmma,wgmma_fp8=on,wgmma_pipe=ahead", dict(wgmma_fp8="auto")],
 }
 
 
@@ -141,6 +142,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(nvfp4_cvt="prmt"), "nvfp4_cvt must be auto, byte or word, got 'prmt'"),
     ("sparse_decode", dict(split="tiles"), "split must be auto, blocks or cluster, got 'tiles'"),
     ("sparse_decode", dict(wgmma_pipe="deep"), "wgmma_pipe must be auto, inline or ahead, got 'deep'"),
+    ("sparse_decode", dict(wgmma_fp8="yes"), "wgmma_fp8 must be auto, off or on, got 'yes'"),
     ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
