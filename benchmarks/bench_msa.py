@@ -141,6 +141,9 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
 # batches up to STEP_VARIANT_MAX_BATCH (the split-K calls: at batch 64 the decode is fused and
 # split=cluster changes nothing).
 STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),)
+# ... and those of bf16 K/V and one token per request also with split-K decode on 8 warps per CTA
+# (split_warps=8; fp8 K/V would fall back to 4 warps).
+STEP_BF16_VARIANTS = ((" [split_warps=8]", dict(split_warps=8)),)
 STEP_VARIANT_MAX_BATCH = 8
 
 
@@ -840,6 +843,10 @@ class Bench:
             # merging in distributed shared memory instead of partials + combine.
             if sq == 1 and b <= STEP_VARIANT_MAX_BATCH and kv in ("bf16", "fp8"):
                 variants.append((" [split=cluster]", dict(split="cluster")))
+            # ... and split-K batches of 16-bit K/V on 8 warps per CTA sharing each block
+            # (split_warps=8) instead of 4.
+            if sq == 1 and b <= STEP_VARIANT_MAX_BATCH and kv == "bf16":
+                variants.append((" [split_warps=8]", dict(split_warps=8)))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":
@@ -971,6 +978,8 @@ class Bench:
             variants = [(" [wgmma]", dict(kernel="wgmma"))] if sq > 1 and kv == "bf16" else []
             if b <= STEP_VARIANT_MAX_BATCH:
                 variants += list(STEP_VARIANTS)
+                if sq == 1 and kv == "bf16":
+                    variants += list(STEP_BF16_VARIANTS)
             for suffix, options in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
                               lambda b=b, c=ctx, q=sq, i=idx, v=kv, o=options:

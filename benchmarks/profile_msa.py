@@ -115,6 +115,10 @@ def cases(bench: bm.Bench) -> dict:
         # (split=cluster): one kernel instead of attention + combine.
         "decode_b1_split_cluster": lambda: bench.build_decode(1, 32 * K, 1, "bf16", dict(split="cluster")),
         "decode_b1_fp8_split_cluster": lambda: bench.build_decode(1, 32 * K, 1, "fp8", dict(split="cluster")),
+        # Batch 1 split-K with 8 warps per CTA sharing each block (split_warps=8), at 32K and 128K.
+        "decode_b1_split_warps8": lambda: bench.build_decode(1, 32 * K, 1, "bf16", dict(split_warps=8)),
+        "decode_b1_128k_split_warps8": lambda: bench.build_decode(1, 128 * K, 1, "bf16", dict(split_warps=8)),
+        "decode_b1_128k": lambda: bench.build_decode(1, 128 * K, 1, "bf16"),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
         "decode_b64_fp8": lambda: bench.build_decode(64, 32 * K, 1, "fp8"),

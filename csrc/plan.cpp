@@ -67,6 +67,8 @@ constexpr Named<DecodeFp8> kDecodeFp8s[] = {{DecodeFp8::kAuto, "auto"}, {DecodeF
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
+constexpr Named<DecodeSplitWarps> kDecodeSplitWarps[] = {
+    {DecodeSplitWarps::kAuto, "auto"}, {DecodeSplitWarps::k4, "4"}, {DecodeSplitWarps::k8, "8"}};
 constexpr Named<DecodeWgmmaPipe> kDecodeWgmmaPipes[] = {
     {DecodeWgmmaPipe::kAuto, "auto"}, {DecodeWgmmaPipe::kInline, "inline"}, {DecodeWgmmaPipe::kAhead, "ahead"}};
 constexpr Named<DecodeWgmmaFp8> kDecodeWgmmaFp8s[] = {
@@ -154,6 +156,7 @@ const char* option_name(DecodeFp8 v) { return name_of(kDecodeFp8s, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v); }
+const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -170,9 +173,11 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.wgmma_pipe = parse_enum(kDecodeWgmmaPipes, name, value);
     } else if (name == "wgmma_fp8") {
       o.wgmma_fp8 = parse_enum(kDecodeWgmmaFp8s, name, value);
+    } else if (name == "split_warps") {
+      o.split_warps = parse_enum(kDecodeSplitWarps, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe)");
+               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps)");
     }
   });
   return o;

@@ -37,6 +37,11 @@ void query_major_details(std::ostringstream& s, const QueryMajorPlan& qm) {
     s << "; split-K: " << qm.splits << " chunks per row, " << store_kind_name(qm.part_kind)
       << " partials + combine";
   if (qm.cluster_fallback != nullptr) s << " (split=cluster falls back to blocks: " << qm.cluster_fallback << ")";
+  if (qm.wide)
+    s << "; split_warps=8 (8 warps per CTA share each 128-key block, 16 keys each, and merge their "
+         "states in warp order)";
+  if (qm.split_warps_fallback != nullptr)
+    s << " (split_warps=8 falls back to 4 warps: " << qm.split_warps_fallback << ")";
 }
 
 void workspace(std::ostringstream& s, size_t bytes) { s << "; workspace " << bytes << " bytes"; }

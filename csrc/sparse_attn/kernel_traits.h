@@ -26,6 +26,10 @@ using ::flashmsa::store_kind_bytes;
 inline constexpr int kQmThreads = 128;
 inline constexpr int kQmTileKeys = 64;
 inline constexpr int kQmMaxTiles = 2 * kMaxTopk;  // a block is at most two 64-key tiles
+// split_warps=8 (query_major_wide.cuh): 8 warps share each 128-key block, 16 keys each; 2 CTAs
+// per SM (its ~74 KB of shared memory would allow 3, its registers 2).
+inline constexpr int kQmWideThreads = 256;
+inline constexpr int kQmWideCtasPerSm = 2;
 
 // Shared memory of the streaming decode variant (query_major.cuh: 3 stages of 32 KB, raw 128-key fp8
 // K and V blocks (kv_regs.cuh) or 64-key bf16 / fp16 K and V tiles, plus Q, plan and list): more

@@ -94,6 +94,28 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, cluster_max);
     }
   }
+  // split_warps=8: 8 warps per split CTA (query_major_wide.cuh) where the call splits by blocks on
+  // the shared-memory kernel with 16-row tiles and 16-bit K/V; the split count as for 4 warps at
+  // 2 CTAs per SM.
+  if (options.split_warps == DecodeSplitWarps::k8) {
+    const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
+    if (plan.fused)
+      plan.split_warps_fallback = "the call does not split (fused)";
+    else if (plan.cluster)
+      plan.split_warps_fallback = "split=cluster runs the 4-warp cluster kernel";
+    else if (mtp)
+      plan.split_warps_fallback = "MTP union items (64-row tiles)";
+    else if (plan.wgmma || plan.regs)
+      plan.split_warps_fallback = "kernel=regs / wgmma";
+    else if (plan.warps_m != 1)
+      plan.split_warps_fallback = "G > 16 (64-row tiles)";
+    else if (p.k.dtype != compute || p.v.dtype != compute)
+      plan.split_warps_fallback = "fp8 / NVFP4 K/V (the 8-warp kernel reads 16-bit K and V of the compute dtype)";
+    if (plan.split_warps_fallback == nullptr) {
+      plan.wide = true;
+      plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideCtasPerSm);
+    }
+  }
   plan.num_items = items * plan.splits;
   // kernel=wgmma: persistent CTAs, at most one per SM and item (a CTA takes items blockIdx.x,
   // + grid, ...).

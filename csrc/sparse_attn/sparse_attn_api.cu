@@ -166,6 +166,17 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       }
       return;
     }
+    if (plan.wide) {  // split_warps=8
+      MSA_CHECK(plan.mtp_tokens == 0 && !plan.fused && !plan.regs && plan.warps_m == 1,
+                "msa_sparse_decode_attention: split_warps=8 planned outside split-K per-token items "
+                "on 16-row tiles (planner bug)");
+      if constexpr (kKv == KvKind::kNative) {
+        launch_query_major_wide<Elem>(a, stream);
+      } else {
+        MSA_FAIL("msa_sparse_decode_attention: split_warps=8 needs 16-bit K/V (planner bug)");
+      }
+      return;
+    }
     if (plan.wgmma) {  // kernel=wgmma: MTP union items on the sm_90a kernel
       MSA_CHECK(plan.mtp_tokens > 0 && !plan.cluster, "msa_sparse_decode_attention: kernel=wgmma planned "
                 "without MTP union items (planner bug)");

@@ -200,6 +200,18 @@ enum class DecodeFp8 : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // decode 21.1 vs 23.1 us with cluster, but the captured B1 step 34.3 vs 34.2 us: no gain there).
 enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 
+// Warps per CTA of split-K decode (calls that split: small batches): 4 (each CTA cuts a 128-key
+// block into two 64-key tiles, 16 keys of each per warp, and warp 0 merges the 4 warps' states) or
+// 8 (query_major_wide.cuh: 8 warps share each block as one 128-key tile, 16 keys each, K and V in
+// separate cp.async groups, all 8 warps merge the states in warp order and store their head dims of
+// the partial; partials and combine unchanged; not bit-identical to 4: within the reference
+// tolerances). 8 applies to per-token items of G <= 16 heads with K/V of the compute dtype on the
+// shared-memory kernel (not kernel=regs / wgmma, MTP union items, fp8 / NVFP4 K/V, split=cluster,
+// fused calls): elsewhere it falls back to 4 and the plan text says why.
+// docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)". auto: 4 (8 is not
+// yet measured on the GPU).
+enum class DecodeSplitWarps : int32_t { kAuto = 0, k4 = 1, k8 = 2 };
+
 // How the MTP wgmma kernel (kernel=wgmma, or auto where it takes it) feeds its K / V ring:
 // inline (one producer warp plans each item (mtp_union_entries: the q2k lists, the page lookups,
 // the union) between the last block of the item before and the first of this one, then loads
@@ -227,6 +239,7 @@ struct SparseDecodeOptions {
   DecodeSplit split = DecodeSplit::kAuto;
   DecodeWgmmaPipe wgmma_pipe = DecodeWgmmaPipe::kAuto;
   DecodeWgmmaFp8 wgmma_fp8 = DecodeWgmmaFp8::kAuto;
+  DecodeSplitWarps split_warps = DecodeSplitWarps::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -285,7 +298,7 @@ struct TopkSelectOptions {
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
-// wgmma_fp8=auto|off|on.
+// wgmma_fp8=auto|off|on, split_warps=auto|4|8.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
@@ -366,6 +379,10 @@ struct QueryMajorPlan {
   // (a static string for the plan text), nullptr otherwise.
   bool cluster = false;
   const char* cluster_fallback = nullptr;
+  // split_warps=8 where it runs (8 warps per split CTA, query_major_wide.cuh); split_warps_fallback:
+  // why a split_warps=8 call runs the 4-warp kernel instead (static), nullptr otherwise.
+  bool wide = false;
+  const char* split_warps_fallback = nullptr;
   // kernel=wgmma where it runs: MTP union items on the sm_90a TMA + wgmma kernel, a persistent grid
   // of `grid` CTAs; wgmma_fallback: why a kernel=wgmma call is planned as auto instead (static).
   bool wgmma = false;
@@ -493,5 +510,6 @@ const char* option_name(DecodeFp8 v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeWgmmaFp8 v);
+const char* option_name(DecodeSplitWarps v);
 
 }  // namespace flashmsa

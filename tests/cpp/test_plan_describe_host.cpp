@@ -319,6 +319,26 @@ TEST(PlanDescribe, DecodeSplitCluster) {
   EXPECT_TRUE(has(m, "split=cluster falls back to blocks: MTP union items")) << m;
 }
 
+TEST(PlanDescribe, DecodeSplitWarps) {
+  SparseDecodeParams dp{};
+  dp.attn = attn(1);
+  dp.attn.qi.seqlen_q = 1;
+  dp.force_fused = -1;
+  SparseDecodeOptions o;
+  o.split_warps = DecodeSplitWarps::k8;
+  const SparseAttnDeviceFacts f = hopper();
+  const std::string w = describe_decode(plan_sparse_decode(dp, f, o), dp.attn);
+  EXPECT_TRUE(has(w, "partials + combine; split_warps=8 (8 warps per CTA share each 128-key block, 16 keys "
+                     "each, and merge their states in warp order)")) << w;
+  const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);
+  EXPECT_FALSE(has(d, "split_warps")) << d;
+  o.kernel = DecodeKernel::kRegs;
+  SparseAttnDeviceFacts r = f;
+  r.decode_regs_ctas = 2;
+  const std::string fb = describe_decode(plan_sparse_decode(dp, r, o), dp.attn);
+  EXPECT_TRUE(has(fb, "(split_warps=8 falls back to 4 warps: kernel=regs / wgmma)")) << fb;
+}
+
 TEST(PlanDescribe, ProxyAndTopk) {
   ProxyScoreParams pp{};
   const ProxyScoreOptions auto_o;

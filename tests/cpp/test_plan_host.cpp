@@ -697,6 +697,60 @@ TEST(PlanDecode, Nvfp4WordConversionOnlyUnderTheRegisterKernelWithNvfp4) {
   EXPECT_FALSE(plan_sparse_decode(g32, h200, regs_word).qm.nvfp4_word);
 }
 
+// split_warps=8: where the call splits by blocks on the smem kernel with 16-row tiles and 16-bit K/V,
+// 8 warps per CTA (same partial layout and combine; the split count for 2 CTAs per SM); elsewhere
+// the 4-warp kernel, and the plan says why.
+TEST(PlanDecode, SplitWarps8WhereItRuns) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  h200.decode_cluster_max = 16;
+  SparseDecodeOptions w8;
+  w8.split_warps = DecodeSplitWarps::k8;
+  // B1 / M3: 4 items want ceil(264 / 4) = 66 splits, 16 at topk 16: one block per CTA, as with 4
+  // warps; the same workspace (partials + combine).
+  const SparseAttnPlan b1 = plan_sparse_decode(decode(1, -1), h200, w8);
+  const SparseAttnPlan d1 = plan_sparse_decode(decode(1, -1), h200, {});
+  EXPECT_TRUE(b1.qm.wide);
+  EXPECT_EQ(b1.qm.split_warps_fallback, nullptr);
+  EXPECT_FALSE(b1.qm.fused || b1.qm.cluster || b1.qm.regs);
+  EXPECT_EQ(b1.qm.splits, 16);
+  EXPECT_EQ(b1.qm.num_items, 4 * 16);
+  EXPECT_EQ(b1.bytes, d1.bytes);
+  EXPECT_FALSE(d1.qm.wide);  // auto: 4 warps
+  SparseDecodeOptions w4;
+  w4.split_warps = DecodeSplitWarps::k4;
+  EXPECT_FALSE(plan_sparse_decode(decode(1, -1), h200, w4).qm.wide);
+  EXPECT_EQ(plan_sparse_decode(decode(1, -1), h200, w4).qm.split_warps_fallback, nullptr);
+  // B8: 32 items want ceil(264 / 32) = 9 splits: 2 blocks each, 8 splits.
+  EXPECT_EQ(plan_sparse_decode(decode(8, -1), h200, w8).qm.splits, 8);
+  EXPECT_TRUE(plan_sparse_decode(decode(8, -1), h200, w8).qm.wide);
+  // A forced split at B64 runs it; a fused call does not.
+  EXPECT_TRUE(plan_sparse_decode(decode(64, 0), h200, w8).qm.wide);
+  auto why = [&](const SparseDecodeParams& dp, SparseDecodeOptions o, const char* what) {
+    o.split_warps = DecodeSplitWarps::k8;
+    const SparseAttnPlan pl = plan_sparse_decode(dp, h200, o);
+    EXPECT_FALSE(pl.qm.wide) << what;
+    ASSERT_NE(pl.qm.split_warps_fallback, nullptr) << what;
+    EXPECT_NE(std::string(pl.qm.split_warps_fallback).find(what), std::string::npos) << pl.qm.split_warps_fallback;
+  };
+  why(decode(64, -1), {}, "fused");
+  SparseDecodeOptions cluster;
+  cluster.split = DecodeSplit::kCluster;
+  why(decode(1, -1), cluster, "split=cluster");
+  SparseDecodeOptions regs;
+  regs.kernel = DecodeKernel::kRegs;
+  why(decode(1, -1), regs, "kernel=regs");
+  SparseDecodeParams fp8 = decode(1, -1);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  SparseDecodeOptions smem;
+  smem.kernel = DecodeKernel::kSmem;
+  why(fp8, smem, "fp8 / NVFP4 K/V");
+  why(fp8, {}, "kernel=regs");  // auto: regs for fp8 K/V
+  SparseDecodeParams g32 = decode(1, -1);
+  g32.attn.num_heads = 128;
+  why(g32, {}, "G > 16");
+}
+
 // split=cluster: where the call splits and the device has clusters, the splits of a row run as one
 // cluster (capped at its largest size, no workspace); elsewhere blocks, and the plan says why.
 TEST(PlanDecode, SplitClusterWhereItRuns) {
@@ -1247,6 +1301,10 @@ TEST(PlanOptions, ParsesEveryOption) {
   for (DecodeNvfp4Cvt c : {DecodeNvfp4Cvt::kAuto, DecodeNvfp4Cvt::kByte, DecodeNvfp4Cvt::kWord})
     EXPECT_EQ(parse_sparse_decode_options(std::string("nvfp4_cvt=") + option_name(c)).nvfp4_cvt, c);
   EXPECT_EQ(parse_sparse_decode_options("kernel=regs,nvfp4_cvt=word").nvfp4_cvt, DecodeNvfp4Cvt::kWord);
+  for (DecodeSplitWarps v : {DecodeSplitWarps::kAuto, DecodeSplitWarps::k4, DecodeSplitWarps::k8})
+    EXPECT_EQ(parse_sparse_decode_options(std::string("split_warps=") + option_name(v)).split_warps, v);
+  EXPECT_EQ(parse_sparse_decode_options("").split_warps, DecodeSplitWarps::kAuto);
+  EXPECT_EQ(parse_sparse_decode_options("split=blocks,split_warps=8").split_warps, DecodeSplitWarps::k8);
   for (DecodeSplit v : {DecodeSplit::kAuto, DecodeSplit::kBlocks, DecodeSplit::kCluster})
     EXPECT_EQ(parse_sparse_decode_options(std::string("split=") + option_name(v)).split, v);
   EXPECT_EQ(parse_sparse_decode_options("").split, DecodeSplit::kAuto);
@@ -1339,7 +1397,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe)");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps)");
+  expect_error([] { parse_sparse_decode_options("split_warps=16"); }, ErrorKind::kValue,
+               "split_warps must be auto, 4 or 8, got '16'");
+  expect_error([] { parse_sparse_decode_options("split_warps=8,split_warps=4"); }, ErrorKind::kValue,
+               "option split_warps given twice");
   expect_error([] { parse_sparse_decode_options("nvfp4_cvt=prmt"); }, ErrorKind::kValue,
                "nvfp4_cvt must be auto, byte or word, got 'prmt'");
   expect_error([] { parse_sparse_decode_options("split=tiles"); }, ErrorKind::kValue,

@@ -122,13 +122,17 @@ def test_stage_step_runs_each_config_case():
     bm.Bench.stage_step(bench)
     calls = bench.run_case.call_args_list
     # One row per config case (the library's choices: auto everywhere), followed for the split-K
-    # batches by one row per sparse-decode variant (plan options: split=cluster).
+    # batches by one row per sparse-decode variant (plan options: split=cluster; bf16 K/V sq 1 also
+    # split_warps=8).
     want = []
     for case in bm.QUICK["step"]:
         want.append((case, "", None))
         if case[0] <= bm.STEP_VARIANT_MAX_BATCH:
             want += [(case, suffix, options) for suffix, options in bm.STEP_VARIANTS]
+            if case[2] == 1 and case[4] == "bf16":
+                want += [(case, suffix, options) for suffix, options in bm.STEP_BF16_VARIANTS]
     assert [suffix for _, suffix, _ in want].count(" [split=cluster]") == 2  # B1 bf16, fp8
+    assert [suffix for _, suffix, _ in want].count(" [split_warps=8]") == 1  # B1 bf16
     assert len(calls) == len(want)
     for call, (case, suffix, options) in zip(calls, want):
         stage, got_name, build, bound, ref = call.args
@@ -285,14 +289,17 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.cfg = dict(cpu_bench.cfg,
                          step=[(2, 1024, 1, "bf16", "bf16"), (2, 1024, 4, "fp8", "fp8")])
     cpu_bench.stage_step()
-    # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] row.
-    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 4, cpu_bench.rows
-    variant = cpu_bench.rows[1]
-    assert variant["case"] == bm.step_case_name(2, 1024, 1, "bf16", "bf16") + " [split=cluster]"
-    assert variant["decode_options"] == dict(split="cluster")
+    # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] row and (bf16 K/V,
+    # sq 1) its [split_warps=8] row.
+    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 5, cpu_bench.rows
+    name = bm.step_case_name(2, 1024, 1, "bf16", "bf16")
+    assert cpu_bench.rows[1]["case"] == name + " [split=cluster]"
+    assert cpu_bench.rows[1]["decode_options"] == dict(split="cluster")
+    assert cpu_bench.rows[2]["case"] == name + " [split_warps=8]"
+    assert cpu_bench.rows[2]["decode_options"] == dict(split_warps=8)
     assert "decode_options" not in cpu_bench.rows[0]
-    cpu_bench.rows = cpu_bench.rows[::2]
-    graphs = graphs[::2]
+    cpu_bench.rows = cpu_bench.rows[::3]
+    graphs = graphs[::3]
     for row, g in zip(cpu_bench.rows, graphs):
         assert row["stage"] == "step" and row["bound"] == "memory"
         assert row["bit_identical"] and g.replays >= 2 + row["reps"]
@@ -313,6 +320,7 @@ def test_stage_step_replay_mismatch_is_an_error_row(cpu_bench, monkeypatch):
         return g, g.static
     monkeypatch.setattr(bm, "capture_graph", capture)
     monkeypatch.setattr(bm, "STEP_VARIANTS", ())
+    monkeypatch.setattr(bm, "STEP_BF16_VARIANTS", ())
     cpu_bench.cfg = dict(cpu_bench.cfg, step=[(1, 512, 1, "bf16", "bf16")])
     cpu_bench.stage_step()
     (row,) = cpu_bench.rows

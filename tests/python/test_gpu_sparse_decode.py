@@ -12,7 +12,8 @@ with shared, partly shared and per-token selections, against per-token items; MT
 fp8 / NVFP4 K/V converted in registers (plan options kernel=regs, mtp=union) against the reference
 and the shared-memory union kernel, and the plan description naming that path; the split CTAs of
 a row as one thread-block cluster merging through distributed shared memory (plan option
-split=cluster, sm_90) against the reference and bit for bit against the combine kernel.
+split=cluster, sm_90) against the reference and bit for bit against the combine kernel; split-K
+with 8 warps per CTA (plan option split_warps=8) against the reference and the 4-warp kernel.
 
 A case's inputs, CPU reference and baseline are memoised per xdist worker (``problem`` /
 ``reference``, conftest.Memo): the parametrisations of one case over options, kernels, fused /
@@ -162,9 +163,10 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
 # auto (the library's choice: regs for fp8 K/V, union items for MTP) and the kernels auto replaced,
 # forced (the smem kernel with an item per token), which stay the fallback; and split=cluster (the
 # split calls' CTAs of a row as one cluster on sm_90; elsewhere, fused calls and MTP union items as
-# auto).
-@pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token"), dict(split="cluster")],
-                         ids=["auto", "smem_per_token", "split_cluster"])
+# auto); and split_warps=8 (the split calls' 16-bit K/V on 8 warps per CTA; elsewhere as auto).
+@pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token"), dict(split="cluster"),
+                                     dict(split_warps=8)],
+                         ids=["auto", "smem_per_token", "split_cluster", "split_warps8"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_decode_matches_cpu_reference(case, options):
     dp, want, base_out = reference(case)
@@ -1070,3 +1072,101 @@ def test_split_cluster_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert bits_equal(got, want)
+
+
+# ---- split_warps=8 (plan option split_warps=8) -----------------------------------------------------
+# Split-K decode with 8 warps per CTA sharing each 128-key block (query_major_wide.cuh): calls that
+# split by blocks with 16-bit K/V and G <= 16; the rest (fused calls, fp8 / NVFP4 K/V, MTP union
+# items, G > 16) fall back to the 4-warp kernel (checked: the plan text says so) and the checks still
+# hold. Partials and the combine are unchanged; the 8 warps' states are merged in warp order, so
+# results are deterministic but not the 4-warp kernel's bits (each warp sums other keys): within the
+# reference tolerances and within the fused vs split bound of it. Outputs and workspaces poisoned;
+# M3 at batch 1 (32K and 128K context), 2, 4 (ragged, partial last blocks) and 8 (-1 holes), every
+# partial dtype, paged / flat / packed, fp16 and fp8 q.
+
+WIDE_CASES = [c for c in CLUSTER_CASES if c.name in (
+    "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "m3_tp4_mtp2", "fp16", "fp8_q_bf16_kv",
+    "g1_topk1", "g3_topk33", "g4_topk64", "g16_topk64_mtp4", "empty_and_tiny_sequences",
+    "mtp_seqlen_gt_keys", "q_offset_tensor_negative", "non_causal", "duplicates", "holes",
+    "out_of_range", "some_empty_rows", "invalid_pages", "packed_nhd", "scales", "m3_b1_cluster",
+    "m3_mtp4_per_token_cluster", "spec_8_1_8_2_fp8_paged", "g32_bf16")] + [
+    DecodeCase("m3_b1_ctx128k_w8", 1, 1, 64, 4, seqlens=[131072]),
+    DecodeCase("m3_b2_w8_ragged", 2, 1, 64, 4, seqlens="ragged"),
+    DecodeCase("m3_b4_w8_partial_blocks", 4, 1, 64, 4, seqlens=[32768 + 77, 1000, 129, 5]),
+    DecodeCase("m3_b8_w8_holes", 8, 1, 64, 4, selection="holes"),
+    DecodeCase("m3_b8_w8_fp16", 8, 1, 64, 4, q_dtype=FP16, seqlens="multiples"),
+]
+
+
+def run_wide(dp: DecodeProblem, warps: int = 8, **extra):
+    """split_warps=<warps> with an item per token on a poisoned workspace and poisoned outputs."""
+    return run_poisoned(dp, dict(mtp="per_token", split_warps=warps), **extra)
+
+
+@pytest.mark.parametrize("force_fused", [None, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", WIDE_CASES, ids=str)
+def test_split_warps8_matches_cpu_reference(case, force_fused):
+    dp, want, base_out = reference(case, seed=51)
+    got = run_wide(dp, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} split_warps=8 fused={force_fused}")
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
+@pytest.mark.parametrize("case", [c for c in WIDE_CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "g3_topk33", "m3_b1_cluster", "m3_b1_ctx128k_w8",
+    "m3_b4_w8_partial_blocks", "m3_b8_w8_fp16")], ids=str)
+def test_split_warps8_partial_dtypes(case, partial_dtype):
+    dp, want, base_out = reference(case, seed=52)
+    got = run_wide(dp, force_fused=False, partial_dtype=partial_dtype)
+    check_against_reference(dp, got, want, base_out, f"{case} split_warps=8 partial {partial_dtype}",
+                            partial_dtype=partial_dtype)
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32], ids=str)
+@pytest.mark.parametrize("case", [c for c in WIDE_CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "fp16", "g1_topk1", "g3_topk33", "g4_topk64", "some_empty_rows",
+    "invalid_pages", "m3_b1_cluster", "m3_b1_ctx128k_w8", "m3_b8_w8_holes")], ids=str)
+def test_split_warps8_deterministic_and_close_to_4_warps(case, partial_dtype):
+    """Bit for bit the same on every run (the fixed merge order); the same -inf pattern as the
+    4-warp kernel and within the fused vs split bound of it (other per-warp key slices, a merge of
+    8 states instead of 4: not bit-identical). Where the plan runs the 8-warp kernel, the split
+    count is the 4-warp kernel's for these (<= 16 blocks per row, a block per split at B1 .. B4)."""
+    dp = problem(case, seed=53)
+    extra = dict(force_fused=False, partial_dtype=partial_dtype)
+    w8 = run_wide(dp, **extra)
+    w4 = run_wide(dp, warps=4, **extra)
+    for _ in range(2):
+        assert bits_equal(w8, run_wide(dp, **extra)), f"{case}: split_warps=8 not deterministic"
+    assert torch.equal(torch.isinf(w8[1]), torch.isinf(w4[1]))
+    diff = float((w8[0].double() - w4[0].double()).abs().max())
+    assert diff < 5e-3, f"split_warps 8 vs 4: max |diff| {diff:.3e}"
+
+
+@pytest.mark.parametrize("layout", ["flat", "packed"])
+def test_split_warps8_paged_equals_flat(layout):
+    case = DecodeCase("w", 2, 1, 64, 4, seqlens=[5000, 3000])
+    other = problem(case, seed=54, layout=layout)
+    paged = problem(case, seed=54, layout="paged")
+    assert bits_equal(run_wide(other, force_fused=False), run_wide(paged, force_fused=False))
+
+
+@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
+def test_split_warps8_plan_names_the_path(kv):
+    """B1 / M3 with 16-bit K/V: 16 splits on the 8-warp kernel with the 4-warp kernel's workspace;
+    fp8 / NVFP4 K/V, fused calls and MTP union items fall back and say why; auto runs 4 warps."""
+    dp = build_decode(DecodeCase("w", 1, 1, 64, 4, kv=kv, seqlens=[32768]), seed=55)
+    text = _decode_plan_text(dp, dict(split_warps=8)).split("): ", 1)[1]
+    auto = _decode_plan_text(dp, None).split("): ", 1)[1]
+    assert "split_warps" not in auto, auto
+    if kv == "same":
+        assert "split-K: 16 chunks per row" in text and "; split_warps=8 (8 warps per CTA" in text, text
+        assert text.split("workspace ")[1] == auto.split("workspace ")[1], (text, auto)
+    else:
+        assert "split_warps=8 falls back to 4 warps: kernel=regs" in text, text
+        smem = _decode_plan_text(dp, dict(kernel="smem", split_warps=8)).split("): ", 1)[1]
+        assert "split_warps=8 falls back to 4 warps: fp8 / NVFP4 K/V" in smem, smem
+    fused = _decode_plan_text(dp, dict(split_warps=8), force_fused=True).split("): ", 1)[1]
+    assert "split_warps=8 falls back to 4 warps: the call does not split" in fused, fused
+    mtp = build_decode(DecodeCase("w", 1, 4, 64, 4, kv=kv, seqlens=[32768]), seed=56)
+    text = _decode_plan_text(mtp, dict(split_warps=8)).split("): ", 1)[1]
+    assert "mtp=union" in text and "split_warps=8 falls back to 4 warps: MTP union items" in text, text

@@ -67,7 +67,9 @@ VALID = {
                       dict(kernel="wgmma"), dict(kernel="wgmma", mtp="union"), "kernel=wgmma,mtp=per_token",
                       dict(kernel="wgmma", wgmma_pipe="ahead"), dict(wgmma_pipe="inline"),
                       "wgmma_pipe=ahead", dict(kernel="wgmma", wgmma_fp8="on"), dict(wgmma_fp8="off"),
-                      "kernel=wgmma,wgmma_fp8=on,wgmma_pipe=ahead", dict(wgmma_fp8="auto")],
+                      "kernel=wgmma,wgmma_fp8=on,wgmma_pipe=ahead", dict(wgmma_fp8="auto"),
+                      dict(split_warps="8"), dict(split_warps="4"),
+                      dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8")],
 }
 
 
@@ -144,6 +146,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(wgmma_pipe="deep"), "wgmma_pipe must be auto, inline or ahead, got 'deep'"),
     ("sparse_decode", dict(wgmma_fp8="yes"), "wgmma_fp8 must be auto, off or on, got 'yes'"),
     ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
+    ("sparse_decode", dict(split_warps="16"), "split_warps must be auto, 4 or 8, got '16'"),
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
     ("topk_select", dict(kernel="heap"),

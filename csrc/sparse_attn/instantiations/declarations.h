@@ -122,6 +122,12 @@ extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, 
 extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template int query_major_cluster_max<__half, KvKind::kNvfp4>(bool);
 
+// qm_wide_bf16.cu
+extern template void launch_query_major_wide<__nv_bfloat16>(const QueryMajorArgs&, cudaStream_t);
+
+// qm_wide_fp16.cu
+extern template void launch_query_major_wide<__half>(const QueryMajorArgs&, cudaStream_t);
+
 // union_tma_bf16.cu
 extern template void launch_union_tma_sm90<__nv_bfloat16>(const UnionArgs&, int, cudaStream_t);
 extern template int union_tma_sm90_ctas_per_sm<__nv_bfloat16>();

@@ -1,0 +1,248 @@
+// Query-major split-K decode with 8 warps per CTA (decode plan option split_warps=8): the batch-1
+// to batch-8 calls that split, bf16 / fp16 K/V, G <= 16 (one m16 tile of query heads).
+//
+// The 4-warp kernel (query_major.cuh) cuts each 128-key block into two 64-key tiles and gives each
+// warp 16 keys of each: a warp's chain per block is two rounds of Q K^T, softmax and P V, and then
+// warp 0 alone merges the other three warps' states (64 accumulators each) before it stores the
+// partial. Here a CTA of 8 warps takes a whole block as one 128-key tile, warp w its keys
+// 16 w .. 16 w + 15: one round per block, twice the warps in flight per SM scheduler. K and V are
+// separate cp.async groups of one 64 KB stage: Q K^T and the softmax run while V still lands, and
+// the next block's K is issued as soon as every warp is past its Q K^T (its V once every warp is past
+// P V). The 8 states are merged by all 8 warps at once, warp w the head dims 16 w .. 16 w + 15 of
+// the 16 rows, each adding the 8 warps' values in warp order (deterministic), and every warp stores
+// its dims of the partial (or of the output) straight from registers. Partial layout, LSEs and the
+// combine are the 4-warp kernel's. Not bit-identical to it (each warp sums other keys, and the merge
+// is one of 8 states, not of 4): within the tests' tolerance against the CPU reference.
+// docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)".
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <climits>
+
+#include "common/cuda_utils.h"
+#include "flashmsa/error.h"
+#include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/launch.h"
+#include "sparse_attn/query_major.cuh"
+
+namespace flashmsa::sparse_attn {
+
+struct QueryMajorWideConfig {
+  static constexpr int kThreads = kQmWideThreads;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kTileKeys = kBlockSize;         // one tile per block
+  static constexpr int kWarpKeys = kTileKeys / kWarps;  // 16: one k16 step of P V
+  static constexpr int kNT = kWarpKeys / 8;
+  static constexpr int kTileBytes = kTileKeys * 256;    // K or V of a block, 128 dims x 2 bytes
+  // Merge: each warp's 64 accumulators per lane, [warp][64][32 lanes] (over the stage).
+  static constexpr int kMergeBytes = kWarps * 64 * 32 * 4;
+  static constexpr int kUnionBytes = 2 * kTileBytes > kMergeBytes ? 2 * kTileBytes : kMergeBytes;
+  static constexpr int kQOffset = 0;
+  static constexpr int kTilesOffset = kQOffset + 16 * 256;
+  static constexpr int kListOffset = kTilesOffset + kMaxTopk * int(sizeof(TileDesc));
+  static constexpr int kMiscOffset = kListOffset + kMaxTopk * 4;
+  // Per warp and row (16): m, l, lt of its state after the loop, [3][kWarps][16] floats.
+  static constexpr int kStatsOffset = kMiscOffset + 128;
+  static constexpr int kUnionOffset = (kStatsOffset + 3 * kWarps * 16 * 4 + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes = kUnionOffset + kUnionBytes;
+  static_assert(kWarpKeys == 16, "16 keys per warp: one k16 step of P V");
+  static_assert(kUnionOffset % 256 == 0, "256-byte aligned tiles (ldm_base_* swizzle)");
+  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
+};
+
+template <typename Elem>
+__global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
+    query_major_wide_kernel(const __grid_constant__ QueryMajorArgs args) {
+  using Cfg = QueryMajorWideConfig;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const SparseAttnParams& p = args.p;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  uint8_t* sQ = smem + Cfg::kQOffset;
+  TileDesc* s_tiles = reinterpret_cast<TileDesc*>(smem + Cfg::kTilesOffset);
+  int* s_list = reinterpret_cast<int*>(smem + Cfg::kListOffset);
+  int* s_misc = reinterpret_cast<int*>(smem + Cfg::kMiscOffset);
+  float* s_stats = reinterpret_cast<float*>(smem + Cfg::kStatsOffset);
+  uint8_t* s_union = smem + Cfg::kUnionOffset;
+  const uint32_t sK = smem_addr(s_union), sV = sK + uint32_t(Cfg::kTileBytes);
+  check_smem_base(smem);
+  const float temp = p.lse_temperature;
+  const int key0 = warp * Cfg::kWarpKeys;
+
+  for (int64_t item = blockIdx.x; item < args.num_items; item += gridDim.x) {
+    const int split = int(item % args.splits);
+    int64_t rest = item / args.splits;
+    const int rt = int(rest % args.row_tiles);
+    rest /= args.row_tiles;
+    const int kh = int(rest % p.num_kv_heads);
+    const int r = int(rest / p.num_kv_heads);
+
+    __syncthreads();  // the previous item is done with every shared buffer
+    // Warp 0 plans the item while warps 4-7 load its query rows.
+    if (warp == 0) {
+      const int n = plan_query_major_item<1, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
+      if (lane == 0) s_misc[0] = n;
+    } else if (tid >= kQmThreads) {
+      load_query_rows<Elem, 16>(args, r, kh, rt, sQ, tid - kQmThreads);
+    }
+    cp_async_commit();
+    __syncthreads();
+    const int n_tiles = s_misc[0];
+
+    // K and V of tile t as two commit groups (V's may land while Q K^T runs).
+    auto issue = [&](const KVTensor& t, int64_t off, int n_valid, uint32_t dst) {
+      issue_kv_rows<Elem, KvKind::kNative, Cfg::kTileKeys, Cfg::kThreads>(t, off, 0, 0, n_valid, dst, tid);
+      cp_async_commit();
+    };
+    if (n_tiles > 0) {  // uniform
+      issue(p.k, s_tiles[0].k_off, s_tiles[0].n_valid, sK);
+      issue(p.v, s_tiles[0].v_off, s_tiles[0].n_valid, sV);
+    }
+
+    float o[1][16][4];
+#pragma unroll
+    for (int d = 0; d < 16; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[0][d][e] = 0.0f;
+    SoftmaxState<1> st;
+    st.init();
+
+    for (int i = 0; i < n_tiles; ++i) {
+      const int n_valid = s_tiles[i].n_valid;
+      const bool more = i + 1 < n_tiles;
+      cp_async_wait<1>();
+      __syncthreads();  // K of tile i landed (and Q); V may be in flight
+      const int lim_rel = n_valid - key0;
+      int lim[1][2] = {{lim_rel, lim_rel}};
+      float s[1][Cfg::kNT][4];
+      if (lim_rel > 0) {  // warp-uniform: skip a slice past the tile's last visible key
+        gemm_qk<Elem, 1, Cfg::kNT>(s, ldm_base_a(smem_addr(sQ), 0, lane), ldm_base_k(sK, key0, lane));
+        softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
+      }
+      cp_async_wait<0>();
+      __syncthreads();  // V of tile i landed; every warp is past its Q K^T of tile i
+      if (more) issue(p.k, s_tiles[i + 1].k_off, s_tiles[i + 1].n_valid, sK);
+      if (lim_rel > 0) gemm_pv<Elem, 1, Cfg::kNT>(o, s, ldm_base_v(sV, key0, lane));
+      if (more) {
+        __syncthreads();  // every warp is past its P V of tile i
+        issue(p.v, s_tiles[i + 1].v_off, s_tiles[i + 1].n_valid, sV);
+      }
+    }
+    st.quad_reduce();
+    __syncthreads();  // every warp is done with the stage: it holds the merge from here on
+
+    // Each warp's state: its accumulators in fragment order, its rows' m, l, lt.
+    float* s_acc = reinterpret_cast<float*>(s_union);
+#pragma unroll
+    for (int d = 0; d < 16; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[(warp * 64 + d * 4 + e) * 32 + lane] = o[0][d][e];
+    if (tig == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = gid + 8 * h;
+        s_stats[(0 * Cfg::kWarps + warp) * 16 + row] = st.m[0][h];
+        s_stats[(1 * Cfg::kWarps + warp) * 16 + row] = st.l[0][h];
+        s_stats[(2 * Cfg::kWarps + warp) * 16 + row] = st.lt[0][h];
+      }
+    }
+    __syncthreads();
+
+    // Warp w: dims 16 w .. + 15 (n8 tiles 2 w, 2 w + 1) of rows gid, gid + 8, merged over the 8
+    // warps in warp order.
+    float v[2][2][2];  // [h][j][pair]
+    float m_row[2], l_row[2], lt_row[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = gid + 8 * h;
+      float m_all = neg_inf();
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) m_all = fmaxf(m_all, s_stats[w * 16 + row]);
+      const float m_use = m_all == neg_inf() ? 0.0f : m_all;
+      float l = 0.0f, lt = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) v[h][j][0] = v[h][j][1] = 0.0f;
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) {
+        const float m_w = s_stats[w * 16 + row];
+        const float f = merge_factor(m_w, m_use);
+        l += s_stats[(Cfg::kWarps + w) * 16 + row] * f;
+        if (args.has_temp) lt += s_stats[(2 * Cfg::kWarps + w) * 16 + row] * merge_factor_t(m_w, m_use, temp);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            v[h][j][c] += s_acc[(w * 64 + (2 * warp + j) * 4 + 2 * h + c) * 32 + lane] * f;
+      }
+      m_row[h] = m_all;
+      l_row[h] = l;
+      lt_row[h] = lt;
+    }
+
+    // Rows gid, gid + 8 are heads rt * 16 + row of kv head kh (rows past G are not stored).
+    auto store = [&]<StoreKind kKind>(void* base, int64_t (&row_elem)[2], const float (&mul)[2]) {
+      constexpr int kE = store_kind_bytes(kKind);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (row_elem[h] < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int64_t e = row_elem[h] + (2 * warp + j) * 8 + 2 * tig;
+          store_pair<kKind>(static_cast<uint8_t*>(base) + e * kE, v[h][j][0] * mul[h], v[h][j][1] * mul[h]);
+        }
+      }
+    };
+    int64_t row_elem[2];
+    float mul[2];
+    if (args.write_final) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int hh = rt * 16 + gid + 8 * h;
+        const int64_t idx = int64_t(r) * p.num_heads + kh * args.group + hh;
+        row_elem[h] = hh < args.group ? idx * 128 : -1;
+        mul[h] = l_row[h] > 0.0f ? p.v_global_scale / l_row[h] : 0.0f;
+        if (warp == 0 && tig == 0 && hh < args.group) {
+          if (p.lse != nullptr) p.lse[idx] = row_lse2(m_row[h], l_row[h]) * kLn2;
+          if (p.lse_temperature_out != nullptr)
+            p.lse_temperature_out[idx] = row_lse2_t(m_row[h], lt_row[h], temp) * kLn2;
+        }
+      }
+      store.template operator()<kElemStoreKind<Elem>>(p.out, row_elem, mul);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int hh = rt * 16 + gid + 8 * h;
+        // Slot (kh, row, split, head) of the combine's layout.
+        const int64_t slot = ((int64_t(kh) * p.total_q + r) * args.splits + split) * args.group + hh;
+        row_elem[h] = hh < args.group ? slot * 128 : -1;
+        mul[h] = l_row[h] > 0.0f ? 1.0f / l_row[h] : 0.0f;
+        if (warp == 0 && tig == 0 && hh < args.group) {
+          args.part_lse[slot] = row_lse2(m_row[h], l_row[h]);
+          if (args.part_lse_t != nullptr) args.part_lse_t[slot] = row_lse2_t(m_row[h], lt_row[h], temp);
+        }
+      }
+      switch (args.part_kind) {
+        case StoreKind::kF32: store.template operator()<StoreKind::kF32>(args.part_o, row_elem, mul); break;
+        case StoreKind::kBF16: store.template operator()<StoreKind::kBF16>(args.part_o, row_elem, mul); break;
+        case StoreKind::kF16: store.template operator()<StoreKind::kF16>(args.part_o, row_elem, mul); break;
+        default: store.template operator()<StoreKind::kFP8>(args.part_o, row_elem, mul); break;
+      }
+    }
+  }
+}
+
+template <typename Elem>
+void launch_query_major_wide(const QueryMajorArgs& args, cudaStream_t stream) {
+  using Cfg = QueryMajorWideConfig;
+  auto* kernel = query_major_wide_kernel<Elem>;
+  MSA_CHECK(args.row_tiles >= 1 && args.group <= 16 * args.row_tiles && args.mtp_tokens == 0,
+            "msa_sparse_decode_attention: split_warps=8 planned for MTP union items or 64-row tiles (planner bug)");
+  flashmsa::cuda::prepare_launch(kernel, Cfg::kThreads, Cfg::kSmemBytes);  // cached smem opt-in
+  // Items beyond the largest grid are picked up by the grid-stride loop.
+  const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
+  kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+  MSA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace flashmsa::sparse_attn
