@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
   const int key0 = warp * Cfg::kWarpKeys;
 
   for (int64_t item = blockIdx.x; item < args.num_items; item += gridDim.x) {
+    // The 4-warp kernel's item order (splits fastest); row_tiles is 1 (G <= 16).
     const int split = int(item % args.splits);
     int64_t rest = item / args.splits;
     const int rt = int(rest % args.row_tiles);
@@ -100,11 +101,7 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
       issue(p.v, s_tiles[0].v_off, s_tiles[0].n_valid, sV);
     }
 
-    float o[1][16][4];
-#pragma unroll
-    for (int d = 0; d < 16; ++d)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[0][d][e] = 0.0f;
+    float o[1][16][4] = {};
     SoftmaxState<1> st;
     st.init();
 
@@ -130,6 +127,7 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
       }
     }
     st.quad_reduce();
+    cp_async_wait<0>();  // Q's copies too, when the item has no tile
     __syncthreads();  // every warp is done with the stage: it holds the merge from here on
 
     // Each warp's state: its accumulators in fragment order, its rows' m, l, lt.
