@@ -107,8 +107,9 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 # the decode kernel's fp16 MMAs for fp8 K) and its fp8 (decode_fp8) and NVFP4 (nvfp4_cvt) variants,
 # the top-k and decode kernel (regs: fp8 and NVFP4 K/V in registers; wgmma: MTP union items on
 # sm_90a; wgmma_fp8=on: fp8 K/V on it too), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
-# KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups) and tile_max_waste (8:
-# every tile whose union fits goes to the shared-selection tile kernel). A forced kernel that cannot
+# KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups), tile_max_waste (8:
+# every tile whose union fits goes to the shared-selection tile kernel) and tile_pingpong (on: the
+# TMA tile kernel's consumer warpgroups take turns issuing their MMAs). A forced kernel that cannot
 # run a case falls back as the plan says.
 SCHEDULES = {
     "auto": {},
@@ -131,10 +132,12 @@ KERNELS = {
                          "warp_split", "radix_uniform", "warp_digits"))],
     "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union")),
                ("wgmma_fp8", ("off", "on"))],
+    # The TMA tile kernel's consumer warpgroups taking turns (changes hybrid cases' tiles only).
+    "attention": [("tile_pingpong", ("off", "on"))],
 }
 # Options of KERNELS drawn after every other parameter of a case (added later: drawn last, they
 # leave the cases of the seeds before them as they were).
-LATE_OPTIONS = {"decode": ("wgmma_fp8",)}
+LATE_OPTIONS = {"decode": ("wgmma_fp8",), "attention": ("tile_pingpong",)}
 
 
 def _options(rng: random.Random, op: str) -> Dict[str, str]:
@@ -343,6 +346,7 @@ def gen_attention(rng: random.Random) -> dict:
     if p["dtype"] == "bf16" and rng.random() < 0.05:
         p["v_global_scale"] = 1e35  # outputs near 1e35, far inside bfloat16's range
     _value_ranges(rng, p, p["dtype"])
+    _draw_options(rng, "attention", late=True, options=p["options"])
     return p
 
 
