@@ -724,6 +724,13 @@ int mtp_wgmma_sm90_ctas_per_sm() {
                                               size_t(MtpWgmmaConfig::kSmemBytes));
 }
 
+// The same for the kernel of fp8 K/V (wgmma_fp8=on: its own shared-memory size).
+template <typename Elem>
+int mtp_wgmma_fp8_sm90_ctas_per_sm() {
+  return flashmsa::cuda::prepare_sm90a_launch(mtp_wgmma_sm90_kernel<Elem, true, true>, MtpWgmmaConfig::kThreads,
+                                              size_t(MtpWgmmaFp8Config::kSmemBytes));
+}
+
 // Encodes the maps of q, k and v (NotSupported where the driver rejects them; the planner's
 // mtp_wgmma_unsupported keeps the calls it sends here within TMA's coordinates) and launches
 // `grid` persistent CTAs; ahead: wgmma_pipe=ahead's kernel.

@@ -347,6 +347,7 @@ SparseAttnDeviceFacts device_facts(const SparseAttnParams& p, bool decode) {
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
       f.decode_cluster_max = query_major_cluster_max<Elem, kKv>(f.decode_regs_ctas > 0);
       if constexpr (kKv == KvKind::kNative) f.decode_mtp_wgmma_ctas = mtp_wgmma_sm90_ctas_per_sm<Elem>();
+      if constexpr (kKv == KvKind::kFp8) f.decode_mtp_wgmma_ctas = mtp_wgmma_fp8_sm90_ctas_per_sm<Elem>();
     });
     return f;
   }

@@ -7,5 +7,6 @@
 namespace flashmsa::sparse_attn {
 
 template void launch_mtp_wgmma_fp8_sm90<__half>(const QueryMajorArgs&, int, cudaStream_t);
+template int mtp_wgmma_fp8_sm90_ctas_per_sm<__half>();
 
 }  // namespace flashmsa::sparse_attn
