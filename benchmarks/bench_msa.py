@@ -141,10 +141,13 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
 # batches up to STEP_VARIANT_MAX_BATCH (the split-K calls: at batch 64 the decode is fused and
 # split=cluster changes nothing).
 STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),)
-# ... and those of bf16 K/V and one token per request also with split-K decode on 8 warps per CTA
-# (split_warps=8; fp8 K/V would fall back to 4 warps).
-STEP_BF16_VARIANTS = ((" [split_warps=8]", dict(split_warps=8)),)
+# ... and those of bf16 K/V and one token per request also with split-K decode on 4 warps per CTA
+# (split_warps=4: auto's 8-warp kernel's predecessor; fp8 K/V run 4 warps anyway).
+STEP_BF16_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),)
 STEP_VARIANT_MAX_BATCH = 8
+# Decode batches whose M3 calls split by blocks on an H200 (B x 4 kv heads < 132 SMs): their bf16
+# sq 1 rows also run split-K on 4 warps per CTA (split_warps=4) beside auto's 8.
+SPLIT_K_MAX_BATCH = 32
 
 
 def randn_pages(shape, gen, device, dtype, rows: int = 4096) -> torch.Tensor:
@@ -846,10 +849,10 @@ class Bench:
             # merging in distributed shared memory instead of partials + combine.
             if sq == 1 and b <= STEP_VARIANT_MAX_BATCH and kv in ("bf16", "fp8"):
                 variants.append((" [split=cluster]", dict(split="cluster")))
-            # ... and split-K batches of 16-bit K/V on 8 warps per CTA sharing each block
-            # (split_warps=8) instead of 4.
-            if sq == 1 and b <= STEP_VARIANT_MAX_BATCH and kv == "bf16":
-                variants.append((" [split_warps=8]", dict(split_warps=8)))
+            # ... and split-K batches of 16-bit K/V on 4 warps per CTA (split_warps=4) instead of
+            # auto's 8 sharing each block.
+            if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv == "bf16":
+                variants.append((" [split_warps=4]", dict(split_warps=4)))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":

@@ -823,7 +823,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,
 # split = auto | blocks | cluster, split_warps = auto | 4 | 8 (8: split-K decode with 8 warps per CTA
-# sharing each 128-key block; 16-bit K/V, G <= 16, calls that split by blocks; auto: 4),
+# sharing each 128-key block; 16-bit K/V, G <= 16, calls that split by blocks; auto: 8 where it
+# applies, 4 elsewhere),
 # nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word),
 # wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of
 # its loader warp; bit-identical; auto: ahead),

@@ -337,7 +337,11 @@ TEST(PlanDescribe, DecodeSplitWarps) {
   EXPECT_TRUE(has(w, "partials + combine; split_warps=8 (8 warps per CTA share each 128-key block, 16 keys "
                      "each, and merge their states in warp order)")) << w;
   const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);
-  EXPECT_FALSE(has(d, "split_warps")) << d;
+  EXPECT_EQ(d, w);  // auto: 8 warps where they apply
+  SparseDecodeOptions four;
+  four.split_warps = DecodeSplitWarps::k4;
+  const std::string d4 = describe_decode(plan_sparse_decode(dp, f, four), dp.attn);
+  EXPECT_FALSE(has(d4, "split_warps")) << d4;
   o.kernel = DecodeKernel::kRegs;
   SparseAttnDeviceFacts r = f;
   r.decode_regs_ctas = 2;

@@ -726,7 +726,7 @@ TEST(PlanDecode, Nvfp4WordConversionOnlyUnderTheRegisterKernelWithNvfp4) {
 
 // split_warps=8: where the call splits by blocks on the smem kernel with 16-row tiles and 16-bit K/V,
 // 8 warps per CTA (same partial layout and combine; the split count for 2 CTAs per SM); elsewhere
-// the 4-warp kernel, and the plan says why.
+// the 4-warp kernel, and the plan says why (auto: the same choice, silent where it does not apply).
 TEST(PlanDecode, SplitWarps8WhereItRuns) {
   SparseAttnDeviceFacts h200 = hopper();
   h200.decode_regs_ctas = 2;
@@ -743,7 +743,10 @@ TEST(PlanDecode, SplitWarps8WhereItRuns) {
   EXPECT_EQ(b1.qm.splits, 16);
   EXPECT_EQ(b1.qm.num_items, 4 * 16);
   EXPECT_EQ(b1.bytes, d1.bytes);
-  EXPECT_FALSE(d1.qm.wide);  // auto: 4 warps
+  EXPECT_TRUE(d1.qm.wide);  // auto: 8 warps where they apply
+  EXPECT_EQ(d1.qm.splits, 16);
+  EXPECT_EQ(plan_sparse_decode(decode(64, -1), h200, {}).qm.split_warps_fallback, nullptr);  // auto, fused
+  EXPECT_FALSE(plan_sparse_decode(decode(64, -1), h200, {}).qm.wide);
   SparseDecodeOptions w4;
   w4.split_warps = DecodeSplitWarps::k4;
   EXPECT_FALSE(plan_sparse_decode(decode(1, -1), h200, w4).qm.wide);
@@ -877,11 +880,16 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   // 8 requests x 4 kv heads = 32 items at 2 CTAs per SM: ceil(264 / 32) = 9 -> 8 splits of 2.
   EXPECT_EQ(m3.splits, 8);
   EXPECT_EQ(m3.num_items, int64_t(32) * 8);
-  // Per-token items: 128 items at 3 CTAs per SM: ceil(396 / 128) = 4 splits.
+  // Per-token items: 128 items on auto's 8-warp split kernel at 2 CTAs per SM: ceil(264 / 128) = 3
+  // splits (4 on the 4-warp kernel at 3 CTAs per SM: ceil(396 / 128)).
   const QueryMajorPlan pt = plan_sparse_decode(mtp_call(8, 4), h200, per_token).qm;
   EXPECT_EQ(pt.mtp_tokens, 0);
   EXPECT_EQ(pt.warps_m, 1);
-  EXPECT_EQ(pt.splits, 4);
+  EXPECT_TRUE(pt.wide);
+  EXPECT_EQ(pt.splits, 3);
+  per_token.split_warps = DecodeSplitWarps::k4;
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, per_token).qm.splits, 4);
+  per_token.split_warps = DecodeSplitWarps::kAuto;
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, {}).qm.mtp_tokens, 4);  // auto: union
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 5), h200, {}).qm.mtp_tokens, 0);  // where it applies
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 2), h200, u).qm.mtp_tokens, 2);
@@ -1184,12 +1192,15 @@ TEST(PlanDecode, StreamingKernelOption) {
   EXPECT_FALSE(plan_sparse_decode(decode(16, -1), f).qm.regs);
   // regs: split-K aims at 2 CTAs per SM. 16 requests x 4 kv heads = 64 items: ceil(264 / 64) = 5
   // splits -> 4 blocks each, 4 splits (the smem kernel's 3 per SM: ceil(396 / 64) = 7 -> 3 blocks
-  // each, 6 splits).
+  // each, 6 splits; auto's 8-warp kernel at 2 per SM: 4 as for regs).
   const SparseAttnPlan r = plan_sparse_decode(decode(16, -1), f, regs);
   EXPECT_TRUE(r.qm.regs);
   EXPECT_EQ(r.qm.warps_m, 1);
   EXPECT_EQ(r.qm.splits, 4);
-  EXPECT_EQ(plan_sparse_decode(decode(16, -1), f).qm.splits, 6);
+  SparseDecodeOptions four;
+  four.split_warps = DecodeSplitWarps::k4;
+  EXPECT_EQ(plan_sparse_decode(decode(16, -1), f, four).qm.splits, 6);
+  EXPECT_EQ(plan_sparse_decode(decode(16, -1), f).qm.splits, 4);
   expect_layout_sound(r);
   // Where it cannot run: the device lacks the shared memory, G > 16. NVFP4 K/V run it under auto.
   EXPECT_FALSE(plan_sparse_decode(decode(16, -1), hopper(), regs).qm.regs);

@@ -124,7 +124,7 @@ def test_stage_step_runs_each_config_case():
     calls = bench.run_case.call_args_list
     # One row per config case (the library's choices: auto everywhere), followed for the split-K
     # batches by one row per sparse-decode variant (plan options: split=cluster; bf16 K/V sq 1 also
-    # split_warps=8).
+    # split_warps=4).
     want = []
     for case in bm.QUICK["step"]:
         want.append((case, "", None))
@@ -133,7 +133,7 @@ def test_stage_step_runs_each_config_case():
             if case[2] == 1 and case[4] == "bf16":
                 want += [(case, suffix, options) for suffix, options in bm.STEP_BF16_VARIANTS]
     assert [suffix for _, suffix, _ in want].count(" [split=cluster]") == 2  # B1 bf16, fp8
-    assert [suffix for _, suffix, _ in want].count(" [split_warps=8]") == 1  # B1 bf16
+    assert [suffix for _, suffix, _ in want].count(" [split_warps=4]") == 1  # B1 bf16
     assert len(calls) == len(want)
     for call, (case, suffix, options) in zip(calls, want):
         stage, got_name, build, bound, ref = call.args
@@ -291,13 +291,13 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
                          step=[(2, 1024, 1, "bf16", "bf16"), (2, 1024, 4, "fp8", "fp8")])
     cpu_bench.stage_step()
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] row and (bf16 K/V,
-    # sq 1) its [split_warps=8] row.
+    # sq 1) its [split_warps=4] row.
     assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 5, cpu_bench.rows
     name = bm.step_case_name(2, 1024, 1, "bf16", "bf16")
     assert cpu_bench.rows[1]["case"] == name + " [split=cluster]"
     assert cpu_bench.rows[1]["decode_options"] == dict(split="cluster")
-    assert cpu_bench.rows[2]["case"] == name + " [split_warps=8]"
-    assert cpu_bench.rows[2]["decode_options"] == dict(split_warps=8)
+    assert cpu_bench.rows[2]["case"] == name + " [split_warps=4]"
+    assert cpu_bench.rows[2]["decode_options"] == dict(split_warps=4)
     assert "decode_options" not in cpu_bench.rows[0]
     cpu_bench.rows = cpu_bench.rows[::3]
     graphs = graphs[::3]

@@ -969,7 +969,8 @@ CLUSTER_CASES = [c for c in CASES if c.name in (
 def run_cluster(dp: DecodeProblem, kernel: Optional[str] = None, split: str = "cluster", **extra):
     """split=cluster (or blocks) with an item per token (union items never run in clusters) on a
     poisoned workspace and poisoned outputs."""
-    options = dict(mtp="per_token", split=split)
+    # split=blocks on the 4-warp kernel (the cluster kernel's; auto takes 8 warps where they apply).
+    options = dict(mtp="per_token", split=split, **({"split_warps": 4} if split == "blocks" else {}))
     if kernel is not None:
         options["kernel"] = kernel
     return run_poisoned(dp, options, **extra)
@@ -1019,7 +1020,7 @@ def test_split_cluster_bitwise_equals_blocks(case, kernel, partial_dtype):
     blocks = run_cluster(dp, kernel=kernel, split="blocks", **extra)
     options = dict(mtp="per_token", kernel=kernel)
     text_c = _decode_plan_text(dp, dict(options, split="cluster"), **extra)
-    text_b = _decode_plan_text(dp, dict(options, split="blocks"), **extra)
+    text_b = _decode_plan_text(dp, dict(options, split="blocks", split_warps=4), **extra)
     if HAS_CLUSTERS:
         assert "split=cluster (a cluster of" in text_c, text_c
     if _splits_of(text_c) == _splits_of(text_b):
@@ -1153,15 +1154,19 @@ def test_split_warps8_paged_equals_flat(layout):
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
 def test_split_warps8_plan_names_the_path(kv):
     """B1 / M3 with 16-bit K/V: 16 splits on the 8-warp kernel with the 4-warp kernel's workspace;
-    fp8 / NVFP4 K/V, fused calls and MTP union items fall back and say why; auto runs 4 warps."""
+    fp8 / NVFP4 K/V, fused calls and MTP union items fall back and say why; auto makes the same
+    choice silently; split_warps=4 keeps the 4-warp kernel with the same workspace."""
     dp = build_decode(DecodeCase("w", 1, 1, 64, 4, kv=kv, seqlens=[32768]), seed=55)
     text = _decode_plan_text(dp, dict(split_warps=8)).split("): ", 1)[1]
     auto = _decode_plan_text(dp, None).split("): ", 1)[1]
-    assert "split_warps" not in auto, auto
+    four = _decode_plan_text(dp, dict(split_warps=4)).split("): ", 1)[1]
+    assert "split_warps" not in four and "falls back to 4 warps" not in auto, (four, auto)
     if kv == "same":
         assert "split-K: 16 chunks per row" in text and "; split_warps=8 (8 warps per CTA" in text, text
-        assert text.split("workspace ")[1] == auto.split("workspace ")[1], (text, auto)
+        assert auto == text, (auto, text)
+        assert text.split("workspace ")[1] == four.split("workspace ")[1], (text, four)
     else:
+        assert "split_warps" not in auto, auto
         assert "split_warps=8 falls back to 4 warps: kernel=regs" in text, text
         smem = _decode_plan_text(dp, dict(kernel="smem", split_warps=8)).split("): ", 1)[1]
         assert "split_warps=8 falls back to 4 warps: fp8 / NVFP4 K/V" in smem, smem
