@@ -59,15 +59,17 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
 
 }  // namespace
 
-void launch_combine(const CombineArgs& a, DType out_dtype, cudaStream_t stream) {
-  if (a.rows <= 0) return;
-  MSA_CHECK(a.unit_rows == combine_unit_rows(a.group) &&
-                (a.union_done == nullptr || a.union_tile_tokens == a.unit_rows),
+void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t stream) {
+  if (args.rows <= 0) return;
+  MSA_CHECK(args.unit_rows == combine_unit_rows(args.group) &&
+                (args.union_done == nullptr || args.union_tile_tokens == args.unit_rows),
             "combine: work units must be the shared-selection tiles");
+  const int num_sms = flashmsa::cuda::current_device_limits().num_sms;
+  CombineArgs a = args;
+  a.unit_rows = combine_launch_unit_rows(args, num_sms);
   const int64_t per_head = (int64_t(a.row_begin) + a.rows - 1) / a.unit_rows - a.row_begin / a.unit_rows + 1;
   MSA_CHECK(int64_t(a.num_kv_heads) * per_head < INT_MAX, "combine: too many work units");
-  const int64_t grid = std::min<int64_t>(int64_t(a.num_kv_heads) * per_head,
-                                         int64_t(kCombineCtasPerSm) * flashmsa::cuda::current_device_limits().num_sms);
+  const int64_t grid = std::min<int64_t>(int64_t(a.num_kv_heads) * per_head, int64_t(kCombineCtasPerSm) * num_sms);
   auto go = [&]<typename OutElem>() {
     const dim3 g{unsigned(grid)}, b{unsigned(kCombineWarps * 32)};
     switch (a.part_kind) {

@@ -202,4 +202,16 @@ struct CombineArgs {
 // a shared-selection tile (kUnionRows / G tokens).
 inline constexpr int combine_unit_rows(int group) { return group >= kUnionRows ? 1 : kUnionRows / group; }
 
+// Rows of a combine work unit as launched. With shared-selection tiles to skip (union_done) the
+// units are the tiles; without, a unit may be any run of rows, and calls of few rows (decode: B
+// tokens, a unit of 128 (row, head) pairs per kv head left B8 / M3 on 4 CTAs whose warps merged
+// 16 rows each in turn, ~20 us) get shorter units, down to one row, so that there are about
+// 2 units per SM.
+inline int combine_launch_unit_rows(const CombineArgs& a, int num_sms) {
+  if (a.union_done != nullptr) return a.unit_rows;
+  const int64_t want_per_head = (2 * int64_t(num_sms) + a.num_kv_heads - 1) / a.num_kv_heads;
+  const int64_t rows = a.rows / want_per_head;
+  return int(rows < 1 ? 1 : rows < a.unit_rows ? rows : a.unit_rows);
+}
+
 }  // namespace flashmsa::sparse_attn

@@ -10,6 +10,7 @@
 #include "flashmsa/error.h"
 #include "flashmsa/plan.h"
 #include "flashmsa/types.h"
+#include "sparse_attn/kernel_traits.h"
 
 namespace flashmsa {
 namespace {
@@ -1756,3 +1757,29 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
 
 }  // namespace
 }  // namespace flashmsa
+
+// The combine's work units as launched: the shared-selection tiles where it skips rows they did,
+// else runs of rows short enough for ~2 units per SM (decode: one row per unit), never longer than
+// a tile.
+TEST(PlanCombine, LaunchUnitRows) {
+  using flashmsa::sparse_attn::CombineArgs;
+  using flashmsa::sparse_attn::combine_launch_unit_rows;
+  using flashmsa::sparse_attn::combine_unit_rows;
+  CombineArgs a{};
+  a.num_kv_heads = 4;
+  a.group = 16;
+  a.unit_rows = combine_unit_rows(16);
+  ASSERT_EQ(a.unit_rows, 8);
+  for (int rows : {1, 8, 32, 64, 131}) {  // decode batches: 66 units per kv head wanted on 132 SMs
+    a.rows = rows;
+    EXPECT_EQ(combine_launch_unit_rows(a, 132), std::max(1, rows / 66)) << rows;
+  }
+  a.rows = 400;
+  EXPECT_EQ(combine_launch_unit_rows(a, 132), 6);
+  a.rows = 32768;  // prefill: the tile
+  EXPECT_EQ(combine_launch_unit_rows(a, 132), 8);
+  uint8_t done = 0;
+  a.union_done = &done;
+  a.rows = 8;
+  EXPECT_EQ(combine_launch_unit_rows(a, 132), 8);  // tiles to skip: the units are the tiles
+}
