@@ -71,6 +71,8 @@ constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kCluster, "cluster"}};
 constexpr Named<DecodeSplitWarps> kDecodeSplitWarps[] = {
     {DecodeSplitWarps::kAuto, "auto"}, {DecodeSplitWarps::k4, "4"}, {DecodeSplitWarps::k8, "8"}};
+constexpr Named<DecodeSplitRule> kDecodeSplitRules[] = {
+    {DecodeSplitRule::kAuto, "auto"}, {DecodeSplitRule::kCeil, "ceil"}, {DecodeSplitRule::kWaves, "waves"}};
 constexpr Named<DecodeWgmmaPipe> kDecodeWgmmaPipes[] = {
     {DecodeWgmmaPipe::kAuto, "auto"}, {DecodeWgmmaPipe::kInline, "inline"}, {DecodeWgmmaPipe::kAhead, "ahead"}};
 constexpr Named<DecodeWgmmaFp8> kDecodeWgmmaFp8s[] = {
@@ -160,6 +162,7 @@ const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v); }
 const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
+const char* option_name(DecodeSplitRule v) { return name_of(kDecodeSplitRules, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -178,9 +181,11 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.wgmma_fp8 = parse_enum(kDecodeWgmmaFp8s, name, value);
     } else if (name == "split_warps") {
       o.split_warps = parse_enum(kDecodeSplitWarps, name, value);
+    } else if (name == "split_rule") {
+      o.split_rule = parse_enum(kDecodeSplitRules, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps)");
+               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule)");
     }
   });
   return o;

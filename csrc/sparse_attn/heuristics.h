@@ -21,12 +21,24 @@ inline constexpr int kQmTargetCtasPerSm = 3;
 // ctas_per_sm: the resident CTAs of the kernel that runs (2 for the register-converting decode
 // kernel, whose 105 KB of shared memory allow no third). max_splits: at most this many (split=cluster:
 // the largest cluster of the device, a cluster holding the splits of one row).
+// waves (decode plan option split_rule=waves): where the call splits, the count s minimizing
+// ceil(items * s / target) * ceil(topk / s), waves of the resident CTAs times the blocks of a split
+// (the fewest splits on ties), instead of ceil(target / items), which can spill a second, partial
+// wave (B32 / M3 on the 8-warp kernel: 3 splits = 384 CTAs for 264 slots; waves: 2 = 256).
 inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fused,
-                              int ctas_per_sm = kQmTargetCtasPerSm, int max_splits = 64) {
+                              int ctas_per_sm = kQmTargetCtasPerSm, int max_splits = 64, bool waves = false) {
   if (force_fused == 1 || items <= 0) return 1;
   const int64_t target = int64_t(ctas_per_sm) * num_sms;
   int64_t splits = items >= num_sms ? 1 : (target + items - 1) / items;
   splits = std::min<int64_t>({splits, topk, max_splits});
+  if (waves && splits > 1) {
+    int64_t best = 0, best_cost = 0;
+    for (int64_t s = 1; s <= std::min<int64_t>(topk, max_splits); ++s) {
+      const int64_t cost = ((items * s + target - 1) / target) * ((topk + s - 1) / s);
+      if (best == 0 || cost < best_cost) best = s, best_cost = cost;
+    }
+    splits = best;
+  }
   if (force_fused == 0) splits = std::max<int64_t>(splits, std::min(2, topk));
   const int64_t per_split = (topk + splits - 1) / splits;
   return int((topk + per_split - 1) / per_split);

@@ -77,7 +77,8 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
                             : int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
   // The wgmma kernel runs one CTA per SM (its 226 KB of shared memory).
   const int target_ctas = plan.wgmma ? facts.decode_mtp_wgmma_ctas : query_major_target_ctas(plan.regs, mtp);
-  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas);
+  const bool waves = options.split_rule == DecodeSplitRule::kWaves;
+  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, 64, waves);
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
   // split=cluster: where the call splits, the splits of a row as one cluster of at most
@@ -91,7 +92,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       plan.cluster_fallback = "more items than one grid holds";
     if (plan.cluster_fallback == nullptr) {
       plan.cluster = true;
-      plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, cluster_max);
+      plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, cluster_max, waves);
     }
   }
   // split_warps=8: 8 warps per split CTA (query_major_wide.cuh) where the call splits by blocks on
@@ -115,7 +116,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       why = "fp8 / NVFP4 K/V (the 8-warp kernel reads 16-bit K and V of the compute dtype)";
     if (why == nullptr) {
       plan.wide = true;
-      plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideCtasPerSm);
+      plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideCtasPerSm, 64, waves);
     } else if (options.split_warps == DecodeSplitWarps::k8) {
       plan.split_warps_fallback = why;
     }

@@ -214,9 +214,17 @@ enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 // tolerances). 8 applies to per-token items of G <= 16 heads with K/V of the compute dtype on the
 // shared-memory kernel (not kernel=regs / wgmma, MTP union items, fp8 / NVFP4 K/V, split=cluster,
 // fused calls): elsewhere it falls back to 4 and the plan text says why.
-// docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)". auto: 4 (8 is not
-// yet measured on the GPU).
+// docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)". auto: 8 where it
+// applies (H200 at 43c70d4 / fe6e5cc: B1 / 32K bf16 19.5 vs 23.8 us, B8 48.9 vs 50.3, B32 82.0 vs
+// 87.0), 4 elsewhere.
 enum class DecodeSplitWarps : int32_t { kAuto = 0, k4 = 1, k8 = 2 };
+
+// How split-K decode picks its split count (calls that split: fewer items than SMs): ceil (the
+// resident CTAs' target over the items, ceil(ctas_per_sm * SMs / items), then rounded so that no
+// split of a full list is empty) or waves (the count minimizing waves of resident CTAs times blocks
+// per split: no partial second wave). auto: ceil (waves is not yet measured on the GPU).
+// docs/design/sparse_attention.md, "Split heuristic".
+enum class DecodeSplitRule : int32_t { kAuto = 0, kCeil = 1, kWaves = 2 };
 
 // How the MTP wgmma kernel (kernel=wgmma, or auto where it takes it) feeds its K / V ring:
 // inline (one producer warp plans each item (mtp_union_entries: the q2k lists, the page lookups,
@@ -246,6 +254,7 @@ struct SparseDecodeOptions {
   DecodeWgmmaPipe wgmma_pipe = DecodeWgmmaPipe::kAuto;
   DecodeWgmmaFp8 wgmma_fp8 = DecodeWgmmaFp8::kAuto;
   DecodeSplitWarps split_warps = DecodeSplitWarps::kAuto;
+  DecodeSplitRule split_rule = DecodeSplitRule::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -305,7 +314,7 @@ struct TopkSelectOptions {
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
-// wgmma_fp8=auto|off|on, split_warps=auto|4|8.
+// wgmma_fp8=auto|off|on, split_warps=auto|4|8, split_rule=auto|ceil|waves.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
@@ -520,5 +529,6 @@ const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeWgmmaFp8 v);
 const char* option_name(DecodeSplitWarps v);
+const char* option_name(DecodeSplitRule v);
 
 }  // namespace flashmsa

@@ -1437,7 +1437,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps)");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule)");
   expect_error([] { parse_sparse_decode_options("split_warps=16"); }, ErrorKind::kValue,
                "split_warps must be auto, 4 or 8, got '16'");
   expect_error([] { parse_sparse_decode_options("split_warps=8,split_warps=4"); }, ErrorKind::kValue,
@@ -1755,16 +1755,13 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   EXPECT_FALSE(proxy_decode_runs(params(17, 1, false, bf16, bf16)));
 }
 
-}  // namespace
-}  // namespace flashmsa
-
 // The combine's work units as launched: the shared-selection tiles where it skips rows they did,
 // else runs of rows short enough for ~2 units per SM (decode: one row per unit), never longer than
 // a tile.
 TEST(PlanCombine, LaunchUnitRows) {
-  using flashmsa::sparse_attn::CombineArgs;
-  using flashmsa::sparse_attn::combine_launch_unit_rows;
-  using flashmsa::sparse_attn::combine_unit_rows;
+  using sparse_attn::CombineArgs;
+  using sparse_attn::combine_launch_unit_rows;
+  using sparse_attn::combine_unit_rows;
   CombineArgs a{};
   a.num_kv_heads = 4;
   a.group = 16;
@@ -1783,3 +1780,29 @@ TEST(PlanCombine, LaunchUnitRows) {
   a.rows = 8;
   EXPECT_EQ(combine_launch_unit_rows(a, 132), 8);  // tiles to skip: the units are the tiles
 }
+
+// split_rule=waves: the split count with the fewest waves x blocks per split (M3 on an H200, topk
+// 16; the 8-warp kernel at 2 CTAs per SM: 264 slots): B32 (128 items) 2 splits instead of ceil's 3
+// (384 CTAs: a second, partial wave), B1 / B8 / B16 as ceil; forced splits at least 2; fused
+// calls unchanged.
+TEST(PlanDecode, SplitRuleWaves) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  SparseDecodeOptions waves;
+  waves.split_rule = DecodeSplitRule::kWaves;
+  const struct { int batch, ceil_splits, waves_splits; } want[] = {{1, 16, 16}, {8, 8, 8}, {16, 4, 4}, {32, 3, 2}};
+  for (const auto& w : want) {
+    EXPECT_EQ(plan_sparse_decode(decode(w.batch, -1), h200, {}).qm.splits, w.ceil_splits) << w.batch;
+    const SparseAttnPlan pl = plan_sparse_decode(decode(w.batch, -1), h200, waves);
+    EXPECT_EQ(pl.qm.splits, w.waves_splits) << w.batch;
+    EXPECT_TRUE(pl.qm.wide) << w.batch;
+  }
+  EXPECT_EQ(plan_sparse_decode(decode(64, -1), h200, waves).qm.splits, 1);   // fused
+  EXPECT_EQ(plan_sparse_decode(decode(64, 0), h200, waves).qm.splits, 2);    // forced split
+  EXPECT_EQ(parse_sparse_decode_options("split_rule=waves").split_rule, DecodeSplitRule::kWaves);
+  EXPECT_EQ(parse_sparse_decode_options("split_rule=ceil").split_rule, DecodeSplitRule::kCeil);
+  expect_error([] { parse_sparse_decode_options("split_rule=floor"); }, ErrorKind::kValue, "split_rule");
+}
+
+}  // namespace
+}  // namespace flashmsa

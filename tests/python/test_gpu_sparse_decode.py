@@ -163,10 +163,11 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
 # auto (the library's choice: regs for fp8 K/V, union items for MTP) and the kernels auto replaced,
 # forced (the smem kernel with an item per token), which stay the fallback; and split=cluster (the
 # split calls' CTAs of a row as one cluster on sm_90; elsewhere, fused calls and MTP union items as
-# auto); and split_warps=8 (the split calls' 16-bit K/V on 8 warps per CTA; elsewhere as auto).
+# auto); split_warps=4 (the split calls' 16-bit K/V on 4 warps per CTA instead of auto's 8); and
+# split_rule=waves (another split count where the call splits).
 @pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token"), dict(split="cluster"),
-                                     dict(split_warps=8)],
-                         ids=["auto", "smem_per_token", "split_cluster", "split_warps8"])
+                                     dict(split_warps=4), dict(split_rule="waves")],
+                         ids=["auto", "smem_per_token", "split_cluster", "split_warps4", "split_rule_waves"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_decode_matches_cpu_reference(case, options):
     dp, want, base_out = reference(case)

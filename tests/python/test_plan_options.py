@@ -70,7 +70,8 @@ VALID = {
                       "wgmma_pipe=ahead", dict(kernel="wgmma", wgmma_fp8="on"), dict(wgmma_fp8="off"),
                       "kernel=wgmma,wgmma_fp8=on,wgmma_pipe=ahead", dict(wgmma_fp8="auto"),
                       dict(split_warps="8"), dict(split_warps="4"),
-                      dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8")],
+                      dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8"),
+                      dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4"],
 }
 
 
@@ -150,6 +151,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(wgmma_fp8="yes"), "wgmma_fp8 must be auto, off or on, got 'yes'"),
     ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
     ("sparse_decode", dict(split_warps="16"), "split_warps must be auto, 4 or 8, got '16'"),
+    ("sparse_decode", dict(split_rule="floor"), "split_rule must be auto, ceil or waves, got 'floor'"),
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
     ("topk_select", dict(kernel="heap"),
