@@ -21,7 +21,7 @@ inline constexpr int kQmTargetCtasPerSm = 3;
 // ctas_per_sm: the resident CTAs of the kernel that runs (2 for the register-converting decode
 // kernel, whose 105 KB of shared memory allow no third). max_splits: at most this many (split=cluster:
 // the largest cluster of the device, a cluster holding the splits of one row).
-// waves (decode plan option split_rule=waves): where the call splits, the count s minimizing
+// waves (decode plan option split_rule=waves, auto's): where the call splits, the count s minimizing
 // ceil(items * s / target) * ceil(topk / s), waves of the resident CTAs times the blocks of a split
 // (the fewest splits on ties), instead of ceil(target / items), which can spill a second, partial
 // wave (B32 / M3 on the 8-warp kernel: 3 splits = 384 CTAs for 264 slots; waves: 2 = 256).

@@ -222,7 +222,8 @@ enum class DecodeSplitWarps : int32_t { kAuto = 0, k4 = 1, k8 = 2 };
 // How split-K decode picks its split count (calls that split: fewer items than SMs): ceil (the
 // resident CTAs' target over the items, ceil(ctas_per_sm * SMs / items), then rounded so that no
 // split of a full list is empty) or waves (the count minimizing waves of resident CTAs times blocks
-// per split: no partial second wave). auto: ceil (waves is not yet measured on the GPU).
+// per split: no partial second wave). auto: waves (H200 at 43dca7a, M3 / 32K paged: B32 bf16 49.1
+// vs 57.7 us, fp8 35.6 vs 46.4 us; B1, B8 and B16 get the same counts either way).
 // docs/design/sparse_attention.md, "Split heuristic".
 enum class DecodeSplitRule : int32_t { kAuto = 0, kCeil = 1, kWaves = 2 };
 

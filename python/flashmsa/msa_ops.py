@@ -825,8 +825,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # split = auto | blocks | cluster, split_warps = auto | 4 | 8 (8: split-K decode with 8 warps per CTA
 # sharing each 128-key block; 16-bit K/V, G <= 16, calls that split by blocks; auto: 8 where it
 # applies, 4 elsewhere), split_rule = auto | ceil | waves (how split-K decode picks its split count:
-# ceil(resident CTAs / items), or the count with the fewest waves x blocks per split; auto: ceil,
-# waves not yet measured),
+# ceil(resident CTAs / items), or the count with the fewest waves x blocks per split; auto: waves),
 # nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word),
 # wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of
 # its loader warp; bit-identical; auto: ahead),

@@ -680,9 +680,13 @@ TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
   EXPECT_FALSE(plan_sparse_decode(fp8(30), sm89, regs).qm.regs);
   EXPECT_TRUE(plan_sparse_decode(fp8(30), a100, regs).qm.regs);
   // Its 2 resident CTAs per SM set the split target: 30 x 4 = 120 items want ceil(264 / 120) = 3
-  // splits (3 CTAs per SM: ceil(396 / 120) = 4).
-  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, regs).qm.splits, 3);
-  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, smem).qm.splits, 4);
+  // splits under split_rule=ceil (3 CTAs per SM: ceil(396 / 120) = 4).
+  SparseDecodeOptions regs_ceil = regs, smem_ceil = smem;
+  regs_ceil.split_rule = smem_ceil.split_rule = DecodeSplitRule::kCeil;
+  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, regs_ceil).qm.splits, 3);
+  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, smem_ceil).qm.splits, 4);
+  // auto's waves: 2 splits (240 CTAs, one wave at 264; 3 would spill 96 CTAs into a second).
+  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, regs).qm.splits, 2);
   // Prefill never takes it.
   SparseAttnParams p = fp8(30).attn;
   EXPECT_FALSE(plan_sparse_attention(p, {}, h200).qm.regs);
@@ -881,16 +885,21 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   // 8 requests x 4 kv heads = 32 items at 2 CTAs per SM: ceil(264 / 32) = 9 -> 8 splits of 2.
   EXPECT_EQ(m3.splits, 8);
   EXPECT_EQ(m3.num_items, int64_t(32) * 8);
-  // Per-token items: 128 items on auto's 8-warp split kernel at 2 CTAs per SM: ceil(264 / 128) = 3
-  // splits (4 on the 4-warp kernel at 3 CTAs per SM: ceil(396 / 128)).
+  // Per-token items: 128 items on auto's 8-warp split kernel at 2 CTAs per SM: 2 splits of 8 blocks
+  // (256 CTAs, one wave of 264: auto's split_rule=waves; ceil: ceil(264 / 128) = 3), 3 on the 4-warp
+  // kernel at 3 CTAs per SM (384 CTAs of 396; ceil: ceil(396 / 128) = 4).
   const QueryMajorPlan pt = plan_sparse_decode(mtp_call(8, 4), h200, per_token).qm;
   EXPECT_EQ(pt.mtp_tokens, 0);
   EXPECT_EQ(pt.warps_m, 1);
   EXPECT_TRUE(pt.wide);
-  EXPECT_EQ(pt.splits, 3);
+  EXPECT_EQ(pt.splits, 2);
   per_token.split_warps = DecodeSplitWarps::k4;
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, per_token).qm.splits, 3);
+  per_token.split_rule = DecodeSplitRule::kCeil;
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, per_token).qm.splits, 4);
   per_token.split_warps = DecodeSplitWarps::kAuto;
+  EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, per_token).qm.splits, 3);
+  per_token.split_rule = DecodeSplitRule::kAuto;
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 4), h200, {}).qm.mtp_tokens, 4);  // auto: union
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 5), h200, {}).qm.mtp_tokens, 0);  // where it applies
   EXPECT_EQ(plan_sparse_decode(mtp_call(8, 2), h200, u).qm.mtp_tokens, 2);
@@ -1781,20 +1790,22 @@ TEST(PlanCombine, LaunchUnitRows) {
   EXPECT_EQ(combine_launch_unit_rows(a, 132), 8);  // tiles to skip: the units are the tiles
 }
 
-// split_rule=waves: the split count with the fewest waves x blocks per split (M3 on an H200, topk
-// 16; the 8-warp kernel at 2 CTAs per SM: 264 slots): B32 (128 items) 2 splits instead of ceil's 3
-// (384 CTAs: a second, partial wave), B1 / B8 / B16 as ceil; forced splits at least 2; fused
-// calls unchanged.
+// split_rule=waves (auto): the split count with the fewest waves x blocks per split (M3 on an
+// H200, topk 16; the 8-warp kernel at 2 CTAs per SM: 264 slots): B32 (128 items) 2 splits instead
+// of ceil's 3 (384 CTAs: a second, partial wave), B1 / B8 / B16 as ceil; forced splits at least 2;
+// fused calls unchanged.
 TEST(PlanDecode, SplitRuleWaves) {
   SparseAttnDeviceFacts h200 = hopper();
   h200.decode_regs_ctas = 2;
-  SparseDecodeOptions waves;
+  SparseDecodeOptions waves, ceil;
   waves.split_rule = DecodeSplitRule::kWaves;
+  ceil.split_rule = DecodeSplitRule::kCeil;
   const struct { int batch, ceil_splits, waves_splits; } want[] = {{1, 16, 16}, {8, 8, 8}, {16, 4, 4}, {32, 3, 2}};
   for (const auto& w : want) {
-    EXPECT_EQ(plan_sparse_decode(decode(w.batch, -1), h200, {}).qm.splits, w.ceil_splits) << w.batch;
+    EXPECT_EQ(plan_sparse_decode(decode(w.batch, -1), h200, ceil).qm.splits, w.ceil_splits) << w.batch;
     const SparseAttnPlan pl = plan_sparse_decode(decode(w.batch, -1), h200, waves);
     EXPECT_EQ(pl.qm.splits, w.waves_splits) << w.batch;
+    EXPECT_EQ(plan_sparse_decode(decode(w.batch, -1), h200, {}).qm.splits, w.waves_splits) << w.batch;  // auto
     EXPECT_TRUE(pl.qm.wide) << w.batch;
   }
   EXPECT_EQ(plan_sparse_decode(decode(64, -1), h200, waves).qm.splits, 1);   // fused

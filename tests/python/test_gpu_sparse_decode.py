@@ -164,10 +164,10 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
 # forced (the smem kernel with an item per token), which stay the fallback; and split=cluster (the
 # split calls' CTAs of a row as one cluster on sm_90; elsewhere, fused calls and MTP union items as
 # auto); split_warps=4 (the split calls' 16-bit K/V on 4 warps per CTA instead of auto's 8); and
-# split_rule=waves (another split count where the call splits).
+# split_rule=ceil (another split count where the call splits than auto's waves).
 @pytest.mark.parametrize("options", [None, dict(kernel="smem", mtp="per_token"), dict(split="cluster"),
-                                     dict(split_warps=4), dict(split_rule="waves")],
-                         ids=["auto", "smem_per_token", "split_cluster", "split_warps4", "split_rule_waves"])
+                                     dict(split_warps=4), dict(split_rule="ceil")],
+                         ids=["auto", "smem_per_token", "split_cluster", "split_warps4", "split_rule_ceil"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_decode_matches_cpu_reference(case, options):
     dp, want, base_out = reference(case)
