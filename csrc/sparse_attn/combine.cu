@@ -31,26 +31,29 @@ constexpr int kCombineWarps = 8;
 // Grid bound of the combine: CTAs per SM (a few waves of the ~3 resident ones).
 constexpr int kCombineCtasPerSm = 32;
 
-// Units of work: (kv head, run of unit_rows = max(1, 128 / G) rows) x its G heads, about 128
-// (row, head) pairs, taken by CTAs in a grid-stride loop (a bounded grid) and by the CTA's warps in
-// turn. With shared-selection tiles a unit is one tile (launch.h: the tile kernel uses the same
-// rows), so a tile done there costs one flag read and no work.
+// Units of work: (kv head, run of unit_rows rows, unit_heads of its G heads), taken by CTAs in a
+// grid-stride loop (a bounded grid) and by the CTA's warps in turn. With shared-selection tiles a
+// unit is one tile (max(1, 128 / G) rows x G heads, about 128 (row, head) pairs; launch.h: the tile
+// kernel uses the same rows), so a tile done there costs one flag read and no work; without, the
+// launcher shortens the units for calls of few rows (combine_launch_unit_rows / _heads).
 template <typename OutElem, StoreKind kKind>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t = a.unit_rows;
   const int first = a.row_begin / t;
   const int per_head = (a.row_begin + a.rows - 1) / t - first + 1;
-  const int units = a.num_kv_heads * per_head;  // < INT_MAX (launcher)
+  const int parts = a.group / a.unit_heads;  // head parts of a kv head
+  const int units = a.num_kv_heads * parts * per_head;  // < INT_MAX (launcher)
   for (int u = blockIdx.x; u < units; u += gridDim.x) {  // CTA-uniform loop
-    const int kh = u / per_head, tile = first + u % per_head;
+    const int kh = u / (parts * per_head), rest = u % (parts * per_head);
+    const int tile = first + rest / parts, g0 = (rest % parts) * a.unit_heads;
     if (a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + tile]) continue;
     const int r_begin = max(tile * t, a.row_begin);
     const int r_end = min((tile + 1) * t, a.row_begin + a.rows);
-    const int n = (r_end - r_begin) * a.group;
+    const int n = (r_end - r_begin) * a.unit_heads;
     for (int i = warp; i < n; i += kCombineWarps) {  // warp-uniform loop
-      const int e = i / a.group;
-      const int rel = r_begin - a.row_begin + e, g = i - e * a.group;
+      const int e = i / a.unit_heads;
+      const int rel = r_begin - a.row_begin + e, g = g0 + i - e * a.unit_heads;
       combine_row<OutElem, kKind>(a, (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g,
                                   (int64_t(a.row_begin) + rel) * a.num_heads + kh * a.group + g, lane);
     }
@@ -67,9 +70,11 @@ void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t strea
   const int num_sms = flashmsa::cuda::current_device_limits().num_sms;
   CombineArgs a = args;
   a.unit_rows = combine_launch_unit_rows(args, num_sms);
+  a.unit_heads = combine_launch_unit_heads(args, a.unit_rows, num_sms, kCombineWarps);
   const int64_t per_head = (int64_t(a.row_begin) + a.rows - 1) / a.unit_rows - a.row_begin / a.unit_rows + 1;
-  MSA_CHECK(int64_t(a.num_kv_heads) * per_head < INT_MAX, "combine: too many work units");
-  const int64_t grid = std::min<int64_t>(int64_t(a.num_kv_heads) * per_head, int64_t(kCombineCtasPerSm) * num_sms);
+  const int64_t units = int64_t(a.num_kv_heads) * (a.group / a.unit_heads) * per_head;
+  MSA_CHECK(units < INT_MAX, "combine: too many work units");
+  const int64_t grid = std::min<int64_t>(units, int64_t(kCombineCtasPerSm) * num_sms);
   auto go = [&]<typename OutElem>() {
     const dim3 g{unsigned(grid)}, b{unsigned(kCombineWarps * 32)};
     switch (a.part_kind) {

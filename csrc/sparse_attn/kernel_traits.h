@@ -193,6 +193,7 @@ struct CombineArgs {
   int union_tile_tokens;
   int union_num_tiles;
   int unit_rows;  // rows of one work unit: combine_unit_rows(group)
+  int unit_heads;  // heads of one work unit (a divisor of group; the launcher's choice, 0: group)
   // KV-major lists=once: each slot read with a finite (or NaN) LSE is set back to -inf (both LSE
   // arrays), so the next launch group finds every slot it does not write at -inf.
   bool reset_lse;
@@ -212,6 +213,18 @@ inline int combine_launch_unit_rows(const CombineArgs& a, int num_sms) {
   const int64_t want_per_head = (2 * int64_t(num_sms) + a.num_kv_heads - 1) / a.num_kv_heads;
   const int64_t rows = a.rows / want_per_head;
   return int(rows < 1 ? 1 : rows < a.unit_rows ? rows : a.unit_rows);
+}
+
+// Heads of a combine work unit as launched, for units of unit_rows rows: all G of the kv head, or
+// where there are still fewer units than SMs (the smallest decode batches: B1 / M3 is 4 units of 16
+// (row, head) pairs, two in turn per warp of 8), halves of them down to one pair per warp (8 heads:
+// B1 runs 8 units).
+inline int combine_launch_unit_heads(const CombineArgs& a, int unit_rows, int num_sms, int warps) {
+  if (a.union_done != nullptr) return a.group;
+  const int64_t units = int64_t(a.num_kv_heads) * ((a.rows + unit_rows - 1) / unit_rows);
+  int heads = a.group;
+  while (heads % 2 == 0 && int64_t(unit_rows) * heads > warps && units * (a.group / heads) * 2 <= num_sms) heads /= 2;
+  return heads;
 }
 
 }  // namespace flashmsa::sparse_attn

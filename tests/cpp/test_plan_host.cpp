@@ -1769,6 +1769,7 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
 // a tile.
 TEST(PlanCombine, LaunchUnitRows) {
   using sparse_attn::CombineArgs;
+  using sparse_attn::combine_launch_unit_heads;
   using sparse_attn::combine_launch_unit_rows;
   using sparse_attn::combine_unit_rows;
   CombineArgs a{};
@@ -1788,6 +1789,20 @@ TEST(PlanCombine, LaunchUnitRows) {
   a.union_done = &done;
   a.rows = 8;
   EXPECT_EQ(combine_launch_unit_rows(a, 132), 8);  // tiles to skip: the units are the tiles
+  EXPECT_EQ(combine_launch_unit_heads(a, 8, 132, 8), 16);
+  // Heads: halved while the units stay within the SMs and a unit keeps a pair per warp (8 warps).
+  a.union_done = nullptr;
+  const struct { int rows, heads; } want[] = {{1, 8}, {8, 8}, {32, 16}, {64, 16}};
+  for (const auto& w : want) {
+    a.rows = w.rows;
+    EXPECT_EQ(combine_launch_unit_heads(a, combine_launch_unit_rows(a, 132), 132, 8), w.heads) << w.rows;
+  }
+  a.group = 4;  // G = 4: 4 pairs per row-unit already fewer than the warps
+  a.rows = 1;
+  EXPECT_EQ(combine_launch_unit_heads(a, 1, 132, 8), 4);
+  a.group = 64;  // G = 64, one kv head: 64 -> 8 heads (8 units)
+  a.num_kv_heads = 1;
+  EXPECT_EQ(combine_launch_unit_heads(a, 1, 132, 8), 8);
 }
 
 // split_rule=waves (auto): the split count with the fewest waves x blocks per split (M3 on an
