@@ -53,11 +53,13 @@ VALID = {
                     "kernel=decode_f16_only,decode_ctas=4,decode_ilp=2",
                     dict(nvfp4_cvt="auto"), dict(nvfp4_cvt="byte"),
                     dict(kernel="decode_only", nvfp4_cvt="word"), "nvfp4_cvt=word,decode_ilp=2",
-                    dict(decode_fp8="cta"), dict(kernel="decode_only", decode_fp8="tma")],
+                    dict(decode_fp8="cta"), dict(kernel="decode_only", decode_fp8="tma"),
+                    dict(pdl="on"), "kernel=decode_only,pdl=on", dict(pdl="off")],
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
                     dict(kernel="radix_1buf"), dict(kernel="warp_split"),
-                    dict(kernel="radix_uniform"), dict(kernel="warp_digits")],
+                    dict(kernel="radix_uniform"), dict(kernel="warp_digits"),
+                    dict(pdl="on"), "kernel=warp_split,pdl=on", dict(pdl="auto")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
@@ -71,7 +73,8 @@ VALID = {
                       "kernel=wgmma,wgmma_fp8=on,wgmma_pipe=ahead", dict(wgmma_fp8="auto"),
                       dict(split_warps="8"), dict(split_warps="4"),
                       dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8"),
-                      dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4"],
+                      dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4",
+                      dict(pdl="on"), "split=cluster,pdl=on", dict(pdl="off")],
 }
 
 
@@ -152,6 +155,9 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
     ("sparse_decode", dict(split_warps="16"), "split_warps must be auto, 4 or 8, got '16'"),
     ("sparse_decode", dict(split_rule="floor"), "split_rule must be auto, ceil or waves, got 'floor'"),
+    ("sparse_decode", dict(pdl="yes"), "pdl must be auto, off or on, got 'yes'"),
+    ("proxy_score", dict(pdl=1), "pdl must be auto, off or on, got '1'"),
+    ("topk_select", dict(pdl="true"), "pdl must be auto, off or on, got 'true'"),
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
     ("topk_select", dict(kernel="heap"),
