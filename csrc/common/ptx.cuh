@@ -314,11 +314,11 @@ MSA_DEVICE void pdl_launch_dependents() {
 #endif
 }
 
-// Both at a kernel's start: wait for the previous kernel, then let the next one launch.
-MSA_DEVICE void pdl_begin() {
-  pdl_wait();
-  pdl_launch_dependents();
-}
+// A kernel's first statement: wait for the previous kernel. The next kernel is not triggered early
+// (pdl_launch_dependents): H200 at da5ef13, triggering right after the wait made every graphed
+// decode step slower (B1 / 32K 30.8 vs 28.3 us, B8 58.4 vs 50.8 us): the next grid's CTAs were
+// placed, and held their resources, while this one still ran.
+MSA_DEVICE void pdl_begin() { pdl_wait(); }
 
 // ---- thread-block clusters (sm_90) -------------------------------------------------------------
 // Distributed shared memory between the CTAs of a cluster (the split-K decode with split=cluster,
