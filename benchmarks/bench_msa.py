@@ -863,7 +863,7 @@ class Bench:
                 variants.append((" [split_warps=4]", dict(split_warps=4)))
             # ... and split-K batches with the split count ceil(resident CTAs / items)
             # (split_rule=ceil) instead of auto's fewest waves x blocks per split.
-            if sq == 1 and 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
+            if 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
                 variants.append((" [split_rule=ceil]", dict(split_rule="ceil")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
