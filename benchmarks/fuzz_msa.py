@@ -106,7 +106,7 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 # twins of the ops (msa_ops._*_planned; the CPU reference has no plan): the proxy kernel (decode_f16:
 # the decode kernel's fp16 MMAs for fp8 K) and its fp8 (decode_fp8) and NVFP4 (nvfp4_cvt) variants,
 # the top-k and decode kernel (regs: fp8 and NVFP4 K/V in registers; wgmma: MTP union items on
-# sm_90a; wgmma_fp8=on: fp8 K/V on it too), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
+# sm_90a), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
 # KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups), tile_max_waste (8:
 # every tile whose union fits goes to the shared-selection tile kernel) and tile_pingpong (on: the
 # TMA tile kernel's consumer warpgroups take turns issuing their MMAs). A forced kernel that cannot
@@ -130,14 +130,13 @@ KERNELS = {
     "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode")), ("nvfp4_cvt", ("byte", "word"))],
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf",
                          "warp_split", "radix_uniform", "warp_digits"))],
-    "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union")),
-               ("wgmma_fp8", ("off", "on"))],
+    "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],
     # The TMA tile kernel's consumer warpgroups taking turns (changes hybrid cases' tiles only).
     "attention": [("tile_pingpong", ("off", "on"))],
 }
 # Options of KERNELS drawn after every other parameter of a case (added later: drawn last, they
 # leave the cases of the seeds before them as they were).
-LATE_OPTIONS = {"decode": ("wgmma_fp8",), "attention": ("tile_pingpong",)}
+LATE_OPTIONS = {"attention": ("tile_pingpong",)}
 
 
 def _options(rng: random.Random, op: str) -> Dict[str, str]:
@@ -374,7 +373,6 @@ def gen_decode(rng: random.Random) -> dict:
     if p["q_dtype"] != "fp16" and rng.random() < 0.05:
         p["v_global_scale"] = 1e35
     _value_ranges(rng, p, "bf16" if p["q_dtype"] == "fp8" else p["q_dtype"])
-    _draw_options(rng, "decode", late=True, options=p["options"])
     return p
 
 

@@ -129,16 +129,12 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
   else
     s << "schedule=query_major (decode always: a CTA per (token, kv head) streams its blocks)";
   if (plan.qm.wgmma) {
-    s << "; kernel=wgmma (sm_90a: TMA loads of each item's union blocks through a "
-      << (plan.qm.wgmma_fp8 ? 2 : 3)
-      << "-stage K / V ring by a producer warp, one warpgroup's wgmma tiles of all 64 rows; a persistent grid of "
+    s << "; kernel=wgmma (sm_90a: TMA loads of each item's union blocks through a 3-stage K / V ring by "
+         "a producer warp, one warpgroup's wgmma tiles of all 64 rows; a persistent grid of "
       << plan.qm.grid << " CTAs, one per SM)";
     if (plan.qm.wgmma_ahead)
       s << "; wgmma_pipe=ahead (a planner warp plans the next item and its K / V coordinates while a "
            "loader warp streams this one's blocks, K one block ahead of V)";
-    if (plan.qm.wgmma_fp8)
-      s << "; wgmma_fp8=on (fp8 K/V: raw 16 KB K and V blocks by TMA through 2-stage raw rings, "
-           "converted exactly by two producer warps into 2-stage K / V rings of the compute dtype)";
   } else if (plan.qm.wgmma_fallback != nullptr) {
     s << "; kernel=wgmma falls back to auto's kernel: " << plan.qm.wgmma_fallback;
   }

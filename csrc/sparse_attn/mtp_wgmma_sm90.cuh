@@ -28,13 +28,6 @@
 // non-finite V value in a block only another token of the request selected would reach it (as in
 // the fp8 union register kernel); finite V never does. Registers: one CTA of 256 threads per SM
 // leaves the consumers up to 255 without setmaxnreg.
-//
-// wgmma_fp8=on (kFp8, with the ahead pipe): fp8 e4m3 K/V. The loader copies each block's raw K and
-// V (16 KB each) into 2-stage raw rings; producer warps 2 (K) and 3 (V) convert them exactly into
-// the compute dtype's swizzled tiles of 2-stage K / V rings (MtpWgmmaFp8Config; V keys past the
-// block's largest count written as zeros, so no v_fix), and the consumers run unchanged on them:
-// the 16-bit kernel's results on the dequantized K/V, bit for bit. docs/design/sparse_attention.md
-// "fp8 K/V on the MTP wgmma kernel".
 #pragma once
 
 #include <cuda.h>
@@ -86,7 +79,6 @@ struct MtpWgmmaConfig {
   // mbarriers: q_full[2], q_empty[2], k_full[3], k_empty[3], v_full[3], v_empty[3], v_fix
   static constexpr int kBarOffset = kPlanOffset + kItemBufs * kPlanBytes;
   static constexpr int kSmemBytes = kBarOffset + 17 * 8;
-  static constexpr int kLoadStages = kStages;  // the stages the loader fills (the K / V ring)
 };
 static_assert(MtpWgmmaConfig::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
 static_assert(MtpWgmmaConfig::kKOffset % 1024 == 0 && MtpWgmmaConfig::kVOffset % 1024 == 0,
@@ -101,41 +93,6 @@ struct MtpWgmmaAheadConfig : MtpWgmmaConfig {
   static constexpr int kSmemBytes = kCoordOffset + kItemBufs * kCoordBytes;
 };
 static_assert(MtpWgmmaAheadConfig::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
-
-// wgmma_fp8=on (fp8 e4m3 K/V, wgmma_pipe=ahead's planner and loader): the loader TMA-loads each
-// block's raw K and V ([128 keys][128 bytes], 128-byte swizzle: 16 KB each) into 2-stage raw
-// rings; two converter warps (K, V) turn them into the same [2][128][64] swizzled compute tiles
-// as the 16-bit kernel's, in 2-stage K / V rings (2 x 32 KB + 2 x 16 KB per operand instead of
-// 3 x 32 KB: the same 224 KB of tiles with Q). Then the plans, MtpWgmmaBars' 21 mbarriers and 8
-// more (raw_full / raw_empty per ring and stage), the loader's per raw stage "block" words (the
-// visible keys of V, -1: no work left), and the ahead pipe's coordinates.
-struct MtpWgmmaFp8Config {
-  static constexpr int kConsumerThreads = MtpWgmmaConfig::kConsumerThreads;
-  static constexpr int kThreads = MtpWgmmaConfig::kThreads;
-  static constexpr int kItemBufs = MtpWgmmaConfig::kItemBufs;
-  static constexpr int kStages = 2;     // compute K / V rings
-  static constexpr int kRawStages = 2;  // raw K / V rings
-  static constexpr int kLoadStages = kRawStages;
-  static constexpr int kQBytes = MtpWgmmaConfig::kQBytes;
-  static constexpr int kKvBytes = MtpWgmmaConfig::kKvBytes;
-  static constexpr int kRawBytes = kBlockSize * 128;
-  static constexpr int kQOffset = 0;
-  static constexpr int kKOffset = kQOffset + kItemBufs * kQBytes;
-  static constexpr int kVOffset = kKOffset + kStages * kKvBytes;
-  static constexpr int kRawKOffset = kVOffset + kStages * kKvBytes;
-  static constexpr int kRawVOffset = kRawKOffset + kRawStages * kRawBytes;
-  static constexpr int kPlanOffset = kRawVOffset + kRawStages * kRawBytes;
-  static constexpr int kPlanBytes = MtpWgmmaConfig::kPlanBytes;
-  static constexpr int kBarOffset = kPlanOffset + kItemBufs * kPlanBytes;
-  static constexpr int kRawInfoOffset = kBarOffset + 29 * 8;
-  static constexpr int kCoordOffset = (kRawInfoOffset + 2 * kRawStages * 4 + 15) / 16 * 16;
-  static constexpr int kCoordBytes = MtpWgmmaAheadConfig::kCoordBytes;
-  static constexpr int kSmemBytes = kCoordOffset + kItemBufs * kCoordBytes;
-};
-static_assert(MtpWgmmaFp8Config::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
-static_assert(MtpWgmmaFp8Config::kKOffset % 1024 == 0 && MtpWgmmaFp8Config::kVOffset % 1024 == 0 &&
-                  MtpWgmmaFp8Config::kRawKOffset % 1024 == 0 && MtpWgmmaFp8Config::kRawVOffset % 1024 == 0,
-              "swizzled tiles start on 1024-byte boundaries");
 
 // mbarrier addresses of MtpWgmmaConfig's plan (plan_full, plan_empty: MtpWgmmaAheadConfig's only).
 struct MtpWgmmaBars {
@@ -153,25 +110,19 @@ struct MtpWgmmaBars {
   // the buffer (q_empty) comes later in practice, but orders the loader's reads only through the
   // TMA completions racecheck does not follow.
   MSA_DEVICE uint32_t plan_empty(int i) const { return base + 152 + 8 * i; }
-  // MtpWgmmaFp8Config's raw rings (ring 0: K, 1: V): a block's raw bytes landed (the loader's
-  // expect_tx and TMA completion), and its converter warp's lanes are done reading them (32).
-  MSA_DEVICE uint32_t raw_full(int ring, int i) const { return base + 168 + 16 * ring + 8 * i; }
-  MSA_DEVICE uint32_t raw_empty(int ring, int i) const { return base + 200 + 16 * ring + 8 * i; }
 };
 
-// Position in a ring of kN stages: slot and the parity of its current phase.
-template <int kN>
-struct RingPosN {
+// Position in the K / V ring: slot and the parity of its current phase.
+struct RingPos {
   int st = 0;
   uint32_t ph = 0;
   MSA_DEVICE void advance() {
-    if (++st == kN) {
+    if (++st == MtpWgmmaConfig::kStages) {
       st = 0;
       ph ^= 1u;
     }
   }
 };
-using RingPos = RingPosN<MtpWgmmaConfig::kStages>;  // the 16-bit kernel's K / V ring
 
 #if MSA_HAS_WGMMA
 // Item `it` of this CTA (blockIdx.x + it x gridDim.x) as one warp plans it into pl: "no work left"
@@ -307,9 +258,8 @@ MSA_DEVICE void mtp_wgmma_producer(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgm
 // as the consumers have released that buffer (item it - 2 done), i.e. while the loader still
 // streams item it - 1's blocks; publishes the plan to the loader (plan_full) and to the consumers
 // (q_full: 32 arrivals of its lanes, the 33rd is the loader's expect_tx of Q).
-// Cfg: MtpWgmmaAheadConfig, or MtpWgmmaFp8Config (the same roles, other offsets).
-template <typename Cfg>
 MSA_DEVICE void mtp_wgmma_planner(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int lane) {
+  using Cfg = MtpWgmmaAheadConfig;
   for (int it = 0;; ++it) {
     const int tb = it & 1;
     mbar_wait(bars.q_empty(tb), ((it >> 1) & 1) ^ 1);
@@ -323,127 +273,14 @@ MSA_DEVICE void mtp_wgmma_planner(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmm
   }
 }
 
-// wgmma_fp8=on, lane 0: a block's raw K (ring 0) or V (ring 1) bytes into raw stage pos.st once
-// its converter warp has read the block before there, with its word (the visible keys, what the
-// V converter zeroes from; -1: no work left, no copy) released by the expect_tx.
-MSA_DEVICE void mtp_fp8_load_raw(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int ring,
-                                 RingPosN<MtpWgmmaFp8Config::kRawStages> pos, const KvBlockCoords& c, int info) {
-  using Cfg = MtpWgmmaFp8Config;
-  mbar_wait(bars.raw_empty(ring, pos.st), pos.ph ^ 1);
-  reinterpret_cast<int*>(smem + Cfg::kRawInfoOffset)[ring * Cfg::kRawStages + pos.st] = info;
-  const uint32_t bar = bars.raw_full(ring, pos.st);
-  if (info < 0) {
-    mbar_arrive(bar);
-    return;
-  }
-  const uint32_t dst = smem_addr(smem + (ring == 0 ? Cfg::kRawKOffset : Cfg::kRawVOffset) + pos.st * Cfg::kRawBytes);
-  const CUtensorMap* map = ring == 0 ? &ta.k_map : &ta.v_map;
-  mbar_expect_tx(bar, Cfg::kRawBytes);
-  if (ta.a.p.kv.paged) tma_load_4d(dst, map, bar, 0, c.c1, c.c2, c.c3);
-  else tma_load_3d(dst, map, bar, 0, c.c1, c.c2);
-}
-
-// e4m3 pairs to pairs of the compute dtype (exact: every e4m3 value, NaN included, is an fp16 and
-// a bf16 value): w's bytes 0, 1 -> lo, 2, 3 -> hi.
-template <typename Elem>
-MSA_DEVICE void e4m3x4_to_elem2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  e4m3x4_to_f16x2x2(w, lo, hi);
-  if constexpr (!std::is_same_v<Elem, __half>) {
-    uint32_t* r[2] = {&lo, &hi};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(r[i]));
-      const __nv_bfloat162 b = __float22bfloat162_rn(f);
-      *r[i] = *reinterpret_cast<const uint32_t*>(&b);
-    }
-  }
-}
-
-// A converter warp (lane 0..31): the raw [128 keys][128 bytes] tile (16-byte chunk c of key r at
-// c ^ (r % 8)) into the [2][128][64] 128-byte-swizzled compute tile the wgmma descriptors read,
-// keys n_valid.. as zeros. Lane: raw chunk c = lane % 8 (dims 16 c .. + 15: half c / 4 of the
-// tile, its chunks 2 (c % 4) and + 1) of keys 4 j + kr, kr = 2 (q / 2) + ((c / 4) ^ (q % 2)) for
-// quarter-warp q = lane / 8: a quarter-warp's lanes 0-3 and 4-7 take adjacent keys (swizzles of
-// opposite parity), so its 8 loads and each of its two 8-store rounds hit 8 distinct 16-byte
-// bank groups without selecting data.
-template <typename Elem>
-MSA_DEVICE void mtp_fp8_convert_tile(const uint8_t* raw, uint8_t* dst, int n_valid, int lane) {
-  const int c = lane & 7, q = lane >> 3, kr = 2 * (q >> 1) + ((c >> 2) ^ (q & 1)), ch = 2 * (c & 3);
-  uint8_t* base = dst + (c >> 2) * (kBlockSize * 128);
-#pragma unroll 4
-  for (int j = 0; j < kBlockSize / 4; ++j) {
-    const int r = 4 * j + kr, sw = r & 7;
-    uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-    if (r < n_valid) {
-      const uint4 w = *reinterpret_cast<const uint4*>(raw + r * 128 + ((c ^ sw) << 4));
-      e4m3x4_to_elem2x2<Elem>(w.x, v[0], v[1]);
-      e4m3x4_to_elem2x2<Elem>(w.y, v[2], v[3]);
-      e4m3x4_to_elem2x2<Elem>(w.z, v[4], v[5]);
-      e4m3x4_to_elem2x2<Elem>(w.w, v[6], v[7]);
-    }
-    *reinterpret_cast<uint4*>(base + r * 128 + ((ch ^ sw) << 4)) = make_uint4(v[0], v[1], v[2], v[3]);
-    *reinterpret_cast<uint4*>(base + r * 128 + (((ch + 1) ^ sw) << 4)) = make_uint4(v[4], v[5], v[6], v[7]);
-  }
-}
-
-// wgmma_fp8=on, converter warp of ring 0 (K) or 1 (V): per block as the loader queued them, the
-// raw tile into the compute ring's next stage once the consumers released it (k_empty / v_empty:
-// this warp is their only waiter, in order), V's keys past the block's visible ones zeroed (what
-// mtp_wgmma_load_v's fix gives); the reads released per lane (raw_empty), the writes fenced for
-// the async proxy and published by lane 0 (k_full / v_full, one arrival) as zero_tile_rows_from's
-// are. Returns at the loader's "no work left" word.
-template <typename Elem>
-MSA_DEVICE void mtp_fp8_converter(uint8_t* smem, MtpWgmmaBars bars, int ring, int lane) {
-  using Cfg = MtpWgmmaFp8Config;
-  const int* info = reinterpret_cast<const int*>(smem + Cfg::kRawInfoOffset) + ring * Cfg::kRawStages;
-  const uint8_t* raw = smem + (ring == 0 ? Cfg::kRawKOffset : Cfg::kRawVOffset);
-  uint8_t* tiles = smem + (ring == 0 ? Cfg::kKOffset : Cfg::kVOffset);
-  RingPosN<Cfg::kRawStages> rp;
-  RingPosN<Cfg::kStages> cp;
-  for (;;) {
-    mbar_wait(bars.raw_full(ring, rp.st), rp.ph);
-    const int n_valid = info[rp.st];
-    if (n_valid < 0) return;
-    mbar_wait(ring == 0 ? bars.k_empty(cp.st) : bars.v_empty(cp.st), cp.ph ^ 1);
-    mtp_fp8_convert_tile<Elem>(raw + rp.st * Cfg::kRawBytes, tiles + cp.st * Cfg::kKvBytes,
-                               ring == 0 ? kBlockSize : n_valid, lane);
-    mbar_arrive(bars.raw_empty(ring, rp.st));  // this lane's reads of the raw stage
-    fence_proxy_async_smem();                   // this lane's tile writes, before wgmma reads them
-    __syncwarp();
-    if (lane == 0) mbar_arrive(ring == 0 ? bars.k_full(cp.st) : bars.v_full(cp.st));
-    rp.advance();
-    cp.advance();
-  }
-}
-
-// One block's K or V as the loader issues it: the 16-bit kernel's TMA into the K / V ring
-// (mtp_wgmma_load_v's fix for a partial V), or wgmma_fp8=on's raw copy (mtp_fp8_load_raw).
-template <bool kFp8>
-MSA_DEVICE void mtp_wgmma_issue(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, bool is_v,
-                                RingPosN<kFp8 ? MtpWgmmaFp8Config::kLoadStages : MtpWgmmaConfig::kLoadStages> pos,
-                                const KvBlockCoords& kc, int n_valid, int& fixes, int lane) {
-  if constexpr (kFp8) {
-    if (lane == 0) mtp_fp8_load_raw(ta, smem, bars, is_v ? 1 : 0, pos, kc, n_valid);
-  } else if (is_v) {
-    mtp_wgmma_load_v(ta, smem, bars, pos, kc, n_valid, fixes, lane);
-  } else if (lane == 0) {
-    using Cfg = MtpWgmmaConfig;
-    mbar_wait(bars.k_empty(pos.st), pos.ph ^ 1);
-    tma_load_kv_block(ta.a.p.kv.paged, &ta.k_map, smem_addr(smem + Cfg::kKOffset + pos.st * Cfg::kKvBytes),
-                      bars.k_full(pos.st), kc);
-  }
-}
-
 // wgmma_pipe=ahead, the loader warp (lane 0..31): per planned item Q, then each block's K, with V
 // one block behind K (V_u - 1 after K_u: the consumers read V a block after K); lane 0 issues, the
 // warp zeroes partial V tiles (mtp_wgmma_load_v). No global load on its path.
-// Cfg, kFp8: MtpWgmmaAheadConfig, false; or MtpWgmmaFp8Config, true (raw copies for the converter
-// warps, and at the end their "no work left" words).
-template <typename Cfg, bool kFp8>
 MSA_DEVICE void mtp_wgmma_loader(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int lane) {
+  using Cfg = MtpWgmmaAheadConfig;
   const SparseAttnParams& p = ta.a.p;
   if (lane == 0) mtp_wgmma_prefetch_maps(ta);
-  RingPosN<Cfg::kLoadStages> kpos, vpos;
+  RingPos kpos, vpos;
   int fixes = 0;  // partial blocks so far (v_fix's phase)
   bool v_pending = false;  // V of the last block whose K was issued
   KvBlockCoords v_kc{};
@@ -455,7 +292,7 @@ MSA_DEVICE void mtp_wgmma_loader(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmma
     // (short items: the consumers may need this V before the planner can plan the next one).
     const bool ready = __shfl_sync(0xffffffffu, int(mbar_test_wait(bars.plan_full(tb), ph)), 0) != 0;
     if (v_pending && !ready) {
-      mtp_wgmma_issue<kFp8>(ta, smem, bars, true, vpos, v_kc, v_valid, fixes, lane);
+      mtp_wgmma_load_v(ta, smem, bars, vpos, v_kc, v_valid, fixes, lane);
       vpos.advance();
       v_pending = false;
     }
@@ -466,17 +303,8 @@ MSA_DEVICE void mtp_wgmma_loader(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmma
     const MtpWgmmaPlan& pl = *reinterpret_cast<const MtpWgmmaPlan*>(smem + Cfg::kPlanOffset + tb * Cfg::kPlanBytes);
     const int* coord = reinterpret_cast<const int*>(smem + Cfg::kCoordOffset + tb * Cfg::kCoordBytes);
     if (pl.none != 0) {
-      if (v_pending) {
-        mtp_wgmma_issue<kFp8>(ta, smem, bars, true, vpos, v_kc, v_valid, fixes, lane);
-        vpos.advance();
-      }
-      if (lane == 0) {
-        mbar_arrive(bars.q_full(tb));  // the 33rd arrival: "no work left"
-        if constexpr (kFp8) {          // and to the converter warps
-          mtp_fp8_load_raw(ta, smem, bars, 0, kpos, {}, -1);
-          mtp_fp8_load_raw(ta, smem, bars, 1, vpos, {}, -1);
-        }
-      }
+      if (v_pending) mtp_wgmma_load_v(ta, smem, bars, vpos, v_kc, v_valid, fixes, lane);
+      if (lane == 0) mbar_arrive(bars.q_full(tb));  // the 33rd arrival: "no work left"
       return;
     }
     const int kh = pl.kh, U = pl.count;
@@ -486,9 +314,13 @@ MSA_DEVICE void mtp_wgmma_loader(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmma
       const int c = coord[u];
       const KvBlockCoords kc{p.kv.paged ? 0 : kh, p.kv.paged ? kh : c, p.kv.paged ? c : 0};
       const int n_valid = mtp_block_valid(pl.counts[u]);
-      mtp_wgmma_issue<kFp8>(ta, smem, bars, false, kpos, kc, n_valid, fixes, lane);
+      if (lane == 0) {
+        mbar_wait(bars.k_empty(kpos.st), kpos.ph ^ 1);
+        tma_load_kv_block(p.kv.paged, &ta.k_map, smem_addr(smem + Cfg::kKOffset + kpos.st * Cfg::kKvBytes),
+                          bars.k_full(kpos.st), kc);
+      }
       if (v_pending) {
-        mtp_wgmma_issue<kFp8>(ta, smem, bars, true, vpos, v_kc, v_valid, fixes, lane);
+        mtp_wgmma_load_v(ta, smem, bars, vpos, v_kc, v_valid, fixes, lane);
         vpos.advance();
       }
       v_pending = true;
@@ -576,14 +408,11 @@ MSA_DEVICE void mtp_wgmma_epilogue(const QueryMajorArgs& a, const MtpWgmmaPlan& 
 #endif
 
 // kAhead: wgmma_pipe=ahead (a planner and a loader warp instead of the one producer warp; the
-// consumers' code is the same). kFp8 (with kAhead): wgmma_fp8=on, fp8 K/V copied raw and converted
-// by the producer warpgroup's other two warps (MtpWgmmaFp8Config; the consumers' code is the
-// same on 2-stage rings).
-template <typename Elem, bool kAhead, bool kFp8 = false>
+// consumers' code is the same).
+template <typename Elem, bool kAhead>
 __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_kernel(const __grid_constant__ MtpWgmmaArgs ta) {
 #if MSA_HAS_WGMMA
-  static_assert(kAhead || !kFp8, "fp8 K/V run the ahead pipe's planner and loader");
-  using Cfg = std::conditional_t<kFp8, MtpWgmmaFp8Config, MtpWgmmaConfig>;
+  using Cfg = MtpWgmmaConfig;
   extern __shared__ __align__(1024) uint8_t smem[];
   const QueryMajorArgs& a = ta.a;
   const int tid = threadIdx.x;
@@ -608,26 +437,14 @@ __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_ke
       mbar_init(bars.v_empty(i), Cfg::kConsumerThreads);
     }
     mbar_init(bars.v_fix(), 1);
-    if constexpr (kFp8) {
-      for (int ring = 0; ring < 2; ++ring) {
-        for (int i = 0; i < MtpWgmmaFp8Config::kRawStages; ++i) {
-          mbar_init(bars.raw_full(ring, i), 1);
-          mbar_init(bars.raw_empty(ring, i), 32);
-        }
-      }
-    }
     fence_mbarrier_init();
   }
   __syncthreads();  // the only CTA-wide barrier: producer and consumers part here
   if (tid >= Cfg::kConsumerThreads) {
     const int pw = (tid - Cfg::kConsumerThreads) >> 5;
-    if constexpr (kFp8) {
-      if (pw == 0) mtp_wgmma_loader<Cfg, true>(ta, smem, bars, tid & 31);
-      else if (pw == 1) mtp_wgmma_planner<Cfg>(ta, smem, bars, tid & 31);
-      else mtp_fp8_converter<Elem>(smem, bars, pw - 2, tid & 31);
-    } else if constexpr (kAhead) {
-      if (pw == 0) mtp_wgmma_loader<MtpWgmmaAheadConfig, false>(ta, smem, bars, tid & 31);
-      else if (pw == 1) mtp_wgmma_planner<MtpWgmmaAheadConfig>(ta, smem, bars, tid & 31);
+    if constexpr (kAhead) {
+      if (pw == 0) mtp_wgmma_loader(ta, smem, bars, tid & 31);
+      else if (pw == 1) mtp_wgmma_planner(ta, smem, bars, tid & 31);
     } else {
       if (pw == 0) mtp_wgmma_producer(ta, smem, bars, tid & 31);
     }
@@ -646,7 +463,7 @@ __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_ke
     tok_shift[h] = t < a.mtp_tokens ? 8 * t : -1;
   }
 
-  RingPosN<Cfg::kStages> pos;
+  RingPos pos;
   for (int it = 0;; ++it) {
     const int tb = it & 1;
     mbar_wait_loop(bars.q_full(tb), (it >> 1) & 1);
@@ -661,7 +478,7 @@ __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_ke
     // The pending P V: P of the last computed block (packed) and its V slot.
     uint32_t pa[8][4];
     bool pending = false;
-    RingPosN<Cfg::kStages> p_pos;
+    RingPos p_pos;
 #pragma unroll 1
     for (int u = 0; u < U; ++u, pos.advance()) {
       const uint32_t counts = pl.counts[u];
@@ -724,13 +541,6 @@ int mtp_wgmma_sm90_ctas_per_sm() {
                                               size_t(MtpWgmmaConfig::kSmemBytes));
 }
 
-// The same for the kernel of fp8 K/V (wgmma_fp8=on: its own shared-memory size).
-template <typename Elem>
-int mtp_wgmma_fp8_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(mtp_wgmma_sm90_kernel<Elem, true, true>, MtpWgmmaConfig::kThreads,
-                                              size_t(MtpWgmmaFp8Config::kSmemBytes));
-}
-
 // Encodes the maps of q, k and v (NotSupported where the driver rejects them; the planner's
 // mtp_wgmma_unsupported keeps the calls it sends here within TMA's coordinates) and launches
 // `grid` persistent CTAs; ahead: wgmma_pipe=ahead's kernel.
@@ -747,31 +557,6 @@ void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, bool ahead, cud
   MSA_CHECK_SUPPORTED(ok, "kernel=wgmma: the driver rejected the TMA descriptors of q / k / v");
   auto* kernel = ahead ? mtp_wgmma_sm90_kernel<Elem, true> : mtp_wgmma_sm90_kernel<Elem, false>;
   const int smem = ahead ? MtpWgmmaAheadConfig::kSmemBytes : MtpWgmmaConfig::kSmemBytes;
-  flashmsa::cuda::prepare_launch(kernel, MtpWgmmaConfig::kThreads, size_t(smem));
-  kernel<<<grid, MtpWgmmaConfig::kThreads, smem, stream>>>(ta);
-  MSA_CUDA_CHECK(cudaGetLastError());
-}
-
-// wgmma_fp8=on: fp8 e4m3 K/V (bf16 / fp16 q) on the kernel of kFp8 (raw uint8 maps of K and V: one
-// 128-byte x 128-key box per block, 128-byte swizzle). Same checks and launch as above.
-template <typename Elem>
-void launch_mtp_wgmma_fp8_sm90(const QueryMajorArgs& args, int grid, cudaStream_t stream) {
-  const SparseAttnParams& p = args.p;
-  MSA_CHECK(args.mtp_tokens >= 1 && args.mtp_tokens * args.group <= 64 && !args.q_fp8 && grid >= 1 &&
-                p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3,
-            "msa_sparse_decode_attention: wgmma_fp8=on planned for a call it does not run (planner bug)");
-  MtpWgmmaArgs ta{};
-  ta.a = args;
-  const bool ok =
-      flashmsa::cuda::encode_q_map_sw128(ta.q_map, flashmsa::cuda::tma_dtype_16<Elem>(), p, uint32_t(args.group),
-                                         uint32_t(args.mtp_tokens)) &&
-      flashmsa::cuda::encode_kv_block_map(ta.k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k, p.kv, p.num_kv_heads, 128, 128,
-                                          1, CU_TENSOR_MAP_SWIZZLE_128B) &&
-      flashmsa::cuda::encode_kv_block_map(ta.v_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.v, p.kv, p.num_kv_heads, 128, 128,
-                                          1, CU_TENSOR_MAP_SWIZZLE_128B);
-  MSA_CHECK_SUPPORTED(ok, "kernel=wgmma, wgmma_fp8=on: the driver rejected the TMA descriptors of q / k / v");
-  auto* kernel = mtp_wgmma_sm90_kernel<Elem, true, true>;
-  const int smem = MtpWgmmaFp8Config::kSmemBytes;
   flashmsa::cuda::prepare_launch(kernel, MtpWgmmaConfig::kThreads, size_t(smem));
   kernel<<<grid, MtpWgmmaConfig::kThreads, smem, stream>>>(ta);
   MSA_CUDA_CHECK(cudaGetLastError());

@@ -831,9 +831,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # previous kernel of the stream finishes; bit-identical; auto: off, not yet measured),
 # nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word),
 # wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of
-# its loader warp; bit-identical; auto: ahead),
-# wgmma_fp8 = auto | off | on (on: fp8 K/V on the wgmma kernel, copied raw and converted exactly by
-# its producer warps; with the ahead pipe only; auto: off, not yet measured)
+# its loader warp; bit-identical; auto: ahead)
 # (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).
