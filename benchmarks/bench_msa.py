@@ -754,9 +754,6 @@ class Bench:
             if kv == "bf16" and ((s, pattern) == (32 * K, "clustered") or
                                  ((s, layout, pattern) == (8 * K, "flat", "pipeline"))):
                 schedules.append("tile_kernel=cp_async")
-                # The TMA tile kernel's consumer warpgroups taking turns issuing their MMAs
-                # (plan option tile_pingpong=on, off by default, not yet measured).
-                schedules.append("tile_pingpong=on")
             # Each KV-major launch group's work lists built before it (plan option
             # lists=per_group; the default builds all groups' lists at once since 7cbcfcc): 32K
             # random (9 groups, every row KV-major) and the 8K pipeline (3 groups).
@@ -951,16 +948,8 @@ class Bench:
                 self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat",
                               lambda s=s, geo=geo: self.build_pipeline(s, geo), "compute", ref,
                               extra=dict(seq_len=s, num_heads=geo["hq"]))
-                # The whole 8K M3 pipeline with the tile kernel's ping-pong (tile_pingpong=on,
-                # off by default, not yet measured), beside the default row (same inputs' seeds).
-                if geo is M3 and s == 8 * K:
-                    self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat [tile_pingpong=on]",
-                                  lambda s=s, geo=geo: self.build_pipeline(s, geo, dict(tile_pingpong="on")),
-                                  "compute", extra=dict(seq_len=s, num_heads=geo["hq"]))
 
-    def build_pipeline(self, s, geo, options=None):
-        """options: plan options of the attention stage (flashmsa's private planned twin); None:
-        the public op."""
+    def build_pipeline(self, s, geo):
         iq, ik, cu, nvp = self.index_inputs(s, geo)
         g = self.gen()
         hq, hkv = geo["hq"], geo["hkv"]
@@ -970,7 +959,6 @@ class Bench:
         scores = torch.empty((geo["idx_hq"], p, s), dtype=torch.float32, device=self.device)
         sel = torch.empty((s, geo["idx_hq"], TOPK), dtype=torch.int32, device=self.device)
         ops = self.ops
-        attention = self.planned("msa_sparse_attention", options)
         kw = self.kw_attention(ops.msa_sparse_attention, s)
 
         def fn():
@@ -978,7 +966,7 @@ class Bench:
                                 output=scores)
             ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1, output=sel)
             q2k = sel.transpose(0, 1).contiguous()
-            return attention(q, k, v, q2k, cu, cu, causal=True, **kw)
+            return ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True, **kw)
         fn()
         torch.cuda.synchronize()
         q2k = sel.transpose(0, 1).contiguous()

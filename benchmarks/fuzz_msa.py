@@ -107,9 +107,8 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 # the decode kernel's fp16 MMAs for fp8 K) and its fp8 (decode_fp8) and NVFP4 (nvfp4_cvt) variants,
 # the top-k and decode kernel (regs: fp8 and NVFP4 K/V in registers; wgmma: MTP union items on
 # sm_90a), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
-# KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups), tile_max_waste (8:
-# every tile whose union fits goes to the shared-selection tile kernel) and tile_pingpong (on: the
-# TMA tile kernel's consumer warpgroups take turns issuing their MMAs). A forced kernel that cannot
+# KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups) and tile_max_waste (8:
+# every tile whose union fits goes to the shared-selection tile kernel). A forced kernel that cannot
 # run a case falls back as the plan says.
 SCHEDULES = {
     "auto": {},
@@ -131,12 +130,7 @@ KERNELS = {
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf",
                          "warp_split", "radix_uniform", "warp_digits"))],
     "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],
-    # The TMA tile kernel's consumer warpgroups taking turns (changes hybrid cases' tiles only).
-    "attention": [("tile_pingpong", ("off", "on"))],
 }
-# Options of KERNELS drawn after every other parameter of a case (added later: drawn last, they
-# leave the cases of the seeds before them as they were).
-LATE_OPTIONS = {"attention": ("tile_pingpong",)}
 
 
 def _options(rng: random.Random, op: str) -> Dict[str, str]:
@@ -145,14 +139,8 @@ def _options(rng: random.Random, op: str) -> Dict[str, str]:
         if options.get("schedule") in ("kv_major", "hybrid") and rng.random() < 0.3:
             options["chunk_rows"] = str(rng.choice((1, 7, 37)))
         return options
-    return _draw_options(rng, op, late=False, options={})
-
-
-def _draw_options(rng: random.Random, op: str, late: bool, options: Dict[str, str]) -> Dict[str, str]:
-    """Draws op's KERNELS options into `options`: those of LATE_OPTIONS (late) or the others."""
+    options = {}
     for name, values in KERNELS[op]:
-        if (name in LATE_OPTIONS.get(op, ())) != late:
-            continue
         kernel = rng.choice((None,) + values)
         if kernel:
             options[name] = kernel
@@ -345,7 +333,6 @@ def gen_attention(rng: random.Random) -> dict:
     if p["dtype"] == "bf16" and rng.random() < 0.05:
         p["v_global_scale"] = 1e35  # outputs near 1e35, far inside bfloat16's range
     _value_ranges(rng, p, p["dtype"])
-    _draw_options(rng, "attention", late=True, options=p["options"])
     return p
 
 

@@ -99,11 +99,6 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
         # The whole 8K prefill (proxy, top-k, q2k transpose, attention): every kernel of one call.
         "pipeline_8k": lambda: bench.build_pipeline(8 * K, bm.M3),
-        # The same with the tile kernel's consumer warpgroups taking turns issuing their MMAs
-        # (plan option tile_pingpong=on, off by default): docs/design/sparse_attention.md,
-        # "Ping-pong between the consumer warpgroups".
-        "pipeline_8k_pingpong": lambda: bench.build_pipeline(8 * K, bm.M3, dict(tile_pingpong="on")),
-        "sparse_clustered_32k_pingpong": sparse("clustered", options=dict(tile_pingpong="on")),
         # The cp.async tile kernel (plan option tile_kernel=cp_async; the clustered cases above
         # run the default TMA one).
         "sparse_clustered_32k_cp_async": sparse("clustered", options=dict(tile_kernel="cp_async")),

@@ -488,10 +488,7 @@ class Smoke:
         KV-major kernel (kv_major_kernel=tma) alone, in small groups and under hybrid; both KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
-        combine's LSE resets), and with each group's work lists built before it (lists=per_group);
-        the TMA tile kernel with its consumer warpgroups taking turns (tile_pingpong=on: named
-        barriers, synccheck / racecheck), also with tile_max_waste=8 (one warpgroup skipping blocks
-        the other computes)."""
+        combine's LSE resets), and with each group's work lists built before it (lists=per_group)."""
         for tag, options in (("query_major", dict(schedule="query_major")),
                              ("kv_major", dict(schedule="kv_major")),
                              ("kv_major/chunk100", dict(schedule="kv_major", chunk_rows=100)),
@@ -504,9 +501,6 @@ class Smoke:
                              ("hybrid/waste8", dict(schedule="hybrid", tile_max_waste=8)),
                              ("hybrid/cp_async", dict(schedule="hybrid", tile_kernel="cp_async")),
                              ("hybrid/cp_async/waste8", dict(schedule="hybrid", tile_kernel="cp_async",
-                                                             tile_max_waste=8)),
-                             ("hybrid/pingpong", dict(schedule="hybrid", tile_pingpong="on")),
-                             ("hybrid/pingpong/waste8", dict(schedule="hybrid", tile_pingpong="on",
                                                              tile_max_waste=8)),
                              # The TMA KV-major kernel (kv_major_kernel=tma; fp8 / NVFP4 K/V and
                              # other G fall back, as the plan text says), alone, in small launch

@@ -101,7 +101,7 @@ KERNELS = [
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "int kv_major_ctas_per_sm<{E}, {KV}>(int)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/union_sm90.cuh",    "void launch_union_sm90<{E}, {KV}>(const UnionArgs&, int, cudaStream_t)", kvs=("native", "fp8")),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/union_sm90.cuh",    "int union_sm90_ctas_per_sm<{E}, {KV}>()", kvs=("native", "fp8")),
-    Kernel("union_tma_{e}",        "sparse_attn/union_tma_sm90.cuh", "void launch_union_tma_sm90<{E}>(const UnionArgs&, int, bool, cudaStream_t)"),
+    Kernel("union_tma_{e}",        "sparse_attn/union_tma_sm90.cuh", "void launch_union_tma_sm90<{E}>(const UnionArgs&, int, cudaStream_t)"),
     Kernel("union_tma_{e}",        "sparse_attn/union_tma_sm90.cuh", "int union_tma_sm90_ctas_per_sm<{E}>()"),
     Kernel("kv_major_tma_{e}",     "sparse_attn/kv_major_tma_sm90.cuh", "void launch_kv_major_tma_sm90<{E}>(const KvMajorArgs&, int, cudaStream_t)"),
     Kernel("kv_major_tma_{e}",     "sparse_attn/kv_major_tma_sm90.cuh", "int kv_major_tma_sm90_ctas_per_sm<{E}>()"),

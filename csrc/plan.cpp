@@ -30,8 +30,6 @@ constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto
                                                     {KvMajorKernel::kTma, "tma"}};
 constexpr Named<TileKernel> kTileKernels[] = {
     {TileKernel::kAuto, "auto"}, {TileKernel::kCpAsync, "cp_async"}, {TileKernel::kTma, "tma"}};
-constexpr Named<TilePingpong> kTilePingpongs[] = {
-    {TilePingpong::kAuto, "auto"}, {TilePingpong::kOff, "off"}, {TilePingpong::kOn, "on"}};
 constexpr Named<KvMajorLists> kKvMajorListsNames[] = {
     {KvMajorLists::kAuto, "auto"}, {KvMajorLists::kPerGroup, "per_group"}, {KvMajorLists::kOnce, "once"}};
 constexpr Named<ProxyKernel> kProxyKernels[] = {
@@ -149,7 +147,6 @@ size_t WorkspaceLayout::take(const char* name, size_t n) {
 const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
 const char* option_name(TileKernel v) { return name_of(kTileKernels, v); }
-const char* option_name(TilePingpong v) { return name_of(kTilePingpongs, v); }
 const char* option_name(KvMajorLists v) { return name_of(kKvMajorListsNames, v); }
 const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
@@ -205,12 +202,9 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
       o.tile_kernel = parse_enum(kTileKernels, name, value);
     } else if (name == "lists") {
       o.lists = parse_enum(kKvMajorListsNames, name, value);
-    } else if (name == "tile_pingpong") {
-      o.tile_pingpong = parse_enum(kTilePingpongs, name, value);
     } else {
       MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
-               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists, "
-               "tile_pingpong)");
+               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists)");
     }
   });
   return o;

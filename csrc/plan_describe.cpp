@@ -86,10 +86,6 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       s << " (forced by the option)";
     else if (kvm.tiles)
       s << " (auto: TMA loads, S of the next block in flight during the softmax)";
-    if (kvm.tile_pingpong)
-      s << "; tile_pingpong=on (forced by the option: the consumer warpgroups take turns issuing their MMAs)";
-    else if (kvm.tiles && o.tile_pingpong == TilePingpong::kOn)
-      s << "; tile_pingpong=on changes nothing: only the TMA tile kernel has it";
     s << "; kv_major_kernel=" << option_name(kvm.kernel) << " (";
     if (kvm.tma_fallback != nullptr)
       s << "kv_major_kernel=tma falls back: " << kvm.tma_fallback;

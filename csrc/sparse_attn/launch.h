@@ -61,10 +61,9 @@ void launch_union_sm90(const UnionArgs& args, int grid, cudaStream_t stream);
 template <typename Elem, KvKind kKv>
 int union_sm90_ctas_per_sm();
 // The same tiles with TMA loads and intra-warpgroup overlap (union_tma_sm90.cuh; plan option
-// tile_kernel=tma): bf16 / fp16 K and V of the compute dtype; pingpong: the consumer warpgroups
-// take turns issuing their MMAs (tile_pingpong=on).
+// tile_kernel=tma): bf16 / fp16 K and V of the compute dtype.
 template <typename Elem>
-void launch_union_tma_sm90(const UnionArgs& args, int grid, bool pingpong, cudaStream_t stream);
+void launch_union_tma_sm90(const UnionArgs& args, int grid, cudaStream_t stream);
 template <typename Elem>
 int union_tma_sm90_ctas_per_sm();
 

@@ -298,7 +298,6 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     if (o.tile_kernel != TileKernel::kCpAsync) plan.tile_fallback = tile_tma_unsupported(p, facts);
     plan.tile_kernel = o.tile_kernel != TileKernel::kCpAsync && plan.tile_fallback == nullptr ? TileKernel::kTma
                                                                                               : TileKernel::kCpAsync;
-    plan.tile_pingpong = plan.tile_kernel == TileKernel::kTma && o.tile_pingpong == TilePingpong::kOn;
     plan.tile_grid = (plan.tile_kernel == TileKernel::kTma ? facts.tile_tma_ctas : tctas) * facts.num_sms;
     plan.tile_max_waste_milli = o.tile_max_waste_milli > 0 ? o.tile_max_waste_milli
                                 : plan.tile_kernel != TileKernel::kTma ? kUnionMaxWasteMilli

@@ -272,7 +272,7 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
       if constexpr (kKv == KvKind::kNative) {
         if (plan.tile_kernel == TileKernel::kTma) {
-          launch_union_tma_sm90<Elem>(u, plan.tile_grid, plan.tile_pingpong, stream);
+          launch_union_tma_sm90<Elem>(u, plan.tile_grid, stream);
           return;
         }
       }

@@ -21,26 +21,6 @@
 //                 none of the warpgroup's tokens selected first completes the pending P V.
 // The arithmetic per block is the old kernel's (same MMAs, same rescale order); a row's result
 // depends only on its tile's plan (D11).
-//
-// Ping-pong (plan option tile_pingpong=on, kPingPong; off by default, not yet measured): the two
-// consumer warpgroups take turns issuing their MMAs (FlashAttention-3's inter-warpgroup
-// scheduling), so that one's softmax runs while the other's S and P V occupy the tensor core:
-// warpgroup 0 issues S_u (and P_{u-1} V_{u-1}), passes the turn, runs its softmax while warpgroup 1
-// issues its block u, which passes the turn back for block u + 1. Two named barriers of 256
-// threads (ids 1 and 2; the kernel's only other barrier is __syncthreads, id 0): id 1 + w is
-// "warpgroup w's turn", w's 128 threads sync on it, the partner's 128 arrive on it.
-// Invariant: the consumers walk the same tiles and, per tile, the same U union blocks (one ring
-// position kv each), and on every block, the ones a warpgroup skips included, each warpgroup syncs
-// once on its own barrier and then arrives once on the partner's. So warpgroup 0's k-th sync
-// (k = 0, 1, ... over the whole kernel) is matched by warpgroup 1's (k - 1)-th arrive (k = 0: the
-// one arrive warpgroup 1 makes before its first tile), and warpgroup 1's k-th sync by warpgroup
-// 0's k-th arrive; after its last tile warpgroup 0 syncs once more, matching warpgroup 1's last
-// arrive, so no barrier holds arrivals at the kernel's end. The turns alternate strictly, so no
-// warpgroup arrives twice in one phase. Deadlock-free: in its turn for block k a warpgroup waits
-// only for K_k and the pending block's V (the producer loads them once both warpgroups released
-// the slots of block k - 2, and the partner, having passed the turn for block k - 1, finishes
-// block k - 2 without waiting for anyone); a skipped block takes its turn without waiting for its
-// slots inside it.
 #pragma once
 
 #include <cuda.h>
@@ -82,10 +62,6 @@ static_assert(UnionTmaConfig::kQOffset % 1024 == 0 && UnionTmaConfig::kKOffset %
               "swizzled tiles start on 1024-byte boundaries");
 
 #if MSA_HAS_WGMMA
-// Ping-pong turns (see the top of the file): wait for warpgroup wg's turn / give it to the partner.
-MSA_DEVICE void pingpong_wait_turn(int wg) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory"); }
-MSA_DEVICE void pingpong_pass_turn(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory"); }
-
 // TMA coordinates of one 128-key block of K or V of sequence b and kv head kh: paged maps at the
 // block's page, flat ones at its first row (row0: the sequence's first row). The caller's plan holds
 // only blocks with a valid page, so the page is >= 0 here.
@@ -191,7 +167,7 @@ MSA_DEVICE void union_tma_producer(const UnionTmaArgs& ta, uint8_t* smem, uint32
 }
 #endif
 
-template <typename Elem, bool kPingPong>
+template <typename Elem>
 __global__ void __launch_bounds__(UnionTmaConfig::kThreads, 1) union_tma_sm90_kernel(const __grid_constant__ UnionTmaArgs ta) {
 #if MSA_HAS_WGMMA
   using Cfg = UnionTmaConfig;
@@ -232,8 +208,6 @@ __global__ void __launch_bounds__(UnionTmaConfig::kThreads, 1) union_tma_sm90_ke
   const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
   const float sc = a.scale_log2, temp = p.lse_temperature;
   const UnionRows rows = union_rows(wg, warp, gid, a.group);
-  if constexpr (kPingPong)
-    if (wg == 1) pingpong_pass_turn(1);  // warpgroup 0 takes the first turn
 
   int kv = 0;  // K / V blocks consumed so far (ring position)
   for (int it = 0;; ++it) {
@@ -274,26 +248,19 @@ __global__ void __launch_bounds__(UnionTmaConfig::kThreads, 1) union_tma_sm90_ke
       if (__shfl_sync(0xffffffffu, (msk & rows.wg_mask) == 0u, 0)) {
         // Nothing of the block is visible to these rows (union_sm90.cuh): its slots are waited
         // for and released. The pending P V goes first: its V slot must be released before
-        // the producer can fill the ring past this block. Its turn is taken and passed at once.
-        if constexpr (kPingPong) {
-          pingpong_wait_turn(wg);
-          pingpong_pass_turn(wg);
-        }
+        // the producer can fill the ring past this block.
         if (pending) flush();
         union_pass_block(bars, st, parity);
         continue;
       }
       mbar_wait_loop(k_full + 8 * st, parity);
-      if constexpr (kPingPong) pingpong_wait_turn(wg);
       float s[16][4];
       wgmma_qk_issue<Elem>(s, my_q_addr, sK_addr + st * Cfg::kKvBytes);
       if (pending) {
         mbar_wait_loop(v_full + 8 * p_st, p_parity);
         wgmma_pv_issue<Elem>(o, pa, sV_addr + p_st * Cfg::kKvBytes, true);
-        if constexpr (kPingPong) pingpong_pass_turn(wg);  // the partner issues during this softmax
         wgmma_wait<1>();  // S_u done, P V of the previous block may still run
       } else {
-        if constexpr (kPingPong) pingpong_pass_turn(wg);
         wgmma_wait<0>();
       }
       wgmma_fence_operand(s);
@@ -322,8 +289,6 @@ __global__ void __launch_bounds__(UnionTmaConfig::kThreads, 1) union_tma_sm90_ke
     fence_proxy_async_smem();  // the staging writes before the next TMA into this buffer
     mbar_arrive(q_empty + 8 * tb);  // Q buffer and plan tb are free for tile it + 2
   }
-  if constexpr (kPingPong)
-    if (wg == 0) pingpong_wait_turn(0);  // warpgroup 1's last pass: no arrivals left on barrier 1
 #else
   __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
 #endif
@@ -332,15 +297,14 @@ __global__ void __launch_bounds__(UnionTmaConfig::kThreads, 1) union_tma_sm90_ke
 // CTAs per SM of the TMA tile kernel, 0 where this device cannot run it.
 template <typename Elem>
 int union_tma_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(union_tma_sm90_kernel<Elem, false>, UnionTmaConfig::kThreads,
+  return flashmsa::cuda::prepare_sm90a_launch(union_tma_sm90_kernel<Elem>, UnionTmaConfig::kThreads,
                                               size_t(UnionTmaConfig::kSmemBytes));
 }
 
 // Encodes the maps of q, k and v (NotSupported where the driver rejects them; the planner's
-// union_tma_applies keeps the calls it sends here within TMA's coordinates) and launches
-// (pingpong: the consumers take turns issuing their MMAs; same registers and shared memory).
+// union_tma_applies keeps the calls it sends here within TMA's coordinates) and launches.
 template <typename Elem>
-void launch_union_tma_sm90(const UnionArgs& args, int grid, bool pingpong, cudaStream_t stream) {
+void launch_union_tma_sm90(const UnionArgs& args, int grid, cudaStream_t stream) {
   const SparseAttnParams& p = args.p;
   UnionTmaArgs ta{};
   ta.u = args;
@@ -349,7 +313,7 @@ void launch_union_tma_sm90(const UnionArgs& args, int grid, bool pingpong, cudaS
   const bool ok = flashmsa::cuda::encode_q_map_sw128(ta.q_map, ty, p, box_h, 64 / box_h) &&
                   flashmsa::cuda::encode_kv_maps_sw128(ta.k_map, ta.v_map, ty, p);
   MSA_CHECK_SUPPORTED(ok, "tile_kernel=tma: the driver rejected the TMA descriptors of q / k / v");
-  auto* kernel = pingpong ? union_tma_sm90_kernel<Elem, true> : union_tma_sm90_kernel<Elem, false>;
+  auto* kernel = union_tma_sm90_kernel<Elem>;
   constexpr int smem = UnionTmaConfig::kSmemBytes;
   flashmsa::cuda::prepare_launch(kernel, UnionTmaConfig::kThreads, size_t(smem));
   kernel<<<grid, UnionTmaConfig::kThreads, smem, stream>>>(ta);

@@ -56,12 +56,6 @@ enum class KvMajorLists : int32_t { kAuto = 0, kPerGroup = 1, kOnce = 2 };
 // 32K clustered bf16: 4.03 vs 5.24 ms flat, 4.02 vs 5.28 ms paged; 8K pipeline selections 1.96 vs
 // 2.20 ms).
 enum class TileKernel : int32_t { kAuto = 0, kCpAsync = 1, kTma = 2 };
-// tile_pingpong=auto|off|on: on, the TMA tile kernel's two consumer warpgroups take turns issuing
-// their MMAs (FlashAttention-3's inter-warpgroup ping-pong: one's softmax runs during the other's
-// MMAs; bit-identical to off). Only the TMA tile kernel has it: where the tiles run on cp_async
-// the option changes nothing and the plan text says so. auto = off (not yet measured on the GPU;
-// docs/design/sparse_attention.md, "Ping-pong between the consumer warpgroups").
-enum class TilePingpong : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
 // Proxy-score kernels (docs/design/proxy_score.md): mma_sync (portable SM80+, every call), sm90 /
 // sm90_ss (the sm_90a TMA + wgmma prefill kernel with Q in registers / in shared memory, where it
 // applies: bf16 / fp16 q with K of q's dtype or fp8 K, or NVFP4 q and K (converted exactly into
@@ -264,7 +258,6 @@ struct SparseAttnOptions {
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
   TileKernel tile_kernel = TileKernel::kAuto;
   KvMajorLists lists = KvMajorLists::kAuto;
-  TilePingpong tile_pingpong = TilePingpong::kAuto;
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -312,7 +305,7 @@ struct TopkSelectOptions {
 // kv_major_kernel=auto|mma_sync|wgmma|tma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 2.5 up to 8192 rows, else
 // 2; 1.5 with cp.async),
-// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_pingpong=auto|off|on.
+// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -444,7 +437,6 @@ struct KvMajorPlan {
   int tile_grid = 0;
   TileKernel tile_kernel = TileKernel::kCpAsync;  // resolved: kCpAsync or kTma
   const char* tile_fallback = nullptr;  // tile_kernel=auto / tma that took cp_async: why (static)
-  bool tile_pingpong = false;  // tile_pingpong=on with the TMA tile kernel
   size_t tile_done_off = 0, tile_count_off = 0, tile_block_off = 0, tile_mask_off = 0,
          tile_work_off = 0, tile_control_off = 0;
 };
@@ -520,7 +512,6 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(TileKernel v);
-const char* option_name(TilePingpong v);
 const char* option_name(KvMajorLists v);
 const char* option_name(ProxyKernel v);
 const char* option_name(TopkKernel v);

@@ -100,12 +100,6 @@ TEST(PlanDescribe, TileKernelIsNamedWithItsFallback) {
   d = describe(plan_sparse_attention(p, o, hopper()), p, o);
   EXPECT_TRUE(has(d, "tile_kernel=cp_async (tile_kernel=tma falls back to cp_async: the TMA tile kernel "
                      "cannot run on this device)")) << d;
-  EXPECT_FALSE(has(d, "tile_pingpong")) << d;
-  o.tile_pingpong = TilePingpong::kOn;
-  d = describe(plan_sparse_attention(p, o, f), p, o);
-  EXPECT_TRUE(has(d, "; tile_pingpong=on (forced by the option: the consumer warpgroups take turns")) << d;
-  d = describe(plan_sparse_attention(p, o, hopper()), p, o);
-  EXPECT_TRUE(has(d, "; tile_pingpong=on changes nothing: only the TMA tile kernel has it")) << d;
 }
 
 TEST(PlanDescribe, KvMajorTmaRunsOrSaysWhyNot) {

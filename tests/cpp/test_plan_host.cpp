@@ -488,33 +488,6 @@ TEST(PlanTileKernel, TmaFallsBackToCpAsyncAndSaysWhy) {
   EXPECT_FALSE(plan_sparse_attention(attn(4096, 32, 4), o, f).kvm.tiles);
 }
 
-TEST(PlanTileKernel, PingpongIsOffByDefaultAndOnlyWithTheTmaKernel) {
-  SparseAttnDeviceFacts f = hopper();
-  f.tile_tma_ctas = 1;
-  SparseAttnOptions o;
-  // auto = off (not yet measured on the GPU); off as auto.
-  EXPECT_FALSE(plan_sparse_attention(attn(4096), o, f).kvm.tile_pingpong);
-  o.tile_pingpong = TilePingpong::kOff;
-  EXPECT_FALSE(plan_sparse_attention(attn(4096), o, f).kvm.tile_pingpong);
-  o.tile_pingpong = TilePingpong::kOn;
-  for (TileKernel k : {TileKernel::kAuto, TileKernel::kTma}) {
-    o.tile_kernel = k;
-    const SparseAttnPlan plan = plan_sparse_attention(attn(4096), o, f);
-    ASSERT_EQ(plan.kvm.tile_kernel, TileKernel::kTma);
-    EXPECT_TRUE(plan.kvm.tile_pingpong);
-    EXPECT_EQ(plan.kvm.tile_grid, 132);  // same registers and shared memory as without
-  }
-  // The cp.async tiles (forced, fp8 K/V, a device without the TMA kernel) have no ping-pong.
-  o.tile_kernel = TileKernel::kCpAsync;
-  EXPECT_FALSE(plan_sparse_attention(attn(4096), o, f).kvm.tile_pingpong);
-  o.tile_kernel = TileKernel::kAuto;
-  EXPECT_FALSE(plan_sparse_attention(attn(4096, 64, 4, 16, DType::kFP8E4M3), o, f).kvm.tile_pingpong);
-  EXPECT_FALSE(plan_sparse_attention(attn(4096), o, hopper()).kvm.tile_pingpong);
-  for (TilePingpong v : {TilePingpong::kAuto, TilePingpong::kOff, TilePingpong::kOn})
-    EXPECT_EQ(parse_sparse_attention_options(std::string("tile_pingpong=") + option_name(v)).tile_pingpong, v);
-  EXPECT_EQ(parse_sparse_attention_options("").tile_pingpong, TilePingpong::kAuto);
-}
-
 // ---- tile waste ---------------------------------------------------------------------------------
 
 TEST(PlanTiles, WasteBoundDefaultsPerTileKernelAndFollowsTheOption) {
@@ -1307,11 +1280,15 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, tile_pingpong)");
+      "lists)");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
   bad("tile_kernel=wgmma", "tile_kernel must be auto, cp_async or tma, got 'wgmma'");
-  bad("tile_pingpong=yes", "tile_pingpong must be auto, off or on, got 'yes'");
+  // tile_pingpong (the TMA tile kernel's consumer warpgroups taking turns issuing their MMAs) was
+  // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
+  bad("tile_pingpong=on",
+      "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
+      "tile_kernel, lists)");
   // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3) were
   // removed, and with them the option: the combine is always the separate kernel.
   for (const char* v : {"auto", "separate", "prefetch", "overlap", "overlap_staged", "fused"})

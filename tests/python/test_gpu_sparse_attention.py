@@ -56,14 +56,12 @@ BLOCK = 128
 # hybrid: shared-selection tiles (sm_90a) for the tiles that qualify, KV-major for the rest, with
 # the default tile kernel (the TMA one where it runs; fp8 K/V take the cp.async one);
 # hybrid_cp_async: the same with the cp.async tile kernel forced (tile_kernel=cp_async).
-# hybrid_pingpong: hybrid with the TMA tile kernel's consumer warpgroups taking turns issuing their
-# MMAs (tile_pingpong=on; fp8 K/V take the cp.async tiles, which ignore it).
 # kv_major_lists_once / hybrid_lists_once: kv_major / hybrid with the work lists of all launch
 # groups built at once (lists=once, the default where it fits), in groups of 64 rows so that most
 # cases run several (an explicit chunk_rows of a test replaces the 64); kv_major_per_group /
 # hybrid_per_group: the same groups with each group's lists built before it (lists=per_group).
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
-             "hybrid_pingpong", "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
+             "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
              "kv_major_tma", "hybrid_tma", "kv_major_tma_groups"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -79,7 +77,6 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_mma_sync": dict(schedule="kv_major", kv_major_kernel="mma_sync"),
         "hybrid": dict(schedule="hybrid", kv_major_kernel="auto"),
         "hybrid_cp_async": dict(schedule="hybrid", kv_major_kernel="auto", tile_kernel="cp_async"),
-        "hybrid_pingpong": dict(schedule="hybrid", kv_major_kernel="auto", tile_pingpong="on"),
         "kv_major_lists_once": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
                                     lists="once", chunk_rows=64),
         "hybrid_lists_once": dict(schedule="hybrid", kv_major_kernel="auto", lists="once", chunk_rows=64),
@@ -641,89 +638,6 @@ def test_tile_kernel_on_unrelated_selections(name, tile_kernel):
     check_empty_rows(got[0], cpu[1], name)
     if case.temperature is not None:
         check_lse(got[2], cpu[2], f"{name} lse_t")
-
-
-# ---- tile_pingpong=on: bit-identical to the TMA tile kernel without it --------------------------
-
-_PINGPONG_TILE_CASES = ["m3_tile_shared", "m3_tile_mixed_temp", "g32_tile_shared_paged", "g16_tile_shared_fp16",
-                        "g64_tile_mixed_nocausal"]
-
-
-@pytest.mark.parametrize("name,waste", [(n, None) for n in _PINGPONG_TILE_CASES]
-                         + [(n, 8) for n in _PINGPONG_TILE_CASES + ["spec_16_1", "m3_1x1024"]])
-def test_tile_pingpong_is_bitwise_on_cases(name, waste):
-    """The consumer warpgroups taking turns (tile_pingpong=on) change only when each issues its
-    MMAs, never what a row computes: outputs, LSEs and temperature LSEs equal tile_kernel=tma's bit
-    for bit, on shared / mixed selections (ragged and partial tiles, paged K/V, fp16, no causal
-    mask, temperature) and, with tile_max_waste=8, on unrelated selections whose tiles make a
-    warpgroup skip blocks its partner computes."""
-    if not IS_SM90:
-        pytest.skip("the TMA tile kernel is sm_90a only")
-    case = next(c for c in CASES if c.name == name)
-    pb = problem(case, seed=17)
-    extra = {} if waste is None else dict(tile_max_waste=waste)
-    base = run(pb, gpu=True, schedule="hybrid", tile_kernel="tma", **extra)
-    got = run(pb, gpu=True, schedule="hybrid", tile_kernel="tma", tile_pingpong="on", **extra)
-    assert bits_equal(base, got), f"{name}: tile_pingpong=on differs from tile_kernel=tma"
-    assert not bits_equal(base, run(pb, gpu=True, schedule="kv_major")), "the tile kernel did not run"
-    assert bits_equal(got, run(pb, gpu=True, schedule="hybrid", tile_kernel="tma", tile_pingpong="on",
-                               **extra))
-
-
-def _m3_selection(kind: str, seqs, hkv: int, topk: int, seed: int) -> torch.Tensor:
-    """(Hkv, total, topk) selections of causal sequences of lengths seqs (q = k): clustered
-    (benchmarks' clustered_selection), pipeline (the GPU proxy score and top-k of smooth index data,
-    as the 8K pipeline bench) or random."""
-    from flashmsa.testing import inputs as mi
-    parts = []
-    for i, s in enumerate(seqs):
-        gen = torch.Generator(device=DEV).manual_seed(seed + i)
-        if kind == "clustered":
-            sel = mi.clustered_selection(s, hkv, topk, seed + i, DEV)
-        elif kind == "random":
-            sel = mi.random_selection(torch.arange(s, device=DEV), hkv, topk, gen)
-        else:
-            iq, ik = mi.smooth_index_data(s, hkv, 1, gen, DEV)  # M3's indexer: one q head per kv head
-            cu = torch.tensor([0, s], dtype=torch.int32, device=DEV)
-            scores = msa_ops.msa_proxy_score(iq, ik, cu, cu, causal=True, max_seqlen_q=s,
-                                             max_k_tiles=math.ceil(s / BLOCK))
-            nvp = (torch.arange(s, device=DEV) // BLOCK + 1).to(torch.int32)
-            sel = msa_ops.msa_topk_select(scores, topk, num_valid_pages=nvp, force_end_blocks=1)
-            sel = sel.transpose(0, 1).contiguous()
-        parts.append(sel.to(torch.int32))
-    return torch.cat(parts, dim=1).contiguous()
-
-
-@pytest.mark.parametrize("selection", ["clustered", "pipeline", "random"])
-@pytest.mark.parametrize("dtype", [BF16, FP16])
-@pytest.mark.parametrize("seqs", [[2048], [1500, 37, 900]], ids=["one", "ragged"])
-def test_tile_pingpong_is_bitwise_on_m3_selections(selection, dtype, seqs):
-    """M3 shapes (64 q heads, 4 kv heads, top-16) on the benchmarks' selection kinds: the TMA
-    tile kernel with and without tile_pingpong=on give the same bits for out, LSE and temperature
-    LSE (random selections with tile_max_waste=8: tiles where one warpgroup skips blocks)."""
-    if not IS_SM90:
-        pytest.skip("the TMA tile kernel is sm_90a only")
-    hq, hkv, topk = 64, 4, 16
-    gen = torch.Generator(device=DEV).manual_seed(29)
-    total = sum(seqs)
-    q = torch.randn(total, hq, 128, generator=gen, device=DEV).to(dtype)
-    k = torch.randn(total, hkv, 128, generator=gen, device=DEV).to(dtype)
-    v = torch.randn(total, hkv, 128, generator=gen, device=DEV).to(dtype)
-    q2k = _m3_selection(selection, seqs, hkv, topk, seed=31)
-    cu = torch.tensor([0] + list(np.cumsum(seqs)), dtype=torch.int32, device=DEV)
-    waste = dict(tile_max_waste=8) if selection == "random" else {}
-
-    def call(**options):
-        res = msa_ops._sparse_attention_planned(
-            q, k, v, q2k, cu, cu, causal=True, return_softmax_lse=True, return_temperature_lse=True,
-            lse_temperature_scale=0.7, options=dict(schedule="hybrid", tile_kernel="tma", **waste, **options))
-        torch.cuda.synchronize()
-        return res
-
-    base, got = call(), call(tile_pingpong="on")
-    assert bits_equal(base, got), f"{selection}/{dtype}/{seqs}: tile_pingpong=on differs"
-    assert bits_equal(got, call(tile_pingpong="on"))
-    assert torch.isfinite(got[0].float()).all()
 
 
 @pytest.mark.parametrize("value", ["abc", "0.5", "9", "nan", "1.5x"])

@@ -129,11 +129,11 @@ extern template void launch_query_major_wide<__nv_bfloat16>(const QueryMajorArgs
 extern template void launch_query_major_wide<__half>(const QueryMajorArgs&, cudaStream_t);
 
 // union_tma_bf16.cu
-extern template void launch_union_tma_sm90<__nv_bfloat16>(const UnionArgs&, int, bool, cudaStream_t);
+extern template void launch_union_tma_sm90<__nv_bfloat16>(const UnionArgs&, int, cudaStream_t);
 extern template int union_tma_sm90_ctas_per_sm<__nv_bfloat16>();
 
 // union_tma_fp16.cu
-extern template void launch_union_tma_sm90<__half>(const UnionArgs&, int, bool, cudaStream_t);
+extern template void launch_union_tma_sm90<__half>(const UnionArgs&, int, cudaStream_t);
 extern template int union_tma_sm90_ctas_per_sm<__half>();
 
 // kv_major_tma_bf16.cu

@@ -6,7 +6,7 @@
 
 namespace flashmsa::sparse_attn {
 
-template void launch_union_tma_sm90<__nv_bfloat16>(const UnionArgs&, int, bool, cudaStream_t);
+template void launch_union_tma_sm90<__nv_bfloat16>(const UnionArgs&, int, cudaStream_t);
 template int union_tma_sm90_ctas_per_sm<__nv_bfloat16>();
 
 }  // namespace flashmsa::sparse_attn
