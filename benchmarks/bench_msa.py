@@ -145,8 +145,6 @@ STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),)
 # (split_warps=4: auto's 8-warp kernel's predecessor; fp8 K/V run 4 warps anyway).
 STEP_BF16_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),)
 STEP_VARIANT_MAX_BATCH = 8
-# Step rows of every case also with plan options of all three ops (proxy, top-k, decode).
-STEP_ALL_OP_VARIANTS = ((" [pdl=on]", dict(pdl="on")),)
 # Decode batches whose M3 calls split by blocks on an H200 (B x 4 kv heads < 132 SMs): their bf16
 # sq 1 rows also run split-K on 4 warps per CTA (split_warps=4) beside auto's 8.
 SPLIT_K_MAX_BATCH = 32
@@ -208,7 +206,7 @@ class DecodeStep:
     Works on CPU tensors too (the ops' reference), which the CPU tests use."""
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
-                 device, geo=M3, topk: int = TOPK, decode_options=None, step_options=None):
+                 device, geo=M3, topk: int = TOPK, decode_options=None):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
@@ -216,15 +214,8 @@ class DecodeStep:
             raise ValueError("per-head selection needs as many index heads as KV heads")
         self.ops, self.geo, self.topk = ops, geo, topk
         # Sparse-decode plan options (flashmsa's private planned twin), None: the public op.
-        # step_options: plan options of all three ops (e.g. pdl=on), merged into decode_options.
-        if step_options is not None:
-            decode_options = dict(step_options, **(decode_options or {}))
         self.decode = ops.msa_sparse_decode_attention if decode_options is None else \
             functools.partial(ops._sparse_decode_planned, options=decode_options)
-        self.proxy = ops.msa_proxy_score if step_options is None else \
-            functools.partial(ops._proxy_score_planned, options=step_options)
-        self.select = ops.msa_topk_select if step_options is None else \
-            functools.partial(ops._topk_select_planned, options=step_options)
         self.batch, self.ctx, self.seqlen_q = batch, ctx, seqlen_q
         self.nb = nb = ctx // mi.BLOCK
         rows, pages = batch * seqlen_q, batch * nb
@@ -248,11 +239,12 @@ class DecodeStep:
 
     def __call__(self):
         """The step: returns (attention output, top-k selection (tokens, heads, topk))."""
-        self.proxy(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
-                   seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
-                   max_k_tiles=self.nb, output=self.scores)
-        self.select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
-                    force_end_blocks=1)
+        ops = self.ops
+        ops.msa_proxy_score(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
+                            seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
+                            max_k_tiles=self.nb, output=self.scores)
+        ops.msa_topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
+                            force_end_blocks=1)
         self.q2k.copy_(self.sel.transpose(0, 1))
         out = self.decode(self.q, self.k, self.v, self.q2k, page_table=self.page_table,
                           seqused_k=self.seqused, seqlen_q=self.seqlen_q, causal=True,
@@ -999,23 +991,14 @@ class Bench:
                               "memory", None,
                               extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
                                          kv_dtype=kv, decode_options=options))
-            # Every step also with its kernels launched with programmatic dependent launch (plan
-            # option pdl=on of all three ops; off by default, not yet measured).
-            for suffix, options in STEP_ALL_OP_VARIANTS:
-                self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
-                              lambda b=b, c=ctx, q=sq, i=idx, v=kv, o=options:
-                              self.build_step(b, c, q, i, v, step_options=o),
-                              "memory", None,
-                              extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
-                                         kv_dtype=kv, step_options=options))
 
-    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None, step_options=None):
+    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
-                          self.device, decode_options=decode_options, step_options=step_options)
+                          self.device, decode_options=decode_options)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

@@ -1097,17 +1097,9 @@ class Smoke:
         self.run("hostile decode batch 0", batch0)
 
     def pipeline(self):
-        """The M3 decode step at a small size: proxy (per-head) -> top-k -> decode; again with
-        every kernel launched with programmatic dependent launch (plan option pdl=on of all three
-        ops), at B8 (split-K + combine) and B1."""
-        self.pipeline_step(self.ops, 8, "pipeline M3 decode step B8")
-        pdl = {name: dict(pdl="on") for name in ("msa_proxy_score", "msa_topk_select",
-                                                 "msa_sparse_decode_attention")}
-        self.pipeline_step(PlannedOps(self.ops, **pdl), 8, "pipeline M3 decode step B8 pdl=on")
-        self.pipeline_step(PlannedOps(self.ops, **pdl), 1, "pipeline M3 decode step B1 pdl=on")
-
-    def pipeline_step(self, ops, b, name):
-        ctx = 1024
+        """The M3 decode step at a small size: proxy (per-head) -> top-k -> decode."""
+        ops = self.ops
+        b, ctx = 8, 1024
         lens = [ctx - 37 * i for i in range(b)]
         cu_q = self.cu_rows(b, 1)
 
@@ -1123,7 +1115,7 @@ class Smoke:
             return ops.msa_sparse_decode_attention(
                 self.rnd((b, 64, 128)), kc, vc, sel.transpose(0, 1).contiguous(),
                 page_table=table, seqused_k=used)
-        self.run(name, step)
+        self.run("pipeline M3 decode step B8", step)
 
 
 class Lazy:

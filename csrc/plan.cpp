@@ -69,7 +69,6 @@ constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kCluster, "cluster"}};
 constexpr Named<DecodeSplitWarps> kDecodeSplitWarps[] = {
     {DecodeSplitWarps::kAuto, "auto"}, {DecodeSplitWarps::k4, "4"}, {DecodeSplitWarps::k8, "8"}};
-constexpr Named<Pdl> kPdls[] = {{Pdl::kAuto, "auto"}, {Pdl::kOff, "off"}, {Pdl::kOn, "on"}};
 constexpr Named<DecodeSplitRule> kDecodeSplitRules[] = {
     {DecodeSplitRule::kAuto, "auto"}, {DecodeSplitRule::kCeil, "ceil"}, {DecodeSplitRule::kWaves, "waves"}};
 constexpr Named<DecodeWgmmaPipe> kDecodeWgmmaPipes[] = {
@@ -158,7 +157,6 @@ const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
 const char* option_name(DecodeSplitRule v) { return name_of(kDecodeSplitRules, v); }
-const char* option_name(Pdl v) { return name_of(kPdls, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -177,11 +175,9 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.split_warps = parse_enum(kDecodeSplitWarps, name, value);
     } else if (name == "split_rule") {
       o.split_rule = parse_enum(kDecodeSplitRules, name, value);
-    } else if (name == "pdl") {
-      o.pdl = parse_enum(kPdls, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, pdl)");
+               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule)");
     }
   });
   return o;
@@ -223,11 +219,9 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.nvfp4_cvt = parse_enum(kDecodeNvfp4Cvts, name, value);
     } else if (name == "decode_fp8") {
       o.decode_fp8 = parse_enum(kDecodeFp8s, name, value);
-    } else if (name == "pdl") {
-      o.pdl = parse_enum(kPdls, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, pdl)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8)");
     }
   });
   return o;
@@ -236,13 +230,8 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
 TopkSelectOptions parse_topk_select_options(std::string_view text) {
   TopkSelectOptions o;
   for_each_option("msa_topk_select", text, [&](std::string_view name, std::string_view value) {
-    if (name == "kernel") {
-      o.kernel = parse_enum(kTopkKernels, name, value);
-    } else if (name == "pdl") {
-      o.pdl = parse_enum(kPdls, name, value);
-    } else {
-      MSA_FAIL("msa_topk_select: unknown plan option '", name, "' (options: kernel, pdl)");
-    }
+    MSA_CHECK(name == "kernel", "msa_topk_select: unknown plan option '", name, "' (options: kernel)");
+    o.kernel = parse_enum(kTopkKernels, name, value);
   });
   return o;
 }
@@ -321,7 +310,6 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   plan.fp8_tma = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kFP8E4M3 &&
                  (options.decode_fp8 == DecodeFp8::kTma || auto_tma);
   plan.fp8_tma_cols = plan.fp8_tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
-  plan.pdl = options.pdl == Pdl::kOn && plan.kernel == ProxyKernel::kDecode;  // the decode kernels
   return plan;
 }
 
@@ -349,7 +337,6 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
       break;
     }
   }
-  plan.pdl = options.pdl == Pdl::kOn;
   return plan;
 }
 

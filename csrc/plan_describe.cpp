@@ -147,9 +147,6 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
       s << "; kernel=regs (3 stages at 2 CTAs per SM)";
   }
   query_major_details(s, plan.qm);
-  if (plan.pdl)
-    s << "; pdl=on (programmatic dependent launch of the " << (plan.qm.wgmma ? "combine; the wgmma kernel without it" : "attention kernel and the combine")
-      << ", sm_90 and up)";
   workspace(s, plan.bytes);
   return s.str();
 }
@@ -196,10 +193,6 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
         << ": fp8 K by TMA, a warp per key block"
         << (plan.fp8_tma_cols == kProxyDecodeTmaMaxCols ? ", 16 query columns a pass" : "") << ", where it applies)";
   }
-  if (plan.pdl)
-    s << "; pdl=on (programmatic dependent launch of the decode kernel, sm_90 and up)";
-  else if (o.pdl == Pdl::kOn)
-    s << "; pdl=on does not apply (the decode kernels only)";
   return s.str();
 }
 
@@ -230,7 +223,6 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
               ? "; every row one chunk: thresholds by 8-bit digits, a warp per CTA"
               : "; rows of one chunk by 8-bit digits, longer ones as warp_split");
   }
-  if (plan.pdl) s << "; pdl=on (programmatic dependent launch, sm_90 and up)";
   return s.str();
 }
 

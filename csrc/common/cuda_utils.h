@@ -63,31 +63,6 @@ int prepare_cluster_launch(Kernel* kernel, int threads, size_t smem_bytes) {
   return prepare_cluster_launch(reinterpret_cast<const void*>(kernel), threads, smem_bytes);
 }
 
-// Launches kernel<<<grid, block, smem_bytes, stream>>>(args...), with programmatic dependent
-// launch where pdl and the device is sm_90 or newer (cudaLaunchAttributeProgrammaticStreamSerialization:
-// the kernel's CTAs may start while the stream's previous kernel finishes). A kernel launched with
-// pdl calls pdl_wait() (common/ptx.cuh) before its first global memory access. args: the kernel's
-// parameters, each of exactly its parameter type.
-template <typename... Params, typename... Args>
-void launch_kernel_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-                   bool pdl, const Args&... args) {
-  static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel_ex: one argument per kernel parameter");
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  if (pdl && current_device_limits().cc_major >= 9) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
-  void* ptrs[] = {const_cast<void*>(static_cast<const void*>(&args))..., nullptr};
-  MSA_CUDA_CHECK(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), ptrs));
-}
-
 }  // namespace flashmsa::cuda
 
 // Checks the launch that just happened (configuration errors surface here; asynchronous faults

@@ -294,32 +294,6 @@ MSA_DEVICE float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
 }
 
-// ---- programmatic dependent launch (sm_90 and up) -------------------------------------------------
-// A kernel launched with programmatic dependent launch (flashmsa::cuda::launch_kernel_ex with pdl) may
-// start while the stream's previous kernel is still running: pdl_wait() returns once that kernel
-// has completed and its memory is visible, so every such kernel calls it before its first global
-// memory access (read or write). pdl_launch_dependents() lets the stream's next kernel launch once
-// every CTA of this one has called it (or exited): its CTAs then wait in their pdl_wait() while
-// this kernel finishes. Both are no-ops for a kernel launched without it, and below sm_90.
-
-MSA_DEVICE void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-MSA_DEVICE void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-// A kernel's first statement: wait for the previous kernel. The next kernel is not triggered early
-// (pdl_launch_dependents): H200 at da5ef13, triggering right after the wait made every graphed
-// decode step slower (B1 / 32K 30.8 vs 28.3 us, B8 58.4 vs 50.8 us): the next grid's CTAs were
-// placed, and held their resources, while this one still ran.
-MSA_DEVICE void pdl_begin() { pdl_wait(); }
-
 // ---- thread-block clusters (sm_90) -------------------------------------------------------------
 // Distributed shared memory between the CTAs of a cluster (the split-K decode with split=cluster,
 // query_major.cuh): a CTA's rank in its cluster, the cluster barrier (arrive with release, wait

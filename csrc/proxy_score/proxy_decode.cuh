@@ -84,7 +84,6 @@ struct Params {
   int tokens;    // T = 16 / G: tokens per 16-row pass; row r = (head r / T, token r % T)
   int64_t units; // B * Hkv * P
   float scale;   // every logit times this (NVFP4: logit_scale * 2^7, see load_k_frags)
-  bool pdl;      // launched with programmatic dependent launch (plan.pdl)
 };
 
 __device__ __forceinline__ float max_nan(float a, float b) {
@@ -458,7 +457,6 @@ __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
 // unit i alone as kIlp = 1 does (unit i + 1 already waited for).
 template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp, bool kWord>
 __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __grid_constant__ Params dp) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   using St = Stage<kK, kCtas>;
   constexpr int S = St::kStages;
   static_assert(kIlp == 1 || (kIlp == 2 && S >= 3), "decode_ilp=2 waits for two stages of S >= 3");
@@ -615,7 +613,8 @@ void launch_kernel(const Params& dp, cudaStream_t stream) {
   // Exactly resident: one wave, every CTA streaming units / grid blocks.
   const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(int64_t(limits.num_sms) * resident,
                                                               std::max<int64_t>(dp.units, 1)));
-  launch_kernel_ex(kernel, dim3(unsigned(ctas)), dim3(kThreads), smem, stream, dp.pdl, dp);
+  kernel<<<unsigned(ctas), kThreads, smem, stream>>>(dp);
+  MSA_CHECK_LAUNCH();
 }
 
 // f(std::integral_constant<int, n>{}) for n = ctas, the plan's CTAs per SM for fp8 / NVFP4 K.
@@ -663,7 +662,6 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
   dp.tokens = decode::kRows / dp.group;
   dp.units = int64_t(std::max(p.batch, 0)) * p.num_kv_heads * p.max_k_tiles;
   dp.scale = p.q_dtype == DType::kNVFP4 ? p.logit_scale * 128.0f : 1.0f;
-  dp.pdl = plan.pdl;
 
   const bool k8 = p.k.dtype == DType::kFP8E4M3;
   const bool k4 = p.k.dtype == DType::kNVFP4;

@@ -252,7 +252,6 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
 
 template <typename Mma, bool kScaleQ, int kCols>
 __global__ void __launch_bounds__(kCtaThreads, 1) proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const Params& dp = tp.dp;
@@ -298,7 +297,8 @@ bool launch(const Params& dp, cudaStream_t stream) {
     return false;
   const int64_t ctas = std::max<int64_t>(
       1, std::min<int64_t>(int64_t(current_device_limits().num_sms) * resident, std::max<int64_t>(dp.units, 1)));
-  launch_kernel_ex(kernel, dim3(unsigned(ctas)), dim3(kCtaThreads), kSmemBytes, stream, dp.pdl, tp);
+  kernel<<<unsigned(ctas), kCtaThreads, kSmemBytes, stream>>>(tp);
+  MSA_CHECK_LAUNCH();
   return true;
 }
 

@@ -38,7 +38,6 @@ constexpr int kCombineCtasPerSm = 32;
 // launcher shortens the units for calls of few rows (combine_launch_unit_rows / _heads).
 template <typename OutElem, StoreKind kKind>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineArgs a) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t = a.unit_rows;
   const int first = a.row_begin / t;
@@ -78,12 +77,11 @@ void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t strea
   const int64_t grid = std::min<int64_t>(units, int64_t(kCombineCtasPerSm) * num_sms);
   auto go = [&]<typename OutElem>() {
     const dim3 g{unsigned(grid)}, b{unsigned(kCombineWarps * 32)};
-    auto run = [&](auto kernel) { flashmsa::cuda::launch_kernel_ex(kernel, g, b, 0, stream, a.pdl, a); };
     switch (a.part_kind) {
-      case StoreKind::kF32: run(combine_kernel<OutElem, StoreKind::kF32>); break;
-      case StoreKind::kBF16: run(combine_kernel<OutElem, StoreKind::kBF16>); break;
-      case StoreKind::kF16: run(combine_kernel<OutElem, StoreKind::kF16>); break;
-      case StoreKind::kFP8: run(combine_kernel<OutElem, StoreKind::kFP8>); break;
+      case StoreKind::kF32: combine_kernel<OutElem, StoreKind::kF32><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kBF16: combine_kernel<OutElem, StoreKind::kBF16><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kF16: combine_kernel<OutElem, StoreKind::kF16><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kFP8: combine_kernel<OutElem, StoreKind::kFP8><<<g, b, 0, stream>>>(a); break;
     }
   };
   if (out_dtype == DType::kBF16) {

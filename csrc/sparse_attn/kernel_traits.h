@@ -55,7 +55,6 @@ struct QueryMajorArgs {
   StoreKind part_kind;
   float* part_lse;       // [Hkv, total_q, splits, G] log2-domain LSE of the slot, -inf when empty
   float* part_lse_t;     // same for the temperature LSE, or nullptr
-  bool pdl;              // decode pdl=on: launched with programmatic dependent launch
 };
 
 // ---- KV-major schedule -------------------------------------------------------------------------
@@ -195,7 +194,6 @@ struct CombineArgs {
   int union_num_tiles;
   int unit_rows;  // rows of one work unit: combine_unit_rows(group)
   int unit_heads;  // heads of one work unit (a divisor of group; the launcher's choice, 0: group)
-  bool pdl;        // decode pdl=on: launched with programmatic dependent launch
   // KV-major lists=once: each slot read with a finite (or NaN) LSE is set back to -inf (both LSE
   // arrays), so the next launch group finds every slot it does not write at -inf.
   bool reset_lse;

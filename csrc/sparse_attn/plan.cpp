@@ -373,7 +373,6 @@ SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& dp, const SparseAttn
   plan.schedule = PrefillSchedule::kQueryMajor;
   plan.qm = plan_query_major(p, facts.num_sms, dp.force_fused, part_kind, plan.workspace, options, facts);
   plan.bytes = plan.workspace.bytes;
-  plan.pdl = options.pdl == Pdl::kOn;
   return plan;
 }
 

@@ -639,7 +639,6 @@ MSA_DEVICE void cluster_merge(const QueryMajorArgs& args, uint8_t* smem, int r, 
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
   using Cl = QueryMajorClusterLayout<Cfg>;
   static_assert(!kMtp || kWarpsM == 4, "MTP union items: 64-row tiles");
@@ -1018,22 +1017,20 @@ void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
     cfg.blockDim = dim3(kQmThreads);
     cfg.dynamicSmemBytes = kSmem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
+    cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = unsigned(args.splits);
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // pdl=on (clusters: sm_90+)
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = args.pdl ? 2 : 1;
+    cfg.numAttrs = 1;
     MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
   } else {
     flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
     // Items beyond the largest grid are picked up by the grid-stride loop.
     const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
-    flashmsa::cuda::launch_kernel_ex(kernel, dim3(unsigned(grid)), dim3(kQmThreads), Cfg::kSmemBytes, stream,
-                                     args.pdl, args);
+    kernel<<<unsigned(grid), kQmThreads, Cfg::kSmemBytes, stream>>>(args);
+    MSA_CUDA_CHECK(cudaGetLastError());
   }
 }
 

@@ -54,7 +54,6 @@ struct QueryMajorWideConfig {
 template <typename Elem>
 __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     query_major_wide_kernel(const __grid_constant__ QueryMajorArgs args) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   using Cfg = QueryMajorWideConfig;
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = args.p;
@@ -240,8 +239,7 @@ void launch_query_major_wide(const QueryMajorArgs& args, cudaStream_t stream) {
   flashmsa::cuda::prepare_launch(kernel, Cfg::kThreads, Cfg::kSmemBytes);  // cached smem opt-in
   // Items beyond the largest grid are picked up by the grid-stride loop.
   const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
-  flashmsa::cuda::launch_kernel_ex(kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
-                                   args.pdl, args);
+  kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -129,9 +129,7 @@ CombineArgs combine_args(const SparseAttnParams& p, int num_slots, int row_strid
 
 // ---- query-major -----------------------------------------------------------------------------
 
-// pdl: decode pdl=on (the query-major kernels and the combine launched with programmatic dependent
-// launch; the MTP wgmma kernel without it).
-void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, bool pdl, cudaStream_t stream) {
+void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cudaStream_t stream) {
   QueryMajorArgs a{};
   a.p = p;
   a.group = p.num_heads / p.num_kv_heads;
@@ -144,7 +142,6 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, bool
   a.num_items = plan.num_items;
   a.mtp_tokens = plan.mtp_tokens;
   a.part_kind = plan.part_kind;
-  a.pdl = pdl;
   if (!plan.fused && !plan.cluster) {
     a.part_o = at<void>(p, plan.part_o_off);
     a.part_lse = at<float>(p, plan.part_lse_off);
@@ -223,7 +220,6 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, bool
     CombineArgs c = combine_args(p, plan.splits, p.total_q, a.part_o, plan.part_kind, a.part_lse, a.part_lse_t);
     c.row_begin = 0;
     c.rows = p.total_q;
-    c.pdl = pdl;
     launch_combine(c, p.out_dtype, stream);
   }
 }
@@ -379,7 +375,7 @@ void sparse_attention(const SparseAttnParams& p, const SparseAttnPlan& plan, cud
   MSA_CHECK(p.q_dtype != DType::kFP8E4M3, "msa_sparse_attention: q must be bf16 or fp16");
   check_workspace(p, plan.bytes, "msa_sparse_attention");
   if (plan.schedule == PrefillSchedule::kQueryMajor) {
-    run_query_major(p, plan.qm, /*pdl=*/false, stream);
+    run_query_major(p, plan.qm, stream);
   } else {
     run_kv_major(p, plan.kvm, stream);
   }
@@ -397,7 +393,7 @@ void sparse_decode(const SparseDecodeParams& dp, const SparseAttnPlan& plan, cud
   MSA_CHECK(plan.schedule == PrefillSchedule::kQueryMajor, "msa_sparse_decode_attention: the plan "
             "must be a decode plan (query-major)");
   check_workspace(p, plan.bytes, "msa_sparse_decode_attention");
-  run_query_major(p, plan.qm, plan.pdl, stream);
+  run_query_major(p, plan.qm, stream);
 }
 
 }  // namespace flashmsa::cuda

@@ -502,7 +502,6 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
 
 template <class V>
 __global__ void __launch_bounds__(V::kThreads) topk_radix_kernel(const __grid_constant__ Params rp) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   constexpr int kChunk = V::kChunk;
   const TopkSelectParams& p = rp.p;
   const int warp = threadIdx.x >> 5;

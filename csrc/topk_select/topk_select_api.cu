@@ -31,7 +31,7 @@ namespace flashmsa::cuda {
 namespace {
 
 template <int kTok>
-void launch_warp_rows(const TopkSelectParams& p, bool pdl, cudaStream_t stream) {
+void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
   topk::KernelParams kp{};
   kp.p = p;
   kp.token_groups = ceil_div_int(p.num_tokens, kTok);
@@ -46,32 +46,35 @@ void launch_warp_rows(const TopkSelectParams& p, bool pdl, cudaStream_t stream) 
   prepare_launch(topk::topk_select_kernel<kTok>, topk::kThreads, smem);
 
   const dim3 grid(unsigned(kp.items));
-  launch_kernel_ex(topk::topk_select_kernel<kTok>, grid, dim3(topk::kThreads), smem, stream, pdl, kp);
+  topk::topk_select_kernel<kTok><<<grid, topk::kThreads, smem, stream>>>(kp);
+  MSA_CHECK_LAUNCH();
 }
 
 // warp_split: a CTA per (token, head) row (CTA b = row b of out[S, H, topk]).
-void launch_split_rows(const TopkSelectParams& p, bool pdl, cudaStream_t stream) {
+void launch_split_rows(const TopkSelectParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
   MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
                       " tokens exceed the kernel's work-item range");
   prepare_launch(topk::split::topk_split_kernel, topk::kThreads, 0);
-  launch_kernel_ex(topk::split::topk_split_kernel, dim3(unsigned(rows)), dim3(topk::kThreads), 0, stream, pdl, p);
+  topk::split::topk_split_kernel<<<dim3(unsigned(rows)), topk::kThreads, 0, stream>>>(p);
+  MSA_CHECK_LAUNCH();
 }
 
 // warp_digits: where every row is one chunk (num_blocks <= kChunk), a one-warp CTA per row with
 // the threshold by 8-bit digits; longer rows run as warp_split.
-void launch_digit_rows(const TopkSelectParams& p, bool pdl, cudaStream_t stream) {
+void launch_digit_rows(const TopkSelectParams& p, cudaStream_t stream) {
   static_assert(topk::kChunk == kTopkDigitsChunk, "plan.h's chunk of warp_digits is the kernel's");
-  if (p.num_blocks > topk::kChunk) return launch_split_rows(p, pdl, stream);
+  if (p.num_blocks > topk::kChunk) return launch_split_rows(p, stream);
   const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
   MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
                       " tokens exceed the kernel's work-item range");
   prepare_launch(topk::split::topk_digits_kernel, 32, 0);
-  launch_kernel_ex(topk::split::topk_digits_kernel, dim3(unsigned(rows)), dim3(32), 0, stream, pdl, p);
+  topk::split::topk_digits_kernel<<<dim3(unsigned(rows)), 32, 0, stream>>>(p);
+  MSA_CHECK_LAUNCH();
 }
 
 template <class V>
-void launch_radix(const TopkSelectParams& p, int64_t groups, bool pdl, cudaStream_t stream) {
+void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream) {
   topk::radix::Params rp{};
   rp.p = p;
   rp.token_groups = ceil_div_int(p.num_tokens, 32);
@@ -84,7 +87,8 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, bool pdl, cudaStrea
   // grid with a fixed stride would give some warps only short causal rows and others only long
   // ones; the hardware's CTA scheduling balances them instead.
   const int64_t ctas = ceil_div_int<int64_t>(groups, V::kWarps);
-  launch_kernel_ex(topk::radix::topk_radix_kernel<V>, dim3(unsigned(ctas)), dim3(V::kThreads), smem, stream, pdl, rp);
+  topk::radix::topk_radix_kernel<V><<<dim3(unsigned(ctas)), V::kThreads, smem, stream>>>(rp);
+  MSA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -100,13 +104,13 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
   MSA_CHECK_SUPPORTED(groups <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
                       " tokens exceed the kernel's work-item range");
   switch (plan.kernel) {
-    case TopkKernel::kRadix: launch_radix<topk::radix::Classic>(p, groups, plan.pdl, stream); break;
-    case TopkKernel::kRadix1Buf: launch_radix<topk::radix::Lean1Buf>(p, groups, plan.pdl, stream); break;
-    case TopkKernel::kRadixUniform: launch_radix<topk::radix::Uniform1Buf>(p, groups, plan.pdl, stream); break;
-    case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, plan.pdl, stream); break;
-    case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, plan.pdl, stream); break;
-    case TopkKernel::kWarpSplit: launch_split_rows(p, plan.pdl, stream); break;
-    case TopkKernel::kWarpDigits: launch_digit_rows(p, plan.pdl, stream); break;
+    case TopkKernel::kRadix: launch_radix<topk::radix::Classic>(p, groups, stream); break;
+    case TopkKernel::kRadix1Buf: launch_radix<topk::radix::Lean1Buf>(p, groups, stream); break;
+    case TopkKernel::kRadixUniform: launch_radix<topk::radix::Uniform1Buf>(p, groups, stream); break;
+    case TopkKernel::kWarpPerRow8: launch_warp_rows<topk::kTokensSmall>(p, stream); break;
+    case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
+    case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;
+    case TopkKernel::kWarpDigits: launch_digit_rows(p, stream); break;
     default: MSA_FAIL("topk_select: the plan's kernel ", option_name(plan.kernel), " has no launcher");
   }
 }

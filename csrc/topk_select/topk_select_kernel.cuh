@@ -195,7 +195,6 @@ __device__ __forceinline__ void load_chunk(const TopkSelectParams& p, uint32_t* 
 template <int kTok>
 __global__ void __launch_bounds__(kThreads, 4)
     topk_select_kernel(const __grid_constant__ KernelParams kp) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   const TopkSelectParams& p = kp.p;
   SharedStorage<kTok>& sm = shared_storage<kTok>();
   const int warp = threadIdx.x >> 5;

@@ -268,7 +268,6 @@ struct Shared {
 
 __global__ void __launch_bounds__(kThreads, 4)
     topk_split_kernel(const __grid_constant__ TopkSelectParams p) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   __shared__ Shared sm;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -365,7 +364,6 @@ __global__ void __launch_bounds__(kThreads, 4)
 // topk_split_kernel's one-chunk rows but with the threshold by digit_threshold.
 __global__ void __launch_bounds__(32)
     topk_digits_kernel(const __grid_constant__ TopkSelectParams p) {
-  pdl_begin();  // programmatic dependent launch (pdl=on): the previous kernel done
   __shared__ alignas(16) uint32_t hist[256];
   const int lane = threadIdx.x;
   constexpr uint32_t kNone = 0xFFFFFFFFu;

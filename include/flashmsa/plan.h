@@ -231,15 +231,6 @@ enum class DecodeSplitRule : int32_t { kAuto = 0, kCeil = 1, kWaves = 2 };
 // docs/design/sparse_attention.md, "MTP union items on warpgroup MMAs".
 enum class DecodeWgmmaPipe : int32_t { kAuto = 0, kInline = 1, kAhead = 2 };
 
-// Programmatic dependent launch (sm_90 and up) of the decode-step kernels: on (each kernel is
-// launched so that it may start while the stream's previous kernel finishes, and waits in its
-// prologue for that kernel's results: the launch latency and the CTAs' start overlap the previous
-// kernel's tail; results unchanged, bit for bit), off. Applies to the proxy decode kernels, every
-// top-k kernel, and the sparse decode's query-major kernels and combine; the other kernels of these
-// ops, and devices below sm_90, launch as off. auto: off (not yet measured on the GPU).
-// docs/design/sparse_attention.md, "Programmatic dependent launch".
-enum class Pdl : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
-
 struct SparseDecodeOptions {
   DecodeKernel kernel = DecodeKernel::kAuto;
   DecodeMtp mtp = DecodeMtp::kAuto;
@@ -248,7 +239,6 @@ struct SparseDecodeOptions {
   DecodeWgmmaPipe wgmma_pipe = DecodeWgmmaPipe::kAuto;
   DecodeSplitWarps split_warps = DecodeSplitWarps::kAuto;
   DecodeSplitRule split_rule = DecodeSplitRule::kAuto;
-  Pdl pdl = Pdl::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -294,11 +284,9 @@ struct ProxyScoreOptions {
   // (one pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us; at 3cebf5e sq 4, one
   // 16-column pass, 78.2 vs 85.5 us).
   DecodeFp8 decode_fp8 = DecodeFp8::kAuto;
-  Pdl pdl = Pdl::kAuto;  // programmatic dependent launch of the decode kernels (see Pdl)
 };
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
-  Pdl pdl = Pdl::kAuto;  // programmatic dependent launch (see Pdl)
 };
 
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
@@ -309,16 +297,15 @@ struct TopkSelectOptions {
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
-// split_warps=auto|4|8, split_rule=auto|ceil|waves, pdl=auto|off|on.
+// split_warps=auto|4|8, split_rule=auto|ceil|waves.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
-// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma,
-// pdl=auto|off|on.
+// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
-// warp_digits, pdl=auto|off|on.
+// warp_digits.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------
@@ -448,7 +435,6 @@ struct SparseAttnPlan {
   KvMajorPlan kvm;  // kKvMajor, or kHybrid (kvm.tiles: the tiles run first)
   WorkspaceLayout workspace;
   size_t bytes = 0;  // device scratch of the call (workspace.bytes)
-  bool pdl = false;  // decode: programmatic dependent launch of the query-major kernels and combine
 };
 
 struct ProxyScorePlan {
@@ -472,11 +458,9 @@ struct ProxyScorePlan {
   // Its query columns per pass (G heads x tokens): kProxyDecodeTmaCols (8) where G x max_seqlen_q
   // fits them, else kProxyDecodeTmaMaxCols (16); 8 without fp8_tma.
   int fp8_tma_cols = kProxyDecodeTmaCols;
-  bool pdl = false;  // programmatic dependent launch of the decode kernels (pdl=on)
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
-  bool pdl = false;  // programmatic dependent launch (pdl=on)
 };
 
 // ---- planners (pure) ---------------------------------------------------------------------------
@@ -523,6 +507,5 @@ const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeSplitWarps v);
 const char* option_name(DecodeSplitRule v);
-const char* option_name(Pdl v);
 
 }  // namespace flashmsa

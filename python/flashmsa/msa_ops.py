@@ -824,9 +824,6 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # sharing each 128-key block; 16-bit K/V, G <= 16, calls that split by blocks; auto: 8 where it
 # applies, 4 elsewhere), split_rule = auto | ceil | waves (how split-K decode picks its split count:
 # ceil(resident CTAs / items), or the count with the fewest waves x blocks per split; auto: waves),
-# pdl = auto | off | on (also an option of msa_proxy_score and msa_topk_select: on launches the
-# decode-step kernels with programmatic dependent launch on sm_90+, so each may start while the
-# previous kernel of the stream finishes; bit-identical; auto: off, not yet measured),
 # nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word),
 # wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of
 # its loader warp; bit-identical; auto: ahead)

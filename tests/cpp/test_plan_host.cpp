@@ -1308,7 +1308,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("decode_ilp=2,decode_ilp=1"); }, ErrorKind::kValue,
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
-               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, pdl)");
+               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8)");
   expect_error([] { parse_proxy_score_options("decode_fp8=wgmma"); }, ErrorKind::kValue,
                "decode_fp8 must be auto, cta or tma, got 'wgmma'");
   expect_error([] { parse_proxy_score_options("decode_fp8=tma,decode_fp8=cta"); }, ErrorKind::kValue,
@@ -1343,11 +1343,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, pdl)");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule)");
   // wgmma_fp8 (fp8 K/V converted into the MTP wgmma kernel's tiles) was removed: slower than
   // kernel=regs on the H200 (fe6e5cc: 127.7 vs 81.5 us at B64 / 32K sq 4).
   expect_error([] { parse_sparse_decode_options("wgmma_fp8=on"); }, ErrorKind::kValue,
-               "unknown plan option 'wgmma_fp8' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, pdl)");
+               "unknown plan option 'wgmma_fp8' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule)");
   expect_error([] { parse_sparse_decode_options("split_warps=16"); }, ErrorKind::kValue,
                "split_warps must be auto, 4 or 8, got '16'");
   expect_error([] { parse_sparse_decode_options("split_warps=8,split_warps=4"); }, ErrorKind::kValue,
@@ -1520,13 +1520,6 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   EXPECT_EQ(plan_proxy_score(params(4, 1, false, fp4, fp4), decode).kernel, ProxyKernel::kDecode);
   EXPECT_EQ(plan_proxy_score(params(4, 1, true, bf16, bf16), decode).kernel, ProxyKernel::kDecode);
   EXPECT_EQ(plan_proxy_score(params(32, 2, false, bf16, bf16), decode).kernel, ProxyKernel::kDecode);
-  // pdl=on: the decode kernels only (mma_sync ignores it).
-  EXPECT_FALSE(plan_proxy_score(params(4, 1, false, bf16, bf16), decode).pdl);
-  ProxyScoreOptions decode_pdl = decode, mma_pdl;
-  decode_pdl.pdl = mma_pdl.pdl = Pdl::kOn;
-  mma_pdl.kernel = ProxyKernel::kMmaSync;
-  EXPECT_TRUE(plan_proxy_score(params(4, 1, false, bf16, bf16), decode_pdl).pdl);
-  EXPECT_FALSE(plan_proxy_score(params(4, 1, false, bf16, bf16), mma_pdl).pdl);
   EXPECT_EQ(plan_proxy_score(params(1, 1, false, bf16, bf16), decode).kernel, ProxyKernel::kDecode);
   // Falls back: G = 32 > 16, reduce_heads over two KV heads.
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), decode).kernel, ProxyKernel::kMmaSync);
@@ -1732,30 +1725,6 @@ TEST(PlanDecode, SplitRuleWaves) {
   EXPECT_EQ(parse_sparse_decode_options("split_rule=waves").split_rule, DecodeSplitRule::kWaves);
   EXPECT_EQ(parse_sparse_decode_options("split_rule=ceil").split_rule, DecodeSplitRule::kCeil);
   expect_error([] { parse_sparse_decode_options("split_rule=floor"); }, ErrorKind::kValue, "split_rule");
-}
-
-// pdl=on: programmatic dependent launch in the plans of the three decode-step ops (the proxy's
-// decode kernels only), off by default and under auto; a bad value names the option.
-TEST(PlanOptions, Pdl) {
-  EXPECT_EQ(parse_proxy_score_options("pdl=on").pdl, Pdl::kOn);
-  EXPECT_EQ(parse_topk_select_options("kernel=warp_split,pdl=off").pdl, Pdl::kOff);
-  EXPECT_EQ(parse_sparse_decode_options("pdl=auto").pdl, Pdl::kAuto);
-  for (const char* bad : {"pdl=yes", "pdl=1"}) {
-    expect_error([&] { parse_proxy_score_options(bad); }, ErrorKind::kValue, "pdl must be auto, off or on");
-    expect_error([&] { parse_topk_select_options(bad); }, ErrorKind::kValue, "pdl must be auto, off or on");
-    expect_error([&] { parse_sparse_decode_options(bad); }, ErrorKind::kValue, "pdl must be auto, off or on");
-  }
-  SparseAttnDeviceFacts h200 = hopper();
-  h200.decode_regs_ctas = 2;
-  EXPECT_FALSE(plan_sparse_decode(decode(1, -1), h200, {}).pdl);
-  EXPECT_TRUE(plan_sparse_decode(decode(1, -1), h200, parse_sparse_decode_options("pdl=on")).pdl);
-  TopkSelectParams tp{};
-  tp.num_tokens = 1;
-  tp.num_heads = 4;
-  tp.num_blocks = 256;
-  tp.topk = 16;
-  EXPECT_FALSE(plan_topk_select(tp, {}, TopkSelectDeviceFacts{132}).pdl);
-  EXPECT_TRUE(plan_topk_select(tp, parse_topk_select_options("pdl=on"), TopkSelectDeviceFacts{132}).pdl);
 }
 
 }  // namespace

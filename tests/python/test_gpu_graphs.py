@@ -335,60 +335,6 @@ def test_m3_decode_pipeline_graph_replay():
     replay_and_check(graph, out, lambda: step(False), "M3 decode step replay on new inputs")
 
 
-@pytest.mark.parametrize("b,kv_dtype", [(1, BF16), (8, BF16), (64, BF16), (8, FP8)])
-def test_m3_decode_step_pdl_is_bit_identical(b, kv_dtype):
-    """pdl=on (plan option of the three ops: programmatic dependent launch of the proxy's decode
-    kernel, the top-k kernel, the decode attention kernel and its combine) changes no bit: the eager
-    step and two graph replays (the second on new inputs) equal the step with pdl off. B1 / B8:
-    split-K + combine (8-warp kernel for bf16, the register kernel for fp8); B64: fused."""
-    gen = mi.cuda_generator(16 + b, DEV)
-    ctx, hq, hkv, idx_hq = 8192, 64, 4, 4
-    nb = ctx // mi.BLOCK
-    page_table = torch.randperm(b * nb, generator=gen, device=DEV).view(b, nb).to(torch.int32).contiguous()
-    seqused = torch.randint(1, ctx + 1, (b,), generator=gen, device=DEV).to(torch.int32)
-    cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=DEV)
-    idx_q = mi.randn((b, idx_hq, 128), gen, DEV)
-    idx_k = mi.randn((b * nb, 1, mi.BLOCK, 128), gen, DEV)
-    q = mi.randn((b, hq, 128), gen, DEV)
-    k = mi.randn((b * nb, hkv, mi.BLOCK, 128), gen, DEV).to(kv_dtype)
-    v = mi.randn((b * nb, hkv, mi.BLOCK, 128), gen, DEV).to(kv_dtype)
-    score_buf = torch.empty((idx_hq, nb, b), dtype=torch.float32, device=DEV)
-    sel_buf = torch.empty((b, idx_hq, TOPK), dtype=torch.int32, device=DEV)
-    ws = new_workspace()
-
-    def step(static: bool, pdl: bool):
-        opt = dict(pdl="on" if pdl else "off")
-        scores = msa_ops._proxy_score_planned(
-            idx_q, idx_k, cu_q, None, page_table=page_table, seqused_k=seqused, causal=True,
-            max_seqlen_q=1, max_k_tiles=nb, reduce_heads=False,
-            output=score_buf if static else None, options=opt)
-        nvp = ((seqused - 1) // mi.BLOCK + 1).to(torch.int32)
-        sel = msa_ops._topk_select_planned(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1,
-                                           output=sel_buf if static else None, options=opt)
-        q2k = sel.transpose(0, 1).contiguous()
-        kw = graph_kwargs(msa_ops.msa_sparse_decode_attention, workspace=ws) if static else {}
-        return msa_ops._sparse_decode_planned(q, k, v, q2k, page_table=page_table, seqused_k=seqused,
-                                              seqlen_q=1, causal=True, return_softmax_lse=True,
-                                              options=opt, **kw)
-
-    def check(what):
-        want = clone(step(False, False))
-        assert_bitwise_equal(clone(step(False, True)), want, f"{what}: eager pdl=on vs off")
-        return want
-
-    check("B%d" % b)
-    graph, out = capture(lambda: step(True, True))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_bitwise_equal(clone(out), check("B%d replay" % b), f"B{b} graph replay (pdl=on) vs eager pdl=off")
-    refill(idx_q, idx_k, q, gen=gen)
-    seqused.copy_(torch.randint(1, ctx + 1, (b,), generator=gen, device=DEV))
-    poison(out)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_bitwise_equal(clone(out), check("B%d new inputs" % b), f"B{b} replay on new inputs (pdl=on) vs eager pdl=off")
-
-
 @pytest.mark.parametrize("missing", ["max_seqlen_q", "max_k_tiles"])
 def test_proxy_capture_without_dims_raises(missing):
     gen = mi.cuda_generator(16, DEV)

@@ -52,13 +52,11 @@ VALID = {
                     "kernel=decode_f16_only,decode_ctas=4,decode_ilp=2",
                     dict(nvfp4_cvt="auto"), dict(nvfp4_cvt="byte"),
                     dict(kernel="decode_only", nvfp4_cvt="word"), "nvfp4_cvt=word,decode_ilp=2",
-                    dict(decode_fp8="cta"), dict(kernel="decode_only", decode_fp8="tma"),
-                    dict(pdl="on"), "kernel=decode_only,pdl=on", dict(pdl="off")],
+                    dict(decode_fp8="cta"), dict(kernel="decode_only", decode_fp8="tma")],
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
                     dict(kernel="radix_1buf"), dict(kernel="warp_split"),
-                    dict(kernel="radix_uniform"), dict(kernel="warp_digits"),
-                    dict(pdl="on"), "kernel=warp_split,pdl=on", dict(pdl="auto")],
+                    dict(kernel="radix_uniform"), dict(kernel="warp_digits")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
@@ -70,8 +68,7 @@ VALID = {
                       dict(kernel="wgmma", wgmma_pipe="ahead"), dict(wgmma_pipe="inline"),
                       "wgmma_pipe=ahead", dict(split_warps="8"), dict(split_warps="4"),
                       dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8"),
-                      dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4",
-                      dict(pdl="on"), "split=cluster,pdl=on", dict(pdl="off")],
+                      dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4"],
 }
 
 
@@ -154,16 +151,18 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
     ("sparse_decode", dict(split_warps="16"), "split_warps must be auto, 4 or 8, got '16'"),
     ("sparse_decode", dict(split_rule="floor"), "split_rule must be auto, ceil or waves, got 'floor'"),
-    ("sparse_decode", dict(pdl="yes"), "pdl must be auto, off or on, got 'yes'"),
-    ("proxy_score", dict(pdl=1), "pdl must be auto, off or on, got '1'"),
-    ("topk_select", dict(pdl="true"), "pdl must be auto, off or on, got 'true'"),
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
     # wgmma_fp8 (fp8 K/V converted into the MTP wgmma kernel's tiles) was removed: slower than
     # kernel=regs on the H200 (fe6e5cc: 127.7 vs 81.5 us at B64 / 32K sq 4).
     ("sparse_decode", dict(wgmma_fp8="on"),
      r"unknown plan option 'wgmma_fp8' \(options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, "
-     r"split_rule, pdl\)"),
+     r"split_rule\)"),
+    # pdl (programmatic dependent launch of the decode-step kernels) was removed: no faster on the
+    # H200 (49412a7), slower with an early trigger (da5ef13).
+    ("sparse_decode", dict(pdl="on"), "unknown plan option 'pdl'"),
+    ("proxy_score", dict(pdl="on"), "unknown plan option 'pdl'"),
+    ("topk_select", dict(pdl="on"), "unknown plan option 'pdl'"),
     ("topk_select", dict(kernel="heap"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
      "radix_uniform or warp_digits, got 'heap'"),
