@@ -94,9 +94,10 @@ STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # warp-per-row kernel, by_size, the radix kernel's lean variant radix_1buf (by_size's prefill
 # kernel until a1af6c4), radix_uniform (radix_1buf with branch-free passes of warp-uniform trip
 # counts; by_size's prefill kernel since), split rows, and split rows with one-chunk rows'
-# thresholds by 8-bit digits (warp_digits).
+# thresholds by 8-bit digits (warp_digits), and sorting networks over truncated-key words (net,
+# docs/design/topk_select.md, "Sorting networks").
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_1buf", "radix_uniform", "warp_split",
-                "warp_digits")
+                "warp_digits", "net")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 # The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, and batch 1 at 128K (rows of
 # 1024 blocks: the M3 decode step's largest kernel under warp_per_row_8).

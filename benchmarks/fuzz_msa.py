@@ -128,7 +128,7 @@ KERNELS = {
               ("decode_fp8", ("cta", "tma"))],
     "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode")), ("nvfp4_cvt", ("byte", "word"))],
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf",
-                         "warp_split", "radix_uniform", "warp_digits"))],
+                         "warp_split", "radix_uniform", "warp_digits", "net"))],
     "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],
 }
 

@@ -77,6 +77,8 @@ def cases(bench: bm.Bench) -> dict:
                                                                    dict(kernel="radix_uniform")),
         "topk_prefill_128k_radix_uniform": lambda: bench.build_topk(128 * K,
                                                                     dict(kernel="radix_uniform")),
+        "topk_prefill_32k_net": lambda: bench.build_topk(32 * K, dict(kernel="net")),
+        "topk_prefill_128k_net": lambda: bench.build_topk(128 * K, dict(kernel="net")),
         "topk_decode_warp8": lambda: bench.build_topk_decode(*bm.TOPK_DECODE,
                                                              dict(kernel="warp_per_row_8")),
         # The B1 / 128K decode step's top-k (1 token x 4 heads x 1024 blocks): today's kernel and
@@ -93,6 +95,10 @@ def cases(bench: bm.Bench) -> dict:
                                                                    dict(kernel="warp_digits")),
         "topk_decode_b1_128k_warp_digits": lambda: bench.build_topk_decode(
             1, 4, 1024, dict(kernel="warp_digits")),
+        # Sorting networks (docs/design/topk_select.md, "Sorting networks"): the decode calls (16
+        # and 32 lanes a row).
+        "topk_decode_net": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(kernel="net")),
+        "topk_decode_b1_128k_net": lambda: bench.build_topk_decode(1, 4, 1024, dict(kernel="net")),
         "sparse_random_32k": sparse("random"),
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),

@@ -46,7 +46,8 @@ constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kRadix1Buf, "radix_1buf"},
                                               {TopkKernel::kWarpSplit, "warp_split"},
                                               {TopkKernel::kRadixUniform, "radix_uniform"},
-                                              {TopkKernel::kWarpDigits, "warp_digits"}};
+                                              {TopkKernel::kWarpDigits, "warp_digits"},
+                                              {TopkKernel::kNet, "net"}};
 
 constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
                                                  {DecodeKernel::kSmem, "smem"},
@@ -313,6 +314,34 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   return plan;
 }
 
+const char* topk_net_unsupported(const TopkSelectParams& p) {
+  if (p.topk - p.force_begin - p.force_end > kTopkNetMaxCarry)
+    return "rows choose more than 31 blocks (topk - force_begin - force_end)";
+  if (p.num_blocks > kTopkNetMaxSpan) return "more than 32768 blocks per row";
+  return nullptr;
+}
+
+int topk_net_lanes(const TopkSelectParams& p, int num_sms) {
+  const int64_t rows = int64_t(p.num_tokens) * int64_t(p.num_heads);
+  const int64_t want = int64_t(kTopkNetMinWarpsPerSm) * num_sms * 32;  // lanes
+  int lanes = 1;
+  while (lanes < 32 && rows * lanes < want && 16 * (2 * lanes) <= p.num_blocks) lanes *= 2;
+  return lanes;
+}
+
+namespace {
+
+TopkKernel topk_by_size(const TopkSelectParams& p, const TopkSelectDeviceFacts& facts) {
+  const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);
+  const int64_t rows = int64_t(p.num_tokens) * int64_t(p.num_heads);
+  return groups >= int64_t(kTopkRadixMinGroupsPerSm) * facts.num_sms ? TopkKernel::kRadixUniform
+         : rows <= int64_t(kTopkSplitMaxRowsPerSm) * facts.num_sms
+             ? (p.num_blocks <= kTopkDigitsChunk ? TopkKernel::kWarpDigits : TopkKernel::kWarpSplit)
+             : TopkKernel::kWarpPerRow8;
+}
+
+}  // namespace
+
 TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options,
                                 const TopkSelectDeviceFacts& facts) {
   TopkSelectPlan plan;
@@ -324,18 +353,16 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kWarpSplit: plan.kernel = TopkKernel::kWarpSplit; break;
     case TopkKernel::kRadixUniform: plan.kernel = TopkKernel::kRadixUniform; break;
     case TopkKernel::kWarpDigits: plan.kernel = TopkKernel::kWarpDigits; break;
-    case TopkKernel::kAuto:
-    case TopkKernel::kBySize: {
-      const int64_t groups = (int64_t(p.num_tokens) + 31) / 32 * int64_t(p.num_heads);
-      const int64_t rows = int64_t(p.num_tokens) * int64_t(p.num_heads);
-      plan.kernel = groups >= int64_t(kTopkRadixMinGroupsPerSm) * facts.num_sms
-                        ? TopkKernel::kRadixUniform
-                    : rows <= int64_t(kTopkSplitMaxRowsPerSm) * facts.num_sms
-                        ? (p.num_blocks <= kTopkDigitsChunk ? TopkKernel::kWarpDigits
-                                                            : TopkKernel::kWarpSplit)
-                        : TopkKernel::kWarpPerRow8;
+    case TopkKernel::kNet:
+      plan.net_fallback = topk_net_unsupported(p);
+      plan.kernel = plan.net_fallback == nullptr ? TopkKernel::kNet : topk_by_size(p, facts);
       break;
-    }
+    case TopkKernel::kAuto:
+    case TopkKernel::kBySize: plan.kernel = topk_by_size(p, facts); break;
+  }
+  if (plan.kernel == TopkKernel::kNet) {
+    plan.net_lanes = topk_net_lanes(p, facts.num_sms);
+    plan.net_words = p.topk - p.force_begin - p.force_end < 16 ? 16 : 32;
   }
   return plan;
 }

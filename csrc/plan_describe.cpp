@@ -214,10 +214,17 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
       }
       break;
     }
-    default: s << "forced by the option kernel=" << option_name(o.kernel); break;
+    default:
+      s << "forced by the option kernel=" << option_name(o.kernel);
+      if (plan.net_fallback != nullptr) s << ", which falls back: " << plan.net_fallback;
+      break;
   }
   s << "); " << p.num_tokens << " tokens x " << p.num_heads << " heads over " << p.num_blocks
     << " blocks, top-" << p.topk;
+  if (plan.kernel == TopkKernel::kNet) {
+    s << "; " << plan.net_lanes << (plan.net_lanes == 1 ? " lane" : " lanes") << " per row, "
+      << plan.net_words << " words per lane";
+  }
   if (plan.kernel == TopkKernel::kWarpDigits) {
     s << (p.num_blocks <= kTopkDigitsChunk
               ? "; every row one chunk: thresholds by 8-bit digits, a warp per CTA"

@@ -9,7 +9,10 @@
 //     kernel for large calls);
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
 //     warps, one warp merges their choices: decode-sized calls with long rows; warp_digits
-//     (off by default) is warp_split with one-chunk rows' thresholds by 8-bit radix digits.
+//     is warp_split with one-chunk rows' thresholds by 8-bit radix digits;
+//   * sorting networks (topk_net_kernel.cuh, net; off by default): L lanes per row keep the K
+//     smallest words (truncated order key | block offset) by 16-input networks, merged by shuffles,
+//     an exact second pass where the cut ties on truncated keys.
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
 // (radix_uniform for large calls, warp_split for decode-sized calls with few rows per SM,
 // warp_per_row_8 for the other small ones).
@@ -23,6 +26,7 @@
 #include "cuda_ops.h"
 #include "flashmsa/error.h"
 #include "flashmsa/plan.h"
+#include "topk_select/topk_net_kernel.cuh"
 #include "topk_select/topk_radix_kernel.cuh"
 #include "topk_select/topk_select_kernel.cuh"
 #include "topk_select/topk_split_kernel.cuh"
@@ -91,6 +95,47 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
   MSA_CHECK_LAUNCH();
 }
 
+// net: a warp per 32 / L rows (32 / L consecutive tokens of one head), 4 warps a CTA.
+template <int K, int L>
+void launch_net_rows(const TopkSelectParams& p, cudaStream_t stream) {
+  topk::net::Params np{};
+  np.p = p;
+  np.token_groups = ceil_div_int(p.num_tokens, 32 / L);
+  const int64_t groups = int64_t(np.token_groups) * p.num_heads;
+  MSA_CHECK_SUPPORTED(groups <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
+                      " tokens exceed the kernel's work-item range");
+  np.groups = int(groups);
+  constexpr int kThreads = topk::net::kWarpsPerCta * 32;
+  prepare_launch(topk::net::topk_net_kernel<K, L>, kThreads, 0);
+  const int64_t ctas = ceil_div_int<int64_t>(groups, topk::net::kWarpsPerCta);
+  topk::net::topk_net_kernel<K, L><<<dim3(unsigned(ctas)), kThreads, 0, stream>>>(np);
+  MSA_CHECK_LAUNCH();
+}
+
+template <int K>
+void launch_net_words(const TopkSelectParams& p, int lanes, cudaStream_t stream) {
+  switch (lanes) {
+    case 1: return launch_net_rows<K, 1>(p, stream);
+    case 2: return launch_net_rows<K, 2>(p, stream);
+    case 4: return launch_net_rows<K, 4>(p, stream);
+    case 8: return launch_net_rows<K, 8>(p, stream);
+    case 16: return launch_net_rows<K, 16>(p, stream);
+    case 32: return launch_net_rows<K, 32>(p, stream);
+    default: MSA_FAIL("topk_select: the plan's net_lanes ", lanes, " is not a power of two <= 32");
+  }
+}
+
+void launch_net(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStream_t stream) {
+  // The plan's bounds (topk_net_unsupported), which the words rely on: a row chooses fewer
+  // blocks than a lane keeps words, and an offset fits 15 bits.
+  const int carry = p.topk - p.force_begin - p.force_end;
+  MSA_CHECK(carry < plan.net_words && p.num_blocks <= topk::net::kMaxSpan,
+            "topk_select: the plan's net kernel does not fit the call");
+  if (plan.net_words == 16) return launch_net_words<16>(p, plan.net_lanes, stream);
+  if (plan.net_words == 32) return launch_net_words<32>(p, plan.net_lanes, stream);
+  MSA_FAIL("topk_select: the plan's net_words ", plan.net_words, " is not 16 or 32");
+}
+
 }  // namespace
 
 TopkSelectDeviceFacts topk_select_facts() { return TopkSelectDeviceFacts{current_device_limits().num_sms}; }
@@ -111,6 +156,7 @@ void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStre
     case TopkKernel::kWarpPerRow: launch_warp_rows<topk::kTokens>(p, stream); break;
     case TopkKernel::kWarpSplit: launch_split_rows(p, stream); break;
     case TopkKernel::kWarpDigits: launch_digit_rows(p, stream); break;
+    case TopkKernel::kNet: launch_net(p, plan, stream); break;
     default: MSA_FAIL("topk_select: the plan's kernel ", option_name(plan.kernel), " has no launcher");
   }
 }

@@ -123,7 +123,14 @@ enum class TopkKernel : int32_t {
   // instead of the bitwise search (~15-20 dependent steps), one warp a CTA where num_blocks <= 256;
   // rows of several chunks run warp_split unchanged. by_size takes it in place of warp_split where
   // num_blocks <= kTopkDigitsChunk (H200 at 3cebf5e: 8.2 vs 9.1 us at 64 x 4 x 256).
-  kWarpDigits = 13
+  kWarpDigits = 13,
+  // net: a lane (or a team of L lanes, a power of two) per row keeps its share's best candidates
+  // as the K smallest 32-bit words (order key with its low bits replaced by the block's offset:
+  // min / max are whole compare-exchanges) by a 16-input sorting network and a bitonic merge per
+  // 16 blocks; the teams merge by shuffles; an exact second pass resolves a tie of truncated keys
+  // across the cut. Rows choosing at most kTopkNetMaxCarry blocks over at most kTopkNetMaxSpan
+  // blocks; elsewhere the option falls back to by_size's choice (the plan text says why).
+  kNet = 14
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32
 // tokens (32 rows, one warp) per SM to fill the GPU; below it warp_per_row_8 spreads each row over
@@ -136,6 +143,14 @@ inline constexpr int kTopkSplitMaxRowsPerSm = 4;
 // warp_digits: rows of at most this many candidates (one chunk of the split kernel) take the digit
 // threshold; where num_blocks is at most this every row does, and a CTA is one warp.
 inline constexpr int kTopkDigitsChunk = 256;
+// net: the words of a lane (K = 16, or 32 where a row chooses more than 15) must exceed the
+// candidates a row chooses (topk - force_begin - force_end), and a block's offset in the warp's
+// candidate range must fit 15 bits.
+inline constexpr int kTopkNetMaxCarry = 31;
+inline constexpr int kTopkNetMaxSpan = 1 << 15;
+// net: lanes per row, the fewest (a power of two up to 32) that give at least this many warps per
+// SM, and no more than one per 16 blocks of a row (a lane's share is at least one network batch).
+inline constexpr int kTopkNetMinWarpsPerSm = 4;
 // auto takes the proxy decode kernel when each request's query rows through one KV head (G heads x
 // max_seqlen_q tokens) fit one 16-row MMA pass per key block: M3's decode (G 4 x 1 token) and MTP
 // up to 4 tokens, the calls measured. Without max_seqlen_q the bound is total_q (device
@@ -305,7 +320,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
-// warp_digits.
+// warp_digits|net.
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------
@@ -461,6 +476,11 @@ struct ProxyScorePlan {
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
+  // kernel == kNet: lanes per row (1, 2, 4, ..., 32) and words per lane (16 or 32).
+  int net_lanes = 0;
+  int net_words = 0;
+  // Why a forced kernel=net runs another kernel (a static string for the plan text), or nullptr.
+  const char* net_fallback = nullptr;
 };
 
 // ---- planners (pure) ---------------------------------------------------------------------------
@@ -491,6 +511,11 @@ bool proxy_decode_runs(const ProxyScoreParams& p);
 bool proxy_auto_takes_decode(const ProxyScoreParams& p);
 TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options,
                                 const TopkSelectDeviceFacts& facts = {});
+
+// Why kernel=net cannot run these params (a static string), or nullptr where it runs.
+const char* topk_net_unsupported(const TopkSelectParams& p);
+// net's lanes per row for these params on a GPU of num_sms SMs (0: unknown, one lane per row).
+int topk_net_lanes(const TopkSelectParams& p, int num_sms);
 
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);

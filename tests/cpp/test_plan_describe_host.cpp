@@ -468,6 +468,13 @@ TEST(PlanDescribe, ProxyAndTopk) {
   tp.num_blocks = 256;  // the decode call: every row one chunk
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=warp_digits (forced by the option kernel=warp_digits); 64 tokens x 4 heads over 256 blocks, top-16; every row one chunk: thresholds by 8-bit digits, a warp per CTA")) << d;
+  o.kernel = TopkKernel::kNet;  // 256 rows of 256 blocks: 16 lanes a row; 16 chosen: 32 words
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=net (forced by the option kernel=net); 64 tokens x 4 heads over 256 blocks, top-16; 16 lanes per row, 32 words per lane")) << d;
+  tp.topk = 40;  // 40 chosen: net falls back to by_size's kernel
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=warp_digits (forced by the option kernel=net, which falls back: rows choose more than 31 blocks (topk - force_begin - force_end)); 64 tokens x 4 heads over 256 blocks, top-40")) << d;
+  EXPECT_FALSE(has(d, "lanes per row")) << d;
 }
 
 }  // namespace

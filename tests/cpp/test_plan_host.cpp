@@ -1231,7 +1231,8 @@ TEST(PlanOptions, ParsesEveryOption) {
   }
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
-                       TopkKernel::kWarpSplit, TopkKernel::kRadixUniform, TopkKernel::kWarpDigits})
+                       TopkKernel::kWarpSplit, TopkKernel::kRadixUniform, TopkKernel::kWarpDigits,
+                       TopkKernel::kNet})
     EXPECT_EQ(parse_topk_select_options(std::string("kernel=") + option_name(k)).kernel, k);
   const SparseDecodeOptions d = parse_sparse_decode_options("kernel=regs,mtp=union");
   EXPECT_EQ(d.kernel, DecodeKernel::kRegs);
@@ -1319,19 +1320,19 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option nvfp4_cvt given twice");
   expect_error([] { parse_topk_select_options("kernel=heap"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split, radix_uniform or warp_digits, got 'heap'");
+               "warp_split, radix_uniform, warp_digits or net, got 'heap'");
   // radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
   // H200 (at 5b22cb3); radix_coop (cooperative histograms) not faster than radix_uniform (at
   // 054c9ce).
   for (const char* v : {"radix_lean", "radix_c32", "radix_coop"})
     expect_error([&] { parse_topk_select_options(std::string("kernel=") + v); }, ErrorKind::kValue,
                  std::string("kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, "
-                             "radix_1buf, warp_split, radix_uniform or warp_digits, got '") + v + "'");
+                             "radix_1buf, warp_split, radix_uniform, warp_digits or net, got '") + v + "'");
   expect_error([] { parse_topk_select_options("kernel=warp_digits,kernel=warp_split"); },
                ErrorKind::kValue, "option kernel given twice");
   expect_error([] { parse_topk_select_options("kernel=digits"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split, radix_uniform or warp_digits, got 'digits'");
+               "warp_split, radix_uniform, warp_digits or net, got 'digits'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem, regs or wgmma, got 'fastest'");
@@ -1366,7 +1367,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option split given twice");
   expect_error([] { parse_topk_select_options("kernel=new"); }, ErrorKind::kValue,
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
-               "warp_split, radix_uniform or warp_digits, got 'new'");
+               "warp_split, radix_uniform, warp_digits or net, got 'new'");
   expect_error([] { parse_sparse_decode_options("schedule=kv_major"); }, ErrorKind::kValue,
                "unknown plan option 'schedule'");
 }
@@ -1458,10 +1459,61 @@ TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
       }
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
                        TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixUniform,
-                       TopkKernel::kWarpDigits})
+                       TopkKernel::kWarpDigits, TopkKernel::kNet})
     for (int tokens : {1, 64, 32768})
       for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}})
         EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {k}, f).kernel, k) << option_name(k);
+}
+
+// kernel=net: 16 words per lane where a row chooses at most 15 blocks, else 32; lanes per row the
+// fewest powers of two giving 4 warps per SM, at most one per 16 blocks; rows choosing more than
+// 31 blocks or rows of more than 32768 blocks fall back to by_size's kernel, and the plan says why.
+TEST(PlanTopk, NetLanesWordsAndFallback) {
+  const TopkSelectDeviceFacts h200{132};
+  const TopkSelectOptions net{TopkKernel::kNet};
+  auto m3 = [](int tokens, int blocks) {  // vLLM's rows: the local block forced, 15 chosen
+    TopkSelectParams p = topk_call(4, tokens, blocks);
+    p.force_end = 1;
+    return p;
+  };
+  struct Case {
+    TopkSelectParams p;
+    int lanes, words;
+  };
+  for (const Case& c : {Case{m3(32768, 256), 1, 16}, Case{m3(131072, 1024), 1, 16},
+                        Case{m3(4224, 256), 1, 16},     // 528 warps of 32 rows: 4 per SM
+                        Case{m3(4192, 256), 2, 16},     // one group of 32 tokens fewer
+                        Case{m3(64, 256), 16, 16},      // decode: 16 blocks a lane at most
+                        Case{m3(1, 1024), 32, 16},      // B1 / 128K
+                        Case{m3(1, 64), 4, 16},         // 64 blocks: 4 lanes
+                        Case{m3(1, 31), 1, 16},         // fewer blocks than a batch
+                        Case{topk_call(4, 64), 16, 32},  // 16 chosen: 32 words
+                        Case{m3(256, 32768), 32, 16}}) {
+    const TopkSelectPlan plan = plan_topk_select(c.p, net, h200);
+    EXPECT_EQ(plan.kernel, TopkKernel::kNet) << c.p.num_tokens << " " << c.p.num_blocks;
+    EXPECT_EQ(plan.net_lanes, c.lanes) << c.p.num_tokens << " " << c.p.num_blocks;
+    EXPECT_EQ(plan.net_words, c.words) << c.p.num_tokens << " " << c.p.num_blocks;
+    EXPECT_EQ(plan.net_fallback, nullptr);
+    EXPECT_EQ(topk_net_unsupported(c.p), nullptr);
+    EXPECT_EQ(plan_topk_select(c.p, net, {}).net_lanes, 1);  // unknown device: a lane per row
+  }
+  TopkSelectParams wide = topk_call(4, 64);
+  wide.topk = 32;  // 32 chosen: more than 32 words can cut
+  TopkSelectParams widest = wide;
+  widest.force_begin = 1;  // 31 chosen
+  EXPECT_EQ(plan_topk_select(widest, net, h200).kernel, TopkKernel::kNet);
+  EXPECT_EQ(plan_topk_select(widest, net, h200).net_words, 32);
+  TopkSelectParams long_rows = m3(1, kTopkNetMaxSpan + 1);
+  for (const TopkSelectParams& p : {wide, long_rows}) {
+    const TopkSelectPlan plan = plan_topk_select(p, net, h200);
+    EXPECT_NE(plan.net_fallback, nullptr);
+    EXPECT_STREQ(plan.net_fallback, topk_net_unsupported(p));
+    EXPECT_EQ(plan.kernel, plan_topk_select(p, {TopkKernel::kBySize}, h200).kernel);
+    EXPECT_EQ(plan.net_lanes, 0);
+  }
+  // Only ever forced (not measured yet).
+  for (int tokens : {1, 64, 32768})
+    EXPECT_NE(plan_topk_select(m3(tokens, 256), {}, h200).kernel, TopkKernel::kNet);
 }
 
 TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {

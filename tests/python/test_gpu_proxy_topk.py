@@ -1000,10 +1000,11 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 # 32 tokens per CTA, at 8 (decode-sized calls), the thread-per-row radix kernel, by_size (the
 # default: the size-based choice between warp_split, warp_per_row_8 and radix_uniform), the radix kernel's lean
 # variant radix_1buf, split rows (a CTA per row, its chunks over up to 8 warps, merged by one), and
-# radix_uniform (radix_1buf with branch-free passes of warp-uniform trip counts), and warp_digits
-# (split rows, a one-chunk row's threshold by 8-bit radix digits).
+# radix_uniform (radix_1buf with branch-free passes of warp-uniform trip counts), warp_digits
+# (split rows, a one-chunk row's threshold by 8-bit radix digits), and net (sorting networks over
+# 32-bit words of truncated key and block offset, L lanes a row, an exact second pass on a tie).
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split",
-                "radix_uniform", "warp_digits")
+                "radix_uniform", "warp_digits", "net")
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
@@ -1142,6 +1143,38 @@ def test_topk_fuzz_all_kernels(seed: int):
             assert_topk_equal(got, want, f"{what} [{kernel}] fill={fill}")
 
 
+@pytest.mark.parametrize("kind", ("low_bits", "mixed", "normal"))
+@pytest.mark.parametrize("S,P", [(1, 1024), (2, 700), (8, 256), (33, 300), (64, 256), (600, 300),
+                                 (1100, 64), (2500, 130), (5000, 40)])
+def test_topk_net_lanes_and_truncated_ties(kind: str, S: int, P: int):
+    """kernel=net at every lanes-per-row count (on 132 SMs: 32, 32, 16, 16, 16, 8, 4, 2, 1 for
+    the shapes above) on rows whose keys differ only in their low 10 bits (low_bits: every row's cut ties on
+    the truncated keys, so the exact second pass decides), on warps mixing such rows with ordinary
+    ones (mixed), and on ordinary scores; per-token ranges of different lengths in one warp, 15,
+    16, 17 and 31 chosen (16 and 32 words per lane). Equals the C++ reference bit for bit, every
+    element of a poisoned output written."""
+    gen = torch.Generator().manual_seed(S * 7919 + P)
+    H = 4
+    normal = torch.randn((H, P, S), generator=gen)
+    low = (torch.randint(0, 1 << 10, (H, P, S), generator=gen, dtype=torch.int32)
+           + 0x3F800000).view(torch.float32)
+    if kind == "low_bits":
+        scores = low
+    elif kind == "mixed":
+        pick = torch.rand((1, 1, S), generator=gen) < 0.5
+        scores = torch.where(pick, low, normal)
+    else:
+        scores = normal
+    for topk, fb, fe in ((16, 0, 1), (16, 1, 0), (17, 0, 0), (32, 0, 1)):
+        case = TopkCase(f"net_{kind}_S{S}_P{P}_k{topk}", H, P, S, topk=topk, nvp="random", fb=fb,
+                        fe=fe, seed=topk + S)
+        nvp = make_nvp(case)
+        want = run_topk(case, scores, nvp, "cpu")
+        for fill in (-7, 2**31 - 1):
+            got = run_topk(case, scores.to(DEV), nvp, DEV, fill=fill, kernel="net").cpu()
+            assert_topk_equal(got, want, f"{case.name} fill={fill}")
+
+
 def _carry_scores(dist: str, H: int, P: int, S: int, gen: torch.Generator) -> torch.Tensor:
     shape = (H, P, S)
     if dist == "neg_nan_payloads":  # order keys 0xFFC00000..0xFFFFFFFF: the top of the key range
@@ -1203,7 +1236,7 @@ def test_topk_one_chunk_key_ranges(dist: str, P: int):
                         fe=fe, seed=topk)
         nvp = make_nvp(case)
         want = run_topk(case, scores, nvp, "cpu")
-        for kernel in ("warp_digits", "warp_split", "by_size"):
+        for kernel in ("warp_digits", "warp_split", "by_size", "net"):
             got = run_topk(case, scores.to(DEV), nvp, DEV, kernel=kernel).cpu()
             assert_topk_equal(got, want, f"{case.name} [{kernel}]")
 

@@ -56,7 +56,8 @@ VALID = {
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
                     dict(kernel="radix_1buf"), dict(kernel="warp_split"),
-                    dict(kernel="radix_uniform"), dict(kernel="warp_digits")],
+                    dict(kernel="radix_uniform"), dict(kernel="warp_digits"),
+                    dict(kernel="net")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
@@ -165,20 +166,20 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("topk_select", dict(pdl="on"), "unknown plan option 'pdl'"),
     ("topk_select", dict(kernel="heap"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
-     "radix_uniform or warp_digits, got 'heap'"),
+     "radix_uniform, warp_digits or net, got 'heap'"),
     # radix_lean and radix_c32 (lean radix variants) were removed: slower than radix_1buf on the
     # H200 (at 5b22cb3).
     ("topk_select", dict(kernel="radix_lean"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
-     "radix_uniform or warp_digits, got 'radix_lean'"),
+     "radix_uniform, warp_digits or net, got 'radix_lean'"),
     ("topk_select", dict(kernel="radix_c32"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
-     "radix_uniform or warp_digits, got 'radix_c32'"),
+     "radix_uniform, warp_digits or net, got 'radix_c32'"),
     # radix_coop (cooperative histograms) was removed: not faster than radix_uniform (H200 at
     # 054c9ce).
     ("topk_select", dict(kernel="radix_coop"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
-     "radix_uniform or warp_digits, got 'radix_coop'"),
+     "radix_uniform, warp_digits or net, got 'radix_coop'"),
 ])
 def test_bad_options_raise_value_error_naming_the_option(op, options, match):
     with pytest.raises(ValueError, match=match):
