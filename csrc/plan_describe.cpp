@@ -201,7 +201,14 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
   std::ostringstream s;
   s << "kernel=" << option_name(plan.kernel) << " (";
   switch (o.kernel) {
-    case TopkKernel::kAuto: s << "auto: "; [[fallthrough]];
+    case TopkKernel::kAuto:
+      s << "auto: ";
+      if (plan.kernel == TopkKernel::kNet) {
+        s << "net: rows choose <= " << kTopkNetMaxCarry << " of <= " << kTopkNetMaxSpan << " blocks";
+        break;
+      }
+      s << "net does not run: " << topk_net_unsupported(p) << "; ";
+      [[fallthrough]];
     case TopkKernel::kBySize: {
       const long long groups = (static_cast<long long>(p.num_tokens) + 31) / 32 * p.num_heads;
       const bool radix = plan.kernel == TopkKernel::kRadixUniform;

@@ -10,12 +10,12 @@
 //   * split rows (topk_split_kernel.cuh, warp_split): a CTA per row, its chunks over up to 8
 //     warps, one warp merges their choices: decode-sized calls with long rows; warp_digits
 //     is warp_split with one-chunk rows' thresholds by 8-bit radix digits;
-//   * sorting networks (topk_net_kernel.cuh, net; off by default): L lanes per row keep the K
+//   * sorting networks (topk_net_kernel.cuh, net; auto's kernel where it runs): L lanes per row keep the K
 //     smallest words (truncated order key | block offset) by 16-input networks, merged by shuffles,
 //     an exact second pass where the cut ties on truncated keys.
-// plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is by_size
-// (radix_uniform for large calls, warp_split for decode-sized calls with few rows per SM,
-// warp_per_row_8 for the other small ones).
+// plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is net where it
+// runs (rows choosing <= 31 of <= 32768 blocks), else by_size (radix_uniform for large calls,
+// warp_split for decode-sized calls with few rows per SM, warp_per_row_8 for the other small ones).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -104,7 +104,10 @@ enum class ProxyKernel : int32_t {
 // 9.8 us for 64 tokens x 4 heads x 256 blocks, against warp_per_row_8; at a1af6c4 radix_uniform
 // for the large calls: 86.2 vs 99.3 us at 32K, 869.5 vs 1022.8 us at 128K, against radix_1buf;
 // at 3cebf5e warp_digits for the small calls of one-chunk rows: 8.2 vs 9.1 us for 64 tokens x 4
-// heads x 256 blocks, against warp_split.
+// heads x 256 blocks, against warp_split. Since the H200 run at 3488394: net wherever it runs (rows
+// choosing at most 31 blocks of at most 32768), by_size elsewhere (net against by_size: prefill
+// 32K 69.8 vs 86.4 us, 4 x 128K x 1024 459.8 vs 869.6 us, 1 x 4 x 1024 8.5 vs 10.4 us, 64 x 4 x
+// 256 8.2 vs 8.5 us).
 enum class TopkKernel : int32_t {
   kAuto = 0,
   kWarpPerRow = 1,
@@ -129,7 +132,8 @@ enum class TopkKernel : int32_t {
   // min / max are whole compare-exchanges) by a 16-input sorting network and a bitonic merge per
   // 16 blocks; the teams merge by shuffles; an exact second pass resolves a tie of truncated keys
   // across the cut. Rows choosing at most kTopkNetMaxCarry blocks over at most kTopkNetMaxSpan
-  // blocks; elsewhere the option falls back to by_size's choice (the plan text says why).
+  // blocks; elsewhere the option falls back to by_size's choice (the plan text says why). auto's
+  // kernel where it runs since the H200 run at 3488394.
   kNet = 14
 };
 // by_size: a lane's row is a serial chain in the radix kernel, so it needs this many groups of 32

@@ -816,9 +816,9 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # decode kernel's NVFP4 conversion; auto: word);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
 # warp_split | radix_uniform | warp_digits (warp_split with one-chunk rows' thresholds by
-# 8-bit radix digits; auto's choice for small calls of rows of at most 256 blocks) | net (sorting
-# networks over words of truncated order key and block offset, L lanes a row; forced only; rows
-# choosing more than 31 blocks or of more than 32768 blocks fall back to by_size's kernel);
+# 8-bit radix digits) | net (sorting networks over words of truncated order key and block offset,
+# L lanes a row; auto's kernel where it runs; rows choosing more than 31 blocks or of more than
+# 32768 blocks run by_size's kernel);
 # msa_sparse_decode_attention:
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,

@@ -428,8 +428,11 @@ TEST(PlanDescribe, ProxyAndTopk) {
   facts.num_sms = 132;
   TopkSelectOptions o;
   std::string d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=radix_uniform (auto: by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
-  EXPECT_TRUE(has(d, "32768 tokens x 4 heads over 256 blocks, top-16")) << d;
+  EXPECT_TRUE(has(d, "kernel=net (auto: net: rows choose <= 31 of <= 32768 blocks); 32768 tokens x 4 heads over 256 blocks, top-16; 1 lane per row, 32 words per lane")) << d;
+  tp.topk = 40;  // net does not run: auto is by_size
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=radix_uniform (auto: net does not run: rows choose more than 31 blocks (topk - force_begin - force_end); by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
+  tp.topk = 16;
   o.kernel = TopkKernel::kBySize;  // 1024 groups x 4 heads = 4096 >= 4 x 132
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix_uniform (by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;
@@ -457,9 +460,12 @@ TEST(PlanDescribe, ProxyAndTopk) {
   tp.num_blocks = 1024;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=warp_split (forced by the option kernel=warp_split)")) << d;
-  o.kernel = TopkKernel::kAuto;  // the B1 / 128K decode call: warp_split (H200 at 2f7070a)
+  o.kernel = TopkKernel::kBySize;  // the B1 / 128K decode call: warp_split (H200 at 2f7070a)
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=warp_split (auto: by_size: 4 groups of 32 rows < 4 per SM x 132 SMs, 4 rows <= 4 per SM)")) << d;
+  EXPECT_TRUE(has(d, "kernel=warp_split (by_size: 4 groups of 32 rows < 4 per SM x 132 SMs, 4 rows <= 4 per SM)")) << d;
+  o.kernel = TopkKernel::kAuto;  // ... and net under auto (H200 at 3488394), 32 lanes a row
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "kernel=net (auto: net: rows choose <= 31 of <= 32768 blocks); 1 tokens x 4 heads over 1024 blocks, top-16; 32 lanes per row, 32 words per lane")) << d;
   EXPECT_FALSE(has(d, "digits")) << d;
   o.kernel = TopkKernel::kWarpDigits;  // 1024 blocks: rows of several chunks run as warp_split
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);

@@ -1430,33 +1430,57 @@ TopkSelectParams topk_call(int heads, int tokens, int blocks = 256) {
   return p;
 }
 
-TEST(PlanTopk, AutoIsBySizeAndForcedKernelsAreKept) {
+// auto: net wherever it runs (H200 at 3488394), by_size elsewhere.
+TEST(PlanTopk, AutoIsNetWhereItRunsElseBySize) {
   const TopkSelectDeviceFacts h200{132};
   for (int tokens : {1, 64, 32768})
-    EXPECT_EQ(plan_topk_select(topk_call(4, tokens), {}, h200).kernel,
-              plan_topk_select(topk_call(4, tokens), {TopkKernel::kBySize}, h200).kernel);
+    for (int blocks : {1, 64, 256, 1024, kTopkNetMaxSpan})
+      for (const TopkSelectDeviceFacts& f : {h200, TopkSelectDeviceFacts{}}) {
+        const TopkSelectPlan plan = plan_topk_select(topk_call(4, tokens, blocks), {}, f);
+        EXPECT_EQ(plan.kernel, TopkKernel::kNet) << tokens << " " << blocks;
+        EXPECT_EQ(plan.net_lanes, topk_net_lanes(topk_call(4, tokens, blocks), f.num_sms));
+        EXPECT_EQ(plan.net_words, 32);  // topk 16, no forced block
+      }
+  // Where net does not run, auto is by_size.
+  TopkSelectParams wide = topk_call(4, 64);
+  wide.topk = 40;
+  TopkSelectParams long_rows = topk_call(4, 1, kTopkNetMaxSpan + 1);
+  TopkSelectParams long_prefill = topk_call(4, 32768, kTopkNetMaxSpan + 1);
+  for (const TopkSelectParams& p : {wide, long_rows, long_prefill}) {
+    const TopkSelectPlan plan = plan_topk_select(p, {}, h200);
+    EXPECT_EQ(plan.kernel, plan_topk_select(p, {TopkKernel::kBySize}, h200).kernel);
+    EXPECT_NE(plan.kernel, TopkKernel::kNet);
+    EXPECT_EQ(plan.net_fallback, nullptr);  // not forced: nothing falls back
+  }
+  EXPECT_EQ(plan_topk_select(wide, {}, h200).kernel, TopkKernel::kWarpDigits);
+  EXPECT_EQ(plan_topk_select(long_rows, {}, h200).kernel, TopkKernel::kWarpSplit);
+  EXPECT_EQ(plan_topk_select(long_prefill, {}, h200).kernel, TopkKernel::kRadixUniform);
+}
+
+TEST(PlanTopk, BySizeAndForcedKernelsAreKept) {
+  const TopkSelectDeviceFacts h200{132};
+  const TopkSelectOptions by_size{TopkKernel::kBySize};
   // The decode call of 64 tokens x 4 heads x 256 blocks: rows of one chunk, warp_digits (H200 at
   // 3cebf5e: 8.2 vs 9.1 us against warp_split).
-  EXPECT_EQ(plan_topk_select(topk_call(4, 64), {}, h200).kernel, TopkKernel::kWarpDigits);
-  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), {}, h200).kernel, TopkKernel::kRadixUniform);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 64), by_size, h200).kernel, TopkKernel::kWarpDigits);
+  EXPECT_EQ(plan_topk_select(topk_call(4, 32768), by_size, h200).kernel, TopkKernel::kRadixUniform);
   // The B1 decode calls (1 token x 4 heads): warp_split for rows of several chunks (H200 at
   // 2f7070a), warp_digits for rows of one.
   for (int blocks : {257, 1024, 16384})
-    EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpSplit);
+    EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), by_size, h200).kernel, TopkKernel::kWarpSplit);
   for (int blocks : {1, 64, 256})
-    EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), {}, h200).kernel, TopkKernel::kWarpDigits);
+    EXPECT_EQ(plan_topk_select(topk_call(4, 1, blocks), by_size, h200).kernel, TopkKernel::kWarpDigits);
   // by_size takes warp_digits exactly where it would take warp_split and every row is one chunk;
   // forced, it is kept at any size.
   for (int tokens : {1, 64, 132, 133, 256, 4224, 32768})
-    for (int blocks : {64, 256, 257, 1024})
-      for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kBySize}) {
-        const TopkKernel got = plan_topk_select(topk_call(4, tokens, blocks), {k}, h200).kernel;
-        const bool split_size = tokens * 4 <= kTopkSplitMaxRowsPerSm * 132 && tokens < 4224;
-        EXPECT_EQ(got == TopkKernel::kWarpDigits, split_size && blocks <= kTopkDigitsChunk) << tokens << " " << blocks;
-        EXPECT_EQ(got == TopkKernel::kWarpSplit, split_size && blocks > kTopkDigitsChunk) << tokens << " " << blocks;
-        EXPECT_EQ(plan_topk_select(topk_call(4, tokens, blocks), {TopkKernel::kWarpDigits}, h200).kernel,
-                  TopkKernel::kWarpDigits);
-      }
+    for (int blocks : {64, 256, 257, 1024}) {
+      const TopkKernel got = plan_topk_select(topk_call(4, tokens, blocks), by_size, h200).kernel;
+      const bool split_size = tokens * 4 <= kTopkSplitMaxRowsPerSm * 132 && tokens < 4224;
+      EXPECT_EQ(got == TopkKernel::kWarpDigits, split_size && blocks <= kTopkDigitsChunk) << tokens << " " << blocks;
+      EXPECT_EQ(got == TopkKernel::kWarpSplit, split_size && blocks > kTopkDigitsChunk) << tokens << " " << blocks;
+      EXPECT_EQ(plan_topk_select(topk_call(4, tokens, blocks), {TopkKernel::kWarpDigits}, h200).kernel,
+                TopkKernel::kWarpDigits);
+    }
   for (TopkKernel k : {TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8, TopkKernel::kRadix,
                        TopkKernel::kRadix1Buf, TopkKernel::kWarpSplit, TopkKernel::kRadixUniform,
                        TopkKernel::kWarpDigits, TopkKernel::kNet})
@@ -1511,9 +1535,9 @@ TEST(PlanTopk, NetLanesWordsAndFallback) {
     EXPECT_EQ(plan.kernel, plan_topk_select(p, {TopkKernel::kBySize}, h200).kernel);
     EXPECT_EQ(plan.net_lanes, 0);
   }
-  // Only ever forced (not measured yet).
+  // auto takes it (H200 at 3488394).
   for (int tokens : {1, 64, 32768})
-    EXPECT_NE(plan_topk_select(m3(tokens, 256), {}, h200).kernel, TopkKernel::kNet);
+    EXPECT_EQ(plan_topk_select(m3(tokens, 256), {}, h200).kernel, TopkKernel::kNet);
 }
 
 TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
