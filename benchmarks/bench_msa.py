@@ -95,15 +95,18 @@ STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # kernel until a1af6c4), radix_uniform (radix_1buf with branch-free passes of warp-uniform trip
 # counts; by_size's prefill kernel since), split rows, and split rows with one-chunk rows'
 # thresholds by 8-bit digits (warp_digits), and sorting networks over truncated-key words (net,
+# also with 2 lanes a row on the prefill shapes: net_lanes=2,
 # docs/design/topk_select.md, "Sorting networks").
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_1buf", "radix_uniform", "warp_split",
-                "warp_digits", "net")
+                "warp_digits", "net", "net net_lanes=2")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 # The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, and batch 1 at 128K (rows of
 # 1024 blocks: the M3 decode step's largest kernel under warp_per_row_8).
 TOPK_DECODE_SHAPES = (TOPK_DECODE, (1, 4, 1024))
 # Kernels for decode-sized calls only (a CTA per row): not timed on the prefill shapes.
 TOPK_DECODE_ONLY = ("warp_split", "warp_digits")
+# Tuning rows of the prefill shapes only: not timed on the decode shapes.
+TOPK_PREFILL_ONLY = ("net net_lanes=2",)
 
 
 def size_name(n: int) -> str:
@@ -679,12 +682,15 @@ class Bench:
     def stage_topk(self):
         for kernel in TOPK_KERNELS:
             tag = "" if kernel == "auto" else f" [{kernel}]"
-            options = None if kernel == "auto" else dict(kernel=kernel)
+            # "name option=value ...": the kernel and further plan options (e.g. "net net_lanes=2").
+            name, *extra = kernel.split()
+            options = None if kernel == "auto" else dict(kernel=name, **dict(
+                e.split("=", 1) for e in extra))
             for s in self.cfg["topk_s"] if kernel not in TOPK_DECODE_ONLY else ():
                 self.run_case("topk", f"prefill S={size_name(s)} H4 P={math.ceil(s / 128)}{tag}",
                               lambda s=s, o=options: self.build_topk(s, o), "memory",
                               REF_TOPK_32K if s == 32 * K else None)
-            for s, h, p in TOPK_DECODE_SHAPES:
+            for s, h, p in TOPK_DECODE_SHAPES if kernel not in TOPK_PREFILL_ONLY else ():
                 self.run_case("topk", f"decode S={s} H{h} P={p}{tag}",
                               lambda s=s, h=h, p=p, o=options: self.build_topk_decode(s, h, p, o),
                               "memory")

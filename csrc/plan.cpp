@@ -56,6 +56,8 @@ constexpr Named<DecodeKernel> kDecodeKernels[] = {{DecodeKernel::kAuto, "auto"},
 
 constexpr Named<int> kDecodeCtas[] = {{0, "auto"}, {2, "2"}, {3, "3"}, {4, "4"}};
 constexpr Named<int> kDecodeIlp[] = {{0, "auto"}, {1, "1"}, {2, "2"}};
+constexpr Named<int> kNetLanes[] = {{0, "auto"}, {1, "1"},   {2, "2"},  {4, "4"},
+                                    {8, "8"},    {16, "16"}, {32, "32"}};
 
 constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
                                             {DecodeMtp::kPerToken, "per_token"},
@@ -231,8 +233,13 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
 TopkSelectOptions parse_topk_select_options(std::string_view text) {
   TopkSelectOptions o;
   for_each_option("msa_topk_select", text, [&](std::string_view name, std::string_view value) {
-    MSA_CHECK(name == "kernel", "msa_topk_select: unknown plan option '", name, "' (options: kernel)");
-    o.kernel = parse_enum(kTopkKernels, name, value);
+    if (name == "kernel") {
+      o.kernel = parse_enum(kTopkKernels, name, value);
+    } else if (name == "net_lanes") {
+      o.net_lanes = parse_enum(kNetLanes, name, value);
+    } else {
+      MSA_FAIL("msa_topk_select: unknown plan option '", name, "' (options: kernel, net_lanes)");
+    }
   });
   return o;
 }
@@ -366,7 +373,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     case TopkKernel::kBySize: plan.kernel = topk_by_size(p, facts); break;
   }
   if (plan.kernel == TopkKernel::kNet) {
-    plan.net_lanes = topk_net_lanes(p, facts.num_sms);
+    plan.net_lanes = options.net_lanes > 0 ? options.net_lanes : topk_net_lanes(p, facts.num_sms);
     plan.net_words = p.topk - p.force_begin - p.force_end < 16 ? 16 : 32;
   }
   return plan;

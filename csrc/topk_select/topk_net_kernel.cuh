@@ -31,10 +31,11 @@ struct Params {
   int groups;        // H * token_groups (< 2^31, checked on the host)
 };
 
-// One pass over this lane's share of the row: best := the K smallest words of best and the words
-// `word(score, block - lo)` of blocks lo + part + L j in [lo, hi) (those outside [r_lo, r_hi) when
-// kRange: kSent, not loaded). col: the row's score column (block b at col[b * stride]).
-// Warp-uniform trip counts; no shuffles.
+// One pass over this lane's share of the row: best := the K smallest words of best (all kSent on
+// entry) and the words `word(score, block - lo)` of blocks lo + part + L j in [lo, hi) (those
+// outside [r_lo, r_hi) when kRange: kSent, not loaded). col: the row's score column (block b at
+// col[b * stride]). Warp-uniform trip counts; no shuffles. The loads of batch j0 + 16 are issued
+// before the network of batch j0, so that they are in flight while it runs.
 template <int K, int L, bool kRange, class Word>
 __device__ __forceinline__ void scan_share(uint32_t (&best)[K], const float* col, int64_t stride,
                                            int lo, int hi, int part, int r_lo, int r_hi, Word word) {
@@ -42,29 +43,42 @@ __device__ __forceinline__ void scan_share(uint32_t (&best)[K], const float* col
   const int n_full = span / L;            // every part has its elements j < n_full
   const int n_any = (span + L - 1) / L;   // part 0 has the most
   const int64_t step = int64_t(L) * stride;
-  const float* ptr = col + int64_t(lo + part) * stride;
-  for (int j0 = 0; j0 < n_any; j0 += kBatch, ptr += kBatch * step) {
-    uint32_t w[kBatch];
-    if (!kRange && j0 + kBatch <= n_full) {  // warp-uniform: no element of the batch is missing
-      float v[kBatch];
+  const auto in_share = [&](int j) {
+    const int blk = lo + part + L * j;
+    return blk < hi && (!kRange || (blk >= r_lo && blk < r_hi));
+  };
+  // Whether every element of the batch at j0 exists in every lane (warp-uniform).
+  const auto full = [&](int j0) { return !kRange && j0 + kBatch <= n_full; };
+  const auto load = [&](int j0, const float* ptr, float (&v)[kBatch]) {
+    if (full(j0)) {
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) v[i] = __ldg(ptr + i * step);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = in_share(j0 + i) ? __ldg(ptr + i * step) : 0.0f;
+    }
+  };
+  const float* ptr = col + int64_t(lo + part) * stride;
+  float v[kBatch];
+  load(0, ptr, v);
+  for (int j0 = 0; j0 < n_any; j0 += kBatch) {
+    uint32_t w[kBatch];
+    if (full(j0)) {
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) w[i] = word(v[i], part + L * (j0 + i));
     } else {
-      float v[kBatch];
-      bool in[kBatch];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int blk = lo + part + L * (j0 + i);
-        in[i] = blk < hi && (!kRange || (blk >= r_lo && blk < r_hi));
-        v[i] = in[i] ? __ldg(ptr + i * step) : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) w[i] = in[i] ? word(v[i], part + L * (j0 + i)) : kSent;
+      for (int i = 0; i < kBatch; ++i) w[i] = in_share(j0 + i) ? word(v[i], part + L * (j0 + i)) : kSent;
     }
+    ptr += kBatch * step;
+    if (j0 + kBatch < n_any) load(j0 + kBatch, ptr, v);
     sort_words(w);
-    merge_into(best, w);
+    if (j0 == 0) {  // best is all kSent: the K smallest are the batch's words
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) best[i] = w[i];
+    } else {
+      merge_into(best, w);
+    }
   }
 }
 
@@ -81,8 +95,14 @@ __device__ __forceinline__ void team_merge(uint32_t (&best)[K]) {
   }
 }
 
+// CTAs per SM the registers must allow: K = 16 at <= 102 registers (20 warps per SM), K = 32 at
+// <= 128 (16 warps).
+template <int K>
+inline constexpr int kMinCtasPerSm = K == 16 ? 5 : 4;
+
 template <int K, int L>
-__global__ void __launch_bounds__(kWarpsPerCta * 32) topk_net_kernel(const __grid_constant__ Params np) {
+__global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
+    topk_net_kernel(const __grid_constant__ Params np) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "lanes per row: a power of two <= 32");
   const TopkSelectParams& p = np.p;
   const int lane = threadIdx.x & 31;

@@ -306,6 +306,8 @@ struct ProxyScoreOptions {
 };
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
+  // net's lanes per row (a tuning knob; 0: auto, topk_net_lanes), a power of two <= 32.
+  int net_lanes = 0;
 };
 
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
@@ -324,7 +326,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
-// warp_digits|net.
+// warp_digits|net, net_lanes=auto|1|2|4|8|16|32 (net's lanes per row; a tuning knob).
 TopkSelectOptions parse_topk_select_options(std::string_view text);
 
 // ---- device facts ------------------------------------------------------------------------------

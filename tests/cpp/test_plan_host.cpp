@@ -1334,6 +1334,12 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
                "warp_split, radix_uniform, warp_digits or net, got 'digits'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
+  expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "(options: kernel, net_lanes)");
+  for (const char* bad : {"3", "0", "64", "-1", "x"})
+    expect_error([bad] { parse_topk_select_options(std::string("net_lanes=") + bad); }, ErrorKind::kValue,
+                 "net_lanes must be auto, 1, 2, 4, 8, 16 or 32");
+  expect_error([] { parse_topk_select_options("net_lanes=2,net_lanes=4"); }, ErrorKind::kValue,
+               "given twice");
   expect_error([] { parse_sparse_decode_options("kernel=fastest"); }, ErrorKind::kValue,
                "kernel must be auto, smem, regs or wgmma, got 'fastest'");
   // kernel=regs8 (8 warps per CTA for fp8 K/V) and kernel=regs_pipe (the fp8 register kernel
@@ -1535,6 +1541,19 @@ TEST(PlanTopk, NetLanesWordsAndFallback) {
     EXPECT_EQ(plan.kernel, plan_topk_select(p, {TopkKernel::kBySize}, h200).kernel);
     EXPECT_EQ(plan.net_lanes, 0);
   }
+  // net_lanes forces the lanes (a tuning knob), under auto and kernel=net alike; other kernels
+  // ignore it.
+  for (int lanes : {1, 2, 4, 8, 16, 32})
+    for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kNet}) {
+      TopkSelectOptions o = parse_topk_select_options("net_lanes=" + std::to_string(lanes));
+      o.kernel = k;
+      const TopkSelectPlan plan = plan_topk_select(m3(32768, 256), o, h200);
+      EXPECT_EQ(plan.kernel, TopkKernel::kNet);
+      EXPECT_EQ(plan.net_lanes, lanes);
+    }
+  EXPECT_EQ(parse_topk_select_options("net_lanes=auto").net_lanes, 0);
+  EXPECT_EQ(plan_topk_select(m3(32768, 256), parse_topk_select_options("kernel=radix_uniform,net_lanes=4"),
+                             h200).net_lanes, 0);
   // auto takes it (H200 at 3488394).
   for (int tokens : {1, 64, 32768})
     EXPECT_EQ(plan_topk_select(m3(tokens, 256), {}, h200).kernel, TopkKernel::kNet);
