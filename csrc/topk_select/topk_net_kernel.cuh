@@ -113,6 +113,18 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
   const int h = g % p.num_heads;
   const int s = (np.token_groups - 1 - g / p.num_heads) * kRows + lane / L;
   const bool has_row = s < p.num_tokens;
+  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + (has_row ? s : 0);
+  const int64_t stride = p.num_tokens;
+  // The first batch of the row's candidates, as far as it is known before num_valid_pages is read
+  // (candidates start at force_begin whenever the row has any): into L2 now, so that the loads
+  // after the ranges do not wait a second DRAM round trip (decode-sized calls are latency).
+  if (has_row) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int blk = p.force_begin + part + L * i;
+      if (blk < p.num_blocks) asm volatile("prefetch.global.L2 [%0];" ::"l"(col + int64_t(blk) * stride));
+    }
+  }
 
   TopkRanges r{};
   int* out_row = nullptr;
@@ -146,8 +158,6 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
   const uint32_t high_mask = ~((1u << b) - 1u);
   const int r_lo = active ? r.mid_begin : 0;
   const int r_hi = active ? r.mid_end : 0;
-  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + (has_row ? s : 0);
-  const int64_t stride = p.num_tokens;
 
   uint32_t best[K];
 #pragma unroll

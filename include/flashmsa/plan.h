@@ -154,7 +154,9 @@ inline constexpr int kTopkNetMaxCarry = 31;
 inline constexpr int kTopkNetMaxSpan = 1 << 15;
 // net: lanes per row, the fewest (a power of two up to 32) that give at least this many warps per
 // SM, and no more than one per 16 blocks of a row (a lane's share is at least one network batch).
-inline constexpr int kTopkNetMinWarpsPerSm = 4;
+// H200 at b0792fd: 32K (131K rows: 31 warps per SM at one lane) 43.6 us at 2 lanes against 58.3 at
+// one; 128K (524K rows: 124 warps per SM) 452.6 us at one lane against 468.8 at two.
+inline constexpr int kTopkNetMinWarpsPerSm = 48;
 // auto takes the proxy decode kernel when each request's query rows through one KV head (G heads x
 // max_seqlen_q tokens) fit one 16-row MMA pass per key block: M3's decode (G 4 x 1 token) and MTP
 // up to 4 tokens, the calls measured. Without max_seqlen_q the bound is total_q (device

@@ -428,7 +428,7 @@ TEST(PlanDescribe, ProxyAndTopk) {
   facts.num_sms = 132;
   TopkSelectOptions o;
   std::string d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "kernel=net (auto: net: rows choose <= 31 of <= 32768 blocks); 32768 tokens x 4 heads over 256 blocks, top-16; 1 lane per row, 32 words per lane")) << d;
+  EXPECT_TRUE(has(d, "kernel=net (auto: net: rows choose <= 31 of <= 32768 blocks); 32768 tokens x 4 heads over 256 blocks, top-16; 2 lanes per row, 32 words per lane")) << d;
   tp.topk = 40;  // net does not run: auto is by_size
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=radix_uniform (auto: net does not run: rows choose more than 31 blocks (topk - force_begin - force_end); by_size: 4096 groups of 32 rows >= 4 per SM x 132 SMs")) << d;

@@ -1496,7 +1496,7 @@ TEST(PlanTopk, BySizeAndForcedKernelsAreKept) {
 }
 
 // kernel=net: 16 words per lane where a row chooses at most 15 blocks, else 32; lanes per row the
-// fewest powers of two giving 4 warps per SM, at most one per 16 blocks; rows choosing more than
+// fewest powers of two giving 48 warps per SM, at most one per 16 blocks; rows choosing more than
 // 31 blocks or rows of more than 32768 blocks fall back to by_size's kernel, and the plan says why.
 TEST(PlanTopk, NetLanesWordsAndFallback) {
   const TopkSelectDeviceFacts h200{132};
@@ -1510,9 +1510,11 @@ TEST(PlanTopk, NetLanesWordsAndFallback) {
     TopkSelectParams p;
     int lanes, words;
   };
-  for (const Case& c : {Case{m3(32768, 256), 1, 16}, Case{m3(131072, 1024), 1, 16},
-                        Case{m3(4224, 256), 1, 16},     // 528 warps of 32 rows: 4 per SM
-                        Case{m3(4192, 256), 2, 16},     // one group of 32 tokens fewer
+  for (const Case& c : {Case{m3(32768, 256), 2, 16},    // 4096 warps at one lane: 31 per SM
+                        Case{m3(131072, 1024), 1, 16},  // 16384 warps: 124 per SM
+                        Case{m3(50688, 256), 1, 16},    // 6336 warps of 32 rows: 48 per SM
+                        Case{m3(50656, 256), 2, 16},    // one group of 32 tokens fewer
+                        Case{m3(8192, 64), 4, 16},      // 8K prefill: 64 blocks, 4 lanes at most
                         Case{m3(64, 256), 16, 16},      // decode: 16 blocks a lane at most
                         Case{m3(1, 1024), 32, 16},      // B1 / 128K
                         Case{m3(1, 64), 4, 16},         // 64 blocks: 4 lanes
