@@ -99,11 +99,19 @@ struct QueryMajorConfig {
 };
 
 // Warp 0: builds the item's tile list in shared memory; returns the number of tiles (all lanes).
-// kTileKeys = 64: a block is one or two tiles; 128: one tile per block.
+// kTileKeys = 64: a block is one or two tiles; 128: one tile per block. The row's q2k entries are
+// read straight into registers (entry lane + 32 h: v[h]) before anything else, so that their load
+// overlaps the sequence's; the list length and the repeats (semantics.h q2k_length and
+// q2k_entry_used) come from ballots and __match_any_sync instead of per-lane loops over a shared
+// copy, which were a serial chain of shared loads on the way to the first K / V copy.
 template <int kWarpsM, int kTileKeys = kQmTileKeys>
 MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, int split,
-                                     TileDesc* s_tiles, int* s_list, int lane) {
+                                     TileDesc* s_tiles, int lane) {
   const SparseAttnParams& p = args.p;
+  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
+  int v[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) v[h] = lane + 32 * h < p.topk ? list[lane + 32 * h] : -1;
   const int b = find_sequence(p, r);
   if (b < 0) return 0;
   const int seqlen_k = kv_seqlen(p.kv, b);
@@ -112,11 +120,24 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
   const int64_t q_off = q_offset_of(p.q_offset, b, rr.len, seqlen_k);
   const int lim = col_limit(p.causal, q_off, r - rr.begin, seqlen_k);
 
-  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
-  for (int e = lane; e < p.topk; e += 32) s_list[e] = list[e];
-  __syncwarp();
-  int len = lane == 0 ? q2k_length(s_list, p.topk) : 0;
-  len = __shfl_sync(0xffffffffu, len, 0);
+  // q2k_length: the first negative entry (entries past topk read as -1).
+  const uint32_t neg0 = __ballot_sync(0xffffffffu, v[0] < 0);
+  const uint32_t neg1 = __ballot_sync(0xffffffffu, v[1] < 0);
+  const int len = neg0 != 0u ? __ffs(neg0) - 1 : (neg1 != 0u ? 32 + __ffs(neg1) - 1 : 64);
+  // q2k_entry_used's repeats: an entry equal to an earlier one (every earlier entry of a used one
+  // is before len, so non-negative: only the entries before len are ever asked about).
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  bool rep[2];
+  rep[0] = (__match_any_sync(0xffffffffu, v[0]) & lt_mask) != 0u;
+  rep[1] = false;
+  if (p.topk > 32) {  // uniform: entries 32.. against 0..31 and each other
+    rep[1] = (__match_any_sync(0xffffffffu, v[1]) & lt_mask) != 0u;
+#pragma unroll 8
+    for (int j = 0; j < 32; ++j) {
+      const int earlier = __shfl_sync(0xffffffffu, v[0], j);  // every lane takes part
+      rep[1] = rep[1] || earlier == v[1];
+    }
+  }
 
   // Entries lane and lane + 32 (topk <= 64).
   bool used[2], two[2];
@@ -124,15 +145,14 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int e = lane + 32 * h;
-    used[h] = e < len && q2k_entry_used(s_list, e, nb);
-    blk[h] = used[h] ? s_list[e] : 0;
+    used[h] = e < len && v[h] < nb && !rep[h];
+    blk[h] = used[h] ? v[h] : 0;
     const int64_t vis64 = int64_t(lim) - int64_t(blk[h]) * kBlockSize;
     vis[h] = used[h] ? int(vis64 < kBlockSize ? vis64 : int64_t(kBlockSize)) : 0;
     used[h] = used[h] && vis[h] > 0;
     if (used[h] && p.kv.paged) used[h] = kv_page(p.kv, b, blk[h]) >= 0;
     two[h] = used[h] && vis[h] > kTileKeys;
   }
-  const uint32_t lt_mask = (1u << lane) - 1u;
   const uint32_t u0 = __ballot_sync(0xffffffffu, used[0]);
   const uint32_t u1 = __ballot_sync(0xffffffffu, used[1]);
   const int n_used = __popc(u0) + __popc(u1);
@@ -690,7 +710,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       if constexpr (kMtp) {
         n = plan_mtp_item<Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
       } else {
-        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
+        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
       }
       if (lane == 0) s_misc[0] = n;
     }

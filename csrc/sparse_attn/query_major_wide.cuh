@@ -61,7 +61,6 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
   const int gid = lane >> 2, tig = lane & 3;
   uint8_t* sQ = smem + Cfg::kQOffset;
   TileDesc* s_tiles = reinterpret_cast<TileDesc*>(smem + Cfg::kTilesOffset);
-  int* s_list = reinterpret_cast<int*>(smem + Cfg::kListOffset);
   int* s_misc = reinterpret_cast<int*>(smem + Cfg::kMiscOffset);
   float* s_stats = reinterpret_cast<float*>(smem + Cfg::kStatsOffset);
   uint8_t* s_union = smem + Cfg::kUnionOffset;
@@ -82,7 +81,7 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     __syncthreads();  // the previous item is done with every shared buffer
     // Warp 0 plans the item while warps 4-7 load its query rows.
     if (warp == 0) {
-      const int n = plan_query_major_item<1, Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
+      const int n = plan_query_major_item<1, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
       if (lane == 0) s_misc[0] = n;
     } else if (tid >= kQmThreads) {
       load_query_rows<Elem, 16>(args, r, kh, rt, sQ, tid - kQmThreads);
