@@ -35,10 +35,12 @@ struct Params {
 // entry) and the words `word(score, block - lo)` of blocks lo + part + L j in [lo, hi) (those
 // outside [r_lo, r_hi) when kRange: kSent, not loaded). col: the row's score column (block b at
 // col[b * stride]). Warp-uniform trip counts; no shuffles. The loads of batch j0 + 16 are issued
-// before the network of batch j0, so that they are in flight while it runs.
+// before the network of batch j0, so that they are in flight while it runs. first,
+// with have_first, the first batch's scores, already loaded (every block of it below num_blocks).
 template <int K, int L, bool kRange, class Word>
 __device__ __forceinline__ void scan_share(uint32_t (&best)[K], const float* col, int64_t stride,
-                                           int lo, int hi, int part, int r_lo, int r_hi, Word word) {
+                                           int lo, int hi, int part, int r_lo, int r_hi, Word word,
+                                           const float (&first)[kBatch], bool have_first) {
   const int span = hi - lo;
   const int n_full = span / L;            // every part has its elements j < n_full
   const int n_any = (span + L - 1) / L;   // part 0 has the most
@@ -60,7 +62,12 @@ __device__ __forceinline__ void scan_share(uint32_t (&best)[K], const float* col
   };
   const float* ptr = col + int64_t(lo + part) * stride;
   float v[kBatch];
-  load(0, ptr, v);
+  if (have_first) {  // warp-uniform
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) v[i] = first[i];
+  } else {
+    load(0, ptr, v);
+  }
   for (int j0 = 0; j0 < n_any; j0 += kBatch) {
     uint32_t w[kBatch];
     if (full(j0)) {
@@ -115,15 +122,15 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
   const bool has_row = s < p.num_tokens;
   const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + (has_row ? s : 0);
   const int64_t stride = p.num_tokens;
-  // The first batch of the row's candidates, as far as it is known before num_valid_pages is read
-  // (candidates start at force_begin whenever the row has any): into L2 now, so that the loads
-  // after the ranges do not wait a second DRAM round trip (decode-sized calls are latency).
-  if (has_row) {
+  // The first batch of the lane's share, loaded before num_valid_pages is read: candidates start
+  // at force_begin whenever a row has any, so unless the warp's range starts elsewhere these are
+  // the first batch's scores, and the loads after the ranges do not wait a second DRAM round trip
+  // (decode-sized calls are latency).
+  float first[kBatch];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int blk = p.force_begin + part + L * i;
-      if (blk < p.num_blocks) asm volatile("prefetch.global.L2 [%0];" ::"l"(col + int64_t(blk) * stride));
-    }
+  for (int i = 0; i < kBatch; ++i) {
+    const int blk = p.force_begin + part + L * i;
+    first[i] = has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
   }
 
   TopkRanges r{};
@@ -163,10 +170,11 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
 #pragma unroll
   for (int i = 0; i < K; ++i) best[i] = kSent;
   const auto w1 = [high_mask](float v, int off) { return word1(v, off, high_mask); };
+  const bool have_first = lo == p.force_begin;  // warp-uniform
   if (uniform) {
-    scan_share<K, L, false>(best, col, stride, lo, hi, part, r_lo, r_hi, w1);
+    scan_share<K, L, false>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
   } else {
-    scan_share<K, L, true>(best, col, stride, lo, hi, part, r_lo, r_hi, w1);
+    scan_share<K, L, true>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
   }
   team_merge<K, L>(best);
 
@@ -181,7 +189,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
     const uint32_t cut = t_word & high_mask;
     const auto w2 = [b, high_mask, cut](float v, int off) { return word2(v, off, b, high_mask, cut); };
     scan_share<K, L, true>(best2, col, stride, lo, hi, part, straddle ? r_lo : 0, straddle ? r_hi : 0,
-                           w2);
+                           w2, first, false);
     team_merge<K, L>(best2);
   }
   if (!active) return;
