@@ -122,10 +122,16 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
   const bool has_row = s < p.num_tokens;
   const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + (has_row ? s : 0);
   const int64_t stride = p.num_tokens;
-  // The first batch of the lane's share, loaded before num_valid_pages is read: candidates start
-  // at force_begin whenever a row has any, so unless the warp's range starts elsewhere these are
-  // the first batch's scores, and the loads after the ranges do not wait a second DRAM round trip
+  // num_valid_pages first (its load must not queue behind the 16 below), then the first batch of
+  // the lane's share, loaded before num_valid_pages arrives: candidates start at force_begin
+  // whenever a row has any, so unless the warp's range starts elsewhere these are the first
+  // batch's scores, and the loads after the ranges do not wait a second DRAM round trip
   // (decode-sized calls are latency).
+  int64_t nvp_in = 0;
+  if (has_row) {
+    nvp_in = p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s))
+                                          : int64_t(p.num_valid_pages_value);
+  }
   float first[kBatch];
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) {
@@ -136,8 +142,6 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
   TopkRanges r{};
   int* out_row = nullptr;
   if (has_row) {
-    const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(p.num_valid_pages[s])
-                                                        : int64_t(p.num_valid_pages_value);
     r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
     out_row = p.out + (int64_t(s) * p.num_heads + h) * p.topk;
   }
