@@ -57,7 +57,8 @@ VALID = {
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
                     dict(kernel="radix_1buf"), dict(kernel="warp_split"),
                     dict(kernel="radix_uniform"), dict(kernel="warp_digits"),
-                    dict(kernel="net")],
+                    dict(kernel="net"), dict(kernel="net", net_lanes=2), "kernel=net,net_lanes=32",
+                    dict(net_lanes="auto")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
@@ -164,6 +165,8 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(pdl="on"), "unknown plan option 'pdl'"),
     ("proxy_score", dict(pdl="on"), "unknown plan option 'pdl'"),
     ("topk_select", dict(pdl="on"), "unknown plan option 'pdl'"),
+    ("topk_select", dict(net_lanes=3), "net_lanes must be auto, 1, 2, 4, 8, 16 or 32, got '3'"),
+    ("topk_select", dict(net_lanes=64), "net_lanes must be auto, 1, 2, 4, 8, 16 or 32, got '64'"),
     ("topk_select", dict(kernel="heap"),
      "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, warp_split, "
      "radix_uniform, warp_digits or net, got 'heap'"),
