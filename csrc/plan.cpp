@@ -322,7 +322,7 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
 }
 
 const char* topk_net_unsupported(const TopkSelectParams& p) {
-  if (p.topk - p.force_begin - p.force_end > kTopkNetMaxCarry)
+  if (topk_carry(p) > kTopkNetMaxCarry)
     return "rows choose more than 31 blocks (topk - force_begin - force_end)";
   if (p.num_blocks > kTopkNetMaxSpan) return "more than 32768 blocks per row";
   return nullptr;
@@ -374,7 +374,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
   }
   if (plan.kernel == TopkKernel::kNet) {
     plan.net_lanes = options.net_lanes > 0 ? options.net_lanes : topk_net_lanes(p, facts.num_sms);
-    plan.net_words = p.topk - p.force_begin - p.force_end < 16 ? 16 : 32;
+    plan.net_words = topk_carry(p) < 16 ? 16 : 32;
   }
   return plan;
 }

@@ -83,7 +83,7 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
   rp.p = p;
   rp.token_groups = ceil_div_int(p.num_tokens, 32);
   rp.groups = int(groups);
-  rp.carry = p.topk - p.force_begin - p.force_end;
+  rp.carry = topk_carry(p);
   rp.vec = (p.num_tokens % 4 == 0 && reinterpret_cast<uintptr_t>(p.score) % 16 == 0) ? 1 : 0;
   const size_t smem = V::smem_bytes(rp.carry);
   prepare_launch(topk::radix::topk_radix_kernel<V>, V::kThreads, smem);
@@ -128,8 +128,7 @@ void launch_net_words(const TopkSelectParams& p, int lanes, cudaStream_t stream)
 void launch_net(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStream_t stream) {
   // The plan's bounds (topk_net_unsupported), which the words rely on: a row chooses fewer
   // blocks than a lane keeps words, and an offset fits 15 bits.
-  const int carry = p.topk - p.force_begin - p.force_end;
-  MSA_CHECK(carry < plan.net_words && p.num_blocks <= topk::net::kMaxSpan,
+  MSA_CHECK(topk_carry(p) < plan.net_words && p.num_blocks <= topk::net::kMaxSpan,
             "topk_select: the plan's net kernel does not fit the call");
   if (plan.net_words == 16) return launch_net_words<16>(p, plan.net_lanes, stream);
   if (plan.net_words == 32) return launch_net_words<32>(p, plan.net_lanes, stream);

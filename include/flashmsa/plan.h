@@ -151,6 +151,9 @@ inline constexpr int kTopkDigitsChunk = 256;
 // candidates a row chooses (topk - force_begin - force_end), and a block's offset in the warp's
 // candidate range must fit 15 bits.
 inline constexpr int kTopkNetMaxCarry = 31;
+// The most candidates a row of the call chooses by score (its carry): topk less the forced blocks
+// (a row whose nvp clamps the forced ones has no candidates at all).
+inline int topk_carry(const TopkSelectParams& p) { return p.topk - p.force_begin - p.force_end; }
 inline constexpr int kTopkNetMaxSpan = 1 << 15;
 // net: lanes per row, the fewest (a power of two up to 32) that give at least this many warps per
 // SM, and no more than one per 16 blocks of a row (a lane's share is at least one network batch).
