@@ -96,15 +96,16 @@ STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # counts; by_size's prefill kernel since), split rows, and split rows with one-chunk rows'
 # thresholds by 8-bit digits (warp_digits), and sorting networks over truncated-key words (net,
 # also with 2 lanes a row on the prefill shapes: net_lanes=2,
-# docs/design/topk_select.md, "Sorting networks").
+# docs/design/topk_select.md, "Sorting networks"), and net with a pivot before the networks on the
+# decode shapes (a warp per row: net_pivot=on, "Pivot before the networks").
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_1buf", "radix_uniform", "warp_split",
-                "warp_digits", "net", "net net_lanes=2")
+                "warp_digits", "net", "net net_lanes=2", "net net_pivot=on")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 # The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, and batch 1 at 128K (rows of
 # 1024 blocks: the M3 decode step's largest kernel under warp_per_row_8).
 TOPK_DECODE_SHAPES = (TOPK_DECODE, (1, 4, 1024))
 # Kernels for decode-sized calls only (a CTA per row): not timed on the prefill shapes.
-TOPK_DECODE_ONLY = ("warp_split", "warp_digits")
+TOPK_DECODE_ONLY = ("warp_split", "warp_digits", "net net_pivot=on")
 # Tuning rows of the prefill shapes only: not timed on the decode shapes.
 TOPK_PREFILL_ONLY = ("net net_lanes=2",)
 
@@ -144,11 +145,15 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
 # Step rows also timed with sparse-decode plan options: (suffix of the case name, options), for
 # batches up to STEP_VARIANT_MAX_BATCH (the split-K calls: at batch 64 the decode is fused and
 # split=cluster changes nothing).
-STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),)
+STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),
+                 (" [combine_loads=with]", dict(combine_loads="with")))
 # ... and those of bf16 K/V and one token per request also with split-K decode on 4 warps per CTA
 # (split_warps=4: auto's 8-warp kernel's predecessor; fp8 K/V run 4 warps anyway).
 STEP_BF16_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),)
 STEP_VARIANT_MAX_BATCH = 8
+# ... and one token per request with top-k plan options (suffix, options): the pivot before the
+# networks (docs/design/topk_select.md, "Pivot before the networks"), whatever the K/V dtype.
+STEP_TOPK_VARIANTS = ((" [net_pivot=on]", dict(net_pivot="on")),)
 # Decode batches whose M3 calls split by blocks on an H200 (B x 4 kv heads < 132 SMs): their bf16
 # sq 1 rows also run split-K on 4 warps per CTA (split_warps=4) beside auto's 8.
 SPLIT_K_MAX_BATCH = 32
@@ -210,7 +215,7 @@ class DecodeStep:
     Works on CPU tensors too (the ops' reference), which the CPU tests use."""
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
-                 device, geo=M3, topk: int = TOPK, decode_options=None):
+                 device, geo=M3, topk: int = TOPK, decode_options=None, topk_options=None):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
@@ -220,6 +225,9 @@ class DecodeStep:
         # Sparse-decode plan options (flashmsa's private planned twin), None: the public op.
         self.decode = ops.msa_sparse_decode_attention if decode_options is None else \
             functools.partial(ops._sparse_decode_planned, options=decode_options)
+        # Top-k plan options likewise.
+        self.topk_select = ops.msa_topk_select if topk_options is None else \
+            functools.partial(ops._topk_select_planned, options=topk_options)
         self.batch, self.ctx, self.seqlen_q = batch, ctx, seqlen_q
         self.nb = nb = ctx // mi.BLOCK
         rows, pages = batch * seqlen_q, batch * nb
@@ -247,8 +255,8 @@ class DecodeStep:
         ops.msa_proxy_score(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
                             seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
                             max_k_tiles=self.nb, output=self.scores)
-        ops.msa_topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
-                            force_end_blocks=1)
+        self.topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
+                         force_end_blocks=1)
         self.q2k.copy_(self.sel.transpose(0, 1))
         out = self.decode(self.q, self.k, self.v, self.q2k, page_table=self.page_table,
                           seqused_k=self.seqused, seqlen_q=self.seqlen_q, causal=True,
@@ -861,6 +869,10 @@ class Bench:
             # (split_rule=ceil) instead of auto's fewest waves x blocks per split.
             if 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
                 variants.append((" [split_rule=ceil]", dict(split_rule="ceil")))
+            # ... and split-K batches whose combine loads the partial values with the LSEs
+            # (combine_loads=with) instead of after them.
+            if sq == 1 and b <= SPLIT_K_MAX_BATCH:
+                variants.append((" [combine_loads=with]", dict(combine_loads="with")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":
@@ -991,21 +1003,28 @@ class Bench:
                 variants += list(STEP_VARIANTS)
                 if sq == 1 and kv == "bf16":
                     variants += list(STEP_BF16_VARIANTS)
-            for suffix, options in variants:
+            # (suffix, decode options, top-k options)
+            variants = [(suffix, options, None) for suffix, options in variants]
+            if b <= STEP_VARIANT_MAX_BATCH and sq == 1:
+                variants += [(suffix, None, options) for suffix, options in STEP_TOPK_VARIANTS]
+            for suffix, options, topk_options in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
-                              lambda b=b, c=ctx, q=sq, i=idx, v=kv, o=options:
-                              self.build_step(b, c, q, i, v, decode_options=o),
+                              lambda b=b, c=ctx, q=sq, i=idx, v=kv, o=options, t=topk_options:
+                              self.build_step(b, c, q, i, v, decode_options=o, topk_options=t),
                               "memory", None,
                               extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
-                                         kv_dtype=kv, decode_options=options))
+                                         kv_dtype=kv, **{k: o for k, o in (
+                                             ("decode_options", options),
+                                             ("topk_options", topk_options)) if o is not None}))
 
-    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None):
+    def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None,
+                   topk_options=None):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
-                          self.device, decode_options=decode_options)
+                          self.device, decode_options=decode_options, topk_options=topk_options)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

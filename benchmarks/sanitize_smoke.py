@@ -49,7 +49,13 @@ PARTS = ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_att
          "pipeline", "hostile")
 # The top-k kernels (plan option kernel) whose calls the topk and hostile parts make.
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "radix_1buf", "warp_split",
-                "radix_uniform", "warp_digits", "net")
+                "radix_uniform", "warp_digits", "net", "net net_pivot=on")
+
+
+def topk_options(kernel: str) -> dict:
+    """Plan options of a TOPK_KERNELS entry: "net net_pivot=on" -> kernel=net, net_pivot=on."""
+    name, *extra = kernel.split()
+    return dict(kernel=name, **dict(e.split("=", 1) for e in extra))
 
 
 def seed_of(name: str) -> int:
@@ -445,7 +451,7 @@ class Smoke:
         where S % 4 == 0, 4-byte ones on the S = 77 and misaligned cases), and split rows (the
         P = 5000 case: rows over 7 warps of 3 chunks each, then the merge)."""
         for kernel in TOPK_KERNELS:
-            self._topk_cases(kernel, PlannedOps(self.ops, msa_topk_select=dict(kernel=kernel)))
+            self._topk_cases(kernel, PlannedOps(self.ops, msa_topk_select=topk_options(kernel)))
 
     def _topk_cases(self, kernel, ops):
         for h, p, s in ((2, 24, 12), (4, 128, 64), (2, 300, 40), (1, 2048, 8), (3, 200, 77),
@@ -660,6 +666,52 @@ class Smoke:
         self.decode_mtp_wgmma(lens, pipe="ahead")
         self.decode_split_cluster(lens)
         self.decode_split_warps8(lens)
+        self.decode_combine_with(lens)
+
+    def decode_combine_with(self, lens):
+        """Split-K decode whose combine loads the partial values with the LSEs (plan option
+        combine_loads=with): every kernel that writes partials (smem 16- and 64-row tiles, regs
+        with fp8 / NVFP4 K/V, split_warps=8, MTP union items on smem, regs and wgmma), batch 1 at
+        M3 and the smoke lengths, each partial dtype, ids out of range and -1 holes (empty splits
+        and rows): initcheck finds a slot the combine reads that no kernel wrote."""
+        for extra, blens, hq, hkv, dtype, seqlen_q in (
+                (dict(kernel="smem", mtp="per_token"), [4096 + 77], 64, 4, BF16, 1),
+                (dict(kernel="smem", mtp="per_token"), lens, 8, 2, FP16, 4),
+                (dict(kernel="smem", mtp="per_token"), lens[:2], 128, 2, BF16, 1),
+                (dict(kernel="regs"), [4096], 64, 4, FP8, 1),
+                (dict(kernel="regs"), lens, 16, 4, FP8, 4),
+                (dict(split_warps=8), [4096 + 77], 64, 4, BF16, 1),
+                (dict(split_warps=8), lens, 16, 4, BF16, 1),
+                (dict(mtp="union", kernel="smem"), lens, 64, 4, BF16, 4),
+                (dict(mtp="union", kernel="wgmma"), lens, 64, 4, BF16, 4)):
+            ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(extra, combine_loads="with"))
+            nb = len(blens)
+            cache = self.lazy(lambda blens=blens, hkv=hkv, dtype=dtype: self.paged_kv(blens, hkv, dtype))
+
+            def build(blens=blens, hq=hq, hkv=hkv, sqd=seqlen_q, nb=nb, dtype=dtype):
+                sel = self.decode_selection(blens, sqd, hkv)
+                sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
+                sel[:, 1::4, 9] = -1      # the list ends there
+                return self.rnd((nb * sqd, hq, 128)).to(FP16 if dtype == FP16 else BF16), sel
+            tag = " ".join(f"{k}={v}" for k, v in extra.items())
+            self._decode_fused_and_split(
+                ops, cache, self.lazy(build), seqlen_q, (False, None),
+                f"decode combine_loads=with {tag} paged {str(dtype)[6:]} B{nb} {hq}/{hkv} sq{seqlen_q}")
+        nvfp4_ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(combine_loads="with"))
+
+        def build_fp4():
+            kc, vc, table, used = self.paged_kv(lens, 2)
+            (k4, ks, kg), (v4, vs, vg) = ft.quantize_nvfp4(kc), ft.quantize_nvfp4(vc)
+            return k4, v4, self.decode_selection(lens, 1, 2), table, used, dict(
+                k_scale=ks, v_scale=vs, k_global_scale=kg, v_global_scale=vg)
+        nvfp4 = self.lazy(build_fp4)
+
+        def call_fp4():
+            k4, v4, sel, table, used, scales = nvfp4()
+            return nvfp4_ops.msa_sparse_decode_attention(
+                self.rnd((len(lens), 8, 128)), k4, v4, sel, page_table=table, seqused_k=used,
+                return_softmax_lse=True, force_fused=False, **scales)
+        self.run(f"decode combine_loads=with paged nvfp4 B{len(lens)} 8/2 sq1 fused=False", call_fp4)
 
     def decode_split_warps8(self, lens):
         """Split-K decode with 8 warps per CTA sharing each block (plan option split_warps=8):
@@ -945,7 +997,7 @@ class Smoke:
         self.run("hostile proxy_fp4 paged invalid page ids", fp4_invalid_pages)
         # top-k: every nvp 0 (empty selections), no tokens, a single block.
         for kernel in TOPK_KERNELS:
-            kops = PlannedOps(ops, msa_topk_select=dict(kernel=kernel))
+            kops = PlannedOps(ops, msa_topk_select=topk_options(kernel))
             score = self.lazy(lambda: torch.randn((2, 300, 40), generator=self.gen,
                                                   device=self.dev))
             self.run(f"hostile topk [{kernel}] nvp all 0 / negative",

@@ -59,6 +59,9 @@ constexpr Named<int> kDecodeIlp[] = {{0, "auto"}, {1, "1"}, {2, "2"}};
 constexpr Named<int> kNetLanes[] = {{0, "auto"}, {1, "1"},   {2, "2"},  {4, "4"},
                                     {8, "8"},    {16, "16"}, {32, "32"}};
 
+constexpr Named<TopkNetPivot> kNetPivots[] = {
+    {TopkNetPivot::kAuto, "auto"}, {TopkNetPivot::kOff, "off"}, {TopkNetPivot::kOn, "on"}};
+
 constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
                                             {DecodeMtp::kPerToken, "per_token"},
                                             {DecodeMtp::kUnion, "union"}};
@@ -72,6 +75,8 @@ constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kCluster, "cluster"}};
 constexpr Named<DecodeSplitWarps> kDecodeSplitWarps[] = {
     {DecodeSplitWarps::kAuto, "auto"}, {DecodeSplitWarps::k4, "4"}, {DecodeSplitWarps::k8, "8"}};
+constexpr Named<DecodeCombineLoads> kDecodeCombineLoads[] = {
+    {DecodeCombineLoads::kAuto, "auto"}, {DecodeCombineLoads::kAfter, "after"}, {DecodeCombineLoads::kWith, "with"}};
 constexpr Named<DecodeSplitRule> kDecodeSplitRules[] = {
     {DecodeSplitRule::kAuto, "auto"}, {DecodeSplitRule::kCeil, "ceil"}, {DecodeSplitRule::kWaves, "waves"}};
 constexpr Named<DecodeWgmmaPipe> kDecodeWgmmaPipes[] = {
@@ -160,6 +165,7 @@ const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
 const char* option_name(DecodeSplitRule v) { return name_of(kDecodeSplitRules, v); }
+const char* option_name(DecodeCombineLoads v) { return name_of(kDecodeCombineLoads, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -178,9 +184,12 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.split_warps = parse_enum(kDecodeSplitWarps, name, value);
     } else if (name == "split_rule") {
       o.split_rule = parse_enum(kDecodeSplitRules, name, value);
+    } else if (name == "combine_loads") {
+      o.combine_loads = parse_enum(kDecodeCombineLoads, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule)");
+               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, "
+               "combine_loads)");
     }
   });
   return o;
@@ -237,8 +246,11 @@ TopkSelectOptions parse_topk_select_options(std::string_view text) {
       o.kernel = parse_enum(kTopkKernels, name, value);
     } else if (name == "net_lanes") {
       o.net_lanes = parse_enum(kNetLanes, name, value);
+    } else if (name == "net_pivot") {
+      o.net_pivot = parse_enum(kNetPivots, name, value);
     } else {
-      MSA_FAIL("msa_topk_select: unknown plan option '", name, "' (options: kernel, net_lanes)");
+      MSA_FAIL("msa_topk_select: unknown plan option '", name,
+               "' (options: kernel, net_lanes, net_pivot)");
     }
   });
   return o;
@@ -328,6 +340,12 @@ const char* topk_net_unsupported(const TopkSelectParams& p) {
   return nullptr;
 }
 
+const char* topk_net_pivot_unsupported(const TopkSelectParams& p) {
+  if (topk_carry(p) >= 16) return "rows choose more than 15 blocks";
+  if (p.num_blocks > kTopkNetPivotMaxSpan) return "more than 1024 blocks per row";
+  return nullptr;
+}
+
 int topk_net_lanes(const TopkSelectParams& p, int num_sms) {
   const int64_t rows = int64_t(p.num_tokens) * int64_t(p.num_heads);
   const int64_t want = int64_t(kTopkNetMinWarpsPerSm) * num_sms * 32;  // lanes
@@ -375,6 +393,16 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
   if (plan.kernel == TopkKernel::kNet) {
     plan.net_lanes = options.net_lanes > 0 ? options.net_lanes : topk_net_lanes(p, facts.num_sms);
     plan.net_words = topk_carry(p) < 16 ? 16 : 32;
+    if (options.net_pivot == TopkNetPivot::kOn) {
+      MSA_CHECK(options.net_lanes == 0 || options.net_lanes == 32,
+                      "msa_topk_select: net_pivot=on runs 32 lanes per row, got net_lanes=",
+                      options.net_lanes);
+      plan.net_pivot_fallback = topk_net_pivot_unsupported(p);
+      if (plan.net_pivot_fallback == nullptr) {
+        plan.net_lanes = 32;
+        plan.net_pivot = p.num_blocks <= 256 ? 8 : p.num_blocks <= 512 ? 16 : 32;
+      }
+    }
   }
   return plan;
 }

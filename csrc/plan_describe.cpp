@@ -35,7 +35,7 @@ void query_major_details(std::ostringstream& s, const QueryMajorPlan& qm) {
       << " partials through distributed shared memory; no combine)";
   else
     s << "; split-K: " << qm.splits << " chunks per row, " << store_kind_name(qm.part_kind)
-      << " partials + combine";
+      << " partials + combine" << (qm.combine_with ? " (combine_loads=with: values loaded with the LSEs)" : "");
   if (qm.cluster_fallback != nullptr) s << " (split=cluster falls back to blocks: " << qm.cluster_fallback << ")";
   if (qm.wide)
     s << "; split_warps=8 (8 warps per CTA share each 128-key block, 16 keys each, and merge their "
@@ -231,6 +231,12 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
   if (plan.kernel == TopkKernel::kNet) {
     s << "; " << plan.net_lanes << (plan.net_lanes == 1 ? " lane" : " lanes") << " per row, "
       << plan.net_words << " words per lane";
+    if (plan.net_pivot > 0) {
+      s << "; a pivot first (net_pivot=on): " << plan.net_pivot
+        << " scores a lane, the networks where more than 32 survive";
+    } else if (plan.net_pivot_fallback != nullptr) {
+      s << "; net_pivot=on does not apply: " << plan.net_pivot_fallback;
+    }
   }
   if (plan.kernel == TopkKernel::kWarpDigits) {
     s << (p.num_blocks <= kTopkDigitsChunk

@@ -54,8 +54,13 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
     for (int i = warp; i < n; i += kCombineWarps) {  // warp-uniform loop
       const int e = i / a.unit_heads;
       const int rel = r_begin - a.row_begin + e, g = g0 + i - e * a.unit_heads;
-      combine_row<OutElem, kKind>(a, (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g,
-                                  (int64_t(a.row_begin) + rel) * a.num_heads + kh * a.group + g, lane);
+      const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
+      const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + kh * a.group + g;
+      if (a.all_slots_written) {  // CTA-uniform
+        combine_row<OutElem, kKind, true>(a, base, out_idx, lane);
+      } else {
+        combine_row<OutElem, kKind, false>(a, base, out_idx, lane);
+      }
     }
   }
 }

@@ -138,11 +138,23 @@ inline constexpr int kCombineBatch = 16;
 // OutElem), lse[out_idx] and lse_t[out_idx] (each skipped when null). Slots: the partials' source,
 //   float lse(int s), float lse_t(int s)   slot s's log2 LSEs, sanitized (sanitize_lse)
 //   Raw8 load(int s, int hl)                  values 8 hl .. 8 hl + 7 of slot s's row
-// A slot whose LSE is -inf has weight 0 and its values are not read.
-template <typename OutElem, StoreKind kKind, typename Slots>
+// A slot whose LSE is -inf has weight 0 and its values are not used. kSpec (every slot's values
+// were written, whatever its LSE: the query-major split-K kernels): the first batch of values is
+// loaded together with the LSEs instead of after them (one memory round trip instead of two at
+// decode sizes); else a weight-0 slot's values are not read. The same arithmetic either way.
+template <typename OutElem, StoreKind kKind, typename Slots, bool kSpec = false>
 MSA_DEVICE void merge_row(const Slots& slots, int num_slots, float v_scale, void* out, float* lse_out,
                           float* lse_t_out, int64_t out_idx, int lane) {
   const int half = lane >> 4, hl = lane & 15;  // slot parity, 8-value chunk of the row
+  [[maybe_unused]] Raw8 spec[kCombineBatch / 2];
+  if constexpr (kSpec) {
+#pragma unroll
+    for (int i = 0; i < kCombineBatch / 2; ++i) {
+      const int s = 2 * i + half;
+      spec[i] = Raw8{};
+      if (s < num_slots) spec[i] = slots.load(s, hl);
+    }
+  }
   const float v0 = lane < num_slots ? slots.lse(lane) : neg_inf();
   const float v1 = lane + 32 < num_slots ? slots.lse(lane + 32) : neg_inf();
   const float m = warp_max(fmaxf(v0, v1));
@@ -163,6 +175,12 @@ MSA_DEVICE void merge_row(const Slots& slots, int num_slots, float v_scale, void
         ws[i] = __shfl_sync(0xffffffffu, wsrc, s & 31);
         if (s >= num_slots) ws[i] = 0.0f;
         raw[i] = Raw8{};
+        if constexpr (kSpec) {
+          if (s0 == 0) {
+            raw[i] = spec[i];
+            continue;
+          }
+        }
         if (ws[i] != 0.0f) raw[i] = slots.load(s, hl);
       }
 #pragma unroll
@@ -215,11 +233,12 @@ struct WorkspaceSlots {
 };
 
 // The combine of one (row, head) (one warp): its slots at part index base + s * G, its output and
-// LSEs at out_idx (row * Hq + head). Used by combine_kernel (combine.cu).
-template <typename OutElem, StoreKind kKind>
+// LSEs at out_idx (row * Hq + head). Used by combine_kernel (combine.cu); kSpec: a.all_slots_written.
+template <typename OutElem, StoreKind kKind, bool kSpec>
 MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx, int lane) {
   const WorkspaceSlots<kKind> slots{a, base, base * 128 + 8 * (lane & 15), int64_t(a.group) * 128};
-  merge_row<OutElem, kKind>(slots, a.num_slots, a.v_scale, a.out, a.lse, a.lse_t, out_idx, lane);
+  merge_row<OutElem, kKind, WorkspaceSlots<kKind>, kSpec>(slots, a.num_slots, a.v_scale, a.out, a.lse,
+                                                         a.lse_t, out_idx, lane);
 }
 
 }  // namespace flashmsa::sparse_attn

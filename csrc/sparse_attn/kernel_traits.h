@@ -197,6 +197,10 @@ struct CombineArgs {
   // KV-major lists=once: each slot read with a finite (or NaN) LSE is set back to -inf (both LSE
   // arrays), so the next launch group finds every slot it does not write at -inf.
   bool reset_lse;
+  // The attention kernel wrote every slot's values (zeros where its LSE is -inf: the query-major
+  // split-K kernels), so the combine may load them before it knows the weights (combine.cuh
+  // merge_row, kSpec). False for KV-major, whose non-pair slots are never written.
+  bool all_slots_written;
 };
 
 // Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly

@@ -218,6 +218,7 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
   });
   if (!plan.fused && !plan.cluster) {
     CombineArgs c = combine_args(p, plan.splits, p.total_q, a.part_o, plan.part_kind, a.part_lse, a.part_lse_t);
+    c.all_slots_written = plan.combine_with;
     c.row_begin = 0;
     c.rows = p.total_q;
     launch_combine(c, p.out_dtype, stream);

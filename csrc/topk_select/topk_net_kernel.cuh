@@ -10,6 +10,15 @@
 // 16 at a time: loads, words, a 16-input network, the merge into its K smallest. Warps run the
 // longest rows first (token groups in descending order, heads interleaved), as the radix kernel.
 // docs/design/topk_select.md, "Sorting networks".
+//
+// With a pivot (N > 0, plan option net_pivot: a warp per row, L = 32, rows of at most 32 N
+// candidates) the warp first tries a short path: each lane's N scores as order keys, the
+// target-th smallest of the 32 lanes' minima as a pivot (at least `target` keys are <= it, so the
+// row's best `target` are among the keys <= it), those survivors compacted into shared memory and,
+// when there are at most 32, sorted by (key, block) across the warp; the first `target` are the
+// choice. More survivors (ties, adversarial rows) run the network path in the same warp. The
+// result is the same either way: the choice is the exact top `target` of a total order.
+// docs/design/topk_select.md, "Pivot before the networks".
 #pragma once
 
 #include <cuda_runtime.h>
@@ -102,15 +111,83 @@ __device__ __forceinline__ void team_merge(uint32_t (&best)[K]) {
   }
 }
 
+// Sorts one value per lane ascending across the warp (lane i gets the i-th smallest): a bitonic
+// network of shuffles, 15 stages.
+template <class T>
+__device__ __forceinline__ T warp_sort(T v, int lane) {
+#pragma unroll
+  for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const T x = __shfl_xor_sync(0xFFFFFFFFu, v, j);
+      const bool keep_min = ((lane & j) == 0) == ((lane & k) == 0);
+      v = keep_min ? (x < v ? x : v) : (x < v ? v : x);
+    }
+  }
+  return v;
+}
+
+// The pivot path of one row (a whole warp; N scores a lane, slot i of lane l = block lo + l + 32 i,
+// those at or past hi not candidates): writes the target chosen blocks ascending at chosen[0..)
+// and returns true, or returns false (warp-uniform) when the networks must run instead: more than
+// 32 keys survive the pivot, or the pivot is 0xFFFFFFFF (the key of an empty slot; a real key
+// only for a negative NaN with a full payload). v: the lane's N scores; stage: this warp's 32
+// entries of shared memory.
+template <int N>
+__device__ __forceinline__ bool pivot_row(const float (&v)[N], int lo, int hi, int lane, int target,
+                                          int* chosen, uint2* stage) {
+  const int slots = (hi - lo - lane + 31) >> 5;  // the lane's candidates: slots i < slots
+  uint32_t key[N];
+  uint32_t lane_min = 0xFFFFFFFFu;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    key[i] = i < slots ? topk_order_key(v[i]) : 0xFFFFFFFFu;
+    lane_min = umin(lane_min, key[i]);
+  }
+  // At least `target` candidates have keys <= pivot: the minima of the `target` lanes sorted
+  // first (target <= min(32, the row's candidates), so each of those lanes has a candidate).
+  // Any candidate with a larger key ranks below all of them, so the best `target` all survive.
+  const uint32_t pivot = __shfl_sync(0xFFFFFFFFu, warp_sort(lane_min, lane), target - 1);
+  if (pivot == 0xFFFFFFFFu) return false;  // warp-uniform; empty slots would pass the test below
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) count += key[i] <= pivot ? 1 : 0;
+  // The lane's first position: an exclusive scan of the counts.
+  int pos = count;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int up = __shfl_up_sync(0xFFFFFFFFu, pos, d);
+    if (lane >= d) pos += up;
+  }
+  const int total = __shfl_sync(0xFFFFFFFFu, pos, 31);
+  if (total > 32) return false;  // warp-uniform
+  uint2* out = stage + (pos - count);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if (key[i] <= pivot) *out++ = make_uint2(key[i], uint32_t(lane + 32 * i));
+  }
+  __syncwarp();
+  const uint2 e = lane < total ? stage[lane] : make_uint2(0xFFFFFFFFu, 0xFFFFFFFFu);
+  // (key, offset) ascending: the row's order, ties to the lower block.
+  const uint64_t ranked = warp_sort((uint64_t(e.x) << 32) | e.y, lane);
+  // The chosen offsets in block order.
+  const uint32_t off = warp_sort(lane < target ? uint32_t(ranked) : 0xFFFFFFFFu, lane);
+  if (lane < target) chosen[lane] = lo + int(off);
+  return true;
+}
+
 // CTAs per SM the registers must allow: K = 16 at <= 102 registers (20 warps per SM), K = 32 at
 // <= 128 (16 warps).
 template <int K>
 inline constexpr int kMinCtasPerSm = K == 16 ? 5 : 4;
 
-template <int K, int L>
-__global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
+// N: the pivot path's scores a lane (0: none; else L = 32 and rows of at most 32 N candidates;
+// decode-sized calls, so up to 128 registers: 32 scores and keys stay live through the pivot).
+template <int K, int L, int N = 0>
+__global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K>)
     topk_net_kernel(const __grid_constant__ Params np) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "lanes per row: a power of two <= 32");
+  static_assert(N == 0 || (L == 32 && (N == 8 || N == 16 || N == 32)), "the pivot: a warp per row");
   const TopkSelectParams& p = np.p;
   const int lane = threadIdx.x & 31;
   const int g = blockIdx.x * kWarpsPerCta + (threadIdx.x >> 5);
@@ -138,6 +215,14 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
     const int blk = p.force_begin + part + L * i;
     first[i] = has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
   }
+  // The pivot's slots past the first batch, loaded the same way.
+  constexpr int kMore = N > kBatch ? N - kBatch : 1;
+  float more[kMore];
+#pragma unroll
+  for (int i = 0; i < kMore; ++i) {
+    const int blk = p.force_begin + part + L * (kBatch + i);
+    more[i] = N > kBatch && has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+  }
 
   TopkRanges r{};
   int* out_row = nullptr;
@@ -164,6 +249,21 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, kMinCtasPerSm<K>)
   const int lo = __reduce_min_sync(0xFFFFFFFFu, active ? r.mid_begin : INT_MAX);
   const int hi = __reduce_max_sync(0xFFFFFFFFu, active ? r.mid_end : 0);
   if (lo >= hi) return;  // warp-uniform
+  if constexpr (N > 0) {
+    // One row a warp (L = 32): active, lo and hi are the row's.
+    __shared__ uint2 stage[kWarpsPerCta][32];
+    if (hi - lo <= 32 * N) {  // warp-uniform
+      const bool have = lo == p.force_begin;
+      float v[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int blk = lo + lane + 32 * i;
+        const float spec = i < kBatch ? first[i < kBatch ? i : 0] : more[i < kBatch ? 0 : i - kBatch];
+        v[i] = have ? spec : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+      }
+      if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, stage[threadIdx.x >> 5])) return;
+    }
+  }
   const bool uniform = __all_sync(0xFFFFFFFFu, active && r.mid_begin == lo && r.mid_end == hi);
   const int b = offset_bits(hi - lo);  // hi - lo <= kMaxSpan (the plan's bound)
   const uint32_t high_mask = ~((1u << b) - 1u);

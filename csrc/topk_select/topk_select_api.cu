@@ -96,7 +96,7 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
 }
 
 // net: a warp per 32 / L rows (32 / L consecutive tokens of one head), 4 warps a CTA.
-template <int K, int L>
+template <int K, int L, int N = 0>
 void launch_net_rows(const TopkSelectParams& p, cudaStream_t stream) {
   topk::net::Params np{};
   np.p = p;
@@ -106,9 +106,9 @@ void launch_net_rows(const TopkSelectParams& p, cudaStream_t stream) {
                       " tokens exceed the kernel's work-item range");
   np.groups = int(groups);
   constexpr int kThreads = topk::net::kWarpsPerCta * 32;
-  prepare_launch(topk::net::topk_net_kernel<K, L>, kThreads, 0);
+  prepare_launch(topk::net::topk_net_kernel<K, L, N>, kThreads, 0);
   const int64_t ctas = ceil_div_int<int64_t>(groups, topk::net::kWarpsPerCta);
-  topk::net::topk_net_kernel<K, L><<<dim3(unsigned(ctas)), kThreads, 0, stream>>>(np);
+  topk::net::topk_net_kernel<K, L, N><<<dim3(unsigned(ctas)), kThreads, 0, stream>>>(np);
   MSA_CHECK_LAUNCH();
 }
 
@@ -130,6 +130,18 @@ void launch_net(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStrea
   // blocks than a lane keeps words, and an offset fits 15 bits.
   MSA_CHECK(topk_carry(p) < plan.net_words && p.num_blocks <= topk::net::kMaxSpan,
             "topk_select: the plan's net kernel does not fit the call");
+  if (plan.net_pivot > 0) {
+    // A warp per row with the pivot first (topk_net_pivot_unsupported: K = 16 words, rows of at
+    // most 32 x net_pivot blocks).
+    MSA_CHECK(plan.net_words == 16 && plan.net_lanes == 32 && p.num_blocks <= 32 * plan.net_pivot,
+              "topk_select: the plan's net pivot does not fit the call");
+    switch (plan.net_pivot) {
+      case 8: return launch_net_rows<16, 32, 8>(p, stream);
+      case 16: return launch_net_rows<16, 32, 16>(p, stream);
+      case 32: return launch_net_rows<16, 32, 32>(p, stream);
+      default: MSA_FAIL("topk_select: the plan's net_pivot ", plan.net_pivot, " is not 8, 16 or 32");
+    }
+  }
   if (plan.net_words == 16) return launch_net_words<16>(p, plan.net_lanes, stream);
   if (plan.net_words == 32) return launch_net_words<32>(p, plan.net_lanes, stream);
   MSA_FAIL("topk_select: the plan's net_words ", plan.net_words, " is not 16 or 32");

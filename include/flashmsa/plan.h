@@ -244,6 +244,14 @@ enum class DecodeSplitWarps : int32_t { kAuto = 0, k4 = 1, k8 = 2 };
 // docs/design/sparse_attention.md, "Split heuristic".
 enum class DecodeSplitRule : int32_t { kAuto = 0, kCeil = 1, kWaves = 2 };
 
+// When split-K decode's combine loads a row's partial values (calls that split by blocks without
+// split=cluster): after (once the row's LSEs gave the weights; a slot of weight 0 is not read) or
+// with (the first 16 slots' values together with the LSEs: one memory round trip instead of two;
+// the query-major kernels write every slot's values, zeros where a split saw no key). The same
+// arithmetic: bit-identical. auto: after (with not yet measured).
+// docs/design/sparse_attention.md, "Combine".
+enum class DecodeCombineLoads : int32_t { kAuto = 0, kAfter = 1, kWith = 2 };
+
 // How the MTP wgmma kernel (kernel=wgmma, or auto where it takes it) feeds its K / V ring:
 // inline (one producer warp plans each item (mtp_union_entries: the q2k lists, the page lookups,
 // the union) between the last block of the item before and the first of this one, then loads
@@ -263,6 +271,7 @@ struct SparseDecodeOptions {
   DecodeWgmmaPipe wgmma_pipe = DecodeWgmmaPipe::kAuto;
   DecodeSplitWarps split_warps = DecodeSplitWarps::kAuto;
   DecodeSplitRule split_rule = DecodeSplitRule::kAuto;
+  DecodeCombineLoads combine_loads = DecodeCombineLoads::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -309,10 +318,22 @@ struct ProxyScoreOptions {
   // 16-column pass, 78.2 vs 85.5 us).
   DecodeFp8 decode_fp8 = DecodeFp8::kAuto;
 };
+// net_pivot: a warp per row (32 lanes), whose lanes' score minima give a pivot at or above the
+// row's target-th best key; the keys at or below it (at most 32, else the networks run) are sorted
+// by (key, block) across the warp (docs/design/topk_select.md, "Pivot before the networks"). For
+// decode-sized calls, whose networks run once from a cold instruction cache. auto: off (not yet
+// measured).
+enum class TopkNetPivot : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
+// The pivot path: a lane holds at most 32 scores, so rows of at most 32 x 32 blocks.
+inline constexpr int kTopkNetPivotMaxSpan = 1024;
+
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
   // net's lanes per row (a tuning knob; 0: auto, topk_net_lanes), a power of two <= 32.
   int net_lanes = 0;
+  // net's pivot before the networks (a warp per row; rows of at most kTopkNetPivotMaxSpan
+  // candidates choosing at most 15 of them): off by default until measured.
+  TopkNetPivot net_pivot = TopkNetPivot::kAuto;
 };
 
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
@@ -399,6 +420,7 @@ struct QueryMajorPlan {
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks
   bool fused = true;  // true: outputs written directly; false: partials + combine
+  bool combine_with = false;  // the combine loads the first slots' values with the LSEs (decode)
   // split=cluster where it runs: the splits of a row as one cluster merging in shared memory (no
   // workspace, no combine); cluster_fallback: why a split=cluster call splits by blocks instead
   // (a static string for the plan text), nullptr otherwise.
@@ -490,8 +512,12 @@ struct TopkSelectPlan {
   // kernel == kNet: lanes per row (1, 2, 4, ..., 32) and words per lane (16 or 32).
   int net_lanes = 0;
   int net_words = 0;
+  // kernel == kNet with the pivot (net_lanes 32): scores a lane holds (8, 16 or 32), else 0.
+  int net_pivot = 0;
   // Why a forced kernel=net runs another kernel (a static string for the plan text), or nullptr.
   const char* net_fallback = nullptr;
+  // Why net_pivot=on does not apply to the call, or nullptr.
+  const char* net_pivot_fallback = nullptr;
 };
 
 // ---- planners (pure) ---------------------------------------------------------------------------
@@ -527,6 +553,9 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
 const char* topk_net_unsupported(const TopkSelectParams& p);
 // net's lanes per row for these params on a GPU of num_sms SMs (0: unknown, one lane per row).
 int topk_net_lanes(const TopkSelectParams& p, int num_sms);
+// Why the pivot path cannot run the call (nullptr: it can): the scores a lane holds (rows of at
+// most kTopkNetPivotMaxSpan blocks) and the words (rows choosing at most 15).
+const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
 
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);
@@ -543,5 +572,6 @@ const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeSplitWarps v);
 const char* option_name(DecodeSplitRule v);
+const char* option_name(DecodeCombineLoads v);
 
 }  // namespace flashmsa

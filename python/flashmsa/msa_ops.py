@@ -818,7 +818,9 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # warp_split | radix_uniform | warp_digits (warp_split with one-chunk rows' thresholds by
 # 8-bit radix digits) | net (sorting networks over words of truncated order key and block offset,
 # L lanes a row; auto's kernel where it runs; rows choosing more than 31 blocks or of more than
-# 32768 blocks run by_size's kernel);
+# 32768 blocks run by_size's kernel), net_lanes = auto | 1 | 2 | 4 | 8 | 16 | 32, net_pivot =
+# auto | off | on (net with a pivot before the networks, a warp per row; rows of <= 1024 blocks
+# choosing <= 15; auto: off);
 # msa_sparse_decode_attention:
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,
@@ -828,7 +830,9 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # ceil(resident CTAs / items), or the count with the fewest waves x blocks per split; auto: waves),
 # nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word),
 # wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of
-# its loader warp; bit-identical; auto: ahead)
+# its loader warp; bit-identical; auto: ahead), combine_loads = auto | after | with (split-K's
+# combine loads the partial values after the LSEs, or the first 16 slots' with them;
+# bit-identical; auto: after)
 # (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).

@@ -276,6 +276,10 @@ TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   dp.force_fused = 0;
   const std::string split = describe_decode(plan_sparse_decode(dp, hopper()), dp.attn);
   EXPECT_TRUE(has(split, "partials + combine")) << split;
+  EXPECT_FALSE(has(split, "combine_loads")) << split;
+  const std::string with = describe_decode(
+      plan_sparse_decode(dp, hopper(), parse_sparse_decode_options("combine_loads=with")), dp.attn);
+  EXPECT_TRUE(has(with, "partials + combine (combine_loads=with: values loaded with the LSEs)")) << with;
 }
 
 TEST(PlanDescribe, DecodeSplitCluster) {
@@ -481,6 +485,15 @@ TEST(PlanDescribe, ProxyAndTopk) {
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=warp_digits (forced by the option kernel=net, which falls back: rows choose more than 31 blocks (topk - force_begin - force_end)); 64 tokens x 4 heads over 256 blocks, top-40")) << d;
   EXPECT_FALSE(has(d, "lanes per row")) << d;
+  // net_pivot=on: a warp per row with 8 scores a lane at 256 blocks; 16 chosen: not applicable.
+  tp.topk = 16;
+  tp.force_end = 1;
+  o = parse_topk_select_options("net_pivot=on");
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "; 32 lanes per row, 16 words per lane; a pivot first (net_pivot=on): 8 scores a lane, the networks where more than 32 survive")) << d;
+  tp.force_end = 0;
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "; 16 lanes per row, 32 words per lane; net_pivot=on does not apply: rows choose more than 15 blocks")) << d;
 }
 
 }  // namespace

@@ -1334,7 +1334,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "kernel must be auto, warp_per_row, warp_per_row_8, radix, by_size, radix_1buf, "
                "warp_split, radix_uniform, warp_digits or net, got 'digits'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
-  expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "(options: kernel, net_lanes)");
+  expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue,
+               "(options: kernel, net_lanes, net_pivot)");
+  for (const char* bad : {"yes", "1", "", "ON"})
+    expect_error([bad] { parse_topk_select_options(std::string("net_pivot=") + bad); }, ErrorKind::kValue,
+                 "net_pivot must be auto, off or on");
   for (const char* bad : {"3", "0", "64", "-1", "x"})
     expect_error([bad] { parse_topk_select_options(std::string("net_lanes=") + bad); }, ErrorKind::kValue,
                  "net_lanes must be auto, 1, 2, 4, 8, 16 or 32");
@@ -1350,11 +1354,11 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule)");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, combine_loads)");
   // wgmma_fp8 (fp8 K/V converted into the MTP wgmma kernel's tiles) was removed: slower than
   // kernel=regs on the H200 (fe6e5cc: 127.7 vs 81.5 us at B64 / 32K sq 4).
   expect_error([] { parse_sparse_decode_options("wgmma_fp8=on"); }, ErrorKind::kValue,
-               "unknown plan option 'wgmma_fp8' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule)");
+               "unknown plan option 'wgmma_fp8' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, combine_loads)");
   expect_error([] { parse_sparse_decode_options("split_warps=16"); }, ErrorKind::kValue,
                "split_warps must be auto, 4 or 8, got '16'");
   expect_error([] { parse_sparse_decode_options("split_warps=8,split_warps=4"); }, ErrorKind::kValue,
@@ -1559,6 +1563,62 @@ TEST(PlanTopk, NetLanesWordsAndFallback) {
   // auto takes it (H200 at 3488394).
   for (int tokens : {1, 64, 32768})
     EXPECT_EQ(plan_topk_select(m3(tokens, 256), {}, h200).kernel, TopkKernel::kNet);
+}
+
+// net_pivot=on: a warp per row (32 lanes) with 8, 16 or 32 scores a lane, where rows choose at
+// most 15 of at most 1024 blocks; elsewhere the plan keeps the networks and says why. auto: off.
+TEST(PlanTopk, NetPivotSlotsAndFallback) {
+  const TopkSelectDeviceFacts h200{132};
+  auto m3 = [](int tokens, int blocks) {
+    TopkSelectParams p = topk_call(4, tokens, blocks);
+    p.force_end = 1;
+    return p;
+  };
+  const TopkSelectOptions on = parse_topk_select_options("net_pivot=on");
+  EXPECT_EQ(on.net_pivot, TopkNetPivot::kOn);
+  EXPECT_EQ(parse_topk_select_options("net_pivot=off").net_pivot, TopkNetPivot::kOff);
+  EXPECT_EQ(parse_topk_select_options("").net_pivot, TopkNetPivot::kAuto);
+  struct Case {
+    int tokens, blocks, slots;
+  };
+  for (const Case& c : {Case{1, 1024, 32}, Case{1, 1000, 32}, Case{1, 513, 32}, Case{1, 512, 16},
+                        Case{64, 256, 8}, Case{1, 257, 16}, Case{32768, 256, 8}, Case{3, 17, 8}}) {
+    for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kNet}) {
+      TopkSelectOptions o = on;
+      o.kernel = k;
+      const TopkSelectPlan plan = plan_topk_select(m3(c.tokens, c.blocks), o, h200);
+      EXPECT_EQ(plan.kernel, TopkKernel::kNet);
+      EXPECT_EQ(plan.net_pivot, c.slots) << c.tokens << " x " << c.blocks;
+      EXPECT_EQ(plan.net_lanes, 32) << c.tokens << " x " << c.blocks;
+      EXPECT_EQ(plan.net_words, 16);
+      EXPECT_EQ(plan.net_pivot_fallback, nullptr);
+    }
+    // Not asked for: no pivot (auto is off until measured).
+    EXPECT_EQ(plan_topk_select(m3(c.tokens, c.blocks), {}, h200).net_pivot, 0);
+    EXPECT_EQ(plan_topk_select(m3(c.tokens, c.blocks), parse_topk_select_options("net_pivot=off"), h200)
+                  .net_pivot, 0);
+  }
+  // net_lanes=32 may be given with it; any other count is a contradiction.
+  TopkSelectOptions both = parse_topk_select_options("net_pivot=on,net_lanes=32");
+  EXPECT_EQ(plan_topk_select(m3(64, 256), both, h200).net_pivot, 8);
+  both = parse_topk_select_options("net_pivot=on,net_lanes=16");
+  expect_error([&] { plan_topk_select(m3(64, 256), both, h200); }, ErrorKind::kValue,
+               "net_pivot=on runs 32 lanes per row, got net_lanes=16");
+  // Rows of more than 1024 blocks, or choosing more than 15: the networks alone, and why.
+  TopkSelectParams sixteen = topk_call(4, 1, 256);  // topk 16, nothing forced: 16 chosen
+  for (const TopkSelectParams& p : {m3(1, 1025), m3(4, 4096), sixteen}) {
+    const TopkSelectPlan plan = plan_topk_select(p, on, h200);
+    EXPECT_EQ(plan.kernel, TopkKernel::kNet);
+    EXPECT_EQ(plan.net_pivot, 0);
+    EXPECT_STREQ(plan.net_pivot_fallback, topk_net_pivot_unsupported(p));
+    EXPECT_EQ(plan.net_lanes, topk_net_lanes(p, h200.num_sms));
+  }
+  EXPECT_STREQ(topk_net_pivot_unsupported(m3(1, 1025)), "more than 1024 blocks per row");
+  EXPECT_STREQ(topk_net_pivot_unsupported(sixteen), "rows choose more than 15 blocks");
+  EXPECT_EQ(topk_net_pivot_unsupported(m3(1, 1024)), nullptr);
+  // Other kernels ignore it.
+  TopkSelectOptions radix = parse_topk_select_options("kernel=radix_uniform,net_pivot=on");
+  EXPECT_EQ(plan_topk_select(m3(64, 256), radix, h200).net_pivot, 0);
 }
 
 TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
@@ -1822,6 +1882,39 @@ TEST(PlanDecode, SplitRuleWaves) {
   EXPECT_EQ(parse_sparse_decode_options("split_rule=waves").split_rule, DecodeSplitRule::kWaves);
   EXPECT_EQ(parse_sparse_decode_options("split_rule=ceil").split_rule, DecodeSplitRule::kCeil);
   expect_error([] { parse_sparse_decode_options("split_rule=floor"); }, ErrorKind::kValue, "split_rule");
+}
+
+// combine_loads=with: the combine of a split call loads the first slots' values with the LSEs;
+// fused calls and split=cluster run no combine; auto keeps after (not yet measured).
+TEST(PlanDecode, CombineLoadsWith) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  EXPECT_EQ(parse_sparse_decode_options("combine_loads=with").combine_loads, DecodeCombineLoads::kWith);
+  EXPECT_EQ(parse_sparse_decode_options("combine_loads=after").combine_loads, DecodeCombineLoads::kAfter);
+  EXPECT_EQ(parse_sparse_decode_options("").combine_loads, DecodeCombineLoads::kAuto);
+  expect_error([] { parse_sparse_decode_options("combine_loads=before"); }, ErrorKind::kValue,
+               "combine_loads must be auto, after or with, got 'before'");
+  const SparseDecodeOptions with = parse_sparse_decode_options("combine_loads=with");
+  const SparseDecodeOptions after = parse_sparse_decode_options("combine_loads=after");
+  for (int batch : {1, 8, 32}) {
+    const SparseAttnPlan w = plan_sparse_decode(decode(batch, -1), h200, with);
+    EXPECT_FALSE(w.qm.fused) << batch;
+    EXPECT_TRUE(w.qm.combine_with) << batch;
+    // The same kernel and splits as without it.
+    const SparseAttnPlan a = plan_sparse_decode(decode(batch, -1), h200, after);
+    EXPECT_EQ(w.qm.splits, a.qm.splits) << batch;
+    EXPECT_EQ(w.qm.wide, a.qm.wide) << batch;
+    EXPECT_FALSE(a.qm.combine_with) << batch;
+    EXPECT_FALSE(plan_sparse_decode(decode(batch, -1), h200, {}).qm.combine_with) << batch;  // auto
+  }
+  EXPECT_FALSE(plan_sparse_decode(decode(64, -1), h200, with).qm.combine_with);  // fused: no combine
+  EXPECT_TRUE(plan_sparse_decode(decode(64, 0), h200, with).qm.combine_with);    // forced split
+  SparseDecodeOptions cluster = with;
+  cluster.split = DecodeSplit::kCluster;
+  h200.decode_cluster_max = 16;
+  const SparseAttnPlan c = plan_sparse_decode(decode(1, -1), h200, cluster);
+  EXPECT_EQ(c.qm.cluster, c.qm.cluster_fallback == nullptr);
+  EXPECT_EQ(c.qm.combine_with, !c.qm.cluster);
 }
 
 }  // namespace

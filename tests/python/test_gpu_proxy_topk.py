@@ -1002,9 +1002,20 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 # variant radix_1buf, split rows (a CTA per row, its chunks over up to 8 warps, merged by one), and
 # radix_uniform (radix_1buf with branch-free passes of warp-uniform trip counts), warp_digits
 # (split rows, a one-chunk row's threshold by 8-bit radix digits), and net (sorting networks over
-# 32-bit words of truncated key and block offset, L lanes a row, an exact second pass on a tie).
+# 32-bit words of truncated key and block offset, L lanes a row, an exact second pass on a tie), and
+# net with the pivot first (a warp per row: the survivors of the lanes' minima sorted exactly,
+# the networks where more than 32 survive; rows of <= 1024 blocks choosing <= 15). An entry's
+# words after the kernel are further plan options.
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split",
-                "radix_uniform", "warp_digits", "net")
+                "radix_uniform", "warp_digits", "net", "net net_pivot=on")
+
+
+def topk_options(kernel: Optional[str]):
+    """Plan options of a TOPK_KERNELS entry: 'net net_pivot=on' -> kernel=net, net_pivot=on."""
+    if kernel is None:
+        return None
+    name, *rest = kernel.split()
+    return dict(kernel=name, **dict(kv.split("=") for kv in rest))
 
 
 def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
@@ -1012,7 +1023,7 @@ def run_topk(c: TopkCase, scores: torch.Tensor, nvp, device, fill=-7,
     out = torch.full((c.S, c.H, c.topk), fill, dtype=torch.int32, device=device)
     res = msa_ops._topk_select_planned(scores.to(device), c.topk, _to(nvp, device), output=out,
                                        force_begin_blocks=c.fb, force_end_blocks=c.fe,
-                                       options=None if kernel is None else dict(kernel=kernel))
+                                       options=topk_options(kernel))
     assert res.data_ptr() == out.data_ptr()
     return out
 
@@ -1172,6 +1183,54 @@ def test_topk_net_lanes_and_truncated_ties(kind: str, S: int, P: int):
         want = run_topk(case, scores, nvp, "cpu")
         for fill in (-7, 2**31 - 1):
             got = run_topk(case, scores.to(DEV), nvp, DEV, fill=fill, kernel="net").cpu()
+            assert_topk_equal(got, want, f"{case.name} fill={fill}")
+
+
+@pytest.mark.parametrize("dist", ("normal", "few", "equal", "low_bits", "neg_nan_payloads",
+                                  "ascending", "descending", "specials"))
+@pytest.mark.parametrize("S,P", [(1, 1024), (1, 1000), (2, 700), (4, 513), (3, 512), (8, 256),
+                                 (64, 256), (33, 300), (5, 40), (7, 17)])
+def test_topk_net_pivot(dist: str, S: int, P: int):
+    """net_pivot=on (a warp per row, 8 / 16 / 32 scores a lane) on rows that take the pivot
+    path (normal, low_bits, specials: at most 32 keys at or below the pivot), rows where keys
+    tie at the pivot (few: 5 distinct values, some survive with equal keys and the block decides),
+    and rows that fall back to the networks (equal, ascending / descending runs, full-payload
+    negative NaNs whose order keys reach 0xFFFFFFFF, the value of an empty slot); per-token nvp,
+    1..15 chosen. Equals the C++ reference bit for bit, every element of a poisoned output
+    written."""
+    gen = torch.Generator().manual_seed(S * 131 + P)
+    H = 4
+    shape = (H, P, S)
+    if dist == "normal":
+        scores = torch.randn(shape, generator=gen)
+    elif dist == "few":
+        scores = torch.randint(0, 5, shape, generator=gen).float()
+    elif dist == "equal":
+        scores = torch.full(shape, -1.5)
+    elif dist == "low_bits":
+        scores = (torch.randint(0, 1 << 10, shape, generator=gen, dtype=torch.int32)
+                  + 0x3F800000).view(torch.float32)
+    elif dist == "neg_nan_payloads":
+        scores = (torch.randint(0, 1 << 22, shape, generator=gen, dtype=torch.int32)
+                  | -(1 << 22)).view(torch.float32)
+    elif dist == "specials":
+        scores = torch.randn(shape, generator=gen)
+        pick = torch.randint(0, 12, shape, generator=gen)
+        for code, value in ((0, float("nan")), (1, float("inf")), (2, float("-inf")), (3, 0.0),
+                            (4, -0.0), (5, -float("nan"))):
+            scores = torch.where(pick == code, torch.tensor(value), scores)
+    else:
+        scores = torch.sort(torch.randn(shape, generator=gen), dim=1,
+                            descending=dist == "descending").values
+    for topk, fb, fe in ((16, 0, 1), (16, 1, 1), (15, 0, 0), (8, 0, 2), (1, 0, 0)):
+        # Whole rows for the M3 shape (sink and local block forced), random per-token nvp else.
+        case = TopkCase(f"pivot_{dist}_S{S}_P{P}_k{topk}", H, P, S, topk=topk,
+                        nvp=None if (fb, fe) == (1, 1) else "random", fb=fb, fe=fe, seed=topk + S)
+        nvp = make_nvp(case)
+        want = run_topk(case, scores, nvp, "cpu")
+        for fill in (-7, 2**31 - 1):
+            got = run_topk(case, scores.to(DEV), nvp, DEV, fill=fill,
+                           kernel="net net_pivot=on").cpu()
             assert_topk_equal(got, want, f"{case.name} fill={fill}")
 
 

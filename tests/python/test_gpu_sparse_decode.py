@@ -175,6 +175,28 @@ def test_decode_matches_cpu_reference(case, options):
     check_against_reference(dp, got, want, base_out, str(case))
 
 
+# Split-K decode whose combine loads the partial values with the LSEs (plan option
+# combine_loads=with) beside after (the values once the weights are known), over every decode
+# kernel that writes partials: the same arithmetic, so bit for bit the same outputs and LSEs.
+# (other plan options, partial dtype)
+COMBINE_LOADS_VARIANTS = [(dict(), None), (dict(), torch.float32), (dict(), FP8),
+                          (dict(kernel="regs"), None), (dict(kernel="smem", mtp="per_token"), None),
+                          (dict(split_warps=4), None), (dict(kernel="wgmma"), BF16)]
+
+
+@pytest.mark.parametrize("extra,partial_dtype", COMBINE_LOADS_VARIANTS, ids=lambda v: (
+    ",".join(f"{k}={o}" for k, o in v.items()) or "auto") if isinstance(v, dict) else str(v))
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_combine_loads_with_is_bit_identical(case, extra, partial_dtype):
+    dp, want, base_out = reference(case)
+    kw = dict(force_fused=False, partial_dtype=partial_dtype)
+    with_ = run(dp, gpu=True, options=dict(extra, combine_loads="with"), **kw)
+    after = run(dp, gpu=True, options=dict(extra, combine_loads="after"), **kw)
+    check_against_reference(dp, with_, want, base_out, f"{case} {extra} combine_loads=with",
+                            partial_dtype=partial_dtype)
+    assert bits_equal(with_, after), f"{case} {extra}: combine_loads=with differs from after"
+
+
 FUSED_CASES = [c for c in CASES if c.name in (
     "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "spec_16_1_4_4_topk8_fp8",
     "spec_6_1_16_1_fp8", "nvfp4_flat_mtp", "g3_topk33", "g16_topk64_mtp4",

@@ -58,7 +58,8 @@ VALID = {
                     dict(kernel="radix_1buf"), dict(kernel="warp_split"),
                     dict(kernel="radix_uniform"), dict(kernel="warp_digits"),
                     dict(kernel="net"), dict(kernel="net", net_lanes=2), "kernel=net,net_lanes=32",
-                    dict(net_lanes="auto")],
+                    dict(net_lanes="auto"), dict(net_pivot="on"), dict(net_pivot="off"),
+                    "kernel=net,net_pivot=on,net_lanes=32", dict(net_pivot="auto")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
                       dict(kernel="regs", mtp="union"), "kernel=regs,mtp=union",
@@ -70,7 +71,9 @@ VALID = {
                       dict(kernel="wgmma", wgmma_pipe="ahead"), dict(wgmma_pipe="inline"),
                       "wgmma_pipe=ahead", dict(split_warps="8"), dict(split_warps="4"),
                       dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8"),
-                      dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4"],
+                      dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4",
+                      dict(combine_loads="with"), dict(combine_loads="after"), "combine_loads=auto",
+                      dict(combine_loads="with", split_warps="8", mtp="per_token")],
 }
 
 
@@ -153,13 +156,16 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
     ("sparse_decode", dict(split_warps="16"), "split_warps must be auto, 4 or 8, got '16'"),
     ("sparse_decode", dict(split_rule="floor"), "split_rule must be auto, ceil or waves, got 'floor'"),
+    ("sparse_decode", dict(combine_loads="before"), "combine_loads must be auto, after or with, got 'before'"),
+    ("topk_select", dict(net_pivot="yes"), "net_pivot must be auto, off or on, got 'yes'"),
+    ("topk_select", dict(net_pivot="on", net_lanes=16), "net_pivot=on runs 32 lanes per row, got net_lanes=16"),
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
     # wgmma_fp8 (fp8 K/V converted into the MTP wgmma kernel's tiles) was removed: slower than
     # kernel=regs on the H200 (fe6e5cc: 127.7 vs 81.5 us at B64 / 32K sq 4).
     ("sparse_decode", dict(wgmma_fp8="on"),
      r"unknown plan option 'wgmma_fp8' \(options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, "
-     r"split_rule\)"),
+     r"split_rule, combine_loads\)"),
     # pdl (programmatic dependent launch of the decode-step kernels) was removed: no faster on the
     # H200 (49412a7), slower with an early trigger (da5ef13).
     ("sparse_decode", dict(pdl="on"), "unknown plan option 'pdl'"),
