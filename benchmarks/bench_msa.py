@@ -154,6 +154,9 @@ STEP_VARIANT_MAX_BATCH = 8
 # ... and one token per request with top-k plan options (suffix, options): the pivot before the
 # networks (docs/design/topk_select.md, "Pivot before the networks"), whatever the K/V dtype.
 STEP_TOPK_VARIANTS = ((" [net_pivot=on]", dict(net_pivot="on")),)
+# ... and one token per request with the selection copied (FlashInfer's token-major top-k output,
+# then q2k = its transpose, contiguous) instead of written head-major by top-k.
+STEP_COPY_SUFFIX = " [q2k copy]"
 # Decode batches whose M3 calls split by blocks on an H200 (B x 4 kv heads < 132 SMs): their bf16
 # sq 1 rows also run split-K on 4 warps per CTA (split_warps=4) beside auto's 8.
 SPLIT_K_MAX_BATCH = 32
@@ -201,8 +204,9 @@ def step_floor(q2k: torch.Tensor, seqlen_q: int, index_k_bytes: int, kv_elt: int
 class DecodeStep:
     """One layer's M3 decode step as a serving engine runs it: proxy scores of the index queries
     over the paged index-K history (max_seqlen_q and max_k_tiles given, output preallocated) ->
-    per-token top-k (per-token num_valid_pages, the local block forced) into a preallocated
-    selection -> its (Hkv, tokens, topk) copy -> sparse decode over the paged K/V with a
+    per-token top-k (per-token num_valid_pages, the local block forced) written through a
+    transposed view straight into the decode's (Hkv, tokens, topk) q2k (q2k_copy: into a
+    token-major selection, then its transposed copy) -> sparse decode over the paged K/V with a
     caller-owned workspace. Every buffer is static and no call reads a device value on the host,
     so that the step can be captured in one CUDA graph. Per-head selection: index head h selects
     for KV head h (M3: 4 and 4).
@@ -215,7 +219,8 @@ class DecodeStep:
     Works on CPU tensors too (the ops' reference), which the CPU tests use."""
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
-                 device, geo=M3, topk: int = TOPK, decode_options=None, topk_options=None):
+                 device, geo=M3, topk: int = TOPK, decode_options=None, topk_options=None,
+                 q2k_copy: bool = False):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
@@ -245,8 +250,13 @@ class DecodeStep:
         self.k = randn_pages((pages, geo["hkv"], mi.BLOCK, HEAD_DIM), gen, device, kv_dtype)
         self.v = randn_pages((pages, geo["hkv"], mi.BLOCK, HEAD_DIM), gen, device, kv_dtype)
         self.scores = torch.empty((geo["idx_hq"], nb, rows), dtype=torch.float32, device=device)
-        self.sel = torch.empty((rows, geo["idx_hq"], topk), **i32)
         self.q2k = torch.empty((geo["hkv"], rows, topk), **i32)
+        # Top-k writes the decode's head-major q2k through a transposed view (no copy kernel;
+        # docs/semantics.md#topk-output); q2k_copy: FlashInfer's way, a token-major selection and
+        # its transposed copy.
+        self.q2k_copy = q2k_copy
+        self.sel = torch.empty((rows, geo["idx_hq"], topk), **i32) if q2k_copy else \
+            self.q2k.transpose(0, 1)
         self.workspace = ops.MSASparseAttentionWorkspace(device)
 
     def __call__(self):
@@ -257,7 +267,8 @@ class DecodeStep:
                             max_k_tiles=self.nb, output=self.scores)
         self.topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
                          force_end_blocks=1)
-        self.q2k.copy_(self.sel.transpose(0, 1))
+        if self.q2k_copy:
+            self.q2k.copy_(self.sel.transpose(0, 1))
         out = self.decode(self.q, self.k, self.v, self.q2k, page_table=self.page_table,
                           seqused_k=self.seqused, seqlen_q=self.seqlen_q, causal=True,
                           workspace=self.workspace)
@@ -1003,28 +1014,29 @@ class Bench:
                 variants += list(STEP_VARIANTS)
                 if sq == 1 and kv == "bf16":
                     variants += list(STEP_BF16_VARIANTS)
-            # (suffix, decode options, top-k options)
-            variants = [(suffix, options, None) for suffix, options in variants]
+            # (suffix, build_step's keyword arguments)
+            variants = [(suffix, dict(decode_options=options)) for suffix, options in variants]
             if b <= STEP_VARIANT_MAX_BATCH and sq == 1:
-                variants += [(suffix, None, options) for suffix, options in STEP_TOPK_VARIANTS]
-            for suffix, options, topk_options in variants:
+                variants += [(suffix, dict(topk_options=options))
+                             for suffix, options in STEP_TOPK_VARIANTS]
+                variants.append((STEP_COPY_SUFFIX, dict(q2k_copy=True)))
+            for suffix, kwargs in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
-                              lambda b=b, c=ctx, q=sq, i=idx, v=kv, o=options, t=topk_options:
-                              self.build_step(b, c, q, i, v, decode_options=o, topk_options=t),
+                              lambda b=b, c=ctx, q=sq, i=idx, v=kv, kw=kwargs:
+                              self.build_step(b, c, q, i, v, **kw),
                               "memory", None,
                               extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
-                                         kv_dtype=kv, **{k: o for k, o in (
-                                             ("decode_options", options),
-                                             ("topk_options", topk_options)) if o is not None}))
+                                         kv_dtype=kv, **kwargs))
 
     def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None,
-                   topk_options=None):
+                   topk_options=None, q2k_copy=False):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
-                          self.device, decode_options=decode_options, topk_options=topk_options)
+                          self.device, decode_options=decode_options, topk_options=topk_options,
+                          q2k_copy=q2k_copy)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

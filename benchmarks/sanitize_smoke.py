@@ -476,6 +476,12 @@ class Smoke:
                          data()[0], 16, num_valid_pages=max(1, p - 3),
                          output=torch.empty((s, h, 16), dtype=torch.int32, device=self.dev),
                          force_end_blocks=1))
+            self.run(f"topk [{kernel}] H{h} P{p} S{s} per-token nvp, head-major output=",
+                     lambda data=data, h=h, s=s: ops.msa_topk_select(
+                         data()[0], 16, num_valid_pages=data()[1],
+                         output=torch.empty((h, s, 16), dtype=torch.int32,
+                                            device=self.dev).transpose(0, 1),
+                         force_end_blocks=1))
         # A score 4 bytes past a 16-byte boundary (S % 4 == 0): the radix kernel's 4-byte loads.
         h, p, s = 2, 130, 64
 

@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   int* out_row = nullptr;
   if (has_row) {
     r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
-    out_row = p.out + (int64_t(s) * p.num_heads + h) * p.topk;
+    out_row = topk_out_row(p, s, h);
   }
   const bool active = has_row && r.target > 0;
   const int n_sel = active ? r.target : 0;

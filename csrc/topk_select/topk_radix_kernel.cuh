@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(V::kThreads) topk_radix_kernel(const __grid_co
       const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(p.num_valid_pages[s0 + lane])
                                                           : int64_t(p.num_valid_pages_value);
       st.r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
-      out_row = p.out + (int64_t(s0 + lane) * p.num_heads + h) * p.topk;
+      out_row = topk_out_row(p, s0 + lane, h);
       if (st.r.target <= 0) write_frame(out_row, p.topk, st.r, 0);  // forced blocks and -1 only
     }
     const bool active = has_row && st.r.target > 0;

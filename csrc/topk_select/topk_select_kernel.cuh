@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     for (int tok = warp; tok < ntok; tok += kWarps) {
       const RowInfo ri = sm.rows[tok];
       if (ri.target <= 0)
-        write_row_frame(p.out + (int64_t(s0 + tok) * p.num_heads + h) * p.topk, p.topk, ri, 0);
+        write_row_frame(topk_out_row(p, s0 + tok, h), p.topk, ri, 0);
     }
 
     // Only the blocks some row can choose are read: with per-token nvp (causal prefill) that is
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 4)
           const RowInfo ri = sm.rows[tok];
           if (ri.target <= 0 || ri.mid_end <= p0 || ri.mid_begin >= p0 + kChunk) continue;
           const bool last = ri.mid_end <= p0 + kChunk;
-          int* out_row = p.out + (int64_t(s0 + tok) * p.num_heads + h) * p.topk;
+          int* out_row = topk_out_row(p, s0 + tok, h);
           if (ri.n_carry > 0) {
             select_chunk<kTok, true>(tok, ri, tile, p0, last, out_row, p.topk);
           } else {

@@ -64,7 +64,22 @@ TopkSelectParams make_topk_select_params(const TopkSelectArgs& a) {
                       out.size(2) == a.topk,
                "output shape must be (", tokens, ", ", h, ", ", a.topk,
                ") = (total_qo_len, num_qo_heads, topk), got ", shape_str(out));
-  check_contiguous(c, out, "output");
+  // Contiguous (FlashInfer's layout), or the transpose of a contiguous (H, S, topk): the
+  // head-major layout the attention ops take, written directly (docs/semantics.md#topk-output).
+  // A size-1 dim's stride is free (torch's rule); so is every stride of an empty tensor.
+  auto fits = [&](int64_t token_stride, int64_t head_stride) {
+    return out.numel() == 0 ||
+           ((tokens == 1 || out.stride(0) == token_stride) && (h == 1 || out.stride(1) == head_stride) &&
+            (a.topk == 1 || out.stride(2) == 1));
+  };
+  const bool token_major = fits(h * a.topk, a.topk);
+  const bool head_major = fits(a.topk, tokens * a.topk);
+  MSA_OP_CHECK(c, token_major || head_major,
+               "output must be contiguous or the transpose(0, 1) of a contiguous (num_qo_heads, "
+               "total_qo_len, topk) tensor, got shape ", shape_str(out), " with strides ",
+               strides_str(out));
+  p.out_token_stride = token_major ? h * a.topk : a.topk;
+  p.out_head_stride = token_major ? a.topk : tokens * a.topk;
 
   p.num_heads = to_int(c, h, "max_score.shape[0] (num_qo_heads)");
   p.num_blocks = to_int(c, num_blocks, "max_score.shape[1] (max_k_tiles)");

@@ -242,7 +242,7 @@ __device__ __forceinline__ RowOfCta row_of_cta(const TopkSelectParams& p) {
   RowOfCta row;
   row.s = int(blockIdx.x / unsigned(p.num_heads));
   row.h = int(blockIdx.x % unsigned(p.num_heads));
-  row.out_row = p.out + int64_t(blockIdx.x) * p.topk;
+  row.out_row = topk_out_row(p, row.s, row.h);
   const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(p.num_valid_pages[row.s])
                                                       : int64_t(p.num_valid_pages_value);
   const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);

@@ -105,7 +105,9 @@ struct TopkSelectParams {
   const float* score;           // [H, P, S] contiguous
   const int* num_valid_pages;   // [S] int32 per-token nvp (clamped to [0, P]), or nullptr
   int num_valid_pages_value;    // scalar nvp when num_valid_pages == nullptr (validated 0 < nvp <= P)
-  int* out;                     // [S, H, topk] contiguous
+  int* out;                     // [S, H, topk], row (s, h) at out + s * out_token_stride + h * out_head_stride
+  int64_t out_token_stride;     // H * topk (token-major, contiguous) or topk (head-major: a
+  int64_t out_head_stride;      // transposed view of a contiguous (H, S, topk)): S * topk
 };
 
 // Stage 3 (prefill and general varlen): exact attention over the selected blocks.

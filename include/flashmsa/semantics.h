@@ -151,6 +151,11 @@ MSA_HOST_DEVICE bool topk_ranks_before(uint32_t key_a, int a, uint32_t key_b, in
   return key_a < key_b || (key_a == key_b && a < b);
 }
 
+// Row (s, h) of the output (its topk entries are contiguous).
+MSA_HOST_DEVICE int* topk_out_row(const TopkSelectParams& p, int64_t s, int h) {
+  return p.out + s * p.out_token_stride + int64_t(h) * p.out_head_stride;
+}
+
 // Forced and candidate ranges of one row. Forced: [0, fb) and [nvp - fe, nvp); candidates
 // (middle): [fb, nvp - fe), of which `target` are chosen by score.
 struct TopkRanges {

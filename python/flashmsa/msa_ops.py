@@ -16,6 +16,8 @@ allocate more than the inputs describe before the core has checked it. Pipeline:
     scores = msa_proxy_score(index_q, index_k, cu_q, cu_k)              # (H, P, total_q) fp32
     sel    = msa_topk_select(scores, 16, nvp, force_end_blocks=1)       # (total_q, H, 16) int32
     q2k    = sel.transpose(0, 1).contiguous()                           # (Hkv, total_q, 16)
+    # or, with no copy: q2k = torch.empty(H, total_q, 16, dtype=torch.int32, device=...)
+    #                   msa_topk_select(scores, 16, nvp, output=q2k.transpose(0, 1), ...)
     out    = msa_sparse_attention(q, k, v, q2k, cu_q, cu_k, causal=True)
 """
 
@@ -487,7 +489,9 @@ def msa_topk_select(
         tensor of per-token counts (clamped to ``[0, max_k_tiles]`` on the device). Default:
         ``max_k_tiles``.
     output : torch.Tensor, optional
-        Pre-allocated int32 ``(total_q, H, topk)``.
+        Pre-allocated int32 ``(total_q, H, topk)``: contiguous, or ``q2k.transpose(0, 1)`` of a
+        contiguous ``(H, total_q, topk)`` tensor ``q2k``, which the attention ops then take as it
+        is (no transposed copy; a flashmsa extension, docs/semantics.md#topk-output).
     force_begin_blocks, force_end_blocks : int
         Sink blocks ``[0, fb)`` and local-window blocks ``[nvp - fe, nvp)`` always selected;
         ``fb + fe <= topk``.
@@ -495,8 +499,9 @@ def msa_topk_select(
     Returns
     -------
     torch.Tensor
-        int32 ``(total_q, H, topk)``. Attention wants ``(Hkv, total_q, topk)`` contiguous:
-        ``out.transpose(0, 1).contiguous()``.
+        int32 ``(total_q, H, topk)`` (``output`` when given). Attention wants ``(Hkv, total_q,
+        topk)`` contiguous: ``out.transpose(0, 1).contiguous()``, or write it there directly
+        through ``output=q2k.transpose(0, 1)``.
     """
     return _topk_select("", max_score=max_score, topk=topk, num_valid_pages=num_valid_pages,
                         output=output, force_begin_blocks=force_begin_blocks,

@@ -1,6 +1,7 @@
 // CPU reference of stage 2, msa_topk_select (docs/semantics.md#topk-select, #d3). Per (s, h):
 // forced blocks [0, fb') and [nvp - fe', nvp), plus the `target` best middle blocks by
-// (topk_order_key asc, block index asc); written ascending to out[s, h, :], -1 tail padded.
+// (topk_order_key asc, block index asc); written ascending to row (s, h) of out (topk_out_row),
+// -1 tail padded.
 // Exactly min(topk, nvp) valid entries: -inf and NaN candidates are ordinary candidates.
 #include <algorithm>
 #include <cstdint>
@@ -46,7 +47,7 @@ void select_row(const TopkSelectParams& p, int s, int h, std::vector<Candidate>&
   }
 
   std::sort(chosen.begin(), chosen.end());
-  int* out = p.out + (int64_t(s) * p.num_heads + h) * p.topk;
+  int* out = topk_out_row(p, s, h);
   for (int c = 0; c < p.topk; ++c) out[c] = c < int(chosen.size()) ? chosen[size_t(c)] : -1;
 }
 

@@ -103,6 +103,8 @@ std::vector<int> run_reference(const TopkProblem& pr) {
   p.num_valid_pages = pr.per_token ? pr.nvp.data() : nullptr;
   p.num_valid_pages_value = pr.nvp_value;
   p.out = out.data();
+  p.out_token_stride = int64_t(pr.H) * pr.topk;
+  p.out_head_stride = pr.topk;
   reference::topk_select(p);
   return out;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "flashmsa/api.h"
+#include "flashmsa/semantics.h"
 #include "flashmsa/error.h"
 #include "test_util.h"
 
@@ -389,6 +390,34 @@ TEST(ValidationTopk, ScalarNvpDefaultsToAllBlocks) {
   EXPECT_EQ(p.num_valid_pages_value, 8);
   EXPECT_EQ(p.score, s.score.as<float>());
   EXPECT_EQ(p.out, s.out.as<int>());
+  EXPECT_EQ(p.out_token_stride, 2 * 4);  // contiguous (S, H, topk)
+  EXPECT_EQ(p.out_head_stride, 4);
+}
+
+// The output may also be the transpose(0, 1) of a contiguous (H, S, topk): the attention ops'
+// head-major layout, written directly (docs/semantics.md#topk-output).
+TEST(ValidationTopk, OutputHeadMajorView) {
+  TopkSetup s;
+  HostTensor head_major(ST::kInt32, {TopkSetup::kH, TopkSetup::kS, 4});
+  TensorRef view = head_major.ref();
+  std::swap(view.sizes[0], view.sizes[1]);
+  std::swap(view.strides[0], view.strides[1]);  // (S, H, topk) with strides (topk, S * topk, 1)
+  s.a.output = view;
+  const TopkSelectParams p = s.make();
+  EXPECT_EQ(p.out, head_major.as<int>());
+  EXPECT_EQ(p.out_token_stride, 4);
+  EXPECT_EQ(p.out_head_stride, TopkSetup::kS * 4);
+  EXPECT_EQ(topk_out_row(p, 3, 1), head_major.as<int>() + (1 * TopkSetup::kS + 3) * 4);
+  // One token or one head: both layouts are the same; a size-1 dim's stride is free.
+  TopkSetup one;
+  one.a.output = with_stride(one.a.output, 2, 7);  // topk 4: not free
+  EXPECT_THROW(one.make(), Error);
+  HostTensor single(ST::kInt32, {1, 2, 4});
+  TopkSetup t;
+  t.score = HostTensor(ST::kFloat32, {2, 8, 1});
+  t.a.max_score = t.score.ref();
+  t.a.output = with_stride(single.ref(), 0, 12345);
+  EXPECT_EQ(t.make().out_head_stride, 4);
 }
 
 TEST(ValidationTopk, ExplicitScalarAndTensorNvp) {
@@ -833,7 +862,9 @@ const std::vector<TopkReject> kTopkRejects = {
     {"OutputShape", topk4, [](TopkSetup& s) { s.a.output = reshaped(s.a.output, {2, 5, 4}); }, kV, "output", "output shape must be (5, 2, 4)"},
     {"OutputTopk", topk4, [](TopkSetup& s) { s.a.output = reshaped(s.a.output, {5, 2, 16}); }, kV, "output", "output shape must be (5, 2, 4)"},
     {"OutputDtype", topk4, [](TopkSetup& s) { s.a.output.dtype = ST::kInt64; }, kV, "output", "output must be int32, got int64"},
-    {"OutputNotContiguous", topk4, [](TopkSetup& s) { s.a.output = with_stride(s.a.output, 0, 16); }, kV, "output", "output must be contiguous"},
+    {"OutputNotContiguous", topk4, [](TopkSetup& s) { s.a.output = with_stride(s.a.output, 0, 16); }, kV, "output", "output must be contiguous or the transpose(0, 1) of a contiguous (num_qo_heads, total_qo_len, topk) tensor"},
+    {"OutputRowsNotContiguous", topk4, [](TopkSetup& s) { s.a.output = with_stride(with_stride(with_stride(s.a.output, 2, 2), 1, 8), 0, 16); }, kV, "output", "output must be contiguous or the transpose"},
+    {"OutputHeadMajorWrongStride", topk4, [](TopkSetup& s) { s.a.output = with_stride(with_stride(s.a.output, 0, 4), 1, 24); }, kV, "output", "output must be contiguous or the transpose"},
     {"OutputOtherDevice", topk4, [](TopkSetup& s) { s.a.output.device = 0; }, kV, "output", "same device as max_score"},
 };
 

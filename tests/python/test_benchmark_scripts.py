@@ -126,32 +126,31 @@ def test_stage_step_runs_each_config_case():
     # split_warps=4) and, one token per request, per top-k variant (net_pivot=on).
     want = []
     for case in bm.QUICK["step"]:
-        want.append((case, "", None, None))
+        want.append((case, "", {}))
         if case[0] <= bm.STEP_VARIANT_MAX_BATCH:
-            want += [(case, suffix, options, None) for suffix, options in bm.STEP_VARIANTS]
+            want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_VARIANTS]
             if case[2] == 1 and case[4] == "bf16":
-                want += [(case, suffix, options, None) for suffix, options in bm.STEP_BF16_VARIANTS]
+                want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_BF16_VARIANTS]
             if case[2] == 1:
-                want += [(case, suffix, None, options) for suffix, options in bm.STEP_TOPK_VARIANTS]
+                want += [(case, suffix, dict(topk_options=o)) for suffix, o in bm.STEP_TOPK_VARIANTS]
+                want.append((case, bm.STEP_COPY_SUFFIX, dict(q2k_copy=True)))
     suffixes = [w[1] for w in want]
     assert suffixes.count(" [split=cluster]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [combine_loads=with]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [split_warps=4]") == 1  # B1 bf16
     assert suffixes.count(" [net_pivot=on]") == 2  # B1 bf16, fp8
+    assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)
-    for call, (case, suffix, options, topk_options) in zip(calls, want):
+    for call, (case, suffix, kwargs) in zip(calls, want):
         stage, got_name, build, bound, ref = call.args
         assert (stage, got_name, bound) == ("step", bm.step_case_name(*case) + suffix, "memory")
         assert (ref is bm.REF_STEP) == (case == (64, 32 * bm.K, 1, "bf16", "bf16") and not suffix)
         bench.build_step.reset_mock()
         build()  # autospec: build_step's argument list
         assert bench.build_step.call_args.args == case
-        kwargs = bench.build_step.call_args.kwargs
-        assert kwargs in ({}, dict(decode_options=options, topk_options=topk_options))
-        assert kwargs.get("decode_options") == options
-        assert kwargs.get("topk_options") == topk_options
+        assert bench.build_step.call_args.kwargs == kwargs
         extra = call.kwargs["extra"]
-        assert extra.get("decode_options") == options and extra.get("topk_options") == topk_options
+        assert {k: extra[k] for k in kwargs} == kwargs
 
 
 # ---- the decode step's byte floor and replay check ---------------------------------------------
@@ -300,8 +299,8 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.stage_step()
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
     # [combine_loads=with] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
-    # [net_pivot=on] row.
-    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 8, cpu_bench.rows
+    # [net_pivot=on] and [q2k copy] rows.
+    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 9, cpu_bench.rows
     name = bm.step_case_name(2, 1024, 1, "bf16", "bf16")
     assert cpu_bench.rows[1]["case"] == name + " [split=cluster]"
     assert cpu_bench.rows[1]["decode_options"] == dict(split="cluster")
@@ -312,9 +311,10 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     assert cpu_bench.rows[4]["case"] == name + " [net_pivot=on]"
     assert cpu_bench.rows[4]["topk_options"] == dict(net_pivot="on")
     assert "decode_options" not in cpu_bench.rows[4]
+    assert cpu_bench.rows[5]["case"] == name + " [q2k copy]" and cpu_bench.rows[5]["q2k_copy"]
     assert "decode_options" not in cpu_bench.rows[0] and "topk_options" not in cpu_bench.rows[0]
-    cpu_bench.rows = cpu_bench.rows[::5]
-    graphs = graphs[::5]
+    cpu_bench.rows = cpu_bench.rows[::6]
+    graphs = graphs[::6]
     for row, g in zip(cpu_bench.rows, graphs):
         assert row["stage"] == "step" and row["bound"] == "memory"
         assert row["bit_identical"] and g.replays >= 2 + row["reps"]
@@ -337,6 +337,7 @@ def test_stage_step_replay_mismatch_is_an_error_row(cpu_bench, monkeypatch):
     monkeypatch.setattr(bm, "STEP_VARIANTS", ())
     monkeypatch.setattr(bm, "STEP_BF16_VARIANTS", ())
     monkeypatch.setattr(bm, "STEP_TOPK_VARIANTS", ())
+    monkeypatch.setattr(bm, "STEP_VARIANT_MAX_BATCH", 0)
     cpu_bench.cfg = dict(cpu_bench.cfg, step=[(1, 512, 1, "bf16", "bf16")])
     cpu_bench.stage_step()
     (row,) = cpu_bench.rows

@@ -1234,6 +1234,24 @@ def test_topk_net_pivot(dist: str, S: int, P: int):
             assert_topk_equal(got, want, f"{case.name} fill={fill}")
 
 
+@pytest.mark.parametrize("S,P", [(1, 1024), (64, 256), (2000, 70), (5, 3000)])
+def test_topk_head_major_output_every_kernel(S: int, P: int):
+    """output=q2k.transpose(0, 1) (the attention ops' head-major layout written directly) under
+    every kernel: q2k equals the reference's token-major output transposed, every element of the
+    poisoned q2k written."""
+    gen = torch.Generator().manual_seed(S + P)
+    H = 4
+    scores = torch.randn((H, P, S), generator=gen)
+    case = TopkCase(f"head_major_S{S}_P{P}", H, P, S, nvp="random", fe=1, seed=S)
+    nvp = make_nvp(case)
+    want = run_topk(case, scores, nvp, "cpu").transpose(0, 1)
+    for kernel in TOPK_KERNELS:
+        q2k = torch.full((H, S, 16), -7, dtype=torch.int32, device=DEV)
+        msa_ops._topk_select_planned(scores.to(DEV), 16, _to(nvp, DEV), output=q2k.transpose(0, 1),
+                                     force_end_blocks=1, options=topk_options(kernel))
+        assert_topk_equal(q2k.cpu(), want, f"{case.name} [{kernel}] head-major")
+
+
 def _carry_scores(dist: str, H: int, P: int, S: int, gen: torch.Generator) -> torch.Tensor:
     shape = (H, P, S)
     if dist == "neg_nan_payloads":  # order keys 0xFFC00000..0xFFFFFFFF: the top of the key range

@@ -118,6 +118,29 @@ def test_topk_select_output_argument(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("H,S", [(3, 9), (1, 9), (3, 1), (1, 1)])
+def test_topk_select_output_head_major_view(device, H, S):
+    """output may be q2k.transpose(0, 1) for a contiguous (H, S, topk) q2k: the attention ops'
+    layout, written directly; every element written, the same values as the token-major
+    output's transpose. Other strides are refused."""
+    scores = make_scores(TopkCase("p", H, 40, S, scores="distinct")).to(device)
+    nvp = torch.tensor([40, 3, 17, 0, 40, 1, 25, 40, 9][:S], dtype=torch.int32, device=device)
+    want = msa_ops.msa_topk_select(scores, 16, num_valid_pages=nvp, force_end_blocks=1)
+    q2k = torch.full((H, S, 16), 99, dtype=torch.int32, device=device)
+    got = msa_ops.msa_topk_select(scores, 16, num_valid_pages=nvp, output=q2k.transpose(0, 1),
+                                  force_end_blocks=1)
+    assert got.data_ptr() == q2k.data_ptr() and got.shape == (S, H, 16)
+    assert torch.equal(q2k, want.transpose(0, 1))
+    if H > 1 and S > 1:
+        bad = torch.empty((S, 16, H), dtype=torch.int32, device=device).transpose(1, 2)
+        with pytest.raises(ValueError, match="output must be contiguous or the transpose"):
+            msa_ops.msa_topk_select(scores, 16, output=bad)
+        every_other = torch.empty((S, H, 32), dtype=torch.int32, device=device)[:, :, ::2]
+        with pytest.raises(ValueError, match="output must be contiguous or the transpose"):
+            msa_ops.msa_topk_select(scores, 16, output=every_other)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_topk_select_deterministic_with_nan_rows(device):
     scores = torch.randn(2, 500, 7)
     scores[:, ::7] = float("nan")

@@ -226,10 +226,13 @@ def minimax_m3_index_topk(
     scores_hpt = _contiguous(score.transpose(1, 2))
     cu = _int32("cu_seqlens_q", cu_seqlens_q)
     nvp = _prefill_valid_pages(cu, _int32("prefix_lens", prefix_lens), total_q)
-    sel = msa_ops.msa_topk_select(scores_hpt, int(topk), num_valid_pages=nvp,
-                                  force_begin_blocks=int(init_blocks),
-                                  force_end_blocks=int(local_blocks))
-    return sel.transpose(0, 1).contiguous()
+    # Written head-major directly (the attention ops' layout; no transposed copy).
+    q2k = torch.empty((scores_hpt.shape[0], total_q, int(topk)), dtype=torch.int32,
+                      device=score.device)
+    msa_ops.msa_topk_select(scores_hpt, int(topk), num_valid_pages=nvp, output=q2k.transpose(0, 1),
+                            force_begin_blocks=int(init_blocks),
+                            force_end_blocks=int(local_blocks))
+    return q2k
 
 
 @torch.no_grad()
@@ -270,11 +273,12 @@ def minimax_m3_index_decode(
         _contiguous(idx_q), _index_cache("index_kv_cache", index_kv_cache), cu_q,
         page_table=_int32("block_table", block_table), seqused_k=seq_lens, causal=True,
         max_seqlen_q=int(decode_query_len), max_k_tiles=columns, output=score)
-    sel = msa_ops.msa_topk_select(score, int(topk),
-                                  num_valid_pages=_decode_valid_pages(seq_lens, decode_query_len),
-                                  force_begin_blocks=int(init_blocks),
-                                  force_end_blocks=int(local_blocks))
-    return sel.transpose(0, 1).contiguous()
+    q2k = torch.empty((num_idx_heads, total_q, int(topk)), dtype=torch.int32, device=idx_q.device)
+    msa_ops.msa_topk_select(score, int(topk),
+                            num_valid_pages=_decode_valid_pages(seq_lens, decode_query_len),
+                            output=q2k.transpose(0, 1), force_begin_blocks=int(init_blocks),
+                            force_end_blocks=int(local_blocks))
+    return q2k
 
 
 # ---- attention -----------------------------------------------------------------------------------
