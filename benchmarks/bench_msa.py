@@ -96,16 +96,17 @@ STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # counts; by_size's prefill kernel since), split rows, and split rows with one-chunk rows'
 # thresholds by 8-bit digits (warp_digits), and sorting networks over truncated-key words (net,
 # also with 2 lanes a row on the prefill shapes: net_lanes=2,
-# docs/design/topk_select.md, "Sorting networks"), and net with a pivot before the networks on the
-# decode shapes (a warp per row: net_pivot=on, "Pivot before the networks").
+# docs/design/topk_select.md, "Sorting networks"), and net without the pivot that auto's net runs
+# before the networks on decode-sized calls (net_pivot=off, "Pivot before the networks"; auto since
+# dda49c5) on the decode shapes.
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_1buf", "radix_uniform", "warp_split",
-                "warp_digits", "net", "net net_lanes=2", "net net_pivot=on")
+                "warp_digits", "net", "net net_lanes=2", "net net_pivot=off")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
 # The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, and batch 1 at 128K (rows of
 # 1024 blocks: the M3 decode step's largest kernel under warp_per_row_8).
 TOPK_DECODE_SHAPES = (TOPK_DECODE, (1, 4, 1024))
 # Kernels for decode-sized calls only (a CTA per row): not timed on the prefill shapes.
-TOPK_DECODE_ONLY = ("warp_split", "warp_digits", "net net_pivot=on")
+TOPK_DECODE_ONLY = ("warp_split", "warp_digits", "net net_pivot=off")
 # Tuning rows of the prefill shapes only: not timed on the decode shapes.
 TOPK_PREFILL_ONLY = ("net net_lanes=2",)
 
@@ -146,14 +147,15 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
 # batches up to STEP_VARIANT_MAX_BATCH (the split-K calls: at batch 64 the decode is fused and
 # split=cluster changes nothing).
 STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),
-                 (" [combine_loads=with]", dict(combine_loads="with")))
+                 (" [combine_loads=after]", dict(combine_loads="after")))
 # ... and those of bf16 K/V and one token per request also with split-K decode on 4 warps per CTA
 # (split_warps=4: auto's 8-warp kernel's predecessor; fp8 K/V run 4 warps anyway).
 STEP_BF16_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),)
 STEP_VARIANT_MAX_BATCH = 8
-# ... and one token per request with top-k plan options (suffix, options): the pivot before the
-# networks (docs/design/topk_select.md, "Pivot before the networks"), whatever the K/V dtype.
-STEP_TOPK_VARIANTS = ((" [net_pivot=on]", dict(net_pivot="on")),)
+# ... and one token per request with top-k plan options (suffix, options): the networks without
+# the pivot auto runs first on these calls (docs/design/topk_select.md, "Pivot before the
+# networks"), whatever the K/V dtype.
+STEP_TOPK_VARIANTS = ((" [net_pivot=off]", dict(net_pivot="off")),)
 # ... and one token per request with the selection copied (FlashInfer's token-major top-k output,
 # then q2k = its transpose, contiguous) instead of written head-major by top-k.
 STEP_COPY_SUFFIX = " [q2k copy]"
@@ -880,10 +882,10 @@ class Bench:
             # (split_rule=ceil) instead of auto's fewest waves x blocks per split.
             if 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
                 variants.append((" [split_rule=ceil]", dict(split_rule="ceil")))
-            # ... and split-K batches whose combine loads the partial values with the LSEs
-            # (combine_loads=with) instead of after them.
+            # ... and split-K batches whose combine loads the partial values after the LSEs
+            # (combine_loads=after) instead of with them (auto since dda49c5).
             if sq == 1 and b <= SPLIT_K_MAX_BATCH:
-                variants.append((" [combine_loads=with]", dict(combine_loads="with")))
+                variants.append((" [combine_loads=after]", dict(combine_loads="after")))
             if sq > 1:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":

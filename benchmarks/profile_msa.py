@@ -99,9 +99,11 @@ def cases(bench: bm.Bench) -> dict:
         # and 32 lanes a row).
         "topk_decode_net": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(kernel="net")),
         "topk_decode_b1_128k_net": lambda: bench.build_topk_decode(1, 4, 1024, dict(kernel="net")),
-        # ... with the pivot before the networks (a warp per row; net_pivot=on).
+        # ... with the pivot before the networks (a warp per row; net_pivot=on, auto's there since
+        # dda49c5) and without it (net_pivot=off).
         "topk_decode_net_pivot": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot="on")),
         "topk_decode_b1_128k_net_pivot": lambda: bench.build_topk_decode(1, 4, 1024, dict(net_pivot="on")),
+        "topk_decode_b1_128k_net_off": lambda: bench.build_topk_decode(1, 4, 1024, dict(kernel="net", net_pivot="off")),
         "sparse_random_32k": sparse("random"),
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),
@@ -128,9 +130,12 @@ def cases(bench: bm.Bench) -> dict:
         "decode_b1_split_warps8": lambda: bench.build_decode(1, 32 * K, 1, "bf16", dict(split_warps=8)),
         "decode_b1_128k_split_warps8": lambda: bench.build_decode(1, 128 * K, 1, "bf16", dict(split_warps=8)),
         "decode_b1_128k": lambda: bench.build_decode(1, 128 * K, 1, "bf16"),
-        # ... its combine loading the partial values with the LSEs (combine_loads=with).
+        # ... its combine loading the partial values with the LSEs (combine_loads=with, auto's since
+        # dda49c5) and after them (combine_loads=after).
         "decode_b1_128k_combine_with": lambda: bench.build_decode(1, 128 * K, 1, "bf16",
                                                                   dict(combine_loads="with")),
+        "decode_b1_128k_combine_after": lambda: bench.build_decode(1, 128 * K, 1, "bf16",
+                                                                   dict(combine_loads="after")),
         "decode_b64": lambda: bench.build_decode(64, 32 * K, 1, "bf16"),
         "decode_b64_sq4": lambda: bench.build_decode(64, 32 * K, 4, "bf16"),
         "decode_b64_fp8": lambda: bench.build_decode(64, 32 * K, 1, "fp8"),

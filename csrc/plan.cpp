@@ -393,15 +393,23 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
   if (plan.kernel == TopkKernel::kNet) {
     plan.net_lanes = options.net_lanes > 0 ? options.net_lanes : topk_net_lanes(p, facts.num_sms);
     plan.net_words = topk_carry(p) < 16 ? 16 : 32;
+    // net_pivot: forced on where it applies (else the plan text says why); auto on for
+    // decode-sized calls, those the lanes rule gives >= kTopkNetPivotMinLanes lanes a row (not a
+    // forced net_lanes); H200 at dda49c5 (TopkNetPivot).
+    bool pivot = false;
     if (options.net_pivot == TopkNetPivot::kOn) {
       MSA_CHECK(options.net_lanes == 0 || options.net_lanes == 32,
-                      "msa_topk_select: net_pivot=on runs 32 lanes per row, got net_lanes=",
-                      options.net_lanes);
+                "msa_topk_select: net_pivot=on runs 32 lanes per row, got net_lanes=",
+                options.net_lanes);
       plan.net_pivot_fallback = topk_net_pivot_unsupported(p);
-      if (plan.net_pivot_fallback == nullptr) {
-        plan.net_lanes = 32;
-        plan.net_pivot = p.num_blocks <= 256 ? 8 : p.num_blocks <= 512 ? 16 : 32;
-      }
+      pivot = plan.net_pivot_fallback == nullptr;
+    } else if (options.net_pivot == TopkNetPivot::kAuto) {
+      pivot = options.net_lanes == 0 && plan.net_lanes >= kTopkNetPivotMinLanes &&
+              topk_net_pivot_unsupported(p) == nullptr;
+    }
+    if (pivot) {
+      plan.net_lanes = 32;
+      plan.net_pivot = p.num_blocks <= 256 ? 8 : p.num_blocks <= 512 ? 16 : 32;
     }
   }
   return plan;

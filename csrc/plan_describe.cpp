@@ -232,8 +232,9 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
     s << "; " << plan.net_lanes << (plan.net_lanes == 1 ? " lane" : " lanes") << " per row, "
       << plan.net_words << " words per lane";
     if (plan.net_pivot > 0) {
-      s << "; a pivot first (net_pivot=on): " << plan.net_pivot
-        << " scores a lane, the networks where more than 32 survive";
+      s << "; a pivot first ("
+        << (o.net_pivot == TopkNetPivot::kOn ? "net_pivot=on" : "net_pivot auto: a decode-sized call")
+        << "): " << plan.net_pivot << " scores a lane, the networks where more than 32 survive";
     } else if (plan.net_pivot_fallback != nullptr) {
       s << "; net_pivot=on does not apply: " << plan.net_pivot_fallback;
     }

@@ -122,8 +122,8 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     }
   }
   plan.num_items = items * plan.splits;
-  // combine_loads: with (forced; auto keeps after until measured), where a combine runs.
-  plan.combine_with = !plan.fused && !plan.cluster && options.combine_loads == DecodeCombineLoads::kWith;
+  // combine_loads: with (auto, H200 at dda49c5) or after, where a combine runs.
+  plan.combine_with = !plan.fused && !plan.cluster && options.combine_loads != DecodeCombineLoads::kAfter;
   // kernel=wgmma: persistent CTAs, at most one per SM and item (a CTA takes items blockIdx.x,
   // + grid, ...).
   if (plan.wgmma)

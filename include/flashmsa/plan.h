@@ -248,7 +248,9 @@ enum class DecodeSplitRule : int32_t { kAuto = 0, kCeil = 1, kWaves = 2 };
 // split=cluster): after (once the row's LSEs gave the weights; a slot of weight 0 is not read) or
 // with (the first 16 slots' values together with the LSEs: one memory round trip instead of two;
 // the query-major kernels write every slot's values, zeros where a split saw no key). The same
-// arithmetic: bit-identical. auto: after (with not yet measured).
+// arithmetic: bit-identical. auto: with (H200 at dda49c5, Nsight Compute of the B1 / 128K
+// decode's combine: 4.35 vs 4.70 us; the bench rows within their run-to-run spread, 5 of 7
+// faster).
 // docs/design/sparse_attention.md, "Combine".
 enum class DecodeCombineLoads : int32_t { kAuto = 0, kAfter = 1, kWith = 2 };
 
@@ -321,18 +323,22 @@ struct ProxyScoreOptions {
 // net_pivot: a warp per row (32 lanes), whose lanes' score minima give a pivot at or above the
 // row's target-th best key; the keys at or below it (at most 32, else the networks run) are sorted
 // by (key, block) across the warp (docs/design/topk_select.md, "Pivot before the networks"). For
-// decode-sized calls, whose networks run once from a cold instruction cache. auto: off (not yet
-// measured).
+// decode-sized calls, whose networks run once from a cold instruction cache. auto: on where it
+// applies and net's lanes rule gives at least kTopkNetPivotMinLanes lanes a row (decode-sized
+// calls; H200 at dda49c5: 1 x 4 x 1024 7.4 vs 9.3 us, 64 x 4 x 256 6.8 vs 7.9 us; the graphed
+// decode step B1 / 128K 33.1 vs 36.1 us, B8 / 32K 47.2 vs 51.0 us), off elsewhere (prefill rows:
+// a warp per row would read each block's scores of 32 rows as 32 separate lines).
 enum class TopkNetPivot : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
 // The pivot path: a lane holds at most 32 scores, so rows of at most 32 x 32 blocks.
 inline constexpr int kTopkNetPivotMaxSpan = 1024;
+inline constexpr int kTopkNetPivotMinLanes = 16;
 
 struct TopkSelectOptions {
   TopkKernel kernel = TopkKernel::kAuto;
   // net's lanes per row (a tuning knob; 0: auto, topk_net_lanes), a power of two <= 32.
   int net_lanes = 0;
   // net's pivot before the networks (a warp per row; rows of at most kTopkNetPivotMaxSpan
-  // candidates choosing at most 15 of them): off by default until measured.
+  // candidates choosing at most 15 of them); auto: decode-sized calls (TopkNetPivot).
   TopkNetPivot net_pivot = TopkNetPivot::kAuto;
 };
 

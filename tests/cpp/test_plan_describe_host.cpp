@@ -275,11 +275,12 @@ TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   EXPECT_TRUE(has(d, "fused") || has(d, "split-K")) << d;
   dp.force_fused = 0;
   const std::string split = describe_decode(plan_sparse_decode(dp, hopper()), dp.attn);
-  EXPECT_TRUE(has(split, "partials + combine")) << split;
-  EXPECT_FALSE(has(split, "combine_loads")) << split;
-  const std::string with = describe_decode(
-      plan_sparse_decode(dp, hopper(), parse_sparse_decode_options("combine_loads=with")), dp.attn);
-  EXPECT_TRUE(has(with, "partials + combine (combine_loads=with: values loaded with the LSEs)")) << with;
+  // auto: combine_loads=with (H200 at dda49c5); after names nothing.
+  EXPECT_TRUE(has(split, "partials + combine (combine_loads=with: values loaded with the LSEs)")) << split;
+  const std::string after = describe_decode(
+      plan_sparse_decode(dp, hopper(), parse_sparse_decode_options("combine_loads=after")), dp.attn);
+  EXPECT_TRUE(has(after, "partials + combine")) << after;
+  EXPECT_FALSE(has(after, "combine_loads")) << after;
 }
 
 TEST(PlanDescribe, DecodeSplitCluster) {
@@ -298,7 +299,7 @@ TEST(PlanDescribe, DecodeSplitCluster) {
   EXPECT_TRUE(has(c, "workspace 0 bytes")) << c;
   f.decode_cluster_max = 0;
   const std::string b = describe_decode(plan_sparse_decode(dp, f, o), dp.attn);
-  EXPECT_TRUE(has(b, "partials + combine (split=cluster falls back to blocks: no thread-block clusters here")) << b;
+  EXPECT_TRUE(has(b, "partials + combine (combine_loads=with: values loaded with the LSEs) (split=cluster falls back to blocks: no thread-block clusters here")) << b;
   // MTP union items keep the combine.
   f.decode_cluster_max = 16;
   SparseDecodeParams mtp = dp;
@@ -319,8 +320,9 @@ TEST(PlanDescribe, DecodeSplitWarps) {
   o.split_warps = DecodeSplitWarps::k8;
   const SparseAttnDeviceFacts f = hopper();
   const std::string w = describe_decode(plan_sparse_decode(dp, f, o), dp.attn);
-  EXPECT_TRUE(has(w, "partials + combine; split_warps=8 (8 warps per CTA share each 128-key block, 16 keys "
-                     "each, and merge their states in warp order)")) << w;
+  EXPECT_TRUE(has(w, "partials + combine (combine_loads=with: values loaded with the LSEs); split_warps=8 (8 "
+                     "warps per CTA share each 128-key block, 16 keys each, and merge their states in warp "
+                     "order)")) << w;
   const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);
   EXPECT_EQ(d, w);  // auto: 8 warps where they apply
   SparseDecodeOptions four;
@@ -470,6 +472,11 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o.kernel = TopkKernel::kAuto;  // ... and net under auto (H200 at 3488394), 32 lanes a row
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "kernel=net (auto: net: rows choose <= 31 of <= 32768 blocks); 1 tokens x 4 heads over 1024 blocks, top-16; 32 lanes per row, 32 words per lane")) << d;
+  EXPECT_FALSE(has(d, "pivot")) << d;  // 16 chosen: no pivot
+  tp.force_end = 1;  // vLLM's M3 call: 15 chosen, the pivot under auto
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "; 32 lanes per row, 16 words per lane; a pivot first (net_pivot auto: a decode-sized call): 32 scores a lane, the networks where more than 32 survive")) << d;
+  tp.force_end = 0;
   EXPECT_FALSE(has(d, "digits")) << d;
   o.kernel = TopkKernel::kWarpDigits;  // 1024 blocks: rows of several chunks run as warp_split
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);

@@ -1504,7 +1504,9 @@ TEST(PlanTopk, BySizeAndForcedKernelsAreKept) {
 // 31 blocks or rows of more than 32768 blocks fall back to by_size's kernel, and the plan says why.
 TEST(PlanTopk, NetLanesWordsAndFallback) {
   const TopkSelectDeviceFacts h200{132};
-  const TopkSelectOptions net{TopkKernel::kNet};
+  // The lanes rule as planned without the pivot (which takes 32 lanes for decode-sized calls).
+  TopkSelectOptions net{TopkKernel::kNet};
+  net.net_pivot = TopkNetPivot::kOff;
   auto m3 = [](int tokens, int blocks) {  // vLLM's rows: the local block forced, 15 chosen
     TopkSelectParams p = topk_call(4, tokens, blocks);
     p.force_end = 1;
@@ -1593,10 +1595,16 @@ TEST(PlanTopk, NetPivotSlotsAndFallback) {
       EXPECT_EQ(plan.net_words, 16);
       EXPECT_EQ(plan.net_pivot_fallback, nullptr);
     }
-    // Not asked for: no pivot (auto is off until measured).
-    EXPECT_EQ(plan_topk_select(m3(c.tokens, c.blocks), {}, h200).net_pivot, 0);
-    EXPECT_EQ(plan_topk_select(m3(c.tokens, c.blocks), parse_topk_select_options("net_pivot=off"), h200)
-                  .net_pivot, 0);
+    // Off: the lanes rule's plan.
+    const TopkSelectPlan off =
+        plan_topk_select(m3(c.tokens, c.blocks), parse_topk_select_options("net_pivot=off"), h200);
+    EXPECT_EQ(off.net_pivot, 0);
+    EXPECT_EQ(off.net_lanes, topk_net_lanes(m3(c.tokens, c.blocks), h200.num_sms));
+    // auto: where the lanes rule gives >= 16 lanes a row (decode-sized calls).
+    const TopkSelectPlan dflt = plan_topk_select(m3(c.tokens, c.blocks), {}, h200);
+    const bool decode_sized = off.net_lanes >= kTopkNetPivotMinLanes;
+    EXPECT_EQ(dflt.net_pivot, decode_sized ? c.slots : 0) << c.tokens << " x " << c.blocks;
+    EXPECT_EQ(dflt.net_lanes, decode_sized ? 32 : off.net_lanes) << c.tokens << " x " << c.blocks;
   }
   // net_lanes=32 may be given with it; any other count is a contradiction.
   TopkSelectOptions both = parse_topk_select_options("net_pivot=on,net_lanes=32");
@@ -1619,6 +1627,14 @@ TEST(PlanTopk, NetPivotSlotsAndFallback) {
   // Other kernels ignore it.
   TopkSelectOptions radix = parse_topk_select_options("kernel=radix_uniform,net_pivot=on");
   EXPECT_EQ(plan_topk_select(m3(64, 256), radix, h200).net_pivot, 0);
+  // auto on the measured decode calls, not on prefill ones, nor where net_lanes is forced.
+  EXPECT_EQ(plan_topk_select(m3(1, 1024), {}, h200).net_pivot, 32);
+  EXPECT_EQ(plan_topk_select(m3(64, 256), {}, h200).net_pivot, 8);
+  EXPECT_EQ(plan_topk_select(m3(8, 256), {}, h200).net_pivot, 8);
+  EXPECT_EQ(plan_topk_select(m3(32768, 256), {}, h200).net_pivot, 0);
+  EXPECT_EQ(plan_topk_select(m3(64, 256), parse_topk_select_options("net_lanes=16"), h200).net_pivot, 0);
+  EXPECT_EQ(plan_topk_select(m3(1, 4096), {}, h200).net_pivot, 0);  // rows of > 1024 blocks
+  EXPECT_EQ(plan_topk_select(m3(1, 4096), {}, h200).net_pivot_fallback, nullptr);  // not forced
 }
 
 TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
@@ -1885,7 +1901,7 @@ TEST(PlanDecode, SplitRuleWaves) {
 }
 
 // combine_loads=with: the combine of a split call loads the first slots' values with the LSEs;
-// fused calls and split=cluster run no combine; auto keeps after (not yet measured).
+// fused calls and split=cluster run no combine; auto is with (H200 at dda49c5).
 TEST(PlanDecode, CombineLoadsWith) {
   SparseAttnDeviceFacts h200 = hopper();
   h200.decode_regs_ctas = 2;
@@ -1905,7 +1921,7 @@ TEST(PlanDecode, CombineLoadsWith) {
     EXPECT_EQ(w.qm.splits, a.qm.splits) << batch;
     EXPECT_EQ(w.qm.wide, a.qm.wide) << batch;
     EXPECT_FALSE(a.qm.combine_with) << batch;
-    EXPECT_FALSE(plan_sparse_decode(decode(batch, -1), h200, {}).qm.combine_with) << batch;  // auto
+    EXPECT_TRUE(plan_sparse_decode(decode(batch, -1), h200, {}).qm.combine_with) << batch;  // auto
   }
   EXPECT_FALSE(plan_sparse_decode(decode(64, -1), h200, with).qm.combine_with);  // fused: no combine
   EXPECT_TRUE(plan_sparse_decode(decode(64, 0), h200, with).qm.combine_with);    // forced split

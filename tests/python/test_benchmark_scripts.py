@@ -123,7 +123,7 @@ def test_stage_step_runs_each_config_case():
     calls = bench.run_case.call_args_list
     # One row per config case (the library's choices: auto everywhere), followed for the split-K
     # batches by one row per sparse-decode variant (plan options: split=cluster; bf16 K/V sq 1 also
-    # split_warps=4) and, one token per request, per top-k variant (net_pivot=on).
+    # split_warps=4) and, one token per request, per top-k variant (net_pivot=off).
     want = []
     for case in bm.QUICK["step"]:
         want.append((case, "", {}))
@@ -136,9 +136,9 @@ def test_stage_step_runs_each_config_case():
                 want.append((case, bm.STEP_COPY_SUFFIX, dict(q2k_copy=True)))
     suffixes = [w[1] for w in want]
     assert suffixes.count(" [split=cluster]") == 2  # B1 bf16, fp8
-    assert suffixes.count(" [combine_loads=with]") == 2  # B1 bf16, fp8
+    assert suffixes.count(" [combine_loads=after]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [split_warps=4]") == 1  # B1 bf16
-    assert suffixes.count(" [net_pivot=on]") == 2  # B1 bf16, fp8
+    assert suffixes.count(" [net_pivot=off]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)
     for call, (case, suffix, kwargs) in zip(calls, want):
@@ -298,18 +298,18 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
                          step=[(2, 1024, 1, "bf16", "bf16"), (2, 1024, 4, "fp8", "fp8")])
     cpu_bench.stage_step()
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
-    # [combine_loads=with] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
-    # [net_pivot=on] and [q2k copy] rows.
+    # [combine_loads=after] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
+    # [net_pivot=off] and [q2k copy] rows.
     assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 9, cpu_bench.rows
     name = bm.step_case_name(2, 1024, 1, "bf16", "bf16")
     assert cpu_bench.rows[1]["case"] == name + " [split=cluster]"
     assert cpu_bench.rows[1]["decode_options"] == dict(split="cluster")
-    assert cpu_bench.rows[2]["case"] == name + " [combine_loads=with]"
-    assert cpu_bench.rows[2]["decode_options"] == dict(combine_loads="with")
+    assert cpu_bench.rows[2]["case"] == name + " [combine_loads=after]"
+    assert cpu_bench.rows[2]["decode_options"] == dict(combine_loads="after")
     assert cpu_bench.rows[3]["case"] == name + " [split_warps=4]"
     assert cpu_bench.rows[3]["decode_options"] == dict(split_warps=4)
-    assert cpu_bench.rows[4]["case"] == name + " [net_pivot=on]"
-    assert cpu_bench.rows[4]["topk_options"] == dict(net_pivot="on")
+    assert cpu_bench.rows[4]["case"] == name + " [net_pivot=off]"
+    assert cpu_bench.rows[4]["topk_options"] == dict(net_pivot="off")
     assert "decode_options" not in cpu_bench.rows[4]
     assert cpu_bench.rows[5]["case"] == name + " [q2k copy]" and cpu_bench.rows[5]["q2k_copy"]
     assert "decode_options" not in cpu_bench.rows[0] and "topk_options" not in cpu_bench.rows[0]

@@ -1004,10 +1004,11 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 # (split rows, a one-chunk row's threshold by 8-bit radix digits), and net (sorting networks over
 # 32-bit words of truncated key and block offset, L lanes a row, an exact second pass on a tie), and
 # net with the pivot first (a warp per row: the survivors of the lanes' minima sorted exactly,
-# the networks where more than 32 survive; rows of <= 1024 blocks choosing <= 15). An entry's
-# words after the kernel are further plan options.
+# the networks where more than 32 survive; rows of <= 1024 blocks choosing <= 15; auto's for
+# decode-sized calls) forced on and off. An entry's words after the kernel are further plan
+# options.
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split",
-                "radix_uniform", "warp_digits", "net", "net net_pivot=on")
+                "radix_uniform", "warp_digits", "net", "net net_pivot=on", "net net_pivot=off")
 
 
 def topk_options(kernel: Optional[str]):
@@ -1182,8 +1183,9 @@ def test_topk_net_lanes_and_truncated_ties(kind: str, S: int, P: int):
         nvp = make_nvp(case)
         want = run_topk(case, scores, nvp, "cpu")
         for fill in (-7, 2**31 - 1):
-            got = run_topk(case, scores.to(DEV), nvp, DEV, fill=fill, kernel="net").cpu()
-            assert_topk_equal(got, want, f"{case.name} fill={fill}")
+            for kernel in ("net net_pivot=off", "net"):  # the networks; auto's pivot where it applies
+                got = run_topk(case, scores.to(DEV), nvp, DEV, fill=fill, kernel=kernel).cpu()
+                assert_topk_equal(got, want, f"{case.name} [{kernel}] fill={fill}")
 
 
 @pytest.mark.parametrize("dist", ("normal", "few", "equal", "low_bits", "neg_nan_payloads",
