@@ -54,6 +54,9 @@ def _opcheck_cases():
     yield "topk_select_per_token", ops.topk_select.default, (
         score, 8, None, torch.randint(-2, 45, (9,), dtype=torch.int32), 0, 2,
         torch.empty(9, 2, 8, dtype=torch.int32))
+    # The head-major output view (docs/semantics.md#topk-output).
+    yield "topk_select_head_major", ops.topk_select.default, (
+        score, 16, None, None, 0, 1, torch.empty(2, 9, 16, dtype=torch.int32).transpose(0, 1))
     q, k, v, q2k, cu_q, cu_k = _attn_inputs()
     yield "sparse_attention", ops.sparse_attention.default, (
         q, k, v, q2k, cu_q, cu_k, True, None, None, None, None, None, None, None, None, None, 1.0,
