@@ -33,6 +33,8 @@ def cases(bench: bm.Bench) -> dict:
         "proxy_prefill_32k_sm90_ss": lambda: bench.build_proxy_prefill(32 * K,
                                                                        dict(kernel="sm90_ss_only")),
         "proxy_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1),
+        # The B1 / 128K decode step's proxy call (1024 blocks of bf16 index-K over 264 CTAs).
+        "proxy_decode_b1_128k": lambda: bench.build_proxy_decode(1, 128 * K, 1),
         "proxy_decode_b64_decode": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, options=dict(kernel="decode_only")),
         "proxy_decode_b64_fp8_decode": lambda: bench.build_proxy_decode(
