@@ -210,18 +210,27 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
                                           : int64_t(p.num_valid_pages_value);
   }
   float first[kBatch];
-#pragma unroll
-  for (int i = 0; i < kBatch; ++i) {
-    const int blk = p.force_begin + part + L * i;
-    first[i] = has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
-  }
   // The pivot's slots past the first batch, loaded the same way.
   constexpr int kMore = N > kBatch ? N - kBatch : 1;
   float more[kMore];
+  if constexpr (N == 0) {
 #pragma unroll
-  for (int i = 0; i < kMore; ++i) {
-    const int blk = p.force_begin + part + L * (kBatch + i);
-    more[i] = N > kBatch && has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+    for (int i = 0; i < kBatch; ++i) {
+      const int blk = p.force_begin + part + L * i;
+      first[i] = has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+    }
+  } else {
+    // A warp per row (L = 32): slot i is block force_begin + lane + 32 i, one pointer step of
+    // 32 rows apart, present while i < the lane's count (fewer address instructions per load
+    // than the general form above: this kernel is decode-sized, its prologue on the chain).
+    const int count = has_row ? (p.num_blocks - p.force_begin - part + 31) >> 5 : 0;
+    const float* ptr = col + int64_t(p.force_begin + part) * stride;
+    const int64_t step = 32 * stride;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) first[i] = i < count ? __ldg(ptr + i * step) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMore; ++i)
+      more[i] = N > kBatch && kBatch + i < count ? __ldg(ptr + (kBatch + i) * step) : 0.0f;
   }
 
   TopkRanges r{};

@@ -234,7 +234,6 @@ __device__ __forceinline__ int select_slots_any(bool carry, const uint32_t (&key
 struct RowOfCta {
   int s;
   int h;
-  int* out_row;
   TopkRanges r;
   RowInfo ri;
 };
@@ -242,7 +241,6 @@ __device__ __forceinline__ RowOfCta row_of_cta(const TopkSelectParams& p) {
   RowOfCta row;
   row.s = int(blockIdx.x / unsigned(p.num_heads));
   row.h = int(blockIdx.x % unsigned(p.num_heads));
-  row.out_row = topk_out_row(p, row.s, row.h);
   const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(p.num_valid_pages[row.s])
                                                       : int64_t(p.num_valid_pages_value);
   const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
@@ -277,11 +275,13 @@ __global__ void __launch_bounds__(kThreads, 4)
   const RowOfCta row = row_of_cta(p);
   const int s = row.s;
   const int h = row.h;
-  int* out_row = row.out_row;
+  // The output row, computed where it is written (held in a register across the kernel it
+  // spilled at 64 registers).
+  const auto out_row = [&p, s, h] { return topk_out_row(p, s, h); };
   const TopkRanges& r = row.r;
   const RowInfo& ri = row.ri;
   if (r.target <= 0) {  // nothing to choose: forced blocks and -1 only
-    if (warp == 0) write_row_frame(out_row, p.topk, ri, 0);
+    if (warp == 0) write_row_frame(out_row(), p.topk, ri, 0);
     return;
   }
 
@@ -325,9 +325,9 @@ __global__ void __launch_bounds__(kThreads, 4)
       const bool out = direct && c + 1 == c_end;
       n_carry = select_slots_any(n_carry > 0, key, valid,
                                        [&](int i) { return p0 + lane + 32 * i; }, my_key, my_idx,
-                                       n_carry, target, out, out_row + ri.fb, my_key, my_idx);
+                                       n_carry, target, out, out_row() + ri.fb, my_key, my_idx);
     }
-    if (direct) write_row_frame(out_row, p.topk, ri, n_carry);
+    if (direct) write_row_frame(out_row(), p.topk, ri, n_carry);
   }
   if (direct) return;
   __syncthreads();  // every slice's choice is in shared memory
@@ -353,9 +353,9 @@ __global__ void __launch_bounds__(kThreads, 4)
       const bool out = e0 + kChunk >= m;
       n_carry = select_slots_any(n_carry > 0, key, valid, [&](int i) { return idx[i]; },
                                        sm.merge_key, sm.merge_idx, n_carry, target, out,
-                                       out_row + ri.fb, sm.merge_key, sm.merge_idx);
+                                       out_row() + ri.fb, sm.merge_key, sm.merge_idx);
     }
-    write_row_frame(out_row, p.topk, ri, n_carry);
+    write_row_frame(out_row(), p.topk, ri, n_carry);
   }
 }
 
@@ -383,10 +383,11 @@ __global__ void __launch_bounds__(32)
     }
     auto block_of = [&](int i) { return r.mid_begin + lane + 32 * i; };
     n_sel = select_slots<false, decltype(block_of), true>(key, valid, block_of, nullptr, nullptr, 0,
-                                                          r.target, true, row.out_row + r.fb,
+                                                          r.target, true,
+                                                          topk_out_row(p, row.s, row.h) + r.fb,
                                                           nullptr, nullptr, hist);
   }
-  write_row_frame(row.out_row, p.topk, row.ri, n_sel);
+  write_row_frame(topk_out_row(p, row.s, row.h), p.topk, row.ri, n_sel);
 }
 
 }  // namespace flashmsa::cuda::topk::split
