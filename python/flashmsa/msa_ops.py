@@ -825,7 +825,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # L lanes a row; auto's kernel where it runs; rows choosing more than 31 blocks or of more than
 # 32768 blocks run by_size's kernel), net_lanes = auto | 1 | 2 | 4 | 8 | 16 | 32, net_pivot =
 # auto | off | on (net with a pivot before the networks, a warp per row; rows of <= 1024 blocks
-# choosing <= 15; auto: off);
+# choosing <= 15; auto: on for decode-sized calls, those of >= 16 lanes a row);
 # msa_sparse_decode_attention:
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,
@@ -837,7 +837,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of
 # its loader warp; bit-identical; auto: ahead), combine_loads = auto | after | with (split-K's
 # combine loads the partial values after the LSEs, or the first 16 slots' with them;
-# bit-identical; auto: after)
+# bit-identical; auto: with)
 # (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).
