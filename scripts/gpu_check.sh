@@ -38,6 +38,8 @@
 #              $OUT/sanitizer-initcheck-control.log. H200, 482 calls, 16 shards: memcheck,
 #              initcheck and synccheck ~2 min together, racecheck ~4.5 min by itself
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
+#   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
+#              2048 and 4096 units (134 / 268 MB): the load forms' ceilings, to $OUT/micro.log
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
 #              $OUT/profile.log (SOL, memory, occupancy, warp stalls, source hot spots)
@@ -74,6 +76,7 @@
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
 #   FUZZ=seconds               run the fuzzer (fuzz step) for that long; FUZZ_ARGS="..." extra
 #                              fuzz_msa.py arguments (e.g. "--seed 1000000 --ops attention")
+#   MICRO=1                    run the micro step (needs an sm_90 GPU; independent of the build)
 #   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
 #   PROFILE_CASE_TIMEOUT=150   seconds one profile case may take (a hang costs no more)
 #   PROFILE_KERNEL=regex       only the kernels of those cases whose name matches (ncu
@@ -502,6 +505,19 @@ step_bench() {
 }
 
 # ---- (f) Nsight Compute profiles (only with PROFILE=case,case,...) ----------------------------
+# ---- (d') load-form microbenchmark (only with MICRO=1) ----------------------------------------
+step_micro() {
+  local log="$OUT_DIR/micro.log" start=$SECONDS rc=0
+  : >"$log"
+  mkdir -p build-gpu
+  run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a -Icsrc -Iinclude benchmarks/micro/kv_stream.cu -lcuda \
+    -o build-gpu/kv_stream || rc=1
+  if (( rc == 0 )); then
+    for units in 2048 4096; do run_logged "$log" build-gpu/kv_stream "$units" || rc=1; done
+  fi
+  record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "kv_stream -> micro.log"
+}
+
 find_ncu() {
   local c
   for c in "$(command -v ncu 2>/dev/null)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
@@ -557,6 +573,7 @@ if [[ -n ${SKIP_TESTS:-} ]]; then record pytest SKIP 0 "SKIP_TESTS"; else step_p
 [[ -n ${FUZZ:-} ]] && step_fuzz
 if [[ -n ${SKIP_SANITIZER:-} ]]; then record sanitizer SKIP 0 "SKIP_SANITIZER"; else step_sanitizer; fi
 if [[ -n ${SKIP_BENCH:-} ]]; then record bench SKIP 0 "SKIP_BENCH"; else step_bench; fi
+[[ -n ${MICRO:-} ]] && step_micro
 [[ -n ${PROFILE:-} ]] && step_profile
 
 # ---- (e) summary ----------------------------------------------------------------------------
