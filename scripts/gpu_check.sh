@@ -39,7 +39,7 @@
 #              initcheck and synccheck ~2 min together, racecheck ~4.5 min by itself
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 #   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
-#              1024, 2048 and 4096 units (67 / 134 / 268 MB): the load forms' ceilings, to $OUT/micro.log
+#              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB): the load forms' ceilings, to $OUT/micro.log
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
 #              $OUT/profile.log (SOL, memory, occupancy, warp stalls, source hot spots)
@@ -513,7 +513,7 @@ step_micro() {
   run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a -Icsrc -Iinclude benchmarks/micro/kv_stream.cu -lcuda \
     -o build-gpu/kv_stream || rc=1
   if (( rc == 0 )); then
-    for units in 1024 2048 4096; do run_logged "$log" build-gpu/kv_stream "$units" || rc=1; done
+    for units in 512 1024 2048 4096; do run_logged "$log" build-gpu/kv_stream "$units" || rc=1; done
   fi
   record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "kv_stream -> micro.log"
 }
