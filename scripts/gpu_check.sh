@@ -39,7 +39,8 @@
 #              initcheck and synccheck ~2 min together, racecheck ~4.5 min by itself
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 #   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
-#              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB): the load forms' ceilings, to $OUT/micro.log
+#              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB), and 4096 with the decode
+#              benchmark's page layout (heads): the load forms' ceilings, to $OUT/micro.log
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
 #              $OUT/profile.log (SOL, memory, occupancy, warp stalls, source hot spots)
@@ -514,6 +515,7 @@ step_micro() {
     -o build-gpu/kv_stream || rc=1
   if (( rc == 0 )); then
     for units in 512 1024 2048 4096; do run_logged "$log" build-gpu/kv_stream "$units" || rc=1; done
+    run_logged "$log" build-gpu/kv_stream 4096 heads || rc=1
   fi
   record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "kv_stream -> micro.log"
 }

@@ -12,7 +12,10 @@
 //   cp_async   128 threads, 16-byte cp.async each, commit groups (the query-major kernels' form)
 // Each TMA form runs with the tensor map's three L2 promotion modes (none, 128 B, 256 B: the library's
 // maps use 256 B).
-// Usage: kv_stream [units] (default 4096 units = 268 MB, the MTP benchmark's B64 / 32K bytes).
+//   tma_paged  the library's paged map (rank 4: dims, rows, 4 heads, pages of 128 KB), two boxes
+// Usage: kv_stream [units [random|heads]] (default 4096 units = 268 MB, the MTP benchmark's B64 /
+// 32K bytes; pages at random, or one head's quarter of random 4-head pages, as the decode
+// benchmark's caches).
 // Prints one line per (variant, CTAs per SM, stages) with the median time and GB/s over 9 runs,
 // each run on pages no earlier run read (the pool is 4 GB) and timed by CUDA events behind a GPU
 // spin that covers the host's enqueue; a device-to-device copy's rate; and the time of the same grid
@@ -26,6 +29,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/mbarrier.cuh"
@@ -40,8 +44,8 @@ constexpr int kPageBytes = 128 * 256;     // 128 tokens x 128 bf16 dims
 constexpr int kUnitBytes = 2 * kPageBytes;  // K page + V page
 constexpr int kThreads = 128;
 
-enum Variant : int { kTmaHalf, kTmaQuart, kTmaRow, kBulk, kCpAsync, kNumVariants };
-const char* const kNames[kNumVariants] = {"tma_half", "tma_quart", "tma_row", "bulk", "cp_async"};
+enum Variant : int { kTmaHalf, kTmaQuart, kTmaRow, kTmaPaged, kBulk, kCpAsync, kNumVariants };
+const char* const kNames[kNumVariants] = {"tma_half", "tma_quart", "tma_row", "tma_paged", "bulk", "cp_async"};
 
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -56,6 +60,7 @@ struct Args {
   CUtensorMap map_half;   // rows of 256 bytes: dims {128, pages * 128}, box {64, 128}
   CUtensorMap map_quart;  // the same, box {64, 64}
   CUtensorMap map_row;    // rows of 128 bytes: dims {64, pages * 256}, box {64, 256}
+  CUtensorMap map_paged;  // the library's paged K / V map: dims {128, 128, 4 heads, pages / 4}, box {64, 128, 1, 1}
   const uint8_t* pool;
   const int* pages;  // 2 per unit
   int units;
@@ -92,6 +97,9 @@ __device__ void load_page(const Args& a, int page, uint32_t dst, uint32_t bar) {
         tma_load_2d(dst + uint32_t((2 * r + h) * kPageBytes / 4), &a.map_quart, bar, 64 * h, page * 128 + 64 * r);
   } else if constexpr (kV == kTmaRow) {
     tma_load_2d(dst, &a.map_row, bar, 0, page * 256);
+  } else if constexpr (kV == kTmaPaged) {  // page p = head p % 4 of 128 KB page p / 4
+    tma_load_4d(dst, &a.map_paged, bar, 0, 0, page & 3, page >> 2);
+    tma_load_4d(dst + kPageBytes / 2, &a.map_paged, bar, 64, 0, page & 3, page >> 2);
   } else {
     bulk_load(dst, a.pool + int64_t(page) * kPageBytes, kPageBytes, bar);
   }
@@ -188,6 +196,7 @@ void launch(int v, int ctas, int stages, const Args& base, int sms, cudaStream_t
     case kTmaHalf: go(stream_tma<kTmaHalf>); break;
     case kTmaQuart: go(stream_tma<kTmaQuart>); break;
     case kTmaRow: go(stream_tma<kTmaRow>); break;
+    case kTmaPaged: go(stream_tma<kTmaPaged>); break;
     case kBulk: go(stream_tma<kBulk>); break;
     default:
       if (stages == 1) go(stream_cp_async<1>);
@@ -204,6 +213,7 @@ void opt_in() {
   set(stream_tma<kTmaHalf>);
   set(stream_tma<kTmaQuart>);
   set(stream_tma<kTmaRow>);
+  set(stream_tma<kTmaPaged>);
   set(stream_tma<kBulk>);
   set(stream_cp_async<1>);
   set(stream_cp_async<2>);
@@ -228,9 +238,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "units too large for the pool\n");
     return 1;
   }
+  // Pages: "random" (default) anywhere in the pool; "heads": one kv head's 32 KB of a random
+  // 128 KB page of 4 heads, the head cycling from unit to unit (the decode benchmark's caches,
+  // (pages, 4, 128, 128), where a selected block reads its head's quarter of a page).
+  const bool heads = argc > 2 && std::string(argv[2]) == "heads";
   std::vector<int> perm(kPoolPages);
   std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937(1234));
+  std::mt19937 rng(1234);
+  if (heads) {
+    std::vector<int> big(kPoolPages / 4);
+    std::iota(big.begin(), big.end(), 0);
+    std::shuffle(big.begin(), big.end(), rng);
+    for (int64_t i = 0; i < kPoolPages; ++i) perm[i] = 4 * big[i % (kPoolPages / 4)] + int((i / 2) % 4);
+  } else {
+    std::shuffle(perm.begin(), perm.end(), rng);
+  }
   int* pages = nullptr;
   unsigned* sink = nullptr;
   CK(cudaMalloc(&pages, perm.size() * sizeof(int)));
@@ -253,7 +275,14 @@ int main(int argc, char** argv) {
     const cuuint64_t dims_half[2] = {128, cuuint64_t(kPoolPages) * 128};
     const cuuint64_t dims_row[2] = {64, cuuint64_t(kPoolPages) * 256};
     const cuuint32_t box_half[2] = {64, 128}, box_quart[2] = {64, 64}, box_row[2] = {64, 256};
-    if (!enc(a.map_half, dims_half, 256, box_half) || !enc(a.map_quart, dims_half, 256, box_quart) ||
+    const cuuint64_t dims_paged[4] = {128, 128, 4, cuuint64_t(kPoolPages) / 4};
+    const cuuint64_t strides_paged[3] = {256, kPageBytes, 4 * kPageBytes};
+    const cuuint32_t box_paged[4] = {64, 128, 1, 1}, es4[4] = {1, 1, 1, 1};
+    const bool paged_ok =
+        cuTensorMapEncodeTiled(&a.map_paged, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, pool, dims_paged, strides_paged,
+                               box_paged, es4, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promo,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    if (!paged_ok || !enc(a.map_half, dims_half, 256, box_half) || !enc(a.map_quart, dims_half, 256, box_quart) ||
         !enc(a.map_row, dims_row, 128, box_row)) {
       std::fprintf(stderr, "tensor map encoding failed\n");
       std::exit(1);
@@ -287,7 +316,8 @@ int main(int argc, char** argv) {
     }
     std::printf("copy 1 GiB d2d: %.1f GB/s (read + write)\n", 2.0 * double(n) / (median(t) * 1e-3) / 1e9);
   }
-  std::printf("units %d (%.1f MB), pages of %d bytes, %d SMs\n", units, bytes / 1e6, kPageBytes, sms);
+  std::printf("units %d (%.1f MB), pages of %d bytes (%s), %d SMs\n", units, bytes / 1e6, kPageBytes,
+              heads ? "heads" : "random", sms);
   {  // The same grid with no unit to load: launch, start and exit alone.
     encode_maps(base, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
     std::vector<float> t;
@@ -312,7 +342,7 @@ int main(int argc, char** argv) {
                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B};
   const char* const promo_names[] = {"none", "128B", "256B"};
   for (int v = 0; v < kNumVariants; ++v) {
-    const bool tensor = v == kTmaHalf || v == kTmaQuart || v == kTmaRow;
+    const bool tensor = v == kTmaHalf || v == kTmaQuart || v == kTmaRow || v == kTmaPaged;
     for (int pr = tensor ? 0 : 2; pr < 3; ++pr) {
       encode_maps(base, promos[pr]);
       for (const auto& c : configs) {
@@ -322,7 +352,7 @@ int main(int argc, char** argv) {
           Args a = base;
           a.pages = pages + (int64_t(r) % stretches) * 2 * units;
           spin<<<1, 1, 0, st>>>(100000);
-      CK(cudaEventRecord(e0, st));
+          CK(cudaEventRecord(e0, st));
           launch(v, ctas, stages, a, sms, st);
           CK(cudaEventRecord(e1, st));
           CK(cudaEventSynchronize(e1));
