@@ -36,11 +36,16 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
                                      p.batch, p.total_q);
   plan.mtp_tokens = mtp ? p.qi.seqlen_q : 0;
   // kernel=wgmma: the sm_90a union kernel where it runs; elsewhere the call is planned as auto.
-  // auto takes it for the MTP union items it runs (16-bit q, K and V) when they fill the GPU, at
-  // least one item per SM (H200 at 054c9ce, B64 / 32K, 4 tokens, bf16: 99.0 vs 104.1 us for the
-  // smem union kernel; fewer items, which split, are not measured).
+  // auto takes it for the MTP union items it runs (16-bit q, K and V) when there are more items
+  // than half the SMs (items x 2 > SMs). H200, 32K, 4 tokens, bf16, wgmma against the
+  // smem union kernel:
+  //   B64 (256 items): 99.0 vs 104.1 us at 054c9ce;
+  //   B32 (128 items): 54.9 vs 74.1 us at 37fd6f5;
+  //   B24 (96 items): 77.2 vs 93.8 us at 37fd6f5;
+  //   B16 (64 items): 47.8 vs 47.5 us at 37fd6f5 (even);
+  //   B8: 39.9 vs 36.3 us, B1: 32.8 vs 29.6 us at 37fd6f5 (the smem kernel's splits win).
   const bool auto_wgmma = options.kernel == DecodeKernel::kAuto && mtp && num_sms > 0 &&
-                          int64_t(p.batch) * p.num_kv_heads >= num_sms;
+                          2 * int64_t(p.batch) * p.num_kv_heads > int64_t(num_sms);
   if (options.kernel == DecodeKernel::kWgmma || auto_wgmma) {
     const char* why = mtp_wgmma_unsupported(p, mtp, facts);
     if (options.kernel == DecodeKernel::kWgmma) plan.wgmma_fallback = why;

@@ -174,9 +174,10 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // 153.1 us at 5b22cb3, and was removed).
 // auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee:
 // 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us); MTP union items:
-// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us); wgmma for 16-bit union items with at
-// least one item per SM where it runs (at 054c9ce, B64 / 32K, 4 tokens, bf16: 99.0 vs 104.1 us);
-// smem where neither applies.
+// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us); wgmma for 16-bit union items where
+// it runs and there are more items than half the SMs (32K, 4 tokens, bf16: B64 99.0 vs 104.1 us at
+// 054c9ce; B32 54.9 vs 74.1, B24 77.2 vs 93.8 at 37fd6f5; B16 even, B8 / B1 slower there); smem
+// where neither applies.
 // wgmma: MTP union items with bf16 / fp16 q, K and V on the sm_90a kernel of warpgroup MMAs and TMA
 // loads (csrc/sparse_attn/mtp_wgmma_sm90.cuh: a persistent CTA per SM, a producer warp streaming
 // each item's union blocks through a 3-stage K / V ring, one consumer warpgroup computing all 64

@@ -266,6 +266,28 @@ TEST(PlanDescribe, DecodeNamesTheWgmmaKernelOrWhyNot) {
   EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f), dp.attn), "wgmma"));
 }
 
+// auto takes the wgmma kernel for 16-bit MTP union items when there are more items (requests x kv
+// heads) than half the SMs: B17 x 4 = 68 > 66 on 132 SMs, B16 x 4 = 64 not (H200 at 37fd6f5: B24
+// and B32 faster on it, B16 even, B8 and B1 slower).
+TEST(PlanDescribe, DecodeAutoTakesWgmmaAboveHalfTheSms) {
+  SparseAttnDeviceFacts f = hopper();
+  f.decode_mtp_wgmma_ctas = 1;
+  for (const int batch : {1, 8, 16, 17, 24, 32, 64}) {
+    SparseDecodeParams dp{};
+    dp.attn = attn(4 * batch);  // batch requests of 4 tokens, G = 16
+    dp.attn.batch = dp.attn.kv.batch = batch;
+    dp.attn.qi.seqlen_q = 4;
+    dp.force_fused = -1;
+    const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);
+    EXPECT_TRUE(has(d, "mtp=union")) << d;
+    EXPECT_EQ(has(d, "kernel=wgmma"), 2 * batch * 4 > 132) << "batch " << batch << ": " << d;
+    // fp8 K/V: the register union kernel at every batch.
+    dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
+    const std::string q = describe_decode(plan_sparse_decode(dp, f), dp.attn);
+    EXPECT_FALSE(has(q, "wgmma")) << q;
+  }
+}
+
 TEST(PlanDescribe, DecodeNamesFusedOrSplit) {
   SparseDecodeParams dp{};
   dp.attn = attn(64);

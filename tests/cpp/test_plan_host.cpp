@@ -981,13 +981,14 @@ TEST(PlanDecode, MtpWgmmaWhereItRunsElseAuto) {
   EXPECT_TRUE(b64.fused);
   EXPECT_EQ(b64.num_items, 256);
   EXPECT_EQ(b64.grid, 132);
-  // auto takes it for 16-bit union items with at least an item per SM (B64: 256 items; B32: 128
-  // items on 132 SMs do not), with no fallback text; the smem union kernel otherwise.
+  // auto takes it for 16-bit union items with more items than half the SMs (B64: 256 items; B17:
+  // 68 on 132 SMs; B16: 64 do not), with no fallback text; the smem union kernel otherwise.
   EXPECT_EQ(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.num_items, 256);
   EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.wgmma);
   EXPECT_EQ(plan_sparse_decode(mtp_call(64, 4), h200, {}).qm.wgmma_fallback, nullptr);
-  EXPECT_FALSE(plan_sparse_decode(mtp_call(32, 4), h200, {}).qm.wgmma);
-  EXPECT_TRUE(plan_sparse_decode(mtp_call(33, 4), h200, {}).qm.wgmma);
+  EXPECT_FALSE(plan_sparse_decode(mtp_call(16, 4), h200, {}).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(17, 4), h200, {}).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(32, 4), h200, {}).qm.wgmma);
   EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), ampere(), {}).qm.wgmma);
   EXPECT_EQ(plan_sparse_decode(mtp_call(64, 4), ampere(), {}).qm.wgmma_fallback, nullptr);
   // B8: 32 items, split for one CTA per SM: ceil(132 / 32) = 5 -> 4 splits of 16 (no empty split).
@@ -1079,7 +1080,7 @@ TEST(PlanDecode, MtpWgmmaPipeAhead) {
   // Where the wgmma kernel does not run, the option changes nothing.
   SparseDecodeParams fp8 = mtp_call(64, 4);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
-  for (const SparseDecodeParams& dp : {fp8, mtp_call(32, 4), mtp_call(64, 1)}) {
+  for (const SparseDecodeParams& dp : {fp8, mtp_call(16, 4), mtp_call(64, 1)}) {
     const QueryMajorPlan got = plan_sparse_decode(dp, h200, aa).qm, want = plan_sparse_decode(dp, h200, {}).qm;
     EXPECT_FALSE(got.wgmma_ahead);
     EXPECT_EQ(got.wgmma, want.wgmma);
