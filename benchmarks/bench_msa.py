@@ -64,7 +64,7 @@ FULL = dict(
     decode=[(b, c, sq) for b in (1, 8, 64, 128) for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
     sparse=[(s, kv, lay, pat) for s in (8 * K, 32 * K, 128 * K) for kv in ("bf16", "fp8")
             for lay in ("flat", "paged") for pat in ("random", "clustered", "pipeline")],
-    decode_attn=[(b, c, sq, kv) for kv in ("bf16", "fp8", "nvfp4") for b in (1, 8, 64, 128)
+    decode_attn=[(b, c, sq, kv) for kv in ("bf16", "fp8", "nvfp4") for b in (1, 8, 32, 64, 128)
                  for c in (8 * K, 32 * K, 128 * K) for sq in (1, 4)],
     pipeline_s=[4 * K, 8 * K, 16 * K, 32 * K, 64 * K, 128 * K],  # the report's 4K..128K curves
     topk_s=[8 * K, 32 * K, 128 * K],
@@ -81,7 +81,8 @@ QUICK = dict(
             (32 * K, "bf16", "paged", "clustered"),
             (32 * K, "bf16", "flat", "pipeline"), (32 * K, "fp8", "paged", "clustered"),
             (8 * K, "bf16", "flat", "pipeline")],
-    decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (64, 32 * K, 4, "bf16"),
+    decode_attn=[(1, 32 * K, 1, "bf16"), (64, 32 * K, 1, "bf16"), (32, 32 * K, 4, "bf16"),
+                 (64, 32 * K, 4, "bf16"),
                  (1, 32 * K, 1, "fp8"), (64, 32 * K, 1, "fp8"), (64, 32 * K, 4, "fp8"),
                  (1, 32 * K, 1, "nvfp4"), (64, 32 * K, 1, "nvfp4"), (64, 32 * K, 4, "nvfp4")],
     pipeline_s=[8 * K, 32 * K],
@@ -894,6 +895,9 @@ class Bench:
                 # auto where it cannot run: the plan text says why).
                 if kv == "bf16":
                     variants.append((" [wgmma]", dict(kernel="wgmma")))
+                    # ... against the shared-memory union kernel, forced (auto takes wgmma from
+                    # more items than half the SMs since 37fd6f5: B32 54.9 vs 74.1 us).
+                    variants.append((" [smem]", dict(kernel="smem", mtp="union")))
                     # ... fed by one producer warp that plans each item between the blocks of the
                     # one before (wgmma_pipe=inline; auto's pipe is ahead since 42bbb91).
                     variants.append((" [wgmma_pipe=inline]", dict(kernel="wgmma", wgmma_pipe="inline")))
