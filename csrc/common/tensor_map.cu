@@ -47,9 +47,10 @@ bool encode_tensor_map(CUtensorMap& map, CUtensorMapDataType dtype, const void* 
     elem_strides[i] = 1;
     if (i > 0) st[i - 1] = strides_bytes[i - 1];
   }
-  // L2 promotion 128 B (the L2 line), not 256 B: streaming 32 KB K / V pages at random places through
-  // TMA reached 3.7-3.9 TB/s with 256 B and 4.1 TB/s with 128 B or none on the H200, the rate of
-  // cp.async and of 1-D bulk copies (benchmarks/micro/kv_stream.cu, docs/benchmarks.md "Load forms").
+  // L2 promotion 128 B (the L2 line), not 256 B: on the H200, TMA streams of 32 KB K / V pages at
+  // random places run 5-7 % slower with 256 B from 134 MB up (268 MB: 67.3 vs 63.7 us), while 128 B
+  // or none match cp.async and 1-D bulk copies (benchmarks/micro/kv_stream.cu,
+  // docs/benchmarks.md#stream-ceiling).
   CUtensorMap m;
   const CUresult r = encode(&m, dtype, cuuint32_t(rank), const_cast<void*>(base), d, st, b, elem_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
