@@ -4,6 +4,8 @@ on the GPU machine); bench_msa's command line and configurations; the decode-ste
 on the CPU reference with a stand-in for the CUDA graph, its byte floor and its replay check."""
 import argparse
 import importlib.util
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
@@ -343,3 +345,28 @@ def test_stage_step_replay_mismatch_is_an_error_row(cpu_bench, monkeypatch):
     (row,) = cpu_bench.rows
     assert row["status"] == "error"
     assert "not bit-identical: output: the second replay differs" in row["notes"]
+
+
+def find_nvcc():
+    """nvcc on PATH or in /usr/local/cuda (as scripts/gpu_check.sh finds it), else None."""
+    found = shutil.which("nvcc")
+    if found is None and Path("/usr/local/cuda/bin/nvcc").exists():
+        found = "/usr/local/cuda/bin/nvcc"
+    return found
+
+
+@pytest.mark.cpu_only
+def test_kv_stream_microbenchmark_compiles(tmp_path):
+    """benchmarks/micro/kv_stream.cu (gpu_check's MICRO=1 step, docs/benchmarks.md#stream-ceiling)
+    compiles against the library's device headers with gpu_check's flags: a header change that
+    breaks the tool fails here, not on the GPU machine. Compiled only (-c), not linked against the
+    driver."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("no nvcc on this machine")
+    root = BENCH_DIR.parent
+    cmd = [nvcc, "-std=c++20", "-O3", "-arch=sm_90a", f"-I{root / 'csrc'}", f"-I{root / 'include'}",
+           "-c", str(BENCH_DIR / "micro" / "kv_stream.cu"), "-o", str(tmp_path / "kv_stream.o")]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (tmp_path / "kv_stream.o").stat().st_size > 0
