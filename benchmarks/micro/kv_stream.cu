@@ -224,6 +224,10 @@ void opt_in() {
 
 int main(int argc, char** argv) {
   const int units = argc > 1 ? std::atoi(argv[1]) : 4096;
+  if (units <= 0 || (argc > 2 && std::string(argv[2]) != "random" && std::string(argv[2]) != "heads")) {
+    std::fprintf(stderr, "usage: kv_stream [units > 0 [random|heads]]\n");
+    return 2;
+  }
   constexpr int64_t kPoolPages = 131072;  // 4 GB
   constexpr int kRuns = 9;
   int dev = 0, sms = 0;
@@ -295,7 +299,20 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   const double bytes = double(units) * kUnitBytes;
-  auto median = [](std::vector<float> t) {
+  // The median time in ms of kRuns calls of enqueue(r) (r = 1 .. kRuns; call 0 warms up), each
+  // behind a GPU spin that covers the host's enqueue.
+  auto time_median = [&](auto enqueue) {
+    std::vector<float> t;
+    for (int r = 0; r < kRuns + 1; ++r) {
+      spin<<<1, 1, 0, st>>>(100000);
+      CK(cudaEventRecord(e0, st));
+      enqueue(r);
+      CK(cudaEventRecord(e1, st));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r > 0) t.push_back(ms);
+    }
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   };
@@ -303,38 +320,20 @@ int main(int argc, char** argv) {
   // Device-to-device copy of 1 GB (read + write counted), the benchmarks' "copy" ceiling.
   {
     const int64_t n = int64_t(1) << 30;
-    std::vector<float> t;
-    for (int r = 0; r < kRuns + 1; ++r) {
-      spin<<<1, 1, 0, st>>>(100000);
-      CK(cudaEventRecord(e0, st));
+    const float ms = time_median([&](int r) {
       CK(cudaMemcpyAsync(pool + n * (2 * (r % 2)), pool + n, n, cudaMemcpyDeviceToDevice, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r > 0) t.push_back(ms);
-    }
-    std::printf("copy 1 GiB d2d: %.1f GB/s (read + write)\n", 2.0 * double(n) / (median(t) * 1e-3) / 1e9);
+    });
+    std::printf("copy 1 GiB d2d: %.1f GB/s (read + write)\n", 2.0 * double(n) / (ms * 1e-3) / 1e9);
   }
   std::printf("units %d (%.1f MB), pages of %d bytes (%s), %d SMs\n", units, bytes / 1e6, kPageBytes,
               heads ? "heads" : "random", sms);
   {  // The same grid with no unit to load: launch, start and exit alone.
     encode_maps(base, CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
-    std::vector<float> t;
-    for (int r = 0; r < kRuns + 1; ++r) {
-      Args a = base;
-      a.units = 0;
-      a.pages = pages;
-      spin<<<1, 1, 0, st>>>(100000);
-      CK(cudaEventRecord(e0, st));
-      launch(kTmaHalf, 1, 3, a, sms, st);
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r > 0) t.push_back(ms);
-    }
-    std::printf("empty grid (no units): %.1f us\n", median(t) * 1e3);
+    Args a = base;
+    a.units = 0;
+    a.pages = pages;
+    const float ms = time_median([&](int) { launch(kTmaHalf, 1, 3, a, sms, st); });
+    std::printf("empty grid (no units): %.1f us\n", ms * 1e3);
   }
   std::printf("%-10s %-9s %5s %7s %10s %9s\n", "variant", "l2_promo", "ctas", "stages", "median_us", "GB/s");
   const int configs[][2] = {{1, 3}, {2, 2}};
@@ -347,20 +346,11 @@ int main(int argc, char** argv) {
       encode_maps(base, promos[pr]);
       for (const auto& c : configs) {
         const int ctas = c[0], stages = c[1];
-        std::vector<float> t;
-        for (int r = 0; r < kRuns + 1; ++r) {
+        const float ms = time_median([&](int r) {
           Args a = base;
-          a.pages = pages + (int64_t(r) % stretches) * 2 * units;
-          spin<<<1, 1, 0, st>>>(100000);
-          CK(cudaEventRecord(e0, st));
+          a.pages = pages + (int64_t(r) % stretches) * 2 * units;  // pages no earlier run read
           launch(v, ctas, stages, a, sms, st);
-          CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          if (r > 0) t.push_back(ms);  // the first run warms up
-        }
-        const float ms = median(t);
+        });
         std::printf("%-10s %-9s %5d %7d %10.1f %9.1f\n", kNames[v], tensor ? promo_names[pr] : "-", ctas, stages,
                     ms * 1e3, bytes / (ms * 1e-3) / 1e9);
       }
