@@ -505,7 +505,6 @@ step_bench() {
   record bench "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${mode:-full}: ${detail:-no result line}"
 }
 
-# ---- (f) Nsight Compute profiles (only with PROFILE=case,case,...) ----------------------------
 # ---- (d') load-form microbenchmark (only with MICRO=1) ----------------------------------------
 step_micro() {
   local log="$OUT_DIR/micro.log" start=$SECONDS rc=0
@@ -520,6 +519,7 @@ step_micro() {
   record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "kv_stream -> micro.log"
 }
 
+# ---- (f) Nsight Compute profiles (only with PROFILE=case,case,...) ----------------------------
 find_ncu() {
   local c
   for c in "$(command -v ncu 2>/dev/null)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
