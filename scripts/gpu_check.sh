@@ -464,7 +464,6 @@ step_sanitizer() {
   record sanitizer "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail% | }"
 }
 
-# ---- (d) benchmarks -------------------------------------------------------------------------
 # ---- (c') fuzzer (only with FUZZ=seconds) ---------------------------------------------------
 step_fuzz() {
   local log=$OUT_DIR/fuzz.log start=$SECONDS rc secs
@@ -490,6 +489,7 @@ step_fuzz() {
   record fuzz "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${detail:-no result line}"
 }
 
+# ---- (d) benchmarks -------------------------------------------------------------------------
 step_bench() {
   local log=$OUT_DIR/bench.log start=$SECONDS rc mode=--quick
   : >"$log"
