@@ -61,7 +61,6 @@ struct MtpWgmmaPlan {
   int pad[2];
   uint32_t counts[kMaxTopk];  // per union block of the split: byte t = keys token t sees
   int block[kMaxTopk];        // the blocks (producer only)
-  int list[kMaxTopk];         // the tokens' q2k entries (mtp_union_entries' scratch)
 };
 
 struct MtpWgmmaConfig {
@@ -145,7 +144,7 @@ MSA_DEVICE MtpItem mtp_wgmma_plan_item(const MtpWgmmaArgs& ta, MtpWgmmaPlan& pl,
   const int64_t rest = item / a.splits;
   const int kh = int(rest % p.num_kv_heads), b = int(rest / p.num_kv_heads);
   const RowRange rr = q_rows(p.qi, p.total_q, b);
-  const MtpUnionEntries ue = mtp_union_entries(a, b, kh, split, pl.list, lane);
+  const MtpUnionEntries ue = mtp_union_entries(a, b, kh, split, lane);
   const uint32_t lt_mask = (1u << lane) - 1u;
   const uint32_t k0 = __ballot_sync(0xffffffffu, ue.sel[0]), k1 = __ballot_sync(0xffffffffu, ue.sel[1]);
   const int64_t row0 = coord != nullptr && !p.kv.paged ? kv_row_begin(p.kv, b) : 0;

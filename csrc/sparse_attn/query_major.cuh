@@ -77,8 +77,7 @@ struct QueryMajorConfig {
   // pipeline reads them until the last tile.
   static constexpr int kQOffset = 0;
   static constexpr int kTilesOffset = kQOffset + kRows * 256;
-  static constexpr int kListOffset = kTilesOffset + kQmMaxTiles * int(sizeof(TileDesc));
-  static constexpr int kMiscOffset = kListOffset + kMaxTopk * 4;
+  static constexpr int kMiscOffset = kTilesOffset + kQmMaxTiles * int(sizeof(TileDesc));
   // kCoop: the step's row maxima of each warp, [64 rows][4 warps].
   static constexpr int kRowMaxOffset = kMiscOffset + 128;
   static constexpr int kUnionOffset = (kRowMaxOffset + (kCoop ? 64 * 4 * 4 : 0) + 1023) / 1024 * 1024;
@@ -203,67 +202,76 @@ struct MtpUnionEntries {
   bool sel[2];
 };
 
-// Warp 0, MTP union item (args.mtp_tokens > 0): the rows of request b (its n_tok <= 4 tokens, each
-// with its own q2k list, read into s_list) and kv head kh. The union of the tokens' used, visible,
-// valid-page blocks (token 0's list order, then the blocks token 1 adds, ...; semantics.h rules per
-// token) and split s's share of it.
-MSA_DEVICE MtpUnionEntries mtp_union_entries(const QueryMajorArgs& args, int b, int kh, int split,
-                                             int* s_list, int lane) {
+// Warp 0, MTP union item (args.mtp_tokens > 0): the rows of request b (its n_tok tokens, each with
+// its own q2k list) and kv head kh. The union of the tokens' used, visible, valid-page blocks
+// (token 0's list order, then the blocks token 1 adds, ...; semantics.h rules per token) and split
+// s's share of it. The entries are read straight into registers (two independent loads per lane),
+// and the per-token end of list, the union and its counts come from ballots, __match_any_sync,
+// __reduce_or_sync and one 32-step pass of the second half's entries against the first: no loop
+// over all entries (the two 64-step shuffle loops this replaced were ~2 us of one warp on the way
+// to an item's first K / V).
+MSA_DEVICE MtpUnionEntries mtp_union_entries(const QueryMajorArgs& args, int b, int kh, int split, int lane) {
   const SparseAttnParams& p = args.p;
-  const int seqlen_k = kv_seqlen(p.kv, b);
-  const int nb = num_blocks(seqlen_k);
   const RowRange rr = q_rows(p.qi, p.total_q, b);
   const int n_tok = min(rr.len, args.mtp_tokens);
-  const int64_t q_off = q_offset_of(p.q_offset, b, rr.len, seqlen_k);
   const int n_e = n_tok * p.topk;  // <= 64 (host)
-  for (int e = lane; e < n_e; e += 32) {
-    const int t = e / p.topk;
-    s_list[e] = p.q2k[(int64_t(kh) * p.total_q + rr.begin + t) * p.topk + (e - t * p.topk)];
-  }
-  __syncwarp();
-  int v[2], tok[2], vis[2];
-  bool used[2];
+  int v[2], tok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int e = lane + 32 * h;
-    v[h] = e < n_e ? s_list[e] : -1;
     tok[h] = e < n_e ? e / p.topk : 0;
-    used[h] = e < n_e && v[h] >= 0 && v[h] < nb;
+    v[h] = e < n_e ? p.q2k[(int64_t(kh) * p.total_q + rr.begin + tok[h]) * p.topk + (e - tok[h] * p.topk)] : -1;
   }
-  // Per token: entries after its first negative one are not read; a repeated id counts once.
-  for (int j = 0; j < n_e; ++j) {  // uniform trip count
-    const int x = __shfl_sync(0xffffffffu, j < 32 ? v[0] : v[1], j & 31);
-    const int tj = j / p.topk;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      if (tj == tok[h] && j < lane + 32 * h && (x < 0 || x == v[h])) used[h] = false;
-  }
+  const int seqlen_k = kv_seqlen(p.kv, b);
+  const int nb = num_blocks(seqlen_k);
+  const int64_t q_off = q_offset_of(p.q_offset, b, rr.len, seqlen_k);
+  // Per token, the entries after its first negative one are not read (q2k_length): entry e of
+  // token t is read when no entry in [t * topk, e) is negative.
+  const uint64_t neg = uint64_t(__ballot_sync(0xffffffffu, v[0] < 0 && lane < n_e)) |
+                       uint64_t(__ballot_sync(0xffffffffu, v[1] < 0 && lane + 32 < n_e)) << 32;
+  bool used[2];
+  int vis[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    const int e = lane + 32 * h;
+    const uint64_t before = ((uint64_t(1) << e) - 1u) & ~((uint64_t(1) << (tok[h] * p.topk)) - 1u);
+    used[h] = e < n_e && v[h] >= 0 && v[h] < nb && (neg & before) == 0u;
     const int lim = col_limit(p.causal, q_off, tok[h], seqlen_k);
     const int64_t vis64 = int64_t(lim) - int64_t(used[h] ? v[h] : 0) * kBlockSize;
     vis[h] = used[h] ? int(vis64 < kBlockSize ? (vis64 > 0 ? vis64 : 0) : int64_t(kBlockSize)) : 0;
     used[h] = used[h] && vis[h] > 0;
     if (used[h] && p.kv.paged) used[h] = kv_page(p.kv, b, v[h]) >= 0;
   }
-  // Union: an entry is kept when no earlier used entry (any token) names its block; it gathers the
-  // visible key counts of every token that selected the block.
-  uint32_t packed[2] = {0u, 0u};
-  bool keep[2] = {used[0], used[1]};
-  for (int j = 0; j < n_e; ++j) {
-    const int src = j & 31;
-    const int x = __shfl_sync(0xffffffffu, j < 32 ? v[0] : v[1], src);
-    const int vj = __shfl_sync(0xffffffffu, j < 32 ? vis[0] : vis[1], src);
-    const bool uj = __shfl_sync(0xffffffffu, int(j < 32 ? used[0] : used[1]), src) != 0;
-    const int tj = j / p.topk;
+  // Union: an entry is kept when no earlier used entry (any token) names its block; its counts
+  // gather the visible keys of every used entry naming the block (byte t: token t's). A repeat
+  // within one token adds the same byte again, so q2k_entry_used's repeats need no pass of their
+  // own. Unused entries get keys that match nothing (distinct negatives).
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  int key[2];
+  uint32_t part[2], packed[2];
+  bool keep[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!uj || x != v[h]) continue;
-      packed[h] |= uint32_t(vj) << (8 * tj);
-      if (j < lane + 32 * h) keep[h] = false;
+  for (int h = 0; h < 2; ++h) {
+    key[h] = used[h] ? v[h] : -1 - (lane + 32 * h);
+    part[h] = used[h] ? uint32_t(vis[h]) << (8 * tok[h]) : 0u;
+    const uint32_t same = __match_any_sync(0xffffffffu, key[h]);
+    packed[h] = __reduce_or_sync(same, part[h]);
+    keep[h] = used[h] && (same & lt_mask) == 0u;
+  }
+  if (n_e > 32) {  // uniform: the second half's entries against the first half's
+#pragma unroll 8
+    for (int j = 0; j < 32; ++j) {
+      const int k0 = __shfl_sync(0xffffffffu, key[0], j);
+      const uint32_t p0 = __shfl_sync(0xffffffffu, part[0], j);
+      const int k1 = __shfl_sync(0xffffffffu, key[1], j);
+      const uint32_t p1 = __shfl_sync(0xffffffffu, part[1], j);
+      if (k0 == key[1]) {
+        packed[1] |= p0;
+        keep[1] = false;
+      }
+      if (k1 == key[0]) packed[0] |= p1;
     }
   }
-  const uint32_t lt_mask = (1u << lane) - 1u;
   const uint32_t u0 = __ballot_sync(0xffffffffu, keep[0]);
   const uint32_t u1 = __ballot_sync(0xffffffffu, keep[1]);
   const int n_used = __popc(u0) + __popc(u1);
@@ -287,9 +295,9 @@ MSA_DEVICE MtpUnionEntries mtp_union_entries(const QueryMajorArgs& args, int b, 
 // number of tiles (all lanes). kTileKeys = 128 (the register conversion): one tile per block.
 template <int kTileKeys = kQmTileKeys>
 MSA_DEVICE int plan_mtp_item(const QueryMajorArgs& args, int b, int kh, int split,
-                             TileDesc* s_tiles, int* s_list, int lane) {
+                             TileDesc* s_tiles, int lane) {
   const SparseAttnParams& p = args.p;
-  const MtpUnionEntries ue = mtp_union_entries(args, b, kh, split, s_list, lane);
+  const MtpUnionEntries ue = mtp_union_entries(args, b, kh, split, lane);
   const uint32_t lt_mask = (1u << lane) - 1u;
   const bool(&sel)[2] = ue.sel;
   const int(&v)[2] = ue.blk;
@@ -680,7 +688,6 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
 
   uint8_t* sQ = smem + Cfg::kQOffset;
   TileDesc* s_tiles = reinterpret_cast<TileDesc*>(smem + Cfg::kTilesOffset);
-  int* s_list = reinterpret_cast<int*>(smem + Cfg::kListOffset);
   int* s_misc = reinterpret_cast<int*>(smem + Cfg::kMiscOffset);
   uint8_t* s_union = smem + Cfg::kUnionOffset;
   [[maybe_unused]] float* s_rowmax = reinterpret_cast<float*>(smem + Cfg::kRowMaxOffset);
@@ -708,7 +715,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     if (warp == 0) {
       int n;
       if constexpr (kMtp) {
-        n = plan_mtp_item<Cfg::kTileKeys>(args, r, kh, split, s_tiles, s_list, lane);
+        n = plan_mtp_item<Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
       } else {
         n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
       }
