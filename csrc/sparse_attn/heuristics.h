@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "flashmsa/types.h"
+
 namespace flashmsa::sparse_attn {
 
 // Query-major split-K: for small batches, enough CTAs for ~3 per SM (one wave at the 3 resident
@@ -52,6 +54,29 @@ inline bool mtp_union_applies(bool has_cu_seqlens_q, int seqlen_q, int group, in
                               int64_t total_q) {
   return !has_cu_seqlens_q && seqlen_q >= 2 && seqlen_q <= 4 && seqlen_q * group <= 64 &&
          seqlen_q * topk <= 64 && batch * seqlen_q == total_q;
+}
+
+// mtp=auto: union items only where they beat per-token items. A union item loads each block of
+// the request's union once for all its tokens but is one 64-row item per (request, kv head), with a
+// ~10 us start (its plan) before the first block lands; per-token items split each token's list over
+// more CTAs, so at small batches they fill the GPU sooner. H200 at 4a4ffcb, 32K paged, us per call
+// (per-token / union; union is the wgmma kernel for 16-bit K/V where items x 2 > SMs):
+//   bf16 4 tokens: B1 18.0 / 25.3, B2 20.4 / 23.8, B4 24.4 / 25.1, B8 37.1 / 31.6, B64 173 / 82;
+//   bf16 3 tokens: B4 32.3 / 25.0, B8 43.3 / 31.6, B32 66.8 / 50.8;
+//   bf16 2 tokens: B1 15.6 / 24.8, B16 36.3 / 40.3, B32 54.8 / 50.3, B64 106.7 / 88.7;
+//   fp8 4 tokens: B1 18.0 / 35.8, B16 34.4 / 47.9, B32 63.7 / 65.9, B64 123 / 76.9;
+//   fp8 3 tokens: B32 55.1 / 69.0; fp8 2 tokens: B64 64.7 / 88.7;
+//   NVFP4 4 tokens: B16 63.1 / 64.1, B32 112.7 / 100.5; NVFP4 2 tokens: B64 114.3 / 139.7.
+// items: batch x kv heads (the union items).
+inline bool mtp_union_pays(DType kv, int seqlen_q, int64_t items, int num_sms) {
+  switch (kv) {
+    case DType::kFP8E4M3:  // the fp8 union kernel converts in registers: only 4 tokens, past a wave
+      return seqlen_q == 4 && items > num_sms;
+    case DType::kNVFP4:
+      return seqlen_q >= 3 && 2 * items > num_sms;
+    default:  // 16-bit K/V
+      return seqlen_q >= 3 ? items >= num_sms / 8 : 2 * items > num_sms;
+  }
 }
 
 // Resident CTAs per SM that split-K aims at: the streaming decode variant and MTP union items keep

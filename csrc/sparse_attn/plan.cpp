@@ -31,9 +31,13 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
                                 const SparseAttnDeviceFacts& facts = {}) {
   QueryMajorPlan plan;
   const int group = p.num_heads / p.num_kv_heads;
+  // mtp: union (or kernel=wgmma, which runs union items only) takes union items where they apply;
+  // auto where they also pay (heuristics.h).
   const bool mtp = options.mtp != DecodeMtp::kPerToken &&
                    mtp_union_applies(p.qi.cu_seqlens_q != nullptr, p.qi.seqlen_q, group, p.topk,
-                                     p.batch, p.total_q);
+                                     p.batch, p.total_q) &&
+                   (options.mtp == DecodeMtp::kUnion || options.kernel == DecodeKernel::kWgmma ||
+                    mtp_union_pays(p.k.dtype, p.qi.seqlen_q, int64_t(p.batch) * p.num_kv_heads, num_sms));
   plan.mtp_tokens = mtp ? p.qi.seqlen_q : 0;
   // kernel=wgmma: the sm_90a union kernel where it runs; elsewhere the call is planned as auto.
   // auto takes it for the MTP union items it runs (16-bit q, K and V) when there are more items

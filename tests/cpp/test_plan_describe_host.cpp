@@ -225,10 +225,19 @@ TEST(PlanDescribe, DecodeMtpUnionRegsNamesItsConversion) {
     } else {
       EXPECT_TRUE(has(d, c.text)) << d;
     }
-    // auto: fp8 union items in registers, the others in the smem union kernel.
-    const std::string a = describe_decode(plan_sparse_decode(dp, hopper()), dp.attn);
+    // auto at B64 (union items for each K/V type): fp8 union items in registers, the others in
+    // the smem union kernel.
+    SparseDecodeParams b64 = dp;
+    b64.attn = attn(256);
+    b64.attn.batch = b64.attn.kv.batch = 64;
+    b64.attn.qi.seqlen_q = 4;
+    b64.attn.k.dtype = b64.attn.v.dtype = c.kv;
+    const std::string a = describe_decode(plan_sparse_decode(b64, hopper()), b64.attn);
     EXPECT_TRUE(has(a, "mtp=union")) << a;
     EXPECT_EQ(has(a, "kernel=regs"), c.kv == DType::kFP8E4M3) << a;
+    // auto at B16: union items for 16-bit K/V only (heuristics.h mtp_union_pays).
+    const std::string a16 = describe_decode(plan_sparse_decode(dp, hopper()), dp.attn);
+    EXPECT_EQ(has(a16, "mtp=union"), c.kv == DType::kBF16) << a16;
   }
 }
 
@@ -279,7 +288,7 @@ TEST(PlanDescribe, DecodeAutoTakesWgmmaAboveHalfTheSms) {
     dp.attn.qi.seqlen_q = 4;
     dp.force_fused = -1;
     const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);
-    EXPECT_TRUE(has(d, "mtp=union")) << d;
+    EXPECT_EQ(has(d, "mtp=union"), batch >= 4) << d;  // per-token items at B1 (mtp_union_pays)
     EXPECT_EQ(has(d, "kernel=wgmma"), 2 * batch * 4 > 132) << "batch " << batch << ": " << d;
     // fp8 K/V: the register union kernel at every batch.
     dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
@@ -328,9 +337,15 @@ TEST(PlanDescribe, DecodeSplitCluster) {
   mtp.attn = attn(4);
   mtp.attn.batch = mtp.attn.kv.batch = 1;
   mtp.attn.qi.seqlen_q = 4;
-  const std::string m = describe_decode(plan_sparse_decode(mtp, f, o), mtp.attn);
+  SparseDecodeOptions ou = o;
+  ou.mtp = DecodeMtp::kUnion;
+  const std::string m = describe_decode(plan_sparse_decode(mtp, f, ou), mtp.attn);
   EXPECT_TRUE(has(m, "mtp=union")) << m;
   EXPECT_TRUE(has(m, "split=cluster falls back to blocks: MTP union items")) << m;
+  // mtp=auto at one request: per-token items, which do run in clusters.
+  const std::string pt = describe_decode(plan_sparse_decode(mtp, f, o), mtp.attn);
+  EXPECT_FALSE(has(pt, "mtp=union")) << pt;
+  EXPECT_TRUE(has(pt, "split=cluster (a cluster of")) << pt;
 }
 
 TEST(PlanDescribe, DecodeSplitWarps) {

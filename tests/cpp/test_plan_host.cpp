@@ -898,7 +898,7 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   SparseDecodeOptions smem_union = u;
   smem_union.kernel = DecodeKernel::kSmem;
   EXPECT_FALSE(plan_sparse_decode(fp8, h200, smem_union).qm.regs);
-  EXPECT_EQ(plan_sparse_decode(fp8, h200, {}).qm.mtp_tokens, 4);
+  EXPECT_EQ(plan_sparse_decode(fp8, h200, {}).qm.mtp_tokens, 0);  // auto: B8 fp8 per token
   SparseDecodeParams nvfp4 = mtp_call(8, 4);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
   const QueryMajorPlan n = plan_sparse_decode(nvfp4, h200, both).qm;
@@ -927,6 +927,61 @@ TEST(PlanDecode, MtpUnionItemsOnlyWhereTheyApply) {
   EXPECT_EQ(plan_sparse_decode(fp8_5, h200, both).qm.warps_m, 1);
   expect_layout_sound(plan_sparse_decode(mtp_call(8, 4), h200, u));
   expect_layout_sound(plan_sparse_decode(fp8, h200, both));
+}
+
+// mtp=auto: union items only where they beat per-token items (heuristics.h mtp_union_pays, from
+// the H200 runs at 4a4ffcb); mtp=union and kernel=wgmma force them where they apply.
+TEST(PlanDecode, MtpAutoTakesUnionItemsWhereTheyPay) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  h200.decode_mtp_wgmma_ctas = 1;
+  auto tokens = [&](int batch, int seqlen_q, DType kv, const SparseDecodeOptions& o = {},
+                    const SparseAttnDeviceFacts* f = nullptr) {
+    SparseDecodeParams dp = mtp_call(batch, seqlen_q);
+    dp.attn.k.dtype = dp.attn.v.dtype = kv;
+    return plan_sparse_decode(dp, f ? *f : h200, o).qm.mtp_tokens;
+  };
+  const DType bf16 = DType::kBF16, fp16 = DType::kFP16, fp8 = DType::kFP8E4M3, nvfp4 = DType::kNVFP4;
+  // 16-bit K/V, 3-4 tokens: from one item per 8 SMs (132 / 8 = 16 items: B4).
+  EXPECT_EQ(tokens(1, 4, bf16), 0);
+  EXPECT_EQ(tokens(3, 4, bf16), 0);
+  EXPECT_EQ(tokens(4, 4, bf16), 4);
+  EXPECT_EQ(tokens(4, 3, bf16), 3);
+  EXPECT_EQ(tokens(8, 4, bf16), 4);
+  EXPECT_EQ(tokens(64, 4, bf16), 4);
+  EXPECT_EQ(tokens(8, 3, fp16), 3);
+  EXPECT_EQ(tokens(2, 3, fp16), 0);
+  // 2 tokens: from more items than half the SMs (B17: 68 items).
+  EXPECT_EQ(tokens(16, 2, bf16), 0);
+  EXPECT_EQ(tokens(17, 2, bf16), 2);
+  // NVFP4: 3-4 tokens from more items than half the SMs; 2 tokens never.
+  EXPECT_EQ(tokens(16, 4, nvfp4), 0);
+  EXPECT_EQ(tokens(17, 4, nvfp4), 4);
+  EXPECT_EQ(tokens(32, 3, nvfp4), 3);
+  EXPECT_EQ(tokens(64, 2, nvfp4), 0);
+  // fp8: 4 tokens with more items than SMs (B34: 136 items); 2-3 tokens never.
+  EXPECT_EQ(tokens(32, 4, fp8), 0);
+  EXPECT_EQ(tokens(34, 4, fp8), 4);
+  EXPECT_EQ(tokens(64, 3, fp8), 0);
+  EXPECT_EQ(tokens(128, 2, fp8), 0);
+  // Fewer SMs, the same rule: 108 SMs take 16-bit union items from 13 items (B4), 2 tokens from
+  // 55 (B14).
+  const SparseAttnDeviceFacts a100 = ampere();
+  EXPECT_EQ(tokens(4, 4, bf16, {}, &a100), 4);
+  EXPECT_EQ(tokens(3, 4, bf16, {}, &a100), 0);
+  EXPECT_EQ(tokens(14, 2, bf16, {}, &a100), 2);
+  EXPECT_EQ(tokens(13, 2, bf16, {}, &a100), 0);
+  // Forced: mtp=union and kernel=wgmma take union items wherever they apply; per_token never.
+  SparseDecodeOptions u, w, pt;
+  u.mtp = DecodeMtp::kUnion;
+  w.kernel = DecodeKernel::kWgmma;
+  pt.mtp = DecodeMtp::kPerToken;
+  EXPECT_EQ(tokens(1, 4, bf16, u), 4);
+  EXPECT_EQ(tokens(1, 2, fp8, u), 2);
+  EXPECT_EQ(tokens(1, 4, bf16, w), 4);
+  EXPECT_TRUE(plan_sparse_decode(mtp_call(1, 4), h200, w).qm.wgmma);
+  EXPECT_EQ(tokens(64, 4, bf16, pt), 0);
+  EXPECT_EQ(tokens(1, 5, bf16, u), 0);  // union items do not apply
 }
 
 SparseDecodeOptions regs_only() {

@@ -160,7 +160,7 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
     return dp.gcase.dtype
 
 
-# auto (the library's choice: regs for fp8 K/V, union items for MTP) and the kernels auto replaced,
+# auto (the library's choice: regs for fp8 K/V, union items for MTP where they pay) and the kernels auto replaced,
 # forced (the smem kernel with an item per token), which stay the fallback; and split=cluster (the
 # split calls' CTAs of a row as one cluster on sm_90; elsewhere, fused calls and MTP union items as
 # auto); split_warps=4 (the split calls' 16-bit K/V on 4 warps per CTA instead of auto's 8); and
@@ -920,7 +920,13 @@ def test_mtp_union_regs_plan_names_the_path(kv):
     assert ("K/V converted in registers" in forced) == (kv == "fp8"), forced
     assert ("kernel=regs" in forced) == (kv == "fp8"), forced
     assert ("kernel=regs (the 4 warps split" in forced) == (kv == "fp8"), forced
+    # auto at B4 (16 items): union items for 16-bit K/V only (heuristics.h mtp_union_pays; fp8
+    # union items from more items than SMs at 4 tokens, NVFP4 from more than half the SMs).
     auto = _decode_plan_text(dp, None).split("): ", 1)[1]
+    assert ("mtp=union" in auto) == (kv == "same"), auto
+    assert "K/V converted in registers" not in auto, auto
+    big = build_decode(DecodeCase("c", 64, 4, 64, 4, kv=kv, seqlens=[300] * 64), seed=36)
+    auto = _decode_plan_text(big, None).split("): ", 1)[1]
     assert "mtp=union" in auto and ("kernel=regs" in auto) == (kv == "fp8"), auto
 
 
@@ -1037,7 +1043,7 @@ def test_split_cluster_plan_names_the_path(kv):
         assert "split=cluster falls back to blocks: no thread-block clusters" in text, text
     assert "split=cluster" not in _decode_plan_text(dp, None).split("): ", 1)[1]
     mtp = build_decode(DecodeCase("c", 1, 4, 64, 4, kv=kv, seqlens=[32768]), seed=46)
-    text = _decode_plan_text(mtp, dict(split="cluster")).split("): ", 1)[1]
+    text = _decode_plan_text(mtp, dict(split="cluster", mtp="union")).split("): ", 1)[1]
     assert "mtp=union" in text and "split=cluster falls back to blocks: MTP union items" in text, text
 
 
@@ -1155,5 +1161,5 @@ def test_split_warps8_plan_names_the_path(kv):
     fused = _decode_plan_text(dp, dict(split_warps=8), force_fused=True).split("): ", 1)[1]
     assert "split_warps=8 falls back to 4 warps: the call does not split" in fused, fused
     mtp = build_decode(DecodeCase("w", 1, 4, 64, 4, kv=kv, seqlens=[32768]), seed=56)
-    text = _decode_plan_text(mtp, dict(split_warps=8)).split("): ", 1)[1]
+    text = _decode_plan_text(mtp, dict(split_warps=8, mtp="union")).split("): ", 1)[1]
     assert "mtp=union" in text and "split_warps=8 falls back to 4 warps: MTP union items" in text, text
