@@ -154,6 +154,11 @@ def cases(bench: bm.Bench) -> dict:
                                                                dict(mtp="union")),
         "decode_b64_sq4_fp8_union_regs": lambda: bench.build_decode(
             64, 32 * K, 4, "fp8", dict(kernel="regs", mtp="union")),
+        # fp8 union items where per-token items win (B1, B32: H200 at 4a4ffcb, 35.8 / 65.9 us
+        # union against 18.0 / 63.7 per token), and auto's per-token items at B1.
+        "decode_b1_sq4_fp8_union": lambda: bench.build_decode(1, 32 * K, 4, "fp8", dict(mtp="union")),
+        "decode_b32_sq4_fp8_union": lambda: bench.build_decode(32, 32 * K, 4, "fp8", dict(mtp="union")),
+        "decode_b1_sq4_fp8": lambda: bench.build_decode(1, 32 * K, 4, "fp8"),
         # bf16 union items on the sm_90a TMA + wgmma kernel (kernel=wgmma; its pipe auto: ahead).
         "decode_b64_sq4_wgmma": lambda: bench.build_decode(64, 32 * K, 4, "bf16", dict(kernel="wgmma")),
         # The same with one producer warp planning each item inline (wgmma_pipe=inline), and with
