@@ -63,10 +63,11 @@ inline bool mtp_union_applies(bool has_cu_seqlens_q, int seqlen_q, int group, in
 // (per-token / union; union is the wgmma kernel for 16-bit K/V where items x 2 > SMs):
 //   bf16 4 tokens: B1 18.0 / 25.3, B2 20.4 / 23.8, B4 24.4 / 25.1, B8 37.1 / 31.6, B64 173 / 82;
 //   bf16 3 tokens: B4 32.3 / 25.0, B8 43.3 / 31.6, B32 66.8 / 50.8;
-//   bf16 2 tokens: B1 15.6 / 24.8, B16 36.3 / 40.3, B32 54.8 / 50.3, B64 106.7 / 88.7;
-//   fp8 4 tokens: B1 18.0 / 35.8, B16 34.4 / 47.9, B32 63.7 / 65.9, B64 123 / 76.9;
-//   fp8 3 tokens: B32 55.1 / 69.0; fp8 2 tokens: B64 64.7 / 88.7;
-//   NVFP4 4 tokens: B16 63.1 / 64.1, B32 112.7 / 100.5; NVFP4 2 tokens: B64 114.3 / 139.7.
+//   bf16 2 tokens: B1 15.6 / 24.8, B16 36.3 / 40.3, B24 53.4 / 60.5, B32 54.8 / 50.3, B64 106.7 / 88.7;
+//   fp8 4 tokens: B1 18.0 / 35.8, B16 34.4 / 47.9, B32 63.7 / 65.9, B48 93.3 / 76.7, B64 123 / 76.9;
+//   fp8 3 tokens: B32 55.1 / 69.0, B64 93.8 / 90.2 (kept per token); fp8 2 tokens: B64 64.7 / 88.7;
+//   NVFP4 4 tokens: B16 63.1 / 64.1, B24 112.8 / 105.6, B32 112.7 / 100.5;
+//   NVFP4 3 tokens: B16 62.7 / 63.4, B32 113.0 / 99.4, B64 162.1 / 145.3; NVFP4 2 tokens: B64 114.3 / 139.7.
 // items: batch x kv heads (the union items).
 inline bool mtp_union_pays(DType kv, int seqlen_q, int64_t items, int num_sms) {
   switch (kv) {
@@ -75,7 +76,7 @@ inline bool mtp_union_pays(DType kv, int seqlen_q, int64_t items, int num_sms) {
     case DType::kNVFP4:
       return seqlen_q >= 3 && 2 * items > num_sms;
     default:  // 16-bit K/V
-      return seqlen_q >= 3 ? items >= num_sms / 8 : 2 * items > num_sms;
+      return seqlen_q >= 3 ? items >= num_sms / 8 : 4 * items > 3 * num_sms;
   }
 }
 

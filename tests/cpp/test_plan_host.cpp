@@ -951,9 +951,9 @@ TEST(PlanDecode, MtpAutoTakesUnionItemsWhereTheyPay) {
   EXPECT_EQ(tokens(64, 4, bf16), 4);
   EXPECT_EQ(tokens(8, 3, fp16), 3);
   EXPECT_EQ(tokens(2, 3, fp16), 0);
-  // 2 tokens: from more items than half the SMs (B17: 68 items).
-  EXPECT_EQ(tokens(16, 2, bf16), 0);
-  EXPECT_EQ(tokens(17, 2, bf16), 2);
+  // 2 tokens: from more items than 3/4 of the SMs (B25: 100 items > 99).
+  EXPECT_EQ(tokens(24, 2, bf16), 0);
+  EXPECT_EQ(tokens(25, 2, bf16), 2);
   // NVFP4: 3-4 tokens from more items than half the SMs; 2 tokens never.
   EXPECT_EQ(tokens(16, 4, nvfp4), 0);
   EXPECT_EQ(tokens(17, 4, nvfp4), 4);
@@ -965,12 +965,12 @@ TEST(PlanDecode, MtpAutoTakesUnionItemsWhereTheyPay) {
   EXPECT_EQ(tokens(64, 3, fp8), 0);
   EXPECT_EQ(tokens(128, 2, fp8), 0);
   // Fewer SMs, the same rule: 108 SMs take 16-bit union items from 13 items (B4), 2 tokens from
-  // 55 (B14).
+  // 82 (B21).
   const SparseAttnDeviceFacts a100 = ampere();
   EXPECT_EQ(tokens(4, 4, bf16, {}, &a100), 4);
   EXPECT_EQ(tokens(3, 4, bf16, {}, &a100), 0);
-  EXPECT_EQ(tokens(14, 2, bf16, {}, &a100), 2);
-  EXPECT_EQ(tokens(13, 2, bf16, {}, &a100), 0);
+  EXPECT_EQ(tokens(21, 2, bf16, {}, &a100), 2);
+  EXPECT_EQ(tokens(20, 2, bf16, {}, &a100), 0);
   // Forced: mtp=union and kernel=wgmma take union items wherever they apply; per_token never.
   SparseDecodeOptions u, w, pt;
   u.mtp = DecodeMtp::kUnion;
