@@ -193,8 +193,10 @@ enum class DecodeKernel : int32_t {
 };
 // MTP (seqlen_q > 1) items: per_token (an item per token), union (an item per request and kv head
 // over the union of its tokens' selections, where it applies: seqlen_q 2..4, seqlen_q x G <= 64,
-// seqlen_q x topk <= 64). auto: union where it applies (H200 at 162e97a, B64/32K, 4 tokens: 105 vs
-// 179 us bf16, 119 vs 268 us fp8).
+// seqlen_q x topk <= 64). auto: union where it applies and pays (heuristics.h mtp_union_pays, from
+// the H200 runs at 4a4ffcb / 40f5475: per-token items win at small batches, e.g. B1/32K 4 tokens
+// 17.6 vs 25.2 us bf16, 18.4 vs 35.7 us fp8; union at B64 82.0 vs 173 us bf16). kernel=wgmma
+// takes union items under auto too (the kernel runs nothing else).
 enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
 // How the 16-row register kernel (kernel=regs, or auto) converts NVFP4 K/V: byte (a byte of two
 // e2m1 codes at a time: extraction, spread, masks and shifts per fp16 pair), word (a 32-bit word of
