@@ -31,13 +31,14 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
                                 const SparseAttnDeviceFacts& facts = {}) {
   QueryMajorPlan plan;
   const int group = p.num_heads / p.num_kv_heads;
+  const int64_t union_items = int64_t(p.batch) * p.num_kv_heads;  // one per (request, kv head)
   // mtp: union (or kernel=wgmma, which runs union items only) takes union items where they apply;
   // auto where they also pay (heuristics.h).
   const bool mtp = options.mtp != DecodeMtp::kPerToken &&
                    mtp_union_applies(p.qi.cu_seqlens_q != nullptr, p.qi.seqlen_q, group, p.topk,
                                      p.batch, p.total_q) &&
                    (options.mtp == DecodeMtp::kUnion || options.kernel == DecodeKernel::kWgmma ||
-                    mtp_union_pays(p.k.dtype, p.qi.seqlen_q, int64_t(p.batch) * p.num_kv_heads, num_sms));
+                    mtp_union_pays(p.k.dtype, p.qi.seqlen_q, union_items, num_sms));
   plan.mtp_tokens = mtp ? p.qi.seqlen_q : 0;
   // kernel=wgmma: the sm_90a union kernel where it runs; elsewhere the call is planned as auto.
   // auto takes it for the MTP union items it runs (16-bit q, K and V) when there are more items
@@ -49,7 +50,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   //   B16 (64 items): 47.8 vs 47.5 us at 37fd6f5 (even);
   //   B8: 39.9 vs 36.3 us, B1: 32.8 vs 29.6 us at 37fd6f5 (the smem kernel's splits win).
   const bool auto_wgmma = options.kernel == DecodeKernel::kAuto && mtp && num_sms > 0 &&
-                          2 * int64_t(p.batch) * p.num_kv_heads > int64_t(num_sms);
+                          2 * union_items > int64_t(num_sms);
   if (options.kernel == DecodeKernel::kWgmma || auto_wgmma) {
     const char* why = mtp_wgmma_unsupported(p, mtp, facts);
     if (options.kernel == DecodeKernel::kWgmma) plan.wgmma_fallback = why;
@@ -80,7 +81,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
                     options.nvfp4_cvt != DecodeNvfp4Cvt::kByte;
   const int rows = 16 * plan.warps_m;
   plan.row_tiles = mtp ? 1 : (group + rows - 1) / rows;
-  const int64_t items = mtp ? int64_t(p.batch) * p.num_kv_heads
+  const int64_t items = mtp ? union_items
                             : int64_t(p.total_q) * p.num_kv_heads * plan.row_tiles;
   // The wgmma kernel runs one CTA per SM (its 226 KB of shared memory).
   const int target_ctas = plan.wgmma ? facts.decode_mtp_wgmma_ctas : query_major_target_ctas(plan.regs, mtp);
