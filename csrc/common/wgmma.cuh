@@ -36,6 +36,13 @@ MSA_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_byte_addr, uint32_t lbo_bytes
          (uint64_t((sbo_bytes >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptor of the same layout `byte_off` bytes further on: the start address field (bits
+// 0-13, 16-byte units) advanced. A shared-memory address stays below 256 KB, so nothing carries out
+// of the field and only the low word changes (one add per k-step instead of a new descriptor).
+MSA_DEVICE uint64_t wgmma_desc_advance(uint64_t desc, uint32_t byte_off) {
+  return (desc & 0xFFFFFFFF00000000ull) | uint64_t(uint32_t(desc) + (byte_off >> 4));
+}
+
 #if MSA_HAS_WGMMA
 MSA_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 MSA_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -46,6 +53,15 @@ MSA_DEVICE void wgmma_wait() {
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async after its wait)
 // visible to the async proxy that wgmma reads operands through; a barrier must follow.
 MSA_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// stmatrix .x4 (sm_90): four 8 x 8 16-bit matrices from their mma fragments to shared memory.
+// Lane t gives the address of row t % 8 of matrix t / 8 (16 bytes); register i holds this lane's
+// fragment of matrix i (row lane / 4, columns 2 (lane % 4) and + 1, packed).
+MSA_DEVICE void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 
 // Register budget of the calling warpgroup (warp-specialized kernels): dec gives registers back to
 // the CTA's pool, inc takes them (waiting until some warpgroup has given them back).

@@ -1,18 +1,22 @@
 // KV-major sparse attention on Hopper (sm_90a): the same schedule, lists, items and partials as
 // kv_major.cuh, with the block's attention done by warpgroup MMAs.
 //
-// A CTA is two warpgroups (256 threads), one per SM. Per item it loads the 128-key K and V block
-// into 128-byte-swizzled tiles (dequantizing fp8 / NVFP4 through the idle query area) and the item's
-// list entries into shared memory; then each warpgroup streams its share of the item's 64-row query
-// tiles (rows = (token, head) pairs, gathered by cp.async through a 4-stage ring, 3 tiles in
-// flight: the gathers come from HBM and need the depth) through the block:
-//   S = Q K^T          8 x wgmma m64n128k16, Q and K from shared memory
+// A CTA is four warpgroups (512 threads, 128 registers), one per SM. Per item it loads the
+// 128-key K and V block into 128-byte-swizzled tiles (dequantizing fp8 / NVFP4 through the idle
+// query area) and the item's list entries into shared memory; then each warpgroup streams every
+// fourth 64-row query tile of the item (rows = (token, head) pairs) through the block, with a
+// 2-stage query ring per warpgroup. Per tile and warpgroup:
+//   S = Q K^T          8 x wgmma m64n128k16, Q and K from shared memory; while they run, the
+//                      warpgroup builds the next tile's row tables and gathers its query rows by
+//                      cp.async
 //   P = 2^(S scale log2e - m)   one softmax over the block's 128 keys (no running rescale: a
-//                      partial covers exactly one block), masked by each row's causal limit
+//                      partial covers exactly one block), masked by each row's causal limit, both
+//                      rows of a thread in one pass
 //   O = P V            8 x wgmma m64n128k16, P from registers (the S accumulator layout is the A
-//                      fragment layout), V read MN-major from the same tile layout as K
-// and writes O / l (compute dtype, staged through the consumed query buffer for whole-chunk stores)
-// and the log2 LSE as the row's partial, exactly where kv_major.cuh writes it; the combine kernel
+//                      fragment layout), V read MN-major from the same tile layout as K; while they
+//                      run, the row LSEs are written
+// and writes O / l (compute dtype: stmatrix into the consumed query buffer, then 16-byte stores)
+// as the row's partial, exactly where kv_major.cuh writes it; the combine kernel
 // is shared. Each output row depends only on its own query row and the block (row-independent
 // MMAs, a softmax reduced in a fixed order), so results are deterministic (D11).
 #pragma once
@@ -42,7 +46,8 @@ struct KvMajorSm90Config {
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kKvTileBytes;
   static constexpr int kQOffset = kVOffset + kKvTileBytes;
-  // Row tables per (warpgroup, stage): query element offset, partial index (int64), visible keys.
+  // Row tables per (warpgroup, stage): query byte offset, partial index (int64), visible keys
+  // (kvm90_build_rows: each in the order its reader wants).
   static constexpr int kTables = kWarpgroups * kStages;
   static constexpr int kRowQOffset = kQOffset + kQAreaBytes;
   static constexpr int kRowSlotOffset = kRowQOffset + kTables * kTileRows * 8;
@@ -57,68 +62,176 @@ struct KvMajorSm90Config {
 };
 
 #if MSA_HAS_WGMMA
-// Fills the row table of one 64-row tile (threads 0-63 of the warpgroup, one row each): the query
-// element offset, the partial row index and the block's visible-key count of (token, head) row
-// `i` of the item (-1 / -1 / 0 for padding rows past the item).
+// Row tables of one 64-row tile, each in the order its reader wants:
+//   q     byte offset of row i's query vector, at kvm90_q_index(i): the thread that gathers rows
+//         r0, r0 + 8, ..., r0 + 56 reads its 8 offsets with 4 16-byte loads. Padding rows (past
+//         the item's end) read row 0 of q: their scores are masked away (lim 0, so P = 0) and they
+//         are never stored, so no copy needs a zero-fill.
+//   slot  partial index of row i (-1 for padding rows), at kvm90_slot_index(i): within a warp's
+//         16 rows, row 2 j + c at 8 c + j, so that the lane storing rows c, c + 2, ..., c + 14
+//         reads its slots contiguously.
+//   lim   visible keys of the block for row i (0 for padding rows), in row order.
+MSA_DEVICE int kvm90_q_index(int i) { return (i & 7) * 8 + (i >> 3); }
+MSA_DEVICE int kvm90_slot_index(int i) { return (i & ~15) | ((i & 1) << 3) | ((i & 15) >> 1); }
+
+// The multiplier of kvm90_div_group: ceil(2^32 / G) for 2 <= G < 2048, else 0 (divide).
+MSA_DEVICE uint32_t kvm90_group_magic(int G) {
+  return G >= 2 && G < 2048 ? uint32_t(0xFFFFFFFFull / uint32_t(G)) + 1u : 0u;
+}
+
+// i / G for a row i of an item. With magic = ceil(2^32 / G), floor(i magic / 2^32) = floor(i / G)
+// while i G < 2^32: the excess i (magic - 2^32 / G) / 2^32 < i / 2^32 stays below 1 / G. An item
+// has at most kKvm90MaxTokensPerItem tokens, i < 1024 G, so that holds for G < 2048.
+MSA_DEVICE int kvm90_div_group(int i, int G, uint32_t magic) {
+  static_assert(kKvm90MaxTokensPerItem <= 1024, "the bound above");
+  if (G == 1) return i;
+  return magic != 0 ? int(__umulhi(uint32_t(i), magic)) : i / G;
+}
+
+// Fills the row tables of one 64-row tile (threads 0-63 of the warpgroup, one row each) for
+// (token, head) row `i` of the item.
+template <typename Elem>
 MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is, const uint32_t* s_list,
-                                 int tile, int64_t* s_q, int64_t* s_slot, int* s_lim, int wtid) {
+                                 int tile, int64_t* s_q, int64_t* s_slot, int* s_lim, int wtid, uint32_t g_magic) {
   if (wtid >= 64) return;
   const SparseAttnParams& p = args.p;
   const int G = args.group;
   const int i = tile * 64 + wtid;
-  int64_t qe = -1, slot_idx = -1;
+  int64_t qb = 0, slot_idx = -1;
   int lim = 0;
   if (tile >= 0 && i < is.rows) {
-    const int e = i / G;
+    const int e = kvm90_div_group(i, G, g_magic);
     const int g = i - e * G;
     const uint32_t v = s_list[e];
     const int rel = int(v >> 6), slot = int(v & 63u);
     const int r = args.row_begin + rel;
-    qe = int64_t(r) * p.q_stride_token + int64_t(is.kh * G + g) * p.q_stride_head;
+    qb = (int64_t(r) * p.q_stride_token + int64_t(is.kh * G + g) * p.q_stride_head) * int64_t(sizeof(Elem));
     slot_idx = ((int64_t(is.kh) * args.chunk_rows + rel) * p.topk + slot) * G + g;
     lim = max(0, min(kBlockSize, col_limit(p.causal, is.q_off, r - is.q_begin, is.seqlen_k) - is.j0));
   }
-  s_q[wtid] = qe;
-  s_slot[wtid] = slot_idx;
+  s_q[kvm90_q_index(wtid)] = qb;
+  s_slot[kvm90_slot_index(wtid)] = slot_idx;
   s_lim[wtid] = lim;
 }
 
-// cp.async of one 64-row query tile (rows from the table; padding rows zero-filled) into `dst`,
-// committed as one group (an empty group when the table is all padding).
-template <typename Elem>
-MSA_DEVICE void kvm90_issue_q(const Elem* q, const int64_t* s_q, uint32_t dst, int wtid) {
+// cp.async of one 64-row query tile (Sw128Tile<64>), committed as one group (an empty group for a
+// tile past the item's end). Thread wtid copies the 16-byte chunk ch = wtid % 16 of rows
+// r0 + 8 k (r0 = wtid / 16, k < 8): every one of them has row % 8 = r0, so their destinations are
+// `dst` = at(r0, ch) + 1024 k and their sources q_ch (q + 16 ch bytes) + the row's offset.
+MSA_DEVICE void kvm90_issue_q(bool live, const uint8_t* q_ch, const int64_t* s_q, uint32_t dst, int r0) {
+  if (live) {
+    const longlong2* t = reinterpret_cast<const longlong2*>(s_q + 8 * r0);
 #pragma unroll
-  for (int k = 0; k < 64 * 16 / 128; ++k) {
-    const int c = wtid + 128 * k;
-    const int row = c >> 4, ch = c & 15;
-    const int64_t qe = s_q[row];
-    const bool ok = qe >= 0;
-    cp_async_16_zfill(dst + Sw128Tile<64>::at(row, ch), ok ? q + qe + ch * 8 : q, ok);
+    for (int k = 0; k < 4; ++k) {
+      const longlong2 v = t[k];
+      cp_async_16(dst + 2048u * uint32_t(k), q_ch + v.x);
+      cp_async_16(dst + 2048u * uint32_t(k) + 1024u, q_ch + v.y);
+    }
   }
   cp_async_commit();
 }
 
-// Softmax of fragment row h (0: row gid, 1: gid + 8 of the warp's 16) over one block's 128 keys,
-// in base 2: x = S * sc (sc = scale * log2 e), m = max x over the visible keys (taken on the raw
-// scores: max x = |sc| * max(S * sign(sc)), 0 when nothing is visible), P = 2^(x - m) =
-// 2^fma(S, sc, -m) left in s, 0 for keys >= lim (kMask: only rows of the diagonal block have any).
-// l = sum P and lt = sum 2^(T (x - m)) are reduced over the row's 4 threads.
-template <bool kMask, bool kTemp>
-MSA_DEVICE void block_softmax_row(float (&s)[16][4], int h, int lim, float sc, float temp, int tig, float& m,
-                                  float& l, float& lt) {
-  const float ext = row_extreme<kMask>(s, h, lim, sc, tig);
-  const float m_use = ext == neg_inf() ? 0.0f : ext * fabsf(sc);
-  float sum = 0.0f, sum_t = 0.0f;
-  row_exp_sum<kMask, kTemp>(s, h, lim, sc, temp, tig, m_use, sum, sum_t);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  if constexpr (kTemp) {
-    sum_t += __shfl_xor_sync(0xffffffffu, sum_t, 1);
-    sum_t += __shfl_xor_sync(0xffffffffu, sum_t, 2);
+// The warp's 16 rows of O * mul as partials: stmatrix into the warp's 4 KB `stage` (row r at
+// 256 r, its 16-byte chunk c at c ^ (r % 8)), then lane t copies chunk t % 16 of rows
+// t / 16 + 2 j (j < 8) to the rows' partials (16-byte stores; none for a padding row).
+// `slots` is the warp's part of the slot table (kvm90_slot_index order).
+template <typename Elem>
+MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* stage,
+                                     void* part_o, const int64_t* slots, int lane) {
+  {
+    // stmatrix matrices 0..3: (rows 0-7, n8 tile 2c), (rows 8-15, 2c), (rows 0-7, 2c + 1),
+    // (rows 8-15, 2c + 1); lane t addresses row t % 8 of matrix t / 8. Chunk 2c + (t / 16) of
+    // row r sits at (2c + t / 16) ^ (r % 8) = 2c ^ x.
+    const int r = (lane & 7) | (lane & 8);
+    const uint32_t x = uint32_t((lane >> 4) ^ (r & 7));
+    const uint32_t base = smem_addr(stage) + uint32_t(r) * 256u;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      stmatrix_x4(base + ((uint32_t(2 * c) ^ x) << 4), pack2<Elem>(o[2 * c][0] * mul[0], o[2 * c][1] * mul[0]),
+                  pack2<Elem>(o[2 * c][2] * mul[1], o[2 * c][3] * mul[1]),
+                  pack2<Elem>(o[2 * c + 1][0] * mul[0], o[2 * c + 1][1] * mul[0]),
+                  pack2<Elem>(o[2 * c + 1][2] * mul[1], o[2 * c + 1][3] * mul[1]));
+    }
   }
-  m = m_use;
-  l = sum;
-  lt = sum_t;
+  __syncwarp();
+  const int ch = lane & 15, c0 = lane >> 4;
+  const longlong2* t = reinterpret_cast<const longlong2*>(slots + 8 * c0);
+  uint8_t* dst = static_cast<uint8_t*>(part_o) + 16 * ch;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const longlong2 sl = t[k];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = c0 + 2 * (2 * k + e);
+      const int64_t slot = e ? sl.y : sl.x;
+      const uint4 v = *reinterpret_cast<const uint4*>(stage + r * 256 + ((ch ^ (r & 7)) << 4));
+      if (slot >= 0) *reinterpret_cast<uint4*>(dst + slot * 256) = v;
+    }
+  }
+  __syncwarp();
+}
+
+// Softmax of both fragment rows of this thread (h = 0: row gid, 1: gid + 8 of the warp's 16) over
+// one block's 128 keys, in base 2: x = S * sc (sc = scale * log2 e), m = max x over the visible
+// keys (taken on the raw scores: max x = |sc| * max(S * sign(sc)), 0 when nothing is visible),
+// P = 2^(x - m) = 2^fma(S, sc, -m) left in s, 0 for keys >= lim (kMask: only rows of the diagonal
+// block have any; with lim >= 128 the masked form gives the same values). l = sum P and
+// lt = sum 2^(T (x - m)) are reduced over each row's 4 threads. The two rows go through one
+// basic block, so their dependent chains (max, the shuffles, the sums) interleave; each row's sum
+// keeps its key order.
+template <bool kMask, bool kTemp>
+MSA_DEVICE void block_softmax_rows(float (&s)[16][4], const int (&lim)[2], float sc, float temp, int tig,
+                                   float (&m)[2], float (&l)[2], float (&lt)[2]) {
+  float ext[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) ext[h] = row_extreme_local<kMask>(s, h, lim[h], sc, tig);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) ext[h] = fmaxf(ext[h], __shfl_xor_sync(0xffffffffu, ext[h], 1));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    ext[h] = fmaxf(ext[h], __shfl_xor_sync(0xffffffffu, ext[h], 2));
+    m[h] = ext[h] == neg_inf() ? 0.0f : ext[h] * fabsf(sc);
+  }
+  float sum[2] = {0.0f, 0.0f}, sum_t[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sv = s[j][2 * h + e];
+        const bool vis = key_visible<kMask>(j, e, lim[h], tig);
+        if constexpr (kTemp) sum_t[h] += vis ? exp2_approx(temp * fmaf(sv, sc, -m[h])) : 0.0f;
+        const float pr = vis ? exp2_approx(fmaf(sv, sc, -m[h])) : 0.0f;
+        s[j][2 * h + e] = pr;
+        sum[h] += pr;
+      }
+#pragma unroll
+  for (int k = 1; k <= 2; k <<= 1)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], k);
+      if constexpr (kTemp) sum_t[h] += __shfl_xor_sync(0xffffffffu, sum_t[h], k);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] = sum[h];
+    lt[h] = sum_t[h];
+  }
+}
+
+// block_softmax_rows with the variant chosen once per thread (uniform per warp for G >= 16: a
+// warp's rows are one token's heads).
+MSA_DEVICE void kvm90_softmax(float (&s)[16][4], const int (&lim)[2], bool has_temp, float sc, float temp, int tig,
+                              float (&m)[2], float (&l)[2], float (&lt)[2]) {
+  if (min(lim[0], lim[1]) >= kBlockSize) {
+    if (has_temp) block_softmax_rows<false, true>(s, lim, sc, temp, tig, m, l, lt);
+    else block_softmax_rows<false, false>(s, lim, sc, temp, tig, m, l, lt);
+  } else if (has_temp) {
+    block_softmax_rows<true, true>(s, lim, sc, temp, tig, m, l, lt);
+  } else {
+    block_softmax_rows<true, false>(s, lim, sc, temp, tig, m, l, lt);
+  }
 }
 #endif
 
@@ -144,7 +257,11 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   uint8_t* my_q = s_qarea + wg * S * Cfg::kQTileBytes;
   const uint32_t sK_addr = smem_addr(sK), sV_addr = smem_addr(sV), sQ_addr = smem_addr(s_qarea);
   const uint32_t my_q_addr = smem_addr(my_q);
-  const Elem* q = static_cast<const Elem*>(p.q);
+  // This thread's share of every query gather (kvm90_issue_q): chunk wtid % 16 of rows wtid / 16 + 8 k.
+  const int q_r0 = wtid >> 4;
+  const uint8_t* q_ch = static_cast<const uint8_t*>(p.q) + 16 * (wtid & 15);
+  const uint32_t q_dst = my_q_addr + Sw128Tile<Cfg::kTileRows>::at(q_r0, wtid & 15);
+  const uint32_t g_magic = kvm90_group_magic(args.group);
   const float temp = p.lse_temperature;
   check_smem_base(smem);
 
@@ -195,83 +312,80 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       __syncthreads();  // the list is visible; raw bytes consumed before query tiles overwrite them
     }
 
-    // Warpgroup wg takes tiles wg, wg + 2, ...: local tile i is tile wg + 2 i, in stage i % S.
+    // Warpgroup wg takes tiles wg, wg + 4, ...: local tile i is tile wg + 4 i, in stage i % S.
     const int n_tiles = (is.rows + Cfg::kTileRows - 1) / Cfg::kTileRows;
     const int my_tiles = n_tiles > wg ? (n_tiles - wg + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups : 0;
-    auto prefetch = [&](int i) {  // row table and query loads of local tile i (an empty group past the end)
+    // Row tables and query loads of local tile i (an empty group past the end). Stage i % S was
+    // last used by local tile i - S, finished (epilogue included) by every thread of the
+    // warpgroup before the barrier that ended its round.
+    auto prefetch = [&](int i) {
       const int st = i % S;
-      kvm90_build_rows(args, is, s_list, i < my_tiles ? wg + Cfg::kWarpgroups * i : -1, s_rowq + st * 64,
-                       s_rowslot + st * 64, s_rowlim + st * 64, wtid);
+      kvm90_build_rows<Elem>(args, is, s_list, i < my_tiles ? wg + Cfg::kWarpgroups * i : -1, s_rowq + st * 64,
+                             s_rowslot + st * 64, s_rowlim + st * 64, wtid, g_magic);
       warpgroup_barrier(wg);
-      kvm90_issue_q<Elem>(q, s_rowq + st * 64, my_q_addr + st * Cfg::kQTileBytes, wtid);
+      kvm90_issue_q(i < my_tiles, q_ch, s_rowq + st * 64, q_dst + st * Cfg::kQTileBytes, q_r0);
     };
-#pragma unroll 1
-    for (int i = 0; i < S - 1; ++i) prefetch(i);
+    static_assert(S == 2, "one gather in flight: tile i + 1's, issued while tile i's S = Q K^T runs");
+    prefetch(0);
 
     // Every warpgroup runs the same number of rounds, the last one idle where it has a tile less:
-    // the warpgroups then pass the same number of barriers per item. compute-sanitizer's racecheck
-    // needs that: with unequal counts it reports hazards between the item record's write and the
-    // reads of an earlier item although __syncthreads orders every one of them (the model of this
-    // loop in scripts/racecheck_model.cu shows the reports with unequal rounds, none with equal).
+    // the warpgroups then pass the same number of barriers per item (three per round). compute-
+    // sanitizer's racecheck needs that: with unequal counts it reports hazards between the item
+    // record's write and the reads of an earlier item although __syncthreads orders every one of
+    // them (the model of this loop in scripts/racecheck_model.cu shows the reports with unequal
+    // rounds, none with equal).
     const int rounds = (n_tiles + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups;
 #pragma unroll 1
     for (int i = 0; i < rounds; ++i) {
       const int st = i % S;
-      // Stage (i + S - 1) % S was last used by local tile i - 1, finished (epilogue included) by
-      // every thread of the warpgroup before the barrier that ended it.
-      prefetch(i + S - 1);
-      cp_async_wait<S - 1>();    // this thread's copies of tile i (and of the K/V block) landed
+      cp_async_wait<0>();        // this thread's copies of tile i (and of the K/V block) landed
       fence_proxy_async_smem();  // generic-proxy writes -> wgmma operand reads
       warpgroup_barrier(wg);
-      if (i >= my_tiles) {  // idle round: the barrier that ends a round only
+      if (i >= my_tiles) {  // idle round: the next (empty) prefetch and the round's last barrier
+        prefetch(i + 1);
         warpgroup_barrier(wg);
         continue;
       }
 
+      // S = Q K^T in flight while this warpgroup builds and gathers its next tile.
       float s[16][4];
-      wgmma_qk_tile<Elem>(s, my_q_addr + st * Cfg::kQTileBytes, sK_addr);
+      wgmma_qk_issue<Elem>(s, my_q_addr + st * Cfg::kQTileBytes, sK_addr);
+      prefetch(i + 1);
+      wgmma_wait<0>();
+      wgmma_fence_operand(s);
+
       // Softmax over the block's keys for this thread's rows r_h = 16 warp + gid + 8 h.
       const int* lims = s_rowlim + st * 64;
+      const int lim[2] = {lims[16 * warp + gid], lims[16 * warp + gid + 8]};
       float m_row[2], l_row[2], lt_row[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lim = lims[16 * warp + gid + 8 * h];
-        // Uniform choices outside the element loops (a branch per element otherwise).
-        if (lim >= kBlockSize) {
-          if (args.has_temp) {
-            block_softmax_row<false, true>(s, h, lim, args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
-          } else {
-            block_softmax_row<false, false>(s, h, lim, args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
-          }
-        } else if (args.has_temp) {
-          block_softmax_row<true, true>(s, h, lim, args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
-        } else {
-          block_softmax_row<true, false>(s, h, lim, args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
+      kvm90_softmax(s, lim, args.has_temp, args.scale_log2, temp, tig, m_row, l_row, lt_row);
+
+      // O = P V in flight while the row LSEs go out.
+      float o[16][4];
+      {
+        uint32_t pa[8][4];
+        pack_p<Elem>(pa, s);
+        wgmma_pv_issue<Elem>(o, pa, sV_addr, false);
+      }
+      const int64_t* slots = s_rowslot + st * 64;
+      if (tig < 2) {  // every thread of a row holds its m and l: lane tig writes row h = tig
+        const int64_t sl = slots[kvm90_slot_index(16 * warp + gid + 8 * tig)];
+        if (sl >= 0) {
+          const float m = tig ? m_row[1] : m_row[0];
+          args.part_lse[sl] = row_lse2(m, tig ? l_row[1] : l_row[0]);
+          if (args.part_lse_t != nullptr) args.part_lse_t[sl] = row_lse2_t(m, tig ? lt_row[1] : lt_row[0], temp);
         }
       }
-
-      float o[16][4];
-      wgmma_pv_tile<Elem>(o, s, sV_addr, false);
-
-      // Epilogue: warp w's 16 rows through its quarter of the consumed query buffer.
-      const int64_t* slots = s_rowslot + st * 64;
       float mul[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) mul[h] = l_row[h] > 0.0f ? 1.0f / l_row[h] : 0.0f;
-      const int64_t slot_lane = lane < 16 ? slots[16 * warp + lane] : -1;
-      store_rows<kElemStoreKind<Elem>>(o, mul, my_q + st * Cfg::kQTileBytes + warp * 16 * 256, args.part_o,
-                                       slot_lane >= 0 ? slot_lane * 128 : -1, lane);
-      if (tig == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t sl = slots[16 * warp + gid + 8 * h];
-          if (sl >= 0) {
-            args.part_lse[sl] = row_lse2(m_row[h], l_row[h]);
-            if (args.part_lse_t != nullptr) args.part_lse_t[sl] = row_lse2_t(m_row[h], lt_row[h], temp);
-          }
-        }
-      }
-      warpgroup_barrier(wg);  // stage st (buffer and table) is free for local tile i + S
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+
+      // Epilogue: warp w's 16 rows through its quarter of the consumed query buffer.
+      kvm90_store_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes + warp * 16 * 256, args.part_o,
+                                 slots + 16 * warp, lane);
+      warpgroup_barrier(wg);  // stage st (buffer and tables) is free for local tile i + S
     }
     cp_async_wait<0>();  // the empty groups past the end
     __syncthreads();     // the block, the list and the item record are reused by the next item

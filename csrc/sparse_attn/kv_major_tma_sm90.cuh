@@ -342,21 +342,7 @@ __global__ void __launch_bounds__(KvMajorTmaConfig::kThreads, 1)
     if (has_next) issue_s(s_next);
 
     float m_row[2], l_row[2], lt_row[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // Uniform choices outside the element loops (a branch per element otherwise).
-      if (lim[h] >= kBlockSize) {
-        if (args.has_temp) {
-          block_softmax_row<false, true>(s, h, lim[h], args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
-        } else {
-          block_softmax_row<false, false>(s, h, lim[h], args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
-        }
-      } else if (args.has_temp) {
-        block_softmax_row<true, true>(s, h, lim[h], args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
-      } else {
-        block_softmax_row<true, false>(s, h, lim[h], args.scale_log2, temp, tig, m_row[h], l_row[h], lt_row[h]);
-      }
-    }
+    kvm90_softmax(s, lim, args.has_temp, args.scale_log2, temp, tig, m_row, l_row, lt_row);
 
     uint32_t pa[8][4];
     pack_p<Elem>(pa, s);

@@ -28,11 +28,12 @@ template <typename Elem>
 MSA_DEVICE void wgmma_qk_issue(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
   wgmma_fence_operand(s);
   wgmma_fence();
+  const uint64_t da0 = wgmma_desc_sw128(q_addr, 0, 1024), db0 = wgmma_desc_sw128(k_addr, 0, 1024);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     const uint32_t koff = uint32_t(kk & 3) * 32u;  // 16 dims = 32 bytes into the 64-dim half
-    const uint64_t da = wgmma_desc_sw128(q_addr + uint32_t(kk >> 2) * (64 * 128) + koff, 0, 1024);
-    const uint64_t db = wgmma_desc_sw128(k_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
+    const uint64_t da = wgmma_desc_advance(da0, uint32_t(kk >> 2) * (64 * 128) + koff);
+    const uint64_t db = wgmma_desc_advance(db0, uint32_t(kk >> 2) * (kBlockSize * 128) + koff);
     wgmma_m64n128k16_ss<Elem, 0>(s, da, db, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
@@ -43,11 +44,12 @@ MSA_DEVICE void wgmma_qk_issue(float (&s)[16][4], uint32_t q_addr, uint32_t k_ad
 template <typename Elem>
 MSA_DEVICE void wgmma_qk_issue_new(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
   wgmma_fence();
+  const uint64_t da0 = wgmma_desc_sw128(q_addr, 0, 1024), db0 = wgmma_desc_sw128(k_addr, 0, 1024);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     const uint32_t koff = uint32_t(kk & 3) * 32u;
-    const uint64_t da = wgmma_desc_sw128(q_addr + uint32_t(kk >> 2) * (64 * 128) + koff, 0, 1024);
-    const uint64_t db = wgmma_desc_sw128(k_addr + uint32_t(kk >> 2) * (kBlockSize * 128) + koff, 0, 1024);
+    const uint64_t da = wgmma_desc_advance(da0, uint32_t(kk >> 2) * (64 * 128) + koff);
+    const uint64_t db = wgmma_desc_advance(db0, uint32_t(kk >> 2) * (kBlockSize * 128) + koff);
     if (kk == 0) wgmma_m64n128k16_ss_new<Elem>(s, da, db);
     else wgmma_m64n128k16_ss<Elem, 0>(s, da, db, 1);
   }
@@ -109,25 +111,39 @@ MSA_DEVICE bool key_visible(int j, int e, int lim, int tig) {
   return !kMask || 8 * j + 2 * tig + e < lim;
 }
 
-// max over the row's visible keys of S * sign(sc), reduced over the row's 4 threads (-inf when
-// none is visible). The largest logit x = S * sc is then |sc| times it: taking the extreme on the
-// raw scores keeps the scale out of the per-key work (it goes into the exponent's fma).
+// max over the row's visible keys of S * sign(sc): row_extreme_local over this thread's keys,
+// row_extreme reduced over the row's 4 threads (-inf when none is visible). The largest logit x = S * sc is then |sc| times it: taking the extreme on the
+// raw scores keeps the scale out of the per-key work (it goes into the exponent's fma). Four
+// running maxima instead of one chain of 32 dependent FMNMX: max is exact in any order (and a NaN
+// score is skipped either way), so the result is the same value.
 template <bool kMask>
-MSA_DEVICE float row_extreme(const float (&s)[16][4], int h, int lim, float sc, int tig) {
-  float ext = neg_inf();
-  if (sc >= 0.0f) {
+MSA_DEVICE float row_extreme_local(const float (&s)[16][4], int h, int lim, float sc, int tig) {
+  float ext[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};
+  if (sc >= 0.0f) {  // the negation below is an operand modifier of FMNMX, not an instruction
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) ext = key_visible<kMask>(j, e, lim, tig) ? fmaxf(ext, s[j][2 * h + e]) : ext;
+      for (int e = 0; e < 2; ++e) {
+        float& x = ext[(2 * j + e) & 3];
+        x = key_visible<kMask>(j, e, lim, tig) ? fmaxf(x, s[j][2 * h + e]) : x;
+      }
   } else {
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) ext = key_visible<kMask>(j, e, lim, tig) ? fmaxf(ext, -s[j][2 * h + e]) : ext;
+      for (int e = 0; e < 2; ++e) {
+        float& x = ext[(2 * j + e) & 3];
+        x = key_visible<kMask>(j, e, lim, tig) ? fmaxf(x, -s[j][2 * h + e]) : x;
+      }
   }
-  ext = fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 1));
-  return fmaxf(ext, __shfl_xor_sync(0xffffffffu, ext, 2));
+  return fmaxf(fmaxf(ext[0], ext[1]), fmaxf(ext[2], ext[3]));
+}
+
+template <bool kMask>
+MSA_DEVICE float row_extreme(const float (&s)[16][4], int h, int lim, float sc, int tig) {
+  const float m = row_extreme_local<kMask>(s, h, lim, sc, tig);
+  const float m1 = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  return fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
 }
 
 // P = 2^(x - m_use) = 2^fma(S, sc, -m_use) in place (0 for invisible keys); sum += this thread's
