@@ -45,6 +45,18 @@ MSA_DEVICE uint32_t swizzle_128x16b_bytes(int row, int chunk) {
   return uint32_t(row) * 256u + (uint32_t(chunk ^ (row & 7)) << 4);
 }
 
+// ---- predicated global store ---------------------------------------------------------------------
+
+// 16-byte global store done only when `pred` (a predicated instruction, not a branch: a run of them
+// can follow a run of loads without a branch between each pair). `dst` 16-byte aligned; when !pred
+// it is not accessed.
+MSA_DEVICE void st_global_16_if(void* dst, uint4 v, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(dst),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(int(pred))
+      : "memory");
+}
+
 // ---- cp.async ----------------------------------------------------------------------------------
 
 // 16-byte global -> shared copy, bypassing L1 (.cg). `src` must be 16-byte aligned.

@@ -6,17 +6,17 @@
 // query area) and the item's list entries into shared memory; then each warpgroup streams every
 // fourth 64-row query tile of the item (rows = (token, head) pairs) through the block, with a
 // 2-stage query ring per warpgroup. Per tile and warpgroup:
-//   S = Q K^T          8 x wgmma m64n128k16, Q and K from shared memory; while they run, the
-//                      warpgroup builds the next tile's row tables and gathers its query rows by
-//                      cp.async
+//   S = Q K^T          8 x wgmma m64n128k16, Q and K from shared memory; while they run, each
+//                      warp builds its 16 rows' tables of the next tile and gathers their query
+//                      rows by cp.async (no warpgroup barrier: a warp only reads its own rows)
 //   P = 2^(S scale log2e - m)   one softmax over the block's 128 keys (no running rescale: a
 //                      partial covers exactly one block), masked by each row's causal limit, both
 //                      rows of a thread in one pass
 //   O = P V            8 x wgmma m64n128k16, P from registers (the S accumulator layout is the A
 //                      fragment layout), V read MN-major from the same tile layout as K; while they
 //                      run, the row LSEs are written
-// and writes O / l (compute dtype: stmatrix into the consumed query buffer, then 16-byte stores)
-// as the row's partial, exactly where kv_major.cuh writes it; the combine kernel
+// and writes O / l (compute dtype: stmatrix into the consumed query buffer, then predicated
+// 16-byte stores) as the row's partial, exactly where kv_major.cuh writes it; the combine kernel
 // is shared. Each output row depends only on its own query row and the block (row-independent
 // MMAs, a softmax reduced in a fixed order), so results are deterministic (D11).
 #pragma once
@@ -62,17 +62,18 @@ struct KvMajorSm90Config {
 };
 
 #if MSA_HAS_WGMMA
-// Row tables of one 64-row tile, each in the order its reader wants:
-//   q     byte offset of row i's query vector, at kvm90_q_index(i): the thread that gathers rows
-//         r0, r0 + 8, ..., r0 + 56 reads its 8 offsets with 4 16-byte loads. Padding rows (past
-//         the item's end) read row 0 of q: their scores are masked away (lim 0, so P = 0) and they
-//         are never stored, so no copy needs a zero-fill.
-//   slot  partial index of row i (-1 for padding rows), at kvm90_slot_index(i): within a warp's
-//         16 rows, row 2 j + c at 8 c + j, so that the lane storing rows c, c + 2, ..., c + 14
-//         reads its slots contiguously.
-//   lim   visible keys of the block for row i (0 for padding rows), in row order.
-MSA_DEVICE int kvm90_q_index(int i) { return (i & 7) * 8 + (i >> 3); }
-MSA_DEVICE int kvm90_slot_index(int i) { return (i & ~15) | ((i & 1) << 3) | ((i & 15) >> 1); }
+// Row tables of one 64-row tile. Each warp builds, reads and stores the 16 rows of its own m16
+// slice (rows 16 w .. 16 w + 15 of the tile: its wgmma rows), so no table needs more than a
+// __syncwarp; per row:
+//   q     byte offset of the row's query vector (padding rows, past the item's end, read row 0 of
+//         q: their scores are masked away, lim 0 so P = 0, and they are never stored, so no copy
+//         needs a zero-fill),
+//   slot  partial index (-1 for padding rows),
+//   lim   visible keys of the block (0 for padding rows).
+// q and slot sit at kvm90_row_index(i): within a warp's 16 rows, row 2 j + c at 8 c + j, so that
+// the lane gathering or storing rows c, c + 2, ..., c + 14 reads its 8 entries with 4 16-byte
+// loads; lim sits in row order.
+MSA_DEVICE int kvm90_row_index(int i) { return (i & ~15) | ((i & 1) << 3) | ((i & 15) >> 1); }
 
 // The multiplier of kvm90_div_group: ceil(2^32 / G) for 2 <= G < 2048, else 0 (divide).
 MSA_DEVICE uint32_t kvm90_group_magic(int G) {
@@ -88,15 +89,17 @@ MSA_DEVICE int kvm90_div_group(int i, int G, uint32_t magic) {
   return magic != 0 ? int(__umulhi(uint32_t(i), magic)) : i / G;
 }
 
-// Fills the row tables of one 64-row tile (threads 0-63 of the warpgroup, one row each) for
-// (token, head) row `i` of the item.
+// Lanes 0-15 of warp w fill the tables of rows 16 w + lane of local tile `tile` (-1: past the
+// item's end, every row padding).
 template <typename Elem>
 MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is, const uint32_t* s_list,
-                                 int tile, int64_t* s_q, int64_t* s_slot, int* s_lim, int wtid, uint32_t g_magic) {
-  if (wtid >= 64) return;
+                                 int tile, int64_t* s_q, int64_t* s_slot, int* s_lim, int warp, int lane,
+                                 uint32_t g_magic) {
+  if (lane >= 16) return;
   const SparseAttnParams& p = args.p;
   const int G = args.group;
-  const int i = tile * 64 + wtid;
+  const int row = 16 * warp + lane;
+  const int i = tile * 64 + row;
   int64_t qb = 0, slot_idx = -1;
   int lim = 0;
   if (tile >= 0 && i < is.rows) {
@@ -109,23 +112,31 @@ MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is
     slot_idx = ((int64_t(is.kh) * args.chunk_rows + rel) * p.topk + slot) * G + g;
     lim = max(0, min(kBlockSize, col_limit(p.causal, is.q_off, r - is.q_begin, is.seqlen_k) - is.j0));
   }
-  s_q[kvm90_q_index(wtid)] = qb;
-  s_slot[kvm90_slot_index(wtid)] = slot_idx;
-  s_lim[wtid] = lim;
+  s_q[kvm90_row_index(row)] = qb;
+  s_slot[kvm90_row_index(row)] = slot_idx;
+  s_lim[row] = lim;
 }
 
-// cp.async of one 64-row query tile (Sw128Tile<64>), committed as one group (an empty group for a
-// tile past the item's end). Thread wtid copies the 16-byte chunk ch = wtid % 16 of rows
-// r0 + 8 k (r0 = wtid / 16, k < 8): every one of them has row % 8 = r0, so their destinations are
-// `dst` = at(r0, ch) + 1024 k and their sources q_ch (q + 16 ch bytes) + the row's offset.
-MSA_DEVICE void kvm90_issue_q(bool live, const uint8_t* q_ch, const int64_t* s_q, uint32_t dst, int r0) {
+// cp.async of a warp's 16 rows of one 64-row query tile (Sw128Tile<64> at `tile`), committed as
+// one group (an empty group for a tile past the item's end). Lane t copies the 16-byte chunk
+// ch = t % 16 of the warp's rows c + 2 j (c = t / 16, j < 8): its source is q + 16 ch bytes + the
+// row's offset; its destination at(16 w + c + 2 j, ch) = dst + 256 j + ((x ^ (2 j % 8)) << 4),
+// with dst = at(16 w + c, 0 or 8 for the half) and x = (ch % 8) ^ c (the row's % 8 is
+// c ^ (2 j % 8)). (Derived here from the lane, not kept in registers across the tile loop.)
+MSA_DEVICE void kvm90_issue_q(bool live, const void* q, const int64_t* s_q_warp, uint32_t tile, int warp, int lane) {
   if (live) {
-    const longlong2* t = reinterpret_cast<const longlong2*>(s_q + 8 * r0);
+    const int ch = lane & 15, c = lane >> 4;
+    const uint8_t* q_ch = static_cast<const uint8_t*>(q) + 16 * ch;
+    const uint32_t dst = tile + uint32_t(ch >> 3) * (64 * 128) + uint32_t(16 * warp + c) * 128u;
+    const uint32_t x = uint32_t((ch & 7) ^ c);
+    const longlong2* t = reinterpret_cast<const longlong2*>(s_q_warp + 8 * c);
+    longlong2 off[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const longlong2 v = t[k];
-      cp_async_16(dst + 2048u * uint32_t(k), q_ch + v.x);
-      cp_async_16(dst + 2048u * uint32_t(k) + 1024u, q_ch + v.y);
+    for (int k = 0; k < 4; ++k) off[k] = t[k];  // the loads first: one wait, not one per copy
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t o = (j & 1) ? off[j >> 1].y : off[j >> 1].x;
+      cp_async_16(dst + 256u * uint32_t(j) + ((x ^ uint32_t((2 * j) & 7)) << 4), q_ch + o);
     }
   }
   cp_async_commit();
@@ -133,8 +144,9 @@ MSA_DEVICE void kvm90_issue_q(bool live, const uint8_t* q_ch, const int64_t* s_q
 
 // The warp's 16 rows of O * mul as partials: stmatrix into the warp's 4 KB `stage` (row r at
 // 256 r, its 16-byte chunk c at c ^ (r % 8)), then lane t copies chunk t % 16 of rows
-// t / 16 + 2 j (j < 8) to the rows' partials (16-byte stores; none for a padding row).
-// `slots` is the warp's part of the slot table (kvm90_slot_index order).
+// t / 16 + 2 j (j < 8) to the rows' partials: all 8 chunks and slots loaded first, then 8
+// predicated 16-byte stores (none for a padding row). `slots` is the warp's part of the slot
+// table (kvm90_row_index order).
 template <typename Elem>
 MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* stage,
                                      void* part_o, const int64_t* slots, int lane) {
@@ -156,17 +168,20 @@ MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)
   __syncwarp();
   const int ch = lane & 15, c0 = lane >> 4;
   const longlong2* t = reinterpret_cast<const longlong2*>(slots + 8 * c0);
+  longlong2 sl[4];
+  uint4 v[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) sl[k] = t[k];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int r = c0 + 2 * j;
+    v[j] = *reinterpret_cast<const uint4*>(stage + r * 256 + ((ch ^ (r & 7)) << 4));
+  }
   uint8_t* dst = static_cast<uint8_t*>(part_o) + 16 * ch;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const longlong2 sl = t[k];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int r = c0 + 2 * (2 * k + e);
-      const int64_t slot = e ? sl.y : sl.x;
-      const uint4 v = *reinterpret_cast<const uint4*>(stage + r * 256 + ((ch ^ (r & 7)) << 4));
-      if (slot >= 0) *reinterpret_cast<uint4*>(dst + slot * 256) = v;
-    }
+  for (int j = 0; j < 8; ++j) {
+    const int64_t slot = (j & 1) ? sl[j >> 1].y : sl[j >> 1].x;
+    st_global_16_if(dst + slot * 256, v[j], slot >= 0);
   }
   __syncwarp();
 }
@@ -183,29 +198,11 @@ template <bool kMask, bool kTemp>
 MSA_DEVICE void block_softmax_rows(float (&s)[16][4], const int (&lim)[2], float sc, float temp, int tig,
                                    float (&m)[2], float (&l)[2], float (&lt)[2]) {
   float ext[2];
+  rows_extreme<kMask>(s, lim, sc, tig, ext);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) ext[h] = row_extreme_local<kMask>(s, h, lim[h], sc, tig);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) ext[h] = fmaxf(ext[h], __shfl_xor_sync(0xffffffffu, ext[h], 1));
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    ext[h] = fmaxf(ext[h], __shfl_xor_sync(0xffffffffu, ext[h], 2));
-    m[h] = ext[h] == neg_inf() ? 0.0f : ext[h] * fabsf(sc);
-  }
+  for (int h = 0; h < 2; ++h) m[h] = ext[h] == neg_inf() ? 0.0f : ext[h] * fabsf(sc);
   float sum[2] = {0.0f, 0.0f}, sum_t[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sv = s[j][2 * h + e];
-        const bool vis = key_visible<kMask>(j, e, lim[h], tig);
-        if constexpr (kTemp) sum_t[h] += vis ? exp2_approx(temp * fmaf(sv, sc, -m[h])) : 0.0f;
-        const float pr = vis ? exp2_approx(fmaf(sv, sc, -m[h])) : 0.0f;
-        s[j][2 * h + e] = pr;
-        sum[h] += pr;
-      }
+  rows_exp_sum<kMask, kTemp>(s, lim, sc, temp, tig, m, sum, sum_t);
 #pragma unroll
   for (int k = 1; k <= 2; k <<= 1)
 #pragma unroll
@@ -257,10 +254,6 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   uint8_t* my_q = s_qarea + wg * S * Cfg::kQTileBytes;
   const uint32_t sK_addr = smem_addr(sK), sV_addr = smem_addr(sV), sQ_addr = smem_addr(s_qarea);
   const uint32_t my_q_addr = smem_addr(my_q);
-  // This thread's share of every query gather (kvm90_issue_q): chunk wtid % 16 of rows wtid / 16 + 8 k.
-  const int q_r0 = wtid >> 4;
-  const uint8_t* q_ch = static_cast<const uint8_t*>(p.q) + 16 * (wtid & 15);
-  const uint32_t q_dst = my_q_addr + Sw128Tile<Cfg::kTileRows>::at(q_r0, wtid & 15);
   const uint32_t g_magic = kvm90_group_magic(args.group);
   const float temp = p.lse_temperature;
   check_smem_base(smem);
@@ -315,21 +308,22 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     // Warpgroup wg takes tiles wg, wg + 4, ...: local tile i is tile wg + 4 i, in stage i % S.
     const int n_tiles = (is.rows + Cfg::kTileRows - 1) / Cfg::kTileRows;
     const int my_tiles = n_tiles > wg ? (n_tiles - wg + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups : 0;
-    // Row tables and query loads of local tile i (an empty group past the end). Stage i % S was
-    // last used by local tile i - S, finished (epilogue included) by every thread of the
-    // warpgroup before the barrier that ended its round.
+    // Row tables and query loads of this warp's rows of local tile i (an empty group past the
+    // end). Stage i % S was last used by local tile i - S, finished (epilogue included) by every
+    // thread of the warpgroup before the barrier that ended its round; the tables are the warp's
+    // own (no other warp reads them), so a __syncwarp publishes them.
     auto prefetch = [&](int i) {
       const int st = i % S;
       kvm90_build_rows<Elem>(args, is, s_list, i < my_tiles ? wg + Cfg::kWarpgroups * i : -1, s_rowq + st * 64,
-                             s_rowslot + st * 64, s_rowlim + st * 64, wtid, g_magic);
-      warpgroup_barrier(wg);
-      kvm90_issue_q(i < my_tiles, q_ch, s_rowq + st * 64, q_dst + st * Cfg::kQTileBytes, q_r0);
+                             s_rowslot + st * 64, s_rowlim + st * 64, warp, lane, g_magic);
+      __syncwarp();
+      kvm90_issue_q(i < my_tiles, p.q, s_rowq + st * 64 + 16 * warp, my_q_addr + st * Cfg::kQTileBytes, warp, lane);
     };
     static_assert(S == 2, "one gather in flight: tile i + 1's, issued while tile i's S = Q K^T runs");
     prefetch(0);
 
     // Every warpgroup runs the same number of rounds, the last one idle where it has a tile less:
-    // the warpgroups then pass the same number of barriers per item (three per round). compute-
+    // the warpgroups then pass the same number of barriers per item (two per round). compute-
     // sanitizer's racecheck needs that: with unequal counts it reports hazards between the item
     // record's write and the reads of an earlier item although __syncthreads orders every one of
     // them (the model of this loop in scripts/racecheck_model.cu shows the reports with unequal
@@ -369,7 +363,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       }
       const int64_t* slots = s_rowslot + st * 64;
       if (tig < 2) {  // every thread of a row holds its m and l: lane tig writes row h = tig
-        const int64_t sl = slots[kvm90_slot_index(16 * warp + gid + 8 * tig)];
+        const int64_t sl = slots[kvm90_row_index(16 * warp + gid + 8 * tig)];
         if (sl >= 0) {
           const float m = tig ? m_row[1] : m_row[0];
           args.part_lse[sl] = row_lse2(m, tig ? l_row[1] : l_row[0]);
@@ -378,7 +372,8 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       }
       float mul[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) mul[h] = l_row[h] > 0.0f ? 1.0f / l_row[h] : 0.0f;
+      // __frcp_rn is the correctly rounded 1 / l, as the division is (without its slow path).
+      for (int h = 0; h < 2; ++h) mul[h] = l_row[h] > 0.0f ? __frcp_rn(l_row[h]) : 0.0f;
       wgmma_wait<0>();
       wgmma_fence_operand(o);
 

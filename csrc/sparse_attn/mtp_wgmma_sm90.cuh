@@ -495,11 +495,10 @@ __global__ void __launch_bounds__(MtpWgmmaConfig::kThreads, 1) mtp_wgmma_sm90_ke
       mbar_arrive(bars.k_empty(pos.st));
 
       float alpha[2];
+      int lim[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lim = tok_shift[h] >= 0 ? int((counts >> tok_shift[h]) & 0xFFu) : 0;
-        union_softmax_row_lim(s, h, lim, a.has_temp, sc, temp, tig, m_row[h], l_row[h], lt_row[h], alpha[h]);
-      }
+      for (int h = 0; h < 2; ++h) lim[h] = tok_shift[h] >= 0 ? int((counts >> tok_shift[h]) & 0xFFu) : 0;
+      union_softmax_rows_lim(s, lim, a.has_temp, sc, temp, tig, m_row, l_row, lt_row, alpha);
       // P V done (unconditional: on every path the compiler sees no accumulator read while an
       // MMA may run).
       wgmma_wait<0>();

@@ -80,29 +80,38 @@ struct UnionSm90Config {
 static_assert(UnionSm90Config::kTileBufs == 2 && UnionSm90Config::kStages == 2, "parity arithmetic below");
 
 #if MSA_HAS_WGMMA
-// Online softmax of fragment row h over one block: keys >= lim are invisible (lim <= 0: the row
-// sees nothing of the block and nothing changes). m is the running reference max (base 2, -inf
-// before any visible key), l / lt this thread's partial sums; o's row is rescaled when m moves by
-// more than the slack (the caller applies `alpha`, 1 when the row did not move).
+// Online softmax of both fragment rows of this thread over one block: keys >= lim[h] are
+// invisible to row h (lim <= 0: the row sees nothing of the block and nothing changes). m is the
+// running reference max (base 2, -inf before any visible key), l / lt this thread's partial sums;
+// o's row is rescaled when m moves by more than the slack (the caller applies `alpha`, 1 when the
+// row did not move). The two rows go through one pass (their chains interleave); each row's
+// arithmetic is the one-row form's.
 template <bool kMask, bool kTemp>
-MSA_DEVICE void union_softmax_row(float (&s)[16][4], int h, int lim, float sc, float temp, int tig, float& m,
-                                  float& l, float& lt, float& alpha) {
-  const float ext = row_extreme<kMask>(s, h, lim, sc, tig);
-  const float mx = ext == neg_inf() ? neg_inf() : ext * fabsf(sc);
-  const float m_old = m;
-  const bool moved = mx > m_old + kLazyRescaleSlack;  // -inf + slack = -inf: the first visible key moves
-  alpha = 1.0f;
-  if (moved) {
-    alpha = m_old == neg_inf() ? 0.0f : exp2_approx(m_old - mx);
-    l *= alpha;
-    if constexpr (kTemp) lt *= m_old == neg_inf() ? 0.0f : exp2_approx(temp * (m_old - mx));
-    m = mx;
+MSA_DEVICE void union_softmax_rows(float (&s)[16][4], const int (&lim)[2], float sc, float temp, int tig,
+                                   float (&m)[2], float (&l)[2], float (&lt)[2], float (&alpha)[2]) {
+  float ext[2], m_use[2];
+  rows_extreme<kMask>(s, lim, sc, tig, ext);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float mx = ext[h] == neg_inf() ? neg_inf() : ext[h] * fabsf(sc);
+    const float m_old = m[h];
+    const bool moved = mx > m_old + kLazyRescaleSlack;  // -inf + slack = -inf: the first visible key moves
+    alpha[h] = 1.0f;
+    if (moved) {
+      alpha[h] = m_old == neg_inf() ? 0.0f : exp2_approx(m_old - mx);
+      l[h] *= alpha[h];
+      if constexpr (kTemp) lt[h] *= m_old == neg_inf() ? 0.0f : exp2_approx(temp * (m_old - mx));
+      m[h] = mx;
+    }
+    m_use[h] = m[h] == neg_inf() ? 0.0f : m[h];
   }
-  const float m_use = m == neg_inf() ? 0.0f : m;
-  float sum = 0.0f, sum_t = 0.0f;
-  row_exp_sum<kMask, kTemp>(s, h, lim, sc, temp, tig, m_use, sum, sum_t);
-  l += sum;
-  if constexpr (kTemp) lt += sum_t;
+  float sum[2] = {0.0f, 0.0f}, sum_t[2] = {0.0f, 0.0f};
+  rows_exp_sum<kMask, kTemp>(s, lim, sc, temp, tig, m_use, sum, sum_t);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += sum[h];
+    if constexpr (kTemp) lt[h] += sum_t[h];
+  }
 }
 
 // The next tile of the work list (one producer thread): its state, w = -1 when none is left.
@@ -158,17 +167,18 @@ MSA_DEVICE UnionRows union_rows(int wg, int warp, int gid, int G) {
   return r;
 }
 
-// The online softmax of fragment row h over one block whose first lim keys it sees (<= 0: none),
-// s becoming P. Uniform choices outside the element loops: the mask only where keys are cut, the
+// The online softmax of both fragment rows over one block whose first lim[h] keys row h sees
+// (<= 0: none), s becoming P. Uniform choices outside the element loops: the mask only where some
+// key of the thread's rows is cut (the masked form gives the same values where none is), the
 // temperature sum only where it is asked for.
-MSA_DEVICE void union_softmax_row_lim(float (&s)[16][4], int h, int lim, bool has_temp, float sc, float temp,
-                                      int tig, float& m, float& l, float& lt, float& alpha) {
-  if (lim >= kBlockSize) {
-    if (has_temp) union_softmax_row<false, true>(s, h, lim, sc, temp, tig, m, l, lt, alpha);
-    else union_softmax_row<false, false>(s, h, lim, sc, temp, tig, m, l, lt, alpha);
+MSA_DEVICE void union_softmax_rows_lim(float (&s)[16][4], const int (&lim)[2], bool has_temp, float sc, float temp,
+                                       int tig, float (&m)[2], float (&l)[2], float (&lt)[2], float (&alpha)[2]) {
+  if (min(lim[0], lim[1]) >= kBlockSize) {
+    if (has_temp) union_softmax_rows<false, true>(s, lim, sc, temp, tig, m, l, lt, alpha);
+    else union_softmax_rows<false, false>(s, lim, sc, temp, tig, m, l, lt, alpha);
   } else {
-    if (has_temp) union_softmax_row<true, true>(s, h, lim, sc, temp, tig, m, l, lt, alpha);
-    else union_softmax_row<true, false>(s, h, lim, sc, temp, tig, m, l, lt, alpha);
+    if (has_temp) union_softmax_rows<true, true>(s, lim, sc, temp, tig, m, l, lt, alpha);
+    else union_softmax_rows<true, false>(s, lim, sc, temp, tig, m, l, lt, alpha);
   }
 }
 
@@ -177,11 +187,10 @@ MSA_DEVICE void union_softmax_row_lim(float (&s)[16][4], int h, int lim, bool ha
 MSA_DEVICE void union_block_softmax(float (&s)[16][4], const UnionTilePlan& pl, const UnionRows& rows,
                                     uint32_t msk, int j0, bool has_temp, float sc, float temp, int tig,
                                     float (&m)[2], float (&l)[2], float (&lt)[2], float (&alpha)[2]) {
+  int lim[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int lim = ((msk >> rows.tok[h]) & 1u) ? min(kBlockSize, pl.lim[rows.tok[h]] - j0) : 0;
-    union_softmax_row_lim(s, h, lim, has_temp, sc, temp, tig, m[h], l[h], lt[h], alpha[h]);
-  }
+  for (int h = 0; h < 2; ++h) lim[h] = ((msk >> rows.tok[h]) & 1u) ? min(kBlockSize, pl.lim[rows.tok[h]] - j0) : 0;
+  union_softmax_rows_lim(s, lim, has_temp, sc, temp, tig, m, l, lt, alpha);
 }
 
 // A union block none of the warpgroup's tokens selected: no MMA, m / l / o unchanged (exactly what

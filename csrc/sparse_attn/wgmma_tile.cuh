@@ -1,9 +1,9 @@
-// Warpgroup-level pieces shared by the sm_90a attention kernels (kv_major_sm90.cuh, union_sm90.cuh):
+// Warpgroup-level pieces shared by the sm_90a attention kernels (KV-major, tile and MTP union):
 // a 64-row query tile against one 128-key block.
 //   wgmma_qk_tile    S = Q K^T (8 x wgmma m64n128k16, both operands in shared memory); _issue
 //                    without the wait (union_tma_sm90.cuh overlaps it with the softmax)
-//   row_extreme      the largest scaled logit of a fragment row over its visible keys
-//   row_exp_sum      P = 2^(x - m) in place, and the row's partial sums
+//   rows_extreme     the largest scaled logit of each fragment row over its visible keys
+//   rows_exp_sum     P = 2^(x - m) in place, and each row's partial sums
 //   wgmma_pv_tile    O (+)= P V (8 x wgmma m64n128k16, P from registers); pack_p + _issue without
 //                    the wait
 // Tiles are common/wgmma.cuh's [2][rows][64] 128-byte-swizzled layout; fragment row h of a thread
@@ -111,11 +111,18 @@ MSA_DEVICE bool key_visible(int j, int e, int lim, int tig) {
   return !kMask || 8 * j + 2 * tig + e < lim;
 }
 
-// max over the row's visible keys of S * sign(sc): row_extreme_local over this thread's keys,
-// row_extreme reduced over the row's 4 threads (-inf when none is visible). The largest logit x = S * sc is then |sc| times it: taking the extreme on the
-// raw scores keeps the scale out of the per-key work (it goes into the exponent's fma). Four
-// running maxima instead of one chain of 32 dependent FMNMX: max is exact in any order (and a NaN
-// score is skipped either way), so the result is the same value.
+// The softmax pieces over one block, for both fragment rows of a thread at once (their dependent
+// chains interleave):
+//   row_extreme_local  max over the thread's visible keys of row h of S * sign(sc), four running
+//                      maxima instead of one chain of 32 dependent FMNMX: max is exact in any
+//                      order (and a NaN score is skipped either way)
+//   rows_extreme       that, reduced over each row's 4 threads (-inf when nothing is visible). The
+//                      largest logit x = S * sc is then |sc| times it: taking the extreme on the raw
+//                      scores keeps the scale out of the per-key work (it goes into the exponent's
+//                      fma)
+//   rows_exp_sum       P = 2^(x - m_use) = 2^fma(S, sc, -m_use) in place (0 for invisible keys);
+//                      sum[h] += this thread's share of row h's sum P, in key order, sum_t[h] +=
+//                      its share of sum 2^(T (x - m_use)) (kTemp)
 template <bool kMask>
 MSA_DEVICE float row_extreme_local(const float (&s)[16][4], int h, int lim, float sc, int tig) {
   float ext[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};
@@ -140,28 +147,31 @@ MSA_DEVICE float row_extreme_local(const float (&s)[16][4], int h, int lim, floa
 }
 
 template <bool kMask>
-MSA_DEVICE float row_extreme(const float (&s)[16][4], int h, int lim, float sc, int tig) {
-  const float m = row_extreme_local<kMask>(s, h, lim, sc, tig);
-  const float m1 = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  return fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+MSA_DEVICE void rows_extreme(const float (&s)[16][4], const int (&lim)[2], float sc, int tig, float (&ext)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) ext[h] = row_extreme_local<kMask>(s, h, lim[h], sc, tig);
+#pragma unroll
+  for (int k = 1; k <= 2; k <<= 1)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ext[h] = fmaxf(ext[h], __shfl_xor_sync(0xffffffffu, ext[h], k));
 }
 
-// P = 2^(x - m_use) = 2^fma(S, sc, -m_use) in place (0 for invisible keys); sum += this thread's
-// share of sum P, sum_t += its share of sum 2^(T (x - m_use)) (kTemp).
 template <bool kMask, bool kTemp>
-MSA_DEVICE void row_exp_sum(float (&s)[16][4], int h, int lim, float sc, float temp, int tig, float m_use,
-                            float& sum, float& sum_t) {
+MSA_DEVICE void rows_exp_sum(float (&s)[16][4], const int (&lim)[2], float sc, float temp, int tig,
+                             const float (&m_use)[2], float (&sum)[2], float (&sum_t)[2]) {
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float sv = s[j][2 * h + e];
-      const bool vis = key_visible<kMask>(j, e, lim, tig);
-      if constexpr (kTemp) sum_t += vis ? exp2_approx(temp * fmaf(sv, sc, -m_use)) : 0.0f;
-      const float pr = vis ? exp2_approx(fmaf(sv, sc, -m_use)) : 0.0f;
-      s[j][2 * h + e] = pr;
-      sum += pr;
-    }
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sv = s[j][2 * h + e];
+        const bool vis = key_visible<kMask>(j, e, lim[h], tig);
+        if constexpr (kTemp) sum_t[h] += vis ? exp2_approx(temp * fmaf(sv, sc, -m_use[h])) : 0.0f;
+        const float pr = vis ? exp2_approx(fmaf(sv, sc, -m_use[h])) : 0.0f;
+        s[j][2 * h + e] = pr;
+        sum[h] += pr;
+      }
 }
 #endif  // MSA_HAS_WGMMA
 
