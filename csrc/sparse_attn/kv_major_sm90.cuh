@@ -24,6 +24,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/cuda_utils.h"
+#include "common/group_div.h"
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
@@ -75,19 +76,7 @@ struct KvMajorSm90Config {
 // loads; lim sits in row order.
 MSA_DEVICE int kvm90_row_index(int i) { return (i & ~15) | ((i & 1) << 3) | ((i & 15) >> 1); }
 
-// The multiplier of kvm90_div_group: ceil(2^32 / G) for 2 <= G < 2048, else 0 (divide).
-MSA_DEVICE uint32_t kvm90_group_magic(int G) {
-  return G >= 2 && G < 2048 ? uint32_t(0xFFFFFFFFull / uint32_t(G)) + 1u : 0u;
-}
-
-// i / G for a row i of an item. With magic = ceil(2^32 / G), floor(i magic / 2^32) = floor(i / G)
-// while i G < 2^32: the excess i (magic - 2^32 / G) / 2^32 < i / 2^32 stays below 1 / G. An item
-// has at most kKvm90MaxTokensPerItem tokens, i < 1024 G, so that holds for G < 2048.
-MSA_DEVICE int kvm90_div_group(int i, int G, uint32_t magic) {
-  static_assert(kKvm90MaxTokensPerItem <= 1024, "the bound above");
-  if (G == 1) return i;
-  return magic != 0 ? int(__umulhi(uint32_t(i), magic)) : i / G;
-}
+static_assert(kKvm90MaxTokensPerItem <= kGroupDivMaxRowsPerG, "group_div covers an item's rows");
 
 // Lanes 0-15 of warp w fill the tables of rows 16 w + lane of local tile `tile` (-1: past the
 // item's end, every row padding).
@@ -103,7 +92,7 @@ MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is
   int64_t qb = 0, slot_idx = -1;
   int lim = 0;
   if (tile >= 0 && i < is.rows) {
-    const int e = kvm90_div_group(i, G, g_magic);
+    const int e = group_div(i, G, g_magic);  // common/group_div.h
     const int g = i - e * G;
     const uint32_t v = s_list[e];
     const int rel = int(v >> 6), slot = int(v & 63u);
@@ -254,7 +243,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   uint8_t* my_q = s_qarea + wg * S * Cfg::kQTileBytes;
   const uint32_t sK_addr = smem_addr(sK), sV_addr = smem_addr(sV), sQ_addr = smem_addr(s_qarea);
   const uint32_t my_q_addr = smem_addr(my_q);
-  const uint32_t g_magic = kvm90_group_magic(args.group);
+  const uint32_t g_magic = group_div_magic(args.group);
   const float temp = p.lse_temperature;
   check_smem_base(smem);
 
