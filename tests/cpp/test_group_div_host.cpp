@@ -1,7 +1,9 @@
 // group_div (csrc/common/group_div.h), the KV-major kernel's i / G by a multiply, against the
 // division: every row of every group size up to 128 (M3's 16 among them), and for every G up to
-// the multiply form's bound the rows around each multiple of G (where a quotient changes) and the
-// top of the range. A test that can fail: a magic one below ceil(2^32 / G) is wrong at i = G.
+// the multiply form's bound the rows around each multiple of G, where a quotient changes. Both
+// sides are non-decreasing in i, so agreeing at q G - 1, q G and q G + 1 for every q proves them
+// equal on the whole range. A test that can fail: a magic one below ceil(2^32 / G) is wrong at
+// i = G.
 #include <gtest/gtest.h>
 
 #include <cstdint>
