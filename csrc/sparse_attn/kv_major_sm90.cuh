@@ -210,14 +210,9 @@ MSA_DEVICE void block_softmax_rows(float (&s)[16][4], const int (&lim)[2], float
 // warp's rows are one token's heads).
 MSA_DEVICE void kvm90_softmax(float (&s)[16][4], const int (&lim)[2], bool has_temp, float sc, float temp, int tig,
                               float (&m)[2], float (&l)[2], float (&lt)[2]) {
-  if (min(lim[0], lim[1]) >= kBlockSize) {
-    if (has_temp) block_softmax_rows<false, true>(s, lim, sc, temp, tig, m, l, lt);
-    else block_softmax_rows<false, false>(s, lim, sc, temp, tig, m, l, lt);
-  } else if (has_temp) {
-    block_softmax_rows<true, true>(s, lim, sc, temp, tig, m, l, lt);
-  } else {
-    block_softmax_rows<true, false>(s, lim, sc, temp, tig, m, l, lt);
-  }
+  with_softmax_variant(lim, has_temp, [&](auto mask, auto tmp) {
+    block_softmax_rows<decltype(mask)::value, decltype(tmp)::value>(s, lim, sc, temp, tig, m, l, lt);
+  });
 }
 #endif
 
@@ -359,9 +354,9 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
           if (args.part_lse_t != nullptr) args.part_lse_t[sl] = row_lse2_t(m, tig ? lt_row[1] : lt_row[0], temp);
         }
       }
+      // __frcp_rn is the correctly rounded 1 / l, as the division is (without its slow path).
       float mul[2];
 #pragma unroll
-      // __frcp_rn is the correctly rounded 1 / l, as the division is (without its slow path).
       for (int h = 0; h < 2; ++h) mul[h] = l_row[h] > 0.0f ? __frcp_rn(l_row[h]) : 0.0f;
       wgmma_wait<0>();
       wgmma_fence_operand(o);

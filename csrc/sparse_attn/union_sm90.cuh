@@ -168,18 +168,12 @@ MSA_DEVICE UnionRows union_rows(int wg, int warp, int gid, int G) {
 }
 
 // The online softmax of both fragment rows over one block whose first lim[h] keys row h sees
-// (<= 0: none), s becoming P. Uniform choices outside the element loops: the mask only where some
-// key of the thread's rows is cut (the masked form gives the same values where none is), the
-// temperature sum only where it is asked for.
+// (<= 0: none), s becoming P, in the variant with_softmax_variant chooses.
 MSA_DEVICE void union_softmax_rows_lim(float (&s)[16][4], const int (&lim)[2], bool has_temp, float sc, float temp,
                                        int tig, float (&m)[2], float (&l)[2], float (&lt)[2], float (&alpha)[2]) {
-  if (min(lim[0], lim[1]) >= kBlockSize) {
-    if (has_temp) union_softmax_rows<false, true>(s, lim, sc, temp, tig, m, l, lt, alpha);
-    else union_softmax_rows<false, false>(s, lim, sc, temp, tig, m, l, lt, alpha);
-  } else {
-    if (has_temp) union_softmax_rows<true, true>(s, lim, sc, temp, tig, m, l, lt, alpha);
-    else union_softmax_rows<true, false>(s, lim, sc, temp, tig, m, l, lt, alpha);
-  }
+  with_softmax_variant(lim, has_temp, [&](auto mask, auto tmp) {
+    union_softmax_rows<decltype(mask)::value, decltype(tmp)::value>(s, lim, sc, temp, tig, m, l, lt, alpha);
+  });
 }
 
 // The online softmax of both fragment rows over union block u (first key j0, token mask msk): a row

@@ -10,6 +10,8 @@
 // is row 16 warp + gid + 8 h of the tile, its keys 8 j + 2 tig + e (j < 16, e < 2).
 #pragma once
 
+#include <type_traits>
+
 #include "common/wgmma.cuh"
 #include "sparse_attn/attention_core.cuh"
 
@@ -172,6 +174,21 @@ MSA_DEVICE void rows_exp_sum(float (&s)[16][4], const int (&lim)[2], float sc, f
         s[j][2 * h + e] = pr;
         sum[h] += pr;
       }
+}
+
+// Calls f(std::bool_constant<kMask>{}, std::bool_constant<kTemp>{}) with the softmax variant of a
+// thread's two rows, chosen once outside the element loops (a branch per element otherwise): the
+// mask only where some key of the rows is cut (the masked form gives the same values where none
+// is), the temperature sum only where it is asked for.
+template <class F>
+MSA_DEVICE void with_softmax_variant(const int (&lim)[2], bool has_temp, F&& f) {
+  if (min(lim[0], lim[1]) >= kBlockSize) {
+    if (has_temp) f(std::false_type{}, std::true_type{});
+    else f(std::false_type{}, std::false_type{});
+  } else {
+    if (has_temp) f(std::true_type{}, std::true_type{});
+    else f(std::true_type{}, std::false_type{});
+  }
 }
 #endif  // MSA_HAS_WGMMA
 
