@@ -585,6 +585,15 @@ class Bench:
             self.run_case("proxy", name + " fp8 [decode_fp8=tma]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_fp8="tma")),
                           "memory")
+            # NVFP4 index-K through TMA, a warp per key block (plan option decode_nvfp4=tma, sm_90a;
+            # auto: the cp.async ring), auto otherwise: against the nvfp4 row (sq 4: one 16-column
+            # pass, against the sq 4 nvfp4 row below).
+            self.run_case("proxy", name + " nvfp4 [decode_nvfp4=tma]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, fp4=True, options=dict(decode_nvfp4="tma")),
+                          "memory")
+            if sq != 1:
+                self.run_case("proxy", name + " nvfp4", lambda b=b, c=ctx, q=sq:
+                              self.build_proxy_decode(b, c, q, fp4=True), "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=ilp), "memory")

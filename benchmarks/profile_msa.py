@@ -56,6 +56,10 @@ def cases(bench: bm.Bench) -> dict:
         # a word of 8 codes since 27436c2), auto otherwise: against proxy_decode_b64_nvfp4_decode.
         "proxy_decode_b64_nvfp4_byte": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(nvfp4_cvt="byte")),
+        # NVFP4 index-K through TMA, a warp per key block (plan option decode_nvfp4=tma; auto: the
+        # cp.async ring), against proxy_decode_b64_nvfp4_decode.
+        "proxy_decode_b64_nvfp4_tma": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, fp4=True, options=dict(decode_nvfp4="tma")),
         # fp8 index-K through TMA, a warp per key block (plan option decode_fp8=tma; auto: the
         # cp.async ring), auto otherwise: against proxy_decode_b64_fp8_ctas3 (the fp8 default).
         "proxy_decode_b64_fp8_tma": lambda: bench.build_proxy_decode(

@@ -69,7 +69,7 @@ constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
 constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "auto"},
                                                      {DecodeNvfp4Cvt::kByte, "byte"},
                                                      {DecodeNvfp4Cvt::kWord, "word"}};
-constexpr Named<DecodeFp8> kDecodeFp8s[] = {{DecodeFp8::kAuto, "auto"}, {DecodeFp8::kCta, "cta"}, {DecodeFp8::kTma, "tma"}};
+constexpr Named<DecodeTma> kDecodeTmas[] = {{DecodeTma::kAuto, "auto"}, {DecodeTma::kCta, "cta"}, {DecodeTma::kTma, "tma"}};
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
@@ -160,7 +160,7 @@ const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
-const char* option_name(DecodeFp8 v) { return name_of(kDecodeFp8s, v); }
+const char* option_name(DecodeTma v) { return name_of(kDecodeTmas, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
@@ -230,10 +230,12 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
     } else if (name == "nvfp4_cvt") {
       o.nvfp4_cvt = parse_enum(kDecodeNvfp4Cvts, name, value);
     } else if (name == "decode_fp8") {
-      o.decode_fp8 = parse_enum(kDecodeFp8s, name, value);
+      o.decode_fp8 = parse_enum(kDecodeTmas, name, value);
+    } else if (name == "decode_nvfp4") {
+      o.decode_nvfp4 = parse_enum(kDecodeTmas, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4)");
     }
   });
   return o;
@@ -325,11 +327,14 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   const int64_t group = p.num_heads / std::max(p.num_kv_heads, 1);
   const int64_t cols = group * std::max(p.qi.max_seqlen_q, 1);
   const bool fits8 = cols <= kProxyDecodeTmaCols;
-  const bool auto_tma = options.decode_fp8 == DecodeFp8::kAuto && p.batch >= kProxyDecodeIlpMinBatch &&
+  const bool auto_tma = options.decode_fp8 == DecodeTma::kAuto && p.batch >= kProxyDecodeIlpMinBatch &&
                         cols <= kProxyDecodeTmaMaxCols;
-  plan.fp8_tma = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kFP8E4M3 &&
-                 (options.decode_fp8 == DecodeFp8::kTma || auto_tma);
-  plan.fp8_tma_cols = plan.fp8_tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
+  // NVFP4 K (decode_nvfp4): the TMA kernel only where forced (not yet measured on the H200).
+  const bool fp8_tma = p.k.dtype == DType::kFP8E4M3 && (options.decode_fp8 == DecodeTma::kTma || auto_tma);
+  const bool nvfp4_tma = p.k.dtype == DType::kNVFP4 && options.decode_nvfp4 == DecodeTma::kTma;
+  plan.tma = plan.kernel == ProxyKernel::kDecode && (fp8_tma || nvfp4_tma);
+  plan.tma_nvfp4 = plan.tma && nvfp4_tma;
+  plan.tma_cols = plan.tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
   return plan;
 }
 

@@ -188,10 +188,13 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
     if (plan.nvfp4_word)
       s << "; nvfp4_cvt=word (" << (o.nvfp4_cvt == DecodeNvfp4Cvt::kWord ? "forced" : "auto")
         << ": NVFP4 K a word of 8 codes at a time)";
-    if (plan.fp8_tma)
-      s << "; decode_fp8=tma (" << (o.decode_fp8 == DecodeFp8::kTma ? "forced" : "auto")
+    if (plan.tma_nvfp4)
+      s << "; decode_nvfp4=tma (forced: NVFP4 K by TMA, a warp per key block"
+        << (plan.tma_cols == kProxyDecodeTmaMaxCols ? ", 16 query columns a pass" : "") << ", where it applies)";
+    else if (plan.tma)
+      s << "; decode_fp8=tma (" << (o.decode_fp8 == DecodeTma::kTma ? "forced" : "auto")
         << ": fp8 K by TMA, a warp per key block"
-        << (plan.fp8_tma_cols == kProxyDecodeTmaMaxCols ? ", 16 query columns a pass" : "") << ", where it applies)";
+        << (plan.tma_cols == kProxyDecodeTmaMaxCols ? ", 16 query columns a pass" : "") << ", where it applies)";
   }
   return s.str();
 }

@@ -7,6 +7,9 @@
 //                        complete on `bar` (out-of-bounds elements are written as zero and still
 //                        counted)
 //   tma_load_*_hint      the same with an L2 cache policy (l2_policy_evict_last)
+//   bulk_load            `bytes` contiguous bytes of global memory -> shared memory (cp.async.bulk,
+//                        no tensor map; both addresses and `bytes` multiples of 16), completing on
+//                        `bar` like the tensor copies
 //   fence_mbarrier_init  makes mbarrier.init visible to the async proxy (before a __syncthreads)
 //   tma_store_2d         one box of shared memory -> a rank-2 tensor map (cp.async.bulk.tensor,
 //                        bulk-group completion); the writers of the box fence their generic writes
@@ -82,6 +85,11 @@ MSA_DEVICE void tma_load_4d_hint(uint32_t dst, const CUtensorMap* map, uint32_t 
       "[%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
       : "memory");
+}
+MSA_DEVICE void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 MSA_DEVICE void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 MSA_DEVICE void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {

@@ -677,9 +677,12 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
   // NVFP4 q and k run fp16 MMAs: only the bf16 unit (the type proxy_score picks for NVFP4 q)
   // instantiates them.
   if (k4 && !std::is_same_v<Element, __nv_bfloat16>) return false;
-  // decode_fp8=tma: the TMA-fed warp-per-block kernel of plan.fp8_tma_cols columns a pass where it
-  // applies (sm_90a, no reduce_heads), else the cp.async ring below.
-  if (k8 && plan.fp8_tma && decode::tma::launch_fp8<Element>(dp, plan, stream)) return true;
+  // decode_fp8=tma / decode_nvfp4=tma: the TMA-fed warp-per-block kernel of plan.tma_cols columns
+  // a pass where it applies (sm_90a, no reduce_heads), else the cp.async ring below.
+  if (k8 && plan.tma && decode::tma::launch_fp8<Element>(dp, plan, stream)) return true;
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // decode_nvfp4=tma, likewise
+    if (k4 && plan.tma && decode::tma::launch_fp4(dp, plan, stream)) return true;
+  }
   decode::with_ilp(plan.decode_ilp, [&](auto u) {
     constexpr int kIlp = u.value;
     if (k4) {

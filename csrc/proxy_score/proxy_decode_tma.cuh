@@ -1,9 +1,11 @@
-// msa_proxy_score decode with fp8 K through TMA, a warp per key block (plan option decode_fp8=tma,
-// sm_90a; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). Included by
-// proxy_decode.cuh after the cp.async kernel, whose pieces it reuses (units, requests, Q fragments,
-// the fp8 B-fragment loads, the -inf fill).
+// msa_proxy_score decode with fp8 or NVFP4 K through TMA, a warp per key block (plan options
+// decode_fp8=tma and decode_nvfp4=tma, sm_90a; docs/design/proxy_score.md, "fp8 K through TMA, a
+// warp per block" and "NVFP4 K through TMA"). Included by proxy_decode.cuh after the cp.async
+// kernel, whose pieces it reuses (units, requests, Q fragments, the fp8 B-fragment loads, the -inf
+// fill).
 //
-// One CTA per SM: warp 6 is the producer, warps 0..5 consume. The CTA's units are proxy_decode's
+// One CTA per SM: the last warp is the producer, the others (Shape<kK>::kConsumers: 6 for fp8, 11
+// for NVFP4) consume. The CTA's units are proxy_decode's
 // (an equal contiguous share of B x Hkv x P); unit j of the share goes to consumer warp
 // w = j % kConsumers, as that warp's i-th unit (i = j / kConsumers), into the warp's own stage
 // kStagesPerWarp * w + i % kStagesPerWarp. Each stage is so read by one warp, in order: a waiter is
@@ -20,7 +22,7 @@
 // Math per warp and block: keys on the MMA's M side. mma.sync m16n8k16 with A = 16 keys x 16 dims
 // (fp8 -> MMA type in registers, load_k_frags' lane / dim assignment) and B = 8 query columns of
 // the pass. A pass covers kCols = 8 or 16 columns (G heads x T = kCols / G tokens; the plan's
-// ProxyScorePlan::fp8_tma_cols, a template parameter): Q's A fragments of load_q_frags are exactly
+// ProxyScorePlan::tma_cols, a template parameter): Q's A fragments of load_q_frags are exactly
 // the B fragments, rows g < 8 (qa[s][0], qa[s][2]) of columns 0-7 and rows g + 8 (qa[s][1],
 // qa[s][3]) of columns 8-15, so with 16 columns each converted K A-fragment feeds two MMAs instead
 // of being converted again in a second pass. A 16-key tile is 8 (16) MMAs and none of their rows
@@ -31,6 +33,19 @@
 // banks once. The column maxima over keys are reduced in registers and over g by 3 xor-shuffles;
 // bf16 q rows scaled into fp16 (kScaleQ) are scaled back after the max (a positive power of two:
 // exact and monotone, so the same value as scaling each logit first).
+//
+// NVFP4 K (msa_proxy_score_fp4: q and K NVFP4): a stage is the block's 128 x 64 bytes of e2m1 codes
+// (one TMA box, no swizzle: a lane reads its key's 16 bytes, and a read phase of 8 lanes covers 128
+// contiguous bytes) followed by its 1 KB of e4m3 scales in the 128x4 layout of the scale tensor
+// (paged: the page's aligned 1 KB tile by one bulk copy of the producer's lane 0 beside the TMA, on
+// the same barrier; flat: gathered 4 bytes at a time by the producer lanes' cp.async, each lane's
+// arrival (.noinc) counted on the stage's full barrier). Lane
+// c of a key owns its dims [32c, 32c + 32) (scale groups 2c and 2c + 1): one 16-byte load, the
+// word conversion of common/e2m1_word.cuh (value x 2^-7 in fp16, exact), and k-step 2w + o takes
+// dims 32c + 8w + 2o + {0, 4} (k index 2c, 2c + 1) and + 1 (2c + 8, 2c + 9); the Q fragments
+// (exact NVFP4 values in fp16, once per request) are built in that order. Each logit is
+// acc x logit_scale x 2^7 (as the cp.async kernel's), masked, then maxed. The dims of a k-step
+// differ from the cp.async kernel's, so sums may differ from its in the last bits.
 #pragma once
 
 #include "common/mbarrier.cuh"
@@ -39,64 +54,134 @@
 
 namespace flashmsa::cuda::proxy::decode::tma {
 
-inline constexpr int kConsumers = 6;                    // consumer warps (0..5), a whole block each
-inline constexpr int kCtaThreads = (kConsumers + 1) * 32;  // + the producer warp (6)
-inline constexpr int kStageBytes = kBlockSize * 128;     // one 128-key fp8 block, 16 KB
-inline constexpr int kStagesPerWarp = 2;                 // each consumer warp's own stages
-inline constexpr int kStages = kConsumers * kStagesPerWarp;  // 192 KB in all
-
-// Unit j of the CTA's share: its stage and the phase (of that stage's uses) it is.
-__host__ __device__ constexpr int unit_stage(int64_t j) {
-  return int(j % kConsumers) * kStagesPerWarp + int((j / kConsumers) % kStagesPerWarp);
-}
-__host__ __device__ constexpr uint32_t unit_parity(int64_t j) {
-  return uint32_t(j / (int64_t(kConsumers) * kStagesPerWarp)) & 1u;
-}
-// Stages (1024-byte aligned: the 128-byte swizzle's period), full[S] and empty[S] mbarriers, the
-// stages' loaded flags, and the alignment slack of the dynamic shared memory.
-inline constexpr int kSmemBytes = kStages * kStageBytes + kStages * (2 * 8 + 4) + 1024;
+// Per K kind: consumer warps, stages per consumer warp, stage layout.
+template <int kK>
+struct Shape;
+template <>
+struct Shape<kK8> {
+  static constexpr int kConsumers = 6;                  // consumer warps (0..5), a whole block each
+  static constexpr int kStagesPerWarp = 2;              // each consumer warp's own stages
+  static constexpr int kDataBytes = kBlockSize * 128;   // one 128-key fp8 block, 16 KB
+  static constexpr int kStageBytes = kDataBytes;
+};
+template <>
+struct Shape<kK4> {
+  static constexpr int kConsumers = 11;  // + the producer: 12 warps, ptxas allows 168 registers
+  static constexpr int kStagesPerWarp = 2;
+  static constexpr int kDataBytes = kBlockSize * 64;              // 128 keys x 64 bytes of e2m1 codes
+  static constexpr int kStageBytes = kDataBytes + kBlockSize * 8;  // + 1 KB of scales (128x4 layout)
+};
+template <int kK>
+struct Ring : Shape<kK> {
+  using Shape<kK>::kConsumers;
+  using Shape<kK>::kStagesPerWarp;
+  using Shape<kK>::kStageBytes;
+  static constexpr int kCtaThreads = (kConsumers + 1) * 32;  // + the producer warp (the last)
+  static constexpr int kStages = kConsumers * kStagesPerWarp;  // fp8 192 KB, NVFP4 198 KB
+  // Unit j of the CTA's share: its stage and the phase (of that stage's uses) it is.
+  __host__ __device__ static constexpr int unit_stage(int64_t j) {
+    return int(j % kConsumers) * kStagesPerWarp + int((j / kConsumers) % kStagesPerWarp);
+  }
+  __host__ __device__ static constexpr uint32_t unit_parity(int64_t j) {
+    return uint32_t(j / (int64_t(kConsumers) * kStagesPerWarp)) & 1u;
+  }
+  // Stages (1024-byte aligned: the 128-byte swizzle's period), full[S] and empty[S] mbarriers, the
+  // stages' loaded flags, and the alignment slack of the dynamic shared memory.
+  static constexpr int kSmemBytes = kStages * kStageBytes + kStages * (2 * 8 + 4) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+};
 
 struct TmaParams {
   Params dp;         // dp.tokens = kCols / G (kCols: the launch's columns per pass, 8 or 16)
-  CUtensorMap k_map; // encode_kv_block_map: 128 bytes x 128 keys per box, 128-byte swizzle
+  CUtensorMap k_map; // encode_kv_block_map: 128 keys x 128 bytes, 128-byte swizzle (fp8) or 64 bytes, none (NVFP4)
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Warp 8: resolves 32 units at a time (lane l: unit j0 + l) and loads them in order.
+// The NVFP4 scales of a loaded flat unit into the stage's 1 KB scale area, in the 128x4 layout of
+// the scale tensor (key i, column c at (c / 4) * 512 + (i % 32) * 16 + (i / 32) * 4 + c % 4), by
+// every producer lane: flat scale rows are strided (row = token x Hkv + kh) and a block need not
+// start on a 128-row tile, so the block's n_keys keys are gathered 4 columns (4 bytes) at a time
+// (the rest of the area keeps stale bytes: those keys are masked). A paged block's scale rows are
+// one aligned 128-row tile, which the producer's lane 0 copies whole (bulk_load).
+__device__ __forceinline__ void gather_flat_scales(const ProxyScoreParams& p, uint32_t dst, int64_t srow0,
+                                                   int n_keys, int lane) {
+  for (int i = lane; i < n_keys; i += 32) {
+    const int64_t row = srow0 + int64_t(i) * p.num_kv_heads;
+    const uint32_t d = dst + (i % 32) * 16 + (i / 32) * 4;
+    cp_async_4(d, p.k.scale + nvfp4_scale_offset(row, 0));
+    cp_async_4(d + 512, p.k.scale + nvfp4_scale_offset(row, 4));
+  }
+}
+
+// Arrivals that complete a stage's full barrier: the expect_tx of the TMA(s) of producer lane 0, and
+// for flat NVFP4 each producer lane's cp.async arrival (.noinc).
+template <int kK>
+__host__ __device__ constexpr int full_arrivals(bool paged) {
+  return kK == kK4 && !paged ? 1 + 32 : 1;
+}
+
+// The producer warp: resolves 32 units at a time (lane l: unit j0 + l: its coordinates and, for
+// NVFP4, where its scales are) and loads them in order.
+template <int kK>
 __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int lane) {
+  using R = Ring<kK>;
+  constexpr int kData = Shape<kK>::kDataBytes;
   const Params& dp = tp.dp;
   const ProxyScoreParams& p = dp.p;
+  const bool gather = kK == kK4 && !p.kv.paged;
   if (lane == 0) tma_prefetch_map(&tp.k_map);
 #pragma unroll 1
   for (int64_t j0 = 0; j0 < n; j0 += 32) {
     int coord = -1;  // paged: the page, flat: the block's first row; -1: nothing to load
     int kh = 0;
+    int64_t srow0 = 0;  // NVFP4: the block's first scale row (paged: a multiple of 128)
+    int n_keys = 0;     // NVFP4, flat: keys of the block in the sequence
     if (j0 + lane < n) {
       int b, t;
       unit_coords(dp, u0 + j0 + lane, b, kh, t);
       Request r;
       load_request(dp, r, b, kh);
-      if (r.ntok > 0 && t < r.n_compute)
+      if (r.ntok > 0 && t < r.n_compute) {
         coord = p.kv.paged ? int(kv_page(p.kv, b, t)) : int(kv_row_begin(p.kv, b) + int64_t(t) * kBlockSize);
+        if constexpr (kK == kK4) {
+          if (coord >= 0) {
+            srow0 = p.kv.paged ? nvfp4_scale_row_paged(coord, kh, 0, p.num_kv_heads)
+                               : nvfp4_scale_row_flat(int64_t(coord), kh, p.num_kv_heads);
+            n_keys = min(kBlockSize, r.seqlen_k - t * kBlockSize);
+          }
+        }
+      }
     }
     const int m = n - j0 < 32 ? int(n - j0) : 32;
 #pragma unroll 1
     for (int k = 0; k < m; ++k) {
       const int ck = __shfl_sync(0xFFFFFFFFu, coord, k);
       const int khk = __shfl_sync(0xFFFFFFFFu, kh, k);
+      const int64_t j = j0 + k;
+      const int s = R::unit_stage(j);
+      const uint32_t full = full0 + 8 * s, stage = stage0 + s * R::kStageBytes;
+      int64_t sr = 0;
+      if constexpr (kK == kK4) sr = __shfl_sync(0xFFFFFFFFu, srow0, k);
+      if (gather) {
+        // Flat NVFP4: every lane gathers scales and arrives, after lane 0 saw the stage empty.
+        const int nk = __shfl_sync(0xFFFFFFFFu, n_keys, k);
+        if (lane == 0) mbar_wait(empty0 + 8 * s, R::unit_parity(j) ^ 1u);
+        __syncwarp();
+        if (ck >= 0) gather_flat_scales(p, stage + kData, sr, nk, lane);
+        mbar_arrive_cp_async_noinc(full);
+      }
       if (lane == 0) {
-        const int64_t j = j0 + k;
-        const int s = unit_stage(j);
-        const uint32_t full = full0 + 8 * s;
-        mbar_wait(empty0 + 8 * s, unit_parity(j) ^ 1u);
+        if (!gather) mbar_wait(empty0 + 8 * s, R::unit_parity(j) ^ 1u);
         flags[s] = ck >= 0;
         if (ck >= 0) {
-          mbar_expect_tx(full, kStageBytes);
+          const bool bulk_scales = kK == kK4 && !gather;
+          mbar_expect_tx(full, bulk_scales ? R::kStageBytes : kData);
           if (p.kv.paged)
-            tma_load_4d(stage0 + s * kStageBytes, &tp.k_map, full, 0, 0, khk, ck);
+            tma_load_4d(stage, &tp.k_map, full, 0, 0, khk, ck);
           else
-            tma_load_3d(stage0 + s * kStageBytes, &tp.k_map, full, 0, khk, ck);
+            tma_load_3d(stage, &tp.k_map, full, 0, khk, ck);
+          if (bulk_scales) bulk_load(stage + kData, p.k.scale + nvfp4_scale_offset(sr, 0), kBlockSize * 8, full);
         } else {
           mbar_arrive(full);
         }
@@ -123,20 +208,105 @@ __device__ __forceinline__ void col_limits(const Params& dp, const Request& r, i
   }
 }
 
+// NVFP4: a key's raw bytes for this lane (dims [32c, 32c + 32), 16 bytes) and its scale columns
+// 2c, 2c + 1 (adjacent bytes of the 128x4 layout), loaded a tile ahead of their conversion.
+struct Fp4Raw {
+  uint4 codes;
+  uint32_t scales;  // bits 0..15
+};
+__device__ __forceinline__ Fp4Raw load_fp4_raw(const uint8_t* stage, int key, int c) {
+  Fp4Raw r;
+  r.codes = *reinterpret_cast<const uint4*>(stage + key * 64 + 16 * c);
+  r.scales = *reinterpret_cast<const uint16_t*>(stage + Shape<kK4>::kDataBytes + (c >> 1) * 512 + (key & 31) * 16 +
+                                                (key >> 5) * 4 + 2 * (c & 1));
+  return r;
+}
+
+// NVFP4: the A-fragment halves of a key for the 8 k-steps (kb[s] = {k index 2c.., 2c + 8..}) from
+// its raw bytes: value x 2^-7 in fp16 (common/e2m1_word.cuh, exact).
+__device__ __forceinline__ void convert_fp4(const Fp4Raw& r, uint32_t (&kb)[8][2]) {
+  const uint32_t sc = nvfp4_scale_pair_x128(r.scales);  // halves: column 2c, 2c + 1, x 2^7
+  const uint32_t words[4] = {r.codes.x, r.codes.y, r.codes.z, r.codes.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {  // dims d = 32c + 8w .. d + 7, scale column 2c + w / 2
+    const uint32_t lo = e2m1_lo_codes(words[w]), hi = e2m1_hi_codes(words[w]);
+    kb[2 * w][0] = hmul2_half_bits(codes_02(lo), sc, w >> 1);      // dims d, d + 4
+    kb[2 * w][1] = hmul2_half_bits(codes_02(hi), sc, w >> 1);      // d + 1, d + 5
+    kb[2 * w + 1][0] = hmul2_half_bits(codes_13(lo), sc, w >> 1);  // d + 2, d + 6
+    kb[2 * w + 1][1] = hmul2_half_bits(codes_13(hi), sc, w >> 1);  // d + 3, d + 7
+  }
+}
+
+// NVFP4: the B fragments of the pass's columns g (qa[s][0], qa[s][2]) and g + 8 (qa[s][1], qa[s][3])
+// in load_k_frags_fp4's dim order, as exact fp16 values (e2m1 x e4m3); zero for padding columns.
+__device__ __forceinline__ void load_q_frags_fp4(const Params& dp, const Request& r, int tok0, int g, int c,
+                                                 uint32_t (&qa)[8][4]) {
+  const ProxyScoreParams& p = dp.p;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int col = g + 8 * h;
+    const int hl = col / dp.tokens;
+    const int tok = tok0 + col - hl * dp.tokens;
+    const bool valid = hl < dp.group && tok < r.ntok;
+    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+    float s[2] = {0.0f, 0.0f};
+    if (valid) {
+      const int64_t qrow = int64_t(r.row_begin) + tok;
+      const int head = r.kh * dp.group + hl;
+      raw = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.q) + qrow * p.q_stride_token +
+                                                 int64_t(head) * p.q_stride_head + 16 * c));
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        s[i] = e4m3_to_float(p.q_scale[nvfp4_scale_offset(qrow * p.num_heads + head, 2 * c + i)]) * 16384.0f;
+    }
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t pr[4];  // dims (d, d + 1), (d + 2, d + 3), (d + 4, d + 5), (d + 6, d + 7)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pr[i] = e2m1x2_to<__half>((words[w] >> (8 * i)) & 0xFFu, s[w >> 1]);
+#pragma unroll
+      for (int o = 0; o < 2; ++o) {
+        qa[2 * w + o][h] = __byte_perm(pr[o], pr[2 + o], 0x5410u);      // dims d + 2o, d + 2o + 4
+        qa[2 * w + o][2 + h] = __byte_perm(pr[o], pr[2 + o], 0x7632u);  // d + 2o + 1, d + 2o + 5
+      }
+    }
+  }
+}
+
 // The whole block (8 tiles of 16 keys) against the pass's kCols columns: this lane's maxima of
 // columns 8h + 2c, 8h + 2c + 1 over its keys into v[h] (kMasked: key < lim[h][j], else -inf). Each
 // k-step's converted K A-fragment feeds the MMA of every 8-column half h (B = qa[s][h], qa[s][2 + h]).
-template <typename Mma, bool kMasked, int kCols>
+// NVFP4 (kK4): each logit is acc x `scale` before the mask (as the cp.async kernel's).
+template <typename Mma, int kK, bool kMasked, int kCols>
 __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4], const uint8_t* stage,
-                                                      const int (&lim)[kCols / 8][2], int g, int c,
+                                                      const int (&lim)[kCols / 8][2], int g, int c, float scale,
                                                       float (&v)[kCols / 8][2]) {
   constexpr int kHalves = kCols / 8;
-  const int kr = 2 * (g & 3) + (g >> 2);  // MMA row g's key within its 8-key half
+  // MMA row g's key within its 8-key half: fp8 permuted for the 128-byte swizzle's banks, NVFP4 g.
+  const int kr = kK == kK4 ? g : 2 * (g & 3) + (g >> 2);
+  // NVFP4: the shared-memory loads of tile + 1 are issued before tile's conversion (their latency
+  // was most of a warp's stalls with the loads next to their use).
+  Fp4Raw next[2];
+  if constexpr (kK == kK4) {
+    next[0] = load_fp4_raw(stage, kr, c);
+    next[1] = load_fp4_raw(stage, 8 + kr, c);
+  }
 #pragma unroll
   for (int tile = 0; tile < kBlockSize / 16; ++tile) {
     uint32_t lo[8][2], hi[8][2];
-    load_k_frags<Mma, kK8, false, true>(stage, tile * 16 + kr, c, lo);
-    load_k_frags<Mma, kK8, false, true>(stage, tile * 16 + 8 + kr, c, hi);
+    if constexpr (kK == kK4) {
+      const Fp4Raw cur[2] = {next[0], next[1]};
+      if (tile + 1 < kBlockSize / 16) {
+        next[0] = load_fp4_raw(stage, (tile + 1) * 16 + kr, c);
+        next[1] = load_fp4_raw(stage, (tile + 1) * 16 + 8 + kr, c);
+      }
+      convert_fp4(cur[0], lo);
+      convert_fp4(cur[1], hi);
+    } else {
+      load_k_frags<Mma, kK8, false, true>(stage, tile * 16 + kr, c, lo);
+      load_k_frags<Mma, kK8, false, true>(stage, tile * 16 + 8 + kr, c, hi);
+    }
     float acc[kHalves][4];
 #pragma unroll
     for (int h = 0; h < kHalves; ++h)
@@ -154,6 +324,7 @@ __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4]
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = acc[h][e];
+        if constexpr (kK == kK4) x *= scale;
         if constexpr (kMasked) x = tile * 16 + 8 * (e >> 1) + kr < lim[h][e & 1] ? x : neg_inf();
         v[h][e & 1] = max_nan(v[h][e & 1], x);
       }
@@ -161,10 +332,11 @@ __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4]
   }
 }
 
-// Warps 0..kConsumers-1: units j = warp, warp + kConsumers, ... of the CTA's share.
-template <typename Mma, bool kScaleQ, int kCols>
+// Consumer warps 0..kConsumers-1: units j = warp, warp + kConsumers, ... of the CTA's share.
+template <typename Mma, int kK, bool kScaleQ, int kCols>
 __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages, const int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int warp, int lane) {
+  using R = Ring<kK>;
   constexpr int kHalves = kCols / 8;
   const ProxyScoreParams& p = dp.p;
   const int g = lane >> 2, c = lane & 3;
@@ -178,15 +350,15 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
   for (int h = 0; h < kHalves; ++h) cmul[h][0] = cmul[h][1] = 1.0f;
   bool q_ready = false;
 #pragma unroll 1
-  for (int64_t j = warp; j < n; j += kConsumers) {
-    const int s = unit_stage(j);
+  for (int64_t j = warp; j < n; j += R::kConsumers) {
+    const int s = R::unit_stage(j);
     if (b != r.b || kh != r.kh) {
       load_request(dp, r, b, kh);
       q_ready = false;
     }
-    mbar_wait(full0 + 8 * s, unit_parity(j));
+    mbar_wait(full0 + 8 * s, R::unit_parity(j));
     const bool loaded = flags[s] != 0;
-    const uint8_t* stage = stages + s * kStageBytes;
+    const uint8_t* stage = stages + s * R::kStageBytes;
 #pragma unroll 1
     for (int tok0 = 0; tok0 < r.ntok; tok0 += dp.tokens) {
       float v[kHalves][2];
@@ -194,22 +366,26 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
       for (int h = 0; h < kHalves; ++h) v[h][0] = v[h][1] = neg_inf();
       if (loaded) {
         if (!q_ready || r.ntok > dp.tokens) {
-          load_q_frags<Mma, kK8, kScaleQ>(dp, r, tok0, qa, qmul);
-          // Column 8h + 2c + j's scale is row 8h + 2c + j's (qmul[h] of the lanes of quad 2c + j).
+          if constexpr (kK == kK4) {
+            load_q_frags_fp4(dp, r, tok0, g, c, qa);
+          } else {
+            load_q_frags<Mma, kK8, kScaleQ>(dp, r, tok0, qa, qmul);
+            // Column 8h + 2c + j's scale is row 8h + 2c + j's (qmul[h] of the lanes of quad 2c + j).
 #pragma unroll
-          for (int h = 0; h < kHalves; ++h)
+            for (int h = 0; h < kHalves; ++h)
 #pragma unroll
-            for (int jj = 0; jj < 2; ++jj) cmul[h][jj] = __shfl_sync(0xFFFFFFFFu, qmul[h], (2 * c + jj) * 4);
+              for (int jj = 0; jj < 2; ++jj) cmul[h][jj] = __shfl_sync(0xFFFFFFFFu, qmul[h], (2 * c + jj) * 4);
+          }
           q_ready = true;
         }
         int lim[kHalves][2];
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) lim[h][0] = lim[h][1] = 0;
         if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, r.q_off, tok0, r.seqlen_k)) {
-          multiply_block_keys_m<Mma, false, kCols>(qa, stage, lim, g, c, v);
+          multiply_block_keys_m<Mma, kK, false, kCols>(qa, stage, lim, g, c, dp.scale, v);
         } else {
           col_limits<kCols>(dp, r, t, tok0, c, lim);
-          multiply_block_keys_m<Mma, true, kCols>(qa, stage, lim, g, c, v);
+          multiply_block_keys_m<Mma, kK, true, kCols>(qa, stage, lim, g, c, dp.scale, v);
         }
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
@@ -238,7 +414,7 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
     }
     __syncwarp();  // every lane's reads of the stage are done
     if (lane == 0) mbar_arrive(empty0 + 8 * s);
-    t += kConsumers;
+    t += R::kConsumers;
     while (t >= p.max_k_tiles) {
       t -= p.max_k_tiles;
       if (++kh == p.num_kv_heads) {
@@ -250,63 +426,72 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
 }
 #endif
 
-template <typename Mma, bool kScaleQ, int kCols>
-__global__ void __launch_bounds__(kCtaThreads, 1) proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
+template <typename Mma, int kK, bool kScaleQ, int kCols>
+__global__ void __launch_bounds__(Ring<kK>::kCtaThreads, 1)
+    proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
+  static_assert(kK == kK8 || kK == kK4, "fp8 or NVFP4 K");
+  static_assert(kK != kK4 || (std::is_same_v<Mma, __half> && !kScaleQ), "NVFP4 q and K: fp16 MMAs");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using R = Ring<kK>;
   const Params& dp = tp.dp;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
   const uint32_t stage0 = smem_addr(smem);
-  const uint32_t full0 = stage0 + kStages * kStageBytes, empty0 = full0 + 8 * kStages;
-  int* flags = reinterpret_cast<int*>(smem + kStages * kStageBytes + 16 * kStages);
+  const uint32_t full0 = stage0 + R::kStages * R::kStageBytes, empty0 = full0 + 8 * R::kStages;
+  int* flags = reinterpret_cast<int*>(smem + R::kStages * R::kStageBytes + 16 * R::kStages);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t u0 = dp.units * blockIdx.x / gridDim.x;
   const int64_t n = dp.units * (blockIdx.x + 1) / gridDim.x - u0;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);
+    for (int s = 0; s < R::kStages; ++s) {
+      mbar_init(full0 + 8 * s, full_arrivals<kK>(dp.p.kv.paged));
       mbar_init(empty0 + 8 * s, 1);
     }
     fence_mbarrier_init();
   }
   __syncthreads();
-  if (warp == kConsumers)
-    produce(tp, stage0, flags, full0, empty0, u0, n, lane);
+  if (warp == R::kConsumers)
+    produce<kK>(tp, stage0, flags, full0, empty0, u0, n, lane);
   else
-    consume<Mma, kScaleQ, kCols>(dp, smem, flags, full0, empty0, u0, n, warp, lane);
-  fill_uncovered_rows<kCtaThreads>(dp);
+    consume<Mma, kK, kScaleQ, kCols>(dp, smem, flags, full0, empty0, u0, n, warp, lane);
+  fill_uncovered_rows<R::kCtaThreads>(dp);
 #endif
 }
 
-// Launches the kernel of kCols columns a pass for fp8 K where it applies (sm_90a device and
-// binary, G <= kCols, no reduce_heads, a K map TMA can address); false (nothing launched) otherwise.
-template <typename Mma, bool kScaleQ, int kCols>
+// Launches the kernel of kCols columns a pass for fp8 or NVFP4 K where it applies (sm_90a device
+// and binary, G <= kCols, no reduce_heads, a K map TMA can address; NVFP4: a 16-byte aligned scale
+// tensor); false (nothing launched) otherwise.
+template <typename Mma, int kK, bool kScaleQ, int kCols>
 bool launch(const Params& dp, cudaStream_t stream) {
+  using R = Ring<kK>;
   const ProxyScoreParams& p = dp.p;
   if (dp.group > kCols || p.reduce_heads) return false;
-  auto kernel = proxy_decode_tma_kernel<Mma, kScaleQ, kCols>;
-  const int resident = prepare_sm90a_launch(kernel, kCtaThreads, kSmemBytes);
+  if (kK == kK4 && reinterpret_cast<uintptr_t>(p.k.scale) % 16 != 0) return false;
+  auto kernel = proxy_decode_tma_kernel<Mma, kK, kScaleQ, kCols>;
+  const int resident = prepare_sm90a_launch(kernel, R::kCtaThreads, R::kSmemBytes);
   if (resident == 0) return false;
   TmaParams tp{};
   tp.dp = dp;
   tp.dp.tokens = kCols / dp.group;
-  if (!encode_kv_block_map(tp.k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k, p.kv, p.num_kv_heads, 128, 128, 1,
-                           CU_TENSOR_MAP_SWIZZLE_128B))
-    return false;
+  const bool mapped = kK == kK4 ? encode_kv_block_map(tp.k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k, p.kv,
+                                                      p.num_kv_heads, 64, 64, 1, CU_TENSOR_MAP_SWIZZLE_NONE)
+                                : encode_kv_block_map(tp.k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k, p.kv,
+                                                      p.num_kv_heads, 128, 128, 1, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!mapped) return false;
   const int64_t ctas = std::max<int64_t>(
       1, std::min<int64_t>(int64_t(current_device_limits().num_sms) * resident, std::max<int64_t>(dp.units, 1)));
-  kernel<<<unsigned(ctas), kCtaThreads, kSmemBytes, stream>>>(tp);
+  kernel<<<unsigned(ctas), R::kCtaThreads, R::kSmemBytes, stream>>>(tp);
   MSA_CHECK_LAUNCH();
   return true;
 }
 
-// The plan's columns per pass (fp8_tma_cols: 16 or else 8).
-template <typename Mma, bool kScaleQ>
+// The plan's columns per pass (tma_cols: 16 or else 8).
+template <typename Mma, int kK, bool kScaleQ>
 bool launch_cols(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
-  return plan.fp8_tma_cols == kProxyDecodeTmaMaxCols ? launch<Mma, kScaleQ, kProxyDecodeTmaMaxCols>(dp, stream)
-                                                     : launch<Mma, kScaleQ, kProxyDecodeTmaCols>(dp, stream);
+  return plan.tma_cols == kProxyDecodeTmaMaxCols ? launch<Mma, kK, kScaleQ, kProxyDecodeTmaMaxCols>(dp, stream)
+                                                 : launch<Mma, kK, kScaleQ, kProxyDecodeTmaCols>(dp, stream);
 }
 
 // The MMA type and q scaling of the cp.async kernel's fp8 path (launch_proxy_decode).
@@ -314,11 +499,16 @@ template <typename Element>
 bool launch_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
   if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
     if (plan.f16_mma) {
-      return dp.p.q_dtype == DType::kBF16 ? launch_cols<__half, true>(dp, plan, stream)
-                                          : launch_cols<__half, false>(dp, plan, stream);
+      return dp.p.q_dtype == DType::kBF16 ? launch_cols<__half, kK8, true>(dp, plan, stream)
+                                          : launch_cols<__half, kK8, false>(dp, plan, stream);
     }
   }
-  return launch_cols<Element, false>(dp, plan, stream);
+  return launch_cols<Element, kK8, false>(dp, plan, stream);
+}
+
+// NVFP4 q and K: fp16 MMAs.
+inline bool launch_fp4(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
+  return launch_cols<__half, kK4, false>(dp, plan, stream);
 }
 
 }  // namespace flashmsa::cuda::proxy::decode::tma

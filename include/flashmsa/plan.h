@@ -205,15 +205,16 @@ enum class DecodeMtp : int32_t { kAuto = 0, kPerToken = 1, kUnion = 2 };
 // dims taken in another order). auto: word (H200 at f4fdc62, B64/32K: 61.4 vs 67.8 us; B1 30.0 vs
 // 29.3 us). Other kernels and KV kinds ignore it.
 enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
-// The proxy decode kernel's fp8 K path (option decode_fp8): cta (the CTA-wide cp.async ring, 4 warps
-// splitting each key block) or tma (sm_90a: a producer warp loads whole key blocks with TMA into a
-// 12-stage mbarrier ring, 6 consumer warps each take whole blocks from their own two stages, keys
-// on the MMA's M side; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). A pass
+// The proxy decode kernel's fp8 K path (option decode_fp8) and NVFP4 K path (option decode_nvfp4):
+// cta (the CTA-wide cp.async ring, 4 warps splitting each key block) or tma (sm_90a: a producer warp
+// loads whole key blocks with TMA into an mbarrier ring, consumer warps (fp8 6, NVFP4 12) each take
+// whole blocks from their own two stages, keys on the MMA's M side; docs/design/proxy_score.md,
+// "fp8 K through TMA, a warp per block" and "NVFP4 K through TMA"). A pass
 // of tma covers kProxyDecodeTmaCols (8) query columns (G heads x tokens) where G x max_seqlen_q fits
 // them, else kProxyDecodeTmaMaxCols (16: two MMAs per converted K fragment). auto = tma from
 // kProxyDecodeIlpMinBatch requests on when G x max_seqlen_q <= kProxyDecodeTmaMaxCols (one pass of
-// either build, as measured), else cta.
-enum class DecodeFp8 : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
+// either build, as measured), else cta; for NVFP4 auto = cta (tma not yet measured on the H200).
+enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
 // to the workspace, the combine kernel merges them), cluster (the splits of a row run as one
@@ -321,7 +322,12 @@ struct ProxyScoreOptions {
   // auto = tma for batch >= kProxyDecodeIlpMinBatch with G x max_seqlen_q <= kProxyDecodeTmaMaxCols
   // (one pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us; at 3cebf5e sq 4, one
   // 16-column pass, 78.2 vs 85.5 us).
-  DecodeFp8 decode_fp8 = DecodeFp8::kAuto;
+  DecodeTma decode_fp8 = DecodeTma::kAuto;
+  // decode_nvfp4=auto|cta|tma: NVFP4 K (msa_proxy_score_fp4) on the decode kernel through the
+  // CTA-wide cp.async ring (cta) or the TMA-fed warp-per-block kernel (tma: sm_90a, no
+  // reduce_heads, a 16-byte aligned scale tensor; elsewhere cta runs), its passes as decode_fp8's.
+  // tma sums each logit's dims in another order than cta (last-bit differences). auto = cta.
+  DecodeTma decode_nvfp4 = DecodeTma::kAuto;
 };
 // net_pivot: a warp per row (32 lanes), whose lanes' score minima give a pivot at or above the
 // row's target-th best key; the keys at or below it (at most 32, else the networks run) are sorted
@@ -357,7 +363,8 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
-// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma.
+// decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma,
+// decode_nvfp4=auto|cta|tma.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
@@ -509,12 +516,15 @@ struct ProxyScorePlan {
   int decode_ilp = 1;
   // The decode kernel with NVFP4 K converts its codes a word at a time (the option nvfp4_cvt=word).
   bool nvfp4_word = false;
-  // The decode kernel with fp8 K takes the TMA-fed warp-per-block kernel where it applies (the
-  // option decode_fp8=tma; the launcher falls back to the cp.async ring elsewhere).
-  bool fp8_tma = false;
+  // The decode kernel with fp8 or NVFP4 K takes the TMA-fed warp-per-block kernel where it applies
+  // (the options decode_fp8=tma / decode_nvfp4=tma; the launcher falls back to the cp.async ring
+  // elsewhere).
+  bool tma = false;
+  // tma is decode_nvfp4's (NVFP4 K), not decode_fp8's.
+  bool tma_nvfp4 = false;
   // Its query columns per pass (G heads x tokens): kProxyDecodeTmaCols (8) where G x max_seqlen_q
-  // fits them, else kProxyDecodeTmaMaxCols (16); 8 without fp8_tma.
-  int fp8_tma_cols = kProxyDecodeTmaCols;
+  // fits them, else kProxyDecodeTmaMaxCols (16); 8 without tma.
+  int tma_cols = kProxyDecodeTmaCols;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
@@ -576,7 +586,7 @@ const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
-const char* option_name(DecodeFp8 v);
+const char* option_name(DecodeTma v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeSplitWarps v);

@@ -420,7 +420,7 @@ TEST(PlanDescribe, ProxyAndTopk) {
   // on, one pass); cta is not named.
   {
     ProxyScoreOptions tma;
-    tma.decode_fp8 = DecodeFp8::kTma;
+    tma.decode_fp8 = DecodeTma::kTma;
     EXPECT_FALSE(has(describe(plan_proxy_score(pp, tma), tma), "decode_fp8"));  // 16-bit K
     ProxyScoreParams fp8 = pp;
     fp8.k.dtype = DType::kFP8E4M3;
@@ -431,7 +431,7 @@ TEST(PlanDescribe, ProxyAndTopk) {
     EXPECT_TRUE(has(describe(plan_proxy_score(fp8, {}), {}),
                     "; decode_fp8=tma (auto: fp8 K by TMA, a warp per key block, where it applies)"));
     ProxyScoreOptions cta;
-    cta.decode_fp8 = DecodeFp8::kCta;
+    cta.decode_fp8 = DecodeTma::kCta;
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, cta), cta), "decode_fp8"));
     // G 4 x 4 tokens: 16 columns a pass, forced or auto's.
     fp8.qi.max_seqlen_q = 4;
@@ -443,6 +443,25 @@ TEST(PlanDescribe, ProxyAndTopk) {
                     "where it applies)"));
     fp8.qi.max_seqlen_q = 5;  // two passes: auto keeps the cp.async ring
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, {}), {}), "decode_fp8"));
+  }
+  // decode_nvfp4=tma: named for NVFP4 K on the decode kernel, forced only; not for fp8 K.
+  {
+    ProxyScoreOptions tma;
+    tma.decode_nvfp4 = DecodeTma::kTma;
+    ProxyScoreParams fp4 = pp;
+    fp4.k.dtype = DType::kNVFP4;
+    fp4.q_dtype = DType::kNVFP4;
+    fp4.batch = 64;
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp4, tma), tma),
+                    "; decode_nvfp4=tma (forced: NVFP4 K by TMA, a warp per key block, where it applies)"));
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp4, {}), {}), "=tma"));  // auto: cta
+    fp4.qi.max_seqlen_q = 4;
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp4, tma), tma),
+                    "; decode_nvfp4=tma (forced: NVFP4 K by TMA, a warp per key block, 16 query columns a pass, "
+                    "where it applies)"));
+    ProxyScoreParams fp8 = pp;
+    fp8.k.dtype = DType::kFP8E4M3;
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp8, tma), tma), "decode_nvfp4"));
   }
   pp.k.dtype = DType::kBF16;
   const struct {

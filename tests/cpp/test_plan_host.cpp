@@ -1279,12 +1279,16 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(o.nvfp4_cvt, c);
     EXPECT_EQ(o.kernel, ProxyKernel::kDecodeOnly);
   }
-  EXPECT_EQ(parse_proxy_score_options("").decode_fp8, DecodeFp8::kAuto);
-  for (DecodeFp8 f : {DecodeFp8::kAuto, DecodeFp8::kCta, DecodeFp8::kTma}) {
+  EXPECT_EQ(parse_proxy_score_options("").decode_fp8, DecodeTma::kAuto);
+  for (DecodeTma f : {DecodeTma::kAuto, DecodeTma::kCta, DecodeTma::kTma}) {
     const ProxyScoreOptions o = parse_proxy_score_options(std::string("kernel=decode_only,decode_fp8=") + option_name(f));
     EXPECT_EQ(o.decode_fp8, f);
     EXPECT_EQ(o.kernel, ProxyKernel::kDecodeOnly);
+    const ProxyScoreOptions n = parse_proxy_score_options(std::string("decode_nvfp4=") + option_name(f));
+    EXPECT_EQ(n.decode_nvfp4, f);
+    EXPECT_EQ(n.decode_fp8, DecodeTma::kAuto);
   }
+  EXPECT_EQ(parse_proxy_score_options("").decode_nvfp4, DecodeTma::kAuto);
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
                        TopkKernel::kWarpSplit, TopkKernel::kRadixUniform, TopkKernel::kWarpDigits,
@@ -1365,7 +1369,12 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_proxy_score_options("decode_ilp=2,decode_ilp=1"); }, ErrorKind::kValue,
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
-               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8)");
+               "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, "
+               "decode_nvfp4)");
+  expect_error([] { parse_proxy_score_options("decode_nvfp4=wgmma"); }, ErrorKind::kValue,
+               "decode_nvfp4 must be auto, cta or tma, got 'wgmma'");
+  expect_error([] { parse_proxy_score_options("decode_nvfp4=tma,decode_nvfp4=tma"); }, ErrorKind::kValue,
+               "option decode_nvfp4 given twice");
   expect_error([] { parse_proxy_score_options("decode_fp8=wgmma"); }, ErrorKind::kValue,
                "decode_fp8 must be auto, cta or tma, got 'wgmma'");
   expect_error([] { parse_proxy_score_options("decode_fp8=tma,decode_fp8=cta"); }, ErrorKind::kValue,
@@ -1821,8 +1830,8 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
     // cta: the cp.async ring; auto: tma from kProxyDecodeIlpMinBatch requests on when G x
     // max_seqlen_q fits one pass, kProxyDecodeTmaMaxCols columns); the other plan fields stay as
     // auto sets them. Its passes: 8 columns where G x max_seqlen_q fits them, else 16.
-    EXPECT_EQ(plan_proxy_score(dp, {}).fp8_tma, k == fp8) << dtype_name(k);  // B64, 4 x 1 rows
-    EXPECT_EQ(plan_proxy_score(dp, {}).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+    EXPECT_EQ(plan_proxy_score(dp, {}).tma, k == fp8) << dtype_name(k);  // B64, 4 x 1 rows
+    EXPECT_EQ(plan_proxy_score(dp, {}).tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
     {
       ProxyScoreParams few = dp, mtp2 = dp, mtp3 = dp, mtp4 = dp, mtp5 = dp, g8 = dp, g8mtp2 = dp, g16 = dp;
       few.batch = kProxyDecodeIlpMinBatch - 1;
@@ -1834,53 +1843,77 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       g8mtp2.num_heads = 8;      // G 8 x 2 tokens: one 16-column pass
       g8mtp2.qi.max_seqlen_q = 2;
       g16.num_heads = 16;        // G 16 x 1 token: one 16-column pass
-      EXPECT_FALSE(plan_proxy_score(few, {}).fp8_tma) << dtype_name(k);
-      EXPECT_EQ(plan_proxy_score(mtp2, {}).fp8_tma, k == fp8) << dtype_name(k);
-      EXPECT_EQ(plan_proxy_score(g8, {}).fp8_tma, k == fp8) << dtype_name(k);
+      EXPECT_FALSE(plan_proxy_score(few, {}).tma) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(mtp2, {}).tma, k == fp8) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(g8, {}).tma, k == fp8) << dtype_name(k);
       // auto: the 16-column pass where the rows fit one (H200 at 3cebf5e: B64 / 32K sq 4 78.2 vs
       // 85.5 us), never two passes.
       for (const ProxyScoreParams& one16 : {mtp3, mtp4, g8mtp2, g16}) {
-        EXPECT_EQ(plan_proxy_score(one16, {}).fp8_tma, k == fp8) << dtype_name(k);
-        EXPECT_EQ(plan_proxy_score(one16, {}).fp8_tma_cols, k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols)
+        EXPECT_EQ(plan_proxy_score(one16, {}).tma, k == fp8) << dtype_name(k);
+        EXPECT_EQ(plan_proxy_score(one16, {}).tma_cols, k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols)
             << dtype_name(k);
         ProxyScoreParams small = one16;
         small.batch = kProxyDecodeIlpMinBatch - 1;
-        EXPECT_FALSE(plan_proxy_score(small, {}).fp8_tma) << dtype_name(k);
+        EXPECT_FALSE(plan_proxy_score(small, {}).tma) << dtype_name(k);
       }
       ProxyScoreOptions on_decode;
       on_decode.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows
-      EXPECT_FALSE(plan_proxy_score(mtp5, on_decode).fp8_tma) << dtype_name(k);  // auto: never two passes
-      EXPECT_EQ(plan_proxy_score(mtp5, on_decode).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+      EXPECT_FALSE(plan_proxy_score(mtp5, on_decode).tma) << dtype_name(k);  // auto: never two passes
+      EXPECT_EQ(plan_proxy_score(mtp5, on_decode).tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
       ProxyScoreOptions forced;
       forced.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows (mtp5)
-      forced.decode_fp8 = DecodeFp8::kTma;
-      EXPECT_EQ(plan_proxy_score(few, forced).fp8_tma, k == fp8) << dtype_name(k);
-      EXPECT_EQ(plan_proxy_score(few, forced).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+      forced.decode_fp8 = DecodeTma::kTma;
+      EXPECT_EQ(plan_proxy_score(few, forced).tma, k == fp8) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(few, forced).tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
       for (const ProxyScoreParams& narrow : {mtp2, g8}) {
         const ProxyScorePlan plan = plan_proxy_score(narrow, forced);
-        EXPECT_EQ(plan.fp8_tma, k == fp8) << dtype_name(k);
-        EXPECT_EQ(plan.fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+        EXPECT_EQ(plan.tma, k == fp8) << dtype_name(k);
+        EXPECT_EQ(plan.tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
       }
       for (const ProxyScoreParams& wide : {mtp3, mtp4, mtp5, g8mtp2, g16}) {
         const ProxyScorePlan plan = plan_proxy_score(wide, forced);
-        EXPECT_EQ(plan.fp8_tma, k == fp8) << dtype_name(k);
-        EXPECT_EQ(plan.fp8_tma_cols, k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols) << dtype_name(k);
+        EXPECT_EQ(plan.tma, k == fp8) << dtype_name(k);
+        EXPECT_EQ(plan.tma_cols, k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols) << dtype_name(k);
         ProxyScoreOptions cta = forced;
-        cta.decode_fp8 = DecodeFp8::kCta;
-        EXPECT_EQ(plan_proxy_score(wide, cta).fp8_tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+        cta.decode_fp8 = DecodeTma::kCta;
+        EXPECT_EQ(plan_proxy_score(wide, cta).tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
       }
     }
-    for (DecodeFp8 f : {DecodeFp8::kAuto, DecodeFp8::kCta, DecodeFp8::kTma}) {
+    for (DecodeTma f : {DecodeTma::kAuto, DecodeTma::kCta, DecodeTma::kTma}) {
       ProxyScoreOptions o;
       o.decode_fp8 = f;
       const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
-      EXPECT_EQ(plan.fp8_tma, k == fp8 && f != DecodeFp8::kCta) << dtype_name(k);
+      EXPECT_EQ(plan.tma, k == fp8 && f != DecodeTma::kCta) << dtype_name(k);
       EXPECT_EQ(plan.kernel, dflt.kernel);
       EXPECT_EQ(plan.decode_ctas, dflt.decode_ctas);
       EXPECT_EQ(plan.decode_ilp, dflt.decode_ilp);
       EXPECT_EQ(plan.f16_mma, dflt.f16_mma);
       o.kernel = ProxyKernel::kMmaSync;  // not the decode kernel
-      EXPECT_FALSE(plan_proxy_score(dp, o).fp8_tma) << dtype_name(k);
+      EXPECT_FALSE(plan_proxy_score(dp, o).tma) << dtype_name(k);
+    }
+    // decode_nvfp4: the TMA kernel only when forced (auto = cta until measured) and only for NVFP4
+    // K on the decode kernel; its passes as decode_fp8's; decode_fp8 does not take it for NVFP4.
+    for (DecodeTma f : {DecodeTma::kAuto, DecodeTma::kCta, DecodeTma::kTma}) {
+      ProxyScoreOptions o;
+      o.decode_nvfp4 = f;
+      const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
+      const bool want = k == fp4 && f == DecodeTma::kTma;
+      EXPECT_EQ(plan.tma_nvfp4, want) << dtype_name(k);
+      EXPECT_EQ(plan.tma, want || (k == fp8 && dflt.tma)) << dtype_name(k);
+      EXPECT_EQ(plan.kernel, dflt.kernel);
+      EXPECT_EQ(plan.decode_ctas, dflt.decode_ctas);
+      EXPECT_EQ(plan.nvfp4_word, dflt.nvfp4_word);
+      EXPECT_EQ(plan.tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
+      ProxyScoreParams mtp4 = dp;
+      mtp4.qi.max_seqlen_q = 4;
+      ProxyScoreOptions on_decode = o;
+      on_decode.kernel = ProxyKernel::kDecode;
+      if (want) EXPECT_EQ(plan_proxy_score(mtp4, on_decode).tma_cols, kProxyDecodeTmaMaxCols);
+      o.kernel = ProxyKernel::kMmaSync;  // not the decode kernel
+      EXPECT_FALSE(plan_proxy_score(dp, o).tma_nvfp4) << dtype_name(k);
+      ProxyScoreOptions fp8_forced;
+      fp8_forced.decode_fp8 = DecodeTma::kTma;
+      EXPECT_EQ(plan_proxy_score(dp, fp8_forced).tma, k == fp8) << dtype_name(k);
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);

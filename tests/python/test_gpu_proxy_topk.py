@@ -900,6 +900,100 @@ def test_proxy_decode_fp8_tma_b64_32k(sq: int):
         assert torch.equal(again.view(torch.int32), first.view(torch.int32)), f"seed={seed}"
 
 
+# decode_nvfp4=tma (sm_90a: the same TMA-fed ring and warp per key block as decode_fp8=tma, each
+# stage the block's 64-byte e2m1 rows by TMA and its 1 KB of scales by the producer lanes' cp.async;
+# without reduce_heads, else the cp.async kernel runs): against the CPU reference with global scales,
+# against the decode kernel on the exactly dequantized bf16 tensors (the same products; each k-step
+# sums other dims, so within the proxy tolerance with the same -inf / NaN pattern), exactly the
+# unit-scale result times q_gs * k_gs, and against decode_nvfp4=cta on long contexts. Flat caches
+# (strided scale rows, gathered 4 bytes at a time, partial last blocks) and paged ones (a page's
+# scales one aligned 1 KB tile), invalid pages, masked diagonal blocks, 8- and 16-column passes.
+FP4_TMA = dict(decode_nvfp4="tma")
+FP4_CTA = dict(decode_nvfp4="cta")
+FP4_TMA_CASES = [
+    ProxyCase("dec_fp4tma_flat", [1, 4, 2], [1000, 2048, 129], hq=4, hkv=1),
+    ProxyCase("dec_fp4tma_paged", [1, 1, 3, 1], [4096, 129, 700, 0], hq=4, hkv=1, paged=True,
+              invalid_pages=True),
+    ProxyCase("dec_fp4tma_gqa2_flat", [2, 1, 1], [700, 1300, 3], hq=4, hkv=2),
+    ProxyCase("dec_fp4tma_gqa2_paged", [1, 2], [1500, 257], hq=8, hkv=2, paged=True),
+    ProxyCase("dec_fp4tma_reduce", [1, 4], [1000, 300], hq=4, hkv=1, reduce_heads=True, paged=True),
+    ProxyCase("dec_fp4tma_q_offset", [1, 2, 4, 1], [512, 900, 300, 1000], hq=4, hkv=1,
+              q_offset=[-5, 400, -100, 999]),
+    ProxyCase("dec_fp4tma_multi_pass", [5, 9], [700, 2000], hq=4, hkv=1),
+    # 16-column passes: MTP 3 / 4 at G 4, G 8 x 2, G 6 x 2 (16 / G not whole), G 16 x 1.
+    ProxyCase("dec_fp4tma16_mtp3", [3] * 4, [3, 128, 131, 2500], hq=4, hkv=1),
+    ProxyCase("dec_fp4tma16_mtp4_paged", [4] * 6, [4, 127, 128, 129, 1024, 3333], hq=4, hkv=1,
+              paged=True, invalid_pages=True),
+    ProxyCase("dec_fp4tma16_g8_mtp2", [2, 2, 1, 2], [700, 2000, 129, 2], hq=16, hkv=2, paged=True),
+    ProxyCase("dec_fp4tma16_g6_mtp2", [2, 1, 2], [900, 300, 1500], hq=12, hkv=2),
+    ProxyCase("dec_fp4tma16_g16", [1, 1], [1500, 700], hq=16, hkv=1, paged=True),
+]
+
+
+@pytest.mark.parametrize("case", FP4_TMA_CASES, ids=str)
+def test_proxy_decode_fp4_tma(case: ProxyCase):
+    seed = random.getrandbits(31)
+    a, deq = _fp4_decode_inputs(case, seed=seed)
+    q_gs, k_gs = 0.37, 2.5
+    want = _run_fp4(case, a, "cpu", q_gs, k_gs, kernel="decode_only")
+    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only", options=FP4_TMA)
+    scale = q_gs * k_gs
+    assert_proxy_close(got / scale, want / scale, f"{case.name} seed={seed}")
+    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
+    dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel="decode_only")
+    assert_proxy_close(unit, dequantized.cpu(), f"{case.name} tma vs dequantized seed={seed}")
+    product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
+    assert torch.equal(got, unit * product.to(DEV))
+
+
+@pytest.mark.parametrize("case", ILP_CASES + [
+    ProxyCase("dec_fp4tma_b64_4k", [1] * 64, [4096] * 64, hq=4, hkv=1, paged=True),
+    ProxyCase("dec_fp4tma_b3_32k_mtp2", [2] * 3, [32768, 20001, 129], hq=4, hkv=1),
+    ProxyCase("dec_fp4tma16_b64_4k_mtp4", [4] * 64, [4096] * 64, hq=4, hkv=1, paged=True),
+    ProxyCase("dec_fp4tma16_b2_g8_mtp2", [2, 2], [9000, 4000], hq=16, hkv=2, paged=True)], ids=str)
+def test_proxy_decode_fp4_tma_close_to_cta(case: ProxyCase):
+    """decode_nvfp4=tma against the cp.async ring on contexts too long for the CPU reference: the
+    same -inf / NaN pattern, the values within the proxy tolerance; deterministic."""
+    seed = random.getrandbits(31)
+    a, _ = _fp4_decode_inputs(case, seed=seed)
+    cta = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=FP4_CTA)
+    tma = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=FP4_TMA)
+    assert_proxy_close(tma, cta.cpu(), f"{case.name} seed={seed}")
+    again = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=FP4_TMA)
+    assert torch.equal(tma.view(torch.int32), again.view(torch.int32)), f"seed={seed}"
+
+
+@pytest.mark.parametrize("sq", [1, 4], ids=["sq1", "sq4"])
+def test_proxy_decode_fp4_tma_b64_32k(sq: int):
+    """The benchmark's shapes (64 requests x 32K, paged: ~124 units per CTA, memory saturated):
+    five calls against the cp.async ring, each the same bits as the first."""
+    case = ProxyCase(f"dec_fp4tma_b64_32k_sq{sq}", [sq] * 64, [32768] * 64, hq=4, hkv=1, paged=True)
+    seed = random.getrandbits(31)
+    a, _ = _fp4_decode_inputs(case, seed=seed)
+    want = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_CTA)
+    first = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
+    assert_proxy_close(first, want.cpu(), f"seed={seed}")
+    for _ in range(4):
+        again = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
+        assert torch.equal(again.view(torch.int32), first.view(torch.int32)), f"seed={seed}"
+
+
+def test_proxy_decode_fp4_tma_unaligned_scales_fall_back():
+    """k scales that are not 16-byte aligned: the TMA kernel does not launch and the cp.async ring
+    runs the call (bit-identical to decode_nvfp4=cta on the same scales)."""
+    case = ProxyCase("dec_fp4tma_unaligned", [1, 2], [1000, 300], hq=4, hkv=1, paged=True)
+    seed = random.getrandbits(31)
+    a, _ = _fp4_decode_inputs(case, seed=seed)
+    ks = a["ks"].to(DEV)
+    shifted = torch.empty(ks.numel() + 16, dtype=ks.dtype, device=DEV)[4:4 + ks.numel()].view(ks.shape)
+    shifted.copy_(ks)
+    assert shifted.data_ptr() % 16 != 0
+    b = dict(a, ks=shifted)
+    cta = _run_fp4(case, b, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_CTA)
+    tma = _run_fp4(case, b, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
+    assert torch.equal(tma.view(torch.int32), cta.view(torch.int32)), f"seed={seed}"
+
+
 @pytest.mark.parametrize("case", ILP_CASES, ids=str)
 def test_proxy_decode_fp4_word_close_to_byte(case: ProxyCase):
     """nvfp4_cvt=word against nvfp4_cvt=byte on contexts too long for the CPU reference (many
