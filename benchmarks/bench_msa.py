@@ -585,21 +585,24 @@ class Bench:
             self.run_case("proxy", name + " fp8 [decode_fp8=tma]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_fp8="tma")),
                           "memory")
-            # NVFP4 index-K through TMA, a warp per key block (plan option decode_nvfp4=tma, sm_90a;
-            # auto: the cp.async ring), auto otherwise: against the nvfp4 row (sq 4: one 16-column
-            # pass, against the sq 4 nvfp4 row below).
-            self.run_case("proxy", name + " nvfp4 [decode_nvfp4=tma]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, fp4=True, options=dict(decode_nvfp4="tma")),
-                          "memory")
+            # NVFP4 index-K on the cp.async ring (plan option decode_nvfp4=cta; auto takes the TMA
+            # kernel, a warp per key block, since 3db6786 where one pass fits: sq 1 and sq 4 here):
+            # against the nvfp4 row (sq 4: the sq 4 nvfp4 row below). The NVFP4 variants after it
+            # (decode_ilp, nvfp4_cvt, decode_ctas, [decode]) are the cp.async ring's, so they run
+            # it too.
+            cta4 = dict(decode_nvfp4="cta")
+            self.run_case("proxy", name + " nvfp4 [decode_nvfp4=cta]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, fp4=True, options=cta4), "memory")
             if sq != 1:
                 self.run_case("proxy", name + " nvfp4", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True), "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
-                              self.build_proxy_decode(b, c, q, fp4=True, options=ilp), "memory")
+                              self.build_proxy_decode(b, c, q, fp4=True, options=dict(ilp, **cta4)),
+                              "memory")
                 # NVFP4 index-K converted a byte (2 codes) at a time (plan option nvfp4_cvt=byte;
-                # auto: a word of 8 codes since 27436c2), auto otherwise: against the nvfp4 row.
-                byte = dict(nvfp4_cvt="byte")
+                # auto: a word of 8 codes since 27436c2), auto otherwise: against the cta row.
+                byte = dict(nvfp4_cvt="byte", **cta4)
                 self.run_case("proxy", name + " nvfp4 [nvfp4_cvt=byte]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=byte), "memory")
             # The decode streaming kernel (csrc/proxy_score/proxy_decode.cuh), forced: decode_only
@@ -622,7 +625,8 @@ class Bench:
                                                   options=dict(kernel="decode_f16_only")), "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
-                              self.build_proxy_decode(b, c, q, fp4=True, options=dec), "memory")
+                              self.build_proxy_decode(b, c, q, fp4=True, options=dict(dec, **cta4)),
+                              "memory")
                 # The decode kernel built for 2 / 3 / 4 CTAs per SM (plan option decode_ctas;
                 # fewer stages each) for fp8 and NVFP4 index-K (auto: fp8 3, NVFP4 4 since
                 # b1fafdd), under auto's kernel choice otherwise.
@@ -633,7 +637,8 @@ class Bench:
                                   self.build_proxy_decode(b, c, q, k_fp8=True, options=o), "memory")
                     self.run_case("proxy", name + f" nvfp4 [decode_ctas={ctas}]",
                                   lambda b=b, c=ctx, q=sq, o=o:
-                                  self.build_proxy_decode(b, c, q, fp4=True, options=o), "memory")
+                                  self.build_proxy_decode(b, c, q, fp4=True, options=dict(o, **cta4)),
+                                  "memory")
 
     def build_proxy_prefill(self, s, options=None, fmt="bf16"):
         """fmt: bf16 q and k; fp8 (bf16 q, e4m3 k); nvfp4 (msa_proxy_score_fp4: q and k)."""

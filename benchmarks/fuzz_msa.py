@@ -104,7 +104,7 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 
 # The kernel choices a case may force on the device, as plan options of flashmsa's private planned
 # twins of the ops (msa_ops._*_planned; the CPU reference has no plan): the proxy kernel (decode_f16:
-# the decode kernel's fp16 MMAs for fp8 K) and its fp8 (decode_fp8) and NVFP4 (nvfp4_cvt) variants,
+# the decode kernel's fp16 MMAs for fp8 K) and its fp8 (decode_fp8) and NVFP4 (nvfp4_cvt, decode_nvfp4) variants,
 # the top-k and decode kernel (regs: fp8 and NVFP4 K/V in registers; wgmma: MTP union items on
 # sm_90a), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
 # KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups) and tile_max_waste (8:
@@ -126,7 +126,8 @@ SCHEDULES = {
 KERNELS = {
     "proxy": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode", "decode_f16")),
               ("decode_fp8", ("cta", "tma"))],
-    "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode")), ("nvfp4_cvt", ("byte", "word"))],
+    "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode")), ("nvfp4_cvt", ("byte", "word")),
+                  ("decode_nvfp4", ("cta", "tma"))],
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf",
                          "warp_split", "radix_uniform", "warp_digits", "net"))],
     "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],

@@ -44,20 +44,21 @@ def cases(bench: bm.Bench) -> dict:
         "proxy_decode_b64_fp8_ctas3": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, k_fp8=True, options=dict(decode_ctas=3)),
         "proxy_decode_b64_nvfp4_decode": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, fp4=True, options=dict(kernel="decode_only")),
+            64, 32 * K, 1, fp4=True, options=dict(kernel="decode_only", decode_nvfp4="cta")),
         # One / two key blocks per decode-kernel iteration (plan option decode_ilp; auto: 2 for fp8
         # K, 1 otherwise), auto otherwise (fp8: fp16 MMAs, 3 CTAs per SM; NVFP4: 4): against the
         # fp8 / NVFP4 defaults.
         "proxy_decode_b64_fp8_ilp1": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, k_fp8=True, options=dict(decode_ilp=1)),
         "proxy_decode_b64_nvfp4_ilp2": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, fp4=True, options=dict(decode_ilp=2)),
+            64, 32 * K, 1, fp4=True, options=dict(decode_ilp=2, decode_nvfp4="cta")),
         # NVFP4 index-K converted a byte (2 codes) at a time (plan option nvfp4_cvt=byte; auto:
         # a word of 8 codes since 27436c2), auto otherwise: against proxy_decode_b64_nvfp4_decode.
         "proxy_decode_b64_nvfp4_byte": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, fp4=True, options=dict(nvfp4_cvt="byte")),
-        # NVFP4 index-K through TMA, a warp per key block (plan option decode_nvfp4=tma; auto: the
-        # cp.async ring), against proxy_decode_b64_nvfp4_decode.
+            64, 32 * K, 1, fp4=True, options=dict(nvfp4_cvt="byte", decode_nvfp4="cta")),
+        # NVFP4 index-K through TMA, a warp per key block (plan option decode_nvfp4=tma; auto's
+        # since 3db6786), against proxy_decode_b64_nvfp4_decode (the cp.async ring, forced; the
+        # NVFP4 cases above pin it too).
         "proxy_decode_b64_nvfp4_tma": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(decode_nvfp4="tma")),
         # fp8 index-K through TMA, a warp per key block (plan option decode_fp8=tma; auto: the

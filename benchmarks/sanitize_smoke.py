@@ -326,9 +326,10 @@ class Smoke:
         """The decode streaming kernel, forced (plan option kernel=decode_only): paged bf16 /
         fp8 / NVFP4 index-K with ragged and empty contexts and invalid pages, sq 1..4, reduce_heads,
         G 2 with two KV heads, q_offset, padding columns, flat with rows of no sequence."""
-        options = dict(kernel="decode_only")
+        # NVFP4 on the cp.async ring here (decode_nvfp4=cta; its TMA kernel has its own calls below).
+        options, fp4 = dict(kernel="decode_only"), dict(kernel="decode_only", decode_nvfp4="cta")
         self._proxy_decode_cases(PlannedOps(self.ops, msa_proxy_score=options,
-                                            msa_proxy_score_fp4=options))
+                                            msa_proxy_score_fp4=fp4))
         # kernel=decode_f16_only: fp16 MMAs for fp8 K, bf16 q rows scaled into fp16 (fp8 q as is).
         self._proxy_decode_paged(
             PlannedOps(self.ops, msa_proxy_score=dict(kernel="decode_f16_only")), ((1, FP8),),
@@ -345,7 +346,8 @@ class Smoke:
         # decode_ilp=2: two key blocks per iteration (pairs multiplied together, multi-pass and
         # boundary units one by one), on every case above; and with fp16 MMAs at 3 / 4 CTAs.
         ilp = dict(kernel="decode_only", decode_ilp=2)
-        self._proxy_decode_cases(PlannedOps(self.ops, msa_proxy_score=ilp, msa_proxy_score_fp4=ilp),
+        self._proxy_decode_cases(PlannedOps(self.ops, msa_proxy_score=ilp,
+                                            msa_proxy_score_fp4=dict(ilp, decode_nvfp4="cta")),
                                  tag="decode_ilp=2")
         for ctas in (3, 4):
             self._proxy_decode_paged(
@@ -359,7 +361,7 @@ class Smoke:
         # 16 rows).
         for cvt in ("word", "byte"):
             for ilp in (1, 2):
-                forced = dict(kernel="decode_only", nvfp4_cvt=cvt, decode_ilp=ilp)
+                forced = dict(kernel="decode_only", nvfp4_cvt=cvt, decode_ilp=ilp, decode_nvfp4="cta")
                 self._proxy_decode_nvfp4(PlannedOps(self.ops, msa_proxy_score_fp4=forced),
                                          f"nvfp4_cvt={cvt} decode_ilp={ilp}", (1, 2, 5))
 

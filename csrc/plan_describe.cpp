@@ -189,7 +189,8 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
       s << "; nvfp4_cvt=word (" << (o.nvfp4_cvt == DecodeNvfp4Cvt::kWord ? "forced" : "auto")
         << ": NVFP4 K a word of 8 codes at a time)";
     if (plan.tma_nvfp4)
-      s << "; decode_nvfp4=tma (forced: NVFP4 K by TMA, a warp per key block"
+      s << "; decode_nvfp4=tma (" << (o.decode_nvfp4 == DecodeTma::kTma ? "forced" : "auto")
+        << ": NVFP4 K by TMA, a warp per key block"
         << (plan.tma_cols == kProxyDecodeTmaMaxCols ? ", 16 query columns a pass" : "") << ", where it applies)";
     else if (plan.tma)
       s << "; decode_fp8=tma (" << (o.decode_fp8 == DecodeTma::kTma ? "forced" : "auto")

@@ -818,7 +818,9 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K),
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the
-# decode kernel's NVFP4 conversion; auto: word);
+# decode kernel's NVFP4 conversion; auto: word), decode_fp8 / decode_nvfp4 = auto | cta | tma (fp8 /
+# NVFP4 K on the decode kernel's CTA-wide cp.async ring or, sm_90a, its TMA-fed warp-per-block
+# kernel; auto: tma where one pass fits, for fp8 from 16 requests on);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
 # warp_split | radix_uniform | warp_digits (warp_split with one-chunk rows' thresholds by
 # 8-bit radix digits) | net (sorting networks over words of truncated order key and block offset,

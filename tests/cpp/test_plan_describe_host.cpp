@@ -444,7 +444,8 @@ TEST(PlanDescribe, ProxyAndTopk) {
     fp8.qi.max_seqlen_q = 5;  // two passes: auto keeps the cp.async ring
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, {}), {}), "decode_fp8"));
   }
-  // decode_nvfp4=tma: named for NVFP4 K on the decode kernel, forced only; not for fp8 K.
+  // decode_nvfp4=tma: named for NVFP4 K on the decode kernel, forced or auto's; cta is not named;
+  // not for fp8 K.
   {
     ProxyScoreOptions tma;
     tma.decode_nvfp4 = DecodeTma::kTma;
@@ -454,7 +455,11 @@ TEST(PlanDescribe, ProxyAndTopk) {
     fp4.batch = 64;
     EXPECT_TRUE(has(describe(plan_proxy_score(fp4, tma), tma),
                     "; decode_nvfp4=tma (forced: NVFP4 K by TMA, a warp per key block, where it applies)"));
-    EXPECT_FALSE(has(describe(plan_proxy_score(fp4, {}), {}), "=tma"));  // auto: cta
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp4, {}), {}),
+                    "; decode_nvfp4=tma (auto: NVFP4 K by TMA, a warp per key block, where it applies)"));
+    ProxyScoreOptions cta;
+    cta.decode_nvfp4 = DecodeTma::kCta;
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp4, cta), cta), "=tma"));
     fp4.qi.max_seqlen_q = 4;
     EXPECT_TRUE(has(describe(plan_proxy_score(fp4, tma), tma),
                     "; decode_nvfp4=tma (forced: NVFP4 K by TMA, a warp per key block, 16 query columns a pass, "

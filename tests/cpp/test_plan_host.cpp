@@ -1826,11 +1826,13 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       o.kernel = ProxyKernel::kSm90;  // not the decode kernel: no word conversion
       EXPECT_FALSE(plan_proxy_score(dp, o).nvfp4_word) << dtype_name(k);
     }
+    // (fp8_tma: the plan's TMA kernel is decode_fp8's, not decode_nvfp4's, which auto takes for NVFP4)
+    auto fp8_tma = [](const ProxyScorePlan& plan) { return plan.tma && !plan.tma_nvfp4; };
     // decode_fp8: the TMA kernel only when forced and only for fp8 K on the decode kernel (auto,
     // cta: the cp.async ring; auto: tma from kProxyDecodeIlpMinBatch requests on when G x
     // max_seqlen_q fits one pass, kProxyDecodeTmaMaxCols columns); the other plan fields stay as
     // auto sets them. Its passes: 8 columns where G x max_seqlen_q fits them, else 16.
-    EXPECT_EQ(plan_proxy_score(dp, {}).tma, k == fp8) << dtype_name(k);  // B64, 4 x 1 rows
+    EXPECT_EQ(fp8_tma(plan_proxy_score(dp, {})), k == fp8) << dtype_name(k);  // B64, 4 x 1 rows
     EXPECT_EQ(plan_proxy_score(dp, {}).tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
     {
       ProxyScoreParams few = dp, mtp2 = dp, mtp3 = dp, mtp4 = dp, mtp5 = dp, g8 = dp, g8mtp2 = dp, g16 = dp;
@@ -1843,36 +1845,37 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       g8mtp2.num_heads = 8;      // G 8 x 2 tokens: one 16-column pass
       g8mtp2.qi.max_seqlen_q = 2;
       g16.num_heads = 16;        // G 16 x 1 token: one 16-column pass
-      EXPECT_FALSE(plan_proxy_score(few, {}).tma) << dtype_name(k);
-      EXPECT_EQ(plan_proxy_score(mtp2, {}).tma, k == fp8) << dtype_name(k);
-      EXPECT_EQ(plan_proxy_score(g8, {}).tma, k == fp8) << dtype_name(k);
+      EXPECT_FALSE(fp8_tma(plan_proxy_score(few, {}))) << dtype_name(k);
+      EXPECT_EQ(fp8_tma(plan_proxy_score(mtp2, {})), k == fp8) << dtype_name(k);
+      EXPECT_EQ(fp8_tma(plan_proxy_score(g8, {})), k == fp8) << dtype_name(k);
       // auto: the 16-column pass where the rows fit one (H200 at 3cebf5e: B64 / 32K sq 4 78.2 vs
       // 85.5 us), never two passes.
       for (const ProxyScoreParams& one16 : {mtp3, mtp4, g8mtp2, g16}) {
-        EXPECT_EQ(plan_proxy_score(one16, {}).tma, k == fp8) << dtype_name(k);
-        EXPECT_EQ(plan_proxy_score(one16, {}).tma_cols, k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols)
+        EXPECT_EQ(fp8_tma(plan_proxy_score(one16, {})), k == fp8) << dtype_name(k);
+        EXPECT_EQ(plan_proxy_score(one16, {}).tma_cols, k == fp8 || k == fp4 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols)
             << dtype_name(k);
         ProxyScoreParams small = one16;
         small.batch = kProxyDecodeIlpMinBatch - 1;
-        EXPECT_FALSE(plan_proxy_score(small, {}).tma) << dtype_name(k);
+        EXPECT_FALSE(fp8_tma(plan_proxy_score(small, {}))) << dtype_name(k);
       }
       ProxyScoreOptions on_decode;
       on_decode.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows
-      EXPECT_FALSE(plan_proxy_score(mtp5, on_decode).tma) << dtype_name(k);  // auto: never two passes
+      EXPECT_FALSE(fp8_tma(plan_proxy_score(mtp5, on_decode))) << dtype_name(k);  // auto: never two passes
       EXPECT_EQ(plan_proxy_score(mtp5, on_decode).tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
       ProxyScoreOptions forced;
       forced.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows (mtp5)
       forced.decode_fp8 = DecodeTma::kTma;
-      EXPECT_EQ(plan_proxy_score(few, forced).tma, k == fp8) << dtype_name(k);
+      forced.decode_nvfp4 = DecodeTma::kCta;  // NVFP4 on the cp.async ring: no TMA columns
+      EXPECT_EQ(fp8_tma(plan_proxy_score(few, forced)), k == fp8) << dtype_name(k);
       EXPECT_EQ(plan_proxy_score(few, forced).tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
       for (const ProxyScoreParams& narrow : {mtp2, g8}) {
         const ProxyScorePlan plan = plan_proxy_score(narrow, forced);
-        EXPECT_EQ(plan.tma, k == fp8) << dtype_name(k);
+        EXPECT_EQ(fp8_tma(plan), k == fp8) << dtype_name(k);
         EXPECT_EQ(plan.tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
       }
       for (const ProxyScoreParams& wide : {mtp3, mtp4, mtp5, g8mtp2, g16}) {
         const ProxyScorePlan plan = plan_proxy_score(wide, forced);
-        EXPECT_EQ(plan.tma, k == fp8) << dtype_name(k);
+        EXPECT_EQ(fp8_tma(plan), k == fp8) << dtype_name(k);
         EXPECT_EQ(plan.tma_cols, k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols) << dtype_name(k);
         ProxyScoreOptions cta = forced;
         cta.decode_fp8 = DecodeTma::kCta;
@@ -1883,21 +1886,37 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       ProxyScoreOptions o;
       o.decode_fp8 = f;
       const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
-      EXPECT_EQ(plan.tma, k == fp8 && f != DecodeTma::kCta) << dtype_name(k);
+      EXPECT_EQ(fp8_tma(plan), k == fp8 && f != DecodeTma::kCta) << dtype_name(k);
       EXPECT_EQ(plan.kernel, dflt.kernel);
       EXPECT_EQ(plan.decode_ctas, dflt.decode_ctas);
       EXPECT_EQ(plan.decode_ilp, dflt.decode_ilp);
       EXPECT_EQ(plan.f16_mma, dflt.f16_mma);
       o.kernel = ProxyKernel::kMmaSync;  // not the decode kernel
-      EXPECT_FALSE(plan_proxy_score(dp, o).tma) << dtype_name(k);
+      EXPECT_FALSE(fp8_tma(plan_proxy_score(dp, o))) << dtype_name(k);
     }
-    // decode_nvfp4: the TMA kernel only when forced (auto = cta until measured) and only for NVFP4
-    // K on the decode kernel; its passes as decode_fp8's; decode_fp8 does not take it for NVFP4.
+    // decode_nvfp4: the TMA kernel for NVFP4 K on the decode kernel, forced or auto's (any batch,
+    // one pass of at most kProxyDecodeTmaMaxCols columns); cta: the cp.async ring; its passes as
+    // decode_fp8's; decode_fp8 does not take it for NVFP4.
+    {
+      ProxyScoreParams b1 = dp, mtp4 = dp, mtp5 = dp;
+      b1.batch = 1;
+      mtp4.qi.max_seqlen_q = 4;
+      mtp5.qi.max_seqlen_q = 5;
+      ProxyScoreOptions on_decode;
+      on_decode.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows (mtp5)
+      EXPECT_EQ(plan_proxy_score(b1, {}).tma_nvfp4, k == fp4) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(mtp4, {}).tma_nvfp4, k == fp4) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(mtp4, {}).tma_cols, k == fp4 || k == fp8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols)
+          << dtype_name(k);
+      EXPECT_FALSE(plan_proxy_score(mtp5, on_decode).tma_nvfp4) << dtype_name(k);  // auto: never two passes
+      on_decode.decode_nvfp4 = DecodeTma::kTma;
+      EXPECT_EQ(plan_proxy_score(mtp5, on_decode).tma_nvfp4, k == fp4) << dtype_name(k);
+    }
     for (DecodeTma f : {DecodeTma::kAuto, DecodeTma::kCta, DecodeTma::kTma}) {
       ProxyScoreOptions o;
       o.decode_nvfp4 = f;
       const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
-      const bool want = k == fp4 && f == DecodeTma::kTma;
+      const bool want = k == fp4 && f != DecodeTma::kCta;
       EXPECT_EQ(plan.tma_nvfp4, want) << dtype_name(k);
       EXPECT_EQ(plan.tma, want || (k == fp8 && dflt.tma)) << dtype_name(k);
       EXPECT_EQ(plan.kernel, dflt.kernel);
@@ -1913,7 +1932,7 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       EXPECT_FALSE(plan_proxy_score(dp, o).tma_nvfp4) << dtype_name(k);
       ProxyScoreOptions fp8_forced;
       fp8_forced.decode_fp8 = DecodeTma::kTma;
-      EXPECT_EQ(plan_proxy_score(dp, fp8_forced).tma, k == fp8) << dtype_name(k);
+      EXPECT_EQ(fp8_tma(plan_proxy_score(dp, fp8_forced)), k == fp8) << dtype_name(k);
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);

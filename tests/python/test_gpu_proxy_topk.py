@@ -552,8 +552,8 @@ def _with(ilp: Optional[dict], **options) -> Optional[dict]:
 
 
 # NVFP4 K converted a 32-bit word (8 codes; auto since the H200 run at 27436c2) or a byte (2 codes;
-# plan option nvfp4_cvt=byte) at a time: every test below that forces the decode kernel with NVFP4
-# runs each (None: auto). The
+# plan option nvfp4_cvt=byte) at a time on the cp.async ring (decode_nvfp4=cta): every test below
+# that forces the decode kernel with NVFP4 runs each (None: auto). The
 # word conversion hands the MMAs a k-step's dims in another order (d, d + 4 | d + 1, d + 5 instead
 # of d, d + 1 | d + 2, d + 3), so its sums may differ from the byte conversion's in the last bits:
 # it is checked against the CPU reference and against byte with the proxy tolerance, and bit for
@@ -563,7 +563,9 @@ NVFP4_CVT_IDS = ["cvt_auto", "cvt_byte"]
 
 
 def _cvt(cvt: Optional[str]) -> dict:
-    return {} if cvt is None else dict(nvfp4_cvt=cvt)
+    """The cp.async ring (decode_nvfp4=cta: auto takes the TMA kernel since 3db6786, whose own
+    tests are below) with the conversion cvt (None: auto's)."""
+    return dict(decode_nvfp4="cta", **({} if cvt is None else dict(nvfp4_cvt=cvt)))
 
 
 FP8_K_DECODE_CASES = [c for c in DECODE_CASES if c.k_dtype == FP8] + [
@@ -900,7 +902,8 @@ def test_proxy_decode_fp8_tma_b64_32k(sq: int):
         assert torch.equal(again.view(torch.int32), first.view(torch.int32)), f"seed={seed}"
 
 
-# decode_nvfp4=tma (sm_90a: the same TMA-fed ring and warp per key block as decode_fp8=tma, each
+# decode_nvfp4=tma (auto's where one pass fits, since 3db6786; sm_90a: the same TMA-fed ring and
+# warp per key block as decode_fp8=tma, each
 # stage the block's 64-byte e2m1 rows by TMA and its 1 KB of scales by the producer lanes' cp.async;
 # without reduce_heads, else the cp.async kernel runs): against the CPU reference with global scales,
 # against the decode kernel on the exactly dequantized bf16 tensors (the same products; each k-step
@@ -1001,10 +1004,10 @@ def test_proxy_decode_fp4_word_close_to_byte(case: ProxyCase):
     -inf / NaN pattern, the values within the proxy tolerance; deterministic."""
     seed = random.getrandbits(31)
     a, _ = _fp4_decode_inputs(case, seed=seed)
-    byte = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(nvfp4_cvt="byte"))
-    word = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(nvfp4_cvt="word"))
+    byte = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_cvt("byte"))
+    word = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_cvt("word"))
     assert_proxy_close(word, byte.cpu(), f"{case.name} seed={seed}")
-    again = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=dict(nvfp4_cvt="word"))
+    again = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_cvt("word"))
     assert torch.equal(word.view(torch.int32), again.view(torch.int32)), f"seed={seed}"
 
 

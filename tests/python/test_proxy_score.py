@@ -153,8 +153,8 @@ def test_proxy_score_fp4_equals_proxy_of_dequantized(case, device):
     bit (on the GPU too: the kernels dequantize exactly into the same MMAs; but the CUDA decode
     kernel, which short queries take, converts a word of 8 codes at a time by default and sums a
     k-step's dims in another order: on the GPU the default is checked for the same -inf / NaN
-    pattern and values within 1e-2, and the byte conversion (plan option nvfp4_cvt=byte) bit for
-    bit); with global scales every logit is multiplied by q_gs * k_gs before the block max (for a
+    pattern and values within 1e-2, and the cp.async ring's byte conversion (plan options
+    nvfp4_cvt=byte, decode_nvfp4=cta) bit for bit); with global scales every logit is multiplied by q_gs * k_gs before the block max (for a
     positive product: the unit-scale result times the product, bit for bit)."""
     def same(got, want):
         if device == "cpu":
@@ -170,8 +170,8 @@ def test_proxy_score_fp4_equals_proxy_of_dequantized(case, device):
     want = msa_ops.msa_proxy_score(q_deq, k_deq, *rest, **kwargs)
     same(got, want)
     if device != "cpu":
-        byte = msa_ops._proxy_score_fp4_planned(*fp4_args, *rest, options=dict(nvfp4_cvt="byte"),
-                                                **kwargs)
+        byte = msa_ops._proxy_score_fp4_planned(*fp4_args, *rest, options=dict(
+            nvfp4_cvt="byte", decode_nvfp4="cta"), **kwargs)
         assert torch.equal(byte, want)
     assert bool(torch.isfinite(got).any())
 
