@@ -586,7 +586,7 @@ class Bench:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_fp8="tma")),
                           "memory")
             # NVFP4 index-K on the cp.async ring (plan option decode_nvfp4=cta; auto takes the TMA
-            # kernel, a warp per key block, since 3db6786 where one pass fits: sq 1 and sq 4 here):
+            # kernel, a warp per key block, since 900266d where one pass fits: sq 1 and sq 4 here):
             # against the nvfp4 row (sq 4: the sq 4 nvfp4 row below). The NVFP4 variants after it
             # (decode_ilp, nvfp4_cvt, decode_ctas, [decode]) are the cp.async ring's, so they run
             # it too.

@@ -57,7 +57,7 @@ def cases(bench: bm.Bench) -> dict:
         "proxy_decode_b64_nvfp4_byte": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(nvfp4_cvt="byte", decode_nvfp4="cta")),
         # NVFP4 index-K through TMA, a warp per key block (plan option decode_nvfp4=tma; auto's
-        # since 3db6786), against proxy_decode_b64_nvfp4_decode (the cp.async ring, forced; the
+        # since 900266d), against proxy_decode_b64_nvfp4_decode (the cp.async ring, forced; the
         # NVFP4 cases above pin it too).
         "proxy_decode_b64_nvfp4_tma": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(decode_nvfp4="tma")),

@@ -330,8 +330,8 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   const bool auto_tma = options.decode_fp8 == DecodeTma::kAuto && p.batch >= kProxyDecodeIlpMinBatch &&
                         cols <= kProxyDecodeTmaMaxCols;
   // NVFP4 K (decode_nvfp4): the TMA kernel where forced, and for auto at any batch where a request's
-  // rows fit one pass of it (H200 at 3db6786, 32K context: B64 sq 1 68.4 vs 103.4 us, sq 4 73.9 vs
-  // 104.0, B1 9.6 vs 10.4; docs/design/proxy_score.md, "NVFP4 K through TMA").
+  // rows fit one pass of it (H200 at 900266d, 32K context: B64 sq 1 67.6 vs 104.1 us, sq 4 74.7 vs
+  // 104.7, B1 9.8 vs 10.8; docs/design/proxy_score.md, "NVFP4 K through TMA").
   const bool fp8_tma = p.k.dtype == DType::kFP8E4M3 && (options.decode_fp8 == DecodeTma::kTma || auto_tma);
   const bool nvfp4_tma = p.k.dtype == DType::kNVFP4 &&
                          (options.decode_nvfp4 == DecodeTma::kTma ||

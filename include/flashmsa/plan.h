@@ -328,8 +328,8 @@ struct ProxyScoreOptions {
   // CTA-wide cp.async ring (cta) or the TMA-fed warp-per-block kernel (tma: sm_90a, no
   // reduce_heads, a 16-byte aligned scale tensor; elsewhere cta runs), its passes as decode_fp8's.
   // tma sums each logit's dims in another order than cta (last-bit differences). auto = tma where
-  // G x max_seqlen_q <= kProxyDecodeTmaMaxCols (one pass), at any batch, else cta (H200 at 3db6786,
-  // 32K: B64 sq 1 68.4 vs 103.4 us, sq 4 73.9 vs 104.0, B1 9.6 vs 10.4). The cta kernel's options
+  // G x max_seqlen_q <= kProxyDecodeTmaMaxCols (one pass), at any batch, else cta (H200 at 900266d,
+  // 32K: B64 sq 1 67.6 vs 104.1 us, sq 4 74.7 vs 104.7, B1 9.8 vs 10.8). The cta kernel's options
   // (decode_ctas, decode_ilp, nvfp4_cvt) apply only where cta runs.
   DecodeTma decode_nvfp4 = DecodeTma::kAuto;
 };

@@ -563,7 +563,7 @@ NVFP4_CVT_IDS = ["cvt_auto", "cvt_byte"]
 
 
 def _cvt(cvt: Optional[str]) -> dict:
-    """The cp.async ring (decode_nvfp4=cta: auto takes the TMA kernel since 3db6786, whose own
+    """The cp.async ring (decode_nvfp4=cta: auto takes the TMA kernel since 900266d, whose own
     tests are below) with the conversion cvt (None: auto's)."""
     return dict(decode_nvfp4="cta", **({} if cvt is None else dict(nvfp4_cvt=cvt)))
 
@@ -902,7 +902,7 @@ def test_proxy_decode_fp8_tma_b64_32k(sq: int):
         assert torch.equal(again.view(torch.int32), first.view(torch.int32)), f"seed={seed}"
 
 
-# decode_nvfp4=tma (auto's where one pass fits, since 3db6786; sm_90a: the same TMA-fed ring and
+# decode_nvfp4=tma (auto's where one pass fits, since 900266d; sm_90a: the same TMA-fed ring and
 # warp per key block as decode_fp8=tma, each
 # stage the block's 64-byte e2m1 rows by TMA and its 1 KB of scales by the producer lanes' cp.async;
 # without reduce_heads, else the cp.async kernel runs): against the CPU reference with global scales,
