@@ -125,9 +125,9 @@ SCHEDULES = {
 # op -> [(plan option, the values a case picks from besides the default), ...], each drawn on its own
 KERNELS = {
     "proxy": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode", "decode_f16")),
-              ("decode_fp8", ("cta", "tma"))],
+              ("decode_fp8", ("cta", "tma")), ("decode_tma_issue", ("producer", "warps"))],
     "proxy_fp4": [("kernel", ("mma_sync", "sm90", "sm90_ss", "decode")), ("nvfp4_cvt", ("byte", "word")),
-                  ("decode_nvfp4", ("cta", "tma"))],
+                  ("decode_nvfp4", ("cta", "tma")), ("decode_tma_issue", ("producer", "warps"))],
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf",
                          "warp_split", "radix_uniform", "warp_digits", "net"))],
     "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],

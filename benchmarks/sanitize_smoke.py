@@ -368,18 +368,18 @@ class Smoke:
         # decode_nvfp4=tma: NVFP4 K through the TMA ring (e2m1 rows by TMA, scales by the producer
         # lanes' cp.async), a warp per key block: paged (sq 1, 2: 8 columns; 4: 16; 5: two passes),
         # and flat with partial last blocks and two KV heads (scale rows strided, gathered).
-        fp4_tma = PlannedOps(self.ops, msa_proxy_score_fp4=dict(kernel="decode_only", decode_nvfp4="tma"))
-        self._proxy_decode_nvfp4(fp4_tma, "decode_nvfp4=tma", (1, 2, 4, 5))
-        for hkv in (1, 2):
-            lens = [700, 2048, 129, 0, 1000, 1]
-            cu_q, cu_k = self.cu_rows(len(lens), 1), ft.cu_seqlens(lens, self.dev)
+        # decode_tma_issue=warps: the same with each consumer warp issuing its own loads.
+        for issue in ("producer", "warps"):
+            fp4_tma = PlannedOps(self.ops, msa_proxy_score_fp4=dict(kernel="decode_only", decode_nvfp4="tma",
+                                                                    decode_tma_issue=issue))
+            self._proxy_decode_nvfp4(fp4_tma, f"decode_nvfp4=tma decode_tma_issue={issue}", (1, 2, 4, 5))
+            self._proxy_decode_flat_nvfp4(fp4_tma, f"decode_nvfp4=tma decode_tma_issue={issue}")
+        fp8_warps = dict(kernel="decode_f16_only", decode_fp8="tma", decode_tma_issue="warps")
+        self._proxy_decode_paged(
+            PlannedOps(self.ops, msa_proxy_score=fp8_warps), ((1, FP8),), (BF16,), (1, 4),
+            lambda dtype, hkv, q_dtype, sq: f"proxy decode_fp8=tma decode_tma_issue=warps paged sq{sq}",
+            reduce_sq=None)
 
-            def flat_nvfp4(hkv=hkv, lens=lens, cu_q=cu_q, cu_k=cu_k):
-                (q4, qs, qg) = ft.quantize_nvfp4(self.rnd((len(lens), 4 * hkv, 128)))
-                (k4, ks, kg) = ft.quantize_nvfp4(self.rnd((sum(lens), hkv, 128)))
-                return fp4_tma.msa_proxy_score_fp4(q4, k4, qs, ks, qg, kg, cu_q, cu_k, max_seqlen_q=1,
-                                                   max_k_tiles=math.ceil(max(lens) / 128))
-            self.run(f"proxy decode_nvfp4=tma flat nvfp4 G4 hkv{hkv} sq1", flat_nvfp4)
 
         # decode_fp8=tma: fp8 K through the TMA ring, a warp per key block (bf16 and fp16 MMAs;
         # sq 1 and 2: one pass of 8 columns; sq 3 and 4: one pass of 16 columns), invalid pages
@@ -430,6 +430,20 @@ class Smoke:
             self.rnd((sum(sq) + 3, 4, 128)), self.rnd((sum(sk), 1, 128)), cu_q, cu_k,
             max_seqlen_q=4, max_k_tiles=8))
         self._proxy_decode_nvfp4(ops, tag, (2,))
+
+    def _proxy_decode_flat_nvfp4(self, ops, tag):
+        """Flat NVFP4 decode calls (scale rows strided, gathered; partial last blocks; an empty
+        context) with one and two KV heads."""
+        for hkv in (1, 2):
+            lens = [700, 2048, 129, 0, 1000, 1]
+            cu_q, cu_k = self.cu_rows(len(lens), 1), ft.cu_seqlens(lens, self.dev)
+
+            def flat_nvfp4(hkv=hkv, lens=lens, cu_q=cu_q, cu_k=cu_k):
+                (q4, qs, qg) = ft.quantize_nvfp4(self.rnd((len(lens), 4 * hkv, 128)))
+                (k4, ks, kg) = ft.quantize_nvfp4(self.rnd((sum(lens), hkv, 128)))
+                return ops.msa_proxy_score_fp4(q4, k4, qs, ks, qg, kg, cu_q, cu_k, max_seqlen_q=1,
+                                               max_k_tiles=math.ceil(max(lens) / 128))
+            self.run(f"proxy {tag} flat nvfp4 G4 hkv{hkv} sq1", flat_nvfp4)
 
     def _proxy_decode_nvfp4(self, ops, tag, seqlens_q):
         """Paged NVFP4 decode calls (ragged and empty contexts, 4 heads over 1 KV head) at each

@@ -70,6 +70,8 @@ constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "a
                                                      {DecodeNvfp4Cvt::kByte, "byte"},
                                                      {DecodeNvfp4Cvt::kWord, "word"}};
 constexpr Named<DecodeTma> kDecodeTmas[] = {{DecodeTma::kAuto, "auto"}, {DecodeTma::kCta, "cta"}, {DecodeTma::kTma, "tma"}};
+constexpr Named<DecodeTmaIssue> kDecodeTmaIssues[] = {
+    {DecodeTmaIssue::kAuto, "auto"}, {DecodeTmaIssue::kProducer, "producer"}, {DecodeTmaIssue::kWarps, "warps"}};
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
@@ -161,6 +163,7 @@ const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
 const char* option_name(DecodeTma v) { return name_of(kDecodeTmas, v); }
+const char* option_name(DecodeTmaIssue v) { return name_of(kDecodeTmaIssues, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
@@ -233,9 +236,11 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.decode_fp8 = parse_enum(kDecodeTmas, name, value);
     } else if (name == "decode_nvfp4") {
       o.decode_nvfp4 = parse_enum(kDecodeTmas, name, value);
+    } else if (name == "decode_tma_issue") {
+      o.decode_tma_issue = parse_enum(kDecodeTmaIssues, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4, decode_tma_issue)");
     }
   });
   return o;
@@ -338,6 +343,8 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
                           (options.decode_nvfp4 == DecodeTma::kAuto && cols <= kProxyDecodeTmaMaxCols));
   plan.tma = plan.kernel == ProxyKernel::kDecode && (fp8_tma || nvfp4_tma);
   plan.tma_nvfp4 = plan.tma && nvfp4_tma;
+  // Loads issued by each consumer warp for itself only where forced (not yet measured on the H200).
+  plan.tma_self_issue = plan.tma && options.decode_tma_issue == DecodeTmaIssue::kWarps;
   plan.tma_cols = plan.tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
   return plan;
 }

@@ -76,7 +76,8 @@ struct Ring : Shape<kK> {
   using Shape<kK>::kConsumers;
   using Shape<kK>::kStagesPerWarp;
   using Shape<kK>::kStageBytes;
-  static constexpr int kCtaThreads = (kConsumers + 1) * 32;  // + the producer warp (the last)
+  // The CTA: the consumer warps, and the producer warp (the last) unless they issue their own loads.
+  static constexpr int cta_threads(bool self_issue) { return (kConsumers + (self_issue ? 0 : 1)) * 32; }
   static constexpr int kStages = kConsumers * kStagesPerWarp;  // fp8 192 KB, NVFP4 198 KB
   // Unit j of the CTA's share: its stage and the phase (of that stage's uses) it is.
   __host__ __device__ static constexpr int unit_stage(int64_t j) {
@@ -120,72 +121,97 @@ __host__ __device__ constexpr int full_arrivals(bool paged) {
   return kK == kK4 && !paged ? 1 + 32 : 1;
 }
 
-// The producer warp: resolves 32 units at a time (lane l: unit j0 + l: its coordinates and, for
-// NVFP4, where its scales are) and loads them in order.
+// What the loads of one unit need, resolved by one lane (32 units at a time, lane l: the l-th).
+struct UnitLoad {
+  int coord = -1;     // paged: the page, flat: the block's first row; -1: nothing to load
+  int kh = 0;
+  int64_t srow0 = 0;  // NVFP4: the block's first scale row (paged: a multiple of 128)
+  int n_keys = 0;     // NVFP4, flat: keys of the block in the sequence
+};
+
+template <int kK>
+__device__ __forceinline__ UnitLoad resolve_unit(const Params& dp, int64_t u) {
+  const ProxyScoreParams& p = dp.p;
+  UnitLoad ul;
+  int b, t;
+  unit_coords(dp, u, b, ul.kh, t);
+  Request r;
+  load_request(dp, r, b, ul.kh);
+  if (r.ntok > 0 && t < r.n_compute) {
+    ul.coord = p.kv.paged ? int(kv_page(p.kv, b, t)) : int(kv_row_begin(p.kv, b) + int64_t(t) * kBlockSize);
+    if constexpr (kK == kK4) {
+      if (ul.coord >= 0) {
+        ul.srow0 = p.kv.paged ? nvfp4_scale_row_paged(ul.coord, ul.kh, 0, p.num_kv_heads)
+                              : nvfp4_scale_row_flat(int64_t(ul.coord), ul.kh, p.num_kv_heads);
+        ul.n_keys = min(kBlockSize, r.seqlen_k - t * kBlockSize);
+      }
+    }
+  }
+  return ul;
+}
+
+// Lane k's UnitLoad on every lane.
+__device__ __forceinline__ UnitLoad shfl_unit(const UnitLoad& ul, int k, bool nvfp4) {
+  UnitLoad o;
+  o.coord = __shfl_sync(0xFFFFFFFFu, ul.coord, k);
+  o.kh = __shfl_sync(0xFFFFFFFFu, ul.kh, k);
+  if (nvfp4) {
+    o.srow0 = __shfl_sync(0xFFFFFFFFu, ul.srow0, k);
+    o.n_keys = __shfl_sync(0xFFFFFFFFu, ul.n_keys, k);
+  }
+  return o;
+}
+
+// Loads unit `ul` into `stage` (its full barrier `full`, its flag `flag`) once the stage is free:
+// the whole warp calls it. Flat NVFP4: every lane gathers scales and arrives (.noinc); otherwise
+// lane 0 alone. Lane 0 writes the flag, then arms the barrier with the TMA (and, paged NVFP4, the
+// scales' bulk copy), or just arrives for a unit that loads nothing.
+template <int kK>
+__device__ __forceinline__ void issue_unit(const TmaParams& tp, const UnitLoad& ul, uint32_t stage, uint32_t full,
+                                           int* flag, int lane) {
+  constexpr int kData = Shape<kK>::kDataBytes;
+  const ProxyScoreParams& p = tp.dp.p;
+  const bool gather = kK == kK4 && !p.kv.paged;
+  if (gather) {
+    if (ul.coord >= 0) gather_flat_scales(p, stage + kData, ul.srow0, ul.n_keys, lane);
+    mbar_arrive_cp_async_noinc(full);
+  }
+  if (lane == 0) {
+    *flag = ul.coord >= 0;
+    if (ul.coord >= 0) {
+      const bool bulk_scales = kK == kK4 && !gather;
+      mbar_expect_tx(full, bulk_scales ? Shape<kK>::kStageBytes : kData);
+      if (p.kv.paged)
+        tma_load_4d(stage, &tp.k_map, full, 0, 0, ul.kh, ul.coord);
+      else
+        tma_load_3d(stage, &tp.k_map, full, 0, ul.kh, ul.coord);
+      if (bulk_scales) bulk_load(stage + kData, p.k.scale + nvfp4_scale_offset(ul.srow0, 0), kBlockSize * 8, full);
+    } else {
+      mbar_arrive(full);
+    }
+  }
+}
+
+// The producer warp (decode_tma_issue=producer): resolves 32 units at a time and loads them in
+// order, each once its stage's empty barrier says the consumer is done with the previous one.
 template <int kK>
 __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int lane) {
   using R = Ring<kK>;
-  constexpr int kData = Shape<kK>::kDataBytes;
-  const Params& dp = tp.dp;
-  const ProxyScoreParams& p = dp.p;
-  const bool gather = kK == kK4 && !p.kv.paged;
   if (lane == 0) tma_prefetch_map(&tp.k_map);
 #pragma unroll 1
   for (int64_t j0 = 0; j0 < n; j0 += 32) {
-    int coord = -1;  // paged: the page, flat: the block's first row; -1: nothing to load
-    int kh = 0;
-    int64_t srow0 = 0;  // NVFP4: the block's first scale row (paged: a multiple of 128)
-    int n_keys = 0;     // NVFP4, flat: keys of the block in the sequence
-    if (j0 + lane < n) {
-      int b, t;
-      unit_coords(dp, u0 + j0 + lane, b, kh, t);
-      Request r;
-      load_request(dp, r, b, kh);
-      if (r.ntok > 0 && t < r.n_compute) {
-        coord = p.kv.paged ? int(kv_page(p.kv, b, t)) : int(kv_row_begin(p.kv, b) + int64_t(t) * kBlockSize);
-        if constexpr (kK == kK4) {
-          if (coord >= 0) {
-            srow0 = p.kv.paged ? nvfp4_scale_row_paged(coord, kh, 0, p.num_kv_heads)
-                               : nvfp4_scale_row_flat(int64_t(coord), kh, p.num_kv_heads);
-            n_keys = min(kBlockSize, r.seqlen_k - t * kBlockSize);
-          }
-        }
-      }
-    }
+    UnitLoad mine;
+    if (j0 + lane < n) mine = resolve_unit<kK>(tp.dp, u0 + j0 + lane);
     const int m = n - j0 < 32 ? int(n - j0) : 32;
 #pragma unroll 1
     for (int k = 0; k < m; ++k) {
-      const int ck = __shfl_sync(0xFFFFFFFFu, coord, k);
-      const int khk = __shfl_sync(0xFFFFFFFFu, kh, k);
+      const UnitLoad ul = shfl_unit(mine, k, kK == kK4);
       const int64_t j = j0 + k;
       const int s = R::unit_stage(j);
-      const uint32_t full = full0 + 8 * s, stage = stage0 + s * R::kStageBytes;
-      int64_t sr = 0;
-      if constexpr (kK == kK4) sr = __shfl_sync(0xFFFFFFFFu, srow0, k);
-      if (gather) {
-        // Flat NVFP4: every lane gathers scales and arrives, after lane 0 saw the stage empty.
-        const int nk = __shfl_sync(0xFFFFFFFFu, n_keys, k);
-        if (lane == 0) mbar_wait(empty0 + 8 * s, R::unit_parity(j) ^ 1u);
-        __syncwarp();
-        if (ck >= 0) gather_flat_scales(p, stage + kData, sr, nk, lane);
-        mbar_arrive_cp_async_noinc(full);
-      }
-      if (lane == 0) {
-        if (!gather) mbar_wait(empty0 + 8 * s, R::unit_parity(j) ^ 1u);
-        flags[s] = ck >= 0;
-        if (ck >= 0) {
-          const bool bulk_scales = kK == kK4 && !gather;
-          mbar_expect_tx(full, bulk_scales ? R::kStageBytes : kData);
-          if (p.kv.paged)
-            tma_load_4d(stage, &tp.k_map, full, 0, 0, khk, ck);
-          else
-            tma_load_3d(stage, &tp.k_map, full, 0, khk, ck);
-          if (bulk_scales) bulk_load(stage + kData, p.k.scale + nvfp4_scale_offset(sr, 0), kBlockSize * 8, full);
-        } else {
-          mbar_arrive(full);
-        }
-      }
+      if (lane == 0) mbar_wait(empty0 + 8 * s, R::unit_parity(j) ^ 1u);
+      __syncwarp();
+      issue_unit<kK>(tp, ul, stage0 + s * R::kStageBytes, full0 + 8 * s, flags + s, lane);
     }
   }
 }
@@ -332,15 +358,40 @@ __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4]
   }
 }
 
-// Consumer warps 0..kConsumers-1: units j = warp, warp + kConsumers, ... of the CTA's share.
-template <typename Mma, int kK, bool kScaleQ, int kCols>
-__device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages, const int* flags, uint32_t full0,
+// Consumer warps 0..kConsumers-1: units j = warp, warp + kConsumers, ... of the CTA's share (the
+// warp's i-th unit is j = warp + kConsumers i, in stage 2 warp + i % 2). kSelf
+// (decode_tma_issue=warps): the warp loads its own units, no producer warp: its lanes resolve its
+// next 32 units at a time, it issues units 0 and 1 up front and unit i + 2 into the stage it has
+// just finished with unit i (its own reads done: a proxy fence and a warp sync, no empty barrier).
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
+__device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int warp, int lane) {
   using R = Ring<kK>;
   constexpr int kHalves = kCols / 8;
+  const Params& dp = tp.dp;
   const ProxyScoreParams& p = dp.p;
   const int g = lane >> 2, c = lane & 3;
   if (warp >= n) return;
+  const int64_t my_units = (n - warp + R::kConsumers - 1) / R::kConsumers;
+  const uint32_t stage0 = smem_addr(stages);
+  UnitLoad batch;  // kSelf: lane l's is the warp's unit i0 + l
+  int64_t i0 = 0;
+  auto resolve_batch = [&](int64_t first) {
+    i0 = first;
+    batch = UnitLoad{};
+    if (i0 + lane < my_units) batch = resolve_unit<kK>(dp, u0 + warp + (i0 + lane) * R::kConsumers);
+  };
+  auto issue = [&](int64_t i) {  // the warp's unit i (in the current batch) into its stage
+    const int s = R::kStagesPerWarp * warp + int(i % R::kStagesPerWarp);
+    issue_unit<kK>(tp, shfl_unit(batch, int(i - i0), kK == kK4), stage0 + s * R::kStageBytes, full0 + 8 * s,
+                   flags + s, lane);
+  };
+  if constexpr (kSelf) {
+    if (lane == 0) tma_prefetch_map(&tp.k_map);
+    resolve_batch(0);
+    for (int64_t i = 0; i < R::kStagesPerWarp && i < my_units; ++i) issue(i);
+  }
+  int64_t i = 0;
   int b, kh, t;
   unit_coords(dp, u0 + warp, b, kh, t);
   Request r;
@@ -412,8 +463,20 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
         }
       }
     }
-    __syncwarp();  // every lane's reads of the stage are done
-    if (lane == 0) mbar_arrive(empty0 + 8 * s);
+    if constexpr (kSelf) {
+      // This warp's generic-proxy reads of the stage are done before the TMA it issues rewrites it.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncwarp();
+      const int64_t next = i + R::kStagesPerWarp;
+      if (next < my_units) {
+        if (next - i0 == 32) resolve_batch(next);
+        issue(next);
+      }
+    } else {
+      __syncwarp();  // every lane's reads of the stage are done
+      if (lane == 0) mbar_arrive(empty0 + 8 * s);
+    }
+    ++i;
     t += R::kConsumers;
     while (t >= p.max_k_tiles) {
       t -= p.max_k_tiles;
@@ -426,8 +489,8 @@ __device__ __forceinline__ void consume(const Params& dp, const uint8_t* stages,
 }
 #endif
 
-template <typename Mma, int kK, bool kScaleQ, int kCols>
-__global__ void __launch_bounds__(Ring<kK>::kCtaThreads, 1)
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
+__global__ void __launch_bounds__(Ring<kK>::cta_threads(kSelf), 1)
     proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
   static_assert(kK == kK8 || kK == kK4, "fp8 or NVFP4 K");
@@ -447,30 +510,31 @@ __global__ void __launch_bounds__(Ring<kK>::kCtaThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < R::kStages; ++s) {
       mbar_init(full0 + 8 * s, full_arrivals<kK>(dp.p.kv.paged));
-      mbar_init(empty0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, 1);  // unused with kSelf
     }
     fence_mbarrier_init();
   }
   __syncthreads();
-  if (warp == R::kConsumers)
+  if (!kSelf && warp == R::kConsumers)
     produce<kK>(tp, stage0, flags, full0, empty0, u0, n, lane);
   else
-    consume<Mma, kK, kScaleQ, kCols>(dp, smem, flags, full0, empty0, u0, n, warp, lane);
-  fill_uncovered_rows<R::kCtaThreads>(dp);
+    consume<Mma, kK, kScaleQ, kCols, kSelf>(tp, smem, flags, full0, empty0, u0, n, warp, lane);
+  fill_uncovered_rows<R::cta_threads(kSelf)>(dp);
 #endif
 }
 
 // Launches the kernel of kCols columns a pass for fp8 or NVFP4 K where it applies (sm_90a device
 // and binary, G <= kCols, no reduce_heads, a K map TMA can address; NVFP4: a 16-byte aligned scale
-// tensor); false (nothing launched) otherwise.
-template <typename Mma, int kK, bool kScaleQ, int kCols>
+// tensor); false (nothing launched) otherwise. kSelf: the consumer warps issue their own loads.
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
 bool launch(const Params& dp, cudaStream_t stream) {
   using R = Ring<kK>;
+  constexpr int kThreads = R::cta_threads(kSelf);
   const ProxyScoreParams& p = dp.p;
   if (dp.group > kCols || p.reduce_heads) return false;
   if (kK == kK4 && reinterpret_cast<uintptr_t>(p.k.scale) % 16 != 0) return false;
-  auto kernel = proxy_decode_tma_kernel<Mma, kK, kScaleQ, kCols>;
-  const int resident = prepare_sm90a_launch(kernel, R::kCtaThreads, R::kSmemBytes);
+  auto kernel = proxy_decode_tma_kernel<Mma, kK, kScaleQ, kCols, kSelf>;
+  const int resident = prepare_sm90a_launch(kernel, kThreads, R::kSmemBytes);
   if (resident == 0) return false;
   TmaParams tp{};
   tp.dp = dp;
@@ -482,16 +546,20 @@ bool launch(const Params& dp, cudaStream_t stream) {
   if (!mapped) return false;
   const int64_t ctas = std::max<int64_t>(
       1, std::min<int64_t>(int64_t(current_device_limits().num_sms) * resident, std::max<int64_t>(dp.units, 1)));
-  kernel<<<unsigned(ctas), R::kCtaThreads, R::kSmemBytes, stream>>>(tp);
+  kernel<<<unsigned(ctas), kThreads, R::kSmemBytes, stream>>>(tp);
   MSA_CHECK_LAUNCH();
   return true;
 }
 
-// The plan's columns per pass (tma_cols: 16 or else 8).
+// The plan's columns per pass (tma_cols: 16 or else 8) and load issue (tma_self_issue).
 template <typename Mma, int kK, bool kScaleQ>
 bool launch_cols(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
-  return plan.tma_cols == kProxyDecodeTmaMaxCols ? launch<Mma, kK, kScaleQ, kProxyDecodeTmaMaxCols>(dp, stream)
-                                                 : launch<Mma, kK, kScaleQ, kProxyDecodeTmaCols>(dp, stream);
+  auto with_issue = [&](auto cols) {
+    return plan.tma_self_issue ? launch<Mma, kK, kScaleQ, decltype(cols)::value, true>(dp, stream)
+                               : launch<Mma, kK, kScaleQ, decltype(cols)::value, false>(dp, stream);
+  };
+  return plan.tma_cols == kProxyDecodeTmaMaxCols ? with_issue(std::integral_constant<int, kProxyDecodeTmaMaxCols>{})
+                                                 : with_issue(std::integral_constant<int, kProxyDecodeTmaCols>{});
 }
 
 // The MMA type and q scaling of the cp.async kernel's fp8 path (launch_proxy_decode).

@@ -216,6 +216,12 @@ enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 // either build, as measured), else cta; for NVFP4 auto = tma at any batch where G x max_seqlen_q <=
 // kProxyDecodeTmaMaxCols, else cta.
 enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
+// Who issues the proxy decode TMA kernel's loads (option decode_tma_issue): producer (a producer
+// warp for the CTA, each unit once its stage's empty barrier says the consumer is done) or warps
+// (each consumer warp loads its own units into the stage it has just finished: no producer warp,
+// no empty barrier; docs/design/proxy_score.md, "NVFP4 K through TMA"). auto = producer (warps not
+// yet measured on the H200).
+enum class DecodeTmaIssue : int32_t { kAuto = 0, kProducer = 1, kWarps = 2 };
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
 // to the workspace, the combine kernel merges them), cluster (the splits of a row run as one
@@ -332,6 +338,9 @@ struct ProxyScoreOptions {
   // 32K: B64 sq 1 67.6 vs 104.1 us, sq 4 74.7 vs 104.7, B1 9.8 vs 10.8). The cta kernel's options
   // (decode_ctas, decode_ilp, nvfp4_cvt) apply only where cta runs.
   DecodeTma decode_nvfp4 = DecodeTma::kAuto;
+  // decode_tma_issue=auto|producer|warps: the TMA kernel's loads by a producer warp or by each
+  // consumer warp for itself (DecodeTmaIssue); calls not on the TMA kernel ignore it.
+  DecodeTmaIssue decode_tma_issue = DecodeTmaIssue::kAuto;
 };
 // net_pivot: a warp per row (32 lanes), whose lanes' score minima give a pivot at or above the
 // row's target-th best key; the keys at or below it (at most 32, else the networks run) are sorted
@@ -368,7 +377,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
 // decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma,
-// decode_nvfp4=auto|cta|tma.
+// decode_nvfp4=auto|cta|tma, decode_tma_issue=auto|producer|warps.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
@@ -526,6 +535,8 @@ struct ProxyScorePlan {
   bool tma = false;
   // tma is decode_nvfp4's (NVFP4 K), not decode_fp8's.
   bool tma_nvfp4 = false;
+  // The TMA kernel's consumer warps issue their own loads (decode_tma_issue=warps); false without tma.
+  bool tma_self_issue = false;
   // Its query columns per pass (G heads x tokens): kProxyDecodeTmaCols (8) where G x max_seqlen_q
   // fits them, else kProxyDecodeTmaMaxCols (16); 8 without tma.
   int tma_cols = kProxyDecodeTmaCols;
@@ -591,6 +602,7 @@ const char* option_name(DecodeKernel v);
 const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
 const char* option_name(DecodeTma v);
+const char* option_name(DecodeTmaIssue v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeSplitWarps v);

@@ -467,6 +467,14 @@ TEST(PlanDescribe, ProxyAndTopk) {
     ProxyScoreParams fp8 = pp;
     fp8.k.dtype = DType::kFP8E4M3;
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, tma), tma), "decode_nvfp4"));
+    // decode_tma_issue=warps: named where the TMA kernel runs.
+    ProxyScoreOptions warps;
+    warps.decode_tma_issue = DecodeTmaIssue::kWarps;
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp4, warps), warps),
+                    "; decode_tma_issue=warps (forced: each consumer warp loads its own blocks)"));
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp4, {}), {}), "decode_tma_issue"));
+    warps.decode_nvfp4 = DecodeTma::kCta;
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp4, warps), warps), "decode_tma_issue"));
   }
   pp.k.dtype = DType::kBF16;
   const struct {

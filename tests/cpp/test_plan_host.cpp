@@ -1289,6 +1289,9 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(n.decode_fp8, DecodeTma::kAuto);
   }
   EXPECT_EQ(parse_proxy_score_options("").decode_nvfp4, DecodeTma::kAuto);
+  EXPECT_EQ(parse_proxy_score_options("").decode_tma_issue, DecodeTmaIssue::kAuto);
+  for (DecodeTmaIssue i : {DecodeTmaIssue::kAuto, DecodeTmaIssue::kProducer, DecodeTmaIssue::kWarps})
+    EXPECT_EQ(parse_proxy_score_options(std::string("decode_tma_issue=") + option_name(i)).decode_tma_issue, i);
   for (TopkKernel k : {TopkKernel::kAuto, TopkKernel::kWarpPerRow, TopkKernel::kWarpPerRow8,
                        TopkKernel::kRadix, TopkKernel::kBySize, TopkKernel::kRadix1Buf,
                        TopkKernel::kWarpSplit, TopkKernel::kRadixUniform, TopkKernel::kWarpDigits,
@@ -1370,7 +1373,9 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, "
-               "decode_nvfp4)");
+               "decode_nvfp4, decode_tma_issue)");
+  expect_error([] { parse_proxy_score_options("decode_tma_issue=lane"); }, ErrorKind::kValue,
+               "decode_tma_issue must be auto, producer or warps, got 'lane'");
   expect_error([] { parse_proxy_score_options("decode_nvfp4=wgmma"); }, ErrorKind::kValue,
                "decode_nvfp4 must be auto, cta or tma, got 'wgmma'");
   expect_error([] { parse_proxy_score_options("decode_nvfp4=tma,decode_nvfp4=tma"); }, ErrorKind::kValue,
@@ -1933,6 +1938,18 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       ProxyScoreOptions fp8_forced;
       fp8_forced.decode_fp8 = DecodeTma::kTma;
       EXPECT_EQ(fp8_tma(plan_proxy_score(dp, fp8_forced)), k == fp8) << dtype_name(k);
+    }
+    // decode_tma_issue: warps only where forced and only on the TMA kernel; nothing else moves.
+    for (DecodeTmaIssue i : {DecodeTmaIssue::kAuto, DecodeTmaIssue::kProducer, DecodeTmaIssue::kWarps}) {
+      ProxyScoreOptions o;
+      o.decode_tma_issue = i;
+      const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
+      EXPECT_EQ(plan.tma_self_issue, dflt.tma && i == DecodeTmaIssue::kWarps) << dtype_name(k);
+      EXPECT_EQ(plan.tma, dflt.tma);
+      EXPECT_EQ(plan.tma_cols, dflt.tma_cols);
+      o.decode_nvfp4 = DecodeTma::kCta;
+      o.decode_fp8 = DecodeTma::kCta;
+      EXPECT_FALSE(plan_proxy_score(dp, o).tma_self_issue) << dtype_name(k);
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);

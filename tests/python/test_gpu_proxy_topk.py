@@ -840,6 +840,15 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
 FP8_TMA = dict(decode_fp8="tma")
 FP8_CTA = dict(decode_fp8="cta")  # the cp.async ring (auto's below 16 requests or above 8 columns)
 
+# decode_tma_issue=warps: each consumer warp loads its own blocks (no producer warp); every TMA
+# kernel test runs both (None: auto's producer warp), and warps is bit-identical to producer.
+TMA_ISSUES = [None, "warps"]
+TMA_ISSUE_IDS = ["issue_auto", "issue_warps"]
+
+
+def _issue(options: dict, issue: Optional[str]) -> dict:
+    return options if issue is None else dict(options, decode_tma_issue=issue)
+
 # 16-column passes: MTP 3 and 4 tokens at G 4 (12 and 16 columns), G 8 x 2 tokens, G 6 x 2 (12 of
 # 16 columns, 16 / G not whole), G 16 x 1, fp8 q and fp16 q, masked diagonal blocks, invalid pages.
 FP8_TMA16_CASES = [
@@ -864,6 +873,7 @@ FP8_TMA16_CASES = [
                                          for k in ("decode_only", "decode_f16_only")], ids=str)
 def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str):
     _decode_matches_reference(case, kernel, FP8_TMA)
+    _decode_matches_reference(case, kernel, dict(FP8_TMA, decode_tma_issue="warps"))
 
 
 @pytest.mark.parametrize("case,kernel", [
@@ -885,7 +895,8 @@ def test_proxy_decode_fp8_tma_close_to_default(case: ProxyCase, kernel: str):
 
 
 @pytest.mark.parametrize("sq", [1, 4], ids=["sq1", "sq4"])
-def test_proxy_decode_fp8_tma_b64_32k(sq: int):
+@pytest.mark.parametrize("issue", TMA_ISSUES, ids=TMA_ISSUE_IDS)
+def test_proxy_decode_fp8_tma_b64_32k(sq: int, issue):
     """The benchmark's shapes (64 requests x 32K, paged: ~124 units per CTA, the memory system
     saturated), where the first version's shared ring let a warp pass a stage's parity wait on the
     previous phase and hung or faulted: five calls against the cp.async ring, each the same bits
@@ -895,10 +906,10 @@ def test_proxy_decode_fp8_tma_b64_32k(sq: int):
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_CTA)
-    first = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_TMA)
+    first = run_proxy(case, inputs, DEV, kernel="decode_only", options=_issue(FP8_TMA, issue))
     assert_proxy_close(first, want.cpu(), f"seed={seed}")
     for _ in range(4):
-        again = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_TMA)
+        again = run_proxy(case, inputs, DEV, kernel="decode_only", options=_issue(FP8_TMA, issue))
         assert torch.equal(again.view(torch.int32), first.view(torch.int32)), f"seed={seed}"
 
 
@@ -934,17 +945,21 @@ FP4_TMA_CASES = [
 
 
 @pytest.mark.parametrize("case", FP4_TMA_CASES, ids=str)
-def test_proxy_decode_fp4_tma(case: ProxyCase):
+@pytest.mark.parametrize("issue", TMA_ISSUES, ids=TMA_ISSUE_IDS)
+def test_proxy_decode_fp4_tma(case: ProxyCase, issue):
     seed = random.getrandbits(31)
     a, deq = _fp4_decode_inputs(case, seed=seed)
     q_gs, k_gs = 0.37, 2.5
     want = _run_fp4(case, a, "cpu", q_gs, k_gs, kernel="decode_only")
-    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only", options=FP4_TMA)
+    got = _run_fp4(case, a, DEV, q_gs, k_gs, kernel="decode_only", options=_issue(FP4_TMA, issue))
     scale = q_gs * k_gs
     assert_proxy_close(got / scale, want / scale, f"{case.name} seed={seed}")
-    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
+    unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=_issue(FP4_TMA, issue))
     dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel="decode_only")
     assert_proxy_close(unit, dequantized.cpu(), f"{case.name} tma vs dequantized seed={seed}")
+    if issue is not None:
+        producer = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
+        assert torch.equal(unit.view(torch.int32), producer.view(torch.int32)), f"seed={seed}"
     product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
     assert torch.equal(got, unit * product.to(DEV))
 
@@ -956,7 +971,8 @@ def test_proxy_decode_fp4_tma(case: ProxyCase):
     ProxyCase("dec_fp4tma16_b2_g8_mtp2", [2, 2], [9000, 4000], hq=16, hkv=2, paged=True)], ids=str)
 def test_proxy_decode_fp4_tma_close_to_cta(case: ProxyCase):
     """decode_nvfp4=tma against the cp.async ring on contexts too long for the CPU reference: the
-    same -inf / NaN pattern, the values within the proxy tolerance; deterministic."""
+    same -inf / NaN pattern, the values within the proxy tolerance; deterministic, and the same
+    bits with each consumer warp issuing its own loads (decode_tma_issue=warps)."""
     seed = random.getrandbits(31)
     a, _ = _fp4_decode_inputs(case, seed=seed)
     cta = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=FP4_CTA)
@@ -964,20 +980,23 @@ def test_proxy_decode_fp4_tma_close_to_cta(case: ProxyCase):
     assert_proxy_close(tma, cta.cpu(), f"{case.name} seed={seed}")
     again = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=FP4_TMA)
     assert torch.equal(tma.view(torch.int32), again.view(torch.int32)), f"seed={seed}"
+    warps = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_issue(FP4_TMA, "warps"))
+    assert torch.equal(warps.view(torch.int32), tma.view(torch.int32)), f"seed={seed}"
 
 
 @pytest.mark.parametrize("sq", [1, 4], ids=["sq1", "sq4"])
-def test_proxy_decode_fp4_tma_b64_32k(sq: int):
+@pytest.mark.parametrize("issue", TMA_ISSUES, ids=TMA_ISSUE_IDS)
+def test_proxy_decode_fp4_tma_b64_32k(sq: int, issue):
     """The benchmark's shapes (64 requests x 32K, paged: ~124 units per CTA, memory saturated):
     five calls against the cp.async ring, each the same bits as the first."""
     case = ProxyCase(f"dec_fp4tma_b64_32k_sq{sq}", [sq] * 64, [32768] * 64, hq=4, hkv=1, paged=True)
     seed = random.getrandbits(31)
     a, _ = _fp4_decode_inputs(case, seed=seed)
     want = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_CTA)
-    first = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
+    first = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=_issue(FP4_TMA, issue))
     assert_proxy_close(first, want.cpu(), f"seed={seed}")
     for _ in range(4):
-        again = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
+        again = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=_issue(FP4_TMA, issue))
         assert torch.equal(again.view(torch.int32), first.view(torch.int32)), f"seed={seed}"
 
 

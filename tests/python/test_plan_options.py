@@ -53,7 +53,8 @@ VALID = {
                     dict(nvfp4_cvt="auto"), dict(nvfp4_cvt="byte"),
                     dict(kernel="decode_only", nvfp4_cvt="word"), "nvfp4_cvt=word,decode_ilp=2",
                     dict(decode_fp8="cta"), dict(kernel="decode_only", decode_fp8="tma"),
-                    dict(decode_nvfp4="cta"), dict(kernel="decode_only", decode_nvfp4="tma")],
+                    dict(decode_nvfp4="cta"), dict(kernel="decode_only", decode_nvfp4="tma"),
+                    dict(decode_tma_issue="warps"), dict(decode_nvfp4="tma", decode_tma_issue="producer")],
     "topk_select": [None, dict(kernel="auto"), dict(kernel="warp_per_row"),
                     dict(kernel="warp_per_row_8"), dict(kernel="radix"), dict(kernel="by_size"),
                     dict(kernel="radix_1buf"), dict(kernel="warp_split"),
@@ -145,6 +146,8 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("proxy_score", dict(nvfp4_cvt="half"), "nvfp4_cvt must be auto, byte or word, got 'half'"),
     ("proxy_score", dict(decode_fp8="wgmma"), "decode_fp8 must be auto, cta or tma, got 'wgmma'"),
     ("proxy_score", dict(decode_nvfp4="bulk"), "decode_nvfp4 must be auto, cta or tma, got 'bulk'"),
+    ("proxy_score", dict(decode_tma_issue="lane"),
+     "decode_tma_issue must be auto, producer or warps, got 'lane'"),
     ("sparse_decode", dict(kernel="fastest"), "kernel must be auto, smem, regs or wgmma, got 'fastest'"),
     # kernel=regs8 (8 warps per CTA for fp8 K/V) was removed: slower than regs on the H200 (at 5b22cb3).
     ("sparse_decode", dict(kernel="regs8"), "kernel must be auto, smem, regs or wgmma, got 'regs8'"),
