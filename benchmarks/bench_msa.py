@@ -585,15 +585,17 @@ class Bench:
             self.run_case("proxy", name + " fp8 [decode_fp8=tma]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_fp8="tma")),
                           "memory")
-            # The TMA kernels with each consumer warp issuing its own loads (plan option
-            # decode_tma_issue=warps; auto: a producer warp), fp8 and NVFP4 under auto's TMA choice
-            # otherwise (fp8 forced, as its row above): against the fp8 [decode_fp8=tma] / nvfp4 rows.
-            warps = dict(decode_tma_issue="warps")
+            # The TMA kernels' other load issue (plan option decode_tma_issue; auto: each consumer
+            # warp for itself for NVFP4 K since 9738086, a producer warp for fp8 K): fp8 with warps
+            # (TMA forced, as its row above), NVFP4 with the producer warp: against the fp8
+            # [decode_fp8=tma] / nvfp4 rows.
             self.run_case("proxy", name + " fp8 [decode_fp8=tma,decode_tma_issue=warps]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(warps, decode_fp8="tma")),
+                          self.build_proxy_decode(b, c, q, k_fp8=True,
+                                                  options=dict(decode_tma_issue="warps", decode_fp8="tma")),
                           "memory")
-            self.run_case("proxy", name + " nvfp4 [decode_tma_issue=warps]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, fp4=True, options=warps), "memory")
+            self.run_case("proxy", name + " nvfp4 [decode_tma_issue=producer]", lambda b=b, c=ctx, q=sq:
+                          self.build_proxy_decode(b, c, q, fp4=True, options=dict(decode_tma_issue="producer")),
+                          "memory")
             # NVFP4 index-K on the cp.async ring (plan option decode_nvfp4=cta; auto takes the TMA
             # kernel, a warp per key block, since 900266d where one pass fits: sq 1 and sq 4 here):
             # against the nvfp4 row (sq 4: the sq 4 nvfp4 row below). The NVFP4 variants after it

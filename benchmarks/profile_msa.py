@@ -61,9 +61,10 @@ def cases(bench: bm.Bench) -> dict:
         # NVFP4 cases above pin it too).
         "proxy_decode_b64_nvfp4_tma": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, fp4=True, options=dict(decode_nvfp4="tma")),
-        # The same with each consumer warp issuing its own loads (decode_tma_issue=warps).
-        "proxy_decode_b64_nvfp4_tma_warps": lambda: bench.build_proxy_decode(
-            64, 32 * K, 1, fp4=True, options=dict(decode_nvfp4="tma", decode_tma_issue="warps")),
+        # The same with a producer warp issuing the loads (decode_tma_issue=producer; auto: each
+        # consumer warp for itself since 9738086).
+        "proxy_decode_b64_nvfp4_tma_producer": lambda: bench.build_proxy_decode(
+            64, 32 * K, 1, fp4=True, options=dict(decode_nvfp4="tma", decode_tma_issue="producer")),
         # fp8 index-K through TMA, a warp per key block (plan option decode_fp8=tma; auto: the
         # cp.async ring), auto otherwise: against proxy_decode_b64_fp8_ctas3 (the fp8 default).
         "proxy_decode_b64_fp8_tma": lambda: bench.build_proxy_decode(

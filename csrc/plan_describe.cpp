@@ -196,7 +196,9 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
       s << "; decode_fp8=tma (" << (o.decode_fp8 == DecodeTma::kTma ? "forced" : "auto")
         << ": fp8 K by TMA, a warp per key block"
         << (plan.tma_cols == kProxyDecodeTmaMaxCols ? ", 16 query columns a pass" : "") << ", where it applies)";
-    if (plan.tma_self_issue) s << "; decode_tma_issue=warps (forced: each consumer warp loads its own blocks)";
+    if (plan.tma_self_issue)
+      s << "; decode_tma_issue=warps (" << (o.decode_tma_issue == DecodeTmaIssue::kWarps ? "forced" : "auto")
+        << ": each consumer warp loads its own blocks)";
   }
   return s.str();
 }

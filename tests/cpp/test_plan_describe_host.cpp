@@ -472,7 +472,10 @@ TEST(PlanDescribe, ProxyAndTopk) {
     warps.decode_tma_issue = DecodeTmaIssue::kWarps;
     EXPECT_TRUE(has(describe(plan_proxy_score(fp4, warps), warps),
                     "; decode_tma_issue=warps (forced: each consumer warp loads its own blocks)"));
-    EXPECT_FALSE(has(describe(plan_proxy_score(fp4, {}), {}), "decode_tma_issue"));
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp4, {}), {}),
+                    "; decode_tma_issue=warps (auto: each consumer warp loads its own blocks)"));
+    fp8.batch = 64;  // auto's fp8 TMA kernel keeps its producer warp
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp8, {}), {}), "decode_tma_issue"));
     warps.decode_nvfp4 = DecodeTma::kCta;
     EXPECT_FALSE(has(describe(plan_proxy_score(fp4, warps), warps), "decode_tma_issue"));
   }

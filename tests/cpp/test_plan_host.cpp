@@ -1939,12 +1939,16 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       fp8_forced.decode_fp8 = DecodeTma::kTma;
       EXPECT_EQ(fp8_tma(plan_proxy_score(dp, fp8_forced)), k == fp8) << dtype_name(k);
     }
-    // decode_tma_issue: warps only where forced and only on the TMA kernel; nothing else moves.
+    // decode_tma_issue: warps where forced, and auto's for NVFP4 K, only on the TMA kernel; nothing
+    // else moves.
     for (DecodeTmaIssue i : {DecodeTmaIssue::kAuto, DecodeTmaIssue::kProducer, DecodeTmaIssue::kWarps}) {
       ProxyScoreOptions o;
       o.decode_tma_issue = i;
       const ProxyScorePlan plan = plan_proxy_score(dp, o), dflt = plan_proxy_score(dp, {});
-      EXPECT_EQ(plan.tma_self_issue, dflt.tma && i == DecodeTmaIssue::kWarps) << dtype_name(k);
+      EXPECT_EQ(plan.tma_self_issue,
+                dflt.tma && (i == DecodeTmaIssue::kWarps || (i == DecodeTmaIssue::kAuto && k == fp4)))
+          << dtype_name(k);
+      EXPECT_EQ(dflt.tma_self_issue, dflt.tma && k == fp4) << dtype_name(k);
       EXPECT_EQ(plan.tma, dflt.tma);
       EXPECT_EQ(plan.tma_cols, dflt.tma_cols);
       o.decode_nvfp4 = DecodeTma::kCta;

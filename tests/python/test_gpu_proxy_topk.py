@@ -840,14 +840,15 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
 FP8_TMA = dict(decode_fp8="tma")
 FP8_CTA = dict(decode_fp8="cta")  # the cp.async ring (auto's below 16 requests or above 8 columns)
 
-# decode_tma_issue=warps: each consumer warp loads its own blocks (no producer warp); every TMA
-# kernel test runs both (None: auto's producer warp), and warps is bit-identical to producer.
-TMA_ISSUES = [None, "warps"]
-TMA_ISSUE_IDS = ["issue_auto", "issue_warps"]
+# decode_tma_issue: the TMA kernel's loads by a producer warp (auto's for fp8 K) or by each consumer
+# warp for itself (warps: no producer warp; auto's for NVFP4 K since 9738086); the TMA kernel tests
+# run both, and warps is bit-identical to producer.
+TMA_ISSUES = ["producer", "warps"]
+TMA_ISSUE_IDS = ["issue_producer", "issue_warps"]
 
 
-def _issue(options: dict, issue: Optional[str]) -> dict:
-    return options if issue is None else dict(options, decode_tma_issue=issue)
+def _issue(options: dict, issue: str) -> dict:
+    return dict(options, decode_tma_issue=issue)
 
 # 16-column passes: MTP 3 and 4 tokens at G 4 (12 and 16 columns), G 8 x 2 tokens, G 6 x 2 (12 of
 # 16 columns, 16 / G not whole), G 16 x 1, fp8 q and fp16 q, masked diagonal blocks, invalid pages.
@@ -872,8 +873,8 @@ FP8_TMA16_CASES = [
 @pytest.mark.parametrize("case,kernel", [(c, k) for c in FP8_K_DECODE_CASES + FP8_TMA16_CASES
                                          for k in ("decode_only", "decode_f16_only")], ids=str)
 def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str):
-    _decode_matches_reference(case, kernel, FP8_TMA)
-    _decode_matches_reference(case, kernel, dict(FP8_TMA, decode_tma_issue="warps"))
+    for issue in TMA_ISSUES:
+        _decode_matches_reference(case, kernel, _issue(FP8_TMA, issue))
 
 
 @pytest.mark.parametrize("case,kernel", [
@@ -957,9 +958,9 @@ def test_proxy_decode_fp4_tma(case: ProxyCase, issue):
     unit = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=_issue(FP4_TMA, issue))
     dequantized = run_proxy(_twin(case, q_dtype=BF16), deq, DEV, kernel="decode_only")
     assert_proxy_close(unit, dequantized.cpu(), f"{case.name} tma vs dequantized seed={seed}")
-    if issue is not None:
-        producer = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only", options=FP4_TMA)
-        assert torch.equal(unit.view(torch.int32), producer.view(torch.int32)), f"seed={seed}"
+    other = _run_fp4(case, a, DEV, 1.0, 1.0, kernel="decode_only",
+                     options=_issue(FP4_TMA, "producer" if issue == "warps" else "warps"))
+    assert torch.equal(unit.view(torch.int32), other.view(torch.int32)), f"seed={seed}"
     product = torch.tensor(q_gs, dtype=torch.float32) * torch.tensor(k_gs, dtype=torch.float32)
     assert torch.equal(got, unit * product.to(DEV))
 
@@ -972,7 +973,7 @@ def test_proxy_decode_fp4_tma(case: ProxyCase, issue):
 def test_proxy_decode_fp4_tma_close_to_cta(case: ProxyCase):
     """decode_nvfp4=tma against the cp.async ring on contexts too long for the CPU reference: the
     same -inf / NaN pattern, the values within the proxy tolerance; deterministic, and the same
-    bits with each consumer warp issuing its own loads (decode_tma_issue=warps)."""
+    bits whoever issues the loads (decode_tma_issue=producer / warps)."""
     seed = random.getrandbits(31)
     a, _ = _fp4_decode_inputs(case, seed=seed)
     cta = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=FP4_CTA)
@@ -980,8 +981,9 @@ def test_proxy_decode_fp4_tma_close_to_cta(case: ProxyCase):
     assert_proxy_close(tma, cta.cpu(), f"{case.name} seed={seed}")
     again = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=FP4_TMA)
     assert torch.equal(tma.view(torch.int32), again.view(torch.int32)), f"seed={seed}"
-    warps = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_issue(FP4_TMA, "warps"))
-    assert torch.equal(warps.view(torch.int32), tma.view(torch.int32)), f"seed={seed}"
+    for issue in TMA_ISSUES:
+        forced = _run_fp4(case, a, DEV, 0.37, 2.5, kernel="decode_only", options=_issue(FP4_TMA, issue))
+        assert torch.equal(forced.view(torch.int32), tma.view(torch.int32)), f"{issue} seed={seed}"
 
 
 @pytest.mark.parametrize("sq", [1, 4], ids=["sq1", "sq4"])
