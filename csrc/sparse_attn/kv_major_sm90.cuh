@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     prefetch(0);
 
     // Every warpgroup runs the same number of rounds, the last one idle where it has a tile less:
-    // the warpgroups then pass the same number of barriers per item (two per round). compute-
+    // the warpgroups then pass the same number of barriers per item (three per round). compute-
     // sanitizer's racecheck needs that: with unequal counts it reports hazards between the item
     // record's write and the reads of an earlier item although __syncthreads orders every one of
     // them (the model of this loop in scripts/racecheck_model.cu shows the reports with unequal
@@ -319,8 +319,9 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       cp_async_wait<0>();        // this thread's copies of tile i (and of the K/V block) landed
       fence_proxy_async_smem();  // generic-proxy writes -> wgmma operand reads
       warpgroup_barrier(wg);
-      if (i >= my_tiles) {  // idle round: the next (empty) prefetch and the round's last barrier
+      if (i >= my_tiles) {  // idle round: the next (empty) prefetch and the round's two barriers
         prefetch(i + 1);
+        warpgroup_barrier(wg);
         warpgroup_barrier(wg);
         continue;
       }
@@ -360,6 +361,12 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       for (int h = 0; h < 2; ++h) mul[h] = l_row[h] > 0.0f ? __frcp_rn(l_row[h]) : 0.0f;
       wgmma_wait<0>();
       wgmma_fence_operand(o);
+      // Warp w's 4 KB staging quarter (256-byte rows) spans the query rows of other warps of the
+      // tile (Sw128Tile<64>: warp w's rows are two 2 KB pieces, one per 64-dim half), and a warp's
+      // wgmma_wait covers only its own part of S = Q K^T: every warp must be past its S wait
+      // before any warp overwrites the buffer. (Without this barrier two identical calls gave
+      // different partials on the H200 once, at 9738086: test_sparse_attention_deterministic.)
+      warpgroup_barrier(wg);
 
       // Epilogue: warp w's 16 rows through its quarter of the consumed query buffer.
       kvm90_store_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes + warp * 16 * 256, args.part_o,
