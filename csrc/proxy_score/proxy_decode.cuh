@@ -163,6 +163,19 @@ __device__ __forceinline__ bool load_block(const Params& dp, const Request& r, i
   return true;
 }
 
+// Row (or query column) `row` of the pass from token tok0 of request r: head hl = row / T, token
+// tok0 + row % T (T = dp.tokens); valid where both exist; its q row and head.
+struct PassRow {
+  bool valid;
+  int64_t qrow;
+  int head;
+};
+__device__ __forceinline__ PassRow pass_row(const Params& dp, const Request& r, int tok0, int row) {
+  const int hl = row / dp.tokens;
+  const int tok = tok0 + row - hl * dp.tokens;
+  return {hl < dp.group && tok < r.ntok, int64_t(r.row_begin) + tok, r.kh * dp.group + hl};
+}
+
 // A fragments of the 16 rows of one pass (tokens [tok0, tok0 + T) of the request, all G heads):
 // qa[s][0..3] = (row g, dims d..d+1), (row g + 8, d..d+1), (row g, d+2..d+3), (row g + 8, d+2..d+3)
 // with d = (4 (s / 2) + c) * 8 + 4 (s % 2). Padding rows are zero.
@@ -176,12 +189,10 @@ __device__ __forceinline__ void load_q_frags(const Params& dp, const Request& r,
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = g + 8 * half;
-    const int hl = row / dp.tokens;
-    const int tok = tok0 + row - hl * dp.tokens;
-    const bool valid = hl < dp.group && tok < r.ntok;
-    const int64_t qrow = int64_t(r.row_begin) + tok;
-    const int head = r.kh * dp.group + hl;
+    const PassRow pr = pass_row(dp, r, tok0, g + 8 * half);
+    const bool valid = pr.valid;
+    const int64_t qrow = pr.qrow;
+    const int head = pr.head;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const int d = (4 * m + c) * 8;

@@ -270,15 +270,12 @@ __device__ __forceinline__ void load_q_frags_fp4(const Params& dp, const Request
   const ProxyScoreParams& p = dp.p;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int col = g + 8 * h;
-    const int hl = col / dp.tokens;
-    const int tok = tok0 + col - hl * dp.tokens;
-    const bool valid = hl < dp.group && tok < r.ntok;
+    const PassRow pr = pass_row(dp, r, tok0, g + 8 * h);
     uint4 raw = make_uint4(0u, 0u, 0u, 0u);
     float s[2] = {0.0f, 0.0f};
-    if (valid) {
-      const int64_t qrow = int64_t(r.row_begin) + tok;
-      const int head = r.kh * dp.group + hl;
+    if (pr.valid) {
+      const int64_t qrow = pr.qrow;
+      const int head = pr.head;
       raw = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.q) + qrow * p.q_stride_token +
                                                  int64_t(head) * p.q_stride_head + 16 * c));
 #pragma unroll
