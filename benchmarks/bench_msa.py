@@ -570,6 +570,8 @@ class Bench:
                               self.build_proxy_decode(b, c, q, fp4=True), "memory")
             self.run_case("proxy", name + " fp8", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True), "memory")
+            # (The fp8 variant rows below pin the cp.async ring, decode_fp8=cta: auto takes the TMA
+            # kernel at 16 requests and more, where those options do not apply.)
             # Key blocks per decode-kernel iteration (plan option decode_ilp; bit-identical; auto
             # takes 2 for fp8 K since f4fdc62, 1 otherwise): the other value, under auto's choices
             # otherwise: bf16, fp8 and NVFP4 index-K.
@@ -577,7 +579,7 @@ class Bench:
             self.run_case("proxy", name + " [decode_ilp=2]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, options=ilp), "memory")
             self.run_case("proxy", name + " fp8 [decode_ilp=1]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_ilp=1)),
+                          self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_ilp=1, decode_fp8="cta")),
                           "memory")
             # fp8 index-K through TMA, a warp per key block (plan option decode_fp8=tma, sm_90a;
             # auto takes it from 16 requests on with one 8-column pass, sq 1 here), auto otherwise:
@@ -628,12 +630,14 @@ class Bench:
             self.run_case("proxy", name + " [decode]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, options=dec), "memory")
             self.run_case("proxy", name + " fp8 [decode]", lambda b=b, c=ctx, q=sq:
-                          self.build_proxy_decode(b, c, q, k_fp8=True, options=dec), "memory")
+                          self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(dec, decode_fp8="cta")),
+                          "memory")
             # The same kernel with fp16 MMAs for fp8 K (bf16 q rows scaled into fp16): auto's
             # choice for fp8 K since 1aad2ee; `[decode]` above is the bf16-MMA form.
             self.run_case("proxy", name + " fp8 [decode_f16]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True,
-                                                  options=dict(kernel="decode_f16_only")), "memory")
+                                                  options=dict(kernel="decode_f16_only", decode_fp8="cta")),
+                          "memory")
             if sq == 1:
                 self.run_case("proxy", name + " nvfp4 [decode]", lambda b=b, c=ctx, q=sq:
                               self.build_proxy_decode(b, c, q, fp4=True, options=dict(dec, **cta4)),
@@ -645,7 +649,8 @@ class Bench:
                     o = dict(decode_ctas=ctas)
                     self.run_case("proxy", name + f" fp8 [decode_ctas={ctas}]",
                                   lambda b=b, c=ctx, q=sq, o=o:
-                                  self.build_proxy_decode(b, c, q, k_fp8=True, options=o), "memory")
+                                  self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(o, decode_fp8="cta")),
+                                  "memory")
                     self.run_case("proxy", name + f" nvfp4 [decode_ctas={ctas}]",
                                   lambda b=b, c=ctx, q=sq, o=o:
                                   self.build_proxy_decode(b, c, q, fp4=True, options=dict(o, **cta4)),
