@@ -5,7 +5,8 @@
 // fill).
 //
 // One CTA per SM: the last warp is the producer, the others (Shape<kK>::kConsumers: 6 for fp8, 11
-// for NVFP4) consume. The CTA's units are proxy_decode's
+// for NVFP4) consume; with decode_tma_issue=warps there is no producer warp and NVFP4 has 12
+// consumers (Shape<kK>::kSelfConsumers). The CTA's units are proxy_decode's
 // (an equal contiguous share of B x Hkv x P); unit j of the share goes to consumer warp
 // w = j % kConsumers, as that warp's i-th unit (i = j / kConsumers), into the warp's own stage
 // kStagesPerWarp * w + i % kStagesPerWarp. Each stage is so read by one warp, in order: a waiter is
@@ -60,6 +61,7 @@ struct Shape;
 template <>
 struct Shape<kK8> {
   static constexpr int kConsumers = 6;                  // consumer warps (0..5), a whole block each
+  static constexpr int kSelfConsumers = 6;              // without a producer warp (decode_tma_issue=warps)
   static constexpr int kStagesPerWarp = 2;              // each consumer warp's own stages
   static constexpr int kDataBytes = kBlockSize * 128;   // one 128-key fp8 block, 16 KB
   static constexpr int kStageBytes = kDataBytes;
@@ -67,18 +69,20 @@ struct Shape<kK8> {
 template <>
 struct Shape<kK4> {
   static constexpr int kConsumers = 11;  // + the producer: 12 warps, ptxas allows 168 registers
+  static constexpr int kSelfConsumers = 12;  // the producer's place taken by a consumer (216 KB of stages)
   static constexpr int kStagesPerWarp = 2;
   static constexpr int kDataBytes = kBlockSize * 64;              // 128 keys x 64 bytes of e2m1 codes
   static constexpr int kStageBytes = kDataBytes + kBlockSize * 8;  // + 1 KB of scales (128x4 layout)
 };
-template <int kK>
+// kSelf: the consumer warps issue their own loads (no producer warp).
+template <int kK, bool kSelf>
 struct Ring : Shape<kK> {
-  using Shape<kK>::kConsumers;
   using Shape<kK>::kStagesPerWarp;
   using Shape<kK>::kStageBytes;
+  static constexpr int kConsumers = kSelf ? Shape<kK>::kSelfConsumers : Shape<kK>::kConsumers;
   // The CTA: the consumer warps, and the producer warp (the last) unless they issue their own loads.
-  static constexpr int cta_threads(bool self_issue) { return (kConsumers + (self_issue ? 0 : 1)) * 32; }
-  static constexpr int kStages = kConsumers * kStagesPerWarp;  // fp8 192 KB, NVFP4 198 KB
+  static constexpr int kCtaThreads = (kConsumers + (kSelf ? 0 : 1)) * 32;
+  static constexpr int kStages = kConsumers * kStagesPerWarp;  // fp8 192 KB, NVFP4 198 KB (kSelf: 216 KB)
   // Unit j of the CTA's share: its stage and the phase (of that stage's uses) it is.
   __host__ __device__ static constexpr int unit_stage(int64_t j) {
     return int(j % kConsumers) * kStagesPerWarp + int((j / kConsumers) % kStagesPerWarp);
@@ -197,7 +201,7 @@ __device__ __forceinline__ void issue_unit(const TmaParams& tp, const UnitLoad& 
 template <int kK>
 __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int lane) {
-  using R = Ring<kK>;
+  using R = Ring<kK, false>;
   if (lane == 0) tma_prefetch_map(&tp.k_map);
 #pragma unroll 1
   for (int64_t j0 = 0; j0 < n; j0 += 32) {
@@ -363,7 +367,7 @@ __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4]
 template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
 __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, int* flags, uint32_t full0,
                                         uint32_t empty0, int64_t u0, int64_t n, int warp, int lane) {
-  using R = Ring<kK>;
+  using R = Ring<kK, kSelf>;
   constexpr int kHalves = kCols / 8;
   const Params& dp = tp.dp;
   const ProxyScoreParams& p = dp.p;
@@ -487,13 +491,13 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
 #endif
 
 template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
-__global__ void __launch_bounds__(Ring<kK>::cta_threads(kSelf), 1)
+__global__ void __launch_bounds__(Ring<kK, kSelf>::kCtaThreads, 1)
     proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
   static_assert(kK == kK8 || kK == kK4, "fp8 or NVFP4 K");
   static_assert(kK != kK4 || (std::is_same_v<Mma, __half> && !kScaleQ), "NVFP4 q and K: fp16 MMAs");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using R = Ring<kK>;
+  using R = Ring<kK, kSelf>;
   const Params& dp = tp.dp;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -516,7 +520,7 @@ __global__ void __launch_bounds__(Ring<kK>::cta_threads(kSelf), 1)
     produce<kK>(tp, stage0, flags, full0, empty0, u0, n, lane);
   else
     consume<Mma, kK, kScaleQ, kCols, kSelf>(tp, smem, flags, full0, empty0, u0, n, warp, lane);
-  fill_uncovered_rows<R::cta_threads(kSelf)>(dp);
+  fill_uncovered_rows<R::kCtaThreads>(dp);
 #endif
 }
 
@@ -525,8 +529,8 @@ __global__ void __launch_bounds__(Ring<kK>::cta_threads(kSelf), 1)
 // tensor); false (nothing launched) otherwise. kSelf: the consumer warps issue their own loads.
 template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
 bool launch(const Params& dp, cudaStream_t stream) {
-  using R = Ring<kK>;
-  constexpr int kThreads = R::cta_threads(kSelf);
+  using R = Ring<kK, kSelf>;
+  constexpr int kThreads = R::kCtaThreads;
   const ProxyScoreParams& p = dp.p;
   if (dp.group > kCols || p.reduce_heads) return false;
   if (kK == kK4 && reinterpret_cast<uintptr_t>(p.k.scale) % 16 != 0) return false;

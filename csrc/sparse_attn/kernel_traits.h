@@ -70,14 +70,19 @@ inline constexpr int kKvm90MaxTokensPerItem = 1024;
 // query ring and two staging tiles: at most this many tokens per item (4096 / G for G = 16).
 inline constexpr int kKvmTmaMaxTokensPerItem = 256;
 
+// One item of a KV-major launch group, as the scan kernel writes it: what the attention kernels'
+// item start needs, without further reads of the sequence tables.
 struct KvMajorItem {
   int kh;
   int b;
-  int t;      // batch-local block
-  int start;  // first list entry
-  int count;  // tokens
-  int pad[3];
+  int t;         // batch-local block
+  int start;     // first list entry
+  int count;     // tokens
+  int seqlen_k;  // of sequence b
+  int q_begin;   // first query row of sequence b
+  int q_off;     // q_offset_of(b): an int32 offset or seqlen_k - seqlen_q, so it fits
 };
+static_assert(sizeof(KvMajorItem) == 32, "one 32-byte record per item");
 
 // Control words of one KV-major launch group (lists=once: one per group, [groups]).
 struct KvMajorControl {

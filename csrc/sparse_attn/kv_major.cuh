@@ -73,9 +73,9 @@ struct KvmRow {
   int lim;         // keys [0, lim) of the block are visible to the row (0 for padding)
 };
 
-// Takes the next item from the work counter (one thread) and derives what every tile needs.
+// Takes the next item from the work counter (one thread) and reads its record (the scan kernel
+// wrote what the item start needs: no reads of the sequence tables here).
 MSA_DEVICE KvmItemState fetch_kvm_item(const KvMajorArgs& args) {
-  const SparseAttnParams& p = args.p;
   const int idx = atomicAdd(&args.control->next_item, 1);
   KvmItemState is{};
   is.kh = -1;
@@ -86,10 +86,9 @@ MSA_DEVICE KvmItemState fetch_kvm_item(const KvMajorArgs& args) {
     is.j0 = it.t * kBlockSize;
     is.start = it.start;
     is.rows = it.count * args.group;
-    is.seqlen_k = kv_seqlen(p.kv, it.b);
-    const RowRange rr = q_rows(p.qi, p.total_q, it.b);
-    is.q_begin = rr.begin;
-    is.q_off = q_offset_of(p.q_offset, it.b, rr.len, is.seqlen_k);
+    is.seqlen_k = it.seqlen_k;
+    is.q_begin = it.q_begin;
+    is.q_off = it.q_off;
   }
   return is;
 }

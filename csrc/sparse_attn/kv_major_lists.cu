@@ -201,6 +201,9 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constan
           hi = mid - 1;
         }
       }
+      const int seqlen_k = kv_seqlen(a.p.kv, b);
+      const RowRange rr = q_rows(a.p.qi, a.p.total_q, b);
+      const int q_off = int(q_offset_of(a.p.q_offset, b, rr.len, seqlen_k));
       for (int j = 0; j * tpi < cnt; ++j, ++io) {
         if (io >= a.max_items) continue;  // cannot happen: max_items bounds the sum (see launcher)
         KvMajorItem it{};
@@ -209,6 +212,9 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constan
         it.t = col - a.block_base[b];
         it.start = int(off) + j * tpi;
         it.count = min(tpi, cnt - j * tpi);
+        it.seqlen_k = seqlen_k;
+        it.q_begin = rr.begin;
+        it.q_off = q_off;
         group_items[io] = it;
       }
     }

@@ -131,24 +131,29 @@ MSA_DEVICE void kvm90_issue_q(bool live, const void* q, const int64_t* s_q_warp,
   cp_async_commit();
 }
 
-// The warp's 16 rows of O * mul as partials: stmatrix into the warp's 4 KB `stage` (row r at
-// 256 r, its 16-byte chunk c at c ^ (r % 8)), then lane t copies chunk t % 16 of rows
-// t / 16 + 2 j (j < 8) to the rows' partials: all 8 chunks and slots loaded first, then 8
-// predicated 16-byte stores (none for a padding row). `slots` is the warp's part of the slot
-// table (kvm90_row_index order).
+// The warp's 16 rows of O * mul as partials: stmatrix into the warp's own rows of the consumed
+// query tile `tile` (Sw128Tile<64>: chunk ch of row r of the warp at (ch / 8) * 8 KB +
+// (16 warp + r) * 128 + ((ch % 8) ^ (r % 8)) * 16, the bytes its own query row held), then lane t
+// copies chunk t % 16 of rows t / 16 + 2 j (j < 8) to the rows' partials: all 8 chunks and slots
+// loaded first, then 8 predicated 16-byte stores (none for a padding row). No other warp reads or
+// writes those bytes until the next round's barrier: a warp's part of S = Q K^T reads only its own
+// query rows (and the warp is past its S wait), so no warpgroup barrier precedes the writes.
+// `slots` is the warp's part of the slot table (kvm90_row_index order).
 template <typename Elem>
-MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* stage,
+MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* tile, int warp,
                                      void* part_o, const int64_t* slots, int lane) {
+  uint8_t* rows = tile + warp * 16 * 128;  // the warp's row 0 in the first 64-dim half
   {
     // stmatrix matrices 0..3: (rows 0-7, n8 tile 2c), (rows 8-15, 2c), (rows 0-7, 2c + 1),
-    // (rows 8-15, 2c + 1); lane t addresses row t % 8 of matrix t / 8. Chunk 2c + (t / 16) of
-    // row r sits at (2c + t / 16) ^ (r % 8) = 2c ^ x.
+    // (rows 8-15, 2c + 1); lane t addresses row t % 8 of matrix t / 8. Chunk k = 2c + t / 16 of
+    // row r sits in half k / 8 = c / 4 at chunk (k % 8) ^ (r % 8) = (2 (c % 4)) ^ x.
     const int r = (lane & 7) | (lane & 8);
     const uint32_t x = uint32_t((lane >> 4) ^ (r & 7));
-    const uint32_t base = smem_addr(stage) + uint32_t(r) * 256u;
+    const uint32_t base = smem_addr(rows) + uint32_t(r) * 128u;
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
-      stmatrix_x4(base + ((uint32_t(2 * c) ^ x) << 4), pack2<Elem>(o[2 * c][0] * mul[0], o[2 * c][1] * mul[0]),
+      stmatrix_x4(base + uint32_t(c >> 2) * (64u * 128u) + ((uint32_t(2 * (c & 3)) ^ x) << 4),
+                  pack2<Elem>(o[2 * c][0] * mul[0], o[2 * c][1] * mul[0]),
                   pack2<Elem>(o[2 * c][2] * mul[1], o[2 * c][3] * mul[1]),
                   pack2<Elem>(o[2 * c + 1][0] * mul[0], o[2 * c + 1][1] * mul[0]),
                   pack2<Elem>(o[2 * c + 1][2] * mul[1], o[2 * c + 1][3] * mul[1]));
@@ -161,10 +166,11 @@ MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)
   uint4 v[8];
 #pragma unroll
   for (int k = 0; k < 4; ++k) sl[k] = t[k];
+  const uint8_t* src = rows + (ch >> 3) * (64 * 128);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int r = c0 + 2 * j;
-    v[j] = *reinterpret_cast<const uint4*>(stage + r * 256 + ((ch ^ (r & 7)) << 4));
+    v[j] = *reinterpret_cast<const uint4*>(src + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
   }
   uint8_t* dst = static_cast<uint8_t*>(part_o) + 16 * ch;
 #pragma unroll
@@ -242,16 +248,19 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const float temp = p.lse_temperature;
   check_smem_base(smem);
 
+  // Item records alternate: item k + 1's is fetched into the slot item k does not use during item
+  // k's last round, by the first thread of the last warpgroup (the one with the fewest tiles:
+  // often idle then) after its round's MMAs or gathers are issued, so that the work counter's and
+  // the record's round trips no longer start each item; the barrier that ends item k publishes
+  // it. The write is a CTA barrier (the one after item k's list load) away from item k - 1's last
+  // read of that slot. Fetching in the last round rather than at the item's start keeps the item
+  // taken from the counter only shortly before it is needed (the tail of a launch group stays
+  // balanced). (The racecheck reports on the record were the warpgroups' unequal barrier counts,
+  // not the record: see the rounds below.)
+  if (tid == 0) s_state[0] = fetch_kvm_item(args);
+  __syncthreads();
 #pragma unroll 1
   for (int parity = 0;; parity ^= 1) {
-    // Item records alternate: thread 0 writes the next item's into the slot the current item did
-    // not use, so the write is two CTA barriers away from any read of the record it replaces.
-    // (The racecheck reports on the record were the warpgroups' unequal barrier counts, not the
-    // single record: see the rounds below.)
-    if (tid == 0) {
-      s_state[parity] = fetch_kvm_item(args);
-    }
-    __syncthreads();
     // Read from shared memory where used (registers go to the accumulators).
     const KvmItemState& is = s_state[parity];
     if (is.kh < 0) break;
@@ -293,9 +302,9 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     const int n_tiles = (is.rows + Cfg::kTileRows - 1) / Cfg::kTileRows;
     const int my_tiles = n_tiles > wg ? (n_tiles - wg + Cfg::kWarpgroups - 1) / Cfg::kWarpgroups : 0;
     // Row tables and query loads of this warp's rows of local tile i (an empty group past the
-    // end). Stage i % S was last used by local tile i - S, finished (epilogue included) by every
-    // thread of the warpgroup before the barrier that ended its round; the tables are the warp's
-    // own (no other warp reads them), so a __syncwarp publishes them.
+    // end). Stage i % S was last used by local tile i - S, whose epilogue every warp of the
+    // warpgroup finished before the barrier that began round i - S + 1; the tables and query rows a
+    // warp writes are its own (no other warp reads them), so a __syncwarp publishes the tables.
     auto prefetch = [&](int i) {
       const int st = i % S;
       kvm90_build_rows<Elem>(args, is, s_list, i < my_tiles ? wg + Cfg::kWarpgroups * i : -1, s_rowq + st * 64,
@@ -307,7 +316,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     prefetch(0);
 
     // Every warpgroup runs the same number of rounds, the last one idle where it has a tile less:
-    // the warpgroups then pass the same number of barriers per item (three per round). compute-
+    // the warpgroups then pass the same number of barriers per item (one per round). compute-
     // sanitizer's racecheck needs that: with unequal counts it reports hazards between the item
     // record's write and the reads of an earlier item although __syncthreads orders every one of
     // them (the model of this loop in scripts/racecheck_model.cu shows the reports with unequal
@@ -319,10 +328,10 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       cp_async_wait<0>();        // this thread's copies of tile i (and of the K/V block) landed
       fence_proxy_async_smem();  // generic-proxy writes -> wgmma operand reads
       warpgroup_barrier(wg);
-      if (i >= my_tiles) {  // idle round: the next (empty) prefetch and the round's two barriers
+      const bool fetch_next = i == rounds - 1 && tid == Cfg::kThreads - 128;
+      if (i >= my_tiles) {  // idle round: the next (empty) prefetch
         prefetch(i + 1);
-        warpgroup_barrier(wg);
-        warpgroup_barrier(wg);
+        if (fetch_next) s_state[parity ^ 1] = fetch_kvm_item(args);
         continue;
       }
 
@@ -330,6 +339,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       float s[16][4];
       wgmma_qk_issue<Elem>(s, my_q_addr + st * Cfg::kQTileBytes, sK_addr);
       prefetch(i + 1);
+      if (fetch_next) s_state[parity ^ 1] = fetch_kvm_item(args);
       wgmma_wait<0>();
       wgmma_fence_operand(s);
 
@@ -361,17 +371,10 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       for (int h = 0; h < 2; ++h) mul[h] = l_row[h] > 0.0f ? __frcp_rn(l_row[h]) : 0.0f;
       wgmma_wait<0>();
       wgmma_fence_operand(o);
-      // Warp w's 4 KB staging quarter (256-byte rows) spans the query rows of other warps of the
-      // tile (Sw128Tile<64>: warp w's rows are two 2 KB pieces, one per 64-dim half), and a warp's
-      // wgmma_wait covers only its own part of S = Q K^T: every warp must be past its S wait
-      // before any warp overwrites the buffer. (Without this barrier two identical calls gave
-      // different partials on the H200 once, at 9738086: test_sparse_attention_deterministic.)
-      warpgroup_barrier(wg);
-
-      // Epilogue: warp w's 16 rows through its quarter of the consumed query buffer.
-      kvm90_store_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes + warp * 16 * 256, args.part_o,
-                                 slots + 16 * warp, lane);
-      warpgroup_barrier(wg);  // stage st (buffer and tables) is free for local tile i + S
+      // Epilogue: warp w's 16 rows through its own rows of the consumed query buffer. The next
+      // write into stage st is this warp's own gather of local tile i + S, issued after the next
+      // round's barrier, which every warp of the warpgroup reaches only past this epilogue.
+      kvm90_store_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes, warp, args.part_o, slots + 16 * warp, lane);
     }
     cp_async_wait<0>();  // the empty groups past the end
     __syncthreads();     // the block, the list and the item record are reused by the next item
