@@ -49,6 +49,8 @@
 // differ from the cp.async kernel's, so sums may differ from its in the last bits.
 #pragma once
 
+#include <cfloat>
+
 #include "common/mbarrier.cuh"
 #include "common/tensor_map.h"
 #include "common/tma.cuh"
@@ -220,20 +222,40 @@ __device__ __forceinline__ void produce(const TmaParams& tp, uint32_t stage0, in
   }
 }
 
-// Per-key limits of the lane's columns 8h + 2c, 8h + 2c + 1 (h < kCols / 8) of pass tok0 against
-// block t (0: none visible).
+// The lane's columns 8h + 2c + j (h < kCols / 8, j < 2) of a pass: head hl (of the request's G)
+// and token tr (of the pass's dp.tokens), fixed for the launch, so computed once per warp.
 template <int kCols>
-__device__ __forceinline__ void col_limits(const Params& dp, const Request& r, int t, int tok0, int c,
-                                           int (&lim)[kCols / 8][2]) {
+struct ColMap {
+  int hl[kCols / 8][2];
+  int tr[kCols / 8][2];
+};
+template <int kCols>
+__device__ __forceinline__ ColMap<kCols> col_map(const Params& dp, int c) {
+  ColMap<kCols> m;
 #pragma unroll
   for (int h = 0; h < kCols / 8; ++h) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int col = 8 * h + 2 * c + j;
-      const int hl = col / dp.tokens;
-      const int tok = tok0 + col - hl * dp.tokens;
-      lim[h][j] =
-          (hl < dp.group && tok < r.ntok) ? col_limit(dp.p.causal, r.q_off, tok, r.seqlen_k) - t * kBlockSize : 0;
+      m.hl[h][j] = col / dp.tokens;
+      m.tr[h][j] = col - m.hl[h][j] * dp.tokens;
+    }
+  }
+  return m;
+}
+
+// Per-key limits of the lane's columns of pass tok0 against block t (0: none visible).
+template <int kCols>
+__device__ __forceinline__ void col_limits(const Params& dp, const Request& r, const ColMap<kCols>& cm, int t,
+                                           int tok0, int (&lim)[kCols / 8][2]) {
+#pragma unroll
+  for (int h = 0; h < kCols / 8; ++h) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int tok = tok0 + cm.tr[h][j];
+      lim[h][j] = (cm.hl[h][j] < dp.group && tok < r.ntok)
+                      ? col_limit(dp.p.causal, r.q_off, tok, r.seqlen_k) - t * kBlockSize
+                      : 0;
     }
   }
 }
@@ -304,10 +326,11 @@ __device__ __forceinline__ void load_q_frags_fp4(const Params& dp, const Request
 // The whole block (8 tiles of 16 keys) against the pass's kCols columns: this lane's maxima of
 // columns 8h + 2c, 8h + 2c + 1 over its keys into v[h] (kMasked: key < lim[h][j], else -inf). Each
 // k-step's converted K A-fragment feeds the MMA of every 8-column half h (B = qa[s][h], qa[s][2 + h]).
-// NVFP4 (kK4): each logit is acc x `scale` before the mask (as the cp.async kernel's).
+// NVFP4 (kK4): the caller multiplies the maxima by the logit scale (positive: the launcher checks),
+// the same values as scaling each logit before the mask and the max (rounding is monotone).
 template <typename Mma, int kK, bool kMasked, int kCols>
 __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4], const uint8_t* stage,
-                                                      const int (&lim)[kCols / 8][2], int g, int c, float scale,
+                                                      const int (&lim)[kCols / 8][2], int g, int c,
                                                       float (&v)[kCols / 8][2]) {
   constexpr int kHalves = kCols / 8;
   // MMA row g's key within its 8-key half: fp8 permuted for the 128-byte swizzle's banks, NVFP4 g.
@@ -351,7 +374,6 @@ __device__ __forceinline__ void multiply_block_keys_m(const uint32_t (&qa)[8][4]
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = acc[h][e];
-        if constexpr (kK == kK4) x *= scale;
         if constexpr (kMasked) x = tile * 16 + 8 * (e >> 1) + kr < lim[h][e & 1] ? x : neg_inf();
         v[h][e & 1] = max_nan(v[h][e & 1], x);
       }
@@ -401,14 +423,16 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) cmul[h][0] = cmul[h][1] = 1.0f;
   bool q_ready = false;
+  const ColMap<kCols> cm = col_map<kCols>(dp, c);
 #pragma unroll 1
   for (int64_t j = warp; j < n; j += R::kConsumers) {
-    const int s = R::unit_stage(j);
+    // The warp's i-th unit: R::unit_stage(j) and R::unit_parity(j) without their 64-bit division.
+    const int s = R::kStagesPerWarp * warp + int(uint64_t(i) % R::kStagesPerWarp);
     if (b != r.b || kh != r.kh) {
       load_request(dp, r, b, kh);
       q_ready = false;
     }
-    mbar_wait(full0 + 8 * s, R::unit_parity(j));
+    mbar_wait(full0 + 8 * s, uint32_t(uint64_t(i) / R::kStagesPerWarp) & 1u);
     const bool loaded = flags[s] != 0;
     const uint8_t* stage = stages + s * R::kStageBytes;
 #pragma unroll 1
@@ -434,10 +458,10 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) lim[h][0] = lim[h][1] = 0;
         if (int64_t(t + 1) * kBlockSize <= col_limit(p.causal, r.q_off, tok0, r.seqlen_k)) {
-          multiply_block_keys_m<Mma, kK, false, kCols>(qa, stage, lim, g, c, dp.scale, v);
+          multiply_block_keys_m<Mma, kK, false, kCols>(qa, stage, lim, g, c, v);
         } else {
-          col_limits<kCols>(dp, r, t, tok0, c, lim);
-          multiply_block_keys_m<Mma, kK, true, kCols>(qa, stage, lim, g, c, dp.scale, v);
+          col_limits<kCols>(dp, r, cm, t, tok0, lim);
+          multiply_block_keys_m<Mma, kK, true, kCols>(qa, stage, lim, g, c, v);
         }
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
@@ -446,6 +470,7 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
 #pragma unroll
             for (int x = 4; x < 32; x <<= 1) v[h][jj] = max_nan(v[h][jj], __shfl_xor_sync(0xFFFFFFFFu, v[h][jj], x));
             if constexpr (kScaleQ) v[h][jj] *= cmul[h][jj];
+            if constexpr (kK == kK4) v[h][jj] *= dp.scale;  // > 0: the max of the scaled logits
           }
         }
       }
@@ -455,9 +480,8 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
         if (g == h) {
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj) {
-            const int col = 8 * h + 2 * c + jj;
-            const int hl = col / dp.tokens;
-            const int tok = tok0 + col - hl * dp.tokens;
+            const int hl = cm.hl[h][jj];
+            const int tok = tok0 + cm.tr[h][jj];
             if (hl < dp.group && tok < r.ntok)
               p.out[(int64_t(kh * dp.group + hl) * p.max_k_tiles + t) * p.total_q + r.row_begin + tok] = v[h][jj];
           }
@@ -534,6 +558,9 @@ bool launch(const Params& dp, cudaStream_t stream) {
   const ProxyScoreParams& p = dp.p;
   if (dp.group > kCols || p.reduce_heads) return false;
   if (kK == kK4 && reinterpret_cast<uintptr_t>(p.k.scale) % 16 != 0) return false;
+  // NVFP4: the maxima are scaled after the max, which equals scaling each logit first only for a
+  // positive finite scale (q_global_scale x k_global_scale x 2^7); any other takes the cp.async ring.
+  if (kK == kK4 && !(dp.scale > 0.0f && dp.scale <= FLT_MAX)) return false;
   auto kernel = proxy_decode_tma_kernel<Mma, kK, kScaleQ, kCols, kSelf>;
   const int resident = prepare_sm90a_launch(kernel, kThreads, R::kSmemBytes);
   if (resident == 0) return false;

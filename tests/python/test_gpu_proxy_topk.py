@@ -1018,6 +1018,22 @@ def test_proxy_decode_fp4_tma_unaligned_scales_fall_back():
     assert torch.equal(tma.view(torch.int32), cta.view(torch.int32)), f"seed={seed}"
 
 
+@pytest.mark.parametrize("k_gs", [-2.5, 0.0], ids=["negative", "zero"])
+def test_proxy_decode_fp4_tma_nonpositive_scale_falls_back(k_gs: float):
+    """A global-scale product <= 0: the TMA kernel scales each column's block maximum (the max of
+    the scaled logits only for a positive scale), so it does not launch and the cp.async ring runs
+    the call: bit-identical to decode_nvfp4=cta, and against the CPU reference."""
+    case = ProxyCase("dec_fp4tma_nonpositive", [1, 2, 1], [1000, 300, 2049], hq=4, hkv=1, paged=True)
+    seed = random.getrandbits(31)
+    a, _ = _fp4_decode_inputs(case, seed=seed)
+    cta = _run_fp4(case, a, DEV, 0.37, k_gs, kernel="decode_only", options=FP4_CTA)
+    for issue in TMA_ISSUES:
+        tma = _run_fp4(case, a, DEV, 0.37, k_gs, kernel="decode_only", options=_issue(FP4_TMA, issue))
+        assert torch.equal(tma.view(torch.int32), cta.view(torch.int32)), f"{issue} seed={seed}"
+    want = _run_fp4(case, a, "cpu", 0.37, k_gs, kernel="decode_only")
+    assert_proxy_close(cta, want, f"seed={seed}")
+
+
 @pytest.mark.parametrize("case", ILP_CASES, ids=str)
 def test_proxy_decode_fp4_word_close_to_byte(case: ProxyCase):
     """nvfp4_cvt=word against nvfp4_cvt=byte on contexts too long for the CPU reference (many
