@@ -40,7 +40,8 @@
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 #   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
 #              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB), and 4096 with the decode
-#              benchmark's page layout (heads): the load forms' ceilings, to $OUT/micro.log
+#              benchmark's page layout (heads): the load forms' ceilings, and 1024 units on 13 SMs
+#              (the per-SM rate of each form with the rest of the GPU idle), to $OUT/micro.log
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
 #              $OUT/profile.log (SOL, memory, occupancy, warp stalls, source hot spots)
@@ -515,6 +516,8 @@ step_micro() {
   if (( rc == 0 )); then
     for units in 512 1024 2048 4096; do run_logged "$log" build-gpu/kv_stream "$units" || rc=1; done
     run_logged "$log" build-gpu/kv_stream 4096 heads || rc=1
+    # A tenth of the SMs streaming while the rest idle: the per-SM rate of each load form.
+    run_logged "$log" build-gpu/kv_stream 1024 random 13 || rc=1
   fi
   record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "kv_stream -> micro.log"
 }

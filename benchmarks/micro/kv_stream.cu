@@ -13,9 +13,11 @@
 //   cp_async   128 threads, 16-byte cp.async each, commit groups (the query-major kernels' form)
 // Each TMA form runs with the tensor map's three L2 promotion modes (none, 128 B, 256 B; the
 // library's maps use 128 B since this tool measured 256 B 5-7 % slower).
-// Usage: kv_stream [units [random|heads]] (default 4096 units = 268 MB, the MTP benchmark's B64 /
-// 32K bytes; pages at random, or one head's quarter of random 4-head pages, as the decode
-// benchmark's caches).
+// Usage: kv_stream [units [random|heads [sms]]] (default 4096 units = 268 MB, the MTP benchmark's
+// B64 / 32K bytes; pages at random, or one head's quarter of random 4-head pages, as the decode
+// benchmark's caches; sms: the grid of that many SMs' CTAs instead of the device's, to see what a
+// few SMs pull while the rest are idle: the per-SM rate a combine running beside the KV-major
+// attention kernel on ~10 % of the SMs could reach, docs/design/sparse_attention.md#combine-lse-ahead).
 // Prints one line per (variant, CTAs per SM, stages) with the median time and GB/s over 9 runs,
 // each run on pages no earlier run read (the pool is 4 GB) and timed by CUDA events behind a GPU
 // spin that covers the host's enqueue; a device-to-device copy's rate; and the time of the same grid
@@ -225,7 +227,7 @@ void opt_in() {
 int main(int argc, char** argv) {
   const int units = argc > 1 ? std::atoi(argv[1]) : 4096;
   if (units <= 0 || (argc > 2 && std::string(argv[2]) != "random" && std::string(argv[2]) != "heads")) {
-    std::fprintf(stderr, "usage: kv_stream [units > 0 [random|heads]]\n");
+    std::fprintf(stderr, "usage: kv_stream [units > 0 [random|heads [sms > 0]]]\n");
     return 2;
   }
   constexpr int64_t kPoolPages = 131072;  // 4 GB
@@ -233,6 +235,14 @@ int main(int argc, char** argv) {
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (argc > 3) {
+    const int want = std::atoi(argv[3]);
+    if (want <= 0 || want > sms) {
+      std::fprintf(stderr, "sms must be in 1..%d\n", sms);
+      return 2;
+    }
+    sms = want;
+  }
   uint8_t* pool = nullptr;
   CK(cudaMalloc(&pool, kPoolPages * kPageBytes));
   CK(cudaMemset(pool, 0x3c, kPoolPages * kPageBytes));
