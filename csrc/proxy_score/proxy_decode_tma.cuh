@@ -85,13 +85,17 @@ struct Ring : Shape<kK> {
   // The CTA: the consumer warps, and the producer warp (the last) unless they issue their own loads.
   static constexpr int kCtaThreads = (kConsumers + (kSelf ? 0 : 1)) * 32;
   static constexpr int kStages = kConsumers * kStagesPerWarp;  // fp8 192 KB, NVFP4 198 KB (kSelf: 216 KB)
-  // Unit j of the CTA's share: its stage and the phase (of that stage's uses) it is.
-  __host__ __device__ static constexpr int unit_stage(int64_t j) {
-    return int(j % kConsumers) * kStagesPerWarp + int((j / kConsumers) % kStagesPerWarp);
+  // Consumer warp w's i-th unit (unit j = w + kConsumers i of the CTA's share): its stage and the
+  // phase (of that stage's uses) it is.
+  __host__ __device__ static constexpr int warp_stage(int w, int64_t i) {
+    return w * kStagesPerWarp + int(uint64_t(i) % kStagesPerWarp);
   }
-  __host__ __device__ static constexpr uint32_t unit_parity(int64_t j) {
-    return uint32_t(j / (int64_t(kConsumers) * kStagesPerWarp)) & 1u;
+  __host__ __device__ static constexpr uint32_t warp_parity(int64_t i) {
+    return uint32_t(uint64_t(i) / kStagesPerWarp) & 1u;
   }
+  // The same for unit j of the CTA's share (the producer's count).
+  __host__ __device__ static constexpr int unit_stage(int64_t j) { return warp_stage(int(j % kConsumers), j / kConsumers); }
+  __host__ __device__ static constexpr uint32_t unit_parity(int64_t j) { return warp_parity(j / kConsumers); }
   // Stages (1024-byte aligned: the 128-byte swizzle's period), full[S] and empty[S] mbarriers, the
   // stages' loaded flags, and the alignment slack of the dynamic shared memory.
   static constexpr int kSmemBytes = kStages * kStageBytes + kStages * (2 * 8 + 4) + 1024;
@@ -405,7 +409,7 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
     if (i0 + lane < my_units) batch = resolve_unit<kK>(dp, u0 + warp + (i0 + lane) * R::kConsumers);
   };
   auto issue = [&](int64_t i) {  // the warp's unit i (in the current batch) into its stage
-    const int s = R::kStagesPerWarp * warp + int(i % R::kStagesPerWarp);
+    const int s = R::warp_stage(warp, i);
     issue_unit<kK>(tp, shfl_unit(batch, int(i - i0), kK == kK4), stage0 + s * R::kStageBytes, full0 + 8 * s,
                    flags + s, lane);
   };
@@ -426,13 +430,12 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
   const ColMap<kCols> cm = col_map<kCols>(dp, c);
 #pragma unroll 1
   for (int64_t j = warp; j < n; j += R::kConsumers) {
-    // The warp's i-th unit: R::unit_stage(j) and R::unit_parity(j) without their 64-bit division.
-    const int s = R::kStagesPerWarp * warp + int(uint64_t(i) % R::kStagesPerWarp);
+    const int s = R::warp_stage(warp, i);  // = R::unit_stage(j), without its division by kConsumers
     if (b != r.b || kh != r.kh) {
       load_request(dp, r, b, kh);
       q_ready = false;
     }
-    mbar_wait(full0 + 8 * s, uint32_t(uint64_t(i) / R::kStagesPerWarp) & 1u);
+    mbar_wait(full0 + 8 * s, R::warp_parity(i));
     const bool loaded = flags[s] != 0;
     const uint8_t* stage = stages + s * R::kStageBytes;
 #pragma unroll 1
