@@ -121,6 +121,7 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_fp8_paged_clustered_32k": sparse("clustered", "fp8", "paged"),
         # The whole 8K prefill (proxy, top-k, q2k transpose, attention): every kernel of one call.
         "pipeline_8k": lambda: bench.build_pipeline(8 * K, bm.M3),
+        "pipeline_128k": lambda: bench.build_pipeline(128 * K, bm.M3),
         # The cp.async tile kernel (plan option tile_kernel=cp_async; the clustered cases above
         # run the default TMA one).
         "sparse_clustered_32k_cp_async": sparse("clustered", options=dict(tile_kernel="cp_async")),
@@ -195,6 +196,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", help="the case to run (see --list)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    ap.add_argument("--kernel-times", action="store_true",
+                    help="instead of one call for Nsight Compute, print torch.profiler's time per kernel "
+                         "(summed over one call, averaged over 3, after warm-up): where a case's time goes")
     args = ap.parse_args(argv)
     if args.list:
         # Names only: no device needed.
@@ -211,6 +215,11 @@ def main(argv=None) -> int:
     if args.case not in table:
         ap.error(f"unknown case {args.case!r}; choose from {', '.join(table)}")
     fn, _ = table[args.case]()
+    if args.kernel_times:
+        from profile_stages import profile as kernel_times  # the same directory
+
+        kernel_times(args.case, fn)
+        return 0
     for _ in range(2):
         fn()
     torch.cuda.synchronize()

@@ -36,8 +36,14 @@ constexpr int kCombineCtasPerSm = 32;
 // unit is one tile (max(1, 128 / G) rows x G heads, about 128 (row, head) pairs; launch.h: the tile
 // kernel uses the same rows), so a tile done there costs one flag read and no work; without, the
 // launcher shortens the units for calls of few rows (combine_launch_unit_rows / _heads).
-template <typename OutElem, StoreKind kKind>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __grid_constant__ CombineArgs a) {
+//
+// kSpec (CombineArgs::all_slots_written, the decode combine) is a template parameter rather than a
+// branch in one kernel: the speculative first batch needs 32 more registers, and with both paths in
+// one kernel the KV-major combine paid them too (117-123 registers for 16-bit partials, 2 CTAs of 8
+// warps per SM; 80 without, 3 CTAs; f32 partials, 118, would spill at 3).
+template <typename OutElem, StoreKind kKind, bool kSpec>
+__global__ void __launch_bounds__(kCombineWarps * 32, kSpec || kKind == StoreKind::kF32 ? 1 : 3)
+    combine_kernel(const __grid_constant__ CombineArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int t = a.unit_rows;
   const int first = a.row_begin / t;
@@ -56,11 +62,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const __gri
       const int rel = r_begin - a.row_begin + e, g = g0 + i - e * a.unit_heads;
       const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
       const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + kh * a.group + g;
-      if (a.all_slots_written) {  // CTA-uniform
-        combine_row<OutElem, kKind, true>(a, base, out_idx, lane);
-      } else {
-        combine_row<OutElem, kKind, false>(a, base, out_idx, lane);
-      }
+      combine_row<OutElem, kKind, kSpec>(a, base, out_idx, lane);
     }
   }
 }
@@ -80,19 +82,26 @@ void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t strea
   const int64_t units = int64_t(a.num_kv_heads) * (a.group / a.unit_heads) * per_head;
   MSA_CHECK(units < INT_MAX, "combine: too many work units");
   const int64_t grid = std::min<int64_t>(units, int64_t(kCombineCtasPerSm) * num_sms);
-  auto go = [&]<typename OutElem>() {
+  auto go = [&]<typename OutElem, bool kSpec>() {
     const dim3 g{unsigned(grid)}, b{unsigned(kCombineWarps * 32)};
     switch (a.part_kind) {
-      case StoreKind::kF32: combine_kernel<OutElem, StoreKind::kF32><<<g, b, 0, stream>>>(a); break;
-      case StoreKind::kBF16: combine_kernel<OutElem, StoreKind::kBF16><<<g, b, 0, stream>>>(a); break;
-      case StoreKind::kF16: combine_kernel<OutElem, StoreKind::kF16><<<g, b, 0, stream>>>(a); break;
-      case StoreKind::kFP8: combine_kernel<OutElem, StoreKind::kFP8><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kF32: combine_kernel<OutElem, StoreKind::kF32, kSpec><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kBF16: combine_kernel<OutElem, StoreKind::kBF16, kSpec><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kF16: combine_kernel<OutElem, StoreKind::kF16, kSpec><<<g, b, 0, stream>>>(a); break;
+      case StoreKind::kFP8: combine_kernel<OutElem, StoreKind::kFP8, kSpec><<<g, b, 0, stream>>>(a); break;
+    }
+  };
+  auto by_spec = [&]<typename OutElem>() {
+    if (a.all_slots_written) {
+      go.template operator()<OutElem, true>();
+    } else {
+      go.template operator()<OutElem, false>();
     }
   };
   if (out_dtype == DType::kBF16) {
-    go.template operator()<__nv_bfloat16>();
+    by_spec.template operator()<__nv_bfloat16>();
   } else {
-    go.template operator()<__half>();
+    by_spec.template operator()<__half>();
   }
   MSA_CUDA_CHECK(cudaGetLastError());
 }
