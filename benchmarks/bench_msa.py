@@ -810,6 +810,13 @@ class Bench:
             # random (9 groups, every row KV-major) and the 8K pipeline (3 groups).
             if kv == "bf16" and layout == "flat" and (s, pattern) in ((32 * K, "random"), (8 * K, "pipeline")):
                 schedules.append("lists=per_group")
+            # Each launch group's combine inside the next group's attention kernel (plan option
+            # combine=overlap, off by default until measured): bf16 flat 32K and the 8K pipeline,
+            # at 32K random also with other numbers of CTAs starting on the combine.
+            if kv == "bf16" and layout == "flat" and (s == 32 * K or (s, pattern) == (8 * K, "pipeline")):
+                schedules.append("combine=overlap")
+                if (s, pattern) == (32 * K, "random"):
+                    schedules += ["combine=overlap combine_ctas=8", "combine=overlap combine_ctas=32"]
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",
@@ -1006,8 +1013,15 @@ class Bench:
                 self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat",
                               lambda s=s, geo=geo: self.build_pipeline(s, geo), "compute", ref,
                               extra=dict(seq_len=s, num_heads=geo["hq"]))
+                # The attention's combine inside the next launch group's kernel (plan option
+                # combine=overlap, off by default until measured).
+                if geo is M3:
+                    self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat [combine=overlap]",
+                                  lambda s=s, geo=geo: self.build_pipeline(s, geo, dict(combine="overlap")),
+                                  "compute", None, extra=dict(seq_len=s, num_heads=geo["hq"]))
 
-    def build_pipeline(self, s, geo):
+    def build_pipeline(self, s, geo, attention_options=None):
+        """attention_options: plan options of the sparse attention (None: the library's own plan)."""
         iq, ik, cu, nvp = self.index_inputs(s, geo)
         g = self.gen()
         hq, hkv = geo["hq"], geo["hkv"]
@@ -1018,13 +1032,14 @@ class Bench:
         sel = torch.empty((s, geo["idx_hq"], TOPK), dtype=torch.int32, device=self.device)
         ops = self.ops
         kw = self.kw_attention(ops.msa_sparse_attention, s)
+        attention = self.planned("msa_sparse_attention", attention_options)
 
         def fn():
             ops.msa_proxy_score(iq, ik, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p,
                                 output=scores)
             ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1, output=sel)
             q2k = sel.transpose(0, 1).contiguous()
-            return ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True, **kw)
+            return attention(q, k, v, q2k, cu, cu, causal=True, **kw)
         fn()
         torch.cuda.synchronize()
         q2k = sel.transpose(0, 1).contiguous()

@@ -23,11 +23,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "common/cuda_utils.h"
 #include "common/group_div.h"
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/combine_bulk.cuh"
 #include "sparse_attn/kv_major.cuh"
 #include "sparse_attn/wgmma_tile.cuh"
 
@@ -60,7 +63,14 @@ struct KvMajorSm90Config {
   static constexpr int kSmemBytes = kItemOffset + 2 * 128;
   static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "1024-byte aligned tiles");
   static_assert(kRawBytes <= kQAreaBytes, "raw K/V staging fits the query area");
+  static_assert(CombineBulkLayout::kSmemBytes <= kSmemBytes, "the in-kernel combine fits the shared memory");
 };
+
+// The partial dtype of the compute dtype Elem (KV-major partials are O / l in the compute dtype).
+template <typename Elem>
+constexpr StoreKind kvm90_part_kind() {
+  return std::is_same_v<Elem, __nv_bfloat16> ? StoreKind::kBF16 : StoreKind::kF16;
+}
 
 #if MSA_HAS_WGMMA
 // Row tables of one 64-row tile. Each warp builds, reads and stores the 16 rows of its own m16
@@ -248,6 +258,20 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const float temp = p.lse_temperature;
   check_smem_base(smem);
 
+  // combine=overlap: the previous launch group's combine units, by the first comb_ctas CTAs before
+  // their attention items and by every CTA after them (combine_bulk.cuh), so that a CTA whose
+  // queue is empty takes the other's work.
+  const bool combine = args.comb.rows > 0;
+  auto combine_units = [&] {
+    if (p.out_dtype == DType::kBF16) {
+      combine_units_bulk<__nv_bfloat16, kvm90_part_kind<Elem>(), Cfg::kThreads>(args.comb, &args.control->next_unit,
+                                                                                 smem);
+    } else {
+      combine_units_bulk<__half, kvm90_part_kind<Elem>(), Cfg::kThreads>(args.comb, &args.control->next_unit, smem);
+    }
+  };
+  if (combine && int(blockIdx.x) < args.comb_ctas) combine_units();
+
   // Item records alternate: item k + 1's is fetched into the slot item k does not use during item
   // k's last round, by the first thread of the last warpgroup (the one with the fewest tiles:
   // often idle then) after its round's MMAs or gathers are issued, so that the work counter's and
@@ -379,6 +403,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     cp_async_wait<0>();  // the empty groups past the end
     __syncthreads();     // the block, the list and the item record are reused by the next item
   }
+  if (combine) combine_units();  // after the loop's last __syncthreads: the shared memory is free
 #else
   __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
 #endif

@@ -1,0 +1,210 @@
+// The KV-major combine of one launch group run inside the next group's sm_90a attention kernel
+// (plan option combine=overlap; docs/design/sparse_attention.md#combine-overlap).
+//
+// Why: the separate combine kernel streams ~2 GB of bf16 partials per 32K launch group at ~3.7 TB/s
+// with every SM (2.2 ms of a 32K random call, 9.2 ms of the 128K pipeline), while the attention
+// kernels leave HBM two thirds idle (DRAM ~32 % of peak). A few SMs that pull their partials with
+// bulk copies (cp.async.bulk, ~192 KB in flight per SM, no registers held) can stream several times
+// the ~25 GB/s per SM the separate kernel averages (H200: 125-179 GB/s per SM on 13 SMs with the
+// rest idle, benchmarks/micro/kv_stream.cu), so a group's combine costs fewer SM-seconds when it
+// runs on a few SMs beside the next group's MMAs than on all of them alone.
+//
+// A work unit is one (kv head, row) of the group: its topk x G partial rows of 256 bytes are one
+// contiguous range (slot s, head g at row s * G + g), at most kCombineBulkMaxRows = 256 of them,
+// one 64 KB shared-memory stage. Per unit:
+//   1. lane 0 of warp 0 takes the unit from the group's counter (KvMajorControl::next_unit),
+//      skipping rows done by shared-selection tiles, and bulk-copies its topk x G LSEs (<= 1 KB);
+//   2. once they land, warp 0 finds the slots some head of which has an LSE that is not -inf: the
+//      slots the attention kernel wrote (a pair writes all G heads of its slot; the list builder or
+//      the previous combine set every other slot to -inf), and lane 0 bulk-copies only those
+//      (G x 256 bytes each), so no byte the attention kernel did not write is read;
+//   3. every warp merges heads g = warp, warp + 16, ... with merge_row, the separate combine's own
+//      arithmetic over a shared-memory source (the same bits), and the LSEs read back are reset to
+//      -inf for the next group of the buffer (reset_lse).
+// Three stages: a unit's LSEs are requested three units ahead and its values as soon as its LSEs
+// have landed (warp 0 polls the later stages' LSE barriers once per unit), so up to ~192 KB are in
+// flight per SM. Loads carry an L2 evict-first policy: the partials are read once, while the
+// attention CTAs beside them re-read K/V blocks and query rows from L2.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/cuda_utils.h"
+#include "common/mbarrier.cuh"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
+#include "sparse_attn/combine.cuh"
+
+namespace flashmsa::sparse_attn {
+
+// Shared memory of the in-kernel combine (from the start of the kernel's dynamic shared memory).
+struct CombineBulkLayout {
+  static constexpr int kStages = 3;
+  static constexpr int kStageBytes = kCombineBulkMaxRows * 256;  // a unit's partial rows
+  static constexpr int kLseFloats = kCombineBulkMaxRows;         // a unit's LSEs
+  static constexpr int kLseOffset = kStages * kStageBytes;
+  static constexpr int kBarOffset = kLseOffset + kStages * kLseFloats * 4;  // LSE barriers, then value ones
+  static constexpr int kUnitOffset = kBarOffset + 2 * kStages * 8;
+  static constexpr int kSmemBytes = kUnitOffset + kStages * 4;
+  static_assert(kStages >= 2, "a stage's unit is written a barrier before it is read");
+};
+
+#if MSA_HAS_WGMMA
+// merge_row's slot source for one head g of a unit staged in shared memory: the LSEs and values the
+// bulk copies brought in; the temperature LSEs (when asked for) straight from global memory, as the
+// separate combine reads them (and resets them).
+template <StoreKind kKind>
+struct StagedSlots {
+  static_assert(kKind == StoreKind::kBF16 || kKind == StoreKind::kF16, "KV-major partials are 16-bit");
+  const CombineArgs& a;
+  const float* lse_s;     // the unit's LSEs, [slot][G]
+  const uint8_t* values;  // the unit's stage, row s * G + g at 256 (s * G + g)
+  int g;
+  int64_t row0;  // partial row of slot 0, head g
+  MSA_DEVICE float lse(int s) const { return sanitize_lse(lse_s[s * a.group + g]); }
+  MSA_DEVICE float lse_t(int s) const { return read_lse(a, a.part_lse_t, row0 + int64_t(s) * a.group); }
+  MSA_DEVICE Raw8 load(int s, int hl) const {
+    Raw8 r{};
+    r.a = *reinterpret_cast<const uint4*>(values + (s * a.group + g) * 256 + hl * 16);
+    return r;
+  }
+};
+
+// The units of combine `a` (rows [a.row_begin, + a.rows) of its launch group, every kv head) taken
+// from *next_unit until none is left, by all kThreads threads of the CTA; smem: the kernel's dynamic
+// shared memory, free on entry and on return (its barriers invalidated).
+// Not inlined: the attention kernel's loop keeps its own register allocation (inlined, the merge's
+// batch of loads pushed the kernel past 128 registers into spills).
+template <typename OutElem, StoreKind kKind, int kThreads>
+__device__ __noinline__ void combine_units_bulk(const CombineArgs& a, int* next_unit, uint8_t* smem) {
+  using L = CombineBulkLayout;
+  constexpr int S = L::kStages, kWarps = kThreads / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int G = a.group, unit_rows = a.num_slots * a.group;  // partial rows of a unit (<= 256)
+  const int units = a.num_kv_heads * a.rows;
+  const uint32_t base = smem_addr(smem);
+  const uint32_t bar_lse = base + L::kBarOffset, bar_val = bar_lse + 8 * S;  // stage s: + 8 s
+  float* const s_lse = reinterpret_cast<float*>(smem + L::kLseOffset);
+  int* const s_unit = reinterpret_cast<int*>(smem + L::kUnitOffset);
+  auto row0_of = [&](int u) {  // partial row of (kv head, row)'s slot 0, head 0
+    const int kh = u / a.rows;
+    return (int64_t(kh) * a.row_stride + (u - kh * a.rows)) * unit_rows;
+  };
+  // Lane 0 of warp 0: the next unit of the counter whose row no tile did, into stage s, its LSEs
+  // requested (-1: none left).
+  auto take = [&](int s, uint64_t policy) {
+    int u;
+    for (;;) {
+      u = atomicAdd(next_unit, 1);
+      if (u >= units) {
+        u = -1;
+        break;
+      }
+      if (a.union_done == nullptr) break;
+      const int kh = u / a.rows, row = a.row_begin + (u - kh * a.rows);
+      if (!a.union_done[int64_t(kh) * a.union_num_tiles + row / a.union_tile_tokens]) break;
+    }
+    s_unit[s] = u;
+    if (u >= 0) {
+      mbar_expect_tx(bar_lse + 8 * s, uint32_t(unit_rows) * 4);
+      bulk_load_hint(base + L::kLseOffset + s * L::kLseFloats * 4, a.part_lse + row0_of(u), uint32_t(unit_rows) * 4,
+                     bar_lse + 8 * s, policy);
+    }
+  };
+
+  fence_proxy_async_smem();  // this CTA's earlier generic writes of this memory before the copies'
+  if (tid == 0) {
+    for (int s = 0; s < 2 * S; ++s) mbar_init(bar_lse + 8 * s, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  const uint64_t policy = l2_policy_evict_first();
+  if (tid == 0)
+    for (int s = 0; s < S; ++s) take(s, policy);
+  __syncthreads();
+
+  int issued = 0;  // warp 0: units (by loop index) whose value copies are issued
+#pragma unroll 1
+  for (int k = 0;; ++k) {
+    const int s = k % S;
+    const uint32_t parity = uint32_t(k / S) & 1u;
+    const int u = s_unit[s];
+    if (u < 0) break;  // CTA-uniform: the counter is exhausted for good
+
+    if (warp == 0) {
+      // The value copies of units k .. k + S - 1 whose LSEs have landed, in order (unit k's waited
+      // for): the slots with a head whose LSE is not -inf.
+#pragma unroll 1
+      while (issued < k + S) {
+        const int si = issued % S;
+        const uint32_t pi = uint32_t(issued / S) & 1u;
+        const int ui = s_unit[si];
+        if (ui < 0) break;
+        if (issued > k) {
+          const bool ready = __shfl_sync(0xffffffffu, lane == 0 ? mbar_test_wait(bar_lse + 8 * si, pi) : false, 0);
+          if (!ready) break;
+        }
+        mbar_wait(bar_lse + 8 * si, pi);  // every lane reads the LSEs
+        const float* l = s_lse + si * L::kLseFloats;
+        uint32_t lo = 0, hi = 0;  // slots 0-31, 32-63 (topk <= 64)
+        for (int t = lane; t < unit_rows; t += 32) {
+          if (l[t] != neg_inf()) {
+            const int slot = t / G;
+            if (slot < 32) {
+              lo |= 1u << slot;
+            } else {
+              hi |= 1u << (slot - 32);
+            }
+          }
+        }
+        lo = __reduce_or_sync(0xffffffffu, lo);
+        hi = __reduce_or_sync(0xffffffffu, hi);
+        if (lane == 0) {
+          const uint32_t row_bytes = uint32_t(G) * 256;
+          mbar_expect_tx(bar_val + 8 * si, uint32_t(__popc(lo) + __popc(hi)) * row_bytes);
+          const uint8_t* src = static_cast<const uint8_t*>(a.part_o) + row0_of(ui) * 256;
+          const uint32_t dst = base + si * L::kStageBytes;
+          for (uint32_t m = lo; m != 0; m &= m - 1) {
+            const int slot = __ffs(m) - 1;
+            bulk_load_hint(dst + slot * row_bytes, src + int64_t(slot) * row_bytes, row_bytes, bar_val + 8 * si, policy);
+          }
+          for (uint32_t m = hi; m != 0; m &= m - 1) {
+            const int slot = 32 + __ffs(m) - 1;
+            bulk_load_hint(dst + slot * row_bytes, src + int64_t(slot) * row_bytes, row_bytes, bar_val + 8 * si, policy);
+          }
+        }
+        ++issued;
+      }
+    }
+
+    mbar_wait(bar_lse + 8 * s, parity);
+    mbar_wait(bar_val + 8 * s, parity);
+    const float* lse_s = s_lse + s * L::kLseFloats;
+    const int kh = u / a.rows, rel = u - kh * a.rows;
+    const int64_t row0 = row0_of(u);
+    for (int g = warp; g < G; g += kWarps) {  // warp-uniform
+      const StagedSlots<kKind> slots{a, lse_s, smem + s * L::kStageBytes, g, row0 + g};
+      const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + int64_t(kh) * G + g;
+      merge_row<OutElem, kKind, StagedSlots<kKind>, false>(slots, a.num_slots, a.v_scale, a.out, a.lse, a.lse_t,
+                                                           out_idx, lane);
+    }
+    if (a.reset_lse)
+      for (int t = tid; t < unit_rows; t += kThreads)
+        if (lse_s[t] != neg_inf()) a.part_lse[row0 + t] = neg_inf();
+    __syncthreads();  // stage s consumed: its next unit (k + S) may be requested
+    if (warp == 0) {
+      if (lane == 0) take(s, policy);
+      __syncwarp();  // warp 0 reads s_unit[s] for unit k + S's value copies from the next index on
+    }
+    // The other warps read s_unit[s] at loop index k + S, S - 1 >= 1 barriers from now.
+  }
+  __syncthreads();  // every wait on the barriers is past
+  if (tid == 0)
+    for (int s = 0; s < 2 * S; ++s) mbar_inval(bar_lse + 8 * s);
+  __syncthreads();
+}
+#endif
+
+}  // namespace flashmsa::sparse_attn
