@@ -21,10 +21,10 @@
 //   3. every warp merges heads g = warp, warp + 16, ... with merge_row, the separate combine's own
 //      arithmetic over a shared-memory source (the same bits), and the LSEs read back are reset to
 //      -inf for the next group of the buffer (reset_lse).
-// Three stages: a unit's LSEs are requested three units ahead and its values as soon as its LSEs
-// have landed (warp 0 polls the later stages' LSE barriers once per unit), so up to ~192 KB are in
-// flight per SM. Loads carry an L2 evict-first policy: the partials are read once, while the
-// attention CTAs beside them re-read K/V blocks and query rows from L2.
+// Pipelining: a unit's LSEs are requested 8 units ahead, its values 3 units ahead (3 stages of 64
+// KB: ~192 KB in flight per SM), the work counter's atomic one claim of 8 units ahead; loads carry
+// an L2 evict-first policy: the partials are read once, while the attention CTAs beside them
+// re-read K/V blocks and query rows from L2.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -41,14 +41,16 @@ namespace flashmsa::sparse_attn {
 
 // Shared memory of the in-kernel combine (from the start of the kernel's dynamic shared memory).
 struct CombineBulkLayout {
-  static constexpr int kStages = 3;
+  static constexpr int kStages = 3;     // units whose values are in flight or being merged
+  static constexpr int kLseSlots = 8;   // units whose LSEs are requested (kStages ahead and more)
+  static constexpr int kClaim = 8;      // units taken from the work counter by one atomic
   static constexpr int kStageBytes = kCombineBulkMaxRows * 256;  // a unit's partial rows
   static constexpr int kLseFloats = kCombineBulkMaxRows;         // a unit's LSEs
   static constexpr int kLseOffset = kStages * kStageBytes;
-  static constexpr int kBarOffset = kLseOffset + kStages * kLseFloats * 4;  // LSE barriers, then value ones
-  static constexpr int kUnitOffset = kBarOffset + 2 * kStages * 8;
-  static constexpr int kSmemBytes = kUnitOffset + kStages * 4;
-  static_assert(kStages >= 2, "a stage's unit is written a barrier before it is read");
+  static constexpr int kBarOffset = kLseOffset + kLseSlots * kLseFloats * 4;  // LSE barriers, then value ones
+  static constexpr int kUnitOffset = kBarOffset + (kLseSlots + kStages) * 8;
+  static constexpr int kSmemBytes = kUnitOffset + kLseSlots * 4;
+  static_assert(kLseSlots > kStages, "a unit's LSE slot is refilled after its values were requested");
 };
 
 #if MSA_HAS_WGMMA
@@ -75,117 +77,130 @@ struct StagedSlots {
 // The units of combine `a` (rows [a.row_begin, + a.rows) of its launch group, every kv head) taken
 // from *next_unit until none is left, by all kThreads threads of the CTA; smem: the kernel's dynamic
 // shared memory, free on entry and on return (its barriers invalidated).
+//
+// Unit k of this CTA's sequence: its LSEs in slot k % kLseSlots (requested kLseSlots units ahead),
+// its values in stage k % kStages (requested kStages units ahead, when the stage is freed). Lane 0
+// of warp 0 claims units kClaim at a time (the next claim's atomic issued a batch ahead, so its
+// round trip is hidden), skips rows done by shared-selection tiles (one flag read per tile) and
+// issues the copies; per loop index warp 0 requests one unit's LSEs and one unit's values, and no
+// thread waits for anything but the unit it merges (whose copies were requested units ago).
 // Not inlined: the attention kernel's loop keeps its own register allocation (inlined, the merge's
 // batch of loads pushed the kernel past 128 registers into spills).
 template <typename OutElem, StoreKind kKind, int kThreads>
 __device__ __noinline__ void combine_units_bulk(const CombineArgs& a, int* next_unit, uint8_t* smem) {
   using L = CombineBulkLayout;
-  constexpr int S = L::kStages, kWarps = kThreads / 32;
+  constexpr int S = L::kStages, NL = L::kLseSlots, kWarps = kThreads / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int G = a.group, unit_rows = a.num_slots * a.group;  // partial rows of a unit (<= 256)
   const int units = a.num_kv_heads * a.rows;
   const uint32_t base = smem_addr(smem);
-  const uint32_t bar_lse = base + L::kBarOffset, bar_val = bar_lse + 8 * S;  // stage s: + 8 s
+  const uint32_t bar_lse = base + L::kBarOffset, bar_val = bar_lse + 8 * NL;  // slot / stage i: + 8 i
   float* const s_lse = reinterpret_cast<float*>(smem + L::kLseOffset);
-  int* const s_unit = reinterpret_cast<int*>(smem + L::kUnitOffset);
+  int* const s_unit = reinterpret_cast<int*>(smem + L::kUnitOffset);  // by LSE slot
   auto row0_of = [&](int u) {  // partial row of (kv head, row)'s slot 0, head 0
     const int kh = u / a.rows;
     return (int64_t(kh) * a.row_stride + (u - kh * a.rows)) * unit_rows;
   };
-  // Lane 0 of warp 0: the next unit of the counter whose row no tile did, into stage s, its LSEs
-  // requested (-1: none left).
-  auto take = [&](int s, uint64_t policy) {
-    int u;
+
+  // Lane 0 of warp 0: the claim state and the next unit whose row no tile did (-1: none left).
+  int cur = 0, end = 0, pending = 0, flag_tile = -1;
+  bool flag_done = false;
+  auto next = [&]() -> int {
     for (;;) {
-      u = atomicAdd(next_unit, 1);
-      if (u >= units) {
-        u = -1;
-        break;
+      if (cur == end) {
+        cur = pending;  // claimed a batch ago
+        if (cur >= units) return -1;
+        end = min(cur + L::kClaim, units);
+        pending = atomicAdd(next_unit, L::kClaim);
       }
-      if (a.union_done == nullptr) break;
-      const int kh = u / a.rows, row = a.row_begin + (u - kh * a.rows);
-      if (!a.union_done[int64_t(kh) * a.union_num_tiles + row / a.union_tile_tokens]) break;
+      const int u = cur++;
+      if (a.union_done == nullptr) return u;
+      const int kh = u / a.rows;
+      const int tile_key = kh * a.union_num_tiles + (a.row_begin + u - kh * a.rows) / a.union_tile_tokens;
+      if (tile_key != flag_tile) {
+        flag_tile = tile_key;
+        flag_done = a.union_done[tile_key] != 0;
+      }
+      if (!flag_done) return u;
     }
-    s_unit[s] = u;
-    if (u >= 0) {
-      mbar_expect_tx(bar_lse + 8 * s, uint32_t(unit_rows) * 4);
-      bulk_load_hint(base + L::kLseOffset + s * L::kLseFloats * 4, a.part_lse + row0_of(u), uint32_t(unit_rows) * 4,
-                     bar_lse + 8 * s, policy);
+  };
+  // Lane 0: unit u's LSEs into slot l.
+  auto request_lse = [&](int l, int u, uint64_t policy) {
+    mbar_expect_tx(bar_lse + 8 * l, uint32_t(unit_rows) * 4);
+    bulk_load_hint(base + L::kLseOffset + l * L::kLseFloats * 4, a.part_lse + row0_of(u), uint32_t(unit_rows) * 4,
+                   bar_lse + 8 * l, policy);
+  };
+  // Warp 0: the values of unit index k (its LSEs in slot k % NL) into stage k % S: the slots with a
+  // head whose LSE is not -inf (written by the attention kernel), G rows of 256 bytes each.
+  auto request_values = [&](int k, uint64_t policy) {
+    const int l = k % NL, st = k % S;
+    const int u = s_unit[l];
+    if (u < 0) return;
+    mbar_wait(bar_lse + 8 * l, uint32_t(k / NL) & 1u);  // every lane reads the LSEs
+    const float* lse = s_lse + l * L::kLseFloats;
+    uint32_t lo = 0, hi = 0;  // slots 0-31, 32-63 (topk <= 64)
+    for (int t = lane; t < unit_rows; t += 32) {
+      if (lse[t] != neg_inf()) {
+        const int slot = t / G;
+        if (slot < 32) {
+          lo |= 1u << slot;
+        } else {
+          hi |= 1u << (slot - 32);
+        }
+      }
     }
+    lo = __reduce_or_sync(0xffffffffu, lo);
+    hi = __reduce_or_sync(0xffffffffu, hi);
+    if (lane == 0) {
+      const uint32_t row_bytes = uint32_t(G) * 256;
+      mbar_expect_tx(bar_val + 8 * st, uint32_t(__popc(lo) + __popc(hi)) * row_bytes);
+      const uint8_t* src = static_cast<const uint8_t*>(a.part_o) + row0_of(u) * 256;
+      const uint32_t dst = base + st * L::kStageBytes;
+      for (uint32_t m = lo; m != 0; m &= m - 1) {
+        const int slot = __ffs(m) - 1;
+        bulk_load_hint(dst + slot * row_bytes, src + int64_t(slot) * row_bytes, row_bytes, bar_val + 8 * st, policy);
+      }
+      for (uint32_t m = hi; m != 0; m &= m - 1) {
+        const int slot = 32 + __ffs(m) - 1;
+        bulk_load_hint(dst + slot * row_bytes, src + int64_t(slot) * row_bytes, row_bytes, bar_val + 8 * st, policy);
+      }
+    }
+    __syncwarp();
   };
 
   fence_proxy_async_smem();  // this CTA's earlier generic writes of this memory before the copies'
   if (tid == 0) {
-    for (int s = 0; s < 2 * S; ++s) mbar_init(bar_lse + 8 * s, 1);
+    for (int i = 0; i < NL + S; ++i) mbar_init(bar_lse + 8 * i, 1);
     fence_mbarrier_init();
   }
   __syncthreads();
   const uint64_t policy = l2_policy_evict_first();
-  if (tid == 0)
-    for (int s = 0; s < S; ++s) take(s, policy);
-  __syncthreads();
-
-  int issued = 0;  // warp 0: units (by loop index) whose value copies are issued
-#pragma unroll 1
-  for (int k = 0;; ++k) {
-    const int s = k % S;
-    const uint32_t parity = uint32_t(k / S) & 1u;
-    const int u = s_unit[s];
-    if (u < 0) break;  // CTA-uniform: the counter is exhausted for good
-
-    if (warp == 0) {
-      // The value copies of units k .. k + S - 1 whose LSEs have landed, in order (unit k's waited
-      // for): the slots with a head whose LSE is not -inf.
-#pragma unroll 1
-      while (issued < k + S) {
-        const int si = issued % S;
-        const uint32_t pi = uint32_t(issued / S) & 1u;
-        const int ui = s_unit[si];
-        if (ui < 0) break;
-        if (issued > k) {
-          const bool ready = __shfl_sync(0xffffffffu, lane == 0 ? mbar_test_wait(bar_lse + 8 * si, pi) : false, 0);
-          if (!ready) break;
-        }
-        mbar_wait(bar_lse + 8 * si, pi);  // every lane reads the LSEs
-        const float* l = s_lse + si * L::kLseFloats;
-        uint32_t lo = 0, hi = 0;  // slots 0-31, 32-63 (topk <= 64)
-        for (int t = lane; t < unit_rows; t += 32) {
-          if (l[t] != neg_inf()) {
-            const int slot = t / G;
-            if (slot < 32) {
-              lo |= 1u << slot;
-            } else {
-              hi |= 1u << (slot - 32);
-            }
-          }
-        }
-        lo = __reduce_or_sync(0xffffffffu, lo);
-        hi = __reduce_or_sync(0xffffffffu, hi);
-        if (lane == 0) {
-          const uint32_t row_bytes = uint32_t(G) * 256;
-          mbar_expect_tx(bar_val + 8 * si, uint32_t(__popc(lo) + __popc(hi)) * row_bytes);
-          const uint8_t* src = static_cast<const uint8_t*>(a.part_o) + row0_of(ui) * 256;
-          const uint32_t dst = base + si * L::kStageBytes;
-          for (uint32_t m = lo; m != 0; m &= m - 1) {
-            const int slot = __ffs(m) - 1;
-            bulk_load_hint(dst + slot * row_bytes, src + int64_t(slot) * row_bytes, row_bytes, bar_val + 8 * si, policy);
-          }
-          for (uint32_t m = hi; m != 0; m &= m - 1) {
-            const int slot = 32 + __ffs(m) - 1;
-            bulk_load_hint(dst + slot * row_bytes, src + int64_t(slot) * row_bytes, row_bytes, bar_val + 8 * si, policy);
-          }
-        }
-        ++issued;
+  if (warp == 0) {
+    if (lane == 0) {
+      pending = atomicAdd(next_unit, L::kClaim);
+      for (int l = 0; l < NL; ++l) {
+        const int u = next();
+        s_unit[l] = u;
+        if (u >= 0) request_lse(l, u, policy);
       }
     }
+    __syncwarp();
+    for (int k = 0; k < S; ++k) request_values(k, policy);
+  }
+  __syncthreads();  // s_unit visible
 
-    mbar_wait(bar_lse + 8 * s, parity);
-    mbar_wait(bar_val + 8 * s, parity);
-    const float* lse_s = s_lse + s * L::kLseFloats;
+#pragma unroll 1
+  for (int k = 0;; ++k) {
+    const int l = k % NL, st = k % S;
+    const int u = s_unit[l];
+    if (u < 0) break;  // CTA-uniform: the counter is exhausted for good
+    mbar_wait(bar_lse + 8 * l, uint32_t(k / NL) & 1u);
+    mbar_wait(bar_val + 8 * st, uint32_t(k / S) & 1u);
+    const float* lse_s = s_lse + l * L::kLseFloats;
     const int kh = u / a.rows, rel = u - kh * a.rows;
     const int64_t row0 = row0_of(u);
     for (int g = warp; g < G; g += kWarps) {  // warp-uniform
-      const StagedSlots<kKind> slots{a, lse_s, smem + s * L::kStageBytes, g, row0 + g};
+      const StagedSlots<kKind> slots{a, lse_s, smem + st * L::kStageBytes, g, row0 + g};
       const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + int64_t(kh) * G + g;
       merge_row<OutElem, kKind, StagedSlots<kKind>, false>(slots, a.num_slots, a.v_scale, a.out, a.lse, a.lse_t,
                                                            out_idx, lane);
@@ -193,16 +208,21 @@ __device__ __noinline__ void combine_units_bulk(const CombineArgs& a, int* next_
     if (a.reset_lse)
       for (int t = tid; t < unit_rows; t += kThreads)
         if (lse_s[t] != neg_inf()) a.part_lse[row0 + t] = neg_inf();
-    __syncthreads();  // stage s consumed: its next unit (k + S) may be requested
+    __syncthreads();  // LSE slot l and value stage st consumed
     if (warp == 0) {
-      if (lane == 0) take(s, policy);
-      __syncwarp();  // warp 0 reads s_unit[s] for unit k + S's value copies from the next index on
+      if (lane == 0) {  // unit k + NL into slot l
+        const int u2 = next();
+        s_unit[l] = u2;
+        if (u2 >= 0) request_lse(l, u2, policy);
+      }
+      __syncwarp();
+      request_values(k + S, policy);  // into stage st (its LSEs were requested NL - S units ago)
     }
-    // The other warps read s_unit[s] at loop index k + S, S - 1 >= 1 barriers from now.
+    // The other warps read s_unit[l] again at loop index k + NL, after NL - 1 more barriers.
   }
   __syncthreads();  // every wait on the barriers is past
   if (tid == 0)
-    for (int s = 0; s < 2 * S; ++s) mbar_inval(bar_lse + 8 * s);
+    for (int i = 0; i < NL + S; ++i) mbar_inval(bar_lse + 8 * i);
   __syncthreads();
 }
 #endif

@@ -127,10 +127,11 @@ def test_combine_under_graph_capture(schedule):
     assert bits_equal(eager, captured)
 
 
-def test_combine_option_is_gone():
-    """The removed combine variants took a plan option combine=...; it is an unknown option now."""
+def test_removed_combine_variants_are_refused():
+    """The removed combine variants (prefetch, overlap_staged, fused) are not values of the plan
+    option combine (auto | separate | overlap): a ValueError naming the values."""
     case = GpuCase("opt", [64], [256], 16, 2, causal=True)
     pb = build(case, seed=27)
-    for value in ("separate", "prefetch", "overlap", "overlap_staged"):
-        with pytest.raises(ValueError, match="unknown plan option 'combine'"):
+    for value in ("prefetch", "overlap_staged", "fused"):
+        with pytest.raises(ValueError, match=f"combine must be auto, separate or overlap, got '{value}'"):
             run(pb, gpu=True, schedule="kv_major", combine=value)
