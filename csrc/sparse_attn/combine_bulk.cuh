@@ -108,8 +108,8 @@ __device__ __noinline__ void combine_units_bulk(const CombineArgs& a, int* next_
   auto next = [&]() -> int {
     for (;;) {
       if (cur == end) {
-        cur = pending;  // claimed a batch ago
-        if (cur >= units) return -1;
+        if (pending >= units) return -1;  // for good: every later call lands here too
+        cur = pending;                    // claimed a batch ago
         end = min(cur + L::kClaim, units);
         pending = atomicAdd(next_unit, L::kClaim);
       }
