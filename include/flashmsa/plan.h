@@ -55,7 +55,10 @@ enum class KvMajorLists : int32_t { kAuto = 0, kPerGroup = 1, kOnce = 2 };
 // within the same workspace budget, so twice the launch groups; the last group's combine is the
 // separate kernel). overlap needs the sm_90a wgmma KV-major kernel, topk x G <= 256 with topk x G a
 // multiple of 4, and at least two launch groups; elsewhere it falls back to separate and the plan
-// text says why. auto: separate (overlap not yet measured on a GPU).
+// text says why. auto: separate: overlap is bit-identical and sanitizer-clean but measured slower
+// (H200 at 204323f, M3 32K random: 10.2 vs 8.09 ms of kernels; halving the launch groups alone
+// costs 0.66 ms, and the in-kernel combine ~0.22 ms per group against the separate kernel's ~0.15:
+// docs/design/sparse_attention.md#combine-overlap).
 enum class CombineMode : int32_t { kAuto = 0, kSeparate = 1, kOverlap = 2 };
 // Shared-selection tile kernels (sm_90a, docs/design/sparse_attention.md): cp_async (a producer
 // warpgroup of cp.async loads, one block's S, softmax and P V after another: union_sm90.cuh; bf16
