@@ -10,7 +10,8 @@
 // runs on a few SMs beside the next group's MMAs than on all of them alone.
 //
 // Measured on the H200 (204323f, M3 32K random): bit-identical and sanitizer-clean, but slower than
-// the separate kernel (10.2 vs 8.09 ms of kernels; see the design doc), hence off by default.
+// the separate kernel (10.2 vs 8.09 ms of kernels; see the design doc), hence off by default. The
+// fields in registers and the division-free slot scan below came after that run (not measured).
 //
 // A work unit is one (kv head, row) of the group: its topk x G partial rows of 256 bytes are one
 // contiguous range (slot s, head g at row s * G + g), at most kCombineBulkMaxRows = 256 of them,
@@ -59,25 +60,27 @@ struct CombineBulkLayout {
 #if MSA_HAS_WGMMA
 // merge_row's slot source for one head g of a unit staged in shared memory: the LSEs and values the
 // bulk copies brought in; the temperature LSEs (when asked for) straight from global memory, as the
-// separate combine reads them (and resets them).
+// separate combine reads them (and resets them). Scalars, not a CombineArgs reference: see below.
 template <StoreKind kKind>
 struct StagedSlots {
   static_assert(kKind == StoreKind::kBF16 || kKind == StoreKind::kF16, "KV-major partials are 16-bit");
-  const CombineArgs& a;
   const float* lse_s;     // the unit's LSEs, [slot][G]
   const uint8_t* values;  // the unit's stage, row s * G + g at 256 (s * G + g)
+  float* part_lse_t;      // temperature LSEs (global), or nullptr
+  int64_t row0;           // partial row of slot 0, head g
+  int group;
   int g;
-  int64_t row0;  // partial row of slot 0, head g
-  MSA_DEVICE float lse(int s) const { return sanitize_lse(lse_s[s * a.group + g]); }
-  MSA_DEVICE float lse_t(int s) const { return read_lse(a, a.part_lse_t, row0 + int64_t(s) * a.group); }
-  MSA_DEVICE Raw8 load(int s, int hl) const {
+  bool reset;
+  MSA_DEVICE float lse(int s) const { return sanitize_lse(lse_s[s * group + g]); }
+  MSA_DEVICE float lse_t(int s) const { return read_lse(part_lse_t, row0 + int64_t(s) * group, reset); }
+  MSA_DEVICE Raw8 load(int s, int /*hl: in values*/) const {
     Raw8 r{};
-    r.a = *reinterpret_cast<const uint4*>(values + (s * a.group + g) * 256 + hl * 16);
+    r.a = *reinterpret_cast<const uint4*>(values + (s * group + g) * 256);
     return r;
   }
 };
 
-// The units of combine `a` (rows [a.row_begin, + a.rows) of its launch group, every kv head) taken
+// The units of combine `args` (rows [row_begin, + rows) of its launch group, every kv head) taken
 // from *next_unit until none is left, by all kThreads threads of the CTA; smem: the kernel's dynamic
 // shared memory, free on entry and on return (its barriers invalidated).
 //
@@ -87,23 +90,38 @@ struct StagedSlots {
 // round trip is hidden), skips rows done by shared-selection tiles (one flag read per tile) and
 // issues the copies; per loop index warp 0 requests one unit's LSEs and one unit's values, and no
 // thread waits for anything but the unit it merges (whose copies were requested units ago).
-// Not inlined: the attention kernel's loop keeps its own register allocation (inlined, the merge's
-// batch of loads pushed the kernel past 128 registers into spills).
+// Not inlined: the attention loop keeps more of its own register allocation (inlined, the merge's
+// batch of loads pushed the kernel into 16 bytes of spills; not inlined, 0-8 bytes depending on
+// this function's code: kv_major_sm90.cuh's kOverlap instantiation only). `args` lives in the kernel's
+// parameter space, which a non-inlined function reaches only by generic loads, reloaded after
+// every global store (the SASS of 204323f: ~50 LD.E of its fields, `group` inside the merge), so
+// the fields are read once into registers here, and the units' (kv head, row) and slot indices
+// avoid divisions on the per-unit path.
 template <typename OutElem, StoreKind kKind, int kThreads>
-__device__ __noinline__ void combine_units_bulk(const CombineArgs& a, int* next_unit, uint8_t* smem) {
+__device__ __noinline__ void combine_units_bulk(const CombineArgs& args, int* next_unit, uint8_t* smem) {
   using L = CombineBulkLayout;
   constexpr int S = L::kStages, NL = L::kLseSlots, kWarps = kThreads / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int G = a.group, unit_rows = a.num_slots * a.group;  // partial rows of a unit (<= 256)
-  const int units = a.num_kv_heads * a.rows;
+  const int rows = args.rows, row_begin = args.row_begin, row_stride = args.row_stride;
+  const int num_heads = args.num_heads, num_slots = args.num_slots, G = args.group;
+  const int units = args.num_kv_heads * rows;
+  const uint8_t* const part_o = static_cast<const uint8_t*>(args.part_o);
+  float* const part_lse = args.part_lse;
+  float* const part_lse_t = args.part_lse_t;
+  void* const out = args.out;
+  float* const lse_out = args.lse;
+  float* const lse_t_out = args.lse_t;
+  const float v_scale = args.v_scale;
+  const uint8_t* const union_done = args.union_done;
+  const int union_tile_tokens = args.union_tile_tokens, union_num_tiles = args.union_num_tiles;
+  const bool reset = args.reset_lse;
+  const int unit_rows = num_slots * G;  // partial rows of a unit (<= 256)
   const uint32_t base = smem_addr(smem);
   const uint32_t bar_lse = base + L::kBarOffset, bar_val = bar_lse + 8 * NL;  // slot / stage i: + 8 i
   float* const s_lse = reinterpret_cast<float*>(smem + L::kLseOffset);
   int* const s_unit = reinterpret_cast<int*>(smem + L::kUnitOffset);  // by LSE slot
-  auto row0_of = [&](int u) {  // partial row of (kv head, row)'s slot 0, head 0
-    const int kh = u / a.rows;
-    return (int64_t(kh) * a.row_stride + (u - kh * a.rows)) * unit_rows;
-  };
+  // Unit u = kh * rows + rel: (kv head, row of the group). One division per unit and thread.
+  auto row0_of = [&](int kh, int rel) { return (int64_t(kh) * row_stride + rel) * unit_rows; };
 
   // Lane 0 of warp 0: the claim state and the next unit whose row no tile did (-1: none left).
   int cur = 0, end = 0, pending = 0, flag_tile = -1;
@@ -117,47 +135,43 @@ __device__ __noinline__ void combine_units_bulk(const CombineArgs& a, int* next_
         pending = atomicAdd(next_unit, L::kClaim);
       }
       const int u = cur++;
-      if (a.union_done == nullptr) return u;
-      const int kh = u / a.rows;
-      const int tile_key = kh * a.union_num_tiles + (a.row_begin + u - kh * a.rows) / a.union_tile_tokens;
+      if (union_done == nullptr) return u;
+      const int kh = u / rows;
+      const int tile_key = kh * union_num_tiles + (row_begin + u - kh * rows) / union_tile_tokens;
       if (tile_key != flag_tile) {
         flag_tile = tile_key;
-        flag_done = a.union_done[tile_key] != 0;
+        flag_done = union_done[tile_key] != 0;
       }
       if (!flag_done) return u;
     }
   };
   // Lane 0: unit u's LSEs into slot l.
   auto request_lse = [&](int l, int u, uint64_t policy) {
+    const int kh = u / rows;
     mbar_expect_tx(bar_lse + 8 * l, uint32_t(unit_rows) * 4);
-    bulk_load_hint(base + L::kLseOffset + l * L::kLseFloats * 4, a.part_lse + row0_of(u), uint32_t(unit_rows) * 4,
-                   bar_lse + 8 * l, policy);
+    bulk_load_hint(base + L::kLseOffset + l * L::kLseFloats * 4, part_lse + row0_of(kh, u - kh * rows),
+                   uint32_t(unit_rows) * 4, bar_lse + 8 * l, policy);
   };
   // Warp 0: the values of unit index k (its LSEs in slot k % NL) into stage k % S: the slots with a
-  // head whose LSE is not -inf (written by the attention kernel), G rows of 256 bytes each.
+  // head whose LSE is not -inf (written by the attention kernel), G rows of 256 bytes each. Lane
+  // `slot` tests its slot's G LSEs (slots < 64: two passes of the warp).
   auto request_values = [&](int k, uint64_t policy) {
     const int l = k % NL, st = k % S;
     const int u = s_unit[l];
     if (u < 0) return;
     mbar_wait(bar_lse + 8 * l, uint32_t(k / NL) & 1u);  // every lane reads the LSEs
     const float* lse = s_lse + l * L::kLseFloats;
-    uint32_t lo = 0, hi = 0;  // slots 0-31, 32-63 (topk <= 64)
-    for (int t = lane; t < unit_rows; t += 32) {
-      if (lse[t] != neg_inf()) {
-        const int slot = t / G;
-        if (slot < 32) {
-          lo |= 1u << slot;
-        } else {
-          hi |= 1u << (slot - 32);
-        }
-      }
-    }
-    lo = __reduce_or_sync(0xffffffffu, lo);
-    hi = __reduce_or_sync(0xffffffffu, hi);
+    bool w0 = false, w1 = false;  // slots lane, lane + 32 written
+    if (lane < num_slots)
+      for (int g = 0; g < G; ++g) w0 |= lse[lane * G + g] != neg_inf();
+    if (lane + 32 < num_slots)
+      for (int g = 0; g < G; ++g) w1 |= lse[(lane + 32) * G + g] != neg_inf();
+    const uint32_t lo = __ballot_sync(0xffffffffu, w0), hi = __ballot_sync(0xffffffffu, w1);
     if (lane == 0) {
+      const int kh = u / rows;
       const uint32_t row_bytes = uint32_t(G) * 256;
       mbar_expect_tx(bar_val + 8 * st, uint32_t(__popc(lo) + __popc(hi)) * row_bytes);
-      const uint8_t* src = static_cast<const uint8_t*>(a.part_o) + row0_of(u) * 256;
+      const uint8_t* src = part_o + row0_of(kh, u - kh * rows) * 256;
       const uint32_t dst = base + st * L::kStageBytes;
       for (uint32_t m = lo; m != 0; m &= m - 1) {
         const int slot = __ffs(m) - 1;
@@ -200,17 +214,18 @@ __device__ __noinline__ void combine_units_bulk(const CombineArgs& a, int* next_
     mbar_wait(bar_lse + 8 * l, uint32_t(k / NL) & 1u);
     mbar_wait(bar_val + 8 * st, uint32_t(k / S) & 1u);
     const float* lse_s = s_lse + l * L::kLseFloats;
-    const int kh = u / a.rows, rel = u - kh * a.rows;
-    const int64_t row0 = row0_of(u);
+    const int kh = u / rows, rel = u - kh * rows;
+    const int64_t row0 = row0_of(kh, rel);
     for (int g = warp; g < G; g += kWarps) {  // warp-uniform
-      const StagedSlots<kKind> slots{a, lse_s, smem + st * L::kStageBytes, g, row0 + g};
-      const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + int64_t(kh) * G + g;
-      merge_row<OutElem, kKind, StagedSlots<kKind>, false>(slots, a.num_slots, a.v_scale, a.out, a.lse, a.lse_t,
+      const StagedSlots<kKind> slots{lse_s, smem + st * L::kStageBytes + (lane & 15) * 16, part_lse_t, row0 + g,
+                                     G, g, reset};
+      const int64_t out_idx = (int64_t(row_begin) + rel) * num_heads + int64_t(kh) * G + g;
+      merge_row<OutElem, kKind, StagedSlots<kKind>, false>(slots, num_slots, v_scale, out, lse_out, lse_t_out,
                                                            out_idx, lane);
     }
-    if (a.reset_lse)
+    if (reset)
       for (int t = tid; t < unit_rows; t += kThreads)
-        if (lse_s[t] != neg_inf()) a.part_lse[row0 + t] = neg_inf();
+        if (lse_s[t] != neg_inf()) part_lse[row0 + t] = neg_inf();
     __syncthreads();  // LSE slot l and value stage st consumed
     if (warp == 0) {
       if (lane == 0) {  // unit k + NL into slot l

@@ -211,6 +211,9 @@ const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttn
 const char* combine_overlap_unsupported(const SparseAttnParams& p, const SparseAttnOptions& o, KvMajorKernel kernel) {
   if (kernel != KvMajorKernel::kWgmma || o.kv_major_kernel == KvMajorKernel::kTma)
     return "the combine runs inside the sm_90a wgmma KV-major kernel, which this plan does not take";
+  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
+  if (p.k.dtype != compute || p.v.dtype != compute)
+    return "fp8 / NVFP4 K/V (the in-kernel combine is built for the 16-bit K/V kernel only)";
   const int64_t rows = int64_t(p.topk) * (p.num_heads / p.num_kv_heads);
   if (rows > kCombineBulkMaxRows)
     return "topk x G > 256: a (kv head, row)'s partials exceed one 64 KB stage of the in-kernel combine";

@@ -53,8 +53,8 @@ enum class KvMajorLists : int32_t { kAuto = 0, kPerGroup = 1, kOnce = 2 };
 // on the attention items, and a CTA whose queue is empty takes work from the other; a unit is one
 // (kv head, row), its written slots brought into shared memory by bulk copies; two partial buffers
 // within the same workspace budget, so twice the launch groups; the last group's combine is the
-// separate kernel). overlap needs the sm_90a wgmma KV-major kernel, topk x G <= 256 with topk x G a
-// multiple of 4, and at least two launch groups; elsewhere it falls back to separate and the plan
+// separate kernel). overlap needs the sm_90a wgmma KV-major kernel with 16-bit K/V, topk x G <= 256
+// with topk x G a multiple of 4, and at least two launch groups; elsewhere it falls back to separate and the plan
 // text says why. auto: separate: overlap is bit-identical and sanitizer-clean but measured slower
 // (H200 at 204323f, M3 32K random: 10.2 vs 8.09 ms of kernels; halving the launch groups alone
 // costs 0.66 ms, and the in-kernel combine ~0.22 ms per group against the separate kernel's ~0.15:

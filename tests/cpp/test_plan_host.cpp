@@ -462,6 +462,8 @@ TEST(PlanCombine, OverlapFallsBackAndSaysWhy) {
   SparseAttnOptions tma = o;
   tma.kv_major_kernel = KvMajorKernel::kTma;
   EXPECT_NE(why(attn(32768), tma, hopper()).find("wgmma KV-major kernel"), std::string::npos);
+  // fp8 K/V: the in-kernel combine exists for the 16-bit K/V kernel only.
+  EXPECT_NE(why(attn(32768, 64, 4, 16, DType::kFP8E4M3), o, hopper()).find("fp8 / NVFP4 K/V"), std::string::npos);
   // topk 33 x G 8 = 264 partial rows per (kv head, row): more than a 64 KB stage.
   EXPECT_NE(why(attn(32768, 16, 2, 33), o, hopper()).find("topk x G > 256"), std::string::npos);
   // topk 3 x G 3: LSE rows of 36 bytes, not 16-byte bulk copies.
