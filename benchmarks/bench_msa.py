@@ -1024,6 +1024,13 @@ class Bench:
                     self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat [combine=overlap]",
                                   lambda s=s, geo=geo: self.build_pipeline(s, geo, dict(combine="overlap")),
                                   "compute", None, extra=dict(seq_len=s, num_heads=geo["hq"]))
+                # Launch groups twice the 1 GiB partial budget's (M3: 8058 rows, ~2 GB of partials):
+                # what fewer, longer KV-major groups are worth where the call has many (32K: 5 vs
+                # 9, 128K: 17 vs 33).
+                if geo is M3 and s >= 32 * K:
+                    self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat [chunk_rows=8058]",
+                                  lambda s=s, geo=geo: self.build_pipeline(s, geo, dict(chunk_rows=8058)),
+                                  "compute", None, extra=dict(seq_len=s, num_heads=geo["hq"]))
 
     def build_pipeline(self, s, geo, attention_options=None):
         """attention_options: plan options of the sparse attention (None: the library's own plan)."""
