@@ -286,7 +286,8 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   a.lists_once = once;
   a.list_groups = once ? plan.groups : 1;
   // combine=overlap: group j's partials in buffer j % 2 (the LSE buffers lse_buffer_stride floats
-  // apart), group j - 1's combine inside group j's attention kernel, the last group's by the kernel.
+  // apart), group j - 1's combine inside group j's attention kernel, the last group's by the combine
+  // kernel.
   const bool overlap = plan.combine == CombineMode::kOverlap;
   const int64_t part_rows = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk * a.group;  // one buffer
   a.lse_buffer_stride = overlap ? part_rows : 0;
