@@ -445,6 +445,43 @@ TEST(PlanCombine, OverlapTwoBuffersInTheSameBudget) {
   EXPECT_EQ(section(h, "kvm.part_lse_t")->bytes, size_t(2) * 4 * 37 * 16 * 16 * 4);
 }
 
+// Over a spread of shapes: overlap is taken exactly where its conditions hold, with two buffers of
+// one group's partials and a CTA count within the grid; elsewhere the plan names why.
+TEST(PlanCombine, OverlapConditionsOverShapes) {
+  SparseAttnOptions o;
+  o.combine = CombineMode::kOverlap;
+  int taken = 0, refused = 0;
+  for (int total_q : {1500, 5000, 40000})
+    for (auto [hq, hkv] : {std::pair{64, 4}, std::pair{16, 2}, std::pair{12, 4}, std::pair{128, 1}})
+      for (int topk : {3, 8, 16, 33})
+        for (bool temp : {false, true})
+          for (int64_t chunk : {int64_t(0), int64_t(700)}) {
+            SparseAttnParams p = attn(total_q, hq, hkv, topk);
+            if (temp) p = with_temperature(p);
+            o.chunk_rows = chunk;
+            const SparseAttnPlan plan = plan_sparse_attention(p, o, hopper());
+            expect_layout_sound(plan);
+            if (plan.schedule == PrefillSchedule::kQueryMajor) continue;
+            const KvMajorPlan& k = plan.kvm;
+            const int64_t rows = int64_t(topk) * (hq / hkv);
+            const bool want = rows <= 256 && rows % 4 == 0 && k.groups >= 2;
+            SCOPED_TRACE(testing::Message() << total_q << " " << hq << "/" << hkv << " topk " << topk << " chunk "
+                                            << chunk);
+            ASSERT_EQ(k.combine == CombineMode::kOverlap, want) << (k.combine_fallback ? k.combine_fallback : "");
+            ++(want ? taken : refused);
+            if (want) {
+              EXPECT_EQ(k.combine_fallback, nullptr);
+              EXPECT_GE(k.combine_ctas, 1);
+              EXPECT_LE(k.combine_ctas, k.grid);
+              EXPECT_EQ(section(plan, "kvm.part_o")->bytes, size_t(2) * hkv * k.chunk_rows * rows * 256);
+            } else {
+              EXPECT_NE(k.combine_fallback, nullptr);
+            }
+          }
+  EXPECT_GT(taken, 20);
+  EXPECT_GT(refused, 20);
+}
+
 TEST(PlanCombine, OverlapFallsBackAndSaysWhy) {
   SparseAttnOptions o;
   o.schedule = PrefillSchedule::kKvMajor;
