@@ -282,7 +282,6 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const uint32_t g_magic = group_div_magic(args.group);
   const float temp = p.lse_temperature;
 
-
   // Item records alternate: item k + 1's is fetched into the slot item k does not use during item
   // k's last round, by the first thread of the last warpgroup (the one with the fewest tiles:
   // often idle then) after its round's MMAs or gathers are issued, so that the work counter's and

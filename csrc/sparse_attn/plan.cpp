@@ -20,6 +20,13 @@ using namespace sparse_attn;
 
 bool compute_is_bf16(const SparseAttnParams& p) { return p.q_dtype != DType::kFP16; }
 
+DType compute_dtype(const SparseAttnParams& p) { return compute_is_bf16(p) ? DType::kBF16 : DType::kFP16; }
+
+// K and V stored in the compute dtype (not fp8 / NVFP4): what the 16-bit-only kernels load.
+bool kv_in_compute_dtype(const SparseAttnParams& p) {
+  return p.k.dtype == compute_dtype(p) && p.v.dtype == compute_dtype(p);
+}
+
 StoreKind compute_store_kind(const SparseAttnParams& p) {
   return compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16;
 }
@@ -110,7 +117,6 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // 2 CTAs per SM. auto takes it wherever it applies (H200 at 43c70d4, B1 / 32K bf16: 20.2 vs
   // 22.0 us, the graphed decode step 30.2 vs 31.8 us); a forced 8 names why it falls back.
   if (options.split_warps != DecodeSplitWarps::k4) {
-    const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
     const char* why = nullptr;
     if (plan.fused)
       why = "the call does not split (fused)";
@@ -122,7 +128,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       why = "kernel=regs / wgmma";
     else if (plan.warps_m != 1)
       why = "G > 16 (64-row tiles)";
-    else if (p.k.dtype != compute || p.v.dtype != compute)
+    else if (!kv_in_compute_dtype(p))
       why = "fp8 / NVFP4 K/V (the 8-warp kernel reads 16-bit K and V of the compute dtype)";
     if (why == nullptr) {
       plan.wide = true;
@@ -162,9 +168,8 @@ const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const Spa
   if (!mtp)
     return "no MTP union items in this call (per-token items, or mtp=per_token): the wgmma kernel runs "
            "union items only";
-  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
-  if (p.q_dtype != compute) return "fp8 q (the wgmma kernel loads bf16 / fp16 q by TMA)";
-  if (p.k.dtype != compute || p.v.dtype != compute)
+  if (p.q_dtype != compute_dtype(p)) return "fp8 q (the wgmma kernel loads bf16 / fp16 q by TMA)";
+  if (!kv_in_compute_dtype(p))
     return "fp8 / NVFP4 K/V (the wgmma kernel loads 16-bit K and V of the compute dtype)";
   if (facts.decode_mtp_wgmma_ctas <= 0 || facts.num_sms <= 0)
     return "the wgmma kernel cannot run on this device (needs an sm_90 GPU and the library's sm_90a image)";
@@ -176,8 +181,7 @@ const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const Spa
 }
 
 const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
-  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
-  if (p.k.dtype != compute || p.v.dtype != compute)
+  if (!kv_in_compute_dtype(p))
     return "fp8 / NVFP4 K/V (the TMA kernel loads 16-bit K and V of the compute dtype)";
   if (facts.tile_tma_ctas <= 0) return "the TMA tile kernel cannot run on this device";
   // TMA coordinates are 32-bit: rows of q, flat K/V rows (a box reaches 128 past the last block).
@@ -189,8 +193,7 @@ const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDevi
 
 const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts,
                                      int64_t chunk_rows) {
-  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
-  if (p.k.dtype != compute || p.v.dtype != compute)
+  if (!kv_in_compute_dtype(p))
     return "fp8 / NVFP4 K/V (the TMA kernel loads 16-bit K and V of the compute dtype)";
   if (facts.kv_major_tma_ctas <= 0) return "the TMA KV-major kernel cannot run on this device";
   // A token's G heads are whole 8-row swizzle atoms of a 64-row tile: one box per token and half.
@@ -211,8 +214,7 @@ const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttn
 const char* combine_overlap_unsupported(const SparseAttnParams& p, const SparseAttnOptions& o, KvMajorKernel kernel) {
   if (kernel != KvMajorKernel::kWgmma || o.kv_major_kernel == KvMajorKernel::kTma)
     return "the combine runs inside the sm_90a wgmma KV-major kernel, which this plan does not take";
-  const DType compute = compute_is_bf16(p) ? DType::kBF16 : DType::kFP16;
-  if (p.k.dtype != compute || p.v.dtype != compute)
+  if (!kv_in_compute_dtype(p))
     return "fp8 / NVFP4 K/V (the in-kernel combine is built for the 16-bit K/V kernel only)";
   const int64_t rows = int64_t(p.topk) * (p.num_heads / p.num_kv_heads);
   if (rows > kCombineBulkMaxRows)
