@@ -810,13 +810,6 @@ class Bench:
             # random (9 groups, every row KV-major) and the 8K pipeline (3 groups).
             if kv == "bf16" and layout == "flat" and (s, pattern) in ((32 * K, "random"), (8 * K, "pipeline")):
                 schedules.append("lists=per_group")
-            # Each launch group's combine inside the next group's attention kernel (plan option
-            # combine=overlap, off by default until measured): bf16 flat 32K and the 8K pipeline,
-            # at 32K random also with other numbers of CTAs starting on the combine.
-            if kv == "bf16" and layout == "flat" and (s == 32 * K or (s, pattern) == (8 * K, "pipeline")):
-                schedules.append("combine=overlap")
-                if (s, pattern) == (32 * K, "random"):
-                    schedules += ["combine=overlap combine_ctas=8", "combine=overlap combine_ctas=32"]
             # Fewer, larger KV-major launch groups than the 1 GiB partial budget allows (5 instead
             # of 9 at 32K, ~2 GB of partials): halving the groups cost 0.66 ms at 32K random (H200
             # at 048a6b3), so what the budget costs the other way is worth knowing.
@@ -1018,12 +1011,6 @@ class Bench:
                 self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat",
                               lambda s=s, geo=geo: self.build_pipeline(s, geo), "compute", ref,
                               extra=dict(seq_len=s, num_heads=geo["hq"]))
-                # The attention's combine inside the next launch group's kernel (plan option
-                # combine=overlap, off by default until measured).
-                if geo is M3:
-                    self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat [combine=overlap]",
-                                  lambda s=s, geo=geo: self.build_pipeline(s, geo, dict(combine="overlap")),
-                                  "compute", None, extra=dict(seq_len=s, num_heads=geo["hq"]))
                 # Launch groups twice the 1 GiB partial budget's (M3: 8058 rows, ~2 GB of partials):
                 # what fewer, longer KV-major groups are worth where the call has many (32K: 5 vs
                 # 9, 128K: 17 vs 33).

@@ -122,9 +122,6 @@ def cases(bench: bm.Bench) -> dict:
         # The whole 8K prefill (proxy, top-k, q2k transpose, attention): every kernel of one call.
         "pipeline_8k": lambda: bench.build_pipeline(8 * K, bm.M3),
         "pipeline_128k": lambda: bench.build_pipeline(128 * K, bm.M3),
-        # combine=overlap: each launch group's combine inside the next group's attention kernel.
-        "pipeline_128k_overlap": lambda: bench.build_pipeline(128 * K, bm.M3, dict(combine="overlap")),
-        "sparse_random_32k_overlap": sparse("random", options=dict(combine="overlap")),
         # The cp.async tile kernel (plan option tile_kernel=cp_async; the clustered cases above
         # run the default TMA one).
         "sparse_clustered_32k_cp_async": sparse("clustered", options=dict(tile_kernel="cp_async")),

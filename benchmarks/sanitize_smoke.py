@@ -552,14 +552,7 @@ class Smoke:
                              ("kv_major/tma", dict(schedule="kv_major", kv_major_kernel="tma")),
                              ("kv_major/tma/chunk100", dict(schedule="kv_major", kv_major_kernel="tma",
                                                             chunk_rows=100)),
-                             ("hybrid/tma", dict(schedule="hybrid", kv_major_kernel="tma")),
-                             # combine=overlap: each group's combine inside the next group's
-                             # attention kernel (bulk copies of the written slots only: initcheck;
-                             # the LSE resets of two buffers), with and without tiles.
-                             ("kv_major/overlap", dict(schedule="kv_major", chunk_rows=100, combine="overlap")),
-                             ("hybrid/overlap", dict(schedule="hybrid", chunk_rows=100, combine="overlap")),
-                             ("kv_major/overlap/per_group", dict(schedule="kv_major", chunk_rows=100,
-                                                                 combine="overlap", lists="per_group"))):
+                             ("hybrid/tma", dict(schedule="hybrid", kv_major_kernel="tma"))):
             self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))
 
     def _sparse_attention_cases(self, tag, ops):

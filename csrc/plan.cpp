@@ -32,8 +32,6 @@ constexpr Named<TileKernel> kTileKernels[] = {
     {TileKernel::kAuto, "auto"}, {TileKernel::kCpAsync, "cp_async"}, {TileKernel::kTma, "tma"}};
 constexpr Named<KvMajorLists> kKvMajorListsNames[] = {
     {KvMajorLists::kAuto, "auto"}, {KvMajorLists::kPerGroup, "per_group"}, {KvMajorLists::kOnce, "once"}};
-constexpr Named<CombineMode> kCombineModes[] = {
-    {CombineMode::kAuto, "auto"}, {CombineMode::kSeparate, "separate"}, {CombineMode::kOverlap, "overlap"}};
 constexpr Named<ProxyKernel> kProxyKernels[] = {
     {ProxyKernel::kAuto, "auto"},      {ProxyKernel::kMmaSync, "mma_sync"},
     {ProxyKernel::kSm90, "sm90"},      {ProxyKernel::kSm90Only, "sm90_only"},
@@ -159,7 +157,6 @@ const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
 const char* option_name(TileKernel v) { return name_of(kTileKernels, v); }
 const char* option_name(KvMajorLists v) { return name_of(kKvMajorListsNames, v); }
-const char* option_name(CombineMode v) { return name_of(kCombineModes, v); }
 const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
@@ -216,14 +213,9 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
       o.tile_kernel = parse_enum(kTileKernels, name, value);
     } else if (name == "lists") {
       o.lists = parse_enum(kKvMajorListsNames, name, value);
-    } else if (name == "combine") {
-      o.combine = parse_enum(kCombineModes, name, value);
-    } else if (name == "combine_ctas") {
-      o.combine_ctas = parse_positive_int(name, value);
     } else {
       MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
-               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists, combine, "
-               "combine_ctas)");
+               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists)");
     }
   });
   return o;

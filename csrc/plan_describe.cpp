@@ -111,14 +111,6 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
         << kKvMajorListsOnceBudget << ")";
     else if (o.lists == KvMajorLists::kPerGroup)
       s << "; lists=per_group (forced by the option)";
-    if (kvm.combine == CombineMode::kOverlap)
-      s << "; combine=overlap (forced by the option: each group's combine inside the next group's attention "
-           "kernel, " << kvm.combine_ctas << " CTAs start on it" << (o.combine_ctas > 0 ? " (combine_ctas option)" : "")
-        << ", two partial buffers; the last group's combine separate)";
-    else if (o.combine == CombineMode::kOverlap)
-      s << "; combine=separate (combine=overlap falls back: " << kvm.combine_fallback << ")";
-    else if (o.combine == CombineMode::kSeparate)
-      s << "; combine=separate (forced by the option)";
   }
   workspace(s, plan.bytes);
   return s.str();

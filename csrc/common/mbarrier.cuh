@@ -3,8 +3,6 @@
 // "full", compute, and signal "empty" so that the producer may refill it. A barrier's phase
 // completes when its expected number of arrivals has arrived; waits name the phase by parity.
 //   mbar_init           expected arrivals per phase (one thread, before a __syncthreads)
-//   mbar_inval          ends a barrier's life before its memory is reused (one thread, after a
-//                       __syncthreads that follows every wait on it)
 //   mbar_arrive         one arrival, release semantics (orders this thread's prior writes)
 //   mbar_arrive_count   n arrivals at once by one thread (a phase one thread completes alone)
 //   mbar_arrive_cp_async_noinc  one arrival, made when all of this thread's earlier cp.async
@@ -28,10 +26,6 @@ namespace flashmsa {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 MSA_DEVICE void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Ends a barrier's life: required before its 8 bytes are used for anything else.
-MSA_DEVICE void mbar_inval(uint32_t bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 MSA_DEVICE void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");

@@ -9,8 +9,7 @@
 //   tma_load_*_hint      the same with an L2 cache policy (l2_policy_evict_last)
 //   bulk_load            `bytes` contiguous bytes of global memory -> shared memory (cp.async.bulk,
 //                        no tensor map; both addresses and `bytes` multiples of 16), completing on
-//                        `bar` like the tensor copies; bulk_load_hint with an L2 cache policy
-//                        (l2_policy_evict_last / _evict_first)
+//                        `bar` like the tensor copies
 //   fence_mbarrier_init  makes mbarrier.init visible to the async proxy (before a __syncthreads)
 //   tma_store_2d         one box of shared memory -> a rank-2 tensor map (cp.async.bulk.tensor,
 //                        bulk-group completion); the writers of the box fence their generic writes
@@ -70,13 +69,6 @@ MSA_DEVICE uint64_t l2_policy_evict_last() {
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-// An L2 policy that lets the lines a copy brings in go first (createpolicy evict_first, all of
-// them): for data read once while other operands should stay resident (combine_bulk.cuh's partials).
-MSA_DEVICE uint64_t l2_policy_evict_first() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
 // tma_load_3d / _4d with an L2 cache policy (l2_policy_*).
 MSA_DEVICE void tma_load_3d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
                                  uint64_t policy) {
@@ -98,14 +90,6 @@ MSA_DEVICE void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
-}
-// bulk_load with an L2 cache policy (l2_policy_*).
-MSA_DEVICE void bulk_load_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
 }
 MSA_DEVICE void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 MSA_DEVICE void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {

@@ -17,12 +17,11 @@ MSA_DEVICE float clamp_finite(float v) { return fminf(fmaxf(v, -FLT_MAX), FLT_MA
 
 // One slot's partial LSE, sanitized; with reset_lse (KV-major lists=once) the slot is set back to
 // -inf once read, unless it is -inf already (the slot belongs to this lane alone).
-MSA_DEVICE float read_lse(float* lse, int64_t idx, bool reset) {
+MSA_DEVICE float read_lse(const CombineArgs& a, float* lse, int64_t idx) {
   const float v = lse[idx];
-  if (reset && v != neg_inf()) lse[idx] = neg_inf();
+  if (a.reset_lse && v != neg_inf()) lse[idx] = neg_inf();
   return sanitize_lse(v);
 }
-MSA_DEVICE float read_lse(const CombineArgs& a, float* lse, int64_t idx) { return read_lse(lse, idx, a.reset_lse); }
 
 // Eight consecutive values of the partial buffer starting at element `elem` (a multiple of 8), as
 // raw bits: 16 bytes for 2-byte kinds, 8 for fp8, 32 for f32 (two loads). Kept raw so that a batch

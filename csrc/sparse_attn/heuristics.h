@@ -99,14 +99,6 @@ inline constexpr int kKvMajorMinRows = 1024;
 // engines for ~6 GB of scratch, which they size up front for the longest prefill.
 inline constexpr int64_t kKvMajorPartialBudget = int64_t(1) << 30;
 
-// combine=overlap: CTAs of a launch group's attention kernel that start on the previous group's
-// combine (the others start on its attention items; either kind takes the other's work once its
-// own queue is empty). About the combine's share of the SM time when its units stream at ~100 GB/s
-// per SM (64 KB of partials per (kv head, row) against ~4 ms of attention per 2 GB of them at
-// 32K): an eighth of the SMs. A tuning knob: plan option combine_ctas (H200 at 204323f, 32K random:
-// 8, 16, 32 CTAs gave the same time, 66 slower).
-inline int combine_overlap_ctas(int num_sms) { return num_sms / 8 > 1 ? num_sms / 8 : 1; }
-
 // Bytes of KV-major workspace per query row of a launch group: per (kv head, q2k slot) a list entry
 // and G partial rows (128 values in the compute dtype + the log2 LSE [+ temperature LSE]).
 inline int64_t kv_major_bytes_per_row(int num_kv_heads, int topk, int group, bool has_temp) {

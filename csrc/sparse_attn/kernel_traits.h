@@ -88,44 +88,6 @@ static_assert(sizeof(KvMajorItem) == 32, "one 32-byte record per item");
 struct KvMajorControl {
   int num_items;
   int next_item;  // work counter of the persistent attention kernel
-  int next_unit;  // combine=overlap: work counter of the previous group's combine units in it
-};
-
-// combine=overlap (combine_bulk.cuh): a combine unit is one (kv head, row), its topk x G partial
-// rows of 256 bytes brought into one 64 KB shared-memory stage, so topk x G is at most this.
-inline constexpr int kCombineBulkMaxRows = 256;
-
-// ---- combine -----------------------------------------------------------------------------------
-// out[r, hq] = v_global_scale * sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s) over
-// the slots of (kh, r); slot s of head g at ((kh * row_stride + r - row_begin) * num_slots + s) * G + g.
-struct CombineArgs {
-  int row_begin;
-  int rows;
-  int row_stride;
-  int num_heads;
-  int num_kv_heads;
-  int group;
-  int num_slots;
-  const void* part_o;
-  StoreKind part_kind;
-  float* part_lse;    // written only with reset_lse
-  float* part_lse_t;
-  void* out;       // [total_q, Hq, 128]
-  float* lse;      // [total_q, Hq] natural log, or nullptr
-  float* lse_t;    // or nullptr
-  float v_scale;
-  const uint8_t* union_done;  // rows done by shared-selection tiles are skipped (or nullptr)
-  int union_tile_tokens;
-  int union_num_tiles;
-  int unit_rows;  // rows of one work unit: combine_unit_rows(group)
-  int unit_heads;  // heads of one work unit (a divisor of group; the launcher's choice, 0: group)
-  // KV-major lists=once: each slot read with a finite (or NaN) LSE is set back to -inf (both LSE
-  // arrays), so the next launch group finds every slot it does not write at -inf.
-  bool reset_lse;
-  // The attention kernel wrote every slot's values (zeros where its LSE is -inf: the query-major
-  // split-K kernels), so the combine may load them before it knows the weights (combine.cuh
-  // merge_row, kSpec). False for KV-major, whose non-pair slots are never written.
-  bool all_slots_written;
 };
 
 struct KvMajorArgs {
@@ -164,13 +126,6 @@ struct KvMajorArgs {
   // slot of its union_done rows included); the combine of each group resets the slots it read to
   // -inf (CombineArgs::reset_lse), which keeps the invariant for the next group.
   bool lists_once;
-  // combine=overlap: group j's partials go to buffer j % 2, the LSE buffers lse_buffer_stride floats
-  // apart (0: one buffer); the list builder then writes the -inf LSEs of the first two groups (one
-  // per buffer) and each LSE pointer above is group j's buffer. comb: the previous group's combine,
-  // run by this group's attention kernel (comb.rows 0: none); comb_ctas of its CTAs start on it.
-  int64_t lse_buffer_stride;
-  CombineArgs comb;
-  int comb_ctas;
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------
@@ -220,6 +175,38 @@ struct UnionArgs {
   int* control;          // [0] qualifying tiles, [1] work counter of the attention kernel
 };
 
+// ---- combine -----------------------------------------------------------------------------------
+// out[r, hq] = v_global_scale * sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max_s lse_s) over
+// the slots of (kh, r); slot s of head g at ((kh * row_stride + r - row_begin) * num_slots + s) * G + g.
+struct CombineArgs {
+  int row_begin;
+  int rows;
+  int row_stride;
+  int num_heads;
+  int num_kv_heads;
+  int group;
+  int num_slots;
+  const void* part_o;
+  StoreKind part_kind;
+  float* part_lse;    // written only with reset_lse
+  float* part_lse_t;
+  void* out;       // [total_q, Hq, 128]
+  float* lse;      // [total_q, Hq] natural log, or nullptr
+  float* lse_t;    // or nullptr
+  float v_scale;
+  const uint8_t* union_done;  // rows done by shared-selection tiles are skipped (or nullptr)
+  int union_tile_tokens;
+  int union_num_tiles;
+  int unit_rows;  // rows of one work unit: combine_unit_rows(group)
+  int unit_heads;  // heads of one work unit (a divisor of group; the launcher's choice, 0: group)
+  // KV-major lists=once: each slot read with a finite (or NaN) LSE is set back to -inf (both LSE
+  // arrays), so the next launch group finds every slot it does not write at -inf.
+  bool reset_lse;
+  // The attention kernel wrote every slot's values (zeros where its LSE is -inf: the query-major
+  // split-K kernels), so the combine may load them before it knows the weights (combine.cuh
+  // merge_row, kSpec). False for KV-major, whose non-pair slots are never written.
+  bool all_slots_written;
+};
 
 // Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly
 // a shared-selection tile (kUnionRows / G tokens).

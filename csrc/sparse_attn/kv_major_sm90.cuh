@@ -23,14 +23,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include <type_traits>
-
 #include "common/cuda_utils.h"
 #include "common/group_div.h"
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
-#include "sparse_attn/combine_bulk.cuh"
 #include "sparse_attn/kv_major.cuh"
 #include "sparse_attn/wgmma_tile.cuh"
 
@@ -63,14 +60,7 @@ struct KvMajorSm90Config {
   static constexpr int kSmemBytes = kItemOffset + 2 * 128;
   static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "1024-byte aligned tiles");
   static_assert(kRawBytes <= kQAreaBytes, "raw K/V staging fits the query area");
-  static_assert(CombineBulkLayout::kSmemBytes <= kSmemBytes, "the in-kernel combine fits the shared memory");
 };
-
-// The partial dtype of the compute dtype Elem (KV-major partials are O / l in the compute dtype).
-template <typename Elem>
-constexpr StoreKind kvm90_part_kind() {
-  return std::is_same_v<Elem, __nv_bfloat16> ? StoreKind::kBF16 : StoreKind::kF16;
-}
 
 #if MSA_HAS_WGMMA
 // Row tables of one 64-row tile. Each warp builds, reads and stores the 16 rows of its own m16
@@ -232,38 +222,13 @@ MSA_DEVICE void kvm90_softmax(float (&s)[16][4], const int (&lim)[2], bool has_t
 }
 #endif
 
-// kOverlap (combine=overlap, 16-bit K/V): the previous launch group's combine units run in this
-// kernel too (args.comb); a separate instantiation, so that the default kernel carries none of its
-// code (the non-inlined combine shifts ptxas's register allocation of the whole kernel: changes to
-// it alone moved the attention loop in and out of 8 bytes of spills).
-template <typename Elem, KvKind kKv, bool kOverlap = false>
+template <typename Elem, KvKind kKv>
 __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     kv_major_sm90_kernel(const __grid_constant__ KvMajorArgs args) {
 #if MSA_HAS_WGMMA
   using Cfg = KvMajorSm90Config<kKv>;
   constexpr int S = Cfg::kStages;
   extern __shared__ __align__(1024) uint8_t smem[];
-  check_smem_base(smem);
-
-  // combine=overlap: the previous launch group's combine units, by the first comb_ctas CTAs before
-  // their attention items and by every CTA after them (combine_bulk.cuh), so that a CTA whose
-  // queue is empty takes the other's work. The first call comes before anything else is computed:
-  // no value of the attention loop lives across it.
-  [[maybe_unused]] auto combine_units = [&] {
-    if constexpr (kOverlap) {
-      if (args.p.out_dtype == DType::kBF16) {
-        combine_units_bulk<__nv_bfloat16, kvm90_part_kind<Elem>(), Cfg::kThreads>(
-            args.comb, &args.control->next_unit, smem);
-      } else {
-        combine_units_bulk<__half, kvm90_part_kind<Elem>(), Cfg::kThreads>(args.comb, &args.control->next_unit,
-                                                                            smem);
-      }
-    }
-  };
-  if constexpr (kOverlap) {
-    if (int(blockIdx.x) < args.comb_ctas) combine_units();
-  }
-
   const SparseAttnParams& p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
   const int lane = tid & 31, warp = wtid >> 5;  // warp within the warpgroup
@@ -281,6 +246,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   const uint32_t my_q_addr = smem_addr(my_q);
   const uint32_t g_magic = group_div_magic(args.group);
   const float temp = p.lse_temperature;
+  check_smem_base(smem);
 
   // Item records alternate: item k + 1's is fetched into the slot item k does not use during item
   // k's last round, by the first thread of the last warpgroup (the one with the fewest tiles:
@@ -413,7 +379,6 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     cp_async_wait<0>();  // the empty groups past the end
     __syncthreads();     // the block, the list and the item record are reused by the next item
   }
-  if constexpr (kOverlap) combine_units();  // after the loop's last __syncthreads: the shared memory is free
 #else
   __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
 #endif
@@ -426,15 +391,9 @@ int kv_major_sm90_ctas_per_sm() {
                                               size_t(KvMajorSm90Config<kKv>::kSmemBytes));
 }
 
-// args.comb.rows > 0 (combine=overlap, planned for 16-bit K/V only): the kOverlap instantiation.
 template <typename Elem, KvKind kKv>
 void launch_kv_major_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream) {
   auto* kernel = kv_major_sm90_kernel<Elem, kKv>;
-  if constexpr (kKv == KvKind::kNative) {
-    if (args.comb.rows > 0) kernel = kv_major_sm90_kernel<Elem, kKv, true>;
-  } else {
-    MSA_CHECK(args.comb.rows == 0, "msa_sparse_attention: combine=overlap planned for fp8 / NVFP4 K/V (planner bug)");
-  }
   constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
   constexpr int threads = KvMajorSm90Config<kKv>::kThreads;
   flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));

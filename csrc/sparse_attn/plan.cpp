@@ -211,18 +211,6 @@ const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttn
   return nullptr;
 }
 
-const char* combine_overlap_unsupported(const SparseAttnParams& p, const SparseAttnOptions& o, KvMajorKernel kernel) {
-  if (kernel != KvMajorKernel::kWgmma || o.kv_major_kernel == KvMajorKernel::kTma)
-    return "the combine runs inside the sm_90a wgmma KV-major kernel, which this plan does not take";
-  if (!kv_in_compute_dtype(p))
-    return "fp8 / NVFP4 K/V (the in-kernel combine is built for the 16-bit K/V kernel only)";
-  const int64_t rows = int64_t(p.topk) * (p.num_heads / p.num_kv_heads);
-  if (rows > kCombineBulkMaxRows)
-    return "topk x G > 256: a (kv head, row)'s partials exceed one 64 KB stage of the in-kernel combine";
-  if (rows % 4 != 0) return "topk x G is not a multiple of 4 (16-byte bulk copies of a row's LSEs)";
-  return nullptr;
-}
-
 namespace {
 
 // False when no KV-major kernel fits this device. with_tiles: also plan the shared-selection tiles
@@ -250,25 +238,11 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   const int group = p.num_heads / p.num_kv_heads;
   const bool has_temp = p.lse_temperature_out != nullptr;
   const int64_t per_row = kv_major_bytes_per_row(p.num_kv_heads, p.topk, group, has_temp);
-  // combine=overlap: two partial buffers within the same budget (so twice the launch groups), where
-  // the shape and kernel allow it and the call needs more than one group.
-  bool overlap = false;
-  if (o.combine == CombineMode::kOverlap) {
-    plan.combine_fallback = combine_overlap_unsupported(p, o, plan.kernel);
-    overlap = plan.combine_fallback == nullptr;
-  }
+  int64_t chunk = std::max<int64_t>(1, kKvMajorPartialBudget / per_row);
+  if (o.chunk_rows > 0) chunk = o.chunk_rows;
   // (row << 6 | slot) list entries and int list offsets bound one group's pairs.
-  const int64_t chunk_cap = std::min<int64_t>(p.total_q, (int64_t(1) << 28) / (int64_t(p.num_kv_heads) * p.topk));
-  auto chunk_for = [&](int buffers) {
-    const int64_t c = o.chunk_rows > 0 ? o.chunk_rows : kKvMajorPartialBudget / (buffers * per_row);
-    return std::max<int64_t>(1, std::min<int64_t>(c, chunk_cap));
-  };
-  int64_t chunk = chunk_for(overlap ? 2 : 1);
-  if (overlap && chunk >= p.total_q) {
-    overlap = false;
-    plan.combine_fallback = "the call is one launch group: no earlier group's combine to overlap";
-    chunk = chunk_for(1);
-  }
+  chunk = std::min<int64_t>({chunk, p.total_q, (int64_t(1) << 28) / (int64_t(p.num_kv_heads) * p.topk)});
+  chunk = std::max<int64_t>(chunk, 1);
   // Equal launch groups: each group's persistent kernel ends with a tail of unevenly finishing
   // CTAs, and a small last group (e.g. 536 of 32K rows at a 4029-row cap) pays a whole launch
   // sequence for little work.
@@ -324,15 +298,9 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.control_off = ws.take("kvm.control", size_t(list_groups) * sizeof(KvMajorControl));
   plan.items_off = ws.take("kvm.items", size_t(list_groups * max_items) * sizeof(KvMajorItem));
   plan.list_off = ws.take("kvm.list", size_t(list_groups * pairs) * 4);
-  if (overlap) {
-    plan.combine = CombineMode::kOverlap;
-    plan.combine_ctas = int(std::min<int64_t>(o.combine_ctas > 0 ? o.combine_ctas : combine_overlap_ctas(facts.num_sms),
-                                              plan.grid));
-  }
-  const size_t buffers = overlap ? 2 : 1;  // group j's partials in buffer j % 2
-  plan.part_o_off = ws.take("kvm.part_o", buffers * pairs * group * 128 * 2);
-  plan.part_lse_off = ws.take("kvm.part_lse", buffers * pairs * group * 4);
-  if (has_temp) plan.part_lse_t_off = ws.take("kvm.part_lse_t", buffers * pairs * group * 4);
+  plan.part_o_off = ws.take("kvm.part_o", size_t(pairs) * group * 128 * 2);
+  plan.part_lse_off = ws.take("kvm.part_lse", size_t(pairs) * group * 4);
+  if (has_temp) plan.part_lse_t_off = ws.take("kvm.part_lse_t", size_t(pairs) * group * 4);
   const int tctas = with_tiles ? tile_ctas(p, facts) : 0;
   if (tctas > 0) {
     plan.tiles = true;
@@ -364,8 +332,6 @@ void check_options(const SparseAttnOptions& o) {
   MSA_CHECK(o.chunk_rows >= 0, "chunk_rows must be positive (0: the default), got ", o.chunk_rows);
   MSA_CHECK(o.tile_max_waste_milli == 0 || (o.tile_max_waste_milli >= 1000 && o.tile_max_waste_milli <= 8000),
             "tile_max_waste must be a number from 1 to 8, got ", o.tile_max_waste_milli / 1000.0);
-  MSA_CHECK(o.combine_ctas >= 0 && o.combine_ctas <= 65536, "combine_ctas must be from 1 to 65536, got ",
-            o.combine_ctas);
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/cuda_utils.h"
 #include "cuda_ops.h"
@@ -285,26 +284,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   const bool once = plan.lists == KvMajorLists::kOnce;
   a.lists_once = once;
   a.list_groups = once ? plan.groups : 1;
-  // combine=overlap: group j's partials in buffer j % 2 (the LSE buffers lse_buffer_stride floats
-  // apart), group j - 1's combine inside group j's attention kernel, the last group's by the combine
-  // kernel.
-  const bool overlap = plan.combine == CombineMode::kOverlap;
-  const int64_t part_rows = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk * a.group;  // one buffer
-  a.lse_buffer_stride = overlap ? part_rows : 0;
-  void* const part_o0 = a.part_o;
-  float* const part_lse0 = a.part_lse;
-  float* const part_lse_t0 = a.part_lse_t;
-  auto use_buffer = [&](int64_t j, auto& args) {  // args: KvMajorArgs or CombineArgs
-    const int64_t b = overlap ? (j & 1) : 0;
-    using Args = std::remove_reference_t<decltype(args)>;
-    if constexpr (std::is_same_v<Args, KvMajorArgs>) {
-      args.part_o = static_cast<uint16_t*>(part_o0) + b * part_rows * 128;
-    } else {
-      args.part_o = static_cast<const uint16_t*>(part_o0) + b * part_rows * 128;
-    }
-    args.part_lse = part_lse0 + b * part_rows;
-    args.part_lse_t = part_lse_t0 != nullptr ? part_lse_t0 + b * part_rows : nullptr;
-  };
   CombineArgs c = combine_args(p, p.topk, plan.chunk_rows, a.part_o,
                                compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16, a.part_lse, a.part_lse_t);
   c.union_done = a.union_done;
@@ -323,13 +302,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   for (int64_t r0 = 0, j = 0; r0 < p.total_q; r0 += plan.chunk_rows, ++j) {
     a.row_begin = int(r0);
     a.rows = int(std::min<int64_t>(plan.chunk_rows, p.total_q - r0));
-    use_buffer(j, a);
-    a.comb = CombineArgs{};  // rows 0: no combine inside the kernel
-    if (overlap && j > 0) {  // group j - 1's combine (its rows: the previous c)
-      a.comb = c;
-      use_buffer(j - 1, a.comb);
-      a.comb_ctas = plan.combine_ctas;
-    }
     if (once) {  // group j's part of the lists built above
       a.control = control0 + j;
       a.items = items0 + j * plan.max_items;
@@ -354,10 +326,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     });
     c.row_begin = a.row_begin;
     c.rows = a.rows;
-    if (!overlap) launch_combine(c, p.out_dtype, stream);
-  }
-  if (overlap) {  // the last group's combine (c: its rows)
-    use_buffer(plan.groups - 1, c);
     launch_combine(c, p.out_dtype, stream);
   }
 }

@@ -47,19 +47,6 @@ enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kTma =
 // the plan keeps per_group (a forced once says so in the plan text). auto: once where it fits
 // (H200 at 7cbcfcc: M3 32K random 9.66 vs 9.94 ms, 8K pipeline selections 1.93 vs 1.99 ms).
 enum class KvMajorLists : int32_t { kAuto = 0, kPerGroup = 1, kOnce = 2 };
-// Where the KV-major combine of a launch group runs (docs/design/sparse_attention.md#combine-overlap):
-// separate (a combine kernel after each group's attention kernel), overlap (group j - 1's combine
-// inside group j's attention kernel: combine_ctas of its CTAs start on the combine units, the others
-// on the attention items, and a CTA whose queue is empty takes work from the other; a unit is one
-// (kv head, row), its written slots brought into shared memory by bulk copies; two partial buffers
-// within the same workspace budget, so twice the launch groups; the last group's combine is the
-// separate kernel). overlap needs the sm_90a wgmma KV-major kernel with 16-bit K/V, topk x G <= 256
-// with topk x G a multiple of 4, and at least two launch groups; elsewhere it falls back to separate and the plan
-// text says why. auto: separate: overlap is bit-identical and sanitizer-clean but measured slower
-// (H200 at 204323f, M3 32K random: 10.2 vs 8.09 ms of kernels; halving the launch groups alone
-// costs 0.66 ms, and the in-kernel combine ~0.22 ms per group against the separate kernel's ~0.15:
-// docs/design/sparse_attention.md#combine-overlap).
-enum class CombineMode : int32_t { kAuto = 0, kSeparate = 1, kOverlap = 2 };
 // Shared-selection tile kernels (sm_90a, docs/design/sparse_attention.md): cp_async (a producer
 // warpgroup of cp.async loads, one block's S, softmax and P V after another: union_sm90.cuh; bf16
 // / fp16 / fp8 K and V), tma (TMA loads by one producer warp, S of the next block and P V of the
@@ -307,8 +294,6 @@ struct SparseAttnOptions {
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
   TileKernel tile_kernel = TileKernel::kAuto;
   KvMajorLists lists = KvMajorLists::kAuto;
-  CombineMode combine = CombineMode::kAuto;
-  int combine_ctas = 0;  // > 0: CTAs of combine=overlap's attention kernel that start on the combine
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -383,8 +368,7 @@ struct TopkSelectOptions {
 // kv_major_kernel=auto|mma_sync|wgmma|tma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 2.5 up to 8192 rows, else
 // 2; 1.5 with cp.async),
-// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, combine=auto|separate|overlap,
-// combine_ctas=<n >= 1> (a tuning knob of combine=overlap).
+// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -505,12 +489,6 @@ struct KvMajorPlan {
   KvMajorLists lists = KvMajorLists::kPerGroup;
   bool lists_fallback = false;
   int64_t lists_once_bytes = 0;
-  // Combine: separate or overlap (resolved; combine_fallback: why combine=overlap was not taken, a
-  // static string). With overlap the partial sections hold two buffers (group j writes buffer
-  // j % 2) and combine_ctas CTAs of each attention kernel start on the previous group's combine.
-  CombineMode combine = CombineMode::kSeparate;
-  const char* combine_fallback = nullptr;
-  int combine_ctas = 0;
   size_t block_base_off = 0, counts_off = 0, cursors_off = 0, control_off = 0, items_off = 0,
          list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
   // Shared-selection tiles (sm_90a, bf16 / fp16 / fp8 K and V, G in {16, 32, 64, 128}), computed
@@ -585,10 +563,6 @@ SparseAttnPlan plan_sparse_attention(const SparseAttnParams& p, const SparseAttn
 // Why tile_kernel=tma falls back to the cp_async tile kernel for these params and facts (a static
 // string, kept in KvMajorPlan::tile_fallback for the plan text), or nullptr where it runs.
 const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts);
-// Why combine=overlap falls back for these params, options and the KV-major kernel planned (a
-// static string, kept in KvMajorPlan::combine_fallback), or nullptr where it applies (the launch
-// group count is checked by the planner).
-const char* combine_overlap_unsupported(const SparseAttnParams& p, const SparseAttnOptions& o, KvMajorKernel kernel);
 // Why kv_major_kernel=tma falls back for these params and facts (a static string, kept in
 // KvMajorPlan::tma_fallback for the plan text), or nullptr where it runs; chunk_rows: the rows of
 // a launch group (the partial rows must fit TMA's 32-bit coordinates).
@@ -622,7 +596,6 @@ const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(TileKernel v);
 const char* option_name(KvMajorLists v);
-const char* option_name(CombineMode v);
 const char* option_name(ProxyKernel v);
 const char* option_name(TopkKernel v);
 const char* option_name(DecodeKernel v);

@@ -814,10 +814,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # mma_sync | wgmma | tma, chunk_rows = <rows per KV-major launch group>, tile_max_waste = <1 to 8>,
 # tile_kernel = auto | cp_async | tma (the shared-selection tile kernel; tma falls back to cp_async
 # for fp8 K/V, and the plan text says so), lists = per_group | once (the KV-major work lists of all
-# launch groups built in one pass; once falls back to per_group beyond its workspace bound),
-# combine = auto | separate | overlap (each KV-major launch group's combine inside the next group's
-# attention kernel; falls back to separate where it does not apply, and the plan text says why),
-# combine_ctas = <CTAs of that kernel starting on the combine>;
+# launch groups built in one pass; once falls back to per_group beyond its workspace bound);
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K),
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the

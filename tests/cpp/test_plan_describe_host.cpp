@@ -58,20 +58,6 @@ TEST(PlanDescribe, PrefillAutoSmallIsQueryMajorWithItsReason) {
   EXPECT_FALSE(has(d, "kv_major_kernel")) << d;
 }
 
-TEST(PlanDescribe, PrefillCombineOverlapAndItsFallback) {
-  const SparseAttnParams p = attn(32768);
-  SparseAttnOptions o;
-  o.combine = CombineMode::kOverlap;
-  const std::string d = describe(plan_sparse_attention(p, o, hopper()), p, o);
-  EXPECT_TRUE(has(d, "combine=overlap (forced by the option: each group's combine inside the next group's "
-                     "attention kernel, 16 CTAs start on it")) << d;
-  const SparseAttnParams small = attn(2000);
-  const std::string f = describe(plan_sparse_attention(small, o, hopper()), small, o);
-  EXPECT_TRUE(has(f, "combine=separate (combine=overlap falls back: the call is one launch group")) << f;
-  const std::string a = describe(plan_sparse_attention(p, SparseAttnOptions{}, hopper()), p, SparseAttnOptions{});
-  EXPECT_FALSE(has(a, "combine=")) << a;
-}
-
 TEST(PlanDescribe, PrefillAutoLargeOnHopperIsHybridWgmma) {
   const SparseAttnParams p = attn(32768);
   const SparseAttnOptions o;

@@ -381,7 +381,7 @@ TEST(PlanLists, DefaultIsOnceAndOnceSizesEveryGroupsLists) {
     EXPECT_EQ(section(once, name)->bytes, size_t(9) * section(dflt, name)->bytes) << name;
   EXPECT_EQ(section(once, "kvm.list")->bytes, size_t(9) * 4 * 3641 * 16 * 4);
   EXPECT_EQ(section(once, "kvm.counts")->bytes, size_t(9) * 4 * (32768 / 128 + 2) * 4);
-  const int64_t per_group = 2 * int64_t(4) * k.nb_bound * 4 + 12 +
+  const int64_t per_group = 2 * int64_t(4) * k.nb_bound * 4 + 8 +
                             int64_t(k.max_items) * 32 + 4 * 3641 * 16 * 4;
   EXPECT_EQ(k.lists_once_bytes, 9 * per_group);
   EXPECT_LT(k.lists_once_bytes, 10 << 20);  // 9.0 MB (docs/design/sparse_attention.md#work-lists)
@@ -397,122 +397,8 @@ TEST(PlanLists, DefaultIsOnceAndOnceSizesEveryGroupsLists) {
   expect_layout_sound(h);
   EXPECT_EQ(h.kvm.lists, KvMajorLists::kOnce);
   EXPECT_EQ(h.kvm.groups, 41);
-  EXPECT_EQ(section(h, "kvm.control")->bytes, size_t(41) * 12);
+  EXPECT_EQ(section(h, "kvm.control")->bytes, size_t(41) * 8);
   EXPECT_EQ(section(h, "kvm.counts")->bytes, size_t(41) * 2 * 33 * 4);
-}
-
-// combine=overlap: two partial buffers in the same budget (twice the groups), an eighth of the SMs
-// start on the previous group's combine; auto keeps the separate combine (not yet measured).
-TEST(PlanCombine, OverlapTwoBuffersInTheSameBudget) {
-  SparseAttnOptions sep;
-  sep.schedule = PrefillSchedule::kKvMajor;
-  SparseAttnOptions ov = sep;
-  ov.combine = CombineMode::kOverlap;
-  const SparseAttnPlan a = plan_sparse_attention(attn(32768), sep, hopper());
-  const SparseAttnPlan b = plan_sparse_attention(attn(32768), ov, hopper());
-  expect_layout_sound(b);
-  EXPECT_EQ(a.kvm.combine, CombineMode::kSeparate);
-  ASSERT_EQ(b.kvm.combine, CombineMode::kOverlap) << b.kvm.combine_fallback;
-  EXPECT_EQ(b.kvm.combine_fallback, nullptr);
-  EXPECT_EQ(a.kvm.groups, 9);
-  EXPECT_EQ(b.kvm.groups, 17);  // 32768 / (2^30 / (2 x 266,496 bytes per row)) = 16.3
-  EXPECT_EQ(b.kvm.combine_ctas, 132 / 8);
-  EXPECT_EQ(b.kvm.kernel, KvMajorKernel::kWgmma);
-  // Two buffers of one (about halved) group each, within the budget of the separate plan's one.
-  const size_t one = size_t(4) * b.kvm.chunk_rows * 16 * 16;
-  EXPECT_EQ(section(b, "kvm.part_o")->bytes, 2 * one * 256);
-  EXPECT_EQ(section(b, "kvm.part_lse")->bytes, 2 * one * 4);
-  EXPECT_LE(section(b, "kvm.part_o")->bytes + section(b, "kvm.part_lse")->bytes, size_t(1) << 30);
-  EXPECT_LT(b.kvm.chunk_rows, a.kvm.chunk_rows);
-  // auto: separate.
-  SparseAttnOptions au = sep;
-  au.combine = CombineMode::kAuto;
-  EXPECT_EQ(plan_sparse_attention(attn(32768), au, hopper()).kvm.combine, CombineMode::kSeparate);
-  // combine_ctas: the knob, capped at the grid.
-  ov.combine_ctas = 40;
-  EXPECT_EQ(plan_sparse_attention(attn(32768), ov, hopper()).kvm.combine_ctas, 40);
-  ov.combine_ctas = 1000;
-  const SparseAttnPlan c = plan_sparse_attention(attn(32768), ov, hopper());
-  EXPECT_EQ(c.kvm.combine_ctas, c.kvm.grid);
-  // Forced small groups, a temperature LSE, paged K/V and tiles: two buffers, sound layout.
-  ov.combine_ctas = 0;
-  ov.chunk_rows = 37;
-  ov.schedule = PrefillSchedule::kHybrid;
-  const SparseAttnPlan h = plan_sparse_attention(paged(with_temperature(attn(1500)), 3, 11), ov, hopper());
-  expect_layout_sound(h);
-  ASSERT_EQ(h.kvm.combine, CombineMode::kOverlap);
-  EXPECT_EQ(h.kvm.groups, 41);
-  EXPECT_EQ(section(h, "kvm.part_lse_t")->bytes, size_t(2) * 4 * 37 * 16 * 16 * 4);
-}
-
-// Over a spread of shapes: overlap is taken exactly where its conditions hold, with two buffers of
-// one group's partials and a CTA count within the grid; elsewhere the plan names why.
-TEST(PlanCombine, OverlapConditionsOverShapes) {
-  SparseAttnOptions o;
-  o.combine = CombineMode::kOverlap;
-  int taken = 0, refused = 0;
-  for (int total_q : {1500, 5000, 40000})
-    for (auto [hq, hkv] : {std::pair{64, 4}, std::pair{16, 2}, std::pair{12, 4}, std::pair{128, 1}})
-      for (int topk : {3, 8, 16, 33})
-        for (bool temp : {false, true})
-          for (int64_t chunk : {int64_t(0), int64_t(700)}) {
-            SparseAttnParams p = attn(total_q, hq, hkv, topk);
-            if (temp) p = with_temperature(p);
-            o.chunk_rows = chunk;
-            const SparseAttnPlan plan = plan_sparse_attention(p, o, hopper());
-            expect_layout_sound(plan);
-            if (plan.schedule == PrefillSchedule::kQueryMajor) continue;
-            const KvMajorPlan& k = plan.kvm;
-            const int64_t rows = int64_t(topk) * (hq / hkv);
-            const bool want = rows <= 256 && rows % 4 == 0 && k.groups >= 2;
-            SCOPED_TRACE(testing::Message() << total_q << " " << hq << "/" << hkv << " topk " << topk << " chunk "
-                                            << chunk);
-            ASSERT_EQ(k.combine == CombineMode::kOverlap, want) << (k.combine_fallback ? k.combine_fallback : "");
-            ++(want ? taken : refused);
-            if (want) {
-              EXPECT_EQ(k.combine_fallback, nullptr);
-              EXPECT_GE(k.combine_ctas, 1);
-              EXPECT_LE(k.combine_ctas, k.grid);
-              EXPECT_EQ(section(plan, "kvm.part_o")->bytes, size_t(2) * hkv * k.chunk_rows * rows * 256);
-            } else {
-              EXPECT_NE(k.combine_fallback, nullptr);
-            }
-          }
-  EXPECT_GT(taken, 20);
-  EXPECT_GT(refused, 20);
-}
-
-TEST(PlanCombine, OverlapFallsBackAndSaysWhy) {
-  SparseAttnOptions o;
-  o.schedule = PrefillSchedule::kKvMajor;
-  o.combine = CombineMode::kOverlap;
-  auto why = [&](const SparseAttnParams& p, const SparseAttnOptions& opt, const SparseAttnDeviceFacts& f) {
-    const SparseAttnPlan plan = plan_sparse_attention(p, opt, f);
-    EXPECT_EQ(plan.kvm.combine, CombineMode::kSeparate);
-    expect_layout_sound(plan);
-    return std::string(plan.kvm.combine_fallback != nullptr ? plan.kvm.combine_fallback : "");
-  };
-  EXPECT_NE(why(attn(32768), o, ampere()).find("wgmma KV-major kernel"), std::string::npos);
-  SparseAttnOptions ms = o;
-  ms.kv_major_kernel = KvMajorKernel::kMmaSync;
-  EXPECT_NE(why(attn(32768), ms, hopper()).find("wgmma KV-major kernel"), std::string::npos);
-  SparseAttnOptions tma = o;
-  tma.kv_major_kernel = KvMajorKernel::kTma;
-  EXPECT_NE(why(attn(32768), tma, hopper()).find("wgmma KV-major kernel"), std::string::npos);
-  // fp8 K/V: the in-kernel combine exists for the 16-bit K/V kernel only.
-  EXPECT_NE(why(attn(32768, 64, 4, 16, DType::kFP8E4M3), o, hopper()).find("fp8 / NVFP4 K/V"), std::string::npos);
-  // topk 33 x G 8 = 264 partial rows per (kv head, row): more than a 64 KB stage.
-  EXPECT_NE(why(attn(32768, 16, 2, 33), o, hopper()).find("topk x G > 256"), std::string::npos);
-  // topk 3 x G 3: LSE rows of 36 bytes, not 16-byte bulk copies.
-  EXPECT_NE(why(attn(32768, 12, 4, 3), o, hopper()).find("multiple of 4"), std::string::npos);
-  // One launch group: nothing to overlap; the plan keeps the whole budget for it.
-  const SparseAttnPlan one = plan_sparse_attention(attn(2000), o, hopper());
-  EXPECT_EQ(one.kvm.combine, CombineMode::kSeparate);
-  EXPECT_EQ(one.kvm.groups, 1);
-  EXPECT_NE(std::string(one.kvm.combine_fallback).find("one launch group"), std::string::npos);
-  SparseAttnOptions sep = o;
-  sep.combine = CombineMode::kSeparate;
-  EXPECT_EQ(one.bytes, plan_sparse_attention(attn(2000), sep, hopper()).bytes);
 }
 
 TEST(PlanLists, OnceFallsBackToPerGroupBeyondTheBudget) {
@@ -1458,7 +1344,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, combine, combine_ctas)");
+      "lists)");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
   bad("tile_kernel=wgmma", "tile_kernel must be auto, cp_async or tma, got 'wgmma'");
@@ -1466,13 +1352,16 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
   bad("tile_pingpong=on",
       "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-      "tile_kernel, lists, combine, combine_ctas)");
-  // The earlier KV-major combine variants (prefetch, overlap_staged; fused, measured at 57802f3) were
-  // removed; the option combine names the separate kernel and the in-kernel combine of today only.
-  for (const char* v : {"prefetch", "overlap_staged", "fused", ""})
-    bad((std::string("combine=") + v).c_str(), std::string("combine must be auto, separate or overlap, got '") + v + "'");
-  for (const char* v : {"0", "-1", "x"})
-    bad((std::string("combine_ctas=") + v).c_str(), "combine_ctas must be a positive integer");
+      "tile_kernel, lists)");
+  // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3; the
+  // in-kernel combine=overlap with combine_ctas, measured at c21b988) were removed, and with them the
+  // options: the combine is always the separate kernel.
+  for (const char* v : {"auto", "separate", "prefetch", "overlap", "overlap_staged", "fused"})
+    bad((std::string("combine=") + v).c_str(), "unknown plan option 'combine'");
+  for (const char* v : {"8", "32"})
+    bad((std::string("combine_ctas=") + v).c_str(),
+        "unknown plan option 'combine_ctas' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
+        "tile_kernel, lists)");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");

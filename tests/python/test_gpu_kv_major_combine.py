@@ -7,7 +7,10 @@ flat and paged caches, a workspace poisoned with NaN bytes, and under CUDA-graph
 
 The variants prefetch, overlap and overlap_staged (and the plan option combine) were removed:
 equal or slower on the H200, and the prefetching loads read partials the KV-major kernel never
-wrote (compute-sanitizer initcheck); docs/design/sparse_attention.md#combine-variants.
+wrote (compute-sanitizer initcheck); docs/design/sparse_attention.md#combine-variants. So were
+fused (docs/design/sparse_attention.md#fused-combine) and the later combine=overlap / combine_ctas
+(each launch group's combine inside the next group's attention kernel: bit-identical but slower;
+docs/design/sparse_attention.md#combine-overlap).
 
 A case's inputs, CPU reference and baseline are memoised per xdist worker
 (test_gpu_sparse_attention's ``problem`` / ``reference``): the schedules of one case (the last,
@@ -39,8 +42,7 @@ KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_
                                                         "hybrid_cp_async", "kv_major_lists_once",
                                                         "hybrid_lists_once", "kv_major_per_group",
                                                         "hybrid_per_group", "kv_major_tma",
-                                                        "hybrid_tma", "kv_major_tma_groups",
-                                                        "kv_major_overlap", "hybrid_overlap"])
+                                                        "hybrid_tma", "kv_major_tma_groups"])
 
 
 def check_against_reference(case, seed, got, what):
@@ -128,10 +130,13 @@ def test_combine_under_graph_capture(schedule):
 
 
 def test_removed_combine_variants_are_refused():
-    """The removed combine variants (prefetch, overlap_staged, fused) are not values of the plan
-    option combine (auto | separate | overlap): a ValueError naming the values."""
+    """The removed combine variants (prefetch, overlap_staged, fused, and the in-kernel
+    combine=overlap with its combine_ctas) took the plan options combine=... and combine_ctas=...;
+    both are unknown options now: a ValueError naming the option."""
     case = GpuCase("opt", [64], [256], 16, 2, causal=True)
     pb = build(case, seed=27)
-    for value in ("prefetch", "overlap_staged", "fused"):
-        with pytest.raises(ValueError, match=f"combine must be auto, separate or overlap, got '{value}'"):
+    for value in ("auto", "separate", "overlap", "prefetch", "overlap_staged", "fused"):
+        with pytest.raises(ValueError, match="unknown plan option 'combine'"):
             run(pb, gpu=True, schedule="kv_major", combine=value)
+    with pytest.raises(ValueError, match="unknown plan option 'combine_ctas'"):
+        run(pb, gpu=True, schedule="kv_major", combine_ctas=8)

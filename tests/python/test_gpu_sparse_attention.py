@@ -27,7 +27,6 @@ Skipped (not passed) without a CUDA device or without a CUDA build.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from typing import List, Optional
 
@@ -61,12 +60,9 @@ BLOCK = 128
 # groups built at once (lists=once, the default where it fits), in groups of 64 rows so that most
 # cases run several (an explicit chunk_rows of a test replaces the 64); kv_major_per_group /
 # hybrid_per_group: the same groups with each group's lists built before it (lists=per_group).
-# kv_major_overlap / hybrid_overlap: combine=overlap (each launch group's combine inside the next
-# group's attention kernel), in groups of 64 rows; where it does not apply (off sm_90, topk x G >
-# 256, one group) the plan keeps the separate combine.
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
              "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
-             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups", "kv_major_overlap", "hybrid_overlap"]
+             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -93,8 +89,6 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_tma": dict(schedule="kv_major", kv_major_kernel="tma"),
         "hybrid_tma": dict(schedule="hybrid", kv_major_kernel="tma"),
         "kv_major_tma_groups": dict(schedule="kv_major", kv_major_kernel="tma", chunk_rows=64),
-        "kv_major_overlap": dict(schedule="kv_major", combine="overlap", chunk_rows=64),
-        "hybrid_overlap": dict(schedule="hybrid", combine="overlap", chunk_rows=64),
     }[schedule]
     return {**options, **extra}
 
@@ -506,55 +500,6 @@ def test_lists_once_is_bitwise_per_group_with_tiles(chunk_rows, tile_kernel):
     per_group = run(pb, gpu=True, lists="per_group", **opts)
     once = run(pb, gpu=True, lists="once", **opts)
     assert bits_equal(per_group, once)
-
-
-@pytest.mark.parametrize("lists", ["once", "per_group"])
-@pytest.mark.parametrize("schedule", ["kv_major", "hybrid"])
-@pytest.mark.parametrize("case_name,chunk_rows,combine_ctas", [
-    ("m3_tile_shared", 37, None), ("m3_tile_shared", 500, 1), ("m3_tile_mixed_temp", 100, None),
-    ("uneven_lengths", 64, 1000), ("seqlen_q_gt_seqlen_k", 50, None)])
-def test_combine_overlap_is_bitwise_separate(case_name, chunk_rows, combine_ctas, schedule, lists):
-    """combine=overlap merges the same partials with the same arithmetic as the separate combine
-    kernel (only where: in the next group's attention kernel, from shared memory): bit-identical
-    outputs and LSEs, with tiles (their rows skipped), uneven sequences, seqlen_q > seqlen_k, both
-    list modes, one CTA or all of them starting on the combine; run twice on the same call (the LSE
-    resets of two buffers leave no state behind)."""
-    case = next(c for c in CASES if c.name == case_name)
-    pb = problem(case, seed=11)
-    opts = dict(schedule=schedule, chunk_rows=chunk_rows, lists=lists)
-    overlap = dict(opts, combine="overlap", **({} if combine_ctas is None else dict(combine_ctas=combine_ctas)))
-    separate = run(pb, gpu=True, combine="separate", **opts)
-    got = run(pb, gpu=True, **overlap)
-    assert bits_equal(separate, got)
-    assert bits_equal(got, run(pb, gpu=True, **overlap))
-    if IS_SM90:  # the combine ran inside the attention kernels (no silent fallback)
-        text = plan_text(pb, overlap)
-        assert "combine=overlap (forced by the option" in text, text
-
-
-def plan_text(pb: Problem, options: dict) -> str:
-    """The plan description (FLASHMSA_LOG=info) of one call with these plan options."""
-    from flashmsa import _log
-
-    texts: List[str] = []
-
-    class Texts(logging.Handler):
-        def emit(self, record):
-            texts.append(record.getMessage())
-
-    handler, level = Texts(logging.INFO), _log.logger.level
-    _log.logger.addHandler(handler)
-    _log.logger.setLevel(logging.INFO)
-    _log.reset_seen()
-    try:
-        run(pb, gpu=True, **options)
-    finally:
-        _log.logger.removeHandler(handler)
-        _log.logger.setLevel(level)
-        _log.reset_seen()
-    found = [t for t in texts if t.startswith("msa_sparse_attention")]
-    assert len(found) == 1, texts
-    return found[0]
 
 
 @each_schedule

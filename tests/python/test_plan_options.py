@@ -43,8 +43,7 @@ VALID = {
         dict(schedule="hybrid", kv_major_kernel="mma_sync", chunk_rows=7, tile_max_waste=8),
         dict(schedule="auto", kv_major_kernel="wgmma", tile_max_waste=1.25),
         dict(schedule="hybrid", tile_kernel="tma"), dict(tile_kernel="cp_async"), dict(tile_kernel="auto"),
-        "schedule=kv_major,chunk_rows=1", dict(lists="once"), dict(combine="overlap"),
-        dict(combine="separate"), "schedule=kv_major,combine=overlap,combine_ctas=3,chunk_rows=5",
+        "schedule=kv_major,chunk_rows=1", dict(lists="once"),
     ],
     "proxy_score": [None, dict(kernel="auto"), dict(kernel="mma_sync"), dict(kernel="sm90"),
                     dict(kernel="sm90_ss_only"), dict(kernel="decode"), dict(kernel="decode_only"),
@@ -130,14 +129,16 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     # removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
     ("sparse_attention", dict(tile_pingpong="on"),
      r"unknown plan option 'tile_pingpong' \(options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-     r"tile_kernel, lists, combine, combine_ctas\)"),
-    # The earlier KV-major combine variants (fused, prefetch, overlap_staged) were removed; combine
-    # names the separate kernel and the in-kernel combine of today.
-    ("sparse_attention", dict(combine="fused"), "combine must be auto, separate or overlap, got 'fused'"),
-    ("sparse_attention", dict(combine="prefetch"), "combine must be auto, separate or overlap, got 'prefetch'"),
-    ("sparse_attention", dict(combine="overlap_staged"),
-     "combine must be auto, separate or overlap, got 'overlap_staged'"),
-    ("sparse_attention", dict(combine_ctas=0), "combine_ctas must be a positive integer, got '0'"),
+     r"tile_kernel, lists\)"),
+    # The KV-major combine variants were removed, and the combine option with them; so was the later
+    # in-kernel combine=overlap and its combine_ctas (bit-identical but slower on the H200).
+    ("sparse_attention", dict(combine="auto"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine="separate"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine="fused"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine="prefetch"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine="overlap"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine="overlap_staged"), "unknown plan option 'combine'"),
+    ("sparse_attention", dict(combine_ctas=8), "unknown plan option 'combine_ctas'"),
     ("sparse_attention", "schedule", "name=value"),
     ("proxy_score", dict(kernel="wgmma"),
      "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode, "
