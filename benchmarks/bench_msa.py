@@ -810,11 +810,6 @@ class Bench:
             # random (9 groups, every row KV-major) and the 8K pipeline (3 groups).
             if kv == "bf16" and layout == "flat" and (s, pattern) in ((32 * K, "random"), (8 * K, "pipeline")):
                 schedules.append("lists=per_group")
-            # Fewer, larger KV-major launch groups than the 1 GiB partial budget allows (5 instead
-            # of 9 at 32K, ~2 GB of partials): halving the groups cost 0.66 ms at 32K random (H200
-            # at 048a6b3), so what the budget costs the other way is worth knowing.
-            if (kv, layout, s, pattern) == ("bf16", "flat", 32 * K, "random"):
-                schedules.append("chunk_rows=6554")
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",
@@ -1011,16 +1006,8 @@ class Bench:
                 self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat",
                               lambda s=s, geo=geo: self.build_pipeline(s, geo), "compute", ref,
                               extra=dict(seq_len=s, num_heads=geo["hq"]))
-                # Launch groups twice the 1 GiB partial budget's (M3: 8058 rows, ~2 GB of partials):
-                # what fewer, longer KV-major groups are worth where the call has many (32K: 5 vs
-                # 9, 128K: 17 vs 33).
-                if geo is M3 and s >= 32 * K:
-                    self.run_case("pipeline", f"S={size_name(s)} {label} bf16 flat [chunk_rows=8058]",
-                                  lambda s=s, geo=geo: self.build_pipeline(s, geo, dict(chunk_rows=8058)),
-                                  "compute", None, extra=dict(seq_len=s, num_heads=geo["hq"]))
 
-    def build_pipeline(self, s, geo, attention_options=None):
-        """attention_options: plan options of the sparse attention (None: the library's own plan)."""
+    def build_pipeline(self, s, geo):
         iq, ik, cu, nvp = self.index_inputs(s, geo)
         g = self.gen()
         hq, hkv = geo["hq"], geo["hkv"]
@@ -1031,14 +1018,13 @@ class Bench:
         sel = torch.empty((s, geo["idx_hq"], TOPK), dtype=torch.int32, device=self.device)
         ops = self.ops
         kw = self.kw_attention(ops.msa_sparse_attention, s)
-        attention = self.planned("msa_sparse_attention", attention_options)
 
         def fn():
             ops.msa_proxy_score(iq, ik, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p,
                                 output=scores)
             ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1, output=sel)
             q2k = sel.transpose(0, 1).contiguous()
-            return attention(q, k, v, q2k, cu, cu, causal=True, **kw)
+            return ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True, **kw)
         fn()
         torch.cuda.synchronize()
         q2k = sel.transpose(0, 1).contiguous()
