@@ -127,17 +127,11 @@ __global__ void __launch_bounds__(kListWarpsPerCta * 32) pair_kernel(const __gri
   const int r = a.row_begin + lr;
   const int j = lr / a.chunk_rows, rel = lr - j * a.chunk_rows;  // launch group, row in it
   // Rows of a shared-selection tile are done already; the combine skips them too. lists=once: the
-  // first group's rows set every slot of such a row to -inf (no later group's combine resets them);
-  // with two partial buffers (combine=overlap) the first group of each buffer, groups 0 and 1.
-  const int first_groups = a.lse_buffer_stride > 0 ? 2 : 1;
+  // first group's rows set every slot of such a row to -inf (no later group's combine resets them).
   const bool done = a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens];
-  if (done && (kScatter || !a.lists_once || j >= first_groups)) return;
+  if (done && (kScatter || !a.lists_once || j != 0)) return;
   // lists=once: the -inf LSEs of the later groups' non-pair slots come from the combine's reset.
-  const bool mark = j < first_groups;
-  // Group j's LSE buffer (lists=per_group: the host points part_lse at it; j is 0 here).
-  const int64_t buffer = a.lse_buffer_stride > 0 ? (j & 1) * a.lse_buffer_stride : 0;
-  float* const part_lse = a.part_lse + buffer;
-  float* const part_lse_t = a.part_lse_t != nullptr ? a.part_lse_t + buffer : nullptr;
+  const bool mark = j == 0;
   const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
   RowContext c;
   const bool covered = !done && row_context(a, r, c);
@@ -155,8 +149,8 @@ __global__ void __launch_bounds__(kListWarpsPerCta * 32) pair_kernel(const __gri
       } else if (mark) {
         const int64_t slot0 = ((int64_t(kh) * a.chunk_rows + rel) * p.topk + e) * a.group;
         for (int g = 0; g < a.group; ++g) {
-          part_lse[slot0 + g] = -INFINITY;
-          if (part_lse_t != nullptr) part_lse_t[slot0 + g] = -INFINITY;
+          a.part_lse[slot0 + g] = -INFINITY;
+          if (a.part_lse_t != nullptr) a.part_lse_t[slot0 + g] = -INFINITY;
         }
       }
     } else {
@@ -229,7 +223,6 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constan
   if (threadIdx.x == 0) {
     control->num_items = int(min(s_total_items, int64_t(a.max_items)));
     control->next_item = 0;
-    control->next_unit = 0;
   }
 }
 
