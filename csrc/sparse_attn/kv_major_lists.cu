@@ -4,14 +4,16 @@
 // its own counters, list, items and control, see KvMajorArgs::list_groups):
 //   block_base   flat block numbering: sequence b's blocks are columns [base[b], base[b+1]);
 //   zero_counts  clears the per-(group, kv head, column) counters once per call;
-//   count        histogram of the pairs with integer atomics; slots that get no pair (list end,
+//   count        histogram of the pairs with integer atomics (a CTA's pairs of one counter summed in
+//                shared memory first, one global atomic per counter and CTA); slots that get no pair (list end,
 //                duplicate, out-of-range id, invalid page, block the row cannot see, row of no
 //                sequence) have their partial LSE set to -inf right here, so the combine kernel
 //                can read every slot of a row;
 //   scan         one CTA per group: list offsets (exclusive scan of the counts) and the items (runs
 //                of at most tokens_per_item tokens of one list); clears the counts for the next
 //                group;
-//   scatter      writes each pair into its list at an atomically taken cursor position.
+//   scatter      writes each pair into its list at an atomically taken cursor position (a CTA takes
+//                one run of positions per counter, its pairs ranked in shared memory).
 // The order of the pairs inside a list depends on the atomics; the results do not (see kv_major.cuh).
 #include <cuda_runtime_api.h>
 
@@ -26,7 +28,6 @@ namespace flashmsa::sparse_attn {
 namespace {
 
 constexpr int kScanThreads = 1024;
-constexpr int kListWarpsPerCta = 8;
 
 // Exclusive scan of one value per thread over a 1024-thread CTA; returns the total in *total.
 template <typename T>
@@ -116,49 +117,108 @@ __device__ int entry_column(const KvMajorArgs& a, const RowContext& c, int t, bo
   return col < a.nb_bound ? int(col) : -1;
 }
 
+// The pair kernels' per-CTA aggregation (one warp per (kv head, row), kPairWarpsPerCta rows per
+// CTA): pairs of the CTA that go to the same counter (a (group, kv head, column)) are counted in a
+// shared-memory table first and reach the global counter with one atomic per counter and CTA.
+// Without it every pair was one global atomic, and the columns most rows select (the sink block,
+// a run of rows' local block, the early blocks of uniform selections) serialized thousands of
+// same-address atomics per launch group in L2 (the list kernels' time grew with the rows per
+// group). A pair whose probe finds no free slot in kPairProbes steps takes its own global atomic.
+constexpr int kPairWarpsPerCta = 32;
+constexpr int kPairTableSlots = 1024;  // >= 2x the pairs of a CTA at topk <= 16
+constexpr int kPairProbes = 8;
+constexpr unsigned long long kPairEmpty = ~0ull;
+
+// Slot of `key` in the table (inserted if absent), -1 when kPairProbes slots are taken by others.
+__device__ int pair_table_slot(unsigned long long* keys, unsigned long long key) {
+  uint32_t h = (uint32_t(key) ^ uint32_t(key >> 32)) * 0x9E3779B1u >> 22;  // 10 bits: kPairTableSlots
+#pragma unroll 1
+  for (int probe = 0; probe < kPairProbes; ++probe) {
+    const unsigned long long prev = atomicCAS(&keys[h], kPairEmpty, key);
+    if (prev == kPairEmpty || prev == key) return int(h);
+    h = (h + 1) & (kPairTableSlots - 1);
+  }
+  return -1;
+}
+
 // One warp per (kv head, row of the launch). kScatter = false: count; true: scatter.
 template <bool kScatter>
-__global__ void __launch_bounds__(kListWarpsPerCta * 32) pair_kernel(const __grid_constant__ KvMajorArgs a) {
+__global__ void __launch_bounds__(kPairWarpsPerCta * 32) pair_kernel(const __grid_constant__ KvMajorArgs a) {
+  static_assert(kPairTableSlots == 1 << 10, "pair_table_slot's hash takes 10 bits");
+  __shared__ unsigned long long s_key[kPairTableSlots];
+  __shared__ int s_count[kPairTableSlots];
+  __shared__ int s_base[kScatter ? kPairTableSlots : 1];
+  for (int i = threadIdx.x; i < kPairTableSlots; i += blockDim.x) {
+    s_key[i] = kPairEmpty;
+    s_count[i] = 0;
+  }
+  __syncthreads();
   const SparseAttnParams& p = a.p;
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  if (w >= int64_t(p.num_kv_heads) * a.rows) return;  // warp-uniform
-  const int kh = int(w / a.rows), lr = int(w % a.rows);
-  const int r = a.row_begin + lr;
-  const int j = lr / a.chunk_rows, rel = lr - j * a.chunk_rows;  // launch group, row in it
-  // Rows of a shared-selection tile are done already; the combine skips them too. lists=once: the
-  // first group's rows set every slot of such a row to -inf (no later group's combine resets them).
-  const bool done = a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens];
-  if (done && (kScatter || !a.lists_once || j != 0)) return;
-  // lists=once: the -inf LSEs of the later groups' non-pair slots come from the combine's reset.
-  const bool mark = j == 0;
-  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
-  RowContext c;
-  const bool covered = !done && row_context(a, r, c);
-  const WarpQ2k wl = warp_q2k_list(list, p.topk, covered ? c.nb : 0, lane);
-  const int64_t counter0 = (int64_t(j) * p.num_kv_heads + kh) * a.nb_bound;
+  int slot[2] = {-1, -1}, rank[2] = {0, 0};
+  uint32_t entry[2] = {0u, 0u};
+  int64_t list0 = 0;
+  if (w < int64_t(p.num_kv_heads) * a.rows) {  // warp-uniform; no return: the CTA syncs below
+    const int kh = int(w / a.rows), lr = int(w % a.rows);
+    const int r = a.row_begin + lr;
+    const int j = lr / a.chunk_rows, rel = lr - j * a.chunk_rows;  // launch group, row in it
+    // Rows of a shared-selection tile are done already; the combine skips them too. lists=once:
+    // the first group's rows set every slot of such a row to -inf (no later group's combine
+    // resets them).
+    const bool done =
+        a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens];
+    if (!(done && (kScatter || !a.lists_once || j > 0))) {
+      // lists=once: the -inf LSEs of the later groups' non-pair slots come from the combine's reset.
+      const bool mark = j == 0;
+      const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
+      RowContext c;
+      const bool covered = !done && row_context(a, r, c);
+      const WarpQ2k wl = warp_q2k_list(list, p.topk, covered ? c.nb : 0, lane);
+      const int64_t counter0 = (int64_t(j) * p.num_kv_heads + kh) * a.nb_bound;
+      list0 = int64_t(j) * p.num_kv_heads * a.chunk_rows * p.topk;
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int e = lane + 32 * k;
-    if (e >= p.topk) break;
-    const int col = covered ? entry_column(a, c, wl.v[k], wl.used[k]) : -1;
-    const int64_t counter = counter0 + col;
-    if constexpr (!kScatter) {
-      if (col >= 0) {
-        atomicAdd(&a.counts[counter], 1);
-      } else if (mark) {
-        const int64_t slot0 = ((int64_t(kh) * a.chunk_rows + rel) * p.topk + e) * a.group;
-        for (int g = 0; g < a.group; ++g) {
-          a.part_lse[slot0 + g] = -INFINITY;
-          if (a.part_lse_t != nullptr) a.part_lse_t[slot0 + g] = -INFINITY;
+      for (int k = 0; k < 2; ++k) {
+        const int e = lane + 32 * k;
+        if (e >= p.topk) break;
+        const int col = covered ? entry_column(a, c, wl.v[k], wl.used[k]) : -1;
+        const int64_t counter = counter0 + col;
+        entry[k] = (uint32_t(rel) << 6) | uint32_t(e);
+        if (col >= 0) {
+          slot[k] = pair_table_slot(s_key, (unsigned long long)counter);
+          if (slot[k] >= 0) {
+            rank[k] = atomicAdd(&s_count[slot[k]], 1);
+          } else if constexpr (!kScatter) {
+            atomicAdd(&a.counts[counter], 1);
+          } else {
+            a.list[list0 + atomicAdd(&a.cursors[counter], 1)] = entry[k];
+          }
+        } else if (!kScatter && mark) {
+          const int64_t slot0 = ((int64_t(kh) * a.chunk_rows + rel) * p.topk + e) * a.group;
+          for (int g = 0; g < a.group; ++g) {
+            a.part_lse[slot0 + g] = -INFINITY;
+            if (a.part_lse_t != nullptr) a.part_lse_t[slot0 + g] = -INFINITY;
+          }
         }
       }
-    } else {
-      if (col >= 0) {
-        const int pos = atomicAdd(&a.cursors[counter], 1);
-        a.list[int64_t(j) * p.num_kv_heads * a.chunk_rows * p.topk + pos] = (uint32_t(rel) << 6) | uint32_t(e);
-      }
     }
+  }
+  __syncthreads();
+  // One global atomic per counter the CTA's pairs reached (scatter: the base of its run).
+  for (int i = threadIdx.x; i < kPairTableSlots; i += blockDim.x) {
+    const int n = s_count[i];
+    if (n == 0) continue;
+    if constexpr (!kScatter) {
+      atomicAdd(&a.counts[s_key[i]], n);
+    } else {
+      s_base[i] = atomicAdd(&a.cursors[s_key[i]], n);
+    }
+  }
+  if constexpr (kScatter) {
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      if (slot[k] >= 0) a.list[list0 + s_base[slot[k]] + rank[k]] = entry[k];
   }
 }
 
@@ -237,15 +297,15 @@ void launch_kv_major_prepare(const KvMajorArgs& a, int num_sms, cudaStream_t str
 
 void launch_kv_major_lists(const KvMajorArgs& a, cudaStream_t stream) {
   const int64_t warps = int64_t(a.p.num_kv_heads) * a.rows;
-  const int64_t grid = (warps + kListWarpsPerCta - 1) / kListWarpsPerCta;
+  const int64_t grid = (warps + kPairWarpsPerCta - 1) / kPairWarpsPerCta;
   MSA_CHECK(grid <= INT_MAX, "msa_sparse_attention: too many query rows in one launch group");
   MSA_CHECK(a.list_groups >= 1 && int64_t(a.list_groups) * a.chunk_rows >= a.rows,
             "msa_sparse_attention: list launch groups do not cover its rows (planner bug)");
-  pair_kernel<false><<<unsigned(grid), kListWarpsPerCta * 32, 0, stream>>>(a);
+  pair_kernel<false><<<unsigned(grid), kPairWarpsPerCta * 32, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());
   scan_kernel<<<unsigned(a.list_groups), kScanThreads, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());
-  pair_kernel<true><<<unsigned(grid), kListWarpsPerCta * 32, 0, stream>>>(a);
+  pair_kernel<true><<<unsigned(grid), kPairWarpsPerCta * 32, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 
