@@ -1007,7 +1007,8 @@ class Bench:
                               lambda s=s, geo=geo: self.build_pipeline(s, geo), "compute", ref,
                               extra=dict(seq_len=s, num_heads=geo["hq"]))
 
-    def build_pipeline(self, s, geo):
+    def build_pipeline(self, s, geo, attention_options=None):
+        """attention_options: plan options of the sparse attention (None: the library's own plan)."""
         iq, ik, cu, nvp = self.index_inputs(s, geo)
         g = self.gen()
         hq, hkv = geo["hq"], geo["hkv"]
@@ -1018,13 +1019,14 @@ class Bench:
         sel = torch.empty((s, geo["idx_hq"], TOPK), dtype=torch.int32, device=self.device)
         ops = self.ops
         kw = self.kw_attention(ops.msa_sparse_attention, s)
+        attention = self.planned("msa_sparse_attention", attention_options)
 
         def fn():
             ops.msa_proxy_score(iq, ik, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p,
                                 output=scores)
             ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1, output=sel)
             q2k = sel.transpose(0, 1).contiguous()
-            return ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True, **kw)
+            return attention(q, k, v, q2k, cu, cu, causal=True, **kw)
         fn()
         torch.cuda.synchronize()
         q2k = sel.transpose(0, 1).contiguous()
