@@ -132,12 +132,8 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
      r"tile_kernel, lists\)"),
     # The KV-major combine variants were removed, and the combine option with them; so was the later
     # in-kernel combine=overlap and its combine_ctas (bit-identical but slower on the H200).
-    ("sparse_attention", dict(combine="auto"), "unknown plan option 'combine'"),
-    ("sparse_attention", dict(combine="separate"), "unknown plan option 'combine'"),
-    ("sparse_attention", dict(combine="fused"), "unknown plan option 'combine'"),
-    ("sparse_attention", dict(combine="prefetch"), "unknown plan option 'combine'"),
-    ("sparse_attention", dict(combine="overlap"), "unknown plan option 'combine'"),
-    ("sparse_attention", dict(combine="overlap_staged"), "unknown plan option 'combine'"),
+    *[("sparse_attention", dict(combine=v), "unknown plan option 'combine'")
+      for v in ("auto", "separate", "fused", "prefetch", "overlap", "overlap_staged")],
     ("sparse_attention", dict(combine_ctas=8), "unknown plan option 'combine_ctas'"),
     ("sparse_attention", "schedule", "name=value"),
     ("proxy_score", dict(kernel="wgmma"),
