@@ -141,17 +141,22 @@ struct KvMajorArgs {
 // first figure to ~2.4 ns (break-even ~2.1), the threshold is not re-tuned yet. The others go the
 // KV-major way, whose list builder and combine skip the rows done here (done flags).
 // The TMA tile kernel (~513 useful TFLOP/s at waste 1 against ~400 for the cp.async one) moves the
-// break-even up: its bound is 2.0 (H200 at f4fdc62, M3 bf16, bound 1.5 / 2 / 2.5 / 3: 8K pipeline
+// break-even up: its bound was 2.0 (H200 at f4fdc62, M3 bf16, bound 1.5 / 2 / 2.5 / 3: 8K pipeline
 // selections 1.97 / 1.69 / 1.63 / 1.63 ms, 32K pipeline 9.51 / 9.36 / 10.22 / 9.83, 32K random 9.79
 // / 9.58 / 9.75 / 10.68, 32K clustered 4.07 / 4.07 / 4.07 / 3.99); the cp.async one keeps 1.5.
-// Calls of at most kUnionSmallRows query rows take 2.5 with the TMA tiles: at 8K the KV-major rows
+// Calls of at most kUnionSmallRows query rows took 2.5 with the TMA tiles: at 8K the KV-major rows
 // cost more per pair (fewer per block) and 2.5 measured 1.63 vs 1.69 ms there, while at 32K it lost
-// (pipeline 10.22 vs 9.36, random 9.75 vs 9.58 ms); sizes between 8K and 32K are not measured.
+// (pipeline 10.22 vs 9.36, random 9.75 vs 9.58 ms). Since the KV-major path got cheaper per pair
+// (its combine and list kernels, 706a56a / c475c59) the break-even moved down for large calls and
+// up for small ones (H200, session 24, torch.profiler kernels per M3 pipeline call at c475c59):
+// 32K 8.748 ms at 1.5 vs 9.030 at 2.0, 128K 47.63 vs 47.99 ms, 32K random 7.93 vs 7.98; 8K 1.678
+// ms at 3.0 vs 1.736 at 2.5. So the TMA tiles take 3.0 up to kUnionSmallRows rows, else 1.5 (the
+// cp.async tiles' bound too); sizes between 8K and 32K are not measured.
 // The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces any of them.
 inline constexpr int kUnionRows = 128;
 inline constexpr int kUnionMaxWasteMilli = 1500;       // the 1.5 (cp.async tiles), in thousandths
-inline constexpr int kUnionMaxWasteMilliTma = 2000;    // the 2.0 (TMA tiles)
-inline constexpr int kUnionMaxWasteMilliSmall = 2500;  // the 2.5 (TMA tiles, small calls)
+inline constexpr int kUnionMaxWasteMilliTma = 1500;    // the 1.5 (TMA tiles)
+inline constexpr int kUnionMaxWasteMilliSmall = 3000;  // the 3.0 (TMA tiles, small calls)
 inline constexpr int64_t kUnionSmallRows = 8192;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
