@@ -1,6 +1,12 @@
 """Per-kernel time breakdown of the M3 sparse attention (prefill 32K, decode B64) for each schedule.
 
     python benchmarks/profile_stages.py [--seq 32768] [--only prefill|decode]
+    python benchmarks/profile_stages.py --sweep pipeline:8192:default,3.0,3.5 --sweep random:32768:1.5
+
+--sweep KIND:TOKENS:W,... (repeatable) instead prints the kernel totals of bench_msa's M3 builders
+(KIND pipeline: proxy -> top-k -> sparse attention; random: the sparse attention on random
+selections, bf16, flat) with the sparse attention's plan option tile_max_waste forced to each W
+("default": the library's own plan): how the tile kernel's waste bound was tuned.
 
 Prints torch.profiler's CUDA time per kernel (summed over one call after warm-up), so the share of
 list building, the main kernels and the combine is visible. Used to direct kernel work; the numbers
@@ -34,11 +40,37 @@ def profile(label, fn, reps=3):
         print(f"  {t / 1000:9.3f} ms  x{n:<4d} {name[:110]}")
 
 
+def sweep(specs):
+    from profile_msa import make_bench  # the same directory
+    import bench_msa as bm
+
+    bench = make_bench(msa_ops, torch.device("cuda", torch.cuda.current_device()))
+    for spec in specs:
+        kind, tokens, bounds = spec.split(":")
+        s = int(tokens)
+        for w in bounds.split(","):
+            options = None if w == "default" else dict(tile_max_waste=float(w))
+            if kind == "pipeline":
+                fn, _ = bench.build_pipeline(s, bm.M3, options)
+            elif kind == "random":
+                fn, _ = bench.build_sparse(s, "bf16", "flat", "random", bm.M3, options)
+            else:
+                raise SystemExit(f"--sweep: unknown kind {kind!r} (pipeline, random)")
+            profile(f"[sweep] {kind} {s} tile_max_waste={w}", fn)
+            del fn
+            torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--only", default="")
+    ap.add_argument("--sweep", action="append", default=[],
+                    help="KIND:TOKENS:W,... kernel totals with tile_max_waste forced to each W")
     args = ap.parse_args()
+    if args.sweep:
+        sweep(args.sweep)
+        return
     dev = torch.device("cuda")
     gen = msa_inputs.cuda_generator(0, dev)
     S, hq, hkv, topk = args.seq, 64, 4, 16
