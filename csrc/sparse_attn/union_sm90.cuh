@@ -168,12 +168,31 @@ MSA_DEVICE UnionRows union_rows(int wg, int warp, int gid, int G) {
 }
 
 // The online softmax of both fragment rows over one block whose first lim[h] keys row h sees
-// (<= 0: none), s becoming P, in the variant with_softmax_variant chooses.
+// (<= 0: none), s becoming P, in the variant with_softmax_variant chooses. Where no row of the warp
+// sees a key of the block (in a shared-selection tile: the warp's token, G >= 16 rows of one
+// token per warp, did not select it; ~1 / 4 of the blocks a warp computes at 8K) the result is
+// what the masked variant computes for it, P = 0 and m, l, lt unchanged (alpha 1), without its
+// per-key work: the warp leaves the issue slots and the MUFU of its SM sub-partition to the other
+// warpgroup's warp there. Warp-uniform (the masked variant shuffles over the whole warp).
 MSA_DEVICE void union_softmax_rows_lim(float (&s)[16][4], const int (&lim)[2], bool has_temp, float sc, float temp,
                                        int tig, float (&m)[2], float (&l)[2], float (&lt)[2], float (&alpha)[2]) {
-  with_softmax_variant(lim, has_temp, [&](auto mask, auto tmp) {
-    union_softmax_rows<decltype(mask)::value, decltype(tmp)::value>(s, lim, sc, temp, tig, m, l, lt, alpha);
-  });
+  if (__all_sync(0xffffffffu, lim[0] <= 0 && lim[1] <= 0)) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = 0.0f;
+        // Opaque to the compiler: with P known to be 0 it would specialize the rest of the block
+        // step (P's packing, the next MMA's operands) on it, and the second copy spilled (328
+        // bytes in the TMA tile kernel).
+        asm volatile("" : "+f"(s[j][e]));
+      }
+    alpha[0] = alpha[1] = 1.0f;
+  } else {
+    with_softmax_variant(lim, has_temp, [&](auto mask, auto tmp) {
+      union_softmax_rows<decltype(mask)::value, decltype(tmp)::value>(s, lim, sc, temp, tig, m, l, lt, alpha);
+    });
+  }
 }
 
 // The online softmax of both fragment rows over union block u (first key j0, token mask msk): a row
