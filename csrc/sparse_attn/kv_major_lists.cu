@@ -141,9 +141,39 @@ __device__ int pair_table_slot(unsigned long long* keys, unsigned long long key)
   return -1;
 }
 
+// -inf partial LSEs (part_lse, and part_lse_t when there is one) for the slots of entries whose
+// bit of `fill` is set (bit e: entry e of the row made no pair), a warp's row at once: the row's
+// topk x G LSEs are contiguous from `base`, so the warp stores them in order (16-byte stores where
+// G is a multiple of 4 and the buffers are aligned; a row whose entries all made no pair, e.g. a
+// row a shared-selection tile did, in topk x G / 128 stores for the warp). Per entry and lane
+// instead, G scalar stores 4 x G bytes apart across the lanes cost a sector each (the count
+// kernel's time at 8K, where the tiles take nearly every row).
+__device__ void fill_no_pair_lse(const KvMajorArgs& a, int64_t base, int topk, uint64_t fill, int lane) {
+  if (fill == 0u) return;
+  const int G = a.group, n = topk * G;
+  float* const lse = a.part_lse + base;
+  float* const lse_t = a.part_lse_t != nullptr ? a.part_lse_t + base : nullptr;
+  const bool vec = G % 4 == 0 && (reinterpret_cast<uintptr_t>(lse) & 15u) == 0 &&
+                   (lse_t == nullptr || (reinterpret_cast<uintptr_t>(lse_t) & 15u) == 0);
+  if (vec) {
+    const float4 ninf = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    for (int i = lane; i < n / 4; i += 32) {
+      if (((fill >> (4 * i / G)) & 1u) == 0u) continue;
+      reinterpret_cast<float4*>(lse)[i] = ninf;
+      if (lse_t != nullptr) reinterpret_cast<float4*>(lse_t)[i] = ninf;
+    }
+  } else {
+    for (int i = lane; i < n; i += 32) {
+      if (((fill >> (i / G)) & 1u) == 0u) continue;
+      lse[i] = -INFINITY;
+      if (lse_t != nullptr) lse_t[i] = -INFINITY;
+    }
+  }
+}
+
 // One warp per (kv head, row of the launch). kScatter = false: count; true: scatter.
 template <bool kScatter>
-__global__ void __launch_bounds__(kPairWarpsPerCta * 32) pair_kernel(const __grid_constant__ KvMajorArgs a) {
+__global__ void __launch_bounds__(kPairWarpsPerCta * 32, 2) pair_kernel(const __grid_constant__ KvMajorArgs a) {
   static_assert(kPairTableSlots == 1 << 10, "pair_table_slot's hash takes 10 bits");
   __shared__ unsigned long long s_key[kPairTableSlots];
   __shared__ int s_count[kPairTableSlots];
@@ -177,6 +207,7 @@ __global__ void __launch_bounds__(kPairWarpsPerCta * 32) pair_kernel(const __gri
       const WarpQ2k wl = warp_q2k_list(list, p.topk, covered ? c.nb : 0, lane);
       const int64_t counter0 = (int64_t(j) * p.num_kv_heads + kh) * a.nb_bound;
       list0 = int64_t(j) * p.num_kv_heads * a.chunk_rows * p.topk;
+      bool no_pair[2] = {false, false};
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         const int e = lane + 32 * k;
@@ -184,6 +215,7 @@ __global__ void __launch_bounds__(kPairWarpsPerCta * 32) pair_kernel(const __gri
         const int col = covered ? entry_column(a, c, wl.v[k], wl.used[k]) : -1;
         const int64_t counter = counter0 + col;
         entry[k] = (uint32_t(rel) << 6) | uint32_t(e);
+        no_pair[k] = col < 0;
         if (col >= 0) {
           slot[k] = pair_table_slot(s_key, (unsigned long long)counter);
           if (slot[k] >= 0) {
@@ -193,13 +225,12 @@ __global__ void __launch_bounds__(kPairWarpsPerCta * 32) pair_kernel(const __gri
           } else {
             a.list[list0 + atomicAdd(&a.cursors[counter], 1)] = entry[k];
           }
-        } else if (!kScatter && mark) {
-          const int64_t slot0 = ((int64_t(kh) * a.chunk_rows + rel) * p.topk + e) * a.group;
-          for (int g = 0; g < a.group; ++g) {
-            a.part_lse[slot0 + g] = -INFINITY;
-            if (a.part_lse_t != nullptr) a.part_lse_t[slot0 + g] = -INFINITY;
-          }
         }
+      }
+      if (!kScatter && mark) {
+        const uint64_t fill = uint64_t(__ballot_sync(0xffffffffu, no_pair[0])) |
+                              uint64_t(__ballot_sync(0xffffffffu, no_pair[1])) << 32;
+        fill_no_pair_lse(a, (int64_t(kh) * a.chunk_rows + rel) * p.topk * a.group, p.topk, fill, lane);
       }
     }
   }
