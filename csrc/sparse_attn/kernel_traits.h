@@ -150,14 +150,19 @@ struct KvMajorArgs {
 // (its combine and list kernels, 706a56a / c475c59) the break-even moved down for large calls and
 // up for small ones (H200, session 24, torch.profiler kernels per M3 pipeline call at c475c59):
 // 32K 8.748 ms at 1.5 vs 9.030 at 2.0, 128K 47.63 vs 47.99 ms, 32K random 7.93 vs 7.98; 8K 1.678
-// ms at 3.0 vs 1.736 at 2.5. So the TMA tiles take 3.0 up to kUnionSmallRows rows, else 1.5 (the
-// cp.async tiles' bound too); sizes between 8K and 32K are not measured.
+// ms at 3.0 vs 1.736 at 2.5. Then the tile kernels stopped paying the softmax of a warp whose
+// token did not select a union block (b679588), which made a wasted (token, block) product cheaper
+// and moved the break-even up again (H200, session 25, kernels per M3 pipeline call at 2d277ce):
+// 16K 3.415 ms at 3.0, 3.642 at 2.0, 3.913 at 1.5; 32K 8.206 at 2.0, 8.398 at 2.5, 8.511 at 1.75,
+// 8.491 at 1.5; 128K 47.44 at 2.0 vs 48.27 at 1.5; 32K random 7.83 at 2.0 vs 7.92; 8K 1.355 /
+// 1.353 / 1.359 ms at 3 / 4 / 6. So the TMA tiles take 3.0 up to kUnionSmallRows (16384) rows, else
+// 2.0; the cp.async tiles keep 1.5 (not re-measured).
 // The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces any of them.
 inline constexpr int kUnionRows = 128;
 inline constexpr int kUnionMaxWasteMilli = 1500;       // the 1.5 (cp.async tiles), in thousandths
-inline constexpr int kUnionMaxWasteMilliTma = 1500;    // the 1.5 (TMA tiles)
+inline constexpr int kUnionMaxWasteMilliTma = 2000;    // the 2.0 (TMA tiles)
 inline constexpr int kUnionMaxWasteMilliSmall = 3000;  // the 3.0 (TMA tiles, small calls)
-inline constexpr int64_t kUnionSmallRows = 8192;
+inline constexpr int64_t kUnionSmallRows = 16384;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
 // most a tile of topk 64 could have under the default whole-union criterion.
