@@ -266,7 +266,8 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     if (is.kh < 0) break;
 
     // K / V block: native straight into the tiles (its cp.async group completes no later than the
-    // first query tile's); quantized through the query area, dequantized before any query tile
+    // first query tile's; round 0's CTA barrier publishes every thread's part of it); quantized
+    // through the query area, dequantized before any query tile
     // is loaded. The item's list entries go to shared memory, so that building a tile's row table
     // never waits on global memory.
     {
@@ -327,7 +328,17 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       const int st = i % S;
       cp_async_wait<0>();        // this thread's copies of tile i (and of the K/V block) landed
       fence_proxy_async_smem();  // generic-proxy writes -> wgmma operand reads
-      warpgroup_barrier(wg);
+      // Round 0 waits for the whole CTA: the K / V block was copied (native) or dequantized (fp8 /
+      // NVFP4) by all 512 threads, and a warpgroup's S = Q K^T and P V read all of it, so a
+      // warpgroup barrier let a warpgroup's first MMA read K rows another warpgroup's copies had
+      // not landed yet (the previous item's rows: rare run-to-run differences in the KV-major
+      // schedule, test_kv_major_prefill_deterministic_repeated at 2d277ce on the H200). Every
+      // warpgroup runs every round (idle ones included), so all threads reach it.
+      if (i == 0) {
+        __syncthreads();
+      } else {
+        warpgroup_barrier(wg);
+      }
       const bool fetch_next = i == rounds - 1 && tid == Cfg::kThreads - 128;
       if (i >= my_tiles) {  // idle round: the next (empty) prefetch
         prefetch(i + 1);

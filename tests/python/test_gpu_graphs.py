@@ -398,18 +398,24 @@ def test_sparse_attention_deterministic(layout, kv_dtype, pattern, prefill_sched
     assert_bitwise_equal(b, a, f"sparse attention {pattern} {prefill_schedule} run twice")
 
 
-@pytest.mark.parametrize("pattern", ["random", "clustered"])
-def test_kv_major_prefill_deterministic_repeated(pattern):
+@pytest.mark.parametrize("pattern,chunk_rows", [("random", None), ("clustered", None), ("random", 100)])
+def test_kv_major_prefill_deterministic_repeated(pattern, chunk_rows):
     """The KV-major schedule called 12 times on the same inputs: every output bit the same as the
     first call's. Its sm_90a kernel stages each warp's partials in the tile's consumed query
     buffer, whose rows belong to other warps too; two identical calls once differed on the H200
     (at 9738086) before a warpgroup barrier ordered every warp's S = Q K^T reads before those
-    writes. A rare interleaving, hence the repeats."""
+    writes. They differed again at 2d277ce (random, call 10): each item's K / V block is copied by
+    all four warpgroups and a warpgroup's first MMA waited for its own copies only (fixed by a CTA
+    barrier in round 0). Rare interleavings, hence the repeats; chunk_rows=100 makes many short
+    lists, so many more item starts."""
     gen = mi.cuda_generator(26, DEV)
-    x = Prefill(4096, gen, pattern=pattern, options=dict(schedule="kv_major"))
+    options = dict(schedule="kv_major")
+    if chunk_rows is not None:
+        options["chunk_rows"] = chunk_rows
+    x = Prefill(4096, gen, pattern=pattern, options=options)
     first = clone(x.run())
     for i in range(11):
-        assert_bitwise_equal(x.run(), first, f"kv_major {pattern} call {i + 2} vs call 1")
+        assert_bitwise_equal(x.run(), first, f"kv_major {pattern} chunk_rows={chunk_rows} call {i + 2} vs call 1")
 
 
 @pytest.mark.parametrize("fused", [True, False, None])
