@@ -40,35 +40,56 @@ def profile(label, fn, reps=3):
         print(f"  {t / 1000:9.3f} ms  x{n:<4d} {name[:110]}")
 
 
+def sweep_cases(bench, specs):
+    """(label, build) per bound of each --sweep spec KIND:TOKENS:W,...; build() returns the call
+    (bench_msa's builder with tile_max_waste forced, None for "default"). Raises ValueError naming
+    a malformed spec before anything is built."""
+    import bench_msa as bm  # the same directory
+
+    builders = {"pipeline": lambda s, o: bench.build_pipeline(s, bm.M3, o)[0],
+                "random": lambda s, o: bench.build_sparse(s, "bf16", "flat", "random", bm.M3, o)[0]}
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 3 or parts[0] not in builders or not parts[1].isdigit() or not parts[2]:
+            raise ValueError(f"--sweep {spec!r}: expected KIND:TOKENS:W,... with KIND pipeline or "
+                             "random, TOKENS a number, W default or a bound from 1 to 8")
+        kind, s = parts[0], int(parts[1])
+        for w in parts[2].split(","):
+            if w != "default":
+                try:
+                    ok = 1.0 <= float(w) <= 8.0
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise ValueError(f"--sweep {spec!r}: bound {w!r} is not default or a number from 1 to 8")
+            options = None if w == "default" else dict(tile_max_waste=float(w))
+            out.append((f"[sweep] {kind} {s} tile_max_waste={w}",
+                        lambda build=builders[kind], s=s, o=options: build(s, o)))
+    return out
+
+
 def sweep(specs):
     from profile_msa import make_bench  # the same directory
-    import bench_msa as bm
 
     bench = make_bench(msa_ops, torch.device("cuda", torch.cuda.current_device()))
-    for spec in specs:
-        kind, tokens, bounds = spec.split(":")
-        s = int(tokens)
-        for w in bounds.split(","):
-            options = None if w == "default" else dict(tile_max_waste=float(w))
-            if kind == "pipeline":
-                fn, _ = bench.build_pipeline(s, bm.M3, options)
-            elif kind == "random":
-                fn, _ = bench.build_sparse(s, "bf16", "flat", "random", bm.M3, options)
-            else:
-                raise SystemExit(f"--sweep: unknown kind {kind!r} (pipeline, random)")
-            profile(f"[sweep] {kind} {s} tile_max_waste={w}", fn)
-            del fn
-            torch.cuda.empty_cache()
+    for label, build in sweep_cases(bench, specs):
+        profile(label, build())
+        torch.cuda.empty_cache()
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--only", default="")
     ap.add_argument("--sweep", action="append", default=[],
                     help="KIND:TOKENS:W,... kernel totals with tile_max_waste forced to each W")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.sweep:
+        try:
+            sweep_cases(None, args.sweep)  # the specs checked before the device is touched
+        except ValueError as e:
+            ap.error(str(e))
         sweep(args.sweep)
         return
     dev = torch.device("cuda")

@@ -51,6 +51,33 @@ def test_profile_bench_takes_bench_msa_defaults():
     assert bench.timer.flush_mode == "read" and bench.cfg["max_reps"] == bm.QUICK["max_reps"]
 
 
+def test_profile_stages_sweep_builds_through_bench_msa():
+    """profile_stages --sweep: one case per bound, each built by bench_msa's pipeline / sparse
+    builder with tile_max_waste forced (None for default)."""
+    profile_stages = load_script("profile_stages")
+    bench = mock.create_autospec(bm.Bench, instance=True)
+    bench.build_pipeline.return_value = ("pipeline call", {})
+    bench.build_sparse.return_value = ("sparse call", {})
+    cases = profile_stages.sweep_cases(bench, ["pipeline:8192:default,3.5", "random:32768:2"])
+    assert [label for label, _ in cases] == [
+        "[sweep] pipeline 8192 tile_max_waste=default", "[sweep] pipeline 8192 tile_max_waste=3.5",
+        "[sweep] random 32768 tile_max_waste=2"]
+    assert [build() for _, build in cases] == ["pipeline call", "pipeline call", "sparse call"]
+    assert bench.build_pipeline.call_args_list == [mock.call(8192, bm.M3, None),
+                                                   mock.call(8192, bm.M3, dict(tile_max_waste=3.5))]
+    bench.build_sparse.assert_called_once_with(32768, "bf16", "flat", "random", bm.M3,
+                                               dict(tile_max_waste=2.0))
+
+
+@pytest.mark.parametrize("spec", ["pipeline:8192", "dense:8192:default", "pipeline:8K:default",
+                                  "pipeline:8192:", "random:32768:0.5", "random:32768:fast"])
+def test_profile_stages_sweep_rejects_bad_specs(spec, capsys):
+    profile_stages = load_script("profile_stages")
+    with pytest.raises(SystemExit) as e:
+        profile_stages.main(["--sweep", spec])
+    assert e.value.code == 2 and f"--sweep {spec!r}" in capsys.readouterr().err
+
+
 def test_profile_list_needs_no_device(capsys):
     assert profile_msa.main(["--list"]) == 0
     names = capsys.readouterr().out.split()
