@@ -132,31 +132,22 @@ struct KvMajorArgs {
 // Where neighbouring tokens select nearly the same blocks ("clustered", docs/benchmarks.md), a
 // tile of 128 / G consecutive tokens (128 query rows of one kv head) walks the union of its tokens'
 // blocks once, K/V shared by all rows, each row masked to the blocks its token selected, and
-// writes final outputs: no partials. A tile qualifies when that wastes at most 1.5 x the useful
-// work (computed (token, block) products <= 1.5 x pairs; each of the kernel's two 64-row halves
+// writes final outputs: no partials. A tile qualifies when that wastes at most a bound times the
+// useful work (computed (token, block) products <= bound x pairs; each of the kernel's two 64-row halves
 // computes the blocks its own tokens selected, so that is (u0 + u1) x tokens / 2 for the unions
 // u0 / u1 of the halves, union blocks x tokens before): measured on an H200 (M3, 32K), a computed
 // (token, block) cost ~3.1 ns in the first (lock-step) tile kernel and a pair ~5.0 ns the KV-major
 // way (kernel, combine, lists), so the break-even was ~1.6; the warp-specialized kernel brought the
-// first figure to ~2.4 ns (break-even ~2.1), the threshold is not re-tuned yet. The others go the
+// first figure to ~2.4 ns (break-even ~2.1; the cp.async kernel kept 1.5). The others go the
 // KV-major way, whose list builder and combine skip the rows done here (done flags).
-// The TMA tile kernel (~513 useful TFLOP/s at waste 1 against ~400 for the cp.async one) moves the
-// break-even up: its bound was 2.0 (H200 at f4fdc62, M3 bf16, bound 1.5 / 2 / 2.5 / 3: 8K pipeline
-// selections 1.97 / 1.69 / 1.63 / 1.63 ms, 32K pipeline 9.51 / 9.36 / 10.22 / 9.83, 32K random 9.79
-// / 9.58 / 9.75 / 10.68, 32K clustered 4.07 / 4.07 / 4.07 / 3.99); the cp.async one keeps 1.5.
-// Calls of at most kUnionSmallRows query rows took 2.5 with the TMA tiles: at 8K the KV-major rows
-// cost more per pair (fewer per block) and 2.5 measured 1.63 vs 1.69 ms there, while at 32K it lost
-// (pipeline 10.22 vs 9.36, random 9.75 vs 9.58 ms). Since the KV-major path got cheaper per pair
-// (its combine and list kernels, 706a56a / c475c59) the break-even moved down for large calls and
-// up for small ones (H200, session 24, torch.profiler kernels per M3 pipeline call at c475c59):
-// 32K 8.748 ms at 1.5 vs 9.030 at 2.0, 128K 47.63 vs 47.99 ms, 32K random 7.93 vs 7.98; 8K 1.678
-// ms at 3.0 vs 1.736 at 2.5. Then the tile kernels stopped paying the softmax of a warp whose
-// token did not select a union block (b679588), which made a wasted (token, block) product cheaper
-// and moved the break-even up again (H200, session 25, kernels per M3 pipeline call at 2d277ce):
-// 16K 3.415 ms at 3.0, 3.642 at 2.0, 3.913 at 1.5; 32K 8.206 at 2.0, 8.398 at 2.5, 8.511 at 1.75,
-// 8.491 at 1.5; 128K 47.44 at 2.0 vs 48.27 at 1.5; 32K random 7.83 at 2.0 vs 7.92; 8K 1.355 /
-// 1.353 / 1.359 ms at 3 / 4 / 6. So the TMA tiles take 3.0 up to kUnionSmallRows (16384) rows, else
-// 2.0; the cp.async tiles keep 1.5 (not re-measured).
+// The TMA tile kernel (~513 useful TFLOP/s at waste 1 against ~400 for the cp.async one) moved the
+// break-even up, and every cheaper path since moved it again (the KV-major combine and list
+// kernels down for large calls; the tile kernels' skipped softmax of warps whose token did not
+// select a block, b679588, up). Measured last on an H200 at 2d277ce (kernels per M3 pipeline call,
+// the bound forced; every sweep with its numbers: docs/design/sparse_attention.md#tile-waste): 16K
+// 3.415 ms at 3.0 vs 3.913 at 1.5, 32K 8.206 at 2.0 vs 8.491 at 1.5, 128K 47.44 at 2.0 vs 48.27.
+// So the TMA tiles take 3.0 up to kUnionSmallRows (16384) rows, else 2.0; the cp.async tiles keep
+// 1.5 (not re-measured).
 // The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces any of them.
 inline constexpr int kUnionRows = 128;
 inline constexpr int kUnionMaxWasteMilli = 1500;       // the 1.5 (cp.async tiles), in thousandths
