@@ -2,11 +2,14 @@
 
     python benchmarks/profile_stages.py [--seq 32768] [--only prefill|decode]
     python benchmarks/profile_stages.py --sweep pipeline:8192:default,3.0,3.5 --sweep random:32768:1.5
+    python benchmarks/profile_stages.py --sweep pipeline:131072:default,kv_major_kernel=tma+chunk_rows=8058
 
 --sweep KIND:TOKENS:W,... (repeatable) instead prints the kernel totals of bench_msa's M3 builders
 (KIND pipeline: proxy -> top-k -> sparse attention; random: the sparse attention on random
-selections, bf16, flat) with the sparse attention's plan option tile_max_waste forced to each W
-("default": the library's own plan): how the tile kernel's waste bound was tuned.
+selections, bf16, flat), one per point W of the list: "default" (the library's own plan), a number
+(the sparse attention's plan option tile_max_waste forced to it: how the tile kernel's waste bound
+was tuned), or plan options KEY=VALUE joined by "+" (e.g. chunk_rows=8058+kv_major_kernel=tma;
+an unknown option or value is the op's own ValueError when the point runs).
 
 Prints torch.profiler's CUDA time per kernel (summed over one call after warm-up), so the share of
 list building, the main kernels and the combine is visible. Used to direct kernel work; the numbers
@@ -40,10 +43,39 @@ def profile(label, fn, reps=3):
         print(f"  {t / 1000:9.3f} ms  x{n:<4d} {name[:110]}")
 
 
+def sweep_point(spec, w):
+    """The plan options of one sweep point W (None for "default"); ValueError naming the spec."""
+    if w == "default":
+        return None
+    if "=" not in w:
+        try:
+            bound = float(w)
+        except ValueError:
+            bound = 0.0
+        if not 1.0 <= bound <= 8.0:
+            raise ValueError(f"--sweep {spec!r}: point {w!r} is not default, a bound from 1 to 8 or "
+                             "KEY=VALUE+...")
+        return dict(tile_max_waste=bound)
+    options = {}
+    for item in w.split("+"):
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value or key in options:
+            raise ValueError(f"--sweep {spec!r}: point {w!r} is not KEY=VALUE+... with each key once")
+        for kind in (int, float):
+            try:
+                options[key] = kind(value)
+                break
+            except ValueError:
+                continue
+        else:
+            options[key] = value
+    return options
+
+
 def sweep_cases(bench, specs):
-    """(label, build) per bound of each --sweep spec KIND:TOKENS:W,...; build() returns the call
-    (bench_msa's builder with tile_max_waste forced, None for "default"). Raises ValueError naming
-    a malformed spec before anything is built."""
+    """(label, build) per point of each --sweep spec KIND:TOKENS:W,...; build() returns the call
+    (bench_msa's builder with the point's plan options, None for "default"). Raises ValueError
+    naming a malformed spec before anything is built."""
     import bench_msa as bm  # the same directory
 
     builders = {"pipeline": lambda s, o: bench.build_pipeline(s, bm.M3, o)[0],
@@ -53,18 +85,12 @@ def sweep_cases(bench, specs):
         parts = spec.split(":")
         if len(parts) != 3 or parts[0] not in builders or not parts[1].isdigit() or not parts[2]:
             raise ValueError(f"--sweep {spec!r}: expected KIND:TOKENS:W,... with KIND pipeline or "
-                             "random, TOKENS a number, W default or a bound from 1 to 8")
+                             "random, TOKENS a number, W default, a bound from 1 to 8 or KEY=VALUE+...")
         kind, s = parts[0], int(parts[1])
         for w in parts[2].split(","):
-            if w != "default":
-                try:
-                    ok = 1.0 <= float(w) <= 8.0
-                except ValueError:
-                    ok = False
-                if not ok:
-                    raise ValueError(f"--sweep {spec!r}: bound {w!r} is not default or a number from 1 to 8")
-            options = None if w == "default" else dict(tile_max_waste=float(w))
-            out.append((f"[sweep] {kind} {s} tile_max_waste={w}",
+            options = sweep_point(spec, w)
+            label = f"tile_max_waste={w}" if options is None or "=" not in w else w
+            out.append((f"[sweep] {kind} {s} {label}",
                         lambda build=builders[kind], s=s, o=options: build(s, o)))
     return out
 
@@ -83,7 +109,7 @@ def main(argv=None):
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--only", default="")
     ap.add_argument("--sweep", action="append", default=[],
-                    help="KIND:TOKENS:W,... kernel totals with tile_max_waste forced to each W")
+                    help="KIND:TOKENS:W,... kernel totals per point W: default, a tile_max_waste bound or KEY=VALUE+...")
     args = ap.parse_args(argv)
     if args.sweep:
         try:

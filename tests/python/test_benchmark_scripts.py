@@ -69,8 +69,27 @@ def test_profile_stages_sweep_builds_through_bench_msa():
                                                dict(tile_max_waste=2.0))
 
 
+def test_profile_stages_sweep_takes_plan_options():
+    """A sweep point KEY=VALUE+... forces those plan options (ints and floats parsed as such)."""
+    profile_stages = load_script("profile_stages")
+    bench = mock.create_autospec(bm.Bench, instance=True)
+    bench.build_pipeline.return_value = ("pipeline call", {})
+    cases = profile_stages.sweep_cases(
+        bench, ["pipeline:131072:kv_major_kernel=tma+chunk_rows=8058,tile_max_waste=2.5"])
+    assert [label for label, _ in cases] == [
+        "[sweep] pipeline 131072 kv_major_kernel=tma+chunk_rows=8058",
+        "[sweep] pipeline 131072 tile_max_waste=2.5"]
+    for _, build in cases:
+        build()
+    assert bench.build_pipeline.call_args_list == [
+        mock.call(131072, bm.M3, dict(kv_major_kernel="tma", chunk_rows=8058)),
+        mock.call(131072, bm.M3, dict(tile_max_waste=2.5))]
+
+
 @pytest.mark.parametrize("spec", ["pipeline:8192", "dense:8192:default", "pipeline:8K:default",
-                                  "pipeline:8192:", "random:32768:0.5", "random:32768:fast"])
+                                  "pipeline:8192:", "random:32768:0.5", "random:32768:fast",
+                                  "random:32768:chunk_rows=", "random:32768:a=1+a=2",
+                                  "random:32768:=3"])
 def test_profile_stages_sweep_rejects_bad_specs(spec, capsys):
     profile_stages = load_script("profile_stages")
     with pytest.raises(SystemExit) as e:
