@@ -84,6 +84,9 @@
 #   PROFILE_KERNEL=regex       only the kernels of those cases whose name matches (ncu
 #                              --kernel-name regex:...), PROFILE_LAUNCHES (2) launches of them
 #                              after the first PROFILE_SKIP (0) matching ones
+#   PROFILE_METRICS=a,b        metrics collected beside the sections (ncu --metrics; e.g.
+#                              "regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio":
+#                              cycles per issued instruction stalled for each reason)
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
 #                              600 s device call ends; a cut step counts as failed
 #   GPU_ARCHS="80;90a"         CUDA architectures of the build (e.g. 90a: a faster build on an H200,
@@ -552,6 +555,7 @@ step_profile() {
                                         --launch-count "${PROFILE_LAUNCHES:-2}")
   # Each case at most PROFILE_CASE_TIMEOUT seconds (default 150): a kernel that hangs under the
   # profiler (as a ring bug did at 4f75a66, 293 s to the end of the budget) costs that much only.
+  [[ -n ${PROFILE_METRICS:-} ]] && only+=(--metrics "${PROFILE_METRICS}")
   local case_rc
   for c in ${PROFILE//,/ }; do
     echo "===== $c" >>"$log"
