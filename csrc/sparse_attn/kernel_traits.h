@@ -143,17 +143,17 @@ struct KvMajorArgs {
 // The TMA tile kernel (~513 useful TFLOP/s at waste 1 against ~400 for the cp.async one) moved the
 // break-even up, and every cheaper path since moved it again (the KV-major combine and list
 // kernels down for large calls; the tile kernels' skipped softmax of warps whose token did not
-// select a block, b679588, up). Measured last on an H200 at 2d277ce (kernels per M3 pipeline call,
-// the bound forced; every sweep with its numbers: docs/design/sparse_attention.md#tile-waste): 16K
-// 3.415 ms at 3.0 vs 3.913 at 1.5, 32K 8.206 at 2.0 vs 8.491 at 1.5, 128K 47.44 at 2.0 vs 48.27.
-// So the TMA tiles take 3.0 up to kUnionSmallRows (16384) rows, else 2.0; the cp.async tiles keep
-// 1.5 (not re-measured).
+// select a block, b679588, up). Measured last on an H200 (kernels per M3 pipeline call, the bound
+// forced; every sweep with its numbers: docs/design/sparse_attention.md#tile-waste): 16K 3.415 ms
+// at 3.0 vs 3.913 at 1.5 (2d277ce), 28K 6.880 at 3.0 vs 7.080 at 2.0, 32K 8.206 at 2.0 vs 8.398 at
+// 2.5, 128K 46.44 at 2.0 vs 56.00 at 3.0 (a60079e). So the TMA tiles take 3.0 up to
+// kUnionSmallRows (28672) rows, else 2.0; the cp.async tiles keep 1.5 (not re-measured).
 // The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces any of them.
 inline constexpr int kUnionRows = 128;
 inline constexpr int kUnionMaxWasteMilli = 1500;       // the 1.5 (cp.async tiles), in thousandths
 inline constexpr int kUnionMaxWasteMilliTma = 2000;    // the 2.0 (TMA tiles)
 inline constexpr int kUnionMaxWasteMilliSmall = 3000;  // the 3.0 (TMA tiles, small calls)
-inline constexpr int64_t kUnionSmallRows = 16384;
+inline constexpr int64_t kUnionSmallRows = 28672;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
 // most a tile of topk 64 could have under the default whole-union criterion.
