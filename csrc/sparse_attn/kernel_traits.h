@@ -143,17 +143,19 @@ struct KvMajorArgs {
 // The TMA tile kernel (~513 useful TFLOP/s at waste 1 against ~400 for the cp.async one) moved the
 // break-even up, and every cheaper path since moved it again (the KV-major combine and list
 // kernels down for large calls; the tile kernels' skipped softmax of warps whose token did not
-// select a block, b679588, up). Measured last on an H200 (kernels per M3 pipeline call, the bound
-// forced; every sweep with its numbers: docs/design/sparse_attention.md#tile-waste): 16K 3.415 ms
-// at 3.0 vs 3.913 at 1.5 (2d277ce), 28K 6.880 at 3.0 vs 7.080 at 2.0, 32K 8.206 at 2.0 vs 8.398 at
-// 2.5, 128K 46.44 at 2.0 vs 56.00 at 3.0 (a60079e). So the TMA tiles take 3.0 up to
-// kUnionSmallRows (28672) rows, else 2.0; the cp.async tiles keep 1.5 (not re-measured).
+// select a block, b679588, up). Measured last on an H200 at a60079e (kernels per M3 call, the bound
+// forced, both synthetic selection kinds; every sweep: docs/design/sparse_attention.md#tile-waste):
+// 3.0 beats 2.0 at 8K on random and pipeline selections (1.624 vs 1.692 ms, 1.368 vs 1.439); from
+// 12K to 40K it wins on pipeline selections (3-6 %) but loses on random ones (12K 3.025 vs 2.670,
+// 16K 4.208 vs 3.768, 32K 8.386 vs 7.878: 7-13 %); from 48K 2.0 wins on both (128K 46.44 vs 56.00
+// on pipeline ones). So the TMA tiles take 3.0 up to kUnionSmallRows (8192) rows, else 2.0 (the
+// bound that loses least on either kind); the cp.async tiles keep 1.5 (not re-measured).
 // The plan option tile_max_waste=<x> (a tuning knob, 1 <= x <= 8) replaces any of them.
 inline constexpr int kUnionRows = 128;
 inline constexpr int kUnionMaxWasteMilli = 1500;       // the 1.5 (cp.async tiles), in thousandths
 inline constexpr int kUnionMaxWasteMilliTma = 2000;    // the 2.0 (TMA tiles)
 inline constexpr int kUnionMaxWasteMilliSmall = 3000;  // the 3.0 (TMA tiles, small calls)
-inline constexpr int64_t kUnionSmallRows = 28672;
+inline constexpr int64_t kUnionSmallRows = 8192;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
 // most a tile of topk 64 could have under the default whole-union criterion.

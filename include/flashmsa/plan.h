@@ -366,7 +366,7 @@ struct TopkSelectOptions {
 
 // Options of msa_sparse_attention: schedule=auto|query_major|kv_major|hybrid,
 // kv_major_kernel=auto|mma_sync|wgmma|tma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
-// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 3.0 up to 28672 rows,
+// several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 3.0 up to 8192 rows,
 // else 2.0; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);

@@ -491,14 +491,14 @@ TEST(PlanTileKernel, TmaFallsBackToCpAsyncAndSaysWhy) {
 // ---- tile waste ---------------------------------------------------------------------------------
 
 TEST(PlanTiles, WasteBoundDefaultsPerTileKernelAndFollowsTheOption) {
-  // TMA tiles 3.0 up to 28672 rows, 2.0 above; cp.async tiles 1.5 (H200, sessions 25 and 26).
+  // TMA tiles 3.0 up to 8192 rows, 2.0 above; cp.async tiles 1.5 (H200, session 26 at a60079e).
   SparseAttnDeviceFacts tma = hopper();
   tma.tile_tma_ctas = 1;
   ASSERT_EQ(plan_sparse_attention(attn(4096), {}, tma).kvm.tile_kernel, TileKernel::kTma);
   EXPECT_EQ(plan_sparse_attention(attn(4096), {}, tma).kvm.tile_max_waste_milli, 3000);
-  EXPECT_EQ(plan_sparse_attention(attn(16384), {}, tma).kvm.tile_max_waste_milli, 3000);
-  EXPECT_EQ(plan_sparse_attention(attn(28672), {}, tma).kvm.tile_max_waste_milli, 3000);
-  EXPECT_EQ(plan_sparse_attention(attn(28673), {}, tma).kvm.tile_max_waste_milli, 2000);
+  EXPECT_EQ(plan_sparse_attention(attn(8192), {}, tma).kvm.tile_max_waste_milli, 3000);
+  EXPECT_EQ(plan_sparse_attention(attn(8193), {}, tma).kvm.tile_max_waste_milli, 2000);
+  EXPECT_EQ(plan_sparse_attention(attn(16384), {}, tma).kvm.tile_max_waste_milli, 2000);
   EXPECT_EQ(plan_sparse_attention(attn(32768), {}, tma).kvm.tile_max_waste_milli, 2000);
   EXPECT_EQ(plan_sparse_attention(attn(4096), {}, hopper()).kvm.tile_kernel, TileKernel::kCpAsync);
   EXPECT_EQ(plan_sparse_attention(attn(4096), {}, hopper()).kvm.tile_max_waste_milli, 1500);
