@@ -552,7 +552,11 @@ class Smoke:
                              ("kv_major/tma", dict(schedule="kv_major", kv_major_kernel="tma")),
                              ("kv_major/tma/chunk100", dict(schedule="kv_major", kv_major_kernel="tma",
                                                             chunk_rows=100)),
-                             ("hybrid/tma", dict(schedule="hybrid", kv_major_kernel="tma"))):
+                             ("hybrid/tma", dict(schedule="hybrid", kv_major_kernel="tma")),
+                             # The tiles' bound decided on the device (tile_bound=adaptive) over
+                             # a low forced bound, so that some tiles sit between the two.
+                             ("hybrid/adaptive", dict(schedule="hybrid", tile_max_waste=1.25,
+                                                      tile_bound="adaptive"))):
             self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))
 
     def _sparse_attention_cases(self, tag, ops):

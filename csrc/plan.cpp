@@ -30,6 +30,8 @@ constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto
                                                     {KvMajorKernel::kTma, "tma"}};
 constexpr Named<TileKernel> kTileKernels[] = {
     {TileKernel::kAuto, "auto"}, {TileKernel::kCpAsync, "cp_async"}, {TileKernel::kTma, "tma"}};
+constexpr Named<TileBound> kTileBounds[] = {
+    {TileBound::kAuto, "auto"}, {TileBound::kFixed, "fixed"}, {TileBound::kAdaptive, "adaptive"}};
 constexpr Named<KvMajorLists> kKvMajorListsNames[] = {
     {KvMajorLists::kAuto, "auto"}, {KvMajorLists::kPerGroup, "per_group"}, {KvMajorLists::kOnce, "once"}};
 constexpr Named<ProxyKernel> kProxyKernels[] = {
@@ -156,6 +158,7 @@ size_t WorkspaceLayout::take(const char* name, size_t n) {
 const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
 const char* option_name(TileKernel v) { return name_of(kTileKernels, v); }
+const char* option_name(TileBound v) { return name_of(kTileBounds, v); }
 const char* option_name(KvMajorLists v) { return name_of(kKvMajorListsNames, v); }
 const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
@@ -213,9 +216,12 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
       o.tile_kernel = parse_enum(kTileKernels, name, value);
     } else if (name == "lists") {
       o.lists = parse_enum(kKvMajorListsNames, name, value);
+    } else if (name == "tile_bound") {
+      o.tile_bound = parse_enum(kTileBounds, name, value);
     } else {
       MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
-               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists)");
+               "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists, "
+               "tile_bound)");
     }
   });
   return o;

@@ -76,8 +76,12 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
     if (kvm.tiles)
       s << "; shared-selection tiles of " << kvm.tile_tokens << " tokens (" << kvm.num_tiles
         << " per kv head) run first where the union of their selections is at most "
-        << kvm.tile_max_waste_milli / 1000.0 << "x a token's, KV-major for the other rows; tile_kernel="
-        << option_name(kvm.tile_kernel);
+        << kvm.tile_max_waste_milli / 1000.0 << "x a token's";
+    if (kvm.tiles && kvm.tile_wide_waste_milli > 0)
+      s << " (tile_bound=adaptive: " << kvm.tile_wide_waste_milli / 1000.0
+        << "x where the tiles within it hold nearly all pairs)";
+    if (kvm.tiles)
+      s << ", KV-major for the other rows; tile_kernel=" << option_name(kvm.tile_kernel);
     if (kvm.tiles && kvm.tile_fallback != nullptr && o.tile_kernel == TileKernel::kTma)
       s << " (tile_kernel=tma falls back to cp_async: " << kvm.tile_fallback << ")";
     else if (kvm.tiles && kvm.tile_fallback != nullptr)

@@ -156,6 +156,10 @@ inline constexpr int kUnionMaxWasteMilli = 1500;       // the 1.5 (cp.async tile
 inline constexpr int kUnionMaxWasteMilliTma = 2000;    // the 2.0 (TMA tiles)
 inline constexpr int kUnionMaxWasteMilliSmall = 3000;  // the 3.0 (TMA tiles, small calls)
 inline constexpr int64_t kUnionSmallRows = 8192;
+// tile_bound=adaptive: the wide bound is taken when the tiles within it hold at least this share of
+// the pairs (x 1000): on the H200's sweeps 3.0 won where it left the KV-major path ~0.2-0.6 % of
+// the pairs (pipeline selections, 12K to 40K rows) and lost where it left ~70 % (random ones).
+inline constexpr int kUnionWideShareMilli = 970;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
 // most a tile of topk 64 could have under the default whole-union criterion.
@@ -168,6 +172,9 @@ struct UnionArgs {
   int num_tiles;    // ceil(total_q / tile_tokens)
   int max_entries;  // tile_tokens * topk: the plan capacity of one tile
   int max_waste_milli;  // qualifying: computed (token, block) products x 1000 <= this x pairs
+  // > 0 (tile_bound=adaptive): tiles within this bound qualify too when they hold at least
+  // kUnionWideShareMilli / 1000 of the call's pairs (union_plan.cu's second pass decides)
+  int wide_waste_milli;
   bool has_temp;
   float scale_log2;
   uint8_t* done;         // [Hkv, num_tiles] 1: the tile's rows of this kv head are computed here
@@ -175,7 +182,8 @@ struct UnionArgs {
   int* plan_block;       // [Hkv, num_tiles, max_entries] union blocks, ascending
   uint8_t* plan_mask;    // [Hkv, num_tiles, max_entries] tokens of the tile that selected each
   int* work;             // [Hkv * num_tiles] qualifying (kh * num_tiles + tile)
-  int* control;          // [0] qualifying tiles, [1] work counter of the attention kernel
+  int* control;          // [0] qualifying tiles, [1] work counter of the attention kernel, [2] / [3]
+                         // (wide_waste_milli > 0) pairs of all tiles / of the tiles within the wide bound
 };
 
 // ---- combine -----------------------------------------------------------------------------------

@@ -318,12 +318,16 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
                                 : plan.tile_kernel != TileKernel::kTma ? kUnionMaxWasteMilli
                                 : p.total_q <= kUnionSmallRows  ? kUnionMaxWasteMilliSmall
                                                                 : kUnionMaxWasteMilliTma;
+    // tile_bound=adaptive: the wide bound 3.0 beside a lower one, decided on the device.
+    plan.tile_wide_waste_milli = o.tile_bound == TileBound::kAdaptive && plan.tile_max_waste_milli < kUnionMaxWasteMilliSmall
+                                     ? kUnionMaxWasteMilliSmall
+                                     : 0;
     plan.tile_done_off = ws.take("tile.done", tiles);
     plan.tile_count_off = ws.take("tile.count", tiles * 4);
     plan.tile_block_off = ws.take("tile.block", tiles * plan.tile_max_entries * 4);
     plan.tile_mask_off = ws.take("tile.mask", tiles * plan.tile_max_entries);
     plan.tile_work_off = ws.take("tile.work", tiles * 4);
-    plan.tile_control_off = ws.take("tile.control", 2 * 4);
+    plan.tile_control_off = ws.take("tile.control", 2 * 4 + 2 * 8);  // union_plan.cu's control words
   }
   return true;
 }

@@ -257,6 +257,7 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     u.num_tiles = plan.num_tiles;
     u.max_entries = plan.tile_max_entries;
     u.max_waste_milli = plan.tile_max_waste_milli;
+    u.wide_waste_milli = plan.tile_wide_waste_milli;
     u.has_temp = a.has_temp;
     u.scale_log2 = a.scale_log2;
     u.done = at<uint8_t>(p, plan.tile_done_off);

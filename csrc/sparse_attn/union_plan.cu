@@ -9,6 +9,12 @@
 // the list does not matter, a tile's result depends only on its own plan); the others get done = 0
 // and are left to the KV-major path, as are tiles whose pairs span more than 32 x kPlanMaxRangeWords
 // blocks (8192: all of a 1M-token context).
+// tile_bound=adaptive (wide_waste_milli > 0): the plan kernel writes the plans of the tiles within
+// either bound, marks them done = 1 (within the bound) or 2 (within the wide one only) and counts
+// the pairs of all tiles and of those within the wide bound (control[2..3] as 64-bit counters;
+// tiles across a sequence boundary are not counted); a second kernel then takes the wide bound
+// when those hold at least kUnionWideShareMilli / 1000 of the pairs, sets every done to 0 / 1 and
+// fills the work list. The list builder and the combine run after it and read only 0 / 1.
 #include <cuda_runtime_api.h>
 
 #include <climits>
@@ -30,6 +36,8 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
   const SparseAttnParams& p = a.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t w = int64_t(blockIdx.x) * kPlanWarpsPerCta + warp;
+  const bool wide = a.wide_waste_milli > 0;
+  unsigned long long* const pair_counts = reinterpret_cast<unsigned long long*>(a.control + 2);
   if (w >= int64_t(p.num_kv_heads) * a.num_tiles) return;  // warp-uniform
   const int kh = int(w / a.num_tiles), tile = int(w % a.num_tiles);
   const int t = a.tile_tokens, topk = p.topk;
@@ -82,7 +90,10 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
   const int pairs = __reduce_add_sync(0xffffffffu, my_pairs);
   const int words = hi >= lo ? (hi - lo) / 32 + 1 : 0;
   if (words > kPlanMaxRangeWords) {
-    if (lane == 0) a.done[w] = 0;
+    if (lane == 0) {
+      a.done[w] = 0;
+      if (wide) atomicAdd(&pair_counts[0], static_cast<unsigned long long>(pairs));
+    }
     return;
   }
 
@@ -119,7 +130,9 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
   const int64_t computed = t == 1 ? int64_t(u) : int64_t(u_halves) * half;
   const bool qualifies =
       computed * 1000 <= int64_t(a.max_waste_milli) * pairs && u <= kUnionMaxBlocks;
-  if (qualifies) {
+  const bool within_wide =
+      wide && computed * 1000 <= int64_t(a.wide_waste_milli) * pairs && u <= kUnionMaxBlocks;
+  if (qualifies || within_wide) {
     int* out_block = a.plan_block + w * a.max_entries;
     uint8_t* out_mask = a.plan_mask + w * a.max_entries;
     int base = 0;
@@ -147,12 +160,35 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
     }
   }
   if (lane == 0) {
-    a.done[w] = qualifies ? 1 : 0;
-    if (qualifies) {
-      a.plan_count[w] = u;
-      a.work[atomicAdd(&a.control[0], 1)] = int(w);
+    if (wide) {  // the second kernel decides and fills the work list
+      a.done[w] = qualifies ? 1 : within_wide ? 2 : 0;
+      if (qualifies || within_wide) a.plan_count[w] = u;
+      atomicAdd(&pair_counts[0], static_cast<unsigned long long>(pairs));
+      if (qualifies || within_wide) atomicAdd(&pair_counts[1], static_cast<unsigned long long>(pairs));
+    } else {
+      a.done[w] = qualifies ? 1 : 0;
+      if (qualifies) {
+        a.plan_count[w] = u;
+        a.work[atomicAdd(&a.control[0], 1)] = int(w);
+      }
     }
   }
+}
+
+// tile_bound=adaptive's decision (after union_plan_kernel, one thread per tile): the wide bound when
+// the tiles within it hold at least kUnionWideShareMilli / 1000 of the counted pairs; done 0 / 1
+// and the work list as union_plan_kernel writes them without it.
+constexpr int kAdaptiveThreads = 256;
+
+__global__ void __launch_bounds__(kAdaptiveThreads) union_adaptive_kernel(const __grid_constant__ UnionArgs a) {
+  const int64_t w = int64_t(blockIdx.x) * kAdaptiveThreads + threadIdx.x;
+  if (w >= int64_t(a.p.num_kv_heads) * a.num_tiles) return;
+  const unsigned long long* pair_counts = reinterpret_cast<const unsigned long long*>(a.control + 2);
+  const bool take_wide = pair_counts[1] * 1000ull >= static_cast<unsigned long long>(kUnionWideShareMilli) * pair_counts[0];
+  const uint8_t c = a.done[w];
+  const bool q = c == 1 || (c == 2 && take_wide);
+  a.done[w] = q ? 1 : 0;
+  if (q) a.work[atomicAdd(&a.control[0], 1)] = int(w);
 }
 
 }  // namespace
@@ -160,12 +196,18 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
 void launch_union_plan(const UnionArgs& a, cudaStream_t stream) {
   MSA_CHECK(a.tile_tokens <= kUnionMaxTokens && a.p.topk <= 64, "union plan: tile of ", a.tile_tokens,
             " tokens x topk ", a.p.topk, " is out of range");
-  MSA_CUDA_CHECK(cudaMemsetAsync(a.control, 0, 2 * sizeof(int), stream));
+  // control: two counters, then (tile_bound=adaptive) two 64-bit pair counts (plan.cpp's 24 bytes).
+  MSA_CHECK(reinterpret_cast<uintptr_t>(a.control) % 8 == 0, "union plan: misaligned control words");
+  MSA_CUDA_CHECK(cudaMemsetAsync(a.control, 0, 2 * sizeof(int) + 2 * sizeof(unsigned long long), stream));
   const int64_t warps = int64_t(a.p.num_kv_heads) * a.num_tiles;
   const int64_t grid = (warps + kPlanWarpsPerCta - 1) / kPlanWarpsPerCta;
   MSA_CHECK(grid <= INT_MAX, "msa_sparse_attention: too many query tiles");
   union_plan_kernel<<<unsigned(grid), kPlanWarpsPerCta * 32, 0, stream>>>(a);
   MSA_CUDA_CHECK(cudaGetLastError());
+  if (a.wide_waste_milli > 0) {
+    union_adaptive_kernel<<<unsigned((warps + kAdaptiveThreads - 1) / kAdaptiveThreads), kAdaptiveThreads, 0, stream>>>(a);
+    MSA_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace flashmsa::sparse_attn

@@ -56,6 +56,13 @@ enum class KvMajorLists : int32_t { kAuto = 0, kPerGroup = 1, kOnce = 2 };
 // 32K clustered bf16: 4.03 vs 5.24 ms flat, 4.02 vs 5.28 ms paged; 8K pipeline selections 1.96 vs
 // 2.20 ms).
 enum class TileKernel : int32_t { kAuto = 0, kCpAsync = 1, kTma = 2 };
+// The shared-selection tiles' waste bound (docs/design/sparse_attention.md#tile-waste): fixed (the
+// bound of the call, tile_max_waste or the default), or adaptive: a tile qualifies at that bound
+// and also at 3.0 when the tiles within 3.0 hold at least 97 % of the call's pairs (decided on the
+// device from the call's own selections: with nearly every pair in tiles the KV-major path and its
+// fixed costs vanish, which is where 3.0 won on pipeline selections from 12K to 40K rows while it
+// lost on random ones). auto: fixed (adaptive is not yet measured on a GPU).
+enum class TileBound : int32_t { kAuto = 0, kFixed = 1, kAdaptive = 2 };
 // Proxy-score kernels (docs/design/proxy_score.md): mma_sync (portable SM80+, every call), sm90 /
 // sm90_ss (the sm_90a TMA + wgmma prefill kernel with Q in registers / in shared memory, where it
 // applies: bf16 / fp16 q with K of q's dtype or fp8 K, or NVFP4 q and K (converted exactly into
@@ -294,6 +301,7 @@ struct SparseAttnOptions {
   int tile_max_waste_milli = 0;  // > 0: the shared-selection tiles' bound x 1000 (1000..8000)
   TileKernel tile_kernel = TileKernel::kAuto;
   KvMajorLists lists = KvMajorLists::kAuto;
+  TileBound tile_bound = TileBound::kAuto;
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -368,7 +376,7 @@ struct TopkSelectOptions {
 // kv_major_kernel=auto|mma_sync|wgmma|tma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 3.0 up to 8192 rows,
 // else 2.0; 1.5 with cp.async),
-// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once.
+// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive.
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -498,6 +506,7 @@ struct KvMajorPlan {
   int num_tiles = 0;
   int tile_max_entries = 0;
   int tile_max_waste_milli = 0;
+  int tile_wide_waste_milli = 0;  // > 0 (tile_bound=adaptive): the wider bound, taken on the device
   int tile_grid = 0;
   TileKernel tile_kernel = TileKernel::kCpAsync;  // resolved: kCpAsync or kTma
   const char* tile_fallback = nullptr;  // tile_kernel=auto / tma that took cp_async: why (static)
@@ -595,6 +604,7 @@ const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(TileKernel v);
+const char* option_name(TileBound v);
 const char* option_name(KvMajorLists v);
 const char* option_name(ProxyKernel v);
 const char* option_name(TopkKernel v);

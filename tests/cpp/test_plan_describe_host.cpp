@@ -102,6 +102,19 @@ TEST(PlanDescribe, TileKernelIsNamedWithItsFallback) {
                      "cannot run on this device)")) << d;
 }
 
+TEST(PlanDescribe, AdaptiveTileBoundIsNamed) {
+  SparseAttnDeviceFacts f = hopper();
+  f.tile_tma_ctas = 1;
+  SparseAttnOptions o;
+  const SparseAttnParams p = attn(32768);
+  std::string d = describe(plan_sparse_attention(p, o, f), p, o);
+  EXPECT_TRUE(has(d, "at most 2x a token's, KV-major for the other rows")) << d;
+  o.tile_bound = TileBound::kAdaptive;
+  d = describe(plan_sparse_attention(p, o, f), p, o);
+  EXPECT_TRUE(has(d, "at most 2x a token's (tile_bound=adaptive: 3x where the tiles within it hold nearly "
+                     "all pairs), KV-major for the other rows")) << d;
+}
+
 TEST(PlanDescribe, KvMajorTmaRunsOrSaysWhyNot) {
   const SparseAttnParams p = attn(4096);
   SparseAttnOptions o;

@@ -513,6 +513,28 @@ TEST(PlanTiles, WasteBoundDefaultsPerTileKernelAndFollowsTheOption) {
   expect_error([&] { plan_sparse_attention(attn(4096), o, hopper()); }, ErrorKind::kValue, "tile_max_waste");
 }
 
+TEST(PlanTiles, AdaptiveBoundAddsTheWideBoundBelowIt) {
+  // tile_bound=adaptive: 3.0 beside a lower bound (the default above 8192 rows, or a forced one),
+  // nothing where the bound is 3.0 or more already; fixed and auto: never.
+  SparseAttnDeviceFacts tma = hopper();
+  tma.tile_tma_ctas = 1;
+  SparseAttnOptions o;
+  EXPECT_EQ(plan_sparse_attention(attn(32768), o, tma).kvm.tile_wide_waste_milli, 0);
+  o.tile_bound = TileBound::kFixed;
+  EXPECT_EQ(plan_sparse_attention(attn(32768), o, tma).kvm.tile_wide_waste_milli, 0);
+  o.tile_bound = TileBound::kAdaptive;
+  const SparseAttnPlan big = plan_sparse_attention(attn(32768), o, tma);
+  EXPECT_EQ(big.kvm.tile_max_waste_milli, 2000);
+  EXPECT_EQ(big.kvm.tile_wide_waste_milli, 3000);
+  EXPECT_EQ(plan_sparse_attention(attn(4096), o, tma).kvm.tile_wide_waste_milli, 0);  // 3.0 already
+  o.tile_max_waste_milli = 1000;
+  EXPECT_EQ(plan_sparse_attention(attn(4096), o, tma).kvm.tile_wide_waste_milli, 3000);
+  EXPECT_EQ(plan_sparse_attention(attn(4096), o, hopper()).kvm.tile_wide_waste_milli, 3000);  // cp.async
+  o.tile_max_waste_milli = 4000;
+  EXPECT_EQ(plan_sparse_attention(attn(4096), o, tma).kvm.tile_wide_waste_milli, 0);
+  EXPECT_EQ(parse_sparse_attention_options("tile_bound=adaptive").tile_bound, TileBound::kAdaptive);
+}
+
 // ---- workspace layout ---------------------------------------------------------------------------
 
 TEST(PlanWorkspace, SectionsAreAlignedDisjointAndSumToBytes) {
@@ -1345,7 +1367,8 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists)");
+      "lists, tile_bound)");
+  bad("tile_bound=wide", "tile_bound must be auto, fixed or adaptive, got 'wide'");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
   bad("tile_kernel=wgmma", "tile_kernel must be auto, cp_async or tma, got 'wgmma'");
@@ -1353,7 +1376,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
   bad("tile_pingpong=on",
       "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-      "tile_kernel, lists)");
+      "tile_kernel, lists, tile_bound)");
   // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3; the
   // in-kernel combine=overlap with combine_ctas, measured at c21b988) were removed, and with them the
   // options: the combine is always the separate kernel.
@@ -1362,7 +1385,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"8", "32"})
     bad((std::string("combine_ctas=") + v).c_str(),
         "unknown plan option 'combine_ctas' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-        "tile_kernel, lists)");
+        "tile_kernel, lists, tile_bound)");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");

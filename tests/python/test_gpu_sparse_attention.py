@@ -640,6 +640,52 @@ def test_tile_kernel_on_unrelated_selections(name, tile_kernel):
         check_lse(got[2], cpu[2], f"{name} lse_t")
 
 
+def adaptive_q2k(case: GpuCase, mixed: bool, seed: int) -> torch.Tensor:
+    """Selections whose tiles (8 tokens at G = 16) all share one list of 12 blocks, every other
+    token without its last block (waste 96 / 92 ~ 1.04: over a bound of 1.0, within 3.0); with
+    `mixed`, every other tile instead of unrelated lists of 16 blocks (a union of ~100 blocks: over
+    3.0 and the planner's 96), so the tiles within 3.0 hold ~40 % of the pairs."""
+    rng = np.random.default_rng(seed)
+    total_q = sum(case.seqs_q)
+    nb = math.ceil(case.seqs_k[0] / BLOCK)
+    t = 128 // (case.hq // case.hkv)
+    sel = np.full((case.hkv, total_q, case.topk), -1, dtype=np.int32)
+    for h in range(case.hkv):
+        for tile in range(total_q // t):
+            shared = np.sort(rng.permutation(nb)[:12])
+            for e in range(t):
+                r = tile * t + e
+                if mixed and tile % 2 == 1:
+                    sel[h, r] = np.sort(rng.permutation(nb)[:case.topk])
+                else:
+                    sel[h, r, :12] = shared
+                    if e % 2 == 1:
+                        sel[h, r, 11] = -1
+    return torch.from_numpy(sel)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_tile_bound_adaptive_takes_the_wide_bound_only_when_it_holds_the_pairs(mixed):
+    """tile_bound=adaptive with tile_max_waste=1: the tiles within 3.0 hold every pair (the wide
+    bound is taken: bit for bit tile_max_waste=3) or ~40 % of them (it is not: bit for bit
+    tile_max_waste=1), and the results match the reference either way."""
+    if not IS_SM90:
+        pytest.skip("the shared-selection tile kernel is sm_90a only (hybrid = kv_major elsewhere)")
+    case = GpuCase("adaptive", [512], [16384], 64, 4, causal=False)
+    pb = build(case, seed=13, q2k=adaptive_q2k(case, mixed, seed=14))
+    narrow = run(pb, gpu=True, schedule="hybrid", tile_max_waste=1)
+    wide = run(pb, gpu=True, schedule="hybrid", tile_max_waste=3)
+    got = run(pb, gpu=True, schedule="hybrid", tile_max_waste=1, tile_bound="adaptive")
+    assert not bits_equal(narrow, wide), "the bounds 1 and 3 chose the same tiles"
+    assert bits_equal(got, narrow if mixed else wide)
+    assert bits_equal(got, run(pb, gpu=True, schedule="hybrid", tile_max_waste=1, tile_bound="adaptive"))
+    base_out, _ = baseline(case, pb, pb.cpu_args[3])
+    cpu = run(pb, gpu=False)
+    check_output(got[0], cpu[0], base_out, "adaptive out")
+    check_lse(got[1], cpu[1], "adaptive lse")
+    check_empty_rows(got[0], cpu[1], "adaptive")
+
+
 @pytest.mark.parametrize("value", ["abc", "0.5", "9", "nan", "1.5x"])
 def test_tile_max_waste_option_rejects_bad_values(value):
     pb = build(next(c for c in CASES if c.name == "m3_tile_shared"))

@@ -125,11 +125,12 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_attention", dict(tile_max_waste="1.5x"), "tile_max_waste must be a number from 1 to 8"),
     ("sparse_attention", dict(speed=11), "unknown plan option 'speed'"),
     ("sparse_attention", dict(tile_kernel="wgmma"), "tile_kernel must be auto, cp_async or tma, got 'wgmma'"),
+    ("sparse_attention", dict(tile_bound="wide"), "tile_bound must be auto, fixed or adaptive, got 'wide'"),
     # tile_pingpong (the TMA tile kernel's consumer warpgroups taking turns issuing their MMAs) was
     # removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
     ("sparse_attention", dict(tile_pingpong="on"),
      r"unknown plan option 'tile_pingpong' \(options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-     r"tile_kernel, lists\)"),
+     r"tile_kernel, lists, tile_bound\)"),
     # The KV-major combine variants were removed, and the combine option with them; so was the later
     # in-kernel combine=overlap and its combine_ctas (bit-identical but slower on the H200).
     *[("sparse_attention", dict(combine=v), "unknown plan option 'combine'")
