@@ -37,6 +37,13 @@ SparseAttnDeviceFacts hopper() {
   return f;
 }
 
+// An sm_90a build on Hopper whose TMA tile kernel runs (hopper() has only the cp.async one).
+SparseAttnDeviceFacts hopper_tma() {
+  SparseAttnDeviceFacts f = hopper();
+  f.tile_tma_ctas = 1;
+  return f;
+}
+
 SparseAttnDeviceFacts ampere() {
   SparseAttnDeviceFacts f;
   f.num_sms = 108;
@@ -82,8 +89,7 @@ TEST(PlanDescribe, PrefillAutoLargeOnAmpereSaysWhyNotTheSm90Kernels) {
 }
 
 TEST(PlanDescribe, TileKernelIsNamedWithItsFallback) {
-  SparseAttnDeviceFacts f = hopper();
-  f.tile_tma_ctas = 1;
+  const SparseAttnDeviceFacts f = hopper_tma();
   SparseAttnOptions o;
   const SparseAttnParams p = attn(32768);
   std::string a = describe(plan_sparse_attention(p, o, f), p, o);
@@ -103,14 +109,12 @@ TEST(PlanDescribe, TileKernelIsNamedWithItsFallback) {
 }
 
 TEST(PlanDescribe, AdaptiveTileBoundIsNamed) {
-  SparseAttnDeviceFacts f = hopper();
-  f.tile_tma_ctas = 1;
-  SparseAttnOptions o;
   const SparseAttnParams p = attn(32768);
-  std::string d = describe(plan_sparse_attention(p, o, f), p, o);
+  SparseAttnOptions o;
+  std::string d = describe(plan_sparse_attention(p, o, hopper_tma()), p, o);
   EXPECT_TRUE(has(d, "at most 2x a token's, KV-major for the other rows")) << d;
   o.tile_bound = TileBound::kAdaptive;
-  d = describe(plan_sparse_attention(p, o, f), p, o);
+  d = describe(plan_sparse_attention(p, o, hopper_tma()), p, o);
   EXPECT_TRUE(has(d, "at most 2x a token's (tile_bound=adaptive: 3x where the tiles within it hold nearly "
                      "all pairs), KV-major for the other rows")) << d;
 }
