@@ -157,8 +157,9 @@ inline constexpr int kUnionMaxWasteMilliTma = 2000;    // the 2.0 (TMA tiles)
 inline constexpr int kUnionMaxWasteMilliSmall = 3000;  // the 3.0 (TMA tiles, small calls)
 inline constexpr int64_t kUnionSmallRows = 8192;
 // tile_bound=adaptive: the wide bound is taken when the tiles within it hold at least this share of
-// the pairs (x 1000): on the H200's sweeps 3.0 won where it left the KV-major path ~0.2-0.6 % of
-// the pairs (pipeline selections, 12K to 40K rows) and lost where it left ~70 % (random ones).
+// the pairs (x 1000): on the H200's sweeps 3.0 won where it left the KV-major kernel ~0.5 % of its
+// time at 2.0 (nearly every pair in tiles: pipeline selections, 12K to 40K rows) and lost where it
+// left it ~70 % (random ones).
 inline constexpr int kUnionWideShareMilli = 970;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
