@@ -78,7 +78,8 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
         << " per kv head) run first where the union of their selections is at most "
         << kvm.tile_max_waste_milli / 1000.0 << "x a token's";
     if (kvm.tiles && kvm.tile_wide_waste_milli > 0)
-      s << " (tile_bound=adaptive: " << kvm.tile_wide_waste_milli / 1000.0
+      s << " (tile_bound=" << (o.tile_bound == TileBound::kAuto ? "auto, adaptive at this size" : "adaptive")
+        << ": " << kvm.tile_wide_waste_milli / 1000.0
         << "x where the tiles within it hold nearly all pairs)";
     if (kvm.tiles)
       s << ", KV-major for the other rows; tile_kernel=" << option_name(kvm.tile_kernel);

@@ -161,6 +161,13 @@ inline constexpr int64_t kUnionSmallRows = 8192;
 // time at 2.0 (nearly every pair in tiles: pipeline selections, 12K to 40K rows) and lost where it
 // left it ~70 % (random ones).
 inline constexpr int kUnionWideShareMilli = 970;
+// tile_bound=auto takes adaptive with the TMA tiles' default bound from kUnionSmallRows + 1 up to
+// this many rows. H200 at b5b8409 (kernels per M3 call, default 2.0 / adaptive): pipeline
+// selections 16K 3.669 / 3.393 ms, 32K 8.184 / 8.090, 48K 14.137 / 14.351 (3.0 itself loses there:
+// 13.72 vs 14.31 at 7dc3328, while at 40K it still won, 10.68 vs 10.82); random ones 16K 3.770 /
+// 3.792, 32K 7.900 / 7.948 (the counting and the second kernel, ~0.03-0.05 ms; the decision
+// itself stays at 2.0 there).
+inline constexpr int64_t kUnionAdaptiveRows = 40960;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
 // most a tile of topk 64 could have under the default whole-union criterion.

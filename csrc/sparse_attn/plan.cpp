@@ -318,8 +318,13 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
                                 : plan.tile_kernel != TileKernel::kTma ? kUnionMaxWasteMilli
                                 : p.total_q <= kUnionSmallRows  ? kUnionMaxWasteMilliSmall
                                                                 : kUnionMaxWasteMilliTma;
-    // tile_bound=adaptive: the wide bound 3.0 beside a lower one, decided on the device.
-    plan.tile_wide_waste_milli = o.tile_bound == TileBound::kAdaptive && plan.tile_max_waste_milli < kUnionMaxWasteMilliSmall
+    // tile_bound=adaptive: the wide bound 3.0 beside a lower one, decided on the device; auto takes
+    // it with the TMA tiles' default bound from kUnionSmallRows + 1 to kUnionAdaptiveRows rows.
+    const bool adaptive = o.tile_bound == TileBound::kAdaptive ||
+                          (o.tile_bound == TileBound::kAuto && o.tile_max_waste_milli == 0 &&
+                           plan.tile_kernel == TileKernel::kTma && p.total_q > kUnionSmallRows &&
+                           p.total_q <= kUnionAdaptiveRows);
+    plan.tile_wide_waste_milli = adaptive && plan.tile_max_waste_milli < kUnionMaxWasteMilliSmall
                                      ? kUnionMaxWasteMilliSmall
                                      : 0;
     plan.tile_done_off = ws.take("tile.done", tiles);

@@ -376,7 +376,8 @@ struct TopkSelectOptions {
 // kv_major_kernel=auto|mma_sync|wgmma|tma, chunk_rows=<n >= 1> (a testing knob: small inputs then run
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 3.0 up to 8192 rows,
 // else 2.0; 1.5 with cp.async),
-// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive.
+// tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive (auto:
+// adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,

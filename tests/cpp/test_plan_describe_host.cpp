@@ -112,6 +112,12 @@ TEST(PlanDescribe, AdaptiveTileBoundIsNamed) {
   const SparseAttnParams p = attn(32768);
   SparseAttnOptions o;
   std::string d = describe(plan_sparse_attention(p, o, hopper_tma()), p, o);
+  EXPECT_TRUE(has(d, "at most 2x a token's (tile_bound=auto, adaptive at this size: 3x where the tiles "
+                     "within it hold nearly all pairs), KV-major for the other rows")) << d;
+  d = describe(plan_sparse_attention(attn(65536), o, hopper_tma()), attn(65536), o);
+  EXPECT_TRUE(has(d, "at most 2x a token's, KV-major for the other rows")) << d;
+  o.tile_bound = TileBound::kFixed;
+  d = describe(plan_sparse_attention(p, o, hopper_tma()), p, o);
   EXPECT_TRUE(has(d, "at most 2x a token's, KV-major for the other rows")) << d;
   o.tile_bound = TileBound::kAdaptive;
   d = describe(plan_sparse_attention(p, o, hopper_tma()), p, o);

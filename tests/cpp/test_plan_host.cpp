@@ -515,11 +515,20 @@ TEST(PlanTiles, WasteBoundDefaultsPerTileKernelAndFollowsTheOption) {
 
 TEST(PlanTiles, AdaptiveBoundAddsTheWideBoundBelowIt) {
   // tile_bound=adaptive: 3.0 beside a lower bound (the default above 8192 rows, or a forced one),
-  // nothing where the bound is 3.0 or more already; fixed and auto: never.
+  // nothing where the bound is 3.0 or more already; fixed: never; auto: with the TMA tiles' default
+  // bound from 8193 to 40960 rows.
   SparseAttnDeviceFacts tma = hopper();
   tma.tile_tma_ctas = 1;
   SparseAttnOptions o;
+  EXPECT_EQ(plan_sparse_attention(attn(8192), o, tma).kvm.tile_wide_waste_milli, 0);  // 3.0 already
+  EXPECT_EQ(plan_sparse_attention(attn(8193), o, tma).kvm.tile_wide_waste_milli, 3000);
+  EXPECT_EQ(plan_sparse_attention(attn(32768), o, tma).kvm.tile_wide_waste_milli, 3000);
+  EXPECT_EQ(plan_sparse_attention(attn(40960), o, tma).kvm.tile_wide_waste_milli, 3000);
+  EXPECT_EQ(plan_sparse_attention(attn(40961), o, tma).kvm.tile_wide_waste_milli, 0);
+  EXPECT_EQ(plan_sparse_attention(attn(32768), o, hopper()).kvm.tile_wide_waste_milli, 0);  // cp.async
+  o.tile_max_waste_milli = 2000;  // a forced bound stays fixed under auto
   EXPECT_EQ(plan_sparse_attention(attn(32768), o, tma).kvm.tile_wide_waste_milli, 0);
+  o.tile_max_waste_milli = 0;
   o.tile_bound = TileBound::kFixed;
   EXPECT_EQ(plan_sparse_attention(attn(32768), o, tma).kvm.tile_wide_waste_milli, 0);
   o.tile_bound = TileBound::kAdaptive;
