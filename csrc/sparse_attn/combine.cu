@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "common/cuda_utils.h"
 #include "flashmsa/error.h"
@@ -41,7 +42,9 @@ constexpr int kCombineCtasPerSm = 32;
 // branch in one kernel: the speculative first batch needs 32 more registers, and with both paths in
 // one kernel the KV-major combine paid them too (117-123 registers for 16-bit partials, 2 CTAs of 8
 // warps per SM; 80 without, 3 CTAs; f32 partials, 118, would spill at 3).
-template <typename OutElem, StoreKind kKind, bool kSpec>
+// kTilePartial (CombineArgs::tile_lse, plan option tile_partial): rows of partial tiles merge the
+// tile's partial too; a separate instantiation, so that the default one keeps its registers.
+template <typename OutElem, StoreKind kKind, bool kSpec, bool kTilePartial = false>
 __global__ void __launch_bounds__(kCombineWarps * 32, kSpec || kKind == StoreKind::kF32 ? 1 : 3)
     combine_kernel(const __grid_constant__ CombineArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -53,7 +56,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSpec || kKind == StoreKin
   for (int u = blockIdx.x; u < units; u += gridDim.x) {  // CTA-uniform loop
     const int kh = u / (parts * per_head), rest = u % (parts * per_head);
     const int tile = first + rest / parts, g0 = (rest % parts) * a.unit_heads;
-    if (a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + tile]) continue;
+    const uint8_t done = a.union_done != nullptr ? a.union_done[int64_t(kh) * a.union_num_tiles + tile] : 0;
+    if (done == kTileDoneFull) continue;
+    const bool tile_partial = kTilePartial && done == kTileDonePartial;
     const int r_begin = max(tile * t, a.row_begin);
     const int r_end = min((tile + 1) * t, a.row_begin + a.rows);
     const int n = (r_end - r_begin) * a.unit_heads;
@@ -62,7 +67,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSpec || kKind == StoreKin
       const int rel = r_begin - a.row_begin + e, g = g0 + i - e * a.unit_heads;
       const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
       const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + kh * a.group + g;
-      combine_row<OutElem, kKind, kSpec>(a, base, out_idx, lane);
+      combine_row<OutElem, kKind, kSpec, kTilePartial>(a, base, out_idx, lane, tile_partial);
     }
   }
 }
@@ -74,6 +79,10 @@ void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t strea
   MSA_CHECK(args.unit_rows == combine_unit_rows(args.group) &&
                 (args.union_done == nullptr || args.union_tile_tokens == args.unit_rows),
             "combine: work units must be the shared-selection tiles");
+  MSA_CHECK(args.tile_lse == nullptr ||
+                (args.union_done != nullptr && args.num_slots < 64 && !args.all_slots_written &&
+                 args.part_kind == (out_dtype == DType::kBF16 ? StoreKind::kBF16 : StoreKind::kF16)),
+            "combine: partial tiles need 16-bit partials of the output dtype and at most 63 slots");
   const int num_sms = flashmsa::cuda::current_device_limits().num_sms;
   CombineArgs a = args;
   a.unit_rows = combine_launch_unit_rows(args, num_sms);
@@ -92,7 +101,14 @@ void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t strea
     }
   };
   auto by_spec = [&]<typename OutElem>() {
-    if (a.all_slots_written) {
+    if (a.tile_lse != nullptr) {  // 16-bit partials of the output's dtype (checked above)
+      const dim3 g{unsigned(grid)}, b{unsigned(kCombineWarps * 32)};
+      if constexpr (std::is_same_v<OutElem, __nv_bfloat16>) {
+        combine_kernel<OutElem, StoreKind::kBF16, false, true><<<g, b, 0, stream>>>(a);
+      } else {
+        combine_kernel<OutElem, StoreKind::kF16, false, true><<<g, b, 0, stream>>>(a);
+      }
+    } else if (a.all_slots_written) {
       go.template operator()<OutElem, true>();
     } else {
       go.template operator()<OutElem, false>();

@@ -686,6 +686,72 @@ def test_tile_bound_adaptive_takes_the_wide_bound_only_when_it_holds_the_pairs(m
     check_empty_rows(got[0], cpu[1], "adaptive")
 
 
+def partial_q2k(case: GpuCase, seed: int) -> torch.Tensor:
+    """Selections whose tiles do not qualify at a bound of 1.0 but hold common blocks: in each half
+    tile, 6 blocks every token selects, 2 blocks per pair of tokens, the rest per token; some
+    tokens end their list early (-1) and every 7th tile's first token selects nothing (an empty
+    row: a token without common blocks in a partial tile). At G = 64 a half tile is one token,
+    so every tile qualifies at 1.0 and none is partial: G 16 and 32 only."""
+    rng = np.random.default_rng(seed)
+    total_q = sum(case.seqs_q)
+    nb = math.ceil(case.seqs_k[0] / BLOCK)
+    t = 128 // (case.hq // case.hkv)
+    half = max(1, t // 2)
+    sel = np.full((case.hkv, total_q, case.topk), -1, dtype=np.int32)
+    for h in range(case.hkv):
+        for tile in range(total_q // t):
+            for h0 in range(0, t, half):
+                perm = rng.permutation(nb)
+                common, pairs, rest = perm[:6], perm[6:6 + 2 * half], perm[6 + 2 * half:]
+                for e in range(h0, h0 + half):
+                    own = rng.choice(rest, size=case.topk - 8, replace=False)
+                    blocks = np.concatenate([common, pairs[2 * ((e - h0) // 2):2 * ((e - h0) // 2) + 2], own])
+                    blocks = np.unique(blocks)[:case.topk]
+                    r = tile * t + e
+                    sel[h, r, :len(blocks)] = np.sort(blocks)
+                    if e % 3 == 2:
+                        sel[h, r, case.topk - 2:] = -1
+                    if tile % 7 == 3 and e == 0:
+                        sel[h, r] = -1
+    return torch.from_numpy(sel)
+
+
+PARTIAL_CASES = [
+    GpuCase("partial_m3", [512], [16384], 64, 4, causal=False),
+    GpuCase("partial_m3_temp_vscale", [512], [8192], 64, 4, causal=False, temperature=0.7,
+            v_global_scale=1.5),
+    GpuCase("partial_m3_fp8_paged", [256], [8192], 64, 4, causal=False, kv="fp8", layout="paged"),
+    GpuCase("partial_g32_fp16", [256], [8192], 64, 2, causal=False, dtype=torch.float16),
+]
+
+
+@pytest.mark.parametrize("case", PARTIAL_CASES, ids=str)
+@pytest.mark.parametrize("extra", [{}, dict(chunk_rows=100), dict(chunk_rows=100, lists="per_group"),
+                                   dict(tile_kernel="cp_async")], ids=["one_group", "groups", "per_group", "cp_async"])
+def test_tile_partial_merges_the_tiles_common_blocks_with_the_kv_major_rest(case, extra):
+    """tile_partial=2 with tile_max_waste=1: tiles that do not qualify compute the blocks two tokens
+    of a half tile selected, the KV-major path the rest, the combine merges both (in one or several
+    launch groups, lists built at once or per group, either tile kernel): the results match the
+    reference, empty rows stay zero with LSE -inf, the bits differ from the plan without partial
+    tiles (so they ran) and repeat."""
+    if not IS_SM90:
+        pytest.skip("the shared-selection tile kernel is sm_90a only (hybrid = kv_major elsewhere)")
+    if case.kv == "fp8" and extra.get("tile_kernel") != "cp_async":
+        extra = dict(extra, tile_kernel="cp_async")  # the TMA tile kernel loads 16-bit K/V only
+    pb = build(case, seed=21, q2k=partial_q2k(case, seed=22))
+    full = run(pb, gpu=True, schedule="hybrid", tile_max_waste=1, **extra)
+    got = run(pb, gpu=True, schedule="hybrid", tile_max_waste=1, tile_partial=2, **extra)
+    assert not bits_equal(full, got), "tile_partial=2: no partial tile ran"
+    assert bits_equal(got, run(pb, gpu=True, schedule="hybrid", tile_max_waste=1, tile_partial=2, **extra))
+    base_out, _ = baseline(case, pb, pb.cpu_args[3])
+    cpu = run(pb, gpu=False)
+    check_output(got[0], cpu[0], base_out, f"{case} partial out")
+    check_lse(got[1], cpu[1], f"{case} partial lse")
+    check_empty_rows(got[0], cpu[1], f"{case} partial")
+    if case.temperature is not None:
+        check_lse(got[2], cpu[2], f"{case} partial lse_t")
+
+
 @pytest.mark.parametrize("value", ["abc", "0.5", "9", "nan", "1.5x"])
 def test_tile_max_waste_option_rejects_bad_values(value):
     pb = build(next(c for c in CASES if c.name == "m3_tile_shared"))
