@@ -67,7 +67,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSpec || kKind == StoreKin
       const int rel = r_begin - a.row_begin + e, g = g0 + i - e * a.unit_heads;
       const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
       const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + kh * a.group + g;
-      combine_row<OutElem, kKind, kSpec, kTilePartial>(a, base, out_idx, lane, tile_partial);
+      // A partial tile's token: its tile's partial takes the slot of the first entry the tile
+      // computed (none: the tile computed nothing for it).
+      int tile_slot = -1;
+      if (tile_partial) {
+        const int64_t row = int64_t(a.row_begin) + rel;
+        const uint64_t m = a.union_entries[int64_t(kh) * a.union_num_tiles * a.union_tile_tokens + row];
+        tile_slot = __ffsll(static_cast<long long>(m)) - 1;
+      }
+      combine_row<OutElem, kKind, kSpec, kTilePartial>(a, base, out_idx, lane, tile_slot);
     }
   }
 }
@@ -80,9 +88,9 @@ void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t strea
                 (args.union_done == nullptr || args.union_tile_tokens == args.unit_rows),
             "combine: work units must be the shared-selection tiles");
   MSA_CHECK(args.tile_lse == nullptr ||
-                (args.union_done != nullptr && args.num_slots < 64 && !args.all_slots_written &&
+                (args.union_done != nullptr && args.union_entries != nullptr && !args.all_slots_written &&
                  args.part_kind == (out_dtype == DType::kBF16 ? StoreKind::kBF16 : StoreKind::kF16)),
-            "combine: partial tiles need 16-bit partials of the output dtype and at most 63 slots");
+            "combine: partial tiles need their entry masks and 16-bit partials of the output dtype");
   const int num_sms = flashmsa::cuda::current_device_limits().num_sms;
   CombineArgs a = args;
   a.unit_rows = combine_launch_unit_rows(args, num_sms);

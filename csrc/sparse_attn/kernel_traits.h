@@ -244,10 +244,12 @@ struct CombineArgs {
   // split-K kernels), so the combine may load them before it knows the weights (combine.cuh
   // merge_row, kSpec). False for KV-major, whose non-pair slots are never written.
   bool all_slots_written;
-  // tile_partial: rows of kTileDonePartial tiles merge one more partial, the tile's: its values in
-  // out (O / l, the output dtype = the partials' kind), its log2 LSEs at [row * Hq + head].
+  // tile_partial: rows of kTileDonePartial tiles merge the tile's partial too, as the slot of the
+  // first entry the tile computed (union_entries, KvMajorArgs'): its values in out (O / l, the
+  // output dtype = the partials' kind), its log2 LSEs at [row * Hq + head].
   const float* tile_lse;
   const float* tile_lse_t;
+  const uint64_t* union_entries;
 };
 
 // Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly

@@ -328,11 +328,10 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
                                      ? kUnionMaxWasteMilliSmall
                                      : 0;
     // tile_partial: the partial tiles' values go to out as partials of the combine, so out must
-    // have the partials' dtype, and the combine merges topk + 1 slots (<= 64). It replaces the
-    // adaptive bound (one decision per tile, on the host-chosen bound).
+    // have the partials' dtype. It replaces the adaptive bound (one decision per tile, on the
+    // host-chosen bound).
     if (o.tile_partial > 0) {
       plan.tile_partial_off = p.out_dtype != compute_dtype(p) ? "the output dtype differs from the partials' (compute) dtype"
-                              : p.topk >= 64      ? "topk 64 leaves no combine slot for the tile's partial"
                               : plan.tile_tokens < 2 ? "a tile of one token has no partial blocks"
                                                      : nullptr;
       if (plan.tile_partial_off == nullptr) {

@@ -300,6 +300,7 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   if (plan.tile_partial_min > 0) {
     c.tile_lse = at<float>(p, plan.tile_lse_off);
     c.tile_lse_t = a.has_temp ? at<float>(p, plan.tile_lse_t_off) : nullptr;
+    c.union_entries = a.union_entries;
   }
   c.reset_lse = once;
   launch_kv_major_prepare(a, plan.num_sms, stream);
