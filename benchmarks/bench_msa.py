@@ -816,10 +816,6 @@ class Bench:
             # pipeline (3.0).
             if (kv, layout) == ("bf16", "flat") and (s, pattern) in ((32 * K, "random"), (32 * K, "pipeline")):
                 schedules.append("tile_bound=fixed")
-            # Partial tiles (plan option tile_partial=<n>, off by default): tiles over the bound
-            # compute the blocks n tokens of a half tile selected, the KV-major path the rest.
-            if (kv, layout) == ("bf16", "flat") and (s, pattern) in ((32 * K, "random"), (32 * K, "pipeline")):
-                schedules += ["tile_partial=2", "tile_partial=3"]
             for schedule in schedules:
                 tag = "" if schedule == "auto" else f" [{schedule}]"
                 self.run_case("sparse", f"S={size_name(s)} {kv} {layout} {pattern}{tag}",

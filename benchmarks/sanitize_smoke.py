@@ -556,15 +556,7 @@ class Smoke:
                              # The tiles' bound decided on the device (tile_bound=adaptive) over
                              # a low forced bound, so that some tiles sit between the two.
                              ("hybrid/adaptive", dict(schedule="hybrid", tile_max_waste=1.25,
-                                                      tile_bound="adaptive")),
-                             # Partial tiles (tile_partial) under a low bound: the tiles that do
-                             # not qualify compute their common blocks, the KV-major path the
-                             # rest, in one launch group and in several.
-                             ("hybrid/partial", dict(schedule="hybrid", tile_max_waste=1.25, tile_partial=2)),
-                             ("hybrid/partial/chunk100", dict(schedule="hybrid", tile_max_waste=1.25,
-                                                              tile_partial=2, chunk_rows=100)),
-                             ("hybrid/partial/cp_async", dict(schedule="hybrid", tile_max_waste=1.25,
-                                                              tile_partial=2, tile_kernel="cp_async"))):
+                                                      tile_bound="adaptive"))):
             self._sparse_attention_cases(tag, PlannedOps(self.ops, msa_sparse_attention=options))
 
     def _sparse_attention_cases(self, tag, ops):

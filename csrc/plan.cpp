@@ -218,21 +218,10 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
       o.lists = parse_enum(kKvMajorListsNames, name, value);
     } else if (name == "tile_bound") {
       o.tile_bound = parse_enum(kTileBounds, name, value);
-    } else if (name == "tile_partial") {
-      if (value == "off") {
-        o.tile_partial = 0;
-      } else {
-        const std::string v(value);
-        char* end = nullptr;
-        const long n = v.empty() ? 0 : std::strtol(v.c_str(), &end, 10);
-        MSA_CHECK(!v.empty() && *end == '\0' && n >= 2 && n <= kTilePartialMaxTokens, name,
-                  " must be off or a number of tokens from 2 to ", kTilePartialMaxTokens, ", got '", value, "'");
-        o.tile_partial = int(n);
-      }
     } else {
       MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
                "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists, "
-               "tile_bound, tile_partial)");
+               "tile_bound)");
     }
   });
   return o;

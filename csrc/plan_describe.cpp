@@ -81,11 +81,6 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       s << " (tile_bound=" << (o.tile_bound == TileBound::kAuto ? "auto, adaptive at this size" : "adaptive")
         << ": " << kvm.tile_wide_waste_milli / 1000.0
         << "x where the tiles within it hold nearly all pairs)";
-    if (kvm.tiles && kvm.tile_partial_min > 0)
-      s << " (tile_partial=" << kvm.tile_partial_min << ": the other tiles compute the blocks that many "
-        << "tokens of a half tile selected, merged with their KV-major partials)";
-    else if (kvm.tiles && kvm.tile_partial_off != nullptr)
-      s << " (tile_partial is off here: " << kvm.tile_partial_off << ")";
     if (kvm.tiles)
       s << ", KV-major for the other rows; tile_kernel=" << option_name(kvm.tile_kernel);
     if (kvm.tiles && kvm.tile_fallback != nullptr && o.tile_kernel == TileKernel::kTma)

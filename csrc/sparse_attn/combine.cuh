@@ -232,42 +232,11 @@ struct WorkspaceSlots {
   }
 };
 
-// The slots of a row of a partial tile (tile_partial): the workspace's, except slot tile_slot (the
-// first q2k entry the tile computed, whose workspace slot is never written: -inf), which is the
-// tile's own partial: its values in out at out_idx (the kind of the partials: the launcher checks
-// it), its log2 LSEs in tile_lse / tile_lse_t. So the row still merges topk slots in one batch of
-// loads. merge_row reads every value before it writes the row.
-template <StoreKind kKind>
-struct TilePartialSlots {
-  WorkspaceSlots<kKind> ws;
-  int64_t out_idx;
-  int tile_slot;
-  MSA_DEVICE float lse(int s) const {
-    return s != tile_slot ? ws.lse(s) : sanitize_lse(ws.a.tile_lse[out_idx]);
-  }
-  MSA_DEVICE float lse_t(int s) const {
-    return s != tile_slot ? ws.lse_t(s) : sanitize_lse(ws.a.tile_lse_t[out_idx]);
-  }
-  MSA_DEVICE Raw8 load(int s, int hl) const {
-    return s != tile_slot ? ws.load(s, hl) : load8<kKind>(ws.a.out, out_idx * 128 + 8 * hl);
-  }
-};
-
 // The combine of one (row, head) (one warp): its slots at part index base + s * G, its output and
-// LSEs at out_idx (row * Hq + head). Used by combine_kernel (combine.cu); kSpec: a.all_slots_written;
-// tile_slot (kTilePartial only; -1: none): the row's tile computed a partial too, merged as that
-// slot (TilePartialSlots).
-template <typename OutElem, StoreKind kKind, bool kSpec, bool kTilePartial = false>
-MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx, int lane, int tile_slot = -1) {
+// LSEs at out_idx (row * Hq + head). Used by combine_kernel (combine.cu); kSpec: a.all_slots_written.
+template <typename OutElem, StoreKind kKind, bool kSpec>
+MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx, int lane) {
   const WorkspaceSlots<kKind> slots{a, base, base * 128 + 8 * (lane & 15), int64_t(a.group) * 128};
-  if constexpr (kTilePartial && !kSpec) {
-    if (tile_slot >= 0) {
-      merge_row<OutElem, kKind, TilePartialSlots<kKind>, false>(TilePartialSlots<kKind>{slots, out_idx, tile_slot},
-                                                                a.num_slots, a.v_scale, a.out, a.lse, a.lse_t,
-                                                                out_idx, lane);
-      return;
-    }
-  }
   merge_row<OutElem, kKind, WorkspaceSlots<kKind>, kSpec>(slots, a.num_slots, a.v_scale, a.out, a.lse,
                                                          a.lse_t, out_idx, lane);
 }

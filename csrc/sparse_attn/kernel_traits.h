@@ -126,9 +126,6 @@ struct KvMajorArgs {
   // slot of its union_done rows included); the combine of each group resets the slots it read to
   // -inf (CombineArgs::reset_lse), which keeps the invariant for the next group.
   bool lists_once;
-  // tile_partial: [Hkv, num_tiles * union_tile_tokens] per row, bit e set when q2k entry e's block
-  // is computed by the row's partial tile (union_done == kTileDonePartial): not a pair here.
-  const uint64_t* union_entries;
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------
@@ -172,14 +169,6 @@ inline constexpr int kUnionWideShareMilli = 970;
 // itself stays at 2.0 there).
 inline constexpr int64_t kUnionAdaptiveRows = 40960;
 inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token masks fit a byte
-// A tile's done flag (UnionArgs::done): its rows go the KV-major way (kTileDoneNone), are computed
-// by the tile (kTileDoneFull), are within the adaptive wide bound only (kTileDoneWide, until
-// union_adaptive_kernel decides), or (tile_partial) the tile computes only its common blocks and
-// the KV-major path the rest of its pairs, the combine merging both (kTileDonePartial).
-inline constexpr uint8_t kTileDoneNone = 0;
-inline constexpr uint8_t kTileDoneFull = 1;
-inline constexpr uint8_t kTileDoneWide = 2;
-inline constexpr uint8_t kTileDonePartial = 3;
 // The tile kernel's plan buffers hold this many union blocks (the planner checks it): 1.5 x 64, the
 // most a tile of topk 64 could have under the default whole-union criterion.
 inline constexpr int kUnionMaxBlocks = 96;
@@ -203,14 +192,6 @@ struct UnionArgs {
   int* work;             // [Hkv * num_tiles] qualifying (kh * num_tiles + tile)
   int* control;          // [0] qualifying tiles, [1] work counter of the attention kernel, [2] / [3]
                          // (wide_waste_milli > 0) pairs of all tiles / of the tiles within the wide bound
-  // tile_partial (> 0; 0: off): a tile that does not qualify computes the blocks that at least
-  // min(partial_min, tokens / 2) tokens of a half tile selected (that half's tokens only), done =
-  // kTileDonePartial; its rows' outputs are then partials: O / l without v_global_scale in out and
-  // the log2 LSEs in tile_lse / tile_lse_t ([total_q, Hq]), merged by the combine with the rest.
-  int partial_min;
-  uint64_t* entries;     // [Hkv, num_tiles * tile_tokens] KvMajorArgs::union_entries
-  float* tile_lse;
-  float* tile_lse_t;     // with has_temp
 };
 
 // ---- combine -----------------------------------------------------------------------------------
@@ -244,12 +225,6 @@ struct CombineArgs {
   // split-K kernels), so the combine may load them before it knows the weights (combine.cuh
   // merge_row, kSpec). False for KV-major, whose non-pair slots are never written.
   bool all_slots_written;
-  // tile_partial: rows of kTileDonePartial tiles merge the tile's partial too, as the slot of the
-  // first entry the tile computed (union_entries, KvMajorArgs'): its values in out (O / l, the
-  // output dtype = the partials' kind), its log2 LSEs at [row * Hq + head].
-  const float* tile_lse;
-  const float* tile_lse_t;
-  const uint64_t* union_entries;
 };
 
 // Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly

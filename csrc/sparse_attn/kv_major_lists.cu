@@ -196,16 +196,8 @@ __global__ void __launch_bounds__(kPairWarpsPerCta * 32, 2) pair_kernel(const __
     // Rows of a shared-selection tile are done already; the combine skips them too. lists=once:
     // the first group's rows set every slot of such a row to -inf (no later group's combine
     // resets them).
-    const uint8_t flag =
-        a.union_done != nullptr ? a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens] : 0;
-    const bool done = flag == kTileDoneFull;
-    // A partial tile's row: the entries its tile computes are not pairs here (their slots -inf);
-    // bit k of in_tile: the lane's entry lane + 32 k.
-    uint32_t in_tile = 0u;
-    if (flag == kTileDonePartial) {
-      const uint64_t m = a.union_entries[int64_t(kh) * a.union_num_tiles * a.union_tile_tokens + r];
-      in_tile = uint32_t((m >> lane) & 1u) | uint32_t((m >> (lane + 32)) & 1u) << 1;
-    }
+    const bool done =
+        a.union_done != nullptr && a.union_done[int64_t(kh) * a.union_num_tiles + r / a.union_tile_tokens];
     if (!(done && (kScatter || !a.lists_once || j > 0))) {
       // lists=once: the -inf LSEs of the later groups' non-pair slots come from the combine's reset.
       const bool mark = j == 0;
@@ -220,7 +212,7 @@ __global__ void __launch_bounds__(kPairWarpsPerCta * 32, 2) pair_kernel(const __
       for (int k = 0; k < 2; ++k) {
         const int e = lane + 32 * k;
         if (e >= p.topk) break;
-        const int col = covered && !((in_tile >> k) & 1u) ? entry_column(a, c, wl.v[k], wl.used[k]) : -1;
+        const int col = covered ? entry_column(a, c, wl.v[k], wl.used[k]) : -1;
         const int64_t counter = counter0 + col;
         entry[k] = (uint32_t(rel) << 6) | uint32_t(e);
         no_pair[k] = col < 0;

@@ -327,29 +327,12 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     plan.tile_wide_waste_milli = adaptive && plan.tile_max_waste_milli < kUnionMaxWasteMilliSmall
                                      ? kUnionMaxWasteMilliSmall
                                      : 0;
-    // tile_partial: the partial tiles' values go to out as partials of the combine, so out must
-    // have the partials' dtype. It replaces the adaptive bound (one decision per tile, on the
-    // host-chosen bound).
-    if (o.tile_partial > 0) {
-      plan.tile_partial_off = p.out_dtype != compute_dtype(p) ? "the output dtype differs from the partials' (compute) dtype"
-                              : plan.tile_tokens < 2 ? "a tile of one token has no partial blocks"
-                                                     : nullptr;
-      if (plan.tile_partial_off == nullptr) {
-        plan.tile_partial_min = o.tile_partial;
-        plan.tile_wide_waste_milli = 0;
-      }
-    }
     plan.tile_done_off = ws.take("tile.done", tiles);
     plan.tile_count_off = ws.take("tile.count", tiles * 4);
     plan.tile_block_off = ws.take("tile.block", tiles * plan.tile_max_entries * 4);
     plan.tile_mask_off = ws.take("tile.mask", tiles * plan.tile_max_entries);
     plan.tile_work_off = ws.take("tile.work", tiles * 4);
     plan.tile_control_off = ws.take("tile.control", 2 * 4 + 2 * 8);  // union_plan.cu's control words
-    if (plan.tile_partial_min > 0) {
-      plan.tile_entries_off = ws.take("tile.entries", tiles * plan.tile_tokens * 8);
-      plan.tile_lse_off = ws.take("tile.lse", size_t(p.total_q) * p.num_heads * 4);
-      if (has_temp) plan.tile_lse_t_off = ws.take("tile.lse_t", size_t(p.total_q) * p.num_heads * 4);
-    }
   }
   return true;
 }

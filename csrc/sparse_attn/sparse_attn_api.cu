@@ -266,12 +266,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     u.plan_mask = at<uint8_t>(p, plan.tile_mask_off);
     u.work = at<int>(p, plan.tile_work_off);
     u.control = at<int>(p, plan.tile_control_off);
-    u.partial_min = plan.tile_partial_min;
-    if (plan.tile_partial_min > 0) {
-      u.entries = at<uint64_t>(p, plan.tile_entries_off);
-      u.tile_lse = at<float>(p, plan.tile_lse_off);
-      u.tile_lse_t = a.has_temp ? at<float>(p, plan.tile_lse_t_off) : nullptr;
-    }
     launch_union_plan(u, stream);
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
       if constexpr (kKv == KvKind::kNative) {
@@ -287,7 +281,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     a.union_done = u.done;
     a.union_tile_tokens = u.tile_tokens;
     a.union_num_tiles = u.num_tiles;
-    a.union_entries = u.entries;
   }
   const bool once = plan.lists == KvMajorLists::kOnce;
   a.lists_once = once;
@@ -297,11 +290,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   c.union_done = a.union_done;
   c.union_tile_tokens = a.union_tile_tokens;
   c.union_num_tiles = a.union_num_tiles;
-  if (plan.tile_partial_min > 0) {
-    c.tile_lse = at<float>(p, plan.tile_lse_off);
-    c.tile_lse_t = a.has_temp ? at<float>(p, plan.tile_lse_t_off) : nullptr;
-    c.union_entries = a.union_entries;
-  }
   c.reset_lse = once;
   launch_kv_major_prepare(a, plan.num_sms, stream);
   if (once) {  // the lists of every launch group: one count, one scan (a CTA per group), one scatter

@@ -15,12 +15,6 @@
 // tiles across a sequence boundary are not counted); a second kernel then takes the wide bound
 // when those hold at least kUnionWideShareMilli / 1000 of the pairs, sets every done to 0 / 1 and
 // fills the work list. The list builder and the combine run after it and read only 0 / 1.
-// tile_partial (partial_min > 0, not with adaptive): a tile that does not qualify still computes the
-// blocks that at least min(partial_min, t / 2) tokens of one half selected (the computed products
-// of those are at most t / 2 / partial_min x their pairs), for that half's tokens only: done = 3
-// (kTileDonePartial), plan = those blocks, and per token a 64-bit mask of its q2k entries computed
-// here (entries), which the list builder leaves out. Its other pairs go the KV-major way and the
-// combine merges the tile's partial with theirs.
 #include <cuda_runtime_api.h>
 
 #include <climits>
@@ -138,46 +132,13 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
       computed * 1000 <= int64_t(a.max_waste_milli) * pairs && u <= kUnionMaxBlocks;
   const bool within_wide =
       wide && computed * 1000 <= int64_t(a.wide_waste_milli) * pairs && u <= kUnionMaxBlocks;
-  // tile_partial: a tile that does not qualify keeps, per half, the blocks at least cmin of the
-  // half's tokens selected (with those tokens' bits only); the others' pairs go the KV-major way.
-  const bool try_partial = !qualifies && !wide && a.partial_min > 0 && t >= 2;
-  const int cmin = min(a.partial_min, half);
-  const uint32_t low = (1u << half) - 1u;
-  auto token_mask = [&](int i, int bit) {
-    uint32_t mask = 0;
-    for (int e = 0; e < t; ++e) mask |= ((bits[e][i] >> bit) & 1u) << e;
-    return mask;
-  };
-  auto kept_mask = [&](uint32_t mask) {
-    if (!try_partial) return mask;
-    const uint32_t m0 = mask & low, m1 = mask & ~low;
-    return (__popc(m0) >= cmin ? m0 : 0u) | (__popc(m1) >= cmin ? m1 : 0u);
-  };
-  // The blocks of a union word that the plan keeps (all of them unless partial).
-  auto kept_word = [&](int i) {
-    uint32_t x = union_word(i);
-    if (!try_partial) return x;
-    uint32_t k = 0u;
-    for (uint32_t y = x; y != 0u; y &= y - 1u) {
-      const int bit = __ffs(y) - 1;
-      if (kept_mask(token_mask(i, bit)) != 0u) k |= 1u << bit;
-    }
-    return k;
-  };
-  int kept = 0;  // partial: the blocks kept
-  if (try_partial)
-    for (int i0 = 0; i0 < words; i0 += 32) {
-      const int i = i0 + lane;
-      kept += __reduce_add_sync(0xffffffffu, __popc(i < words ? kept_word(i) : 0u));
-    }
-  const bool partial = try_partial && kept > 0 && kept <= kUnionMaxBlocks;
-  if (qualifies || within_wide || partial) {
+  if (qualifies || within_wide) {
     int* out_block = a.plan_block + w * a.max_entries;
     uint8_t* out_mask = a.plan_mask + w * a.max_entries;
     int base = 0;
     for (int i0 = 0; i0 < words; i0 += 32) {
       const int i = i0 + lane;
-      uint32_t x = i < words ? kept_word(i) : 0u;
+      uint32_t x = i < words ? union_word(i) : 0u;
       const int cnt = __popc(x);
       int incl = cnt;
 #pragma unroll
@@ -189,35 +150,17 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
       while (x != 0u) {
         const int bit = __ffs(x) - 1;
         x &= x - 1u;
+        uint32_t mask = 0;
+        for (int e = 0; e < t; ++e) mask |= ((bits[e][i] >> bit) & 1u) << e;
         out_block[rank] = lo + 32 * i + bit;
-        out_mask[rank] = uint8_t(kept_mask(token_mask(i, bit)));
+        out_mask[rank] = uint8_t(mask);
         ++rank;
       }
       base += __shfl_sync(0xffffffffu, incl, 31);
     }
   }
-  if (partial) {
-    // Per token: bit e of its entry mask = entry e's block is computed by this tile.
-#pragma unroll
-    for (int e = 0; e < kUnionMaxTokens; ++e) {
-      if (e >= t) continue;  // warp-uniform
-      bool mine[2] = {false, false};
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int v = blk[e][k];
-        if (v >= 0) mine[k] = (kept_mask(token_mask((v - lo) >> 5, (v - lo) & 31)) >> e) & 1u;
-      }
-      const uint64_t m = uint64_t(__ballot_sync(0xffffffffu, mine[0])) |
-                         uint64_t(__ballot_sync(0xffffffffu, mine[1])) << 32;
-      if (lane == 0) a.entries[int64_t(kh) * a.num_tiles * t + r0 + e] = m;
-    }
-  }
   if (lane == 0) {
-    if (partial) {
-      a.done[w] = kTileDonePartial;
-      a.plan_count[w] = kept;
-      a.work[atomicAdd(&a.control[0], 1)] = int(w);
-    } else if (wide) {  // the second kernel decides and fills the work list
+    if (wide) {  // the second kernel decides and fills the work list
       a.done[w] = qualifies ? 1 : within_wide ? 2 : 0;
       if (qualifies || within_wide) a.plan_count[w] = u;
       atomicAdd(&pair_counts[0], static_cast<unsigned long long>(pairs));

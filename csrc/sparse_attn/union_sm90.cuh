@@ -251,10 +251,6 @@ MSA_DEVICE void union_epilogue(const UnionArgs& a, const UnionRows& rows, int kh
   const SparseAttnParams& p = a.p;
   const int G = a.group, tig = lane & 3;
   const float temp = p.lse_temperature;
-  // tile_partial: a partial tile's rows are partials (O / l, log2 LSEs in tile_lse), which the
-  // combine merges with the rows' KV-major partials and scales by v_global_scale.
-  const bool partial =
-      a.partial_min > 0 && a.done[int64_t(kh) * a.num_tiles + r0 / a.tile_tokens] == kTileDonePartial;
   float mul[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -264,7 +260,7 @@ MSA_DEVICE void union_epilogue(const UnionArgs& a, const UnionRows& rows, int kh
       lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 1);
       lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 2);
     }
-    mul[h] = l[h] > 0.0f ? (partial ? 1.0f : p.v_global_scale) / l[h] : 0.0f;
+    mul[h] = l[h] > 0.0f ? p.v_global_scale / l[h] : 0.0f;
   }
   int64_t row_off = -1;
   if (lane < 16) {
@@ -277,11 +273,6 @@ MSA_DEVICE void union_epilogue(const UnionArgs& a, const UnionRows& rows, int kh
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t idx = int64_t(r0 + rows.tok[h]) * p.num_heads + kh * G + rows.head[h];
-      if (partial) {
-        a.tile_lse[idx] = row_lse2(m[h], l[h]);
-        if (a.has_temp) a.tile_lse_t[idx] = row_lse2_t(m[h], lt[h], temp);
-        continue;
-      }
       if (p.lse != nullptr) p.lse[idx] = row_lse2(m[h], l[h]) * kLn2;
       if (p.lse_temperature_out != nullptr) p.lse_temperature_out[idx] = row_lse2_t(m[h], lt[h], temp) * kLn2;
     }

@@ -302,11 +302,7 @@ struct SparseAttnOptions {
   TileKernel tile_kernel = TileKernel::kAuto;
   KvMajorLists lists = KvMajorLists::kAuto;
   TileBound tile_bound = TileBound::kAuto;
-  // > 0: tiles that do not qualify compute the blocks at least this many tokens of a half tile
-  // selected (tile_partial=<n>, 2 .. kTilePartialMaxTokens; 0 = off, the default).
-  int tile_partial = 0;
 };
-inline constexpr int kTilePartialMaxTokens = 8;
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
 inline constexpr int kProxyDecodeIlpMinBatch = 16;
@@ -381,9 +377,7 @@ struct TopkSelectOptions {
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 3.0 up to 8192 rows,
 // else 2.0; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive (auto:
-// adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed),
-// tile_partial=off|<2..8> (tiles that do not qualify compute the blocks that many tokens of a half
-// tile selected; off by default).
+// adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -439,7 +433,7 @@ inline constexpr int64_t kKvMajorListsOnceBudget = int64_t(1) << 30;
 
 // Every section of a workspace starts at a multiple of this many bytes.
 inline constexpr size_t kWorkspaceAlign = 256;
-inline constexpr int kMaxWorkspaceSections = 20;
+inline constexpr int kMaxWorkspaceSections = 16;
 
 // One named section of a plan's workspace; sections follow each other, each starting aligned.
 struct WorkspaceSection {
@@ -514,16 +508,11 @@ struct KvMajorPlan {
   int tile_max_entries = 0;
   int tile_max_waste_milli = 0;
   int tile_wide_waste_milli = 0;  // > 0 (tile_bound=adaptive): the wider bound, taken on the device
-  // > 0 (tile_partial): tiles that do not qualify compute the blocks this many tokens of a half
-  // tile selected; the combine merges their partials (tile_lse*) with the KV-major ones.
-  int tile_partial_min = 0;
-  const char* tile_partial_off = nullptr;  // tile_partial requested but not planned: why (static)
   int tile_grid = 0;
   TileKernel tile_kernel = TileKernel::kCpAsync;  // resolved: kCpAsync or kTma
   const char* tile_fallback = nullptr;  // tile_kernel=auto / tma that took cp_async: why (static)
   size_t tile_done_off = 0, tile_count_off = 0, tile_block_off = 0, tile_mask_off = 0,
-         tile_work_off = 0, tile_control_off = 0, tile_entries_off = 0, tile_lse_off = 0,
-         tile_lse_t_off = 0;
+         tile_work_off = 0, tile_control_off = 0;
 };
 
 // Plan of msa_sparse_attention and msa_sparse_decode_attention (decode is always query-major).

@@ -817,9 +817,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # launch groups built in one pass; once falls back to per_group beyond its workspace bound),
 # tile_bound = auto | fixed | adaptive (adaptive: the tiles' bound and, where the tiles within 3.0
 # hold nearly all pairs of the call, 3.0; decided on the device; auto: adaptive with the TMA tiles'
-# default bound from 8193 to 40960 query rows, else fixed), tile_partial = off | 2 .. 8 (tiles that do
-# not qualify compute the blocks that many tokens of a half tile selected, the KV-major path the
-# rest of their pairs, the combine merging both; off by default);
+# default bound from 8193 to 40960 query rows, else fixed);
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K),
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the

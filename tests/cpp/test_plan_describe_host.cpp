@@ -125,19 +125,6 @@ TEST(PlanDescribe, AdaptiveTileBoundIsNamed) {
                      "all pairs), KV-major for the other rows")) << d;
 }
 
-TEST(PlanDescribe, PartialTilesAreNamedOrSayWhyNot) {
-  SparseAttnParams p = attn(32768);
-  SparseAttnOptions o;
-  o.tile_partial = 3;
-  std::string d = describe(plan_sparse_attention(p, o, hopper_tma()), p, o);
-  EXPECT_TRUE(has(d, "at most 2x a token's (tile_partial=3: the other tiles compute the blocks that many "
-                     "tokens of a half tile selected, merged with their KV-major partials), KV-major")) << d;
-  p.out_dtype = DType::kFP16;
-  d = describe(plan_sparse_attention(p, o, hopper_tma()), p, o);
-  EXPECT_TRUE(has(d, "(tile_partial is off here: the output dtype differs from the partials' (compute) "
-                     "dtype)")) << d;
-}
-
 TEST(PlanDescribe, KvMajorTmaRunsOrSaysWhyNot) {
   const SparseAttnParams p = attn(4096);
   SparseAttnOptions o;

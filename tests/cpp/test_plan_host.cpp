@@ -544,39 +544,6 @@ TEST(PlanTiles, AdaptiveBoundAddsTheWideBoundBelowIt) {
   EXPECT_EQ(parse_sparse_attention_options("tile_bound=adaptive").tile_bound, TileBound::kAdaptive);
 }
 
-TEST(PlanTiles, PartialTilesWhereTheCombineCanMergeThem) {
-  // tile_partial=<n>: the partial tiles' buffers (per-row entry masks, LSEs; the temperature LSEs
-  // with them), the adaptive bound off; not planned (and said why) where out is not of the
-  // partials' dtype.
-  SparseAttnDeviceFacts tma = hopper();
-  tma.tile_tma_ctas = 1;
-  SparseAttnOptions o;
-  EXPECT_EQ(parse_sparse_attention_options("tile_partial=3").tile_partial, 3);
-  EXPECT_EQ(parse_sparse_attention_options("tile_partial=off").tile_partial, 0);
-  SparseAttnParams p = attn(32768);
-  EXPECT_EQ(plan_sparse_attention(p, o, tma).kvm.tile_partial_min, 0);
-  o.tile_partial = 2;
-  SparseAttnPlan plan = plan_sparse_attention(p, o, tma);
-  EXPECT_EQ(plan.kvm.tile_partial_min, 2);
-  EXPECT_EQ(plan.kvm.tile_wide_waste_milli, 0);
-  EXPECT_EQ(plan.kvm.tile_partial_off, nullptr);
-  ASSERT_NE(section(plan, "tile.entries"), nullptr);
-  EXPECT_EQ(section(plan, "tile.entries")->bytes,
-            size_t(p.num_kv_heads) * plan.kvm.num_tiles * plan.kvm.tile_tokens * 8);
-  ASSERT_NE(section(plan, "tile.lse"), nullptr);
-  EXPECT_EQ(section(plan, "tile.lse")->bytes, size_t(p.total_q) * p.num_heads * 4);
-  EXPECT_EQ(section(plan, "tile.lse_t"), nullptr);
-  float lse_t = 0.0f;
-  p.lse_temperature_out = &lse_t;
-  EXPECT_NE(section(plan_sparse_attention(p, o, tma), "tile.lse_t"), nullptr);
-  p = attn(32768);
-  p.out_dtype = DType::kFP16;
-  plan = plan_sparse_attention(p, o, tma);
-  EXPECT_EQ(plan.kvm.tile_partial_min, 0);
-  EXPECT_STREQ(plan.kvm.tile_partial_off, "the output dtype differs from the partials' (compute) dtype");
-  EXPECT_EQ(section(plan, "tile.lse"), nullptr);
-}
-
 // ---- workspace layout ---------------------------------------------------------------------------
 
 TEST(PlanWorkspace, SectionsAreAlignedDisjointAndSumToBytes) {
@@ -1409,7 +1376,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, tile_bound, tile_partial)");
+      "lists, tile_bound)");
   bad("tile_bound=wide", "tile_bound must be auto, fixed or adaptive, got 'wide'");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
@@ -1418,9 +1385,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
   bad("tile_pingpong=on",
       "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-      "tile_kernel, lists, tile_bound, tile_partial)");
-  for (const char* v : {"1", "9", "on", "2.5", ""})
-    bad((std::string("tile_partial=") + v).c_str(), "tile_partial must be off or a number of tokens from 2 to 8");
+      "tile_kernel, lists, tile_bound)");
   // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3; the
   // in-kernel combine=overlap with combine_ctas, measured at c21b988) were removed, and with them the
   // options: the combine is always the separate kernel.
@@ -1429,7 +1394,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"8", "32"})
     bad((std::string("combine_ctas=") + v).c_str(),
         "unknown plan option 'combine_ctas' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-        "tile_kernel, lists, tile_bound, tile_partial)");
+        "tile_kernel, lists, tile_bound)");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");
