@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""flashmsa benchmark report: a markdown page with plots from one benchmark run's JSON.
+"""flashmsa benchmark report: a markdown page with plots from benchmark runs' JSON.
 
     python benchmarks/report.py results.json --out docs/report/
+    python benchmarks/report.py benchmarks/results/*.json --since 2026-12-02 --out docs/report/
 
 Reads the JSON that `bench_msa.py --out` writes (or a run recorded in benchmarks/results/, the
 same rows with `commit` / `gpu` / `date` at the top) and writes `--out`/README.md with PNG plots:
 time per stage and speedup over dense attention (scaled_dot_product_attention) against context
 length, for prefill and for decode. Every plot and the page name the GPU, the commit and the date
 of the run; the numbers behind each plot are tabulated under it with the benchmark case they come
-from. Needs matplotlib (`pip install "flashmsa[bench]"` or `pip install matplotlib`).
+from. Given several runs (of one GPU; `--since DATE` drops older ones), each number is the newest
+run's that has it, and every speedup divides times of one run: a prefill row's whole-pipeline and
+dense times come from the newest run that has both (so do its TP4 pair and each decode row), and
+each table row names the commits it comes from. Needs matplotlib (`pip install "flashmsa[bench]"`
+or `pip install matplotlib`).
 """
 
 from __future__ import annotations
@@ -71,15 +76,18 @@ def load_run(path) -> dict:
         data = json.load(fh)
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise ValueError(f"{path}: not a benchmark result (no 'rows' list)")
-    if isinstance(data.get("meta"), dict):  # bench_msa.py --out
+    m = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+    if "commit" not in data and m:  # bench_msa.py --out
         m = data["meta"]
         argv = m.get("argv")
         meta = dict(gpu=m.get("gpu"), commit=m.get("commit"), date=m.get("date"),
                     command=" ".join(argv) if isinstance(argv, list) else None,
                     mode=m.get("mode"), torch=m.get("torch"), cuda=m.get("cuda"))
-    else:  # benchmarks/results/<commit>.json
+    else:  # benchmarks/results/<commit>.json (its bench_msa.py meta, where kept, times the run)
         commands = data.get("commands")
-        meta = dict(gpu=data.get("gpu"), commit=data.get("commit"), date=data.get("date"),
+        stamp = str(m.get("date") or "")
+        date = stamp if stamp[:10] == str(data.get("date")) else data.get("date")
+        meta = dict(gpu=data.get("gpu"), commit=data.get("commit"), date=date,
                     command="; ".join(commands) if isinstance(commands, list) else None,
                     mode=data.get("scope"), title=data.get("title"))
     meta["gpu"] = meta.get("gpu") or "unknown GPU"
@@ -111,13 +119,67 @@ def collect(run: dict) -> dict:
     return out
 
 
-def speedups(data: dict) -> dict:
+# The prefill series measured together with dense attention: (MSA key, dense key).
+PAIRED = (("pipeline", "dense"), ("pipeline_tp4", "dense_tp4"))
+
+
+def collect_latest(runs: list) -> tuple:
+    """collect() over several runs, oldest first: each number from the newest run that has it,
+    except that a pipeline time and the dense time beside it (each PAIRED pair, at each context)
+    come from the newest run that has both, and a decode row's index, attention and dense times
+    from the newest run that has the first two. Returns (data, origin, sparse_dense): origin
+    mirrors data with run indices; sparse_dense[S] is the dense time of the run of sparse[S]
+    (the attention-alone speedup's divisor)."""
+    per_run = [collect(r) for r in runs]
+    data = dict(prefill={k: {} for k, *_ in PREFILL}, decode={k: {} for k, *_ in DECODE})
+    origin = dict(prefill={k: {} for k, *_ in PREFILL}, decode={k: {} for k, *_ in DECODE})
+    paired = {k for pair in PAIRED for k in pair}
+    for i, d in enumerate(per_run):  # newer runs overwrite
+        pre = d["prefill"]
+        for key, *_ in PREFILL:
+            if key in paired:
+                continue
+            for s, entry in pre[key].items():
+                data["prefill"][key][s], origin["prefill"][key][s] = entry, i
+        for msa, dense in PAIRED:
+            for s, entry in pre[msa].items():
+                if s in pre[dense]:
+                    data["prefill"][msa][s], origin["prefill"][msa][s] = entry, i
+                    data["prefill"][dense][s], origin["prefill"][dense][s] = pre[dense][s], i
+        dec = d["decode"]
+        for at in set(dec["index"]) & set(dec["attention"]):
+            for key in ("index", "attention", "dense"):
+                data["decode"][key].pop(at, None)
+                origin["decode"][key].pop(at, None)
+                if at in dec[key]:
+                    data["decode"][key][at], origin["decode"][key][at] = dec[key][at], i
+    # A context where no run has both: the newest MSA time alone (no speedup), else the newest
+    # dense time alone; never the two from different runs.
+    for msa, dense in PAIRED:
+        for key in (msa, dense):
+            for i, d in enumerate(per_run):
+                for s, entry in d["prefill"][key].items():
+                    if s in origin["prefill"][msa] and s in origin["prefill"][dense]:
+                        continue  # paired above
+                    if key == dense and s in origin["prefill"][msa]:
+                        continue  # the MSA time alone is shown
+                    data["prefill"][key][s], origin["prefill"][key][s] = entry, i
+    sparse_dense = {s: per_run[i]["prefill"]["dense"][s][0]
+                    for s, i in origin["prefill"]["sparse"].items()
+                    if s in per_run[i]["prefill"]["dense"]}
+    return data, origin, sparse_dense
+
+
+def speedups(data: dict, sparse_dense: dict | None = None) -> dict:
     """Speedup over dense attention of the same heads: prefill[key][S], decode[B][ctx]."""
     pre, dec = data["prefill"], data["decode"]
     sp = dict(prefill={}, decode={})
-    for key, dense in (("pipeline", "dense"), ("pipeline_tp4", "dense_tp4"), ("sparse", "dense")):
+    for key, dense in PAIRED + (("sparse", "dense"),):
         sp["prefill"][key] = {s: pre[dense][s][0] / t for s, (t, _) in pre[key].items()
                               if s in pre[dense]}
+    if sparse_dense is not None:  # several runs: the sparse time's own run's dense time
+        sp["prefill"]["sparse"] = {s: sparse_dense[s] / t for s, (t, _) in pre["sparse"].items()
+                                   if s in sparse_dense}
     for (b, s), (dense_us, _) in sorted(dec["dense"].items()):
         if (b, s) in dec["index"] and (b, s) in dec["attention"]:
             total = dec["index"][(b, s)][0] + dec["attention"][(b, s)][0]
@@ -244,12 +306,40 @@ def _x(value):
     return f"{value:.2f}x" if value is not None else ""
 
 
-def markdown(run: dict, data: dict, sp: dict, plots: dict, source_name: str) -> str:
+def composite_run(runs: list, origin: dict) -> dict:
+    """The page's run for several runs: the commits that numbers were taken from, newest first,
+    the newest date and GPU; no command or ceilings (each run's are listed)."""
+    used = sorted({i for table in origin.values() for by_at in table.values() for i in by_at.values()},
+                  reverse=True)
+    newest = runs[used[0]]["meta"] if used else runs[-1]["meta"]
+    meta = dict(gpu=newest["gpu"], commit=f"{newest['commit']} and {len(used) - 1} earlier run{'s' if len(used) != 2 else ''}",
+                date=newest["date"], mode=f"the newest numbers of {len(used)} runs")
+    return dict(meta=meta, ceilings={}, rows=[], runs=[runs[i] for i in used])
+
+
+def _row_runs(runs: list, indices) -> str:
+    return ", ".join(dict.fromkeys(runs[i]["meta"]["commit"] for i in sorted(indices, reverse=True)))
+
+
+def markdown(run: dict, data: dict, sp: dict, plots: dict, source_name: str,
+             origin: dict | None = None, runs: list | None = None) -> str:
+    """The page. With origin and runs (several runs, collect_latest), each table row names the
+    commits its numbers come from and the runs are listed with their ceilings."""
     meta, pre, dec = run["meta"], data["prefill"], data["decode"]
     lines = [f"# flashmsa benchmark report: {gpu_label(meta)}", "",
              f"Generated by `benchmarks/report.py` from `{source_name}`: commit {meta['commit']}, "
              f"{meta['date']}, {meta['gpu']}"
              + (f", {meta['mode']}" if meta.get("mode") else "") + "."]
+    if origin is not None:
+        lines += ["", "Runs (newest first; each number below is the newest run's that has it, and "
+                      "every speedup divides two times of one run):", ""]
+        for r in run["runs"]:
+            m, c = r["meta"], r["ceilings"]
+            ceil = (f"; ceilings: bf16 matmul {c['matmul_tflops']:.0f} TFLOP/s, device copy "
+                    f"{c['copy_gbs']:.0f} GB/s" if c.get("matmul_tflops") and c.get("copy_gbs") else "")
+            lines.append(f"* `{Path(r['source']).name}`: commit {m['commit']}, {m['date'][:10]}"
+                         + (f", {m['mode']}" if m.get("mode") else "")
+                         + (f": {m['title']}" if m.get("title") else "") + ceil)
     if meta.get("title"):
         lines.append(f"That commit: {meta['title']}.")
     if meta.get("command"):
@@ -272,15 +362,19 @@ def markdown(run: dict, data: dict, sp: dict, plots: dict, source_name: str) -> 
             lines += [f"![{name}]({plots[name]})", ""]
     sizes = sorted({s for v in pre.values() for s in v})
     if sizes:
+        runs_col = origin is not None
         lines += ["| context | proxy ms | top-k ms | sparse attention ms | MSA prefill ms | "
                   "dense ms | speedup | TP4 MSA ms | TP4 dense ms | TP4 speedup | "
-                  "attention-alone speedup |", "|" + "---|" * 11]
+                  "attention-alone speedup |" + (" runs |" if runs_col else ""),
+                  "|" + "---|" * (12 if runs_col else 11)]
         for s in sizes:
             cells = [size_name(s)] + [_ms(pre[k].get(s)) for k in ("proxy", "topk", "sparse",
                                                                      "pipeline", "dense")]
             cells += [_x(sp["prefill"]["pipeline"].get(s)), _ms(pre["pipeline_tp4"].get(s)),
                       _ms(pre["dense_tp4"].get(s)), _x(sp["prefill"]["pipeline_tp4"].get(s)),
                       _x(sp["prefill"]["sparse"].get(s))]
+            if runs_col:
+                cells.append(_row_runs(runs, [o[s] for o in origin["prefill"].values() if s in o]))
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "Benchmark cases plotted (the proxy: the fastest of its kernel variants in "
                       "the run):", ""]
@@ -301,13 +395,16 @@ def markdown(run: dict, data: dict, sp: dict, plots: dict, source_name: str) -> 
             lines += ["This run has no dense decode rows (`dense` stage, `decode B.. ctx=.. sq1 "
                       "SDPA 64 heads`, measured by `bench_msa.py --stages decode` since they were "
                       "added), so no decode speedup is shown.", ""]
+        runs_col = origin is not None
         lines += ["| batch | context | index µs | sparse attention µs | MSA decode µs | dense µs | "
-                  "speedup |", "|" + "---|" * 7]
+                  "speedup |" + (" runs |" if runs_col else ""), "|" + "---|" * (8 if runs_col else 7)]
         for b, s in keys:
             idx, att, dense = (dec[k].get((b, s)) for k in ("index", "attention", "dense"))
             total = f"{idx[0] + att[0]:.1f}" if idx and att else ""
+            extra = (" " + _row_runs(runs, [o[(b, s)] for o in origin["decode"].values()
+                                           if (b, s) in o]) + " |") if runs_col else ""
             lines.append(f"| {b} | {size_name(s)} | {_us(idx)} | {_us(att)} | {total} | "
-                         f"{_us(dense)} | {_x(sp['decode'].get(b, {}).get(s))} |")
+                         f"{_us(dense)} | {_x(sp['decode'].get(b, {}).get(s))} |" + extra)
         lines += ["", "MSA decode = index (proxy score + top-k over the paged index cache) + "
                       "sparse decode attention, one token per request, bf16 K/V."]
     else:
@@ -317,14 +414,31 @@ def markdown(run: dict, data: dict, sp: dict, plots: dict, source_name: str) -> 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", help="JSON of bench_msa.py --out, or benchmarks/results/<commit>.json")
+    ap.add_argument("results", nargs="+",
+                    help="JSON of bench_msa.py --out, or benchmarks/results/<commit>.json (several: "
+                         "each number from the newest run that has it)")
+    ap.add_argument("--since", default=None, metavar="DATE",
+                    help="with several runs, leave out those dated before DATE (YYYY-MM-DD)")
     ap.add_argument("--out", default="report", help="directory for README.md and the PNGs "
                                                      "(created; default: ./report)")
     args = ap.parse_args(argv)
     try:
-        run = load_run(args.results)
+        runs = [load_run(path) for path in args.results]
     except (OSError, ValueError) as e:
         print(f"report: {e}", file=sys.stderr)
+        return 2
+    if args.since is not None:
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", args.since):
+            print(f"report: --since must be a date YYYY-MM-DD, got {args.since!r}", file=sys.stderr)
+            return 2
+        runs = [r for r in runs if r["meta"]["date"][:10] >= args.since]
+        if not runs:
+            print(f"report: no run dated {args.since} or later", file=sys.stderr)
+            return 2
+    gpus = {r["meta"]["gpu"].split(" (")[0] for r in runs}
+    if len(gpus) > 1:
+        print(f"report: runs of different GPUs ({', '.join(sorted(gpus))}): one report per GPU",
+              file=sys.stderr)
         return 2
     try:
         import matplotlib  # noqa: F401
@@ -334,10 +448,20 @@ def main(argv=None) -> int:
         return 2
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = collect(run)
-    sp = speedups(data)
-    plots = plot_all(run, data, sp, out_dir)
-    (out_dir / "README.md").write_text(markdown(run, data, sp, plots, Path(args.results).as_posix()))
+    if len(runs) == 1:
+        run = runs[0]
+        data = collect(run)
+        sp = speedups(data)
+        plots = plot_all(run, data, sp, out_dir)
+        page = markdown(run, data, sp, plots, Path(args.results[0]).as_posix())
+    else:
+        runs.sort(key=lambda r: r["meta"]["date"])  # stable: the given order among equal dates
+        data, origin, sparse_dense = collect_latest(runs)
+        sp = speedups(data, sparse_dense)
+        run = composite_run(runs, origin)
+        plots = plot_all(run, data, sp, out_dir)
+        page = markdown(run, data, sp, plots, f"{len(args.results)} result files", origin, runs)
+    (out_dir / "README.md").write_text(page)
     print(f"report: {out_dir / 'README.md'} and {len(plots)} plots "
           f"({', '.join(plots.values()) or 'none: no plottable rows'})")
     return 0

@@ -121,3 +121,56 @@ def test_report_files(tmp_path, dense_decode):
     else:
         assert "no dense decode rows" in md
         assert "| 64 | 32K | 2560.0 | 640.0 | 3200.0 |  |  |" in md
+
+
+def test_newest_numbers_of_several_runs_keep_each_speedup_within_one_run(tmp_path):
+    """Several runs: each number is the newest run's, but a pipeline time and the dense time it is
+    divided by come from one run (the newest with both), as do a decode row's times."""
+    old = synthetic_run(gpu="NVIDIA H200")
+    new = dict(meta=dict(old["meta"], commit="fff0000", date="2026-12-02T08:00:00+00:00"),
+               ceilings=old["ceilings"], rows=[
+                   dict(stage="proxy", case="prefill S=8K idx 4q/1k", median_us=111.0),
+                   dict(stage="pipeline", case="S=8K 64q/4kv/4idx bf16 flat", median_us=10.0),
+                   dict(stage="pipeline", case="S=32K 64q/4kv/4idx bf16 flat", median_us=1000.0),
+                   dict(stage="dense", case="S=32K SDPA causal 64 heads", median_us=5000.0),
+                   dict(stage="sparse", case="S=32K bf16 flat pipeline", median_us=500.0),
+                   dict(stage="decode", case="B64 ctx=8K sq1 bf16 paged", median_us=1.0)])
+    runs = [report.load_run(write(tmp_path, old, "old.json")),
+            report.load_run(write(tmp_path, new, "new.json"))]
+    data, origin, sparse_dense = report.collect_latest(runs)
+    pre = data["prefill"]
+    assert pre["proxy"][8192] == (111.0, "prefill S=8K idx 4q/1k") and origin["prefill"]["proxy"][8192] == 1
+    # 8K: the new run has no dense time, so pipeline and dense both come from the old run.
+    assert pre["pipeline"][8192][0] == 1250.0 * 4 and origin["prefill"]["pipeline"][8192] == 0
+    assert origin["prefill"]["dense"][8192] == 0
+    # 32K: the new run has both.
+    assert pre["pipeline"][32768][0] == 1000.0 and pre["dense"][32768][0] == 5000.0
+    sp = report.speedups(data, sparse_dense)
+    assert sp["prefill"]["pipeline"][32768] == pytest.approx(5.0)
+    assert sp["prefill"]["sparse"][32768] == pytest.approx(10.0)  # the new run's dense
+    # The new run's decode row has no index time: the whole row stays the old run's.
+    assert data["decode"]["attention"][(64, 8192)][0] == 640.0
+    assert origin["decode"]["dense"][(64, 8192)] == 0
+
+
+def test_report_of_several_runs(tmp_path):
+    pytest.importorskip("matplotlib")
+    old = synthetic_run(gpu="NVIDIA H200")
+    new = dict(meta=dict(old["meta"], commit="fff0000", date="2026-12-02T08:00:00+00:00"),
+               ceilings=old["ceilings"], rows=[
+                   dict(stage="pipeline", case="S=32K 64q/4kv/4idx bf16 flat", median_us=1000.0),
+                   dict(stage="dense", case="S=32K SDPA causal 64 heads", median_us=5000.0)])
+    files = [str(write(tmp_path, old, "old.json")), str(write(tmp_path, new, "new.json"))]
+    out = tmp_path / "report"
+    assert report.main(files + ["--out", str(out)]) == 0
+    md = (out / "README.md").read_text()
+    assert "commit fff0000 and 1 earlier run," in md and "* `new.json`: commit fff0000" in md
+    assert "| 32K | 3.20 | 0.80 | 16.00 | 1.00 | 5.00 | 5.00x |" in md
+    assert md.count("fff0000, abc1234 |") == 1  # the 32K row's runs
+    # --since keeps the newer run only; a malformed date and runs of two GPUs are refused.
+    assert report.main(files + ["--since", "2026-12-02", "--out", str(tmp_path / "r2")]) == 0
+    assert "abc1234" not in (tmp_path / "r2" / "README.md").read_text()
+    assert report.main(files + ["--since", "Dec 2", "--out", str(tmp_path / "r3")]) == 2
+    assert report.main(files + ["--since", "2027-01-01", "--out", str(tmp_path / "r3")]) == 2
+    other = synthetic_run()  # an A100 run
+    assert report.main(files + [str(write(tmp_path, other, "a100.json")), "--out", str(tmp_path / "r4")]) == 2
