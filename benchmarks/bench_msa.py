@@ -927,6 +927,9 @@ class Bench:
                 variants += [(f" [{m}]", dict(mtp=m)) for m in ("per_token", "union")]
                 if kv == "fp8":
                     variants.append((" [union regs]", dict(kernel="regs", mtp="union")))
+                    # fp8 K/V on the wgmma kernel: raw copies converted to fp16 in place by its
+                    # converter warps (wgmma_fp8=on; off by default).
+                    variants.append((" [wgmma_fp8=on]", dict(kernel="wgmma", wgmma_fp8="on")))
                 # 16-bit union items on the sm_90a TMA + wgmma kernel (kernel=wgmma; planned as
                 # auto where it cannot run: the plan text says why).
                 if kv == "bf16":

@@ -177,6 +177,9 @@ def cases(bench: bm.Bench) -> dict:
             64, 32 * K, 4, "bf16", dict(kernel="wgmma", wgmma_pipe="inline")),
         "decode_b64_sq4_wgmma_ahead": lambda: bench.build_decode(
             64, 32 * K, 4, "bf16", dict(kernel="wgmma", wgmma_pipe="ahead")),
+        # fp8 K/V on the wgmma kernel (wgmma_fp8=on: raw TMA copies, four converter warps).
+        "decode_b64_sq4_fp8_wgmma": lambda: bench.build_decode(
+            64, 32 * K, 4, "fp8", dict(kernel="wgmma", wgmma_fp8="on")),
         # The decode step captured in one CUDA graph (bench_msa stage step): one replay, every
         # kernel node of the graph profiled.
         "step_b64": lambda: bench.build_step(64, 32 * K, 1),

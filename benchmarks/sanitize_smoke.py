@@ -706,6 +706,7 @@ class Smoke:
         self.decode_mtp_union_regs(lens)
         self.decode_mtp_wgmma(lens)
         self.decode_mtp_wgmma(lens, pipe="ahead")
+        self.decode_mtp_wgmma(lens, pipe="ahead", fp8=True)
         self.decode_split_cluster(lens)
         self.decode_split_warps8(lens)
         self.decode_combine_with(lens)
@@ -942,17 +943,21 @@ class Smoke:
                     f"sq{seqlen_q} shared={shared}")
 
 
-    def decode_mtp_wgmma(self, lens, pipe="inline"):
+    def decode_mtp_wgmma(self, lens, pipe="inline", fp8=False):
         """MTP union items with bf16 / fp16 K/V on the sm_90a TMA + wgmma kernel (plan option
         kernel=wgmma; planned as auto where it cannot run): M3, G = 8 and G = 3, seqlen_q 2 and 4,
         shared and per-token selections, fused / split with each partial dtype, ids out of range
         and -1 holes. pipe: the option wgmma_pipe (ahead: the planner / loader warps; then also 40
-        requests of M3, 160 items: CTAs that take two items, plans made while a loader streams)."""
-        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="wgmma", wgmma_pipe=pipe))
-        tag = "wgmma" if pipe == "inline" else f"wgmma {pipe}"
+        requests of M3, 160 items: CTAs that take two items, plans made while a loader streams).
+        fp8: fp8 K/V with wgmma_fp8=on (raw copies and the converter warps; the same calls)."""
+        options = dict(kernel="wgmma", wgmma_pipe=pipe)
+        if fp8:
+            options["wgmma_fp8"] = "on"
+        ops = PlannedOps(self.ops, msa_sparse_decode_attention=options)
+        tag = ("wgmma" if pipe == "inline" else f"wgmma {pipe}") + (" fp8 kv" if fp8 else "")
         if pipe == "ahead":
             many = [700, 130, 1, 300, 129] * 8
-            cache = self.lazy(lambda: self.paged_kv(many, 4, BF16))
+            cache = self.lazy(lambda: self.paged_kv(many, 4, FP8 if fp8 else BF16))
 
             def build_many():
                 return self.rnd((len(many) * 4, 64, 128)).to(BF16), self.mtp_selection(many, 4, 4, False)
@@ -960,7 +965,7 @@ class Smoke:
                                          f"decode mtp {tag} paged bfloat16 64/4 sq4 b{len(many)}")
         b = len(lens)
         for hq, hkv, dtype in ((64, 4, BF16), (16, 2, FP16), (12, 4, BF16)):
-            cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, dtype))
+            cache = self.lazy(lambda hkv=hkv, dtype=dtype: self.paged_kv(lens, hkv, FP8 if fp8 else dtype))
             for seqlen_q, shared in ((4, True), (4, False), (2, False)):
                 def build(hq=hq, hkv=hkv, dtype=dtype, sqd=seqlen_q, shared=shared):
                     sel = self.mtp_selection(lens, sqd, hkv, shared)

@@ -85,6 +85,8 @@ constexpr Named<DecodeSplitRule> kDecodeSplitRules[] = {
     {DecodeSplitRule::kAuto, "auto"}, {DecodeSplitRule::kCeil, "ceil"}, {DecodeSplitRule::kWaves, "waves"}};
 constexpr Named<DecodeWgmmaPipe> kDecodeWgmmaPipes[] = {
     {DecodeWgmmaPipe::kAuto, "auto"}, {DecodeWgmmaPipe::kInline, "inline"}, {DecodeWgmmaPipe::kAhead, "ahead"}};
+constexpr Named<DecodeWgmmaFp8> kDecodeWgmmaFp8s[] = {
+    {DecodeWgmmaFp8::kAuto, "auto"}, {DecodeWgmmaFp8::kOff, "off"}, {DecodeWgmmaFp8::kOn, "on"}};
 
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
@@ -169,6 +171,7 @@ const char* option_name(DecodeTma v) { return name_of(kDecodeTmas, v); }
 const char* option_name(DecodeTmaIssue v) { return name_of(kDecodeTmaIssues, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
+const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v); }
 const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
 const char* option_name(DecodeSplitRule v) { return name_of(kDecodeSplitRules, v); }
 const char* option_name(DecodeCombineLoads v) { return name_of(kDecodeCombineLoads, v); }
@@ -186,6 +189,8 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.split = parse_enum(kDecodeSplits, name, value);
     } else if (name == "wgmma_pipe") {
       o.wgmma_pipe = parse_enum(kDecodeWgmmaPipes, name, value);
+    } else if (name == "wgmma_fp8") {
+      o.wgmma_fp8 = parse_enum(kDecodeWgmmaFp8s, name, value);
     } else if (name == "split_warps") {
       o.split_warps = parse_enum(kDecodeSplitWarps, name, value);
     } else if (name == "split_rule") {
@@ -194,7 +199,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.combine_loads = parse_enum(kDecodeCombineLoads, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, "
+               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule, "
                "combine_loads)");
     }
   });

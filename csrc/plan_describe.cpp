@@ -136,6 +136,10 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
     if (plan.qm.wgmma_ahead)
       s << "; wgmma_pipe=ahead (a planner warp plans the next item and its K / V coordinates while a "
            "loader warp streams this one's blocks, K one block ahead of V)";
+    if (plan.qm.wgmma_fp8)
+      s << "; wgmma_fp8=on (fp8 K/V: each raw 16 KB K or V block by TMA into its ring stage, converted "
+           "exactly in place into fp16 by a warpgroup of 4 converter warps; the MMAs and softmax in fp16, "
+           "bf16 q scaled into fp16 per item)";
   } else if (plan.qm.wgmma_fallback != nullptr) {
     s << "; kernel=wgmma falls back to auto's kernel: " << plan.qm.wgmma_fallback;
   }

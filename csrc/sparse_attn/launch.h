@@ -80,6 +80,12 @@ template <typename Elem>
 void launch_mtp_wgmma_sm90(const QueryMajorArgs& args, int grid, bool ahead, cudaStream_t stream);
 template <typename Elem>
 int mtp_wgmma_sm90_ctas_per_sm();
+// The same kernel with fp8 e4m3 K/V (decode plan option wgmma_fp8=on; wgmma_pipe=ahead's warps): raw
+// K / V blocks copied by TMA, converted to the compute dtype's tiles by two producer warps.
+template <typename Elem>
+void launch_mtp_wgmma_fp8_sm90(const QueryMajorArgs& args, int grid, cudaStream_t stream);
+template <typename Elem>
+int mtp_wgmma_fp8_sm90_ctas_per_sm();
 
 // KV-major list building (kv_major_lists.cu): once per call, then once per launch group.
 void launch_kv_major_prepare(const KvMajorArgs& args, int num_sms, cudaStream_t stream);

@@ -59,12 +59,16 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   const bool auto_wgmma = options.kernel == DecodeKernel::kAuto && mtp && num_sms > 0 &&
                           2 * union_items > int64_t(num_sms);
   if (options.kernel == DecodeKernel::kWgmma || auto_wgmma) {
-    const char* why = mtp_wgmma_unsupported(p, mtp, facts);
+    const char* why = mtp_wgmma_unsupported(p, mtp, facts, options);
     if (options.kernel == DecodeKernel::kWgmma) plan.wgmma_fallback = why;
     plan.wgmma = why == nullptr;
     // wgmma_pipe=ahead: the planner warp ahead of the loader, auto's too (H200 at 42bbb91: B64 /
     // 32K MTP sq 4 bf16 91.7 vs 98.7 us inline).
     plan.wgmma_ahead = plan.wgmma && options.wgmma_pipe != DecodeWgmmaPipe::kInline;
+    // wgmma_fp8=on: fp8 K/V converted in place by the kernel's converter warps (auto: off; H200 at
+    // this commit's parent: B64 / 32K sq 4 74.5 / 75.3 vs 77.4 us for auto's union register kernel,
+    // measured at that one batch).
+    plan.wgmma_fp8 = plan.wgmma && p.k.dtype == DType::kFP8E4M3;
   }
   const DecodeKernel kernel = options.kernel == DecodeKernel::kWgmma ? DecodeKernel::kAuto : options.kernel;
   const int regs_ctas = facts.decode_regs_ctas, cluster_max = facts.decode_cluster_max;
@@ -164,13 +168,22 @@ int tile_ctas(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
 
 }  // namespace
 
-const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts) {
+const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts,
+                                  const SparseDecodeOptions& options) {
   if (!mtp)
     return "no MTP union items in this call (per-token items, or mtp=per_token): the wgmma kernel runs "
            "union items only";
-  if (p.q_dtype != compute_dtype(p)) return "fp8 q (the wgmma kernel loads bf16 / fp16 q by TMA)";
-  if (!kv_in_compute_dtype(p))
-    return "fp8 / NVFP4 K/V (the wgmma kernel loads 16-bit K and V of the compute dtype)";
+  const DType compute = compute_dtype(p);
+  if (p.q_dtype != compute) return "fp8 q (the wgmma kernel loads bf16 / fp16 q by TMA)";
+  const bool fp8_kv = p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3;
+  if (fp8_kv && options.wgmma_fp8 != DecodeWgmmaFp8::kOn)
+    return "fp8 K/V (the wgmma kernel converts them only with wgmma_fp8=on: off by default, 3-4 % "
+           "faster than auto's kernel at the one batch measured)";
+  if (fp8_kv && options.wgmma_pipe == DecodeWgmmaPipe::kInline)
+    return "fp8 K/V with wgmma_pipe=inline (wgmma_fp8=on runs the ahead pipe's planner and loader warps)";
+  if (!fp8_kv && !kv_in_compute_dtype(p))
+    return "NVFP4 K/V (the wgmma kernel loads 16-bit K and V of the compute dtype, or fp8 with "
+           "wgmma_fp8=on)";
   if (facts.decode_mtp_wgmma_ctas <= 0 || facts.num_sms <= 0)
     return "the wgmma kernel cannot run on this device (needs an sm_90 GPU and the library's sm_90a image)";
   // TMA coordinates are 32-bit: rows of q, flat K/V rows (a box reaches 128 past the last block).

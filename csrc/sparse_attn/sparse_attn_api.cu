@@ -182,8 +182,12 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
                 "without MTP union items (planner bug)");
       if constexpr (kKv == KvKind::kNative) {
         launch_mtp_wgmma_sm90<Elem>(a, plan.grid, plan.wgmma_ahead, stream);
+      } else if constexpr (kKv == KvKind::kFp8) {  // wgmma_fp8=on
+        MSA_CHECK(plan.wgmma_fp8 && plan.wgmma_ahead, "msa_sparse_decode_attention: kernel=wgmma with fp8 "
+                  "K/V planned without wgmma_fp8=on's pipe (planner bug)");
+        launch_mtp_wgmma_fp8_sm90<Elem>(a, plan.grid, stream);
       } else {
-        MSA_FAIL("msa_sparse_decode_attention: kernel=wgmma needs 16-bit K/V (planner bug)");
+        MSA_FAIL("msa_sparse_decode_attention: kernel=wgmma needs 16-bit or fp8 K/V (planner bug)");
       }
       return;
     }
@@ -345,6 +349,7 @@ SparseAttnDeviceFacts device_facts(const SparseAttnParams& p, bool decode) {
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
       f.decode_cluster_max = query_major_cluster_max<Elem, kKv>(f.decode_regs_ctas > 0);
       if constexpr (kKv == KvKind::kNative) f.decode_mtp_wgmma_ctas = mtp_wgmma_sm90_ctas_per_sm<Elem>();
+      if constexpr (kKv == KvKind::kFp8) f.decode_mtp_wgmma_ctas = mtp_wgmma_fp8_sm90_ctas_per_sm<Elem>();
     });
     return f;
   }

@@ -188,7 +188,8 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // wgmma: MTP union items with bf16 / fp16 q, K and V on the sm_90a kernel of warpgroup MMAs and TMA
 // loads (csrc/sparse_attn/mtp_wgmma_sm90.cuh: a persistent CTA per SM, a producer warp streaming
 // each item's union blocks through a 3-stage K / V ring, one consumer warpgroup computing all 64
-// rows); every other call (per-token items, fp8 / NVFP4 K/V, fp8 q, no sm_90a image or device,
+// rows), and fp8 K/V with wgmma_fp8=on (DecodeWgmmaFp8); every other call (per-token items, fp8
+// K/V without that option, NVFP4 K/V, fp8 q, no sm_90a image or device,
 // q / K / V beyond TMA's 32-bit coordinates) is planned as auto and the plan text says why
 // (mtp_wgmma_unsupported).
 enum class DecodeKernel : int32_t {
@@ -283,12 +284,23 @@ enum class DecodeCombineLoads : int32_t { kAuto = 0, kAfter = 1, kWith = 2 };
 // docs/design/sparse_attention.md, "MTP union items on warpgroup MMAs".
 enum class DecodeWgmmaPipe : int32_t { kAuto = 0, kInline = 1, kAhead = 2 };
 
+// Whether the MTP wgmma kernel (kernel=wgmma, or auto where it takes it) runs fp8 e4m3 K/V: on
+// (its loader warp copies each block's raw K or V by TMA into its ring stage, a warpgroup of 4
+// converter warps converts it exactly into fp16 in place, and the consumers compute in fp16: fp16 q
+// as the 16-bit kernel on the dequantized K and V, bit for bit; bf16 q scaled into fp16 by a power
+// of two per item, as kernel=regs scales it per row; needs wgmma_pipe=ahead's warps, so
+// wgmma_pipe=inline falls back), off. auto: off (H200: 3-4 % faster than auto's union register
+// kernel at B64 / 32K / 4 tokens, the one batch measured). Other kernels and K/V dtypes ignore it.
+// docs/design/sparse_attention.md, "fp8 K/V on the MTP wgmma kernel, in fp16".
+enum class DecodeWgmmaFp8 : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
+
 struct SparseDecodeOptions {
   DecodeKernel kernel = DecodeKernel::kAuto;
   DecodeMtp mtp = DecodeMtp::kAuto;
   DecodeNvfp4Cvt nvfp4_cvt = DecodeNvfp4Cvt::kAuto;
   DecodeSplit split = DecodeSplit::kAuto;
   DecodeWgmmaPipe wgmma_pipe = DecodeWgmmaPipe::kAuto;
+  DecodeWgmmaFp8 wgmma_fp8 = DecodeWgmmaFp8::kAuto;
   DecodeSplitWarps split_warps = DecodeSplitWarps::kAuto;
   DecodeSplitRule split_rule = DecodeSplitRule::kAuto;
   DecodeCombineLoads combine_loads = DecodeCombineLoads::kAuto;
@@ -381,7 +393,7 @@ struct TopkSelectOptions {
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
-// split_warps=auto|4|8, split_rule=auto|ceil|waves.
+// wgmma_fp8=auto|off|on, split_warps=auto|4|8, split_rule=auto|ceil|waves.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
@@ -472,6 +484,7 @@ struct QueryMajorPlan {
   // of `grid` CTAs; wgmma_fallback: why a kernel=wgmma call is planned as auto instead (static).
   bool wgmma = false;
   bool wgmma_ahead = false;  // wgmma with wgmma_pipe=ahead (planner and loader warps)
+  bool wgmma_fp8 = false;    // wgmma with fp8 K/V (wgmma_fp8=on: raw copies, converter warps)
   int grid = 0;
   const char* wgmma_fallback = nullptr;
   StoreKind part_kind = StoreKind::kBF16;
@@ -582,8 +595,10 @@ SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnD
                                   const SparseDecodeOptions& options = {});
 // Why kernel=wgmma's MTP union kernel does not run these params with these facts (a static string,
 // kept in QueryMajorPlan::wgmma_fallback for the plan text), or nullptr where it runs. mtp: whether
-// the call has MTP union items.
-const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts);
+// the call has MTP union items; options: wgmma_fp8 and wgmma_pipe (fp8 K/V run only with
+// wgmma_fp8=on and the ahead pipe).
+const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts,
+                                  const SparseDecodeOptions& options = {});
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);
 // Whether the proxy decode kernel runs a call: at most 16 query heads per KV head (the G heads of
 // a token fill one 16-row MMA pass), reduce_heads only with one KV head, NVFP4 q and k together.
@@ -616,6 +631,7 @@ const char* option_name(DecodeTma v);
 const char* option_name(DecodeTmaIssue v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
+const char* option_name(DecodeWgmmaFp8 v);
 const char* option_name(DecodeSplitWarps v);
 const char* option_name(DecodeSplitRule v);
 const char* option_name(DecodeCombineLoads v);

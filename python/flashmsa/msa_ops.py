@@ -844,7 +844,9 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of
 # its loader warp; bit-identical; auto: ahead), combine_loads = auto | after | with (split-K's
 # combine loads the partial values after the LSEs, or the first 16 slots' with them;
-# bit-identical; auto: with)
+# bit-identical; auto: with),
+# wgmma_fp8 = auto | off | on (on: fp8 K/V on the wgmma kernel, copied raw and converted in place
+# into fp16 by its converter warps, computed in fp16; with the ahead pipe only; auto: off)
 # (include/flashmsa/plan.h). An
 # unknown option or a bad value raises ValueError naming the option; a forced kernel the device
 # cannot run raises NotSupportedError (a NotImplementedError).

@@ -292,8 +292,21 @@ TEST(PlanDescribe, DecodeNamesTheWgmmaKernelOrWhyNot) {
       << no_dev;
   dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
   const std::string fp8 = describe_decode(plan_sparse_decode(dp, f, w), dp.attn);
-  EXPECT_TRUE(has(fp8, "kernel=wgmma falls back to auto's kernel: fp8 / NVFP4 K/V")) << fp8;
+  EXPECT_TRUE(has(fp8, "kernel=wgmma falls back to auto's kernel: fp8 K/V (the wgmma kernel converts them only "
+                       "with wgmma_fp8=on")) << fp8;
   EXPECT_TRUE(has(fp8, "; kernel=regs (the 4 warps split")) << fp8;
+  EXPECT_FALSE(has(fp8, "wgmma_fp8=on (")) << fp8;
+  SparseDecodeOptions w8 = w;
+  w8.wgmma_fp8 = DecodeWgmmaFp8::kOn;
+  const std::string on = describe_decode(plan_sparse_decode(dp, f, w8), dp.attn);
+  EXPECT_TRUE(has(on, "; kernel=wgmma (sm_90a: TMA loads of each item's union blocks through a 3-stage K / V ring"))
+      << on;
+  EXPECT_TRUE(has(on, "; wgmma_pipe=ahead (a planner warp")) << on;
+  EXPECT_TRUE(has(on, "; wgmma_fp8=on (fp8 K/V: each raw 16 KB K or V block by TMA")) << on;
+  EXPECT_FALSE(has(on, "kernel=regs")) << on;
+  w8.wgmma_pipe = DecodeWgmmaPipe::kInline;
+  const std::string inl = describe_decode(plan_sparse_decode(dp, f, w8), dp.attn);
+  EXPECT_TRUE(has(inl, "kernel=wgmma falls back to auto's kernel: fp8 K/V with wgmma_pipe=inline")) << inl;
   // auto never names it.
   EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f), dp.attn), "wgmma"));
 }

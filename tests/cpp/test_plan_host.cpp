@@ -1111,11 +1111,11 @@ TEST(PlanDecode, MtpWgmmaWhereItRunsElseAuto) {
   EXPECT_FALSE(plan_sparse_decode(mtp_call(8, 4), h200, wp).qm.wgmma);
   SparseDecodeParams fp8 = mtp_call(64, 4);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
-  expect_auto(fp8, h200, "fp8 / NVFP4 K/V");
+  expect_auto(fp8, h200, "fp8 K/V (the wgmma kernel converts them only with wgmma_fp8=on");
   EXPECT_TRUE(plan_sparse_decode(fp8, h200, w).qm.regs);  // auto's fp8 union register kernel
   SparseDecodeParams nvfp4 = mtp_call(64, 4);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
-  expect_auto(nvfp4, h200, "fp8 / NVFP4 K/V");
+  expect_auto(nvfp4, h200, "NVFP4 K/V");
   SparseDecodeParams q8 = mtp_call(64, 4);
   q8.attn.q_dtype = DType::kFP8E4M3;
   expect_auto(q8, h200, "fp8 q");
@@ -1175,6 +1175,83 @@ TEST(PlanDecode, MtpWgmmaPipeAhead) {
     EXPECT_EQ(got.splits, want.splits);
   }
   EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), ampere(), wa).qm.wgmma_ahead);
+}
+
+// wgmma_fp8=on: fp8 K/V on the wgmma kernel (forced, or auto's pick where it takes the wgmma
+// kernel), on the ahead pipe, with the 16-bit kernel's items, splits, grid and workspace; off
+// (auto's value) keeps kernel=regs; inline pipe, NVFP4 K/V, fp8 q and other devices fall back.
+TEST(PlanDecode, MtpWgmmaFp8) {
+  const SparseAttnDeviceFacts h200 = mtp_wgmma_hopper();
+  SparseDecodeOptions w, on, auto_on;
+  w.kernel = on.kernel = DecodeKernel::kWgmma;
+  on.wgmma_fp8 = auto_on.wgmma_fp8 = DecodeWgmmaFp8::kOn;
+  for (int batch : {64, 8}) {
+    for (int fused : {-1, 0}) {
+      SparseDecodeParams bf = mtp_call(batch, 4);
+      bf.force_fused = fused;
+      SparseDecodeParams dp = bf;
+      dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
+      const SparseAttnPlan base = plan_sparse_decode(bf, h200, w), got = plan_sparse_decode(dp, h200, on);
+      EXPECT_TRUE(got.qm.wgmma);
+      EXPECT_TRUE(got.qm.wgmma_ahead);
+      EXPECT_TRUE(got.qm.wgmma_fp8);
+      EXPECT_FALSE(got.qm.regs);
+      EXPECT_EQ(got.qm.wgmma_fallback, nullptr);
+      expect_same_wgmma_schedule(got, base);
+      EXPECT_FALSE(plan_sparse_decode(bf, h200, on).qm.wgmma_fp8);  // 16-bit K/V: ignored
+      EXPECT_TRUE(plan_sparse_decode(bf, h200, on).qm.wgmma);
+    }
+  }
+  SparseDecodeParams fp8 = mtp_call(64, 4);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  // Off by default: auto and kernel=wgmma without the option keep the register kernel.
+  for (const SparseDecodeOptions& o : {SparseDecodeOptions{}, w}) {
+    const QueryMajorPlan got = plan_sparse_decode(fp8, h200, o).qm;
+    EXPECT_FALSE(got.wgmma);
+    EXPECT_FALSE(got.wgmma_fp8);
+    EXPECT_TRUE(got.regs);
+  }
+  SparseDecodeOptions off = on;
+  off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
+  EXPECT_FALSE(plan_sparse_decode(fp8, h200, off).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(fp8, h200, off).qm.regs);
+  // auto with the option takes it where auto takes the wgmma kernel (an item per SM).
+  EXPECT_TRUE(plan_sparse_decode(fp8, h200, auto_on).qm.wgmma_fp8);
+  SparseDecodeParams fp8_b32 = mtp_call(32, 4);
+  fp8_b32.attn.k.dtype = fp8_b32.attn.v.dtype = DType::kFP8E4M3;
+  EXPECT_FALSE(plan_sparse_decode(fp8_b32, h200, auto_on).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b32, h200, auto_on).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b32, h200, on).qm.wgmma_fp8);
+  // Fallbacks with the reason.
+  auto expect_fallback = [&](const SparseDecodeParams& dp, const SparseAttnDeviceFacts& f,
+                             const SparseDecodeOptions& o, const char* why) {
+    const QueryMajorPlan got = plan_sparse_decode(dp, f, o).qm;
+    EXPECT_FALSE(got.wgmma) << why;
+    EXPECT_FALSE(got.wgmma_fp8) << why;
+    ASSERT_NE(got.wgmma_fallback, nullptr) << why;
+    EXPECT_NE(std::string(got.wgmma_fallback).find(why), std::string::npos) << got.wgmma_fallback;
+  };
+  expect_fallback(fp8, h200, w, "only with wgmma_fp8=on");
+  expect_fallback(fp8, h200, off, "only with wgmma_fp8=on");
+  SparseDecodeOptions inl = on;
+  inl.wgmma_pipe = DecodeWgmmaPipe::kInline;
+  expect_fallback(fp8, h200, inl, "fp8 K/V with wgmma_pipe=inline");
+  EXPECT_TRUE(plan_sparse_decode(fp8, h200, inl).qm.regs);
+  SparseDecodeParams nvfp4 = mtp_call(64, 4);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  expect_fallback(nvfp4, h200, on, "NVFP4 K/V");
+  SparseDecodeParams q8 = fp8;
+  q8.attn.q_dtype = DType::kFP8E4M3;
+  expect_fallback(q8, h200, on, "fp8 q");
+  expect_fallback(fp8, ampere(), on, "cannot run on this device");
+  SparseDecodeParams fp16 = fp8;
+  fp16.attn.q_dtype = fp16.attn.out_dtype = DType::kFP16;
+  EXPECT_TRUE(plan_sparse_decode(fp16, h200, on).qm.wgmma_fp8);
+  SparseDecodeParams paged_fp8 = fp8;
+  paged_fp8.attn = paged(paged_fp8.attn, 64, 16);
+  paged_fp8.attn.qi.seqlen_q = 4;
+  paged_fp8.attn.kv.num_pages = 1024;
+  EXPECT_TRUE(plan_sparse_decode(paged_fp8, h200, on).qm.wgmma_fp8);
 }
 
 TEST(PlanDecode, StreamingKernelOption) {
@@ -1351,6 +1428,9 @@ TEST(PlanOptions, ParsesEveryOption) {
   EXPECT_EQ(parse_sparse_decode_options("kernel=regs,split=cluster").split, DecodeSplit::kCluster);
   EXPECT_EQ(parse_sparse_decode_options("kernel=wgmma").kernel, DecodeKernel::kWgmma);
   EXPECT_EQ(parse_sparse_decode_options("kernel=wgmma,mtp=union").mtp, DecodeMtp::kUnion);
+  for (DecodeWgmmaFp8 v : {DecodeWgmmaFp8::kAuto, DecodeWgmmaFp8::kOff, DecodeWgmmaFp8::kOn})
+    EXPECT_EQ(parse_sparse_decode_options(std::string("wgmma_fp8=") + option_name(v)).wgmma_fp8, v);
+  EXPECT_EQ(parse_sparse_decode_options("").wgmma_fp8, DecodeWgmmaFp8::kAuto);
   for (DecodeWgmmaPipe v : {DecodeWgmmaPipe::kAuto, DecodeWgmmaPipe::kInline, DecodeWgmmaPipe::kAhead})
     EXPECT_EQ(parse_sparse_decode_options(std::string("wgmma_pipe=") + option_name(v)).wgmma_pipe, v);
   EXPECT_EQ(parse_sparse_decode_options("").wgmma_pipe, DecodeWgmmaPipe::kAuto);
@@ -1462,11 +1542,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, combine_loads)");
-  // wgmma_fp8 (fp8 K/V converted into the MTP wgmma kernel's tiles) was removed: slower than
-  // kernel=regs on the H200 (fe6e5cc: 127.7 vs 81.5 us at B64 / 32K sq 4).
-  expect_error([] { parse_sparse_decode_options("wgmma_fp8=on"); }, ErrorKind::kValue,
-               "unknown plan option 'wgmma_fp8' (options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, split_rule, combine_loads)");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule, combine_loads)");
   expect_error([] { parse_sparse_decode_options("split_warps=16"); }, ErrorKind::kValue,
                "split_warps must be auto, 4 or 8, got '16'");
   expect_error([] { parse_sparse_decode_options("split_warps=8,split_warps=4"); }, ErrorKind::kValue,
@@ -1475,6 +1551,10 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "nvfp4_cvt must be auto, byte or word, got 'prmt'");
   expect_error([] { parse_sparse_decode_options("split=tiles"); }, ErrorKind::kValue,
                "split must be auto, blocks or cluster, got 'tiles'");
+  expect_error([] { parse_sparse_decode_options("wgmma_fp8=yes"); }, ErrorKind::kValue,
+               "wgmma_fp8 must be auto, off or on, got 'yes'");
+  expect_error([] { parse_sparse_decode_options("wgmma_fp8=on,wgmma_fp8=off"); }, ErrorKind::kValue,
+               "option wgmma_fp8 given twice");
   expect_error([] { parse_sparse_decode_options("wgmma_pipe=deep"); }, ErrorKind::kValue,
                "wgmma_pipe must be auto, inline or ahead, got 'deep'");
   expect_error([] { parse_sparse_decode_options("wgmma_pipe=ahead,wgmma_pipe=inline"); }, ErrorKind::kValue,

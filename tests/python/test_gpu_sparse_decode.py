@@ -149,8 +149,13 @@ def check_against_reference(dp: DecodeProblem, got, want, base_out, what: str,
     out, lse = got
     assert out.dtype == compute_dtype_of(dp) and out.shape == dp.gpu_args[0].shape
     # fp8 partials keep 3 mantissa bits of each split's normalized output: up to 2^-4 of the
-    # largest |V| on top of the baseline bound.
-    extra = 2.0 ** -4 * max_abs_value(dp) if partial_dtype == FP8 else 0.0
+    # largest |V| on top of the baseline bound; bf16 partials of an fp16 output 8 bits, up to 2^-9
+    # (half an ulp; the baseline bound is the fp16 output's).
+    extra = 0.0
+    if partial_dtype == FP8:
+        extra = 2.0 ** -4 * max_abs_value(dp)
+    elif partial_dtype == BF16 and compute_dtype_of(dp) == FP16:
+        extra = 2.0 ** -9 * max_abs_value(dp)
     check_output(out, want[0], base_out, f"{what} out", extra_tol=extra)
     check_lse(lse, want[1], f"{what} lse")
     check_empty_rows(out, want[1], what)
@@ -608,6 +613,8 @@ MTP_CASES = [c for c in CASES if c.name in (
 def run_mtp(dp: DecodeProblem, mtp: str = "union", kernel: str = "auto", **extra):
     if kernel in ("wgmma_ahead", "wgmma_inline"):  # kernel=wgmma with wgmma_pipe named
         return run_poisoned(dp, dict(kernel="wgmma", mtp=mtp, wgmma_pipe=kernel[6:]), **extra)
+    if kernel == "wgmma_fp8":  # kernel=wgmma with wgmma_fp8=on (fp8 K/V converted in the kernel)
+        return run_poisoned(dp, dict(kernel="wgmma", mtp=mtp, wgmma_fp8="on"), **extra)
     return run_regs(dp, kernel=kernel, mtp=mtp, **extra)
 
 
@@ -617,8 +624,10 @@ def run_mtp(dp: DecodeProblem, mtp: str = "union", kernel: str = "auto", **extra
 # with each feed: wgmma_inline (wgmma_pipe=inline: one producer warp plans each item between the
 # blocks of the one before) and wgmma_ahead (wgmma_pipe=ahead, auto's pipe since 42bbb91: the same
 # consumers fed by a planner warp ahead of a loader warp; bit-identical to inline,
-# test_mtp_wgmma_ahead_is_bit_identical).
-MTP_KERNELS = ["auto", "wgmma_inline", "wgmma_ahead"]
+# test_mtp_wgmma_ahead_is_bit_identical), and wgmma_fp8 (wgmma_fp8=on: fp8 K/V copied raw and
+# converted to fp16 by the kernel's converter warps, not auto's; 16-bit K/V: wgmma_ahead's
+# kernel; test_mtp_wgmma_fp8_matches_reference).
+MTP_KERNELS = ["auto", "wgmma_inline", "wgmma_ahead", "wgmma_fp8"]
 
 
 @pytest.mark.parametrize("kernel", MTP_KERNELS)
@@ -632,8 +641,8 @@ MTP_KERNELS = ["auto", "wgmma_inline", "wgmma_ahead"]
     DecodeCase("m3_mtp4_scales_bf16", 4, 4, 64, 4, softmax_scale=-0.05, v_global_scale=3.0),
     DecodeCase("g16_topk32_mtp2_bf16", 5, 2, 16, 1, topk=32, selection="full",
                seqlens=[9000, 5000, 300, 4200, 129]),
-    # fp8 K/V at the benchmark's shapes (B64 of M3 at 4 tokens, ragged, paged), fp16 q, the scales:
-    # auto's union register kernel (kernel=wgmma falls back to it for fp8 K/V).
+    # wgmma_fp8's shapes: B64 of M3 at 4 tokens with ragged lengths (the benchmark's items, the V
+    # converter's zeroed rows), paged; fp16 q; the scales.
     DecodeCase("m3_mtp4_b64_fp8", 64, 4, 64, 4, kv="fp8", seqlens="ragged", layout="paged"),
     DecodeCase("fp16_m3_mtp4_fp8", 5, 4, 64, 4, q_dtype=FP16, kv="fp8", selection="tile_mixed"),
     DecodeCase("m3_mtp4_scales_fp8", 4, 4, 64, 4, kv="fp8", softmax_scale=-0.05, v_global_scale=3.0)],
@@ -710,6 +719,39 @@ def test_mtp_wgmma_ahead_is_bit_identical(case, force_fused, partial_dtype):
     assert bits_equal(ahead, run_mtp(dp, kernel="wgmma_inline", **kw))
 
 
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16], ids=str)
+@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", [
+    # B64 of M3 at 4 tokens (the benchmark's items), ragged (partial blocks: V rows zeroed by the
+    # converter), flat and paged; short items; split items; fp16; G = 32 at 2 tokens.
+    DecodeCase("m3_mtp4_b64_fp8", 64, 4, 64, 4, kv="fp8", seqlens="ragged", layout="paged"),
+    DecodeCase("m3_mtp4_b64_fp8_flat", 64, 4, 64, 4, kv="fp8", seqlens="ragged", layout="flat"),
+    DecodeCase("m3_mtp4_short_fp8", 40, 4, 64, 4, kv="fp8", seqlens=[130, 1, 129, 256, 5000] * 8),
+    DecodeCase("m3_mtp4_fp8_split", 8, 4, 64, 4, kv="fp8", seqlens="ragged"),
+    DecodeCase("fp16_m3_mtp4_fp8", 5, 4, 64, 4, q_dtype=FP16, kv="fp8", selection="tile_mixed"),
+    DecodeCase("g32_mtp2_fp8", 4, 2, 64, 2, kv="fp8"),
+    DecodeCase("mtp4_invalid_pages_fp8", 6, 4, 16, 2, kv="fp8", invalid_pages=True,
+               selection="full", seqlens=[300, 1000, 2048, 129, 5000, 700])], ids=str)
+def test_mtp_wgmma_fp8_matches_reference(case, force_fused, partial_dtype):
+    """wgmma_fp8=on converts e4m3 K/V exactly into fp16 tiles (V rows past a block's visible keys
+    zeroed, as the 16-bit loader does) and computes in fp16: it matches the CPU reference, and with
+    fp16 q its outputs, LSEs and partials are the 16-bit wgmma kernel's on the dequantized K/V bit
+    for bit (bf16 q is scaled into fp16 per item, so there only the reference holds it)."""
+    if not HAS_CLUSTERS:
+        pytest.skip("the wgmma kernel runs on sm_90 GPUs only (elsewhere both calls fall back)")
+    dp, want, base_out = reference(case, seed=43)
+    kw = dict(force_fused=force_fused, partial_dtype=partial_dtype)
+    text = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_fp8="on"), force_fused=force_fused)
+    assert "; wgmma_fp8=on (fp8 K/V" in text, text
+    got = run_mtp(dp, kernel="wgmma_fp8", **kw)
+    check_against_reference(dp, got, want, base_out, f"{case} wgmma_fp8 fused={force_fused}",
+                            partial_dtype=partial_dtype)
+    q, k, v, q2k = dp.gpu_args  # 16-bit q here (wgmma_fp8 does not take fp8 q)
+    if q.dtype == FP16:
+        dp16 = dataclasses.replace(dp, gpu_args=(q, k.to(q.dtype), v.to(q.dtype), q2k))
+        assert bits_equal(got, run_mtp(dp16, kernel="wgmma_ahead", **kw))
+
+
 @pytest.mark.parametrize("kv", ["same", "fp8"])
 def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
     """kernel=wgmma names the sm_90a kernel for 16-bit union items on an sm_90 GPU with the
@@ -728,9 +770,15 @@ def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
     assert ("; wgmma_pipe=ahead (a planner warp" in text) == runs, text  # auto's pipe
     inline = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_pipe="inline")).split("): ", 1)[1]
     assert "wgmma_pipe=ahead" not in inline, inline
-    if kv == "fp8":  # fp8 K/V: auto's union register kernel, with the reason
-        assert "falls back to auto's kernel: fp8 / NVFP4 K/V (the wgmma kernel loads 16-bit" in text, text
-        assert "kernel=regs" in text, text
+    # wgmma_fp8=on: fp8 K/V on the kernel where it runs; without it (auto: off) fp8 falls back.
+    on = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_fp8="on")).split("): ", 1)[1]
+    assert ("; kernel=wgmma (sm_90a" in on) == HAS_CLUSTERS, on
+    assert ("; wgmma_fp8=on (fp8 K/V" in on) == (kv == "fp8" and HAS_CLUSTERS), on
+    if kv == "fp8":
+        assert "only with wgmma_fp8=on" in text, text
+        assert "kernel=regs" in _decode_plan_text(dp, None).split("): ", 1)[1]  # auto: regs
+        inl = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_fp8="on", wgmma_pipe="inline"))
+        assert "fp8 K/V with wgmma_pipe=inline" in inl, inl
 
 
 def test_decode_mtp_option_rejects_unknown_values():

@@ -71,7 +71,9 @@ VALID = {
                       dict(kernel="regs", split="cluster"), "mtp=per_token,split=cluster",
                       dict(kernel="wgmma"), dict(kernel="wgmma", mtp="union"), "kernel=wgmma,mtp=per_token",
                       dict(kernel="wgmma", wgmma_pipe="ahead"), dict(wgmma_pipe="inline"),
-                      "wgmma_pipe=ahead", dict(split_warps="8"), dict(split_warps="4"),
+                      "wgmma_pipe=ahead", dict(kernel="wgmma", wgmma_fp8="on"), dict(wgmma_fp8="off"),
+                      "kernel=wgmma,wgmma_fp8=on,wgmma_pipe=ahead", dict(wgmma_fp8="auto"),
+                      dict(split_warps="8"), dict(split_warps="4"),
                       dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8"),
                       dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4",
                       dict(combine_loads="with"), dict(combine_loads="after"), "combine_loads=auto",
@@ -158,6 +160,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(nvfp4_cvt="prmt"), "nvfp4_cvt must be auto, byte or word, got 'prmt'"),
     ("sparse_decode", dict(split="tiles"), "split must be auto, blocks or cluster, got 'tiles'"),
     ("sparse_decode", dict(wgmma_pipe="deep"), "wgmma_pipe must be auto, inline or ahead, got 'deep'"),
+    ("sparse_decode", dict(wgmma_fp8="yes"), "wgmma_fp8 must be auto, off or on, got 'yes'"),
     ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
     ("sparse_decode", dict(split_warps="16"), "split_warps must be auto, 4 or 8, got '16'"),
     ("sparse_decode", dict(split_rule="floor"), "split_rule must be auto, ceil or waves, got 'floor'"),
@@ -166,11 +169,6 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("topk_select", dict(net_pivot="on", net_lanes=16), "net_pivot=on runs 32 lanes per row, got net_lanes=16"),
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
-    # wgmma_fp8 (fp8 K/V converted into the MTP wgmma kernel's tiles) was removed: slower than
-    # kernel=regs on the H200 (fe6e5cc: 127.7 vs 81.5 us at B64 / 32K sq 4).
-    ("sparse_decode", dict(wgmma_fp8="on"),
-     r"unknown plan option 'wgmma_fp8' \(options: kernel, mtp, nvfp4_cvt, split, wgmma_pipe, split_warps, "
-     r"split_rule, combine_loads\)"),
     # pdl (programmatic dependent launch of the decode-step kernels) was removed: no faster on the
     # H200 (49412a7), slower with an early trigger (da5ef13).
     ("sparse_decode", dict(pdl="on"), "unknown plan option 'pdl'"),

@@ -152,4 +152,12 @@ extern template int mtp_wgmma_sm90_ctas_per_sm<__nv_bfloat16>();
 extern template void launch_mtp_wgmma_sm90<__half>(const QueryMajorArgs&, int, bool, cudaStream_t);
 extern template int mtp_wgmma_sm90_ctas_per_sm<__half>();
 
+// mtp_wgmma_fp8_bf16.cu
+extern template void launch_mtp_wgmma_fp8_sm90<__nv_bfloat16>(const QueryMajorArgs&, int, cudaStream_t);
+extern template int mtp_wgmma_fp8_sm90_ctas_per_sm<__nv_bfloat16>();
+
+// mtp_wgmma_fp8_fp16.cu
+extern template void launch_mtp_wgmma_fp8_sm90<__half>(const QueryMajorArgs&, int, cudaStream_t);
+extern template int mtp_wgmma_fp8_sm90_ctas_per_sm<__half>();
+
 }  // namespace flashmsa::sparse_attn
