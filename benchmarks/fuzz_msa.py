@@ -106,7 +106,7 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 # twins of the ops (msa_ops._*_planned; the CPU reference has no plan): the proxy kernel (decode_f16:
 # the decode kernel's fp16 MMAs for fp8 K) and its fp8 (decode_fp8) and NVFP4 (nvfp4_cvt, decode_nvfp4) variants,
 # the top-k and decode kernel (regs: fp8 and NVFP4 K/V in registers; wgmma: MTP union items on
-# sm_90a), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
+# sm_90a; wgmma_fp8, drawn last: LATE_DECODE_OPTIONS), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
 # KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups) and tile_max_waste (8:
 # every tile whose union fits goes to the shared-selection tile kernel). A forced kernel that cannot
 # run a case falls back as the plan says.
@@ -132,6 +132,11 @@ KERNELS = {
                          "warp_split", "radix_uniform", "warp_digits", "net"))],
     "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],
 }
+
+
+# Decode options drawn after every other parameter of a case (gen_decode; added after the seeds'
+# cases were in use).
+LATE_DECODE_OPTIONS = [("wgmma_fp8", ("off", "on"))]
 
 
 def _options(rng: random.Random, op: str) -> Dict[str, str]:
@@ -361,6 +366,12 @@ def gen_decode(rng: random.Random) -> dict:
     if p["q_dtype"] != "fp16" and rng.random() < 0.05:
         p["v_global_scale"] = 1e35
     _value_ranges(rng, p, "bf16" if p["q_dtype"] == "fp8" else p["q_dtype"])
+    # Drawn last, so that the seeds' other parameters are what they were before it: fp8 K/V on the
+    # MTP wgmma kernel (wgmma_fp8=on; with kernel=wgmma or where auto takes it, else the plan falls
+    # back and says why).
+    late = rng.choice(LATE_DECODE_OPTIONS[0][1] + (None,))
+    if late is not None:
+        p["options"][LATE_DECODE_OPTIONS[0][0]] = late
     return p
 
 

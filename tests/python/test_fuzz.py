@@ -83,6 +83,8 @@ def test_generators_cover_every_option():
     for op, choices in fuzz_msa.KERNELS.items():
         for name, values in choices:
             assert {o.get(name) for o in opts[op]} == {None, *values}, (op, name)
+    for name, values in fuzz_msa.LATE_DECODE_OPTIONS:
+        assert {o.get(name) for o in opts["decode"]} == {None, *values}, name
     # paged lengths beyond the page table (clamped), paged cu_seqlens_k, V scales near 1e35
     for op in ("proxy", "attention", "decode"):
         declared = [fuzz_msa.case_params(op, s)["declared_k"] for s in range(400)]
