@@ -89,7 +89,6 @@ struct MtpWgmmaConfig {
   // mbarriers: q_full[2], q_empty[2], k_full[3], k_empty[3], v_full[3], v_empty[3], v_fix
   static constexpr int kBarOffset = kPlanOffset + kItemBufs * kPlanBytes;
   static constexpr int kSmemBytes = kBarOffset + 17 * 8;
-  static constexpr int kLoadStages = kStages;  // the stages the loader fills (the K / V ring)
 };
 static_assert(MtpWgmmaConfig::kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
 static_assert(MtpWgmmaConfig::kKOffset % 1024 == 0 && MtpWgmmaConfig::kVOffset % 1024 == 0,
@@ -121,10 +120,8 @@ struct MtpWgmmaFp8Config {
   static constexpr int kThreads = 384;
   static constexpr int kConsumerRegs = 248;
   static constexpr int kOtherRegs = 128;
-  static constexpr int kConverters = 4;  // K keys 0-63, K 64-127, V 0-63, V 64-127
   static constexpr int kItemBufs = MtpWgmmaConfig::kItemBufs;
-  static constexpr int kStages = MtpWgmmaConfig::kStages;  // K / V rings
-  static constexpr int kLoadStages = kStages;
+  static constexpr int kStages = MtpWgmmaConfig::kStages;  // K / V rings (RingPos)
   static constexpr int kQBytes = MtpWgmmaConfig::kQBytes;
   static constexpr int kKvBytes = MtpWgmmaConfig::kKvBytes;
   static constexpr int kRawBytes = kBlockSize * 128;
@@ -172,19 +169,17 @@ struct MtpWgmmaBars {
   MSA_DEVICE uint32_t info_empty(int ring, int i) const { return base + 216 + 24 * ring + 8 * i; }
 };
 
-// Position in a ring of kN stages: slot and the parity of its current phase.
-template <int kN>
-struct RingPosN {
+// Position in the K / V ring (3 stages in both kernels): slot and the parity of its current phase.
+struct RingPos {
   int st = 0;
   uint32_t ph = 0;
   MSA_DEVICE void advance() {
-    if (++st == kN) {
+    if (++st == MtpWgmmaConfig::kStages) {
       st = 0;
       ph ^= 1u;
     }
   }
 };
-using RingPos = RingPosN<MtpWgmmaConfig::kStages>;  // the 16-bit kernel's K / V ring
 
 #if MSA_HAS_WGMMA
 // Item `it` of this CTA (blockIdx.x + it x gridDim.x) as one warp plans it into pl: "no work left"
@@ -341,7 +336,7 @@ MSA_DEVICE void mtp_wgmma_planner(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmm
 // visible keys, what the V converters zero from; -1: no work left, no copy) released by the
 // expect_tx or the plain arrival.
 MSA_DEVICE void mtp_fp8_load_raw(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int ring,
-                                 RingPosN<MtpWgmmaFp8Config::kStages> pos, const KvBlockCoords& c, int info) {
+                                 RingPos pos, const KvBlockCoords& c, int info) {
   using Cfg = MtpWgmmaFp8Config;
   mbar_wait(ring == 0 ? bars.k_empty(pos.st) : bars.v_empty(pos.st), pos.ph ^ 1);
   mbar_wait(bars.info_empty(ring, pos.st), pos.ph ^ 1);  // passes at once (see MtpWgmmaBars)
@@ -406,7 +401,7 @@ MSA_DEVICE void mtp_fp8_convert_tile(uint8_t* tile, int n_valid, int half, int l
 // finite |q| of the item's real rows (f16_row_scale: exact for every element >= 2^-28 of that
 // maximum); rows from real_rows on (past the request's tokens) written as zeros. Non-finite
 // elements stay what they are (inf x 2^k, NaN). qmax: 4 floats of shared memory. Returns 2^(E -
-// 14), the factor of the logits. Two named barriers (id 1, the consumer warpgroup): the maxima
+// 14), the factor of the logits. Two warpgroup barriers (warpgroup_barrier(0), id 1): the maxima
 // visible, then the tile written and fenced for the wgmma (async proxy) reads.
 MSA_DEVICE float mtp_fp8_q_to_f16(uint8_t* q, float* qmax, int real_rows, int tid) {
   float mx = 0.0f;
@@ -425,7 +420,7 @@ MSA_DEVICE float mtp_fp8_q_to_f16(uint8_t* q, float* qmax, int real_rows, int ti
   // Non-negative floats order as their bits.
   const uint32_t wmax = __reduce_max_sync(0xffffffffu, __float_as_uint(mx));
   if ((tid & 31) == 0) qmax[tid >> 5] = __uint_as_float(wmax);
-  asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  warpgroup_barrier(0);
   const F16RowScale rs = f16_row_scale(fmaxf(fmaxf(qmax[0], qmax[1]), fmaxf(qmax[2], qmax[3])));
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
@@ -439,7 +434,7 @@ MSA_DEVICE float mtp_fp8_q_to_f16(uint8_t* q, float* qmax, int real_rows, int ti
     reinterpret_cast<uint4*>(q)[j] = h;
   }
   fence_proxy_async_smem();  // the generic writes before the wgmma's reads
-  asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  warpgroup_barrier(0);
   return rs.down;
 }
 
@@ -454,7 +449,7 @@ MSA_DEVICE void mtp_fp8_converter(uint8_t* smem, MtpWgmmaBars bars, int cw, int 
   const int ring = cw >> 1, half = cw & 1;
   const int* info = reinterpret_cast<const int*>(smem + Cfg::kRawInfoOffset) + ring * Cfg::kStages;
   uint8_t* tiles = smem + (ring == 0 ? Cfg::kKOffset : Cfg::kVOffset);
-  RingPosN<Cfg::kStages> pos;
+  RingPos pos;
   for (;;) {
     mbar_wait(bars.raw_full(ring, pos.st), pos.ph);
     const int n_valid = info[pos.st];
@@ -472,7 +467,7 @@ MSA_DEVICE void mtp_fp8_converter(uint8_t* smem, MtpWgmmaBars bars, int cw, int 
 // (mtp_wgmma_load_v's fix for a partial V), or wgmma_fp8=on's raw copy (mtp_fp8_load_raw).
 template <bool kFp8>
 MSA_DEVICE void mtp_wgmma_issue(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, bool is_v,
-                                RingPosN<kFp8 ? MtpWgmmaFp8Config::kLoadStages : MtpWgmmaConfig::kLoadStages> pos,
+                                RingPos pos,
                                 const KvBlockCoords& kc, int n_valid, int& fixes, int lane) {
   if constexpr (kFp8) {
     if (lane == 0) mtp_fp8_load_raw(ta, smem, bars, is_v ? 1 : 0, pos, kc, n_valid);
@@ -495,7 +490,7 @@ template <typename Cfg, bool kFp8>
 MSA_DEVICE void mtp_wgmma_loader(const MtpWgmmaArgs& ta, uint8_t* smem, MtpWgmmaBars bars, int lane) {
   const SparseAttnParams& p = ta.a.p;
   if (lane == 0) mtp_wgmma_prefetch_maps(ta);
-  RingPosN<Cfg::kLoadStages> kpos, vpos;
+  RingPos kpos, vpos;
   int fixes = 0;  // partial blocks so far (v_fix's phase)
   bool v_pending = false;  // V of the last block whose K was issued
   KvBlockCoords v_kc{};
@@ -703,7 +698,7 @@ __global__ void __launch_bounds__(kFp8 ? MtpWgmmaFp8Config::kThreads : MtpWgmmaC
     tok_shift[h] = t < a.mtp_tokens ? 8 * t : -1;
   }
 
-  RingPosN<Cfg::kStages> pos;
+  RingPos pos;
   for (int it = 0;; ++it) {
     const int tb = it & 1;
     mbar_wait_loop(bars.q_full(tb), (it >> 1) & 1);
@@ -723,7 +718,7 @@ __global__ void __launch_bounds__(kFp8 ? MtpWgmmaFp8Config::kThreads : MtpWgmmaC
     // The pending P V: P of the last computed block (packed) and its V slot.
     uint32_t pa[8][4];
     bool pending = false;
-    RingPosN<Cfg::kStages> p_pos;
+    RingPos p_pos;
 #pragma unroll 1
     for (int u = 0; u < U; ++u, pos.advance()) {
       const uint32_t counts = pl.counts[u];
