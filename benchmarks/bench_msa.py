@@ -369,6 +369,10 @@ class Bench:
         self.cfg = dict(QUICK if args.quick else FULL)
         if args.pipeline_sizes:
             self.cfg["pipeline_s"] = args.pipeline_sizes
+        if args.decodes:
+            self.cfg["decode"] = args.decodes
+        if args.steps:
+            self.cfg["step"] = args.steps
         self.timer = Timer(device, self.cfg["budget_s"], self.cfg["max_reps"], flush=args.l2_flush)
         self.rows: list[dict] = []
         self.ceil: dict = {}
@@ -1183,11 +1187,41 @@ def parse_sizes(text: str) -> list:
     """"8K,128K" / "8192" -> [8192, 131072]."""
     sizes = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        n = int(part[:-1]) * K if part[-1] in "kK" else int(part)
-        if n <= 0 or n % mi.BLOCK:
-            raise argparse.ArgumentTypeError(f"a size must be a positive multiple of {mi.BLOCK}: {part}")
-        sizes.append(n)
+        sizes.append(_size(part))
     return sizes
+
+
+def _size(part: str) -> int:
+    n = int(part[:-1]) * K if part[-1] in "kK" else int(part)
+    if n <= 0 or n % mi.BLOCK:
+        raise argparse.ArgumentTypeError(f"a size must be a positive multiple of {mi.BLOCK}: {part}")
+    return n
+
+
+def parse_cases(text: str, dtypes: bool) -> list:
+    """Decode cases "B/CTX[/SQ]" (dtypes: step cases "B/CTX[/SQ[/IDX[/KV]]]", IDX and KV bf16 or
+    fp8, KV defaulting to IDX), comma-separated: "1/128K,64/32K/4" -> [(1, 131072, 1), (64, 32768,
+    4)] (with dtypes: [(1, 131072, 1, "bf16", "bf16"), ...])."""
+    cases = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        f = part.split("/")
+        if len(f) < 2 or len(f) > (5 if dtypes else 3):
+            raise argparse.ArgumentTypeError(f"expected B/CTX[/SQ{'[/IDX[/KV]]' if dtypes else ''}]: {part}")
+        try:
+            b, sq = int(f[0]), int(f[2]) if len(f) > 2 else 1
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"batch and tokens must be integers: {part}") from None
+        if b <= 0 or sq <= 0:
+            raise argparse.ArgumentTypeError(f"batch and tokens must be positive: {part}")
+        case = (b, _size(f[1]), sq)
+        if dtypes:
+            idx = f[3] if len(f) > 3 else "bf16"
+            kv = f[4] if len(f) > 4 else idx
+            if idx not in STEP_DTYPES or kv not in STEP_DTYPES:
+                raise argparse.ArgumentTypeError(f"index-K and K/V dtypes are one of {tuple(STEP_DTYPES)}: {part}")
+            case += (idx, kv)
+        cases.append(case)
+    return cases
 
 
 def parser() -> argparse.ArgumentParser:
@@ -1205,6 +1239,13 @@ def parser() -> argparse.ArgumentParser:
                          "hybrid schedule with each (tuning)")
     ap.add_argument("--pipeline-sizes", default=[], type=parse_sizes,
                     help="comma-separated prefill lengths of the pipeline stage (e.g. 8K,128K), "
+                         "instead of the quick / full run's")
+    ap.add_argument("--decodes", default=[], type=lambda v: parse_cases(v, False),
+                    help="comma-separated proxy-decode cases B/CTX[/SQ] (e.g. 1/128K,64/32K/4) of "
+                         "the proxy stage, instead of the quick / full run's")
+    ap.add_argument("--steps", default=[], type=lambda v: parse_cases(v, True),
+                    help="comma-separated decode-step cases B/CTX[/SQ[/IDX[/KV]]] (IDX, KV: bf16 or "
+                         "fp8; KV defaults to IDX; e.g. 1/128K,64/32K/1/fp8) of the step stage, "
                          "instead of the quick / full run's")
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)}")

@@ -127,13 +127,16 @@ __device__ __forceinline__ void unit_coords(const Params& dp, int64_t u, int& b,
 }
 
 // Issues the cp.async copies of block t of request r into `stage`; false when nothing is loaded
-// (no query row, no visible key, or an invalid page: the unit's columns are then -inf).
+// (no query row, no visible key, or an invalid page: the unit's columns are then -inf). page:
+// paged caches, the block's page as kv_page_ahead read it (unused for flat ones).
 template <int kK>
-__device__ __forceinline__ bool load_block(const Params& dp, const Request& r, int t, uint8_t* stage) {
+__device__ __forceinline__ bool load_block(const Params& dp, const Request& r, int t, int page, uint8_t* stage) {
   const ProxyScoreParams& p = dp.p;
   if (r.ntok == 0 || t >= r.n_compute) return false;
-  const int64_t base = kv_offset(p.k, p.kv, r.b, r.kh, t * kBlockSize);
-  if (base < 0) return false;
+  // t < n_compute <= the sequence's blocks <= max_pages: the page read ahead is kv_page's.
+  if (p.kv.paged && page < 0) return false;
+  const int64_t base = p.kv.paged ? int64_t(page) * p.k.stride_page + int64_t(r.kh) * p.k.stride_head
+                                  : kv_offset(p.k, p.kv, r.b, r.kh, t * kBlockSize);
   const int n_keys = min(kBlockSize, r.seqlen_k - t * kBlockSize);
   const uint32_t dst = smem_addr(stage);
   if constexpr (kK == kK16) {
@@ -152,7 +155,8 @@ __device__ __forceinline__ bool load_block(const Params& dp, const Request& r, i
     for (int row = threadIdx.x >> 2; row < n_keys; row += kThreads / 4)
       cp_async_16(dst + chunk_offset<kK>(row, c), src + int64_t(row) * p.k.stride_token + c * 16);
     // Scale bytes of a key: columns 0..3 and 4..7 are two 4-byte runs of the 128x4 layout.
-    const int64_t srow0 = kv_scale_row(p.kv, p.num_kv_heads, r.b, r.kh, t * kBlockSize);
+    const int64_t srow0 = p.kv.paged ? nvfp4_scale_row_paged(page, r.kh, 0, p.num_kv_heads)
+                                     : kv_scale_row(p.kv, p.num_kv_heads, r.b, r.kh, t * kBlockSize);
     const int step = !p.kv.paged ? p.num_kv_heads : 1;
     for (int e = threadIdx.x; e < n_keys * 2; e += kThreads) {
       const int row = e >> 1, half = e & 1;
@@ -488,9 +492,27 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   int pb, pkh, pt;
   unit_coords(dp, u0, pb, pkh, pt);
   uint32_t issued = 0;
+  // Paged: the page ids of 32 units at a time, lane l's of unit u0 + j0 + l, read before the
+  // requests' lengths (kv_page_ahead): the loads of a batch are in flight together and beside the
+  // length's, where each unit's copy would otherwise wait for its own page read in turn.
+  int lane_page = -1;
+  int64_t j0 = -32;
   auto issue = [&](int64_t j) -> bool {  // unit u0 + j (the cursor) into stage j % S
+    int page = -1;
+    if (p.kv.paged) {  // uniform
+      if (j - j0 >= 32) {
+        j0 = j;
+        lane_page = -1;
+        if (j0 + lane < n) {
+          int b, kh, t;
+          unit_coords(dp, u0 + j0 + lane, b, kh, t);
+          lane_page = int(kv_page_ahead(p.kv, b, t));
+        }
+      }
+      page = __shfl_sync(0xFFFFFFFFu, lane_page, int(j - j0));
+    }
     if (pb != pr.b || pkh != pr.kh) load_request(dp, pr, pb, pkh);
-    const bool loaded = load_block<kK>(dp, pr, pt, smem + int(j % S) * St::kBytes);
+    const bool loaded = load_block<kK>(dp, pr, pt, page, smem + int(j % S) * St::kBytes);
     if (++pt == p.max_k_tiles) {
       pt = 0;
       if (++pkh == p.num_kv_heads) {

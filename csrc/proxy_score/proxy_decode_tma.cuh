@@ -145,10 +145,13 @@ __device__ __forceinline__ UnitLoad resolve_unit(const Params& dp, int64_t u) {
   UnitLoad ul;
   int b, t;
   unit_coords(dp, u, b, ul.kh, t);
+  // The page id is read beside the request's lengths, not after them (one round trip less before
+  // the CTA's first TMA); it is used only for a visible block.
+  const int64_t page = p.kv.paged ? kv_page_ahead(p.kv, b, t) : -1;
   Request r;
   load_request(dp, r, b, ul.kh);
   if (r.ntok > 0 && t < r.n_compute) {
-    ul.coord = p.kv.paged ? int(kv_page(p.kv, b, t)) : int(kv_row_begin(p.kv, b) + int64_t(t) * kBlockSize);
+    ul.coord = p.kv.paged ? int(page) : int(kv_row_begin(p.kv, b) + int64_t(t) * kBlockSize);
     if constexpr (kK == kK4) {
       if (ul.coord >= 0) {
         ul.srow0 = p.kv.paged ? nvfp4_scale_row_paged(ul.coord, ul.kh, 0, p.num_kv_heads)
@@ -428,12 +431,29 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
   for (int h = 0; h < kHalves; ++h) cmul[h][0] = cmul[h][1] = 1.0f;
   bool q_ready = false;
   const ColMap<kCols> cm = col_map<kCols>(dp, c);
+  auto load_q = [&](int tok0) {  // the pass's Q fragments (and fp8 column scales) of request r
+    if constexpr (kK == kK4) {
+      load_q_frags_fp4(dp, r, tok0, g, c, qa);
+    } else {
+      load_q_frags<Mma, kK8, kScaleQ>(dp, r, tok0, qa, qmul);
+      // Column 8h + 2c + j's scale is row 8h + 2c + j's (qmul[h] of the lanes of quad 2c + j).
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) cmul[h][jj] = __shfl_sync(0xFFFFFFFFu, qmul[h], (2 * c + jj) * 4);
+    }
+    q_ready = true;
+  };
 #pragma unroll 1
   for (int64_t j = warp; j < n; j += R::kConsumers) {
     const int s = R::warp_stage(warp, i);  // = R::unit_stage(j), without its division by kConsumers
     if (b != r.b || kh != r.kh) {
       load_request(dp, r, b, kh);
       q_ready = false;
+      // A request of one pass: its Q loads now, while the block is still in flight, instead of
+      // after the full wait (a round trip on every warp's path at the CTA's start and at each
+      // new request). Q rows are read for any request with rows, loaded block or not.
+      if (r.ntok > 0 && r.ntok <= dp.tokens) load_q(0);
     }
     mbar_wait(full0 + 8 * s, R::warp_parity(i));
     const bool loaded = flags[s] != 0;
@@ -444,19 +464,7 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) v[h][0] = v[h][1] = neg_inf();
       if (loaded) {
-        if (!q_ready || r.ntok > dp.tokens) {
-          if constexpr (kK == kK4) {
-            load_q_frags_fp4(dp, r, tok0, g, c, qa);
-          } else {
-            load_q_frags<Mma, kK8, kScaleQ>(dp, r, tok0, qa, qmul);
-            // Column 8h + 2c + j's scale is row 8h + 2c + j's (qmul[h] of the lanes of quad 2c + j).
-#pragma unroll
-            for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-              for (int jj = 0; jj < 2; ++jj) cmul[h][jj] = __shfl_sync(0xFFFFFFFFu, qmul[h], (2 * c + jj) * 4);
-          }
-          q_ready = true;
-        }
+        if (!q_ready || r.ntok > dp.tokens) load_q(tok0);
         int lim[kHalves][2];
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) lim[h][0] = lim[h][1] = 0;

@@ -88,6 +88,14 @@ MSA_HOST_DEVICE int64_t kv_page(const KVIndex& kv, int b, int t) {
   return (page >= 0 && page < kv.num_pages) ? page : -1;
 }
 
+// kv_page of a block whose visibility is not known yet (the sequence's length still in flight):
+// any t < max_pages is inside the page table, so a kernel can read the page id beside the length
+// instead of after it (two loads in flight together, not one after the other) and use it only
+// for a visible block. -1 past the table's columns.
+MSA_HOST_DEVICE int64_t kv_page_ahead(const KVIndex& kv, int b, int t) {
+  return t >= 0 && t < kv.max_pages ? kv_page(kv, b, t) : -1;
+}
+
 // Element offset of key j (head h) of sequence b, or -1 when its page is invalid.
 MSA_HOST_DEVICE int64_t kv_offset(const KVTensor& t, const KVIndex& kv, int b, int h, int j) {
   if (!kv.paged)

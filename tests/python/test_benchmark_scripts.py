@@ -147,6 +147,28 @@ def test_step_stage_parses_without_a_device(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+def test_case_arguments_replace_the_configs():
+    """--decodes / --steps: the proxy-decode and decode-step cases of a run from the command line
+    (B/CTX[/SQ[/IDX[/KV]]]), replacing the quick / full configuration's; malformed ones are usage
+    errors."""
+    K = bm.K
+    args = bm.parser().parse_args(["--quick", "--decodes", "1/128K, 64/32K/4",
+                                   "--steps", "1/128K,64/32768/1/fp8,8/32K/1/bf16/fp8"])
+    assert args.decodes == [(1, 128 * K, 1), (64, 32 * K, 4)]
+    assert args.steps == [(1, 128 * K, 1, "bf16", "bf16"), (64, 32 * K, 1, "fp8", "fp8"),
+                          (8, 32 * K, 1, "bf16", "fp8")]
+    bench = bm.Bench.__new__(bm.Bench)
+    with mock.patch.object(bm, "Timer"):
+        bm.Bench.__init__(bench, args, None, None)
+    assert bench.cfg["decode"] == args.decodes and bench.cfg["step"] == args.steps
+    assert bm.QUICK["step"] != args.steps  # the configuration itself is not changed
+    for bad in ("64", "0/32K", "1/100", "1/32K/0", "x/32K", "1/32K/1/fp4", "1/32K/1/bf16/bf16/1"):
+        with pytest.raises(SystemExit):
+            bm.parser().parse_args(["--steps", bad])
+    with pytest.raises(SystemExit):
+        bm.parser().parse_args(["--decodes", "1/32K/1/bf16"])
+
+
 def test_step_configs():
     K = bm.K
     for cfg in (bm.QUICK, bm.FULL):

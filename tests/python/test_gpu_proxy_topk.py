@@ -512,6 +512,13 @@ DECODE_CASES = [
     ProxyCase("dec_q_offset_huge", [1, 1], [512, 100], hq=4, hkv=1, q_offset=2**31 - 5),
     ProxyCase("dec_noncausal", [1, 3], [1000, 257], hq=4, hkv=1, causal=False),
     ProxyCase("dec_padding_columns", [1, 1], [500, 100], hq=4, hkv=1, max_k_tiles=10),
+    # Paged, with key blocks past the page table's columns (max_k_tiles 14 > 11) and short
+    # sequences whose unused columns name a valid page: the kernels read page ids ahead of the
+    # lengths, and only a visible block's may be used.
+    ProxyCase("dec_padding_columns_paged", [1, 1, 2], [500, 100, 1300], hq=4, hkv=1, max_k_tiles=14,
+              paged=True),
+    ProxyCase("dec_padding_columns_paged_fp8", [1, 3, 1], [1300, 100, 600], hq=4, hkv=1,
+              max_k_tiles=14, paged=True, k_dtype=FP8),
     ProxyCase("dec_truncated_columns", [1, 2], [2000, 900], hq=4, hkv=1, max_k_tiles=3),
     ProxyCase("dec_hint_too_small", [4, 1], [1000, 900], hq=4, hkv=1, max_seqlen_q=1),
     ProxyCase("dec_reduce_heads", [1, 2, 4], [1000, 300, 2000], hq=4, hkv=1, reduce_heads=True),
@@ -867,6 +874,8 @@ FP8_TMA16_CASES = [
     ProxyCase("dec_tma16_fp16_q_mtp3", [3, 3], [1300, 250], hq=4, hkv=1, q_dtype=FP16, k_dtype=FP8),
     ProxyCase("dec_tma16_nan_keys_mtp4", [4, 2], [900, 300], hq=4, hkv=1, k_dtype=FP8,
               nan_keys=True, paged=True),
+    ProxyCase("dec_tma16_padding_columns_mtp4", [4, 1, 3], [1300, 100, 600], hq=4, hkv=1,
+              k_dtype=FP8, max_k_tiles=14, paged=True),
 ]
 
 
@@ -942,6 +951,9 @@ FP4_TMA_CASES = [
     ProxyCase("dec_fp4tma16_g8_mtp2", [2, 2, 1, 2], [700, 2000, 129, 2], hq=16, hkv=2, paged=True),
     ProxyCase("dec_fp4tma16_g6_mtp2", [2, 1, 2], [900, 300, 1500], hq=12, hkv=2),
     ProxyCase("dec_fp4tma16_g16", [1, 1], [1500, 700], hq=16, hkv=1, paged=True),
+    # Key blocks past the page table's columns, short sequences' unused columns a valid page.
+    ProxyCase("dec_fp4tma_padding_columns_paged", [1, 3, 1], [1300, 100, 600], hq=4, hkv=1,
+              max_k_tiles=14, paged=True),
 ]
 
 
