@@ -575,7 +575,8 @@ class Bench:
             self.run_case("proxy", name + " fp8", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True), "memory")
             # (The fp8 variant rows below pin the cp.async ring, decode_fp8=cta: auto takes the TMA
-            # kernel at 16 requests and more, where those options do not apply.)
+            # kernel wherever one pass fits, where those options do not apply; fp8 [decode_ilp=1]
+            # is that ring as auto ran it below 16 requests until the run after af3764f.)
             # Key blocks per decode-kernel iteration (plan option decode_ilp; bit-identical; auto
             # takes 2 for fp8 K since f4fdc62, 1 otherwise): the other value, under auto's choices
             # otherwise: bf16, fp8 and NVFP4 index-K.

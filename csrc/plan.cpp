@@ -332,19 +332,20 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   // word at a time").
   plan.nvfp4_word = plan.kernel == ProxyKernel::kDecode && p.k.dtype == DType::kNVFP4 &&
                     options.nvfp4_cvt != DecodeNvfp4Cvt::kByte;
-  // fp8 K on the decode kernel: the TMA-fed warp-per-block kernel where forced, and for auto from
-  // kProxyDecodeIlpMinBatch requests on when a request's rows (G x max_seqlen_q) fit one pass of
-  // it; else the CTA-wide cp.async ring (H200, 32K context, fp8 K: at 054c9ce B64 sq 1 74.5 vs 81.2
-  // us, B1 9.2 vs 8.9; at 3cebf5e B64 sq 4, one 16-column pass, 78.2 vs 85.5 us, where two 8-column
-  // passes were 115.5 vs 88.4 at 054c9ce; docs/design/proxy_score.md, "fp8 K through TMA, a warp
-  // per block"). Its passes cover 8 columns where the rows fit them, else 16 (one conversion of
-  // each K fragment for two MMAs). Where the kernel cannot run (not sm_90a, reduce_heads) the
-  // launcher takes the cp.async ring.
+  // fp8 K on the decode kernel: the TMA-fed warp-per-block kernel where forced, and for auto at any
+  // batch when a request's rows (G x max_seqlen_q) fit one pass of it; else the CTA-wide cp.async
+  // ring (H200, 32K context, fp8 K: at 054c9ce B64 sq 1 74.5 vs 81.2 us, B1 9.2 vs 8.9; at 3cebf5e
+  // B64 sq 4, one 16-column pass, 78.2 vs 85.5 us, where two 8-column passes were 115.5 vs 88.4 at
+  // 054c9ce; from 16 requests on until the page ids were read beside the lengths and each
+  // request's Q before its first block's wait, after which B1 took 8.2 vs 9.2 us at 32K and 11.3
+  // vs 14.5 at 128K; docs/design/proxy_score.md, "fp8 K through TMA, a warp per block"). Its
+  // passes cover 8 columns where the rows fit them, else 16 (one conversion of each K fragment
+  // for two MMAs). Where the kernel cannot run (not sm_90a, reduce_heads) the launcher takes the
+  // cp.async ring.
   const int64_t group = p.num_heads / std::max(p.num_kv_heads, 1);
   const int64_t cols = group * std::max(p.qi.max_seqlen_q, 1);
   const bool fits8 = cols <= kProxyDecodeTmaCols;
-  const bool auto_tma = options.decode_fp8 == DecodeTma::kAuto && p.batch >= kProxyDecodeIlpMinBatch &&
-                        cols <= kProxyDecodeTmaMaxCols;
+  const bool auto_tma = options.decode_fp8 == DecodeTma::kAuto && p.batch >= 1 && cols <= kProxyDecodeTmaMaxCols;
   // NVFP4 K (decode_nvfp4): the TMA kernel where forced, and for auto at any batch where a request's
   // rows fit one pass of it (H200 at 900266d, 32K context: B64 sq 1 67.6 vs 104.1 us, sq 4 74.7 vs
   // 104.7, B1 9.8 vs 10.8; docs/design/proxy_score.md, "NVFP4 K through TMA").

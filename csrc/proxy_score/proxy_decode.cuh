@@ -492,25 +492,9 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   int pb, pkh, pt;
   unit_coords(dp, u0, pb, pkh, pt);
   uint32_t issued = 0;
-  // Paged: the page ids of 32 units at a time, lane l's of unit u0 + j0 + l, read before the
-  // requests' lengths (kv_page_ahead): the loads of a batch are in flight together and beside the
-  // length's, where each unit's copy would otherwise wait for its own page read in turn.
-  int lane_page = -1;
-  int64_t j0 = -32;
   auto issue = [&](int64_t j) -> bool {  // unit u0 + j (the cursor) into stage j % S
-    int page = -1;
-    if (p.kv.paged) {  // uniform
-      if (j - j0 >= 32) {
-        j0 = j;
-        lane_page = -1;
-        if (j0 + lane < n) {
-          int b, kh, t;
-          unit_coords(dp, u0 + j0 + lane, b, kh, t);
-          lane_page = int(kv_page_ahead(p.kv, b, t));
-        }
-      }
-      page = __shfl_sync(0xFFFFFFFFu, lane_page, int(j - j0));
-    }
+    // The page id is read beside a new request's lengths, not after them (kv_page_ahead).
+    const int page = p.kv.paged ? int(kv_page_ahead(p.kv, pb, pt)) : -1;
     if (pb != pr.b || pkh != pr.kh) load_request(dp, pr, pb, pkh);
     const bool loaded = load_block<kK>(dp, pr, pt, page, smem + int(j % S) * St::kBytes);
     if (++pt == p.max_k_tiles) {

@@ -219,10 +219,9 @@ enum class DecodeNvfp4Cvt : int32_t { kAuto = 0, kByte = 1, kWord = 2 };
 // whole blocks from their own two stages, keys on the MMA's M side; docs/design/proxy_score.md,
 // "fp8 K through TMA, a warp per block" and "NVFP4 K through TMA"). A pass
 // of tma covers kProxyDecodeTmaCols (8) query columns (G heads x tokens) where G x max_seqlen_q fits
-// them, else kProxyDecodeTmaMaxCols (16: two MMAs per converted K fragment). auto = tma from
-// kProxyDecodeIlpMinBatch requests on when G x max_seqlen_q <= kProxyDecodeTmaMaxCols (one pass of
-// either build, as measured), else cta; for NVFP4 auto = tma at any batch where G x max_seqlen_q <=
-// kProxyDecodeTmaMaxCols, else cta.
+// them, else kProxyDecodeTmaMaxCols (16: two MMAs per converted K fragment). auto = tma at any
+// batch where G x max_seqlen_q <= kProxyDecodeTmaMaxCols (one pass of either build, as measured),
+// else cta, for fp8 and NVFP4 K alike.
 enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // Who issues the proxy decode TMA kernel's loads (option decode_tma_issue): producer (a producer
 // warp for the CTA, each unit once its stage's empty barrier says the consumer is done) or warps
@@ -346,9 +345,10 @@ struct ProxyScoreOptions {
   // decode_fp8=auto|cta|tma: fp8 K on the decode kernel through the CTA-wide cp.async ring (cta) or
   // the TMA-fed warp-per-block kernel (tma: sm_90a, no reduce_heads; elsewhere cta runs); tma's
   // passes cover 8 columns (G x max_seqlen_q <= kProxyDecodeTmaCols) or else 16.
-  // auto = tma for batch >= kProxyDecodeIlpMinBatch with G x max_seqlen_q <= kProxyDecodeTmaMaxCols
-  // (one pass), else cta (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us; at 3cebf5e sq 4, one
-  // 16-column pass, 78.2 vs 85.5 us).
+  // auto = tma at any batch with G x max_seqlen_q <= kProxyDecodeTmaMaxCols (one pass), else cta
+  // (H200 at 054c9ce: B64 / 32K sq 1 74.5 vs 81.2 us; at 3cebf5e sq 4, one 16-column pass, 78.2 vs
+  // 85.5 us; batch 1 since the page ids are read beside the lengths: 32K 8.2 vs 9.2 us, 128K 11.3
+  // vs 14.5). The cta kernel's options (decode_ctas, decode_ilp) apply only where cta runs.
   DecodeTma decode_fp8 = DecodeTma::kAuto;
   // decode_nvfp4=auto|cta|tma: NVFP4 K (msa_proxy_score_fp4) on the decode kernel through the
   // CTA-wide cp.async ring (cta) or the TMA-fed warp-per-block kernel (tma: sm_90a, no

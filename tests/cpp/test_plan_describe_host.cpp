@@ -452,8 +452,8 @@ TEST(PlanDescribe, ProxyAndTopk) {
     EXPECT_TRUE(has(describe(plan_proxy_score(fp4, {}), {}),
                     "; nvfp4_cvt=word (auto: NVFP4 K a word of 8 codes at a time)"));
   }
-  // decode_fp8=tma: named for fp8 K on the decode kernel only, forced or auto's (from 16 requests
-  // on, one pass); cta is not named.
+  // decode_fp8=tma: named for fp8 K on the decode kernel only, forced or auto's (any batch, one
+  // pass); cta is not named.
   {
     ProxyScoreOptions tma;
     tma.decode_fp8 = DecodeTma::kTma;
@@ -463,6 +463,9 @@ TEST(PlanDescribe, ProxyAndTopk) {
     EXPECT_TRUE(has(describe(plan_proxy_score(fp8, tma), tma),
                     "; decode_fp8=tma (forced: fp8 K by TMA, a warp per key block, where it applies)"));
     EXPECT_FALSE(has(describe(plan_proxy_score(fp8, {}), {}), "decode_fp8"));  // batch 0
+    fp8.batch = 1;
+    EXPECT_TRUE(has(describe(plan_proxy_score(fp8, {}), {}),
+                    "; decode_fp8=tma (auto: fp8 K by TMA, a warp per key block, where it applies)"));
     fp8.batch = 64;
     EXPECT_TRUE(has(describe(plan_proxy_score(fp8, {}), {}),
                     "; decode_fp8=tma (auto: fp8 K by TMA, a warp per key block, where it applies)"));

@@ -1951,10 +1951,10 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
     }
     // (fp8_tma: the plan's TMA kernel is decode_fp8's, not decode_nvfp4's, which auto takes for NVFP4)
     auto fp8_tma = [](const ProxyScorePlan& plan) { return plan.tma && !plan.tma_nvfp4; };
-    // decode_fp8: the TMA kernel only when forced and only for fp8 K on the decode kernel (auto,
-    // cta: the cp.async ring; auto: tma from kProxyDecodeIlpMinBatch requests on when G x
-    // max_seqlen_q fits one pass, kProxyDecodeTmaMaxCols columns); the other plan fields stay as
-    // auto sets them. Its passes: 8 columns where G x max_seqlen_q fits them, else 16.
+    // decode_fp8: the TMA kernel only for fp8 K on the decode kernel, forced or auto's (cta: the
+    // cp.async ring; auto: tma at any batch when G x max_seqlen_q fits one pass,
+    // kProxyDecodeTmaMaxCols columns); the other plan fields stay as auto sets them. Its passes: 8
+    // columns where G x max_seqlen_q fits them, else 16.
     EXPECT_EQ(fp8_tma(plan_proxy_score(dp, {})), k == fp8) << dtype_name(k);  // B64, 4 x 1 rows
     EXPECT_EQ(plan_proxy_score(dp, {}).tma_cols, kProxyDecodeTmaCols) << dtype_name(k);
     {
@@ -1968,7 +1968,12 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       g8mtp2.num_heads = 8;      // G 8 x 2 tokens: one 16-column pass
       g8mtp2.qi.max_seqlen_q = 2;
       g16.num_heads = 16;        // G 16 x 1 token: one 16-column pass
-      EXPECT_FALSE(fp8_tma(plan_proxy_score(few, {}))) << dtype_name(k);
+      EXPECT_EQ(fp8_tma(plan_proxy_score(few, {})), k == fp8) << dtype_name(k);
+      ProxyScoreParams one = few, none = few;
+      one.batch = 1;
+      none.batch = 0;
+      EXPECT_EQ(fp8_tma(plan_proxy_score(one, {})), k == fp8) << dtype_name(k);
+      EXPECT_FALSE(fp8_tma(plan_proxy_score(none, {}))) << dtype_name(k);
       EXPECT_EQ(fp8_tma(plan_proxy_score(mtp2, {})), k == fp8) << dtype_name(k);
       EXPECT_EQ(fp8_tma(plan_proxy_score(g8, {})), k == fp8) << dtype_name(k);
       // auto: the 16-column pass where the rows fit one (H200 at 3cebf5e: B64 / 32K sq 4 78.2 vs
@@ -1978,8 +1983,8 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
         EXPECT_EQ(plan_proxy_score(one16, {}).tma_cols, k == fp8 || k == fp4 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols)
             << dtype_name(k);
         ProxyScoreParams small = one16;
-        small.batch = kProxyDecodeIlpMinBatch - 1;
-        EXPECT_FALSE(fp8_tma(plan_proxy_score(small, {}))) << dtype_name(k);
+        small.batch = 1;
+        EXPECT_EQ(fp8_tma(plan_proxy_score(small, {})), k == fp8) << dtype_name(k);
       }
       ProxyScoreOptions on_decode;
       on_decode.kernel = ProxyKernel::kDecode;  // auto takes sm90 above 16 rows

@@ -547,8 +547,11 @@ DECODE_CASES = [
 
 # decode_ilp=1 / 2 (one or two key blocks per loop iteration, two multiplied together where they
 # belong to one single-pass request; bit-identical; auto takes 2 for fp8 K): every test below that
-# forces the decode kernel runs with each, forced.
-DECODE_ILPS = [dict(decode_ilp=1), dict(decode_ilp=2)]
+# forces the decode kernel runs with each, forced, on the cp.async ring (decode_fp8=cta: auto takes
+# the TMA kernel for fp8 K wherever one pass fits, whose own tests follow further down; the option
+# is ignored for other K kinds).
+FP8_CTA = dict(decode_fp8="cta")  # the cp.async ring (auto's only where one pass does not fit)
+DECODE_ILPS = [dict(decode_ilp=1, **FP8_CTA), dict(decode_ilp=2, **FP8_CTA)]
 DECODE_ILP_IDS = ["ilp1", "ilp2"]
 
 
@@ -676,7 +679,7 @@ def test_proxy_decode_f16_row_scales_equal_bf16_mma(ilp):
     q[:, 6] = 0.0
     inputs["q"] = q.to(inputs["q"].dtype)
     f16 = run_proxy(case, inputs, DEV, kernel="decode_f16_only", options=ilp)
-    bf16 = run_proxy(case, inputs, DEV, kernel="decode_only")
+    bf16 = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_CTA)
     assert torch.equal(f16.view(torch.int32), bf16.view(torch.int32)), f"seed={seed}"
     want = run_proxy(case, inputs, "cpu", kernel="decode_only")
     got = f16.cpu()
@@ -718,7 +721,7 @@ CTAS_FP8_CASES = [c for c in FP8_K_DECODE_CASES if c.name in (
 @pytest.mark.parametrize("ilp", DECODE_ILPS, ids=DECODE_ILP_IDS)
 def test_proxy_decode_ctas_equal_default_bitwise(case: ProxyCase, kernel: str, ctas: int, ilp):
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
-    want = run_proxy(case, inputs, DEV, kernel=kernel)
+    want = run_proxy(case, inputs, DEV, kernel=kernel, options=FP8_CTA)
     got = run_proxy(case, inputs, DEV, kernel=kernel, options=_with(ilp, decode_ctas=ctas))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
 
@@ -761,7 +764,7 @@ def test_proxy_decode_ilp_equals_default_bitwise(case: ProxyCase, kernel: str, c
     """decode_ilp=2 against decode_ilp=1, bit for bit; fp8 K at each CTAs-per-SM build (None:
     auto's 3), bf16 K (always 2 CTAs)."""
     inputs = make_proxy_inputs(case, seed=random.getrandbits(31))
-    extra = {} if ctas is None else dict(decode_ctas=ctas)
+    extra = dict(FP8_CTA, **({} if ctas is None else dict(decode_ctas=ctas)))
     want = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(extra, decode_ilp=1))
     got = run_proxy(case, inputs, DEV, kernel=kernel, options=dict(extra, decode_ilp=2))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
@@ -842,10 +845,9 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
 # (decode_fp8=cta) on long contexts (same dims per k-step in the same order, so bit-identical
 # results are expected; asserted here only within the proxy tolerance with identical -inf / NaN
 # patterns). Its passes cover 8 query columns (G heads x tokens) where G x max_seqlen_q <= 8, else
-# 16 (each converted K fragment feeding two MMAs; forced only). auto takes tma from 16 requests on
-# with one 8-column pass.
+# 16 (each converted K fragment feeding two MMAs; forced only). auto takes tma at any batch where
+# one pass fits.
 FP8_TMA = dict(decode_fp8="tma")
-FP8_CTA = dict(decode_fp8="cta")  # the cp.async ring (auto's below 16 requests or above 8 columns)
 
 # decode_tma_issue: the TMA kernel's loads by a producer warp (auto's for fp8 K) or by each consumer
 # warp for itself (warps: no producer warp; auto's for NVFP4 K since 9738086); the TMA kernel tests
