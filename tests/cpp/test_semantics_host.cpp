@@ -230,6 +230,16 @@ TEST(Semantics, KvOffsetFlatPagedAndInvalidPages) {
   EXPECT_EQ(kv_page(paged, 0, 2), -1);    // negative id
   EXPECT_EQ(kv_page(paged, 0, 3), -1);    // id >= num_pages
   EXPECT_EQ(kv_page(paged, 1, 1), -1);    // id == num_pages
+  // kv_page_ahead: kv_page inside the table's columns, whatever the sequence's length (block 2 of
+  // sequence 1 lies past its 128 keys: its id is read, the caller does not use it), -1 past them
+  // without reading (a table of max_pages columns: the read at column 4 would be row 1's).
+  for (int b = 0; b < 2; ++b)
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(kv_page_ahead(paged, b, t), kv_page(paged, b, t)) << b << " " << t;
+  EXPECT_EQ(kv_page_ahead(paged, 0, 4), -1);
+  EXPECT_EQ(kv_page_ahead(paged, 1, 4), -1);
+  EXPECT_EQ(kv_page_ahead(paged, 1, -1), -1);
+  const KVIndex no_table = paged_index(seqused, nullptr, nullptr, 2, 0, 10);  // max_pages 0: no table
+  EXPECT_EQ(kv_page_ahead(no_table, 0, 0), -1);
   EXPECT_EQ(kv_offset(pt, paged, 0, 1, 130), 2 * pt.stride_page + 1 * pt.stride_head + 2 * 128);
   EXPECT_EQ(kv_offset(pt, paged, 0, 0, 127), 5 * pt.stride_page + 127 * 128);
   EXPECT_EQ(kv_offset(pt, paged, 0, 0, 260), -1);
