@@ -587,8 +587,8 @@ class Bench:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_ilp=1, decode_fp8="cta")),
                           "memory")
             # fp8 index-K through TMA, a warp per key block (plan option decode_fp8=tma, sm_90a;
-            # auto takes it from 16 requests on with one 8-column pass, sq 1 here), auto otherwise:
-            # against the fp8 row. sq 4 (G 4 x 4 = 16 columns) runs its 16-column pass, forced only.
+            # auto takes it at any batch where one pass of 8 or 16 columns fits), forced: against the
+            # fp8 row (auto's). sq 4 (G 4 x 4 = 16 columns) runs its 16-column pass.
             self.run_case("proxy", name + " fp8 [decode_fp8=tma]", lambda b=b, c=ctx, q=sq:
                           self.build_proxy_decode(b, c, q, k_fp8=True, options=dict(decode_fp8="tma")),
                           "memory")

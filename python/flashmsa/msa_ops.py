@@ -823,7 +823,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the
 # decode kernel's NVFP4 conversion; auto: word), decode_fp8 / decode_nvfp4 = auto | cta | tma (fp8 /
 # NVFP4 K on the decode kernel's CTA-wide cp.async ring or, sm_90a, its TMA-fed warp-per-block
-# kernel; auto: tma where one pass fits, for fp8 from 16 requests on), decode_tma_issue = auto |
+# kernel; auto: tma where one pass fits, at any batch), decode_tma_issue = auto |
 # producer | warps (that kernel's loads by a producer warp or by each consumer warp; auto: warps
 # for NVFP4 K, producer for fp8 K);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
