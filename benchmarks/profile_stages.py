@@ -3,6 +3,7 @@
     python benchmarks/profile_stages.py [--seq 32768] [--only prefill|decode]
     python benchmarks/profile_stages.py --sweep pipeline:8192:default,3.0,3.5 --sweep random:32768:1.5
     python benchmarks/profile_stages.py --sweep pipeline:131072:default,kv_major_kernel=tma+chunk_rows=8058
+    python benchmarks/profile_stages.py --timeline 1/128K,1/128K/1/fp8,64/32K
 
 --sweep KIND:TOKENS:W,... (repeatable) instead prints the kernel totals of bench_msa's M3 builders
 (KIND pipeline: proxy -> top-k -> sparse attention; random: the sparse attention on random
@@ -14,6 +15,13 @@ an unknown option or value is the op's own ValueError when the point runs).
 Prints torch.profiler's CUDA time per kernel (summed over one call after warm-up), so the share of
 list building, the main kernels and the combine is visible. Used to direct kernel work; the numbers
 of record come from bench_msa.py.
+
+--timeline B/CTX[/SQ[/IDX[/KV]]],... (bench_msa's --steps cases) instead replays the captured
+decode step (bench_msa's build_step: proxy -> top-k -> sparse decode in one CUDA graph) with L2
+flushed before each replay, as bench_msa times it, and prints each kernel's start, duration and the
+gap before it inside the graph (medians over the replays, from torch.profiler's kernel records):
+where a latency-bound step's time goes between and inside its kernels, without Nsight Compute's
+per-kernel cache flushes and serialization.
 """
 import argparse
 
@@ -104,13 +112,85 @@ def sweep(specs):
         torch.cuda.empty_cache()
 
 
+def replay_timeline(kernels, reps):
+    """Per kernel position of one replay: (name, start, duration, gap before it) in us, medians over
+    the replays, and the median replay span (first start to last end). kernels: (start_us, end_us,
+    name) of every kernel of `reps` replays of the same graph, in any order; each replay runs the
+    same kernels in the same order. ValueError when the records do not split into `reps` equal
+    replays of the same kernel names."""
+    import statistics
+
+    ks = sorted(kernels)
+    if reps <= 0 or not ks or len(ks) % reps:
+        raise ValueError(f"{len(ks)} kernel records do not split into {reps} replays")
+    n = len(ks) // reps
+    runs = [ks[i * n:(i + 1) * n] for i in range(reps)]
+    names = [k[2] for k in runs[0]]
+    if any([k[2] for k in run] != names for run in runs):
+        raise ValueError("the replays ran different kernels (or overlapped)")
+    rows = []
+    for i, name in enumerate(names):
+        start = statistics.median(run[i][0] - run[0][0] for run in runs)
+        dur = statistics.median(run[i][1] - run[i][0] for run in runs)
+        gap = statistics.median(run[i][0] - (run[i - 1][1] if i else run[0][0]) for run in runs)
+        rows.append((name, start, dur, gap))
+    span = statistics.median(max(k[1] for k in run) - run[0][0] for run in runs)
+    return rows, span
+
+
+def cuda_kernels(prof):
+    """(start_us, end_us, name) of every CUDA kernel record of a torch.profiler run."""
+    return [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
+
+
+def timeline(cases, reps=20):
+    from profile_msa import make_bench  # the same directory
+
+    bench = make_bench(msa_ops, torch.device("cuda", torch.cuda.current_device()))
+    # The L2 flush's own kernels (outside the graph), by name, to leave out of the replays' records.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        bench.timer.flush()
+        torch.cuda.synchronize()
+    flush_names = {k[2] for k in cuda_kernels(prof)}
+    for b, ctx, sq, idx, kv in cases:
+        graphed, _ = bench.build_step(b, ctx, sq, idx, kv)
+        for _ in range(3):
+            graphed()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                bench.timer.flush()
+                torch.cuda.synchronize()
+                graphed()
+                torch.cuda.synchronize()
+        rows, span = replay_timeline([k for k in cuda_kernels(prof) if k[2] not in flush_names], reps)
+        print(f"\n## timeline B{b} ctx={ctx} sq{sq} idx-K {idx} K/V {kv}: {span:.1f} us from the first "
+              f"kernel's start to the last one's end (median of {reps} replays, L2 flushed before each)")
+        print(f"  {'start':>8} {'gap':>6} {'kernel':>8}  name")
+        for name, start, dur, gap in rows:
+            print(f"  {start:8.2f} {gap:6.2f} {dur:8.2f}  {name[:100]}")
+        torch.cuda.empty_cache()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--only", default="")
     ap.add_argument("--sweep", action="append", default=[],
                     help="KIND:TOKENS:W,... kernel totals per point W: default, a tile_max_waste bound or KEY=VALUE+...")
+    ap.add_argument("--timeline", default=None,
+                    help="B/CTX[/SQ[/IDX[/KV]]],...: the captured decode step's kernels, start / gap / duration")
     args = ap.parse_args(argv)
+    if args.timeline is not None:
+        import bench_msa as bm  # the same directory
+
+        try:
+            cases = bm.parse_cases(args.timeline, True)
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"--timeline: {e}")
+        timeline(cases)
+        return
     if args.sweep:
         try:
             sweep_cases(None, args.sweep)  # the specs checked before the device is touched

@@ -97,6 +97,40 @@ def test_profile_stages_sweep_rejects_bad_specs(spec, capsys):
     assert e.value.code == 2 and f"--sweep {spec!r}" in capsys.readouterr().err
 
 
+def test_profile_stages_timeline_splits_replays():
+    """--timeline: the kernel records of several replays (in any order) give each kernel's start,
+    duration and the gap before it as medians over the replays, and the replay's span."""
+    profile_stages = load_script("profile_stages")
+    kernels = []
+    for r, base in enumerate((1000.0, 2000.0, 3000.0)):
+        jitter = (0.0, 0.5, 1.0)[r]
+        kernels += [(base, base + 10.0, "proxy"), (base + 11.0 + jitter, base + 15.0 + jitter, "topk"),
+                    (base + 17.0 + jitter, base + 26.0 + jitter, "decode")]
+    rows, span = profile_stages.replay_timeline(list(reversed(kernels)), 3)
+    assert [r[0] for r in rows] == ["proxy", "topk", "decode"]
+    assert rows[0] == ("proxy", 0.0, 10.0, 0.0)
+    assert rows[1] == ("topk", 11.5, 4.0, 1.5) and rows[2] == ("decode", 17.5, 9.0, 2.0)
+    assert span == 26.5
+
+
+@pytest.mark.parametrize("records,reps", [([(0.0, 1.0, "a"), (2.0, 3.0, "b"), (4.0, 5.0, "a")], 2),
+                                          ([(0.0, 1.0, "a"), (2.0, 3.0, "b"), (4.0, 5.0, "b"),
+                                            (6.0, 7.0, "a")], 2),
+                                          ([], 1)])
+def test_profile_stages_timeline_refuses_uneven_replays(records, reps):
+    profile_stages = load_script("profile_stages")
+    with pytest.raises(ValueError):
+        profile_stages.replay_timeline(records, reps)
+
+
+@pytest.mark.parametrize("spec", ["1", "0/32K", "1/32K/1/int8", "a/32K"])
+def test_profile_stages_timeline_rejects_bad_cases(spec, capsys):
+    profile_stages = load_script("profile_stages")
+    with pytest.raises(SystemExit) as e:
+        profile_stages.main(["--timeline", spec])
+    assert e.value.code == 2 and "--timeline" in capsys.readouterr().err
+
+
 def test_profile_list_needs_no_device(capsys):
     assert profile_msa.main(["--list"]) == 0
     names = capsys.readouterr().out.split()
