@@ -227,8 +227,17 @@ enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // warp for the CTA, each unit once its stage's empty barrier says the consumer is done) or warps
 // (each consumer warp loads its own units into the stage it has just finished: no producer warp,
 // no empty barrier; docs/design/proxy_score.md, "NVFP4 K through TMA"). auto = warps for NVFP4 K
-// (H200 at 9738086, B64 / 32K: 55.8 vs 73.4 us), producer for fp8 K (72.3 vs 71.4 us).
+// above kProxyDecodeTmaProducerMaxUnits units (H200 at 9738086, B64 / 32K: 55.8 vs 73.4 us),
+// producer for NVFP4 K up to them and for fp8 K (72.3 vs 71.4 us).
 enum class DecodeTmaIssue : int32_t { kAuto = 0, kProducer = 1, kWarps = 2 };
+// Units (requests x kv heads x key blocks) up to which auto keeps the producer warp for NVFP4 K:
+// a CTA then holds <= ~16 blocks (132 SMs), and one warp resolving and issuing them beats each
+// consumer warp doing its own. H200 at ca714f5 (us, producer vs warps): sq 1 B1 / 32K (256 units)
+// 9.2 vs 10.1, B2 (512) 9.9 vs 10.3, B4 (1024) 11.8 vs 11.5, B8 (2048) 15.4 vs 16.1, B1 / 128K
+// (1024) 11.8 vs 11.5, B2 / 128K (2048) 15.4 vs 15.9; sq 4 B1 13.4 vs 16.9, B4 16.3 vs 17.2, B8
+// 18.6 vs 20.6; above: B16 / 32K (4096) 22.9 vs 23.0, B4 / 128K 22.9 vs 22.1, sq 4 B16 26.5 vs
+// 27.8, B32 (8192) 38.4 vs 34.2, B8 / 128K 38.4 vs 32.7.
+inline constexpr int64_t kProxyDecodeTmaProducerMaxUnits = 2048;
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
 // to the workspace, the combine kernel merges them), cluster (the splits of a row run as one

@@ -407,6 +407,14 @@ TEST(PlanDescribe, DecodeSplitWarps) {
   r.decode_regs_ctas = 2;
   const std::string fb = describe_decode(plan_sparse_decode(dp, r, o), dp.attn);
   EXPECT_TRUE(has(fb, "(split_warps=8 falls back to 4 warps: kernel=regs / wgmma)")) << fb;
+  // fp8 K/V: the 8-warp kernel converting in registers where forced.
+  dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
+  SparseDecodeOptions w8;
+  w8.split_warps = DecodeSplitWarps::k8;
+  const std::string f8 = describe_decode(plan_sparse_decode(dp, r, w8), dp.attn);
+  EXPECT_TRUE(has(f8, "; fp8 K/V converted in registers by the 8-warp kernel (16 keys a warp)")) << f8;
+  EXPECT_TRUE(has(f8, "; split_warps=8 (8 warps per CTA")) << f8;
+  EXPECT_FALSE(has(f8, "kernel=regs")) << f8;
 }
 
 TEST(PlanDescribe, ProxyAndTopk) {
@@ -511,6 +519,9 @@ TEST(PlanDescribe, ProxyAndTopk) {
     warps.decode_tma_issue = DecodeTmaIssue::kWarps;
     EXPECT_TRUE(has(describe(plan_proxy_score(fp4, warps), warps),
                     "; decode_tma_issue=warps (forced: each consumer warp loads its own blocks)"));
+    EXPECT_FALSE(has(describe(plan_proxy_score(fp4, {}), {}), "decode_tma_issue"));  // few units: the producer
+    fp4.batch = 64;  // 64 x 256 blocks: auto's consumer warps issue their own
+    fp4.max_k_tiles = 256;
     EXPECT_TRUE(has(describe(plan_proxy_score(fp4, {}), {}),
                     "; decode_tma_issue=warps (auto: each consumer warp loads its own blocks)"));
     fp8.batch = 64;  // auto's fp8 TMA kernel keeps its producer warp

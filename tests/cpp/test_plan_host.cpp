@@ -784,8 +784,24 @@ TEST(PlanDecode, SplitWarps8WhereItRuns) {
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
   SparseDecodeOptions smem;
   smem.kernel = DecodeKernel::kSmem;
-  why(fp8, smem, "fp8 / NVFP4 K/V");
-  why(fp8, {}, "kernel=regs");  // auto: regs for fp8 K/V
+  why(fp8, smem, "fp8 K/V under kernel=smem");
+  why(fp8, regs, "kernel=regs");
+  // fp8 K/V under kernel=auto: a forced 8 runs the 8-warp kernel converting in registers (not the
+  // 4-warp register kernel), with the 16-bit kernel's splits and workspace; auto keeps kernel=regs.
+  const SparseAttnPlan f8 = plan_sparse_decode(fp8, h200, w8);
+  const SparseAttnPlan f4 = plan_sparse_decode(fp8, h200, {});
+  EXPECT_TRUE(f8.qm.wide);
+  EXPECT_FALSE(f8.qm.regs);
+  EXPECT_EQ(f8.qm.split_warps_fallback, nullptr);
+  EXPECT_EQ(f8.qm.splits, 16);
+  EXPECT_EQ(f8.bytes, f4.bytes);
+  EXPECT_FALSE(f4.qm.wide);
+  EXPECT_TRUE(f4.qm.regs);
+  EXPECT_EQ(f4.qm.split_warps_fallback, nullptr);
+  SparseDecodeParams nvfp4 = decode(1, -1);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  why(nvfp4, smem, "NVFP4 K/V");
+  why(nvfp4, {}, "kernel=regs");  // auto: regs for NVFP4 K/V
   SparseDecodeParams g32 = decode(1, -1);
   g32.attn.num_heads = 128;
   why(g32, {}, "G > 16");
@@ -2077,6 +2093,19 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
       o.decode_nvfp4 = DecodeTma::kCta;
       o.decode_fp8 = DecodeTma::kCta;
       EXPECT_FALSE(plan_proxy_score(dp, o).tma_self_issue) << dtype_name(k);
+    }
+    // auto keeps the producer warp for NVFP4 K up to kProxyDecodeTmaProducerMaxUnits units
+    // (requests x kv heads x blocks); a forced issue mode holds at any size.
+    {
+      ProxyScoreParams few = dp, more = dp;
+      few.batch = int(kProxyDecodeTmaProducerMaxUnits / few.max_k_tiles);  // 8 x 256 = 2048
+      more.batch = few.batch + 1;
+      EXPECT_FALSE(plan_proxy_score(few, {}).tma_self_issue) << dtype_name(k);
+      EXPECT_EQ(plan_proxy_score(more, {}).tma_self_issue, k == fp4 && plan_proxy_score(more, {}).tma)
+          << dtype_name(k);
+      ProxyScoreOptions warps;
+      warps.decode_tma_issue = DecodeTmaIssue::kWarps;
+      EXPECT_EQ(plan_proxy_score(few, warps).tma_self_issue, plan_proxy_score(few, {}).tma) << dtype_name(k);
     }
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kSm90);

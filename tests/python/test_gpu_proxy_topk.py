@@ -849,8 +849,9 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
 # one pass fits.
 FP8_TMA = dict(decode_fp8="tma")
 
-# decode_tma_issue: the TMA kernel's loads by a producer warp (auto's for fp8 K) or by each consumer
-# warp for itself (warps: no producer warp; auto's for NVFP4 K since 9738086); the TMA kernel tests
+# decode_tma_issue: the TMA kernel's loads by a producer warp (auto's for fp8 K, and for NVFP4 K up to
+# 2048 units) or by each consumer warp for itself (warps: no producer warp; auto's for NVFP4 K above
+# them, since 9738086); the TMA kernel tests
 # run both, and warps is bit-identical to producer.
 TMA_ISSUES = ["producer", "warps"]
 TMA_ISSUE_IDS = ["issue_producer", "issue_warps"]
