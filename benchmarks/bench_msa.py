@@ -150,8 +150,10 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
 STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),
                  (" [combine_loads=after]", dict(combine_loads="after")))
 # ... and those of bf16 K/V and one token per request also with split-K decode on 4 warps per CTA
-# (split_warps=4: auto's 8-warp kernel's predecessor; fp8 K/V run 4 warps anyway).
+# (split_warps=4: auto's 8-warp kernel's predecessor), those of fp8 K/V on the 8-warp kernel
+# converting in registers (split_warps=8: auto's is the 4-warp register kernel).
 STEP_BF16_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),)
+STEP_FP8_VARIANTS = ((" [split_warps=8]", dict(split_warps=8)),)
 STEP_VARIANT_MAX_BATCH = 8
 # ... and one token per request with top-k plan options (suffix, options): the networks without
 # the pivot auto runs first on these calls (docs/design/topk_select.md, "Pivot before the
@@ -920,6 +922,10 @@ class Bench:
             # auto's 8 sharing each block.
             if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv == "bf16":
                 variants.append((" [split_warps=4]", dict(split_warps=4)))
+            # ... and those of fp8 K/V on the 8-warp kernel converting in registers (split_warps=8)
+            # instead of auto's 4-warp register kernel.
+            if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv == "fp8":
+                variants.append((" [split_warps=8]", dict(split_warps=8)))
             # ... and split-K batches with the split count ceil(resident CTAs / items)
             # (split_rule=ceil) instead of auto's fewest waves x blocks per split.
             if 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
@@ -1066,6 +1072,8 @@ class Bench:
                 variants += list(STEP_VARIANTS)
                 if sq == 1 and kv == "bf16":
                     variants += list(STEP_BF16_VARIANTS)
+                if sq == 1 and kv == "fp8":
+                    variants += list(STEP_FP8_VARIANTS)
             # (suffix, build_step's keyword arguments)
             variants = [(suffix, dict(decode_options=options)) for suffix, options in variants]
             if b <= STEP_VARIANT_MAX_BATCH and sq == 1:

@@ -759,13 +759,14 @@ class Smoke:
     def decode_split_warps8(self, lens):
         """Split-K decode with 8 warps per CTA sharing each block (plan option split_warps=8):
         batch 1 at M3 (16 splits of one block, a partial last block), the smoke lengths (ragged),
-        bf16 / fp16 K/V, G 16 / 4, bf16 / fp16 / fp8 q, split (forced and by the plan) with the default,
-        fp32 and fp8 partials, ids out of range and -1 holes (empty splits and rows); fp8 K/V and G 32 fall
-        back to 4 warps."""
+        bf16 / fp16 / fp8 K/V (fp8: converted in registers), G 16 / 4, bf16 / fp16 / fp8 q, split
+        (forced and by the plan) with the default, fp32 and fp8 partials, ids out of range and -1
+        holes (empty splits and rows); G 32 falls back to 4 warps."""
         ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(mtp="per_token", split_warps=8))
         for blens, hq, hkv, q_dtype, kv_dtype in (
                 ([4096 + 77], 64, 4, BF16, BF16), (lens, 8, 2, FP16, FP16), (lens, 16, 4, FP8, BF16),
-                ([4096], 64, 4, BF16, FP8), (lens[:2], 64, 2, BF16, BF16)):
+                ([4096], 64, 4, BF16, FP8), (lens, 16, 4, FP16, FP8), ([4096 + 77], 64, 4, FP8, FP8),
+                (lens[:2], 64, 2, BF16, BF16)):
             nb = len(blens)
             cache = self.lazy(lambda blens=blens, hkv=hkv, dtype=kv_dtype:
                               self.paged_kv(blens, hkv, dtype))

@@ -155,6 +155,8 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
     else
       s << "; kernel=regs (3 stages at 2 CTAs per SM)";
   }
+  if (plan.qm.wide && p.k.dtype == DType::kFP8E4M3)
+    s << "; fp8 K/V converted in registers by the 8-warp kernel (16 keys a warp)";
   query_major_details(s, plan.qm);
   workspace(s, plan.bytes);
   return s.str();

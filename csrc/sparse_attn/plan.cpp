@@ -120,7 +120,11 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // the shared-memory kernel with 16-row tiles and 16-bit K/V; the split count as for 4 warps at
   // 2 CTAs per SM. auto takes it wherever it applies (H200 at 43c70d4, B1 / 32K bf16: 20.2 vs
   // 22.0 us, the graphed decode step 30.2 vs 31.8 us); a forced 8 names why it falls back.
+  // fp8 K/V (with kernel=auto): the 8-warp kernel converting in registers as kernel=regs does, in
+  // place of the 4-warp register kernel; forced only (split_warps=8), not yet measured.
   if (options.split_warps != DecodeSplitWarps::k4) {
+    const bool fp8_kv = p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3;
+    const bool fp8_wide = fp8_kv && options.split_warps == DecodeSplitWarps::k8 && kernel == DecodeKernel::kAuto;
     const char* why = nullptr;
     if (plan.fused)
       why = "the call does not split (fused)";
@@ -128,14 +132,17 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       why = "split=cluster runs the 4-warp cluster kernel";
     else if (mtp)
       why = "MTP union items (64-row tiles)";
-    else if (plan.wgmma || plan.regs)
+    else if (plan.wgmma || (plan.regs && !fp8_wide))
       why = "kernel=regs / wgmma";
     else if (plan.warps_m != 1)
       why = "G > 16 (64-row tiles)";
-    else if (!kv_in_compute_dtype(p))
-      why = "fp8 / NVFP4 K/V (the 8-warp kernel reads 16-bit K and V of the compute dtype)";
+    else if (fp8_kv && !fp8_wide)
+      why = "fp8 K/V under kernel=smem (the 8-warp kernel converts fp8 in registers, under kernel=auto)";
+    else if (!kv_in_compute_dtype(p) && !fp8_wide)
+      why = "NVFP4 K/V (the 8-warp kernel reads 16-bit K and V of the compute dtype, or fp8)";
     if (why == nullptr) {
       plan.wide = true;
+      plan.regs = false;  // fp8: the 8-warp kernel converts in registers itself
       plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideCtasPerSm, 64, waves);
     } else if (options.split_warps == DecodeSplitWarps::k8) {
       plan.split_warps_fallback = why;

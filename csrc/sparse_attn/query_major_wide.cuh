@@ -1,5 +1,6 @@
 // Query-major split-K decode with 8 warps per CTA (decode plan option split_warps=8): the batch-1
-// to batch-8 calls that split, bf16 / fp16 K/V, G <= 16 (one m16 tile of query heads).
+// to batch-8 calls that split, bf16 / fp16 K/V (kKv = kNative) or fp8 e4m3 K/V (kKv = kFp8),
+// G <= 16 (one m16 tile of query heads).
 //
 // The 4-warp kernel (query_major.cuh) cuts each 128-key block into two 64-key tiles and gives each
 // warp 16 keys of each: a warp's chain per block is two rounds of Q K^T, softmax and P V, and then
@@ -13,6 +14,11 @@
 // its dims of the partial (or of the output) straight from registers. Partial layout, LSEs and the
 // combine are the 4-warp kernel's. Not bit-identical to it (each warp sums other keys, and the merge
 // is one of 8 states, not of 4): within the tests' tolerance against the CPU reference.
+// fp8 K/V: the raw e4m3 blocks (16 KB each, kv_regs.cuh's chunk-swizzled layout) stay in shared
+// memory and each warp converts its 16 keys straight into fp16 MMA fragments, as the 4-warp
+// register kernel (kernel=regs, kv_regs.cuh) does for its 32: Q as fp16 fragments stashed over the
+// Q tile, bf16 rows scaled by a power of two (row_mul undoes it on the logits), the lazy rescale,
+// P rounded to fp16, and head dims permuted in the accumulators (undone by the store).
 // docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)".
 #pragma once
 
@@ -23,6 +29,7 @@
 #include "common/cuda_utils.h"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
+#include "sparse_attn/kv_regs.cuh"
 #include "sparse_attn/launch.h"
 #include "sparse_attn/query_major.cuh"
 
@@ -35,6 +42,7 @@ struct QueryMajorWideConfig {
   static constexpr int kWarpKeys = kTileKeys / kWarps;  // 16: one k16 step of P V
   static constexpr int kNT = kWarpKeys / 8;
   static constexpr int kTileBytes = kTileKeys * 256;    // K or V of a block, 128 dims x 2 bytes
+  static constexpr int kRawTileBytes = kTileKeys * 128;  // fp8: the raw e4m3 K or V of a block
   // Merge: each warp's 64 accumulators per lane, [warp][64][32 lanes] (over the stage).
   static constexpr int kMergeBytes = kWarps * 64 * 32 * 4;
   static constexpr int kUnionBytes = 2 * kTileBytes > kMergeBytes ? 2 * kTileBytes : kMergeBytes;
@@ -51,9 +59,11 @@ struct QueryMajorWideConfig {
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
 };
 
-template <typename Elem>
+template <typename Elem, KvKind kKv>
 __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     query_major_wide_kernel(const __grid_constant__ QueryMajorArgs args) {
+  static_assert(kKv == KvKind::kNative || kKv == KvKind::kFp8, "16-bit or fp8 K/V");
+  constexpr bool kFp8 = kKv == KvKind::kFp8;
   using Cfg = QueryMajorWideConfig;
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = args.p;
@@ -64,7 +74,10 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
   int* s_misc = reinterpret_cast<int*>(smem + Cfg::kMiscOffset);
   float* s_stats = reinterpret_cast<float*>(smem + Cfg::kStatsOffset);
   uint8_t* s_union = smem + Cfg::kUnionOffset;
-  const uint32_t sK = smem_addr(s_union), sV = sK + uint32_t(Cfg::kTileBytes);
+  // K and V of the stage: compute tiles (16-bit), or raw e4m3 tiles (fp8) at rK / rV.
+  const uint32_t sK = smem_addr(s_union), sV = sK + uint32_t(kFp8 ? Cfg::kRawTileBytes : Cfg::kTileBytes);
+  [[maybe_unused]] const uint8_t* const rK = s_union;
+  [[maybe_unused]] const uint8_t* const rV = s_union + Cfg::kRawTileBytes;
   check_smem_base(smem);
   const float temp = p.lse_temperature;
   const int key0 = warp * Cfg::kWarpKeys;
@@ -92,12 +105,31 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
 
     // K and V of tile t as two commit groups (V's may land while Q K^T runs).
     auto issue = [&](const KVTensor& t, int64_t off, int n_valid, uint32_t dst) {
-      issue_kv_rows<Elem, KvKind::kNative, Cfg::kTileKeys, Cfg::kThreads>(t, off, 0, 0, n_valid, dst, tid);
+      if constexpr (kFp8) {
+        issue_fp8_rows_swizzled<Cfg::kTileKeys, Cfg::kThreads>(t, off, n_valid, dst, tid);
+      } else {
+        issue_kv_rows<Elem, KvKind::kNative, Cfg::kTileKeys, Cfg::kThreads>(t, off, 0, 0, n_valid, dst, tid);
+      }
       cp_async_commit();
     };
     if (n_tiles > 0) {  // uniform
       issue(p.k, s_tiles[0].k_off, s_tiles[0].n_valid, sK);
       issue(p.v, s_tiles[0].v_off, s_tiles[0].n_valid, sV);
+    }
+    // fp8: per fragment row, the factor from the fp16 logits to base-2 softmax units.
+    [[maybe_unused]] float row_mul[2] = {0.0f, 0.0f};
+    if constexpr (kFp8) {
+      if (n_tiles > 0) {  // uniform
+        // Q landed once only K's and V's groups may be pending. Every warp reads the 16 rows and
+        // keeps its row factors; then warp 0 (every warp has the same fragments) overwrites the
+        // Q tile with the fp16 fragments qk_fp8_regs reads; the loop's first barrier orders them.
+        cp_async_wait<2>();
+        __syncthreads();
+        uint32_t qa[8][4];
+        load_q_frags_f16<Elem>(sQ, 0, lane, args.scale_log2, qa, row_mul);
+        __syncthreads();
+        if (warp == 0) stash_q_frags(qa, sQ, lane);
+      }
     }
 
     float o[1][16][4] = {};
@@ -113,13 +145,29 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
       int lim[1][2] = {{lim_rel, lim_rel}};
       float s[1][Cfg::kNT][4];
       if (lim_rel > 0) {  // warp-uniform: skip a slice past the tile's last visible key
-        gemm_qk<Elem, 1, Cfg::kNT>(s, ldm_base_a(smem_addr(sQ), 0, lane), ldm_base_k(sK, key0, lane));
-        softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
+        if constexpr (kFp8) {
+          qk_fp8_regs<Cfg::kNT>(s[0], sQ, rK, key0, lane);
+#pragma unroll
+          for (int nt = 0; nt < Cfg::kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][nt][e] *= row_mul[e >> 1];
+          softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
+                                    regs_rescale_slack(args.has_temp, temp));
+        } else {
+          gemm_qk<Elem, 1, Cfg::kNT>(s, ldm_base_a(smem_addr(sQ), 0, lane), ldm_base_k(sK, key0, lane));
+          softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
+        }
       }
       cp_async_wait<0>();
       __syncthreads();  // V of tile i landed; every warp is past its Q K^T of tile i
       if (more) issue(p.k, s_tiles[i + 1].k_off, s_tiles[i + 1].n_valid, sK);
-      if (lim_rel > 0) gemm_pv<Elem, 1, Cfg::kNT>(o, s, ldm_base_v(sV, key0, lane));
+      if (lim_rel > 0) {
+        if constexpr (kFp8) {
+          pv_fp8_regs<Cfg::kNT>(o[0], s[0], rV, key0, lane);
+        } else {
+          gemm_pv<Elem, 1, Cfg::kNT>(o, s, ldm_base_v(sV, key0, lane));
+        }
+      }
       if (more) {
         __syncthreads();  // every warp is past its P V of tile i
         issue(p.v, s_tiles[i + 1].v_off, s_tiles[i + 1].n_valid, sV);
@@ -146,8 +194,8 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     }
     __syncthreads();
 
-    // Warp w: dims 16 w .. + 15 (n8 tiles 2 w, 2 w + 1) of rows gid, gid + 8, merged over the 8
-    // warps in warp order.
+    // Warp w: n8 tiles 2 w, 2 w + 1 of rows gid, gid + 8, merged over the 8 warps in warp order
+    // (16-bit: head dims 16 w .. + 15; fp8: the permuted dims 32 tig + 16 e + 2 w + j, kv_regs.cuh).
     float v[2][2][2];  // [h][j][pair]
     float m_row[2], l_row[2], lt_row[2];
 #pragma unroll
@@ -185,8 +233,13 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
         if (row_elem[h] < 0) continue;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int64_t e = row_elem[h] + (2 * warp + j) * 8 + 2 * tig;
-          store_pair<kKind>(static_cast<uint8_t*>(base) + e * kE, v[h][j][0] * mul[h], v[h][j][1] * mul[h]);
+          if constexpr (kFp8) {  // pair: n8 tiles 2 w, 2 w + 1 (dims 2 w, 2 w + 1 past 32 tig + 16 j)
+            const int64_t e = row_elem[h] + 32 * tig + 16 * j + 2 * warp;
+            store_pair<kKind>(static_cast<uint8_t*>(base) + e * kE, v[h][0][j] * mul[h], v[h][1][j] * mul[h]);
+          } else {
+            const int64_t e = row_elem[h] + (2 * warp + j) * 8 + 2 * tig;
+            store_pair<kKind>(static_cast<uint8_t*>(base) + e * kE, v[h][j][0] * mul[h], v[h][j][1] * mul[h]);
+          }
         }
       }
     };
@@ -229,10 +282,10 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
   }
 }
 
-template <typename Elem>
+template <typename Elem, KvKind kKv>
 void launch_query_major_wide(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorWideConfig;
-  auto* kernel = query_major_wide_kernel<Elem>;
+  auto* kernel = query_major_wide_kernel<Elem, kKv>;
   MSA_CHECK(args.row_tiles >= 1 && args.group <= 16 * args.row_tiles && args.mtp_tokens == 0,
             "msa_sparse_decode_attention: split_warps=8 planned for MTP union items or 64-row tiles (planner bug)");
   flashmsa::cuda::prepare_launch(kernel, Cfg::kThreads, Cfg::kSmemBytes);  // cached smem opt-in

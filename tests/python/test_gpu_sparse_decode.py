@@ -1113,9 +1113,9 @@ def test_split_cluster_graph_replay():
 
 # ---- split_warps=8 (plan option split_warps=8) -----------------------------------------------------
 # Split-K decode with 8 warps per CTA sharing each 128-key block (query_major_wide.cuh): calls that
-# split by blocks with 16-bit K/V and G <= 16; the rest (fused calls, fp8 / NVFP4 K/V, MTP union
-# items, G > 16) fall back to the 4-warp kernel (checked: the plan text says so) and the checks still
-# hold. Partials and the combine are unchanged; the 8 warps' states are merged in warp order, so
+# split by blocks with 16-bit K/V, or fp8 K/V converted in registers (kernel=auto), and G <= 16; the
+# rest (fused calls, NVFP4 K/V, fp8 under kernel=smem / regs, MTP union items, G > 16) fall back to
+# the 4-warp kernel (checked: the plan text says so) and the checks still hold. Partials and the combine are unchanged; the 8 warps' states are merged in warp order, so
 # results are deterministic but not the 4-warp kernel's bits (each warp sums other keys): within the
 # reference tolerances and within the fused vs split bound of it. Outputs and workspaces poisoned;
 # M3 at batch 1 (32K and 128K context), 2, 4 (ragged, partial last blocks) and 8 (-1 holes), every
@@ -1126,12 +1126,22 @@ WIDE_CASES = [c for c in CLUSTER_CASES if c.name in (
     "g1_topk1", "g3_topk33", "g4_topk64", "g16_topk64_mtp4", "empty_and_tiny_sequences",
     "mtp_seqlen_gt_keys", "q_offset_tensor_negative", "non_causal", "duplicates", "holes",
     "out_of_range", "some_empty_rows", "invalid_pages", "packed_nhd", "scales", "m3_b1_cluster",
-    "m3_mtp4_per_token_cluster", "spec_8_1_8_2_fp8_paged", "g32_bf16")] + [
+    "m3_mtp4_per_token_cluster", "spec_8_1_8_2_fp8_paged", "g32_bf16", "spec_16_1_4_4_topk8_fp8",
+    "fp16_fp8kv_mtp4", "fp8_q_fp8_kv", "packed_hnd_fp8", "m3_b1_cluster_fp8")] + [
     DecodeCase("m3_b1_ctx128k_w8", 1, 1, 64, 4, seqlens=[131072]),
     DecodeCase("m3_b2_w8_ragged", 2, 1, 64, 4, seqlens="ragged"),
     DecodeCase("m3_b4_w8_partial_blocks", 4, 1, 64, 4, seqlens=[32768 + 77, 1000, 129, 5]),
     DecodeCase("m3_b8_w8_holes", 8, 1, 64, 4, selection="holes"),
     DecodeCase("m3_b8_w8_fp16", 8, 1, 64, 4, q_dtype=FP16, seqlens="multiples"),
+    # fp8 K/V on the 8-warp kernel (converted in registers, permuted head dims).
+    DecodeCase("m3_b1_ctx128k_w8_fp8", 1, 1, 64, 4, kv="fp8", seqlens=[131072]),
+    DecodeCase("m3_b2_w8_fp8_ragged_flat", 2, 1, 64, 4, kv="fp8", layout="flat", seqlens="ragged"),
+    DecodeCase("m3_b4_w8_fp8_partial_blocks", 4, 1, 64, 4, kv="fp8", seqlens=[32768 + 77, 1000, 129, 5]),
+    DecodeCase("m3_b8_w8_fp8_holes", 8, 1, 64, 4, kv="fp8", selection="holes"),
+    DecodeCase("m3_b8_w8_fp8_fp16", 8, 1, 64, 4, kv="fp8", q_dtype=FP16, seqlens="multiples"),
+    DecodeCase("w8_fp8_scales_invalid_pages", 4, 1, 64, 4, kv="fp8", softmax_scale=0.03,
+               v_global_scale=1.7, invalid_pages=True),
+    DecodeCase("w8_fp8_non_causal_g4", 4, 1, 16, 4, kv="fp8", causal=False, seqlens="multiples"),
 ]
 
 
@@ -1151,7 +1161,8 @@ def test_split_warps8_matches_cpu_reference(case, force_fused):
 @pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
 @pytest.mark.parametrize("case", [c for c in WIDE_CASES if c.name in (
     "spec_4_2_16_2_bf16_paged", "g3_topk33", "m3_b1_cluster", "m3_b1_ctx128k_w8",
-    "m3_b4_w8_partial_blocks", "m3_b8_w8_fp16")], ids=str)
+    "m3_b4_w8_partial_blocks", "m3_b8_w8_fp16", "m3_b1_cluster_fp8", "m3_b4_w8_fp8_partial_blocks",
+    "m3_b8_w8_fp8_fp16")], ids=str)
 def test_split_warps8_partial_dtypes(case, partial_dtype):
     dp, want, base_out = reference(case, seed=52)
     got = run_wide(dp, force_fused=False, partial_dtype=partial_dtype)
@@ -1162,12 +1173,15 @@ def test_split_warps8_partial_dtypes(case, partial_dtype):
 @pytest.mark.parametrize("partial_dtype", [None, torch.float32], ids=str)
 @pytest.mark.parametrize("case", [c for c in WIDE_CASES if c.name in (
     "spec_4_2_16_2_bf16_paged", "fp16", "g1_topk1", "g3_topk33", "g4_topk64", "some_empty_rows",
-    "invalid_pages", "m3_b1_cluster", "m3_b1_ctx128k_w8", "m3_b8_w8_holes")], ids=str)
+    "invalid_pages", "m3_b1_cluster", "m3_b1_ctx128k_w8", "m3_b8_w8_holes", "m3_b1_cluster_fp8",
+    "m3_b1_ctx128k_w8_fp8", "m3_b8_w8_fp8_holes", "fp8_q_fp8_kv", "w8_fp8_scales_invalid_pages")],
+    ids=str)
 def test_split_warps8_deterministic_and_close_to_4_warps(case, partial_dtype):
     """Bit for bit the same on every run (the fixed merge order); the same -inf pattern as the
-    4-warp kernel and within the fused vs split bound of it (other per-warp key slices, a merge of
-    8 states instead of 4: not bit-identical). Where the plan runs the 8-warp kernel, the split
-    count is the 4-warp kernel's for these (<= 16 blocks per row, a block per split at B1 .. B4)."""
+    4-warp kernel (fp8 K/V: the 4-warp register kernel, auto's with split_warps=4) and within the
+    fused vs split bound of it (other per-warp key slices, a merge of 8 states instead of 4: not
+    bit-identical). Where the plan runs the 8-warp kernel, the split count is the 4-warp kernel's
+    for these (<= 16 blocks per row, a block per split at B1 .. B4)."""
     dp = problem(case, seed=53)
     extra = dict(force_fused=False, partial_dtype=partial_dtype)
     w8 = run_wide(dp, **extra)
@@ -1189,23 +1203,30 @@ def test_split_warps8_paged_equals_flat(layout):
 
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
 def test_split_warps8_plan_names_the_path(kv):
-    """B1 / M3 with 16-bit K/V: 16 splits on the 8-warp kernel with the 4-warp kernel's workspace;
-    fp8 / NVFP4 K/V, fused calls and MTP union items fall back and say why; auto makes the same
-    choice silently; split_warps=4 keeps the 4-warp kernel with the same workspace."""
+    """B1 / M3 with 16-bit or fp8 K/V: 16 splits on the 8-warp kernel with the 4-warp kernel's
+    workspace (fp8: forced only, auto keeps the 4-warp register kernel); NVFP4 K/V, fp8 under a
+    forced kernel, fused calls and MTP union items fall back and say why; split_warps=4 keeps the
+    4-warp kernel with the same workspace."""
     dp = build_decode(DecodeCase("w", 1, 1, 64, 4, kv=kv, seqlens=[32768]), seed=55)
     text = _decode_plan_text(dp, dict(split_warps=8)).split("): ", 1)[1]
     auto = _decode_plan_text(dp, None).split("): ", 1)[1]
     four = _decode_plan_text(dp, dict(split_warps=4)).split("): ", 1)[1]
     assert "split_warps" not in four and "falls back to 4 warps" not in auto, (four, auto)
-    if kv == "same":
+    smem = _decode_plan_text(dp, dict(kernel="smem", split_warps=8)).split("): ", 1)[1]
+    regs = _decode_plan_text(dp, dict(kernel="regs", split_warps=8)).split("): ", 1)[1]
+    if kv in ("same", "fp8"):
         assert "split-K: 16 chunks per row" in text and "; split_warps=8 (8 warps per CTA" in text, text
-        assert auto == text, (auto, text)
         assert text.split("workspace ")[1] == four.split("workspace ")[1], (text, four)
+    if kv == "same":
+        assert auto == text, (auto, text)
+    elif kv == "fp8":
+        assert "split_warps" not in auto and "kernel=regs" in auto, auto
+        assert "split_warps=8 falls back to 4 warps: fp8 K/V under kernel=smem" in smem, smem
+        assert "split_warps=8 falls back to 4 warps: kernel=regs" in regs, regs
     else:
         assert "split_warps" not in auto, auto
         assert "split_warps=8 falls back to 4 warps: kernel=regs" in text, text
-        smem = _decode_plan_text(dp, dict(kernel="smem", split_warps=8)).split("): ", 1)[1]
-        assert "split_warps=8 falls back to 4 warps: fp8 / NVFP4 K/V" in smem, smem
+        assert "split_warps=8 falls back to 4 warps: NVFP4 K/V" in smem, smem
     fused = _decode_plan_text(dp, dict(split_warps=8), force_fused=True).split("): ", 1)[1]
     assert "split_warps=8 falls back to 4 warps: the call does not split" in fused, fused
     mtp = build_decode(DecodeCase("w", 1, 4, 64, 4, kv=kv, seqlens=[32768]), seed=56)
