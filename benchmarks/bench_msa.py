@@ -150,10 +150,11 @@ def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
 STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),
                  (" [combine_loads=after]", dict(combine_loads="after")))
 # ... and those of bf16 K/V and one token per request also with split-K decode on 4 warps per CTA
-# (split_warps=4: auto's 8-warp kernel's predecessor), those of fp8 K/V on the 8-warp kernel
-# converting in registers (split_warps=8: auto's is the 4-warp register kernel).
+# (split_warps=4: auto's 8-warp kernel's predecessor), those of fp8 K/V on 4 and on 8 warps per CTA
+# (the 4-warp register kernel, and the 8-warp one converting in registers: auto takes the 8-warp
+# kernel where a split holds one block, B1 here, and the 4-warp one at B8).
 STEP_BF16_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),)
-STEP_FP8_VARIANTS = ((" [split_warps=8]", dict(split_warps=8)),)
+STEP_FP8_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)), (" [split_warps=8]", dict(split_warps=8)))
 STEP_VARIANT_MAX_BATCH = 8
 # ... and one token per request with top-k plan options (suffix, options): the networks without
 # the pivot auto runs first on these calls (docs/design/topk_select.md, "Pivot before the
@@ -922,10 +923,11 @@ class Bench:
             # auto's 8 sharing each block.
             if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv == "bf16":
                 variants.append((" [split_warps=4]", dict(split_warps=4)))
-            # ... and those of fp8 K/V on the 8-warp kernel converting in registers (split_warps=8)
-            # instead of auto's 4-warp register kernel.
+            # ... and those of fp8 K/V on 4 and on 8 warps per CTA (auto: the 8-warp kernel
+            # converting in registers where a split holds one block, B1 at M3, else the 4-warp
+            # register kernel).
             if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv == "fp8":
-                variants.append((" [split_warps=8]", dict(split_warps=8)))
+                variants += [(" [split_warps=4]", dict(split_warps=4)), (" [split_warps=8]", dict(split_warps=8))]
             # ... and split-K batches with the split count ceil(resident CTAs / items)
             # (split_rule=ceil) instead of auto's fewest waves x blocks per split.
             if 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):

@@ -121,10 +121,16 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // 2 CTAs per SM. auto takes it wherever it applies (H200 at 43c70d4, B1 / 32K bf16: 20.2 vs
   // 22.0 us, the graphed decode step 30.2 vs 31.8 us); a forced 8 names why it falls back.
   // fp8 K/V (with kernel=auto): the 8-warp kernel converting in registers as kernel=regs does, in
-  // place of the 4-warp register kernel; forced only (split_warps=8), not yet measured.
+  // place of the 4-warp register kernel, where forced, and for auto where each split holds one
+  // block (a CTA's whole work is one block: its chain is the batch-1 latency). H200 at a9d99bd,
+  // fp8 paged, decode 8 vs 4 warps: B1 / 8K 16.1 vs 17.3 us, / 32K 16.0 vs 18.7, / 128K 15.2 vs
+  // 18.4 (graphed steps B1 / 32K 24.4 vs 26.3, / 128K 28.7 vs 30.7); with 2 blocks a split (B8)
+  // 19.6 vs 20.1, 21.8 vs 19.6, 20.6 vs 21.9 (steps even), B32 35.3 vs 34.2: not taken there.
   if (options.split_warps != DecodeSplitWarps::k4) {
     const bool fp8_kv = p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3;
-    const bool fp8_wide = fp8_kv && options.split_warps == DecodeSplitWarps::k8 && kernel == DecodeKernel::kAuto;
+    const int wide_splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideCtasPerSm, 64, waves);
+    const bool fp8_wide = fp8_kv && kernel == DecodeKernel::kAuto &&
+                          (options.split_warps == DecodeSplitWarps::k8 || wide_splits >= p.topk);
     const char* why = nullptr;
     if (plan.fused)
       why = "the call does not split (fused)";
@@ -143,7 +149,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     if (why == nullptr) {
       plan.wide = true;
       plan.regs = false;  // fp8: the 8-warp kernel converts in registers itself
-      plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideCtasPerSm, 64, waves);
+      plan.splits = wide_splits;
     } else if (options.split_warps == DecodeSplitWarps::k8) {
       plan.split_warps_fallback = why;
     }

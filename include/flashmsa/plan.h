@@ -256,11 +256,13 @@ enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 // separate cp.async groups, all 8 warps merge the states in warp order and store their head dims of
 // the partial; partials and combine unchanged; not bit-identical to 4: within the reference
 // tolerances). 8 applies to per-token items of G <= 16 heads with K/V of the compute dtype on the
-// shared-memory kernel (not kernel=regs / wgmma, MTP union items, fp8 / NVFP4 K/V, split=cluster,
-// fused calls): elsewhere it falls back to 4 and the plan text says why.
+// shared-memory kernel, or fp8 K/V under kernel=auto (converted in registers by the 8 warps, in
+// place of the 4-warp register kernel); not to kernel=regs / smem-forced fp8 / wgmma, MTP union
+// items, NVFP4 K/V, split=cluster, fused calls: there it falls back to 4 and the plan text says why.
 // docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)". auto: 8 where it
-// applies (H200 at 43c70d4 / fe6e5cc: B1 / 32K bf16 19.5 vs 23.8 us, B8 48.9 vs 50.3, B32 82.0 vs
-// 87.0), 4 elsewhere.
+// applies for 16-bit K/V (H200 at 43c70d4 / fe6e5cc: B1 / 32K bf16 19.5 vs 23.8 us, B8 48.9 vs
+// 50.3, B32 82.0 vs 87.0), for fp8 K/V where a split holds one block (H200 at a9d99bd: B1 / 32K
+// 16.0 vs 18.7 us; at two blocks a split no gain), 4 elsewhere.
 enum class DecodeSplitWarps : int32_t { kAuto = 0, k4 = 1, k8 = 2 };
 
 // How split-K decode picks its split count (calls that split: fewer items than SMs): ceil (the

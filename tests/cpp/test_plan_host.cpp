@@ -786,18 +786,32 @@ TEST(PlanDecode, SplitWarps8WhereItRuns) {
   smem.kernel = DecodeKernel::kSmem;
   why(fp8, smem, "fp8 K/V under kernel=smem");
   why(fp8, regs, "kernel=regs");
-  // fp8 K/V under kernel=auto: a forced 8 runs the 8-warp kernel converting in registers (not the
-  // 4-warp register kernel), with the 16-bit kernel's splits and workspace; auto keeps kernel=regs.
+  // fp8 K/V under kernel=auto: the 8-warp kernel converting in registers (not the 4-warp register
+  // kernel), with the 16-bit kernel's splits and workspace, where forced and for auto where a
+  // split holds one block (B1: 16 splits of one block); auto keeps kernel=regs at two blocks a
+  // split (B8), a forced 8 runs it there too.
   const SparseAttnPlan f8 = plan_sparse_decode(fp8, h200, w8);
-  const SparseAttnPlan f4 = plan_sparse_decode(fp8, h200, {});
+  const SparseAttnPlan fa = plan_sparse_decode(fp8, h200, {});
+  SparseDecodeOptions fp8_w4;
+  fp8_w4.split_warps = DecodeSplitWarps::k4;
+  const SparseAttnPlan f4 = plan_sparse_decode(fp8, h200, fp8_w4);
   EXPECT_TRUE(f8.qm.wide);
   EXPECT_FALSE(f8.qm.regs);
   EXPECT_EQ(f8.qm.split_warps_fallback, nullptr);
   EXPECT_EQ(f8.qm.splits, 16);
   EXPECT_EQ(f8.bytes, f4.bytes);
+  EXPECT_TRUE(fa.qm.wide && !fa.qm.regs);
+  EXPECT_EQ(fa.qm.splits, 16);
   EXPECT_FALSE(f4.qm.wide);
   EXPECT_TRUE(f4.qm.regs);
   EXPECT_EQ(f4.qm.split_warps_fallback, nullptr);
+  SparseDecodeParams fp8_b8 = decode(8, -1);
+  fp8_b8.attn.k.dtype = fp8_b8.attn.v.dtype = DType::kFP8E4M3;
+  EXPECT_FALSE(plan_sparse_decode(fp8_b8, h200, {}).qm.wide);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b8, h200, {}).qm.regs);
+  EXPECT_EQ(plan_sparse_decode(fp8_b8, h200, {}).qm.split_warps_fallback, nullptr);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b8, h200, w8).qm.wide);
+  EXPECT_EQ(plan_sparse_decode(fp8_b8, h200, w8).qm.splits, 8);
   SparseDecodeParams nvfp4 = decode(1, -1);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
   why(nvfp4, smem, "NVFP4 K/V");

@@ -227,8 +227,8 @@ def test_stage_step_runs_each_config_case():
     calls = bench.run_case.call_args_list
     # One row per config case (the library's choices: auto everywhere), followed for the split-K
     # batches by one row per sparse-decode variant (plan options: split=cluster; bf16 K/V sq 1 also
-    # split_warps=4, fp8 K/V sq 1 split_warps=8) and, one token per request, per top-k variant
-    # (net_pivot=off).
+    # split_warps=4, fp8 K/V sq 1 split_warps=4 and 8) and, one token per request, per top-k
+    # variant (net_pivot=off).
     want = []
     for case in bm.QUICK["step"]:
         want.append((case, "", {}))
@@ -244,7 +244,7 @@ def test_stage_step_runs_each_config_case():
     suffixes = [w[1] for w in want]
     assert suffixes.count(" [split=cluster]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [combine_loads=after]") == 2  # B1 bf16, fp8
-    assert suffixes.count(" [split_warps=4]") == 1  # B1 bf16
+    assert suffixes.count(" [split_warps=4]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [split_warps=8]") == 1  # B1 fp8
     assert suffixes.count(" [net_pivot=off]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8

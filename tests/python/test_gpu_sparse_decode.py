@@ -165,7 +165,8 @@ def compute_dtype_of(dp: DecodeProblem) -> torch.dtype:
     return dp.gcase.dtype
 
 
-# auto (the library's choice: regs for fp8 K/V, union items for MTP where they pay) and the kernels auto replaced,
+# auto (the library's choice: regs for fp8 K/V, the 8-warp kernel where a split holds one block,
+# union items for MTP where they pay) and the kernels auto replaced,
 # forced (the smem kernel with an item per token), which stay the fallback; and split=cluster (the
 # split calls' CTAs of a row as one cluster on sm_90; elsewhere, fused calls and MTP union items as
 # auto); split_warps=4 (the split calls' 16-bit K/V on 4 warps per CTA instead of auto's 8); and
@@ -1204,9 +1205,10 @@ def test_split_warps8_paged_equals_flat(layout):
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
 def test_split_warps8_plan_names_the_path(kv):
     """B1 / M3 with 16-bit or fp8 K/V: 16 splits on the 8-warp kernel with the 4-warp kernel's
-    workspace (fp8: forced only, auto keeps the 4-warp register kernel); NVFP4 K/V, fp8 under a
-    forced kernel, fused calls and MTP union items fall back and say why; split_warps=4 keeps the
-    4-warp kernel with the same workspace."""
+    workspace, auto's choice too (fp8: where a split holds one block; at B8, two blocks a split,
+    auto keeps the 4-warp register kernel); NVFP4 K/V, fp8 under a forced kernel, fused calls and
+    MTP union items fall back and say why; split_warps=4 keeps the 4-warp kernel with the same
+    workspace."""
     dp = build_decode(DecodeCase("w", 1, 1, 64, 4, kv=kv, seqlens=[32768]), seed=55)
     text = _decode_plan_text(dp, dict(split_warps=8)).split("): ", 1)[1]
     auto = _decode_plan_text(dp, None).split("): ", 1)[1]
@@ -1217,10 +1219,13 @@ def test_split_warps8_plan_names_the_path(kv):
     if kv in ("same", "fp8"):
         assert "split-K: 16 chunks per row" in text and "; split_warps=8 (8 warps per CTA" in text, text
         assert text.split("workspace ")[1] == four.split("workspace ")[1], (text, four)
-    if kv == "same":
+    if kv in ("same", "fp8"):
         assert auto == text, (auto, text)
-    elif kv == "fp8":
-        assert "split_warps" not in auto and "kernel=regs" in auto, auto
+    if kv == "fp8":
+        assert "; fp8 K/V converted in registers by the 8-warp kernel" in text and "kernel=regs" not in text, text
+        b8 = build_decode(DecodeCase("w", 8, 1, 64, 4, kv=kv, seqlens=[4096] * 8), seed=57)
+        auto8 = _decode_plan_text(b8, None).split("): ", 1)[1]
+        assert "split_warps" not in auto8 and "kernel=regs" in auto8, auto8
         assert "split_warps=8 falls back to 4 warps: fp8 K/V under kernel=smem" in smem, smem
         assert "split_warps=8 falls back to 4 warps: kernel=regs" in regs, regs
     else:
