@@ -1215,18 +1215,19 @@ def test_split_warps8_plan_names_the_path(kv):
     four = _decode_plan_text(dp, dict(split_warps=4)).split("): ", 1)[1]
     assert "split_warps" not in four and "falls back to 4 warps" not in auto, (four, auto)
     smem = _decode_plan_text(dp, dict(kernel="smem", split_warps=8)).split("): ", 1)[1]
-    regs = _decode_plan_text(dp, dict(kernel="regs", split_warps=8)).split("): ", 1)[1]
     if kv in ("same", "fp8"):
         assert "split-K: 16 chunks per row" in text and "; split_warps=8 (8 warps per CTA" in text, text
         assert text.split("workspace ")[1] == four.split("workspace ")[1], (text, four)
-    if kv in ("same", "fp8"):
         assert auto == text, (auto, text)
-    if kv == "fp8":
+    if kv == "same":
+        assert "; split_warps=8 (8 warps per CTA" in smem, smem  # the shared-memory kernel's own
+    elif kv == "fp8":
         assert "; fp8 K/V converted in registers by the 8-warp kernel" in text and "kernel=regs" not in text, text
         b8 = build_decode(DecodeCase("w", 8, 1, 64, 4, kv=kv, seqlens=[4096] * 8), seed=57)
         auto8 = _decode_plan_text(b8, None).split("): ", 1)[1]
         assert "split_warps" not in auto8 and "kernel=regs" in auto8, auto8
         assert "split_warps=8 falls back to 4 warps: fp8 K/V under kernel=smem" in smem, smem
+        regs = _decode_plan_text(dp, dict(kernel="regs", split_warps=8)).split("): ", 1)[1]
         assert "split_warps=8 falls back to 4 warps: kernel=regs" in regs, regs
     else:
         assert "split_warps" not in auto, auto
