@@ -189,6 +189,20 @@ MSA_DEVICE void qk_fp8_regs(float (&s)[kNT][4], const uint8_t* sQf, const uint8_
   }
 }
 
+// The online softmax of a register-kernel step: the fp16 logits s of qk_fp8_regs / qk_nvfp4_regs
+// times each fragment row's factor (load_q_frags_f16's row_mul: base-2 softmax units), then
+// softmax_step with the lazy rescale (regs_rescale_slack).
+template <int kNT, int kON>
+MSA_DEVICE void regs_softmax_step(float (&s)[1][kNT][4], float (&o)[1][kON][4], SoftmaxState<1>& st,
+                                  const int (&lim)[1][2], const float (&row_mul)[2], bool has_temp,
+                                  float temp, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[0][nt][e] *= row_mul[e >> 1];
+  softmax_step<1, kNT>(s, o, st, lim, 1.0f, has_temp, temp, lane, regs_rescale_slack(has_temp, temp));
+}
+
 // The A fragments of P V for keys 16 ks .. + 15 of the warp's step (n-tiles 2 ks, 2 ks + 1 of the
 // Q K^T accumulators), P rounded to fp16.
 template <int kNT>

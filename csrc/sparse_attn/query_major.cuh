@@ -820,12 +820,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
           } else {
             qk_fp8_regs<Cfg::kNT>(s[0], sQf, raw, key0, lane);
           }
-#pragma unroll
-          for (int nt = 0; nt < Cfg::kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[0][nt][e] *= row_mul[e >> 1];
-          softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
-                                    regs_rescale_slack(args.has_temp, temp));
+          regs_softmax_step(s, o, st, lim, row_mul, args.has_temp, temp, lane);
           if constexpr (kKv == KvKind::kNvfp4) {
             pv_nvfp4_regs<Cfg::kNT, kWordCvt>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
           } else {

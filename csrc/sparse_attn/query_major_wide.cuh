@@ -147,12 +147,7 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
       if (lim_rel > 0) {  // warp-uniform: skip a slice past the tile's last visible key
         if constexpr (kFp8) {
           qk_fp8_regs<Cfg::kNT>(s[0], sQ, rK, key0, lane);
-#pragma unroll
-          for (int nt = 0; nt < Cfg::kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[0][nt][e] *= row_mul[e >> 1];
-          softmax_step<1, Cfg::kNT>(s, o, st, lim, 1.0f, args.has_temp, temp, lane,
-                                    regs_rescale_slack(args.has_temp, temp));
+          regs_softmax_step(s, o, st, lim, row_mul, args.has_temp, temp, lane);
         } else {
           gemm_qk<Elem, 1, Cfg::kNT>(s, ldm_base_a(smem_addr(sQ), 0, lane), ldm_base_k(sK, key0, lane));
           softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
