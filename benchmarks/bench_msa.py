@@ -927,7 +927,7 @@ class Bench:
             # converting in registers where a split holds one block, B1 at M3, else the 4-warp
             # register kernel).
             if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv == "fp8":
-                variants += [(" [split_warps=4]", dict(split_warps=4)), (" [split_warps=8]", dict(split_warps=8))]
+                variants += list(STEP_FP8_VARIANTS)
             # ... and split-K batches with the split count ceil(resident CTAs / items)
             # (split_rule=ceil) instead of auto's fewest waves x blocks per split.
             if 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):

@@ -359,7 +359,7 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
   // kProxyDecodeTmaProducerMaxUnits units (H200 at 9738086, B64 / 32K: sq 1 55.8 vs 73.4 us, sq 4
   // 68.3 vs 79.0; the producer warp below them, plan.h); fp8 K keeps the producer warp under auto
   // (72.3 vs 71.4 us, 78.8 vs 77.3 at sq 4: its stream is near copy speed already).
-  const int64_t units = int64_t(std::max(p.batch, 0)) * p.num_kv_heads * p.max_k_tiles;
+  const int64_t units = proxy_decode_units(p);
   plan.tma_self_issue = plan.tma && (options.decode_tma_issue == DecodeTmaIssue::kWarps ||
                                      (options.decode_tma_issue == DecodeTmaIssue::kAuto && plan.tma_nvfp4 &&
                                       units > kProxyDecodeTmaProducerMaxUnits));

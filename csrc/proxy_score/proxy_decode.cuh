@@ -677,7 +677,7 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
   dp.p = p;
   dp.group = p.num_heads / p.num_kv_heads;
   dp.tokens = decode::kRows / dp.group;
-  dp.units = int64_t(std::max(p.batch, 0)) * p.num_kv_heads * p.max_k_tiles;
+  dp.units = proxy_decode_units(p);
   dp.scale = p.q_dtype == DType::kNVFP4 ? p.logit_scale * 128.0f : 1.0f;
 
   const bool k8 = p.k.dtype == DType::kFP8E4M3;

@@ -238,6 +238,11 @@ enum class DecodeTmaIssue : int32_t { kAuto = 0, kProducer = 1, kWarps = 2 };
 // 18.6 vs 20.6; above: B16 / 32K (4096) 22.9 vs 23.0, B4 / 128K 22.9 vs 22.1, sq 4 B16 26.5 vs
 // 27.8, B32 (8192) 38.4 vs 34.2, B8 / 128K 38.4 vs 32.7.
 inline constexpr int64_t kProxyDecodeTmaProducerMaxUnits = 2048;
+// The proxy decode kernels' units of work: requests x kv heads x key blocks (each a 128-key block
+// of one request and index-K head), split over the CTAs.
+inline int64_t proxy_decode_units(const ProxyScoreParams& p) {
+  return int64_t(p.batch > 0 ? p.batch : 0) * p.num_kv_heads * p.max_k_tiles;
+}
 // Split-K decode (the plan splits each (token, kv head) row's blocks over several CTAs: small
 // batches; docs/design/sparse_attention.md#decode-cluster): blocks (each split writes its partial
 // to the workspace, the combine kernel merges them), cluster (the splits of a row run as one
