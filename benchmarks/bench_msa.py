@@ -137,6 +137,8 @@ def accepts(fn, name: str) -> bool:
 # ---- the captured decode step (stage step) -----------------------------------------------------
 
 STEP_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+# The sparse-decode stage's K/V kinds (--decode-attn).
+DECODE_KV_DTYPES = ("bf16", "fp8", "nvfp4")
 HEAD_DIM = 128
 
 
@@ -153,8 +155,12 @@ STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),
 # (split_warps=4: auto's 8-warp kernel's predecessor), those of fp8 K/V on 4 and on 8 warps per CTA
 # (the 4-warp register kernel, and the 8-warp one converting in registers: auto takes the 8-warp
 # kernel where a split holds one block, B1 here, and the 4-warp one at B8).
+# The 8-warp kernel also with two raw fp8 blocks in flight (wide_stages=2); it and the forced 8-warp
+# kernel run the larger batches' fp8 steps too (fused there).
 STEP_BF16_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),)
-STEP_FP8_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)), (" [split_warps=8]", dict(split_warps=8)))
+STEP_FP8_WIDE_VARIANTS = ((" [split_warps=8]", dict(split_warps=8)),
+                          (" [split_warps=8,wide_stages=2]", dict(split_warps=8, wide_stages=2)))
+STEP_FP8_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),) + STEP_FP8_WIDE_VARIANTS
 STEP_VARIANT_MAX_BATCH = 8
 # ... and one token per request with top-k plan options (suffix, options): the networks without
 # the pivot auto runs first on these calls (docs/design/topk_select.md, "Pivot before the
@@ -376,6 +382,8 @@ class Bench:
             self.cfg["decode"] = args.decodes
         if args.steps:
             self.cfg["step"] = args.steps
+        if args.decode_attn:
+            self.cfg["decode_attn"] = args.decode_attn
         self.timer = Timer(device, self.cfg["budget_s"], self.cfg["max_reps"], flush=args.l2_flush)
         self.rows: list[dict] = []
         self.ceil: dict = {}
@@ -925,9 +933,10 @@ class Bench:
                 variants.append((" [split_warps=4]", dict(split_warps=4)))
             # ... and those of fp8 K/V on 4 and on 8 warps per CTA (auto: the 8-warp kernel
             # converting in registers where a split holds one block, B1 at M3, else the 4-warp
-            # register kernel).
-            if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv == "fp8":
-                variants += list(STEP_FP8_VARIANTS)
+            # register kernel), the 8 warps with one and two blocks in flight, at larger batches
+            # fused.
+            if sq == 1 and kv == "fp8":
+                variants += list(STEP_FP8_VARIANTS if b <= SPLIT_K_MAX_BATCH else STEP_FP8_WIDE_VARIANTS)
             # ... and split-K batches with the split count ceil(resident CTAs / items)
             # (split_rule=ceil) instead of auto's fewest waves x blocks per split.
             if 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
@@ -1076,6 +1085,8 @@ class Bench:
                     variants += list(STEP_BF16_VARIANTS)
                 if sq == 1 and kv == "fp8":
                     variants += list(STEP_FP8_VARIANTS)
+            elif sq == 1 and kv == "fp8":
+                variants += list(STEP_FP8_WIDE_VARIANTS)
             # (suffix, build_step's keyword arguments)
             variants = [(suffix, dict(decode_options=options)) for suffix, options in variants]
             if b <= STEP_VARIANT_MAX_BATCH and sq == 1:
@@ -1235,6 +1246,21 @@ def parse_cases(text: str, dtypes: bool) -> list:
     return cases
 
 
+def parse_decode_attn(text: str) -> list:
+    """Sparse-decode cases "B/CTX[/SQ[/KV]]" (KV bf16, fp8 or nvfp4; default bf16),
+    comma-separated: "1/128K/1/fp8,64/32K" -> [(1, 131072, 1, "fp8"), (64, 32768, 1, "bf16")]."""
+    cases = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        f = part.split("/")
+        if len(f) > 4:
+            raise argparse.ArgumentTypeError(f"expected B/CTX[/SQ[/KV]]: {part}")
+        kv = f[3] if len(f) > 3 else "bf16"
+        if kv not in DECODE_KV_DTYPES:
+            raise argparse.ArgumentTypeError(f"K/V dtype is one of {DECODE_KV_DTYPES}: {part}")
+        cases += [c + (kv,) for c in parse_cases("/".join(f[:3]), False)]
+    return cases
+
+
 def parser() -> argparse.ArgumentParser:
     """bench_msa's command line (profile_msa and the tests take its defaults: parser().parse_args([...]))."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1258,6 +1284,10 @@ def parser() -> argparse.ArgumentParser:
                     help="comma-separated decode-step cases B/CTX[/SQ[/IDX[/KV]]] (IDX, KV: bf16 or "
                          "fp8; KV defaults to IDX; e.g. 1/128K,64/32K/1/fp8) of the step stage, "
                          "instead of the quick / full run's")
+    ap.add_argument("--decode-attn", default=[], type=parse_decode_attn,
+                    help="comma-separated sparse-decode cases B/CTX[/SQ[/KV]] (KV: bf16, fp8 or "
+                         "nvfp4; e.g. 64/32K/1/fp8) of the decode stage, instead of the quick / full "
+                         "run's")
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)}")
     return ap

@@ -126,13 +126,14 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // fp8 paged, decode 8 vs 4 warps: B1 / 8K 16.1 vs 17.3 us, / 32K 16.0 vs 18.7, / 128K 15.2 vs
   // 18.4 (graphed steps B1 / 32K 24.4 vs 26.3, / 128K 28.7 vs 30.7); with 2 blocks a split (B8)
   // 19.6 vs 20.1, 21.8 vs 19.6, 20.6 vs 21.9 (steps even), B32 35.3 vs 34.2: not taken there.
+  // A forced 8 also runs fused calls (its merge writes the outputs); auto keeps 4 warps there.
   if (options.split_warps != DecodeSplitWarps::k4) {
+    const bool forced = options.split_warps == DecodeSplitWarps::k8;
     const bool fp8_kv = p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3;
     const int wide_splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideCtasPerSm, 64, waves);
-    const bool fp8_wide = fp8_kv && kernel == DecodeKernel::kAuto &&
-                          (options.split_warps == DecodeSplitWarps::k8 || wide_splits >= p.topk);
+    const bool fp8_wide = fp8_kv && kernel == DecodeKernel::kAuto && (forced || wide_splits >= p.topk);
     const char* why = nullptr;
-    if (plan.fused)
+    if (plan.fused && !forced)
       why = "the call does not split (fused)";
     else if (plan.cluster)
       why = "split=cluster runs the 4-warp cluster kernel";
@@ -149,11 +150,20 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     if (why == nullptr) {
       plan.wide = true;
       plan.regs = false;  // fp8: the 8-warp kernel converts in registers itself
-      plan.splits = wide_splits;
-    } else if (options.split_warps == DecodeSplitWarps::k8) {
+      if (!plan.fused) plan.splits = wide_splits;
+      // wide_stages: two raw stages for fp8 where forced (auto: one, until measured).
+      if (options.wide_stages == DecodeWideStages::k2) {
+        if (fp8_kv)
+          plan.wide_stages = 2;
+        else
+          plan.wide_stages_fallback = "16-bit K/V (a stage is 64 KB: one fits beside the merge)";
+      }
+    } else if (forced) {
       plan.split_warps_fallback = why;
     }
   }
+  if (options.wide_stages == DecodeWideStages::k2 && !plan.wide)
+    plan.wide_stages_fallback = "the 4-warp kernel runs (wide_stages is the 8-warp kernel's)";
   plan.num_items = items * plan.splits;
   // combine_loads: with (auto, H200 at dda49c5) or after, where a combine runs.
   plan.combine_with = !plan.fused && !plan.cluster && options.combine_loads != DecodeCombineLoads::kAfter;

@@ -167,11 +167,11 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       return;
     }
     if (plan.wide) {  // split_warps=8
-      MSA_CHECK(plan.mtp_tokens == 0 && !plan.fused && !plan.regs && plan.warps_m == 1,
-                "msa_sparse_decode_attention: split_warps=8 planned outside split-K per-token items "
-                "on 16-row tiles (planner bug)");
+      MSA_CHECK(plan.mtp_tokens == 0 && !plan.regs && plan.warps_m == 1,
+                "msa_sparse_decode_attention: split_warps=8 planned outside per-token items on 16-row "
+                "tiles (planner bug)");
       if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8) {
-        launch_query_major_wide<Elem, kKv>(a, stream);
+        launch_query_major_wide<Elem, kKv>(a, plan.wide_stages, stream);
       } else {
         MSA_FAIL("msa_sparse_decode_attention: split_warps=8 needs 16-bit or fp8 K/V (planner bug)");
       }

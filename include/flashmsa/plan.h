@@ -263,12 +263,21 @@ enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 // tolerances). 8 applies to per-token items of G <= 16 heads with K/V of the compute dtype on the
 // shared-memory kernel, or fp8 K/V under kernel=auto (converted in registers by the 8 warps, in
 // place of the 4-warp register kernel); not to kernel=regs / smem-forced fp8 / wgmma, MTP union
-// items, NVFP4 K/V, split=cluster, fused calls: there it falls back to 4 and the plan text says why.
+// items, NVFP4 K/V, split=cluster: there it falls back to 4 and the plan text says why. A forced 8
+// also runs calls that do not split (fused: the 8 warps' merge writes the outputs); auto keeps 4
+// there.
 // docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)". auto: 8 where it
 // applies for 16-bit K/V (H200 at 43c70d4 / fe6e5cc: B1 / 32K bf16 19.5 vs 23.8 us, B8 48.9 vs
 // 50.3, B32 82.0 vs 87.0), for fp8 K/V where a split holds one block (H200 at a9d99bd: B1 / 32K
 // 16.0 vs 18.7 us; at two blocks a split no gain), 4 elsewhere.
 enum class DecodeSplitWarps : int32_t { kAuto = 0, k4 = 1, k8 = 2 };
+
+// Blocks in flight per CTA of the 8-warp decode kernel (split_warps=8) with fp8 K/V: 1 (the next
+// block's K is issued once every warp is past Q K^T, its V once every warp is past P V) or 2 (a
+// ring of two raw 32 KB stages, which fill the 64 KB the 8 warps' merge takes anyway: the next
+// block lands while this one is computed). 16-bit K/V keep 1 (a 64 KB stage; a forced 2 falls
+// back and the plan text says so). auto: 1 (2 is not yet measured).
+enum class DecodeWideStages : int32_t { kAuto = 0, k1 = 1, k2 = 2 };
 
 // How split-K decode picks its split count (calls that split: fewer items than SMs): ceil (the
 // resident CTAs' target over the items, ceil(ctas_per_sm * SMs / items), then rounded so that no
@@ -317,6 +326,7 @@ struct SparseDecodeOptions {
   DecodeWgmmaPipe wgmma_pipe = DecodeWgmmaPipe::kAuto;
   DecodeWgmmaFp8 wgmma_fp8 = DecodeWgmmaFp8::kAuto;
   DecodeSplitWarps split_warps = DecodeSplitWarps::kAuto;
+  DecodeWideStages wide_stages = DecodeWideStages::kAuto;
   DecodeSplitRule split_rule = DecodeSplitRule::kAuto;
   DecodeCombineLoads combine_loads = DecodeCombineLoads::kAuto;
 };
@@ -409,7 +419,8 @@ struct TopkSelectOptions {
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
-// wgmma_fp8=auto|off|on, split_warps=auto|4|8, split_rule=auto|ceil|waves.
+// wgmma_fp8=auto|off|on, split_warps=auto|4|8, wide_stages=auto|1|2, split_rule=auto|ceil|waves,
+// combine_loads=auto|after|with.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
@@ -496,6 +507,10 @@ struct QueryMajorPlan {
   // why a split_warps=8 call runs the 4-warp kernel instead (static), nullptr otherwise.
   bool wide = false;
   const char* split_warps_fallback = nullptr;
+  // Stages of the 8-warp kernel (1 or 2, wide_stages); wide_stages_fallback: why a wide_stages=2
+  // call runs one stage (static), nullptr otherwise.
+  int wide_stages = 1;
+  const char* wide_stages_fallback = nullptr;
   // kernel=wgmma where it runs: MTP union items on the sm_90a TMA + wgmma kernel, a persistent grid
   // of `grid` CTAs; wgmma_fallback: why a kernel=wgmma call is planned as auto instead (static).
   bool wgmma = false;
@@ -649,6 +664,7 @@ const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeWgmmaFp8 v);
 const char* option_name(DecodeSplitWarps v);
+const char* option_name(DecodeWideStages v);
 const char* option_name(DecodeSplitRule v);
 const char* option_name(DecodeCombineLoads v);
 

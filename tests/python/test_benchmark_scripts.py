@@ -182,20 +182,26 @@ def test_step_stage_parses_without_a_device(capsys):
 
 
 def test_case_arguments_replace_the_configs():
-    """--decodes / --steps: the proxy-decode and decode-step cases of a run from the command line
-    (B/CTX[/SQ[/IDX[/KV]]]), replacing the quick / full configuration's; malformed ones are usage
-    errors."""
+    """--decodes / --steps / --decode-attn: the proxy-decode, decode-step and sparse-decode cases of
+    a run from the command line (B/CTX[/SQ[/IDX[/KV]]], B/CTX[/SQ[/KV]]), replacing the quick /
+    full configuration's; malformed ones are usage errors."""
     K = bm.K
     args = bm.parser().parse_args(["--quick", "--decodes", "1/128K, 64/32K/4",
-                                   "--steps", "1/128K,64/32768/1/fp8,8/32K/1/bf16/fp8"])
+                                   "--steps", "1/128K,64/32768/1/fp8,8/32K/1/bf16/fp8",
+                                   "--decode-attn", "64/32K/1/fp8, 1/128K,8/32K/4/nvfp4"])
     assert args.decodes == [(1, 128 * K, 1), (64, 32 * K, 4)]
     assert args.steps == [(1, 128 * K, 1, "bf16", "bf16"), (64, 32 * K, 1, "fp8", "fp8"),
                           (8, 32 * K, 1, "bf16", "fp8")]
+    assert args.decode_attn == [(64, 32 * K, 1, "fp8"), (1, 128 * K, 1, "bf16"), (8, 32 * K, 4, "nvfp4")]
     bench = bm.Bench.__new__(bm.Bench)
     with mock.patch.object(bm, "Timer"):
         bm.Bench.__init__(bench, args, None, None)
     assert bench.cfg["decode"] == args.decodes and bench.cfg["step"] == args.steps
+    assert bench.cfg["decode_attn"] == args.decode_attn
     assert bm.QUICK["step"] != args.steps  # the configuration itself is not changed
+    for bad in ("64", "1/32K/1/fp4", "1/32K/1/fp8/1", "0/32K/1/fp8"):
+        with pytest.raises(SystemExit):
+            bm.parser().parse_args(["--decode-attn", bad])
     for bad in ("64", "0/32K", "1/100", "1/32K/0", "x/32K", "1/32K/1/fp4", "1/32K/1/bf16/bf16/1"):
         with pytest.raises(SystemExit):
             bm.parser().parse_args(["--steps", bad])
@@ -241,11 +247,14 @@ def test_stage_step_runs_each_config_case():
             if case[2] == 1:
                 want += [(case, suffix, dict(topk_options=o)) for suffix, o in bm.STEP_TOPK_VARIANTS]
                 want.append((case, bm.STEP_COPY_SUFFIX, dict(q2k_copy=True)))
+        elif case[2] == 1 and case[4] == "fp8":  # larger batches: the 8-warp kernel, fused
+            want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_FP8_WIDE_VARIANTS]
     suffixes = [w[1] for w in want]
     assert suffixes.count(" [split=cluster]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [combine_loads=after]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [split_warps=4]") == 2  # B1 bf16, fp8
-    assert suffixes.count(" [split_warps=8]") == 1  # B1 fp8
+    assert suffixes.count(" [split_warps=8]") == 2  # B1, B64 fp8
+    assert suffixes.count(" [split_warps=8,wide_stages=2]") == 2  # B1, B64 fp8
     assert suffixes.count(" [net_pivot=off]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)
