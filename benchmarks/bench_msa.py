@@ -931,6 +931,9 @@ class Bench:
             # auto's 8 sharing each block.
             if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv == "bf16":
                 variants.append((" [split_warps=4]", dict(split_warps=4)))
+            # ... and fused batches of 16-bit K/V on the 8-warp kernel (forced; auto: 4 warps).
+            if sq == 1 and b > SPLIT_K_MAX_BATCH and kv == "bf16":
+                variants.append((" [split_warps=8]", dict(split_warps=8)))
             # ... and those of fp8 K/V on 4 and on 8 warps per CTA (auto: the 8-warp kernel
             # converting in registers where a split holds one block, B1 at M3, else the 4-warp
             # register kernel), the 8 warps with one and two blocks in flight, at larger batches
