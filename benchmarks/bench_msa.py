@@ -155,11 +155,9 @@ STEP_VARIANTS = ((" [split=cluster]", dict(split="cluster")),
 # (split_warps=4: auto's 8-warp kernel's predecessor), those of fp8 K/V on 4 and on 8 warps per CTA
 # (the 4-warp register kernel, and the 8-warp one converting in registers: auto takes the 8-warp
 # kernel where a split holds one block, B1 here, and the 4-warp one at B8).
-# The 8-warp kernel also with two raw fp8 blocks in flight (wide_stages=2); it and the forced 8-warp
-# kernel run the larger batches' fp8 steps too (fused there).
+# The forced 8-warp kernel also runs the larger batches' fp8 steps (fused there).
 STEP_BF16_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),)
-STEP_FP8_WIDE_VARIANTS = ((" [split_warps=8]", dict(split_warps=8)),
-                          (" [split_warps=8,wide_stages=2]", dict(split_warps=8, wide_stages=2)))
+STEP_FP8_WIDE_VARIANTS = ((" [split_warps=8]", dict(split_warps=8)),)
 STEP_FP8_VARIANTS = ((" [split_warps=4]", dict(split_warps=4)),) + STEP_FP8_WIDE_VARIANTS
 STEP_VARIANT_MAX_BATCH = 8
 # ... and one token per request with top-k plan options (suffix, options): the networks without
@@ -936,8 +934,7 @@ class Bench:
                 variants.append((" [split_warps=8]", dict(split_warps=8)))
             # ... and those of fp8 K/V on 4 and on 8 warps per CTA (auto: the 8-warp kernel
             # converting in registers where a split holds one block, B1 at M3, else the 4-warp
-            # register kernel), the 8 warps with one and two blocks in flight, at larger batches
-            # fused.
+            # register kernel; a forced 8 at larger batches runs fused).
             if sq == 1 and kv == "fp8":
                 variants += list(STEP_FP8_VARIANTS if b <= SPLIT_K_MAX_BATCH else STEP_FP8_WIDE_VARIANTS)
             # ... and split-K batches with the split count ceil(resident CTAs / items)

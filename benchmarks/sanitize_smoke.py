@@ -759,11 +759,10 @@ class Smoke:
     def decode_split_warps8(self, lens):
         """Decode with 8 warps per CTA sharing each block (plan option split_warps=8): batch 1 at
         M3 (16 splits of one block, a partial last block), the smoke lengths (ragged), bf16 / fp16
-        / fp8 K/V (fp8: converted in registers, with one and with two blocks in flight,
-        wide_stages=1 / 2), G 16 / 4, bf16 / fp16 / fp8 q, split (forced and by the plan) with the
-        default, fp32 and fp8 partials, and fused, ids out of range and -1 holes (empty splits and
-        rows); G 32 falls back to 4 warps."""
-        base = dict(mtp="per_token", split_warps=8)
+        / fp8 K/V (fp8: converted in registers), G 16 / 4, bf16 / fp16 / fp8 q, split (forced and by
+        the plan) with the default, fp32 and fp8 partials, and fused, ids out of range and -1 holes
+        (empty splits and rows); G 32 falls back to 4 warps."""
+        ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(mtp="per_token", split_warps=8))
         for blens, hq, hkv, q_dtype, kv_dtype in (
                 ([4096 + 77], 64, 4, BF16, BF16), (lens, 8, 2, FP16, FP16), (lens, 16, 4, FP8, BF16),
                 ([4096], 64, 4, BF16, FP8), (lens, 16, 4, FP16, FP8), ([4096 + 77], 64, 4, FP8, FP8),
@@ -777,13 +776,9 @@ class Smoke:
                 sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
                 sel[:, 1::4, 9] = -1      # the list ends there
                 return self.rnd((nb, hq, 128)).to(q_dtype), sel
-            q_sel = self.lazy(build)
-            for stages in (1, 2) if kv_dtype == FP8 else (1,):
-                ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(base, wide_stages=stages))
-                self._decode_fused_and_split(
-                    ops, cache, q_sel, 1, (False, None, True),
-                    f"decode split_warps=8 wide_stages={stages} paged {str(kv_dtype)[6:]} "
-                    f"q={str(q_dtype)[6:]} B{nb} {hq}/{hkv} sq1")
+            self._decode_fused_and_split(
+                ops, cache, self.lazy(build), 1, (False, None, True),
+                f"decode split_warps=8 paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} B{nb} {hq}/{hkv} sq1")
 
     def decode_split_cluster(self, lens):
         """The splits of a row as one thread-block cluster merging through distributed shared

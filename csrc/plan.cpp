@@ -79,8 +79,6 @@ constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kCluster, "cluster"}};
 constexpr Named<DecodeSplitWarps> kDecodeSplitWarps[] = {
     {DecodeSplitWarps::kAuto, "auto"}, {DecodeSplitWarps::k4, "4"}, {DecodeSplitWarps::k8, "8"}};
-constexpr Named<DecodeWideStages> kDecodeWideStages[] = {
-    {DecodeWideStages::kAuto, "auto"}, {DecodeWideStages::k1, "1"}, {DecodeWideStages::k2, "2"}};
 constexpr Named<DecodeCombineLoads> kDecodeCombineLoads[] = {
     {DecodeCombineLoads::kAuto, "auto"}, {DecodeCombineLoads::kAfter, "after"}, {DecodeCombineLoads::kWith, "with"}};
 constexpr Named<DecodeSplitRule> kDecodeSplitRules[] = {
@@ -175,7 +173,6 @@ const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v); }
 const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
-const char* option_name(DecodeWideStages v) { return name_of(kDecodeWideStages, v); }
 const char* option_name(DecodeSplitRule v) { return name_of(kDecodeSplitRules, v); }
 const char* option_name(DecodeCombineLoads v) { return name_of(kDecodeCombineLoads, v); }
 
@@ -196,16 +193,14 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.wgmma_fp8 = parse_enum(kDecodeWgmmaFp8s, name, value);
     } else if (name == "split_warps") {
       o.split_warps = parse_enum(kDecodeSplitWarps, name, value);
-    } else if (name == "wide_stages") {
-      o.wide_stages = parse_enum(kDecodeWideStages, name, value);
     } else if (name == "split_rule") {
       o.split_rule = parse_enum(kDecodeSplitRules, name, value);
     } else if (name == "combine_loads") {
       o.combine_loads = parse_enum(kDecodeCombineLoads, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
-               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, wide_stages, "
-               "split_rule, combine_loads)");
+               "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule, "
+               "combine_loads)");
     }
   });
   return o;

@@ -42,10 +42,6 @@ void query_major_details(std::ostringstream& s, const QueryMajorPlan& qm) {
          "states in warp order)";
   if (qm.split_warps_fallback != nullptr)
     s << " (split_warps=8 falls back to 4 warps: " << qm.split_warps_fallback << ")";
-  if (qm.wide && qm.wide_stages == 2)
-    s << "; wide_stages=2 (two raw fp8 blocks in flight per CTA)";
-  if (qm.wide_stages_fallback != nullptr)
-    s << " (wide_stages=2 falls back to 1: " << qm.wide_stages_fallback << ")";
 }
 
 void workspace(std::ostringstream& s, size_t bytes) { s << "; workspace " << bytes << " bytes"; }

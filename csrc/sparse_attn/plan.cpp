@@ -151,19 +151,10 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       plan.wide = true;
       plan.regs = false;  // fp8: the 8-warp kernel converts in registers itself
       if (!plan.fused) plan.splits = wide_splits;
-      // wide_stages: two raw stages for fp8 where forced (auto: one, until measured).
-      if (options.wide_stages == DecodeWideStages::k2) {
-        if (fp8_kv)
-          plan.wide_stages = 2;
-        else
-          plan.wide_stages_fallback = "16-bit K/V (a stage is 64 KB: one fits beside the merge)";
-      }
     } else if (forced) {
       plan.split_warps_fallback = why;
     }
   }
-  if (options.wide_stages == DecodeWideStages::k2 && !plan.wide)
-    plan.wide_stages_fallback = "the 4-warp kernel runs (wide_stages is the 8-warp kernel's)";
   plan.num_items = items * plan.splits;
   // combine_loads: with (auto, H200 at dda49c5) or after, where a combine runs.
   plan.combine_with = !plan.fused && !plan.cluster && options.combine_loads != DecodeCombineLoads::kAfter;

@@ -1,6 +1,7 @@
-// Query-major split-K decode with 8 warps per CTA (decode plan option split_warps=8): the batch-1
-// to batch-8 calls that split, bf16 / fp16 K/V (kKv = kNative) or fp8 e4m3 K/V (kKv = kFp8),
-// G <= 16 (one m16 tile of query heads).
+// Query-major decode with 8 warps per CTA (decode plan option split_warps=8): the batch-1 to
+// batch-8 calls that split (auto), and where forced fused calls (the merge writes the outputs),
+// bf16 / fp16 K/V (kKv = kNative) or fp8 e4m3 K/V (kKv = kFp8), G <= 16 (one m16 tile of query
+// heads).
 //
 // The 4-warp kernel (query_major.cuh) cuts each 128-key block into two 64-key tiles and gives each
 // warp 16 keys of each: a warp's chain per block is two rounds of Q K^T, softmax and P V, and then
@@ -35,10 +36,6 @@
 
 namespace flashmsa::sparse_attn {
 
-// kStages: blocks in flight per CTA (K and V of a block are one stage). 16-bit K/V: one stage
-// (64 KB); fp8: one or two (plan option wide_stages), a raw stage being 32 KB, so that two fill the
-// 64 KB the 8 warps' merge needs anyway.
-template <bool kFp8, int kStages>
 struct QueryMajorWideConfig {
   static constexpr int kThreads = kQmWideThreads;
   static constexpr int kWarps = kThreads / 32;
@@ -47,11 +44,9 @@ struct QueryMajorWideConfig {
   static constexpr int kNT = kWarpKeys / 8;
   static constexpr int kTileBytes = kTileKeys * 256;    // K or V of a block, 128 dims x 2 bytes
   static constexpr int kRawTileBytes = kTileKeys * 128;  // fp8: the raw e4m3 K or V of a block
-  static constexpr int kStageBytes = 2 * (kFp8 ? kRawTileBytes : kTileBytes);  // K, then V
-  // Merge: each warp's 64 accumulators per lane, [warp][64][32 lanes] (over the stages).
+  // Merge: each warp's 64 accumulators per lane, [warp][64][32 lanes] (over the stage).
   static constexpr int kMergeBytes = kWarps * 64 * 32 * 4;
-  static constexpr int kUnionBytes =
-      kStages * kStageBytes > kMergeBytes ? kStages * kStageBytes : kMergeBytes;
+  static constexpr int kUnionBytes = 2 * kTileBytes > kMergeBytes ? 2 * kTileBytes : kMergeBytes;
   static constexpr int kQOffset = 0;
   static constexpr int kTilesOffset = kQOffset + 16 * 256;
   static constexpr int kListOffset = kTilesOffset + kMaxTopk * int(sizeof(TileDesc));
@@ -60,18 +55,17 @@ struct QueryMajorWideConfig {
   static constexpr int kStatsOffset = kMiscOffset + 128;
   static constexpr int kUnionOffset = (kStatsOffset + 3 * kWarps * 16 * 4 + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kUnionOffset + kUnionBytes;
-  static_assert(kStages == 1 || kStages == 2, "one or two stages");
   static_assert(kWarpKeys == 16, "16 keys per warp: one k16 step of P V");
   static_assert(kUnionOffset % 256 == 0, "256-byte aligned tiles (ldm_base_* swizzle)");
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
 };
 
-template <typename Elem, KvKind kKv, int kStages>
+template <typename Elem, KvKind kKv>
 __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     query_major_wide_kernel(const __grid_constant__ QueryMajorArgs args) {
   static_assert(kKv == KvKind::kNative || kKv == KvKind::kFp8, "16-bit or fp8 K/V");
   constexpr bool kFp8 = kKv == KvKind::kFp8;
-  using Cfg = QueryMajorWideConfig<kFp8, kStages>;
+  using Cfg = QueryMajorWideConfig;
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = args.p;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -81,9 +75,10 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
   int* s_misc = reinterpret_cast<int*>(smem + Cfg::kMiscOffset);
   float* s_stats = reinterpret_cast<float*>(smem + Cfg::kStatsOffset);
   uint8_t* s_union = smem + Cfg::kUnionOffset;
-  // K and V of stage t: compute tiles (16-bit), or raw e4m3 tiles (fp8), V after K.
-  constexpr int kKvBytes = Cfg::kStageBytes / 2;
-  const auto stage_k = [&](int t) { return s_union + (t % kStages) * Cfg::kStageBytes; };
+  // K and V of the stage: compute tiles (16-bit), or raw e4m3 tiles (fp8) at rK / rV.
+  const uint32_t sK = smem_addr(s_union), sV = sK + uint32_t(kFp8 ? Cfg::kRawTileBytes : Cfg::kTileBytes);
+  [[maybe_unused]] const uint8_t* const rK = s_union;
+  [[maybe_unused]] const uint8_t* const rV = s_union + Cfg::kRawTileBytes;
   check_smem_base(smem);
   const float temp = p.lse_temperature;
   const int key0 = warp * Cfg::kWarpKeys;
@@ -109,36 +104,27 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     __syncthreads();
     const int n_tiles = s_misc[0];
 
-    // K and V of tile t as two commit groups (V's may land while Q K^T runs), into stage t %
-    // kStages. Every call commits a group, empty past the last tile, so that the waits below count
-    // a fixed number of groups.
-    auto issue = [&](const KVTensor& t, int tile, bool is_v) {
-      if (tile < n_tiles) {  // uniform
-        const uint32_t dst = smem_addr(stage_k(tile)) + (is_v ? uint32_t(kKvBytes) : 0u);
-        const int64_t off = is_v ? s_tiles[tile].v_off : s_tiles[tile].k_off;
-        if constexpr (kFp8) {
-          issue_fp8_rows_swizzled<Cfg::kTileKeys, Cfg::kThreads>(t, off, s_tiles[tile].n_valid, dst, tid);
-        } else {
-          issue_kv_rows<Elem, KvKind::kNative, Cfg::kTileKeys, Cfg::kThreads>(t, off, 0, 0, s_tiles[tile].n_valid,
-                                                                              dst, tid);
-        }
+    // K and V of tile t as two commit groups (V's may land while Q K^T runs).
+    auto issue = [&](const KVTensor& t, int64_t off, int n_valid, uint32_t dst) {
+      if constexpr (kFp8) {
+        issue_fp8_rows_swizzled<Cfg::kTileKeys, Cfg::kThreads>(t, off, n_valid, dst, tid);
+      } else {
+        issue_kv_rows<Elem, KvKind::kNative, Cfg::kTileKeys, Cfg::kThreads>(t, off, 0, 0, n_valid, dst, tid);
       }
       cp_async_commit();
     };
-#pragma unroll
-    for (int t = 0; t < kStages; ++t) {
-      issue(p.k, t, false);
-      issue(p.v, t, true);
+    if (n_tiles > 0) {  // uniform
+      issue(p.k, s_tiles[0].k_off, s_tiles[0].n_valid, sK);
+      issue(p.v, s_tiles[0].v_off, s_tiles[0].n_valid, sV);
     }
     // fp8: per fragment row, the factor from the fp16 logits to base-2 softmax units.
     [[maybe_unused]] float row_mul[2] = {0.0f, 0.0f};
     if constexpr (kFp8) {
       if (n_tiles > 0) {  // uniform
-        // Q landed once only the stages' K and V groups may be pending. Every warp reads the 16
-        // rows and keeps its row factors; then warp 0 (every warp has the same fragments)
-        // overwrites the Q tile with the fp16 fragments qk_fp8_regs reads; the loop's first
-        // barrier orders them.
-        cp_async_wait<2 * kStages>();
+        // Q landed once only K's and V's groups may be pending. Every warp reads the 16 rows and
+        // keeps its row factors; then warp 0 (every warp has the same fragments) overwrites the
+        // Q tile with the fp16 fragments qk_fp8_regs reads; the loop's first barrier orders them.
+        cp_async_wait<2>();
         __syncthreads();
         uint32_t qa[8][4];
         load_q_frags_f16<Elem>(sQ, 0, lane, args.scale_log2, qa, row_mul);
@@ -153,11 +139,9 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
 
     for (int i = 0; i < n_tiles; ++i) {
       const int n_valid = s_tiles[i].n_valid;
-      const uint8_t* const rK = stage_k(i);
-      const uint8_t* const rV = rK + kKvBytes;
-      const uint32_t sK = smem_addr(rK), sV = smem_addr(rV);
-      cp_async_wait<2 * kStages - 1>();
-      __syncthreads();  // K of tile i landed (and Q); its V and the later tiles may be in flight
+      const bool more = i + 1 < n_tiles;
+      cp_async_wait<1>();
+      __syncthreads();  // K of tile i landed (and Q); V may be in flight
       const int lim_rel = n_valid - key0;
       int lim[1][2] = {{lim_rel, lim_rel}};
       float s[1][Cfg::kNT][4];
@@ -170,9 +154,9 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
           softmax_step<1, Cfg::kNT>(s, o, st, lim, args.scale_log2, args.has_temp, temp, lane);
         }
       }
-      cp_async_wait<2 * kStages - 2>();
+      cp_async_wait<0>();
       __syncthreads();  // V of tile i landed; every warp is past its Q K^T of tile i
-      issue(p.k, i + kStages, false);  // into tile i's K
+      if (more) issue(p.k, s_tiles[i + 1].k_off, s_tiles[i + 1].n_valid, sK);
       if (lim_rel > 0) {
         if constexpr (kFp8) {
           pv_fp8_regs<Cfg::kNT>(o[0], s[0], rV, key0, lane);
@@ -180,8 +164,10 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
           gemm_pv<Elem, 1, Cfg::kNT>(o, s, ldm_base_v(sV, key0, lane));
         }
       }
-      if (i + kStages < n_tiles) __syncthreads();  // uniform: every warp is past its P V of tile i
-      issue(p.v, i + kStages, true);  // into tile i's V
+      if (more) {
+        __syncthreads();  // every warp is past its P V of tile i
+        issue(p.v, s_tiles[i + 1].v_off, s_tiles[i + 1].n_valid, sV);
+      }
     }
     st.quad_reduce();
     cp_async_wait<0>();  // Q's copies too, when the item has no tile
@@ -293,26 +279,16 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
 }
 
 template <typename Elem, KvKind kKv>
-void launch_query_major_wide(const QueryMajorArgs& args, int stages, cudaStream_t stream) {
+void launch_query_major_wide(const QueryMajorArgs& args, cudaStream_t stream) {
+  using Cfg = QueryMajorWideConfig;
+  auto* kernel = query_major_wide_kernel<Elem, kKv>;
   MSA_CHECK(args.row_tiles >= 1 && args.group <= 16 * args.row_tiles && args.mtp_tokens == 0,
             "msa_sparse_decode_attention: split_warps=8 planned for MTP union items or 64-row tiles (planner bug)");
-  auto launch = [&]<int kStages>() {
-    using Cfg = QueryMajorWideConfig<kKv == KvKind::kFp8, kStages>;
-    auto* kernel = query_major_wide_kernel<Elem, kKv, kStages>;
-    flashmsa::cuda::prepare_launch(kernel, Cfg::kThreads, Cfg::kSmemBytes);  // cached smem opt-in
-    // Items beyond the largest grid are picked up by the grid-stride loop.
-    const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
-    kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
-    MSA_CUDA_CHECK(cudaGetLastError());
-  };
-  if (stages == 1) {
-    launch.template operator()<1>();
-  } else if constexpr (kKv == KvKind::kFp8) {
-    MSA_CHECK(stages == 2, "msa_sparse_decode_attention: split_warps=8 with ", stages, " stages (planner bug)");
-    launch.template operator()<2>();
-  } else {
-    MSA_FAIL("msa_sparse_decode_attention: wide_stages=2 planned for 16-bit K/V (planner bug)");
-  }
+  flashmsa::cuda::prepare_launch(kernel, Cfg::kThreads, Cfg::kSmemBytes);  // cached smem opt-in
+  // Items beyond the largest grid are picked up by the grid-stride loop.
+  const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
+  kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+  MSA_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace flashmsa::sparse_attn

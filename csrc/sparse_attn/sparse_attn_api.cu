@@ -171,7 +171,7 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
                 "msa_sparse_decode_attention: split_warps=8 planned outside per-token items on 16-row "
                 "tiles (planner bug)");
       if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8) {
-        launch_query_major_wide<Elem, kKv>(a, plan.wide_stages, stream);
+        launch_query_major_wide<Elem, kKv>(a, stream);
       } else {
         MSA_FAIL("msa_sparse_decode_attention: split_warps=8 needs 16-bit or fp8 K/V (planner bug)");
       }

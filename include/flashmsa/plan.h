@@ -272,13 +272,6 @@ enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 // 16.0 vs 18.7 us; at two blocks a split no gain), 4 elsewhere.
 enum class DecodeSplitWarps : int32_t { kAuto = 0, k4 = 1, k8 = 2 };
 
-// Blocks in flight per CTA of the 8-warp decode kernel (split_warps=8) with fp8 K/V: 1 (the next
-// block's K is issued once every warp is past Q K^T, its V once every warp is past P V) or 2 (a
-// ring of two raw 32 KB stages, which fill the 64 KB the 8 warps' merge takes anyway: the next
-// block lands while this one is computed). 16-bit K/V keep 1 (a 64 KB stage; a forced 2 falls
-// back and the plan text says so). auto: 1 (2 is not yet measured).
-enum class DecodeWideStages : int32_t { kAuto = 0, k1 = 1, k2 = 2 };
-
 // How split-K decode picks its split count (calls that split: fewer items than SMs): ceil (the
 // resident CTAs' target over the items, ceil(ctas_per_sm * SMs / items), then rounded so that no
 // split of a full list is empty) or waves (the count minimizing waves of resident CTAs times blocks
@@ -326,7 +319,6 @@ struct SparseDecodeOptions {
   DecodeWgmmaPipe wgmma_pipe = DecodeWgmmaPipe::kAuto;
   DecodeWgmmaFp8 wgmma_fp8 = DecodeWgmmaFp8::kAuto;
   DecodeSplitWarps split_warps = DecodeSplitWarps::kAuto;
-  DecodeWideStages wide_stages = DecodeWideStages::kAuto;
   DecodeSplitRule split_rule = DecodeSplitRule::kAuto;
   DecodeCombineLoads combine_loads = DecodeCombineLoads::kAuto;
 };
@@ -419,7 +411,7 @@ struct TopkSelectOptions {
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
-// wgmma_fp8=auto|off|on, split_warps=auto|4|8, wide_stages=auto|1|2, split_rule=auto|ceil|waves,
+// wgmma_fp8=auto|off|on, split_warps=auto|4|8, split_rule=auto|ceil|waves,
 // combine_loads=auto|after|with.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
@@ -507,10 +499,6 @@ struct QueryMajorPlan {
   // why a split_warps=8 call runs the 4-warp kernel instead (static), nullptr otherwise.
   bool wide = false;
   const char* split_warps_fallback = nullptr;
-  // Stages of the 8-warp kernel (1 or 2, wide_stages); wide_stages_fallback: why a wide_stages=2
-  // call runs one stage (static), nullptr otherwise.
-  int wide_stages = 1;
-  const char* wide_stages_fallback = nullptr;
   // kernel=wgmma where it runs: MTP union items on the sm_90a TMA + wgmma kernel, a persistent grid
   // of `grid` CTAs; wgmma_fallback: why a kernel=wgmma call is planned as auto instead (static).
   bool wgmma = false;
@@ -664,7 +652,6 @@ const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeWgmmaFp8 v);
 const char* option_name(DecodeSplitWarps v);
-const char* option_name(DecodeWideStages v);
 const char* option_name(DecodeSplitRule v);
 const char* option_name(DecodeCombineLoads v);
 

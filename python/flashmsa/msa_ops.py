@@ -839,8 +839,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # split = auto | blocks | cluster, split_warps = auto | 4 | 8 (8: decode with 8 warps per CTA
 # sharing each 128-key block; 16-bit K/V, or fp8 K/V converted in registers under kernel=auto;
 # G <= 16, calls that split by blocks, and where forced fused calls; auto: 8 where it applies to
-# split calls, for fp8 where a split holds one block, 4 elsewhere), wide_stages = auto | 1 | 2 (the
-# 8-warp kernel's fp8 blocks in flight per CTA; 16-bit K/V keep 1; auto: 1), split_rule = auto | ceil | waves (how split-K decode picks its split count:
+# split calls, for fp8 where a split holds one block, 4 elsewhere), split_rule = auto | ceil | waves (how split-K decode picks its split count:
 # ceil(resident CTAs / items), or the count with the fewest waves x blocks per split; auto: waves),
 # nvfp4_cvt = auto | byte | word (the register kernel's NVFP4 conversion; auto: word),
 # wgmma_pipe = auto | inline | ahead (the wgmma kernel's items planned by a planner warp ahead of

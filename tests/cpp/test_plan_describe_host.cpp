@@ -415,18 +415,6 @@ TEST(PlanDescribe, DecodeSplitWarps) {
   EXPECT_TRUE(has(f8, "; fp8 K/V converted in registers by the 8-warp kernel (16 keys a warp)")) << f8;
   EXPECT_TRUE(has(f8, "; split_warps=8 (8 warps per CTA")) << f8;
   EXPECT_FALSE(has(f8, "kernel=regs")) << f8;
-  EXPECT_FALSE(has(f8, "wide_stages")) << f8;
-  // wide_stages=2: said where it runs (fp8 on the 8-warp kernel), and why where it does not.
-  w8.wide_stages = DecodeWideStages::k2;
-  const std::string s2 = describe_decode(plan_sparse_decode(dp, r, w8), dp.attn);
-  EXPECT_TRUE(has(s2, "; wide_stages=2 (two raw fp8 blocks in flight per CTA)")) << s2;
-  SparseDecodeOptions s2_w4 = w8;
-  s2_w4.split_warps = DecodeSplitWarps::k4;
-  const std::string s4 = describe_decode(plan_sparse_decode(dp, r, s2_w4), dp.attn);
-  EXPECT_TRUE(has(s4, "(wide_stages=2 falls back to 1: the 4-warp kernel runs")) << s4;
-  dp.attn.k.dtype = dp.attn.v.dtype = DType::kBF16;
-  const std::string s16 = describe_decode(plan_sparse_decode(dp, r, w8), dp.attn);
-  EXPECT_TRUE(has(s16, "(wide_stages=2 falls back to 1: 16-bit K/V")) << s16;
 }
 
 TEST(PlanDescribe, ProxyAndTopk) {

@@ -830,46 +830,6 @@ TEST(PlanDecode, SplitWarps8WhereItRuns) {
   why(g32, {}, "G > 16");
 }
 
-// wide_stages: the 8-warp kernel's blocks in flight; 2 for fp8 K/V where forced (split or fused),
-// 1 for auto and for 16-bit K/V (whose forced 2 names why), and no effect without the 8-warp kernel.
-TEST(PlanDecode, WideStages) {
-  SparseAttnDeviceFacts h200 = hopper();
-  h200.decode_regs_ctas = 2;
-  auto fp8 = [](int batch) {
-    SparseDecodeParams dp = decode(batch, -1);
-    dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
-    return dp;
-  };
-  SparseDecodeOptions two;
-  two.wide_stages = DecodeWideStages::k2;
-  const SparseAttnPlan b1 = plan_sparse_decode(fp8(1), h200, two);  // auto split_warps: 8 at B1
-  EXPECT_TRUE(b1.qm.wide);
-  EXPECT_EQ(b1.qm.wide_stages, 2);
-  EXPECT_EQ(b1.qm.wide_stages_fallback, nullptr);
-  EXPECT_EQ(plan_sparse_decode(fp8(1), h200, {}).qm.wide_stages, 1);  // auto: 1
-  EXPECT_EQ(b1.bytes, plan_sparse_decode(fp8(1), h200, {}).bytes);
-  SparseDecodeOptions two_w8 = two;
-  two_w8.split_warps = DecodeSplitWarps::k8;
-  const SparseAttnPlan b64 = plan_sparse_decode(fp8(64), h200, two_w8);
-  EXPECT_TRUE(b64.qm.wide && b64.qm.fused);
-  EXPECT_EQ(b64.qm.wide_stages, 2);
-  // B64 under auto split_warps: the 4-warp register kernel, so wide_stages does nothing and says so.
-  const SparseAttnPlan b64_auto = plan_sparse_decode(fp8(64), h200, two);
-  EXPECT_FALSE(b64_auto.qm.wide);
-  EXPECT_EQ(b64_auto.qm.wide_stages, 1);
-  ASSERT_NE(b64_auto.qm.wide_stages_fallback, nullptr);
-  EXPECT_NE(std::string(b64_auto.qm.wide_stages_fallback).find("4-warp"), std::string::npos);
-  const SparseAttnPlan bf16 = plan_sparse_decode(decode(1, -1), h200, two);
-  EXPECT_TRUE(bf16.qm.wide);
-  EXPECT_EQ(bf16.qm.wide_stages, 1);
-  ASSERT_NE(bf16.qm.wide_stages_fallback, nullptr);
-  EXPECT_NE(std::string(bf16.qm.wide_stages_fallback).find("16-bit K/V"), std::string::npos);
-  SparseDecodeOptions one;
-  one.wide_stages = DecodeWideStages::k1;
-  EXPECT_EQ(plan_sparse_decode(fp8(1), h200, one).qm.wide_stages, 1);
-  EXPECT_EQ(plan_sparse_decode(fp8(1), h200, one).qm.wide_stages_fallback, nullptr);
-}
-
 // split=cluster: where the call splits and the device has clusters, the splits of a row run as one
 // cluster (capped at its largest size, no workspace); elsewhere blocks, and the plan says why.
 TEST(PlanDecode, SplitClusterWhereItRuns) {
@@ -1501,9 +1461,6 @@ TEST(PlanOptions, ParsesEveryOption) {
     EXPECT_EQ(parse_sparse_decode_options(std::string("split_warps=") + option_name(v)).split_warps, v);
   EXPECT_EQ(parse_sparse_decode_options("").split_warps, DecodeSplitWarps::kAuto);
   EXPECT_EQ(parse_sparse_decode_options("split=blocks,split_warps=8").split_warps, DecodeSplitWarps::k8);
-  for (DecodeWideStages v : {DecodeWideStages::kAuto, DecodeWideStages::k1, DecodeWideStages::k2})
-    EXPECT_EQ(parse_sparse_decode_options(std::string("wide_stages=") + option_name(v)).wide_stages, v);
-  EXPECT_EQ(parse_sparse_decode_options("").wide_stages, DecodeWideStages::kAuto);
   for (DecodeSplit v : {DecodeSplit::kAuto, DecodeSplit::kBlocks, DecodeSplit::kCluster})
     EXPECT_EQ(parse_sparse_decode_options(std::string("split=") + option_name(v)).split, v);
   EXPECT_EQ(parse_sparse_decode_options("").split, DecodeSplit::kAuto);
@@ -1624,10 +1581,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, "
-               "wide_stages, split_rule, combine_loads)");
-  expect_error([] { parse_sparse_decode_options("wide_stages=3"); }, ErrorKind::kValue,
-               "wide_stages must be auto, 1 or 2, got '3'");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule, combine_loads)");
   expect_error([] { parse_sparse_decode_options("split_warps=16"); }, ErrorKind::kValue,
                "split_warps must be auto, 4 or 8, got '16'");
   expect_error([] { parse_sparse_decode_options("split_warps=8,split_warps=4"); }, ErrorKind::kValue,

@@ -254,7 +254,6 @@ def test_stage_step_runs_each_config_case():
     assert suffixes.count(" [combine_loads=after]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [split_warps=4]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [split_warps=8]") == 2  # B1, B64 fp8
-    assert suffixes.count(" [split_warps=8,wide_stages=2]") == 2  # B1, B64 fp8
     assert suffixes.count(" [net_pivot=off]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)

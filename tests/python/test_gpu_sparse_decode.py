@@ -1114,11 +1114,11 @@ def test_split_cluster_graph_replay():
 
 # ---- split_warps=8 (plan option split_warps=8) -----------------------------------------------------
 # Decode with 8 warps per CTA sharing each 128-key block (query_major_wide.cuh): calls that split
-# by blocks or (forced) fused calls, with 16-bit K/V, or fp8 K/V converted in registers (kernel=auto;
-# one or two blocks in flight, wide_stages=1 / 2), and G <= 16; the rest (NVFP4 K/V, fp8 under
-# kernel=smem / regs, MTP union items, G > 16) fall back to the 4-warp kernel (checked: the plan
-# text says so) and the checks still hold. Partials and the combine are unchanged; the 8 warps' states are merged in warp order, so
-# results are deterministic but not the 4-warp kernel's bits (each warp sums other keys): within the
+# by blocks or (forced) fused calls, with 16-bit K/V, or fp8 K/V converted in registers
+# (kernel=auto), and G <= 16; the rest (NVFP4 K/V, fp8 under kernel=smem / regs, MTP union items,
+# G > 16) fall back to the 4-warp kernel (checked: the plan text says so) and the checks still hold.
+# Partials and the combine are unchanged; the 8 warps' states are merged in warp order, so results
+# are deterministic but not the 4-warp kernel's bits (each warp sums other keys): within the
 # reference tolerances and within the fused vs split bound of it. Outputs and workspaces poisoned;
 # M3 at batch 1 (32K and 128K context), 2, 4 (ragged, partial last blocks) and 8 (-1 holes), every
 # partial dtype, paged / flat / packed, fp16 and fp8 q.
@@ -1147,39 +1147,17 @@ WIDE_CASES = [c for c in CLUSTER_CASES if c.name in (
 ]
 
 
-def run_wide(dp: DecodeProblem, warps: int = 8, stages: int = 1, **extra):
-    """split_warps=<warps> (wide_stages=<stages>) with an item per token on a poisoned workspace and
-    poisoned outputs."""
-    return run_poisoned(dp, dict(mtp="per_token", split_warps=warps, wide_stages=stages), **extra)
+def run_wide(dp: DecodeProblem, warps: int = 8, **extra):
+    """split_warps=<warps> with an item per token on a poisoned workspace and poisoned outputs."""
+    return run_poisoned(dp, dict(mtp="per_token", split_warps=warps), **extra)
 
 
-def _fp8_kv(case) -> bool:
-    return case.kv == "fp8"
-
-
-# Every case split, fused and as the plan decides; fp8 K/V cases also with two stages in flight.
-WIDE_RUNS = [pytest.param(c, fused, stages, id=f"{c}-fused={fused}-stages={stages}")
-             for c in WIDE_CASES for fused in (None, False, True)
-             for stages in ((1, 2) if _fp8_kv(c) else (1,))]
-
-
-@pytest.mark.parametrize("case,force_fused,stages", WIDE_RUNS)
-def test_split_warps8_matches_cpu_reference(case, force_fused, stages):
+@pytest.mark.parametrize("force_fused", [None, False, True], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", WIDE_CASES, ids=str)
+def test_split_warps8_matches_cpu_reference(case, force_fused):
     dp, want, base_out = reference(case, seed=51)
-    got = run_wide(dp, stages=stages, force_fused=force_fused)
-    check_against_reference(dp, got, want, base_out,
-                            f"{case} split_warps=8 wide_stages={stages} fused={force_fused}")
-
-
-@pytest.mark.parametrize("force_fused", [False, True], ids=lambda f: f"fused={f}")
-@pytest.mark.parametrize("case", [c for c in WIDE_CASES if _fp8_kv(c)], ids=str)
-def test_wide_stages2_bit_identical_to_one_stage(case, force_fused):
-    """Two raw fp8 blocks in flight change when the bytes land, not the arithmetic: the outputs and
-    LSEs of wide_stages=2 are wide_stages=1's bits, split and fused."""
-    dp = problem(case, seed=58)
-    one = run_wide(dp, stages=1, force_fused=force_fused)
-    two = run_wide(dp, stages=2, force_fused=force_fused)
-    assert bits_equal(one, two), f"{case}: wide_stages=2 differs from 1 (fused={force_fused})"
+    got = run_wide(dp, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} split_warps=8 fused={force_fused}")
 
 
 @pytest.mark.parametrize("partial_dtype", [None, torch.float32, BF16, FP16, FP8], ids=str)
@@ -1261,13 +1239,6 @@ def test_split_warps8_plan_names_the_path(kv):
     assert "fused: outputs written directly" in fused and "split_warps" not in fused_auto, (fused, fused_auto)
     if kv in ("same", "fp8"):  # a forced 8 runs fused calls too (auto keeps 4 warps there)
         assert "; split_warps=8 (8 warps per CTA" in fused and "workspace 0 bytes" in fused, fused
-    two = _decode_plan_text(dp, dict(split_warps=8, wide_stages=2)).split("): ", 1)[1]
-    if kv == "fp8":
-        assert "; wide_stages=2 (two raw fp8 blocks in flight per CTA)" in two, two
-    elif kv == "same":
-        assert "(wide_stages=2 falls back to 1: 16-bit K/V" in two, two
-    else:
-        assert "(wide_stages=2 falls back to 1: the 4-warp kernel runs" in two, two
     mtp = build_decode(DecodeCase("w", 1, 4, 64, 4, kv=kv, seqlens=[32768]), seed=56)
     text = _decode_plan_text(mtp, dict(split_warps=8, mtp="union")).split("): ", 1)[1]
     assert "mtp=union" in text and "split_warps=8 falls back to 4 warps: MTP union items" in text, text

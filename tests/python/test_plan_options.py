@@ -77,8 +77,7 @@ VALID = {
                       dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8"),
                       dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4",
                       dict(combine_loads="with"), dict(combine_loads="after"), "combine_loads=auto",
-                      dict(combine_loads="with", split_warps="8", mtp="per_token"),
-                      dict(split_warps="8", wide_stages="2"), dict(wide_stages="auto"), "wide_stages=1"],
+                      dict(combine_loads="with", split_warps="8", mtp="per_token")],
 }
 
 
@@ -164,7 +163,6 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(wgmma_fp8="yes"), "wgmma_fp8 must be auto, off or on, got 'yes'"),
     ("sparse_decode", dict(split="dsmem"), "split must be auto, blocks or cluster, got 'dsmem'"),
     ("sparse_decode", dict(split_warps="16"), "split_warps must be auto, 4 or 8, got '16'"),
-    ("sparse_decode", dict(wide_stages="3"), "wide_stages must be auto, 1 or 2, got '3'"),
     ("sparse_decode", dict(split_rule="floor"), "split_rule must be auto, ceil or waves, got 'floor'"),
     ("sparse_decode", dict(combine_loads="before"), "combine_loads must be auto, after or with, got 'before'"),
     ("topk_select", dict(net_pivot="yes"), "net_pivot must be auto, off or on, got 'yes'"),
