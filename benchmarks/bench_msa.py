@@ -164,6 +164,10 @@ STEP_VARIANT_MAX_BATCH = 8
 # the pivot auto runs first on these calls (docs/design/topk_select.md, "Pivot before the
 # networks"), whatever the K/V dtype.
 STEP_TOPK_VARIANTS = ((" [net_pivot=off]", dict(net_pivot="off")),)
+# ... and, fp8 index-K, one token per request, with proxy-score plan options: the TMA kernel's
+# loads issued by each of its 12 one-stage consumer warps (auto: a producer warp for 6 warps of
+# two stages each).
+STEP_PROXY_VARIANTS = ((" [decode_tma_issue=warps]", dict(decode_tma_issue="warps")),)
 # ... and one token per request with the selection copied (FlashInfer's token-major top-k output,
 # then q2k = its transpose, contiguous) instead of written head-major by top-k.
 STEP_COPY_SUFFIX = " [q2k copy]"
@@ -230,7 +234,7 @@ class DecodeStep:
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
                  device, geo=M3, topk: int = TOPK, decode_options=None, topk_options=None,
-                 q2k_copy: bool = False):
+                 q2k_copy: bool = False, proxy_options=None):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
@@ -240,9 +244,11 @@ class DecodeStep:
         # Sparse-decode plan options (flashmsa's private planned twin), None: the public op.
         self.decode = ops.msa_sparse_decode_attention if decode_options is None else \
             functools.partial(ops._sparse_decode_planned, options=decode_options)
-        # Top-k plan options likewise.
+        # Top-k and proxy-score plan options likewise.
         self.topk_select = ops.msa_topk_select if topk_options is None else \
             functools.partial(ops._topk_select_planned, options=topk_options)
+        self.proxy_score = ops.msa_proxy_score if proxy_options is None else \
+            functools.partial(ops._proxy_score_planned, options=proxy_options)
         self.batch, self.ctx, self.seqlen_q = batch, ctx, seqlen_q
         self.nb = nb = ctx // mi.BLOCK
         rows, pages = batch * seqlen_q, batch * nb
@@ -271,10 +277,9 @@ class DecodeStep:
 
     def __call__(self):
         """The step: returns (attention output, top-k selection (tokens, heads, topk))."""
-        ops = self.ops
-        ops.msa_proxy_score(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
-                            seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
-                            max_k_tiles=self.nb, output=self.scores)
+        self.proxy_score(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
+                         seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
+                         max_k_tiles=self.nb, output=self.scores)
         self.topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
                          force_end_blocks=1)
         if self.q2k_copy:
@@ -1092,6 +1097,9 @@ class Bench:
             if b <= STEP_VARIANT_MAX_BATCH and sq == 1:
                 variants += [(suffix, dict(topk_options=options))
                              for suffix, options in STEP_TOPK_VARIANTS]
+                if idx == "fp8":
+                    variants += [(suffix, dict(proxy_options=options))
+                                 for suffix, options in STEP_PROXY_VARIANTS]
                 variants.append((STEP_COPY_SUFFIX, dict(q2k_copy=True)))
             for suffix, kwargs in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
@@ -1102,14 +1110,14 @@ class Bench:
                                          kv_dtype=kv, **kwargs))
 
     def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None,
-                   topk_options=None, q2k_copy=False):
+                   topk_options=None, q2k_copy=False, proxy_options=None):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
                           self.device, decode_options=decode_options, topk_options=topk_options,
-                          q2k_copy=q2k_copy)
+                          q2k_copy=q2k_copy, proxy_options=proxy_options)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

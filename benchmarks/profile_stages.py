@@ -144,7 +144,18 @@ def cuda_kernels(prof):
             if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
 
 
-def timeline(cases, reps=20):
+def parse_plan_options(text: str) -> dict:
+    """Plan options "NAME=VALUE,..." as a dict ({} for an empty text)."""
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"expected NAME=VALUE: {part}")
+        out[name] = value
+    return out
+
+
+def timeline(cases, reps=20, proxy_options=None, topk_options=None, decode_options=None):
     from profile_msa import make_bench  # the same directory
 
     bench = make_bench(msa_ops, torch.device("cuda", torch.cuda.current_device()))
@@ -154,7 +165,8 @@ def timeline(cases, reps=20):
         torch.cuda.synchronize()
     flush_names = {k[2] for k in cuda_kernels(prof)}
     for b, ctx, sq, idx, kv in cases:
-        graphed, _ = bench.build_step(b, ctx, sq, idx, kv)
+        graphed, _ = bench.build_step(b, ctx, sq, idx, kv, decode_options=decode_options or None,
+                                      topk_options=topk_options or None, proxy_options=proxy_options or None)
         for _ in range(3):
             graphed()
         torch.cuda.synchronize()
@@ -165,7 +177,9 @@ def timeline(cases, reps=20):
                 graphed()
                 torch.cuda.synchronize()
         rows, span = replay_timeline([k for k in cuda_kernels(prof) if k[2] not in flush_names], reps)
-        print(f"\n## timeline B{b} ctx={ctx} sq{sq} idx-K {idx} K/V {kv}: {span:.1f} us from the first "
+        opts = "".join(f" [{k}: {v}]" for k, v in (("proxy", proxy_options), ("topk", topk_options),
+                                                     ("decode", decode_options)) if v)
+        print(f"\n## timeline B{b} ctx={ctx} sq{sq} idx-K {idx} K/V {kv}{opts}: {span:.1f} us from the first "
               f"kernel's start to the last one's end (median of {reps} replays, L2 flushed before each)")
         print(f"  {'start':>8} {'gap':>6} {'kernel':>8}  name")
         for name, start, dur, gap in rows:
@@ -181,15 +195,20 @@ def main(argv=None):
                     help="KIND:TOKENS:W,... kernel totals per point W: default, a tile_max_waste bound or KEY=VALUE+...")
     ap.add_argument("--timeline", default=None,
                     help="B/CTX[/SQ[/IDX[/KV]]],...: the captured decode step's kernels, start / gap / duration")
+    for stage in ("proxy", "topk", "decode"):
+        ap.add_argument(f"--{stage}-options", default="",
+                        help=f"with --timeline: the step's {stage} plan options, NAME=VALUE,...")
     args = ap.parse_args(argv)
     if args.timeline is not None:
         import bench_msa as bm  # the same directory
 
         try:
             cases = bm.parse_cases(args.timeline, True)
-        except argparse.ArgumentTypeError as e:
+            options = {f"{s}_options": parse_plan_options(getattr(args, f"{s}_options"))
+                       for s in ("proxy", "topk", "decode")}
+        except (argparse.ArgumentTypeError, ValueError) as e:
             ap.error(f"--timeline: {e}")
-        timeline(cases)
+        timeline(cases, **options)
         return
     if args.sweep:
         try:

@@ -131,6 +131,20 @@ def test_profile_stages_timeline_rejects_bad_cases(spec, capsys):
     assert e.value.code == 2 and "--timeline" in capsys.readouterr().err
 
 
+def test_profile_stages_plan_options():
+    """--proxy-options / --topk-options / --decode-options: NAME=VALUE,... for --timeline's steps;
+    malformed ones are usage errors."""
+    profile_stages = load_script("profile_stages")
+    assert profile_stages.parse_plan_options("") == {}
+    assert profile_stages.parse_plan_options("decode_tma_issue=warps, kernel=decode") == dict(
+        decode_tma_issue="warps", kernel="decode")
+    for bad in ("warps", "=warps", "decode_tma_issue="):
+        with pytest.raises(ValueError):
+            profile_stages.parse_plan_options(bad)
+        with pytest.raises(SystemExit):
+            profile_stages.main(["--timeline", "1/32K", "--proxy-options", bad])
+
+
 def test_profile_list_needs_no_device(capsys):
     assert profile_msa.main(["--list"]) == 0
     names = capsys.readouterr().out.split()
@@ -246,6 +260,8 @@ def test_stage_step_runs_each_config_case():
                 want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_FP8_VARIANTS]
             if case[2] == 1:
                 want += [(case, suffix, dict(topk_options=o)) for suffix, o in bm.STEP_TOPK_VARIANTS]
+                if case[3] == "fp8":
+                    want += [(case, suffix, dict(proxy_options=o)) for suffix, o in bm.STEP_PROXY_VARIANTS]
                 want.append((case, bm.STEP_COPY_SUFFIX, dict(q2k_copy=True)))
         elif case[2] == 1 and case[4] == "fp8":  # larger batches: the 8-warp kernel, fused
             want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_FP8_WIDE_VARIANTS]
@@ -255,6 +271,7 @@ def test_stage_step_runs_each_config_case():
     assert suffixes.count(" [split_warps=4]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [split_warps=8]") == 2  # B1, B64 fp8
     assert suffixes.count(" [net_pivot=off]") == 2  # B1 bf16, fp8
+    assert suffixes.count(" [decode_tma_issue=warps]") == 1  # B1 fp8
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)
     for call, (case, suffix, kwargs) in zip(calls, want):

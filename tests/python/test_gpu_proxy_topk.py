@@ -850,9 +850,9 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
 FP8_TMA = dict(decode_fp8="tma")
 
 # decode_tma_issue: the TMA kernel's loads by a producer warp (auto's for fp8 K, and for NVFP4 K up to
-# 2048 units) or by each consumer warp for itself (warps: no producer warp; auto's for NVFP4 K above
-# them, since 9738086); the TMA kernel tests
-# run both, and warps is bit-identical to producer.
+# 2048 units) or by each consumer warp for itself (warps: no producer warp, 12 consumer warps, for
+# fp8 K of one stage each; auto's for NVFP4 K above them, since 9738086); the TMA kernel tests run
+# both, and warps is bit-identical to producer.
 TMA_ISSUES = ["producer", "warps"]
 TMA_ISSUE_IDS = ["issue_producer", "issue_warps"]
 
@@ -897,14 +897,22 @@ def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str):
         # 16-column passes: MTP 3 / 4 at G 4, G 8 x 2 tokens.
         ProxyCase("dec_tma16_b64_4k_mtp4", [4] * 64, [4096] * 64, hq=4, hkv=1, paged=True),
         ProxyCase("dec_tma16_b3_32k_mtp3", [3] * 3, [32768, 20001, 129], hq=4, hkv=1),
-        ProxyCase("dec_tma16_b2_g8_mtp2", [2, 2], [9000, 4000], hq=16, hkv=2, paged=True)]
+        ProxyCase("dec_tma16_b2_g8_mtp2", [2, 2], [9000, 4000], hq=16, hkv=2, paged=True),
+        # M3 batch 1 at 128K: ~8 blocks a CTA, fewer than the 12 one-stage warps of
+        # decode_tma_issue=warps (each takes one), and 32K (2 units a CTA).
+        ProxyCase("dec_tma_b1_128k", [1], [131072], hq=4, hkv=1, paged=True),
+        ProxyCase("dec_tma_b1_32k_flat", [1], [32768 - 5], hq=4, hkv=1)]
     for k in ("decode_only", "decode_f16_only")], ids=str)
 def test_proxy_decode_fp8_tma_close_to_default(case: ProxyCase, kernel: str):
+    """decode_fp8=tma against the cp.async ring, and the same bits whoever issues its loads."""
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     want = run_proxy(case, inputs, DEV, kernel=kernel, options=FP8_CTA)
     got = run_proxy(case, inputs, DEV, kernel=kernel, options=FP8_TMA)
     assert_proxy_close(got, want.cpu(), f"{case.name} seed={seed}")
+    for issue in TMA_ISSUES:
+        forced = run_proxy(case, inputs, DEV, kernel=kernel, options=_issue(FP8_TMA, issue))
+        assert torch.equal(forced.view(torch.int32), got.view(torch.int32)), f"{issue} seed={seed}"
 
 
 @pytest.mark.parametrize("sq", [1, 4], ids=["sq1", "sq4"])
