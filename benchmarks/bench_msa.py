@@ -165,8 +165,7 @@ STEP_VARIANT_MAX_BATCH = 8
 # networks"), whatever the K/V dtype.
 STEP_TOPK_VARIANTS = ((" [net_pivot=off]", dict(net_pivot="off")),)
 # ... and, fp8 index-K, one token per request, with proxy-score plan options: the TMA kernel's
-# loads issued by each of its 12 one-stage consumer warps (auto: a producer warp for 6 warps of
-# two stages each).
+# loads issued by each consumer warp for itself (auto: a producer warp).
 STEP_PROXY_VARIANTS = ((" [decode_tma_issue=warps]", dict(decode_tma_issue="warps")),)
 # ... and one token per request with the selection copied (FlashInfer's token-major top-k output,
 # then q2k = its transpose, contiguous) instead of written head-major by top-k.

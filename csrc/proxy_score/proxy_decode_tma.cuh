@@ -5,8 +5,8 @@
 // fill).
 //
 // One CTA per SM: the last warp is the producer, the others (Shape<kK>::kConsumers: 6 for fp8, 11
-// for NVFP4) consume; with decode_tma_issue=warps there is no producer warp and 12 warps consume
-// (Shape<kK>::kSelfConsumers; fp8: one stage each instead of two). The CTA's units are proxy_decode's
+// for NVFP4) consume; with decode_tma_issue=warps there is no producer warp and NVFP4 has 12
+// consumers (Shape<kK>::kSelfConsumers). The CTA's units are proxy_decode's
 // (an equal contiguous share of B x Hkv x P); unit j of the share goes to consumer warp
 // w = j % kConsumers, as that warp's i-th unit (i = j / kConsumers), into the warp's own stage
 // kStagesPerWarp * w + i % kStagesPerWarp. Each stage is so read by one warp, in order: a waiter is
@@ -63,30 +63,25 @@ struct Shape;
 template <>
 struct Shape<kK8> {
   static constexpr int kConsumers = 6;                  // consumer warps (0..5), a whole block each
+  static constexpr int kSelfConsumers = 6;              // without a producer warp (decode_tma_issue=warps)
   static constexpr int kStagesPerWarp = 2;              // each consumer warp's own stages
-  // Without a producer warp (decode_tma_issue=warps): 12 consumer warps of one stage each (the same
-  // 192 KB), so that a CTA's first 12 blocks are computed by 12 warps at once (batch 1: a CTA's
-  // ~8 blocks of 128K all in parallel; with 6 warps two of them take two in turn).
-  static constexpr int kSelfConsumers = 12;
-  static constexpr int kSelfStagesPerWarp = 1;
   static constexpr int kDataBytes = kBlockSize * 128;   // one 128-key fp8 block, 16 KB
   static constexpr int kStageBytes = kDataBytes;
 };
 template <>
 struct Shape<kK4> {
   static constexpr int kConsumers = 11;  // + the producer: 12 warps, ptxas allows 168 registers
-  static constexpr int kStagesPerWarp = 2;
   static constexpr int kSelfConsumers = 12;  // the producer's place taken by a consumer (216 KB of stages)
-  static constexpr int kSelfStagesPerWarp = 2;
+  static constexpr int kStagesPerWarp = 2;
   static constexpr int kDataBytes = kBlockSize * 64;              // 128 keys x 64 bytes of e2m1 codes
   static constexpr int kStageBytes = kDataBytes + kBlockSize * 8;  // + 1 KB of scales (128x4 layout)
 };
 // kSelf: the consumer warps issue their own loads (no producer warp).
 template <int kK, bool kSelf>
 struct Ring : Shape<kK> {
+  using Shape<kK>::kStagesPerWarp;
   using Shape<kK>::kStageBytes;
   static constexpr int kConsumers = kSelf ? Shape<kK>::kSelfConsumers : Shape<kK>::kConsumers;
-  static constexpr int kStagesPerWarp = kSelf ? Shape<kK>::kSelfStagesPerWarp : Shape<kK>::kStagesPerWarp;
   // The CTA: the consumer warps, and the producer warp (the last) unless they issue their own loads.
   static constexpr int kCtaThreads = (kConsumers + (kSelf ? 0 : 1)) * 32;
   static constexpr int kStages = kConsumers * kStagesPerWarp;  // fp8 192 KB, NVFP4 198 KB (kSelf: 216 KB)

@@ -226,8 +226,7 @@ enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // Who issues the proxy decode TMA kernel's loads (option decode_tma_issue): producer (a producer
 // warp for the CTA, each unit once its stage's empty barrier says the consumer is done) or warps
 // (each consumer warp loads its own units into the stage it has just finished: no producer warp,
-// no empty barrier, 12 consumer warps; fp8 K: one stage each instead of two, so that a CTA's
-// first 12 blocks are computed at once; docs/design/proxy_score.md, "NVFP4 K through TMA"). auto = warps for NVFP4 K
+// no empty barrier; docs/design/proxy_score.md, "NVFP4 K through TMA"). auto = warps for NVFP4 K
 // above kProxyDecodeTmaProducerMaxUnits units (H200 at 9738086, B64 / 32K: 55.8 vs 73.4 us),
 // producer for NVFP4 K up to them and for fp8 K (72.3 vs 71.4 us).
 enum class DecodeTmaIssue : int32_t { kAuto = 0, kProducer = 1, kWarps = 2 };

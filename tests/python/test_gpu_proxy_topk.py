@@ -850,9 +850,8 @@ def test_proxy_decode_fp4(case: ProxyCase, ilp, cvt):
 FP8_TMA = dict(decode_fp8="tma")
 
 # decode_tma_issue: the TMA kernel's loads by a producer warp (auto's for fp8 K, and for NVFP4 K up to
-# 2048 units) or by each consumer warp for itself (warps: no producer warp, 12 consumer warps, for
-# fp8 K of one stage each; auto's for NVFP4 K above them, since 9738086); the TMA kernel tests run
-# both, and warps is bit-identical to producer.
+# 2048 units) or by each consumer warp for itself (warps: no producer warp; auto's for NVFP4 K above
+# them, since 9738086); the TMA kernel tests run both, and warps is bit-identical to producer.
 TMA_ISSUES = ["producer", "warps"]
 TMA_ISSUE_IDS = ["issue_producer", "issue_warps"]
 
@@ -898,8 +897,7 @@ def test_proxy_decode_fp8_tma_matches_reference(case: ProxyCase, kernel: str):
         ProxyCase("dec_tma16_b64_4k_mtp4", [4] * 64, [4096] * 64, hq=4, hkv=1, paged=True),
         ProxyCase("dec_tma16_b3_32k_mtp3", [3] * 3, [32768, 20001, 129], hq=4, hkv=1),
         ProxyCase("dec_tma16_b2_g8_mtp2", [2, 2], [9000, 4000], hq=16, hkv=2, paged=True),
-        # M3 batch 1 at 128K: ~8 blocks a CTA, fewer than the 12 one-stage warps of
-        # decode_tma_issue=warps (each takes one), and 32K (2 units a CTA).
+        # M3 batch 1 at 128K (~8 blocks a CTA: some consumer warps take two) and 32K (2 a CTA).
         ProxyCase("dec_tma_b1_128k", [1], [131072], hq=4, hkv=1, paged=True),
         ProxyCase("dec_tma_b1_32k_flat", [1], [32768 - 5], hq=4, hkv=1)]
     for k in ("decode_only", "decode_f16_only")], ids=str)
