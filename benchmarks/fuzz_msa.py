@@ -134,9 +134,14 @@ KERNELS = {
 }
 
 
-# Decode options drawn after every other parameter of a case (gen_decode; added after the seeds'
-# cases were in use).
-LATE_DECODE_OPTIONS = [("wgmma_fp8", ("off", "on"))]
+# Decode options drawn after every other parameter of a case, each on its own, in this order
+# (gen_decode; added after the seeds' cases were in use, so that a seed's other parameters stay
+# what they were): fp8 K/V on the MTP wgmma kernel, the warps per decode CTA (8: the 8-warp kernel,
+# split or fused), the splits of a row as one cluster, the split-count rule, and when the combine
+# loads the partial values.
+LATE_DECODE_OPTIONS = [("wgmma_fp8", ("off", "on")), ("split_warps", ("4", "8")),
+                       ("split", ("blocks", "cluster")), ("split_rule", ("ceil", "waves")),
+                       ("combine_loads", ("after", "with"))]
 
 
 def _options(rng: random.Random, op: str) -> Dict[str, str]:
@@ -366,12 +371,12 @@ def gen_decode(rng: random.Random) -> dict:
     if p["q_dtype"] != "fp16" and rng.random() < 0.05:
         p["v_global_scale"] = 1e35
     _value_ranges(rng, p, "bf16" if p["q_dtype"] == "fp8" else p["q_dtype"])
-    # Drawn last, so that the seeds' other parameters are what they were before it: fp8 K/V on the
-    # MTP wgmma kernel (wgmma_fp8=on; with kernel=wgmma or where auto takes it, else the plan falls
-    # back and says why).
-    late = rng.choice(LATE_DECODE_OPTIONS[0][1] + (None,))
-    if late is not None:
-        p["options"][LATE_DECODE_OPTIONS[0][0]] = late
+    # Drawn last, so that the seeds' other parameters are what they were before them (a forced
+    # option that cannot apply falls back and the plan says why).
+    for name, values in LATE_DECODE_OPTIONS:
+        late = rng.choice(values + (None,))
+        if late is not None:
+            p["options"][name] = late
     return p
 
 
