@@ -1023,11 +1023,13 @@ class Problem:
             # output's range (past it the outputs are inf, compared as the overflow threshold);
             # rows without keys get none. Below the partial dtype's smallest normal the spacing
             # is its subnormal step (e4m3 2^-9: decode:2034134, V near 0.01, a partial of 2^-10
-            # rounded to 2^-9), so the half-ulp is at least half that step.
+            # rounded to 2^-9), so the half-ulp is at least half that step; partials hold V's own
+            # units (the V scale multiplies the merged row), so that step counts times the V
+            # scale (decode:6527: V scale 3, a partial of 0.0013 stored as 2^-9, 1.95e-3 off).
             bits, step = {"fp8": (3, 2.0 ** -9), "bf16": (7, 2.0 ** -133),
                           "fp16": (10, 2.0 ** -24)}[partial]
             seen = seen.double().clamp(max=fmax)
-            half_ulp = torch.clamp(2.0 ** -(bits + 1) * seen, min=step / 2)
+            half_ulp = torch.clamp(2.0 ** -(bits + 1) * seen, min=step / 2 * abs(self.value_scale()))
             tol += torch.where(seen > 0, half_ulp, torch.zeros_like(half_ulp))
         if bool((err > tol).any()):
             worst = int((err - tol).argmax())

@@ -182,6 +182,21 @@ int tile_ctas(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
 
 }  // namespace
 
+namespace {
+
+// The rows a TMA kernel's maps of q and K / V describe: at least one K / V row (a map of an empty
+// flat tensor or page pool is rejected by the driver: such calls have no keys to read anyway), and
+// 32-bit coordinates (q rows, flat K/V rows: a box reaches 128 past the last block).
+const char* tma_rows_unsupported(const SparseAttnParams& p) {
+  if ((!p.kv.paged && p.kv.total_k <= 0) || (p.kv.paged && p.kv.num_pages <= 0))
+    return "no K/V rows (an empty K/V tensor: a TMA map needs at least one row)";
+  if (p.total_q >= (int64_t(1) << 31) || (!p.kv.paged && p.kv.total_k >= (int64_t(1) << 31) - kBlockSize))
+    return "q or K/V rows beyond TMA's 32-bit coordinates";
+  return nullptr;
+}
+
+}  // namespace
+
 const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts,
                                   const SparseDecodeOptions& options) {
   if (!mtp)
@@ -200,22 +215,14 @@ const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const Spa
            "wgmma_fp8=on)";
   if (facts.decode_mtp_wgmma_ctas <= 0 || facts.num_sms <= 0)
     return "the wgmma kernel cannot run on this device (needs an sm_90 GPU and the library's sm_90a image)";
-  // TMA coordinates are 32-bit: rows of q, flat K/V rows (a box reaches 128 past the last block).
-  if (p.total_q >= (int64_t(1) << 31) || (!p.kv.paged && p.kv.total_k >= (int64_t(1) << 31) - kBlockSize) ||
-      (p.kv.paged && p.kv.num_pages <= 0))
-    return "q or K/V rows beyond TMA's 32-bit coordinates";
-  return nullptr;
+  return tma_rows_unsupported(p);
 }
 
 const char* tile_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts) {
   if (!kv_in_compute_dtype(p))
     return "fp8 / NVFP4 K/V (the TMA kernel loads 16-bit K and V of the compute dtype)";
   if (facts.tile_tma_ctas <= 0) return "the TMA tile kernel cannot run on this device";
-  // TMA coordinates are 32-bit: rows of q, flat K/V rows (a box reaches 128 past the last block).
-  if (p.total_q >= (int64_t(1) << 31) || (!p.kv.paged && p.kv.total_k >= (int64_t(1) << 31) - kBlockSize) ||
-      (p.kv.paged && p.kv.num_pages <= 0))
-    return "q or K/V rows beyond TMA's 32-bit coordinates";
-  return nullptr;
+  return tma_rows_unsupported(p);
 }
 
 const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttnDeviceFacts& facts,
@@ -231,10 +238,9 @@ const char* kv_major_tma_unsupported(const SparseAttnParams& p, const SparseAttn
   // reaches 128 past the last block), partial rows).
   if ((p.q_stride_head * 2) % 16 != 0 || (p.q_stride_token * 2) % 16 != 0)
     return "q strides that are not multiples of 16 bytes";
+  if (const char* why = tma_rows_unsupported(p)) return why;
   const int64_t part_rows = int64_t(p.num_kv_heads) * chunk_rows * p.topk * group;
-  if (p.total_q >= (int64_t(1) << 31) || (!p.kv.paged && p.kv.total_k >= (int64_t(1) << 31) - kBlockSize) ||
-      (p.kv.paged && p.kv.num_pages <= 0) || part_rows >= (int64_t(1) << 31))
-    return "q, K/V or partial rows beyond TMA's 32-bit coordinates";
+  if (part_rows >= (int64_t(1) << 31)) return "partial rows beyond TMA's 32-bit coordinates";
   return nullptr;
 }
 

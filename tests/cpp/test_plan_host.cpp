@@ -260,6 +260,9 @@ TEST(PlanKernel, TmaOnlyWhenNamedAndFallsBackSayingWhy) {
   SparseAttnParams huge = attn(4096);
   huge.kv.total_k = (int64_t(1) << 31) - 100;
   fallback(huge, f, KvMajorKernel::kWgmma, "32-bit coordinates");
+  SparseAttnParams empty = attn(4096);
+  empty.kv.total_k = 0;
+  fallback(empty, f, KvMajorKernel::kWgmma, "no K/V rows");
 }
 
 // What the TMA KV-major kernel's launcher builds its maps on (kv_major_tma_sm90.cuh): the partial
@@ -483,6 +486,9 @@ TEST(PlanTileKernel, TmaFallsBackToCpAsyncAndSaysWhy) {
   SparseAttnParams huge = attn(4096);
   huge.kv.total_k = (int64_t(1) << 31) - 100;
   fallback(huge, f, "32-bit coordinates");
+  SparseAttnParams empty = attn(4096);
+  empty.kv.total_k = 0;
+  fallback(empty, f, "no K/V rows");
   // No tiles (NVFP4 K/V, G = 8, the kv_major schedule): the option changes nothing.
   EXPECT_FALSE(plan_sparse_attention(attn(4096, 64, 4, 16, DType::kNVFP4), o, f).kvm.tiles);
   EXPECT_FALSE(plan_sparse_attention(attn(4096, 32, 4), o, f).kvm.tiles);
@@ -1169,9 +1175,14 @@ TEST(PlanDecode, MtpWgmmaWhereItRunsElseAuto) {
   no_pages.attn = paged(no_pages.attn, 64, 16);
   no_pages.attn.qi.seqlen_q = 4;
   no_pages.attn.kv.num_pages = 0;
-  expect_auto(no_pages, h200, "32-bit coordinates");
+  expect_auto(no_pages, h200, "no K/V rows");
   no_pages.attn.kv.num_pages = 1024;
   EXPECT_TRUE(plan_sparse_decode(no_pages, h200, w).qm.wgmma);
+  // An empty flat K/V tensor (every sequence without keys): no TMA map of it (the fuzzer's
+  // decode:6851 / 12895 / 18265 / 19437 on the H200 raised NotSupportedError from the launcher).
+  SparseDecodeParams empty = mtp_call(64, 4);
+  empty.attn.kv.total_k = 0;
+  expect_auto(empty, h200, "no K/V rows");
 }
 
 // wgmma_pipe=ahead: the wgmma kernel's planner / loader warps wherever the wgmma kernel runs

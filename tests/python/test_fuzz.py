@@ -257,6 +257,28 @@ def test_fp8_partials_get_half_the_subnormal_step():
     msg = pb.check(moved(2.0 ** -8), want)
     assert msg is not None and msg.startswith("out: |dev - ref| "), msg
 
+def test_partials_subnormal_step_counts_times_the_v_scale():
+    """decode:6527 on the H200: fp8 partials, fp8 V of ~0.02 scaled by 3 (3 keys): a split's
+    partial of 0.0013 (V's own units) stored as e4m3's subnormal step 2^-9, the output 2^-9 x 3
+    above the reference's 0.0039 at (1, 1, 47), where the relative half-ulp (2^-4 of the row's
+    scaled |V|) allows 1.3e-3. The half subnormal step counts in V's units, times the V scale."""
+    import torch
+    seed = 6527
+    p = fuzz_msa.case_params("decode", seed)
+    assert p["partial_dtype"] == "fp8" and p["kv"] == "fp8" and p["v_global_scale"] == 3.0
+    pb = fuzz_msa.Problem("decode", p, seed)
+    want = pb.run("cpu", reference=True)
+    out = want[0].double()
+
+    def moved(by):
+        got = out.clone()
+        got[1, 1, 47] += by
+        return (got.to(want[0].dtype),) + tuple(want[1:])
+    assert pb.check(moved(2.0 ** -9), want) is None
+    msg = pb.check(moved(4 * 2.0 ** -9), want)
+    assert msg is not None and msg.startswith("out: |dev - ref| "), msg
+
+
 def test_check_reads_one_sided_overflow_as_the_threshold():
     """An output that rounds to inf on one side and to the largest finite value on the other
     (within the tolerance of the overflow threshold) passes; an inf where the reference is far

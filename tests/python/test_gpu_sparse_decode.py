@@ -754,6 +754,22 @@ def test_mtp_wgmma_fp8_matches_reference(case, force_fused, partial_dtype):
 
 
 @pytest.mark.parametrize("kv", ["same", "fp8"])
+@pytest.mark.parametrize("lengths", [[0], [0, 0]], ids=["b1", "b2"])
+def test_tma_kernels_with_no_key_rows_fall_back(kv, lengths):
+    """Every key sequence empty with flat K/V (a tensor of 0 rows): the forced TMA kernel cannot map
+    it (the fuzzer's decode:6851 / 12895 / 18265 / 19437 on the H200 raised NotSupportedError from
+    the launcher); the plan takes auto's kernel and says why, and the call returns the reference
+    (zero outputs, -inf LSEs) on poisoned outputs."""
+    case = DecodeCase(f"empty_flat_{kv}", len(lengths), 3, 64, 4, kv=kv, layout="flat", seqlens=lengths)
+    dp, want, base_out = reference(case, seed=59)
+    options = dict(kernel="wgmma", mtp="union", **({"wgmma_fp8": "on"} if kv == "fp8" else {}))
+    text = _decode_plan_text(dp, options)
+    assert "kernel=wgmma falls back" in text and "no K/V rows" in text, text
+    got = run_poisoned(dp, options)
+    check_against_reference(dp, got, want, base_out, f"{case} kernel=wgmma")
+
+
+@pytest.mark.parametrize("kv", ["same", "fp8"])
 def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
     """kernel=wgmma names the sm_90a kernel for 16-bit union items on an sm_90 GPU with the
     sm_90a image; elsewhere (fp8 K/V, other GPUs, per-token items) the plan text says why it
