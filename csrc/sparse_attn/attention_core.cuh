@@ -449,8 +449,36 @@ MSA_DEVICE float row_lse2_t(float m, float lt, float temp) {
 
 // ---- epilogue store ----------------------------------------------------------------------------
 
+// A split's partial row (O / l: a convex combination of V rows, in V's units, before the V scale)
+// can come out a rounding past V's largest magnitude, since P is rounded to the compute dtype for
+// P V while l sums it unrounded (the reference's arithmetic too): with V near the top of fp16 that
+// is past fp16's largest finite value, and an inf partial makes the merged output inf where the
+// reference, scaled after the merge, is finite (the H200 fuzzer, attention:517681 / 553091: fp16
+// V near 65504, V scale 0.001 / 0.37). Partials in a 16-bit dtype are therefore saturated there;
+// inf and NaN stay (fp8 partials saturate in their conversion already). Final outputs are not:
+// an output past its dtype's range is inf, as the reference's.
 template <StoreKind kKind>
+MSA_DEVICE float sat_partial(float x) {
+  constexpr float kMax = kKind == StoreKind::kF16 ? 65504.0f : 3.38953139e38f;  // fp16 / bf16
+  if constexpr (kKind == StoreKind::kF16 || kKind == StoreKind::kBF16)
+    return fabsf(x) <= FLT_MAX ? fminf(fmaxf(x, -kMax), kMax) : x;
+  return x;
+}
+
+// Two values of a partial row packed in the compute dtype, saturated as sat_partial says.
+template <typename Elem>
+MSA_DEVICE uint32_t pack2_partial(float a, float b) {
+  constexpr StoreKind kKind = std::is_same_v<Elem, __nv_bfloat16> ? StoreKind::kBF16 : StoreKind::kF16;
+  return pack2<Elem>(sat_partial<kKind>(a), sat_partial<kKind>(b));
+}
+
+// kPartial: a split's partial (saturated, sat_partial), not a final output.
+template <StoreKind kKind, bool kPartial = false>
 MSA_DEVICE void store_pair(uint8_t* dst, float a, float b) {
+  if constexpr (kPartial) {
+    a = sat_partial<kKind>(a);
+    b = sat_partial<kKind>(b);
+  }
   if constexpr (kKind == StoreKind::kF32) {
     *reinterpret_cast<float2*>(dst) = make_float2(a, b);
   } else if constexpr (kKind == StoreKind::kBF16) {
@@ -469,7 +497,7 @@ MSA_DEVICE void store_pair(uint8_t* dst, float a, float b) {
 // chunk-swizzled by row like the compute tiles) so that the global stores are whole 16-byte chunks
 // of a row. As for ldmatrix, the swizzled address of dims 8d.. is the lane's base address XOR a
 // per-d constant (plus 8 bytes for odd d of 1-byte kinds), so no address is kept per d.
-template <StoreKind kKind>
+template <StoreKind kKind, bool kPartial = false>
 MSA_DEVICE void store_rows(const float (&o)[16][4], const float (&mul)[2], uint8_t* stage,
                            void* gbase, int64_t row_off, int lane) {
   constexpr int kE = store_kind_bytes(kKind);
@@ -490,7 +518,7 @@ MSA_DEVICE void store_rows(const float (&o)[16][4], const float (&mul)[2], uint8
       const uint32_t chunk_inc = kE == 1 ? uint32_t(d >> 1) : uint32_t(d * kE / 2);
       const uint32_t addr = (base ^ (chunk_inc << 4)) + (kE == 1 ? uint32_t(8 * (d & 1)) : 0u);
       uint8_t* dst = stage + (addr - smem_addr(stage));
-      store_pair<kKind>(dst, o[d][2 * h] * mul[h], o[d][2 * h + 1] * mul[h]);
+      store_pair<kKind, kPartial>(dst, o[d][2 * h] * mul[h], o[d][2 * h + 1] * mul[h]);
     }
   }
   __syncwarp();

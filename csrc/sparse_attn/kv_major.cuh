@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kKvmMaxThreads, 1)
           for (int h = 0; h < 2; ++h) mul[h] = st.l[mt][h] > 0.0f ? 1.0f / st.l[mt][h] : 0.0f;
           const int64_t slot_row = __shfl_sync(0xffffffffu, cur.slot, mt * 16 + (lane & 15));
           const int64_t row_off = lane < 16 && slot_row >= 0 ? slot_row * 128 : -1;
-          store_rows<kElemStoreKind<Elem>>(o[mt], mul, buf + mt * 16 * 256, args.part_o, row_off, lane);
+          store_rows<kElemStoreKind<Elem>, true>(o[mt], mul, buf + mt * 16 * 256, args.part_o, row_off, lane);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int64_t slot_h = __shfl_sync(0xffffffffu, cur.slot, mt * 16 + h * 8 + gid);

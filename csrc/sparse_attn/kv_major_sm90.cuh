@@ -153,10 +153,10 @@ MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
       stmatrix_x4(base + uint32_t(c >> 2) * (64u * 128u) + ((uint32_t(2 * (c & 3)) ^ x) << 4),
-                  pack2<Elem>(o[2 * c][0] * mul[0], o[2 * c][1] * mul[0]),
-                  pack2<Elem>(o[2 * c][2] * mul[1], o[2 * c][3] * mul[1]),
-                  pack2<Elem>(o[2 * c + 1][0] * mul[0], o[2 * c + 1][1] * mul[0]),
-                  pack2<Elem>(o[2 * c + 1][2] * mul[1], o[2 * c + 1][3] * mul[1]));
+                  pack2_partial<Elem>(o[2 * c][0] * mul[0], o[2 * c][1] * mul[0]),
+                  pack2_partial<Elem>(o[2 * c][2] * mul[1], o[2 * c][3] * mul[1]),
+                  pack2_partial<Elem>(o[2 * c + 1][0] * mul[0], o[2 * c + 1][1] * mul[0]),
+                  pack2_partial<Elem>(o[2 * c + 1][2] * mul[1], o[2 * c + 1][3] * mul[1]));
     }
   }
   __syncwarp();

@@ -221,7 +221,7 @@ MSA_DEVICE void kvm_tma_stage(const float (&o)[16][4], const float (&mul)[2], ui
 #pragma unroll
     for (int j = 0; j < 16; ++j)
       *reinterpret_cast<uint32_t*>(stage + Sw128Tile<64>::at(row, j) + 4 * tig) =
-          pack2<Elem>(o[j][2 * h] * mul[h], o[j][2 * h + 1] * mul[h]);
+          pack2_partial<Elem>(o[j][2 * h] * mul[h], o[j][2 * h + 1] * mul[h]);
   }
 }
 #endif

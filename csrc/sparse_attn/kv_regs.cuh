@@ -501,7 +501,7 @@ MSA_DEVICE void pv_nvfp4_regs(float (&o)[16][4], const float (&p)[kNT][4], const
 
 // store_rows for accumulators in the permuted head-dim order of pv_fp8_regs: o[j][2h + e] is row
 // gid + 8h, dim 32 tig + 16 e + j. Same staging layout and global stores as store_rows.
-template <StoreKind kKind>
+template <StoreKind kKind, bool kPartial = false>
 MSA_DEVICE void store_rows_perm(const float (&o)[16][4], const float (&mul)[2], uint8_t* stage,
                                 void* gbase, int64_t row_off, int lane) {
   constexpr int kE = store_kind_bytes(kKind);
@@ -517,7 +517,7 @@ MSA_DEVICE void store_rows_perm(const float (&o)[16][4], const float (&mul)[2], 
       for (int j = 0; j < 16; j += 2) {
         const int b = (32 * tig + 16 * e + j) * kE;  // dims d, d + 1 are adjacent
         uint8_t* dst = stage + row * kRowBytes + (((b >> 4) ^ (row & 7)) << 4) + (b & 15);
-        store_pair<kKind>(dst, o[j][2 * h + e] * mul[h], o[j + 1][2 * h + e] * mul[h]);
+        store_pair<kKind, kPartial>(dst, o[j][2 * h + e] * mul[h], o[j + 1][2 * h + e] * mul[h]);
       }
   }
   __syncwarp();

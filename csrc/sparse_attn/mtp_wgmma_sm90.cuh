@@ -600,8 +600,8 @@ MSA_DEVICE void mtp_wgmma_epilogue(const QueryMajorArgs& a, const MtpWgmmaPlan& 
   } else {
     switch (a.part_kind) {
       case StoreKind::kF32: store_rows_f32_direct(o, mul, static_cast<float*>(a.part_o), row_off, lane); break;
-      case StoreKind::kBF16: store_rows<StoreKind::kBF16>(o, mul, stage, a.part_o, row_off, lane); break;
-      case StoreKind::kF16: store_rows<StoreKind::kF16>(o, mul, stage, a.part_o, row_off, lane); break;
+      case StoreKind::kBF16: store_rows<StoreKind::kBF16, true>(o, mul, stage, a.part_o, row_off, lane); break;
+      case StoreKind::kF16: store_rows<StoreKind::kF16, true>(o, mul, stage, a.part_o, row_off, lane); break;
       default: store_rows<StoreKind::kFP8>(o, mul, stage, a.part_o, row_off, lane); break;
     }
   }

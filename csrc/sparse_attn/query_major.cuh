@@ -399,12 +399,12 @@ MSA_DEVICE void load_query_rows(const QueryMajorArgs& args, int r, int kh, int r
 }
 
 // Eight consecutive values of a row (dims elem_off .., elem_off a multiple of 2) times mul.
-template <StoreKind kKind>
+template <StoreKind kKind, bool kPartial = false>
 MSA_DEVICE void store_row8(void* base, int64_t elem_off, const float (&v)[8], float mul) {
   constexpr int kE = store_kind_bytes(kKind);
   uint8_t* dst = static_cast<uint8_t*>(base) + elem_off * kE;
 #pragma unroll
-  for (int q = 0; q < 4; ++q) store_pair<kKind>(dst + 2 * q * kE, v[2 * q] * mul, v[2 * q + 1] * mul);
+  for (int q = 0; q < 4; ++q) store_pair<kKind, kPartial>(dst + 2 * q * kE, v[2 * q] * mul, v[2 * q + 1] * mul);
 }
 
 // One MTP union item of the cooperative fp8 register variant (QueryMajorConfig::kCoop; the work
@@ -576,8 +576,8 @@ MSA_DEVICE void mtp_coop_item(const QueryMajorArgs& args, int r0, int n_tok, int
         const float mul = l > 0.0f ? 1.0f / l : 0.0f;
         switch (args.part_kind) {
           case StoreKind::kF32: store_row8<StoreKind::kF32>(args.part_o, slot * 128 + dim, v, mul); break;
-          case StoreKind::kBF16: store_row8<StoreKind::kBF16>(args.part_o, slot * 128 + dim, v, mul); break;
-          case StoreKind::kF16: store_row8<StoreKind::kF16>(args.part_o, slot * 128 + dim, v, mul); break;
+          case StoreKind::kBF16: store_row8<StoreKind::kBF16, true>(args.part_o, slot * 128 + dim, v, mul); break;
+          case StoreKind::kF16: store_row8<StoreKind::kF16, true>(args.part_o, slot * 128 + dim, v, mul); break;
           default: store_row8<StoreKind::kFP8>(args.part_o, slot * 128 + dim, v, mul); break;
         }
         if (lse_lane) args.part_lse[slot] = row_lse2(st.m[mt][h], l);
@@ -920,11 +920,12 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     if (w_n == 0) {
       uint8_t* stage = s_union + Cfg::kMergeBytes + w_m * Cfg::kStageOutBytes;
       // The register variant's accumulators hold permuted head dims (kv_regs.cuh).
-      auto store = [&]<StoreKind kKind>(const float(&mul)[2], void* gbase, int64_t row_off) {
+      // kPartial: a split's partial (saturated, attention_core.cuh sat_partial).
+      auto store = [&]<StoreKind kKind, bool kPartial = true>(const float(&mul)[2], void* gbase, int64_t row_off) {
         if constexpr (Cfg::kRegConvert) {
-          store_rows_perm<kKind>(o[0], mul, stage, gbase, row_off, lane);
+          store_rows_perm<kKind, kPartial>(o[0], mul, stage, gbase, row_off, lane);
         } else {
-          store_rows<kKind>(o[0], mul, stage, gbase, row_off, lane);
+          store_rows<kKind, kPartial>(o[0], mul, stage, gbase, row_off, lane);
         }
       };
       const int gid = lane >> 2, tig = lane & 3;
@@ -952,7 +953,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           mul[h] = st.l[0][h] > 0.0f ? p.v_global_scale * kOutUnscale / st.l[0][h] : 0.0f;
-        store.template operator()<kElemStoreKind<Elem>>(mul, p.out, row_ok ? out_row * 128 : -1);
+        store.template operator()<kElemStoreKind<Elem>, false>(mul, p.out, row_ok ? out_row * 128 : -1);
         if (tig == 0) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {

@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     }
 
     // Rows gid, gid + 8 are heads rt * 16 + row of kv head kh (rows past G are not stored).
-    auto store = [&]<StoreKind kKind>(void* base, int64_t (&row_elem)[2], const float (&mul)[2]) {
+    // kPartial: a split's partial (saturated, attention_core.cuh sat_partial).
+    auto store = [&]<StoreKind kKind, bool kPartial = true>(void* base, int64_t (&row_elem)[2], const float (&mul)[2]) {
       constexpr int kE = store_kind_bytes(kKind);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -231,10 +232,10 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
         for (int j = 0; j < 2; ++j) {
           if constexpr (kFp8) {  // pair: n8 tiles 2 w, 2 w + 1 (dims 2 w, 2 w + 1 past 32 tig + 16 j)
             const int64_t e = row_elem[h] + 32 * tig + 16 * j + 2 * warp;
-            store_pair<kKind>(static_cast<uint8_t*>(base) + e * kE, v[h][0][j] * mul[h], v[h][1][j] * mul[h]);
+            store_pair<kKind, kPartial>(static_cast<uint8_t*>(base) + e * kE, v[h][0][j] * mul[h], v[h][1][j] * mul[h]);
           } else {
             const int64_t e = row_elem[h] + (2 * warp + j) * 8 + 2 * tig;
-            store_pair<kKind>(static_cast<uint8_t*>(base) + e * kE, v[h][j][0] * mul[h], v[h][j][1] * mul[h]);
+            store_pair<kKind, kPartial>(static_cast<uint8_t*>(base) + e * kE, v[h][j][0] * mul[h], v[h][j][1] * mul[h]);
           }
         }
       }
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
             p.lse_temperature_out[idx] = row_lse2_t(m_row[h], lt_row[h], temp) * kLn2;
         }
       }
-      store.template operator()<kElemStoreKind<Elem>>(p.out, row_elem, mul);
+      store.template operator()<kElemStoreKind<Elem>, false>(p.out, row_elem, mul);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
