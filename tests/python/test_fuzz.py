@@ -468,3 +468,20 @@ def test_fuzz_cuda_few_hundred_cases(capsys):
     summary = next(line for line in out.splitlines() if line.startswith("fuzz_msa:"))
     assert rc == 0, out[-4000:]
     assert int(summary.split("cases=")[1].split()[0]) >= 100, summary
+
+
+# Cases the fuzzer found failing on the H200 (session 31), fixed since: an empty flat K/V tensor
+# under the forced TMA / wgmma kernel (decode:6851 / 12895 / 18265 / 19437), fp8 partials below
+# e4m3's smallest normal under a V scale (decode:6527, the check), fp16 partials past 65504 with V
+# at the top of fp16 (attention:517681 / 523215 / 553091, the kernels), compute-dtype partials of a
+# small average of large V (attention:548829, the check). Each replays on the GPU and passes.
+FUZZ_REGRESSIONS = ["decode:6851", "decode:12895", "decode:18265", "decode:19437", "decode:6527",
+                    "attention:517681", "attention:523215", "attention:553091", "attention:548829"]
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", FUZZ_REGRESSIONS)
+def test_fuzz_regressions_pass_on_cuda(case, capsys):
+    assert fuzz_msa.main(["--device", "cuda", "--replay", case]) == 0, capsys.readouterr().out[-3000:]
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
