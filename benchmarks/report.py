@@ -12,7 +12,9 @@ of the run; the numbers behind each plot are tabulated under it with the benchma
 from. Given several runs (of one GPU; `--since DATE` drops older ones), each number is the newest
 run's that has it, and every speedup divides times of one run: a prefill row's whole-pipeline and
 dense times come from the newest run that has both (so do its TP4 pair and each decode row), and
-each table row names the commits it comes from. Needs matplotlib (`pip install "flashmsa[bench]"`
+each table row names the commits it comes from. A recorded run with `superseded` (the commit
+that replaced what it measured, and why) is left out of a report of several runs and named
+under the run list. Needs matplotlib (`pip install "flashmsa[bench]"`
 or `pip install matplotlib`).
 """
 
@@ -94,7 +96,7 @@ def load_run(path) -> dict:
     meta["commit"] = meta.get("commit") or "unknown commit"
     meta["date"] = str(meta.get("date") or "unknown date")
     return dict(meta=meta, ceilings=data.get("ceilings") or {}, rows=data["rows"],
-                source=str(path))
+                source=str(path), superseded=data.get("superseded"))
 
 
 def collect(run: dict) -> dict:
@@ -435,6 +437,12 @@ def main(argv=None) -> int:
         if not runs:
             print(f"report: no run dated {args.since} or later", file=sys.stderr)
             return 2
+    # Runs whose measured state a later commit replaced: out of a report of several runs.
+    left_out = [r for r in runs if r.get("superseded")] if len(runs) > 1 else []
+    runs = [r for r in runs if not (len(left_out) and r.get("superseded"))]
+    if not runs:
+        print("report: every run is superseded", file=sys.stderr)
+        return 2
     gpus = {r["meta"]["gpu"].split(" (")[0] for r in runs}
     if len(gpus) > 1:
         print(f"report: runs of different GPUs ({', '.join(sorted(gpus))}): one report per GPU",
@@ -461,6 +469,11 @@ def main(argv=None) -> int:
         run = composite_run(runs, origin)
         plots = plot_all(run, data, sp, out_dir)
         page = markdown(run, data, sp, plots, f"{len(args.results)} result files", origin, runs)
+    if left_out:
+        note = "Left out (superseded): " + "; ".join(
+            f"`{Path(r['source']).name}` (commit {r['meta']['commit']}: {r['superseded']})" for r in left_out)
+        head, sep, tail = page.partition("\n\nRuns (newest first")
+        page = head + "\n\n" + note + sep + tail if sep else page + "\n" + note + "\n"
     (out_dir / "README.md").write_text(page)
     print(f"report: {out_dir / 'README.md'} and {len(plots)} plots "
           f"({', '.join(plots.values()) or 'none: no plottable rows'})")

@@ -174,3 +174,15 @@ def test_report_of_several_runs(tmp_path):
     assert report.main(files + ["--since", "2027-01-01", "--out", str(tmp_path / "r3")]) == 2
     other = synthetic_run()  # an A100 run
     assert report.main(files + [str(write(tmp_path, other, "a100.json")), "--out", str(tmp_path / "r4")]) == 2
+    # A superseded run (a recorded result naming the commit that replaced what it measured) is
+    # left out of a report of several runs, and named.
+    rec = dict(commit="eee0000", date="2026-12-03", gpu="NVIDIA H200", title="t", scope="s",
+               commands=["c"], ceilings=old["ceilings"], superseded="fff1111: the kernel changed",
+               rows=[dict(stage="pipeline", case="S=32K 64q/4kv/4idx bf16 flat", median_us=7.0),
+                     dict(stage="dense", case="S=32K SDPA causal 64 heads", median_us=5000.0)])
+    files3 = files + [str(write(tmp_path, rec, "sup.json"))]
+    assert report.main(files3 + ["--out", str(tmp_path / "r5")]) == 0
+    md = (tmp_path / "r5" / "README.md").read_text()
+    assert "| 32K | 3.20 | 0.80 | 16.00 | 1.00 | 5.00 | 5.00x |" in md
+    assert "Left out (superseded): `sup.json` (commit eee0000: fff1111: the kernel changed)" in md
+    assert "eee0000 |" not in md
