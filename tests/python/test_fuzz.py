@@ -257,23 +257,30 @@ def test_fp8_partials_get_half_the_subnormal_step():
     msg = pb.check(moved(2.0 ** -8), want)
     assert msg is not None and msg.startswith("out: |dev - ref| "), msg
 
+def _reference_and_mover(op: str, seed: int, i: tuple):
+    """Case (op, seed) on the CPU: its problem, reference outputs, the largest |V| (times the V
+    scale) each output element's row attends to, and moved(by): the reference with element i
+    moved by `by`, as a device result to check."""
+    pb = fuzz_msa.Problem(op, fuzz_msa.case_params(op, seed), seed)
+    want = pb.run("cpu", reference=True)
+    out = want[0].double()
+    _, _, seen = pb.baseline()
+
+    def moved(by):
+        got = out.clone()
+        got[i] += by
+        return (got.to(want[0].dtype),) + tuple(want[1:])
+    return pb, want, seen, moved
+
+
 def test_partials_subnormal_step_counts_times_the_v_scale():
     """decode:6527 on the H200: fp8 partials, fp8 V of ~0.02 scaled by 3 (3 keys): a split's
     partial of 0.0013 (V's own units) stored as e4m3's subnormal step 2^-9, the output 2^-9 x 3
     above the reference's 0.0039 at (1, 1, 47), where the relative half-ulp (2^-4 of the row's
     scaled |V|) allows 1.3e-3. The half subnormal step counts in V's units, times the V scale."""
-    import torch
-    seed = 6527
-    p = fuzz_msa.case_params("decode", seed)
+    p = fuzz_msa.case_params("decode", 6527)
     assert p["partial_dtype"] == "fp8" and p["kv"] == "fp8" and p["v_global_scale"] == 3.0
-    pb = fuzz_msa.Problem("decode", p, seed)
-    want = pb.run("cpu", reference=True)
-    out = want[0].double()
-
-    def moved(by):
-        got = out.clone()
-        got[1, 1, 47] += by
-        return (got.to(want[0].dtype),) + tuple(want[1:])
+    pb, want, _, moved = _reference_and_mover("decode", 6527, (1, 1, 47))
     assert pb.check(moved(2.0 ** -9), want) is None
     msg = pb.check(moved(4 * 2.0 ** -9), want)
     assert msg is not None and msg.startswith("out: |dev - ref| "), msg
@@ -285,24 +292,15 @@ def test_compute_dtype_partials_get_half_an_ulp_of_the_values_seen():
     dtype (prefill's split paths, decode's default partial dtype) costs up to half an fp16 ulp of
     the largest |V| the row attends to, however small the average. That is allowed, and 1.5 times
     it is not."""
-    import torch
-    seed = 548829
-    p = fuzz_msa.case_params("attention", seed)
+    p = fuzz_msa.case_params("attention", 548829)
     assert p["dtype"] == "fp16" and p["kv"] == "fp8" and p["v_global_scale"] == 10000.0
-    pb = fuzz_msa.Problem("attention", p, seed)
-    want = pb.run("cpu", reference=True)
-    out = want[0].double()
-    _, _, seen = pb.baseline()
     i = (3, 1, 78)
+    pb, want, seen, moved = _reference_and_mover("attention", 548829, i)
     allowance = 2.0 ** -11 * float(seen[i])
     assert allowance > 112
-
-    def moved(by):
-        got = out.clone()
-        got[i] += by
-        return (got.to(want[0].dtype),) + tuple(want[1:])
     assert pb.check(moved(112), want) is None
-    msg = pb.check(moved(1.5 * allowance + 8 * fuzz_msa._ulp(want[0].dtype, abs(float(out[i])))), want)
+    ulp = fuzz_msa._ulp(want[0].dtype, abs(float(want[0][i])))
+    msg = pb.check(moved(1.5 * allowance + 8 * ulp), want)
     assert msg is not None and msg.startswith("out: |dev - ref| "), msg
 
 
@@ -311,21 +309,11 @@ def test_partial_allowance_is_capped_not_the_values_seen():
     range), an output of 36224 returned 1024 off: the partials' half-ulp in the output's units is
     that of |V| x 1e4 (~7e3), not of fp16's largest value (32). The allowance is capped at the
     output's range, not the values seen."""
-    import torch
-    seed = 523215
-    p = fuzz_msa.case_params("attention", seed)
+    p = fuzz_msa.case_params("attention", 523215)
     assert p["dtype"] == "fp16" and p["kv"] == "same" and p["v_global_scale"] == 10000.0
-    pb = fuzz_msa.Problem("attention", p, seed)
-    want = pb.run("cpu", reference=True)
-    out = want[0].double()
-    _, _, seen = pb.baseline()
     i = (4, 1, 124)
-    assert float(seen[i]) > 65504 and math.isfinite(float(out[i]))
-
-    def moved(by):
-        got = out.clone()
-        got[i] += by
-        return (got.to(want[0].dtype),) + tuple(want[1:])
+    pb, want, seen, moved = _reference_and_mover("attention", 523215, i)
+    assert float(seen[i]) > 65504 and math.isfinite(float(want[0][i]))
     assert pb.check(moved(1024), want) is None
 
 
