@@ -439,10 +439,11 @@ def main(argv=None) -> int:
             return 2
     # Runs whose measured state a later commit replaced: out of a report of several runs.
     left_out = [r for r in runs if r.get("superseded")] if len(runs) > 1 else []
-    runs = [r for r in runs if not (len(left_out) and r.get("superseded"))]
-    if not runs:
-        print("report: every run is superseded", file=sys.stderr)
-        return 2
+    if left_out:
+        runs = [r for r in runs if not r.get("superseded")]
+        if not runs:
+            print("report: every run is superseded", file=sys.stderr)
+            return 2
     gpus = {r["meta"]["gpu"].split(" (")[0] for r in runs}
     if len(gpus) > 1:
         print(f"report: runs of different GPUs ({', '.join(sorted(gpus))}): one report per GPU",

@@ -476,7 +476,7 @@ MSA_DEVICE uint32_t pack2_partial(float a, float b) {
 // kPartial: a split's partial (saturated, sat_partial), not a final output.
 template <StoreKind kKind, bool kPartial = false>
 MSA_DEVICE void store_pair(uint8_t* dst, float a, float b) {
-  if constexpr (kPartial && kKind == StoreKind::kF16) {
+  if constexpr (kPartial) {
     a = sat_partial<kKind>(a);
     b = sat_partial<kKind>(b);
   }
