@@ -144,6 +144,19 @@ LATE_DECODE_OPTIONS = [("wgmma_fp8", ("off", "on")), ("split_warps", ("4", "8"))
                        ("combine_loads", ("after", "with"))]
 
 
+# Top-k options drawn after every other parameter of a case, each on its own (gen_topk, as above):
+# the pivot forced on (any call whose rows it can run, not only decode-sized ones) and how it orders.
+LATE_TOPK_OPTIONS = [("net_pivot", ("on",)), ("net_pivot_mode", ("sort", "rank", "rank_cta"))]
+
+
+def _late(rng: random.Random, p: dict, late_options) -> None:
+    """Draws each late option on its own into p["options"] (None: the default)."""
+    for name, values in late_options:
+        late = rng.choice(values + (None,))
+        if late is not None:
+            p["options"][name] = late
+
+
 def _options(rng: random.Random, op: str) -> Dict[str, str]:
     if op == "attention":
         options = dict(SCHEDULES[rng.choice(sorted(SCHEDULES))])
@@ -241,12 +254,14 @@ def gen_topk(rng: random.Random) -> dict:
     nvp = None
     if form == "scalar":
         nvp = rng.randint(max(1, fb + fe), p)
-    return dict(h=h, p=p, s=s, topk=topk, fb=fb, fe=fe, nvp_form=form, nvp=nvp,
-                base=rng.choice(("randn", "few", "ties", "wide")),
-                specials=rng.choice((0.0, 0.05, 0.2, 0.4)), payloads=rng.random() < 0.5,
-                row_inf=rng.random() < 0.3, col_inf=rng.random() < 0.3,
-                output=rng.random() < 0.5, misaligned=rng.random() < 0.2,
-                options=_options(rng, "topk"))
+    params = dict(h=h, p=p, s=s, topk=topk, fb=fb, fe=fe, nvp_form=form, nvp=nvp,
+                  base=rng.choice(("randn", "few", "ties", "wide")),
+                  specials=rng.choice((0.0, 0.05, 0.2, 0.4)), payloads=rng.random() < 0.5,
+                  row_inf=rng.random() < 0.3, col_inf=rng.random() < 0.3,
+                  output=rng.random() < 0.5, misaligned=rng.random() < 0.2,
+                  options=_options(rng, "topk"))
+    _late(rng, params, LATE_TOPK_OPTIONS)  # drawn last: the seeds' other parameters as before
+    return params
 
 
 def _selection_mix(rng: random.Random) -> Dict[str, float]:
@@ -373,10 +388,7 @@ def gen_decode(rng: random.Random) -> dict:
     _value_ranges(rng, p, "bf16" if p["q_dtype"] == "fp8" else p["q_dtype"])
     # Drawn last, so that the seeds' other parameters are what they were before them (a forced
     # option that cannot apply falls back and the plan says why).
-    for name, values in LATE_DECODE_OPTIONS:
-        late = rng.choice(values + (None,))
-        if late is not None:
-            p["options"][name] = late
+    _late(rng, p, LATE_DECODE_OPTIONS)
     return p
 
 

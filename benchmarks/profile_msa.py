@@ -115,6 +115,12 @@ def cases(bench: bm.Bench) -> dict:
         "topk_decode_net_pivot": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot="on")),
         "topk_decode_b1_128k_net_pivot": lambda: bench.build_topk_decode(1, 4, 1024, dict(net_pivot="on")),
         "topk_decode_b1_128k_net_off": lambda: bench.build_topk_decode(1, 4, 1024, dict(kernel="net", net_pivot="off")),
+        # ... the pivot ordered by counting, a warp a row and a CTA of 4 warps a row
+        # (net_pivot_mode=rank, rank_cta; docs/design/topk_select.md, "Counting instead of sorting").
+        "topk_decode_b1_128k_rank": lambda: bench.build_topk_decode(1, 4, 1024, dict(net_pivot_mode="rank")),
+        "topk_decode_b1_128k_rank_cta": lambda: bench.build_topk_decode(
+            1, 4, 1024, dict(net_pivot_mode="rank_cta")),
+        "topk_decode_rank_cta": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot_mode="rank_cta")),
         "sparse_random_32k": sparse("random"),
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),

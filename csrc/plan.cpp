@@ -63,6 +63,10 @@ constexpr Named<int> kNetLanes[] = {{0, "auto"}, {1, "1"},   {2, "2"},  {4, "4"}
 
 constexpr Named<TopkNetPivot> kNetPivots[] = {
     {TopkNetPivot::kAuto, "auto"}, {TopkNetPivot::kOff, "off"}, {TopkNetPivot::kOn, "on"}};
+constexpr Named<TopkPivotMode> kPivotModes[] = {{TopkPivotMode::kAuto, "auto"},
+                                                {TopkPivotMode::kSort, "sort"},
+                                                {TopkPivotMode::kRank, "rank"},
+                                                {TopkPivotMode::kRankCta, "rank_cta"}};
 
 constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
                                             {DecodeMtp::kPerToken, "per_token"},
@@ -164,6 +168,7 @@ const char* option_name(TileBound v) { return name_of(kTileBounds, v); }
 const char* option_name(KvMajorLists v) { return name_of(kKvMajorListsNames, v); }
 const char* option_name(ProxyKernel v) { return name_of(kProxyKernels, v); }
 const char* option_name(TopkKernel v) { return name_of(kTopkKernels, v); }
+const char* option_name(TopkPivotMode v) { return name_of(kPivotModes, v); }
 const char* option_name(DecodeKernel v) { return name_of(kDecodeKernels, v); }
 const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
@@ -266,9 +271,11 @@ TopkSelectOptions parse_topk_select_options(std::string_view text) {
       o.net_lanes = parse_enum(kNetLanes, name, value);
     } else if (name == "net_pivot") {
       o.net_pivot = parse_enum(kNetPivots, name, value);
+    } else if (name == "net_pivot_mode") {
+      o.net_pivot_mode = parse_enum(kPivotModes, name, value);
     } else {
       MSA_FAIL("msa_topk_select: unknown plan option '", name,
-               "' (options: kernel, net_lanes, net_pivot)");
+               "' (options: kernel, net_lanes, net_pivot, net_pivot_mode)");
     }
   });
   return o;
@@ -403,6 +410,9 @@ TopkKernel topk_by_size(const TopkSelectParams& p, const TopkSelectDeviceFacts& 
 
 TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptions& options,
                                 const TopkSelectDeviceFacts& facts) {
+  MSA_CHECK(options.net_pivot != TopkNetPivot::kOff || options.net_pivot_mode == TopkPivotMode::kAuto,
+            "msa_topk_select: net_pivot_mode=", option_name(options.net_pivot_mode),
+            " orders the pivot path, which net_pivot=off turns off");
   TopkSelectPlan plan;
   switch (options.kernel) {
     case TopkKernel::kWarpPerRow: plan.kernel = TopkKernel::kWarpPerRow; break;
@@ -444,6 +454,9 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     if (pivot) {
       plan.net_lanes = 32;
       plan.net_pivot = p.num_blocks <= 256 ? 8 : p.num_blocks <= 512 ? 16 : 32;
+      // auto: sort (TopkPivotMode: rank and rank_cta not yet measured on the H200).
+      plan.net_pivot_mode = options.net_pivot_mode == TopkPivotMode::kAuto ? TopkPivotMode::kSort
+                                                                           : options.net_pivot_mode;
     }
   }
   return plan;

@@ -19,6 +19,15 @@
 // choice. More survivors (ties, adversarial rows) run the network path in the same warp. The
 // result is the same either way: the choice is the exact top `target` of a total order.
 // docs/design/topk_select.md, "Pivot before the networks".
+//
+// The pivot path's orders (plan option net_pivot_mode): `sort` sorts three times across the warp
+// (the lanes' minima, the survivors by (key, block), the chosen blocks), each a bitonic network of
+// 15 dependent shuffle stages; `rank` counts instead: the pivot and the cut are k-th smallest keys
+// (warp_kth_smallest: 31 shuffles, none waiting on another), the survivors are compacted in block
+// order by ballots, so the chosen are the keys below the cut and the first ties at it in block
+// order, placed by a ballot. `rank_cta` (topk_pivot_cta_kernel) runs `rank` with a CTA of 4 warps
+// a row, each warp a quarter of the row's scores: the lanes' minima meet in shared memory.
+// docs/design/topk_select.md, "Counting instead of sorting".
 #pragma once
 
 #include <cuda_runtime.h>
@@ -176,6 +185,142 @@ __device__ __forceinline__ bool pivot_row(const float (&v)[N], int lo, int hi, i
   return true;
 }
 
+// The k-th smallest (1 <= k <= 32) of the warp's 32 keys, counted with multiplicity, in every
+// lane: each lane counts the keys below its own (31 shuffles, none waiting on another); a key x has
+// fewer than k keys below it exactly when x <= the k-th smallest, so that is the largest such key.
+__device__ __forceinline__ uint32_t warp_kth_smallest(uint32_t key, int k) {
+  int below = 0;
+#pragma unroll
+  for (int d = 1; d < 32; ++d) below += __shfl_xor_sync(0xFFFFFFFFu, key, d) < key ? 1 : 0;
+  return __reduce_max_sync(0xFFFFFFFFu, below < k ? key : 0u);
+}
+
+// The smallest of a lane's keys (four chains side by side, then their minimum).
+template <int N>
+__device__ __forceinline__ uint32_t keys_min(const uint32_t (&key)[N]) {
+  constexpr int A = N < 4 ? N : 4;
+  uint32_t m[A];
+#pragma unroll
+  for (int i = 0; i < A; ++i) m[i] = key[i];
+#pragma unroll
+  for (int i = A; i < N; ++i) m[i % A] = umin(m[i % A], key[i]);
+#pragma unroll
+  for (int i = 1; i < A; ++i) m[0] = umin(m[0], m[i]);
+  return m[0];
+}
+
+// The survivors (keys <= pivot) of the warp's slots: their count, by a ballot a slot.
+template <int N>
+__device__ __forceinline__ int count_survivors(const uint32_t (&key)[N], uint32_t pivot) {
+  int total = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) total += __popc(__ballot_sync(0xFFFFFFFFu, key[i] <= pivot));
+  return total;
+}
+
+// The survivors into stage[base ..) in block order (slot i of lane l is offset first + l + 32 i:
+// slot-major, then lane), as (key, offset), by the same ballots again (no mask kept per slot: at
+// 32 slots a lane they would not fit beside the keys); positions past 32 are not written.
+template <int N>
+__device__ __forceinline__ void stage_survivors(const uint32_t (&key)[N], uint32_t pivot, int base,
+                                                int lane, int first, uint2* stage) {
+  const uint32_t below = (1u << lane) - 1u;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const bool keep = key[i] <= pivot;
+    const uint32_t kept = __ballot_sync(0xFFFFFFFFu, keep);
+    const int pos = base + __popc(kept & below);
+    if (keep && pos < 32) stage[pos] = make_uint2(key[i], uint32_t(first + lane + 32 * i));
+    base += __popc(kept);
+  }
+}
+
+// The choice from `total` (target <= total <= 32) survivors staged in block order: the target
+// best by (key, block) are the keys below the cut (the target-th smallest key) and the first ties
+// at it in block order; chosen[0 .. target) gets their blocks (lo + offset), ascending.
+__device__ __forceinline__ void choose_staged(const uint2* stage, int total, int lane, int target,
+                                              int lo, int* chosen) {
+  const uint2 e = lane < total ? stage[lane] : make_uint2(0xFFFFFFFFu, 0u);
+  // The survivors' keys are <= the pivot < 0xFFFFFFFF, so the empty lanes sort last.
+  const uint32_t cut = warp_kth_smallest(e.x, target);
+  const uint32_t below = (1u << lane) - 1u;
+  const int n_lt = __popc(__ballot_sync(0xFFFFFFFFu, e.x < cut));
+  const uint32_t ties = __ballot_sync(0xFFFFFFFFu, e.x == cut);
+  const bool take = e.x < cut || (e.x == cut && __popc(ties & below) < target - n_lt);
+  const uint32_t took = __ballot_sync(0xFFFFFFFFu, take);
+  if (take) chosen[__popc(took & below)] = lo + int(e.y);
+}
+
+// pivot_row's contract (the same choice, the same fallbacks) by counting (net_pivot_mode=rank).
+template <int N>
+__device__ __forceinline__ bool pivot_row_rank(const float (&v)[N], int lo, int hi, int lane,
+                                               int target, int* chosen, uint2* stage) {
+  const int slots = (hi - lo - lane + 31) >> 5;  // the lane's candidates: slots i < slots
+  uint32_t key[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) key[i] = i < slots ? topk_order_key(v[i]) : 0xFFFFFFFFu;
+  // At least `target` candidates have keys <= pivot (the target-th smallest lane minimum; see
+  // pivot_row).
+  const uint32_t pivot = warp_kth_smallest(keys_min(key), target);
+  if (pivot == 0xFFFFFFFFu) return false;  // warp-uniform
+  const int total = count_survivors(key, pivot);
+  if (total > 32) return false;  // warp-uniform
+  stage_survivors(key, pivot, 0, lane, 0, stage);
+  __syncwarp();
+  choose_staged(stage, total, lane, target, lo, chosen);
+  return true;
+}
+
+// The network path of the warp's rows (lo, hi: the union of its candidate ranges; first, with
+// have_first, the first batch's scores already loaded): pass 1, the rare exact second pass, the
+// choice written at out_row[r.fb ..) of each active row.
+template <int K, int L>
+__device__ __forceinline__ void network_rows(const float* col, int64_t stride, bool active,
+                                             const TopkRanges& r, int lo, int hi, int part,
+                                             int* out_row, const float (&first)[kBatch],
+                                             bool have_first) {
+  const int n_sel = active ? r.target : 0;
+  const bool uniform = __all_sync(0xFFFFFFFFu, active && r.mid_begin == lo && r.mid_end == hi);
+  const int b = offset_bits(hi - lo);  // hi - lo <= kMaxSpan (the plan's bound)
+  const uint32_t high_mask = ~((1u << b) - 1u);
+  const int r_lo = active ? r.mid_begin : 0;
+  const int r_hi = active ? r.mid_end : 0;
+
+  uint32_t best[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) best[i] = kSent;
+  const auto w1 = [high_mask](float v, int off) { return word1(v, off, high_mask); };
+  if (uniform) {
+    scan_share<K, L, false>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
+  } else {
+    scan_share<K, L, true>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
+  }
+  team_merge<K, L>(best);
+
+  // The cut: the target-th word; a straddle when the next word has the same truncated key.
+  const uint32_t t_word = active ? word_at(best, r.target - 1) : 0u;
+  const uint32_t n_word = active ? word_at(best, r.target) : 0u;  // target < K (the plan's bound)
+  const bool straddle = active && ((t_word ^ n_word) & high_mask) == 0u;
+  uint32_t best2[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) best2[i] = kSent;
+  if (__any_sync(0xFFFFFFFFu, straddle)) {
+    const uint32_t cut = t_word & high_mask;
+    const auto w2 = [b, high_mask, cut](float v, int off) { return word2(v, off, b, high_mask, cut); };
+    scan_share<K, L, true>(best2, col, stride, lo, hi, part, straddle ? r_lo : 0, straddle ? r_hi : 0,
+                           w2, first, false);
+    team_merge<K, L>(best2);
+  }
+  if (!active) return;
+
+  uint32_t sel[K];
+  chosen_offsets(best, best2, r.target, straddle, high_mask, sel);
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    if (i < n_sel && (r.fb + i) % L == part) out_row[r.fb + i] = lo + int(sel[i]);
+  }
+}
+
 // CTAs per SM the registers must allow: K = 16 at <= 102 registers (20 warps per SM), K = 32 at
 // <= 128 (16 warps).
 template <int K>
@@ -183,7 +328,8 @@ inline constexpr int kMinCtasPerSm = K == 16 ? 5 : 4;
 
 // N: the pivot path's scores a lane (0: none; else L = 32 and rows of at most 32 N candidates;
 // decode-sized calls, so up to 128 registers: 32 scores and keys stay live through the pivot).
-template <int K, int L, int N = 0>
+// kRank: the pivot path by counting (pivot_row_rank) instead of sorting (pivot_row).
+template <int K, int L, int N = 0, bool kRank = false>
 __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K>)
     topk_net_kernel(const __grid_constant__ Params np) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "lanes per row: a power of two <= 32");
@@ -270,49 +416,107 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
         const float spec = i < kBatch ? first[i < kBatch ? i : 0] : more[i < kBatch ? 0 : i - kBatch];
         v[i] = have ? spec : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
       }
-      if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, stage[threadIdx.x >> 5])) return;
+      uint2* const my_stage = stage[threadIdx.x >> 5];
+      if constexpr (kRank) {
+        if (pivot_row_rank<N>(v, lo, hi, lane, r.target, out_row + r.fb, my_stage)) return;
+      } else {
+        if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, my_stage)) return;
+      }
     }
   }
-  const bool uniform = __all_sync(0xFFFFFFFFu, active && r.mid_begin == lo && r.mid_end == hi);
-  const int b = offset_bits(hi - lo);  // hi - lo <= kMaxSpan (the plan's bound)
-  const uint32_t high_mask = ~((1u << b) - 1u);
-  const int r_lo = active ? r.mid_begin : 0;
-  const int r_hi = active ? r.mid_end : 0;
+  network_rows<K, L>(col, stride, active, r, lo, hi, part, out_row, first, lo == p.force_begin);
+}
 
-  uint32_t best[K];
+// net_pivot_mode=rank_cta: a CTA of kWarpsPerCta warps a row (np.groups rows, L = 32); warp w
+// holds slots [N / 4 w, N / 4 (w + 1)) of the row's N a lane (slot j of lane l: block lo + l +
+// 32 j, as pivot_row's), so lane l's minimum over the row is the minimum of the 4 warps' lane-l
+// minima (shared memory), and the pivot is pivot_row's. Every warp computes it (no barrier for a
+// broadcast); the survivors are compacted in block order across the warps (their counts through
+// shared memory) and warp 0 chooses from them. More than 32 survivors, or a pivot of 0xFFFFFFFF:
+// warp 0 runs the networks over the row (the CTA decides together: every warp sees the same
+// pivot and counts).
+template <int N>
+__global__ void __launch_bounds__(kWarpsPerCta * 32) topk_pivot_cta_kernel(const __grid_constant__ Params np) {
+  static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 scores a lane over the row");
+  constexpr int W = kWarpsPerCta;
+  constexpr int Q = N / W;  // this warp's slots a lane
+  const TopkSelectParams& p = np.p;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = blockIdx.x;  // < np.groups: the grid is the rows
+  const int h = g % p.num_heads;
+  const int s = np.token_groups - 1 - g / p.num_heads;  // L = 32: a token group is a token
+  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
+  const int64_t stride = p.num_tokens;
+  // num_valid_pages, then this warp's scores as if the candidates start at force_begin (they do
+  // whenever the row has any), before the ranges: one DRAM round trip for both (see
+  // topk_net_kernel).
+  const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s))
+                                                      : int64_t(p.num_valid_pages_value);
+  const int first = Q * warp * 32;  // this warp's first offset in the row's candidate range
+  float v[Q];
+  {
+    const int blk0 = p.force_begin + first + lane;
+    const float* ptr = col + int64_t(blk0) * stride;
+    const int64_t step = 32 * stride;
 #pragma unroll
-  for (int i = 0; i < K; ++i) best[i] = kSent;
-  const auto w1 = [high_mask](float v, int off) { return word1(v, off, high_mask); };
-  const bool have_first = lo == p.force_begin;  // warp-uniform
-  if (uniform) {
-    scan_share<K, L, false>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
-  } else {
-    scan_share<K, L, true>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
+    for (int i = 0; i < Q; ++i) v[i] = blk0 + 32 * i < p.num_blocks ? __ldg(ptr + i * step) : 0.0f;
   }
-  team_merge<K, L>(best);
+  const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
+  int* const out_row = topk_out_row(p, s, h);
+  const int n_sel = r.target > 0 ? r.target : 0;
+  for (int j = threadIdx.x; j < p.topk; j += W * 32) {
+    if (j < r.fb) {
+      out_row[j] = j;
+    } else if (j >= r.fb + n_sel) {
+      const int e = j - r.fb - n_sel;
+      out_row[j] = e < r.fe ? r.nvp - r.fe + e : -1;
+    }
+  }
+  const int lo = r.mid_begin;
+  const int hi = r.mid_end;
+  if (r.target <= 0 || lo >= hi) return;  // CTA-uniform
 
-  // The cut: the target-th word; a straddle when the next word has the same truncated key.
-  const uint32_t t_word = active ? word_at(best, r.target - 1) : 0u;
-  const uint32_t n_word = active ? word_at(best, r.target) : 0u;  // target < K (the plan's bound)
-  const bool straddle = active && ((t_word ^ n_word) & high_mask) == 0u;
-  uint32_t best2[K];
+  __shared__ uint32_t lane_mins[W][32];
+  __shared__ int counts[W];
+  __shared__ uint2 stage[32];
+  const bool have = lo == p.force_begin;  // the loads above are this range's
+  uint32_t key[Q];
 #pragma unroll
-  for (int i = 0; i < K; ++i) best2[i] = kSent;
-  if (__any_sync(0xFFFFFFFFu, straddle)) {
-    const uint32_t cut = t_word & high_mask;
-    const auto w2 = [b, high_mask, cut](float v, int off) { return word2(v, off, b, high_mask, cut); };
-    scan_share<K, L, true>(best2, col, stride, lo, hi, part, straddle ? r_lo : 0, straddle ? r_hi : 0,
-                           w2, first, false);
-    team_merge<K, L>(best2);
+  for (int i = 0; i < Q; ++i) {
+    const int blk = lo + first + lane + 32 * i;
+    const float x = have ? v[i] : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+    key[i] = blk < hi ? topk_order_key(x) : 0xFFFFFFFFu;
   }
-  if (!active) return;
-
-  uint32_t sel[K];
-  chosen_offsets(best, best2, r.target, straddle, high_mask, sel);
+  lane_mins[warp][lane] = keys_min(key);
+  __syncthreads();
+  uint32_t lane_min = lane_mins[0][lane];
 #pragma unroll
-  for (int i = 0; i < K; ++i) {
-    if (i < n_sel && (r.fb + i) % L == part) out_row[r.fb + i] = lo + int(sel[i]);
+  for (int w = 1; w < W; ++w) lane_min = umin(lane_min, lane_mins[w][lane]);
+  const uint32_t pivot = warp_kth_smallest(lane_min, r.target);  // the same in every warp
+  const int mine = pivot != 0xFFFFFFFFu ? count_survivors(key, pivot) : 0;
+  if (lane == 0) counts[warp] = mine;
+  __syncthreads();
+  int base = 0;
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    const int c = counts[w];
+    base += w < warp ? c : 0;
+    total += c;
   }
+  const bool staged = pivot != 0xFFFFFFFFu && total <= 32;  // CTA-uniform
+  if (staged) stage_survivors(key, pivot, base, lane, first, stage);
+  __syncthreads();
+  if (warp != 0) return;
+  if (staged) {
+    choose_staged(stage, total, lane, r.target, lo, out_row + r.fb);
+    return;
+  }
+  float none[kBatch];
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) none[i] = 0.0f;
+  network_rows<16, 32>(col, stride, true, r, lo, hi, lane, out_row, none, false);
 }
 
 }  // namespace flashmsa::cuda::topk::net

@@ -12,7 +12,8 @@
 //     is warp_split with one-chunk rows' thresholds by 8-bit radix digits;
 //   * sorting networks (topk_net_kernel.cuh, net; auto's kernel where it runs): L lanes per row keep the K
 //     smallest words (truncated order key | block offset) by 16-input networks, merged by shuffles,
-//     an exact second pass where the cut ties on truncated keys.
+//     an exact second pass where the cut ties on truncated keys; decode-sized calls take a pivot
+//     first, its order by bitonic sorts or by counting, a warp or a CTA of 4 warps a row.
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is net where it
 // runs (rows choosing <= 31 of <= 32768 blocks), else by_size (radix_uniform for large calls,
 // warp_split for decode-sized calls with few rows per SM, warp_per_row_8 for the other small ones).
@@ -96,7 +97,7 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
 }
 
 // net: a warp per 32 / L rows (32 / L consecutive tokens of one head), 4 warps a CTA.
-template <int K, int L, int N = 0>
+template <int K, int L, int N = 0, bool kRank = false>
 void launch_net_rows(const TopkSelectParams& p, cudaStream_t stream) {
   topk::net::Params np{};
   np.p = p;
@@ -106,10 +107,37 @@ void launch_net_rows(const TopkSelectParams& p, cudaStream_t stream) {
                       " tokens exceed the kernel's work-item range");
   np.groups = int(groups);
   constexpr int kThreads = topk::net::kWarpsPerCta * 32;
-  prepare_launch(topk::net::topk_net_kernel<K, L, N>, kThreads, 0);
+  prepare_launch(topk::net::topk_net_kernel<K, L, N, kRank>, kThreads, 0);
   const int64_t ctas = ceil_div_int<int64_t>(groups, topk::net::kWarpsPerCta);
-  topk::net::topk_net_kernel<K, L, N><<<dim3(unsigned(ctas)), kThreads, 0, stream>>>(np);
+  topk::net::topk_net_kernel<K, L, N, kRank><<<dim3(unsigned(ctas)), kThreads, 0, stream>>>(np);
   MSA_CHECK_LAUNCH();
+}
+
+// net_pivot_mode=rank_cta: a CTA of 4 warps per (token, head) row.
+template <int N>
+void launch_pivot_cta(const TopkSelectParams& p, cudaStream_t stream) {
+  topk::net::Params np{};
+  np.p = p;
+  np.token_groups = p.num_tokens;
+  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
+  MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
+                      " tokens exceed the kernel's work-item range");
+  np.groups = int(rows);
+  constexpr int kThreads = topk::net::kWarpsPerCta * 32;
+  prepare_launch(topk::net::topk_pivot_cta_kernel<N>, kThreads, 0);
+  topk::net::topk_pivot_cta_kernel<N><<<dim3(unsigned(rows)), kThreads, 0, stream>>>(np);
+  MSA_CHECK_LAUNCH();
+}
+
+// The pivot path's kernel for N scores a lane (plan.net_pivot) in the plan's mode.
+template <int N>
+void launch_pivot(const TopkSelectParams& p, TopkPivotMode mode, cudaStream_t stream) {
+  switch (mode) {
+    case TopkPivotMode::kSort: return launch_net_rows<16, 32, N, false>(p, stream);
+    case TopkPivotMode::kRank: return launch_net_rows<16, 32, N, true>(p, stream);
+    case TopkPivotMode::kRankCta: return launch_pivot_cta<N>(p, stream);
+    default: MSA_FAIL("topk_select: the plan's pivot mode ", int(mode), " is not resolved");
+  }
 }
 
 template <int K>
@@ -136,9 +164,9 @@ void launch_net(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStrea
     MSA_CHECK(plan.net_words == 16 && plan.net_lanes == 32 && p.num_blocks <= 32 * plan.net_pivot,
               "topk_select: the plan's net pivot does not fit the call");
     switch (plan.net_pivot) {
-      case 8: return launch_net_rows<16, 32, 8>(p, stream);
-      case 16: return launch_net_rows<16, 32, 16>(p, stream);
-      case 32: return launch_net_rows<16, 32, 32>(p, stream);
+      case 8: return launch_pivot<8>(p, plan.net_pivot_mode, stream);
+      case 16: return launch_pivot<16>(p, plan.net_pivot_mode, stream);
+      case 32: return launch_pivot<32>(p, plan.net_pivot_mode, stream);
       default: MSA_FAIL("topk_select: the plan's net_pivot ", plan.net_pivot, " is not 8, 16 or 32");
     }
   }

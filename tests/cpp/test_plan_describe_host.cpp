@@ -620,6 +620,14 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o = parse_topk_select_options("net_pivot=on");
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "; 32 lanes per row, 16 words per lane; a pivot first (net_pivot=on): 8 scores a lane, the networks where more than 32 survive")) << d;
+  EXPECT_FALSE(has(d, "counting")) << d;
+  o = parse_topk_select_options("net_pivot=on,net_pivot_mode=rank");
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "8 scores a lane, the networks where more than 32 survive; ordered by counting (net_pivot_mode=rank)")) << d;
+  o = parse_topk_select_options("net_pivot_mode=rank_cta");
+  d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
+  EXPECT_TRUE(has(d, "; ordered by counting, a CTA of 4 warps a row, 2 scores a lane each (net_pivot_mode=rank_cta)")) << d;
+  o = parse_topk_select_options("net_pivot=on");
   tp.force_end = 0;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "; 16 lanes per row, 32 words per lane; net_pivot=on does not apply: rows choose more than 15 blocks")) << d;

@@ -1573,7 +1573,10 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "warp_split, radix_uniform, warp_digits or net, got 'digits'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue,
-               "(options: kernel, net_lanes, net_pivot)");
+               "(options: kernel, net_lanes, net_pivot, net_pivot_mode)");
+  for (const char* bad : {"bitonic", "", "RANK", "cta"})
+    expect_error([bad] { parse_topk_select_options(std::string("net_pivot_mode=") + bad); },
+                 ErrorKind::kValue, "net_pivot_mode must be auto, sort, rank or rank_cta");
   for (const char* bad : {"yes", "1", "", "ON"})
     expect_error([bad] { parse_topk_select_options(std::string("net_pivot=") + bad); }, ErrorKind::kValue,
                  "net_pivot must be auto, off or on");
@@ -1873,6 +1876,52 @@ TEST(PlanTopk, NetPivotSlotsAndFallback) {
   EXPECT_EQ(plan_topk_select(m3(64, 256), parse_topk_select_options("net_lanes=16"), h200).net_pivot, 0);
   EXPECT_EQ(plan_topk_select(m3(1, 4096), {}, h200).net_pivot, 0);  // rows of > 1024 blocks
   EXPECT_EQ(plan_topk_select(m3(1, 4096), {}, h200).net_pivot_fallback, nullptr);  // not forced
+}
+
+// net_pivot_mode: where the pivot runs, auto orders by sorting and a forced mode is the plan's;
+// elsewhere it is moot (the plan keeps kSort, unused); with net_pivot=off it is a contradiction.
+TEST(PlanTopk, NetPivotModeWherePivotRuns) {
+  const TopkSelectDeviceFacts h200{132};
+  auto m3 = [](int tokens, int blocks) {
+    TopkSelectParams p = topk_call(4, tokens, blocks);
+    p.force_end = 1;
+    return p;
+  };
+  EXPECT_EQ(parse_topk_select_options("").net_pivot_mode, TopkPivotMode::kAuto);
+  EXPECT_EQ(parse_topk_select_options("net_pivot_mode=sort").net_pivot_mode, TopkPivotMode::kSort);
+  EXPECT_EQ(parse_topk_select_options("net_pivot_mode=rank").net_pivot_mode, TopkPivotMode::kRank);
+  EXPECT_EQ(parse_topk_select_options("net_pivot_mode=rank_cta").net_pivot_mode, TopkPivotMode::kRankCta);
+  EXPECT_STREQ(option_name(TopkPivotMode::kRankCta), "rank_cta");
+  for (int blocks : {1024, 512, 300, 256, 40}) {
+    const TopkSelectParams p = m3(1, blocks);
+    // auto's pivot from 256 blocks (16 lanes a row); net_pivot=on at any size.
+    const bool auto_pivot = blocks >= 256;
+    EXPECT_EQ(plan_topk_select(p, {}, h200).net_pivot > 0, auto_pivot) << blocks;
+    EXPECT_EQ(plan_topk_select(p, {}, h200).net_pivot_mode, TopkPivotMode::kSort) << blocks;
+    for (TopkPivotMode m : {TopkPivotMode::kSort, TopkPivotMode::kRank, TopkPivotMode::kRankCta}) {
+      for (const char* pivot : {"", "net_pivot=on,"}) {
+        if (!auto_pivot && *pivot == '\0') continue;
+        const TopkSelectOptions o = parse_topk_select_options(
+            std::string(pivot) + "net_pivot_mode=" + option_name(m));
+        const TopkSelectPlan plan = plan_topk_select(p, o, h200);
+        EXPECT_EQ(plan.net_pivot, blocks <= 256 ? 8 : blocks <= 512 ? 16 : 32) << blocks;
+        EXPECT_EQ(plan.net_pivot_mode, m) << blocks << " " << option_name(m);
+      }
+    }
+  }
+  // A prefill-sized call under auto takes no pivot: the mode changes nothing.
+  const TopkSelectPlan prefill =
+      plan_topk_select(m3(32768, 256), parse_topk_select_options("net_pivot_mode=rank_cta"), h200);
+  EXPECT_EQ(prefill.net_pivot, 0);
+  EXPECT_EQ(prefill.net_lanes, plan_topk_select(m3(32768, 256), {}, h200).net_lanes);
+  for (const char* m : {"sort", "rank", "rank_cta"}) {
+    const TopkSelectOptions o =
+        parse_topk_select_options(std::string("net_pivot=off,net_pivot_mode=") + m);
+    expect_error([&] { plan_topk_select(m3(1, 1024), o, h200); }, ErrorKind::kValue,
+                 std::string("net_pivot_mode=") + m + " orders the pivot path, which net_pivot=off turns off");
+  }
+  EXPECT_EQ(plan_topk_select(m3(1, 1024), parse_topk_select_options("net_pivot=off,net_pivot_mode=auto"),
+                             h200).net_pivot, 0);
 }
 
 TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {

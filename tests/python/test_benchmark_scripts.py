@@ -248,7 +248,7 @@ def test_stage_step_runs_each_config_case():
     # One row per config case (the library's choices: auto everywhere), followed for the split-K
     # batches by one row per sparse-decode variant (plan options: split=cluster; bf16 K/V sq 1 also
     # split_warps=4, fp8 K/V sq 1 split_warps=4 and 8) and, one token per request, per top-k
-    # variant (net_pivot=off).
+    # variant (net_pivot=off, net_pivot_mode=rank and rank_cta).
     want = []
     for case in bm.QUICK["step"]:
         want.append((case, "", {}))
@@ -271,6 +271,8 @@ def test_stage_step_runs_each_config_case():
     assert suffixes.count(" [split_warps=4]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [split_warps=8]") == 2  # B1, B64 fp8
     assert suffixes.count(" [net_pivot=off]") == 2  # B1 bf16, fp8
+    assert suffixes.count(" [net_pivot_mode=rank]") == 2  # B1 bf16, fp8
+    assert suffixes.count(" [net_pivot_mode=rank_cta]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [decode_tma_issue=warps]") == 1  # B1 fp8
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)
@@ -432,8 +434,10 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.stage_step()
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
     # [combine_loads=after] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
-    # [net_pivot=off] and [q2k copy] rows.
-    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * 9, cpu_bench.rows
+    # top-k variant rows ([net_pivot=off], the counting orders) and [q2k copy] row.
+    n_topk = len(bm.STEP_TOPK_VARIANTS)
+    first = 5 + n_topk  # the first case's rows
+    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 3), cpu_bench.rows
     name = bm.step_case_name(2, 1024, 1, "bf16", "bf16")
     assert cpu_bench.rows[1]["case"] == name + " [split=cluster]"
     assert cpu_bench.rows[1]["decode_options"] == dict(split="cluster")
@@ -441,13 +445,16 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     assert cpu_bench.rows[2]["decode_options"] == dict(combine_loads="after")
     assert cpu_bench.rows[3]["case"] == name + " [split_warps=4]"
     assert cpu_bench.rows[3]["decode_options"] == dict(split_warps=4)
-    assert cpu_bench.rows[4]["case"] == name + " [net_pivot=off]"
+    for i, (suffix, options) in enumerate(bm.STEP_TOPK_VARIANTS):
+        assert cpu_bench.rows[4 + i]["case"] == name + suffix
+        assert cpu_bench.rows[4 + i]["topk_options"] == options
+        assert "decode_options" not in cpu_bench.rows[4 + i]
     assert cpu_bench.rows[4]["topk_options"] == dict(net_pivot="off")
-    assert "decode_options" not in cpu_bench.rows[4]
-    assert cpu_bench.rows[5]["case"] == name + " [q2k copy]" and cpu_bench.rows[5]["q2k_copy"]
+    copy_row = cpu_bench.rows[4 + n_topk]
+    assert copy_row["case"] == name + " [q2k copy]" and copy_row["q2k_copy"]
     assert "decode_options" not in cpu_bench.rows[0] and "topk_options" not in cpu_bench.rows[0]
-    cpu_bench.rows = cpu_bench.rows[::6]
-    graphs = graphs[::6]
+    cpu_bench.rows = cpu_bench.rows[::first]
+    graphs = graphs[::first]
     for row, g in zip(cpu_bench.rows, graphs):
         assert row["stage"] == "step" and row["bound"] == "memory"
         assert row["bit_identical"] and g.replays >= 2 + row["reps"]

@@ -83,8 +83,9 @@ def test_generators_cover_every_option():
     for op, choices in fuzz_msa.KERNELS.items():
         for name, values in choices:
             assert {o.get(name) for o in opts[op]} == {None, *values}, (op, name)
-    for name, values in fuzz_msa.LATE_DECODE_OPTIONS:
-        assert {o.get(name) for o in opts["decode"]} == {None, *values}, name
+    for op, late in (("decode", fuzz_msa.LATE_DECODE_OPTIONS), ("topk", fuzz_msa.LATE_TOPK_OPTIONS)):
+        for name, values in late:
+            assert {o.get(name) for o in opts[op]} == {None, *values}, (op, name)
     # paged lengths beyond the page table (clamped), paged cu_seqlens_k, V scales near 1e35
     for op in ("proxy", "attention", "decode"):
         declared = [fuzz_msa.case_params(op, s)["declared_k"] for s in range(400)]
