@@ -110,17 +110,16 @@ def cases(bench: bm.Bench) -> dict:
         # and 32 lanes a row).
         "topk_decode_net": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(kernel="net")),
         "topk_decode_b1_128k_net": lambda: bench.build_topk_decode(1, 4, 1024, dict(kernel="net")),
-        # ... with the pivot before the networks (a warp per row; net_pivot=on, auto's there since
-        # dda49c5) and without it (net_pivot=off).
+        # ... with the pivot before the networks (net_pivot=on, auto's there since dda49c5) and
+        # without it (net_pivot=off).
         "topk_decode_net_pivot": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot="on")),
         "topk_decode_b1_128k_net_pivot": lambda: bench.build_topk_decode(1, 4, 1024, dict(net_pivot="on")),
         "topk_decode_b1_128k_net_off": lambda: bench.build_topk_decode(1, 4, 1024, dict(kernel="net", net_pivot="off")),
-        # ... the pivot ordered by counting, a warp a row and a CTA of 4 warps a row
-        # (net_pivot_mode=rank, rank_cta; docs/design/topk_select.md, "Counting instead of sorting").
-        "topk_decode_b1_128k_rank": lambda: bench.build_topk_decode(1, 4, 1024, dict(net_pivot_mode="rank")),
-        "topk_decode_b1_128k_rank_cta": lambda: bench.build_topk_decode(
-            1, 4, 1024, dict(net_pivot_mode="rank_cta")),
-        "topk_decode_rank_cta": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot_mode="rank_cta")),
+        # ... the pivot's form: auto's (the cases above) is a CTA of 4 warps a row counting since
+        # 0e3ed29; a warp a row sorting (net_pivot_mode=sort; docs/design/topk_select.md,
+        # "Counting instead of sorting").
+        "topk_decode_b1_128k_sort": lambda: bench.build_topk_decode(1, 4, 1024, dict(net_pivot_mode="sort")),
+        "topk_decode_sort": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot_mode="sort")),
         "sparse_random_32k": sparse("random"),
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),

@@ -65,7 +65,6 @@ constexpr Named<TopkNetPivot> kNetPivots[] = {
     {TopkNetPivot::kAuto, "auto"}, {TopkNetPivot::kOff, "off"}, {TopkNetPivot::kOn, "on"}};
 constexpr Named<TopkPivotMode> kPivotModes[] = {{TopkPivotMode::kAuto, "auto"},
                                                 {TopkPivotMode::kSort, "sort"},
-                                                {TopkPivotMode::kRank, "rank"},
                                                 {TopkPivotMode::kRankCta, "rank_cta"}};
 
 constexpr Named<DecodeMtp> kDecodeMtps[] = {{DecodeMtp::kAuto, "auto"},
@@ -454,8 +453,8 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     if (pivot) {
       plan.net_lanes = 32;
       plan.net_pivot = p.num_blocks <= 256 ? 8 : p.num_blocks <= 512 ? 16 : 32;
-      // auto: sort (TopkPivotMode: rank and rank_cta not yet measured on the H200).
-      plan.net_pivot_mode = options.net_pivot_mode == TopkPivotMode::kAuto ? TopkPivotMode::kSort
+      // auto: rank_cta (TopkPivotMode; H200 at 0e3ed29).
+      plan.net_pivot_mode = options.net_pivot_mode == TopkPivotMode::kAuto ? TopkPivotMode::kRankCta
                                                                            : options.net_pivot_mode;
     }
   }

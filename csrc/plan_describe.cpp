@@ -253,11 +253,12 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
       s << "; a pivot first ("
         << (o.net_pivot == TopkNetPivot::kOn ? "net_pivot=on" : "net_pivot auto: a decode-sized call")
         << "): " << plan.net_pivot << " scores a lane, the networks where more than 32 survive";
-      if (plan.net_pivot_mode == TopkPivotMode::kRank) {
-        s << "; ordered by counting (net_pivot_mode=rank)";
-      } else if (plan.net_pivot_mode == TopkPivotMode::kRankCta) {
-        s << "; ordered by counting, a CTA of 4 warps a row, " << plan.net_pivot / 4
-          << " scores a lane each (net_pivot_mode=rank_cta)";
+      const bool forced = o.net_pivot_mode != TopkPivotMode::kAuto;
+      if (plan.net_pivot_mode == TopkPivotMode::kRankCta) {
+        s << "; a CTA of 4 warps a row (" << plan.net_pivot / 4 << " of those scores each), ordered by counting ("
+          << (forced ? "net_pivot_mode=rank_cta" : "net_pivot_mode auto") << ")";
+      } else {
+        s << "; a warp a row, ordered by sorts (net_pivot_mode=sort)";
       }
     } else if (plan.net_pivot_fallback != nullptr) {
       s << "; net_pivot=on does not apply: " << plan.net_pivot_fallback;

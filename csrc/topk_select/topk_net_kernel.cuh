@@ -20,13 +20,14 @@
 // result is the same either way: the choice is the exact top `target` of a total order.
 // docs/design/topk_select.md, "Pivot before the networks".
 //
-// The pivot path's orders (plan option net_pivot_mode): `sort` sorts three times across the warp
-// (the lanes' minima, the survivors by (key, block), the chosen blocks), each a bitonic network of
-// 15 dependent shuffle stages; `rank` counts instead: the pivot and the cut are k-th smallest keys
-// (warp_kth_smallest: 31 shuffles, none waiting on another), the survivors are compacted in block
-// order by ballots, so the chosen are the keys below the cut and the first ties at it in block
-// order, placed by a ballot. `rank_cta` (topk_pivot_cta_kernel) runs `rank` with a CTA of 4 warps
-// a row, each warp a quarter of the row's scores: the lanes' minima meet in shared memory.
+// The pivot path's two forms (plan option net_pivot_mode): `sort`, a warp per row (pivot_row,
+// in topk_net_kernel): three bitonic sorts across the warp (the lanes' minima, the survivors by
+// (key, block), the chosen blocks), each 15 dependent shuffle stages; `rank_cta`
+// (topk_pivot_cta_kernel; auto's since the H200 run at 0e3ed29): a CTA of 4 warps a row, each a
+// quarter of the row's scores, the lanes' minima meeting in shared memory; it counts instead of
+// sorting: the pivot and the cut are k-th smallest keys (warp_kth_smallest: 31 shuffles, none
+// waiting on another), the survivors are compacted in block order by ballots, so the chosen are the
+// keys below the cut and the first ties at it in block order, placed by a ballot.
 // docs/design/topk_select.md, "Counting instead of sorting".
 #pragma once
 
@@ -251,26 +252,6 @@ __device__ __forceinline__ void choose_staged(const uint2* stage, int total, int
   if (take) chosen[__popc(took & below)] = lo + int(e.y);
 }
 
-// pivot_row's contract (the same choice, the same fallbacks) by counting (net_pivot_mode=rank).
-template <int N>
-__device__ __forceinline__ bool pivot_row_rank(const float (&v)[N], int lo, int hi, int lane,
-                                               int target, int* chosen, uint2* stage) {
-  const int slots = (hi - lo - lane + 31) >> 5;  // the lane's candidates: slots i < slots
-  uint32_t key[N];
-#pragma unroll
-  for (int i = 0; i < N; ++i) key[i] = i < slots ? topk_order_key(v[i]) : 0xFFFFFFFFu;
-  // At least `target` candidates have keys <= pivot (the target-th smallest lane minimum; see
-  // pivot_row).
-  const uint32_t pivot = warp_kth_smallest(keys_min(key), target);
-  if (pivot == 0xFFFFFFFFu) return false;  // warp-uniform
-  const int total = count_survivors(key, pivot);
-  if (total > 32) return false;  // warp-uniform
-  stage_survivors(key, pivot, 0, lane, 0, stage);
-  __syncwarp();
-  choose_staged(stage, total, lane, target, lo, chosen);
-  return true;
-}
-
 // The network path of the warp's rows (lo, hi: the union of its candidate ranges; first, with
 // have_first, the first batch's scores already loaded): pass 1, the rare exact second pass, the
 // choice written at out_row[r.fb ..) of each active row.
@@ -328,8 +309,7 @@ inline constexpr int kMinCtasPerSm = K == 16 ? 5 : 4;
 
 // N: the pivot path's scores a lane (0: none; else L = 32 and rows of at most 32 N candidates;
 // decode-sized calls, so up to 128 registers: 32 scores and keys stay live through the pivot).
-// kRank: the pivot path by counting (pivot_row_rank) instead of sorting (pivot_row).
-template <int K, int L, int N = 0, bool kRank = false>
+template <int K, int L, int N = 0>
 __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K>)
     topk_net_kernel(const __grid_constant__ Params np) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "lanes per row: a power of two <= 32");
@@ -416,18 +396,13 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
         const float spec = i < kBatch ? first[i < kBatch ? i : 0] : more[i < kBatch ? 0 : i - kBatch];
         v[i] = have ? spec : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
       }
-      uint2* const my_stage = stage[threadIdx.x >> 5];
-      if constexpr (kRank) {
-        if (pivot_row_rank<N>(v, lo, hi, lane, r.target, out_row + r.fb, my_stage)) return;
-      } else {
-        if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, my_stage)) return;
-      }
+      if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, stage[threadIdx.x >> 5])) return;
     }
   }
   network_rows<K, L>(col, stride, active, r, lo, hi, part, out_row, first, lo == p.force_begin);
 }
 
-// net_pivot_mode=rank_cta: a CTA of kWarpsPerCta warps a row (np.groups rows, L = 32); warp w
+// net_pivot_mode=rank_cta (auto's): a CTA of kWarpsPerCta warps a row (np.groups rows, L = 32); warp w
 // holds slots [N / 4 w, N / 4 (w + 1)) of the row's N a lane (slot j of lane l: block lo + l +
 // 32 j, as pivot_row's), so lane l's minimum over the row is the minimum of the 4 warps' lane-l
 // minima (shared memory), and the pivot is pivot_row's. Every warp computes it (no barrier for a

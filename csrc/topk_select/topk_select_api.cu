@@ -13,7 +13,7 @@
 //   * sorting networks (topk_net_kernel.cuh, net; auto's kernel where it runs): L lanes per row keep the K
 //     smallest words (truncated order key | block offset) by 16-input networks, merged by shuffles,
 //     an exact second pass where the cut ties on truncated keys; decode-sized calls take a pivot
-//     first, its order by bitonic sorts or by counting, a warp or a CTA of 4 warps a row.
+//     first: a CTA of 4 warps a row counting order statistics, or (forced) a warp a row sorting.
 // plan_topk_select (include/flashmsa/plan.h) picks one from the options: auto is net where it
 // runs (rows choosing <= 31 of <= 32768 blocks), else by_size (radix_uniform for large calls,
 // warp_split for decode-sized calls with few rows per SM, warp_per_row_8 for the other small ones).
@@ -97,7 +97,7 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
 }
 
 // net: a warp per 32 / L rows (32 / L consecutive tokens of one head), 4 warps a CTA.
-template <int K, int L, int N = 0, bool kRank = false>
+template <int K, int L, int N = 0>
 void launch_net_rows(const TopkSelectParams& p, cudaStream_t stream) {
   topk::net::Params np{};
   np.p = p;
@@ -107,9 +107,9 @@ void launch_net_rows(const TopkSelectParams& p, cudaStream_t stream) {
                       " tokens exceed the kernel's work-item range");
   np.groups = int(groups);
   constexpr int kThreads = topk::net::kWarpsPerCta * 32;
-  prepare_launch(topk::net::topk_net_kernel<K, L, N, kRank>, kThreads, 0);
+  prepare_launch(topk::net::topk_net_kernel<K, L, N>, kThreads, 0);
   const int64_t ctas = ceil_div_int<int64_t>(groups, topk::net::kWarpsPerCta);
-  topk::net::topk_net_kernel<K, L, N, kRank><<<dim3(unsigned(ctas)), kThreads, 0, stream>>>(np);
+  topk::net::topk_net_kernel<K, L, N><<<dim3(unsigned(ctas)), kThreads, 0, stream>>>(np);
   MSA_CHECK_LAUNCH();
 }
 
@@ -133,8 +133,7 @@ void launch_pivot_cta(const TopkSelectParams& p, cudaStream_t stream) {
 template <int N>
 void launch_pivot(const TopkSelectParams& p, TopkPivotMode mode, cudaStream_t stream) {
   switch (mode) {
-    case TopkPivotMode::kSort: return launch_net_rows<16, 32, N, false>(p, stream);
-    case TopkPivotMode::kRank: return launch_net_rows<16, 32, N, true>(p, stream);
+    case TopkPivotMode::kSort: return launch_net_rows<16, 32, N>(p, stream);
     case TopkPivotMode::kRankCta: return launch_pivot_cta<N>(p, stream);
     default: MSA_FAIL("topk_select: the plan's pivot mode ", int(mode), " is not resolved");
   }

@@ -389,15 +389,15 @@ struct ProxyScoreOptions {
 // decode step B1 / 128K 33.1 vs 36.1 us, B8 / 32K 47.2 vs 51.0 us), off elsewhere (prefill rows:
 // a warp per row would read each block's scores of 32 rows as 32 separate lines).
 enum class TopkNetPivot : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
-// net_pivot_mode: how the pivot path orders (docs/design/topk_select.md, "Counting instead of
-// sorting"). sort: three bitonic sorts across the warp (the lanes' minima for the pivot, the
-// survivors by (key, block), the chosen blocks), 15 dependent shuffle stages each; rank: the
-// pivot and the cut as k-th smallest keys by counting (31 shuffles that wait on nothing but the
-// key), the survivors compacted in block order by ballots, the chosen placed by a ballot; rank_cta:
-// rank with a CTA of 4 warps a row, each a quarter of the row's scores (the lanes' minima meet in
-// shared memory). All three choose the same blocks. auto: sort (rank and rank_cta not yet
-// measured on the H200).
-enum class TopkPivotMode : int32_t { kAuto = 0, kSort = 1, kRank = 2, kRankCta = 3 };
+// net_pivot_mode: the pivot path's form (docs/design/topk_select.md, "Counting instead of
+// sorting"). sort: a warp per row, three bitonic sorts across it (the lanes' minima for the pivot,
+// the survivors by (key, block), the chosen blocks), 15 dependent shuffle stages each; rank_cta: a
+// CTA of 4 warps per row, each a quarter of the row's scores (the lanes' minima meet in shared
+// memory), the pivot and the cut as k-th smallest keys by counting, the survivors compacted in
+// block order by ballots. Both choose the same blocks. auto: rank_cta (H200 at 0e3ed29: 1 x 4 x
+// 1024 5.2 vs 7.2 us, 64 x 4 x 256 5.8 vs 6.9 us; the same counting in one warp a row, `rank`, was
+// slower than sort, 8.0 us, and is removed).
+enum class TopkPivotMode : int32_t { kAuto = 0, kSort = 1, kRankCta = 2 };
 // The pivot path: a lane holds at most 32 scores, so rows of at most 32 x 32 blocks.
 inline constexpr int kTopkNetPivotMaxSpan = 1024;
 inline constexpr int kTopkNetPivotMinLanes = 16;
@@ -601,7 +601,7 @@ struct TopkSelectPlan {
   int net_words = 0;
   // kernel == kNet with the pivot (net_lanes 32): scores a lane holds (8, 16 or 32), else 0.
   int net_pivot = 0;
-  // With the pivot: its order (kSort, kRank or kRankCta: a CTA of 4 warps a row, each holding
+  // With the pivot: its form (kSort: a warp a row; kRankCta: a CTA of 4 warps a row, each holding
   // net_pivot / 4 scores a lane).
   TopkPivotMode net_pivot_mode = TopkPivotMode::kSort;
   // Why a forced kernel=net runs another kernel (a static string for the plan text), or nullptr.

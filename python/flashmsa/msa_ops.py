@@ -833,8 +833,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # 32768 blocks run by_size's kernel), net_lanes = auto | 1 | 2 | 4 | 8 | 16 | 32, net_pivot =
 # auto | off | on (net with a pivot before the networks, a warp per row; rows of <= 1024 blocks
 # choosing <= 15; auto: on for decode-sized calls, those of >= 16 lanes a row), net_pivot_mode =
-# auto | sort | rank | rank_cta (how the pivot path orders: bitonic sorts across the warp, or
-# counting with ballots, a warp or a CTA of 4 warps a row; the same choice; auto: sort);
+# auto | sort | rank_cta (the pivot path's form: a warp a row sorting across it, or a CTA of 4 warps
+# a row counting order statistics; the same choice; auto: rank_cta);
 # msa_sparse_decode_attention:
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,

@@ -597,7 +597,7 @@ TEST(PlanDescribe, ProxyAndTopk) {
   EXPECT_FALSE(has(d, "pivot")) << d;  // 16 chosen: no pivot
   tp.force_end = 1;  // vLLM's M3 call: 15 chosen, the pivot under auto
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "; 32 lanes per row, 16 words per lane; a pivot first (net_pivot auto: a decode-sized call): 32 scores a lane, the networks where more than 32 survive")) << d;
+  EXPECT_TRUE(has(d, "; 32 lanes per row, 16 words per lane; a pivot first (net_pivot auto: a decode-sized call): 32 scores a lane, the networks where more than 32 survive; a CTA of 4 warps a row (8 of those scores each), ordered by counting (net_pivot_mode auto)")) << d;
   tp.force_end = 0;
   EXPECT_FALSE(has(d, "digits")) << d;
   o.kernel = TopkKernel::kWarpDigits;  // 1024 blocks: rows of several chunks run as warp_split
@@ -620,13 +620,13 @@ TEST(PlanDescribe, ProxyAndTopk) {
   o = parse_topk_select_options("net_pivot=on");
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
   EXPECT_TRUE(has(d, "; 32 lanes per row, 16 words per lane; a pivot first (net_pivot=on): 8 scores a lane, the networks where more than 32 survive")) << d;
-  EXPECT_FALSE(has(d, "counting")) << d;
-  o = parse_topk_select_options("net_pivot=on,net_pivot_mode=rank");
+  EXPECT_TRUE(has(d, "; a CTA of 4 warps a row (2 of those scores each), ordered by counting (net_pivot_mode auto)")) << d;
+  o = parse_topk_select_options("net_pivot=on,net_pivot_mode=sort");
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "8 scores a lane, the networks where more than 32 survive; ordered by counting (net_pivot_mode=rank)")) << d;
+  EXPECT_TRUE(has(d, "8 scores a lane, the networks where more than 32 survive; a warp a row, ordered by sorts (net_pivot_mode=sort)")) << d;
   o = parse_topk_select_options("net_pivot_mode=rank_cta");
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);
-  EXPECT_TRUE(has(d, "; ordered by counting, a CTA of 4 warps a row, 2 scores a lane each (net_pivot_mode=rank_cta)")) << d;
+  EXPECT_TRUE(has(d, "(2 of those scores each), ordered by counting (net_pivot_mode=rank_cta)")) << d;
   o = parse_topk_select_options("net_pivot=on");
   tp.force_end = 0;
   d = describe(plan_topk_select(tp, o, facts), tp, o, facts);

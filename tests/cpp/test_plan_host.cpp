@@ -1574,9 +1574,9 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue, "unknown plan option 'k'");
   expect_error([] { parse_topk_select_options("k=1"); }, ErrorKind::kValue,
                "(options: kernel, net_lanes, net_pivot, net_pivot_mode)");
-  for (const char* bad : {"bitonic", "", "RANK", "cta"})
+  for (const char* bad : {"bitonic", "", "rank", "cta"})
     expect_error([bad] { parse_topk_select_options(std::string("net_pivot_mode=") + bad); },
-                 ErrorKind::kValue, "net_pivot_mode must be auto, sort, rank or rank_cta");
+                 ErrorKind::kValue, "net_pivot_mode must be auto, sort or rank_cta");
   for (const char* bad : {"yes", "1", "", "ON"})
     expect_error([bad] { parse_topk_select_options(std::string("net_pivot=") + bad); }, ErrorKind::kValue,
                  "net_pivot must be auto, off or on");
@@ -1878,7 +1878,7 @@ TEST(PlanTopk, NetPivotSlotsAndFallback) {
   EXPECT_EQ(plan_topk_select(m3(1, 4096), {}, h200).net_pivot_fallback, nullptr);  // not forced
 }
 
-// net_pivot_mode: where the pivot runs, auto orders by sorting and a forced mode is the plan's;
+// net_pivot_mode: where the pivot runs, auto takes rank_cta and a forced mode is the plan's;
 // elsewhere it is moot (the plan keeps kSort, unused); with net_pivot=off it is a contradiction.
 TEST(PlanTopk, NetPivotModeWherePivotRuns) {
   const TopkSelectDeviceFacts h200{132};
@@ -1889,7 +1889,6 @@ TEST(PlanTopk, NetPivotModeWherePivotRuns) {
   };
   EXPECT_EQ(parse_topk_select_options("").net_pivot_mode, TopkPivotMode::kAuto);
   EXPECT_EQ(parse_topk_select_options("net_pivot_mode=sort").net_pivot_mode, TopkPivotMode::kSort);
-  EXPECT_EQ(parse_topk_select_options("net_pivot_mode=rank").net_pivot_mode, TopkPivotMode::kRank);
   EXPECT_EQ(parse_topk_select_options("net_pivot_mode=rank_cta").net_pivot_mode, TopkPivotMode::kRankCta);
   EXPECT_STREQ(option_name(TopkPivotMode::kRankCta), "rank_cta");
   for (int blocks : {1024, 512, 300, 256, 40}) {
@@ -1897,8 +1896,8 @@ TEST(PlanTopk, NetPivotModeWherePivotRuns) {
     // auto's pivot from 256 blocks (16 lanes a row); net_pivot=on at any size.
     const bool auto_pivot = blocks >= 256;
     EXPECT_EQ(plan_topk_select(p, {}, h200).net_pivot > 0, auto_pivot) << blocks;
-    EXPECT_EQ(plan_topk_select(p, {}, h200).net_pivot_mode, TopkPivotMode::kSort) << blocks;
-    for (TopkPivotMode m : {TopkPivotMode::kSort, TopkPivotMode::kRank, TopkPivotMode::kRankCta}) {
+    if (auto_pivot) EXPECT_EQ(plan_topk_select(p, {}, h200).net_pivot_mode, TopkPivotMode::kRankCta) << blocks;
+    for (TopkPivotMode m : {TopkPivotMode::kSort, TopkPivotMode::kRankCta}) {
       for (const char* pivot : {"", "net_pivot=on,"}) {
         if (!auto_pivot && *pivot == '\0') continue;
         const TopkSelectOptions o = parse_topk_select_options(
@@ -1914,7 +1913,7 @@ TEST(PlanTopk, NetPivotModeWherePivotRuns) {
       plan_topk_select(m3(32768, 256), parse_topk_select_options("net_pivot_mode=rank_cta"), h200);
   EXPECT_EQ(prefill.net_pivot, 0);
   EXPECT_EQ(prefill.net_lanes, plan_topk_select(m3(32768, 256), {}, h200).net_lanes);
-  for (const char* m : {"sort", "rank", "rank_cta"}) {
+  for (const char* m : {"sort", "rank_cta"}) {
     const TopkSelectOptions o =
         parse_topk_select_options(std::string("net_pivot=off,net_pivot_mode=") + m);
     expect_error([&] { plan_topk_select(m3(1, 1024), o, h200); }, ErrorKind::kValue,

@@ -1160,11 +1160,12 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 # 32-bit words of truncated key and block offset, L lanes a row, an exact second pass on a tie), and
 # net with the pivot first (a warp per row: the survivors of the lanes' minima sorted exactly,
 # the networks where more than 32 survive; rows of <= 1024 blocks choosing <= 15; auto's for
-# decode-sized calls) forced on and off, and forced on with its order by counting (a warp or a CTA
-# of 4 warps a row, net_pivot_mode). An entry's words after the kernel are further plan options.
+# decode-sized calls) forced on and off, the pivot in auto's form (a CTA of 4 warps a row, ordered by
+# counting) and in the other (net_pivot_mode=sort: a warp a row, bitonic sorts). An entry's words
+# after the kernel are further plan options.
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split",
                 "radix_uniform", "warp_digits", "net", "net net_pivot=on", "net net_pivot=off",
-                "net net_pivot=on net_pivot_mode=rank", "net net_pivot=on net_pivot_mode=rank_cta")
+                "net net_pivot=on net_pivot_mode=sort")
 
 
 def topk_options(kernel: Optional[str]):
@@ -1344,7 +1345,7 @@ def test_topk_net_lanes_and_truncated_ties(kind: str, S: int, P: int):
                 assert_topk_equal(got, want, f"{case.name} [{kernel}] fill={fill}")
 
 
-PIVOT_MODES = ("sort", "rank", "rank_cta")
+PIVOT_MODES = ("sort", "rank_cta")
 
 
 @pytest.mark.parametrize("mode", PIVOT_MODES)
@@ -1353,8 +1354,8 @@ PIVOT_MODES = ("sort", "rank", "rank_cta")
 @pytest.mark.parametrize("S,P", [(1, 1024), (1, 1000), (2, 700), (4, 513), (3, 512), (8, 256),
                                  (64, 256), (33, 300), (5, 40), (7, 17)])
 def test_topk_net_pivot(dist: str, S: int, P: int, mode: str):
-    """net_pivot=on (a warp per row, 8 / 16 / 32 scores a lane) in each order (net_pivot_mode:
-    bitonic sorts, counting, counting with a CTA of 4 warps a row) on rows that take the pivot
+    """net_pivot=on (8 / 16 / 32 scores a lane) in each form (net_pivot_mode: a warp a row with
+    bitonic sorts, a CTA of 4 warps a row counting) on rows that take the pivot
     path (normal, low_bits, specials: at most 32 keys at or below the pivot), rows where keys
     tie at the pivot (few: 5 distinct values, some survive with equal keys and the block decides),
     and rows that fall back to the networks (equal, ascending / descending runs, full-payload

@@ -62,7 +62,7 @@ VALID = {
                     dict(kernel="net"), dict(kernel="net", net_lanes=2), "kernel=net,net_lanes=32",
                     dict(net_lanes="auto"), dict(net_pivot="on"), dict(net_pivot="off"),
                     "kernel=net,net_pivot=on,net_lanes=32", dict(net_pivot="auto"),
-                    dict(net_pivot_mode="rank"), dict(net_pivot="on", net_pivot_mode="rank_cta"),
+                    dict(net_pivot_mode="rank_cta"), dict(net_pivot="on", net_pivot_mode="rank_cta"),
                     dict(net_pivot_mode="sort"), dict(net_pivot="off", net_pivot_mode="auto")],
     "sparse_decode": [None, dict(kernel="auto"), dict(kernel="smem"), dict(kernel="regs"),
                       dict(mtp="union"), dict(kernel="smem", mtp="per_token"),
@@ -170,9 +170,11 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("topk_select", dict(net_pivot="yes"), "net_pivot must be auto, off or on, got 'yes'"),
     ("topk_select", dict(net_pivot="on", net_lanes=16), "net_pivot=on runs 32 lanes per row, got net_lanes=16"),
     ("topk_select", dict(net_pivot_mode="bitonic"),
-     "net_pivot_mode must be auto, sort, rank or rank_cta, got 'bitonic'"),
-    ("topk_select", dict(net_pivot="off", net_pivot_mode="rank"),
-     "net_pivot_mode=rank orders the pivot path, which net_pivot=off turns off"),
+     "net_pivot_mode must be auto, sort or rank_cta, got 'bitonic'"),
+    # rank (the counting in one warp a row) was removed: slower than sort (0e3ed29).
+    ("topk_select", dict(net_pivot_mode="rank"), "net_pivot_mode must be auto, sort or rank_cta, got 'rank'"),
+    ("topk_select", dict(net_pivot="off", net_pivot_mode="rank_cta"),
+     "net_pivot_mode=rank_cta orders the pivot path, which net_pivot=off turns off"),
     # combine=in_kernel (a last-CTA tail merge) was removed: slower than the combine kernel (bff5899).
     ("sparse_decode", dict(combine="in_kernel"), "unknown plan option 'combine'"),
     # pdl (programmatic dependent launch of the decode-step kernels) was removed: no faster on the
