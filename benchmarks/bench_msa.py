@@ -99,17 +99,20 @@ STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
 # also with 2 lanes a row on the prefill shapes: net_lanes=2,
 # docs/design/topk_select.md, "Sorting networks"), and net without the pivot that auto's net runs
 # before the networks on decode-sized calls (net_pivot=off, "Pivot before the networks"; auto since
-# dda49c5) and that pivot in its other form (net_pivot_mode=sort: a warp a row sorting, auto's
-# until 0e3ed29; "Counting instead of sorting") on the decode shapes.
+# dda49c5) and that pivot in each form forced (net_pivot_mode=sort: a warp a row sorting;
+# rank_cta: a CTA of 4 warps a row counting; auto's from rows of 257 blocks since 0e3ed29; "Counting
+# instead of sorting") on the decode shapes.
 TOPK_KERNELS = ("auto", "warp_per_row", "by_size", "radix_1buf", "radix_uniform", "warp_split",
                 "warp_digits", "net", "net net_lanes=2", "net net_pivot=off",
-                "net net_pivot_mode=sort")
+                "net net_pivot_mode=sort", "net net_pivot_mode=rank_cta")
 TOPK_DECODE = (64, 4, 256)  # tokens, heads, blocks: a decode batch of 64 at 32K context
-# The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, and batch 1 at 128K (rows of
-# 1024 blocks: the M3 decode step's largest kernel under warp_per_row_8).
-TOPK_DECODE_SHAPES = (TOPK_DECODE, (1, 4, 1024))
+# The decode shapes timed (tokens, heads, blocks): batch 64 at 32K, batch 1 at 128K (rows of
+# 1024 blocks: the M3 decode step's largest kernel under warp_per_row_8) and at 64K and 32K (512
+# and 256 blocks: the pivot's 16 and 8 scores a lane, where auto's pivot form changes).
+TOPK_DECODE_SHAPES = (TOPK_DECODE, (1, 4, 1024), (1, 4, 512), (1, 4, 256))
 # Kernels for decode-sized calls only (a CTA per row): not timed on the prefill shapes.
-TOPK_DECODE_ONLY = ("warp_split", "warp_digits", "net net_pivot=off", "net net_pivot_mode=sort")
+TOPK_DECODE_ONLY = ("warp_split", "warp_digits", "net net_pivot=off", "net net_pivot_mode=sort",
+                    "net net_pivot_mode=rank_cta")
 # Tuning rows of the prefill shapes only: not timed on the decode shapes.
 TOPK_PREFILL_ONLY = ("net net_lanes=2",)
 
@@ -166,9 +169,10 @@ STEP_VARIANT_MAX_BATCH = 8
 # the pivot auto runs first on these calls (docs/design/topk_select.md, "Pivot before the
 # networks"), whatever the K/V dtype.
 STEP_TOPK_VARIANTS = ((" [net_pivot=off]", dict(net_pivot="off")),
-                      # the pivot path's other form: a warp a row sorting (auto's until 0e3ed29;
-                      # "Counting instead of sorting").
-                      (" [net_pivot_mode=sort]", dict(net_pivot_mode="sort")))
+                      # the pivot path's two forms forced: a warp a row sorting, a CTA of 4 warps
+                      # a row counting (auto's from 16 scores a lane; "Counting instead of sorting").
+                      (" [net_pivot_mode=sort]", dict(net_pivot_mode="sort")),
+                      (" [net_pivot_mode=rank_cta]", dict(net_pivot_mode="rank_cta")))
 # ... and, fp8 index-K, one token per request, with proxy-score plan options: the TMA kernel's
 # loads issued by each consumer warp for itself (auto: a producer warp).
 STEP_PROXY_VARIANTS = ((" [decode_tma_issue=warps]", dict(decode_tma_issue="warps")),)

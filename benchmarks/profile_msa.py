@@ -115,11 +115,11 @@ def cases(bench: bm.Bench) -> dict:
         "topk_decode_net_pivot": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot="on")),
         "topk_decode_b1_128k_net_pivot": lambda: bench.build_topk_decode(1, 4, 1024, dict(net_pivot="on")),
         "topk_decode_b1_128k_net_off": lambda: bench.build_topk_decode(1, 4, 1024, dict(kernel="net", net_pivot="off")),
-        # ... the pivot's form: auto's (the cases above) is a CTA of 4 warps a row counting since
-        # 0e3ed29; a warp a row sorting (net_pivot_mode=sort; docs/design/topk_select.md,
-        # "Counting instead of sorting").
+        # ... the pivot's form: auto's (the cases above) is a CTA of 4 warps a row counting at
+        # B1 / 128K (rows of more than 256 blocks) and a warp a row sorting at 256 blocks; each
+        # forced (net_pivot_mode; docs/design/topk_select.md, "Counting instead of sorting").
         "topk_decode_b1_128k_sort": lambda: bench.build_topk_decode(1, 4, 1024, dict(net_pivot_mode="sort")),
-        "topk_decode_sort": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot_mode="sort")),
+        "topk_decode_rank_cta": lambda: bench.build_topk_decode(*bm.TOPK_DECODE, dict(net_pivot_mode="rank_cta")),
         "sparse_random_32k": sparse("random"),
         "sparse_clustered_32k": sparse("clustered"),
         "sparse_pipeline_32k": sparse("pipeline"),

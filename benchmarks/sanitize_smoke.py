@@ -50,7 +50,7 @@ PARTS = ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_att
 # The top-k kernels (plan option kernel) whose calls the topk and hostile parts make.
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "radix_1buf", "warp_split",
                 "radix_uniform", "warp_digits", "net", "net net_pivot=on", "net net_pivot=off",
-                "net net_pivot=on net_pivot_mode=sort")
+                "net net_pivot=on net_pivot_mode=sort", "net net_pivot=on net_pivot_mode=rank_cta")
 
 
 def topk_options(kernel: str) -> dict:

@@ -453,9 +453,10 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     if (pivot) {
       plan.net_lanes = 32;
       plan.net_pivot = p.num_blocks <= 256 ? 8 : p.num_blocks <= 512 ? 16 : 32;
-      // auto: rank_cta (TopkPivotMode; H200 at 0e3ed29).
-      plan.net_pivot_mode = options.net_pivot_mode == TopkPivotMode::kAuto ? TopkPivotMode::kRankCta
-                                                                           : options.net_pivot_mode;
+      // auto: rank_cta from 16 scores a lane, sort at 8 (TopkPivotMode; H200 at 0e3ed29 / 9903d0a).
+      plan.net_pivot_mode = options.net_pivot_mode != TopkPivotMode::kAuto ? options.net_pivot_mode
+                            : plan.net_pivot >= kTopkPivotCtaMinSlots      ? TopkPivotMode::kRankCta
+                                                                           : TopkPivotMode::kSort;
     }
   }
   return plan;

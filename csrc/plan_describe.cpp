@@ -258,7 +258,7 @@ std::string describe(const TopkSelectPlan& plan, const TopkSelectParams& p,
         s << "; a CTA of 4 warps a row (" << plan.net_pivot / 4 << " of those scores each), ordered by counting ("
           << (forced ? "net_pivot_mode=rank_cta" : "net_pivot_mode auto") << ")";
       } else {
-        s << "; a warp a row, ordered by sorts (net_pivot_mode=sort)";
+        s << "; a warp a row, ordered by sorts (" << (forced ? "net_pivot_mode=sort" : "net_pivot_mode auto") << ")";
       }
     } else if (plan.net_pivot_fallback != nullptr) {
       s << "; net_pivot=on does not apply: " << plan.net_pivot_fallback;

@@ -394,10 +394,15 @@ enum class TopkNetPivot : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
 // the survivors by (key, block), the chosen blocks), 15 dependent shuffle stages each; rank_cta: a
 // CTA of 4 warps per row, each a quarter of the row's scores (the lanes' minima meet in shared
 // memory), the pivot and the cut as k-th smallest keys by counting, the survivors compacted in
-// block order by ballots. Both choose the same blocks. auto: rank_cta (H200 at 0e3ed29: 1 x 4 x
-// 1024 5.2 vs 7.2 us, 64 x 4 x 256 5.8 vs 6.9 us; the same counting in one warp a row, `rank`, was
-// slower than sort, 8.0 us, and is removed).
+// block order by ballots. Both choose the same blocks. auto: rank_cta for rows of more than 256
+// blocks (16 or 32 scores a lane), sort for shorter ones (H200 at 0e3ed29 / 9903d0a, in the graphed
+// fp8 steps: B1 / 128K top-k 3.26 vs 4.26 us, step 26.4 vs 28.4 us; B1 / 32K 3.23 vs 2.98 us, B64 /
+// 32K 3.66 vs 3.68: the quarter of 8 scores saves less than the barriers cost; alone, L2 flushed:
+// 1 x 4 x 1024 5.2-5.7 vs 7.2 us, 64 x 4 x 256 5.8 vs 6.9). The same counting in one warp a row,
+// `rank`, was slower than sort (8.0 us at 1 x 4 x 1024) and is removed.
 enum class TopkPivotMode : int32_t { kAuto = 0, kSort = 1, kRankCta = 2 };
+// auto's rank_cta from this many pivot scores a lane (rows of more than 256 blocks).
+inline constexpr int kTopkPivotCtaMinSlots = 16;
 // The pivot path: a lane holds at most 32 scores, so rows of at most 32 x 32 blocks.
 inline constexpr int kTopkNetPivotMaxSpan = 1024;
 inline constexpr int kTopkNetPivotMinLanes = 16;

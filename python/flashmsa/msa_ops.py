@@ -834,7 +834,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # auto | off | on (net with a pivot before the networks, a warp per row; rows of <= 1024 blocks
 # choosing <= 15; auto: on for decode-sized calls, those of >= 16 lanes a row), net_pivot_mode =
 # auto | sort | rank_cta (the pivot path's form: a warp a row sorting across it, or a CTA of 4 warps
-# a row counting order statistics; the same choice; auto: rank_cta);
+# a row counting order statistics; the same choice; auto: rank_cta for rows of more than 256
+# blocks, sort for shorter ones);
 # msa_sparse_decode_attention:
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,

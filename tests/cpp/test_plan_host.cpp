@@ -1878,7 +1878,8 @@ TEST(PlanTopk, NetPivotSlotsAndFallback) {
   EXPECT_EQ(plan_topk_select(m3(1, 4096), {}, h200).net_pivot_fallback, nullptr);  // not forced
 }
 
-// net_pivot_mode: where the pivot runs, auto takes rank_cta and a forced mode is the plan's;
+// net_pivot_mode: where the pivot runs, auto takes rank_cta for rows of more than 256 blocks (16
+// or 32 scores a lane) and sort for shorter ones; a forced mode is the plan's;
 // elsewhere it is moot (the plan keeps kSort, unused); with net_pivot=off it is a contradiction.
 TEST(PlanTopk, NetPivotModeWherePivotRuns) {
   const TopkSelectDeviceFacts h200{132};
@@ -1896,7 +1897,12 @@ TEST(PlanTopk, NetPivotModeWherePivotRuns) {
     // auto's pivot from 256 blocks (16 lanes a row); net_pivot=on at any size.
     const bool auto_pivot = blocks >= 256;
     EXPECT_EQ(plan_topk_select(p, {}, h200).net_pivot > 0, auto_pivot) << blocks;
-    if (auto_pivot) EXPECT_EQ(plan_topk_select(p, {}, h200).net_pivot_mode, TopkPivotMode::kRankCta) << blocks;
+    if (auto_pivot)
+      EXPECT_EQ(plan_topk_select(p, {}, h200).net_pivot_mode,
+                blocks > 256 ? TopkPivotMode::kRankCta : TopkPivotMode::kSort) << blocks;
+    // net_pivot=on alone: the same rule.
+    EXPECT_EQ(plan_topk_select(p, parse_topk_select_options("net_pivot=on"), h200).net_pivot_mode,
+              blocks > 256 ? TopkPivotMode::kRankCta : TopkPivotMode::kSort) << blocks;
     for (TopkPivotMode m : {TopkPivotMode::kSort, TopkPivotMode::kRankCta}) {
       for (const char* pivot : {"", "net_pivot=on,"}) {
         if (!auto_pivot && *pivot == '\0') continue;

@@ -248,7 +248,7 @@ def test_stage_step_runs_each_config_case():
     # One row per config case (the library's choices: auto everywhere), followed for the split-K
     # batches by one row per sparse-decode variant (plan options: split=cluster; bf16 K/V sq 1 also
     # split_warps=4, fp8 K/V sq 1 split_warps=4 and 8) and, one token per request, per top-k
-    # variant (net_pivot=off, net_pivot_mode=sort).
+    # variant (net_pivot=off, net_pivot_mode=sort and rank_cta).
     want = []
     for case in bm.QUICK["step"]:
         want.append((case, "", {}))
@@ -272,6 +272,7 @@ def test_stage_step_runs_each_config_case():
     assert suffixes.count(" [split_warps=8]") == 2  # B1, B64 fp8
     assert suffixes.count(" [net_pivot=off]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [net_pivot_mode=sort]") == 2  # B1 bf16, fp8
+    assert suffixes.count(" [net_pivot_mode=rank_cta]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [decode_tma_issue=warps]") == 1  # B1 fp8
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)
@@ -433,7 +434,7 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.stage_step()
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
     # [combine_loads=after] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
-    # top-k variant rows ([net_pivot=off], [net_pivot_mode=sort]) and [q2k copy] row.
+    # top-k variant rows ([net_pivot=off], the two pivot forms) and [q2k copy] row.
     n_topk = len(bm.STEP_TOPK_VARIANTS)
     first = 5 + n_topk  # the first case's rows
     assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 3), cpu_bench.rows

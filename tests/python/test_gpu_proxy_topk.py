@@ -1160,12 +1160,12 @@ TOPK_CASES = cases.cases(cases.TOPK, "gpu")
 # 32-bit words of truncated key and block offset, L lanes a row, an exact second pass on a tie), and
 # net with the pivot first (a warp per row: the survivors of the lanes' minima sorted exactly,
 # the networks where more than 32 survive; rows of <= 1024 blocks choosing <= 15; auto's for
-# decode-sized calls) forced on and off, the pivot in auto's form (a CTA of 4 warps a row, ordered by
-# counting) and in the other (net_pivot_mode=sort: a warp a row, bitonic sorts). An entry's words
-# after the kernel are further plan options.
+# decode-sized calls) forced on and off, and on in each form (net_pivot_mode=sort: a warp a row,
+# bitonic sorts; rank_cta: a CTA of 4 warps a row, counting). An entry's words after the kernel are
+# further plan options.
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf", "warp_split",
                 "radix_uniform", "warp_digits", "net", "net net_pivot=on", "net net_pivot=off",
-                "net net_pivot=on net_pivot_mode=sort")
+                "net net_pivot=on net_pivot_mode=sort", "net net_pivot=on net_pivot_mode=rank_cta")
 
 
 def topk_options(kernel: Optional[str]):
