@@ -41,7 +41,10 @@
 #   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
 #              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB), and 4096 with the decode
 #              benchmark's page layout (heads): the load forms' ceilings, and 1024 units on 13 SMs
-#              (the per-SM rate of each form with the rest of the GPU idle), to $OUT/micro.log
+#              (the per-SM rate of each form with the rest of the GPU idle); then
+#              benchmarks/micro/kernel_gap.cu (the hand-off between two dependent kernels of a
+#              graph by grid size, shared-memory carveout and PDL) at 200 KB and 1 KB; to
+#              $OUT/micro.log
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
 #              $OUT/profile.log (SOL, memory, occupancy, warp stalls, source hot spots)
@@ -522,7 +525,14 @@ step_micro() {
     # A tenth of the SMs streaming while the rest idle: the per-SM rate of each load form.
     run_logged "$log" build-gpu/kv_stream 1024 random 13 || rc=1
   fi
-  record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "kv_stream -> micro.log"
+  # The hand-off between two dependent kernels of a graph, by grid size, shared-memory carveout
+  # and programmatic dependent launch.
+  run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a benchmarks/micro/kernel_gap.cu -o build-gpu/kernel_gap || rc=1
+  if (( rc == 0 )); then
+    run_logged "$log" build-gpu/kernel_gap || rc=1
+    run_logged "$log" build-gpu/kernel_gap 1024 || rc=1
+  fi
+  record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "kv_stream, kernel_gap -> micro.log"
 }
 
 # ---- (f) Nsight Compute profiles (only with PROFILE=case,case,...) ----------------------------

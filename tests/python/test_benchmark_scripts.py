@@ -494,17 +494,18 @@ def find_nvcc():
 
 
 @pytest.mark.cpu_only
-def test_kv_stream_microbenchmark_compiles(tmp_path):
-    """benchmarks/micro/kv_stream.cu (gpu_check's MICRO=1 step, docs/benchmarks.md#stream-ceiling)
-    compiles against the library's device headers with gpu_check's flags: a header change that
-    breaks the tool fails here, not on the GPU machine. Compiled only (-c), not linked against the
-    driver."""
+@pytest.mark.parametrize("tool", ("kv_stream", "kernel_gap"))
+def test_microbenchmarks_compile(tmp_path, tool):
+    """benchmarks/micro/kv_stream.cu (docs/benchmarks.md#stream-ceiling) and kernel_gap.cu (the
+    graph's kernel hand-offs, docs/design/sparse_attention.md#b1-budget), gpu_check's MICRO=1 step,
+    compile with gpu_check's flags (kv_stream against the library's device headers): a change that
+    breaks a tool fails here, not on the GPU machine. Compiled only (-c), not linked."""
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("no nvcc on this machine")
     root = BENCH_DIR.parent
     cmd = [nvcc, "-std=c++20", "-O3", "-arch=sm_90a", f"-I{root / 'csrc'}", f"-I{root / 'include'}",
-           "-c", str(BENCH_DIR / "micro" / "kv_stream.cu"), "-o", str(tmp_path / "kv_stream.o")]
+           "-c", str(BENCH_DIR / "micro" / f"{tool}.cu"), "-o", str(tmp_path / f"{tool}.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert (tmp_path / "kv_stream.o").stat().st_size > 0
+    assert (tmp_path / f"{tool}.o").stat().st_size > 0
