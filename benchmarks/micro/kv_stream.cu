@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.h"
+
 #include "common/mbarrier.cuh"
 #include "common/ptx.cuh"
 #include "common/tma.cuh"
@@ -48,15 +50,6 @@ constexpr int kThreads = 128;
 
 enum Variant : int { kTmaHalf, kTmaQuart, kTmaRow, kTmaPaged, kBulk, kCpAsync, kNumVariants };
 const char* const kNames[kNumVariants] = {"tma_half", "tma_quart", "tma_row", "tma_paged", "bulk", "cp_async"};
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 struct Args {
   CUtensorMap map_half;   // rows of 256 bytes: dims {128, pages * 128}, box {64, 128}

@@ -23,7 +23,8 @@
 // The pivot path's two forms (plan option net_pivot_mode): `sort`, a warp per row (pivot_row,
 // in topk_net_kernel): three bitonic sorts across the warp (the lanes' minima, the survivors by
 // (key, block), the chosen blocks), each 15 dependent shuffle stages; `rank_cta`
-// (topk_pivot_cta_kernel; auto's since the H200 run at 0e3ed29): a CTA of 4 warps a row, each a
+// (topk_pivot_cta_kernel; auto's for rows of more than 256 blocks since the H200 runs at 0e3ed29 /
+// 9903d0a): a CTA of 4 warps a row, each a
 // quarter of the row's scores, the lanes' minima meeting in shared memory; it counts instead of
 // sorting: the pivot and the cut are k-th smallest keys (warp_kth_smallest: 31 shuffles, none
 // waiting on another), the survivors are compacted in block order by ballots, so the chosen are the
@@ -402,7 +403,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   network_rows<K, L>(col, stride, active, r, lo, hi, part, out_row, first, lo == p.force_begin);
 }
 
-// net_pivot_mode=rank_cta (auto's): a CTA of kWarpsPerCta warps a row (np.groups rows, L = 32); warp w
+// net_pivot_mode=rank_cta (auto's above 256 blocks): a CTA of kWarpsPerCta warps a row (np.groups rows, L = 32); warp w
 // holds slots [N / 4 w, N / 4 (w + 1)) of the row's N a lane (slot j of lane l: block lo + l +
 // 32 j, as pivot_row's), so lane l's minimum over the row is the minimum of the 4 warps' lane-l
 // minima (shared memory), and the pivot is pivot_row's. Every warp computes it (no barrier for a

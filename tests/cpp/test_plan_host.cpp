@@ -1681,6 +1681,13 @@ TopkSelectParams topk_call(int heads, int tokens, int blocks = 256) {
   return p;
 }
 
+// vLLM's M3 rows: 4 heads, the local block forced, 15 of `blocks` chosen.
+TopkSelectParams m3_topk(int tokens, int blocks) {
+  TopkSelectParams p = topk_call(4, tokens, blocks);
+  p.force_end = 1;
+  return p;
+}
+
 // auto: net wherever it runs (H200 at 3488394), by_size elsewhere.
 TEST(PlanTopk, AutoIsNetWhereItRunsElseBySize) {
   const TopkSelectDeviceFacts h200{132};
@@ -1748,11 +1755,7 @@ TEST(PlanTopk, NetLanesWordsAndFallback) {
   // The lanes rule as planned without the pivot (which takes 32 lanes for decode-sized calls).
   TopkSelectOptions net{TopkKernel::kNet};
   net.net_pivot = TopkNetPivot::kOff;
-  auto m3 = [](int tokens, int blocks) {  // vLLM's rows: the local block forced, 15 chosen
-    TopkSelectParams p = topk_call(4, tokens, blocks);
-    p.force_end = 1;
-    return p;
-  };
+  const auto m3 = m3_topk;  // vLLM's rows: the local block forced, 15 chosen
   struct Case {
     TopkSelectParams p;
     int lanes, words;
@@ -1812,11 +1815,7 @@ TEST(PlanTopk, NetLanesWordsAndFallback) {
 // most 15 of at most 1024 blocks; elsewhere the plan keeps the networks and says why. auto: off.
 TEST(PlanTopk, NetPivotSlotsAndFallback) {
   const TopkSelectDeviceFacts h200{132};
-  auto m3 = [](int tokens, int blocks) {
-    TopkSelectParams p = topk_call(4, tokens, blocks);
-    p.force_end = 1;
-    return p;
-  };
+  const auto m3 = m3_topk;
   const TopkSelectOptions on = parse_topk_select_options("net_pivot=on");
   EXPECT_EQ(on.net_pivot, TopkNetPivot::kOn);
   EXPECT_EQ(parse_topk_select_options("net_pivot=off").net_pivot, TopkNetPivot::kOff);
@@ -1883,11 +1882,7 @@ TEST(PlanTopk, NetPivotSlotsAndFallback) {
 // elsewhere it is moot (the plan keeps kSort, unused); with net_pivot=off it is a contradiction.
 TEST(PlanTopk, NetPivotModeWherePivotRuns) {
   const TopkSelectDeviceFacts h200{132};
-  auto m3 = [](int tokens, int blocks) {
-    TopkSelectParams p = topk_call(4, tokens, blocks);
-    p.force_end = 1;
-    return p;
-  };
+  const auto m3 = m3_topk;
   EXPECT_EQ(parse_topk_select_options("").net_pivot_mode, TopkPivotMode::kAuto);
   EXPECT_EQ(parse_topk_select_options("net_pivot_mode=sort").net_pivot_mode, TopkPivotMode::kSort);
   EXPECT_EQ(parse_topk_select_options("net_pivot_mode=rank_cta").net_pivot_mode, TopkPivotMode::kRankCta);
