@@ -349,13 +349,11 @@ def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3, decode_options=N
                          torch.device(device), decode_options=decode_options, select=select)
 
 
-def check_select_step(sq, idx, kv, b, ctx, device, fused=None, caplog=None, decode_options=None):
+def check_select_step(sq, idx, kv, b, ctx, device, fused=None, caplog=None):
     """The step with sparse_decode_select (the top-k inside the decode) against the step with the
-    two ops, on the same inputs (the same seed) and decode plan options: the same q2k and output,
-    bit for bit, both written over poison. fused: whether the call's plan text must say the
-    selection ran in the kernel."""
-    two, one = (make_step(sq, idx, kv, b, ctx, seed=5, device=device, select=s,
-                          decode_options=decode_options) for s in (False, True))
+    two ops, on the same inputs (the same seed): the same q2k and output, bit for bit, both written
+    over poison. fused: whether the call's plan text must say the selection ran in the kernel."""
+    two, one = (make_step(sq, idx, kv, b, ctx, seed=5, device=device, select=s) for s in (False, True))
     assert torch.equal(two.q, one.q) and torch.equal(two.k, one.k)
     two.q2k.fill_(-7)
     one.q2k.fill_(-7)
@@ -382,28 +380,21 @@ def test_decode_select_step_on_cpu(sq, idx, kv):
 
 
 @requires_cuda
-@pytest.mark.parametrize("b,ctx,sq,idx,kv,options,fused", [
-    # The B1 steps: the 8-warp split kernel by auto.
-    (1, 128 * 1024, 1, "fp8", "fp8", None, True),
-    (1, 32 * 1024, 1, "fp8", "fp8", None, True),
-    (1, 32 * 1024, 1, "bf16", "bf16", None, True),
-    # Forced onto the 8-warp kernel: split or fused, rows of 8 to 512 blocks.
-    (3, 8192, 1, "bf16", "fp8", dict(split_warps=8), True),
-    (8, 32 * 1024, 1, "fp8", "fp8", dict(split_warps=8), True),
-    (2, 1024, 1, "bf16", "bf16", dict(split_warps=8), True),
-    (5, 64 * 1024, 1, "bf16", "bf16", dict(split_warps=8), True),
-    # Elsewhere the two ops: MTP items, batch 64 (the fused 4-warp kernel), the 4-warp split kernel.
-    (2, 4096, 4, "bf16", "bf16", None, False),
-    (64, 4096, 1, "bf16", "bf16", None, False),
-    (1, 32 * 1024, 1, "bf16", "bf16", dict(split_warps=4), False),
+@pytest.mark.parametrize("b,ctx,sq,idx,kv,fused", [
+    (1, 128 * 1024, 1, "fp8", "fp8", True),    # B1 / 128K: 1024 blocks, the 8-warp split kernel
+    (1, 32 * 1024, 1, "bf16", "bf16", True),
+    (3, 8192, 1, "bf16", "fp8", True),
+    (8, 32 * 1024, 1, "fp8", "fp8", True),
+    (2, 1024, 1, "bf16", "bf16", True),        # 8 blocks a row: nothing left to choose past the forced
+    (2, 4096, 4, "bf16", "bf16", False),       # MTP: the two ops
+    (64, 4096, 1, "bf16", "bf16", False),      # batch 64: the fused 4-warp kernel, the two ops
 ])
-def test_decode_select_step_on_cuda(b, ctx, sq, idx, kv, options, fused, caplog):
-    """sparse_decode_select on the GPU: where the decode runs its 8-warp kernel on per-token items
-    one kernel computes each row's selection from the scores and attends it; elsewhere the two ops
-    run. Either way q2k and the output equal the two ops' bit for bit, and the plan text says
-    which ran."""
-    check_select_step(sq, idx, kv, b, ctx, "cuda", fused=fused, caplog=caplog,
-                      decode_options=options)
+def test_decode_select_step_on_cuda(b, ctx, sq, idx, kv, fused, caplog):
+    """sparse_decode_select on the GPU: where the decode runs its 8-warp kernel (batch 1-8, one
+    token a request) one kernel computes each row's selection from the scores and attends it;
+    elsewhere the two ops run. Either way q2k and the output equal the two ops' bit for bit, and
+    the plan text says which ran."""
+    check_select_step(sq, idx, kv, b, ctx, "cuda", fused=fused, caplog=caplog)
 
 
 @requires_cuda
