@@ -179,9 +179,6 @@ STEP_PROXY_VARIANTS = ((" [decode_tma_issue=warps]", dict(decode_tma_issue="warp
 # ... and one token per request with the selection copied (FlashInfer's token-major top-k output,
 # then q2k = its transpose, contiguous) instead of written head-major by top-k.
 STEP_COPY_SUFFIX = " [q2k copy]"
-# ... and with the top-k inside the decode (flashmsa's sparse_decode_select: one kernel where the
-# decode runs its 8-warp kernel; docs/design/sparse_attention.md#decode-select).
-STEP_SELECT_SUFFIX = " [decode_select]"
 # Decode batches whose M3 calls split by blocks on an H200 (B x 4 kv heads < 132 SMs): their bf16
 # sq 1 rows also run split-K on 4 warps per CTA (split_warps=4) beside auto's 8.
 SPLIT_K_MAX_BATCH = 32
@@ -245,21 +242,12 @@ class DecodeStep:
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
                  device, geo=M3, topk: int = TOPK, decode_options=None, topk_options=None,
-                 q2k_copy: bool = False, proxy_options=None, select: bool = False):
+                 q2k_copy: bool = False, proxy_options=None):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
         if geo["idx_hq"] != geo["hkv"]:
             raise ValueError("per-head selection needs as many index heads as KV heads")
-        if select and (q2k_copy or topk_options is not None):
-            raise ValueError("decode step: select runs the top-k inside the decode (no copy, its own "
-                             "plan)")
-        # select: flashmsa's sparse_decode_select, the top-k and the decode in one call (one kernel
-        # where it applies; docs/design/sparse_attention.md#decode-select).
-        self.select = None
-        if select:
-            self.select = ops.sparse_decode_select if decode_options is None else \
-                functools.partial(ops._sparse_decode_select_planned, options=decode_options)
         self.ops, self.geo, self.topk = ops, geo, topk
         # Sparse-decode plan options (flashmsa's private planned twin), None: the public op.
         self.decode = ops.msa_sparse_decode_attention if decode_options is None else \
@@ -300,12 +288,6 @@ class DecodeStep:
         self.proxy_score(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
                          seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
                          max_k_tiles=self.nb, output=self.scores)
-        if self.select is not None:
-            out = self.select(self.q, self.k, self.v, self.scores, self.q2k, num_valid_pages=self.nvp,
-                              force_end_blocks=1, page_table=self.page_table,
-                              seqused_k=self.seqused, seqlen_q=self.seqlen_q, causal=True,
-                              workspace=self.workspace)
-            return out, self.sel
         self.topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
                          force_end_blocks=1)
         if self.q2k_copy:
@@ -1127,7 +1109,6 @@ class Bench:
                     variants += [(suffix, dict(proxy_options=options))
                                  for suffix, options in STEP_PROXY_VARIANTS]
                 variants.append((STEP_COPY_SUFFIX, dict(q2k_copy=True)))
-                variants.append((STEP_SELECT_SUFFIX, dict(select=True)))
             for suffix, kwargs in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
                               lambda b=b, c=ctx, q=sq, i=idx, v=kv, kw=kwargs:
@@ -1137,14 +1118,14 @@ class Bench:
                                          kv_dtype=kv, **kwargs))
 
     def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None,
-                   topk_options=None, q2k_copy=False, proxy_options=None, select=False):
+                   topk_options=None, q2k_copy=False, proxy_options=None):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
                           self.device, decode_options=decode_options, topk_options=topk_options,
-                          q2k_copy=q2k_copy, proxy_options=proxy_options, select=select)
+                          q2k_copy=q2k_copy, proxy_options=proxy_options)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

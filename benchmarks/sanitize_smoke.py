@@ -1204,29 +1204,19 @@ class Smoke:
         lens = [ctx - 37 * i for i in range(b)]
         cu_q = self.cu_rows(b, 1)
 
-        def step(select=False, kv_dtype=None):
+        def step():
             ik, table, used = self.paged(lens, 1)
             kc = self.rnd((ik.shape[0], 4, 128, 128))
             vc = self.rnd(kc.shape)
-            if kv_dtype is not None:
-                kc, vc = kc.to(kv_dtype), vc.to(kv_dtype)
             scores = ops.msa_proxy_score(self.rnd((b, 4, 128)), ik, cu_q, None, page_table=table,
                                          seqused_k=used, max_seqlen_q=1,
                                          max_k_tiles=table.shape[1])
             nvp = ((used - 1) // mi.BLOCK + 1).to(torch.int32)
-            q = self.rnd((b, 64, 128))
-            if select:  # the top-k inside the decode's 8-warp kernel (sparse_decode_select)
-                q2k = torch.full((4, b, 16), -7, dtype=torch.int32, device=self.dev)
-                return ops.sparse_decode_select(q, kc, vc, scores, q2k, num_valid_pages=nvp,
-                                                force_end_blocks=1, page_table=table,
-                                                seqused_k=used), q2k
             sel = ops.msa_topk_select(scores, 16, num_valid_pages=nvp, force_end_blocks=1)
             return ops.msa_sparse_decode_attention(
-                q, kc, vc, sel.transpose(0, 1).contiguous(), page_table=table, seqused_k=used)
+                self.rnd((b, 64, 128)), kc, vc, sel.transpose(0, 1).contiguous(),
+                page_table=table, seqused_k=used)
         self.run("pipeline M3 decode step B8", step)
-        self.run("pipeline M3 decode step B8 [decode_select]", lambda: step(select=True))
-        self.run("pipeline M3 decode step B8 fp8 K/V [decode_select]",
-                 lambda: step(select=True, kv_dtype=torch.float8_e4m3fn))
 
 
 class Lazy:

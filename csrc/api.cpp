@@ -180,19 +180,4 @@ void run_sparse_decode(const SparseDecodeParams& p, const SparseAttnPlan& plan, 
            MSA_CUDA_FN(sparse_decode));
 }
 
-bool run_sparse_decode_select(const TopkSelectParams& tp, const TopkSelectPlan& tplan,
-                              const SparseDecodeParams& p, const SparseAttnPlan& plan, int device,
-                              cudaStream_t stream) {
-#if defined(FLASHMSA_WITH_CUDA)
-  if (device >= 0 && p.attn.total_q > 0 && sparse_decode_select_unsupported(p, plan, tp) == nullptr) {
-    check_current_device(device);
-    cuda::sparse_decode_select(p, plan, tp, stream);
-    return true;
-  }
-#endif
-  run_topk_select(tp, tplan, device, stream);
-  run_sparse_decode(p, plan, device, stream);
-  return false;
-}
-
 }  // namespace flashmsa

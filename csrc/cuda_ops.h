@@ -12,10 +12,6 @@ void proxy_score(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStre
 void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStream_t stream);
 void sparse_attention(const SparseAttnParams& p, const SparseAttnPlan& plan, cudaStream_t stream);
 void sparse_decode(const SparseDecodeParams& p, const SparseAttnPlan& plan, cudaStream_t stream);
-// sparse_decode with each row's selection computed in the 8-warp kernel from tp (which writes it
-// to q2k): only where sparse_decode_select_unsupported(p, plan, tp) is nullptr.
-void sparse_decode_select(const SparseDecodeParams& p, const SparseAttnPlan& plan, const TopkSelectParams& tp,
-                          cudaStream_t stream);
 
 // What the planners need to know about the current device (for these params).
 TopkSelectDeviceFacts topk_select_facts();

@@ -386,20 +386,6 @@ const char* topk_net_pivot_unsupported(const TopkSelectParams& p) {
   return nullptr;
 }
 
-const char* sparse_decode_select_unsupported(const SparseDecodeParams& dp, const SparseAttnPlan& plan,
-                                             const TopkSelectParams& tp) {
-  const SparseAttnParams& p = dp.attn;
-  if (plan.schedule != PrefillSchedule::kQueryMajor || !plan.qm.wide || plan.qm.mtp_tokens != 0)
-    return "the decode plan does not run the 8-warp kernel on per-token items";
-  if (tp.num_heads != p.num_kv_heads || tp.num_tokens != p.total_q || tp.topk != p.topk)
-    return "the top-k call is not the decode's rows (index heads = KV heads, tokens = rows, topk = q2k's)";
-  if (tp.num_blocks > kTopkNetPivotMaxSpan) return "more than 1024 blocks per row";
-  if (topk_carry(tp) >= 16) return "rows choose more than 15 blocks";
-  if (tp.out != p.q2k || tp.out_head_stride != int64_t(p.total_q) * p.topk || tp.out_token_stride != p.topk)
-    return "the top-k output is not the decode's q2k";
-  return nullptr;
-}
-
 int topk_net_lanes(const TopkSelectParams& p, int num_sms) {
   const int64_t rows = int64_t(p.num_tokens) * int64_t(p.num_heads);
   const int64_t want = int64_t(kTopkNetMinWarpsPerSm) * num_sms * 32;  // lanes

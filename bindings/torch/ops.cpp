@@ -449,88 +449,6 @@ struct SparseDecodeOp {
   }
 };
 
-// The decode step's top-k and sparse decode in one call (flashmsa's extension; msa_ops'
-// _sparse_decode_select): msa_sparse_decode_attention's arguments with q2k_indices written (the
-// selection of max_score, msa_topk_select's arguments, written head-major) and then attended; one
-// kernel where run_sparse_decode_select allows, else the two ops. The plan options are the
-// decode's.
-struct SparseDecodeSelectArgs {
-  SparseDecodeArgs d;
-  TopkSelectArgs t;
-};
-
-struct SparseDecodeSelectOp {
-  using Args = SparseDecodeSelectArgs;
-  static constexpr const char* kName = "sparse_decode_select";
-  static constexpr const char* kPublicName = "msa_sparse_decode_attention";
-  static constexpr bool kHasPlan = true;
-  static constexpr bool kWorkspaceQuery = true;
-  static const std::vector<Param<Args>>& params() {
-    static const std::vector<Param<Args>> table = {
-        {"Tensor q", [](Args& a, const In& v) { a.d.q = v.tensor(); }},
-        {"Tensor k", [](Args& a, const In& v) { a.d.kv.k = v.tensor(); }},
-        {"Tensor v", [](Args& a, const In& v) { a.d.kv.v = v.tensor(); }},
-        {"Tensor(d!) q2k_indices", [](Args& a, const In& v) { a.d.q2k_indices = v.tensor(); }},
-        {"Tensor max_score", [](Args& a, const In& v) { a.t.max_score = v.tensor(); }},
-        {"int? num_valid_pages_value", [](Args& a, const In& v) { a.t.num_valid_pages_value = v.opt_integer(); }},
-        {"Tensor? num_valid_pages", [](Args& a, const In& v) { a.t.num_valid_pages = v.tensor(); }},
-        {"int force_begin_blocks", [](Args& a, const In& v) { a.t.force_begin_blocks = v.integer(); }},
-        {"int force_end_blocks", [](Args& a, const In& v) { a.t.force_end_blocks = v.integer(); }},
-        {"Tensor? page_table", [](Args& a, const In& v) { a.d.page_table = v.tensor(); }},
-        {"Tensor? seqused_k", [](Args& a, const In& v) { a.d.seqused_k = v.tensor(); }},
-        {"Tensor? cu_seqlens_k", [](Args& a, const In& v) { a.d.cu_seqlens_k = v.tensor(); }},
-        {"int seqlen_q", [](Args& a, const In& v) { a.d.seqlen_q = v.integer(); }},
-        {"bool causal", [](Args& a, const In& v) { a.d.causal = v.boolean(); }},
-        {"float? softmax_scale", [](Args& a, const In& v) { a.d.softmax_scale = v.opt_real(); }},
-        {"Tensor? k_scale", [](Args& a, const In& v) { a.d.kv.k_scale = v.tensor(); }},
-        {"Tensor? v_scale", [](Args& a, const In& v) { a.d.kv.v_scale = v.tensor(); }},
-        {"float? k_global_scale", [](Args& a, const In& v) { a.d.kv.k_global_scale = v.opt_real(); }},
-        {"float? v_global_scale", [](Args& a, const In& v) { a.d.kv.v_global_scale = v.opt_real(); }},
-        {"int? q_offset_value", [](Args& a, const In& v) { a.d.q_offset.value = v.opt_integer(); }},
-        {"Tensor? q_offset", [](Args& a, const In& v) { a.d.q_offset.tensor = v.tensor(); }},
-        {"ScalarType? partial_dtype", [](Args& a, const In& v) { a.d.partial_dtype = v.partial_dtype(); }},
-        {"bool? force_fused", [](Args& a, const In& v) { a.d.force_fused = v.opt_boolean(); }},
-        {"Tensor(a!) out", [](Args& a, const In& v) { a.d.output = v.tensor(); }},
-        {"Tensor(b!)? lse", [](Args& a, const In& v) { a.d.lse = v.tensor(); }},
-        {"Tensor(c!)? workspace", [](Args& a, const In& v) { a.d.workspace = v.tensor(); }},
-    };
-    return table;
-  }
-  static int64_t exec(Args& a, std::string_view plan_text, Mode mode) {
-    SparseDecodeParams p = make_sparse_decode_params(a.d);  // q2k_indices: (Hkv, total_q, topk)
-    // The top-k's output is q2k's head-major view: (total_q, Hkv, topk), strides (topk, total_q
-    // topk, 1); its shape check then names max_score's (Hkv, P, total_q) against it.
-    const TensorRef& q2k = a.d.q2k_indices;
-    a.t.topk = q2k.size(2);
-    a.t.output = q2k;
-    a.t.output.sizes[0] = q2k.size(1);
-    a.t.output.sizes[1] = q2k.size(0);
-    a.t.output.strides[0] = q2k.stride(1);
-    a.t.output.strides[1] = q2k.stride(0);
-    check_decode_select_args(a.d, a.t);
-    const TopkSelectParams tp = make_topk_select_params(a.t);
-    const int device = a.d.q.device;
-    DeviceScope scope(device);
-    const SparseDecodeOptions options = parse_sparse_decode_options(plan_text);
-    const TopkSelectOptions topk_options{};
-    const SparseAttnPlan plan = make_sparse_decode_plan(p, options, device);
-    if (mode == Mode::kDescribe) {
-      const char* why = device < 0 ? "CPU tensors" : sparse_decode_select_unsupported(p, plan, tp);
-      t_description = describe_sparse_decode_plan(p, options, device) + "; the selection: " +
-                      (why == nullptr ? std::string("in the decode kernel (the top-k's counting CTA over its 8 warps)")
-                                      : "msa_topk_select first (" + std::string(why) + ")\n" +
-                                            describe_topk_select_plan(tp, topk_options, device));
-      return 0;
-    }
-    if (mode == Mode::kWorkspaceSize) return static_cast<int64_t>(plan.bytes);
-    const TopkSelectPlan tplan = make_topk_select_plan(tp, topk_options, device);
-    std::optional<at::Tensor> scratch;
-    if (device >= 0) scratch = provide_workspace(kPublicName, p.attn, plan.bytes, a.d.workspace.defined(), device);
-    run_sparse_decode_select(tp, tplan, p, plan, device, scope.stream());
-    return 0;
-  }
-};
-
 // ---- checks of host copies ---------------------------------------------------------------------
 // The Python layer reads cu_seqlens / seqused_k of CUDA tensors on the host when FlashInfer does
 // (msa_proxy_score's derived max_seqlen_q / max_k_tiles); these run the core's content checks on
@@ -585,7 +503,6 @@ void implement_all(torch::Library& m) {
   implement<TopkSelectOp>(m);
   implement<SparseAttentionOp>(m);
   implement<SparseDecodeOp>(m);
-  implement<SparseDecodeSelectOp>(m);
 }
 
 }  // namespace
@@ -598,7 +515,6 @@ TORCH_LIBRARY(flashmsa, m) {
   define<TopkSelectOp>(m);
   define<SparseAttentionOp>(m);
   define<SparseDecodeOp>(m);
-  define<SparseDecodeSelectOp>(m);
   m.def("check_cu_seqlens(Tensor host_values, int total, str name) -> ()");
   m.def("check_seqused_k(Tensor host_values, str name) -> ()");
 }

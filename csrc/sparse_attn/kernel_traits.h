@@ -55,11 +55,6 @@ struct QueryMajorArgs {
   StoreKind part_kind;
   float* part_lse;       // [Hkv, total_q, splits, G] log2-domain LSE of the slot, -inf when empty
   float* part_lse_t;     // same for the temperature LSE, or nullptr
-  // The selection computed in the kernel (the 8-warp decode kernel's template flag kSelect; an
-  // engine's fused decode op, flashmsa::run_sparse_decode_select): each (row, kv head) item's
-  // top-k from these params (score [Hkv, P, total_q], its row (r, kh)) instead of a q2k read;
-  // split 0's CTA writes it to p.q2k (sel.out is unused).
-  TopkSelectParams sel;
 };
 
 // ---- KV-major schedule -------------------------------------------------------------------------

@@ -69,9 +69,8 @@ int union_tma_sm90_ctas_per_sm();
 
 // Decode with 8 warps per CTA sharing each 128-key block (query_major_wide.cuh; decode plan option
 // split_warps=8): per-token items of G <= 16 heads, split or (forced) fused, K/V of the compute
-// dtype (kNative) or fp8 e4m3 (kFp8, converted in registers). kSelect: each row's selection
-// computed in the kernel from args.sel (run_sparse_decode_select) instead of read from q2k.
-template <typename Elem, KvKind kKv, bool kSelect>
+// dtype (kNative) or fp8 e4m3 (kFp8, converted in registers).
+template <typename Elem, KvKind kKv>
 void launch_query_major_wide(const QueryMajorArgs& args, cudaStream_t stream);
 
 // MTP union items on sm_90a with TMA loads and warpgroup MMAs (mtp_wgmma_sm90.cuh; decode plan

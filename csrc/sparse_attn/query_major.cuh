@@ -97,22 +97,17 @@ struct QueryMajorConfig {
   static_assert(!kCoop || (kStageBytes / 2 == kRows * 256 && kPipeBytes >= 2 * 64 * 4 * 4), "kCoop buffers");
 };
 
-// Row (r, kh) of q2k: its topk entries.
-MSA_DEVICE const int* q2k_row(const SparseAttnParams& p, int r, int kh) {
-  return p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
-}
-
 // Warp 0: builds the item's tile list in shared memory; returns the number of tiles (all lanes).
 // kTileKeys = 64: a block is one or two tiles; 128: one tile per block. The row's q2k entries are
 // read straight into registers (entry lane + 32 h: v[h]) before anything else, so that their load
 // overlaps the sequence's; the list length and the repeats (semantics.h q2k_length and
 // q2k_entry_used) come from ballots and __match_any_sync instead of per-lane loops over a shared
-// copy, which were a serial chain of shared loads on the way to the first K / V copy. list: the
-// row's topk entries (q2k_row, or the selection the 8-warp kernel computed in shared memory).
+// copy, which were a serial chain of shared loads on the way to the first K / V copy.
 template <int kWarpsM, int kTileKeys = kQmTileKeys>
 MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, int split,
-                                     TileDesc* s_tiles, int lane, const int* list) {
+                                     TileDesc* s_tiles, int lane) {
   const SparseAttnParams& p = args.p;
+  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
   int v[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) v[h] = lane + 32 * h < p.topk ? list[lane + 32 * h] : -1;
@@ -722,8 +717,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       if constexpr (kMtp) {
         n = plan_mtp_item<Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
       } else {
-        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane,
-                                                            q2k_row(p, r, kh));
+        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
       }
       if (lane == 0) s_misc[0] = n;
     }

@@ -33,7 +33,6 @@
 #include "sparse_attn/kv_regs.cuh"
 #include "sparse_attn/launch.h"
 #include "sparse_attn/query_major.cuh"
-#include "topk_select/topk_net_kernel.cuh"
 
 namespace flashmsa::sparse_attn {
 
@@ -61,12 +60,7 @@ struct QueryMajorWideConfig {
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
 };
 
-// kSelect: each item's row selection computed here from args.sel (the top-k's counting CTA,
-// topk_net_kernel.cuh pivot_cta_row, over the 8 warps, 32 scores a lane: rows of <= 1024 blocks
-// choosing <= 15, the host's check), into shared memory, instead of read from q2k; the item of
-// split 0 also writes it to q2k (args.sel.out, head-major). Every split computes the same row
-// (deterministic), so no CTA waits for another.
-template <typename Elem, KvKind kKv, bool kSelect>
+template <typename Elem, KvKind kKv>
 __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     query_major_wide_kernel(const __grid_constant__ QueryMajorArgs args) {
   static_assert(kKv == KvKind::kNative || kKv == KvKind::kFp8, "16-bit or fp8 K/V");
@@ -99,38 +93,12 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
     const int r = int(rest / p.num_kv_heads);
 
     __syncthreads();  // the previous item is done with every shared buffer
-    if constexpr (kSelect) {
-      // Warps 4-7 issue the query rows' copies, then all 8 warps choose the row's blocks into
-      // shared memory (the K / V stage's space, free until the first issue below), and warp 0
-      // plans the item from them.
-      if (tid >= kQmThreads) load_query_rows<Elem, 16>(args, r, kh, rt, sQ, tid - kQmThreads);
-      const TopkSelectParams& tp = args.sel;
-      int* const s_sel = reinterpret_cast<int*>(s_union);
-      auto& s_pivot = *reinterpret_cast<flashmsa::cuda::topk::net::PivotCtaSmem<Cfg::kWarps>*>(
-          s_union + kMaxTopk * int(sizeof(int)));
-      const int64_t nvp_in = tp.num_valid_pages != nullptr ? int64_t(__ldg(tp.num_valid_pages + r))
-                                                           : int64_t(tp.num_valid_pages_value);
-      flashmsa::cuda::topk::net::pivot_cta_row<32, Cfg::kWarps>(
-          tp, tp.score + int64_t(kh) * tp.num_blocks * tp.num_tokens + r, tp.num_tokens, nvp_in, s_sel,
-          s_pivot);
-      __syncthreads();  // every entry written (the forced ones by warps 0-1, the chosen by warp 0)
-      if (split == 0 && rt == 0) {
-        int* const q2k = topk_out_row(tp, r, kh);
-        for (int j = tid; j < p.topk; j += Cfg::kThreads) q2k[j] = s_sel[j];
-      }
-      if (warp == 0) {
-        const int n = plan_query_major_item<1, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane, s_sel);
-        if (lane == 0) s_misc[0] = n;
-      }
-    } else {
-      // Warp 0 plans the item while warps 4-7 load its query rows.
-      if (warp == 0) {
-        const int n = plan_query_major_item<1, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane,
-                                                                q2k_row(p, r, kh));
-        if (lane == 0) s_misc[0] = n;
-      } else if (tid >= kQmThreads) {
-        load_query_rows<Elem, 16>(args, r, kh, rt, sQ, tid - kQmThreads);
-      }
+    // Warp 0 plans the item while warps 4-7 load its query rows.
+    if (warp == 0) {
+      const int n = plan_query_major_item<1, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
+      if (lane == 0) s_misc[0] = n;
+    } else if (tid >= kQmThreads) {
+      load_query_rows<Elem, 16>(args, r, kh, rt, sQ, tid - kQmThreads);
     }
     cp_async_commit();
     __syncthreads();
@@ -311,12 +279,10 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
   }
 }
 
-template <typename Elem, KvKind kKv, bool kSelect>
+template <typename Elem, KvKind kKv>
 void launch_query_major_wide(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorWideConfig;
-  static_assert(kMaxTopk * sizeof(int) + sizeof(flashmsa::cuda::topk::net::PivotCtaSmem<Cfg::kWarps>) <=
-                    size_t(Cfg::kUnionBytes), "the selection's scratch fits the K / V stage");
-  auto* kernel = query_major_wide_kernel<Elem, kKv, kSelect>;
+  auto* kernel = query_major_wide_kernel<Elem, kKv>;
   MSA_CHECK(args.row_tiles >= 1 && args.group <= 16 * args.row_tiles && args.mtp_tokens == 0,
             "msa_sparse_decode_attention: split_warps=8 planned for MTP union items or 64-row tiles (planner bug)");
   flashmsa::cuda::prepare_launch(kernel, Cfg::kThreads, Cfg::kSmemBytes);  // cached smem opt-in

@@ -129,13 +129,9 @@ CombineArgs combine_args(const SparseAttnParams& p, int num_slots, int row_strid
 
 // ---- query-major -----------------------------------------------------------------------------
 
-// select: the rows' selections computed by the 8-warp kernel from these top-k params (only where
-// the plan runs it; sparse_decode_select checks), or nullptr: read from q2k.
-void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cudaStream_t stream,
-                     const TopkSelectParams* select = nullptr) {
+void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cudaStream_t stream) {
   QueryMajorArgs a{};
   a.p = p;
-  if (select != nullptr) a.sel = *select;
   a.group = p.num_heads / p.num_kv_heads;
   a.row_tiles = plan.row_tiles;
   a.splits = plan.splits;
@@ -152,8 +148,6 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
     a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
   }
   dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
-    MSA_CHECK(select == nullptr || plan.wide, "msa_sparse_decode_attention: a selection computed in the "
-              "kernel needs the 8-warp decode kernel (caller bug)");
     if (plan.cluster) {  // split=cluster: per-token items (the planner keeps MTP union items off it)
       MSA_CHECK(plan.mtp_tokens == 0 && !plan.fused, "msa_sparse_decode_attention: split=cluster "
                 "planned for MTP union items or a fused call (planner bug)");
@@ -177,11 +171,7 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
                 "msa_sparse_decode_attention: split_warps=8 planned outside per-token items on 16-row "
                 "tiles (planner bug)");
       if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8) {
-        if (select != nullptr) {
-          launch_query_major_wide<Elem, kKv, true>(a, stream);
-        } else {
-          launch_query_major_wide<Elem, kKv, false>(a, stream);
-        }
+        launch_query_major_wide<Elem, kKv>(a, stream);
       } else {
         MSA_FAIL("msa_sparse_decode_attention: split_warps=8 needs 16-bit or fp8 K/V (planner bug)");
       }
@@ -411,18 +401,6 @@ void sparse_decode(const SparseDecodeParams& dp, const SparseAttnPlan& plan, cud
             "must be a decode plan (query-major)");
   check_workspace(p, plan.bytes, "msa_sparse_decode_attention");
   run_query_major(p, plan.qm, stream);
-}
-
-void sparse_decode_select(const SparseDecodeParams& dp, const SparseAttnPlan& plan, const TopkSelectParams& tp,
-                          cudaStream_t stream) {
-  const SparseAttnParams& p = dp.attn;
-  if (p.total_q == 0) return;
-  check_params(p, "msa_sparse_decode_attention");
-  const char* why = flashmsa::sparse_decode_select_unsupported(dp, plan, tp);
-  MSA_CHECK(why == nullptr, "msa_sparse_decode_attention: the selection in the kernel does not apply: ", why,
-            " (caller bug)");
-  check_workspace(p, plan.bytes, "msa_sparse_decode_attention");
-  run_query_major(p, plan.qm, stream, &tp);
 }
 
 }  // namespace flashmsa::cuda

@@ -403,31 +403,4 @@ SparseDecodeParams make_sparse_decode_params(const SparseDecodeArgs& a) {
   return d;
 }
 
-void check_decode_select_args(const SparseDecodeArgs& d, const TopkSelectArgs& t) {
-  const Ctx c{"msa_sparse_decode_attention", "q", d.q.device};
-  check_tensor(c, t.max_score, "max_score");
-  // q2k_indices is checked by make_sparse_decode_params: (Hkv, total_q, topk).
-  const TensorRef& s = t.max_score;
-  const TensorRef& q2k = d.q2k_indices;
-  MSA_OP_CHECK(c, s.ndim == 3 && q2k.ndim == 3 && s.size(0) == q2k.size(0) && s.size(2) == q2k.size(1),
-               "max_score must be (Hkv, P, total_q) to select q2k_indices ", shape_str(q2k),
-               " per head (index head h for KV head h), got ", shape_str(s));
-  // q2k_indices is written here: apart from every other argument of both ops.
-  check_no_overlap(c, d.q2k_indices, "q2k_indices",
-                   {{"q", &d.q},
-                    {"k", &d.kv.k},
-                    {"v", &d.kv.v},
-                    {"k_scale", &d.kv.k_scale},
-                    {"v_scale", &d.kv.v_scale},
-                    {"page_table", &d.page_table},
-                    {"seqused_k", &d.seqused_k},
-                    {"cu_seqlens_k", &d.cu_seqlens_k},
-                    {"q_offset", &d.q_offset.tensor},
-                    {"output", &d.output},
-                    {"lse", &d.lse},
-                    {"workspace", &d.workspace},
-                    {"max_score", &t.max_score},
-                    {"num_valid_pages", &t.num_valid_pages}});
-}
-
 }  // namespace flashmsa

@@ -403,33 +403,32 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   network_rows<K, L>(col, stride, active, r, lo, hi, part, out_row, first, lo == p.force_begin);
 }
 
-// net_pivot_mode=rank_cta (auto's above 256 blocks): one row by a CTA of W warps (every thread of
-// the CTA calls it; it holds __syncthreads, and the CTA's threads return from it together except
-// that warps 1 .. W - 1 leave before warp 0's choice: a caller reading out_row syncs first). Warp
-// w holds slots [N / W w, N / W (w + 1)) of the row's N a lane (slot j of lane l: block lo + l +
-// 32 j, as pivot_row's), so lane l's minimum over the row is the minimum of the W warps' lane-l
+// net_pivot_mode=rank_cta (auto's above 256 blocks): a CTA of kWarpsPerCta warps a row (np.groups rows, L = 32); warp w
+// holds slots [N / 4 w, N / 4 (w + 1)) of the row's N a lane (slot j of lane l: block lo + l +
+// 32 j, as pivot_row's), so lane l's minimum over the row is the minimum of the 4 warps' lane-l
 // minima (shared memory), and the pivot is pivot_row's. Every warp computes it (no barrier for a
 // broadcast); the survivors are compacted in block order across the warps (their counts through
 // shared memory) and warp 0 chooses from them. More than 32 survivors, or a pivot of 0xFFFFFFFF:
 // warp 0 runs the networks over the row (the CTA decides together: every warp sees the same
-// pivot and counts). col: the row's scores (block b at col[b * stride]); nvp_in: its
-// num_valid_pages; out_row: its topk entries (global or shared memory), every one written.
-template <int W>
-struct PivotCtaSmem {
-  uint32_t lane_mins[W][32];
-  int counts[W];
-  uint2 stage[32];
-};
-
-template <int N, int W>
-__device__ __forceinline__ void pivot_cta_row(const TopkSelectParams& p, const float* col, int64_t stride,
-                                              int64_t nvp_in, int* out_row, PivotCtaSmem<W>& sm) {
-  static_assert((N == 8 || N == 16 || N == 32) && N % W == 0, "8, 16 or 32 scores a lane over W warps");
+// pivot and counts).
+template <int N>
+__global__ void __launch_bounds__(kWarpsPerCta * 32) topk_pivot_cta_kernel(const __grid_constant__ Params np) {
+  static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 scores a lane over the row");
+  constexpr int W = kWarpsPerCta;
   constexpr int Q = N / W;  // this warp's slots a lane
+  const TopkSelectParams& p = np.p;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  // This warp's scores as if the candidates start at force_begin (they do whenever the row has
-  // any), before the ranges: one DRAM round trip with the caller's num_valid_pages load.
+  const int g = blockIdx.x;  // < np.groups: the grid is the rows
+  const int h = g % p.num_heads;
+  const int s = np.token_groups - 1 - g / p.num_heads;  // L = 32: a token group is a token
+  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
+  const int64_t stride = p.num_tokens;
+  // num_valid_pages, then this warp's scores as if the candidates start at force_begin (they do
+  // whenever the row has any), before the ranges: one DRAM round trip for both (see
+  // topk_net_kernel).
+  const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s))
+                                                      : int64_t(p.num_valid_pages_value);
   const int first = Q * warp * 32;  // this warp's first offset in the row's candidate range
   float v[Q];
   {
@@ -440,6 +439,7 @@ __device__ __forceinline__ void pivot_cta_row(const TopkSelectParams& p, const f
     for (int i = 0; i < Q; ++i) v[i] = blk0 + 32 * i < p.num_blocks ? __ldg(ptr + i * step) : 0.0f;
   }
   const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
+  int* const out_row = topk_out_row(p, s, h);
   const int n_sel = r.target > 0 ? r.target : 0;
   for (int j = threadIdx.x; j < p.topk; j += W * 32) {
     if (j < r.fb) {
@@ -453,6 +453,9 @@ __device__ __forceinline__ void pivot_cta_row(const TopkSelectParams& p, const f
   const int hi = r.mid_end;
   if (r.target <= 0 || lo >= hi) return;  // CTA-uniform
 
+  __shared__ uint32_t lane_mins[W][32];
+  __shared__ int counts[W];
+  __shared__ uint2 stage[32];
   const bool have = lo == p.force_begin;  // the loads above are this range's
   uint32_t key[Q];
 #pragma unroll
@@ -461,49 +464,35 @@ __device__ __forceinline__ void pivot_cta_row(const TopkSelectParams& p, const f
     const float x = have ? v[i] : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
     key[i] = blk < hi ? topk_order_key(x) : 0xFFFFFFFFu;
   }
-  sm.lane_mins[warp][lane] = keys_min(key);
+  lane_mins[warp][lane] = keys_min(key);
   __syncthreads();
-  uint32_t lane_min = sm.lane_mins[0][lane];
+  uint32_t lane_min = lane_mins[0][lane];
 #pragma unroll
-  for (int w = 1; w < W; ++w) lane_min = umin(lane_min, sm.lane_mins[w][lane]);
+  for (int w = 1; w < W; ++w) lane_min = umin(lane_min, lane_mins[w][lane]);
   const uint32_t pivot = warp_kth_smallest(lane_min, r.target);  // the same in every warp
   const int mine = pivot != 0xFFFFFFFFu ? count_survivors(key, pivot) : 0;
-  if (lane == 0) sm.counts[warp] = mine;
+  if (lane == 0) counts[warp] = mine;
   __syncthreads();
   int base = 0;
   int total = 0;
 #pragma unroll
   for (int w = 0; w < W; ++w) {
-    const int c = sm.counts[w];
+    const int c = counts[w];
     base += w < warp ? c : 0;
     total += c;
   }
   const bool staged = pivot != 0xFFFFFFFFu && total <= 32;  // CTA-uniform
-  if (staged) stage_survivors(key, pivot, base, lane, first, sm.stage);
+  if (staged) stage_survivors(key, pivot, base, lane, first, stage);
   __syncthreads();
   if (warp != 0) return;
   if (staged) {
-    choose_staged(sm.stage, total, lane, r.target, lo, out_row + r.fb);
+    choose_staged(stage, total, lane, r.target, lo, out_row + r.fb);
     return;
   }
   float none[kBatch];
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) none[i] = 0.0f;
   network_rows<16, 32>(col, stride, true, r, lo, hi, lane, out_row, none, false);
-}
-
-// The rank_cta kernel: a CTA of kWarpsPerCta warps per row (np.groups rows, L = 32).
-template <int N>
-__global__ void __launch_bounds__(kWarpsPerCta * 32) topk_pivot_cta_kernel(const __grid_constant__ Params np) {
-  const TopkSelectParams& p = np.p;
-  const int g = blockIdx.x;  // < np.groups: the grid is the rows
-  const int h = g % p.num_heads;
-  const int s = np.token_groups - 1 - g / p.num_heads;  // L = 32: a token group is a token
-  const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s))
-                                                      : int64_t(p.num_valid_pages_value);
-  __shared__ PivotCtaSmem<kWarpsPerCta> sm;
-  pivot_cta_row<N, kWarpsPerCta>(p, p.score + int64_t(h) * p.num_blocks * p.num_tokens + s, p.num_tokens,
-                                 nvp_in, topk_out_row(p, s, h), sm);
 }
 
 }  // namespace flashmsa::cuda::topk::net

@@ -130,22 +130,10 @@ struct SparseDecodeArgs {
   TensorRef workspace;
 };
 SparseDecodeParams make_sparse_decode_params(const SparseDecodeArgs& args);
-// The decode-with-selection call's arguments together (run_sparse_decode_select; each op's own
-// make_* checks the rest): max_score on q's device, and q2k_indices, which the call writes, apart
-// from every other argument of both.
-void check_decode_select_args(const SparseDecodeArgs& d, const TopkSelectArgs& t);
 SparseAttnPlan make_sparse_decode_plan(const SparseDecodeParams& p, const SparseDecodeOptions& options,
                                        int device);
 void run_sparse_decode(const SparseDecodeParams& p, const SparseAttnPlan& plan, int device,
                        cudaStream_t stream);
-// The decode step's top-k and sparse decode in one: tp's selection written to the decode's q2k
-// (tp.out, its head-major view) and attended. On the GPU, where sparse_decode_select_unsupported
-// allows, one kernel (the 8-warp decode kernel computing each row's selection from the scores:
-// no top-k launch, no q2k round trip; returns true); else (and on the CPU) run_topk_select then
-// run_sparse_decode (returns false). The same q2k and output either way.
-bool run_sparse_decode_select(const TopkSelectParams& tp, const TopkSelectPlan& tplan,
-                              const SparseDecodeParams& p, const SparseAttnPlan& plan, int device,
-                              cudaStream_t stream);
 
 // Output dtype of decode: q's, except bf16 for fp8 q.
 DType decode_out_dtype(DType q_dtype);

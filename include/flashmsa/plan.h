@@ -653,12 +653,6 @@ int topk_net_lanes(const TopkSelectParams& p, int num_sms);
 // Why the pivot path cannot run the call (nullptr: it can): the scores a lane holds (rows of at
 // most kTopkNetPivotMaxSpan blocks) and the words (rows choosing at most 15).
 const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
-// Why a decode with its selection computed in the kernel (run_sparse_decode_select) cannot run
-// this call as one kernel (nullptr: it can): the decode plan runs the 8-warp kernel on per-token
-// items, the top-k call is the decode's rows (index heads = KV heads) writing the decode's q2k
-// head-major, its rows of <= 1024 blocks choose <= 15 (the counting CTA's pivot).
-const char* sparse_decode_select_unsupported(const SparseDecodeParams& p, const SparseAttnPlan& plan,
-                                             const TopkSelectParams& tp);
 
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);

@@ -508,17 +508,6 @@ def msa_topk_select(
                         force_end_blocks=force_end_blocks)
 
 
-def _nvp_args(op, num_valid_pages):
-    """num_valid_pages as the ops' (value, tensor) pair: None, a Python int or an int32 tensor."""
-    if num_valid_pages is None or isinstance(num_valid_pages, torch.Tensor):
-        return None, num_valid_pages
-    if isinstance(num_valid_pages, numbers.Integral) and not isinstance(num_valid_pages, bool):
-        return _int64(op, "num_valid_pages", num_valid_pages), None
-    raise TypeError(
-        f"num_valid_pages must be None, an int or an int32 tensor, got "
-        f"{type(num_valid_pages).__name__}")
-
-
 def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blocks,
                  force_end_blocks):
     op = "msa_topk_select"
@@ -527,7 +516,15 @@ def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blo
     output = _tensor_or_none("output", output)
     force_begin_blocks = _int_arg(op, "force_begin_blocks", force_begin_blocks)
     force_end_blocks = _int_arg(op, "force_end_blocks", force_end_blocks)
-    nvp_value, nvp_tensor = _nvp_args(op, num_valid_pages)
+    if num_valid_pages is None or isinstance(num_valid_pages, torch.Tensor):
+        nvp_value, nvp_tensor = None, num_valid_pages
+    elif isinstance(num_valid_pages, numbers.Integral) and not isinstance(num_valid_pages, bool):
+        nvp_value, nvp_tensor = _int64(op, "num_valid_pages", num_valid_pages), None
+    else:
+        raise TypeError(
+            f"num_valid_pages must be None, an int or an int32 tensor, got "
+            f"{type(num_valid_pages).__name__}")
+
     _check_devices(op, max_score=max_score, num_valid_pages=nvp_tensor, output=output)
     if output is None:
         num_heads, _, total_q = _shape3(max_score)
@@ -758,9 +755,7 @@ def msa_sparse_decode_attention(
 
 def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q,
                    causal, softmax_scale, return_softmax_lse, k_scale, v_scale, k_global_scale,
-                   v_global_scale, q_offset, partial_dtype, force_fused, workspace, select=None):
-    """select: None, or (max_score, nvp_value, nvp_tensor, force_begin, force_end) already checked:
-    the sparse_decode_select op, which writes q2k_indices from them first."""
+                   v_global_scale, q_offset, partial_dtype, force_fused, workspace):
     op = "msa_sparse_decode_attention"
     q = _tensor("q", q)
     k = _tensor("k", k)
@@ -790,18 +785,17 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     out = _outputs.empty(_shape3(q), out_dtype, q.device)
     lse, _ = _lse_outputs(q, bool(return_softmax_lse), False)
-    name = "sparse_decode" if select is None else "sparse_decode_select"
-    args = (q, k, v, q2k_indices, *(select or ()), page_table, seqused_k, cu_seqlens_k, seqlen_q,
-            bool(causal), softmax_scale, k_scale, v_scale, k_global_scale, v_global_scale,
-            q_offset_value, q_offset_tensor, partial_dtype, force_fused, out, lse)
+    args = (q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q, bool(causal),
+            softmax_scale, k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value,
+            q_offset_tensor, partial_dtype, force_fused, out, lse)
     scratch = None
     if workspace is not None:
         scratch = workspace.buffer
         if not torch.compiler.is_compiling():
-            scratch = workspace.reserve(_call(getattr(_ops, f"{name}_workspace_size"), *args,
-                                              scratch, plan))
-    _call(getattr(_ops, name), *args, scratch, plan)
-    _log.log_plan("msa_sparse_decode_attention", getattr(_ops, f"{name}_describe"),
+            scratch = workspace.reserve(_call(_ops.sparse_decode_workspace_size, *args, scratch,
+                                              plan))
+    _call(_ops.sparse_decode, *args, scratch, plan)
+    _log.log_plan("msa_sparse_decode_attention", _ops.sparse_decode_describe,
                   (*args, scratch, plan))
     if return_softmax_lse:
         return out, lse
@@ -871,73 +865,6 @@ def _plan_text(options) -> str:
     raise TypeError(f"options must be a mapping, a str or None, got {type(options).__name__}")
 
 
-# ---- extension: the decode step's top-k and sparse decode in one call ----------------------------
-
-def sparse_decode_select(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    max_score: torch.Tensor,
-    q2k_indices: torch.Tensor,
-    *,
-    num_valid_pages=None,
-    force_begin_blocks: int = 0,
-    force_end_blocks: int = 0,
-    page_table: Optional[torch.Tensor] = None,
-    seqused_k: Optional[torch.Tensor] = None,
-    cu_seqlens_k: Optional[torch.Tensor] = None,
-    seqlen_q: int = 1,
-    causal: bool = True,
-    softmax_scale: Optional[float] = None,
-    return_softmax_lse: bool = False,
-    k_scale: Optional[torch.Tensor] = None,
-    v_scale: Optional[torch.Tensor] = None,
-    k_global_scale: Optional[float] = None,
-    v_global_scale: Optional[float] = None,
-    q_offset=None,
-    partial_dtype: Optional[torch.dtype] = None,
-    force_fused: Optional[bool] = None,
-    workspace: Optional[MSASparseAttentionWorkspace] = None,
-):
-    """flashmsa's extension (not in FlashInfer): a decode step's :func:`msa_topk_select` and
-    :func:`msa_sparse_decode_attention` in one call, with per-head selection (index head h selects
-    for KV head h). ``max_score`` ``(Hkv, P, B * seqlen_q)`` is the proxy score; its top-``topk``
-    blocks per (token, head) (``topk = q2k_indices.shape[2]``; ``num_valid_pages``,
-    ``force_begin_blocks`` and ``force_end_blocks`` as in :func:`msa_topk_select`) are written to
-    ``q2k_indices`` ``(Hkv, B * seqlen_q, topk)`` and attended; the other arguments and the result
-    are :func:`msa_sparse_decode_attention`'s. ``q2k_indices`` and the output equal those of the two
-    ops called in turn (top-k writing ``q2k_indices.transpose(0, 1)``), bit for bit. On the GPU,
-    where the decode plan runs its 8-warp kernel on per-token items and the rows choose at most 15
-    of at most 1024 blocks, one kernel does both: each split CTA of a row computes the row's
-    selection from the scores itself (no top-k launch, no selection round trip through memory);
-    elsewhere the two ops run. docs/design/sparse_attention.md#decode-select."""
-    return _sparse_decode_select("", q, k, v, max_score, q2k_indices, num_valid_pages,
-                                 force_begin_blocks, force_end_blocks, page_table, seqused_k,
-                                 cu_seqlens_k, seqlen_q, causal, softmax_scale, return_softmax_lse,
-                                 k_scale, v_scale, k_global_scale, v_global_scale, q_offset,
-                                 partial_dtype, force_fused, workspace)
-
-
-def _sparse_decode_select(plan, q, k, v, max_score, q2k_indices, num_valid_pages,
-                          force_begin_blocks, force_end_blocks, page_table, seqused_k,
-                          cu_seqlens_k, seqlen_q, causal, softmax_scale, return_softmax_lse,
-                          k_scale, v_scale, k_global_scale, v_global_scale, q_offset,
-                          partial_dtype, force_fused, workspace):
-    op = "msa_topk_select"
-    q = _tensor("q", q)
-    max_score = _tensor("max_score", max_score)
-    force_begin_blocks = _int_arg(op, "force_begin_blocks", force_begin_blocks)
-    force_end_blocks = _int_arg(op, "force_end_blocks", force_end_blocks)
-    nvp_value, nvp_tensor = _nvp_args(op, num_valid_pages)
-    _check_devices("msa_sparse_decode_attention", q=q, max_score=max_score,
-                   num_valid_pages=nvp_tensor)
-    return _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k,
-                          seqlen_q, causal, softmax_scale, return_softmax_lse, k_scale, v_scale,
-                          k_global_scale, v_global_scale, q_offset, partial_dtype, force_fused,
-                          workspace, select=(max_score, nvp_value, nvp_tensor, force_begin_blocks,
-                                             force_end_blocks))
-
-
 def _planned(public, impl):
     signature = inspect.signature(public)
 
@@ -956,4 +883,3 @@ _proxy_score_fp4_planned = _planned(msa_proxy_score_fp4, _proxy_score_fp4)
 _topk_select_planned = _planned(msa_topk_select, _topk_select)
 _sparse_attention_planned = _planned(msa_sparse_attention, _sparse_attention)
 _sparse_decode_planned = _planned(msa_sparse_decode_attention, _sparse_decode)
-_sparse_decode_select_planned = _planned(sparse_decode_select, _sparse_decode_select)

@@ -1924,51 +1924,6 @@ TEST(PlanTopk, NetPivotModeWherePivotRuns) {
                              h200).net_pivot, 0);
 }
 
-// The decode with its selection in the kernel (run_sparse_decode_select) runs as one kernel only
-// where the decode plan runs the 8-warp kernel on per-token items and the top-k call is the
-// decode's rows, writing its q2k head-major, with rows the counting CTA's pivot takes.
-TEST(PlanDecodeSelect, WhereOneKernelRuns) {
-  static int q2k[4 * 3 * 16];
-  SparseDecodeParams d{};
-  d.attn.num_kv_heads = 4;
-  d.attn.total_q = 3;
-  d.attn.topk = 16;
-  d.attn.q2k = q2k;
-  SparseAttnPlan plan;
-  plan.schedule = PrefillSchedule::kQueryMajor;
-  plan.qm.wide = true;
-  TopkSelectParams tp = m3_topk(3, 1024);  // 4 heads, 3 tokens, 15 chosen of 1024
-  tp.out = q2k;
-  tp.out_token_stride = 16;
-  tp.out_head_stride = 3 * 16;
-  EXPECT_EQ(sparse_decode_select_unsupported(d, plan, tp), nullptr);
-  auto why = [&](auto change) {
-    SparseDecodeParams d2 = d;
-    SparseAttnPlan plan2 = plan;
-    TopkSelectParams tp2 = tp;
-    change(d2, plan2, tp2);
-    const char* r = sparse_decode_select_unsupported(d2, plan2, tp2);
-    return std::string(r == nullptr ? "" : r);
-  };
-  const std::string not_wide = "the decode plan does not run the 8-warp kernel on per-token items";
-  EXPECT_EQ(why([](auto&, auto& pl, auto&) { pl.qm.wide = false; }), not_wide);
-  EXPECT_EQ(why([](auto&, auto& pl, auto&) { pl.qm.mtp_tokens = 4; }), not_wide);
-  EXPECT_EQ(why([](auto&, auto& pl, auto&) { pl.schedule = PrefillSchedule::kKvMajor; }), not_wide);
-  const std::string rows = "the top-k call is not the decode's rows";
-  EXPECT_EQ(why([](auto&, auto&, auto& t) { t.num_heads = 8; }).rfind(rows, 0), 0u);
-  EXPECT_EQ(why([](auto&, auto&, auto& t) { t.num_tokens = 4; }).rfind(rows, 0), 0u);
-  EXPECT_EQ(why([](auto&, auto&, auto& t) { t.topk = 32; }).rfind(rows, 0), 0u);
-  EXPECT_EQ(why([](auto&, auto&, auto& t) { t.num_blocks = 1025; }), "more than 1024 blocks per row");
-  EXPECT_EQ(why([](auto&, auto&, auto& t) { t.force_end = 0; }), "rows choose more than 15 blocks");
-  const std::string out = "the top-k output is not the decode's q2k";
-  EXPECT_EQ(why([](auto&, auto&, auto& t) { t.out = q2k + 1; }), out);
-  EXPECT_EQ(why([](auto&, auto&, auto& t) {  // token-major: not the decode's layout
-              t.out_token_stride = 4 * 16;
-              t.out_head_stride = 16;
-            }),
-            out);
-}
-
 TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
   const TopkSelectDeviceFacts h200{132};
   const TopkSelectOptions by_size{TopkKernel::kBySize};

@@ -4,18 +4,15 @@ on the GPU machine); bench_msa's command line and configurations; the decode-ste
 on the CPU reference with a stand-in for the CUDA graph, its byte floor and its replay check."""
 import argparse
 import importlib.util
-import logging
 import shutil
 import subprocess
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
 
-from conftest import requires_cuda
 from flashmsa import msa_ops
 from flashmsa.testing import inputs as mi
 from flashmsa.testing.timing import Timer
@@ -266,7 +263,6 @@ def test_stage_step_runs_each_config_case():
                 if case[3] == "fp8":
                     want += [(case, suffix, dict(proxy_options=o)) for suffix, o in bm.STEP_PROXY_VARIANTS]
                 want.append((case, bm.STEP_COPY_SUFFIX, dict(q2k_copy=True)))
-                want.append((case, bm.STEP_SELECT_SUFFIX, dict(select=True)))
         elif case[2] == 1 and case[4] == "fp8":  # larger batches: the 8-warp kernel, fused
             want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_FP8_WIDE_VARIANTS]
     suffixes = [w[1] for w in want]
@@ -279,7 +275,6 @@ def test_stage_step_runs_each_config_case():
     assert suffixes.count(" [net_pivot_mode=rank_cta]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [decode_tma_issue=warps]") == 1  # B1 fp8
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
-    assert suffixes.count(" [decode_select]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)
     for call, (case, suffix, kwargs) in zip(calls, want):
         stage, got_name, build, bound, ref = call.args
@@ -342,104 +337,10 @@ def test_replay_mismatch():
 
 # ---- the decode step on the CPU reference ------------------------------------------------------
 
-def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3, decode_options=None,
-              device="cpu", select=False):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return bm.DecodeStep(msa_ops, b, ctx, sq, bm.STEP_DTYPES[idx], bm.STEP_DTYPES[kv], gen,
-                         torch.device(device), decode_options=decode_options, select=select)
-
-
-def check_select_step(sq, idx, kv, b, ctx, device, fused=None, caplog=None):
-    """The step with sparse_decode_select (the top-k inside the decode) against the step with the
-    two ops, on the same inputs (the same seed): the same q2k and output, bit for bit, both written
-    over poison. fused: whether the call's plan text must say the selection ran in the kernel."""
-    two, one = (make_step(sq, idx, kv, b, ctx, seed=5, device=device, select=s) for s in (False, True))
-    assert torch.equal(two.q, one.q) and torch.equal(two.k, one.k)
-    two.q2k.fill_(-7)
-    one.q2k.fill_(-7)
-    out2, sel2 = two()
-    if caplog is not None:
-        caplog.clear()
-    with caplog.at_level(logging.INFO, logger="flashmsa") if caplog is not None else nullcontext():
-        out1, sel1 = one()
-    assert torch.equal(one.q2k, two.q2k)
-    assert torch.equal(sel1, sel2)
-    assert out1.dtype == out2.dtype and torch.equal(out1.view(torch.uint8), out2.view(torch.uint8))
-    mi.check_selection(one.q2k, one.positions, bm.TOPK)
-    if fused is not None:
-        text = caplog.text
-        assert ("the selection: in the decode kernel" in text) == fused, text
-
-
-@pytest.mark.cpu_only
-@pytest.mark.parametrize("sq,idx,kv", [(1, "bf16", "bf16"), (4, "fp8", "fp8")])
-def test_decode_select_step_on_cpu(sq, idx, kv):
-    """sparse_decode_select on the CPU (the reference top-k, then the reference decode) equals the
-    step's two calls."""
-    check_select_step(sq, idx, kv, 2, 4096, "cpu")
-
-
-@requires_cuda
-@pytest.mark.parametrize("b,ctx,sq,idx,kv,fused", [
-    (1, 128 * 1024, 1, "fp8", "fp8", True),    # B1 / 128K: 1024 blocks, the 8-warp split kernel
-    (1, 32 * 1024, 1, "bf16", "bf16", True),
-    (3, 8192, 1, "bf16", "fp8", True),
-    (8, 32 * 1024, 1, "fp8", "fp8", True),
-    (2, 1024, 1, "bf16", "bf16", True),        # 8 blocks a row: nothing left to choose past the forced
-    (2, 4096, 4, "bf16", "bf16", False),       # MTP: the two ops
-    (64, 4096, 1, "bf16", "bf16", False),      # batch 64: the fused 4-warp kernel, the two ops
-])
-def test_decode_select_step_on_cuda(b, ctx, sq, idx, kv, fused, caplog):
-    """sparse_decode_select on the GPU: where the decode runs its 8-warp kernel (batch 1-8, one
-    token a request) one kernel computes each row's selection from the scores and attends it;
-    elsewhere the two ops run. Either way q2k and the output equal the two ops' bit for bit, and
-    the plan text says which ran."""
-    check_select_step(sq, idx, kv, b, ctx, "cuda", fused=fused, caplog=caplog)
-
-
-@requires_cuda
-def test_decode_select_step_graph_replays_on_cuda():
-    """The step with sparse_decode_select captured in a CUDA graph replays bit for bit (the
-    benchmark's own check, on its B1 / 32K fp8 shape)."""
-    step = make_step(1, "fp8", "fp8", 1, 32 * 1024, seed=7, device="cuda", select=True)
-    eager = bm.clone_outputs(step())
-    graph, static = bm.capture_graph(step)
-    graph.replay()
-    first = bm.clone_outputs(static)
-    bm.poison_outputs(static)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert bm.replay_mismatch(eager, first, static) is None
-
-
-@pytest.mark.cpu_only
-def test_decode_select_argument_errors():
-    """The decode-with-selection call names its bad arguments with FlashInfer's ValueError:
-    max_score not the decode's rows and heads, q2k_indices sharing memory with an input."""
-    step = make_step(1, b=2, ctx=1024, select=True)
-    scores = msa_ops.msa_proxy_score(step.index_q, step.index_k, step.cu_q, None,
-                                     page_table=step.page_table, seqused_k=step.seqused)
-    kw = dict(num_valid_pages=step.nvp, force_end_blocks=1, page_table=step.page_table,
-              seqused_k=step.seqused)
-    with pytest.raises(ValueError, match=r"max_score must be \(Hkv, P, total_q\)"):
-        msa_ops.sparse_decode_select(step.q, step.k, step.v, scores[:2], step.q2k, **kw)
-    with pytest.raises(ValueError, match=r"max_score must be \(Hkv, P, total_q\)"):
-        msa_ops.sparse_decode_select(step.q, step.k, step.v, scores[:, :, :1], step.q2k, **kw)
-    shared = torch.empty(step.q2k.numel() + step.page_table.numel(), dtype=torch.int32)
-    q2k = shared[:step.q2k.numel()].view(step.q2k.shape)
-    pt = shared[step.q2k.numel() - 1:].narrow(0, 0, step.page_table.numel()).view(step.page_table.shape)
-    pt.copy_(step.page_table)
-    with pytest.raises(ValueError, match="q2k_indices"):
-        msa_ops.sparse_decode_select(step.q, step.k, step.v, scores, q2k, **dict(kw, page_table=pt))
-    with pytest.raises(TypeError, match="num_valid_pages must be None, an int or an int32 tensor"):
-        msa_ops.sparse_decode_select(step.q, step.k, step.v, scores, step.q2k,
-                                     **dict(kw, num_valid_pages=1.5))
-    # Good arguments: the same as the two ops.
-    out = msa_ops.sparse_decode_select(step.q, step.k, step.v, scores, step.q2k, **kw)
-    sel = msa_ops.msa_topk_select(scores, bm.TOPK, step.nvp, force_end_blocks=1)
-    assert torch.equal(step.q2k, sel.transpose(0, 1))
-    assert torch.equal(out, msa_ops.msa_sparse_decode_attention(
-        step.q, step.k, step.v, step.q2k, page_table=step.page_table, seqused_k=step.seqused))
+def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3, decode_options=None):
+    return bm.DecodeStep(msa_ops, b, ctx, sq, bm.STEP_DTYPES[idx], bm.STEP_DTYPES[kv],
+                         torch.Generator().manual_seed(seed), torch.device("cpu"),
+                         decode_options=decode_options)
 
 
 @pytest.mark.parametrize("sq,idx,kv", [(1, "bf16", "bf16"), (1, "fp8", "fp8"),
@@ -533,10 +434,9 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.stage_step()
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
     # [combine_loads=after] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
-    # top-k variant rows ([net_pivot=off], the two pivot forms), [q2k copy] and [decode_select]
-    # rows.
+    # top-k variant rows ([net_pivot=off], the two pivot forms) and [q2k copy] row.
     n_topk = len(bm.STEP_TOPK_VARIANTS)
-    first = 6 + n_topk  # the first case's rows
+    first = 5 + n_topk  # the first case's rows
     assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 3), cpu_bench.rows
     name = bm.step_case_name(2, 1024, 1, "bf16", "bf16")
     assert cpu_bench.rows[1]["case"] == name + " [split=cluster]"
@@ -552,8 +452,6 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     assert cpu_bench.rows[4]["topk_options"] == dict(net_pivot="off")
     copy_row = cpu_bench.rows[4 + n_topk]
     assert copy_row["case"] == name + " [q2k copy]" and copy_row["q2k_copy"]
-    select_row = cpu_bench.rows[5 + n_topk]
-    assert select_row["case"] == name + " [decode_select]" and select_row["select"]
     assert "decode_options" not in cpu_bench.rows[0] and "topk_options" not in cpu_bench.rows[0]
     cpu_bench.rows = cpu_bench.rows[::first]
     graphs = graphs[::first]

@@ -74,11 +74,6 @@ def _opcheck_cases():
     yield "sparse_decode_split_f32", ops.sparse_decode.default, (
         qd, kp, vp, q2kd, table, used, None, 2, True, None, None, None, None, None, None, None,
         torch.float32, False, torch.empty_like(qd), None, None)
-    # flashmsa's decode with its selection (sparse_decode_select): q2k_indices written.
-    yield "sparse_decode_select", ops.sparse_decode_select.default, (
-        qd, kp, vp, torch.empty(2, 4, 16, dtype=torch.int32), torch.randn(2, 3, 4), None,
-        torch.tensor([3, 3, 2, 2], dtype=torch.int32), 0, 1, table, used, None, 2, True, None, None,
-        None, None, None, None, None, None, None, torch.empty_like(qd), torch.empty(4, 4), None)
 
 
 CASES = list(_opcheck_cases())
