@@ -55,11 +55,17 @@ void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
   MSA_CHECK_LAUNCH();
 }
 
-// warp_split: a CTA per (token, head) row (CTA b = row b of out[S, H, topk]).
-void launch_split_rows(const TopkSelectParams& p, cudaStream_t stream) {
+// The grid of a kernel with a CTA per (token, head) row: the row count, which must fit an int.
+int row_grid(const TopkSelectParams& p) {
   const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
   MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
                       " tokens exceed the kernel's work-item range");
+  return int(rows);
+}
+
+// warp_split: a CTA per (token, head) row (CTA b = row b of out[S, H, topk]).
+void launch_split_rows(const TopkSelectParams& p, cudaStream_t stream) {
+  const int rows = row_grid(p);
   prepare_launch(topk::split::topk_split_kernel, topk::kThreads, 0);
   topk::split::topk_split_kernel<<<dim3(unsigned(rows)), topk::kThreads, 0, stream>>>(p);
   MSA_CHECK_LAUNCH();
@@ -70,9 +76,7 @@ void launch_split_rows(const TopkSelectParams& p, cudaStream_t stream) {
 void launch_digit_rows(const TopkSelectParams& p, cudaStream_t stream) {
   static_assert(topk::kChunk == kTopkDigitsChunk, "plan.h's chunk of warp_digits is the kernel's");
   if (p.num_blocks > topk::kChunk) return launch_split_rows(p, stream);
-  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
-  MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
-                      " tokens exceed the kernel's work-item range");
+  const int rows = row_grid(p);
   prepare_launch(topk::split::topk_digits_kernel, 32, 0);
   topk::split::topk_digits_kernel<<<dim3(unsigned(rows)), 32, 0, stream>>>(p);
   MSA_CHECK_LAUNCH();
@@ -119,10 +123,8 @@ void launch_pivot_cta(const TopkSelectParams& p, cudaStream_t stream) {
   topk::net::Params np{};
   np.p = p;
   np.token_groups = p.num_tokens;
-  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
-  MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
-                      " tokens exceed the kernel's work-item range");
-  np.groups = int(rows);
+  const int rows = row_grid(p);
+  np.groups = rows;
   constexpr int kThreads = topk::net::kWarpsPerCta * 32;
   prepare_launch(topk::net::topk_pivot_cta_kernel<N>, kThreads, 0);
   topk::net::topk_pivot_cta_kernel<N><<<dim3(unsigned(rows)), kThreads, 0, stream>>>(np);
