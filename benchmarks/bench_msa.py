@@ -71,7 +71,9 @@ FULL = dict(
     # The captured decode step: (batch, ctx, tokens per request, index-K dtype, K/V dtype).
     step=[(b, c, 1, d, d) for d in ("bf16", "fp8") for b in (1, 8, 64) for c in (32 * K, 128 * K)]
     + [(64, c, 1, "bf16", "fp8") for c in (32 * K, 128 * K)]
-    + [(64, c, 4, d, d) for d in ("bf16", "fp8") for c in (32 * K, 128 * K)],
+    + [(64, c, 4, d, d) for d in ("bf16", "fp8") for c in (32 * K, 128 * K)]
+    # the NVFP4 indexer with fp8 K/V
+    + [(b, c, 1, "nvfp4", "fp8") for b in (1, 8, 64) for c in (32 * K, 128 * K)],
     budget_s=0.3, max_reps=100,
 )
 QUICK = dict(
@@ -87,7 +89,8 @@ QUICK = dict(
                  (1, 32 * K, 1, "nvfp4"), (64, 32 * K, 1, "nvfp4"), (64, 32 * K, 4, "nvfp4")],
     pipeline_s=[8 * K, 32 * K],
     topk_s=[32 * K, 128 * K],
-    step=[(b, 32 * K, 1, d, d) for d in ("bf16", "fp8") for b in (1, 64)],
+    step=[(b, 32 * K, 1, d, d) for d in ("bf16", "fp8") for b in (1, 64)]
+    + [(b, 32 * K, 1, "nvfp4", "fp8") for b in (1, 64)],
     budget_s=0.15, max_reps=50,
 )
 STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
@@ -142,9 +145,15 @@ def accepts(fn, name: str) -> bool:
 # ---- the captured decode step (stage step) -----------------------------------------------------
 
 STEP_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+# The step's index-K also as the NVFP4 indexer (msa_proxy_score_fp4: index q and index-K both
+# NVFP4; DecodeStep takes the name where it takes a dtype for the others). K/V: STEP_DTYPES.
+NVFP4 = "nvfp4"
+STEP_INDEX_DTYPES = {**STEP_DTYPES, NVFP4: NVFP4}
 # The sparse-decode stage's K/V kinds (--decode-attn).
 DECODE_KV_DTYPES = ("bf16", "fp8", "nvfp4")
 HEAD_DIM = 128
+# Index-K bytes a token and index-K head of the NVFP4 indexer: 64 of e2m1 codes + 8 e4m3 scales.
+NVFP4_TOKEN_BYTES = HEAD_DIM // 2 + HEAD_DIM // 16
 
 
 def step_case_name(b: int, ctx: int, sq: int, idx: str, kv: str) -> str:
@@ -173,8 +182,10 @@ STEP_TOPK_VARIANTS = ((" [net_pivot=off]", dict(net_pivot="off")),
                       # a row counting (auto's from 16 scores a lane; "Counting instead of sorting").
                       (" [net_pivot_mode=sort]", dict(net_pivot_mode="sort")),
                       (" [net_pivot_mode=rank_cta]", dict(net_pivot_mode="rank_cta")))
-# ... and, fp8 index-K, one token per request, with proxy-score plan options: the TMA kernel's
-# loads issued by each consumer warp for itself (auto: a producer warp).
+# ... and, fp8 or NVFP4 index-K, one token per request, with proxy-score plan options: the TMA
+# kernel's loads issued by each consumer warp for itself (auto at these batches: a producer warp).
+# An NVFP4 index row runs these only: its top-k and decode are those of the fp8 index row beside
+# it, whose variants measure them.
 STEP_PROXY_VARIANTS = ((" [decode_tma_issue=warps]", dict(decode_tma_issue="warps")),)
 # ... and one token per request with the selection copied (FlashInfer's token-major top-k output,
 # then q2k = its transpose, contiguous) instead of written head-major by top-k.
@@ -182,6 +193,23 @@ STEP_COPY_SUFFIX = " [q2k copy]"
 # Decode batches whose M3 calls split by blocks on an H200 (B x 4 kv heads < 132 SMs): their bf16
 # sq 1 rows also run split-K on 4 warps per CTA (split_warps=4) beside auto's 8.
 SPLIT_K_MAX_BATCH = 32
+
+
+def step_decode_variants(b: int, sq: int, kv: str) -> list:
+    """The sparse-decode plan options a step row of batch `b`, `sq` tokens a request and K/V `kv`
+    also runs with: (suffix of the case name, options)."""
+    # MTP steps of 16-bit K/V also with their union items on the sm_90a TMA + wgmma kernel
+    # (decode plan option kernel=wgmma), whatever the batch.
+    variants = [(" [wgmma]", dict(kernel="wgmma"))] if sq > 1 and kv == "bf16" else []
+    if b <= STEP_VARIANT_MAX_BATCH:
+        variants += list(STEP_VARIANTS)
+        if sq == 1 and kv == "bf16":
+            variants += list(STEP_BF16_VARIANTS)
+        if sq == 1 and kv == "fp8":
+            variants += list(STEP_FP8_VARIANTS)
+    elif sq == 1 and kv == "fp8":
+        variants += list(STEP_FP8_WIDE_VARIANTS)
+    return variants
 
 
 def randn_pages(shape, gen, device, dtype, rows: int = 4096) -> torch.Tensor:
@@ -231,7 +259,10 @@ class DecodeStep:
     token-major selection, then its transposed copy) -> sparse decode over the paged K/V with a
     caller-owned workspace. Every buffer is static and no call reads a device value on the host,
     so that the step can be captured in one CUDA graph. Per-head selection: index head h selects
-    for KV head h (M3: 4 and 4).
+    for KV head h (M3: 4 and 4). `index_dtype` NVFP4 (the name) is the NVFP4 indexer: the index
+    q and the index-K cache quantized (flashmsa.testing.quantize_nvfp4) once here, the proxy by
+    msa_proxy_score_fp4; the index q's quantization is not part of the step (an engine fuses it
+    into the op that produces the index q, as it produces the bf16 one).
 
     `batch` requests of `ctx` tokens (a multiple of 128), `seqlen_q` query tokens each (1, or more
     for MTP) at positions ctx - seqlen_q .. ctx - 1. One shuffled page table serves the index-K
@@ -255,8 +286,11 @@ class DecodeStep:
         # Top-k and proxy-score plan options likewise.
         self.topk_select = ops.msa_topk_select if topk_options is None else \
             functools.partial(ops._topk_select_planned, options=topk_options)
-        self.proxy_score = ops.msa_proxy_score if proxy_options is None else \
-            functools.partial(ops._proxy_score_planned, options=proxy_options)
+        self.index_fp4 = index_dtype == NVFP4
+        public, planned = ((ops.msa_proxy_score_fp4, ops._proxy_score_fp4_planned) if self.index_fp4
+                           else (ops.msa_proxy_score, ops._proxy_score_planned))
+        self.proxy_score = public if proxy_options is None else \
+            functools.partial(planned, options=proxy_options)
         self.batch, self.ctx, self.seqlen_q = batch, ctx, seqlen_q
         self.nb = nb = ctx // mi.BLOCK
         rows, pages = batch * seqlen_q, batch * nb
@@ -268,8 +302,13 @@ class DecodeStep:
         self.positions = (ctx - seqlen_q + torch.arange(seqlen_q, device=device)).repeat(batch)
         self.nvp = (self.positions // mi.BLOCK + 1).to(torch.int32)
         self.index_q = mi.randn((rows, geo["idx_hq"], HEAD_DIM), gen, device)
-        self.index_k = randn_pages((pages, geo["idx_hk"], mi.BLOCK, HEAD_DIM), gen, device,
-                                   index_dtype)
+        index_k_shape = (pages, geo["idx_hk"], mi.BLOCK, HEAD_DIM)
+        if self.index_fp4:  # (pages, 1, 128, 64) codes, the paged cache's 128x4 scales, a float
+            self.index_k, self.index_k_scale, self.index_k_gs = ft.quantize_nvfp4(
+                randn_pages(index_k_shape, gen, device, torch.bfloat16))
+            self.index_q4, self.index_q_scale, self.index_q_gs = ft.quantize_nvfp4(self.index_q)
+        else:
+            self.index_k = randn_pages(index_k_shape, gen, device, index_dtype)
         self.q = mi.randn((rows, geo["hq"], HEAD_DIM), gen, device)
         self.k = randn_pages((pages, geo["hkv"], mi.BLOCK, HEAD_DIM), gen, device, kv_dtype)
         self.v = randn_pages((pages, geo["hkv"], mi.BLOCK, HEAD_DIM), gen, device, kv_dtype)
@@ -285,9 +324,13 @@ class DecodeStep:
 
     def __call__(self):
         """The step: returns (attention output, top-k selection (tokens, heads, topk))."""
-        self.proxy_score(self.index_q, self.index_k, self.cu_q, None, page_table=self.page_table,
-                         seqused_k=self.seqused, causal=True, max_seqlen_q=self.seqlen_q,
-                         max_k_tiles=self.nb, output=self.scores)
+        kw = dict(page_table=self.page_table, seqused_k=self.seqused, causal=True,
+                  max_seqlen_q=self.seqlen_q, max_k_tiles=self.nb, output=self.scores)
+        if self.index_fp4:
+            self.proxy_score(self.index_q4, self.index_k, self.index_q_scale, self.index_k_scale,
+                             self.index_q_gs, self.index_k_gs, self.cu_q, None, **kw)
+        else:
+            self.proxy_score(self.index_q, self.index_k, self.cu_q, None, **kw)
         self.topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
                          force_end_blocks=1)
         if self.q2k_copy:
@@ -298,8 +341,10 @@ class DecodeStep:
         return out, self.sel
 
     def index_k_bytes(self) -> int:
-        """Bytes of the index-K history: every request's seqused_k tokens (host read)."""
-        per_token = self.geo["idx_hk"] * HEAD_DIM * self.index_k.element_size()
+        """Bytes of the index-K history: every request's seqused_k tokens (host read); NVFP4:
+        codes and block scales."""
+        per_token = self.geo["idx_hk"] * (NVFP4_TOKEN_BYTES if self.index_fp4 else
+                                          HEAD_DIM * self.index_k.element_size())
         return int(self.seqused.sum().item()) * per_token
 
     def floor(self) -> dict:
@@ -1089,26 +1134,19 @@ class Bench:
                           "memory", ref,
                           extra=dict(batch=b, ctx=ctx, seqlen_q=sq, index_k_dtype=idx,
                                      kv_dtype=kv))
-            # MTP steps of 16-bit K/V also with their union items on the sm_90a TMA + wgmma
-            # kernel (decode plan option kernel=wgmma), whatever the batch.
-            variants = [(" [wgmma]", dict(kernel="wgmma"))] if sq > 1 and kv == "bf16" else []
-            if b <= STEP_VARIANT_MAX_BATCH:
-                variants += list(STEP_VARIANTS)
-                if sq == 1 and kv == "bf16":
-                    variants += list(STEP_BF16_VARIANTS)
-                if sq == 1 and kv == "fp8":
-                    variants += list(STEP_FP8_VARIANTS)
-            elif sq == 1 and kv == "fp8":
-                variants += list(STEP_FP8_WIDE_VARIANTS)
             # (suffix, build_step's keyword arguments)
-            variants = [(suffix, dict(decode_options=options)) for suffix, options in variants]
-            if b <= STEP_VARIANT_MAX_BATCH and sq == 1:
-                variants += [(suffix, dict(topk_options=options))
-                             for suffix, options in STEP_TOPK_VARIANTS]
-                if idx == "fp8":
-                    variants += [(suffix, dict(proxy_options=options))
-                                 for suffix, options in STEP_PROXY_VARIANTS]
-                variants.append((STEP_COPY_SUFFIX, dict(q2k_copy=True)))
+            small = b <= STEP_VARIANT_MAX_BATCH and sq == 1
+            proxy = [(suffix, dict(proxy_options=options)) for suffix, options in STEP_PROXY_VARIANTS]
+            if idx == NVFP4:  # the proxy's options only (see STEP_PROXY_VARIANTS)
+                variants = proxy if small else []
+            else:
+                variants = [(suffix, dict(decode_options=options))
+                            for suffix, options in step_decode_variants(b, sq, kv)]
+                if small:
+                    variants += [(suffix, dict(topk_options=options))
+                                 for suffix, options in STEP_TOPK_VARIANTS]
+                    variants += proxy if idx == "fp8" else []
+                    variants.append((STEP_COPY_SUFFIX, dict(q2k_copy=True)))
             for suffix, kwargs in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
                               lambda b=b, c=ctx, q=sq, i=idx, v=kv, kw=kwargs:
@@ -1123,7 +1161,7 @@ class Bench:
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
-        step = DecodeStep(self.ops, b, ctx, sq, STEP_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
+        step = DecodeStep(self.ops, b, ctx, sq, STEP_INDEX_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
                           self.device, decode_options=decode_options, topk_options=topk_options,
                           q2k_copy=q2k_copy, proxy_options=proxy_options)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
@@ -1237,8 +1275,8 @@ def _size(part: str) -> int:
 
 
 def parse_cases(text: str, dtypes: bool) -> list:
-    """Decode cases "B/CTX[/SQ]" (dtypes: step cases "B/CTX[/SQ[/IDX[/KV]]]", IDX and KV bf16 or
-    fp8, KV defaulting to IDX), comma-separated: "1/128K,64/32K/4" -> [(1, 131072, 1), (64, 32768,
+    """Decode cases "B/CTX[/SQ]" (dtypes: step cases "B/CTX[/SQ[/IDX[/KV]]]", IDX bf16, fp8 or
+    nvfp4, KV bf16 or fp8, defaulting to IDX, fp8 for an nvfp4 IDX), comma-separated: "1/128K,64/32K/4" -> [(1, 131072, 1), (64, 32768,
     4)] (with dtypes: [(1, 131072, 1, "bf16", "bf16"), ...])."""
     cases = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -1254,9 +1292,10 @@ def parse_cases(text: str, dtypes: bool) -> list:
         case = (b, _size(f[1]), sq)
         if dtypes:
             idx = f[3] if len(f) > 3 else "bf16"
-            kv = f[4] if len(f) > 4 else idx
-            if idx not in STEP_DTYPES or kv not in STEP_DTYPES:
-                raise argparse.ArgumentTypeError(f"index-K and K/V dtypes are one of {tuple(STEP_DTYPES)}: {part}")
+            kv = f[4] if len(f) > 4 else "fp8" if idx == NVFP4 else idx
+            if idx not in STEP_INDEX_DTYPES or kv not in STEP_DTYPES:
+                raise argparse.ArgumentTypeError(f"index-K dtypes are one of {tuple(STEP_INDEX_DTYPES)}, "
+                                                 f"K/V dtypes one of {tuple(STEP_DTYPES)}: {part}")
             case += (idx, kv)
         cases.append(case)
     return cases
@@ -1297,9 +1336,10 @@ def parser() -> argparse.ArgumentParser:
                     help="comma-separated proxy-decode cases B/CTX[/SQ] (e.g. 1/128K,64/32K/4) of "
                          "the proxy stage, instead of the quick / full run's")
     ap.add_argument("--steps", default=[], type=lambda v: parse_cases(v, True),
-                    help="comma-separated decode-step cases B/CTX[/SQ[/IDX[/KV]]] (IDX, KV: bf16 or "
-                         "fp8; KV defaults to IDX; e.g. 1/128K,64/32K/1/fp8) of the step stage, "
-                         "instead of the quick / full run's")
+                    help="comma-separated decode-step cases B/CTX[/SQ[/IDX[/KV]]] (IDX: bf16, fp8 "
+                         "or nvfp4, KV: bf16 or fp8; KV defaults to IDX, to fp8 for nvfp4; e.g. "
+                         "1/128K,64/32K/1/fp8,1/128K/1/nvfp4) of the step stage, instead of the "
+                         "quick / full run's")
     ap.add_argument("--decode-attn", default=[], type=parse_decode_attn,
                     help="comma-separated sparse-decode cases B/CTX[/SQ[/KV]] (KV: bf16, fp8 or "
                          "nvfp4; e.g. 64/32K/1/fp8) of the decode stage, instead of the quick / full "

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from flashmsa import msa_ops
+from flashmsa import testing as ft
 from flashmsa.testing import inputs as mi
 from flashmsa.testing.timing import Timer
 
@@ -201,11 +202,11 @@ def test_case_arguments_replace_the_configs():
     full configuration's; malformed ones are usage errors."""
     K = bm.K
     args = bm.parser().parse_args(["--quick", "--decodes", "1/128K, 64/32K/4",
-                                   "--steps", "1/128K,64/32768/1/fp8,8/32K/1/bf16/fp8",
+                                   "--steps", "1/128K,64/32768/1/fp8,8/32K/1/bf16/fp8,1/128K/1/nvfp4",
                                    "--decode-attn", "64/32K/1/fp8, 1/128K,8/32K/4/nvfp4"])
     assert args.decodes == [(1, 128 * K, 1), (64, 32 * K, 4)]
     assert args.steps == [(1, 128 * K, 1, "bf16", "bf16"), (64, 32 * K, 1, "fp8", "fp8"),
-                          (8, 32 * K, 1, "bf16", "fp8")]
+                          (8, 32 * K, 1, "bf16", "fp8"), (1, 128 * K, 1, "nvfp4", "fp8")]
     assert args.decode_attn == [(64, 32 * K, 1, "fp8"), (1, 128 * K, 1, "bf16"), (8, 32 * K, 4, "nvfp4")]
     bench = bm.Bench.__new__(bm.Bench)
     with mock.patch.object(bm, "Timer"):
@@ -216,7 +217,8 @@ def test_case_arguments_replace_the_configs():
     for bad in ("64", "1/32K/1/fp4", "1/32K/1/fp8/1", "0/32K/1/fp8"):
         with pytest.raises(SystemExit):
             bm.parser().parse_args(["--decode-attn", bad])
-    for bad in ("64", "0/32K", "1/100", "1/32K/0", "x/32K", "1/32K/1/fp4", "1/32K/1/bf16/bf16/1"):
+    for bad in ("64", "0/32K", "1/100", "1/32K/0", "x/32K", "1/32K/1/fp4", "1/32K/1/bf16/bf16/1",
+                "1/32K/1/bf16/nvfp4", "1/32K/1/nvfp4/nvfp4"):  # NVFP4 is an index-K kind only
         with pytest.raises(SystemExit):
             bm.parser().parse_args(["--steps", bad])
     with pytest.raises(SystemExit):
@@ -227,17 +229,20 @@ def test_step_configs():
     K = bm.K
     for cfg in (bm.QUICK, bm.FULL):
         for b, ctx, sq, idx, kv in cfg["step"]:
-            assert idx in bm.STEP_DTYPES and kv in bm.STEP_DTYPES
+            assert idx in bm.STEP_INDEX_DTYPES and kv in bm.STEP_DTYPES
             assert ctx % mi.BLOCK == 0 and b >= 1 and 1 <= sq <= 4
         names = [bm.step_case_name(*c) for c in cfg["step"]]
         assert len(set(names)) == len(names)
     assert bm.QUICK["step"] == [(1, 32 * K, 1, "bf16", "bf16"), (64, 32 * K, 1, "bf16", "bf16"),
-                                (1, 32 * K, 1, "fp8", "fp8"), (64, 32 * K, 1, "fp8", "fp8")]
+                                (1, 32 * K, 1, "fp8", "fp8"), (64, 32 * K, 1, "fp8", "fp8"),
+                                (1, 32 * K, 1, "nvfp4", "fp8"), (64, 32 * K, 1, "nvfp4", "fp8")]
     full = set(bm.FULL["step"])
     for d in ("bf16", "fp8"):  # batch 1, 8, 64 x 32K, 128K, one token, both dtypes
         assert {(b, c, 1, d, d) for b in (1, 8, 64) for c in (32 * K, 128 * K)} <= full
         assert (64, 32 * K, 4, d, d) in full  # MTP
     assert (64, 32 * K, 1, "bf16", "fp8") in full
+    # the NVFP4 indexer with fp8 K/V: batch 1, 8, 64 x 32K, 128K
+    assert {(b, c, 1, "nvfp4", "fp8") for b in (1, 8, 64) for c in (32 * K, 128 * K)} <= full
 
 
 def test_stage_step_runs_each_config_case():
@@ -248,10 +253,15 @@ def test_stage_step_runs_each_config_case():
     # One row per config case (the library's choices: auto everywhere), followed for the split-K
     # batches by one row per sparse-decode variant (plan options: split=cluster; bf16 K/V sq 1 also
     # split_warps=4, fp8 K/V sq 1 split_warps=4 and 8) and, one token per request, per top-k
-    # variant (net_pivot=off, net_pivot_mode=sort and rank_cta).
+    # variant (net_pivot=off, net_pivot_mode=sort and rank_cta); NVFP4 index rows only by the
+    # proxy variants (their top-k and decode are the fp8 index rows').
     want = []
     for case in bm.QUICK["step"]:
         want.append((case, "", {}))
+        if case[3] == "nvfp4":
+            if case[0] <= bm.STEP_VARIANT_MAX_BATCH and case[2] == 1:
+                want += [(case, suffix, dict(proxy_options=o)) for suffix, o in bm.STEP_PROXY_VARIANTS]
+            continue
         if case[0] <= bm.STEP_VARIANT_MAX_BATCH:
             want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_VARIANTS]
             if case[2] == 1 and case[4] == "bf16":
@@ -273,7 +283,7 @@ def test_stage_step_runs_each_config_case():
     assert suffixes.count(" [net_pivot=off]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [net_pivot_mode=sort]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [net_pivot_mode=rank_cta]") == 2  # B1 bf16, fp8
-    assert suffixes.count(" [decode_tma_issue=warps]") == 1  # B1 fp8
+    assert suffixes.count(" [decode_tma_issue=warps]") == 2  # B1 fp8, nvfp4
     assert suffixes.count(" [q2k copy]") == 2  # B1 bf16, fp8
     assert len(calls) == len(want)
     for call, (case, suffix, kwargs) in zip(calls, want):
@@ -338,18 +348,27 @@ def test_replay_mismatch():
 # ---- the decode step on the CPU reference ------------------------------------------------------
 
 def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3, decode_options=None):
-    return bm.DecodeStep(msa_ops, b, ctx, sq, bm.STEP_DTYPES[idx], bm.STEP_DTYPES[kv],
+    return bm.DecodeStep(msa_ops, b, ctx, sq, bm.STEP_INDEX_DTYPES[idx], bm.STEP_DTYPES[kv],
                          torch.Generator().manual_seed(seed), torch.device("cpu"),
                          decode_options=decode_options)
 
 
 @pytest.mark.parametrize("sq,idx,kv", [(1, "bf16", "bf16"), (1, "fp8", "fp8"),
-                                       (4, "bf16", "fp8"), (4, "fp8", "fp8")])
+                                       (4, "bf16", "fp8"), (4, "fp8", "fp8"),
+                                       (1, "nvfp4", "fp8"), (4, "nvfp4", "fp8")])
 def test_decode_step_on_cpu(sq, idx, kv):
     b, ctx = 2, 4096
     step = make_step(sq, idx, kv, b, ctx)
-    assert step.index_k.dtype == bm.STEP_DTYPES[idx] and step.k.dtype == bm.STEP_DTYPES[kv]
-    assert step.index_k.shape == (b * ctx // 128, 1, 128, 128)
+    fp4 = idx == "nvfp4"
+    assert step.index_fp4 == fp4 and step.k.dtype == bm.STEP_DTYPES[kv]
+    if fp4:  # e2m1 codes, two a byte; the scales of every paged index-K row
+        assert step.index_k.dtype == torch.uint8
+        assert step.index_k.shape == (b * ctx // 128, 1, 128, 64)
+        assert step.index_k_scale.numel() == ft.nvfp4_scale_bytes(b * ctx)
+        assert step.index_q4.shape == (b * sq, 4, 64)
+    else:
+        assert step.index_k.dtype == bm.STEP_DTYPES[idx]
+        assert step.index_k.shape == (b * ctx // 128, 1, 128, 128)
     assert step.k.shape == step.v.shape == (b * ctx // 128, 4, 128, 128)
     assert sorted(step.page_table.view(-1).tolist()) == list(range(b * ctx // 128))
     out, sel = step()
@@ -358,8 +377,14 @@ def test_decode_step_on_cpu(sq, idx, kv):
     assert torch.equal(step.q2k, sel.transpose(0, 1))
     mi.check_selection(step.q2k, step.positions, bm.TOPK)
     # The same calls the step makes, without its static buffers.
-    scores = msa_ops.msa_proxy_score(step.index_q, step.index_k, step.cu_q, None,
-                                     page_table=step.page_table, seqused_k=step.seqused)
+    if fp4:
+        scores = msa_ops.msa_proxy_score_fp4(step.index_q4, step.index_k, step.index_q_scale,
+                                             step.index_k_scale, step.index_q_gs, step.index_k_gs,
+                                             step.cu_q, None, page_table=step.page_table,
+                                             seqused_k=step.seqused)
+    else:
+        scores = msa_ops.msa_proxy_score(step.index_q, step.index_k, step.cu_q, None,
+                                         page_table=step.page_table, seqused_k=step.seqused)
     expect_sel = msa_ops.msa_topk_select(scores, bm.TOPK, step.nvp, force_end_blocks=1)
     assert torch.equal(sel, expect_sel)
     expect = msa_ops.msa_sparse_decode_attention(
@@ -374,7 +399,7 @@ def test_decode_step_on_cpu(sq, idx, kv):
     floor = step.floor()
     elt = step.k.element_size()
     assert floor["distinct_blocks"] == distinct
-    assert floor["index_k_bytes"] == b * ctx * 128 * step.index_k.element_size()
+    assert floor["index_k_bytes"] == b * ctx * (64 + 8 if fp4 else 128 * step.index_k.element_size())
     assert floor["bytes"] == floor["index_k_bytes"] + distinct * 2 * 128 * 128 * elt
     assert (distinct == b * 4 * 16) if sq == 1 else (b * 4 * 16 <= distinct <= b * 4 * 16 * sq)
     assert step.flop() > 0
@@ -430,14 +455,24 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
         return graphs[-1], graphs[-1].static
     monkeypatch.setattr(bm, "capture_graph", capture)
     cpu_bench.cfg = dict(cpu_bench.cfg,
-                         step=[(2, 1024, 1, "bf16", "bf16"), (2, 1024, 4, "fp8", "fp8")])
+                         step=[(2, 1024, 1, "bf16", "bf16"), (2, 1024, 4, "fp8", "fp8"),
+                               (2, 1024, 1, "nvfp4", "fp8")])
     cpu_bench.stage_step()
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
     # [combine_loads=after] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
-    # top-k variant rows ([net_pivot=off], the two pivot forms) and [q2k copy] row.
+    # top-k variant rows ([net_pivot=off], the two pivot forms) and [q2k copy] row; the NVFP4
+    # indexer's case its proxy variant rows.
     n_topk = len(bm.STEP_TOPK_VARIANTS)
     first = 5 + n_topk  # the first case's rows
-    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 3), cpu_bench.rows
+    n_fp4 = 1 + len(bm.STEP_PROXY_VARIANTS)
+    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 3 + n_fp4), cpu_bench.rows
+    fp4_rows, cpu_bench.rows = cpu_bench.rows[-n_fp4:], cpu_bench.rows[:-n_fp4]
+    graphs = graphs[:-n_fp4]
+    assert fp4_rows[0]["case"] == bm.step_case_name(2, 1024, 1, "nvfp4", "fp8")
+    assert fp4_rows[1]["proxy_options"] == bm.STEP_PROXY_VARIANTS[0][1]
+    for row in fp4_rows:  # index-K: 64 bytes of codes and 8 of scales a token
+        assert row["bit_identical"] and row["index_k_bytes"] == 2 * 1024 * 72
+        assert row["bytes"] == row["index_k_bytes"] + row["kv_bytes"]
     name = bm.step_case_name(2, 1024, 1, "bf16", "bf16")
     assert cpu_bench.rows[1]["case"] == name + " [split=cluster]"
     assert cpu_bench.rows[1]["decode_options"] == dict(split="cluster")

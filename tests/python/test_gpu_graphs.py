@@ -5,7 +5,7 @@
   copied into the static buffers and the replay must match an eager call on those.
 * The whole MiniMax-M3 decode step (per-head selection: proxy over 4 index heads -> per-token top-k
   with force_end_blocks=1 -> transpose -> decode) captured at B=64, ctx 4096 and replayed on new
-  inputs, including new sequence lengths.
+  inputs, including new sequence lengths; with a bf16 and with an NVFP4 indexer.
 * Capturing the proxy without max_seqlen_q (or max_k_tiles) raises ValueError instead of syncing.
 * Every op run twice on the same inputs gives bit-identical results; prefill under both schedules
   (plan option schedule=query_major / kv_major) with random and clustered selections.
@@ -296,8 +296,11 @@ def test_sparse_decode_split_warps8_graph_replay(b, kv_dtype):
     replay_and_check(graph, out, lambda: x.run(), "split_warps=8 decode replay on new inputs")
 
 
-def test_m3_decode_pipeline_graph_replay():
-    """vLLM's M3 decode step, per-head selection (index heads == kv heads == 4), B=64, ctx 4096."""
+@pytest.mark.parametrize("indexer", ["bf16", "nvfp4"])
+def test_m3_decode_pipeline_graph_replay(indexer):
+    """vLLM's M3 decode step, per-head selection (index heads == kv heads == 4), B=64, ctx 4096;
+    nvfp4: the NVFP4 indexer (msa_proxy_score_fp4 over the quantized index q and K, paged), new
+    inputs quantized with the global scales the graph captured."""
     gen = mi.cuda_generator(15, DEV)
     b, ctx, hq, hkv, idx_hq, idx_hk = 64, 4096, 64, 4, 4, 1
     nb = ctx // mi.BLOCK
@@ -310,16 +313,22 @@ def test_m3_decode_pipeline_graph_replay():
     q = mi.randn((b, hq, 128), gen, DEV)
     k = mi.randn((b * nb, hkv, mi.BLOCK, 128), gen, DEV)
     v = mi.randn((b * nb, hkv, mi.BLOCK, 128), gen, DEV)
+    fp4 = indexer == "nvfp4"
+    if fp4:
+        q4, q_sc, q_gs = ft.quantize_nvfp4(idx_q)
+        k4, k_sc, k_gs = ft.quantize_nvfp4(idx_k)
     score_buf = torch.empty((idx_hq, nb, b), dtype=torch.float32, device=DEV)
     sel_buf = torch.empty((b, idx_hq, TOPK), dtype=torch.int32, device=DEV)
     out_buf = torch.empty_like(q)
     ws = new_workspace()
 
     def step(static: bool):
-        scores = msa_ops.msa_proxy_score(
-            idx_q, idx_k, cu_q, None, page_table=page_table, seqused_k=seqused, causal=True,
-            max_seqlen_q=1, max_k_tiles=nb, reduce_heads=False,
-            output=score_buf if static else None)
+        kw = dict(page_table=page_table, seqused_k=seqused, causal=True, max_seqlen_q=1,
+                  max_k_tiles=nb, reduce_heads=False, output=score_buf if static else None)
+        if fp4:
+            scores = msa_ops.msa_proxy_score_fp4(q4, k4, q_sc, k_sc, q_gs, k_gs, cu_q, None, **kw)
+        else:
+            scores = msa_ops.msa_proxy_score(idx_q, idx_k, cu_q, None, **kw)
         nvp = ((seqused - 1) // mi.BLOCK + 1).to(torch.int32)  # position // 128 + 1, per token
         sel = msa_ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, force_end_blocks=1,
                                       output=sel_buf if static else None)
@@ -333,6 +342,11 @@ def test_m3_decode_pipeline_graph_replay():
     replay_and_check(graph, out, lambda: step(False), "M3 decode step replay")
     # New step: new data everywhere and new (ragged) lengths, same static buffers.
     refill(idx_q, idx_k, q, k, v, gen=gen)
+    if fp4:
+        for x, data, scale, gs in ((idx_q, q4, q_sc, q_gs), (idx_k, k4, k_sc, k_gs)):
+            new_data, new_scale, _ = ft.quantize_nvfp4(x, gs)
+            data.copy_(new_data)
+            scale.copy_(new_scale)
     seqused.copy_(torch.randint(1, ctx + 1, (b,), generator=gen, device=DEV))
     replay_and_check(graph, out, lambda: step(False), "M3 decode step replay on new inputs")
 
