@@ -43,8 +43,9 @@
 #              benchmark's page layout (heads): the load forms' ceilings, and 1024 units on 13 SMs
 #              (the per-SM rate of each form with the rest of the GPU idle); then
 #              benchmarks/micro/kernel_gap.cu (the hand-off between two dependent kernels of a
-#              graph by grid size, shared-memory carveout and PDL) at 200 KB and 1 KB; to
-#              $OUT/micro.log
+#              graph by grid size, shared-memory carveout and PDL) at 200 KB and 1 KB, and
+#              benchmarks/micro/l2_partials.cu (a KV-major group's partials kept in L2 against
+#              written to HBM, phases by launches or by grid barriers); to $OUT/micro.log
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
 #              $OUT/profile.log (SOL, memory, occupancy, warp stalls, source hot spots)
@@ -532,7 +533,11 @@ step_micro() {
     run_logged "$log" build-gpu/kernel_gap || rc=1
     run_logged "$log" build-gpu/kernel_gap 1024 || rc=1
   fi
-  record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "kv_stream, kernel_gap -> micro.log"
+  # Partials of KV-major groups kept in L2 against written to HBM, by launches or grid barriers.
+  run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a benchmarks/micro/l2_partials.cu -o build-gpu/l2_partials || rc=1
+  (( rc == 0 )) && { run_logged "$log" build-gpu/l2_partials || rc=1; }
+  record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) \
+    "kv_stream, kernel_gap, l2_partials -> micro.log"
 }
 
 # ---- (f) Nsight Compute profiles (only with PROFILE=case,case,...) ----------------------------
