@@ -370,16 +370,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   const int n_sel = active ? r.target : 0;
   // Forced blocks and the -1 tail ([0, fb) | n_sel chosen | [nvp - fe, nvp) | -1 ...), the
   // row's positions j = part (mod L).
-  if (has_row) {
-    for (int j = part; j < p.topk; j += L) {
-      if (j < r.fb) {
-        out_row[j] = j;
-      } else if (j >= r.fb + n_sel) {
-        const int e = j - r.fb - n_sel;
-        out_row[j] = e < r.fe ? r.nvp - r.fe + e : -1;
-      }
-    }
-  }
+  if (has_row) write_topk_frame(out_row, p.topk, r, n_sel, part, L);
 
   // The union of the warp's candidate ranges: only those blocks are read.
   const int lo = __reduce_min_sync(0xFFFFFFFFu, active ? r.mid_begin : INT_MAX);
@@ -441,14 +432,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) topk_pivot_cta_kernel(const
   const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
   int* const out_row = topk_out_row(p, s, h);
   const int n_sel = r.target > 0 ? r.target : 0;
-  for (int j = threadIdx.x; j < p.topk; j += W * 32) {
-    if (j < r.fb) {
-      out_row[j] = j;
-    } else if (j >= r.fb + n_sel) {
-      const int e = j - r.fb - n_sel;
-      out_row[j] = e < r.fe ? r.nvp - r.fe + e : -1;
-    }
-  }
+  write_topk_frame(out_row, p.topk, r, n_sel, int(threadIdx.x), W * 32);
   const int lo = r.mid_begin;
   const int hi = r.mid_end;
   if (r.target <= 0 || lo >= hi) return;  // CTA-uniform

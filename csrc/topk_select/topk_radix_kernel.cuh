@@ -52,19 +52,6 @@ extern __shared__ __align__(16) uint8_t topk_smem_raw[];
 
 namespace radix {
 
-// Forced blocks and the -1 tail of one output row, written by the row's own thread:
-//   [0, fb) | n_sel chosen (written by the selection pass) | [nvp - fe, nvp) | -1 ...
-__device__ __forceinline__ void write_frame(int* out_row, int topk, const TopkRanges& r, int n_sel) {
-  for (int j = 0; j < topk; ++j) {
-    if (j < r.fb) {
-      out_row[j] = j;
-    } else if (j >= r.fb + n_sel) {
-      const int e = j - r.fb - n_sel;
-      out_row[j] = e < r.fe ? r.nvp - r.fe + e : -1;
-    }
-  }
-}
-
 // One warp's shared memory (layout: warp_words in topk_select_config.h). Every array is
 // [row][32 lanes]; a lane only touches its own column, except the chunk loads.
 struct WarpSmem {
@@ -293,7 +280,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
         for_each_row(ckey, c_lo, kc, [&](uint32_t, int row) {
           out_row[r.fb + row - c_lo] = cidx[row * 32];
         });
-        write_frame(out_row, rp.p.topk, r, target);
+        write_topk_frame(out_row, rp.p.topk, r, target, 0, 1);
         st.n_carry = 0;
       }
       return;
@@ -491,7 +478,7 @@ __device__ __forceinline__ void select_chunk(const Params& rp, const WarpSmem& w
     }
   }
   if (last) {
-    write_frame(out_row, rp.p.topk, r, n_sel);
+    write_topk_frame(out_row, rp.p.topk, r, n_sel, 0, 1);
     st.n_carry = 0;
   } else {
     st.n_carry = n_sel;
@@ -533,7 +520,7 @@ __global__ void __launch_bounds__(V::kThreads) topk_radix_kernel(const __grid_co
                                                           : int64_t(p.num_valid_pages_value);
       st.r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
       out_row = topk_out_row(p, s0 + lane, h);
-      if (st.r.target <= 0) write_frame(out_row, p.topk, st.r, 0);  // forced blocks and -1 only
+      if (st.r.target <= 0) write_topk_frame(out_row, p.topk, st.r, 0, 0, 1);  // forced blocks and -1 only
     }
     const bool active = has_row && st.r.target > 0;
 

@@ -188,6 +188,21 @@ MSA_HOST_DEVICE TopkRanges topk_ranges(int64_t nvp_in, int num_blocks, int force
   return r;
 }
 
+// The frame of one output row at positions first, first + step, ... < topk: [0, fb) | n_sel
+// chosen (left to the selection) | [nvp - fe, nvp) | -1 ... (the GPU top-k kernels: one thread a
+// row with step 1, or a row's lanes or threads, each from its own first position).
+MSA_HOST_DEVICE void write_topk_frame(int* out_row, int topk, const TopkRanges& r, int n_sel, int first,
+                                      int step) {
+  for (int j = first; j < topk; j += step) {
+    if (j < r.fb) {
+      out_row[j] = j;
+    } else if (j >= r.fb + n_sel) {
+      const int e = j - r.fb - n_sel;
+      out_row[j] = e < r.fe ? r.nvp - r.fe + e : -1;
+    }
+  }
+}
+
 // ---- attention scales ------------------------------------------------------------------------
 
 // softmax_scale times k_global_scale when K is NVFP4 (k_global_scale is ignored for other dtypes).
