@@ -35,6 +35,10 @@ def cases(bench: bm.Bench) -> dict:
         "proxy_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1),
         # The B1 / 128K decode step's proxy call (1024 blocks of bf16 index-K over 264 CTAs).
         "proxy_decode_b1_128k": lambda: bench.build_proxy_decode(1, 128 * K, 1),
+        # ... with fp8 index-K and with the NVFP4 indexer (the step's two faster forms: at batch 1
+        # the NVFP4 one is the slower in the graph, docs/design/sparse_attention.md#step-nvfp4-index).
+        "proxy_decode_b1_128k_fp8": lambda: bench.build_proxy_decode(1, 128 * K, 1, k_fp8=True),
+        "proxy_decode_b1_128k_nvfp4": lambda: bench.build_proxy_decode(1, 128 * K, 1, fp4=True),
         "proxy_decode_b64_decode": lambda: bench.build_proxy_decode(
             64, 32 * K, 1, options=dict(kernel="decode_only")),
         "proxy_decode_b64_fp8_decode": lambda: bench.build_proxy_decode(
