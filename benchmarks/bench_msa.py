@@ -625,7 +625,8 @@ class Bench:
                 for fmt in ("fp8", "nvfp4"):
                     self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt}",
                                   lambda s=s, f=fmt: self.build_proxy_prefill(s, fmt=f), "compute")
-                    for variant in ("sm90", "sm90_ss"):
+                    # (sm90_f16: fp8 K on fp16 MMAs, bf16 q rows scaled into fp16; fp8 only.)
+                    for variant in ("sm90", "sm90_ss") + (("sm90_f16",) if fmt == "fp8" else ()):
                         self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt} {variant}",
                                       lambda s=s, f=fmt, o=dict(kernel=variant + "_only"):
                                       self.build_proxy_prefill(s, o, fmt=f), "compute")

@@ -254,8 +254,9 @@ class Smoke:
         sm90_only: Q in registers, sm90_ss_only: Q in shared memory; SKIP on other devices):
         ragged and empty sequences, several tiles per CTA, q_offset, padding columns, non-causal,
         G = 1 / 2 / 8, fp16, rows of no sequence, paged K with an invalid page id; fp8 K and NVFP4
-        q / K (converted by the producer warpgroup), flat and paged."""
-        for variant in ("sm90", "sm90_ss"):
+        q / K (converted by the producer warpgroup), flat and paged; sm90_f16_only: fp8 K with bf16 q
+        on fp16 MMAs (q rows scaled into fp16 in registers; the other calls as sm90_only)."""
+        for variant in ("sm90", "sm90_ss", "sm90_f16"):
             options = dict(kernel=variant + "_only")
             self._proxy_sm90_cases(variant, PlannedOps(self.ops, msa_proxy_score=options,
                                                        msa_proxy_score_fp4=options))

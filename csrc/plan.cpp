@@ -39,7 +39,8 @@ constexpr Named<ProxyKernel> kProxyKernels[] = {
     {ProxyKernel::kSm90, "sm90"},      {ProxyKernel::kSm90Only, "sm90_only"},
     {ProxyKernel::kSm90Ss, "sm90_ss"}, {ProxyKernel::kSm90SsOnly, "sm90_ss_only"},
     {ProxyKernel::kDecode, "decode"},  {ProxyKernel::kDecodeOnly, "decode_only"},
-    {ProxyKernel::kDecodeF16, "decode_f16"}, {ProxyKernel::kDecodeF16Only, "decode_f16_only"}};
+    {ProxyKernel::kDecodeF16, "decode_f16"}, {ProxyKernel::kDecodeF16Only, "decode_f16_only"},
+    {ProxyKernel::kSm90F16, "sm90_f16"},     {ProxyKernel::kSm90F16Only, "sm90_f16_only"}};
 constexpr Named<TopkKernel> kTopkKernels[] = {{TopkKernel::kAuto, "auto"},
                                               {TopkKernel::kWarpPerRow, "warp_per_row"},
                                               {TopkKernel::kWarpPerRow8, "warp_per_row_8"},
@@ -318,6 +319,8 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
       plan.f16_mma = plan.kernel == ProxyKernel::kDecode;
       break;
     case ProxyKernel::kDecodeF16Only: plan = {ProxyKernel::kDecode, true, true}; break;
+    case ProxyKernel::kSm90F16: plan = {ProxyKernel::kSm90, false, true}; break;
+    case ProxyKernel::kSm90F16Only: plan = {ProxyKernel::kSm90, true, true}; break;
   }
   // CTAs per SM of the decode kernel for fp8 / NVFP4 K: the option, else 3 for fp8 and 4 for NVFP4
   // (H200 at b1fafdd, B64/32K: fp8 87.5 us at 3, 88.2 at 4, 105.0 at 2; NVFP4 119.6 at 4, 122.8 at

@@ -166,7 +166,8 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   std::ostringstream s;
   // The kernel an option names (the _only forms keep it without a fallback).
   ProxyKernel named = o.kernel;
-  if (named == ProxyKernel::kSm90Only) named = ProxyKernel::kSm90;
+  if (named == ProxyKernel::kSm90Only || named == ProxyKernel::kSm90F16 || named == ProxyKernel::kSm90F16Only)
+    named = ProxyKernel::kSm90;
   if (named == ProxyKernel::kSm90SsOnly) named = ProxyKernel::kSm90Ss;
   if (named == ProxyKernel::kDecodeOnly || named == ProxyKernel::kDecodeF16 ||
       named == ProxyKernel::kDecodeF16Only)
@@ -179,6 +180,9 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   else if (o.kernel == ProxyKernel::kAuto)
     s << "auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit q with K of its "
          "dtype or fp8 K, or NVFP4 q and K; no reduce_heads), else the portable mma.sync kernel";
+  else if (named == plan.kernel && plan.f16_mma && plan.kernel == ProxyKernel::kSm90)
+    s << "forced by the option kernel=" << option_name(o.kernel)
+      << "; fp16 MMAs for fp8 K with bf16 q, Q in registers (other operands: as sm90)";
   else if (named == plan.kernel && plan.f16_mma)
     s << "forced by the option kernel=" << option_name(o.kernel) << "; fp16 MMAs for fp8 K";
   else if (named == plan.kernel)

@@ -61,7 +61,16 @@ inline constexpr int kConverterThreads = 96;
 //   kNvfp4   NVFP4 q and K (msa_proxy_score_fp4): both staged raw and dequantized exactly into
 //            bf16 (e2m1 x e4m3 has at most 6 significant bits); the block maxima are multiplied by
 //            logit_scale (> 0: monotone rounding makes that equal to scaling every logit)
-enum class KFormat { kNative, kFp8, kNvfp4 };
+//   kFp8F16  bf16 q (TMA) and e4m3 K on fp16 MMAs (plan option kernel=sm90_f16; Q in registers
+//            only): K converted to fp16 (one cvt a pair instead of kFp8's cvt, two half -> float
+//            and a bf16 pack); each Q row scaled into fp16 by 2^(14 - E) as its A fragments are
+//            loaded (E: the exponent of the row's largest |q|, common/ptx.cuh f16_row_scale, as
+//            the decode kernel does) and its block maxima multiplied by 2^(E - 14): a power of
+//            two, exact and monotone, so the same products and maxima as kFp8 (q elements below
+//            2^-32 of their row's maximum would round in fp16: docs/design/proxy_score.md)
+enum class KFormat { kNative, kFp8, kNvfp4, kFp8F16 };
+// The formats whose K arrives as e4m3 bytes.
+__host__ __device__ constexpr bool is_fp8_k(KFormat f) { return f == KFormat::kFp8 || f == KFormat::kFp8F16; }
 
 // Shared memory plan of each variant (QSource: proxy_score/launch.h): Q slots, the K ring, the raw
 // K staging ring, the raw Q staging slot (NVFP4), then the mbarriers. Converted formats trade one
@@ -74,10 +83,10 @@ struct Layout {
   static constexpr int kKStages = !kConvert ? (kRegsQ ? 4 : 3) : (kRegsQ ? 3 : 2);
   // One raw block: 128 keys x 128 fp8 bytes (16 KB) or x 64 bytes of e2m1 pairs (8 KB); the NVFP4
   // block scales are read by the converting threads from global memory.
-  static constexpr int kRawBytes = kFmt == KFormat::kFp8 ? kBlockSize * kHeadDim
+  static constexpr int kRawBytes = is_fp8_k(kFmt) ? kBlockSize * kHeadDim
                                    : kFmt == KFormat::kNvfp4 ? kBlockSize * kHeadDim / 2
                                                              : 0;
-  static constexpr int kRawStages = !kConvert ? 0 : (kRegsQ ? (kFmt == KFormat::kFp8 ? 3 : 4) : 2);
+  static constexpr int kRawStages = !kConvert ? 0 : (kRegsQ ? (is_fp8_k(kFmt) ? 3 : 4) : 2);
   static constexpr int kQRawBytes = kFmt == KFormat::kNvfp4 ? kSubTiles * kSubRows * kHeadDim / 2 : 0;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQSlots * kQTileBytes;
@@ -233,6 +242,31 @@ MSA_DEVICE void load_q_fragments(uint32_t (&qa)[8][4], uint32_t sub_addr, int wa
   }
 }
 
+// kFp8F16: this warp's A fragments of one sub-tile (bf16; rows gid in qa[ks][0] and qa[ks][2], gid
+// + 8 in qa[ks][1] and qa[ks][3], the row's 128 dims over the 4 lanes of a quad) scaled into fp16
+// row by row (f16_row_scale of the row's largest |q|); returns the rows' down-scale factors
+// 2^(E - 14) as biased fp32 exponent fields (bits 0-7: row gid, 8-15: row gid + 8), one register
+// for the tile instead of two floats.
+MSA_DEVICE uint32_t q_fragments_to_f16(uint32_t (&qa)[8][4]) {
+  float mx[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) mx[r & 1] = fmaxf(mx[r & 1], bf16x2_abs_max(qa[ks][r]));
+  uint32_t fields = 0u;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const F16RowScale sc = f16_row_scale(quad_max(mx[h]));
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      qa[ks][h] = bf16x2_scaled_to_f16x2(qa[ks][h], sc.up);
+      qa[ks][h + 2] = bf16x2_scaled_to_f16x2(qa[ks][h + 2], sc.up);
+    }
+    fields |= (__float_as_uint(sc.down) >> 23) << (8 * h);
+  }
+  return fields;
+}
+
 // ---- the converting threads (fp8 / NVFP4 K) ----
 // Work of one raw 128-row block is cut into tasks (row r, 16-byte raw chunk c); the 8 lanes of a
 // shared-memory phase take 8 consecutive rows of one chunk, so that with the swizzled raw stage
@@ -336,11 +370,13 @@ MSA_DEVICE float max_nan(float a, float b) {
 // blocks that cross some token's causal / length limit); unmasked blocks take every key. NaN
 // propagates (max.NaN, canonical NaN) as in the reference.
 // kScaled (NVFP4): the maxima times lscale > 0, which equals the maximum of the scaled logits bit
-// for bit (rounding is monotone), as the mma.sync kernel computes it.
-template <bool kMasked, bool kScaled>
+// for bit (rounding is monotone), as the mma.sync kernel computes it. kRowScale (kFp8F16): row h's
+// maximum times its power of two 2^(E - 14) (biased exponent field h of row_exp: bits 8 h .. 8 h + 7),
+// exact, back to q's scale.
+template <bool kMasked, bool kScaled, bool kRowScale = false>
 MSA_DEVICE void store_block_max(const float (&s)[16][4], float* out_row, int64_t total_q,
                                 const int (&lim_row)[2], int ntok_sub, int t, bool has_page, int warp,
-                                int lane, float lscale) {
+                                int lane, float lscale, uint32_t row_exp = 0u) {
   const int gid = lane >> 2, tig = lane & 3;
   // Relative to this thread's first key 2 tig of each n8 group: key 8 j + e is visible iff
   // 8 j + e < lim.
@@ -372,6 +408,7 @@ MSA_DEVICE void store_block_max(const float (&s)[16][4], float* out_row, int64_t
     m[h] = max_nan(m[h], __shfl_xor_sync(0xFFFFFFFFu, m[h], 1));
     m[h] = max_nan(m[h], __shfl_xor_sync(0xFFFFFFFFu, m[h], 2));
     if constexpr (kScaled) m[h] *= lscale;
+    if constexpr (kRowScale) m[h] *= __uint_as_float(((row_exp >> (8 * h)) & 0xFFu) << 23);
   }
   if (tig == 0) {
     if (!has_page) m[0] = m[1] = neg_inf_f();  // an invalid page id: the block has no key
@@ -403,6 +440,9 @@ template <typename Elem, QSource kQ, KFormat kFmt>
 __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __grid_constant__ Params kp) {
 #if MSA_HAS_WGMMA
   using L = Layout<kQ, kFmt>;
+  static_assert(kFmt != KFormat::kFp8F16 || (kQ == QSource::kRegs && std::is_same_v<Elem, __nv_bfloat16>),
+                "kFp8F16: bf16 q scaled into fp16 in registers");
+  using Mma = std::conditional_t<kFmt == KFormat::kFp8F16, __half, Elem>;  // the wgmma operand type
   constexpr int kQSlots = L::kQSlots, kKStages = L::kKStages, kRawStages = L::kRawStages;
   constexpr bool kQConvert = kFmt == KFormat::kNvfp4;  // Q converted by the producer warpgroup too
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -506,8 +546,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
             if (page >= 0) {  // an invalid page: nothing landed, the consumers write -inf
               const uint8_t* raw = smem + L::kRawOffset + rs * L::kRawBytes;
               uint8_t* conv = smem + L::kKOffset + st * kKBlockBytes;
-              if constexpr (kFmt == KFormat::kFp8) {
-                convert_k_fp8<Elem>(raw, conv, tid);
+              if constexpr (is_fp8_k(kFmt)) {
+                convert_k_fp8<Mma>(raw, conv, tid);
               } else {
                 convert_fp4<Elem, false>(raw, conv, sc, tid);
               }
@@ -649,10 +689,12 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
     };
     float acc0[16][4], acc1[16][4];
     uint32_t qa0[8][4], qa1[8][4];  // kRegs: A fragments of both sub-tiles, for the whole tile
+    uint32_t row_exp = 0u;          // kFp8F16: the rows' down-scale exponents (sub-tile 1 in bits 16-31)
     if constexpr (kQ == QSource::kRegs) {
       load_q_fragments(qa0, q0, warp, lane);
       load_q_fragments(qa1, q1, warp, lane);
       mbar_arrive(q_empty(qs));  // the slot is free for the next tile's Q
+      if constexpr (kFmt == KFormat::kFp8F16) row_exp = q_fragments_to_f16(qa0) | (q_fragments_to_f16(qa1) << 16);
     }
     // One block: issue both sub-tiles' MMAs in this warpgroup's turn, reduce sub-tile 0 while 1
     // multiplies, then 1 (while the other warpgroup's MMAs run). Nothing stays in flight past a
@@ -666,22 +708,24 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       // while the other's MMAs keep the tensor cores busy.
       named_barrier_sync(kOrderBarrier + cwg);
       if constexpr (kQ == QSource::kRegs) {
-        issue_qk_rs<Elem>(acc0, qa0, k_stage(i));
-        issue_qk_rs<Elem>(acc1, qa1, k_stage(i));
+        issue_qk_rs<Mma>(acc0, qa0, k_stage(i));
+        issue_qk_rs<Mma>(acc1, qa1, k_stage(i));
       } else {
-        issue_qk<Elem>(acc0, q0, k_stage(i));
-        issue_qk<Elem>(acc1, q1, k_stage(i));
+        issue_qk<Mma>(acc0, q0, k_stage(i));
+        issue_qk<Mma>(acc1, q1, k_stage(i));
       }
       named_barrier_arrive(kOrderBarrier + (cwg ^ 1));
       wgmma_wait<1>();
       wgmma_fence_operand(acc0);
-      store_block_max<kMasked, kQConvert>(acc0, out_row[0], total_q, lim_row[0], ntok_sub[0], tile.t_begin + i,
-                                          has_page, warp, lane, p.logit_scale);
+      constexpr bool kRowScale = kFmt == KFormat::kFp8F16;
+      store_block_max<kMasked, kQConvert, kRowScale>(acc0, out_row[0], total_q, lim_row[0], ntok_sub[0],
+                                                     tile.t_begin + i, has_page, warp, lane, p.logit_scale, row_exp);
       wgmma_wait<0>();
       wgmma_fence_operand(acc1);
       mbar_arrive(k_empty(int((nk + uint32_t(i)) % kKStages)));  // both sub-tiles are done with block i
-      store_block_max<kMasked, kQConvert>(acc1, out_row[1], total_q, lim_row[1], ntok_sub[1], tile.t_begin + i,
-                                          has_page, warp, lane, p.logit_scale);
+      store_block_max<kMasked, kQConvert, kRowScale>(acc1, out_row[1], total_q, lim_row[1], ntok_sub[1],
+                                                     tile.t_begin + i, has_page, warp, lane, p.logit_scale,
+                                                     row_exp >> 16);
     };
     // The first n_full blocks of the item hold only keys every token of the tile sees.
     const int n_full =
@@ -736,10 +780,13 @@ inline bool supports(const ProxyScoreParams& p) {
 
 template <typename Elem, KFormat kFmt>
 bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
+  // kFp8F16 scales Q in registers: no shared-memory-Q instantiation.
+  constexpr QSource kSmemQ = kFmt == KFormat::kFp8F16 ? QSource::kRegs : QSource::kSmem;
+  if constexpr (kFmt == KFormat::kFp8F16) q_source = QSource::kRegs;
   auto kernel = q_source == QSource::kRegs ? proxy_score_sm90_kernel<Elem, QSource::kRegs, kFmt>
-                                           : proxy_score_sm90_kernel<Elem, QSource::kSmem, kFmt>;
+                                           : proxy_score_sm90_kernel<Elem, kSmemQ, kFmt>;
   const int smem_bytes = q_source == QSource::kRegs ? Layout<QSource::kRegs, kFmt>::kSmemBytes
-                                                    : Layout<QSource::kSmem, kFmt>::kSmemBytes;
+                                                    : Layout<kSmemQ, kFmt>::kSmemBytes;
   if (prepare_sm90a_launch(kernel, kThreads, size_t(smem_bytes)) <= 0) return false;
   // TMA: 16-byte aligned base and strides (the mma.sync kernel's cp.async needs the same). Strides
   // are in elements: 2 bytes for 16-bit operands, 1 for fp8 and NVFP4 (bytes).
@@ -797,7 +844,7 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
   // K: 16-bit as two 64-dim boxes per block (128-byte swizzle); fp8 (128-byte rows) / NVFP4 (64-byte
   // rows) as one box of raw bytes, swizzled at the row width.
   const CUtensorMapDataType k_ty = kFmt == KFormat::kNative ? tensor_map_type(p.q_dtype) : CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  const uint32_t k_row = kFmt == KFormat::kNative ? kHeadDim : kFmt == KFormat::kFp8 ? kHeadDim : kHeadDim / 2;
+  const uint32_t k_row = kFmt == KFormat::kNative ? kHeadDim : is_fp8_k(kFmt) ? kHeadDim : kHeadDim / 2;
   const uint32_t k_box0 = kFmt == KFormat::kNative ? 64 : k_row;
   const CUtensorMapSwizzle k_swizzle = kFmt == KFormat::kNvfp4 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
   if (!encode_kv_block_map(kp.k_map, k_ty, p.k, p.kv, p.num_kv_heads, k_row, k_box0, int(k_elt), k_swizzle))
@@ -810,12 +857,17 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
 }
 
 template <typename Elem>
-bool launch(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
+bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, cudaStream_t stream) {
   KFormat fmt;
   if (!supports(p) || !operand_format(p, fmt)) return false;
   switch (fmt) {
     case KFormat::kNative: return launch_format<Elem, KFormat::kNative>(p, q_source, stream);
-    case KFormat::kFp8: return launch_format<Elem, KFormat::kFp8>(p, q_source, stream);
+    case KFormat::kFp8:
+      // fp16 q already multiplies in fp16; f16_mma changes bf16 q only.
+      if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
+        if (f16_mma) return launch_format<Elem, KFormat::kFp8F16>(p, QSource::kRegs, stream);
+      return launch_format<Elem, KFormat::kFp8>(p, q_source, stream);
+    case KFormat::kFp8F16: return false;  // not an operand format (operand_format never returns it)
     case KFormat::kNvfp4:
       // NVFP4 computes in bf16 (proxy_score_api.cu); no fp16 instantiation.
       if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return launch_format<Elem, KFormat::kNvfp4>(p, q_source, stream);

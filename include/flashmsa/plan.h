@@ -71,7 +71,9 @@ enum class TileBound : int32_t { kAuto = 0, kFixed = 1, kAdaptive = 2 };
 // proxy_decode_runs; elsewhere mma_sync), and the _only forms of the last three (the same without
 // the fallback: NotImplementedError where the kernel does not apply; tests and benchmarks).
 // decode_f16 / decode_f16_only: the decode kernel with fp16 MMAs for fp8 K with bf16 or fp8 q
-// (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only).
+// (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only). sm90_f16 / sm90_f16_only:
+// the sm_90a kernel with fp16 MMAs for fp8 K with bf16 q (Q in registers, its rows scaled into
+// fp16 by powers of two; otherwise the same as sm90 / sm90_only; not yet measured on a GPU).
 // auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block; with
 // fp16 MMAs for fp8 K, as decode_f16), else
 // sm90 (which itself falls back to mma_sync where it does not apply). H200 at 162e97a: 32K prefill
@@ -88,7 +90,9 @@ enum class ProxyKernel : int32_t {
   kDecode = 6,
   kDecodeOnly = 7,
   kDecodeF16 = 8,
-  kDecodeF16Only = 9
+  kDecodeF16Only = 9,
+  kSm90F16 = 10,
+  kSm90F16Only = 11
 };
 // Top-k kernels (docs/design/topk_select.md): warp_per_row (a warp per (token, head) row, bitwise
 // threshold search, 32 tokens per CTA), warp_per_row_8 (the same at 8 tokens per CTA: 4x the CTAs,
@@ -431,7 +435,8 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // combine_loads=auto|after|with.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
-// kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only,
+// kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only|
+// sm90_f16|sm90_f16_only,
 // decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma,
 // decode_nvfp4=auto|cta|tma, decode_tma_issue=auto|producer|warps.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
@@ -578,7 +583,8 @@ struct ProxyScorePlan {
   // The decode kernel with fp8 K: fp16 MMAs whatever q's dtype (one cvt per e4m3 pair instead of
   // the e4m3 -> fp16 -> fp32 -> bf16 chain; bf16 q rows scaled into fp16 by a power of two, fp8 q
   // exact in fp16). Set by decode_f16 / decode_f16_only, and by auto for fp8 K on the decode kernel
-  // (H200 at 1aad2ee: bit-identical, B64/32K 105 vs 125 us; docs/design/proxy_score.md).
+  // (H200 at 1aad2ee: bit-identical, B64/32K 105 vs 125 us; docs/design/proxy_score.md). On the
+  // sm_90a kernel (sm90_f16 / sm90_f16_only): the same for fp8 K with bf16 q, Q in registers.
   bool f16_mma = false;
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.

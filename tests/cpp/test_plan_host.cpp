@@ -1530,7 +1530,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");
   expect_error([] { parse_proxy_score_options("kernel=wgmma"); }, ErrorKind::kValue,
                "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode, "
-               "decode_only, decode_f16 or decode_f16_only, got 'wgmma'");
+               "decode_only, decode_f16, decode_f16_only, sm90_f16 or sm90_f16_only, got 'wgmma'");
   for (const char* v : {"1", "5", "0", "three", ""})
     expect_error([&] { parse_proxy_score_options(std::string("decode_ctas=") + v); }, ErrorKind::kValue,
                  std::string("decode_ctas must be auto, 2, 3 or 4, got '") + v + "'");
@@ -1649,7 +1649,11 @@ TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
                // decode_f16: as decode (the fallback keeps bf16 MMAs: f16_mma only on the decode
                // kernel); decode_f16_only keeps the kernel and its fp16 MMAs.
                {ProxyKernel::kDecodeF16, ProxyKernel::kMmaSync, false, false},
-               {ProxyKernel::kDecodeF16Only, ProxyKernel::kDecode, true, true}};
+               {ProxyKernel::kDecodeF16Only, ProxyKernel::kDecode, true, true},
+               // sm90_f16 / sm90_f16_only: the sm_90a kernel with its fp16 MMAs for fp8 K (the
+               // launcher applies them to bf16 q with fp8 K only).
+               {ProxyKernel::kSm90F16, ProxyKernel::kSm90, false, true},
+               {ProxyKernel::kSm90F16Only, ProxyKernel::kSm90, true, true}};
   for (const Case& c : cases) {
     const ProxyScorePlan plan = proxy_plan(c.option);
     EXPECT_EQ(plan.kernel, c.kernel) << option_name(c.option);

@@ -357,8 +357,14 @@ SM90_FP8_CASES = [
 ]
 
 
+# sm90_f16_only: the same kernel with fp16 MMAs for fp8 K and bf16 q (q rows scaled into fp16 in
+# registers); its upcast twin (K of q's dtype) runs the bf16 MMAs, so the bitwise check below
+# compares the two MMA types (fp16 q: the same kernel as sm90_only).
+SM90_FP8_VARIANTS = SM90_VARIANTS + ["sm90_f16_only"]
+
+
 @needs_sm90
-@pytest.mark.parametrize("variant", SM90_VARIANTS)
+@pytest.mark.parametrize("variant", SM90_FP8_VARIANTS)
 @pytest.mark.parametrize("case", SM90_FP8_CASES, ids=str)
 def test_proxy_sm90_fp8_k(case: ProxyCase, variant: str):
     """fp8 K on the sm_90a kernel: against the CPU reference (PROXY_ATOL, exact -inf / NaN
@@ -444,6 +450,49 @@ def test_proxy_sm90_converted_equals_mma_sync(case: ProxyCase, variant: str):
     assert torch.equal(got.view(torch.int32), again.view(torch.int32))
 
 
+@needs_sm90
+@pytest.mark.parametrize("case", [
+    ProxyCase("sm90_f16_vs_bf16_fp8_m3_16k", [16384], [16384], hq=4, hkv=1, k_dtype=FP8),
+    ProxyCase("sm90_f16_vs_bf16_fp8_paged_ragged", [8192, 3000, 1], [8192, 6000, 700], hq=4, hkv=1,
+              k_dtype=FP8, paged=True),
+], ids=str)
+def test_proxy_sm90_f16_equals_bf16_mma(case: ProxyCase):
+    """Prefill shapes too large for the CPU reference, fp8 K with bf16 q: the sm_90a kernel's fp16
+    MMAs (sm90_f16_only) bit for bit equal to its bf16 MMAs (sm90_only): the products are exact in
+    both and the row scales are powers of two; and run-to-run bit-identical."""
+    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
+    want = run_proxy(case, inputs, DEV, kernel="sm90_only")
+    got = run_proxy(case, inputs, DEV, fill=0.0, kernel="sm90_f16_only")
+    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel="sm90_f16_only")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
+    assert torch.equal(got.view(torch.int32), again.view(torch.int32)), case.name
+
+
+@needs_sm90
+def test_proxy_sm90_f16_row_scales_equal_bf16_mma():
+    """bf16 q rows of very different magnitudes (2^-60 ... 2^40 times Gaussian, one zero head) with
+    fp8 K: the per-row power-of-two scaling of sm90_f16_only keeps every product exact, so the
+    scores equal the bf16-MMA kernel's bit for bit, and the CPU reference's up to rounding."""
+    case = ProxyCase("sm90_f16_row_scales", [300, 77], [900, 1500], hq=8, hkv=2, k_dtype=FP8)
+    seed = random.getrandbits(31)
+    inputs = make_proxy_inputs(case, seed=seed)
+    q = inputs["q"].float()
+    for h, e in enumerate([-60, -20, 0, 40, 7, -3, 0, 0]):
+        q[:, h] *= 2.0 ** e
+    q[:, 6] = 0.0
+    inputs["q"] = q.to(inputs["q"].dtype)
+    f16 = run_proxy(case, inputs, DEV, kernel="sm90_f16_only")
+    bf16 = run_proxy(case, inputs, DEV, kernel="sm90_only")
+    assert torch.equal(f16.view(torch.int32), bf16.view(torch.int32)), f"seed={seed}"
+    want = run_proxy(case, inputs, "cpu")
+    got = f16.cpu()
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(got)), f"seed={seed}"
+    scale = want.abs().where(fin, torch.zeros_like(want)).amax(dim=(1, 2), keepdim=True)
+    err = ((got - want).abs() / scale.clamp(min=1e-38)).where(fin, torch.zeros_like(want))
+    assert float(err.max()) <= 1e-5, f"seed={seed}"
+
+
 @pytest.mark.parametrize("case", [
     ProxyCase("sm90_fallback_fp8_q", [300, 2], [512, 4000], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8,
               paged=True),
@@ -458,7 +507,7 @@ def test_proxy_sm90_falls_back(case: ProxyCase):
     test_proxy_sm90_fp8_k, test_proxy_sm90_fp4.)"""
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
     want = run_proxy(case, inputs, "cpu")
-    for variant in ("sm90", "sm90_ss"):
+    for variant in ("sm90", "sm90_ss", "sm90_f16"):
         assert_proxy_close(run_proxy(case, inputs, DEV, kernel=variant), want,
                            f"{case.name} {variant}")
         with pytest.raises(NotImplementedError, match="sm_90a kernel"):

@@ -48,6 +48,7 @@ VALID = {
     "proxy_score": [None, dict(kernel="auto"), dict(kernel="mma_sync"), dict(kernel="sm90"),
                     dict(kernel="sm90_ss_only"), dict(kernel="decode"), dict(kernel="decode_only"),
                     dict(kernel="decode_f16"), dict(kernel="decode_f16_only"),
+                    dict(kernel="sm90_f16"), dict(kernel="sm90_f16_only"),
                     dict(kernel="decode_only", decode_ilp=2), dict(decode_ilp=1),
                     "kernel=decode_f16_only,decode_ctas=4,decode_ilp=2",
                     dict(nvfp4_cvt="auto"), dict(nvfp4_cvt="byte"),
@@ -143,7 +144,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_attention", "schedule", "name=value"),
     ("proxy_score", dict(kernel="wgmma"),
      "kernel must be auto, mma_sync, sm90, sm90_only, sm90_ss, sm90_ss_only, decode, "
-     "decode_only, decode_f16 or decode_f16_only, got 'wgmma'"),
+     "decode_only, decode_f16, decode_f16_only, sm90_f16 or sm90_f16_only, got 'wgmma'"),
     ("proxy_score", dict(schedule="kv_major"), "unknown plan option 'schedule'"),
     ("proxy_score", dict(decode_ilp=3), "decode_ilp must be auto, 1 or 2, got '3'"),
     ("proxy_score", dict(decode_ilp=0), "decode_ilp must be auto, 1 or 2, got '0'"),
