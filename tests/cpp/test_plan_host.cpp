@@ -1673,6 +1673,8 @@ TEST(PlanProxy, AutoTakesSm90ForEveryKDtype) {
     p.q_dtype = k == DType::kNVFP4 ? DType::kNVFP4 : DType::kBF16;
     p.k.dtype = k;
     EXPECT_EQ(plan_proxy_score(p, {}).kernel, ProxyKernel::kSm90) << dtype_name(k);
+    // fp8 K: its fp16 MMAs (H200 at b66f97b: bit-identical, 32K 874.8 vs 1067.6 us).
+    EXPECT_EQ(plan_proxy_score(p, {}).f16_mma, k == DType::kFP8E4M3) << dtype_name(k);
   }
 }
 
@@ -1997,8 +1999,8 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   mtp4.qi.max_seqlen_q = 5;
   EXPECT_EQ(plan_proxy_score(mtp4, {}).kernel, ProxyKernel::kSm90);
   EXPECT_EQ(plan_proxy_score(params(16, 1, false, bf16, bf16), {}).kernel, ProxyKernel::kDecode);
-  // fp16 MMAs: auto for fp8 K on the decode kernel (not for 16-bit or NVFP4 K, and not on the
-  // prefill kernels), decode_f16 for any K on it, never decode.
+  // fp16 MMAs: auto for fp8 K on the decode kernel and on the sm_90a prefill kernel (not for 16-bit
+  // or NVFP4 K), decode_f16 for any K on the decode kernel, never decode.
   ProxyScoreOptions f16;
   f16.kernel = ProxyKernel::kDecodeF16;
   for (DType k : {bf16, fp8, fp4}) {
@@ -2010,7 +2012,8 @@ TEST(PlanOptions, ProxyDecodeWhereItRuns) {
   }
   EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).kernel, ProxyKernel::kMmaSync);
   EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), f16).f16_mma);
-  EXPECT_FALSE(plan_proxy_score(params(32, 1, false, bf16, fp8), {}).f16_mma);  // sm90 prefill
+  EXPECT_EQ(plan_proxy_score(params(32, 1, false, bf16, fp8), {}).kernel, ProxyKernel::kSm90);
+  EXPECT_TRUE(plan_proxy_score(params(32, 1, false, bf16, fp8), {}).f16_mma);  // sm90 prefill (b66f97b)
   // decode_ctas: auto 3 for fp8 K, 4 for NVFP4, 2 for 16-bit K; the option sets it for fp8 /
   // NVFP4 K (16-bit K: always 2).
   for (DType k : {bf16, fp8, fp4}) {
