@@ -625,8 +625,9 @@ class Bench:
                 for fmt in ("fp8", "nvfp4"):
                     self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt}",
                                   lambda s=s, f=fmt: self.build_proxy_prefill(s, fmt=f), "compute")
-                    # (sm90_f16: fp8 K on fp16 MMAs, bf16 q rows scaled into fp16; fp8 only.)
-                    for variant in ("sm90", "sm90_ss") + (("sm90_f16",) if fmt == "fp8" else ()):
+                    # (sm90_f16: fp16 MMAs: fp8 K with bf16 q rows scaled into fp16; NVFP4 q and K
+                    # as value x 2^-7.)
+                    for variant in ("sm90", "sm90_ss", "sm90_f16"):
                         self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt} {variant}",
                                       lambda s=s, f=fmt, o=dict(kernel=variant + "_only"):
                                       self.build_proxy_prefill(s, o, fmt=f), "compute")

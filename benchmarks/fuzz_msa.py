@@ -238,8 +238,8 @@ def gen_proxy(rng: random.Random, fp4: bool) -> dict:
         p["data_scale"] = {"fp8": 100.0, "fp16": 5000.0, "bf16": 2.5e5}[narrow]
     _paged_lengths(rng, p, p["paged"], huge=True)
     # Drawn last (the seeds' other parameters as before): the sm_90a kernel's fp16 MMAs for fp8 K
-    # with bf16 q (kernel=sm90_f16), in one case of five with that pair.
-    if not fp4 and (q_dtype, k_dtype) == ("bf16", "fp8") and rng.random() < 0.2:
+    # with bf16 q and for NVFP4 q and K (kernel=sm90_f16), in one case of five with those pairs.
+    if (fp4 or (q_dtype, k_dtype) == ("bf16", "fp8")) and rng.random() < 0.2:
         p["options"]["kernel"] = "sm90_f16"
     return p
 

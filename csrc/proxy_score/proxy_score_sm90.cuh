@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "common/cuda_utils.h"
+#include "common/e2m1_word.cuh"
 #include "common/mbarrier.cuh"
 #include "common/tensor_map.h"
 #include "common/tma.cuh"
@@ -68,9 +69,15 @@ inline constexpr int kConverterThreads = 96;
 //            the decode kernel does) and its block maxima multiplied by 2^(E - 14): a power of
 //            two, exact and monotone, so the same products and maxima as kFp8 (q elements below
 //            2^-32 of their row's maximum would round in fp16: docs/design/proxy_score.md)
-enum class KFormat { kNative, kFp8, kNvfp4, kFp8F16 };
-// The formats whose K arrives as e4m3 bytes.
+//   kNvfp4F16  NVFP4 q and K on fp16 MMAs (plan option kernel=sm90_f16 with msa_proxy_score_fp4;
+//            not yet run on a GPU): each code pair placed as fp16 code x 2^-14 and multiplied by
+//            its block scale x 2^7 in one HMUL2 (common/ptx.cuh: value x 2^-7, exact in fp16), q
+//            and K alike, so every logit is the exact product sum times 2^-14; the block maxima
+//            are multiplied by logit_scale x 2^14 (a positive power of two times kNvfp4's factor)
+enum class KFormat { kNative, kFp8, kNvfp4, kFp8F16, kNvfp4F16 };
+// The formats whose K arrives as e4m3 bytes, and those of NVFP4 q and K.
 __host__ __device__ constexpr bool is_fp8_k(KFormat f) { return f == KFormat::kFp8 || f == KFormat::kFp8F16; }
+__host__ __device__ constexpr bool is_fp4(KFormat f) { return f == KFormat::kNvfp4 || f == KFormat::kNvfp4F16; }
 
 // Shared memory plan of each variant (QSource: proxy_score/launch.h): Q slots, the K ring, the raw
 // K staging ring, the raw Q staging slot (NVFP4), then the mbarriers. Converted formats trade one
@@ -84,10 +91,10 @@ struct Layout {
   // One raw block: 128 keys x 128 fp8 bytes (16 KB) or x 64 bytes of e2m1 pairs (8 KB); the NVFP4
   // block scales are read by the converting threads from global memory.
   static constexpr int kRawBytes = is_fp8_k(kFmt) ? kBlockSize * kHeadDim
-                                   : kFmt == KFormat::kNvfp4 ? kBlockSize * kHeadDim / 2
+                                   : is_fp4(kFmt) ? kBlockSize * kHeadDim / 2
                                                              : 0;
   static constexpr int kRawStages = !kConvert ? 0 : (kRegsQ ? (is_fp8_k(kFmt) ? 3 : 4) : 2);
-  static constexpr int kQRawBytes = kFmt == KFormat::kNvfp4 ? kSubTiles * kSubRows * kHeadDim / 2 : 0;
+  static constexpr int kQRawBytes = is_fp4(kFmt) ? kSubTiles * kSubRows * kHeadDim / 2 : 0;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQSlots * kQTileBytes;
   static constexpr int kRawOffset = kKOffset + kKStages * kKBlockBytes;
@@ -335,15 +342,30 @@ MSA_DEVICE void convert_fp4(const uint8_t* raw, uint8_t* dst, Fp4Scales sc, int 
     uint8_t* row = kQTile ? dst + (r >> 6) * kSubTileBytes + (c >> 1) * (kSubRows * 128) + (r & 63) * 128
                           : dst + (c >> 1) * (kBlockSize * 128) + r * 128;
     const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+    if constexpr (std::is_same_v<Elem, __half>) {
+      // kNvfp4F16: value x 2^-7 (common/ptx.cuh): the pair's codes as fp16 code x 2^-14 times the
+      // block scale x 2^7, one HMUL2 a pair with the scale's half selected in the operand.
+      const uint32_t s2 = nvfp4_scale_pair_x128(pair);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {  // output chunk 4c + q: values 32c + 8q .., the 4 bytes of w[q]
-      const float scale = e4m3_to_float(uint8_t(pair >> (8 * (q >> 1)))) * 16384.0f;
-      uint4 out;
-      out.x = e2m1x2_to<Elem>(w[q] & 0xFFu, scale);
-      out.y = e2m1x2_to<Elem>((w[q] >> 8) & 0xFFu, scale);
-      out.z = e2m1x2_to<Elem>((w[q] >> 16) & 0xFFu, scale);
-      out.w = e2m1x2_to<Elem>(w[q] >> 24, scale);
-      *reinterpret_cast<uint4*>(row + ((((4 * c + q) & 7) ^ x) << 4)) = out;
+      for (int q = 0; q < 4; ++q) {
+        uint4 out;
+        out.x = hmul2_half_bits(e2m1x2_code_bits(w[q] & 0xFFu), s2, q >> 1);
+        out.y = hmul2_half_bits(e2m1x2_code_bits((w[q] >> 8) & 0xFFu), s2, q >> 1);
+        out.z = hmul2_half_bits(e2m1x2_code_bits((w[q] >> 16) & 0xFFu), s2, q >> 1);
+        out.w = hmul2_half_bits(e2m1x2_code_bits(w[q] >> 24), s2, q >> 1);
+        *reinterpret_cast<uint4*>(row + ((((4 * c + q) & 7) ^ x) << 4)) = out;
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // output chunk 4c + q: values 32c + 8q .., the 4 bytes of w[q]
+        const float scale = e4m3_to_float(uint8_t(pair >> (8 * (q >> 1)))) * 16384.0f;
+        uint4 out;
+        out.x = e2m1x2_to<Elem>(w[q] & 0xFFu, scale);
+        out.y = e2m1x2_to<Elem>((w[q] >> 8) & 0xFFu, scale);
+        out.z = e2m1x2_to<Elem>((w[q] >> 16) & 0xFFu, scale);
+        out.w = e2m1x2_to<Elem>(w[q] >> 24, scale);
+        *reinterpret_cast<uint4*>(row + ((((4 * c + q) & 7) ^ x) << 4)) = out;
+      }
     }
   }
 }
@@ -442,9 +464,9 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
   using L = Layout<kQ, kFmt>;
   static_assert(kFmt != KFormat::kFp8F16 || (kQ == QSource::kRegs && std::is_same_v<Elem, __nv_bfloat16>),
                 "kFp8F16: bf16 q scaled into fp16 in registers");
-  using Mma = std::conditional_t<kFmt == KFormat::kFp8F16, __half, Elem>;  // the wgmma operand type
+  using Mma = std::conditional_t<kFmt == KFormat::kFp8F16 || kFmt == KFormat::kNvfp4F16, __half, Elem>;  // wgmma operands
   constexpr int kQSlots = L::kQSlots, kKStages = L::kKStages, kRawStages = L::kRawStages;
-  constexpr bool kQConvert = kFmt == KFormat::kNvfp4;  // Q converted by the producer warpgroup too
+  constexpr bool kQConvert = is_fp4(kFmt);  // Q converted by the producer warpgroup too
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const ProxyScoreParams& p = kp.p;
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -518,7 +540,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
                 mbar_wait_loop(q_raw_full, nq & 1u);
                 mbar_wait_loop(q_empty(qs), ((nq / kQSlots) & 1u) ^ 1u);
               }
-              convert_fp4<Elem, true>(smem + L::kQRawOffset + half * (2 * kSubRows * 64),
+              convert_fp4<Mma, true>(smem + L::kQRawOffset + half * (2 * kSubRows * 64),
                                       q_dst + half * 2 * kSubTileBytes, sc, tid);
             }
             fence_proxy_async_smem();  // the generic-proxy stores, before wgmma reads them
@@ -531,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
             const int rs = int(nk % kRawStages), st = int(nk % kKStages);
             const int64_t page = kp.paged ? kv_page(p.kv, tile.b, t) : 0;
             Fp4Scales sc{};
-            if constexpr (kFmt == KFormat::kNvfp4) {
+            if constexpr (is_fp4(kFmt)) {
               const int n_keys = min(kBlockSize, tile.seqlen_k - t * kBlockSize);
               const int64_t row0 = kp.paged ? nvfp4_scale_row_paged(page, tile.kh, 0, p.num_kv_heads)
                                             : nvfp4_scale_row_flat(int64_t(tile.k_row0) + t * kBlockSize,
@@ -549,7 +571,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
               if constexpr (is_fp8_k(kFmt)) {
                 convert_k_fp8<Mma>(raw, conv, tid);
               } else {
-                convert_fp4<Elem, false>(raw, conv, sc, tid);
+                convert_fp4<Mma, false>(raw, conv, sc, tid);
               }
             }
             fence_proxy_async_smem();
@@ -638,6 +660,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
   const int wtid = threadIdx.x & 127;
   const int warp = wtid >> 5, lane = threadIdx.x & 31;
   const int64_t total_q = p.total_q;
+  // The block maxima's factor: logit_scale (NVFP4); kNvfp4F16's logits are the products x 2^-14.
+  const float lscale = kFmt == KFormat::kNvfp4F16 ? p.logit_scale * 16384.0f : p.logit_scale;
   uint32_t nq = 0, nk = 0;
   // Warpgroup 0 issues first: warpgroup 1 gives it the first turn; warpgroup 0 takes back the
   // last turn that warpgroup 1 hands over, so every named-barrier phase completes.
@@ -719,12 +743,12 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       wgmma_fence_operand(acc0);
       constexpr bool kRowScale = kFmt == KFormat::kFp8F16;
       store_block_max<kMasked, kQConvert, kRowScale>(acc0, out_row[0], total_q, lim_row[0], ntok_sub[0],
-                                                     tile.t_begin + i, has_page, warp, lane, p.logit_scale, row_exp);
+                                                     tile.t_begin + i, has_page, warp, lane, lscale, row_exp);
       wgmma_wait<0>();
       wgmma_fence_operand(acc1);
       mbar_arrive(k_empty(int((nk + uint32_t(i)) % kKStages)));  // both sub-tiles are done with block i
       store_block_max<kMasked, kQConvert, kRowScale>(acc1, out_row[1], total_q, lim_row[1], ntok_sub[1],
-                                                     tile.t_begin + i, has_page, warp, lane, p.logit_scale,
+                                                     tile.t_begin + i, has_page, warp, lane, lscale,
                                                      row_exp >> 16);
     };
     // The first n_full blocks of the item hold only keys every token of the tile sees.
@@ -790,7 +814,7 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
   if (prepare_sm90a_launch(kernel, kThreads, size_t(smem_bytes)) <= 0) return false;
   // TMA: 16-byte aligned base and strides (the mma.sync kernel's cp.async needs the same). Strides
   // are in elements: 2 bytes for 16-bit operands, 1 for fp8 and NVFP4 (bytes).
-  const int64_t q_elt = kFmt == KFormat::kNvfp4 ? 1 : 2;
+  const int64_t q_elt = is_fp4(kFmt) ? 1 : 2;
   const int64_t k_elt = kFmt == KFormat::kNative ? 2 : 1;
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned16(p.q) || !aligned16(p.k.data) || (p.q_stride_token * q_elt) % 16 != 0 ||
@@ -826,7 +850,7 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
   kp.n_items = int64_t(kp.n_qt) * p.batch * kp.num_groups * kp.n_split;
 
   kp.paged = p.kv.paged;
-  if constexpr (kFmt == KFormat::kNvfp4) {
+  if constexpr (is_fp4(kFmt)) {
     // Raw NVFP4 q: 64-byte rows, one box per sub-tile, 64-byte swizzle (the converters' layout).
     const uint64_t q_dims[3] = {kHeadDim / 2, uint64_t(p.num_heads), uint64_t(p.total_q)};
     const uint64_t q_strides[2] = {uint64_t(p.q_stride_head), uint64_t(p.q_stride_token)};
@@ -846,7 +870,7 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
   const CUtensorMapDataType k_ty = kFmt == KFormat::kNative ? tensor_map_type(p.q_dtype) : CU_TENSOR_MAP_DATA_TYPE_UINT8;
   const uint32_t k_row = kFmt == KFormat::kNative ? kHeadDim : is_fp8_k(kFmt) ? kHeadDim : kHeadDim / 2;
   const uint32_t k_box0 = kFmt == KFormat::kNative ? 64 : k_row;
-  const CUtensorMapSwizzle k_swizzle = kFmt == KFormat::kNvfp4 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  const CUtensorMapSwizzle k_swizzle = is_fp4(kFmt) ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
   if (!encode_kv_block_map(kp.k_map, k_ty, p.k, p.kv, p.num_kv_heads, k_row, k_box0, int(k_elt), k_swizzle))
     return false;
 
@@ -867,10 +891,15 @@ bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, cudaStrea
       if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
         if (f16_mma) return launch_format<Elem, KFormat::kFp8F16>(p, QSource::kRegs, stream);
       return launch_format<Elem, KFormat::kFp8>(p, q_source, stream);
-    case KFormat::kFp8F16: return false;  // not an operand format (operand_format never returns it)
+    case KFormat::kFp8F16:
+    case KFormat::kNvfp4F16: return false;  // not operand formats (operand_format never returns them)
     case KFormat::kNvfp4:
-      // NVFP4 computes in bf16 (proxy_score_api.cu); no fp16 instantiation.
-      if constexpr (std::is_same_v<Elem, __nv_bfloat16>) return launch_format<Elem, KFormat::kNvfp4>(p, q_source, stream);
+      // NVFP4 computes in bf16 (proxy_score_api.cu), or with f16_mma on fp16 MMAs (kNvfp4F16); no
+      // fp16 instantiation.
+      if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+        if (f16_mma) return launch_format<Elem, KFormat::kNvfp4F16>(p, q_source, stream);
+        return launch_format<Elem, KFormat::kNvfp4>(p, q_source, stream);
+      }
       return false;
   }
   return false;

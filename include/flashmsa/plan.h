@@ -73,7 +73,8 @@ enum class TileBound : int32_t { kAuto = 0, kFixed = 1, kAdaptive = 2 };
 // decode_f16 / decode_f16_only: the decode kernel with fp16 MMAs for fp8 K with bf16 or fp8 q
 // (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only). sm90_f16 / sm90_f16_only:
 // the sm_90a kernel with fp16 MMAs for fp8 K with bf16 q (Q in registers, its rows scaled into
-// fp16 by powers of two; otherwise the same as sm90 / sm90_only).
+// fp16 by powers of two) and for NVFP4 q and K (value x 2^-7; not yet run on a GPU); otherwise the
+// same as sm90 / sm90_only.
 // auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block; with
 // fp16 MMAs for fp8 K, as decode_f16), else
 // sm90 (which itself falls back to mma_sync where it does not apply; fp8 K with bf16 q on its fp16

@@ -82,8 +82,8 @@ def test_generators_cover_every_option():
     opts = {op: [fuzz_msa.case_params(op, s)["options"] for s in range(400)] for op in fuzz_msa.OPS}
     for op, choices in fuzz_msa.KERNELS.items():
         for name, values in choices:
-            # (proxy kernel: also sm90_f16, drawn last in gen_proxy for bf16 q with fp8 K)
-            extra = {"sm90_f16"} if (op, name) == ("proxy", "kernel") else set()
+            # (proxy kernels: also sm90_f16, drawn last in gen_proxy for bf16 q with fp8 K and NVFP4)
+            extra = {"sm90_f16"} if op in ("proxy", "proxy_fp4") and name == "kernel" else set()
             assert {o.get(name) for o in opts[op]} == {None, *values} | extra, (op, name)
     assert any(o.get("kernel") == "sm90_f16" and p["q_dtype"] == "bf16" and p["k_dtype"] == "fp8"
                for o, p in zip(opts["proxy"], (fuzz_msa.case_params("proxy", s) for s in range(400))))

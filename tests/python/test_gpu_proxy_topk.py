@@ -358,13 +358,14 @@ SM90_FP8_CASES = [
 
 
 # sm90_f16_only: the same kernel with fp16 MMAs for fp8 K and bf16 q (q rows scaled into fp16 in
-# registers); its upcast twin (K of q's dtype) runs the bf16 MMAs, so the bitwise check below
-# compares the two MMA types (fp16 q: the same kernel as sm90_only).
-SM90_FP8_VARIANTS = SM90_VARIANTS + ["sm90_f16_only"]
+# registers) and for NVFP4 q and K (value x 2^-7); the upcast / dequantized twins (16-bit K of q's
+# dtype) run the bf16 MMAs, so the bitwise checks below compare the two MMA types (fp16 q: the same
+# kernel as sm90_only).
+SM90_CONVERTED_VARIANTS = SM90_VARIANTS + ["sm90_f16_only"]
 
 
 @needs_sm90
-@pytest.mark.parametrize("variant", SM90_FP8_VARIANTS)
+@pytest.mark.parametrize("variant", SM90_CONVERTED_VARIANTS)
 @pytest.mark.parametrize("case", SM90_FP8_CASES, ids=str)
 def test_proxy_sm90_fp8_k(case: ProxyCase, variant: str):
     """fp8 K on the sm_90a kernel: against the CPU reference (PROXY_ATOL, exact -inf / NaN
@@ -398,7 +399,7 @@ SM90_FP4_CASES = [
 
 
 @needs_sm90
-@pytest.mark.parametrize("variant", SM90_VARIANTS)
+@pytest.mark.parametrize("variant", SM90_CONVERTED_VARIANTS)
 @pytest.mark.parametrize("case", SM90_FP4_CASES, ids=str)
 def test_proxy_sm90_fp4(case: ProxyCase, variant: str):
     """NVFP4 q and K on the sm_90a kernel (both dequantized exactly into bf16 by the producer
