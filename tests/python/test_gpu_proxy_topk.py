@@ -475,23 +475,7 @@ def test_proxy_sm90_f16_row_scales_equal_bf16_mma():
     fp8 K: the per-row power-of-two scaling of sm90_f16_only keeps every product exact, so the
     scores equal the bf16-MMA kernel's bit for bit, and the CPU reference's up to rounding."""
     case = ProxyCase("sm90_f16_row_scales", [300, 77], [900, 1500], hq=8, hkv=2, k_dtype=FP8)
-    seed = random.getrandbits(31)
-    inputs = make_proxy_inputs(case, seed=seed)
-    q = inputs["q"].float()
-    for h, e in enumerate([-60, -20, 0, 40, 7, -3, 0, 0]):
-        q[:, h] *= 2.0 ** e
-    q[:, 6] = 0.0
-    inputs["q"] = q.to(inputs["q"].dtype)
-    f16 = run_proxy(case, inputs, DEV, kernel="sm90_f16_only")
-    bf16 = run_proxy(case, inputs, DEV, kernel="sm90_only")
-    assert torch.equal(f16.view(torch.int32), bf16.view(torch.int32)), f"seed={seed}"
-    want = run_proxy(case, inputs, "cpu")
-    got = f16.cpu()
-    fin = torch.isfinite(want)
-    assert torch.equal(fin, torch.isfinite(got)), f"seed={seed}"
-    scale = want.abs().where(fin, torch.zeros_like(want)).amax(dim=(1, 2), keepdim=True)
-    err = ((got - want).abs() / scale.clamp(min=1e-38)).where(fin, torch.zeros_like(want))
-    assert float(err.max()) <= 1e-5, f"seed={seed}"
+    check_f16_row_scales(case, dict(kernel="sm90_f16_only"), dict(kernel="sm90_only"))
 
 
 @pytest.mark.parametrize("case", [
@@ -721,6 +705,14 @@ def test_proxy_decode_f16_row_scales_equal_bf16_mma(ilp):
     per-row power-of-two scaling of decode_f16_only keeps every product exact, so the scores
     equal the bf16-MMA decode kernel's bit for bit, and the CPU reference's up to rounding."""
     case = ProxyCase("dec_f16_row_scales", [1, 3, 2], [900, 1500, 300], hq=8, hkv=2, k_dtype=FP8)
+    check_f16_row_scales(case, dict(kernel="decode_f16_only", options=ilp),
+                         dict(kernel="decode_only", options=FP8_CTA))
+
+
+def check_f16_row_scales(case: ProxyCase, f16_run: dict, bf16_run: dict):
+    """A case's 8 heads scaled by 2^-60 ... 2^40 (head 6 zero) run on fp16 MMAs (f16_run: run_proxy
+    keywords) and on bf16 MMAs (bf16_run): bit for bit equal, and within 1e-5 of each head's
+    largest |score| of the CPU reference."""
     seed = random.getrandbits(31)
     inputs = make_proxy_inputs(case, seed=seed)
     q = inputs["q"].float()
@@ -728,10 +720,10 @@ def test_proxy_decode_f16_row_scales_equal_bf16_mma(ilp):
         q[:, h] *= 2.0 ** e
     q[:, 6] = 0.0
     inputs["q"] = q.to(inputs["q"].dtype)
-    f16 = run_proxy(case, inputs, DEV, kernel="decode_f16_only", options=ilp)
-    bf16 = run_proxy(case, inputs, DEV, kernel="decode_only", options=FP8_CTA)
+    f16 = run_proxy(case, inputs, DEV, **f16_run)
+    bf16 = run_proxy(case, inputs, DEV, **bf16_run)
     assert torch.equal(f16.view(torch.int32), bf16.view(torch.int32)), f"seed={seed}"
-    want = run_proxy(case, inputs, "cpu", kernel="decode_only")
+    want = run_proxy(case, inputs, "cpu")
     got = f16.cpu()
     fin = torch.isfinite(want)
     assert torch.equal(fin, torch.isfinite(got)), f"seed={seed}"
