@@ -32,6 +32,8 @@ def cases(bench: bm.Bench) -> dict:
                                                                         fmt="fp8"),
         "proxy_prefill_32k_sm90_fp8_f16": lambda: bench.build_proxy_prefill(
             32 * K, dict(kernel="sm90_f16_only"), fmt="fp8"),
+        "proxy_prefill_32k_sm90_nvfp4_f16": lambda: bench.build_proxy_prefill(
+            32 * K, dict(kernel="sm90_f16_only"), fmt="nvfp4"),
         "proxy_prefill_32k_sm90_ss": lambda: bench.build_proxy_prefill(32 * K,
                                                                        dict(kernel="sm90_ss_only")),
         "proxy_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1),

@@ -301,8 +301,11 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
       plan.kernel = proxy_auto_takes_decode(p) ? ProxyKernel::kDecode : ProxyKernel::kSm90;
       // fp8 K: fp16 MMAs, on the decode kernel (bit-identical to the bf16 MMAs and faster on the
       // H200 at 1aad2ee: B64/32K 105 vs 125 us) and on the sm_90a kernel with bf16 q (its
-      // launcher; bit-identical and faster at b66f97b: 32K prefill 874.8 vs 1067.6 us).
-      plan.f16_mma = p.k.dtype == DType::kFP8E4M3;
+      // launcher; bit-identical and faster at b66f97b: 32K prefill 874.8 vs 1067.6 us); NVFP4 q
+      // and K on the sm_90a kernel's fp16 MMAs (value x 2^-7; H200 at 5cb9800: 32K prefill 1352.0
+      // vs 1805.0 us; the decode kernel runs NVFP4 on fp16 MMAs whatever the flag).
+      plan.f16_mma = p.k.dtype == DType::kFP8E4M3 ||
+                     (p.k.dtype == DType::kNVFP4 && plan.kernel == ProxyKernel::kSm90);
       break;
     case ProxyKernel::kMmaSync: plan.kernel = ProxyKernel::kMmaSync; break;
     case ProxyKernel::kSm90: plan = {ProxyKernel::kSm90, false}; break;

@@ -73,12 +73,13 @@ enum class TileBound : int32_t { kAuto = 0, kFixed = 1, kAdaptive = 2 };
 // decode_f16 / decode_f16_only: the decode kernel with fp16 MMAs for fp8 K with bf16 or fp8 q
 // (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only). sm90_f16 / sm90_f16_only:
 // the sm_90a kernel with fp16 MMAs for fp8 K with bf16 q (Q in registers, its rows scaled into
-// fp16 by powers of two) and for NVFP4 q and K (value x 2^-7; not yet run on a GPU); otherwise the
+// fp16 by powers of two) and for NVFP4 q and K (value x 2^-7); otherwise the
 // same as sm90 / sm90_only.
 // auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block; with
 // fp16 MMAs for fp8 K, as decode_f16), else
 // sm90 (which itself falls back to mma_sync where it does not apply; fp8 K with bf16 q on its fp16
-// MMAs, as sm90_f16, since b66f97b: 874.8 vs 1067.6 us at 32K). H200 at 162e97a: 32K prefill
+// MMAs, as sm90_f16, since b66f97b: 874.8 vs 1067.6 us at 32K; NVFP4 q and K likewise since the H200
+// run at 5cb9800: 1352.0 vs 1805.0 us). H200 at 162e97a: 32K prefill
 // 658 us vs mma_sync 1624; decode B64/32K 139 vs 190 us (bf16), 125 vs 216 (fp8), 145 vs 271 (NVFP4);
 // at c7709c9, 32K prefill with fp8 K 1076 vs 1739 us, NVFP4 q / K 1806 vs 2038 us (auto took
 // mma_sync for them until then).
@@ -587,7 +588,8 @@ struct ProxyScorePlan {
   // exact in fp16). Set by decode_f16 / decode_f16_only, and by auto for fp8 K on the decode kernel
   // (H200 at 1aad2ee: bit-identical, B64/32K 105 vs 125 us; docs/design/proxy_score.md). On the
   // sm_90a kernel (sm90_f16 / sm90_f16_only, and auto for fp8 K since the H200 run at b66f97b:
-  // bit-identical, 32K prefill 874.8 vs 1067.6 us): the same for fp8 K with bf16 q, Q in registers.
+  // bit-identical, 32K prefill 874.8 vs 1067.6 us): the same for fp8 K with bf16 q, Q in registers,
+  // and NVFP4 q and K as value x 2^-7 (auto's since the H200 run at 5cb9800: 1352.0 vs 1805.0 us).
   bool f16_mma = false;
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.

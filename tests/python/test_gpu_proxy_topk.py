@@ -423,7 +423,7 @@ def test_proxy_sm90_fp4(case: ProxyCase, variant: str):
 
 
 @needs_sm90
-@pytest.mark.parametrize("variant", SM90_VARIANTS)
+@pytest.mark.parametrize("variant", SM90_CONVERTED_VARIANTS)
 @pytest.mark.parametrize("case", [
     ProxyCase("sm90_vs_mma_fp8_m3_16k", [16384], [16384], hq=4, hkv=1, k_dtype=FP8),
     ProxyCase("sm90_vs_mma_fp8_paged_ragged", [8192, 3000, 1], [8192, 6000, 700], hq=4, hkv=1,
