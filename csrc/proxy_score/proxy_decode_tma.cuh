@@ -54,6 +54,7 @@
 #include "common/mbarrier.cuh"
 #include "common/tensor_map.h"
 #include "common/tma.cuh"
+#include "proxy_score/nvfp4_scale_area.cuh"
 
 namespace flashmsa::cuda::proxy::decode::tma {
 
@@ -74,7 +75,7 @@ struct Shape<kK4> {
   static constexpr int kSelfConsumers = 12;  // the producer's place taken by a consumer (216 KB of stages)
   static constexpr int kStagesPerWarp = 2;
   static constexpr int kDataBytes = kBlockSize * 64;              // 128 keys x 64 bytes of e2m1 codes
-  static constexpr int kStageBytes = kDataBytes + kBlockSize * 8;  // + 1 KB of scales (128x4 layout)
+  static constexpr int kStageBytes = kDataBytes + kNvfp4ScaleAreaBytes;  // + 1 KB of scales (nvfp4_scale_area.cuh)
 };
 // kSelf: the consumer warps issue their own loads (no producer warp).
 template <int kK, bool kSelf>
@@ -108,22 +109,6 @@ struct TmaParams {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The NVFP4 scales of a loaded flat unit into the stage's 1 KB scale area, in the 128x4 layout of
-// the scale tensor (key i, column c at (c / 4) * 512 + (i % 32) * 16 + (i / 32) * 4 + c % 4), by
-// every producer lane: flat scale rows are strided (row = token x Hkv + kh) and a block need not
-// start on a 128-row tile, so the block's n_keys keys are gathered 4 columns (4 bytes) at a time
-// (the rest of the area keeps stale bytes: those keys are masked). A paged block's scale rows are
-// one aligned 128-row tile, which the producer's lane 0 copies whole (bulk_load).
-__device__ __forceinline__ void gather_flat_scales(const ProxyScoreParams& p, uint32_t dst, int64_t srow0,
-                                                   int n_keys, int lane) {
-  for (int i = lane; i < n_keys; i += 32) {
-    const int64_t row = srow0 + int64_t(i) * p.num_kv_heads;
-    const uint32_t d = dst + (i % 32) * 16 + (i / 32) * 4;
-    cp_async_4(d, p.k.scale + nvfp4_scale_offset(row, 0));
-    cp_async_4(d + 512, p.k.scale + nvfp4_scale_offset(row, 4));
-  }
-}
-
 // Arrivals that complete a stage's full barrier: the expect_tx of the TMA(s) of producer lane 0, and
 // for flat NVFP4 each producer lane's cp.async arrival (.noinc).
 template <int kK>
@@ -276,8 +261,7 @@ struct Fp4Raw {
 __device__ __forceinline__ Fp4Raw load_fp4_raw(const uint8_t* stage, int key, int c) {
   Fp4Raw r;
   r.codes = *reinterpret_cast<const uint4*>(stage + key * 64 + 16 * c);
-  r.scales = *reinterpret_cast<const uint16_t*>(stage + Shape<kK4>::kDataBytes + (c >> 1) * 512 + (key & 31) * 16 +
-                                                (key >> 5) * 4 + 2 * (c & 1));
+  r.scales = *reinterpret_cast<const uint16_t*>(stage + Shape<kK4>::kDataBytes + nvfp4_area_pair_offset(key, c));
   return r;
 }
 

@@ -42,6 +42,7 @@
 #include "flashmsa/params.h"
 #include "flashmsa/semantics.h"
 #include "proxy_score/launch.h"
+#include "proxy_score/nvfp4_scale_area.cuh"
 #include "proxy_score/proxy_score_config.h"
 
 namespace flashmsa::cuda::proxy::sm90 {
@@ -88,23 +89,29 @@ struct Layout {
   static constexpr bool kRegsQ = kQ == QSource::kRegs;
   static constexpr int kQSlots = kRegsQ ? 1 : 2;
   static constexpr int kKStages = !kConvert ? (kRegsQ ? 4 : 3) : (kRegsQ ? 3 : 2);
-  // One raw block: 128 keys x 128 fp8 bytes (16 KB) or x 64 bytes of e2m1 pairs (8 KB); the NVFP4
-  // block scales are read by the converting threads from global memory.
+  // One raw block: 128 keys x 128 fp8 bytes (16 KB) or x 64 bytes of e2m1 pairs (8 KB). NVFP4 K
+  // with Q in registers (kStagedScales): the block's 1 KB of scales follow its codes in the stage
+  // (nvfp4_scale_area.cuh; a bulk copy beside the TMA for a paged block, gathered by the producer
+  // warp's lanes for a flat one), so the converting threads read them from shared memory; with Q
+  // in shared memory (no room for the 2 KB) they read them from global memory.
+  static constexpr bool kStagedScales = is_fp4(kFmt) && kRegsQ;
   static constexpr int kRawBytes = is_fp8_k(kFmt) ? kBlockSize * kHeadDim
                                    : is_fp4(kFmt) ? kBlockSize * kHeadDim / 2
                                                              : 0;
+  static constexpr int kRawStageBytes = kRawBytes + (kStagedScales ? kNvfp4ScaleAreaBytes : 0);
   static constexpr int kRawStages = !kConvert ? 0 : (kRegsQ ? (is_fp8_k(kFmt) ? 3 : 4) : 2);
   static constexpr int kQRawBytes = is_fp4(kFmt) ? kSubTiles * kSubRows * kHeadDim / 2 : 0;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQSlots * kQTileBytes;
   static constexpr int kRawOffset = kKOffset + kKStages * kKBlockBytes;
-  static constexpr int kQRawOffset = kRawOffset + kRawStages * kRawBytes;
+  static constexpr int kQRawOffset = kRawOffset + kRawStages * kRawStageBytes;
   static constexpr int kBarOffset = kQRawOffset + kQRawBytes;
   static constexpr int kNumBars = 2 * kQSlots + 2 * kKStages + 2 * kRawStages + (kQRawBytes > 0 ? 2 : 0);
   // +1024: the dynamic shared memory base is aligned up to the 1024 bytes the swizzle atoms need.
   static constexpr int kSmemBytes = kBarOffset + kNumBars * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory plan exceeds the sm_90 opt-in limit");
-  static_assert(kRawOffset % 1024 == 0 && kQRawOffset % 1024 == 0 && kBarOffset % 1024 == 0,
+  static_assert(kRawOffset % 1024 == 0 && kRawStageBytes % 1024 == 0 && kQRawOffset % 1024 == 0 &&
+                    kBarOffset % 1024 == 0,
                 "swizzled stages start on 1024-byte boundaries");
 };
 inline constexpr int kProducerRegs = 40;
@@ -326,18 +333,36 @@ MSA_DEVICE Fp4Scales load_fp4_scales(const uint8_t* scales, RowFn scale_row, int
   return {v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16)};
 }
 
-// NVFP4 rows [128][64 B] -> the 16-bit swizzled layout: a K stage (kQTile false: [2][128][64]) or
-// two consecutive Q sub-tiles (kQTile true: rows 64 s + r of sub-tile s, each [2][64][64]).
-// Values are e2m1x2_to's, the mma.sync kernel's conversion.
-template <typename Elem, bool kQTile>
-MSA_DEVICE void convert_fp4(const uint8_t* raw, uint8_t* dst, Fp4Scales sc, int tid) {
-#pragma unroll 1
-  for (int idx = tid; idx < kBlockSize * 4; idx += kConverterThreads) {
+// The scale pair of each task, in task order: from the registers load_fp4_scales filled ...
+struct Fp4RegPairs {
+  Fp4Scales sc;
+  MSA_DEVICE uint32_t operator()(int /*r*/, int /*c*/) {
     const uint32_t pair = sc.w0 & 0xFFFFu;
     sc.w0 = (sc.w0 >> 16) | (sc.w1 << 16);
     sc.w1 = (sc.w1 >> 16) | (sc.w2 << 16);
     sc.w2 >>= 16;
+    return pair;
+  }
+};
+// ... or from the staged block's scale area (rows from n_keys on: scale 0, as load_fp4_scales
+// gives them; their bytes in the area are stale).
+struct Fp4AreaPairs {
+  const uint8_t* area;
+  int n_keys;
+  MSA_DEVICE uint32_t operator()(int r, int c) const {
+    return r < n_keys ? uint32_t(*reinterpret_cast<const uint16_t*>(area + nvfp4_area_pair_offset(r, c))) : 0u;
+  }
+};
+
+// NVFP4 rows [128][64 B] -> the 16-bit swizzled layout: a K stage (kQTile false: [2][128][64]) or
+// two consecutive Q sub-tiles (kQTile true: rows 64 s + r of sub-tile s, each [2][64][64]).
+// Values are e2m1x2_to's, the mma.sync kernel's conversion; next_pair(r, c): the task's scale pair.
+template <typename Elem, bool kQTile, typename PairFn>
+MSA_DEVICE void convert_fp4(const uint8_t* raw, uint8_t* dst, PairFn next_pair, int tid) {
+#pragma unroll 1
+  for (int idx = tid; idx < kBlockSize * 4; idx += kConverterThreads) {
     const int r = fp4_task_row(idx), c = fp4_task_chunk(idx), x = r & 7;
+    const uint32_t pair = next_pair(r, c);
     const uint4 in = *reinterpret_cast<const uint4*>(raw + r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
     uint8_t* row = kQTile ? dst + (r >> 6) * kSubTileBytes + (c >> 1) * (kSubRows * 128) + (r & 63) * 128
                           : dst + (c >> 1) * (kBlockSize * 128) + r * 128;
@@ -501,8 +526,9 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
       mbar_init(k_full(i), L::kConvert ? kConverterThreads : 1);
       mbar_init(k_empty(i), kConsumerThreads);
     }
+    // Flat NVFP4 K with staged scales: each producer lane's cp.async arrival counts too.
     for (int i = 0; i < kRawStages; ++i) {
-      mbar_init(raw_full(i), 1);
+      mbar_init(raw_full(i), L::kStagedScales && !kp.paged ? 1 + 32 : 1);
       mbar_init(raw_empty(i), kConverterThreads);
     }
     if constexpr (kQConvert) {
@@ -541,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
                 mbar_wait_loop(q_empty(qs), ((nq / kQSlots) & 1u) ^ 1u);
               }
               convert_fp4<Mma, true>(smem + L::kQRawOffset + half * (2 * kSubRows * 64),
-                                      q_dst + half * 2 * kSubTileBytes, sc, tid);
+                                      q_dst + half * 2 * kSubTileBytes, Fp4RegPairs{sc}, tid);
             }
             fence_proxy_async_smem();  // the generic-proxy stores, before wgmma reads them
             mbar_arrive(q_raw_empty);
@@ -553,8 +579,8 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
             const int rs = int(nk % kRawStages), st = int(nk % kKStages);
             const int64_t page = kp.paged ? kv_page(p.kv, tile.b, t) : 0;
             Fp4Scales sc{};
-            if constexpr (is_fp4(kFmt)) {
-              const int n_keys = min(kBlockSize, tile.seqlen_k - t * kBlockSize);
+            const int n_keys = min(kBlockSize, tile.seqlen_k - t * kBlockSize);
+            if constexpr (is_fp4(kFmt) && !L::kStagedScales) {
               const int64_t row0 = kp.paged ? nvfp4_scale_row_paged(page, tile.kh, 0, p.num_kv_heads)
                                             : nvfp4_scale_row_flat(int64_t(tile.k_row0) + t * kBlockSize,
                                                                    tile.kh, p.num_kv_heads);
@@ -566,12 +592,14 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
             mbar_wait_loop(raw_full(rs), (nk / kRawStages) & 1u);
             mbar_wait_loop(k_empty(st), ((nk / kKStages) & 1u) ^ 1u);
             if (page >= 0) {  // an invalid page: nothing landed, the consumers write -inf
-              const uint8_t* raw = smem + L::kRawOffset + rs * L::kRawBytes;
+              const uint8_t* raw = smem + L::kRawOffset + rs * L::kRawStageBytes;
               uint8_t* conv = smem + L::kKOffset + st * kKBlockBytes;
               if constexpr (is_fp8_k(kFmt)) {
                 convert_k_fp8<Mma>(raw, conv, tid);
+              } else if constexpr (L::kStagedScales) {
+                convert_fp4<Mma, false>(raw, conv, Fp4AreaPairs{raw + L::kRawBytes, n_keys}, tid);
               } else {
-                convert_fp4<Mma, false>(raw, conv, sc, tid);
+                convert_fp4<Mma, false>(raw, conv, Fp4RegPairs{sc}, tid);
               }
             }
             fence_proxy_async_smem();
@@ -582,14 +610,20 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
         return;
       }
     }
-    if (threadIdx.x != 0) return;
+    // Thread 0 issues the loads; for flat NVFP4 K with staged scales the other lanes of its warp
+    // walk the same blocks and gather each one's scales (nvfp4_scale_area.cuh).
+    const bool gather = L::kStagedScales && !kp.paged;
+    if (threadIdx.x >= (gather ? 32u : 1u)) return;
+    const int lane = int(threadIdx.x);
     uint32_t nq = 0, nk = 0;  // Q tiles / K blocks loaded so far: slot, stage and phase
     // K blocks are re-read by every CTA whose tiles see them: keep them in L2 ahead of the
     // streaming output (evict_last).
     const uint64_t k_policy = l2_policy_evict_last();
     for_each_tile(kp, [&](const Tile& tile) {
       if (tile.t_end <= tile.t_begin) return;
-      if constexpr (kQConvert) {
+      if (lane != 0) {
+        // Q is thread 0's; the K blocks' raw stages below are the warp's.
+      } else if constexpr (kQConvert) {
         // Raw NVFP4 Q: 4 sub-tiles of 64 tokens x 64 bytes (4 KB each) into the staging slot.
         mbar_wait_loop(q_raw_empty, (nq & 1u) ^ 1u);
         mbar_expect_tx(q_raw_full, L::kQRawBytes);
@@ -616,16 +650,31 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
 #pragma unroll 1
       for (int t = tile.t_begin; t < tile.t_end; ++t, ++nk) {
         if constexpr (L::kConvert) {
-          // One raw box per block (a row of 128 / 64 bytes is one box wide) into the staging ring.
+          // One raw box per block (a row of 128 / 64 bytes is one box wide) into the staging ring,
+          // staged NVFP4 scales after it: a paged block's scale tile by one bulk copy on the same
+          // barrier, a flat block's rows gathered by the warp's lanes.
           const int rs = int(nk % kRawStages);
           mbar_wait_loop(raw_empty(rs), ((nk / kRawStages) & 1u) ^ 1u);
-          const uint32_t dst = sRaw + uint32_t(rs) * L::kRawBytes;
+          const uint32_t dst = sRaw + uint32_t(rs) * L::kRawStageBytes;
+          if constexpr (L::kStagedScales) {
+            if (gather) {
+              const int64_t srow0 =
+                  nvfp4_scale_row_flat(int64_t(tile.k_row0) + t * kBlockSize, tile.kh, p.num_kv_heads);
+              gather_flat_scales(p, dst + L::kRawBytes, srow0, min(kBlockSize, tile.seqlen_k - t * kBlockSize), lane);
+              mbar_arrive_cp_async_noinc(raw_full(rs));
+            }
+          }
+          if (lane != 0) continue;
           if (!kp.paged) {
             mbar_expect_tx(raw_full(rs), L::kRawBytes);
             tma_load_3d_hint(dst, &kp.k_map, raw_full(rs), 0, tile.kh, tile.k_row0 + t * kBlockSize, k_policy);
           } else if (const int64_t page = kv_page(kp.p.kv, tile.b, t); page >= 0) {
-            mbar_expect_tx(raw_full(rs), L::kRawBytes);
+            mbar_expect_tx(raw_full(rs), L::kRawStageBytes);
             tma_load_4d_hint(dst, &kp.k_map, raw_full(rs), 0, 0, tile.kh, int(page), k_policy);
+            if constexpr (L::kStagedScales)
+              bulk_load(dst + L::kRawBytes,
+                        p.k.scale + nvfp4_scale_offset(nvfp4_scale_row_paged(page, tile.kh, 0, p.num_kv_heads), 0),
+                        kNvfp4ScaleAreaBytes, raw_full(rs));
           } else {
             mbar_arrive(raw_full(rs));  // nothing to load; the converting threads skip the block
           }
