@@ -92,6 +92,10 @@
 #   PROFILE_METRICS=a,b        metrics collected beside the sections (ncu --metrics; e.g.
 #                              "regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio":
 #                              cycles per issued instruction stalled for each reason)
+#   PROFILE_SOURCE=1           also each case's per-instruction page (ncu --page source
+#                              --print-source sass --csv: executed instructions and warp stall
+#                              samples of every SASS instruction) to $OUT/profile-source-<case>.csv.gz
+#                              (a second profiled run of the case, the same kernel filter)
 #   TIME_BUDGET=seconds        default 570: steps are cut short so the summary is printed before a
 #                              600 s device call ends; a cut step counts as failed
 #   GPU_ARCHS="80;90a"         CUDA architectures of the build (e.g. 90a: a faster build on an H200,
@@ -593,6 +597,15 @@ step_profile() {
       echo "profile case $c: cut after ${PROFILE_CASE_TIMEOUT:-150} s or the budget (a hang?)" >>"$log"
     fi
     (( case_rc == 0 )) || rc=1
+    if [[ ${PROFILE_SOURCE:-0} == 1 ]]; then
+      case_rc=0
+      RUN_CAP=${PROFILE_CASE_TIMEOUT:-150} run_logged "$OUT_DIR/profile-source-$c.csv" "$ncu" \
+        --profile-from-start off --clock-control none --section SourceCounters --section WarpStateStats \
+        "${only[@]}" --page source --print-source sass --csv "$PY" benchmarks/profile_msa.py --case "$c" ||
+        case_rc=$?
+      gzip -f "$OUT_DIR/profile-source-$c.csv"
+      (( case_rc == 0 )) || rc=1
+    fi
     n=$((n + 1))
   done
   trim_log "$log"
