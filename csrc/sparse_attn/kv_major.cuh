@@ -51,7 +51,15 @@ struct KvMajorConfig {
   static_assert(kKvmWarpRows == 32, "two m16 tiles per warp");
 };
 
-// The current item as the warps need it (computed once by thread 0).
+// The current item as the warps need it (computed once by thread 0). The last four fields are the
+// item's parts of a row's values (kv_major_sm90.cuh's row tables), so that a row adds only its own:
+// for the row of list entry (rel, slot) and head g,
+//   query element offset  q_item + rel x q_stride_token + g x q_stride_head
+//   partial index         slot_item + (rel x topk + slot) x G + g
+//   visible keys          clamp(lim_base + rel, 0, lim_cap)
+//                         (= clamp(col_limit(causal, q_off, row_begin + rel - q_begin, seqlen_k) - j0,
+//                         0, 128): lim_base is q_off - q_begin + row_begin + 1 - j0 clamped to
+//                         +-2^30, or 2^30 without causal masking; lim_cap min(128, seqlen_k - j0))
 struct KvmItemState {
   int kh;  // -1: no item left
   int b;
@@ -60,8 +68,12 @@ struct KvmItemState {
   int rows;  // tokens * G
   int seqlen_k;
   int q_begin;
-  int pad;
+  int lim_base;
   int64_t q_off;
+  int lim_cap;
+  int pad;
+  int64_t q_item;
+  int64_t slot_item;
 };
 
 static_assert(sizeof(KvmItemState) <= 128, "item record fits its shared-memory slot");
@@ -89,6 +101,13 @@ MSA_DEVICE KvmItemState fetch_kvm_item(const KvMajorArgs& args) {
     is.seqlen_k = it.seqlen_k;
     is.q_begin = it.q_begin;
     is.q_off = it.q_off;
+    const SparseAttnParams& p = args.p;
+    constexpr int64_t kBound = int64_t(1) << 30;
+    is.lim_base = p.causal ? int(clamp64(it.q_off - it.q_begin + args.row_begin + 1 - is.j0, -kBound, kBound))
+                           : int(kBound);
+    is.lim_cap = min(kBlockSize, it.seqlen_k - is.j0);
+    is.q_item = int64_t(args.row_begin) * p.q_stride_token + int64_t(it.kh) * args.group * p.q_stride_head;
+    is.slot_item = int64_t(it.kh) * args.chunk_rows * p.topk * args.group;
   }
   return is;
 }

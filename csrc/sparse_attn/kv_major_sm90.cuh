@@ -96,10 +96,10 @@ MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is
     const int g = i - e * G;
     const uint32_t v = s_list[e];
     const int rel = int(v >> 6), slot = int(v & 63u);
-    const int r = args.row_begin + rel;
-    qb = (int64_t(r) * p.q_stride_token + int64_t(is.kh * G + g) * p.q_stride_head) * int64_t(sizeof(Elem));
-    slot_idx = ((int64_t(is.kh) * args.chunk_rows + rel) * p.topk + slot) * G + g;
-    lim = max(0, min(kBlockSize, col_limit(p.causal, is.q_off, r - is.q_begin, is.seqlen_k) - is.j0));
+    // The item's parts precomputed (KvmItemState): the row adds its own.
+    qb = (is.q_item + int64_t(rel) * p.q_stride_token + int64_t(g) * p.q_stride_head) * int64_t(sizeof(Elem));
+    slot_idx = is.slot_item + int64_t(rel * p.topk + slot) * G + g;
+    lim = min(max(is.lim_base + rel, 0), is.lim_cap);
   }
   s_q[kvm90_row_index(row)] = qb;
   s_slot[kvm90_row_index(row)] = slot_idx;
@@ -230,7 +230,9 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   constexpr int S = Cfg::kStages;
   extern __shared__ __align__(1024) uint8_t smem[];
   const SparseAttnParams& p = args.p;
-  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+  // wg broadcast from lane 0: warp-uniform for the compiler too, so the wgmma descriptors of this
+  // warpgroup's query tiles live in uniform registers (one add per k-step, no moves per wgmma).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xFFFFFFFFu, tid >> 7, 0), wtid = tid & 127;
   const int lane = tid & 31, warp = wtid >> 5;  // warp within the warpgroup
   const int gid = lane >> 2, tig = lane & 3;
   KvmItemState* s_state = reinterpret_cast<KvmItemState*>(smem + Cfg::kItemOffset);

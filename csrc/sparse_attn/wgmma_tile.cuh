@@ -87,9 +87,10 @@ template <typename Elem>
 MSA_DEVICE void wgmma_pv_issue(float (&o)[16][4], const uint32_t (&pa)[8][4], uint32_t v_addr, bool accumulate) {
   wgmma_fence_operand(o);
   wgmma_fence();
+  const uint64_t db0 = wgmma_desc_sw128(v_addr, kBlockSize * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
-    const uint64_t db = wgmma_desc_sw128(v_addr + uint32_t(kk) * 2048u, kBlockSize * 128, 1024);
+    const uint64_t db = wgmma_desc_advance(db0, uint32_t(kk) * 2048u);  // 16 keys = 2048 bytes on
     wgmma_m64n128k16_rs<Elem, 1>(o, pa[kk], db, accumulate || kk > 0 ? 1 : 0);
   }
   wgmma_commit();
