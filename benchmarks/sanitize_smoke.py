@@ -531,7 +531,9 @@ class Smoke:
         hybrid one with every tile of up to 96 union blocks taken (tile_max_waste=8: consumer
         warpgroups skip blocks on unrelated selections), both with the default tile kernel (TMA; fp8
         K/V take the cp.async one) and with the cp.async one forced (tile_kernel=cp_async); the TMA
-        KV-major kernel (kv_major_kernel=tma) alone, in small groups and under hybrid; both KV-major schedules once more with
+        KV-major kernel (kv_major_kernel=tma) alone, in small groups and under hybrid; the
+        warpgroup-MMA KV-major kernel with its partials by TMA stores (kv_major_store=tma) alone, in
+        small groups and under hybrid; both KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
         combine's LSE resets), and with each group's work lists built before it (lists=per_group)."""
@@ -555,6 +557,13 @@ class Smoke:
                              ("kv_major/tma/chunk100", dict(schedule="kv_major", kv_major_kernel="tma",
                                                             chunk_rows=100)),
                              ("hybrid/tma", dict(schedule="hybrid", kv_major_kernel="tma")),
+                             # The warpgroup-MMA KV-major kernel's partials by TMA stores
+                             # (kv_major_store=tma; G not a multiple of 16 keeps stg), alone, in
+                             # small launch groups and under the tiles.
+                             ("kv_major/tma_store", dict(schedule="kv_major", kv_major_store="tma")),
+                             ("kv_major/tma_store/chunk100", dict(schedule="kv_major", kv_major_store="tma",
+                                                                  chunk_rows=100)),
+                             ("hybrid/tma_store", dict(schedule="hybrid", kv_major_store="tma")),
                              # The tiles' bound decided on the device (tile_bound=adaptive) over
                              # a low forced bound, so that some tiles sit between the two.
                              ("hybrid/adaptive", dict(schedule="hybrid", tile_max_waste=1.25,

@@ -103,7 +103,12 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       s << "auto: the sm_90a warpgroup-MMA kernel runs on this GPU";
     else
       s << "auto: the sm_90a kernel cannot run here (needs an sm_90 GPU and an sm_90a build)";
-    s << ", " << kvm.q_stages << " query-tile stage(s)); " << kvm.groups << " launch group(s) of "
+    s << ", " << kvm.q_stages << " query-tile stage(s))";
+    if (kvm.tma_store)
+      s << "; kv_major_store=tma (forced by the option: the partials by two TMA stores per warp and tile)";
+    else if (kvm.store_fallback != nullptr)
+      s << "; kv_major_store=stg (kv_major_store=tma falls back: " << kvm.store_fallback << ")";
+    s << "; " << kvm.groups << " launch group(s) of "
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";
     if (kvm.lists == KvMajorLists::kOnce)

@@ -21,10 +21,13 @@
 // MMAs, a softmax reduced in a fixed order), so results are deterministic (D11).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "common/cuda_utils.h"
 #include "common/group_div.h"
+#include "common/tensor_map.h"
+#include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
@@ -140,8 +143,8 @@ MSA_DEVICE void kvm90_issue_q(bool live, const void* q, const int64_t* s_q_warp,
 // query rows (and the warp is past its S wait), so no warpgroup barrier precedes the writes.
 // `slots` is the warp's part of the slot table (kvm90_row_index order).
 template <typename Elem>
-MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* tile, int warp,
-                                     void* part_o, const int64_t* slots, int lane) {
+MSA_DEVICE void kvm90_stage_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* tile, int warp,
+                                     int lane) {
   uint8_t* rows = tile + warp * 16 * 128;  // the warp's row 0 in the first 64-dim half
   {
     // stmatrix matrices 0..3: (rows 0-7, n8 tile 2c), (rows 8-15, 2c), (rows 0-7, 2c + 1),
@@ -159,6 +162,13 @@ MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)
                   pack2_partial<Elem>(o[2 * c + 1][2] * mul[1], o[2 * c + 1][3] * mul[1]));
     }
   }
+}
+
+template <typename Elem>
+MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* tile, int warp,
+                                     void* part_o, const int64_t* slots, int lane) {
+  kvm90_stage_partials<Elem>(o, mul, tile, warp, lane);
+  uint8_t* rows = tile + warp * 16 * 128;
   __syncwarp();
   const int ch = lane & 15, c0 = lane >> 4;
   const longlong2* t = reinterpret_cast<const longlong2*>(slots + 8 * c0);
@@ -222,13 +232,27 @@ MSA_DEVICE void kvm90_softmax(float (&s)[16][4], const int (&lim)[2], bool has_t
 }
 #endif
 
-template <typename Elem, KvKind kKv>
+// The kernel's parameters: the KV-major arguments and, for kv_major_store=tma (kTmaStore), the
+// tensor map of the partials (common/tensor_map.h; zero and unused otherwise).
+struct KvMajorSm90Args {
+  CUtensorMap o_map;  // part_o as (128 dims, Hkv * chunk_rows * topk * G rows), box (64, 16), 128-byte swizzle
+  KvMajorArgs a;
+};
+
+// kTmaStore (plan option kv_major_store=tma; G a multiple of 16, so that a warp's 16 rows are 16
+// consecutive partial rows of one token, or all padding): the epilogue's staged tile goes out as
+// two TMA stores per warp (one per 64-dim half) from the warp's rows of the consumed query tile,
+// instead of each lane's loads and 8 predicated 16-byte stores. The stage is refilled by the warp's
+// gather of the tile after next, after its lane 0 has waited for the store's reads
+// (bulk_wait_read); so is the query area, which quantized K/V stage through at the next item.
+template <typename Elem, KvKind kKv, bool kTmaStore>
 __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
-    kv_major_sm90_kernel(const __grid_constant__ KvMajorArgs args) {
+    kv_major_sm90_kernel(const __grid_constant__ KvMajorSm90Args ka) {
 #if MSA_HAS_WGMMA
   using Cfg = KvMajorSm90Config<kKv>;
   constexpr int S = Cfg::kStages;
   extern __shared__ __align__(1024) uint8_t smem[];
+  const KvMajorArgs& args = ka.a;
   const SparseAttnParams& p = args.p;
   // wg broadcast from lane 0: warp-uniform for the compiler too, so the wgmma descriptors of this
   // warpgroup's query tiles live in uniform registers (one add per k-step, no moves per wgmma).
@@ -312,6 +336,10 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       const int st = i % S;
       kvm90_build_rows<Elem>(args, is, s_list, i < my_tiles ? wg + Cfg::kWarpgroups * i : -1, s_rowq + st * 64,
                              s_rowslot + st * 64, s_rowlim + st * 64, warp, lane, g_magic);
+      if constexpr (kTmaStore) {
+        // Stage st was last stored from by this warp's tile i - S: its reads done before the gather.
+        if (lane == 0) bulk_wait_read<0>();
+      }
       __syncwarp();
       kvm90_issue_q(i < my_tiles, p.q, s_rowq + st * 64 + 16 * warp, my_q_addr + st * Cfg::kQTileBytes, warp, lane);
     };
@@ -387,10 +415,31 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       // Epilogue: warp w's 16 rows through its own rows of the consumed query buffer. The next
       // write into stage st is this warp's own gather of local tile i + S, issued after the next
       // round's barrier, which every warp of the warpgroup reaches only past this epilogue.
-      kvm90_store_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes, warp, args.part_o, slots + 16 * warp, lane);
+      if constexpr (kTmaStore) {
+        kvm90_stage_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes, warp, lane);
+        fence_proxy_async_smem();  // each lane's stmatrix -> the TMA store (async proxy)
+        __syncwarp();
+        const int64_t slot0 = slots[kvm90_row_index(16 * warp)];  // the warp's first row (g % 16 == 0)
+        if (lane == 0 && slot0 >= 0) {
+          const uint32_t src = my_q_addr + uint32_t(st * Cfg::kQTileBytes + warp * 16 * 128);
+          tma_store_2d(&ka.o_map, src, 0, int(slot0));
+          tma_store_2d(&ka.o_map, src + 64 * 128, 64, int(slot0));
+          bulk_commit();
+        }
+      } else {
+        kvm90_store_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes, warp, args.part_o, slots + 16 * warp,
+                                   lane);
+      }
     }
     cp_async_wait<0>();  // the empty groups past the end
+    if constexpr (kTmaStore) {
+      // The query area is the next item's raw K/V staging (fp8 / NVFP4) and query ring.
+      if (lane == 0) bulk_wait_read<0>();
+    }
     __syncthreads();     // the block, the list and the item record are reused by the next item
+  }
+  if constexpr (kTmaStore) {
+    if (lane == 0) bulk_wait<0>();  // this warp's partial stores complete before the CTA exits
   }
 #else
   __trap();  // launched only on sm_90 devices, where the sm_90a image is chosen
@@ -400,17 +449,35 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
 // CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it.
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv>, KvMajorSm90Config<kKv>::kThreads,
+  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv, false>, KvMajorSm90Config<kKv>::kThreads,
                                               size_t(KvMajorSm90Config<kKv>::kSmemBytes));
 }
 
+// tma_store (KvMajorPlan::tma_store): the kTmaStore kernel with the partials' tensor map
+// (NotSupported where the driver rejects it; the planner sends only G % 16 == 0 and partial rows
+// within TMA's 32-bit coordinates).
 template <typename Elem, KvKind kKv>
-void launch_kv_major_sm90(const KvMajorArgs& args, int grid, cudaStream_t stream) {
-  auto* kernel = kv_major_sm90_kernel<Elem, kKv>;
+void launch_kv_major_sm90(const KvMajorArgs& args, int grid, bool tma_store, cudaStream_t stream) {
   constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
   constexpr int threads = KvMajorSm90Config<kKv>::kThreads;
-  flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));
-  kernel<<<grid, threads, smem, stream>>>(args);
+  KvMajorSm90Args ka{};
+  ka.a = args;
+  if (tma_store) {
+    const SparseAttnParams& p = args.p;
+    const uint64_t o_dims[2] = {128, uint64_t(p.num_kv_heads) * args.chunk_rows * p.topk * args.group};
+    const uint64_t o_strides[1] = {256};
+    const uint32_t o_box[2] = {64, 16};
+    MSA_CHECK_SUPPORTED(flashmsa::cuda::encode_tensor_map_sw128(ka.o_map, flashmsa::cuda::tma_dtype_16<Elem>(),
+                                                                args.part_o, 2, o_dims, o_strides, o_box),
+                        "kv_major_store=tma: the driver rejected the partials' TMA descriptor");
+    auto* kernel = kv_major_sm90_kernel<Elem, kKv, true>;
+    flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));
+    kernel<<<grid, threads, smem, stream>>>(ka);
+  } else {
+    auto* kernel = kv_major_sm90_kernel<Elem, kKv, false>;
+    flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));
+    kernel<<<grid, threads, smem, stream>>>(ka);
+  }
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -291,6 +291,19 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
       ctas = facts.kv_major_tma_ctas;
     }
   }
+  // kv_major_store=tma: a warp's 16 rows must be 16 consecutive partial rows (G % 16 == 0) and the
+  // partial rows TMA coordinates.
+  if (o.kv_major_store == KvMajorStore::kTma) {
+    const int64_t part_rows = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk * group;
+    if (plan.kernel != KvMajorKernel::kWgmma)
+      plan.store_fallback = "not the warpgroup-MMA KV-major kernel";
+    else if (group % 16 != 0)
+      plan.store_fallback = "G not a multiple of 16";
+    else if (part_rows >= (int64_t(1) << 31))
+      plan.store_fallback = "partial rows beyond TMA's 32-bit coordinates";
+    else
+      plan.tma_store = true;
+  }
 
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages
                                      : p.kv.total_k / kBlockSize + p.batch + 1;

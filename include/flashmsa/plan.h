@@ -39,6 +39,10 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // sparse_attention.md#kv-major-tma). auto: wgmma where it can run, else mma_sync (tma only when
 // named).
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kTma = 3 };
+// How the sm_90a warpgroup-MMA KV-major kernel (kv_major_kernel=wgmma, auto's on Hopper) writes its
+// partials: stg (each lane's 16-byte stores, auto's) or tma (two TMA stores per warp and tile from
+// the staged tile; G a multiple of 16, else stg; built, not yet run on a GPU).
+enum class KvMajorStore : int32_t { kAuto = 0, kStg = 1, kTma = 2 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
 // scatter before each launch group's attention kernel), once (the lists of every launch group
 // built by one count, one scan of a CTA per group and one scatter before the first group; each
@@ -338,6 +342,7 @@ struct SparseAttnOptions {
   TileKernel tile_kernel = TileKernel::kAuto;
   KvMajorLists lists = KvMajorLists::kAuto;
   TileBound tile_bound = TileBound::kAuto;
+  KvMajorStore kv_major_store = KvMajorStore::kAuto;
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -430,7 +435,8 @@ struct TopkSelectOptions {
 // several launch groups), tile_max_waste=<x in [1, 8]> (a tuning knob; default with the TMA tiles 3.0 up to 8192 rows,
 // else 2.0; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive (auto:
-// adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed).
+// adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed),
+// kv_major_store=auto|stg|tma (auto: stg).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -538,6 +544,10 @@ struct QueryMajorPlan {
 struct KvMajorPlan {
   KvMajorKernel kernel = KvMajorKernel::kMmaSync;  // resolved: kMmaSync, kWgmma or kTma
   const char* tma_fallback = nullptr;  // kv_major_kernel=tma that took another kernel: why (static)
+  // kv_major_store=tma on the kWgmma kernel (G % 16 == 0, partial rows within TMA's coordinates);
+  // store_fallback: why kv_major_store=tma did not apply (static), nullptr otherwise.
+  bool tma_store = false;
+  const char* store_fallback = nullptr;
   int q_stages = 0;
   int chunk_rows = 0;  // rows of a launch group (equal groups, the last one may be shorter)
   int groups = 0;      // launch groups: ceil(total_q / chunk_rows)
@@ -668,6 +678,7 @@ const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
+const char* option_name(KvMajorStore v);
 const char* option_name(TileKernel v);
 const char* option_name(TileBound v);
 const char* option_name(KvMajorLists v);

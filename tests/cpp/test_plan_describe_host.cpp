@@ -144,6 +144,21 @@ TEST(PlanDescribe, KvMajorTmaRunsOrSaysWhyNot) {
   EXPECT_TRUE(has(q, "kv_major_kernel=wgmma (kv_major_kernel=tma falls back: fp8 / NVFP4 K/V")) << q;
 }
 
+TEST(PlanDescribe, KvMajorTmaStoreRunsOrSaysWhyNot) {
+  SparseAttnOptions o;
+  o.schedule = PrefillSchedule::kKvMajor;
+  o.kv_major_store = KvMajorStore::kTma;
+  const SparseAttnParams m3 = attn(4096);
+  const std::string d = describe(plan_sparse_attention(m3, o, hopper()), m3, o);
+  EXPECT_TRUE(has(d, "query-tile stage(s)); kv_major_store=tma (forced by the option: the partials by two TMA "
+                     "stores per warp and tile); ")) << d;
+  const SparseAttnParams g4 = attn(4096, 16, 4);
+  const std::string f = describe(plan_sparse_attention(g4, o, hopper()), g4, o);
+  EXPECT_TRUE(has(f, "; kv_major_store=stg (kv_major_store=tma falls back: G not a multiple of 16)")) << f;
+  const std::string a = describe(plan_sparse_attention(m3, SparseAttnOptions{}, hopper()), m3, SparseAttnOptions{});
+  EXPECT_FALSE(has(a, "kv_major_store")) << a;
+}
+
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {
   const SparseAttnParams p = attn(4096);
   SparseAttnOptions o;

@@ -265,6 +265,53 @@ TEST(PlanKernel, TmaOnlyWhenNamedAndFallsBackSayingWhy) {
   fallback(empty, f, KvMajorKernel::kWgmma, "no K/V rows");
 }
 
+// kv_major_store=tma: only where named, on the warpgroup-MMA kernel with G a multiple of 16;
+// elsewhere stg with the reason (auto stays stg: not yet measured on the GPU).
+TEST(PlanKernel, TmaStoreOnlyWhenNamedAndFallsBackSayingWhy) {
+  auto with_store = [](PrefillSchedule s, KvMajorKernel k, KvMajorStore st) {
+    SparseAttnOptions o = opts(s, k);
+    o.kv_major_store = st;
+    return o;
+  };
+  const KvMajorPlan a = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), hopper()).kvm;
+  EXPECT_FALSE(a.tma_store);
+  EXPECT_EQ(a.store_fallback, nullptr);
+  const KvMajorPlan t =
+      plan_sparse_attention(attn(4096), with_store(PrefillSchedule::kKvMajor, KvMajorKernel::kAuto, KvMajorStore::kTma),
+                            hopper()).kvm;
+  EXPECT_EQ(t.kernel, KvMajorKernel::kWgmma);
+  EXPECT_TRUE(t.tma_store);
+  EXPECT_EQ(t.store_fallback, nullptr);
+  // The same lists, items and workspace as without it.
+  EXPECT_EQ(t.chunk_rows, a.chunk_rows);
+  EXPECT_EQ(t.max_items, a.max_items);
+  EXPECT_EQ(t.grid, a.grid);
+  // G = 32, 64, 128 run it; G = 4, 8, 24 do not; neither does the mma.sync kernel.
+  for (int hq : {128, 256, 512})
+    EXPECT_TRUE(plan_sparse_attention(attn(4096, hq, 4),
+                                      with_store(PrefillSchedule::kKvMajor, KvMajorKernel::kAuto, KvMajorStore::kTma),
+                                      hopper()).kvm.tma_store) << hq;
+  auto fallback = [&](const SparseAttnParams& p, const SparseAttnDeviceFacts& f, KvMajorKernel k,
+                      const std::string& why) {
+    const KvMajorPlan x =
+        plan_sparse_attention(p, with_store(PrefillSchedule::kKvMajor, k, KvMajorStore::kTma), f).kvm;
+    EXPECT_FALSE(x.tma_store);
+    ASSERT_NE(x.store_fallback, nullptr);
+    EXPECT_NE(std::string(x.store_fallback).find(why), std::string::npos) << x.store_fallback;
+  };
+  fallback(attn(4096, 16, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 4
+  fallback(attn(4096, 32, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 8
+  fallback(attn(4096, 96, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 24
+  fallback(attn(4096), hopper(), KvMajorKernel::kMmaSync, "warpgroup-MMA");
+  fallback(attn(4096), ampere(), KvMajorKernel::kAuto, "warpgroup-MMA");
+  // stg named: as auto.
+  EXPECT_FALSE(plan_sparse_attention(attn(4096), with_store(PrefillSchedule::kKvMajor, KvMajorKernel::kAuto,
+                                                            KvMajorStore::kStg), hopper()).kvm.tma_store);
+  EXPECT_EQ(parse_sparse_attention_options("kv_major_store=tma").kv_major_store, KvMajorStore::kTma);
+  EXPECT_EQ(parse_sparse_attention_options("kv_major_store=stg").kv_major_store, KvMajorStore::kStg);
+  expect_error([] { parse_sparse_attention_options("kv_major_store=ldg"); }, ErrorKind::kValue, "kv_major_store");
+}
+
 // What the TMA KV-major kernel's launcher builds its maps on (kv_major_tma_sm90.cuh): the partial
 // store map is (128 dims, Hkv x chunk_rows x topk x G rows) of the compute dtype with a 256-byte
 // row stride on kvm.part_o, and an item's list fits the kernel's 256-token shared-memory slot. So
@@ -1506,7 +1553,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, tile_bound)");
+      "lists, tile_bound, kv_major_store)");
   bad("tile_bound=wide", "tile_bound must be auto, fixed or adaptive, got 'wide'");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
@@ -1515,7 +1562,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
   bad("tile_pingpong=on",
       "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-      "tile_kernel, lists, tile_bound)");
+      "tile_kernel, lists, tile_bound, kv_major_store)");
   // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3; the
   // in-kernel combine=overlap with combine_ctas, measured at c21b988) were removed, and with them the
   // options: the combine is always the separate kernel.
@@ -1524,7 +1571,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"8", "32"})
     bad((std::string("combine_ctas=") + v).c_str(),
         "unknown plan option 'combine_ctas' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-        "tile_kernel, lists, tile_bound)");
+        "tile_kernel, lists, tile_bound, kv_major_store)");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");

@@ -42,7 +42,8 @@ KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_
                                                         "hybrid_cp_async", "kv_major_lists_once",
                                                         "hybrid_lists_once", "kv_major_per_group",
                                                         "hybrid_per_group", "kv_major_tma",
-                                                        "hybrid_tma", "kv_major_tma_groups"])
+                                                        "hybrid_tma", "kv_major_tma_groups",
+                                                        "kv_major_tma_store", "hybrid_tma_store"])
 
 
 def check_against_reference(case, seed, got, what):

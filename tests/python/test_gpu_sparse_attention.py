@@ -62,7 +62,7 @@ BLOCK = 128
 # hybrid_per_group: the same groups with each group's lists built before it (lists=per_group).
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
              "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
-             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups"]
+             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups", "kv_major_tma_store", "hybrid_tma_store"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -89,6 +89,12 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_tma": dict(schedule="kv_major", kv_major_kernel="tma"),
         "hybrid_tma": dict(schedule="hybrid", kv_major_kernel="tma"),
         "kv_major_tma_groups": dict(schedule="kv_major", kv_major_kernel="tma", chunk_rows=64),
+        # The warpgroup-MMA KV-major kernel writing its partials by TMA stores (kv_major_store=tma;
+        # G not a multiple of 16, or off sm_90: the plan keeps the 16-byte stores), in launch
+        # groups of 64 rows, and under the tiles.
+        "kv_major_tma_store": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
+                                   kv_major_store="tma", chunk_rows=64),
+        "hybrid_tma_store": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_store="tma"),
     }[schedule]
     return {**options, **extra}
 
@@ -455,7 +461,7 @@ def test_schedules_agree(selection):
         check_lse(got["query_major"][1], res[1], f"query_major vs {name} lse", atol=1e-3)
 
 
-@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "kv_major_tma"])
+@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "kv_major_tma", "kv_major_tma_store"])
 @pytest.mark.parametrize("chunk_rows", [1, 37, 500])
 def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     """A KV-major partial depends only on its (row, block): any split of the rows into launch
@@ -469,6 +475,31 @@ def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     cpu = run(pb, gpu=False)
     check_lse(grouped[1], cpu[1], "lse")
     check_lse(grouped[2], cpu[2], "lse_t")
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 1, 37])
+@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
+@pytest.mark.parametrize("hq,hkv", [(64, 4), (64, 2), (128, 1), (8, 2)])
+def test_kv_major_store_tma_is_bitwise(hq, hkv, kv, chunk_rows):
+    """kv_major_store=tma stores the warpgroup-MMA kernel's staged partials by TMA instead of each
+    lane's 16-byte stores: the same bytes at the same rows, so bit-identical to stg, with G = 16,
+    32 and 64 (where it runs), whole and in launch groups (partial tiles, padding warps), every
+    K/V kind (fp8 / NVFP4 stage through the query area the stores read from), temperature LSE;
+    G = 4 falls back to stg. Run twice: the same bits."""
+    case = GpuCase("tma_store", [300, 5, 211], [2000, 100, 3000], hq, hkv, causal=True,
+                   temperature=0.9, selection="causal_local", kv=kv)
+    pb = build(case, seed=11)
+    base = dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto")
+    if chunk_rows is not None:
+        base["chunk_rows"] = chunk_rows
+    stg = run(pb, gpu=True, kv_major_store="stg", **base)
+    tma = run(pb, gpu=True, kv_major_store="tma", **base)
+    assert bits_equal(stg, tma)
+    assert bits_equal(tma, run(pb, gpu=True, kv_major_store="tma", **base))
+    if chunk_rows is None:
+        cpu = run(pb, gpu=False)
+        check_lse(tma[1], cpu[1], "lse")
+        check_lse(tma[2], cpu[2], "lse_t")
 
 
 @pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "hybrid", "kv_major_tma", "hybrid_tma"])
