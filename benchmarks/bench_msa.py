@@ -866,9 +866,12 @@ class Bench:
             if (kv, layout) == ("bf16", "flat") and s in (8 * K, 32 * K):
                 schedules += ["kv_major tma", "hybrid tma"]
             # The warpgroup-MMA KV-major kernel's partials by TMA stores (plan option
-            # kv_major_store=tma, off by default): alone beside [kv_major], and under auto's schedule.
+            # kv_major_store=tma, off by default), and with its query rows by TMA too
+            # (kv_major_gather=tma): alone beside [kv_major], and under auto's schedule.
             if (kv, layout) == ("bf16", "flat") and s in (8 * K, 32 * K):
-                schedules += ["kv_major kv_major_store=tma", "kv_major_store=tma"]
+                schedules += ["kv_major kv_major_store=tma", "kv_major_store=tma",
+                              "kv_major kv_major_store=tma kv_major_gather=tma",
+                              "kv_major_store=tma kv_major_gather=tma"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]

@@ -533,6 +533,7 @@ class Smoke:
         K/V take the cp.async one) and with the cp.async one forced (tile_kernel=cp_async); the TMA
         KV-major kernel (kv_major_kernel=tma) alone, in small groups and under hybrid; the
         warpgroup-MMA KV-major kernel with its partials by TMA stores (kv_major_store=tma) alone, in
+        small groups and under hybrid, and with its query rows by TMA too (kv_major_gather=tma) in
         small groups and under hybrid; both KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
@@ -564,6 +565,11 @@ class Smoke:
                              ("kv_major/tma_store/chunk100", dict(schedule="kv_major", kv_major_store="tma",
                                                                   chunk_rows=100)),
                              ("hybrid/tma_store", dict(schedule="hybrid", kv_major_store="tma")),
+                             # ... and its query rows by TMA too (kv_major_gather=tma).
+                             ("kv_major/tma_io/chunk100", dict(schedule="kv_major", kv_major_store="tma",
+                                                               kv_major_gather="tma", chunk_rows=100)),
+                             ("hybrid/tma_io", dict(schedule="hybrid", kv_major_store="tma",
+                                                    kv_major_gather="tma")),
                              # The tiles' bound decided on the device (tile_bound=adaptive) over
                              # a low forced bound, so that some tiles sit between the two.
                              ("hybrid/adaptive", dict(schedule="hybrid", tile_max_waste=1.25,

@@ -95,7 +95,7 @@ KERNELS = [
     # split_warps=8: split-K decode with 8 warps per CTA sharing each block (16-bit or fp8 K/V).
     Kernel("qm_wide_{e}_{kv}",     "sparse_attn/query_major_wide.cuh", "void launch_query_major_wide<{E}, {KV}>(const QueryMajorArgs&, cudaStream_t)", kvs=("native", "fp8")),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "void launch_kv_major<{E}, {KV}>(const KvMajorArgs&, int, cudaStream_t)"),
-    Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "void launch_kv_major_sm90<{E}, {KV}>(const KvMajorArgs&, int, bool, cudaStream_t)"),
+    Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "void launch_kv_major_sm90<{E}, {KV}>(const KvMajorArgs&, int, bool, bool, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "int kv_major_sm90_ctas_per_sm<{E}, {KV}>()"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "int kv_major_smem_bytes<{E}, {KV}>(int)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "int kv_major_ctas_per_sm<{E}, {KV}>(int)"),

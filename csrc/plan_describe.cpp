@@ -108,6 +108,10 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       s << "; kv_major_store=tma (forced by the option: the partials by two TMA stores per warp and tile)";
     else if (kvm.store_fallback != nullptr)
       s << "; kv_major_store=stg (kv_major_store=tma falls back: " << kvm.store_fallback << ")";
+    if (kvm.tma_gather)
+      s << "; kv_major_gather=tma (forced by the option: each warp's query rows by two TMA boxes per tile)";
+    else if (kvm.gather_fallback != nullptr)
+      s << "; kv_major_gather=cp_async (kv_major_gather=tma falls back: " << kvm.gather_fallback << ")";
     s << "; " << kvm.groups << " launch group(s) of "
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";

@@ -304,6 +304,20 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     else
       plan.tma_store = true;
   }
+  // kv_major_gather=tma: a warp's 16 rows must be 16 consecutive heads of one token (G % 16 == 0),
+  // q's strides whole 16 bytes and its rows TMA coordinates.
+  if (o.kv_major_gather == KvMajorGather::kTma) {
+    if (plan.kernel != KvMajorKernel::kWgmma)
+      plan.gather_fallback = "not the warpgroup-MMA KV-major kernel";
+    else if (group % 16 != 0)
+      plan.gather_fallback = "G not a multiple of 16";
+    else if ((p.q_stride_head * 2) % 16 != 0 || (p.q_stride_token * 2) % 16 != 0)
+      plan.gather_fallback = "q strides that are not multiples of 16 bytes";
+    else if (p.total_q >= (int64_t(1) << 31))
+      plan.gather_fallback = "q rows beyond TMA's 32-bit coordinates";
+    else
+      plan.tma_gather = true;
+  }
 
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages
                                      : p.kv.total_k / kBlockSize + p.batch + 1;

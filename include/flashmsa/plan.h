@@ -43,6 +43,10 @@ enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kTma =
 // partials: stg (each lane's 16-byte stores, auto's) or tma (two TMA stores per warp and tile from
 // the staged tile; G a multiple of 16, else stg; built, not yet run on a GPU).
 enum class KvMajorStore : int32_t { kAuto = 0, kStg = 1, kTma = 2 };
+// How that kernel gathers its query rows: cp_async (each lane's copies from the row table, auto's)
+// or tma (two TMA boxes per warp and tile; G a multiple of 16, else cp_async; built, not yet run on
+// a GPU).
+enum class KvMajorGather : int32_t { kAuto = 0, kCpAsync = 1, kTma = 2 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
 // scatter before each launch group's attention kernel), once (the lists of every launch group
 // built by one count, one scan of a CTA per group and one scatter before the first group; each
@@ -343,6 +347,7 @@ struct SparseAttnOptions {
   KvMajorLists lists = KvMajorLists::kAuto;
   TileBound tile_bound = TileBound::kAuto;
   KvMajorStore kv_major_store = KvMajorStore::kAuto;
+  KvMajorGather kv_major_gather = KvMajorGather::kAuto;
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -436,7 +441,7 @@ struct TopkSelectOptions {
 // else 2.0; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive (auto:
 // adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed),
-// kv_major_store=auto|stg|tma (auto: stg).
+// kv_major_store=auto|stg|tma (auto: stg), kv_major_gather=auto|cp_async|tma (auto: cp_async).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -548,6 +553,10 @@ struct KvMajorPlan {
   // store_fallback: why kv_major_store=tma did not apply (static), nullptr otherwise.
   bool tma_store = false;
   const char* store_fallback = nullptr;
+  // kv_major_gather=tma on the kWgmma kernel (G % 16 == 0, q strides of whole 16 bytes, q rows
+  // within TMA's coordinates); gather_fallback: why it did not apply (static).
+  bool tma_gather = false;
+  const char* gather_fallback = nullptr;
   int q_stages = 0;
   int chunk_rows = 0;  // rows of a launch group (equal groups, the last one may be shorter)
   int groups = 0;      // launch groups: ceil(total_q / chunk_rows)
@@ -679,6 +688,7 @@ const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(KvMajorStore v);
+const char* option_name(KvMajorGather v);
 const char* option_name(TileKernel v);
 const char* option_name(TileBound v);
 const char* option_name(KvMajorLists v);

@@ -157,6 +157,13 @@ TEST(PlanDescribe, KvMajorTmaStoreRunsOrSaysWhyNot) {
   EXPECT_TRUE(has(f, "; kv_major_store=stg (kv_major_store=tma falls back: G not a multiple of 16)")) << f;
   const std::string a = describe(plan_sparse_attention(m3, SparseAttnOptions{}, hopper()), m3, SparseAttnOptions{});
   EXPECT_FALSE(has(a, "kv_major_store")) << a;
+  SparseAttnOptions g = o;
+  g.kv_major_gather = KvMajorGather::kTma;
+  const std::string t = describe(plan_sparse_attention(m3, g, hopper()), m3, g);
+  EXPECT_TRUE(has(t, "; kv_major_gather=tma (forced by the option: each warp's query rows by two TMA boxes per "
+                     "tile); ")) << t;
+  const std::string tf = describe(plan_sparse_attention(g4, g, hopper()), g4, g);
+  EXPECT_TRUE(has(tf, "; kv_major_gather=cp_async (kv_major_gather=tma falls back: G not a multiple of 16)")) << tf;
 }
 
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {

@@ -312,6 +312,51 @@ TEST(PlanKernel, TmaStoreOnlyWhenNamedAndFallsBackSayingWhy) {
   expect_error([] { parse_sparse_attention_options("kv_major_store=ldg"); }, ErrorKind::kValue, "kv_major_store");
 }
 
+// kv_major_gather=tma: likewise, where G is a multiple of 16 and q's strides and rows suit TMA.
+TEST(PlanKernel, TmaGatherOnlyWhenNamedAndFallsBackSayingWhy) {
+  auto with_gather = [](KvMajorKernel k, KvMajorGather g) {
+    SparseAttnOptions o = opts(PrefillSchedule::kKvMajor, k);
+    o.kv_major_gather = g;
+    return o;
+  };
+  const KvMajorPlan a = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), hopper()).kvm;
+  EXPECT_FALSE(a.tma_gather);
+  EXPECT_EQ(a.gather_fallback, nullptr);
+  const KvMajorPlan t =
+      plan_sparse_attention(attn(4096), with_gather(KvMajorKernel::kAuto, KvMajorGather::kTma), hopper()).kvm;
+  EXPECT_EQ(t.kernel, KvMajorKernel::kWgmma);
+  EXPECT_TRUE(t.tma_gather);
+  EXPECT_FALSE(t.tma_store);  // independent of kv_major_store
+  EXPECT_EQ(t.gather_fallback, nullptr);
+  EXPECT_EQ(t.max_items, a.max_items);
+  EXPECT_EQ(t.grid, a.grid);
+  for (int hq : {128, 256, 512})
+    EXPECT_TRUE(plan_sparse_attention(attn(4096, hq, 4), with_gather(KvMajorKernel::kAuto, KvMajorGather::kTma),
+                                      hopper()).kvm.tma_gather) << hq;
+  auto fallback = [&](const SparseAttnParams& p, const SparseAttnDeviceFacts& f, KvMajorKernel k,
+                      const std::string& why) {
+    const KvMajorPlan x = plan_sparse_attention(p, with_gather(k, KvMajorGather::kTma), f).kvm;
+    EXPECT_FALSE(x.tma_gather);
+    ASSERT_NE(x.gather_fallback, nullptr);
+    EXPECT_NE(std::string(x.gather_fallback).find(why), std::string::npos) << x.gather_fallback;
+  };
+  fallback(attn(4096, 16, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 4
+  fallback(attn(4096, 96, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 24
+  fallback(attn(4096), hopper(), KvMajorKernel::kMmaSync, "warpgroup-MMA");
+  fallback(attn(4096), ampere(), KvMajorKernel::kAuto, "warpgroup-MMA");
+  SparseAttnParams strided = attn(4096);
+  strided.q_stride_head = 132;  // 264 bytes
+  fallback(strided, hopper(), KvMajorKernel::kAuto, "16 bytes");
+  // Both named: both run.
+  SparseAttnOptions both = with_gather(KvMajorKernel::kAuto, KvMajorGather::kTma);
+  both.kv_major_store = KvMajorStore::kTma;
+  const KvMajorPlan b = plan_sparse_attention(attn(4096), both, hopper()).kvm;
+  EXPECT_TRUE(b.tma_gather && b.tma_store);
+  EXPECT_EQ(parse_sparse_attention_options("kv_major_gather=tma").kv_major_gather, KvMajorGather::kTma);
+  EXPECT_EQ(parse_sparse_attention_options("kv_major_gather=cp_async").kv_major_gather, KvMajorGather::kCpAsync);
+  expect_error([] { parse_sparse_attention_options("kv_major_gather=ldg"); }, ErrorKind::kValue, "kv_major_gather");
+}
+
 // What the TMA KV-major kernel's launcher builds its maps on (kv_major_tma_sm90.cuh): the partial
 // store map is (128 dims, Hkv x chunk_rows x topk x G rows) of the compute dtype with a 256-byte
 // row stride on kvm.part_o, and an item's list fits the kernel's 256-token shared-memory slot. So
@@ -1553,7 +1598,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, tile_bound, kv_major_store)");
+      "lists, tile_bound, kv_major_store, kv_major_gather)");
   bad("tile_bound=wide", "tile_bound must be auto, fixed or adaptive, got 'wide'");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
@@ -1562,7 +1607,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
   bad("tile_pingpong=on",
       "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-      "tile_kernel, lists, tile_bound, kv_major_store)");
+      "tile_kernel, lists, tile_bound, kv_major_store, kv_major_gather)");
   // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3; the
   // in-kernel combine=overlap with combine_ctas, measured at c21b988) were removed, and with them the
   // options: the combine is always the separate kernel.
@@ -1571,7 +1616,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"8", "32"})
     bad((std::string("combine_ctas=") + v).c_str(),
         "unknown plan option 'combine_ctas' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-        "tile_kernel, lists, tile_bound, kv_major_store)");
+        "tile_kernel, lists, tile_bound, kv_major_store, kv_major_gather)");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");

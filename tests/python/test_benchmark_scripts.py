@@ -163,6 +163,8 @@ def test_profile_list_needs_no_device(capsys):
     ("tile_kernel=cp_async", dict(schedule="auto", kv_major_kernel="auto", tile_kernel="cp_async")),
     ("kv_major kv_major_store=tma", dict(schedule="kv_major", kv_major_kernel="auto", kv_major_store="tma")),
     ("kv_major_store=tma", dict(schedule="auto", kv_major_kernel="auto", kv_major_store="tma")),
+    ("kv_major_store=tma kv_major_gather=tma", dict(schedule="auto", kv_major_kernel="auto", kv_major_store="tma",
+                                                    kv_major_gather="tma")),
 ])
 def test_bench_schedule_labels_become_plan_options(label, options):
     assert bm.plan_options(label) == options

@@ -62,7 +62,8 @@ BLOCK = 128
 # hybrid_per_group: the same groups with each group's lists built before it (lists=per_group).
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
              "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
-             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups", "kv_major_tma_store", "hybrid_tma_store"]
+             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups", "kv_major_tma_store", "hybrid_tma_store",
+             "kv_major_tma_io", "hybrid_tma_io"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -95,6 +96,11 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_tma_store": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
                                    kv_major_store="tma", chunk_rows=64),
         "hybrid_tma_store": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_store="tma"),
+        # ... with its query rows gathered by TMA too (kv_major_gather=tma; the same fallback).
+        "kv_major_tma_io": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
+                                kv_major_store="tma", kv_major_gather="tma", chunk_rows=64),
+        "hybrid_tma_io": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_store="tma",
+                              kv_major_gather="tma"),
     }[schedule]
     return {**options, **extra}
 
@@ -461,7 +467,8 @@ def test_schedules_agree(selection):
         check_lse(got["query_major"][1], res[1], f"query_major vs {name} lse", atol=1e-3)
 
 
-@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "kv_major_tma", "kv_major_tma_store"])
+@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "kv_major_tma", "kv_major_tma_store",
+                                    "kv_major_tma_io"])
 @pytest.mark.parametrize("chunk_rows", [1, 37, 500])
 def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     """A KV-major partial depends only on its (row, block): any split of the rows into launch
@@ -481,7 +488,7 @@ def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
 @pytest.mark.parametrize("hq,hkv", [(64, 4), (64, 2), (128, 1), (8, 2)])
 def test_kv_major_store_tma_is_bitwise(hq, hkv, kv, chunk_rows):
-    """kv_major_store=tma stores the warpgroup-MMA kernel's staged partials by TMA instead of each
+    """kv_major_store=tma (and kv_major_gather=tma, alone and with it) stores the warpgroup-MMA kernel's staged partials by TMA instead of each
     lane's 16-byte stores: the same bytes at the same rows, so bit-identical to stg, with G = 16,
     32 and 64 (where it runs), whole and in launch groups (partial tiles, padding warps), every
     K/V kind (fp8 / NVFP4 stage through the query area the stores read from), temperature LSE;
@@ -496,6 +503,10 @@ def test_kv_major_store_tma_is_bitwise(hq, hkv, kv, chunk_rows):
     tma = run(pb, gpu=True, kv_major_store="tma", **base)
     assert bits_equal(stg, tma)
     assert bits_equal(tma, run(pb, gpu=True, kv_major_store="tma", **base))
+    # The query rows gathered by TMA (kv_major_gather=tma), with either store: the same query
+    # values in the same swizzled rows, so the same bits again.
+    assert bits_equal(stg, run(pb, gpu=True, kv_major_gather="tma", **base))
+    assert bits_equal(stg, run(pb, gpu=True, kv_major_store="tma", kv_major_gather="tma", **base))
     if chunk_rows is None:
         cpu = run(pb, gpu=False)
         check_lse(tma[1], cpu[1], "lse")

@@ -135,7 +135,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     # removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
     ("sparse_attention", dict(tile_pingpong="on"),
      r"unknown plan option 'tile_pingpong' \(options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-     r"tile_kernel, lists, tile_bound, kv_major_store\)"),
+     r"tile_kernel, lists, tile_bound, kv_major_store, kv_major_gather\)"),
     # The KV-major combine variants were removed, and the combine option with them; so was the later
     # in-kernel combine=overlap and its combine_ctas (bit-identical but slower on the H200).
     *[("sparse_attention", dict(combine=v), "unknown plan option 'combine'")
