@@ -631,6 +631,12 @@ class Bench:
                         self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt} {variant}",
                                       lambda s=s, f=fmt, o=dict(kernel=variant + "_only"):
                                       self.build_proxy_prefill(s, o, fmt=f), "compute")
+                # fp8 K's converting threads with closed-form task addresses (plan option
+                # sm90_convert=strided, off by default): under auto's kernel and on bf16 MMAs.
+                for variant in ("auto", "sm90_only"):
+                    self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k fp8 {variant} [sm90_convert=strided]",
+                                  lambda s=s, o=dict(kernel=variant, sm90_convert="strided"):
+                                  self.build_proxy_prefill(s, o, fmt="fp8"), "compute")
         for b, ctx, sq in self.cfg["decode"]:
             name = f"decode B{b} ctx={size_name(ctx)} sq{sq}"
             ref = REF_DECODE_INDEX if (b, ctx, sq) == (64, 32 * K, 1) else None

@@ -255,11 +255,18 @@ class Smoke:
         ragged and empty sequences, several tiles per CTA, q_offset, padding columns, non-causal,
         G = 1 / 2 / 8, fp16, rows of no sequence, paged K with an invalid page id; fp8 K and NVFP4
         q / K (converted by the producer warpgroup), flat and paged; sm90_f16_only: fp8 K with bf16 q
-        on fp16 MMAs (q rows scaled into fp16 in registers; the other calls as sm90_only)."""
+        on fp16 MMAs (q rows scaled into fp16 in registers; the other calls as sm90_only); with
+        sm90_convert=strided, fp8 K's converters addressing their tasks in closed form."""
         for variant in ("sm90", "sm90_ss", "sm90_f16"):
             options = dict(kernel=variant + "_only")
             self._proxy_sm90_cases(variant, PlannedOps(self.ops, msa_proxy_score=options,
                                                        msa_proxy_score_fp4=options))
+        # fp8 K's converters with closed-form task addresses (sm90_convert=strided), on fp16 and
+        # bf16 MMAs (the other calls: as sm90_f16 / sm90_ss).
+        for variant in ("sm90_f16", "sm90_ss"):
+            options = dict(kernel=variant + "_only", sm90_convert="strided")
+            self._proxy_sm90_cases(variant + " strided", PlannedOps(self.ops, msa_proxy_score=options,
+                                                                   msa_proxy_score_fp4=options))
 
     def _proxy_sm90_cases(self, tag, ops):
         sq, sk = [1000, 37, 0, 129], [1000, 300, 256, 2000]

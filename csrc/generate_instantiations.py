@@ -111,7 +111,7 @@ KERNELS = [
     Kernel("mtp_wgmma_fp8_{e}",    "sparse_attn/mtp_wgmma_sm90.cuh", "int mtp_wgmma_fp8_sm90_ctas_per_sm<{E}>()"),
     Kernel("proxy_score_{e}",      "proxy_score/proxy_score_launch.cuh", "void launch_proxy_score<{E}>(const ProxyScoreParams&, cudaStream_t)"),
     Kernel("proxy_decode_{e}",     "proxy_score/proxy_decode.cuh",       "bool launch_proxy_decode<{E}>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t)"),
-    Kernel("proxy_score_sm90_{e}", "proxy_score/proxy_score_sm90.cuh",   "bool sm90::launch<{E}>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t)"),
+    Kernel("proxy_score_sm90_{e}", "proxy_score/proxy_score_sm90.cuh",   "bool sm90::launch<{E}>(const ProxyScoreParams&, sm90::QSource, bool, bool, cudaStream_t)"),
 ]
 # fmt: on
 

@@ -201,6 +201,9 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   else
     s << "the option kernel=" << option_name(o.kernel) << " does not apply to this call";
   s << ")";
+  if (plan.strided_convert)
+    s << "; sm90_convert=strided (forced by the option: the converting threads' fp8 task addresses in closed "
+         "form)";
   if (plan.kernel == ProxyKernel::kDecode) {
     s << "; decode_ctas=" << plan.decode_ctas;
     if (o.decode_ctas != 0 && plan.decode_ctas != o.decode_ctas)

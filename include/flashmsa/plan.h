@@ -245,6 +245,11 @@ enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // above kProxyDecodeTmaProducerMaxUnits units (H200 at 9738086, B64 / 32K: 55.8 vs 73.4 us),
 // producer for NVFP4 K up to them and for fp8 K (72.3 vs 71.4 us).
 enum class DecodeTmaIssue : int32_t { kAuto = 0, kProducer = 1, kWarps = 2 };
+// How the sm_90a prefill kernel's converting threads address their fp8 K tasks (option
+// sm90_convert): per_task (each task's row and swizzled chunks from its index, auto's) or strided
+// (in closed form: a thread's tasks step by fixed offsets; the same tasks, loads and stores; built,
+// not yet run on a GPU). Other K dtypes ignore it. docs/design/proxy_score.md#sm90-strided.
+enum class Sm90Convert : int32_t { kAuto = 0, kPerTask = 1, kStrided = 2 };
 // Units (requests x kv heads x key blocks) up to which auto keeps the producer warp for NVFP4 K:
 // a CTA then holds <= ~16 blocks (132 SMs), and one warp resolving and issuing them beats each
 // consumer warp doing its own. H200 at ca714f5 (us, producer vs warps): sq 1 B1 / 32K (256 units)
@@ -396,6 +401,9 @@ struct ProxyScoreOptions {
   // decode_tma_issue=auto|producer|warps: the TMA kernel's loads by a producer warp or by each
   // consumer warp for itself (DecodeTmaIssue); calls not on the TMA kernel ignore it.
   DecodeTmaIssue decode_tma_issue = DecodeTmaIssue::kAuto;
+  // sm90_convert=auto|per_task|strided: the sm_90a kernel's converters (Sm90Convert); calls it
+  // does not convert for ignore it.
+  Sm90Convert sm90_convert = Sm90Convert::kAuto;
 };
 // net_pivot: a warp per row (32 lanes), whose lanes' score minima give a pivot at or above the
 // row's target-th best key; the keys at or below it (at most 32, else the networks run) are sorted
@@ -452,7 +460,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only|
 // sm90_f16|sm90_f16_only,
 // decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma,
-// decode_nvfp4=auto|cta|tma, decode_tma_issue=auto|producer|warps.
+// decode_nvfp4=auto|cta|tma, decode_tma_issue=auto|producer|warps, sm90_convert=auto|per_task|strided.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
@@ -610,6 +618,8 @@ struct ProxyScorePlan {
   // bit-identical, 32K prefill 874.8 vs 1067.6 us): the same for fp8 K with bf16 q, Q in registers,
   // and NVFP4 q and K as value x 2^-7 (auto's since the H200 run at 5cb9800: 1352.0 vs 1805.0 us).
   bool f16_mma = false;
+  // The sm_90a kernel's converting threads with closed-form fp8 task addresses (sm90_convert=strided).
+  bool strided_convert = false;
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.
   int decode_ctas = 2;
@@ -700,6 +710,7 @@ const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
 const char* option_name(DecodeTma v);
 const char* option_name(DecodeTmaIssue v);
+const char* option_name(Sm90Convert v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeWgmmaFp8 v);

@@ -1627,7 +1627,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, "
-               "decode_nvfp4, decode_tma_issue)");
+               "decode_nvfp4, decode_tma_issue, sm90_convert)");
   expect_error([] { parse_proxy_score_options("decode_tma_issue=lane"); }, ErrorKind::kValue,
                "decode_tma_issue must be auto, producer or warps, got 'lane'");
   expect_error([] { parse_proxy_score_options("decode_nvfp4=wgmma"); }, ErrorKind::kValue,
@@ -1750,6 +1750,29 @@ TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
 
 // Prefill (long queries): auto takes the sm_90a kernel for 16-bit, fp8 and NVFP4 K alike (its
 // launcher converts fp8 / NVFP4 K; H200 at c7709c9: faster than mma.sync for each).
+// sm90_convert=strided: only where named, on the sm_90a kernel with fp8 K.
+TEST(PlanProxy, StridedConvertOnlyWhenNamedForFp8K) {
+  for (DType k : {DType::kBF16, DType::kFP8E4M3, DType::kNVFP4}) {
+    ProxyScoreParams p{};
+    p.num_heads = 64;
+    p.num_kv_heads = 1;
+    p.qi.max_seqlen_q = 32768;
+    p.q_dtype = k == DType::kNVFP4 ? DType::kNVFP4 : DType::kBF16;
+    p.k.dtype = k;
+    EXPECT_FALSE(plan_proxy_score(p, {}).strided_convert) << dtype_name(k);
+    ProxyScoreOptions o;
+    o.sm90_convert = Sm90Convert::kStrided;
+    EXPECT_EQ(plan_proxy_score(p, o).strided_convert, k == DType::kFP8E4M3) << dtype_name(k);
+    o.kernel = ProxyKernel::kMmaSync;
+    EXPECT_FALSE(plan_proxy_score(p, o).strided_convert) << dtype_name(k);
+    o.kernel = ProxyKernel::kSm90SsOnly;
+    EXPECT_EQ(plan_proxy_score(p, o).strided_convert, k == DType::kFP8E4M3) << dtype_name(k);
+  }
+  EXPECT_EQ(parse_proxy_score_options("sm90_convert=strided").sm90_convert, Sm90Convert::kStrided);
+  EXPECT_EQ(parse_proxy_score_options("sm90_convert=per_task").sm90_convert, Sm90Convert::kPerTask);
+  expect_error([] { parse_proxy_score_options("sm90_convert=fast"); }, ErrorKind::kValue, "sm90_convert");
+}
+
 TEST(PlanProxy, AutoTakesSm90ForEveryKDtype) {
   for (DType k : {DType::kBF16, DType::kFP8E4M3, DType::kNVFP4}) {
     ProxyScoreParams p{};
