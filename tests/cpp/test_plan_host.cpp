@@ -274,38 +274,42 @@ SparseAttnOptions kvm_opts(KvMajorKernel k, KvMajorStore st = KvMajorStore::kAut
   return o;
 }
 
-// kv_major_store=tma: only where named, on the warpgroup-MMA kernel with G a multiple of 16;
-// elsewhere stg with the reason (auto stays stg: not yet measured on the GPU).
-TEST(PlanKernel, TmaStoreOnlyWhenNamedAndFallsBackSayingWhy) {
+// A KV-major TMA option (kv_major_store or kv_major_gather = tma, built by `named` for a kernel):
+// it runs on the warpgroup-MMA kernel with G a multiple of 16 (the plan's flag `on`), and elsewhere
+// falls back saying why (`why`).
+void expect_kv_major_tma_option(bool KvMajorPlan::*on, const char* KvMajorPlan::*why,
+                                const std::function<SparseAttnOptions(KvMajorKernel)>& named) {
   const KvMajorPlan a = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), hopper()).kvm;
-  EXPECT_FALSE(a.tma_store);
-  EXPECT_EQ(a.store_fallback, nullptr);
-  const KvMajorPlan t = plan_sparse_attention(attn(4096), kvm_opts(KvMajorKernel::kAuto, KvMajorStore::kTma),
-                                              hopper()).kvm;
+  EXPECT_FALSE(a.*on);
+  EXPECT_EQ(a.*why, nullptr);
+  const KvMajorPlan t = plan_sparse_attention(attn(4096), named(KvMajorKernel::kAuto), hopper()).kvm;
   EXPECT_EQ(t.kernel, KvMajorKernel::kWgmma);
-  EXPECT_TRUE(t.tma_store);
-  EXPECT_EQ(t.store_fallback, nullptr);
-  // The same lists, items and workspace as without it.
+  EXPECT_TRUE(t.*on);
+  EXPECT_EQ(t.*why, nullptr);
+  // The same lists, items and grid as without it.
   EXPECT_EQ(t.chunk_rows, a.chunk_rows);
   EXPECT_EQ(t.max_items, a.max_items);
   EXPECT_EQ(t.grid, a.grid);
-  // G = 32, 64, 128 run it; G = 4, 8, 24 do not; neither does the mma.sync kernel.
-  for (int hq : {128, 256, 512})
-    EXPECT_TRUE(plan_sparse_attention(attn(4096, hq, 4), kvm_opts(KvMajorKernel::kAuto, KvMajorStore::kTma),
-                                      hopper()).kvm.tma_store) << hq;
+  for (int hq : {128, 256, 512})  // G = 32, 64, 128
+    EXPECT_TRUE(plan_sparse_attention(attn(4096, hq, 4), named(KvMajorKernel::kAuto), hopper()).kvm.*on) << hq;
   auto fallback = [&](const SparseAttnParams& p, const SparseAttnDeviceFacts& f, KvMajorKernel k,
-                      const std::string& why) {
-    const KvMajorPlan x = plan_sparse_attention(p, kvm_opts(k, KvMajorStore::kTma), f).kvm;
-    EXPECT_FALSE(x.tma_store);
-    ASSERT_NE(x.store_fallback, nullptr);
-    EXPECT_NE(std::string(x.store_fallback).find(why), std::string::npos) << x.store_fallback;
+                      const std::string& because) {
+    const KvMajorPlan x = plan_sparse_attention(p, named(k), f).kvm;
+    EXPECT_FALSE(x.*on);
+    ASSERT_NE(x.*why, nullptr);
+    EXPECT_NE(std::string(x.*why).find(because), std::string::npos) << x.*why;
   };
   fallback(attn(4096, 16, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 4
   fallback(attn(4096, 32, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 8
   fallback(attn(4096, 96, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 24
   fallback(attn(4096), hopper(), KvMajorKernel::kMmaSync, "warpgroup-MMA");
   fallback(attn(4096), ampere(), KvMajorKernel::kAuto, "warpgroup-MMA");
-  // stg named: as auto.
+}
+
+// kv_major_store=tma: only where named (auto stays stg: not yet measured on the GPU).
+TEST(PlanKernel, TmaStoreOnlyWhenNamedAndFallsBackSayingWhy) {
+  expect_kv_major_tma_option(&KvMajorPlan::tma_store, &KvMajorPlan::store_fallback,
+                             [](KvMajorKernel k) { return kvm_opts(k, KvMajorStore::kTma); });
   EXPECT_FALSE(plan_sparse_attention(attn(4096), kvm_opts(KvMajorKernel::kAuto, KvMajorStore::kStg), hopper())
                    .kvm.tma_store);
   EXPECT_EQ(parse_sparse_attention_options("kv_major_store=tma").kv_major_store, KvMajorStore::kTma);
@@ -313,39 +317,21 @@ TEST(PlanKernel, TmaStoreOnlyWhenNamedAndFallsBackSayingWhy) {
   expect_error([] { parse_sparse_attention_options("kv_major_store=ldg"); }, ErrorKind::kValue, "kv_major_store");
 }
 
-// kv_major_gather=tma: likewise, where G is a multiple of 16 and q's strides and rows suit TMA.
+// kv_major_gather=tma: likewise, where q's strides suit TMA too; independent of kv_major_store.
 TEST(PlanKernel, TmaGatherOnlyWhenNamedAndFallsBackSayingWhy) {
-  auto with_gather = [](KvMajorKernel k, KvMajorGather g) { return kvm_opts(k, KvMajorStore::kAuto, g); };
-  EXPECT_EQ(plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), hopper()).kvm.gather_fallback,
-            nullptr);
-  const KvMajorPlan t =
-      plan_sparse_attention(attn(4096), with_gather(KvMajorKernel::kAuto, KvMajorGather::kTma), hopper()).kvm;
-  EXPECT_EQ(t.kernel, KvMajorKernel::kWgmma);
-  EXPECT_TRUE(t.tma_gather);
-  EXPECT_FALSE(t.tma_store);  // independent of kv_major_store
-  EXPECT_EQ(t.gather_fallback, nullptr);
-  for (int hq : {128, 256, 512})
-    EXPECT_TRUE(plan_sparse_attention(attn(4096, hq, 4), with_gather(KvMajorKernel::kAuto, KvMajorGather::kTma),
-                                      hopper()).kvm.tma_gather) << hq;
-  auto fallback = [&](const SparseAttnParams& p, const SparseAttnDeviceFacts& f, KvMajorKernel k,
-                      const std::string& why) {
-    const KvMajorPlan x = plan_sparse_attention(p, with_gather(k, KvMajorGather::kTma), f).kvm;
-    EXPECT_FALSE(x.tma_gather);
-    ASSERT_NE(x.gather_fallback, nullptr);
-    EXPECT_NE(std::string(x.gather_fallback).find(why), std::string::npos) << x.gather_fallback;
-  };
-  fallback(attn(4096, 16, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 4
-  fallback(attn(4096, 96, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 24
-  fallback(attn(4096), hopper(), KvMajorKernel::kMmaSync, "warpgroup-MMA");
-  fallback(attn(4096), ampere(), KvMajorKernel::kAuto, "warpgroup-MMA");
+  auto gather = [](KvMajorKernel k) { return kvm_opts(k, KvMajorStore::kAuto, KvMajorGather::kTma); };
+  expect_kv_major_tma_option(&KvMajorPlan::tma_gather, &KvMajorPlan::gather_fallback, gather);
+  EXPECT_FALSE(plan_sparse_attention(attn(4096), gather(KvMajorKernel::kAuto), hopper()).kvm.tma_store);
   SparseAttnParams strided = attn(4096);
   strided.q_stride_head = 132;  // 264 bytes
-  fallback(strided, hopper(), KvMajorKernel::kAuto, "16 bytes");
-  // Both named: both run.
+  const KvMajorPlan s = plan_sparse_attention(strided, gather(KvMajorKernel::kAuto), hopper()).kvm;
+  EXPECT_FALSE(s.tma_gather);
+  ASSERT_NE(s.gather_fallback, nullptr);
+  EXPECT_NE(std::string(s.gather_fallback).find("16 bytes"), std::string::npos) << s.gather_fallback;
   const KvMajorPlan b =
       plan_sparse_attention(attn(4096), kvm_opts(KvMajorKernel::kAuto, KvMajorStore::kTma, KvMajorGather::kTma),
                             hopper()).kvm;
-  EXPECT_TRUE(b.tma_gather && b.tma_store);
+  EXPECT_TRUE(b.tma_gather && b.tma_store);  // both named: both run
   EXPECT_EQ(parse_sparse_attention_options("kv_major_gather=tma").kv_major_gather, KvMajorGather::kTma);
   EXPECT_EQ(parse_sparse_attention_options("kv_major_gather=cp_async").kv_major_gather, KvMajorGather::kCpAsync);
   expect_error([] { parse_sparse_attention_options("kv_major_gather=ldg"); }, ErrorKind::kValue, "kv_major_gather");
