@@ -1734,17 +1734,22 @@ TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
   }
 }
 
-// Prefill (long queries): auto takes the sm_90a kernel for 16-bit, fp8 and NVFP4 K alike (its
-// launcher converts fp8 / NVFP4 K; H200 at c7709c9: faster than mma.sync for each).
+// An M3-like prefill call of the proxy (32K queries, 64 heads over 1 KV head) with K of dtype k
+// (NVFP4: q too, else bf16 q).
+ProxyScoreParams long_proxy_call(DType k) {
+  ProxyScoreParams p{};
+  p.num_heads = 64;
+  p.num_kv_heads = 1;
+  p.qi.max_seqlen_q = 32768;
+  p.q_dtype = k == DType::kNVFP4 ? DType::kNVFP4 : DType::kBF16;
+  p.k.dtype = k;
+  return p;
+}
+
 // sm90_convert=strided: only where named, on the sm_90a kernel with fp8 K.
 TEST(PlanProxy, StridedConvertOnlyWhenNamedForFp8K) {
   for (DType k : {DType::kBF16, DType::kFP8E4M3, DType::kNVFP4}) {
-    ProxyScoreParams p{};
-    p.num_heads = 64;
-    p.num_kv_heads = 1;
-    p.qi.max_seqlen_q = 32768;
-    p.q_dtype = k == DType::kNVFP4 ? DType::kNVFP4 : DType::kBF16;
-    p.k.dtype = k;
+    const ProxyScoreParams p = long_proxy_call(k);
     EXPECT_FALSE(plan_proxy_score(p, {}).strided_convert) << dtype_name(k);
     ProxyScoreOptions o;
     o.sm90_convert = Sm90Convert::kStrided;
@@ -1759,14 +1764,11 @@ TEST(PlanProxy, StridedConvertOnlyWhenNamedForFp8K) {
   expect_error([] { parse_proxy_score_options("sm90_convert=fast"); }, ErrorKind::kValue, "sm90_convert");
 }
 
+// Prefill (long queries): auto takes the sm_90a kernel for 16-bit, fp8 and NVFP4 K alike (its
+// launcher converts fp8 / NVFP4 K; H200 at c7709c9: faster than mma.sync for each).
 TEST(PlanProxy, AutoTakesSm90ForEveryKDtype) {
   for (DType k : {DType::kBF16, DType::kFP8E4M3, DType::kNVFP4}) {
-    ProxyScoreParams p{};
-    p.num_heads = 64;
-    p.num_kv_heads = 1;
-    p.qi.max_seqlen_q = 32768;
-    p.q_dtype = k == DType::kNVFP4 ? DType::kNVFP4 : DType::kBF16;
-    p.k.dtype = k;
+    const ProxyScoreParams p = long_proxy_call(k);
     EXPECT_EQ(plan_proxy_score(p, {}).kernel, ProxyKernel::kSm90) << dtype_name(k);
     // fp8 K and NVFP4: its fp16 MMAs (H200: bit-identical; 32K 874.8 vs 1067.6 us at b66f97b,
     // NVFP4 1352.0 vs 1805.0 us at 5cb9800).
