@@ -71,7 +71,7 @@ inline constexpr int kConverterThreads = 96;
 //            two, exact and monotone, so the same products and maxima as kFp8 (q elements below
 //            2^-32 of their row's maximum would round in fp16: docs/design/proxy_score.md)
 //   kNvfp4F16  NVFP4 q and K on fp16 MMAs (plan option kernel=sm90_f16 with msa_proxy_score_fp4;
-//            not yet run on a GPU): each code pair placed as fp16 code x 2^-14 and multiplied by
+//            auto's since the H200 run at 23476c9): each code pair placed as fp16 code x 2^-14 and multiplied by
 //            its block scale x 2^7 in one HMUL2 (common/ptx.cuh: value x 2^-7, exact in fp16), q
 //            and K alike, so every logit is the exact product sum times 2^-14; the block maxima
 //            are multiplied by logit_scale x 2^14 (a positive power of two times kNvfp4's factor)
