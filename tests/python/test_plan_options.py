@@ -131,6 +131,9 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_attention", dict(speed=11), "unknown plan option 'speed'"),
     ("sparse_attention", dict(tile_kernel="wgmma"), "tile_kernel must be auto, cp_async or tma, got 'wgmma'"),
     ("sparse_attention", dict(tile_bound="wide"), "tile_bound must be auto, fixed or adaptive, got 'wide'"),
+    ("sparse_attention", dict(kv_major_store="ldg"), "kv_major_store must be auto, stg or tma, got 'ldg'"),
+    ("sparse_attention", dict(kv_major_gather="ldg"),
+     "kv_major_gather must be auto, cp_async or tma, got 'ldg'"),
     # tile_pingpong (the TMA tile kernel's consumer warpgroups taking turns issuing their MMAs) was
     # removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
     ("sparse_attention", dict(tile_pingpong="on"),
@@ -153,6 +156,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("proxy_score", dict(decode_nvfp4="bulk"), "decode_nvfp4 must be auto, cta or tma, got 'bulk'"),
     ("proxy_score", dict(decode_tma_issue="lane"),
      "decode_tma_issue must be auto, producer or warps, got 'lane'"),
+    ("proxy_score", dict(sm90_convert="fast"), "sm90_convert must be auto, per_task or strided, got 'fast'"),
     ("sparse_decode", dict(kernel="fastest"), "kernel must be auto, smem, regs or wgmma, got 'fastest'"),
     # kernel=regs8 (8 warps per CTA for fp8 K/V) was removed: slower than regs on the H200 (at 5b22cb3).
     ("sparse_decode", dict(kernel="regs8"), "kernel must be auto, smem, regs or wgmma, got 'regs8'"),
