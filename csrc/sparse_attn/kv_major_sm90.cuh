@@ -516,6 +516,19 @@ void launch_kv_major_sm90_variant(const KvMajorSm90Args& ka, int grid, cudaStrea
   kernel<<<grid, threads, smem, stream>>>(ka);
 }
 
+// The partials of a launch group as a TMA tensor map (both TMA-store kernels' layout): 128 dims of
+// the compute dtype by Hkv x chunk_rows x topk x G rows of 256 bytes, boxes of 64 dims x box_rows
+// rows, 128-byte swizzle. False where the driver rejects it.
+template <typename Elem>
+bool encode_partial_map(CUtensorMap& map, const KvMajorArgs& args, uint32_t box_rows) {
+  const SparseAttnParams& p = args.p;
+  const uint64_t dims[2] = {128, uint64_t(p.num_kv_heads) * args.chunk_rows * p.topk * args.group};
+  const uint64_t strides[1] = {256};
+  const uint32_t box[2] = {64, box_rows};
+  return flashmsa::cuda::encode_tensor_map_sw128(map, flashmsa::cuda::tma_dtype_16<Elem>(), args.part_o, 2, dims,
+                                                 strides, box);
+}
+
 // tma_store / tma_gather (KvMajorPlan): the kTmaStore / kTmaGather kernels with the partials' /
 // q's tensor map (NotSupported where the driver rejects it; the planner sends only G % 16 == 0,
 // q strides of whole 16 bytes and rows within TMA's 32-bit coordinates).
@@ -525,11 +538,7 @@ void launch_kv_major_sm90(const KvMajorArgs& args, int grid, bool tma_store, boo
   ka.a = args;
   const SparseAttnParams& p = args.p;
   if (tma_store) {
-    const uint64_t o_dims[2] = {128, uint64_t(p.num_kv_heads) * args.chunk_rows * p.topk * args.group};
-    const uint64_t o_strides[1] = {256};
-    const uint32_t o_box[2] = {64, 16};
-    MSA_CHECK_SUPPORTED(flashmsa::cuda::encode_tensor_map_sw128(ka.o_map, flashmsa::cuda::tma_dtype_16<Elem>(),
-                                                                args.part_o, 2, o_dims, o_strides, o_box),
+    MSA_CHECK_SUPPORTED(encode_partial_map<Elem>(ka.o_map, args, 16),
                         "kv_major_store=tma: the driver rejected the partials' TMA descriptor");
   }
   if (tma_gather) {

@@ -447,12 +447,9 @@ void launch_kv_major_tma_sm90(const KvMajorArgs& args, int grid, cudaStream_t st
   ta.a = args;
   const CUtensorMapDataType ty = flashmsa::cuda::tma_dtype_16<Elem>();
   const uint32_t box_rows = uint32_t(args.group < 64 ? args.group : 64);
-  const uint64_t o_dims[2] = {128, uint64_t(p.num_kv_heads) * args.chunk_rows * p.topk * args.group};
-  const uint64_t o_strides[1] = {256};
-  const uint32_t o_box[2] = {64, box_rows};
   const bool ok = flashmsa::cuda::encode_q_map_sw128(ta.q_map, ty, p, box_rows, 1) &&
                   flashmsa::cuda::encode_kv_maps_sw128(ta.k_map, ta.v_map, ty, p) &&
-                  flashmsa::cuda::encode_tensor_map_sw128(ta.o_map, ty, args.part_o, 2, o_dims, o_strides, o_box);
+                  encode_partial_map<Elem>(ta.o_map, args, box_rows);
   MSA_CHECK_SUPPORTED(ok, "kv_major_kernel=tma: the driver rejected the TMA descriptors of q / k / v / partials");
   auto* kernel = kv_major_tma_sm90_kernel<Elem>;
   constexpr int smem = KvMajorTmaConfig::kSmemBytes;

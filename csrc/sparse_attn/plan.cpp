@@ -291,32 +291,28 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
       ctas = facts.kv_major_tma_ctas;
     }
   }
-  // kv_major_store=tma: a warp's 16 rows must be 16 consecutive partial rows (G % 16 == 0) and the
-  // partial rows TMA coordinates.
-  if (o.kv_major_store == KvMajorStore::kTma) {
+  // kv_major_store=tma / kv_major_gather=tma: a warp's 16 rows must be 16 consecutive heads of one
+  // token and so 16 consecutive partial rows (G % 16 == 0); the stores need the partial rows, the
+  // gathers q's strides and rows, within TMA's limits.
+  if (o.kv_major_store == KvMajorStore::kTma || o.kv_major_gather == KvMajorGather::kTma) {
+    const char* why = plan.kernel != KvMajorKernel::kWgmma ? "not the warpgroup-MMA KV-major kernel"
+                      : group % 16 != 0                    ? "G not a multiple of 16"
+                                                           : nullptr;
     const int64_t part_rows = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk * group;
-    if (plan.kernel != KvMajorKernel::kWgmma)
-      plan.store_fallback = "not the warpgroup-MMA KV-major kernel";
-    else if (group % 16 != 0)
-      plan.store_fallback = "G not a multiple of 16";
-    else if (part_rows >= (int64_t(1) << 31))
-      plan.store_fallback = "partial rows beyond TMA's 32-bit coordinates";
-    else
-      plan.tma_store = true;
-  }
-  // kv_major_gather=tma: a warp's 16 rows must be 16 consecutive heads of one token (G % 16 == 0),
-  // q's strides whole 16 bytes and its rows TMA coordinates.
-  if (o.kv_major_gather == KvMajorGather::kTma) {
-    if (plan.kernel != KvMajorKernel::kWgmma)
-      plan.gather_fallback = "not the warpgroup-MMA KV-major kernel";
-    else if (group % 16 != 0)
-      plan.gather_fallback = "G not a multiple of 16";
-    else if ((p.q_stride_head * 2) % 16 != 0 || (p.q_stride_token * 2) % 16 != 0)
-      plan.gather_fallback = "q strides that are not multiples of 16 bytes";
-    else if (p.total_q >= (int64_t(1) << 31))
-      plan.gather_fallback = "q rows beyond TMA's 32-bit coordinates";
-    else
-      plan.tma_gather = true;
+    if (o.kv_major_store == KvMajorStore::kTma) {
+      plan.store_fallback = why != nullptr                     ? why
+                            : part_rows >= (int64_t(1) << 31) ? "partial rows beyond TMA's 32-bit coordinates"
+                                                               : nullptr;
+      plan.tma_store = plan.store_fallback == nullptr;
+    }
+    if (o.kv_major_gather == KvMajorGather::kTma) {
+      plan.gather_fallback = why != nullptr ? why
+                             : (p.q_stride_head * 2) % 16 != 0 || (p.q_stride_token * 2) % 16 != 0
+                                 ? "q strides that are not multiples of 16 bytes"
+                             : p.total_q >= (int64_t(1) << 31) ? "q rows beyond TMA's 32-bit coordinates"
+                                                               : nullptr;
+      plan.tma_gather = plan.gather_fallback == nullptr;
+    }
   }
 
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages
