@@ -631,12 +631,6 @@ class Bench:
                         self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt} {variant}",
                                       lambda s=s, f=fmt, o=dict(kernel=variant + "_only"):
                                       self.build_proxy_prefill(s, o, fmt=f), "compute")
-                # fp8 K's converting threads with closed-form task addresses (plan option
-                # sm90_convert=strided, off by default): under auto's kernel and on bf16 MMAs.
-                for variant in ("auto", "sm90_only"):
-                    self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k fp8 {variant} [sm90_convert=strided]",
-                                  lambda s=s, o=dict(kernel=variant, sm90_convert="strided"):
-                                  self.build_proxy_prefill(s, o, fmt="fp8"), "compute")
         for b, ctx, sq in self.cfg["decode"]:
             name = f"decode B{b} ctx={size_name(ctx)} sq{sq}"
             ref = REF_DECODE_INDEX if (b, ctx, sq) == (64, 32 * K, 1) else None
@@ -871,13 +865,11 @@ class Bench:
             # beside [kv_major], and under the hybrid schedule (what auto would run with it).
             if (kv, layout) == ("bf16", "flat") and s in (8 * K, 32 * K):
                 schedules += ["kv_major tma", "hybrid tma"]
-            # The warpgroup-MMA KV-major kernel's partials by TMA stores (plan option
-            # kv_major_store=tma, off by default), and with its query rows by TMA too
-            # (kv_major_gather=tma): alone beside [kv_major], and under auto's schedule.
+            # The warpgroup-MMA KV-major kernel's partials by each lane's stores (plan option
+            # kv_major_store=stg; auto's are TMA stores since 73ba220's H200 run): alone beside
+            # [kv_major], and under auto's schedule.
             if (kv, layout) == ("bf16", "flat") and s in (8 * K, 32 * K):
-                schedules += ["kv_major kv_major_store=tma", "kv_major_store=tma",
-                              "kv_major kv_major_store=tma kv_major_gather=tma",
-                              "kv_major_store=tma kv_major_gather=tma"]
+                schedules += ["kv_major kv_major_store=stg", "kv_major_store=stg"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]

@@ -255,18 +255,11 @@ class Smoke:
         ragged and empty sequences, several tiles per CTA, q_offset, padding columns, non-causal,
         G = 1 / 2 / 8, fp16, rows of no sequence, paged K with an invalid page id; fp8 K and NVFP4
         q / K (converted by the producer warpgroup), flat and paged; sm90_f16_only: fp8 K with bf16 q
-        on fp16 MMAs (q rows scaled into fp16 in registers; the other calls as sm90_only); with
-        sm90_convert=strided, fp8 K's converters addressing their tasks in closed form."""
+        on fp16 MMAs (q rows scaled into fp16 in registers; the other calls as sm90_only)."""
         for variant in ("sm90", "sm90_ss", "sm90_f16"):
             options = dict(kernel=variant + "_only")
             self._proxy_sm90_cases(variant, PlannedOps(self.ops, msa_proxy_score=options,
                                                        msa_proxy_score_fp4=options))
-        # fp8 K's converters with closed-form task addresses (sm90_convert=strided), on fp16 and
-        # bf16 MMAs (the other calls: as sm90_f16 / sm90_ss).
-        for variant in ("sm90_f16", "sm90_ss"):
-            options = dict(kernel=variant + "_only", sm90_convert="strided")
-            self._proxy_sm90_cases(variant + " strided", PlannedOps(self.ops, msa_proxy_score=options,
-                                                                   msa_proxy_score_fp4=options))
 
     def _proxy_sm90_cases(self, tag, ops):
         sq, sk = [1000, 37, 0, 129], [1000, 300, 256, 2000]
@@ -539,9 +532,9 @@ class Smoke:
         warpgroups skip blocks on unrelated selections), both with the default tile kernel (TMA; fp8
         K/V take the cp.async one) and with the cp.async one forced (tile_kernel=cp_async); the TMA
         KV-major kernel (kv_major_kernel=tma) alone, in small groups and under hybrid; the
-        warpgroup-MMA KV-major kernel with its partials by TMA stores (kv_major_store=tma) alone, in
-        small groups and under hybrid, and with its query rows by TMA too (kv_major_gather=tma) in
-        small groups and under hybrid; both KV-major schedules once more with
+        warpgroup-MMA KV-major kernel with its partials by each lane's stores (kv_major_store=stg;
+        auto's are TMA stores where G % 16 == 0) alone, in small groups and under hybrid; both
+        KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
         combine's LSE resets), and with each group's work lists built before it (lists=per_group)."""
@@ -565,18 +558,13 @@ class Smoke:
                              ("kv_major/tma/chunk100", dict(schedule="kv_major", kv_major_kernel="tma",
                                                             chunk_rows=100)),
                              ("hybrid/tma", dict(schedule="hybrid", kv_major_kernel="tma")),
-                             # The warpgroup-MMA KV-major kernel's partials by TMA stores
-                             # (kv_major_store=tma; G not a multiple of 16 keeps stg), alone, in
+                             # The warpgroup-MMA KV-major kernel's partials by each lane's stores
+                             # (kv_major_store=stg; auto's TMA stores need G % 16 == 0), alone, in
                              # small launch groups and under the tiles.
-                             ("kv_major/tma_store", dict(schedule="kv_major", kv_major_store="tma")),
-                             ("kv_major/tma_store/chunk100", dict(schedule="kv_major", kv_major_store="tma",
-                                                                  chunk_rows=100)),
-                             ("hybrid/tma_store", dict(schedule="hybrid", kv_major_store="tma")),
-                             # ... and its query rows by TMA too (kv_major_gather=tma).
-                             ("kv_major/tma_io/chunk100", dict(schedule="kv_major", kv_major_store="tma",
-                                                               kv_major_gather="tma", chunk_rows=100)),
-                             ("hybrid/tma_io", dict(schedule="hybrid", kv_major_store="tma",
-                                                    kv_major_gather="tma")),
+                             ("kv_major/stg", dict(schedule="kv_major", kv_major_store="stg")),
+                             ("kv_major/stg/chunk100", dict(schedule="kv_major", kv_major_store="stg",
+                                                            chunk_rows=100)),
+                             ("hybrid/stg", dict(schedule="hybrid", kv_major_store="stg")),
                              # The tiles' bound decided on the device (tile_bound=adaptive) over
                              # a low forced bound, so that some tiles sit between the two.
                              ("hybrid/adaptive", dict(schedule="hybrid", tile_max_waste=1.25,

@@ -95,7 +95,7 @@ KERNELS = [
     # split_warps=8: split-K decode with 8 warps per CTA sharing each block (16-bit or fp8 K/V).
     Kernel("qm_wide_{e}_{kv}",     "sparse_attn/query_major_wide.cuh", "void launch_query_major_wide<{E}, {KV}>(const QueryMajorArgs&, cudaStream_t)", kvs=("native", "fp8")),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "void launch_kv_major<{E}, {KV}>(const KvMajorArgs&, int, cudaStream_t)"),
-    Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "void launch_kv_major_sm90<{E}, {KV}>(const KvMajorArgs&, int, bool, bool, cudaStream_t)"),
+    Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "void launch_kv_major_sm90<{E}, {KV}>(const KvMajorArgs&, int, bool, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "int kv_major_sm90_ctas_per_sm<{E}, {KV}>()"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "int kv_major_smem_bytes<{E}, {KV}>(int)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "int kv_major_ctas_per_sm<{E}, {KV}>(int)"),
@@ -111,7 +111,7 @@ KERNELS = [
     Kernel("mtp_wgmma_fp8_{e}",    "sparse_attn/mtp_wgmma_sm90.cuh", "int mtp_wgmma_fp8_sm90_ctas_per_sm<{E}>()"),
     Kernel("proxy_score_{e}",      "proxy_score/proxy_score_launch.cuh", "void launch_proxy_score<{E}>(const ProxyScoreParams&, cudaStream_t)"),
     Kernel("proxy_decode_{e}",     "proxy_score/proxy_decode.cuh",       "bool launch_proxy_decode<{E}>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t)"),
-    Kernel("proxy_score_sm90_{e}", "proxy_score/proxy_score_sm90.cuh",   "bool sm90::launch<{E}>(const ProxyScoreParams&, sm90::QSource, bool, bool, cudaStream_t)"),
+    Kernel("proxy_score_sm90_{e}", "proxy_score/proxy_score_sm90.cuh",   "bool sm90::launch<{E}>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t)"),
 ]
 # fmt: on
 

@@ -30,8 +30,6 @@ constexpr Named<KvMajorKernel> kKvMajorKernels[] = {{KvMajorKernel::kAuto, "auto
                                                     {KvMajorKernel::kTma, "tma"}};
 constexpr Named<KvMajorStore> kKvMajorStores[] = {
     {KvMajorStore::kAuto, "auto"}, {KvMajorStore::kStg, "stg"}, {KvMajorStore::kTma, "tma"}};
-constexpr Named<KvMajorGather> kKvMajorGathers[] = {
-    {KvMajorGather::kAuto, "auto"}, {KvMajorGather::kCpAsync, "cp_async"}, {KvMajorGather::kTma, "tma"}};
 constexpr Named<TileKernel> kTileKernels[] = {
     {TileKernel::kAuto, "auto"}, {TileKernel::kCpAsync, "cp_async"}, {TileKernel::kTma, "tma"}};
 constexpr Named<TileBound> kTileBounds[] = {
@@ -82,8 +80,6 @@ constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "a
 constexpr Named<DecodeTma> kDecodeTmas[] = {{DecodeTma::kAuto, "auto"}, {DecodeTma::kCta, "cta"}, {DecodeTma::kTma, "tma"}};
 constexpr Named<DecodeTmaIssue> kDecodeTmaIssues[] = {
     {DecodeTmaIssue::kAuto, "auto"}, {DecodeTmaIssue::kProducer, "producer"}, {DecodeTmaIssue::kWarps, "warps"}};
-constexpr Named<Sm90Convert> kSm90Converts[] = {
-    {Sm90Convert::kAuto, "auto"}, {Sm90Convert::kPerTask, "per_task"}, {Sm90Convert::kStrided, "strided"}};
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
@@ -170,7 +166,6 @@ size_t WorkspaceLayout::take(const char* name, size_t n) {
 const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
 const char* option_name(KvMajorStore v) { return name_of(kKvMajorStores, v); }
-const char* option_name(KvMajorGather v) { return name_of(kKvMajorGathers, v); }
 const char* option_name(TileKernel v) { return name_of(kTileKernels, v); }
 const char* option_name(TileBound v) { return name_of(kTileBounds, v); }
 const char* option_name(KvMajorLists v) { return name_of(kKvMajorListsNames, v); }
@@ -182,7 +177,6 @@ const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
 const char* option_name(DecodeTma v) { return name_of(kDecodeTmas, v); }
 const char* option_name(DecodeTmaIssue v) { return name_of(kDecodeTmaIssues, v); }
-const char* option_name(Sm90Convert v) { return name_of(kSm90Converts, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v); }
@@ -239,12 +233,10 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
       o.tile_bound = parse_enum(kTileBounds, name, value);
     } else if (name == "kv_major_store") {
       o.kv_major_store = parse_enum(kKvMajorStores, name, value);
-    } else if (name == "kv_major_gather") {
-      o.kv_major_gather = parse_enum(kKvMajorGathers, name, value);
     } else {
       MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
                "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists, "
-               "tile_bound, kv_major_store, kv_major_gather)");
+               "tile_bound, kv_major_store)");
     }
   });
   return o;
@@ -267,12 +259,9 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.decode_nvfp4 = parse_enum(kDecodeTmas, name, value);
     } else if (name == "decode_tma_issue") {
       o.decode_tma_issue = parse_enum(kDecodeTmaIssues, name, value);
-    } else if (name == "sm90_convert") {
-      o.sm90_convert = parse_enum(kSm90Converts, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4, decode_tma_issue, "
-               "sm90_convert)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4, decode_tma_issue)");
     }
   });
   return o;
@@ -393,9 +382,6 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
                                      (options.decode_tma_issue == DecodeTmaIssue::kAuto && plan.tma_nvfp4 &&
                                       units > kProxyDecodeTmaProducerMaxUnits));
   plan.tma_cols = plan.tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
-  // The sm_90a kernel's converters in closed form only where named (not yet measured on the GPU).
-  plan.strided_convert = (plan.kernel == ProxyKernel::kSm90 || plan.kernel == ProxyKernel::kSm90Ss) &&
-                         p.k.dtype == DType::kFP8E4M3 && options.sm90_convert == Sm90Convert::kStrided;
   return plan;
 }
 

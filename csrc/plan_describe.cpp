@@ -104,14 +104,14 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
     else
       s << "auto: the sm_90a kernel cannot run here (needs an sm_90 GPU and an sm_90a build)";
     s << ", " << kvm.q_stages << " query-tile stage(s))";
+    const bool store_forced = o.kv_major_store == KvMajorStore::kTma;
     if (kvm.tma_store)
-      s << "; kv_major_store=tma (forced by the option: the partials by two TMA stores per warp and tile)";
-    else if (kvm.store_fallback != nullptr)
+      s << "; kv_major_store=tma (" << (store_forced ? "forced by the option" : "auto")
+        << ": the partials by two TMA stores per warp and tile)";
+    else if (kvm.store_fallback != nullptr && store_forced)
       s << "; kv_major_store=stg (kv_major_store=tma falls back: " << kvm.store_fallback << ")";
-    if (kvm.tma_gather)
-      s << "; kv_major_gather=tma (forced by the option: each warp's query rows by two TMA boxes per tile)";
-    else if (kvm.gather_fallback != nullptr)
-      s << "; kv_major_gather=cp_async (kv_major_gather=tma falls back: " << kvm.gather_fallback << ")";
+    else if (kvm.store_fallback != nullptr && kvm.kernel == KvMajorKernel::kWgmma)
+      s << "; kv_major_store=stg (auto: " << kvm.store_fallback << ")";
     s << "; " << kvm.groups << " launch group(s) of "
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";
@@ -201,9 +201,6 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
   else
     s << "the option kernel=" << option_name(o.kernel) << " does not apply to this call";
   s << ")";
-  if (plan.strided_convert)
-    s << "; sm90_convert=strided (forced by the option: the converting threads' fp8 task addresses in closed "
-         "form)";
   if (plan.kernel == ProxyKernel::kDecode) {
     s << "; decode_ctas=" << plan.decode_ctas;
     if (o.decode_ctas != 0 && plan.decode_ctas != o.decode_ctas)

@@ -40,10 +40,9 @@ enum class QSource { kSmem, kRegs };
 // runs (reduce_heads, fp8 q, not an sm_90 device, ...): the caller then launches the mma.sync
 // kernel. fp8 K and NVFP4 q / K are converted exactly into 16-bit by its producer warpgroup.
 // f16_mma (ProxyScorePlan::f16_mma): fp8 K with bf16 q on fp16 MMAs (KFormat::kFp8F16, Q in
-// registers whatever q_source says), NVFP4 q and K too (KFormat::kNvfp4F16). strided
-// (ProxyScorePlan::strided_convert): the converting threads' closed-form task addresses.
+// registers whatever q_source says), NVFP4 q and K too (KFormat::kNvfp4F16).
 template <typename Elem>
-bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, bool strided, cudaStream_t stream);
+bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, cudaStream_t stream);
 }  // namespace sm90
 
 }  // namespace flashmsa::cuda::proxy

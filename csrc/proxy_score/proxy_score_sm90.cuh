@@ -289,31 +289,18 @@ MSA_DEVICE uint32_t q_fragments_to_f16(uint32_t (&qa)[8][4]) {
 // ([2 halves][rows][64 dims]: 16-byte chunk o of row r at half o / 8, position (o % 8) ^ (r % 8))
 // are free of bank conflicts.
 
-// fp8 block [128 keys][128 B] -> 16-bit K stage: 1024 tasks of 16 values (two output chunks).
+// fp8 block [128 keys][128 B] -> 16-bit K stage: 1024 tasks of 16 values (two output chunks). Task
+// idx is row r = 8 (idx / 64) + idx % 8, raw chunk c = (idx / 8) % 8 (the phase order above); its
+// addresses in closed form: a thread's tasks are idx = tid + 96 k, and 96 is a multiple of 8 and
+// 3 x 32, so e = idx % 8 (the row's swizzle phase) is the thread's for every task, the chunk c
+// alternates between c0 and c0 ^ 4 (12 k = 4 k mod 8), and a task's raw offset is (idx / 64) x 1024
+// plus one of two per-thread constants, its two converted chunks (idx / 64) x 1024 plus one of two
+// constants and that plus or minus 16 (the chunks 2 m and 2 m + 1, m = c % 4, differ in bit 0
+// only). ~27 instructions a task instead of ~43 rebuilding the row and swizzled chunks from the
+// index (H200 at 73ba220: fp8 32K prefill 836.8 vs 887.2 us). Two tasks per iteration (one of each
+// parity), one after the other: both loads first spilled at the converters' 40 registers.
 template <typename Elem>
 MSA_DEVICE void convert_k_fp8(const uint8_t* raw, uint8_t* conv, int tid) {
-#pragma unroll 1
-  for (int idx = tid; idx < kBlockSize * 8; idx += kConverterThreads) {
-    const int r = ((idx >> 6) << 3) | (idx & 7), c = (idx >> 3) & 7, x = r & 7;
-    const uint4 in = *reinterpret_cast<const uint4*>(raw + r * 128 + ((c ^ x) << 4));
-    uint4 lo, hi;
-    e4m3x16_to_mma<Elem>(in, lo, hi);
-    uint8_t* row = conv + (c >> 2) * (kBlockSize * 128) + r * 128;
-    *reinterpret_cast<uint4*>(row + ((((2 * c) & 7) ^ x) << 4)) = lo;
-    *reinterpret_cast<uint4*>(row + ((((2 * c + 1) & 7) ^ x) << 4)) = hi;
-  }
-}
-
-// convert_k_fp8 with the task addresses in closed form (plan option sm90_convert=strided): the
-// same tasks, loads and stores. A thread's tasks are idx = tid + 96 k, and 96 is a multiple of 8
-// and 3 x 32, so e = idx % 8 (the row's swizzle phase) is the thread's for every task, the chunk
-// c = (idx / 8) % 8 alternates between c0 and c0 ^ 4 (12 k = 4 k mod 8), and the row r = 8 (idx /
-// 64) + e: a task's raw offset is (idx / 64) x 1024 plus one of two per-thread constants, its two
-// converted chunks (idx / 64) x 1024 plus one of two constants and that plus or minus 16 (the
-// chunks 2 m and 2 m + 1, m = c % 4, differ in bit 0 only). Two tasks per iteration (one of
-// each parity), one after the other: both loads first spilled at the converters' 40 registers.
-template <typename Elem>
-MSA_DEVICE void convert_k_fp8_strided(const uint8_t* raw, uint8_t* conv, int tid) {
   // The per-thread constants are recomputed per block (~10 instructions) rather than hoisted and
   // kept across the tile loop, where the converters' 40 registers would spill them.
   asm volatile("" : "+r"(tid));
@@ -516,15 +503,12 @@ MSA_DEVICE void fill_uncovered_rows(const ProxyScoreParams& p, int ctid) {
 }
 #endif  // MSA_HAS_WGMMA
 
-// kStrided (plan option sm90_convert=strided; fp8 K only): the converting threads' task addresses
-// in closed form (convert_k_fp8_strided): the same tasks, loads and stores.
-template <typename Elem, QSource kQ, KFormat kFmt, bool kStrided = false>
+template <typename Elem, QSource kQ, KFormat kFmt>
 __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __grid_constant__ Params kp) {
 #if MSA_HAS_WGMMA
   using L = Layout<kQ, kFmt>;
   static_assert(kFmt != KFormat::kFp8F16 || (kQ == QSource::kRegs && std::is_same_v<Elem, __nv_bfloat16>),
                 "kFp8F16: bf16 q scaled into fp16 in registers");
-  static_assert(!kStrided || is_fp8_k(kFmt), "sm90_convert=strided: fp8 K only");
   using Mma = std::conditional_t<kFmt == KFormat::kFp8F16 || kFmt == KFormat::kNvfp4F16, __half, Elem>;  // wgmma operands
   constexpr int kQSlots = L::kQSlots, kKStages = L::kKStages, kRawStages = L::kRawStages;
   constexpr bool kQConvert = is_fp4(kFmt);  // Q converted by the producer warpgroup too
@@ -630,9 +614,7 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
             if (page >= 0) {  // an invalid page: nothing landed, the consumers write -inf
               const uint8_t* raw = smem + L::kRawOffset + rs * L::kRawStageBytes;
               uint8_t* conv = smem + L::kKOffset + st * kKBlockBytes;
-              if constexpr (is_fp8_k(kFmt) && kStrided) {
-                convert_k_fp8_strided<Mma>(raw, conv, tid);
-              } else if constexpr (is_fp8_k(kFmt)) {
+              if constexpr (is_fp8_k(kFmt)) {
                 convert_k_fp8<Mma>(raw, conv, tid);
               } else if constexpr (L::kStagedScales) {
                 convert_fp4<Mma, false>(raw, conv, Fp4AreaPairs{raw + L::kRawBytes, n_keys}, tid);
@@ -889,13 +871,13 @@ inline bool supports(const ProxyScoreParams& p) {
          !p.reduce_heads && p.total_q < (int64_t(1) << 31) - 256;
 }
 
-template <typename Elem, KFormat kFmt, bool kStrided = false>
+template <typename Elem, KFormat kFmt>
 bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
   // kFp8F16 scales Q in registers: no shared-memory-Q instantiation.
   constexpr QSource kSmemQ = kFmt == KFormat::kFp8F16 ? QSource::kRegs : QSource::kSmem;
   if constexpr (kFmt == KFormat::kFp8F16) q_source = QSource::kRegs;
-  auto kernel = q_source == QSource::kRegs ? proxy_score_sm90_kernel<Elem, QSource::kRegs, kFmt, kStrided>
-                                           : proxy_score_sm90_kernel<Elem, kSmemQ, kFmt, kStrided>;
+  auto kernel = q_source == QSource::kRegs ? proxy_score_sm90_kernel<Elem, QSource::kRegs, kFmt>
+                                           : proxy_score_sm90_kernel<Elem, kSmemQ, kFmt>;
   const int smem_bytes = q_source == QSource::kRegs ? Layout<QSource::kRegs, kFmt>::kSmemBytes
                                                     : Layout<kSmemQ, kFmt>::kSmemBytes;
   if (prepare_sm90a_launch(kernel, kThreads, size_t(smem_bytes)) <= 0) return false;
@@ -967,15 +949,8 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
   return true;
 }
 
-// An fp8-K format's launch, with the converters' closed-form addressing where strided.
-template <typename Elem, KFormat kFmt>
-bool launch_converted(const ProxyScoreParams& p, QSource q_source, bool strided, cudaStream_t stream) {
-  return strided ? launch_format<Elem, kFmt, true>(p, q_source, stream)
-                 : launch_format<Elem, kFmt, false>(p, q_source, stream);
-}
-
 template <typename Elem>
-bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, bool strided, cudaStream_t stream) {
+bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, cudaStream_t stream) {
   KFormat fmt;
   if (!supports(p) || !operand_format(p, fmt)) return false;
   switch (fmt) {
@@ -983,15 +958,14 @@ bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, bool stri
     case KFormat::kFp8:
       // fp16 q already multiplies in fp16; f16_mma changes bf16 q only.
       if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
-        if (f16_mma) return launch_converted<Elem, KFormat::kFp8F16>(p, QSource::kRegs, strided, stream);
-      return launch_converted<Elem, KFormat::kFp8>(p, q_source, strided, stream);
+        if (f16_mma) return launch_format<Elem, KFormat::kFp8F16>(p, QSource::kRegs, stream);
+      return launch_format<Elem, KFormat::kFp8>(p, q_source, stream);
     case KFormat::kFp8F16:
     case KFormat::kNvfp4F16: return false;  // not operand formats (operand_format never returns them)
     case KFormat::kNvfp4:
       // NVFP4 computes in bf16 (proxy_score_api.cu), or with f16_mma on fp16 MMAs (kNvfp4F16); no
       // fp16 instantiation.
       if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-        // (strided: fp8 K only; an NVFP4 task's ~130 conversion instructions dwarf its addressing.)
         if (f16_mma) return launch_format<Elem, KFormat::kNvfp4F16>(p, q_source, stream);
         return launch_format<Elem, KFormat::kNvfp4>(p, q_source, stream);
       }

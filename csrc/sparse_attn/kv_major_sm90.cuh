@@ -26,7 +26,6 @@
 
 #include "common/cuda_utils.h"
 #include "common/group_div.h"
-#include "common/mbarrier.cuh"
 #include "common/tensor_map.h"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
@@ -61,9 +60,7 @@ struct KvMajorSm90Config {
   static constexpr int kListOffset = kRowLimOffset + kTables * kTileRows * 4;
   // Two item records, used alternately (see the item loop).
   static constexpr int kItemOffset = kListOffset + kKvm90MaxTokensPerItem * 4;
-  // kv_major_gather=tma: one mbarrier per (warp, query stage) for the warp's TMA gathers.
-  static constexpr int kQBarOffset = kItemOffset + 2 * 128;
-  static constexpr int kSmemBytes = kQBarOffset + kWarpgroups * 4 * kStages * 8;
+  static constexpr int kSmemBytes = kItemOffset + 2 * 128;
   static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0, "1024-byte aligned tiles");
   static_assert(kRawBytes <= kQAreaBytes, "raw K/V staging fits the query area");
 };
@@ -86,8 +83,7 @@ static_assert(kKvm90MaxTokensPerItem <= kGroupDivMaxRowsPerG, "group_div covers 
 
 // Lanes 0-15 of warp w fill the tables of rows 16 w + lane of local tile `tile` (-1: past the
 // item's end, every row padding).
-// kQ false (kv_major_gather=tma): no query offsets (the warp's rows come by TMA), s_q unused.
-template <typename Elem, bool kQ = true>
+template <typename Elem>
 MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is, const uint32_t* s_list,
                                  int tile, int64_t* s_q, int64_t* s_slot, int* s_lim, int warp, int lane,
                                  uint32_t g_magic) {
@@ -104,12 +100,11 @@ MSA_DEVICE void kvm90_build_rows(const KvMajorArgs& args, const KvmItemState& is
     const uint32_t v = s_list[e];
     const int rel = int(v >> 6), slot = int(v & 63u);
     // The item's parts precomputed (KvmItemState): the row adds its own.
-    if constexpr (kQ)
-      qb = (is.q_item + int64_t(rel) * p.q_stride_token + int64_t(g) * p.q_stride_head) * int64_t(sizeof(Elem));
+    qb = (is.q_item + int64_t(rel) * p.q_stride_token + int64_t(g) * p.q_stride_head) * int64_t(sizeof(Elem));
     slot_idx = is.slot_item + int64_t(rel * p.topk + slot) * G + g;
     lim = min(max(is.lim_base + rel, 0), is.lim_cap);
   }
-  if constexpr (kQ) s_q[kvm90_row_index(row)] = qb;
+  s_q[kvm90_row_index(row)] = qb;
   s_slot[kvm90_row_index(row)] = slot_idx;
   s_lim[row] = lim;
 }
@@ -241,7 +236,6 @@ MSA_DEVICE void kvm90_softmax(float (&s)[16][4], const int (&lim)[2], bool has_t
 // tensor map of the partials (common/tensor_map.h; zero and unused otherwise).
 struct KvMajorSm90Args {
   CUtensorMap o_map;  // part_o as (128 dims, Hkv * chunk_rows * topk * G rows), box (64, 16), 128-byte swizzle
-  CUtensorMap q_map;  // kv_major_gather=tma: q as (128 dims, Hq, total_q), box (64, 16, 1), 128-byte swizzle
   KvMajorArgs a;
 };
 
@@ -251,17 +245,8 @@ struct KvMajorSm90Args {
 // instead of each lane's loads and 8 predicated 16-byte stores. The stage is refilled by the warp's
 // gather of the tile after next, after its lane 0 has waited for the store's reads
 // (bulk_wait_read); so is the query area, which quantized K/V stage through at the next item.
-//
-// kTmaGather (plan option kv_major_gather=tma; G a multiple of 16): a warp's 16 rows of a tile are
-// 16 consecutive heads of one token, so its lane 0 brings them in as two TMA boxes (64 dims x 16
-// heads x 1 token, one per half) straight into the warp's rows of the swizzled query tile,
-// completing on the warp's mbarrier of that stage (4 KB), instead of the row table's query offsets
-// and each lane's 8 cp.async; a padding warp (past the item's rows) loads the launch group's first
-// token, whose rows are masked (lim 0), as the cp.async gather reads row 0. The warp waits for its
-// barrier at the tile's round (phase: a bit per stage, flipped per wait; every live tile is loaded
-// once and waited once), before the warpgroup barrier. The stage's earlier generic accesses (this
-// warp's epilogue) are ordered before the async-proxy writes by a fence.proxy.async of every lane.
-template <typename Elem, KvKind kKv, bool kTmaStore, bool kTmaGather>
+
+template <typename Elem, KvKind kKv, bool kTmaStore>
 __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     kv_major_sm90_kernel(const __grid_constant__ KvMajorSm90Args ka) {
 #if MSA_HAS_WGMMA
@@ -299,15 +284,6 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   // taken from the counter only shortly before it is needed (the tail of a launch group stays
   // balanced). (The racecheck reports on the record were the warpgroups' unequal barrier counts,
   // not the record: see the rounds below.)
-  const uint32_t qbar0 = smem_addr(smem + Cfg::kQBarOffset) + uint32_t(wg * 4 + warp) * (S * 8);
-  uint32_t qphase = 0;  // kTmaGather: bit st = the parity of this warp's next wait on stage st
-  if constexpr (kTmaGather) {
-    if (lane == 0) {
-      for (int st = 0; st < S; ++st) mbar_init(qbar0 + 8 * st, 1);
-    }
-    if (tid == 0) tma_prefetch_map(&ka.q_map);
-    fence_mbarrier_init();
-  }
   if (tid == 0) s_state[0] = fetch_kvm_item(args);
   __syncthreads();
 #pragma unroll 1
@@ -360,35 +336,15 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     auto prefetch = [&](int i) {
       const int st = i % S;
       const int tile = i < my_tiles ? wg + Cfg::kWarpgroups * i : -1;
-      kvm90_build_rows<Elem, !kTmaGather>(args, is, s_list, tile, s_rowq + st * 64, s_rowslot + st * 64,
-                                          s_rowlim + st * 64, warp, lane, g_magic);
+      kvm90_build_rows<Elem>(args, is, s_list, tile, s_rowq + st * 64, s_rowslot + st * 64, s_rowlim + st * 64,
+                             warp, lane, g_magic);
       if constexpr (kTmaStore) {
         // Stage st was last stored from by this warp's tile i - S: its reads done before the gather.
         if (lane == 0) bulk_wait_read<0>();
       }
-      if constexpr (kTmaGather) {
-        fence_proxy_async_smem();  // this warp's earlier generic accesses of the stage -> the TMA writes
-        __syncwarp();
-        if (tile >= 0 && lane == 0) {
-          const int row0 = tile * 64 + 16 * warp;  // the warp's first row: g0 % 16 == 0
-          int rel = 0, g0 = 0;
-          if (row0 < is.rows) {
-            const int e = group_div(row0, args.group, g_magic);
-            g0 = row0 - e * args.group;
-            rel = int(s_list[e] >> 6);
-          }
-          const uint32_t bar = qbar0 + 8 * st;
-          const uint32_t dst = my_q_addr + uint32_t(st * Cfg::kQTileBytes + warp * 16 * 128);
-          mbar_expect_tx(bar, 16 * 256);
-          tma_load_3d(dst, &ka.q_map, bar, 0, is.kh * args.group + g0, args.row_begin + rel);
-          tma_load_3d(dst + 64 * 128, &ka.q_map, bar, 64, is.kh * args.group + g0, args.row_begin + rel);
-        }
-        __syncwarp();
-      } else {
-        __syncwarp();
-        kvm90_issue_q(i < my_tiles, p.q, s_rowq + st * 64 + 16 * warp, my_q_addr + st * Cfg::kQTileBytes, warp,
-                      lane);
-      }
+      __syncwarp();
+      kvm90_issue_q(i < my_tiles, p.q, s_rowq + st * 64 + 16 * warp, my_q_addr + st * Cfg::kQTileBytes, warp,
+                    lane);
     };
     static_assert(S == 2, "one gather in flight: tile i + 1's, issued while tile i's S = Q K^T runs");
     prefetch(0);
@@ -405,12 +361,6 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       const int st = i % S;
       cp_async_wait<0>();        // this thread's copies of tile i (and of the K/V block) landed
       fence_proxy_async_smem();  // generic-proxy writes -> wgmma operand reads
-      if constexpr (kTmaGather) {
-        if (i < my_tiles) {  // the warp's rows of tile i, brought by its lane 0's TMA
-          mbar_wait_loop(qbar0 + 8 * st, (qphase >> st) & 1u);
-          qphase ^= 1u << st;
-        }
-      }
       // Round 0 waits for the whole CTA: the K / V block was copied (native) or dequantized (fp8 /
       // NVFP4) by all 512 threads, and a warpgroup's S = Q K^T and P V read all of it, so a
       // warpgroup barrier let a warpgroup's first MMA read K rows another warpgroup's copies had
@@ -502,16 +452,16 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
 // CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it.
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv, false, false>,
+  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv, false>,
                                               KvMajorSm90Config<kKv>::kThreads,
                                               size_t(KvMajorSm90Config<kKv>::kSmemBytes));
 }
 
-template <typename Elem, KvKind kKv, bool kTmaStore, bool kTmaGather>
+template <typename Elem, KvKind kKv, bool kTmaStore>
 void launch_kv_major_sm90_variant(const KvMajorSm90Args& ka, int grid, cudaStream_t stream) {
   constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
   constexpr int threads = KvMajorSm90Config<kKv>::kThreads;
-  auto* kernel = kv_major_sm90_kernel<Elem, kKv, kTmaStore, kTmaGather>;
+  auto* kernel = kv_major_sm90_kernel<Elem, kKv, kTmaStore>;
   flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));
   kernel<<<grid, threads, smem, stream>>>(ka);
 }
@@ -529,26 +479,20 @@ bool encode_partial_map(CUtensorMap& map, const KvMajorArgs& args, uint32_t box_
                                                  strides, box);
 }
 
-// tma_store / tma_gather (KvMajorPlan): the kTmaStore / kTmaGather kernels with the partials' /
-// q's tensor map (NotSupported where the driver rejects it; the planner sends only G % 16 == 0,
-// q strides of whole 16 bytes and rows within TMA's 32-bit coordinates).
+// tma_store (KvMajorPlan): the kTmaStore kernel with the partials' tensor map (NotSupported where
+// the driver rejects it; the planner sends only G % 16 == 0 and partial rows within TMA's 32-bit
+// coordinates).
 template <typename Elem, KvKind kKv>
-void launch_kv_major_sm90(const KvMajorArgs& args, int grid, bool tma_store, bool tma_gather, cudaStream_t stream) {
+void launch_kv_major_sm90(const KvMajorArgs& args, int grid, bool tma_store, cudaStream_t stream) {
   KvMajorSm90Args ka{};
   ka.a = args;
-  const SparseAttnParams& p = args.p;
   if (tma_store) {
     MSA_CHECK_SUPPORTED(encode_partial_map<Elem>(ka.o_map, args, 16),
                         "kv_major_store=tma: the driver rejected the partials' TMA descriptor");
+    launch_kv_major_sm90_variant<Elem, kKv, true>(ka, grid, stream);
+  } else {
+    launch_kv_major_sm90_variant<Elem, kKv, false>(ka, grid, stream);
   }
-  if (tma_gather) {
-    MSA_CHECK_SUPPORTED(flashmsa::cuda::encode_q_map_sw128(ka.q_map, flashmsa::cuda::tma_dtype_16<Elem>(), p, 16, 1),
-                        "kv_major_gather=tma: the driver rejected q's TMA descriptor");
-  }
-  if (tma_store && tma_gather) launch_kv_major_sm90_variant<Elem, kKv, true, true>(ka, grid, stream);
-  else if (tma_store) launch_kv_major_sm90_variant<Elem, kKv, true, false>(ka, grid, stream);
-  else if (tma_gather) launch_kv_major_sm90_variant<Elem, kKv, false, true>(ka, grid, stream);
-  else launch_kv_major_sm90_variant<Elem, kKv, false, false>(ka, grid, stream);
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -42,10 +42,9 @@ int kv_major_ctas_per_sm(int q_stages);
 
 // The same schedule on sm_90a with warpgroup MMAs (kv_major_sm90.cuh): persistent grid of 128-thread
 // CTAs; ctas_per_sm is 0 where it cannot run (not sm_90, or no sm_90a image). tma_store: the
-// partials written by TMA stores (plan option kv_major_store=tma; G a multiple of 16); tma_gather:
-// each warp's query rows brought by TMA (kv_major_gather=tma; G a multiple of 16).
+// partials written by TMA stores (plan option kv_major_store; G a multiple of 16).
 template <typename Elem, KvKind kKv>
-void launch_kv_major_sm90(const KvMajorArgs& args, int grid, bool tma_store, bool tma_gather, cudaStream_t stream);
+void launch_kv_major_sm90(const KvMajorArgs& args, int grid, bool tma_store, cudaStream_t stream);
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm();
 // The same in FlashAttention-3's structure (kv_major_tma_sm90.cuh; plan option kv_major_kernel=tma):

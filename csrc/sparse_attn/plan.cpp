@@ -291,28 +291,15 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
       ctas = facts.kv_major_tma_ctas;
     }
   }
-  // kv_major_store=tma / kv_major_gather=tma: a warp's 16 rows must be 16 consecutive heads of one
-  // token and so 16 consecutive partial rows (G % 16 == 0); the stores need the partial rows, the
-  // gathers q's strides and rows, within TMA's limits.
-  if (o.kv_major_store == KvMajorStore::kTma || o.kv_major_gather == KvMajorGather::kTma) {
-    const char* why = plan.kernel != KvMajorKernel::kWgmma ? "not the warpgroup-MMA KV-major kernel"
-                      : group % 16 != 0                    ? "G not a multiple of 16"
-                                                           : nullptr;
+  // The partials by TMA stores (kv_major_store auto or tma): a warp's 16 rows must be 16 consecutive
+  // heads of one token and so 16 consecutive partial rows (G % 16 == 0), within TMA's coordinates.
+  if (o.kv_major_store != KvMajorStore::kStg) {
     const int64_t part_rows = int64_t(p.num_kv_heads) * plan.chunk_rows * p.topk * group;
-    if (o.kv_major_store == KvMajorStore::kTma) {
-      plan.store_fallback = why != nullptr                     ? why
-                            : part_rows >= (int64_t(1) << 31) ? "partial rows beyond TMA's 32-bit coordinates"
+    plan.store_fallback = plan.kernel != KvMajorKernel::kWgmma ? "not the warpgroup-MMA KV-major kernel"
+                          : group % 16 != 0                    ? "G not a multiple of 16"
+                          : part_rows >= (int64_t(1) << 31)    ? "partial rows beyond TMA's 32-bit coordinates"
                                                                : nullptr;
-      plan.tma_store = plan.store_fallback == nullptr;
-    }
-    if (o.kv_major_gather == KvMajorGather::kTma) {
-      plan.gather_fallback = why != nullptr ? why
-                             : (p.q_stride_head * 2) % 16 != 0 || (p.q_stride_token * 2) % 16 != 0
-                                 ? "q strides that are not multiples of 16 bytes"
-                             : p.total_q >= (int64_t(1) << 31) ? "q rows beyond TMA's 32-bit coordinates"
-                                                               : nullptr;
-      plan.tma_gather = plan.gather_fallback == nullptr;
-    }
+    plan.tma_store = plan.store_fallback == nullptr;
   }
 
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages

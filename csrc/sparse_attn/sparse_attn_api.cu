@@ -324,7 +324,7 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
       MSA_CHECK(plan.kernel != KvMajorKernel::kTma, "msa_sparse_attention: kv_major_kernel=tma planned for "
                 "K/V it does not load (planner bug)");
       if (plan.kernel == KvMajorKernel::kWgmma) {
-        launch_kv_major_sm90<Elem, kKv>(a, plan.grid, plan.tma_store, plan.tma_gather, stream);
+        launch_kv_major_sm90<Elem, kKv>(a, plan.grid, plan.tma_store, stream);
       } else {
         launch_kv_major<Elem, kKv>(a, plan.grid, stream);
       }

@@ -40,13 +40,11 @@ enum class PrefillSchedule : int32_t { kAuto = 0, kQueryMajor = 1, kKvMajor = 2,
 // named).
 enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kTma = 3 };
 // How the sm_90a warpgroup-MMA KV-major kernel (kv_major_kernel=wgmma, auto's on Hopper) writes its
-// partials: stg (each lane's 16-byte stores, auto's) or tma (two TMA stores per warp and tile from
-// the staged tile; G a multiple of 16, else stg; built, not yet run on a GPU).
+// partials: stg (each lane's 16-byte stores) or tma (two TMA stores per warp and tile from the
+// staged tile; G a multiple of 16, else stg). auto: tma where it applies (H200 at 73ba220: KV-major
+// alone 32K random 7824 vs 8335 us, the default schedule 7664 vs 7887, clustered 3777 vs 3986),
+// else stg.
 enum class KvMajorStore : int32_t { kAuto = 0, kStg = 1, kTma = 2 };
-// How that kernel gathers its query rows: cp_async (each lane's copies from the row table, auto's)
-// or tma (two TMA boxes per warp and tile; G a multiple of 16, else cp_async; built, not yet run on
-// a GPU).
-enum class KvMajorGather : int32_t { kAuto = 0, kCpAsync = 1, kTma = 2 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
 // scatter before each launch group's attention kernel), once (the lists of every launch group
 // built by one count, one scan of a CTA per group and one scatter before the first group; each
@@ -245,11 +243,6 @@ enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // above kProxyDecodeTmaProducerMaxUnits units (H200 at 9738086, B64 / 32K: 55.8 vs 73.4 us),
 // producer for NVFP4 K up to them and for fp8 K (72.3 vs 71.4 us).
 enum class DecodeTmaIssue : int32_t { kAuto = 0, kProducer = 1, kWarps = 2 };
-// How the sm_90a prefill kernel's converting threads address their fp8 K tasks (option
-// sm90_convert): per_task (each task's row and swizzled chunks from its index, auto's) or strided
-// (in closed form: a thread's tasks step by fixed offsets; the same tasks, loads and stores; built,
-// not yet run on a GPU). Other K dtypes ignore it. docs/design/proxy_score.md#sm90-strided.
-enum class Sm90Convert : int32_t { kAuto = 0, kPerTask = 1, kStrided = 2 };
 // Units (requests x kv heads x key blocks) up to which auto keeps the producer warp for NVFP4 K:
 // a CTA then holds <= ~16 blocks (132 SMs), and one warp resolving and issuing them beats each
 // consumer warp doing its own. H200 at ca714f5 (us, producer vs warps): sq 1 B1 / 32K (256 units)
@@ -352,7 +345,6 @@ struct SparseAttnOptions {
   KvMajorLists lists = KvMajorLists::kAuto;
   TileBound tile_bound = TileBound::kAuto;
   KvMajorStore kv_major_store = KvMajorStore::kAuto;
-  KvMajorGather kv_major_gather = KvMajorGather::kAuto;
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -401,9 +393,6 @@ struct ProxyScoreOptions {
   // decode_tma_issue=auto|producer|warps: the TMA kernel's loads by a producer warp or by each
   // consumer warp for itself (DecodeTmaIssue); calls not on the TMA kernel ignore it.
   DecodeTmaIssue decode_tma_issue = DecodeTmaIssue::kAuto;
-  // sm90_convert=auto|per_task|strided: the sm_90a kernel's converters (Sm90Convert); calls it
-  // does not convert for ignore it.
-  Sm90Convert sm90_convert = Sm90Convert::kAuto;
 };
 // net_pivot: a warp per row (32 lanes), whose lanes' score minima give a pivot at or above the
 // row's target-th best key; the keys at or below it (at most 32, else the networks run) are sorted
@@ -449,7 +438,7 @@ struct TopkSelectOptions {
 // else 2.0; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive (auto:
 // adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed),
-// kv_major_store=auto|stg|tma (auto: stg), kv_major_gather=auto|cp_async|tma (auto: cp_async).
+// kv_major_store=auto|stg|tma (auto: tma where G % 16 == 0 on the sm_90a kernel, else stg).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -460,7 +449,7 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only|
 // sm90_f16|sm90_f16_only,
 // decode_ctas=auto|2|3|4, decode_ilp=auto|1|2, nvfp4_cvt=auto|byte|word, decode_fp8=auto|cta|tma,
-// decode_nvfp4=auto|cta|tma, decode_tma_issue=auto|producer|warps, sm90_convert=auto|per_task|strided.
+// decode_nvfp4=auto|cta|tma, decode_tma_issue=auto|producer|warps.
 ProxyScoreOptions parse_proxy_score_options(std::string_view text);
 // Options of msa_topk_select:
 // kernel=auto|warp_per_row|warp_per_row_8|radix|by_size|radix_1buf|warp_split|radix_uniform|
@@ -557,14 +546,11 @@ struct QueryMajorPlan {
 struct KvMajorPlan {
   KvMajorKernel kernel = KvMajorKernel::kMmaSync;  // resolved: kMmaSync, kWgmma or kTma
   const char* tma_fallback = nullptr;  // kv_major_kernel=tma that took another kernel: why (static)
-  // kv_major_store=tma on the kWgmma kernel (G % 16 == 0, partial rows within TMA's coordinates);
-  // store_fallback: why kv_major_store=tma did not apply (static), nullptr otherwise.
+  // The partials by TMA stores (kv_major_store auto or tma) on the kWgmma kernel (G % 16 == 0,
+  // partial rows within TMA's coordinates); store_fallback: why they did not apply (static),
+  // nullptr where they did or where stg was asked for.
   bool tma_store = false;
   const char* store_fallback = nullptr;
-  // kv_major_gather=tma on the kWgmma kernel (G % 16 == 0, q strides of whole 16 bytes, q rows
-  // within TMA's coordinates); gather_fallback: why it did not apply (static).
-  bool tma_gather = false;
-  const char* gather_fallback = nullptr;
   int q_stages = 0;
   int chunk_rows = 0;  // rows of a launch group (equal groups, the last one may be shorter)
   int groups = 0;      // launch groups: ceil(total_q / chunk_rows)
@@ -618,8 +604,6 @@ struct ProxyScorePlan {
   // bit-identical, 32K prefill 874.8 vs 1067.6 us): the same for fp8 K with bf16 q, Q in registers,
   // and NVFP4 q and K as value x 2^-7 (auto's since the H200 run at 5cb9800: 1352.0 vs 1805.0 us).
   bool f16_mma = false;
-  // The sm_90a kernel's converting threads with closed-form fp8 task addresses (sm90_convert=strided).
-  bool strided_convert = false;
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.
   int decode_ctas = 2;
@@ -698,7 +682,6 @@ const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(KvMajorStore v);
-const char* option_name(KvMajorGather v);
 const char* option_name(TileKernel v);
 const char* option_name(TileBound v);
 const char* option_name(KvMajorLists v);
@@ -710,7 +693,6 @@ const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
 const char* option_name(DecodeTma v);
 const char* option_name(DecodeTmaIssue v);
-const char* option_name(Sm90Convert v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeWgmmaFp8 v);

@@ -818,14 +818,12 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # tile_bound = auto | fixed | adaptive (adaptive: the tiles' bound and, where the tiles within 3.0
 # hold nearly all pairs of the call, 3.0; decided on the device; auto: adaptive with the TMA tiles'
 # default bound from 8193 to 40960 query rows, else fixed), kv_major_store = auto | stg | tma (the
-# Hopper KV-major kernel's partials by each lane's stores, auto's, or by TMA stores; tma needs G a
-# multiple of 16, else stg, and the plan text says so), kv_major_gather = auto | cp_async | tma
-# (its query rows by each lane's cp.async, auto's, or two TMA boxes per warp; the same fallback);
+# Hopper KV-major kernel's partials by each lane's stores or by TMA stores; tma needs G a multiple
+# of 16, else stg, and the plan text says so; auto: tma where it applies);
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K) |
 # sm90_f16 | sm90_f16_only (the sm_90a kernel with fp16 MMAs for fp8 K and bf16 q, and for NVFP4
-# q and K), sm90_convert = auto | per_task | strided (that kernel's fp8-K converters addressing
-# their tasks per task, auto's, or in closed form),
+# q and K),
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the
 # decode kernel's NVFP4 conversion; auto: word), decode_fp8 / decode_nvfp4 = auto | cta | tma (fp8 /
 # NVFP4 K on the decode kernel's CTA-wide cp.async ring or, sm_90a, its TMA-fed warp-per-block

@@ -155,15 +155,18 @@ TEST(PlanDescribe, KvMajorTmaStoreRunsOrSaysWhyNot) {
   const SparseAttnParams g4 = attn(4096, 16, 4);
   const std::string f = describe(plan_sparse_attention(g4, o, hopper()), g4, o);
   EXPECT_TRUE(has(f, "; kv_major_store=stg (kv_major_store=tma falls back: G not a multiple of 16)")) << f;
-  const std::string a = describe(plan_sparse_attention(m3, SparseAttnOptions{}, hopper()), m3, SparseAttnOptions{});
-  EXPECT_FALSE(has(a, "kv_major_store")) << a;
-  SparseAttnOptions g = o;
-  g.kv_major_gather = KvMajorGather::kTma;
-  const std::string t = describe(plan_sparse_attention(m3, g, hopper()), m3, g);
-  EXPECT_TRUE(has(t, "; kv_major_gather=tma (forced by the option: each warp's query rows by two TMA boxes per "
-                     "tile); ")) << t;
-  const std::string tf = describe(plan_sparse_attention(g4, g, hopper()), g4, g);
-  EXPECT_TRUE(has(tf, "; kv_major_gather=cp_async (kv_major_gather=tma falls back: G not a multiple of 16)")) << tf;
+  const SparseAttnOptions a;
+  const std::string t = describe(plan_sparse_attention(m3, a, hopper()), m3, a);
+  EXPECT_TRUE(has(t, "; kv_major_store=tma (auto: the partials by two TMA stores per warp and tile)")) << t;
+  const std::string ag4 = describe(plan_sparse_attention(g4, a, hopper()), g4, a);
+  EXPECT_TRUE(has(ag4, "; kv_major_store=stg (auto: G not a multiple of 16)")) << ag4;
+  SparseAttnOptions s = o;
+  s.kv_major_store = KvMajorStore::kStg;
+  const std::string n = describe(plan_sparse_attention(m3, s, hopper()), m3, s);
+  EXPECT_FALSE(has(n, "kv_major_store")) << n;
+  // Off the warpgroup-MMA kernel, auto says nothing about the stores.
+  const std::string amp = describe(plan_sparse_attention(m3, a, ampere()), m3, a);
+  EXPECT_FALSE(has(amp, "kv_major_store")) << amp;
 }
 
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {

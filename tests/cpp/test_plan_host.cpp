@@ -265,76 +265,55 @@ TEST(PlanKernel, TmaOnlyWhenNamedAndFallsBackSayingWhy) {
   fallback(empty, f, KvMajorKernel::kWgmma, "no K/V rows");
 }
 
-// The KV-major schedule with a kernel and the TMA store / gather options.
-SparseAttnOptions kvm_opts(KvMajorKernel k, KvMajorStore st = KvMajorStore::kAuto,
-                           KvMajorGather g = KvMajorGather::kAuto) {
+// The KV-major schedule with a kernel and a kv_major_store option.
+SparseAttnOptions kvm_opts(KvMajorKernel k, KvMajorStore st = KvMajorStore::kAuto) {
   SparseAttnOptions o = opts(PrefillSchedule::kKvMajor, k);
   o.kv_major_store = st;
-  o.kv_major_gather = g;
   return o;
 }
 
-// A KV-major TMA option (kv_major_store or kv_major_gather = tma, built by `named` for a kernel):
-// it runs on the warpgroup-MMA kernel with G a multiple of 16 (the plan's flag `on`), and elsewhere
-// falls back saying why (`why`).
-void expect_kv_major_tma_option(bool KvMajorPlan::*on, const char* KvMajorPlan::*why,
-                                const std::function<SparseAttnOptions(KvMajorKernel)>& named) {
-  const KvMajorPlan a = plan_sparse_attention(attn(4096), opts(PrefillSchedule::kKvMajor), hopper()).kvm;
-  EXPECT_FALSE(a.*on);
-  EXPECT_EQ(a.*why, nullptr);
-  const KvMajorPlan t = plan_sparse_attention(attn(4096), named(KvMajorKernel::kAuto), hopper()).kvm;
-  EXPECT_EQ(t.kernel, KvMajorKernel::kWgmma);
-  EXPECT_TRUE(t.*on);
-  EXPECT_EQ(t.*why, nullptr);
-  // The same lists, items and grid as without it.
-  EXPECT_EQ(t.chunk_rows, a.chunk_rows);
-  EXPECT_EQ(t.max_items, a.max_items);
-  EXPECT_EQ(t.grid, a.grid);
-  for (int hq : {128, 256, 512})  // G = 32, 64, 128
-    EXPECT_TRUE(plan_sparse_attention(attn(4096, hq, 4), named(KvMajorKernel::kAuto), hopper()).kvm.*on) << hq;
-  auto fallback = [&](const SparseAttnParams& p, const SparseAttnDeviceFacts& f, KvMajorKernel k,
-                      const std::string& because) {
-    const KvMajorPlan x = plan_sparse_attention(p, named(k), f).kvm;
-    EXPECT_FALSE(x.*on);
-    ASSERT_NE(x.*why, nullptr);
-    EXPECT_NE(std::string(x.*why).find(because), std::string::npos) << x.*why;
-  };
-  fallback(attn(4096, 16, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 4
-  fallback(attn(4096, 32, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 8
-  fallback(attn(4096, 96, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 24
-  fallback(attn(4096), hopper(), KvMajorKernel::kMmaSync, "warpgroup-MMA");
-  fallback(attn(4096), ampere(), KvMajorKernel::kAuto, "warpgroup-MMA");
-}
-
-// kv_major_store=tma: only where named (auto stays stg: not yet measured on the GPU).
-TEST(PlanKernel, TmaStoreOnlyWhenNamedAndFallsBackSayingWhy) {
-  expect_kv_major_tma_option(&KvMajorPlan::tma_store, &KvMajorPlan::store_fallback,
-                             [](KvMajorKernel k) { return kvm_opts(k, KvMajorStore::kTma); });
-  EXPECT_FALSE(plan_sparse_attention(attn(4096), kvm_opts(KvMajorKernel::kAuto, KvMajorStore::kStg), hopper())
-                   .kvm.tma_store);
+// The partials by TMA stores: auto's and tma's on the warpgroup-MMA kernel with G a multiple of 16
+// (H200 at 73ba220: faster), elsewhere stg with the reason; stg only where named.
+TEST(PlanKernel, TmaStoreWhereItAppliesElseFallsBackSayingWhy) {
+  const KvMajorPlan stg =
+      plan_sparse_attention(attn(4096), kvm_opts(KvMajorKernel::kAuto, KvMajorStore::kStg), hopper()).kvm;
+  EXPECT_FALSE(stg.tma_store);
+  EXPECT_EQ(stg.store_fallback, nullptr);
+  for (KvMajorStore st : {KvMajorStore::kAuto, KvMajorStore::kTma}) {
+    SCOPED_TRACE(option_name(st));
+    auto named = [&](KvMajorKernel k) { return kvm_opts(k, st); };
+    const KvMajorPlan t = plan_sparse_attention(attn(4096), named(KvMajorKernel::kAuto), hopper()).kvm;
+    EXPECT_EQ(t.kernel, KvMajorKernel::kWgmma);
+    EXPECT_TRUE(t.tma_store);
+    EXPECT_EQ(t.store_fallback, nullptr);
+    // The same lists, items and grid as with stg.
+    EXPECT_EQ(t.chunk_rows, stg.chunk_rows);
+    EXPECT_EQ(t.max_items, stg.max_items);
+    EXPECT_EQ(t.grid, stg.grid);
+    for (int hq : {128, 256, 512})  // G = 32, 64, 128
+      EXPECT_TRUE(plan_sparse_attention(attn(4096, hq, 4), named(KvMajorKernel::kAuto), hopper()).kvm.tma_store)
+          << hq;
+    auto fallback = [&](const SparseAttnParams& p, const SparseAttnDeviceFacts& f, KvMajorKernel k,
+                        const std::string& because) {
+      const KvMajorPlan x = plan_sparse_attention(p, named(k), f).kvm;
+      EXPECT_FALSE(x.tma_store);
+      ASSERT_NE(x.store_fallback, nullptr);
+      EXPECT_NE(std::string(x.store_fallback).find(because), std::string::npos) << x.store_fallback;
+    };
+    fallback(attn(4096, 16, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 4
+    fallback(attn(4096, 32, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 8
+    fallback(attn(4096, 96, 4), hopper(), KvMajorKernel::kAuto, "multiple of 16");  // G = 24
+    fallback(attn(4096), hopper(), KvMajorKernel::kMmaSync, "warpgroup-MMA");
+    fallback(attn(4096), ampere(), KvMajorKernel::kAuto, "warpgroup-MMA");
+  }
+  // The default options (auto schedule, auto store) on Hopper: TMA stores.
+  EXPECT_TRUE(plan_sparse_attention(attn(4096), SparseAttnOptions{}, hopper()).kvm.tma_store);
   EXPECT_EQ(parse_sparse_attention_options("kv_major_store=tma").kv_major_store, KvMajorStore::kTma);
   EXPECT_EQ(parse_sparse_attention_options("kv_major_store=stg").kv_major_store, KvMajorStore::kStg);
   expect_error([] { parse_sparse_attention_options("kv_major_store=ldg"); }, ErrorKind::kValue, "kv_major_store");
-}
-
-// kv_major_gather=tma: likewise, where q's strides suit TMA too; independent of kv_major_store.
-TEST(PlanKernel, TmaGatherOnlyWhenNamedAndFallsBackSayingWhy) {
-  auto gather = [](KvMajorKernel k) { return kvm_opts(k, KvMajorStore::kAuto, KvMajorGather::kTma); };
-  expect_kv_major_tma_option(&KvMajorPlan::tma_gather, &KvMajorPlan::gather_fallback, gather);
-  EXPECT_FALSE(plan_sparse_attention(attn(4096), gather(KvMajorKernel::kAuto), hopper()).kvm.tma_store);
-  SparseAttnParams strided = attn(4096);
-  strided.q_stride_head = 132;  // 264 bytes
-  const KvMajorPlan s = plan_sparse_attention(strided, gather(KvMajorKernel::kAuto), hopper()).kvm;
-  EXPECT_FALSE(s.tma_gather);
-  ASSERT_NE(s.gather_fallback, nullptr);
-  EXPECT_NE(std::string(s.gather_fallback).find("16 bytes"), std::string::npos) << s.gather_fallback;
-  const KvMajorPlan b =
-      plan_sparse_attention(attn(4096), kvm_opts(KvMajorKernel::kAuto, KvMajorStore::kTma, KvMajorGather::kTma),
-                            hopper()).kvm;
-  EXPECT_TRUE(b.tma_gather && b.tma_store);  // both named: both run
-  EXPECT_EQ(parse_sparse_attention_options("kv_major_gather=tma").kv_major_gather, KvMajorGather::kTma);
-  EXPECT_EQ(parse_sparse_attention_options("kv_major_gather=cp_async").kv_major_gather, KvMajorGather::kCpAsync);
-  expect_error([] { parse_sparse_attention_options("kv_major_gather=ldg"); }, ErrorKind::kValue, "kv_major_gather");
+  // kv_major_gather (the query rows by TMA boxes) was removed: bit-identical and slower (73ba220).
+  expect_error([] { parse_sparse_attention_options("kv_major_gather=tma"); }, ErrorKind::kValue,
+               "unknown plan option 'kv_major_gather'");
 }
 
 // What the TMA KV-major kernel's launcher builds its maps on (kv_major_tma_sm90.cuh): the partial
@@ -1578,7 +1557,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, tile_bound, kv_major_store, kv_major_gather)");
+      "lists, tile_bound, kv_major_store)");
   bad("tile_bound=wide", "tile_bound must be auto, fixed or adaptive, got 'wide'");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
@@ -1587,7 +1566,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
   bad("tile_pingpong=on",
       "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-      "tile_kernel, lists, tile_bound, kv_major_store, kv_major_gather)");
+      "tile_kernel, lists, tile_bound, kv_major_store)");
   // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3; the
   // in-kernel combine=overlap with combine_ctas, measured at c21b988) were removed, and with them the
   // options: the combine is always the separate kernel.
@@ -1596,7 +1575,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"8", "32"})
     bad((std::string("combine_ctas=") + v).c_str(),
         "unknown plan option 'combine_ctas' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-        "tile_kernel, lists, tile_bound, kv_major_store, kv_major_gather)");
+        "tile_kernel, lists, tile_bound, kv_major_store)");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");
@@ -1613,7 +1592,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, "
-               "decode_nvfp4, decode_tma_issue, sm90_convert)");
+               "decode_nvfp4, decode_tma_issue)");
   expect_error([] { parse_proxy_score_options("decode_tma_issue=lane"); }, ErrorKind::kValue,
                "decode_tma_issue must be auto, producer or warps, got 'lane'");
   expect_error([] { parse_proxy_score_options("decode_nvfp4=wgmma"); }, ErrorKind::kValue,
@@ -1746,22 +1725,11 @@ ProxyScoreParams long_proxy_call(DType k) {
   return p;
 }
 
-// sm90_convert=strided: only where named, on the sm_90a kernel with fp8 K.
-TEST(PlanProxy, StridedConvertOnlyWhenNamedForFp8K) {
-  for (DType k : {DType::kBF16, DType::kFP8E4M3, DType::kNVFP4}) {
-    const ProxyScoreParams p = long_proxy_call(k);
-    EXPECT_FALSE(plan_proxy_score(p, {}).strided_convert) << dtype_name(k);
-    ProxyScoreOptions o;
-    o.sm90_convert = Sm90Convert::kStrided;
-    EXPECT_EQ(plan_proxy_score(p, o).strided_convert, k == DType::kFP8E4M3) << dtype_name(k);
-    o.kernel = ProxyKernel::kMmaSync;
-    EXPECT_FALSE(plan_proxy_score(p, o).strided_convert) << dtype_name(k);
-    o.kernel = ProxyKernel::kSm90SsOnly;
-    EXPECT_EQ(plan_proxy_score(p, o).strided_convert, k == DType::kFP8E4M3) << dtype_name(k);
-  }
-  EXPECT_EQ(parse_proxy_score_options("sm90_convert=strided").sm90_convert, Sm90Convert::kStrided);
-  EXPECT_EQ(parse_proxy_score_options("sm90_convert=per_task").sm90_convert, Sm90Convert::kPerTask);
-  expect_error([] { parse_proxy_score_options("sm90_convert=fast"); }, ErrorKind::kValue, "sm90_convert");
+// sm90_convert (per-task or closed-form fp8 converter addresses) was removed when the closed form
+// became the only one (faster on the H200 at 73ba220).
+TEST(PlanProxy, Sm90ConvertOptionIsGone) {
+  expect_error([] { parse_proxy_score_options("sm90_convert=strided"); }, ErrorKind::kValue,
+               "unknown plan option 'sm90_convert'");
 }
 
 // Prefill (long queries): auto takes the sm_90a kernel for 16-bit, fp8 and NVFP4 K alike (its

@@ -161,10 +161,8 @@ def test_profile_list_needs_no_device(capsys):
     ("hybrid tma", dict(schedule="hybrid", kv_major_kernel="tma")),
     ("hybrid waste=2.5", dict(schedule="hybrid", kv_major_kernel="auto", tile_max_waste="2.5")),
     ("tile_kernel=cp_async", dict(schedule="auto", kv_major_kernel="auto", tile_kernel="cp_async")),
-    ("kv_major kv_major_store=tma", dict(schedule="kv_major", kv_major_kernel="auto", kv_major_store="tma")),
-    ("kv_major_store=tma", dict(schedule="auto", kv_major_kernel="auto", kv_major_store="tma")),
-    ("kv_major_store=tma kv_major_gather=tma", dict(schedule="auto", kv_major_kernel="auto", kv_major_store="tma",
-                                                    kv_major_gather="tma")),
+    ("kv_major kv_major_store=stg", dict(schedule="kv_major", kv_major_kernel="auto", kv_major_store="stg")),
+    ("kv_major_store=stg", dict(schedule="auto", kv_major_kernel="auto", kv_major_store="stg")),
 ])
 def test_bench_schedule_labels_become_plan_options(label, options):
     assert bm.plan_options(label) == options

@@ -43,8 +43,7 @@ KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_
                                                         "hybrid_lists_once", "kv_major_per_group",
                                                         "hybrid_per_group", "kv_major_tma",
                                                         "hybrid_tma", "kv_major_tma_groups",
-                                                        "kv_major_tma_store", "hybrid_tma_store",
-                                                        "kv_major_tma_io", "hybrid_tma_io"])
+                                                        "kv_major_stg", "hybrid_stg"])
 
 
 def check_against_reference(case, seed, got, what):

@@ -379,24 +379,6 @@ def test_proxy_sm90_fp8_k(case: ProxyCase, variant: str):
     assert torch.equal(got.view(torch.int32), upcast.view(torch.int32)), case.name
 
 
-@needs_sm90
-@pytest.mark.parametrize("variant", SM90_CONVERTED_VARIANTS)
-@pytest.mark.parametrize("case", SM90_FP8_CASES + [
-    ProxyCase("sm90_strided_fp8_m3_16k", [16384], [16384], hq=4, hkv=1, k_dtype=FP8),
-], ids=str)
-def test_proxy_sm90_fp8_strided_convert_is_bitwise(case: ProxyCase, variant: str):
-    """sm90_convert=strided: the converting threads address their fp8 tasks in closed form, the
-    same tasks, loads and stores: bit for bit the default converters' scores, every fp8 case
-    (flat / paged, invalid pages, G 1 to 16, fp16 q), on bf16 and fp16 MMAs and Q in shared
-    memory; and run-to-run."""
-    inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
-    want = run_proxy(case, inputs, DEV, fill=0.0, kernel=variant)
-    got = run_proxy(case, inputs, DEV, fill=-7.0, kernel=variant, options=dict(sm90_convert="strided"))
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), case.name
-    again = run_proxy(case, inputs, DEV, kernel=variant, options=dict(sm90_convert="strided"))
-    assert torch.equal(got.view(torch.int32), again.view(torch.int32)), case.name
-
-
 SM90_FP4_CASES = [
     ProxyCase("sm90_fp4_m3_prefill", [2048], [2048], hq=4, hkv=1),
     ProxyCase("sm90_fp4_ragged", [1000, 37, 1, 700, 64, 65], [1000, 37, 1, 700, 64, 65], hq=4,

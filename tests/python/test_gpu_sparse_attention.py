@@ -62,8 +62,7 @@ BLOCK = 128
 # hybrid_per_group: the same groups with each group's lists built before it (lists=per_group).
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
              "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
-             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups", "kv_major_tma_store", "hybrid_tma_store",
-             "kv_major_tma_io", "hybrid_tma_io"]
+             "kv_major_tma", "hybrid_tma", "kv_major_tma_groups", "kv_major_stg", "hybrid_stg"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -90,17 +89,12 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_tma": dict(schedule="kv_major", kv_major_kernel="tma"),
         "hybrid_tma": dict(schedule="hybrid", kv_major_kernel="tma"),
         "kv_major_tma_groups": dict(schedule="kv_major", kv_major_kernel="tma", chunk_rows=64),
-        # The warpgroup-MMA KV-major kernel writing its partials by TMA stores (kv_major_store=tma;
-        # G not a multiple of 16, or off sm_90: the plan keeps the 16-byte stores), in launch
-        # groups of 64 rows, and under the tiles.
-        "kv_major_tma_store": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
-                                   kv_major_store="tma", chunk_rows=64),
-        "hybrid_tma_store": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_store="tma"),
-        # ... with its query rows gathered by TMA too (kv_major_gather=tma; the same fallback).
-        "kv_major_tma_io": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
-                                kv_major_store="tma", kv_major_gather="tma", chunk_rows=64),
-        "hybrid_tma_io": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_store="tma",
-                              kv_major_gather="tma"),
+        # The warpgroup-MMA KV-major kernel writing its partials by each lane's 16-byte stores
+        # (kv_major_store=stg; auto's TMA stores where G is a multiple of 16 since 73ba220's H200
+        # run), in launch groups of 64 rows, and under the tiles.
+        "kv_major_stg": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
+                             kv_major_store="stg", chunk_rows=64),
+        "hybrid_stg": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_store="stg"),
     }[schedule]
     return {**options, **extra}
 
@@ -467,8 +461,7 @@ def test_schedules_agree(selection):
         check_lse(got["query_major"][1], res[1], f"query_major vs {name} lse", atol=1e-3)
 
 
-@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "kv_major_tma", "kv_major_tma_store",
-                                    "kv_major_tma_io"])
+@pytest.mark.parametrize("kernel", ["kv_major", "kv_major_mma_sync", "kv_major_tma", "kv_major_stg"])
 @pytest.mark.parametrize("chunk_rows", [1, 37, 500])
 def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
     """A KV-major partial depends only on its (row, block): any split of the rows into launch
@@ -488,8 +481,8 @@ def test_kv_major_launch_groups_are_exact(chunk_rows, kernel):
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
 @pytest.mark.parametrize("hq,hkv", [(64, 4), (64, 2), (128, 1), (8, 2)])
 def test_kv_major_store_tma_is_bitwise(hq, hkv, kv, chunk_rows):
-    """kv_major_store=tma (and kv_major_gather=tma, alone and with it) stores the warpgroup-MMA kernel's staged partials by TMA instead of each
-    lane's 16-byte stores: the same bytes at the same rows, so bit-identical to stg, with G = 16,
+    """kv_major_store=tma (auto's where G % 16 == 0) stores the warpgroup-MMA kernel's staged
+    partials by TMA instead of each lane's 16-byte stores: the same bytes at the same rows, so bit-identical to stg, with G = 16,
     32 and 64 (where it runs), whole and in launch groups (partial tiles, padding warps), every
     K/V kind (fp8 / NVFP4 stage through the query area the stores read from), temperature LSE;
     G = 4 falls back to stg. Run twice: the same bits."""
@@ -503,10 +496,7 @@ def test_kv_major_store_tma_is_bitwise(hq, hkv, kv, chunk_rows):
     tma = run(pb, gpu=True, kv_major_store="tma", **base)
     assert bits_equal(stg, tma)
     assert bits_equal(tma, run(pb, gpu=True, kv_major_store="tma", **base))
-    # The query rows gathered by TMA (kv_major_gather=tma), with either store: the same query
-    # values in the same swizzled rows, so the same bits again.
-    assert bits_equal(stg, run(pb, gpu=True, kv_major_gather="tma", **base))
-    assert bits_equal(stg, run(pb, gpu=True, kv_major_store="tma", kv_major_gather="tma", **base))
+    assert bits_equal(tma, run(pb, gpu=True, **base))  # auto: the same kernel (or the same fallback)
     if chunk_rows is None:
         cpu = run(pb, gpu=False)
         check_lse(tma[1], cpu[1], "lse")

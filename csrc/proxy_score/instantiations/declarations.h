@@ -19,9 +19,9 @@ extern template bool launch_proxy_decode<__nv_bfloat16>(const ProxyScoreParams&,
 extern template bool launch_proxy_decode<__half>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t);
 
 // proxy_score_sm90_bf16.cu
-extern template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, bool, bool, cudaStream_t);
+extern template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t);
 
 // proxy_score_sm90_fp16.cu
-extern template bool sm90::launch<__half>(const ProxyScoreParams&, sm90::QSource, bool, bool, cudaStream_t);
+extern template bool sm90::launch<__half>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t);
 
 }  // namespace flashmsa::cuda::proxy

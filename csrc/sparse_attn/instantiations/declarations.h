@@ -12,7 +12,7 @@ extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 4>(const
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNative, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
-extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNative>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNative>(const KvMajorArgs&, int, bool, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNative>();
 extern template int kv_major_smem_bytes<__nv_bfloat16, KvKind::kNative>(int);
 extern template int kv_major_ctas_per_sm<__nv_bfloat16, KvKind::kNative>(int);
@@ -26,7 +26,7 @@ extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true>(co
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
-extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, bool, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>();
 extern template int kv_major_smem_bytes<__nv_bfloat16, KvKind::kFp8>(int);
 extern template int kv_major_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>(int);
@@ -40,7 +40,7 @@ extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true>(
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
-extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+extern template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, bool, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>();
 extern template int kv_major_smem_bytes<__nv_bfloat16, KvKind::kNvfp4>(int);
 extern template int kv_major_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>(int);
@@ -51,7 +51,7 @@ extern template void launch_query_major<__half, KvKind::kNative, 4>(const QueryM
 extern template void launch_query_major<__half, KvKind::kNative, 1, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNative, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kNative>(const KvMajorArgs&, int, cudaStream_t);
-extern template void launch_kv_major_sm90<__half, KvKind::kNative>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+extern template void launch_kv_major_sm90<__half, KvKind::kNative>(const KvMajorArgs&, int, bool, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNative>();
 extern template int kv_major_smem_bytes<__half, KvKind::kNative>(int);
 extern template int kv_major_ctas_per_sm<__half, KvKind::kNative>(int);
@@ -65,7 +65,7 @@ extern template void launch_query_major<__half, KvKind::kFp8, 1, true>(const Que
 extern template void launch_query_major<__half, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kFp8, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
-extern template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+extern template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int, bool, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kFp8>();
 extern template int kv_major_smem_bytes<__half, KvKind::kFp8>(int);
 extern template int kv_major_ctas_per_sm<__half, KvKind::kFp8>(int);
@@ -79,7 +79,7 @@ extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true>(const Q
 extern template void launch_query_major<__half, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, true>(const QueryMajorArgs&, cudaStream_t);
 extern template void launch_kv_major<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
-extern template void launch_kv_major_sm90<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+extern template void launch_kv_major_sm90<__half, KvKind::kNvfp4>(const KvMajorArgs&, int, bool, cudaStream_t);
 extern template int kv_major_sm90_ctas_per_sm<__half, KvKind::kNvfp4>();
 extern template int kv_major_smem_bytes<__half, KvKind::kNvfp4>(int);
 extern template int kv_major_ctas_per_sm<__half, KvKind::kNvfp4>(int);

@@ -15,7 +15,7 @@ template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true>(const Que
 template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
 template void launch_kv_major<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
-template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kFp8>(const KvMajorArgs&, int, bool, cudaStream_t);
 template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>();
 template int kv_major_smem_bytes<__nv_bfloat16, KvKind::kFp8>(int);
 template int kv_major_ctas_per_sm<__nv_bfloat16, KvKind::kFp8>(int);

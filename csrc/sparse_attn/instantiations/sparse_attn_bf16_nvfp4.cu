@@ -14,7 +14,7 @@ template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true>(const Q
 template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 template void launch_query_major<__nv_bfloat16, KvKind::kNvfp4, 1, true, false, true>(const QueryMajorArgs&, cudaStream_t);
 template void launch_kv_major<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, cudaStream_t);
-template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+template void launch_kv_major_sm90<__nv_bfloat16, KvKind::kNvfp4>(const KvMajorArgs&, int, bool, cudaStream_t);
 template int kv_major_sm90_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>();
 template int kv_major_smem_bytes<__nv_bfloat16, KvKind::kNvfp4>(int);
 template int kv_major_ctas_per_sm<__nv_bfloat16, KvKind::kNvfp4>(int);

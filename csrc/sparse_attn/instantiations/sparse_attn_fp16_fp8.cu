@@ -15,7 +15,7 @@ template void launch_query_major<__half, KvKind::kFp8, 1, true>(const QueryMajor
 template void launch_query_major<__half, KvKind::kFp8, 4, false, true>(const QueryMajorArgs&, cudaStream_t);
 template void launch_query_major<__half, KvKind::kFp8, 4, true, true>(const QueryMajorArgs&, cudaStream_t);
 template void launch_kv_major<__half, KvKind::kFp8>(const KvMajorArgs&, int, cudaStream_t);
-template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int, bool, bool, cudaStream_t);
+template void launch_kv_major_sm90<__half, KvKind::kFp8>(const KvMajorArgs&, int, bool, cudaStream_t);
 template int kv_major_sm90_ctas_per_sm<__half, KvKind::kFp8>();
 template int kv_major_smem_bytes<__half, KvKind::kFp8>(int);
 template int kv_major_ctas_per_sm<__half, KvKind::kFp8>(int);
