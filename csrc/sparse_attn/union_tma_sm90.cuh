@@ -203,7 +203,9 @@ __global__ void __launch_bounds__(UnionTmaConfig::kThreads, 1) union_tma_sm90_ke
   }
   setmaxnreg_inc<Cfg::kConsumerRegs>();
 
-  const int wg = tid >> 7, wtid = tid & 127;
+  // wg broadcast from lane 0: warp-uniform for the compiler too, so that the wgmma descriptors of
+  // this warpgroup's query tile live in uniform registers (as in kv_major_sm90.cuh).
+  const int wg = __shfl_sync(0xFFFFFFFFu, tid >> 7, 0), wtid = tid & 127;
   const int lane = tid & 31, warp = wtid >> 5, gid = lane >> 2, tig = lane & 3;
   const uint32_t sK_addr = smem_addr(smem + Cfg::kKOffset), sV_addr = smem_addr(smem + Cfg::kVOffset);
   const float sc = a.scale_log2, temp = p.lse_temperature;
