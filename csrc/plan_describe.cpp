@@ -112,6 +112,10 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       s << "; kv_major_store=stg (kv_major_store=tma falls back: " << kvm.store_fallback << ")";
     else if (kvm.store_fallback != nullptr && kvm.kernel == KvMajorKernel::kWgmma)
       s << "; kv_major_store=stg (auto: " << kvm.store_fallback << ")";
+    if (kvm.approx_math)
+      s << "; kv_major_math=approx (forced by the option: the row LSEs' log2 and 1 / l by MUFU approximations)";
+    else if (kvm.math_fallback != nullptr)
+      s << "; kv_major_math=precise (kv_major_math=approx falls back: " << kvm.math_fallback << ")";
     s << "; " << kvm.groups << " launch group(s) of "
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";

@@ -137,6 +137,20 @@ MSA_DEVICE float exp2_approx(float x) {
   return y;
 }
 
+// log2(x) and 1 / x by the special-function unit (MUFU.LG2 / MUFU.RCP): log2's absolute error at
+// most ~2^-22 over [0.5, 2] and relative ~2^-22 elsewhere, the reciprocal's at most 1 ulp; for
+// finite x > 0 (a row's softmax sum l >= 1).
+MSA_DEVICE float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+MSA_DEVICE float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- conversions -------------------------------------------------------------------------------
 
 // Two floats -> two packed MMA-dtype values (lo in the low 16 bits), round to nearest even.

@@ -126,6 +126,9 @@ struct KvMajorArgs {
   // slot of its union_done rows included); the combine of each group resets the slots it read to
   // -inf (CombineArgs::reset_lse), which keeps the invariant for the next group.
   bool lists_once;
+  // The sm_90a kernel's per-row log2 (partial LSEs) and 1 / l by MUFU approximations instead of the
+  // correctly rounded forms (plan option kv_major_math=approx; KvMajorPlan::approx_math).
+  bool approx_row_math;
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------

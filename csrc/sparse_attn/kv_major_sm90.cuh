@@ -401,18 +401,27 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
         wgmma_pv_issue<Elem>(o, pa, sV_addr, false);
       }
       const int64_t* slots = s_rowslot + st * 64;
+      // approx_row_math (kv_major_math=approx): the LSE's log2 and 1 / l by MUFU.LG2 / MUFU.RCP;
+      // else log2f and __frcp_rn, the correctly rounded 1 / l, as the division is (without its slow
+      // path). Both -inf / 0 for a row with nothing visible (l = 0).
+      const bool approx = args.approx_row_math;
       if (tig < 2) {  // every thread of a row holds its m and l: lane tig writes row h = tig
         const int64_t sl = slots[kvm90_row_index(16 * warp + gid + 8 * tig)];
         if (sl >= 0) {
-          const float m = tig ? m_row[1] : m_row[0];
-          args.part_lse[sl] = row_lse2(m, tig ? l_row[1] : l_row[0]);
-          if (args.part_lse_t != nullptr) args.part_lse_t[sl] = row_lse2_t(m, tig ? lt_row[1] : lt_row[0], temp);
+          const float m = tig ? m_row[1] : m_row[0], l = tig ? l_row[1] : l_row[0];
+          args.part_lse[sl] = !approx ? row_lse2(m, l) : l > 0.0f ? m + log2_approx(l) : neg_inf();
+          if (args.part_lse_t != nullptr) {
+            const float lt = tig ? lt_row[1] : lt_row[0];
+            args.part_lse_t[sl] = !approx ? row_lse2_t(m, lt, temp)
+                                  : lt > 0.0f ? temp * m + log2_approx(lt)
+                                              : neg_inf();
+          }
         }
       }
-      // __frcp_rn is the correctly rounded 1 / l, as the division is (without its slow path).
       float mul[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) mul[h] = l_row[h] > 0.0f ? __frcp_rn(l_row[h]) : 0.0f;
+      for (int h = 0; h < 2; ++h)
+        mul[h] = l_row[h] > 0.0f ? (approx ? rcp_approx(l_row[h]) : __frcp_rn(l_row[h])) : 0.0f;
       wgmma_wait<0>();
       wgmma_fence_operand(o);
       // Epilogue: warp w's 16 rows through its own rows of the consumed query buffer. The next

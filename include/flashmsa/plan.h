@@ -45,6 +45,11 @@ enum class KvMajorKernel : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2, kTma =
 // alone 32K random 7824 vs 8335 us, the default schedule 7664 vs 7887, clustered 3777 vs 3986),
 // else stg.
 enum class KvMajorStore : int32_t { kAuto = 0, kStg = 1, kTma = 2 };
+// That kernel's per-row math after the softmax: precise (the partial LSE's log2 by log2f, 1 / l
+// correctly rounded, auto's) or approx (both by the special-function unit: MUFU.LG2 / MUFU.RCP, at
+// most ~2^-22 relative / 1 ulp off; ~50 fewer instructions per warp and 64-row tile; the partials'
+// and LSEs' last bits differ from precise's, deterministic; built, not yet run on a GPU).
+enum class KvMajorMath : int32_t { kAuto = 0, kPrecise = 1, kApprox = 2 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
 // scatter before each launch group's attention kernel), once (the lists of every launch group
 // built by one count, one scan of a CTA per group and one scatter before the first group; each
@@ -345,6 +350,7 @@ struct SparseAttnOptions {
   KvMajorLists lists = KvMajorLists::kAuto;
   TileBound tile_bound = TileBound::kAuto;
   KvMajorStore kv_major_store = KvMajorStore::kAuto;
+  KvMajorMath kv_major_math = KvMajorMath::kAuto;
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -438,7 +444,8 @@ struct TopkSelectOptions {
 // else 2.0; 1.5 with cp.async),
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive (auto:
 // adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed),
-// kv_major_store=auto|stg|tma (auto: tma where G % 16 == 0 on the sm_90a kernel, else stg).
+// kv_major_store=auto|stg|tma (auto: tma where G % 16 == 0 on the sm_90a kernel, else stg),
+// kv_major_math=auto|precise|approx (auto: precise).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -551,6 +558,9 @@ struct KvMajorPlan {
   // nullptr where they did or where stg was asked for.
   bool tma_store = false;
   const char* store_fallback = nullptr;
+  // kv_major_math=approx on the kWgmma kernel; math_fallback: why a forced approx did not apply.
+  bool approx_math = false;
+  const char* math_fallback = nullptr;
   int q_stages = 0;
   int chunk_rows = 0;  // rows of a launch group (equal groups, the last one may be shorter)
   int groups = 0;      // launch groups: ceil(total_q / chunk_rows)
@@ -682,6 +692,7 @@ const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
 const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(KvMajorStore v);
+const char* option_name(KvMajorMath v);
 const char* option_name(TileKernel v);
 const char* option_name(TileBound v);
 const char* option_name(KvMajorLists v);

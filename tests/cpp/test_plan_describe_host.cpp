@@ -169,6 +169,22 @@ TEST(PlanDescribe, KvMajorTmaStoreRunsOrSaysWhyNot) {
   EXPECT_FALSE(has(amp, "kv_major_store")) << amp;
 }
 
+TEST(PlanDescribe, KvMajorApproxMathRunsOrSaysWhyNot) {
+  SparseAttnOptions o;
+  o.schedule = PrefillSchedule::kKvMajor;
+  o.kv_major_math = KvMajorMath::kApprox;
+  const SparseAttnParams m3 = attn(4096);
+  const std::string d = describe(plan_sparse_attention(m3, o, hopper()), m3, o);
+  EXPECT_TRUE(has(d, "; kv_major_math=approx (forced by the option: the row LSEs' log2 and 1 / l by MUFU "
+                     "approximations)")) << d;
+  const std::string f = describe(plan_sparse_attention(m3, o, ampere()), m3, o);
+  EXPECT_TRUE(has(f, "; kv_major_math=precise (kv_major_math=approx falls back: not the warpgroup-MMA KV-major "
+                     "kernel)")) << f;
+  const SparseAttnOptions a;
+  const std::string t = describe(plan_sparse_attention(m3, a, hopper()), m3, a);
+  EXPECT_FALSE(has(t, "kv_major_math")) << t;
+}
+
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {
   const SparseAttnParams p = attn(4096);
   SparseAttnOptions o;

@@ -43,7 +43,8 @@ KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_
                                                         "hybrid_lists_once", "kv_major_per_group",
                                                         "hybrid_per_group", "kv_major_tma",
                                                         "hybrid_tma", "kv_major_tma_groups",
-                                                        "kv_major_stg", "hybrid_stg"])
+                                                        "kv_major_stg", "hybrid_stg",
+                                                        "kv_major_approx", "hybrid_approx"])
 
 
 def check_against_reference(case, seed, got, what):
