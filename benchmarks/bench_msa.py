@@ -870,10 +870,10 @@ class Bench:
             # [kv_major], and under auto's schedule.
             if (kv, layout) == ("bf16", "flat") and s in (8 * K, 32 * K):
                 schedules += ["kv_major kv_major_store=stg", "kv_major_store=stg"]
-            # Its row LSEs' log2 and 1 / l by MUFU approximations (plan option
-            # kv_major_math=approx, off by default): alone and under auto's schedule; also at 128K.
+            # Its row LSEs' log2 and 1 / l correctly rounded (plan option kv_major_math=precise;
+            # auto's are MUFU approximations since 0b8aa64's H200 run): alone and under auto's.
             if (kv, layout) == ("bf16", "flat"):
-                schedules += ["kv_major kv_major_math=approx", "kv_major_math=approx"]
+                schedules += ["kv_major kv_major_math=precise", "kv_major_math=precise"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]

@@ -534,8 +534,8 @@ class Smoke:
         KV-major kernel (kv_major_kernel=tma) alone, in small groups and under hybrid; the
         warpgroup-MMA KV-major kernel with its partials by each lane's stores (kv_major_store=stg;
         auto's are TMA stores where G % 16 == 0) alone, in small groups and under hybrid, and with
-        its row math by MUFU approximations (kv_major_math=approx) in small groups and under
-        hybrid; both
+        its row math correctly rounded (kv_major_math=precise) in small groups and under hybrid;
+        both
         KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
@@ -567,11 +567,12 @@ class Smoke:
                              ("kv_major/stg/chunk100", dict(schedule="kv_major", kv_major_store="stg",
                                                             chunk_rows=100)),
                              ("hybrid/stg", dict(schedule="hybrid", kv_major_store="stg")),
-                             # Its row LSEs' log2 and 1 / l by MUFU approximations
-                             # (kv_major_math=approx), in small launch groups and under the tiles.
-                             ("kv_major/approx/chunk100", dict(schedule="kv_major", kv_major_math="approx",
-                                                               chunk_rows=100)),
-                             ("hybrid/approx", dict(schedule="hybrid", kv_major_math="approx")),
+                             # Its row LSEs' log2 and 1 / l correctly rounded (kv_major_math=
+                             # precise; auto's are MUFU approximations), in small launch groups
+                             # and under the tiles.
+                             ("kv_major/precise/chunk100", dict(schedule="kv_major", kv_major_math="precise",
+                                                                chunk_rows=100)),
+                             ("hybrid/precise", dict(schedule="hybrid", kv_major_math="precise")),
                              # The tiles' bound decided on the device (tile_bound=adaptive) over
                              # a low forced bound, so that some tiles sit between the two.
                              ("hybrid/adaptive", dict(schedule="hybrid", tile_max_waste=1.25,

@@ -113,7 +113,10 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
     else if (kvm.store_fallback != nullptr && kvm.kernel == KvMajorKernel::kWgmma)
       s << "; kv_major_store=stg (auto: " << kvm.store_fallback << ")";
     if (kvm.approx_math)
-      s << "; kv_major_math=approx (forced by the option: the row LSEs' log2 and 1 / l by MUFU approximations)";
+      s << "; kv_major_math=approx (" << (o.kv_major_math == KvMajorMath::kApprox ? "forced by the option" : "auto")
+        << ": the row LSEs' log2 and 1 / l by MUFU approximations)";
+    else if (o.kv_major_math == KvMajorMath::kPrecise && kvm.kernel == KvMajorKernel::kWgmma)
+      s << "; kv_major_math=precise (forced by the option: the row LSEs' log2 and 1 / l correctly rounded)";
     else if (kvm.math_fallback != nullptr)
       s << "; kv_major_math=precise (kv_major_math=approx falls back: " << kvm.math_fallback << ")";
     s << "; " << kvm.groups << " launch group(s) of "

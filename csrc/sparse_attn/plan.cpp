@@ -301,10 +301,12 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
                                                                : nullptr;
     plan.tma_store = plan.store_fallback == nullptr;
   }
-  // The MUFU row math only where named (not yet measured on the GPU), on the kernel that has it.
-  if (o.kv_major_math == KvMajorMath::kApprox) {
-    plan.math_fallback = plan.kernel != KvMajorKernel::kWgmma ? "not the warpgroup-MMA KV-major kernel" : nullptr;
-    plan.approx_math = plan.math_fallback == nullptr;
+  // The MUFU row math on the kernel that has it: auto's and approx's (a forced approx elsewhere says
+  // why); precise only where named.
+  if (o.kv_major_math != KvMajorMath::kPrecise) {
+    plan.approx_math = plan.kernel == KvMajorKernel::kWgmma;
+    if (o.kv_major_math == KvMajorMath::kApprox && !plan.approx_math)
+      plan.math_fallback = "not the warpgroup-MMA KV-major kernel";
   }
 
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages

@@ -182,7 +182,14 @@ TEST(PlanDescribe, KvMajorApproxMathRunsOrSaysWhyNot) {
                      "kernel)")) << f;
   const SparseAttnOptions a;
   const std::string t = describe(plan_sparse_attention(m3, a, hopper()), m3, a);
-  EXPECT_FALSE(has(t, "kv_major_math")) << t;
+  EXPECT_TRUE(has(t, "; kv_major_math=approx (auto: the row LSEs' log2 and 1 / l by MUFU approximations)")) << t;
+  SparseAttnOptions p = o;
+  p.kv_major_math = KvMajorMath::kPrecise;
+  const std::string n = describe(plan_sparse_attention(m3, p, hopper()), m3, p);
+  EXPECT_TRUE(has(n, "; kv_major_math=precise (forced by the option: the row LSEs' log2 and 1 / l correctly "
+                     "rounded)")) << n;
+  const std::string amp = describe(plan_sparse_attention(m3, a, ampere()), m3, a);
+  EXPECT_FALSE(has(amp, "kv_major_math")) << amp;
 }
 
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {

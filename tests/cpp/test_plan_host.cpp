@@ -316,21 +316,27 @@ TEST(PlanKernel, TmaStoreWhereItAppliesElseFallsBackSayingWhy) {
                "unknown plan option 'kv_major_gather'");
 }
 
-// kv_major_math=approx: only where named, on the warpgroup-MMA kernel (any G, any K/V kind); a
-// forced approx elsewhere says why; the lists, items and grid unchanged.
-TEST(PlanKernel, ApproxRowMathOnlyWhenNamedOnTheWgmmaKernel) {
+// kv_major_math: approx (auto's and approx's) on the warpgroup-MMA kernel (any G, any K/V kind), a
+// forced approx elsewhere says why, precise only where named; the lists, items and grid unchanged.
+TEST(PlanKernel, ApproxRowMathOnTheWgmmaKernelUnlessPreciseIsNamed) {
   SparseAttnOptions o = kvm_opts(KvMajorKernel::kAuto);
+  o.kv_major_math = KvMajorMath::kPrecise;
   const KvMajorPlan a = plan_sparse_attention(attn(4096), o, hopper()).kvm;
   EXPECT_FALSE(a.approx_math);
   EXPECT_EQ(a.math_fallback, nullptr);
-  o.kv_major_math = KvMajorMath::kPrecise;
-  EXPECT_FALSE(plan_sparse_attention(attn(4096), o, hopper()).kvm.approx_math);
-  o.kv_major_math = KvMajorMath::kApprox;
-  for (int hq : {16, 64, 512}) {  // G = 4, 16, 128
-    const KvMajorPlan t = plan_sparse_attention(attn(4096, hq, 4), o, hopper()).kvm;
-    EXPECT_TRUE(t.approx_math) << hq;
-    EXPECT_EQ(t.math_fallback, nullptr) << hq;
+  for (KvMajorMath m : {KvMajorMath::kAuto, KvMajorMath::kApprox}) {
+    o.kv_major_math = m;
+    for (int hq : {16, 64, 512}) {  // G = 4, 16, 128
+      const KvMajorPlan t = plan_sparse_attention(attn(4096, hq, 4), o, hopper()).kvm;
+      EXPECT_TRUE(t.approx_math) << hq;
+      EXPECT_EQ(t.math_fallback, nullptr) << hq;
+    }
   }
+  EXPECT_TRUE(plan_sparse_attention(attn(4096), SparseAttnOptions{}, hopper()).kvm.approx_math);
+  // auto off the warpgroup-MMA kernel: precise, nothing to explain.
+  const KvMajorPlan m = plan_sparse_attention(attn(4096), kvm_opts(KvMajorKernel::kMmaSync), hopper()).kvm;
+  EXPECT_FALSE(m.approx_math);
+  EXPECT_EQ(m.math_fallback, nullptr);
   const KvMajorPlan t = plan_sparse_attention(attn(4096), o, hopper()).kvm;
   EXPECT_EQ(t.chunk_rows, a.chunk_rows);
   EXPECT_EQ(t.max_items, a.max_items);

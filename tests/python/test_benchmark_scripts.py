@@ -163,7 +163,7 @@ def test_profile_list_needs_no_device(capsys):
     ("tile_kernel=cp_async", dict(schedule="auto", kv_major_kernel="auto", tile_kernel="cp_async")),
     ("kv_major kv_major_store=stg", dict(schedule="kv_major", kv_major_kernel="auto", kv_major_store="stg")),
     ("kv_major_store=stg", dict(schedule="auto", kv_major_kernel="auto", kv_major_store="stg")),
-    ("kv_major_math=approx", dict(schedule="auto", kv_major_kernel="auto", kv_major_math="approx")),
+    ("kv_major_math=precise", dict(schedule="auto", kv_major_kernel="auto", kv_major_math="precise")),
 ])
 def test_bench_schedule_labels_become_plan_options(label, options):
     assert bm.plan_options(label) == options
