@@ -107,7 +107,8 @@ def _q_offset(rng: random.Random, seqs_k: List[int]):
 # the decode kernel's fp16 MMAs for fp8 K; sm90_f16, drawn last in gen_proxy: the sm_90a kernel's) and its fp8 (decode_fp8) and NVFP4 (nvfp4_cvt, decode_nvfp4) variants,
 # the top-k and decode kernel (regs: fp8 and NVFP4 K/V in registers; wgmma: MTP union items on
 # sm_90a; wgmma_fp8, drawn last: LATE_DECODE_OPTIONS), decode's MTP items, the prefill schedule (auto is query-major at these sizes), the
-# KV-major kernel (tma: the sm_90a TMA kernel), chunk_rows (launch groups) and tile_max_waste (8:
+# KV-major kernel (tma: the sm_90a TMA kernel) and the sm_90a KV-major kernel's non-default
+# partial stores (stg) and row math (precise), chunk_rows (launch groups) and tile_max_waste (8:
 # every tile whose union fits goes to the shared-selection tile kernel). A forced kernel that cannot
 # run a case falls back as the plan says.
 SCHEDULES = {
@@ -119,6 +120,8 @@ SCHEDULES = {
     "hybrid_waste8": {"schedule": "hybrid", "kv_major_kernel": "auto", "tile_max_waste": "8"},
     "kv_major_tma": {"schedule": "kv_major", "kv_major_kernel": "tma"},
     "hybrid_tma": {"schedule": "hybrid", "kv_major_kernel": "tma"},
+    "kv_major_stg": {"schedule": "kv_major", "kv_major_kernel": "auto", "kv_major_store": "stg"},
+    "kv_major_precise": {"schedule": "kv_major", "kv_major_kernel": "auto", "kv_major_math": "precise"},
 }
 
 
