@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "flashmsa/plan.h"
 #include "flashmsa/plan_describe.h"
@@ -144,29 +145,31 @@ TEST(PlanDescribe, KvMajorTmaRunsOrSaysWhyNot) {
   EXPECT_TRUE(has(q, "kv_major_kernel=wgmma (kv_major_kernel=tma falls back: fp8 / NVFP4 K/V")) << q;
 }
 
+// The plan text of a KV-major call.
+std::string kvm_text(const SparseAttnParams& p, const SparseAttnOptions& o, const SparseAttnDeviceFacts& f) {
+  return describe(plan_sparse_attention(p, o, f), p, o);
+}
+
 TEST(PlanDescribe, KvMajorTmaStoreRunsOrSaysWhyNot) {
   SparseAttnOptions o;
   o.schedule = PrefillSchedule::kKvMajor;
   o.kv_major_store = KvMajorStore::kTma;
-  const SparseAttnParams m3 = attn(4096);
-  const std::string d = describe(plan_sparse_attention(m3, o, hopper()), m3, o);
-  EXPECT_TRUE(has(d, "query-tile stage(s)); kv_major_store=tma (forced by the option: the partials by two TMA "
-                     "stores per warp and tile); ")) << d;
-  const SparseAttnParams g4 = attn(4096, 16, 4);
-  const std::string f = describe(plan_sparse_attention(g4, o, hopper()), g4, o);
-  EXPECT_TRUE(has(f, "; kv_major_store=stg (kv_major_store=tma falls back: G not a multiple of 16)")) << f;
+  const SparseAttnParams m3 = attn(4096), g4 = attn(4096, 16, 4);
   const SparseAttnOptions a;
-  const std::string t = describe(plan_sparse_attention(m3, a, hopper()), m3, a);
-  EXPECT_TRUE(has(t, "; kv_major_store=tma (auto: the partials by two TMA stores per warp and tile)")) << t;
-  const std::string ag4 = describe(plan_sparse_attention(g4, a, hopper()), g4, a);
-  EXPECT_TRUE(has(ag4, "; kv_major_store=stg (auto: G not a multiple of 16)")) << ag4;
   SparseAttnOptions s = o;
   s.kv_major_store = KvMajorStore::kStg;
-  const std::string n = describe(plan_sparse_attention(m3, s, hopper()), m3, s);
-  EXPECT_FALSE(has(n, "kv_major_store")) << n;
-  // Off the warpgroup-MMA kernel, auto says nothing about the stores.
-  const std::string amp = describe(plan_sparse_attention(m3, a, ampere()), m3, a);
-  EXPECT_FALSE(has(amp, "kv_major_store")) << amp;
+  const std::pair<std::string, std::string> cases[] = {
+      {kvm_text(m3, o, hopper()),
+       "query-tile stage(s)); kv_major_store=tma (forced by the option: the partials by two TMA stores per warp "
+       "and tile); "},
+      {kvm_text(g4, o, hopper()), "; kv_major_store=stg (kv_major_store=tma falls back: G not a multiple of 16)"},
+      {kvm_text(m3, a, hopper()), "; kv_major_store=tma (auto: the partials by two TMA stores per warp and tile)"},
+      {kvm_text(g4, a, hopper()), "; kv_major_store=stg (auto: G not a multiple of 16)"},
+  };
+  for (const auto& [text, part] : cases) EXPECT_TRUE(has(text, part)) << text;
+  // stg named, or auto off the warpgroup-MMA kernel: nothing said about the stores.
+  for (const std::string& text : {kvm_text(m3, s, hopper()), kvm_text(m3, a, ampere())})
+    EXPECT_FALSE(has(text, "kv_major_store")) << text;
 }
 
 TEST(PlanDescribe, KvMajorApproxMathRunsOrSaysWhyNot) {
@@ -174,21 +177,20 @@ TEST(PlanDescribe, KvMajorApproxMathRunsOrSaysWhyNot) {
   o.schedule = PrefillSchedule::kKvMajor;
   o.kv_major_math = KvMajorMath::kApprox;
   const SparseAttnParams m3 = attn(4096);
-  const std::string d = describe(plan_sparse_attention(m3, o, hopper()), m3, o);
-  EXPECT_TRUE(has(d, "; kv_major_math=approx (forced by the option: the row LSEs' log2 and 1 / l by MUFU "
-                     "approximations)")) << d;
-  const std::string f = describe(plan_sparse_attention(m3, o, ampere()), m3, o);
-  EXPECT_TRUE(has(f, "; kv_major_math=precise (kv_major_math=approx falls back: not the warpgroup-MMA KV-major "
-                     "kernel)")) << f;
   const SparseAttnOptions a;
-  const std::string t = describe(plan_sparse_attention(m3, a, hopper()), m3, a);
-  EXPECT_TRUE(has(t, "; kv_major_math=approx (auto: the row LSEs' log2 and 1 / l by MUFU approximations)")) << t;
   SparseAttnOptions p = o;
   p.kv_major_math = KvMajorMath::kPrecise;
-  const std::string n = describe(plan_sparse_attention(m3, p, hopper()), m3, p);
-  EXPECT_TRUE(has(n, "; kv_major_math=precise (forced by the option: the row LSEs' log2 and 1 / l correctly "
-                     "rounded)")) << n;
-  const std::string amp = describe(plan_sparse_attention(m3, a, ampere()), m3, a);
+  const std::pair<std::string, std::string> cases[] = {
+      {kvm_text(m3, o, hopper()),
+       "; kv_major_math=approx (forced by the option: the row LSEs' log2 and 1 / l by MUFU approximations)"},
+      {kvm_text(m3, o, ampere()),
+       "; kv_major_math=precise (kv_major_math=approx falls back: not the warpgroup-MMA KV-major kernel)"},
+      {kvm_text(m3, a, hopper()), "; kv_major_math=approx (auto: the row LSEs' log2 and 1 / l by MUFU approximations)"},
+      {kvm_text(m3, p, hopper()),
+       "; kv_major_math=precise (forced by the option: the row LSEs' log2 and 1 / l correctly rounded)"},
+  };
+  for (const auto& [text, part] : cases) EXPECT_TRUE(has(text, part)) << text;
+  const std::string amp = kvm_text(m3, a, ampere());
   EXPECT_FALSE(has(amp, "kv_major_math")) << amp;
 }
 
