@@ -874,10 +874,6 @@ class Bench:
             # auto's are MUFU approximations since 0b8aa64's H200 run): alone and under auto's.
             if (kv, layout) == ("bf16", "flat"):
                 schedules += ["kv_major kv_major_math=precise", "kv_major_math=precise"]
-            # The next item's K / V and first query rows asked of L2 (plan option
-            # kv_major_prefetch=l2, off by default): alone and under auto's schedule.
-            if (kv, layout) == ("bf16", "flat"):
-                schedules += ["kv_major kv_major_prefetch=l2", "kv_major_prefetch=l2"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]

@@ -534,8 +534,8 @@ class Smoke:
         KV-major kernel (kv_major_kernel=tma) alone, in small groups and under hybrid; the
         warpgroup-MMA KV-major kernel with its partials by each lane's stores (kv_major_store=stg;
         auto's are TMA stores where G % 16 == 0) alone, in small groups and under hybrid, and with
-        its row math correctly rounded (kv_major_math=precise) and with the next item's bytes asked
-        of L2 (kv_major_prefetch=l2), each in small groups and under hybrid; both
+        its row math correctly rounded (kv_major_math=precise) in small groups and under hybrid;
+        both
         KV-major schedules once more with
         small launch groups (chunk_rows=100; under hybrid the combine of every group skips the rows
         of done tiles; the default lists=once: initcheck sees the first group's -inf marks and the
@@ -573,11 +573,6 @@ class Smoke:
                              ("kv_major/precise/chunk100", dict(schedule="kv_major", kv_major_math="precise",
                                                                 chunk_rows=100)),
                              ("hybrid/precise", dict(schedule="hybrid", kv_major_math="precise")),
-                             # The next item's K / V and first query rows asked of L2
-                             # (kv_major_prefetch=l2), in small launch groups and under the tiles.
-                             ("kv_major/l2/chunk100", dict(schedule="kv_major", kv_major_prefetch="l2",
-                                                           chunk_rows=100)),
-                             ("hybrid/l2", dict(schedule="hybrid", kv_major_prefetch="l2")),
                              # The tiles' bound decided on the device (tile_bound=adaptive) over
                              # a low forced bound, so that some tiles sit between the two.
                              ("hybrid/adaptive", dict(schedule="hybrid", tile_max_waste=1.25,

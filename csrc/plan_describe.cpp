@@ -119,11 +119,6 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       s << "; kv_major_math=precise (forced by the option: the row LSEs' log2 and 1 / l correctly rounded)";
     else if (kvm.math_fallback != nullptr)
       s << "; kv_major_math=precise (kv_major_math=approx falls back: " << kvm.math_fallback << ")";
-    if (kvm.l2_prefetch)
-      s << "; kv_major_prefetch=l2 (forced by the option: the next item's K / V and first query rows asked "
-           "of L2 during the current item's last round)";
-    else if (kvm.prefetch_fallback != nullptr)
-      s << "; kv_major_prefetch=off (kv_major_prefetch=l2 falls back: " << kvm.prefetch_fallback << ")";
     s << "; " << kvm.groups << " launch group(s) of "
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";

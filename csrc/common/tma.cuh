@@ -14,9 +14,6 @@
 //   tma_store_2d         one box of shared memory -> a rank-2 tensor map (cp.async.bulk.tensor,
 //                        bulk-group completion); the writers of the box fence their generic writes
 //                        (fence_proxy_async_smem) and pass a barrier before the one thread issues it
-//   bulk_prefetch_l2     asks L2 for `bytes` contiguous bytes of global memory (cp.async.bulk.prefetch:
-//                        no destination, no completion to wait for; address and `bytes` multiples of
-//                        16)
 //   bulk_commit / bulk_wait_read<N> / bulk_wait<N>   the issuing thread's bulk groups: commit, wait
 //                        until at most N groups still read their shared memory (the source may be
 //                        overwritten), wait until at most N are incomplete (global writes done)
@@ -34,10 +31,6 @@ namespace flashmsa {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 MSA_DEVICE void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-MSA_DEVICE void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
-               : "memory");
 }
 MSA_DEVICE void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");

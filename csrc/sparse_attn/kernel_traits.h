@@ -129,9 +129,6 @@ struct KvMajorArgs {
   // The sm_90a kernel's per-row log2 (partial LSEs) and 1 / l by MUFU approximations instead of the
   // correctly rounded forms (plan option kv_major_math=approx; KvMajorPlan::approx_math).
   bool approx_row_math;
-  // The sm_90a kernel asks L2 for the next item's K / V rows and first query rows while it finishes
-  // the current item (plan option kv_major_prefetch=l2; KvMajorPlan::l2_prefetch).
-  bool l2_prefetch;
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------

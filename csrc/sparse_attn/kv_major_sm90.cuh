@@ -191,52 +191,6 @@ MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)
   __syncwarp();
 }
 
-// Takes item k + 1 (lane 0: the work counter and the record, into its shared-memory slot) during
-// item k's last round. With l2_prefetch (plan option kv_major_prefetch=l2) the warp then asks L2
-// for what item k + 1's start copies: its K and V rows (lane L rows L + 32 j) and the query rows of
-// its first four tiles (one per warpgroup; rows L + 32 j of the item, each row's 256 bytes), by
-// bulk prefetches that hold no register or shared memory and complete on nothing, so that those
-// copies, issued after the closing barrier of item k, hit L2 instead of HBM. NVFP4 block scales are
-// left to the copies (8 bytes a row).
-template <typename Elem, KvKind kKv>
-MSA_DEVICE void kvm90_fetch_next(const KvMajorArgs& args, KvmItemState* slot, int lane) {
-  KvmItemState nx{};
-  if (lane == 0) {
-    nx = fetch_kvm_item(args);
-    *slot = nx;
-  }
-  if (!args.l2_prefetch) return;
-  const int kh = __shfl_sync(0xFFFFFFFFu, nx.kh, 0);
-  if (kh < 0) return;
-  const int b = __shfl_sync(0xFFFFFFFFu, nx.b, 0), j0 = __shfl_sync(0xFFFFFFFFu, nx.j0, 0);
-  const int n_valid = min(kBlockSize, __shfl_sync(0xFFFFFFFFu, nx.seqlen_k, 0) - j0);
-  const SparseAttnParams& p = args.p;
-  constexpr int kElemBytes = kKv == KvKind::kNative ? int(sizeof(Elem)) : 1;  // kv_offset's unit
-  constexpr uint32_t kRowBytes = kRawRowBytes<kKv>;  // 256 for the 16-bit dtypes
-  const KVTensor* kv[2] = {&p.k, &p.v};
-#pragma unroll
-  for (int t = 0; t < 2; ++t) {
-    const uint8_t* base = static_cast<const uint8_t*>(kv[t]->data) + kv_offset(*kv[t], p.kv, b, kh, j0) * kElemBytes;
-    const int64_t stride = kv[t]->stride_token * kElemBytes;
-#pragma unroll
-    for (int j = 0; j < kBlockSize / 32; ++j) {
-      const int r = lane + 32 * j;
-      if (r < n_valid) bulk_prefetch_l2(base + r * stride, kRowBytes);
-    }
-  }
-  const int start = __shfl_sync(0xFFFFFFFFu, nx.start, 0), rows = __shfl_sync(0xFFFFFFFFu, nx.rows, 0);
-  const int64_t q_item = __shfl_sync(0xFFFFFFFFu, nx.q_item, 0);
-  const int G = args.group;
-  const uint8_t* q = static_cast<const uint8_t*>(p.q);
-#pragma unroll 1
-  for (int i = lane; i < min(rows, 4 * 64); i += 32) {
-    const int e = i / G, g = i - e * G;
-    const int rel = int(args.list[start + e] >> 6);
-    bulk_prefetch_l2(q + (q_item + int64_t(rel) * p.q_stride_token + int64_t(g) * p.q_stride_head) * int64_t(sizeof(Elem)),
-                     256u);
-  }
-}
-
 // Softmax of both fragment rows of this thread (h = 0: row gid, 1: gid + 8 of the warp's 16) over
 // one block's 128 keys, in base 2: x = S * sc (sc = scale * log2 e), m = max x over the visible
 // keys (taken on the raw scores: max x = |sc| * max(S * sign(sc)), 0 when nothing is visible),
@@ -322,7 +276,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
   check_smem_base(smem);
 
   // Item records alternate: item k + 1's is fetched into the slot item k does not use during item
-  // k's last round, by the first warp's lane 0 of the last warpgroup (the one with the fewest tiles:
+  // k's last round, by the first thread of the last warpgroup (the one with the fewest tiles:
   // often idle then) after its round's MMAs or gathers are issued, so that the work counter's and
   // the record's round trips no longer start each item; the barrier that ends item k publishes
   // it. The write is a CTA barrier (the one after item k's list load) away from item k - 1's last
@@ -418,11 +372,10 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       } else {
         warpgroup_barrier(wg);
       }
-      // The first warp of the last warpgroup (warp-uniform: kvm90_fetch_next shuffles).
-      const bool fetch_next = i == rounds - 1 && (tid >> 5) == (Cfg::kThreads - 128) / 32;
+      const bool fetch_next = i == rounds - 1 && tid == Cfg::kThreads - 128;
       if (i >= my_tiles) {  // idle round: the next (empty) prefetch
         prefetch(i + 1);
-        if (fetch_next) kvm90_fetch_next<Elem, kKv>(args, s_state + (parity ^ 1), lane);
+        if (fetch_next) s_state[parity ^ 1] = fetch_kvm_item(args);
         continue;
       }
 
@@ -430,7 +383,7 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       float s[16][4];
       wgmma_qk_issue<Elem>(s, my_q_addr + st * Cfg::kQTileBytes, sK_addr);
       prefetch(i + 1);
-      if (fetch_next) kvm90_fetch_next<Elem, kKv>(args, s_state + (parity ^ 1), lane);
+      if (fetch_next) s_state[parity ^ 1] = fetch_kvm_item(args);
       wgmma_wait<0>();
       wgmma_fence_operand(s);
 

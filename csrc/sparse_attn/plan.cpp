@@ -308,11 +308,6 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     if (o.kv_major_math == KvMajorMath::kApprox && !plan.approx_math)
       plan.math_fallback = "not the warpgroup-MMA KV-major kernel";
   }
-  // The next item's L2 prefetch only where named (not yet measured on the GPU), on that kernel.
-  if (o.kv_major_prefetch == KvMajorPrefetch::kL2) {
-    plan.l2_prefetch = plan.kernel == KvMajorKernel::kWgmma;
-    if (!plan.l2_prefetch) plan.prefetch_fallback = "not the warpgroup-MMA KV-major kernel";
-  }
 
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages
                                      : p.kv.total_k / kBlockSize + p.batch + 1;

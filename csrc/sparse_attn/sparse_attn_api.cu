@@ -289,7 +289,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   const bool once = plan.lists == KvMajorLists::kOnce;
   a.lists_once = once;
   a.approx_row_math = plan.approx_math;
-  a.l2_prefetch = plan.l2_prefetch;
   a.list_groups = once ? plan.groups : 1;
   CombineArgs c = combine_args(p, p.topk, plan.chunk_rows, a.part_o,
                                compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16, a.part_lse, a.part_lse_t);

@@ -51,10 +51,6 @@ enum class KvMajorStore : int32_t { kAuto = 0, kStg = 1, kTma = 2 };
 // LSEs' last bits differ from precise's, deterministic). auto: approx on that kernel (H200 at
 // 0b8aa64: the default schedule at 32K random 7482 vs 7747 us, KV-major alone 7626 vs 7808).
 enum class KvMajorMath : int32_t { kAuto = 0, kPrecise = 1, kApprox = 2 };
-// That kernel's item start: off, or l2 (the warp that takes the next item in the current item's
-// last round asks L2 for its K / V rows and first query rows by bulk prefetches, so that the next
-// item's copies hit L2; the same results bit for bit; built, not yet run on a GPU). auto: off.
-enum class KvMajorPrefetch : int32_t { kAuto = 0, kOff = 1, kL2 = 2 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
 // scatter before each launch group's attention kernel), once (the lists of every launch group
 // built by one count, one scan of a CTA per group and one scatter before the first group; each
@@ -356,7 +352,6 @@ struct SparseAttnOptions {
   TileBound tile_bound = TileBound::kAuto;
   KvMajorStore kv_major_store = KvMajorStore::kAuto;
   KvMajorMath kv_major_math = KvMajorMath::kAuto;
-  KvMajorPrefetch kv_major_prefetch = KvMajorPrefetch::kAuto;
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -451,8 +446,7 @@ struct TopkSelectOptions {
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive (auto:
 // adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed),
 // kv_major_store=auto|stg|tma (auto: tma where G % 16 == 0 on the sm_90a kernel, else stg),
-// kv_major_math=auto|precise|approx (auto: approx on the sm_90a kernel),
-// kv_major_prefetch=auto|off|l2 (auto: off).
+// kv_major_math=auto|precise|approx (auto: approx on the sm_90a kernel).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -569,9 +563,6 @@ struct KvMajorPlan {
   // forced approx did not apply.
   bool approx_math = false;
   const char* math_fallback = nullptr;
-  // kv_major_prefetch=l2 on the kWgmma kernel; prefetch_fallback: why a forced l2 did not apply.
-  bool l2_prefetch = false;
-  const char* prefetch_fallback = nullptr;
   int q_stages = 0;
   int chunk_rows = 0;  // rows of a launch group (equal groups, the last one may be shorter)
   int groups = 0;      // launch groups: ceil(total_q / chunk_rows)
@@ -704,7 +695,6 @@ const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(KvMajorStore v);
 const char* option_name(KvMajorMath v);
-const char* option_name(KvMajorPrefetch v);
 const char* option_name(TileKernel v);
 const char* option_name(TileBound v);
 const char* option_name(KvMajorLists v);

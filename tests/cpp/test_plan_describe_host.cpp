@@ -194,23 +194,6 @@ TEST(PlanDescribe, KvMajorApproxMathRunsOrSaysWhyNot) {
   EXPECT_FALSE(has(amp, "kv_major_math")) << amp;
 }
 
-TEST(PlanDescribe, KvMajorL2PrefetchRunsOrSaysWhyNot) {
-  SparseAttnOptions o;
-  o.schedule = PrefillSchedule::kKvMajor;
-  o.kv_major_prefetch = KvMajorPrefetch::kL2;
-  const SparseAttnParams m3 = attn(4096);
-  const std::pair<std::string, std::string> cases[] = {
-      {kvm_text(m3, o, hopper()),
-       "; kv_major_prefetch=l2 (forced by the option: the next item's K / V and first query rows asked of L2 "
-       "during the current item's last round)"},
-      {kvm_text(m3, o, ampere()),
-       "; kv_major_prefetch=off (kv_major_prefetch=l2 falls back: not the warpgroup-MMA KV-major kernel)"},
-  };
-  for (const auto& [text, part] : cases) EXPECT_TRUE(has(text, part)) << text;
-  const std::string a = kvm_text(m3, SparseAttnOptions{}, hopper());
-  EXPECT_FALSE(has(a, "kv_major_prefetch")) << a;
-}
-
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {
   const SparseAttnParams p = attn(4096);
   SparseAttnOptions o;

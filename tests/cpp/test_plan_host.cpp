@@ -356,41 +356,6 @@ TEST(PlanKernel, ApproxRowMathOnTheWgmmaKernelUnlessPreciseIsNamed) {
                "kv_major_math must be auto, precise or approx, got 'fast'");
 }
 
-// kv_major_prefetch=l2: only where named, on the warpgroup-MMA kernel (any G, any K/V kind); a
-// forced l2 elsewhere says why; the lists, items and grid unchanged.
-TEST(PlanKernel, L2PrefetchOnlyWhenNamedOnTheWgmmaKernel) {
-  SparseAttnOptions o = kvm_opts(KvMajorKernel::kAuto);
-  const KvMajorPlan a = plan_sparse_attention(attn(4096), o, hopper()).kvm;
-  EXPECT_FALSE(a.l2_prefetch);
-  EXPECT_EQ(a.prefetch_fallback, nullptr);
-  o.kv_major_prefetch = KvMajorPrefetch::kOff;
-  EXPECT_FALSE(plan_sparse_attention(attn(4096), o, hopper()).kvm.l2_prefetch);
-  o.kv_major_prefetch = KvMajorPrefetch::kL2;
-  for (int hq : {16, 64, 512}) {  // G = 4, 16, 128
-    const KvMajorPlan t = plan_sparse_attention(attn(4096, hq, 4), o, hopper()).kvm;
-    EXPECT_TRUE(t.l2_prefetch) << hq;
-    EXPECT_EQ(t.prefetch_fallback, nullptr) << hq;
-  }
-  const KvMajorPlan t = plan_sparse_attention(attn(4096), o, hopper()).kvm;
-  EXPECT_EQ(t.chunk_rows, a.chunk_rows);
-  EXPECT_EQ(t.max_items, a.max_items);
-  EXPECT_EQ(t.grid, a.grid);
-  EXPECT_TRUE(t.tma_store && t.approx_math);  // independent of the other options
-  for (const auto& [facts, kernel] :
-       {std::pair{hopper(), KvMajorKernel::kMmaSync}, std::pair{ampere(), KvMajorKernel::kAuto}}) {
-    SparseAttnOptions f = kvm_opts(kernel);
-    f.kv_major_prefetch = KvMajorPrefetch::kL2;
-    const KvMajorPlan x = plan_sparse_attention(attn(4096), f, facts).kvm;
-    EXPECT_FALSE(x.l2_prefetch);
-    ASSERT_NE(x.prefetch_fallback, nullptr);
-    EXPECT_NE(std::string(x.prefetch_fallback).find("warpgroup-MMA"), std::string::npos) << x.prefetch_fallback;
-  }
-  EXPECT_EQ(parse_sparse_attention_options("kv_major_prefetch=l2").kv_major_prefetch, KvMajorPrefetch::kL2);
-  EXPECT_EQ(parse_sparse_attention_options("kv_major_prefetch=off").kv_major_prefetch, KvMajorPrefetch::kOff);
-  expect_error([] { parse_sparse_attention_options("kv_major_prefetch=smem"); }, ErrorKind::kValue,
-               "kv_major_prefetch must be auto, off or l2, got 'smem'");
-}
-
 // What the TMA KV-major kernel's launcher builds its maps on (kv_major_tma_sm90.cuh): the partial
 // store map is (128 dims, Hkv x chunk_rows x topk x G rows) of the compute dtype with a 256-byte
 // row stride on kvm.part_o, and an item's list fits the kernel's 256-token shared-memory slot. So
@@ -1632,7 +1597,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, tile_bound, kv_major_store, kv_major_math, kv_major_prefetch)");
+      "lists, tile_bound, kv_major_store, kv_major_math)");
   bad("tile_bound=wide", "tile_bound must be auto, fixed or adaptive, got 'wide'");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
@@ -1641,7 +1606,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
   bad("tile_pingpong=on",
       "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-      "tile_kernel, lists, tile_bound, kv_major_store, kv_major_math, kv_major_prefetch)");
+      "tile_kernel, lists, tile_bound, kv_major_store, kv_major_math)");
   // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3; the
   // in-kernel combine=overlap with combine_ctas, measured at c21b988) were removed, and with them the
   // options: the combine is always the separate kernel.
@@ -1650,7 +1615,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"8", "32"})
     bad((std::string("combine_ctas=") + v).c_str(),
         "unknown plan option 'combine_ctas' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-        "tile_kernel, lists, tile_bound, kv_major_store, kv_major_math, kv_major_prefetch)");
+        "tile_kernel, lists, tile_bound, kv_major_store, kv_major_math)");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");

@@ -164,7 +164,6 @@ def test_profile_list_needs_no_device(capsys):
     ("kv_major kv_major_store=stg", dict(schedule="kv_major", kv_major_kernel="auto", kv_major_store="stg")),
     ("kv_major_store=stg", dict(schedule="auto", kv_major_kernel="auto", kv_major_store="stg")),
     ("kv_major_math=precise", dict(schedule="auto", kv_major_kernel="auto", kv_major_math="precise")),
-    ("kv_major_prefetch=l2", dict(schedule="auto", kv_major_kernel="auto", kv_major_prefetch="l2")),
 ])
 def test_bench_schedule_labels_become_plan_options(label, options):
     assert bm.plan_options(label) == options

@@ -63,7 +63,7 @@ BLOCK = 128
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
              "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
              "kv_major_tma", "hybrid_tma", "kv_major_tma_groups", "kv_major_stg", "hybrid_stg",
-             "kv_major_precise", "hybrid_precise", "kv_major_l2", "hybrid_l2"]
+             "kv_major_precise", "hybrid_precise"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -101,10 +101,6 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_precise": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
                                  kv_major_math="precise", chunk_rows=64),
         "hybrid_precise": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_math="precise"),
-        # ... asking L2 for the next item's K / V and first query rows (kv_major_prefetch=l2).
-        "kv_major_l2": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
-                            kv_major_prefetch="l2", chunk_rows=64),
-        "hybrid_l2": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_prefetch="l2"),
     }[schedule]
     return {**options, **extra}
 
@@ -515,25 +511,6 @@ def test_kv_major_approx_math_is_close_to_precise(hq, hkv, kv):
         check_lse(approx[i], precise[i], what, atol=1e-5)
     check_lse(approx[1], cpu[1], "lse")
     check_lse(approx[2], cpu[2], "lse_t")
-
-
-@pytest.mark.parametrize("chunk_rows", [None, 37])
-@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
-@pytest.mark.parametrize("hq,hkv", [(64, 4), (8, 2), (24, 1)])
-def test_kv_major_l2_prefetch_is_bitwise(hq, hkv, kv, chunk_rows):
-    """kv_major_prefetch=l2 only asks L2 for bytes the next item's copies then read: bit-identical to
-    the default in every K/V kind, G (16, 4, 24: a tile's rows of several tokens), whole and in
-    launch groups, and run to run."""
-    case = GpuCase("l2_prefetch", [300, 5, 211], [2000, 100, 3000], hq, hkv, causal=True,
-                   temperature=0.9, selection="causal_local", kv=kv)
-    pb = build(case, seed=17)
-    base = dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto")
-    if chunk_rows is not None:
-        base["chunk_rows"] = chunk_rows
-    off = run(pb, gpu=True, **base)
-    l2 = run(pb, gpu=True, kv_major_prefetch="l2", **base)
-    assert bits_equal(off, l2)
-    assert bits_equal(l2, run(pb, gpu=True, kv_major_prefetch="l2", **base))
 
 
 @pytest.mark.parametrize("chunk_rows", [None, 1, 37])
