@@ -15,9 +15,10 @@
 //   O = P V            8 x wgmma m64n128k16, P from registers (the S accumulator layout is the A
 //                      fragment layout), V read MN-major from the same tile layout as K; while they
 //                      run, the row LSEs are written
-// and writes O / l (compute dtype: stmatrix into the consumed query buffer, then predicated
-// 16-byte stores) as the row's partial, exactly where kv_major.cuh writes it; the combine kernel
-// is shared. Each output row depends only on its own query row and the block (row-independent
+// and writes O / l (compute dtype: stmatrix into the consumed query buffer, then two TMA stores
+// per warp where G % 16 == 0, kv_major_store=tma, else predicated 16-byte stores) as the row's
+// partial, exactly where kv_major.cuh writes it, with its LSE (log2 and 1 / l by MUFU
+// approximations unless kv_major_math=precise); the combine kernel is shared. Each output row depends only on its own query row and the block (row-independent
 // MMAs, a softmax reduced in a fixed order), so results are deterministic (D11).
 #pragma once
 
