@@ -74,7 +74,7 @@ def gpu_check(out, **env):
     env; returns the finished process."""
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("SANITIZER_", "SKIP_", "FAKE_SAN_", "PYTEST_", "FUZZ", "PROFILE"))
-            and k not in ("OUT", "FULL", "TIME_BUDGET", "COMPUTE_SANITIZER")}
+            and k not in ("OUT", "FULL", "TIME_BUDGET", "COMPUTE_SANITIZER", "SWEEP", "TIMELINE")}
     base.update(SKIP_BUILD="1", SKIP_CTEST="1", OUT=str(out), FLASHMSA_COMMIT="test")
     base.update(env)
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=base, cwd=ROOT,

@@ -1,0 +1,63 @@
+"""scripts/gpu_check.sh's stages step (SWEEP / TIMELINE: benchmarks/profile_stages.py) without a GPU:
+a wrapper PYTHON prints what profile_stages.py prints and hands every other command to the real
+interpreter, so that the arguments the step passes, its log and its summary line (the sweep totals,
+a failing run failing the step) are tested here. ``cpu_only`` (conftest.py)."""
+
+import shutil
+import sys
+
+import pytest
+
+from conftest import cpu_only
+from test_gpu_check_sanitizer import gpu_check
+
+pytestmark = [cpu_only,
+              pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                 reason="needs bash and coreutils' timeout")]
+
+WRAPPER = r"""#!/usr/bin/env bash
+if [[ $1 == benchmarks/profile_stages.py ]]; then
+  echo "wrapper args: $*"
+  echo "## [sweep] pipeline 131072 tile_max_waste=default: 44.100 ms of kernels per call"
+  echo "     20.000 ms  x33   kv_major_sm90_kernel"
+  echo "## [sweep] pipeline 131072 kv_major_math=precise: 45.200 ms of kernels per call"
+  exit ${FAKE_STAGES_RC:-0}
+fi
+exec "%s" "$@"
+"""
+
+
+def run_stages(tmp_path, **env):
+    wrapper = tmp_path / "python"
+    wrapper.write_text(WRAPPER % sys.executable)
+    wrapper.chmod(0o755)
+    out = tmp_path / "out"
+    proc = gpu_check(out, **dict(dict(SKIP_TESTS="1", SKIP_BENCH="1", SKIP_SANITIZER="1",
+                                      PYTHON=str(wrapper)), **env))
+    summary = (out / "summary.txt").read_text()
+    lines = [ln for ln in summary.splitlines() if ln.startswith("stages ")]
+    return proc, lines, out
+
+
+def test_sweep_and_timeline_reach_profile_stages_and_the_summary(tmp_path):
+    proc, lines, out = run_stages(tmp_path, SWEEP="pipeline:131072:default,kv_major_math=precise random:32768:2",
+                                  TIMELINE="1/128K,64/32K")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (out / "stages.log").read_text()
+    assert ("wrapper args: benchmarks/profile_stages.py --sweep pipeline:131072:default,kv_major_math=precise "
+            "--sweep random:32768:2 --timeline 1/128K,64/32K") in log, log
+    assert len(lines) == 1 and " PASS " in lines[0], lines
+    assert lines[0].endswith("pipeline 131072 tile_max_waste=default: 44.100 ms; "
+                             "pipeline 131072 kv_major_math=precise: 45.200 ms"), lines[0]
+
+
+def test_a_failing_run_fails_the_step(tmp_path):
+    proc, lines, _ = run_stages(tmp_path, TIMELINE="1/128K", FAKE_STAGES_RC="3")
+    assert proc.returncode == 1
+    assert len(lines) == 1 and " FAIL " in lines[0], lines
+
+
+def test_no_step_without_sweep_or_timeline(tmp_path):
+    proc, lines, out = run_stages(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert lines == [] and not (out / "stages.log").exists()
