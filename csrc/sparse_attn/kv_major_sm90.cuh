@@ -18,8 +18,9 @@
 // and writes O / l (compute dtype: stmatrix into the consumed query buffer, then two TMA stores
 // per warp where G % 16 == 0, kv_major_store=tma, else predicated 16-byte stores) as the row's
 // partial, exactly where kv_major.cuh writes it, with its LSE (log2 and 1 / l by MUFU
-// approximations unless kv_major_math=precise); the combine kernel is shared. Each output row depends only on its own query row and the block (row-independent
-// MMAs, a softmax reduced in a fixed order), so results are deterministic (D11).
+// approximations unless kv_major_math=precise); the combine kernel is shared. Each output row
+// depends only on its own query row and the block (row-independent MMAs, a softmax reduced in a
+// fixed order), so results are deterministic (D11).
 #pragma once
 
 #include <cuda.h>
@@ -246,7 +247,6 @@ struct KvMajorSm90Args {
 // instead of each lane's loads and 8 predicated 16-byte stores. The stage is refilled by the warp's
 // gather of the tile after next, after its lane 0 has waited for the store's reads
 // (bulk_wait_read); so is the query area, which quantized K/V stage through at the next item.
-
 template <typename Elem, KvKind kKv, bool kTmaStore>
 __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     kv_major_sm90_kernel(const __grid_constant__ KvMajorSm90Args ka) {
