@@ -31,6 +31,22 @@ import flashmsa.msa_ops as msa_ops
 from flashmsa.testing import inputs as msa_inputs
 
 
+def span_text(kernels, reps):
+    """How a call's kernels fill the GPU: "; X ms on the GPU from its first kernel's start to its last
+    one's end, Y ms of it between kernels (largest gaps: ...)" from the (start_us, end_us, name)
+    records of `reps` calls run one after another with a synchronization between them (medians, as
+    replay_timeline); "" where the records do not split into equal calls."""
+    try:
+        rows, span = replay_timeline(kernels, reps)
+    except ValueError:
+        return ""
+    idle = sum(r[3] for r in rows)
+    worst = sorted((r for r in rows if r[3] > 0), key=lambda r: -r[3])[:3]
+    gaps = ", ".join(f"{r[3]:.1f} us before {r[0][:40]}" for r in worst)
+    return (f"; {span / 1000:.3f} ms on the GPU from the call's first kernel start to its last kernel end, "
+            f"{idle / 1000:.3f} ms of it between {len(rows) - 1} kernel hand-offs" + (f" (largest: {gaps})" if gaps else ""))
+
+
 def profile(label, fn, reps=3):
     for _ in range(2):
         fn()
@@ -38,7 +54,7 @@ def profile(label, fn, reps=3):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             fn()
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()  # calls apart, so that each one's span and gaps are its own
     rows = []
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -46,7 +62,7 @@ def profile(label, fn, reps=3):
             rows.append((t / reps, e.count // reps, e.key))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
-    print(f"\n## {label}: {total / 1000:.3f} ms of kernels per call")
+    print(f"\n## {label}: {total / 1000:.3f} ms of kernels per call{span_text(cuda_kernels(prof), reps)}")
     for t, n, name in rows[:12]:
         print(f"  {t / 1000:9.3f} ms  x{n:<4d} {name[:110]}")
 

@@ -114,6 +114,21 @@ def test_profile_stages_timeline_splits_replays():
     assert span == 26.5
 
 
+def test_profile_stages_sweep_reports_the_span_and_gaps():
+    """--sweep: beside the kernel totals, each call's span on the GPU and the time between its
+    kernels (medians over the calls), the largest gaps named; nothing where the calls differ."""
+    profile_stages = load_script("profile_stages")
+    kernels = []
+    for base in (0.0, 10000.0):
+        kernels += [(base, base + 1000.0, "proxy"), (base + 1020.0, base + 1500.0, "topk"),
+                    (base + 1505.0, base + 4000.0, "attention")]
+    text = profile_stages.span_text(kernels, 2)
+    assert text == ("; 4.000 ms on the GPU from the call's first kernel start to its last kernel end, "
+                    "0.025 ms of it between 2 kernel hand-offs (largest: 20.0 us before topk, "
+                    "5.0 us before attention)")
+    assert profile_stages.span_text(kernels[:-1], 2) == ""
+
+
 @pytest.mark.parametrize("records,reps", [([(0.0, 1.0, "a"), (2.0, 3.0, "b"), (4.0, 5.0, "a")], 2),
                                           ([(0.0, 1.0, "a"), (2.0, 3.0, "b"), (4.0, 5.0, "b"),
                                             (6.0, 7.0, "a")], 2),
