@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(KvMajorTmaConfig::kThreads, 1)
     if (has_next) issue_s(s_next);
 
     float m_row[2], l_row[2], lt_row[2];
-    kvm90_softmax<false>(s, lim, args.has_temp, args.scale_log2, temp, tig, m_row, l_row, lt_row);
+    kvm90_softmax(s, lim, args.has_temp, args.scale_log2, temp, tig, m_row, l_row, lt_row);
 
     uint32_t pa[8][4];
     pack_p<Elem>(pa, s);
