@@ -874,11 +874,6 @@ class Bench:
             # auto's are MUFU approximations since 0b8aa64's H200 run): alone and under auto's.
             if (kv, layout) == ("bf16", "flat"):
                 schedules += ["kv_major kv_major_math=precise", "kv_major_math=precise"]
-            # Its partials raw (plan option kv_major_partials=raw, off by default until measured:
-            # no multiply by 1 / l in the kernel, the combine's weights fold it in): alone and
-            # under auto's schedule.
-            if (kv, layout) == ("bf16", "flat"):
-                schedules += ["kv_major kv_major_partials=raw", "kv_major_partials=raw"]
             # --tile-waste: the hybrid schedule under other shared-selection tile bounds (tuning).
             schedules += [f"hybrid waste={w}" for w in self.args.tile_waste
                           if (kv, layout) == ("bf16", "flat")]

@@ -122,7 +122,6 @@ SCHEDULES = {
     "hybrid_tma": {"schedule": "hybrid", "kv_major_kernel": "tma"},
     "kv_major_stg": {"schedule": "kv_major", "kv_major_kernel": "auto", "kv_major_store": "stg"},
     "kv_major_precise": {"schedule": "kv_major", "kv_major_kernel": "auto", "kv_major_math": "precise"},
-    "kv_major_raw": {"schedule": "kv_major", "kv_major_kernel": "auto", "kv_major_partials": "raw"},
 }
 
 

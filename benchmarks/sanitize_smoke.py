@@ -573,12 +573,6 @@ class Smoke:
                              ("kv_major/precise/chunk100", dict(schedule="kv_major", kv_major_math="precise",
                                                                 chunk_rows=100)),
                              ("hybrid/precise", dict(schedule="hybrid", kv_major_math="precise")),
-                             # Its partials raw (kv_major_partials=raw: not divided by l, m + 7
-                             # beside the LSE, the combine's weights), in small launch groups
-                             # (the combine's LSE reset) and under the tiles.
-                             ("kv_major/raw/chunk100", dict(schedule="kv_major", kv_major_partials="raw",
-                                                            chunk_rows=100)),
-                             ("hybrid/raw", dict(schedule="hybrid", kv_major_partials="raw")),
                              # The tiles' bound decided on the device (tile_bound=adaptive) over
                              # a low forced bound, so that some tiles sit between the two.
                              ("hybrid/adaptive", dict(schedule="hybrid", tile_max_waste=1.25,

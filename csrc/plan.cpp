@@ -32,8 +32,6 @@ constexpr Named<KvMajorStore> kKvMajorStores[] = {
     {KvMajorStore::kAuto, "auto"}, {KvMajorStore::kStg, "stg"}, {KvMajorStore::kTma, "tma"}};
 constexpr Named<KvMajorMath> kKvMajorMaths[] = {
     {KvMajorMath::kAuto, "auto"}, {KvMajorMath::kPrecise, "precise"}, {KvMajorMath::kApprox, "approx"}};
-constexpr Named<KvMajorPartials> kKvMajorPartialsNames[] = {
-    {KvMajorPartials::kAuto, "auto"}, {KvMajorPartials::kNormalized, "normalized"}, {KvMajorPartials::kRaw, "raw"}};
 constexpr Named<TileKernel> kTileKernels[] = {
     {TileKernel::kAuto, "auto"}, {TileKernel::kCpAsync, "cp_async"}, {TileKernel::kTma, "tma"}};
 constexpr Named<TileBound> kTileBounds[] = {
@@ -171,7 +169,6 @@ const char* option_name(PrefillSchedule v) { return name_of(kSchedules, v); }
 const char* option_name(KvMajorKernel v) { return name_of(kKvMajorKernels, v); }
 const char* option_name(KvMajorStore v) { return name_of(kKvMajorStores, v); }
 const char* option_name(KvMajorMath v) { return name_of(kKvMajorMaths, v); }
-const char* option_name(KvMajorPartials v) { return name_of(kKvMajorPartialsNames, v); }
 const char* option_name(TileKernel v) { return name_of(kTileKernels, v); }
 const char* option_name(TileBound v) { return name_of(kTileBounds, v); }
 const char* option_name(KvMajorLists v) { return name_of(kKvMajorListsNames, v); }
@@ -241,12 +238,10 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text) {
       o.kv_major_store = parse_enum(kKvMajorStores, name, value);
     } else if (name == "kv_major_math") {
       o.kv_major_math = parse_enum(kKvMajorMaths, name, value);
-    } else if (name == "kv_major_partials") {
-      o.kv_major_partials = parse_enum(kKvMajorPartialsNames, name, value);
     } else {
       MSA_FAIL("msa_sparse_attention: unknown plan option '", name,
                "' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, lists, "
-               "tile_bound, kv_major_store, kv_major_math, kv_major_partials)");
+               "tile_bound, kv_major_store, kv_major_math)");
     }
   });
   return o;

@@ -119,11 +119,6 @@ std::string describe(const SparseAttnPlan& plan, const SparseAttnParams& p,
       s << "; kv_major_math=precise (forced by the option: the row LSEs' log2 and 1 / l correctly rounded)";
     else if (kvm.math_fallback != nullptr)
       s << "; kv_major_math=precise (kv_major_math=approx falls back: " << kvm.math_fallback << ")";
-    if (kvm.raw_partials)
-      s << "; kv_major_partials=raw (forced by the option: O' = sum 2^(x - m - 7) V and m + 7 per row, "
-           "1 / l in the combine's weights)";
-    else if (kvm.partials_fallback != nullptr)
-      s << "; kv_major_partials=normalized (kv_major_partials=raw falls back: " << kvm.partials_fallback << ")";
     s << "; " << kvm.groups << " launch group(s) of "
       << kvm.chunk_rows << " rows" << (o.chunk_rows > 0 ? " (chunk_rows option)" : "")
       << ", grid " << kvm.grid << " CTAs";

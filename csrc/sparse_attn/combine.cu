@@ -41,8 +41,7 @@ constexpr int kCombineCtasPerSm = 32;
 // branch in one kernel: the speculative first batch needs 32 more registers, and with both paths in
 // one kernel the KV-major combine paid them too (117-123 registers for 16-bit partials, 2 CTAs of 8
 // warps per SM; 80 without, 3 CTAs; f32 partials, 118, would spill at 3).
-// kRaw: raw KV-major partials (CombineArgs::part_m; bf16 only), merge_row's kRaw.
-template <typename OutElem, StoreKind kKind, bool kSpec, bool kRaw = false>
+template <typename OutElem, StoreKind kKind, bool kSpec>
 __global__ void __launch_bounds__(kCombineWarps * 32, kSpec || kKind == StoreKind::kF32 ? 1 : 3)
     combine_kernel(const __grid_constant__ CombineArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -63,7 +62,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSpec || kKind == StoreKin
       const int rel = r_begin - a.row_begin + e, g = g0 + i - e * a.unit_heads;
       const int64_t base = (int64_t(kh) * a.row_stride + rel) * a.num_slots * a.group + g;
       const int64_t out_idx = (int64_t(a.row_begin) + rel) * a.num_heads + kh * a.group + g;
-      combine_row<OutElem, kKind, kSpec, kRaw>(a, base, out_idx, lane);
+      combine_row<OutElem, kKind, kSpec>(a, base, out_idx, lane);
     }
   }
 }
@@ -92,14 +91,6 @@ void launch_combine(const CombineArgs& args, DType out_dtype, cudaStream_t strea
       case StoreKind::kFP8: combine_kernel<OutElem, StoreKind::kFP8, kSpec><<<g, b, 0, stream>>>(a); break;
     }
   };
-  if (a.part_m != nullptr) {  // raw KV-major partials: bf16 partials and output, never speculative
-    MSA_CHECK(a.part_kind == StoreKind::kBF16 && out_dtype == DType::kBF16 && !a.all_slots_written,
-              "combine: raw partials are bf16 KV-major partials");
-    combine_kernel<__nv_bfloat16, StoreKind::kBF16, false, true>
-        <<<dim3{unsigned(grid)}, dim3{unsigned(kCombineWarps * 32)}, 0, stream>>>(a);
-    MSA_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
   auto by_spec = [&]<typename OutElem>() {
     if (a.all_slots_written) {
       go.template operator()<OutElem, true>();

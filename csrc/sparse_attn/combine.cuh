@@ -142,11 +142,7 @@ inline constexpr int kCombineBatch = 16;
 // were written, whatever its LSE: the query-major split-K kernels): the first batch of values is
 // loaded together with the LSEs instead of after them (one memory round trip instead of two at
 // decode sizes); else a weight-0 slot's values are not read. The same arithmetic either way.
-// kRaw (raw KV-major partials, KvMajorArgs::part_m): slot s's values are O' = l' x (O / l) with
-//   float mlog(int s)   its log2 offset m': O / l = 2^(m' - lse) O'
-// so they are weighted by 2^(m' - max) instead of 2^(lse - max); which slots count, the weight
-// sum and the LSE are the LSEs' as for normalized partials.
-template <typename OutElem, StoreKind kKind, typename Slots, bool kSpec = false, bool kRaw = false>
+template <typename OutElem, StoreKind kKind, typename Slots, bool kSpec = false>
 MSA_DEVICE void merge_row(const Slots& slots, int num_slots, float v_scale, void* out, float* lse_out,
                           float* lse_t_out, int64_t out_idx, int lane) {
   const int half = lane >> 4, hl = lane & 15;  // slot parity, 8-value chunk of the row
@@ -161,12 +157,6 @@ MSA_DEVICE void merge_row(const Slots& slots, int num_slots, float v_scale, void
   }
   const float v0 = lane < num_slots ? slots.lse(lane) : neg_inf();
   const float v1 = lane + 32 < num_slots ? slots.lse(lane + 32) : neg_inf();
-  // Raw partials' m' beside the LSEs (read whatever the LSE; used only where it is finite).
-  [[maybe_unused]] float m0 = 0.0f, m1 = 0.0f;
-  if constexpr (kRaw) {
-    if (lane < num_slots) m0 = slots.mlog(lane);
-    if (lane + 32 < num_slots) m1 = slots.mlog(lane + 32);
-  }
   const float m = warp_max(fmaxf(v0, v1));
   float acc[8];
 #pragma unroll
@@ -175,12 +165,8 @@ MSA_DEVICE void merge_row(const Slots& slots, int num_slots, float v_scale, void
   if (m != neg_inf()) {
     const float w0 = exp2_approx(v0 - m), w1 = exp2_approx(v1 - m);
     const float wsum = warp_sum(w0 + w1);
-    // Raw partials: the values' weights in place of the LSEs' (a slot of weight 0 keeps 0 whatever
-    // its m' holds; m' >= its LSE, so a nonzero weight stays nonzero and decides the same loads).
-    const float x0 = kRaw ? (w0 != 0.0f ? exp2_approx(m0 - m) : 0.0f) : w0;
-    const float x1 = kRaw ? (w1 != 0.0f ? exp2_approx(m1 - m) : 0.0f) : w1;
     for (int s0 = 0; s0 < num_slots; s0 += kCombineBatch) {
-      const float wsrc = s0 < 32 ? x0 : x1;
+      const float wsrc = s0 < 32 ? w0 : w1;
       float ws[kCombineBatch / 2];
       Raw8 raw[kCombineBatch / 2];
 #pragma unroll
@@ -241,7 +227,6 @@ struct WorkspaceSlots {
   int64_t slot_elems;
   MSA_DEVICE float lse(int s) const { return read_lse(a, a.part_lse, base + int64_t(s) * a.group); }
   MSA_DEVICE float lse_t(int s) const { return read_lse(a, a.part_lse_t, base + int64_t(s) * a.group); }
-  MSA_DEVICE float mlog(int s) const { return a.part_m[base + int64_t(s) * a.group]; }
   MSA_DEVICE Raw8 load(int s, int /*hl: in elem0*/) const {
     return load8<kKind>(a.part_o, elem0 + int64_t(s) * slot_elems);
   }
@@ -249,11 +234,11 @@ struct WorkspaceSlots {
 
 // The combine of one (row, head) (one warp): its slots at part index base + s * G, its output and
 // LSEs at out_idx (row * Hq + head). Used by combine_kernel (combine.cu); kSpec: a.all_slots_written.
-template <typename OutElem, StoreKind kKind, bool kSpec, bool kRaw = false>
+template <typename OutElem, StoreKind kKind, bool kSpec>
 MSA_DEVICE void combine_row(const CombineArgs& a, int64_t base, int64_t out_idx, int lane) {
   const WorkspaceSlots<kKind> slots{a, base, base * 128 + 8 * (lane & 15), int64_t(a.group) * 128};
-  merge_row<OutElem, kKind, WorkspaceSlots<kKind>, kSpec, kRaw>(slots, a.num_slots, a.v_scale, a.out, a.lse,
-                                                               a.lse_t, out_idx, lane);
+  merge_row<OutElem, kKind, WorkspaceSlots<kKind>, kSpec>(slots, a.num_slots, a.v_scale, a.out, a.lse,
+                                                         a.lse_t, out_idx, lane);
 }
 
 }  // namespace flashmsa::sparse_attn

@@ -100,10 +100,9 @@ inline constexpr int kKvMajorMinRows = 1024;
 inline constexpr int64_t kKvMajorPartialBudget = int64_t(1) << 30;
 
 // Bytes of KV-major workspace per query row of a launch group: per (kv head, q2k slot) a list entry
-// and G partial rows (128 values in the compute dtype + the log2 LSE [+ temperature LSE] [+ the raw
-// partials' m, where kv_major_partials=raw is asked for]).
-inline int64_t kv_major_bytes_per_row(int num_kv_heads, int topk, int group, bool has_temp, bool raw = false) {
-  return int64_t(num_kv_heads) * topk * (4 + int64_t(group) * (128 * 2 + 4 * (1 + has_temp + raw)));
+// and G partial rows (128 values in the compute dtype + the log2 LSE [+ temperature LSE]).
+inline int64_t kv_major_bytes_per_row(int num_kv_heads, int topk, int group, bool has_temp) {
+  return int64_t(num_kv_heads) * topk * (4 + int64_t(group) * (128 * 2 + 4 * (has_temp ? 2 : 1)));
 }
 
 }  // namespace flashmsa::sparse_attn

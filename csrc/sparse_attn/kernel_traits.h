@@ -129,10 +129,6 @@ struct KvMajorArgs {
   // The sm_90a kernel's per-row log2 (partial LSEs) and 1 / l by MUFU approximations instead of the
   // correctly rounded forms (plan option kv_major_math=approx; KvMajorPlan::approx_math).
   bool approx_row_math;
-  // Raw partials (plan option kv_major_partials=raw; KvMajorPlan::raw_partials, the sm_90a kernel,
-  // bf16): O' = sum 2^(x - m - 7) V unnormalized, and part_m[slot] = m + 7 beside the LSE (the
-  // combine weights O' by 2^(m + 7 - max LSE)); nullptr: O / l.
-  float* part_m;  // [Hkv, chunk_rows, topk, G] or nullptr
 };
 
 // ---- shared-selection tiles (sm_90a, prefill) ---------------------------------------------------
@@ -232,9 +228,6 @@ struct CombineArgs {
   // split-K kernels), so the combine may load them before it knows the weights (combine.cuh
   // merge_row, kSpec). False for KV-major, whose non-pair slots are never written.
   bool all_slots_written;
-  // Raw KV-major partials (KvMajorArgs::part_m): slot s's values weighted by 2^(part_m - max LSE)
-  // instead of 2^(lse - max LSE); nullptr for normalized partials.
-  const float* part_m;
 };
 
 // Rows of a combine work unit: about 128 (row, head) pairs, and for G in {16, 32, 64, 128} exactly

@@ -144,11 +144,9 @@ MSA_DEVICE void kvm90_issue_q(bool live, const void* q, const int64_t* s_q_warp,
 // writes those bytes until the next round's barrier: a warp's part of S = Q K^T reads only its own
 // query rows (and the warp is past its S wait), so no warpgroup barrier precedes the writes.
 // `slots` is the warp's part of the slot table (kvm90_row_index order).
-// kScale = false (raw partials): O as it is, mul unused.
-template <typename Elem, bool kScale = true>
+template <typename Elem>
 MSA_DEVICE void kvm90_stage_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* tile, int warp,
                                      int lane) {
-  const auto scaled = [&](float v, int h) { return kScale ? v * mul[h] : v; };
   uint8_t* rows = tile + warp * 16 * 128;  // the warp's row 0 in the first 64-dim half
   {
     // stmatrix matrices 0..3: (rows 0-7, n8 tile 2c), (rows 8-15, 2c), (rows 0-7, 2c + 1),
@@ -160,18 +158,18 @@ MSA_DEVICE void kvm90_stage_partials(const float (&o)[16][4], const float (&mul)
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
       stmatrix_x4(base + uint32_t(c >> 2) * (64u * 128u) + ((uint32_t(2 * (c & 3)) ^ x) << 4),
-                  pack2_partial<Elem>(scaled(o[2 * c][0], 0), scaled(o[2 * c][1], 0)),
-                  pack2_partial<Elem>(scaled(o[2 * c][2], 1), scaled(o[2 * c][3], 1)),
-                  pack2_partial<Elem>(scaled(o[2 * c + 1][0], 0), scaled(o[2 * c + 1][1], 0)),
-                  pack2_partial<Elem>(scaled(o[2 * c + 1][2], 1), scaled(o[2 * c + 1][3], 1)));
+                  pack2_partial<Elem>(o[2 * c][0] * mul[0], o[2 * c][1] * mul[0]),
+                  pack2_partial<Elem>(o[2 * c][2] * mul[1], o[2 * c][3] * mul[1]),
+                  pack2_partial<Elem>(o[2 * c + 1][0] * mul[0], o[2 * c + 1][1] * mul[0]),
+                  pack2_partial<Elem>(o[2 * c + 1][2] * mul[1], o[2 * c + 1][3] * mul[1]));
     }
   }
 }
 
-template <typename Elem, bool kScale = true>
+template <typename Elem>
 MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)[2], uint8_t* tile, int warp,
                                      void* part_o, const int64_t* slots, int lane) {
-  kvm90_stage_partials<Elem, kScale>(o, mul, tile, warp, lane);
+  kvm90_stage_partials<Elem>(o, mul, tile, warp, lane);
   uint8_t* rows = tile + warp * 16 * 128;
   __syncwarp();
   const int ch = lane & 15, c0 = lane >> 4;
@@ -203,50 +201,15 @@ MSA_DEVICE void kvm90_store_partials(const float (&o)[16][4], const float (&mul)
 // lt = sum 2^(T (x - m)) are reduced over each row's 4 threads. The two rows go through one
 // basic block, so their dependent chains (max, the shuffles, the sums) interleave; each row's sum
 // keeps its key order.
-//
-// kRaw (raw partials, kv_major_partials=raw): m comes out shifted, m + kKvmRawShift, and P =
-// 2^(x - m) with it, so that the unnormalized O' = P V stays within V's largest magnitude (sum P <=
-// 128 x 2^-7 = 1); l is the sum of those P, and the temperature sum takes m - kKvmRawShift (with
-// the shifted m, 2^(-7 T) could underflow).
-inline constexpr float kKvmRawShift = 7.0f;
-
 template <bool kMask, bool kTemp>
-MSA_DEVICE void raw_exp_sum(float (&s)[16][4], const int (&lim)[2], float sc, float temp, int tig,
-                            const float (&m)[2], float (&sum)[2], float (&sum_t)[2]) {
-  [[maybe_unused]] const float temp7 = temp * kKvmRawShift;
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sv = s[j][2 * h + e];
-        const bool vis = key_visible<kMask>(j, e, lim[h], tig);
-        // The temperature's exponent T (x - m) + 7 T = T (x - (m - 7)).
-        const float t = fmaf(sv, sc, -m[h]);
-        if constexpr (kTemp) sum_t[h] += vis ? exp2_approx(fmaf(temp, t, temp7)) : 0.0f;
-        const float pr = vis ? exp2_approx(t) : 0.0f;
-        s[j][2 * h + e] = pr;
-        sum[h] += pr;
-      }
-}
-
-template <bool kMask, bool kTemp, bool kRaw>
 MSA_DEVICE void block_softmax_rows(float (&s)[16][4], const int (&lim)[2], float sc, float temp, int tig,
                                    float (&m)[2], float (&l)[2], float (&lt)[2]) {
   float ext[2];
   rows_extreme<kMask>(s, lim, sc, tig, ext);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    m[h] = ext[h] == neg_inf() ? 0.0f : ext[h] * fabsf(sc);
-    if constexpr (kRaw) m[h] += kKvmRawShift;
-  }
+  for (int h = 0; h < 2; ++h) m[h] = ext[h] == neg_inf() ? 0.0f : ext[h] * fabsf(sc);
   float sum[2] = {0.0f, 0.0f}, sum_t[2] = {0.0f, 0.0f};
-  if constexpr (kRaw) {
-    raw_exp_sum<kMask, kTemp>(s, lim, sc, temp, tig, m, sum, sum_t);
-  } else {
-    rows_exp_sum<kMask, kTemp>(s, lim, sc, temp, tig, m, sum, sum_t);
-  }
+  rows_exp_sum<kMask, kTemp>(s, lim, sc, temp, tig, m, sum, sum_t);
 #pragma unroll
   for (int k = 1; k <= 2; k <<= 1)
 #pragma unroll
@@ -263,11 +226,10 @@ MSA_DEVICE void block_softmax_rows(float (&s)[16][4], const int (&lim)[2], float
 
 // block_softmax_rows with the variant chosen once per thread (uniform per warp for G >= 16: a
 // warp's rows are one token's heads).
-template <bool kRaw>
 MSA_DEVICE void kvm90_softmax(float (&s)[16][4], const int (&lim)[2], bool has_temp, float sc, float temp, int tig,
                               float (&m)[2], float (&l)[2], float (&lt)[2]) {
   with_softmax_variant(lim, has_temp, [&](auto mask, auto tmp) {
-    block_softmax_rows<decltype(mask)::value, decltype(tmp)::value, kRaw>(s, lim, sc, temp, tig, m, l, lt);
+    block_softmax_rows<decltype(mask)::value, decltype(tmp)::value>(s, lim, sc, temp, tig, m, l, lt);
   });
 }
 #endif
@@ -285,10 +247,7 @@ struct KvMajorSm90Args {
 // instead of each lane's loads and 8 predicated 16-byte stores. The stage is refilled by the warp's
 // gather of the tile after next, after its lane 0 has waited for the store's reads
 // (bulk_wait_read); so is the query area, which quantized K/V stage through at the next item.
-//
-// kRaw (plan option kv_major_partials=raw, bf16): raw partials (KvMajorArgs::part_m), written
-// without the multiply by 1 / l.
-template <typename Elem, KvKind kKv, bool kTmaStore, bool kRaw>
+template <typename Elem, KvKind kKv, bool kTmaStore>
 __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
     kv_major_sm90_kernel(const __grid_constant__ KvMajorSm90Args ka) {
 #if MSA_HAS_WGMMA
@@ -432,30 +391,8 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
       // Softmax over the block's keys for this thread's rows r_h = 16 warp + gid + 8 h.
       const int* lims = s_rowlim + st * 64;
       const int lim[2] = {lims[16 * warp + gid], lims[16 * warp + gid + 8]};
-      const int64_t* slots = s_rowslot + st * 64;
-      // Epilogue: warp w's 16 rows through its own rows of the consumed query buffer. The next
-      // write into stage st is this warp's own gather of local tile i + S, issued after the next
-      // round's barrier, which every warp of the warpgroup reaches only past this epilogue. Raw
-      // partials go as they are (mul unused).
-      const auto epilogue = [&](const float (&o)[16][4], const float (&mul)[2]) {
-        if constexpr (kTmaStore) {
-          kvm90_stage_partials<Elem, !kRaw>(o, mul, my_q + st * Cfg::kQTileBytes, warp, lane);
-          fence_proxy_async_smem();  // each lane's stmatrix -> the TMA store (async proxy)
-          __syncwarp();
-          const int64_t slot0 = slots[kvm90_row_index(16 * warp)];  // the warp's first row (g % 16 == 0)
-          if (lane == 0 && slot0 >= 0) {
-            const uint32_t src = my_q_addr + uint32_t(st * Cfg::kQTileBytes + warp * 16 * 128);
-            tma_store_2d(&ka.o_map, src, 0, int(slot0));
-            tma_store_2d(&ka.o_map, src + 64 * 128, 64, int(slot0));
-            bulk_commit();
-          }
-        } else {
-          kvm90_store_partials<Elem, !kRaw>(o, mul, my_q + st * Cfg::kQTileBytes, warp, args.part_o,
-                                            slots + 16 * warp, lane);
-        }
-      };
       float m_row[2], l_row[2], lt_row[2];
-      kvm90_softmax<kRaw>(s, lim, args.has_temp, args.scale_log2, temp, tig, m_row, l_row, lt_row);
+      kvm90_softmax(s, lim, args.has_temp, args.scale_log2, temp, tig, m_row, l_row, lt_row);
 
       // O = P V in flight while the row LSEs go out.
       float o[16][4];
@@ -464,35 +401,48 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
         pack_p<Elem>(pa, s);
         wgmma_pv_issue<Elem>(o, pa, sV_addr, false);
       }
+      const int64_t* slots = s_rowslot + st * 64;
       // approx_row_math (kv_major_math=approx): the LSE's log2 and 1 / l by MUFU.LG2 / MUFU.RCP;
       // else log2f and __frcp_rn, the correctly rounded 1 / l, as the division is (without its slow
-      // path). Both -inf / 0 for a row with nothing visible (l = 0). Raw partials: m is the shifted
-      // one (its LSE the same value, m + 7 + log2 of the shifted sum), written beside the LSE.
+      // path). Both -inf / 0 for a row with nothing visible (l = 0).
       const bool approx = args.approx_row_math;
       if (tig < 2) {  // every thread of a row holds its m and l: lane tig writes row h = tig
         const int64_t sl = slots[kvm90_row_index(16 * warp + gid + 8 * tig)];
         if (sl >= 0) {
           const float m = tig ? m_row[1] : m_row[0], l = tig ? l_row[1] : l_row[0];
           args.part_lse[sl] = !approx ? row_lse2(m, l) : l > 0.0f ? m + log2_approx(l) : neg_inf();
-          if constexpr (kRaw) args.part_m[sl] = m;
           if (args.part_lse_t != nullptr) {
             const float lt = tig ? lt_row[1] : lt_row[0];
-            const float mt = kRaw ? m - kKvmRawShift : m;  // the m of lt's exponents (raw_exp_sum)
-            args.part_lse_t[sl] = !approx ? row_lse2_t(mt, lt, temp)
-                                  : lt > 0.0f ? temp * mt + log2_approx(lt)
+            args.part_lse_t[sl] = !approx ? row_lse2_t(m, lt, temp)
+                                  : lt > 0.0f ? temp * m + log2_approx(lt)
                                               : neg_inf();
           }
         }
       }
-      float mul[2] = {1.0f, 1.0f};  // raw partials: unused
-      if constexpr (!kRaw) {
+      float mul[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          mul[h] = l_row[h] > 0.0f ? (approx ? rcp_approx(l_row[h]) : __frcp_rn(l_row[h])) : 0.0f;
-      }
+      for (int h = 0; h < 2; ++h)
+        mul[h] = l_row[h] > 0.0f ? (approx ? rcp_approx(l_row[h]) : __frcp_rn(l_row[h])) : 0.0f;
       wgmma_wait<0>();
       wgmma_fence_operand(o);
-      epilogue(o, mul);
+      // Epilogue: warp w's 16 rows through its own rows of the consumed query buffer. The next
+      // write into stage st is this warp's own gather of local tile i + S, issued after the next
+      // round's barrier, which every warp of the warpgroup reaches only past this epilogue.
+      if constexpr (kTmaStore) {
+        kvm90_stage_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes, warp, lane);
+        fence_proxy_async_smem();  // each lane's stmatrix -> the TMA store (async proxy)
+        __syncwarp();
+        const int64_t slot0 = slots[kvm90_row_index(16 * warp)];  // the warp's first row (g % 16 == 0)
+        if (lane == 0 && slot0 >= 0) {
+          const uint32_t src = my_q_addr + uint32_t(st * Cfg::kQTileBytes + warp * 16 * 128);
+          tma_store_2d(&ka.o_map, src, 0, int(slot0));
+          tma_store_2d(&ka.o_map, src + 64 * 128, 64, int(slot0));
+          bulk_commit();
+        }
+      } else {
+        kvm90_store_partials<Elem>(o, mul, my_q + st * Cfg::kQTileBytes, warp, args.part_o, slots + 16 * warp,
+                                   lane);
+      }
     }
     cp_async_wait<0>();  // the empty groups past the end
     if constexpr (kTmaStore) {
@@ -512,16 +462,16 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
 // CTAs of the sm_90a kernel resident per SM, 0 when this device cannot run it.
 template <typename Elem, KvKind kKv>
 int kv_major_sm90_ctas_per_sm() {
-  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv, false, false>,
+  return flashmsa::cuda::prepare_sm90a_launch(kv_major_sm90_kernel<Elem, kKv, false>,
                                               KvMajorSm90Config<kKv>::kThreads,
                                               size_t(KvMajorSm90Config<kKv>::kSmemBytes));
 }
 
-template <typename Elem, KvKind kKv, bool kTmaStore, bool kRaw>
+template <typename Elem, KvKind kKv, bool kTmaStore>
 void launch_kv_major_sm90_variant(const KvMajorSm90Args& ka, int grid, cudaStream_t stream) {
   constexpr int smem = KvMajorSm90Config<kKv>::kSmemBytes;
   constexpr int threads = KvMajorSm90Config<kKv>::kThreads;
-  auto* kernel = kv_major_sm90_kernel<Elem, kKv, kTmaStore, kRaw>;
+  auto* kernel = kv_major_sm90_kernel<Elem, kKv, kTmaStore>;
   flashmsa::cuda::prepare_launch(kernel, threads, size_t(smem));
   kernel<<<grid, threads, smem, stream>>>(ka);
 }
@@ -546,24 +496,12 @@ template <typename Elem, KvKind kKv>
 void launch_kv_major_sm90(const KvMajorArgs& args, int grid, bool tma_store, cudaStream_t stream) {
   KvMajorSm90Args ka{};
   ka.a = args;
-  // Raw partials (args.part_m) are bf16 only (the planner's rule): no fp16 instantiation of them.
-  const auto go = [&]<bool kTmaStore>() {
-    if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-      if (args.part_m != nullptr) {
-        launch_kv_major_sm90_variant<Elem, kKv, kTmaStore, true>(ka, grid, stream);
-        return;
-      }
-    }
-    MSA_CHECK(args.part_m == nullptr,
-              "msa_sparse_attention: raw partials planned for fp16 compute (planner bug)");
-    launch_kv_major_sm90_variant<Elem, kKv, kTmaStore, false>(ka, grid, stream);
-  };
   if (tma_store) {
     MSA_CHECK_SUPPORTED(encode_partial_map<Elem>(ka.o_map, args, 16),
                         "kv_major_store=tma: the driver rejected the partials' TMA descriptor");
-    go.template operator()<true>();
+    launch_kv_major_sm90_variant<Elem, kKv, true>(ka, grid, stream);
   } else {
-    go.template operator()<false>();
+    launch_kv_major_sm90_variant<Elem, kKv, false>(ka, grid, stream);
   }
   MSA_CUDA_CHECK(cudaGetLastError());
 }

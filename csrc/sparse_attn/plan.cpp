@@ -270,9 +270,7 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
 
   const int group = p.num_heads / p.num_kv_heads;
   const bool has_temp = p.lse_temperature_out != nullptr;
-  // A forced kv_major_partials=raw budgets its m array too, whether or not it applies.
-  const bool raw_asked = o.kv_major_partials == KvMajorPartials::kRaw;
-  const int64_t per_row = kv_major_bytes_per_row(p.num_kv_heads, p.topk, group, has_temp, raw_asked);
+  const int64_t per_row = kv_major_bytes_per_row(p.num_kv_heads, p.topk, group, has_temp);
   int64_t chunk = std::max<int64_t>(1, kKvMajorPartialBudget / per_row);
   if (o.chunk_rows > 0) chunk = o.chunk_rows;
   // (row << 6 | slot) list entries and int list offsets bound one group's pairs.
@@ -309,14 +307,6 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     plan.approx_math = plan.kernel == KvMajorKernel::kWgmma;
     if (o.kv_major_math == KvMajorMath::kApprox && !plan.approx_math)
       plan.math_fallback = "not the warpgroup-MMA KV-major kernel";
-  }
-  // Raw partials where named (not auto's until measured): that kernel, bf16 compute and output.
-  if (raw_asked) {
-    plan.partials_fallback = plan.kernel != KvMajorKernel::kWgmma ? "not the warpgroup-MMA KV-major kernel"
-                             : !compute_is_bf16(p) || p.out_dtype != DType::kBF16
-                                 ? "fp16 compute or output (raw partials are bf16 only)"
-                                                   : nullptr;
-    plan.raw_partials = plan.partials_fallback == nullptr;
   }
 
   const int64_t nb_bound = p.kv.paged ? int64_t(p.batch) * p.kv.max_pages
@@ -361,7 +351,6 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
   plan.part_o_off = ws.take("kvm.part_o", size_t(pairs) * group * 128 * 2);
   plan.part_lse_off = ws.take("kvm.part_lse", size_t(pairs) * group * 4);
   if (has_temp) plan.part_lse_t_off = ws.take("kvm.part_lse_t", size_t(pairs) * group * 4);
-  if (plan.raw_partials) plan.part_m_off = ws.take("kvm.part_m", size_t(pairs) * group * 4);
   const int tctas = with_tiles ? tile_ctas(p, facts) : 0;
   if (tctas > 0) {
     plan.tiles = true;

@@ -289,9 +289,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   const bool once = plan.lists == KvMajorLists::kOnce;
   a.lists_once = once;
   a.approx_row_math = plan.approx_math;
-  a.part_m = plan.raw_partials ? at<float>(p, plan.part_m_off) : nullptr;
-  MSA_CHECK(!plan.raw_partials || plan.kernel == KvMajorKernel::kWgmma,
-            "msa_sparse_attention: raw partials planned for a kernel without them (planner bug)");
   a.list_groups = once ? plan.groups : 1;
   CombineArgs c = combine_args(p, p.topk, plan.chunk_rows, a.part_o,
                                compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16, a.part_lse, a.part_lse_t);
@@ -299,7 +296,6 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   c.union_tile_tokens = a.union_tile_tokens;
   c.union_num_tiles = a.union_num_tiles;
   c.reset_lse = once;
-  c.part_m = a.part_m;
   launch_kv_major_prepare(a, plan.num_sms, stream);
   if (once) {  // the lists of every launch group: one count, one scan (a CTA per group), one scatter
     a.row_begin = 0;

@@ -51,12 +51,6 @@ enum class KvMajorStore : int32_t { kAuto = 0, kStg = 1, kTma = 2 };
 // LSEs' last bits differ from precise's, deterministic). auto: approx on that kernel (H200 at
 // 0b8aa64: the default schedule at 32K random 7482 vs 7747 us, KV-major alone 7626 vs 7808).
 enum class KvMajorMath : int32_t { kAuto = 0, kPrecise = 1, kApprox = 2 };
-// What that kernel writes as a partial (docs/design/sparse_attention.md#kv-major-raw-partials):
-// normalized (O / l, the multiply by 1 / l in its epilogue) or raw (O' = sum 2^(x - m - 7) V, never
-// past V's largest magnitude, with m + 7 beside the LSE; the combine folds 1 / l into its weights:
-// 64 fewer multiplies per warp and 64-row tile; bf16 compute only, since fp16 would lose the small
-// P's bits to its subnormals). auto: normalized (raw not yet measured on the H200).
-enum class KvMajorPartials : int32_t { kAuto = 0, kNormalized = 1, kRaw = 2 };
 // KV-major work lists (docs/design/sparse_attention.md#work-lists): per_group (count, scan and
 // scatter before each launch group's attention kernel), once (the lists of every launch group
 // built by one count, one scan of a CTA per group and one scatter before the first group; each
@@ -358,7 +352,6 @@ struct SparseAttnOptions {
   TileBound tile_bound = TileBound::kAuto;
   KvMajorStore kv_major_store = KvMajorStore::kAuto;
   KvMajorMath kv_major_math = KvMajorMath::kAuto;
-  KvMajorPartials kv_major_partials = KvMajorPartials::kAuto;
 };
 // Requests from which the proxy decode kernel takes two key blocks per iteration for fp8 K (auto):
 // measured better at 64 and worse at 1 (a1af6c4); 16 is between, not measured.
@@ -453,8 +446,7 @@ struct TopkSelectOptions {
 // tile_kernel=auto|cp_async|tma, lists=auto|per_group|once, tile_bound=auto|fixed|adaptive (auto:
 // adaptive with the TMA tiles' default bound from 8193 to 40960 rows, else fixed),
 // kv_major_store=auto|stg|tma (auto: tma where G % 16 == 0 on the sm_90a kernel, else stg),
-// kv_major_math=auto|precise|approx (auto: approx on the sm_90a kernel),
-// kv_major_partials=auto|normalized|raw (auto: normalized).
+// kv_major_math=auto|precise|approx (auto: approx on the sm_90a kernel).
 SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
@@ -571,10 +563,6 @@ struct KvMajorPlan {
   // forced approx did not apply.
   bool approx_math = false;
   const char* math_fallback = nullptr;
-  // Raw partials (kv_major_partials=raw) on the kWgmma kernel with bf16 compute and output;
-  // partials_fallback: why a forced raw did not apply.
-  bool raw_partials = false;
-  const char* partials_fallback = nullptr;
   int q_stages = 0;
   int chunk_rows = 0;  // rows of a launch group (equal groups, the last one may be shorter)
   int groups = 0;      // launch groups: ceil(total_q / chunk_rows)
@@ -592,7 +580,7 @@ struct KvMajorPlan {
   bool lists_fallback = false;
   int64_t lists_once_bytes = 0;
   size_t block_base_off = 0, counts_off = 0, cursors_off = 0, control_off = 0, items_off = 0,
-         list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0, part_m_off = 0;
+         list_off = 0, part_o_off = 0, part_lse_off = 0, part_lse_t_off = 0;
   // Shared-selection tiles (sm_90a, bf16 / fp16 / fp8 K and V, G in {16, 32, 64, 128}), computed
   // before the KV-major groups, which skip the rows of qualifying tiles.
   bool tiles = false;
@@ -707,7 +695,6 @@ const char* option_name(PrefillSchedule v);
 const char* option_name(KvMajorKernel v);
 const char* option_name(KvMajorStore v);
 const char* option_name(KvMajorMath v);
-const char* option_name(KvMajorPartials v);
 const char* option_name(TileKernel v);
 const char* option_name(TileBound v);
 const char* option_name(KvMajorLists v);

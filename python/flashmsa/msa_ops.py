@@ -821,10 +821,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # Hopper KV-major kernel's partials by each lane's stores or by TMA stores; tma needs G a multiple
 # of 16, else stg, and the plan text says so; auto: tma where it applies), kv_major_math = auto |
 # precise | approx (that kernel's row LSEs' log2 and 1 / l correctly rounded, or by the
-# special-function unit's approximations, auto's: other last bits, deterministic),
-# kv_major_partials = auto | normalized | raw (that kernel's partials O / l, auto's, or raw: O' not
-# divided by l, with m + 7 beside the LSE, 1 / l folded into the combine's weights; bf16 only, fp16
-# falls back to normalized and the plan text says so; other last bits, deterministic);
+# special-function unit's approximations, auto's: other last bits, deterministic);
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K) |
 # sm90_f16 | sm90_f16_only (the sm_90a kernel with fp16 MMAs for fp8 K and bf16 q, and for NVFP4

@@ -194,29 +194,6 @@ TEST(PlanDescribe, KvMajorApproxMathRunsOrSaysWhyNot) {
   EXPECT_FALSE(has(amp, "kv_major_math")) << amp;
 }
 
-TEST(PlanDescribe, KvMajorRawPartialsRunOrSayWhyNot) {
-  SparseAttnOptions o;
-  o.schedule = PrefillSchedule::kKvMajor;
-  o.kv_major_partials = KvMajorPartials::kRaw;
-  const SparseAttnParams m3 = attn(4096);
-  SparseAttnParams h = m3;
-  h.q_dtype = h.out_dtype = h.k.dtype = h.v.dtype = DType::kFP16;
-  const std::pair<std::string, std::string> cases[] = {
-      {kvm_text(m3, o, hopper()),
-       "; kv_major_partials=raw (forced by the option: O' = sum 2^(x - m - 7) V and m + 7 per row, 1 / l in the "
-       "combine's weights)"},
-      {kvm_text(m3, o, ampere()),
-       "; kv_major_partials=normalized (kv_major_partials=raw falls back: not the warpgroup-MMA KV-major kernel)"},
-      {kvm_text(h, o, hopper()),
-       "; kv_major_partials=normalized (kv_major_partials=raw falls back: fp16 compute or output (raw partials "
-       "are bf16 only))"},
-  };
-  for (const auto& [text, part] : cases) EXPECT_TRUE(has(text, part)) << text;
-  // Not named: nothing said.
-  const std::string d = kvm_text(m3, SparseAttnOptions{}, hopper());
-  EXPECT_FALSE(has(d, "kv_major_partials")) << d;
-}
-
 TEST(PlanDescribe, PrefillForcedOptionsAreNamed) {
   const SparseAttnParams p = attn(4096);
   SparseAttnOptions o;

@@ -356,60 +356,6 @@ TEST(PlanKernel, ApproxRowMathOnTheWgmmaKernelUnlessPreciseIsNamed) {
                "kv_major_math must be auto, precise or approx, got 'fast'");
 }
 
-// kv_major_partials: raw only where named, on the warpgroup-MMA kernel with bf16 compute and output
-// (its m array in the workspace, budgeted in the launch groups); a forced raw elsewhere says why.
-TEST(PlanKernel, RawPartialsWhereNamedOnTheWgmmaKernelInBf16) {
-  SparseAttnOptions o = kvm_opts(KvMajorKernel::kAuto);
-  const SparseAttnPlan n = plan_sparse_attention(attn(32768), o, hopper());
-  EXPECT_FALSE(n.kvm.raw_partials);
-  EXPECT_EQ(n.kvm.partials_fallback, nullptr);
-  EXPECT_EQ(section(n, "kvm.part_m"), nullptr);
-  for (KvMajorPartials v : {KvMajorPartials::kAuto, KvMajorPartials::kNormalized}) {
-    o.kv_major_partials = v;
-    EXPECT_FALSE(plan_sparse_attention(attn(32768), o, hopper()).kvm.raw_partials);
-  }
-  o.kv_major_partials = KvMajorPartials::kRaw;
-  for (DType kv : {DType::kBF16, DType::kFP8E4M3, DType::kNVFP4})
-    for (int hq : {16, 64, 512}) {  // G = 4, 16, 128
-      const SparseAttnPlan r = plan_sparse_attention(attn(4096, hq, 4, 16, kv), o, hopper());
-      EXPECT_TRUE(r.kvm.raw_partials) << hq;
-      EXPECT_EQ(r.kvm.partials_fallback, nullptr) << hq;
-      const WorkspaceSection* m = section(r, "kvm.part_m");
-      const WorkspaceSection* lse = section(r, "kvm.part_lse");
-      ASSERT_NE(m, nullptr) << hq;
-      ASSERT_NE(lse, nullptr) << hq;
-      EXPECT_EQ(m->bytes, lse->bytes) << hq;  // one float per partial row, as the LSEs
-      EXPECT_EQ(r.kvm.part_m_off, m->offset) << hq;
-    }
-  // The m array counts in the partial budget: 32K M3 rows take slightly shorter launch groups.
-  const SparseAttnPlan r = plan_sparse_attention(attn(32768), o, hopper());
-  EXPECT_TRUE(r.kvm.raw_partials);
-  EXPECT_GE(int64_t(r.kvm.chunk_rows) * r.kvm.groups, 32768);
-  EXPECT_LE(r.kvm.chunk_rows, n.kvm.chunk_rows);  // equal groups: 9 of 3641 rows either way
-  const auto fallback = [&](SparseAttnParams p, const SparseAttnDeviceFacts& facts, KvMajorKernel kernel,
-                            const char* because) {
-    SparseAttnOptions f = kvm_opts(kernel);
-    f.kv_major_partials = KvMajorPartials::kRaw;
-    const SparseAttnPlan x = plan_sparse_attention(p, f, facts);
-    EXPECT_FALSE(x.kvm.raw_partials);
-    EXPECT_EQ(section(x, "kvm.part_m"), nullptr);
-    ASSERT_NE(x.kvm.partials_fallback, nullptr);
-    EXPECT_NE(std::string(x.kvm.partials_fallback).find(because), std::string::npos) << x.kvm.partials_fallback;
-  };
-  SparseAttnParams h = attn(4096);
-  h.q_dtype = DType::kFP16;
-  h.out_dtype = DType::kFP16;
-  h.k.dtype = h.v.dtype = DType::kFP16;
-  fallback(h, hopper(), KvMajorKernel::kAuto, "fp16");
-  fallback(attn(4096), hopper(), KvMajorKernel::kMmaSync, "warpgroup-MMA");
-  fallback(attn(4096), ampere(), KvMajorKernel::kAuto, "warpgroup-MMA");
-  EXPECT_EQ(parse_sparse_attention_options("kv_major_partials=raw").kv_major_partials, KvMajorPartials::kRaw);
-  EXPECT_EQ(parse_sparse_attention_options("kv_major_partials=normalized").kv_major_partials,
-            KvMajorPartials::kNormalized);
-  expect_error([] { parse_sparse_attention_options("kv_major_partials=unnormalized"); }, ErrorKind::kValue,
-               "kv_major_partials must be auto, normalized or raw, got 'unnormalized'");
-}
-
 // What the TMA KV-major kernel's launcher builds its maps on (kv_major_tma_sm90.cuh): the partial
 // store map is (128 dims, Hkv x chunk_rows x topk x G rows) of the compute dtype with a 256-byte
 // row stride on kvm.part_o, and an item's list fits the kernel's 256-token shared-memory slot. So
@@ -1651,7 +1597,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
     bad((std::string("tile_max_waste=") + v).c_str(), "tile_max_waste must be a number from 1 to 8");
   bad("speed=11",
       "unknown plan option 'speed' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, tile_kernel, "
-      "lists, tile_bound, kv_major_store, kv_major_math, kv_major_partials)");
+      "lists, tile_bound, kv_major_store, kv_major_math)");
   bad("tile_bound=wide", "tile_bound must be auto, fixed or adaptive, got 'wide'");
   bad("lists=all", "lists must be auto, per_group or once, got 'all'");
   bad("lists=", "lists must be auto, per_group or once, got ''");
@@ -1660,7 +1606,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   // removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
   bad("tile_pingpong=on",
       "unknown plan option 'tile_pingpong' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-      "tile_kernel, lists, tile_bound, kv_major_store, kv_major_math, kv_major_partials)");
+      "tile_kernel, lists, tile_bound, kv_major_store, kv_major_math)");
   // The KV-major combine variants (prefetch, overlap, overlap_staged; fused, measured at 57802f3; the
   // in-kernel combine=overlap with combine_ctas, measured at c21b988) were removed, and with them the
   // options: the combine is always the separate kernel.
@@ -1669,7 +1615,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   for (const char* v : {"8", "32"})
     bad((std::string("combine_ctas=") + v).c_str(),
         "unknown plan option 'combine_ctas' (options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-        "tile_kernel, lists, tile_bound, kv_major_store, kv_major_math, kv_major_partials)");
+        "tile_kernel, lists, tile_bound, kv_major_store, kv_major_math)");
   bad("schedule", "name=value");
   bad("schedule=hybrid,", "name=value");
   bad("schedule=hybrid,schedule=kv_major", "option schedule given twice");

@@ -179,8 +179,6 @@ def test_profile_list_needs_no_device(capsys):
     ("kv_major kv_major_store=stg", dict(schedule="kv_major", kv_major_kernel="auto", kv_major_store="stg")),
     ("kv_major_store=stg", dict(schedule="auto", kv_major_kernel="auto", kv_major_store="stg")),
     ("kv_major_math=precise", dict(schedule="auto", kv_major_kernel="auto", kv_major_math="precise")),
-    ("kv_major kv_major_partials=raw", dict(schedule="kv_major", kv_major_kernel="auto", kv_major_partials="raw")),
-    ("kv_major_partials=raw", dict(schedule="auto", kv_major_kernel="auto", kv_major_partials="raw")),
 ])
 def test_bench_schedule_labels_become_plan_options(label, options):
     assert bm.plan_options(label) == options

@@ -44,8 +44,7 @@ KV_MAJOR_SCHEDULES = pytest.mark.parametrize("schedule", ["kv_major", "kv_major_
                                                         "hybrid_per_group", "kv_major_tma",
                                                         "hybrid_tma", "kv_major_tma_groups",
                                                         "kv_major_stg", "hybrid_stg",
-                                                        "kv_major_precise", "hybrid_precise",
-                                                        "kv_major_raw", "hybrid_raw"])
+                                                        "kv_major_precise", "hybrid_precise"])
 
 
 def check_against_reference(case, seed, got, what):

@@ -63,7 +63,7 @@ BLOCK = 128
 SCHEDULES = ["query_major", "kv_major", "kv_major_mma_sync", "hybrid", "hybrid_cp_async",
              "kv_major_lists_once", "hybrid_lists_once", "kv_major_per_group", "hybrid_per_group",
              "kv_major_tma", "hybrid_tma", "kv_major_tma_groups", "kv_major_stg", "hybrid_stg",
-             "kv_major_precise", "hybrid_precise", "kv_major_raw", "hybrid_raw"]
+             "kv_major_precise", "hybrid_precise"]
 IS_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
@@ -101,11 +101,6 @@ def plan_options(schedule: Optional[str], **extra) -> Optional[dict]:
         "kv_major_precise": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
                                  kv_major_math="precise", chunk_rows=64),
         "hybrid_precise": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_math="precise"),
-        # ... its partials raw (kv_major_partials=raw: O' unnormalized beside m + 7, 1 / l in the
-        # combine's weights; bf16 only, fp16 falls back to normalized ones).
-        "kv_major_raw": dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto",
-                             kv_major_partials="raw", chunk_rows=64),
-        "hybrid_raw": dict(schedule="hybrid", kv_major_kernel="auto", kv_major_partials="raw"),
     }[schedule]
     return {**options, **extra}
 
@@ -516,45 +511,6 @@ def test_kv_major_approx_math_is_close_to_precise(hq, hkv, kv):
         check_lse(approx[i], precise[i], what, atol=1e-5)
     check_lse(approx[1], cpu[1], "lse")
     check_lse(approx[2], cpu[2], "lse_t")
-
-
-@pytest.mark.parametrize("temperature", [0.9, 3.0])
-@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
-@pytest.mark.parametrize("hq,hkv", [(64, 4), (8, 2)])
-def test_kv_major_raw_partials_are_close_to_normalized(hq, hkv, kv, temperature):
-    """kv_major_partials=raw: the warpgroup-MMA kernel writes O' = sum 2^(x - m - 7) V (not divided
-    by l) and m + 7 beside each LSE, and the combine weights O' by 2^(m + 7 - max LSE). Not the
-    same bits as normalized partials: the same -inf LSEs, empty rows exactly 0 (D8), LSEs within
-    1e-5 and outputs within two roundings of the compute dtype (relative to the output's largest
-    magnitude) of normalized's, in one launch group and in groups of 37 rows (the combine's LSE
-    reset between groups; TMA stores at G = 16, per-lane stores at G = 4), run-to-run
-    bit-identical; against the CPU reference. A temperature above 1 checks the temperature LSE's
-    unshifted exponent. fp16 compute falls back to normalized partials, bit for bit."""
-    case = GpuCase("raw_partials", [300, 5, 211], [2000, 100, 3000], hq, hkv, causal=True,
-                   temperature=temperature, selection="causal_local", kv=kv)
-    pb = build(case, seed=17)
-    base = dict(schedule="kv_major", kv_major_kernel="wgmma" if IS_SM90 else "auto")
-    normalized = run(pb, gpu=True, **base)
-    cpu = run(pb, gpu=False)
-    for chunk in (None, 37):
-        extra = {} if chunk is None else dict(chunk_rows=chunk)
-        raw = run(pb, gpu=True, kv_major_partials="raw", **base, **extra)
-        assert bits_equal(raw, run(pb, gpu=True, kv_major_partials="raw", **base, **extra))
-        out_n, out_r = normalized[0].detach().cpu().double(), raw[0].detach().cpu().double()
-        assert not torch.isnan(out_r).any()
-        check_empty_rows(raw[0], cpu[1], "raw")
-        eps = 2.0 ** -8 if case.dtype == BF16 else 2.0 ** -11
-        err = float((out_r - out_n).abs().max())
-        assert err <= 2 * eps * float(out_n.abs().max()), f"max |raw - normalized| {err:.3e}"
-        for i, what in ((1, "lse"), (2, "lse_t")):
-            check_lse(raw[i], normalized[i], what, atol=1e-5)
-        check_lse(raw[1], cpu[1], "lse")
-        check_lse(raw[2], cpu[2], "lse_t")
-    # fp16: the plan falls back (bf16 only), so the results are the normalized ones.
-    case16 = GpuCase("raw_partials_fp16", [300, 5], [2000, 100], hq, hkv, causal=True,
-                     temperature=temperature, selection="causal_local", kv=kv, dtype=FP16)
-    pb16 = build(case16, seed=19)
-    assert bits_equal(run(pb16, gpu=True, kv_major_partials="raw", **base), run(pb16, gpu=True, **base))
 
 
 @pytest.mark.parametrize("chunk_rows", [None, 1, 37])

@@ -133,8 +133,6 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_attention", dict(tile_bound="wide"), "tile_bound must be auto, fixed or adaptive, got 'wide'"),
     ("sparse_attention", dict(kv_major_store="ldg"), "kv_major_store must be auto, stg or tma, got 'ldg'"),
     ("sparse_attention", dict(kv_major_math="fast"), "kv_major_math must be auto, precise or approx, got 'fast'"),
-    ("sparse_attention", dict(kv_major_partials="unnormalized"),
-     "kv_major_partials must be auto, normalized or raw, got 'unnormalized'"),
     # kv_major_prefetch (the next KV-major item's bytes asked of L2) was removed: bit-identical and
     # slower on the H200 (32K random 8.29 vs 7.47 ms of kernels, cec7a74).
     ("sparse_attention", dict(kv_major_prefetch="l2"), "unknown plan option 'kv_major_prefetch'"),
@@ -145,7 +143,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     # removed: bit-identical and no faster on the H200 (43c70d4 / fe6e5cc).
     ("sparse_attention", dict(tile_pingpong="on"),
      r"unknown plan option 'tile_pingpong' \(options: schedule, kv_major_kernel, chunk_rows, tile_max_waste, "
-     r"tile_kernel, lists, tile_bound, kv_major_store, kv_major_math, kv_major_partials\)"),
+     r"tile_kernel, lists, tile_bound, kv_major_store, kv_major_math\)"),
     # The KV-major combine variants were removed, and the combine option with them; so was the later
     # in-kernel combine=overlap and its combine_ctas (bit-identical but slower on the H200).
     *[("sparse_attention", dict(combine=v), "unknown plan option 'combine'")
