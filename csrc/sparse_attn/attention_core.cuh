@@ -441,10 +441,14 @@ MSA_DEVICE void softmax_step(float (&s)[kMT][kNT][4], float (&o)[kMT][kON][4], S
   }
 }
 
-// log2-domain LSE of a finished row: m + log2(l), -inf when nothing was visible.
-MSA_DEVICE float row_lse2(float m, float l) { return l > 0.0f ? m + log2f(l) : neg_inf(); }
-MSA_DEVICE float row_lse2_t(float m, float lt, float temp) {
-  return lt > 0.0f ? temp * m + log2f(lt) : neg_inf();
+// log2-domain LSE of a finished row: m + log2(l), -inf when nothing was visible. approx: log2 by
+// MUFU.LG2 (lg2.approx, ~2^-22 absolute for l >= 1; the sm_90a KV-major kernel's kv_major_math=
+// approx) instead of log2f.
+MSA_DEVICE float row_lse2(float m, float l, bool approx = false) {
+  return l > 0.0f ? m + (approx ? log2_approx(l) : log2f(l)) : neg_inf();
+}
+MSA_DEVICE float row_lse2_t(float m, float lt, float temp, bool approx = false) {
+  return lt > 0.0f ? temp * m + (approx ? log2_approx(lt) : log2f(lt)) : neg_inf();
 }
 
 // ---- epilogue store ----------------------------------------------------------------------------

@@ -410,13 +410,9 @@ __global__ void __launch_bounds__(KvMajorSm90Config<kKv>::kThreads, 1)
         const int64_t sl = slots[kvm90_row_index(16 * warp + gid + 8 * tig)];
         if (sl >= 0) {
           const float m = tig ? m_row[1] : m_row[0], l = tig ? l_row[1] : l_row[0];
-          args.part_lse[sl] = !approx ? row_lse2(m, l) : l > 0.0f ? m + log2_approx(l) : neg_inf();
-          if (args.part_lse_t != nullptr) {
-            const float lt = tig ? lt_row[1] : lt_row[0];
-            args.part_lse_t[sl] = !approx ? row_lse2_t(m, lt, temp)
-                                  : lt > 0.0f ? temp * m + log2_approx(lt)
-                                              : neg_inf();
-          }
+          args.part_lse[sl] = row_lse2(m, l, approx);
+          if (args.part_lse_t != nullptr)
+            args.part_lse_t[sl] = row_lse2_t(m, tig ? lt_row[1] : lt_row[0], temp, approx);
         }
       }
       float mul[2];
