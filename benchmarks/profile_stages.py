@@ -16,6 +16,10 @@ Prints torch.profiler's CUDA time per kernel (summed over one call after warm-up
 list building, the main kernels and the combine is visible. Used to direct kernel work; the numbers
 of record come from bench_msa.py.
 
+--host SIZES (e.g. 8K,32K) prints the host time of each op of the M3 pipeline per call (proxy,
+top-k, the selection's transpose, sparse attention: from the call to its return, the GPU idle
+before it; median of 20 calls): what an eager caller pays on the CPU besides the kernels.
+
 --timeline B/CTX[/SQ[/IDX[/KV]]],... (bench_msa's --steps cases) instead replays the captured
 decode step (bench_msa's build_step: proxy -> top-k -> sparse decode in one CUDA graph) with L2
 flushed before each replay, as bench_msa times it, and prints each kernel's start, duration and the
@@ -203,6 +207,66 @@ def timeline(cases, reps=20, proxy_options=None, topk_options=None, decode_optio
         torch.cuda.empty_cache()
 
 
+def host_ops(bench, s):
+    """(name, fn) of the ops of bench_msa's M3 pipeline at s tokens, in its order (the same inputs
+    and arguments as build_pipeline)."""
+    import math
+
+    import bench_msa as bm  # the same directory
+
+    geo = bm.M3
+    iq, ik, cu, nvp = bench.index_inputs(s, geo)
+    g = bench.gen()
+    q = bench.rnd((s, geo["hq"], 128), g)
+    k, v = bench.rnd((s, geo["hkv"], 128), g), bench.rnd((s, geo["hkv"], 128), g)
+    p = math.ceil(s / 128)
+    scores = torch.empty((geo["idx_hq"], p, s), dtype=torch.float32, device=q.device)
+    sel = torch.empty((s, geo["idx_hq"], bm.TOPK), dtype=torch.int32, device=q.device)
+    ops = bench.ops
+    kw = bench.kw_attention(ops.msa_sparse_attention, s)
+    ops.msa_proxy_score(iq, ik, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p, output=scores)
+    ops.msa_topk_select(scores, bm.TOPK, num_valid_pages=nvp, force_end_blocks=1, output=sel)
+    q2k = sel.transpose(0, 1).contiguous()
+    return [("proxy", lambda: ops.msa_proxy_score(iq, ik, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p,
+                                                   output=scores)),
+            ("top-k", lambda: ops.msa_topk_select(scores, bm.TOPK, num_valid_pages=nvp, force_end_blocks=1,
+                                                  output=sel)),
+            ("transpose", lambda: sel.transpose(0, 1).contiguous()),
+            ("sparse attention", lambda: ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True, **kw))]
+
+
+def host_times(ops, reps=20):
+    """Median host time (us) of each (name, fn): from the call to its return, the GPU idle before
+    each call (synchronized), after 3 warm-up calls."""
+    import statistics
+    import time
+
+    out = []
+    for name, fn in ops:
+        for _ in range(3):
+            fn()
+        ts = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        out.append((name, statistics.median(ts)))
+    return out
+
+
+def host(sizes):
+    from profile_msa import make_bench  # the same directory
+
+    bench = make_bench(msa_ops, torch.device("cuda", torch.cuda.current_device()))
+    for s in sizes:
+        times = host_times(host_ops(bench, s))
+        print(f"\n## [host] pipeline {s}: " + ", ".join(f"{name} {us:.1f}" for name, us in times)
+              + " us of host time per call (median of 20, the GPU idle before each)")
+        torch.cuda.empty_cache()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=32768)
@@ -214,7 +278,22 @@ def main(argv=None):
     for stage in ("proxy", "topk", "decode"):
         ap.add_argument(f"--{stage}-options", default="",
                         help=f"with --timeline: the step's {stage} plan options, NAME=VALUE,...")
+    ap.add_argument("--host", default=None,
+                    help="SIZES (e.g. 8K,32K): each pipeline op's host time per call (after --sweep / --timeline)")
     args = ap.parse_args(argv)
+    host_sizes = None
+    if args.host is not None:
+        import bench_msa as bm  # the same directory
+
+        try:
+            host_sizes = bm.parse_sizes(args.host)
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            ap.error(f"--host: {e}")
+        if not host_sizes:
+            ap.error("--host: no size")
+    # --sweep, --timeline and --host run in that order, each where given; their arguments are all
+    # checked before the device is touched.
+    cases = options = None
     if args.timeline is not None:
         import bench_msa as bm  # the same directory
 
@@ -224,14 +303,18 @@ def main(argv=None):
                        for s in ("proxy", "topk", "decode")}
         except (argparse.ArgumentTypeError, ValueError) as e:
             ap.error(f"--timeline: {e}")
-        timeline(cases, **options)
-        return
     if args.sweep:
         try:
-            sweep_cases(None, args.sweep)  # the specs checked before the device is touched
+            sweep_cases(None, args.sweep)
         except ValueError as e:
             ap.error(str(e))
+    if args.sweep:
         sweep(args.sweep)
+    if cases is not None:
+        timeline(cases, **options)
+    if host_sizes is not None:
+        host(host_sizes)
+    if args.sweep or cases is not None or host_sizes is not None:
         return
     dev = torch.device("cuda")
     gen = msa_inputs.cuda_generator(0, dev)

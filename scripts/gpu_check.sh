@@ -39,10 +39,11 @@
 #              $OUT/sanitizer-initcheck-control.log. H200, 482 calls, 16 shards: memcheck,
 #              initcheck and synccheck ~2 min together, racecheck ~4.5 min by itself
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
-#   stages     only with SWEEP=... or TIMELINE=...: benchmarks/profile_stages.py, the kernels of a
+#   stages     only with SWEEP=..., TIMELINE=... or HOST_TIME=...: benchmarks/profile_stages.py, the kernels of a
 #              call by torch.profiler (no Nsight Compute replay): --sweep per SWEEP spec (kernel
 #              totals per call of bench_msa's M3 builders under each plan-option point, e.g. an
-#              option A/B at 128K), --timeline TIMELINE (the captured decode step's kernels and gaps),
+#              option A/B at 128K; each call's span on the GPU and its gaps), --timeline TIMELINE (the
+#              captured decode step's kernels and gaps), --host HOST_TIME (each pipeline op's host time),
 #              to $OUT/stages.log; the sweep totals in the summary
 #   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
 #              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB), and 4096 with the decode
@@ -93,6 +94,7 @@
 #                              (e.g. "pipeline:131072:default,kv_major_math=precise"; W: default, a
 #                              tile_max_waste bound or KEY=VALUE+...)
 #   TIMELINE=B/CTX[/SQ[/IDX[/KV]]],...  profile_stages.py --timeline cases (the graphed decode step)
+#   HOST_TIME=8K,32K           profile_stages.py --host sizes (host time per call of each pipeline op)
 #   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
 #   PROFILE_CASE_TIMEOUT=150   seconds one profile case may take (a hang costs no more)
 #   PROFILE_KERNEL=regex       only the kernels of those cases whose name matches (ncu
@@ -537,18 +539,20 @@ step_bench() {
   record bench "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "${mode:-full}: ${detail:-no result line}"
 }
 
-# ---- (d'') kernel totals per call by torch.profiler (only with SWEEP=... or TIMELINE=...) -------
+# ---- (d'') kernel totals per call by torch.profiler (only with SWEEP=..., TIMELINE=... or HOST_TIME=...) --
 step_stages() {
   local log=$OUT_DIR/stages.log start=$SECONDS rc=0 s args=()
   : >"$log"
   for s in ${SWEEP:-}; do args+=(--sweep "$s"); done
   [[ -n ${TIMELINE:-} ]] && args+=(--timeline "$TIMELINE")
+  [[ -n ${HOST_TIME:-} ]] && args+=(--host "$HOST_TIME")
   run_logged "$log" "$PY" benchmarks/profile_stages.py "${args[@]}" || rc=$?
   trim_log "$log"
   # One "point: X ms" per sweep point, in the order run.
   local detail
-  detail=$(sed -nE 's/^## \[sweep\] (.*): ([0-9.]+ ms) of kernels per call.*/\1: \2/p' "$log" | paste -sd ';' - |
-           sed 's/;/; /g')
+  detail=$( { sed -nE 's/^## \[sweep\] (.*): ([0-9.]+ ms) of kernels per call.*/\1: \2/p' "$log"
+             sed -nE 's/^## \[host\] pipeline ([0-9]+): (.*) us of host time per call.*/host \1: \2 us/p' "$log"; } |
+           paste -sd ';' - | sed 's/;/; /g')
   [[ -n $detail ]] || detail="-> stages.log"
   (( rc == 124 )) && detail="cut by TIME_BUDGET; ${detail}"
   record stages "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) "$detail"
@@ -647,7 +651,7 @@ if [[ -n ${SKIP_TESTS:-} ]]; then record pytest SKIP 0 "SKIP_TESTS"; else step_p
 [[ -n ${FUZZ:-} ]] && step_fuzz
 if [[ -n ${SKIP_SANITIZER:-} ]]; then record sanitizer SKIP 0 "SKIP_SANITIZER"; else step_sanitizer; fi
 if [[ -n ${SKIP_BENCH:-} ]]; then record bench SKIP 0 "SKIP_BENCH"; else step_bench; fi
-[[ -n ${SWEEP:-}${TIMELINE:-} ]] && step_stages
+[[ -n ${SWEEP:-}${TIMELINE:-}${HOST_TIME:-} ]] && step_stages
 [[ -n ${MICRO:-} ]] && step_micro
 [[ -n ${PROFILE:-} ]] && step_profile
 

@@ -74,12 +74,16 @@ int prepare_launch(const void* kernel, int threads, size_t smem_bytes) {
 }
 
 int prepare_sm90a_launch(const void* kernel, int threads, size_t smem_bytes) {
-  const DeviceLimits& lim = current_device_limits();
-  if (lim.cc_major != 9 || lim.cc_minor != 0 || smem_bytes > size_t(lim.max_smem_per_block_optin)) return 0;
-  cudaFuncAttributes attr{};
-  MSA_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  if (attr.binaryVersion != 90) return 0;
-  return prepare_launch(kernel, threads, smem_bytes);
+  // Cached as prepare_launch is: the sparse attention's planner asks this for every sm_90a kernel
+  // variant on every call (its device facts), and cudaFuncGetAttributes is not a cheap call.
+  return once_per_launch(kernel, threads, smem_bytes, [&](int) {
+    const DeviceLimits& lim = current_device_limits();
+    if (lim.cc_major != 9 || lim.cc_minor != 0 || smem_bytes > size_t(lim.max_smem_per_block_optin)) return 0;
+    cudaFuncAttributes attr{};
+    MSA_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    if (attr.binaryVersion != 90) return 0;
+    return prepare_launch(kernel, threads, smem_bytes);
+  });
 }
 
 int prepare_cluster_launch(const void* kernel, int threads, size_t smem_bytes) {

@@ -44,6 +44,7 @@ int prepare_launch(Kernel* kernel, int threads, size_t smem_bytes) {
 // prepare_launch for a kernel written for sm_90a (wgmma): 0 instead of an error when the current
 // device cannot run it, i.e. it is not a 9.0 device, lacks the shared memory, or the library's
 // image of the kernel for it is not the sm_90a one (an sm_90a kernel body is a trap elsewhere).
+// Cached per (kernel, device, threads, shared memory), as prepare_launch is.
 int prepare_sm90a_launch(const void* kernel, int threads, size_t smem_bytes);
 
 template <typename Kernel>

@@ -114,6 +114,16 @@ def test_profile_stages_timeline_splits_replays():
     assert span == 26.5
 
 
+@pytest.mark.parametrize("sizes", ["100", "abc", ","])
+def test_profile_stages_host_rejects_bad_sizes(sizes, capsys):
+    """--host SIZES: a size that is not a positive multiple of 128 tokens is an argument error before
+    the device is touched."""
+    profile_stages = load_script("profile_stages")
+    with pytest.raises(SystemExit) as e:
+        profile_stages.main(["--host", sizes])
+    assert e.value.code == 2 and "--host" in capsys.readouterr().err
+
+
 def test_profile_stages_sweep_reports_the_span_and_gaps():
     """--sweep: beside the kernel totals, each call's span on the GPU and the time between its
     kernels (medians over the calls), the largest gaps named; nothing where the calls differ."""

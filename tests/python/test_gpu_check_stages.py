@@ -20,7 +20,8 @@ if [[ $1 == benchmarks/profile_stages.py ]]; then
   echo "wrapper args: $*"
   echo "## [sweep] pipeline 131072 tile_max_waste=default: 44.100 ms of kernels per call"
   echo "     20.000 ms  x33   kv_major_sm90_kernel"
-  echo "## [sweep] pipeline 131072 kv_major_math=precise: 45.200 ms of kernels per call"
+  echo "## [sweep] pipeline 131072 kv_major_math=precise: 45.200 ms of kernels per call; 45.6 ms on the GPU"
+  echo "## [host] pipeline 8192: proxy 29.0, top-k 22.3, transpose 16.2, sparse attention 130.3 us of host time per call (median of 20)"
   exit ${FAKE_STAGES_RC:-0}
 fi
 exec "%s" "$@"
@@ -47,14 +48,23 @@ def test_sweep_and_timeline_reach_profile_stages_and_the_summary(tmp_path):
     assert ("wrapper args: benchmarks/profile_stages.py --sweep pipeline:131072:default,kv_major_math=precise "
             "--sweep random:32768:2 --timeline 1/128K,64/32K") in log, log
     assert len(lines) == 1 and " PASS " in lines[0], lines
-    assert lines[0].endswith("pipeline 131072 tile_max_waste=default: 44.100 ms; "
-                             "pipeline 131072 kv_major_math=precise: 45.200 ms"), lines[0]
+    assert ("pipeline 131072 tile_max_waste=default: 44.100 ms; "
+            "pipeline 131072 kv_major_math=precise: 45.200 ms; host 8192: ") in lines[0], lines[0]
 
 
 def test_a_failing_run_fails_the_step(tmp_path):
     proc, lines, _ = run_stages(tmp_path, TIMELINE="1/128K", FAKE_STAGES_RC="3")
     assert proc.returncode == 1
     assert len(lines) == 1 and " FAIL " in lines[0], lines
+
+
+def test_host_time_reaches_profile_stages_and_the_summary(tmp_path):
+    proc, lines, out = run_stages(tmp_path, HOST_TIME="8K,32K")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (out / "stages.log").read_text()
+    assert "wrapper args: benchmarks/profile_stages.py --host 8K,32K" in log, log
+    assert len(lines) == 1 and " PASS " in lines[0], lines
+    assert lines[0].endswith("host 8192: proxy 29.0, top-k 22.3, transpose 16.2, sparse attention 130.3 us"), lines[0]
 
 
 def test_no_step_without_sweep_or_timeline(tmp_path):
