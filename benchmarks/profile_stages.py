@@ -48,7 +48,8 @@ def span_text(kernels, reps):
     worst = sorted((r for r in rows if r[3] > 0), key=lambda r: -r[3])[:3]
     gaps = ", ".join(f"{r[3]:.1f} us before {r[0][:40]}" for r in worst)
     return (f"; {span / 1000:.3f} ms on the GPU from the call's first kernel start to its last kernel end, "
-            f"{idle / 1000:.3f} ms of it between {len(rows) - 1} kernel hand-offs" + (f" (largest: {gaps})" if gaps else ""))
+            f"{idle / 1000:.3f} ms of it between {len(rows) - 1} kernel hand-offs"
+            + (f" (largest: {gaps})" if gaps else ""))
 
 
 def profile(label, fn, reps=3):
@@ -279,7 +280,7 @@ def main(argv=None):
         ap.add_argument(f"--{stage}-options", default="",
                         help=f"with --timeline: the step's {stage} plan options, NAME=VALUE,...")
     ap.add_argument("--host", default=None,
-                    help="SIZES (e.g. 8K,32K): each pipeline op's host time per call (after --sweep / --timeline)")
+                    help="SIZES (e.g. 8K,32K): each pipeline op's host time per call (after --sweep, --timeline)")
     args = ap.parse_args(argv)
     host_sizes = None
     if args.host is not None:

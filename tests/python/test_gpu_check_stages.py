@@ -21,7 +21,8 @@ if [[ $1 == benchmarks/profile_stages.py ]]; then
   echo "## [sweep] pipeline 131072 tile_max_waste=default: 44.100 ms of kernels per call"
   echo "     20.000 ms  x33   kv_major_sm90_kernel"
   echo "## [sweep] pipeline 131072 kv_major_math=precise: 45.200 ms of kernels per call; 45.6 ms on the GPU"
-  echo "## [host] pipeline 8192: proxy 29.0, top-k 22.3, transpose 16.2, sparse attention 130.3 us of host time per call (median of 20)"
+  echo "## [host] pipeline 8192: proxy 29.0, top-k 22.3, transpose 16.2, sparse attention 130.3 us of host" \
+       "time per call (median of 20)"
   exit ${FAKE_STAGES_RC:-0}
 fi
 exec "%s" "$@"
