@@ -16,9 +16,14 @@ Prints torch.profiler's CUDA time per kernel (summed over one call after warm-up
 list building, the main kernels and the combine is visible. Used to direct kernel work; the numbers
 of record come from bench_msa.py.
 
---host SIZES (e.g. 8K,32K) prints the host time of each op of the M3 pipeline per call (proxy,
-top-k, the selection's transpose, sparse attention: from the call to its return, the GPU idle
-before it; median of 20 calls): what an eager caller pays on the CPU besides the kernels.
+--host ITEMS (e.g. 8K,32K,1/32K,64/32K/1/fp8) prints the host time per call of each op of the M3
+pipeline at a prefill size (proxy, top-k, the selection's transpose, sparse attention) or of bench_msa's
+eager decode step at a step case B/CTX[/SQ[/IDX[/KV]]] (proxy, top-k, sparse decode, the whole
+step): from the call to its return, median of 20 calls, once with the GPU idle before each call and
+once with the GPU still busy (a ~1 ms spin queued before each call, as an engine's host runs ahead
+of its GPU); then, per op, torch.profiler's CPU records of the call (CUDA runtime calls, ATen ops),
+and the same two times for a trivial torch op (control): what an eager caller pays on the CPU
+besides the kernels.
 
 --timeline B/CTX[/SQ[/IDX[/KV]]],... (bench_msa's --steps cases) instead replays the captured
 decode step (bench_msa's build_step: proxy -> top-k -> sparse decode in one CUDA graph) with L2
@@ -236,9 +241,43 @@ def host_ops(bench, s):
             ("sparse attention", lambda: ops.msa_sparse_attention(q, k, v, q2k, cu, cu, causal=True, **kw))]
 
 
-def host_times(ops, reps=20):
-    """Median host time (us) of each (name, fn): from the call to its return, the GPU idle before
-    each call (synchronized), after 3 warm-up calls."""
+def host_step_ops(bench, case):
+    """(name, fn) of the ops of bench_msa's eager decode step (proxy -> top-k -> sparse decode,
+    the arguments an engine passes: max_seqlen_q, max_k_tiles, outputs and a grown workspace), then
+    the whole step."""
+    import bench_msa as bm  # the same directory
+
+    b, ctx, sq, idx, kv = case
+    step = bm.DecodeStep(bench.ops, b, ctx, sq, bm.STEP_INDEX_DTYPES[idx], bm.STEP_DTYPES[kv],
+                         bench.gen(), bench.device)
+    step()  # plans, kernels, the workspace grown
+    kw = dict(page_table=step.page_table, seqused_k=step.seqused, causal=True,
+              max_seqlen_q=step.seqlen_q, max_k_tiles=step.nb, output=step.scores)
+    if step.index_fp4:
+        def proxy():
+            step.proxy_score(step.index_q4, step.index_k, step.index_q_scale, step.index_k_scale,
+                             step.index_q_gs, step.index_k_gs, step.cu_q, None, **kw)
+    else:
+        def proxy():
+            step.proxy_score(step.index_q, step.index_k, step.cu_q, None, **kw)
+    return [("proxy", proxy),
+            ("top-k", lambda: step.topk_select(step.scores, step.topk, num_valid_pages=step.nvp,
+                                               output=step.sel, force_end_blocks=1)),
+            ("sparse decode", lambda: step.decode(step.q, step.k, step.v, step.q2k, page_table=step.page_table,
+                                                  seqused_k=step.seqused, seqlen_q=step.seqlen_q, causal=True,
+                                                  workspace=step.workspace)),
+            ("step", step)]
+
+
+# The GPU kept busy ahead of a timed call (torch.cuda._sleep's spin, in GPU cycles: ~1 ms on an
+# H200), so that the call's launches queue behind running work as an engine's do.
+BUSY_CYCLES = 2_000_000
+
+
+def host_times(ops, reps=20, busy=False):
+    """Median host time (us) of each (name, fn): from the call to its return, after 3 warm-up
+    calls; the GPU idle before each call (synchronized), or with busy=True still running a ~1 ms
+    spin queued just before it (the engine's case: the host enqueues ahead of the GPU)."""
     import statistics
     import time
 
@@ -249,6 +288,8 @@ def host_times(ops, reps=20):
         ts = []
         for _ in range(reps):
             torch.cuda.synchronize()
+            if busy:
+                torch.cuda._sleep(BUSY_CYCLES)
             t0 = time.perf_counter()
             fn()
             ts.append((time.perf_counter() - t0) * 1e6)
@@ -257,15 +298,72 @@ def host_times(ops, reps=20):
     return out
 
 
-def host(sizes):
+def host_api(fn, reps=10):
+    """Where one call's host time goes, by torch.profiler's CPU records of `reps` calls (each behind
+    a queued ~1 ms GPU spin): the CUDA runtime calls and the ATen ops, "name count x mean us" per
+    call, largest total first."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(BUSY_CYCLES)
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        name = e.key
+        if name.startswith(("cuda", "cu", "aten::", "flashmsa::")) and name not in (
+                "cudaDeviceSynchronize", "cudaStreamSynchronize") and "_sleep" not in name:
+            rows.append((e.cpu_time_total / reps, e.count / reps, name))
+    rows.sort(reverse=True)
+    return "; ".join(f"{name} {count:g} x {total / max(count, 1e-9):.1f}" for total, count, name in rows[:8])
+
+
+def host_control():
+    """The same two measures of a trivial CUDA op (an in-place add on one element): the machine's
+    own launch cost, to read the ops' times against."""
+    x = torch.zeros(1, device="cuda")
+    return [("add_", lambda: x.add_(1))]
+
+
+def host(cases):
     from profile_msa import make_bench  # the same directory
 
     bench = make_bench(msa_ops, torch.device("cuda", torch.cuda.current_device()))
-    for s in sizes:
-        times = host_times(host_ops(bench, s))
-        print(f"\n## [host] pipeline {s}: " + ", ".join(f"{name} {us:.1f}" for name, us in times)
+    for label, ops in [("control", host_control())] + [
+            (host_label(c), host_ops(bench, c) if isinstance(c, int) else host_step_ops(bench, c))
+            for c in cases]:
+        idle, busy = host_times(ops), host_times(ops, busy=True)
+        head = label if label == "control" else f"{'step' if '/' in label else 'pipeline'} {label}"
+        print(f"\n## [host] {head}: " + ", ".join(f"{name} {us:.1f}" for name, us in idle)
               + " us of host time per call (median of 20, the GPU idle before each)")
+        print(f"## [host, GPU busy] {head}: " + ", ".join(f"{name} {us:.1f}" for name, us in busy)
+              + " us of host time per call (median of 20, each behind a queued ~1 ms GPU spin)")
+        for name, fn in ops:
+            if name not in ("transpose", "step", "add_"):
+                print(f"   {name}: {host_api(fn)} (us per call, profiled)")
+        del ops
         torch.cuda.empty_cache()
+
+
+def host_label(case):
+    if isinstance(case, int):
+        return str(case)
+    b, ctx, sq, idx, kv = case
+    return f"B{b}/{ctx // 1024}K" + (f"/sq{sq}" if sq != 1 else "") + f" {idx}/{kv}"
+
+
+def parse_host(text):
+    """--host items: prefill sizes ("8K": the M3 pipeline's ops) and decode step cases
+    ("1/32K[/SQ[/IDX[/KV]]]": the eager step's ops), comma-separated."""
+    import bench_msa as bm  # the same directory
+
+    cases = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        cases += bm.parse_cases(part, True) if "/" in part else bm.parse_sizes(part)
+    return cases
 
 
 def main(argv=None):
@@ -284,10 +382,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     host_sizes = None
     if args.host is not None:
-        import bench_msa as bm  # the same directory
-
         try:
-            host_sizes = bm.parse_sizes(args.host)
+            host_sizes = parse_host(args.host)
         except (argparse.ArgumentTypeError, ValueError) as e:
             ap.error(f"--host: {e}")
         if not host_sizes:

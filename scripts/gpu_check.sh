@@ -43,7 +43,8 @@
 #              call by torch.profiler (no Nsight Compute replay): --sweep per SWEEP spec (kernel
 #              totals per call of bench_msa's M3 builders under each plan-option point, e.g. an
 #              option A/B at 128K; each call's span on the GPU and its gaps), --timeline TIMELINE (the
-#              captured decode step's kernels and gaps), --host HOST_TIME (each pipeline op's host time),
+#              captured decode step's kernels and gaps), --host HOST_TIME (each pipeline or decode
+#              step op's host time, the GPU idle and busy),
 #              to $OUT/stages.log; the sweep totals in the summary
 #   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
 #              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB), and 4096 with the decode
@@ -94,7 +95,9 @@
 #                              (e.g. "pipeline:131072:default,kv_major_math=precise"; W: default, a
 #                              tile_max_waste bound or KEY=VALUE+...)
 #   TIMELINE=B/CTX[/SQ[/IDX[/KV]]],...  profile_stages.py --timeline cases (the graphed decode step)
-#   HOST_TIME=8K,32K           profile_stages.py --host sizes (host time per call of each pipeline op)
+#   HOST_TIME=8K,32K,1/32K     profile_stages.py --host items: prefill sizes (each pipeline op's host time
+#                              per call) and decode step cases B/CTX[/SQ[/IDX[/KV]]] (each step op's),
+#                              the GPU idle and busy before each call
 #   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
 #   PROFILE_CASE_TIMEOUT=150   seconds one profile case may take (a hang costs no more)
 #   PROFILE_KERNEL=regex       only the kernels of those cases whose name matches (ncu
@@ -551,7 +554,9 @@ step_stages() {
   # One "point: X ms" per sweep point, in the order run.
   local detail
   detail=$( { sed -nE 's/^## \[sweep\] (.*): ([0-9.]+ ms) of kernels per call.*/\1: \2/p' "$log"
-             sed -nE 's/^## \[host\] pipeline ([0-9]+): (.*) us of host time per call.*/host \1: \2 us/p' "$log"; } |
+             sed -nE 's/^## \[host\] (pipeline|step) ([^:]+): (.*) us of host time per call.*/host \2: \3 us/p' "$log"
+             sed -nE 's/^## \[host, GPU busy\] (pipeline|step) ([^:]+): (.*) us of host time per call.*/host busy \2: \3 us/p' \
+               "$log"; } |
            paste -sd ';' - | sed 's/;/; /g')
   [[ -n $detail ]] || detail="-> stages.log"
   (( rc == 124 )) && detail="cut by TIME_BUDGET; ${detail}"

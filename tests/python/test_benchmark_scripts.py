@@ -114,14 +114,22 @@ def test_profile_stages_timeline_splits_replays():
     assert span == 26.5
 
 
-@pytest.mark.parametrize("sizes", ["100", "abc", ","])
+@pytest.mark.parametrize("sizes", ["100", "abc", ",", "1/100", "0/32K", "1/32K/1/int8"])
 def test_profile_stages_host_rejects_bad_sizes(sizes, capsys):
-    """--host SIZES: a size that is not a positive multiple of 128 tokens is an argument error before
-    the device is touched."""
+    """--host ITEMS: a size that is not a positive multiple of 128 tokens, or a step case that
+    bench_msa's --steps would refuse, is an argument error before the device is touched."""
     profile_stages = load_script("profile_stages")
     with pytest.raises(SystemExit) as e:
         profile_stages.main(["--host", sizes])
     assert e.value.code == 2 and "--host" in capsys.readouterr().err
+
+
+def test_profile_stages_host_items():
+    """--host ITEMS mixes prefill sizes and decode step cases, in order, labelled as printed."""
+    profile_stages = load_script("profile_stages")
+    cases = profile_stages.parse_host("8K, 1/128K/1/fp8,64/32K/4")
+    assert cases == [8192, (1, 131072, 1, "fp8", "fp8"), (64, 32768, 4, "bf16", "bf16")]
+    assert [profile_stages.host_label(c) for c in cases] == ["8192", "B1/128K fp8/fp8", "B64/32K/sq4 bf16/bf16"]
 
 
 def test_profile_stages_sweep_reports_the_span_and_gaps():
