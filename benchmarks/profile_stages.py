@@ -19,9 +19,9 @@ of record come from bench_msa.py.
 --host ITEMS (e.g. 8K,32K,1/32K,64/32K/1/fp8) prints the host time per call of each op of the M3
 pipeline at a prefill size (proxy, top-k, the selection's transpose, sparse attention) or of bench_msa's
 eager decode step at a step case B/CTX[/SQ[/IDX[/KV]]] (proxy, top-k, sparse decode, the whole
-step): from the call to its return, median of 20 calls, once with the GPU idle before each call and
-once with the GPU still busy (a ~1 ms spin queued before each call, as an engine's host runs ahead
-of its GPU); then, per op, torch.profiler's CPU records of the call (CUDA runtime calls, ATen ops),
+step): from the call to its return, median of 20 calls, with the GPU idle before each call, with
+the GPU still busy (a ~1 ms spin queued before each call) and with the 20 calls back to back behind
+one long spin (steady: an engine's host running ahead of its GPU); then, per op, torch.profiler's CPU records of the call (CUDA runtime calls, ATen ops),
 and the same two times for a trivial torch op (control): what an eager caller pays on the CPU
 besides the kernels.
 
@@ -274,10 +274,12 @@ def host_step_ops(bench, case):
 BUSY_CYCLES = 2_000_000
 
 
-def host_times(ops, reps=20, busy=False):
+def host_times(ops, reps=20, mode="idle"):
     """Median host time (us) of each (name, fn): from the call to its return, after 3 warm-up
-    calls; the GPU idle before each call (synchronized), or with busy=True still running a ~1 ms
-    spin queued just before it (the engine's case: the host enqueues ahead of the GPU)."""
+    calls. mode "idle": the GPU idle before each call (synchronized); "busy": a ~1 ms GPU spin
+    queued just before each call; "steady": the reps calls back to back behind one long spin, so
+    that the GPU is busy throughout and each call follows the previous one at once (an engine's
+    host running ahead of its GPU)."""
     import statistics
     import time
 
@@ -286,9 +288,13 @@ def host_times(ops, reps=20, busy=False):
         for _ in range(3):
             fn()
         ts = []
-        for _ in range(reps):
+        if mode == "steady":
             torch.cuda.synchronize()
-            if busy:
+            torch.cuda._sleep(BUSY_CYCLES * (reps + 2))
+        for _ in range(reps):
+            if mode != "steady":
+                torch.cuda.synchronize()
+            if mode == "busy":
                 torch.cuda._sleep(BUSY_CYCLES)
             t0 = time.perf_counter()
             fn()
@@ -335,12 +341,14 @@ def host(cases):
     for label, ops in [("control", host_control())] + [
             (host_label(c), host_ops(bench, c) if isinstance(c, int) else host_step_ops(bench, c))
             for c in cases]:
-        idle, busy = host_times(ops), host_times(ops, busy=True)
+        idle, busy, steady = (host_times(ops, mode=m) for m in ("idle", "busy", "steady"))
         head = label if label == "control" else f"{'step' if '/' in label else 'pipeline'} {label}"
         print(f"\n## [host] {head}: " + ", ".join(f"{name} {us:.1f}" for name, us in idle)
               + " us of host time per call (median of 20, the GPU idle before each)")
         print(f"## [host, GPU busy] {head}: " + ", ".join(f"{name} {us:.1f}" for name, us in busy)
               + " us of host time per call (median of 20, each behind a queued ~1 ms GPU spin)")
+        print(f"## [host, steady] {head}: " + ", ".join(f"{name} {us:.1f}" for name, us in steady)
+              + " us of host time per call (median of 20 calls back to back, the GPU busy throughout)")
         for name, fn in ops:
             if name not in ("transpose", "step", "add_"):
                 print(f"   {name}: {host_api(fn)} (us per call, profiled)")

@@ -44,7 +44,7 @@
 #              totals per call of bench_msa's M3 builders under each plan-option point, e.g. an
 #              option A/B at 128K; each call's span on the GPU and its gaps), --timeline TIMELINE (the
 #              captured decode step's kernels and gaps), --host HOST_TIME (each pipeline or decode
-#              step op's host time, the GPU idle and busy),
+#              step op's host time: the GPU idle, busy, steady),
 #              to $OUT/stages.log; the sweep totals in the summary
 #   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
 #              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB), and 4096 with the decode
@@ -97,7 +97,7 @@
 #   TIMELINE=B/CTX[/SQ[/IDX[/KV]]],...  profile_stages.py --timeline cases (the graphed decode step)
 #   HOST_TIME=8K,32K,1/32K     profile_stages.py --host items: prefill sizes (each pipeline op's host time
 #                              per call) and decode step cases B/CTX[/SQ[/IDX[/KV]]] (each step op's),
-#                              the GPU idle and busy before each call
+#                              the GPU idle before each call and busy throughout
 #   PROFILE=a,b                profile_msa.py cases to run under ncu (e.g. "proxy_decode_b64")
 #   PROFILE_CASE_TIMEOUT=150   seconds one profile case may take (a hang costs no more)
 #   PROFILE_KERNEL=regex       only the kernels of those cases whose name matches (ncu
@@ -555,7 +555,7 @@ step_stages() {
   local detail
   detail=$( { sed -nE 's/^## \[sweep\] (.*): ([0-9.]+ ms) of kernels per call.*/\1: \2/p' "$log"
              sed -nE 's/^## \[host\] (pipeline|step) ([^:]+): (.*) us of host time per call.*/host \2: \3 us/p' "$log"
-             sed -nE 's/^## \[host, GPU busy\] (pipeline|step) ([^:]+): (.*) us of host time per call.*/host busy \2: \3 us/p' \
+             sed -nE 's/^## \[host, steady\] (pipeline|step) ([^:]+): (.*) us of host time per call.*/host steady \2: \3 us/p' \
                "$log"; } |
            paste -sd ';' - | sed 's/;/; /g')
   [[ -n $detail ]] || detail="-> stages.log"

@@ -176,6 +176,10 @@ inline constexpr int kUnionMaxTokens = 8;  // G >= 16 (and 128 % G == 0): token 
 // most a tile of topk 64 could have under the default whole-union criterion.
 inline constexpr int kUnionMaxBlocks = 96;
 
+// UnionArgs::control: two int counters, then two 64-bit pair counts (cleared before the plan
+// kernel runs: by the KV-major preparation kernel, launch.h).
+inline constexpr int kUnionControlBytes = 2 * 4 + 2 * 8;
+
 struct UnionArgs {
   SparseAttnParams p;
   int group;

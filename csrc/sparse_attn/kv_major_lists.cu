@@ -2,8 +2,9 @@
 // (kv head, flat block)), run once per launch group of query rows (lists=per_group), or once for
 // the launch groups of the whole call (lists=once: the same kernels over all rows, each group with
 // its own counters, list, items and control, see KvMajorArgs::list_groups):
-//   block_base   flat block numbering: sequence b's blocks are columns [base[b], base[b+1]);
-//   zero_counts  clears the per-(group, kv head, column) counters once per call;
+//   prepare      once per call, the call's first kernel: the flat block numbering (sequence b's
+//                blocks are columns [base[b], base[b+1])), the per-(group, kv head, column)
+//                counters cleared, and the shared-selection tiles' control words cleared;
 //   count        histogram of the pairs with integer atomics (a CTA's pairs of one counter summed in
 //                shared memory first, one global atomic per counter and CTA); slots that get no pair (list end,
 //                duplicate, out-of-range id, invalid page, block the row cannot see, row of no
@@ -17,7 +18,9 @@
 // The order of the pairs inside a list depends on the atomics; the results do not (see kv_major.cuh).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 
 #include "flashmsa/error.h"
 #include "sparse_attn/attention_core.cuh"
@@ -58,7 +61,13 @@ __device__ T block_exclusive_scan(T v, T* s_warp, T* total) {
   return out;
 }
 
-__global__ void __launch_bounds__(kScanThreads) block_base_kernel(const __grid_constant__ KvMajorArgs a) {
+// The call's preparation in one launch: every CTA scans the sequences' block counts (the flat
+// block numbering: sequence b's blocks are columns [base[b], base[b+1]), clamped to nb_bound),
+// CTA 0 stores the bases, every CTA clears its share of the per-(group, kv head, column) counters,
+// and CTA 0 clears `zero_words` (the shared-selection tiles' control words, which the union plan
+// kernel launched next counts into).
+__global__ void __launch_bounds__(kScanThreads) prepare_kernel(const __grid_constant__ KvMajorArgs a,
+                                                                unsigned long long* zero_words, int num_zero_words) {
   __shared__ int64_t s_warp[32];
   __shared__ int64_t s_total;
   const int n = a.p.batch;
@@ -69,18 +78,18 @@ __global__ void __launch_bounds__(kScanThreads) block_base_kernel(const __grid_c
   int64_t run = block_exclusive_scan<int64_t>(sum, s_warp, &s_total);
   // Columns past nb_bound (only malformed, overlapping flat sequences get there) are dropped by
   // the builder; clamping keeps every stored base a valid int.
-  for (int b = begin; b < end; ++b) {
-    a.block_base[b] = int(run < a.nb_bound ? run : int64_t(a.nb_bound));
-    run += num_blocks(kv_seqlen(a.p.kv, b));
+  const int nb = int(s_total < a.nb_bound ? s_total : int64_t(a.nb_bound));
+  if (blockIdx.x == 0) {
+    for (int b = begin; b < end; ++b) {
+      a.block_base[b] = int(run < a.nb_bound ? run : int64_t(a.nb_bound));
+      run += num_blocks(kv_seqlen(a.p.kv, b));
+    }
+    if (threadIdx.x == 0) a.block_base[n] = nb;
+    if (int(threadIdx.x) < num_zero_words) zero_words[threadIdx.x] = 0;
   }
-  if (threadIdx.x == 0) a.block_base[n] = int(s_total < a.nb_bound ? s_total : int64_t(a.nb_bound));
-}
-
-__global__ void zero_counts_kernel(const __grid_constant__ KvMajorArgs a) {
-  const int nb = a.block_base[a.p.batch];
   // (group, kv head) pairs: their counter rows are nb_bound apart.
-  const int64_t n = int64_t(a.list_groups) * a.p.num_kv_heads * nb;
-  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n;
+  const int64_t total = int64_t(a.list_groups) * a.p.num_kv_heads * nb;
+  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < total;
        x += int64_t(gridDim.x) * blockDim.x) {
     const int64_t gk = x / nb, col = x % nb;
     a.counts[gk * a.nb_bound + col] = 0;
@@ -319,10 +328,13 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const __grid_constan
 
 }  // namespace
 
-void launch_kv_major_prepare(const KvMajorArgs& a, int num_sms, cudaStream_t stream) {
-  block_base_kernel<<<1, kScanThreads, 0, stream>>>(a);
-  MSA_CUDA_CHECK(cudaGetLastError());
-  zero_counts_kernel<<<2 * num_sms, 256, 0, stream>>>(a);
+void launch_kv_major_prepare(const KvMajorArgs& a, int num_sms, void* zero_words, int zero_bytes,
+                             cudaStream_t stream) {
+  MSA_CHECK(zero_bytes >= 0 && zero_bytes % 8 == 0 && zero_bytes / 8 <= kScanThreads &&
+                reinterpret_cast<uintptr_t>(zero_words) % 8 == 0,
+            "msa_sparse_attention: control words to clear out of range (planner bug)");
+  prepare_kernel<<<unsigned(std::max(1, num_sms / 2)), kScanThreads, 0, stream>>>(
+      a, static_cast<unsigned long long*>(zero_words), zero_bytes / 8);
   MSA_CUDA_CHECK(cudaGetLastError());
 }
 

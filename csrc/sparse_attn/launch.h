@@ -55,7 +55,9 @@ template <typename Elem>
 int kv_major_tma_sm90_ctas_per_sm();
 
 // Shared-selection tiles (union_plan.cu, union_sm90.cuh): the plan of every (kv head, tile) and
-// the persistent sm_90a attention kernel over the qualifying ones (bf16 / fp16 / fp8 K and V).
+// the persistent sm_90a attention kernel over the qualifying ones (bf16 / fp16 / fp8 K and V). The
+// plan's control words (UnionArgs::control, kUnionControlBytes) must be zero when it starts: the
+// KV-major preparation kernel launched before it clears them.
 void launch_union_plan(const UnionArgs& args, cudaStream_t stream);
 template <typename Elem, KvKind kKv>
 void launch_union_sm90(const UnionArgs& args, int grid, cudaStream_t stream);
@@ -89,8 +91,12 @@ void launch_mtp_wgmma_fp8_sm90(const QueryMajorArgs& args, int grid, cudaStream_
 template <typename Elem>
 int mtp_wgmma_fp8_sm90_ctas_per_sm();
 
-// KV-major list building (kv_major_lists.cu): once per call, then once per launch group.
-void launch_kv_major_prepare(const KvMajorArgs& args, int num_sms, cudaStream_t stream);
+// KV-major list building (kv_major_lists.cu): once per call, then once per launch group. The
+// preparation is the call's first kernel: it also clears `zero_bytes` (a multiple of 8, at most
+// 8 KB) at `zero_words`, the shared-selection tiles' control words that launch_union_plan expects
+// cleared.
+void launch_kv_major_prepare(const KvMajorArgs& args, int num_sms, void* zero_words, int zero_bytes,
+                             cudaStream_t stream);
 void launch_kv_major_lists(const KvMajorArgs& args, cudaStream_t stream);
 
 // Combine of partials into out (bf16 or fp16) and the LSEs (combine.cu).

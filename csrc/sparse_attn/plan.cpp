@@ -382,7 +382,7 @@ bool plan_kv_major(const SparseAttnParams& p, const SparseAttnOptions& o, const 
     plan.tile_block_off = ws.take("tile.block", tiles * plan.tile_max_entries * 4);
     plan.tile_mask_off = ws.take("tile.mask", tiles * plan.tile_max_entries);
     plan.tile_work_off = ws.take("tile.work", tiles * 4);
-    plan.tile_control_off = ws.take("tile.control", 2 * 4 + 2 * 8);  // union_plan.cu's control words
+    plan.tile_control_off = ws.take("tile.control", kUnionControlBytes);  // union_plan.cu's control words
   }
   return true;
 }

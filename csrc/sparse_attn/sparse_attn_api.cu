@@ -252,7 +252,14 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
   a.part_o = at<void>(p, plan.part_o_off);
   a.part_lse = at<float>(p, plan.part_lse_off);
   a.part_lse_t = a.has_temp ? at<float>(p, plan.part_lse_t_off) : nullptr;
+  const bool once = plan.lists == KvMajorLists::kOnce;
+  a.lists_once = once;
+  a.approx_row_math = plan.approx_math;
+  a.list_groups = once ? plan.groups : 1;
 
+  // The call's first kernel: block numbering, counters, and the tile plan's control words cleared.
+  launch_kv_major_prepare(a, plan.num_sms, plan.tiles ? at<void>(p, plan.tile_control_off) : nullptr,
+                          plan.tiles ? kUnionControlBytes : 0, stream);
   if (plan.tiles) {
     UnionArgs u{};
     u.p = p;
@@ -286,17 +293,12 @@ void run_kv_major(const SparseAttnParams& p, const KvMajorPlan& plan, cudaStream
     a.union_tile_tokens = u.tile_tokens;
     a.union_num_tiles = u.num_tiles;
   }
-  const bool once = plan.lists == KvMajorLists::kOnce;
-  a.lists_once = once;
-  a.approx_row_math = plan.approx_math;
-  a.list_groups = once ? plan.groups : 1;
   CombineArgs c = combine_args(p, p.topk, plan.chunk_rows, a.part_o,
                                compute_is_bf16(p) ? StoreKind::kBF16 : StoreKind::kF16, a.part_lse, a.part_lse_t);
   c.union_done = a.union_done;
   c.union_tile_tokens = a.union_tile_tokens;
   c.union_num_tiles = a.union_num_tiles;
   c.reset_lse = once;
-  launch_kv_major_prepare(a, plan.num_sms, stream);
   if (once) {  // the lists of every launch group: one count, one scan (a CTA per group), one scatter
     a.row_begin = 0;
     a.rows = int(p.total_q);

@@ -196,9 +196,9 @@ __global__ void __launch_bounds__(kAdaptiveThreads) union_adaptive_kernel(const 
 void launch_union_plan(const UnionArgs& a, cudaStream_t stream) {
   MSA_CHECK(a.tile_tokens <= kUnionMaxTokens && a.p.topk <= 64, "union plan: tile of ", a.tile_tokens,
             " tokens x topk ", a.p.topk, " is out of range");
-  // control: two counters, then (tile_bound=adaptive) two 64-bit pair counts (plan.cpp's 24 bytes).
+  // control: two counters, then (tile_bound=adaptive) two 64-bit pair counts (kUnionControlBytes),
+  // cleared by the caller's earlier kernel (launch_kv_major_prepare).
   MSA_CHECK(reinterpret_cast<uintptr_t>(a.control) % 8 == 0, "union plan: misaligned control words");
-  MSA_CUDA_CHECK(cudaMemsetAsync(a.control, 0, 2 * sizeof(int) + 2 * sizeof(unsigned long long), stream));
   const int64_t warps = int64_t(a.p.num_kv_heads) * a.num_tiles;
   const int64_t grid = (warps + kPlanWarpsPerCta - 1) / kPlanWarpsPerCta;
   MSA_CHECK(grid <= INT_MAX, "msa_sparse_attention: too many query tiles");

@@ -23,6 +23,7 @@ allocate more than the inputs describe before the core has checked it. Pipeline:
 
 import inspect
 import numbers
+import re
 from collections.abc import Mapping
 from typing import Optional, Tuple, Union
 
@@ -203,6 +204,40 @@ def _call(fn, *args):
         if isinstance(e, NotSupportedError):
             raise
         raise NotSupportedError(str(e)) from None
+
+
+# The core's error for a caller-owned workspace smaller than the call's plan (bindings/torch/ops.cpp,
+# provide_workspace): raised before anything is launched.
+_WORKSPACE_SHORT = re.compile(r": workspace holds (\d+) bytes but this call needs (\d+) bytes")
+
+
+def _run_with_workspace(op, args, workspace, plan) -> Optional[torch.Tensor]:
+    """Runs an attention op (args without its trailing workspace and plan) with the caller's
+    workspace, grown to what the call needs, and returns the scratch tensor it ran with.
+
+    The op plans once: it runs with the workspace as it is, and only where the core finds it too
+    small (it then launches nothing) is the workspace grown to the bytes the error names and the
+    op run again. So a warm workspace costs no second planning pass (the op's workspace query),
+    and a growth during CUDA-graph capture raises reserve()'s error as before. Under torch.compile
+    the workspace is passed as it is (nothing is read back while tracing)."""
+    if workspace is None:
+        _call(op, *args, None, plan)
+        return None
+    scratch = workspace.buffer
+    if torch.compiler.is_compiling():
+        _call(op, *args, scratch, plan)
+        return scratch
+    try:
+        _call(op, *args, scratch, plan)
+        return scratch
+    except ValueError as e:
+        short = _WORKSPACE_SHORT.search(str(e))
+        if short is None or int(short.group(1)) != scratch.numel():
+            raise
+        need = int(short.group(2))
+    scratch = workspace.reserve(need)
+    _call(op, *args, scratch, plan)
+    return scratch
 
 
 def _host_seqlens(t: Optional[torch.Tensor], name: str, prefix_sums: bool,
@@ -665,13 +700,7 @@ def _sparse_attention(plan, q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, ca
     args = (q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale,
             page_table, seqused_k, k_scale, v_scale, k_global_scale, v_global_scale,
             q_offset_value, q_offset_tensor, lse_temperature_scale, out, lse, lse_t)
-    scratch = None
-    if workspace is not None:
-        scratch = workspace.buffer
-        if not torch.compiler.is_compiling():
-            scratch = workspace.reserve(
-                _call(_ops.sparse_attention_workspace_size, *args, scratch, plan))
-    _call(_ops.sparse_attention, *args, scratch, plan)
+    scratch = _run_with_workspace(_ops.sparse_attention, args, workspace, plan)
     _log.log_plan("msa_sparse_attention", _ops.sparse_attention_describe, (*args, scratch, plan))
     if want_lse_t:
         return out, lse, lse_t
@@ -788,13 +817,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
     args = (q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q, bool(causal),
             softmax_scale, k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value,
             q_offset_tensor, partial_dtype, force_fused, out, lse)
-    scratch = None
-    if workspace is not None:
-        scratch = workspace.buffer
-        if not torch.compiler.is_compiling():
-            scratch = workspace.reserve(_call(_ops.sparse_decode_workspace_size, *args, scratch,
-                                              plan))
-    _call(_ops.sparse_decode, *args, scratch, plan)
+    scratch = _run_with_workspace(_ops.sparse_decode, args, workspace, plan)
     _log.log_plan("msa_sparse_decode_attention", _ops.sparse_decode_describe,
                   (*args, scratch, plan))
     if return_softmax_lse:

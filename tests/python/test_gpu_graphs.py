@@ -249,6 +249,39 @@ def test_sparse_attention_graph_replay(layout, kv_dtype, pattern, prefill_schedu
     replay_and_check(graph, out, x.run, "sparse attention replay on new inputs")
 
 
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_workspace_grows_once_and_capture_refuses_growth(op):
+    """The ops run against the caller's workspace as it is and grow it only where the core finds
+    it too small (then they run again): the first eager call grows an empty workspace, the next
+    ones keep its buffer, the bits are those of the op without a workspace; under CUDA-graph
+    capture a workspace too small for the call is a ValueError naming the bytes it needs."""
+    gen = mi.cuda_generator(21, DEV)
+    if op == "decode":
+        x = Decode(8, 4096, 1, gen)
+        call = lambda **kw: x.run(force_fused=False, **kw)  # noqa: E731  split-K: partials in the workspace
+    else:
+        x = Prefill(2048, gen, options=dict(schedule="kv_major"))
+        call = x.run
+    expected = clone(call())
+    ws = new_workspace()
+    assert ws.nbytes == 0
+    assert_bitwise_equal(call(workspace=ws), expected, f"{op} growing its workspace")
+    grown = ws.buffer
+    assert ws.nbytes > 0
+    for _ in range(2):
+        assert_bitwise_equal(call(workspace=ws), expected, f"{op} on its grown workspace")
+        assert ws.buffer is grown
+    small = new_workspace()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=r"cannot grow during CUDA graph capture"):
+        with torch.cuda.graph(graph, stream=stream):
+            call(workspace=small)
+    torch.cuda.synchronize()
+    assert small.nbytes == 0
+
+
 @pytest.mark.parametrize("seqlen_q", [1, 4])
 @pytest.mark.parametrize("fused", [True, False])
 def test_sparse_decode_graph_replay(seqlen_q, fused):
