@@ -19,9 +19,9 @@ of record come from bench_msa.py.
 --host ITEMS (e.g. 8K,32K,1/32K,64/32K/1/fp8) prints the host time per call of each op of the M3
 pipeline at a prefill size (proxy, top-k, the selection's transpose, sparse attention) or of bench_msa's
 eager decode step at a step case B/CTX[/SQ[/IDX[/KV]]] (proxy, top-k, sparse decode, the whole
-step): from the call to its return, median of 20 calls, with the GPU idle before each call, with
-the GPU still busy (a ~1 ms spin queued before each call) and with the 20 calls back to back behind
-one long spin (steady: an engine's host running ahead of its GPU); then, per op, torch.profiler's CPU records of the call (CUDA runtime calls, ATen ops),
+step): from the call to its return, median of 20 calls, with the GPU idle before each call and
+with the 20 calls back to back behind one long GPU spin (steady: an engine's host running ahead of
+its GPU); then, per op, torch.profiler's CPU records of the call (CUDA runtime calls, ATen ops),
 and the same two times for a trivial torch op (control): what an eager caller pays on the CPU
 besides the kernels.
 
@@ -269,17 +269,16 @@ def host_step_ops(bench, case):
             ("step", step)]
 
 
-# The GPU kept busy ahead of a timed call (torch.cuda._sleep's spin, in GPU cycles: ~1 ms on an
-# H200), so that the call's launches queue behind running work as an engine's do.
+# The GPU kept busy ahead of timed calls (torch.cuda._sleep's spin, in GPU cycles: ~1 ms on an
+# H200 per unit), so that their launches queue behind running work as an engine's do.
 BUSY_CYCLES = 2_000_000
 
 
 def host_times(ops, reps=20, mode="idle"):
     """Median host time (us) of each (name, fn): from the call to its return, after 3 warm-up
-    calls. mode "idle": the GPU idle before each call (synchronized); "busy": a ~1 ms GPU spin
-    queued just before each call; "steady": the reps calls back to back behind one long spin, so
-    that the GPU is busy throughout and each call follows the previous one at once (an engine's
-    host running ahead of its GPU)."""
+    calls. mode "idle": the GPU idle before each call (synchronized); "steady": the reps calls back
+    to back behind one long GPU spin, so that the GPU is busy throughout and each call follows the
+    previous one at once (an engine's host running ahead of its GPU)."""
     import statistics
     import time
 
@@ -294,8 +293,6 @@ def host_times(ops, reps=20, mode="idle"):
         for _ in range(reps):
             if mode != "steady":
                 torch.cuda.synchronize()
-            if mode == "busy":
-                torch.cuda._sleep(BUSY_CYCLES)
             t0 = time.perf_counter()
             fn()
             ts.append((time.perf_counter() - t0) * 1e6)
@@ -305,26 +302,29 @@ def host_times(ops, reps=20, mode="idle"):
 
 
 def host_api(fn, reps=10):
-    """Where one call's host time goes, by torch.profiler's CPU records of `reps` calls (each behind
-    a queued ~1 ms GPU spin): the CUDA runtime calls and the ATen ops, "name count x mean us" per
-    call, largest total first."""
+    """Where one call's host time goes, by torch.profiler's CPU records of `reps` calls back to back
+    behind one long GPU spin (the steady case of host_times): the CUDA runtime calls and the ATen
+    ops, "name count x mean us" per call, largest total first."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.cuda._sleep(BUSY_CYCLES * (reps + 2))
         for _ in range(reps):
-            torch.cuda.synchronize()
-            torch.cuda._sleep(BUSY_CYCLES)
             fn()
         torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
         name = e.key
+        # The spin's own launch is one record of reps calls' worth: left out with the syncs.
         if name.startswith(("cuda", "cu", "aten::", "flashmsa::")) and name not in (
                 "cudaDeviceSynchronize", "cudaStreamSynchronize") and "_sleep" not in name:
-            rows.append((e.cpu_time_total / reps, e.count / reps, name))
+            count = e.count - (1 if name == "cudaLaunchKernel" else 0)
+            total = e.cpu_time_total * (count / e.count if e.count else 0.0)
+            rows.append((total / reps, count / reps, name))
     rows.sort(reverse=True)
-    return "; ".join(f"{name} {count:g} x {total / max(count, 1e-9):.1f}" for total, count, name in rows[:8])
+    return "; ".join(f"{name} {count:g} x {total / max(count, 1e-9):.1f}" for total, count, name in rows[:8]
+                     if count > 0)
 
 
 def host_control():
@@ -341,12 +341,10 @@ def host(cases):
     for label, ops in [("control", host_control())] + [
             (host_label(c), host_ops(bench, c) if isinstance(c, int) else host_step_ops(bench, c))
             for c in cases]:
-        idle, busy, steady = (host_times(ops, mode=m) for m in ("idle", "busy", "steady"))
+        idle, steady = host_times(ops), host_times(ops, mode="steady")
         head = label if label == "control" else f"{'step' if '/' in label else 'pipeline'} {label}"
         print(f"\n## [host] {head}: " + ", ".join(f"{name} {us:.1f}" for name, us in idle)
               + " us of host time per call (median of 20, the GPU idle before each)")
-        print(f"## [host, GPU busy] {head}: " + ", ".join(f"{name} {us:.1f}" for name, us in busy)
-              + " us of host time per call (median of 20, each behind a queued ~1 ms GPU spin)")
         print(f"## [host, steady] {head}: " + ", ".join(f"{name} {us:.1f}" for name, us in steady)
               + " us of host time per call (median of 20 calls back to back, the GPU busy throughout)")
         for name, fn in ops:

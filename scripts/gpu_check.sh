@@ -44,7 +44,7 @@
 #              totals per call of bench_msa's M3 builders under each plan-option point, e.g. an
 #              option A/B at 128K; each call's span on the GPU and its gaps), --timeline TIMELINE (the
 #              captured decode step's kernels and gaps), --host HOST_TIME (each pipeline or decode
-#              step op's host time: the GPU idle, busy, steady),
+#              step op's host time: the GPU idle, and steady),
 #              to $OUT/stages.log; the sweep totals in the summary
 #   micro      only with MICRO=1: benchmarks/micro/kv_stream.cu built by nvcc (sm_90a) and run at
 #              512, 1024, 2048 and 4096 units (34 / 67 / 134 / 268 MB), and 4096 with the decode
