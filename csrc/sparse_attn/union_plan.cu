@@ -30,25 +30,19 @@ namespace {
 constexpr int kPlanWarpsPerCta = 4;
 constexpr int kPlanMaxRangeWords = 256;
 
-// What a warp's tile adds to the call's counters (warp-uniform): a place in the work list (the
-// fixed bound's qualifying tiles), and under tile_bound=adaptive its pairs (all / within the wide
-// bound). union_plan_kernel adds them up per CTA, so that a call's tiles take one atomic per CTA
-// on each counter rather than one per tile: same-address atomics serialize in L2 (~5 ns each on
-// the H200, which made the plan's time ~5.3 ns x tiles: 35 us at 8K, 0.35 ms at 128K).
-struct TileCounts {
-  bool work = false;
-  unsigned long long pairs_all = 0;
-  unsigned long long pairs_wide = 0;
-};
-
-// The plan of tile w (one warp; lane 0 writes done / plan_count, the lanes the plan entries).
-__device__ TileCounts plan_tile(const UnionArgs& a, int64_t w, uint32_t (*bits)[kPlanMaxRangeWords], int lane) {
-  TileCounts counts;
+__global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const __grid_constant__ UnionArgs a) {
+  // Per warp and token of the tile: bit j of the bitmap = block lo + j selected (a pair).
+  __shared__ uint32_t s_bits[kPlanWarpsPerCta][kUnionMaxTokens][kPlanMaxRangeWords];
   const SparseAttnParams& p = a.p;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t w = int64_t(blockIdx.x) * kPlanWarpsPerCta + warp;
   const bool wide = a.wide_waste_milli > 0;
+  unsigned long long* const pair_counts = reinterpret_cast<unsigned long long*>(a.control + 2);
+  if (w >= int64_t(p.num_kv_heads) * a.num_tiles) return;  // warp-uniform
   const int kh = int(w / a.num_tiles), tile = int(w % a.num_tiles);
   const int t = a.tile_tokens, topk = p.topk;
   const int r0 = tile * t;
+  uint32_t (*bits)[kPlanMaxRangeWords] = s_bits[warp];
 
   // One sequence must hold all the tile's rows (a partial last tile or a tile across a sequence
   // boundary does not qualify).
@@ -64,7 +58,7 @@ __device__ TileCounts plan_tile(const UnionArgs& a, int64_t w, uint32_t (*bits)[
   }
   if (!ok) {
     if (lane == 0) a.done[w] = 0;
-    return counts;
+    return;
   }
   const int64_t q_off = q_offset_of(p.q_offset, b, rr.len, seqlen_k);
 
@@ -96,9 +90,11 @@ __device__ TileCounts plan_tile(const UnionArgs& a, int64_t w, uint32_t (*bits)[
   const int pairs = __reduce_add_sync(0xffffffffu, my_pairs);
   const int words = hi >= lo ? (hi - lo) / 32 + 1 : 0;
   if (words > kPlanMaxRangeWords) {
-    if (lane == 0) a.done[w] = 0;
-    if (wide) counts.pairs_all = static_cast<unsigned long long>(pairs);
-    return counts;
+    if (lane == 0) {
+      a.done[w] = 0;
+      if (wide) atomicAdd(&pair_counts[0], static_cast<unsigned long long>(pairs));
+    }
+    return;
   }
 
   for (int e = 0; e < t; ++e)
@@ -163,58 +159,19 @@ __device__ TileCounts plan_tile(const UnionArgs& a, int64_t w, uint32_t (*bits)[
       base += __shfl_sync(0xffffffffu, incl, 31);
     }
   }
-  if (wide) {  // the second kernel decides and fills the work list
-    if (lane == 0) {
+  if (lane == 0) {
+    if (wide) {  // the second kernel decides and fills the work list
       a.done[w] = qualifies ? 1 : within_wide ? 2 : 0;
       if (qualifies || within_wide) a.plan_count[w] = u;
-    }
-    counts.pairs_all = static_cast<unsigned long long>(pairs);
-    if (qualifies || within_wide) counts.pairs_wide = static_cast<unsigned long long>(pairs);
-  } else {
-    if (lane == 0) {
+      atomicAdd(&pair_counts[0], static_cast<unsigned long long>(pairs));
+      if (qualifies || within_wide) atomicAdd(&pair_counts[1], static_cast<unsigned long long>(pairs));
+    } else {
       a.done[w] = qualifies ? 1 : 0;
-      if (qualifies) a.plan_count[w] = u;
+      if (qualifies) {
+        a.plan_count[w] = u;
+        a.work[atomicAdd(&a.control[0], 1)] = int(w);
+      }
     }
-    counts.work = qualifies;
-  }
-  return counts;
-}
-
-__global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const __grid_constant__ UnionArgs a) {
-  // Per warp and token of the tile: bit j of the bitmap = block lo + j selected (a pair).
-  __shared__ uint32_t s_bits[kPlanWarpsPerCta][kUnionMaxTokens][kPlanMaxRangeWords];
-  __shared__ int s_work[kPlanWarpsPerCta];
-  __shared__ unsigned long long s_pairs[2][kPlanWarpsPerCta];
-  __shared__ int s_base;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t w = int64_t(blockIdx.x) * kPlanWarpsPerCta + warp;
-  TileCounts counts;
-  if (w < int64_t(a.p.num_kv_heads) * a.num_tiles) counts = plan_tile(a, w, s_bits[warp], lane);  // warp-uniform
-  if (lane == 0) {
-    s_work[warp] = counts.work ? 1 : 0;
-    s_pairs[0][warp] = counts.pairs_all;
-    s_pairs[1][warp] = counts.pairs_wide;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int n = 0;
-    unsigned long long all = 0, within = 0;
-    for (int i = 0; i < kPlanWarpsPerCta; ++i) {
-      n += s_work[i];
-      all += s_pairs[0][i];
-      within += s_pairs[1][i];
-    }
-    // The order of the work list does not matter: a tile's result depends only on its own plan.
-    if (n > 0) s_base = atomicAdd(&a.control[0], n);
-    unsigned long long* const pair_counts = reinterpret_cast<unsigned long long*>(a.control + 2);
-    if (all > 0) atomicAdd(&pair_counts[0], all);
-    if (within > 0) atomicAdd(&pair_counts[1], within);
-  }
-  __syncthreads();
-  if (lane == 0 && counts.work) {
-    int rank = 0;
-    for (int i = 0; i < warp; ++i) rank += s_work[i];
-    a.work[s_base + rank] = int(w);
   }
 }
 
@@ -225,24 +182,13 @@ constexpr int kAdaptiveThreads = 256;
 
 __global__ void __launch_bounds__(kAdaptiveThreads) union_adaptive_kernel(const __grid_constant__ UnionArgs a) {
   const int64_t w = int64_t(blockIdx.x) * kAdaptiveThreads + threadIdx.x;
-  const int lane = threadIdx.x & 31;
-  bool q = false;
-  if (w < int64_t(a.p.num_kv_heads) * a.num_tiles) {
-    const unsigned long long* pair_counts = reinterpret_cast<const unsigned long long*>(a.control + 2);
-    const bool take_wide =
-        pair_counts[1] * 1000ull >= static_cast<unsigned long long>(kUnionWideShareMilli) * pair_counts[0];
-    const uint8_t c = a.done[w];
-    q = c == 1 || (c == 2 && take_wide);
-    a.done[w] = q ? 1 : 0;
-  }
-  // One atomic per warp for its qualifying tiles (see TileCounts), every lane past the end too.
-  const uint32_t mask = __ballot_sync(0xffffffffu, q);
-  if (mask == 0u) return;
-  const int leader = __ffs(mask) - 1;
-  int base = 0;
-  if (lane == leader) base = atomicAdd(&a.control[0], __popc(mask));
-  base = __shfl_sync(0xffffffffu, base, leader);
-  if (q) a.work[base + __popc(mask & ((1u << lane) - 1u))] = int(w);
+  if (w >= int64_t(a.p.num_kv_heads) * a.num_tiles) return;
+  const unsigned long long* pair_counts = reinterpret_cast<const unsigned long long*>(a.control + 2);
+  const bool take_wide = pair_counts[1] * 1000ull >= static_cast<unsigned long long>(kUnionWideShareMilli) * pair_counts[0];
+  const uint8_t c = a.done[w];
+  const bool q = c == 1 || (c == 2 && take_wide);
+  a.done[w] = q ? 1 : 0;
+  if (q) a.work[atomicAdd(&a.control[0], 1)] = int(w);
 }
 
 }  // namespace
