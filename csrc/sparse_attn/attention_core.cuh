@@ -67,12 +67,10 @@ struct WarpQ2k {
   int len;
 };
 
-// The same from the lane's entries already loaded (v0 = list[lane], v1 = list[lane + 32], -1 past
-// topk): a caller that reads several lists issues all their loads first.
-MSA_DEVICE WarpQ2k warp_q2k_entries(int v0, int v1, int topk, int nb, int lane) {
+MSA_DEVICE WarpQ2k warp_q2k_list(const int* list, int topk, int nb, int lane) {
   WarpQ2k wl;
-  wl.v[0] = v0;
-  wl.v[1] = v1;
+  wl.v[0] = lane < topk ? list[lane] : -1;
+  wl.v[1] = lane + 32 < topk ? list[lane + 32] : -1;
   const uint32_t neg0 = __ballot_sync(0xffffffffu, lane < topk && wl.v[0] < 0);
   const uint32_t neg1 = __ballot_sync(0xffffffffu, lane + 32 < topk && wl.v[1] < 0);
   wl.len = neg0 ? __ffs(neg0) - 1 : (neg1 ? 32 + __ffs(neg1) - 1 : topk);
@@ -85,11 +83,6 @@ MSA_DEVICE WarpQ2k warp_q2k_entries(int v0, int v1, int topk, int nb, int lane) 
 #pragma unroll
   for (int k = 0; k < 2; ++k) wl.used[k] = lane + 32 * k < wl.len && wl.v[k] < nb && !dup[k];
   return wl;
-}
-
-MSA_DEVICE WarpQ2k warp_q2k_list(const int* list, int topk, int nb, int lane) {
-  return warp_q2k_entries(lane < topk ? list[lane] : -1, lane + 32 < topk ? list[lane + 32] : -1, topk, nb,
-                          lane);
 }
 
 // Where one K or V tile lives: element offset (bytes for NVFP4) of its first key, how many keys

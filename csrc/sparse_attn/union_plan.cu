@@ -44,23 +44,9 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
   const int r0 = tile * t;
   uint32_t (*bits)[kPlanMaxRangeWords] = s_bits[warp];
 
-  // The tile's q2k lists, loaded first and all at once (2 t loads a lane in flight, beside the
-  // sequence lookups below): read list by list between the classification's shuffles, they were t
-  // dependent round trips per warp, the plan kernel's whole time. blk[e][k] holds entry
-  // lane + 32 k of token e (-1 past topk or the tile), then, classified below, that entry's block
-  // when it is a pair, else -1.
-  const bool rows_in = r0 + t <= p.total_q;
-  int blk[kUnionMaxTokens][2];
-  const int* const lists = p.q2k + (int64_t(kh) * p.total_q + r0) * topk;
-#pragma unroll
-  for (int e = 0; e < kUnionMaxTokens; ++e) {
-    blk[e][0] = rows_in && e < t && lane < topk ? lists[e * topk + lane] : -1;
-    blk[e][1] = rows_in && e < t && lane + 32 < topk ? lists[e * topk + lane + 32] : -1;
-  }
-
   // One sequence must hold all the tile's rows (a partial last tile or a tile across a sequence
   // boundary does not qualify).
-  const int b = rows_in ? find_sequence(p, r0) : -1;
+  const int b = r0 + t <= p.total_q ? find_sequence(p, r0) : -1;
   bool ok = b >= 0;
   int seqlen_k = 0, nb = 0;
   RowRange rr{0, 0};
@@ -76,39 +62,29 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
   }
   const int64_t q_off = q_offset_of(p.q_offset, b, rr.len, seqlen_k);
 
-  // Classify (the same rules as the KV-major list builder); paged, the candidates' page ids are
-  // read after all the classifications, again all at once.
-#pragma unroll
-  for (int e = 0; e < kUnionMaxTokens; ++e) {
-    if (e >= t) continue;  // warp-uniform
-    const WarpQ2k wl = warp_q2k_entries(blk[e][0], blk[e][1], topk, nb, lane);
-    const int lim = col_limit(p.causal, q_off, r0 + e - rr.begin, seqlen_k);
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-      blk[e][k] = lane + 32 * k < topk && wl.used[k] && int64_t(wl.v[k]) * kBlockSize < lim ? wl.v[k] : -1;
-  }
-  if (p.kv.paged) {
-    int page[kUnionMaxTokens][2];
-#pragma unroll
-    for (int e = 0; e < kUnionMaxTokens; ++e)
-#pragma unroll
-      for (int k = 0; k < 2; ++k) page[e][k] = blk[e][k] >= 0 ? kv_page(p.kv, b, blk[e][k]) : 0;
-#pragma unroll
-    for (int e = 0; e < kUnionMaxTokens; ++e)
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-        if (page[e][k] < 0) blk[e][k] = -1;
-  }
+  // Classify: blk[e][k] = block of the lane's entry k of token e when it is a pair, else -1.
+  int blk[kUnionMaxTokens][2];
   int lo = INT_MAX, hi = -1, my_pairs = 0;
 #pragma unroll
-  for (int e = 0; e < kUnionMaxTokens; ++e)
+  for (int e = 0; e < kUnionMaxTokens; ++e) {
+    blk[e][0] = blk[e][1] = -1;
+    if (e >= t) continue;  // warp-uniform
+    const int r = r0 + e;
+    const WarpQ2k wl = warp_q2k_list(p.q2k + (int64_t(kh) * p.total_q + r) * topk, topk, nb, lane);
+    const int lim = col_limit(p.causal, q_off, r - rr.begin, seqlen_k);
 #pragma unroll
-    for (int k = 0; k < 2; ++k)
-      if (blk[e][k] >= 0) {
-        lo = min(lo, blk[e][k]);
-        hi = max(hi, blk[e][k]);
+    for (int k = 0; k < 2; ++k) {
+      const int v = wl.v[k];
+      const bool pair = lane + 32 * k < topk && wl.used[k] && int64_t(v) * kBlockSize < lim &&
+                        (!p.kv.paged || kv_page(p.kv, b, v) >= 0);
+      if (pair) {
+        blk[e][k] = v;
+        lo = min(lo, v);
+        hi = max(hi, v);
         ++my_pairs;
       }
+    }
+  }
   lo = __reduce_min_sync(0xffffffffu, lo);
   hi = __reduce_max_sync(0xffffffffu, hi);
   const int pairs = __reduce_add_sync(0xffffffffu, my_pairs);
