@@ -805,11 +805,13 @@ class Smoke:
         memory (plan option split=cluster; sm_90, elsewhere the blocks split runs): batch 1 at M3
         (16 splits: a cluster of 16) and the smoke lengths, the smem and regs kernels, bf16 / fp16
         / fp8 / NVFP4 K/V, G 16 / 4 / 32 (64-row tiles), MTP per-token items, split (forced and by
-        the plan) with each partial dtype, ids out of range and -1 holes (empty splits and rows)."""
+        the plan) with each partial dtype, ids out of range and -1 holes (empty splits and rows);
+        the 4-warp cluster kernels (smem, regs) and the 8-warp one (split_warps=8 under kernel=auto:
+        16-bit and fp8 K/V, G <= 16; G = 32 falls back to 4 warps)."""
         b = len(lens)
-        for kernel in ("smem", "regs"):
+        for kernel, warps in (("smem", 4), ("regs", 4), ("auto", 8)):
             ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(
-                kernel=kernel, mtp="per_token", split="cluster"))
+                kernel=kernel, mtp="per_token", split="cluster", split_warps=warps))
             for blens, hq, hkv, q_dtype, kv_dtype, seqlen_q in (
                     ([4096], 64, 4, BF16, BF16, 1), ([4096], 64, 4, BF16, FP8, 1),
                     (lens, 8, 2, FP16, FP16, 1), (lens, 16, 4, FP8, FP8, 4),
@@ -825,7 +827,7 @@ class Smoke:
                     return self.rnd((nb * sqd, hq, 128)).to(q_dtype), sel
                 self._decode_fused_and_split(
                     ops, cache, self.lazy(build), seqlen_q, (False, None),
-                    f"decode split=cluster {kernel} paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} "
+                    f"decode split=cluster {kernel} w{warps} paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} "
                     f"B{nb} {hq}/{hkv} sq{seqlen_q}")
         ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(split="cluster"))
 

@@ -93,7 +93,10 @@ KERNELS = [
     Kernel("sparse_attn_qm_cluster_{e}_{kv}", "sparse_attn/query_major.cuh", "void launch_query_major<{E}, {KV}, 1, true, false, true, true>(const QueryMajorArgs&, cudaStream_t)", kvs=("nvfp4",)),
     Kernel("sparse_attn_qm_cluster_{e}_{kv}", "sparse_attn/query_major.cuh", "int query_major_cluster_max<{E}, {KV}>(bool)"),
     # split_warps=8: split-K decode with 8 warps per CTA sharing each block (16-bit or fp8 K/V).
-    Kernel("qm_wide_{e}_{kv}",     "sparse_attn/query_major_wide.cuh", "void launch_query_major_wide<{E}, {KV}>(const QueryMajorArgs&, cudaStream_t)", kvs=("native", "fp8")),
+    Kernel("qm_wide_{e}_{kv}",     "sparse_attn/query_major_wide.cuh", "void launch_query_major_wide<{E}, {KV}, false>(const QueryMajorArgs&, cudaStream_t)", kvs=("native", "fp8")),
+    # ... and its split=cluster form (one cluster of the split CTAs per row, one CTA per SM).
+    Kernel("qm_wide_cluster_{e}_{kv}", "sparse_attn/query_major_wide.cuh", "void launch_query_major_wide<{E}, {KV}, true>(const QueryMajorArgs&, cudaStream_t)", kvs=("native", "fp8")),
+    Kernel("qm_wide_cluster_{e}_{kv}", "sparse_attn/query_major_wide.cuh", "int query_major_wide_cluster_max<{E}, {KV}>()", kvs=("native", "fp8")),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major.cuh",      "void launch_kv_major<{E}, {KV}>(const KvMajorArgs&, int, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "void launch_kv_major_sm90<{E}, {KV}>(const KvMajorArgs&, int, bool, cudaStream_t)"),
     Kernel("sparse_attn_{e}_{kv}", "sparse_attn/kv_major_sm90.cuh", "int kv_major_sm90_ctas_per_sm<{E}, {KV}>()"),

@@ -31,7 +31,7 @@ void query_major_details(std::ostringstream& s, const QueryMajorPlan& qm) {
     s << "; fused: outputs written directly";
   else if (qm.cluster)
     s << "; split-K: " << qm.splits << " chunks per row, split=cluster (a cluster of " << qm.splits
-      << " CTAs per row merges its " << store_kind_name(qm.part_kind)
+      << " CTAs per row" << (qm.wide ? ", one per SM," : "") << " merges its " << store_kind_name(qm.part_kind)
       << " partials through distributed shared memory; no combine)";
   else
     s << "; split-K: " << qm.splits << " chunks per row, " << store_kind_name(qm.part_kind)

@@ -30,6 +30,12 @@ inline constexpr int kQmMaxTiles = 2 * kMaxTopk;  // a block is at most two 64-k
 // per SM (its ~74 KB of shared memory would allow 3, its registers 2).
 inline constexpr int kQmWideThreads = 256;
 inline constexpr int kQmWideCtasPerSm = 2;
+// split=cluster on 8 warps (query_major_wide.cuh, kCluster): the dynamic shared memory the cluster
+// kernel is launched with, more than half an SM's 228 KB, so that each CTA of a cluster gets an SM
+// of its own (as the plain grid's CTAs do at batch 1) instead of the cluster packing 2 or 3 CTAs,
+// and their chains, onto one SM; its split count is planned for 1 CTA per SM.
+inline constexpr int kQmWideClusterSmemBytes = 116 * 1024;
+inline constexpr int kQmWideClusterCtasPerSm = 1;
 
 // Shared memory of the streaming decode variant (query_major.cuh: 3 stages of 32 KB, raw 128-key fp8
 // K and V blocks (kv_regs.cuh) or 64-key bf16 / fp16 K and V tiles, plus Q, plan and list): more

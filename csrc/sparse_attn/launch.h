@@ -73,8 +73,11 @@ int union_tma_sm90_ctas_per_sm();
 // Decode with 8 warps per CTA sharing each 128-key block (query_major_wide.cuh; decode plan option
 // split_warps=8): per-token items of G <= 16 heads, split or (forced) fused, K/V of the compute
 // dtype (kNative) or fp8 e4m3 (kFp8, converted in registers).
-template <typename Elem, KvKind kKv>
+template <typename Elem, KvKind kKv, bool kCluster>
 void launch_query_major_wide(const QueryMajorArgs& args, cudaStream_t stream);
+// ... split=cluster on it: the largest cluster of one CTA per SM here (0: no clusters).
+template <typename Elem, KvKind kKv>
+int query_major_wide_cluster_max();
 
 // MTP union items on sm_90a with TMA loads and warpgroup MMAs (mtp_wgmma_sm90.cuh; decode plan
 // option kernel=wgmma): bf16 / fp16 q, K and V of the compute dtype; a persistent grid of `grid`

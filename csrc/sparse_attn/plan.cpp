@@ -135,8 +135,6 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     const char* why = nullptr;
     if (plan.fused && !forced)
       why = "the call does not split (fused)";
-    else if (plan.cluster)
-      why = "split=cluster runs the 4-warp cluster kernel";
     else if (mtp)
       why = "MTP union items (64-row tiles)";
     else if (plan.wgmma || (plan.regs && !fp8_wide))
@@ -147,10 +145,17 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
       why = "fp8 K/V under kernel=smem (the 8-warp kernel converts fp8 in registers, under kernel=auto)";
     else if (!kv_in_compute_dtype(p) && !fp8_wide)
       why = "NVFP4 K/V (the 8-warp kernel reads 16-bit K and V of the compute dtype, or fp8)";
+    else if (plan.cluster && facts.decode_wide_cluster_max < 2)
+      why = "no 8-warp cluster kernel here (split=cluster runs the 4-warp one)";
     if (why == nullptr) {
       plan.wide = true;
       plan.regs = false;  // fp8: the 8-warp kernel converts in registers itself
-      if (!plan.fused) plan.splits = wide_splits;
+      // split=cluster: one CTA per SM (kQmWideClusterCtasPerSm), at most the largest cluster.
+      if (plan.cluster)
+        plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideClusterCtasPerSm,
+                                         facts.decode_wide_cluster_max, waves);
+      else if (!plan.fused)
+        plan.splits = wide_splits;
     } else if (forced) {
       plan.split_warps_fallback = why;
     }

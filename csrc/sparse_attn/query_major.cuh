@@ -601,6 +601,7 @@ struct QueryMajorClusterLayout {
   static constexpr int kLseTOffset = kLseOffset + Cfg::kRows * 4;              // [kRows] floats
   static constexpr int kEnd = kLseTOffset + Cfg::kRows * 4;
   static constexpr int kRows = Cfg::kRows;
+  static constexpr int kWarps = kQmThreads / 32;  // the merge's warps per CTA
   static constexpr int kSmemBytes = kEnd > Cfg::kSmemBytes ? kEnd : Cfg::kSmemBytes;
   static_assert(kPartOffset % 16 == 0, "16-byte partial rows");
   // The streaming variant keeps its 105 KB (2 CTAs per SM); the others fit every SM80+ GPU.
@@ -639,7 +640,7 @@ MSA_DEVICE void cluster_merge(const QueryMajorArgs& args, uint8_t* smem, int r, 
   cluster_sync();  // every CTA's partial is written
   const int S = args.splits;
   // Tile row i by warp i / S of rank i % S: the rows spread over the cluster's SMs first.
-  for (int i = warp * S + rank; i < kRows; i += S * (kQmThreads / 32)) {  // warp-uniform
+  for (int i = warp * S + rank; i < kRows; i += S * Cl::kWarps) {  // warp-uniform
     const int hh = rt * kRows + i;
     if (hh >= args.group) break;
     const int64_t out_idx = int64_t(r) * p.num_heads + kh * args.group + hh;
@@ -1022,6 +1023,24 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
   }
 }
 
+// split=cluster: one launch of `kernel` over `grid` CTAs as clusters of `cluster` consecutive CTAs.
+inline void launch_cluster(void (*kernel)(QueryMajorArgs), const QueryMajorArgs& args, unsigned grid,
+                           int threads, int smem_bytes, unsigned cluster, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = size_t(smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+}
+
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
@@ -1035,19 +1054,7 @@ void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
                   args.num_items % args.splits == 0 && args.num_items <= int64_t(INT_MAX),
               "msa_sparse_decode_attention: split=cluster with ", args.splits, " splits of ", args.num_items,
               " items, clusters of at most ", max_size, " CTAs here (planner bug)");
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(args.num_items));
-    cfg.blockDim = dim3(kQmThreads);
-    cfg.dynamicSmemBytes = kSmem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(args.splits);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+    launch_cluster(kernel, args, unsigned(args.num_items), kQmThreads, kSmem, unsigned(args.splits), stream);
   } else {
     flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
     // Items beyond the largest grid are picked up by the grid-stride loop.

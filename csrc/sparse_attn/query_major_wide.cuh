@@ -20,7 +20,13 @@
 // register kernel (kernel=regs, kv_regs.cuh) does for its 32: Q as fp16 fragments stashed over the
 // Q tile, bf16 rows scaled by a power of two (row_mul undoes it on the logits), the lazy rescale,
 // P rounded to fp16, and head dims permuted in the accumulators (undone by the store).
-// docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)".
+// split=cluster (kCluster, sm_90): the splits of a row run as one thread-block cluster, each CTA on
+// an SM of its own (launched with kQmWideClusterSmemBytes of shared memory); each writes its merged
+// partial, exactly as it would store it to the workspace, into its shared memory, and after a
+// cluster barrier the CTAs merge the rows with cluster_merge (query_major.cuh: the combine's own
+// code and slot order), so the outputs equal split=blocks on 8 warps with the same split count, bit
+// for bit, without the workspace partials and the combine kernel.
+// docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)" and "#b1-cluster8".
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -60,10 +66,31 @@ struct QueryMajorWideConfig {
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest SM80+ shared memory (sm_86 / sm_89)");
 };
 
-template <typename Elem, KvKind kKv>
-__global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
+// split=cluster: the CTA's partial rows ([16][128] values of the partial kind, normalised by l)
+// and their log2 LSEs after the kernel's own buffers, as cluster_merge reads them.
+struct QueryMajorWideClusterLayout {
+  static constexpr int kRows = 16;
+  static constexpr int kWarps = QueryMajorWideConfig::kWarps;
+  static constexpr int kPartOffset = (QueryMajorWideConfig::kSmemBytes + 15) / 16 * 16;
+  static constexpr int kLseOffset = kPartOffset + kRows * 128 * 4;
+  static constexpr int kLseTOffset = kLseOffset + kRows * 4;
+  static constexpr int kEnd = kLseTOffset + kRows * 4;
+  static constexpr int kSmemBytes = kEnd > kQmWideClusterSmemBytes ? kEnd : kQmWideClusterSmemBytes;
+  static_assert(2 * (kQmWideClusterSmemBytes + 1024) > 228 * 1024, "one CTA per sm_90 SM");
+  static_assert(kSmemBytes <= 227 * 1024, "fits an sm_90 CTA");
+};
+
+// The cluster kernel runs one CTA per SM, so its registers are not capped at 128.
+template <typename Elem, KvKind kKv, bool kCluster>
+__global__ void __launch_bounds__(kQmWideThreads, kCluster ? kQmWideClusterCtasPerSm : kQmWideCtasPerSm)
     query_major_wide_kernel(const __grid_constant__ QueryMajorArgs args) {
   static_assert(kKv == KvKind::kNative || kKv == KvKind::kFp8, "16-bit or fp8 K/V");
+  if constexpr (kCluster) {  // no clusters below sm_90: never planned there (prepare_cluster_launch)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+    __trap();
+    return;
+#endif
+  }
   constexpr bool kFp8 = kKv == KvKind::kFp8;
   using Cfg = QueryMajorWideConfig;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -256,6 +283,31 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
         }
       }
       store.template operator()<kElemStoreKind<Elem>, false>(p.out, row_elem, mul);
+    } else if constexpr (kCluster) {
+      // The partial, as the workspace would hold it, at tile row gid + 8 h of this CTA's shared
+      // memory; then the cluster's CTAs merge the rows.
+      using Cl = QueryMajorWideClusterLayout;
+      float* const s_lse = reinterpret_cast<float*>(smem + Cl::kLseOffset);
+      float* const s_lse_t = reinterpret_cast<float*>(smem + Cl::kLseTOffset);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = gid + 8 * h;
+        const int hh = rt * 16 + row;
+        row_elem[h] = hh < args.group ? int64_t(row) * 128 : -1;
+        mul[h] = l_row[h] > 0.0f ? 1.0f / l_row[h] : 0.0f;
+        if (warp == 0 && tig == 0 && hh < args.group) {
+          s_lse[row] = row_lse2(m_row[h], l_row[h]);
+          if (args.has_temp) s_lse_t[row] = row_lse2_t(m_row[h], lt_row[h], temp);
+        }
+      }
+      void* const part = smem + Cl::kPartOffset;
+      switch (args.part_kind) {
+        case StoreKind::kF32: store.template operator()<StoreKind::kF32>(part, row_elem, mul); break;
+        case StoreKind::kBF16: store.template operator()<StoreKind::kBF16>(part, row_elem, mul); break;
+        case StoreKind::kF16: store.template operator()<StoreKind::kF16>(part, row_elem, mul); break;
+        default: store.template operator()<StoreKind::kFP8>(part, row_elem, mul); break;
+      }
+      cluster_merge<Elem, Cl>(args, smem, r, kh, rt, split, warp, lane);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -279,17 +331,37 @@ __global__ void __launch_bounds__(kQmWideThreads, kQmWideCtasPerSm)
   }
 }
 
-template <typename Elem, KvKind kKv>
+template <typename Elem, KvKind kKv, bool kCluster>
 void launch_query_major_wide(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorWideConfig;
-  auto* kernel = query_major_wide_kernel<Elem, kKv>;
+  auto* kernel = query_major_wide_kernel<Elem, kKv, kCluster>;
   MSA_CHECK(args.row_tiles >= 1 && args.group <= 16 * args.row_tiles && args.mtp_tokens == 0,
             "msa_sparse_decode_attention: split_warps=8 planned for MTP union items or 64-row tiles (planner bug)");
-  flashmsa::cuda::prepare_launch(kernel, Cfg::kThreads, Cfg::kSmemBytes);  // cached smem opt-in
-  // Items beyond the largest grid are picked up by the grid-stride loop.
-  const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
-  kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
-  MSA_CUDA_CHECK(cudaGetLastError());
+  if constexpr (kCluster) {
+    // One cluster per (row, kv head, row tile): its splits are consecutive items, one CTA each
+    // (no grid-stride loop: every CTA of a cluster must reach its barriers).
+    constexpr int kSmem = QueryMajorWideClusterLayout::kSmemBytes;
+    const int max_size = flashmsa::cuda::prepare_cluster_launch(kernel, Cfg::kThreads, kSmem);
+    MSA_CHECK(!args.write_final && args.row_tiles == 1 && args.splits >= 1 && args.splits <= max_size &&
+                  args.num_items % args.splits == 0 && args.num_items <= int64_t(INT_MAX),
+              "msa_sparse_decode_attention: split=cluster on 8 warps with ", args.splits, " splits of ",
+              args.num_items, " items, clusters of at most ", max_size, " CTAs here (planner bug)");
+    launch_cluster(kernel, args, unsigned(args.num_items), Cfg::kThreads, kSmem, unsigned(args.splits), stream);
+  } else {
+    flashmsa::cuda::prepare_launch(kernel, Cfg::kThreads, Cfg::kSmemBytes);  // cached smem opt-in
+    // Items beyond the largest grid are picked up by the grid-stride loop.
+    const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
+    kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+    MSA_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+// split=cluster on 8 warps: the largest cluster (in CTAs, 0 where clusters cannot run) the cluster
+// kernel of this compute dtype and K/V kind gets on the current device, at one CTA per SM.
+template <typename Elem, KvKind kKv>
+int query_major_wide_cluster_max() {
+  return flashmsa::cuda::prepare_cluster_launch(query_major_wide_kernel<Elem, kKv, true>, kQmWideThreads,
+                                                QueryMajorWideClusterLayout::kSmemBytes);
 }
 
 }  // namespace flashmsa::sparse_attn

@@ -151,7 +151,13 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
     if (plan.cluster) {  // split=cluster: per-token items (the planner keeps MTP union items off it)
       MSA_CHECK(plan.mtp_tokens == 0 && !plan.fused, "msa_sparse_decode_attention: split=cluster "
                 "planned for MTP union items or a fused call (planner bug)");
-      if (plan.regs && plan.nvfp4_word) {  // nvfp4_cvt=word (auto)
+      if (plan.wide) {  // on 8 warps
+        if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8) {
+          launch_query_major_wide<Elem, kKv, true>(a, stream);
+        } else {
+          MSA_FAIL("msa_sparse_decode_attention: split_warps=8 with NVFP4 K/V (planner bug)");
+        }
+      } else if (plan.regs && plan.nvfp4_word) {  // nvfp4_cvt=word (auto)
         if constexpr (kKv == KvKind::kNvfp4) {
           launch_query_major<Elem, kKv, 1, true, false, true, true>(a, stream);
         } else {
@@ -171,7 +177,7 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
                 "msa_sparse_decode_attention: split_warps=8 planned outside per-token items on 16-row "
                 "tiles (planner bug)");
       if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8) {
-        launch_query_major_wide<Elem, kKv>(a, stream);
+        launch_query_major_wide<Elem, kKv, false>(a, stream);
       } else {
         MSA_FAIL("msa_sparse_decode_attention: split_warps=8 needs 16-bit or fp8 K/V (planner bug)");
       }
@@ -351,6 +357,8 @@ SparseAttnDeviceFacts device_facts(const SparseAttnParams& p, bool decode) {
   if (decode) {  // decode is query-major only
     dispatch_types(p, [&]<typename Elem, KvKind kKv>() {
       f.decode_cluster_max = query_major_cluster_max<Elem, kKv>(f.decode_regs_ctas > 0);
+      if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8)
+        f.decode_wide_cluster_max = query_major_wide_cluster_max<Elem, kKv>();
       if constexpr (kKv == KvKind::kNative) f.decode_mtp_wgmma_ctas = mtp_wgmma_sm90_ctas_per_sm<Elem>();
       if constexpr (kKv == KvKind::kFp8) f.decode_mtp_wgmma_ctas = mtp_wgmma_fp8_sm90_ctas_per_sm<Elem>();
     });

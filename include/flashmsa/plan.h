@@ -270,8 +270,12 @@ inline int64_t proxy_decode_units(const ProxyScoreParams& p) {
 // combine's own code and slot order, so the results are bit-identical to blocks; at most 16 splits
 // (the largest cluster; 8 where the device allows no larger), no workspace, no combine launch).
 // cluster falls back to blocks for MTP union items and where clusters cannot run (the plan text
-// says why); calls that do not split ignore it. auto: blocks (H200 at a1af6c4: eager B1 / 32K
-// decode 21.1 vs 23.1 us with cluster, but the captured B1 step 34.3 vs 34.2 us: no gain there).
+// says why); calls that do not split ignore it. Where the 8-warp kernel applies (split_warps,
+// below) the cluster runs on it (query_major_wide.cuh: each CTA on an SM of its own, the split
+// count planned for one CTA per SM; bit-identical to blocks on 8 warps with the same split count),
+// elsewhere on the 4-warp kernel (whose clusters may pack 2-3 CTAs onto an SM). auto: blocks (H200
+// at a1af6c4, 4-warp clusters: eager B1 / 32K decode 21.1 vs 23.1 us with cluster, but the
+// captured B1 step 34.3 vs 34.2 us: no gain there).
 enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 
 // Warps per CTA of split-K decode (calls that split: small batches): 4 (each CTA cuts a 128-key
@@ -282,9 +286,9 @@ enum class DecodeSplit : int32_t { kAuto = 0, kBlocks = 1, kCluster = 2 };
 // tolerances). 8 applies to per-token items of G <= 16 heads with K/V of the compute dtype on the
 // shared-memory kernel, or fp8 K/V under kernel=auto (converted in registers by the 8 warps, in
 // place of the 4-warp register kernel); not to kernel=regs / smem-forced fp8 / wgmma, MTP union
-// items, NVFP4 K/V, split=cluster: there it falls back to 4 and the plan text says why. A forced 8
+// items, NVFP4 K/V: there it falls back to 4 and the plan text says why. A forced 8
 // also runs calls that do not split (fused: the 8 warps' merge writes the outputs); auto keeps 4
-// there.
+// there. With split=cluster the 8 warps run as clusters where they apply.
 // docs/design/sparse_attention.md, "Decode split over 8 warps (split_warps=8)". auto: 8 where it
 // applies for 16-bit K/V (H200 at 43c70d4 / fe6e5cc: B1 / 32K bf16 19.5 vs 23.8 us, B8 48.9 vs
 // 50.3, B32 82.0 vs 87.0), for fp8 K/V where a split holds one block (H200 at a9d99bd: B1 / 32K
@@ -478,6 +482,7 @@ struct SparseAttnDeviceFacts {
   int tile_tma_ctas = 0;                   // its TMA variant (16-bit K/V only)
   int decode_regs_ctas = 0;                // streaming decode variant (0: < 105 KB per CTA)
   int decode_cluster_max = 0;              // split=cluster: largest cluster (0: no clusters)
+  int decode_wide_cluster_max = 0;         // ... of the 8-warp cluster kernel (one CTA per SM)
   int decode_mtp_wgmma_ctas = 0;           // kernel=wgmma's MTP union kernel (16-bit K/V only)
 };
 

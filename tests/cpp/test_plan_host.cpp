@@ -927,6 +927,64 @@ TEST(PlanDecode, SplitWarps8WhereItRuns) {
   why(g32, {}, "G > 16");
 }
 
+// split=cluster where the 8-warp kernel applies (and the device has its cluster kernel): the
+// clusters run on 8 warps, one CTA per SM, the split count planned for that; split_warps=4 (or a
+// device without the 8-warp cluster kernel) keeps the 4-warp clusters.
+TEST(PlanDecode, SplitClusterOn8Warps) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  h200.decode_cluster_max = 16;
+  h200.decode_wide_cluster_max = 16;
+  SparseDecodeOptions cluster;
+  cluster.split = DecodeSplit::kCluster;
+  // B1 / M3: 4 items, one CTA per SM: 16 splits of one block, a cluster of 16; no workspace.
+  const SparseAttnPlan b1 = plan_sparse_decode(decode(1, -1), h200, cluster);
+  EXPECT_TRUE(b1.qm.cluster && b1.qm.wide);
+  EXPECT_EQ(b1.qm.cluster_fallback, nullptr);
+  EXPECT_EQ(b1.qm.split_warps_fallback, nullptr);
+  EXPECT_EQ(b1.qm.splits, 16);
+  EXPECT_EQ(b1.qm.num_items, 4 * 16);
+  EXPECT_EQ(b1.bytes, 0u);
+  // B8: 32 items at one CTA per SM: 4 splits of 4 blocks (one wave of 128 CTAs), where the blocks
+  // split on 8 warps (2 CTAs per SM) takes 8 of 2.
+  const SparseAttnPlan b8 = plan_sparse_decode(decode(8, -1), h200, cluster);
+  EXPECT_TRUE(b8.qm.cluster && b8.qm.wide);
+  EXPECT_EQ(b8.qm.splits, 4);
+  EXPECT_EQ(plan_sparse_decode(decode(8, -1), h200, {}).qm.splits, 8);
+  // fp8 K/V (kernel=auto): the 8-warp kernel converting in registers, in clusters.
+  SparseDecodeParams fp8 = decode(1, -1);
+  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
+  const SparseAttnPlan f = plan_sparse_decode(fp8, h200, cluster);
+  EXPECT_TRUE(f.qm.cluster && f.qm.wide && !f.qm.regs);
+  EXPECT_EQ(f.qm.splits, 16);
+  // split_warps=4: the 4-warp cluster kernel.
+  SparseDecodeOptions c4 = cluster;
+  c4.split_warps = DecodeSplitWarps::k4;
+  const SparseAttnPlan b1_4 = plan_sparse_decode(decode(1, -1), h200, c4);
+  EXPECT_TRUE(b1_4.qm.cluster && !b1_4.qm.wide);
+  EXPECT_EQ(b1_4.qm.splits, 16);
+  // Clusters of at most 8 CTAs for the 8-warp kernel: 8 splits of 2 blocks.
+  SparseAttnDeviceFacts eight = h200;
+  eight.decode_wide_cluster_max = 8;
+  EXPECT_EQ(plan_sparse_decode(decode(1, -1), eight, cluster).qm.splits, 8);
+  // No 8-warp cluster kernel: the 4-warp clusters; a forced split_warps=8 says why.
+  SparseAttnDeviceFacts no_wide = h200;
+  no_wide.decode_wide_cluster_max = 0;
+  const SparseAttnPlan nw = plan_sparse_decode(decode(1, -1), no_wide, cluster);
+  EXPECT_TRUE(nw.qm.cluster && !nw.qm.wide);
+  EXPECT_EQ(nw.qm.split_warps_fallback, nullptr);
+  SparseDecodeOptions c8 = cluster;
+  c8.split_warps = DecodeSplitWarps::k8;
+  const SparseAttnPlan nw8 = plan_sparse_decode(decode(1, -1), no_wide, c8);
+  EXPECT_FALSE(nw8.qm.wide);
+  ASSERT_NE(nw8.qm.split_warps_fallback, nullptr);
+  EXPECT_NE(std::string(nw8.qm.split_warps_fallback).find("no 8-warp cluster kernel"), std::string::npos);
+  // MTP union items and NVFP4 K/V stay off the 8-warp clusters.
+  SparseDecodeParams nv = decode(1, -1);
+  nv.attn.k.dtype = nv.attn.v.dtype = DType::kNVFP4;
+  EXPECT_FALSE(plan_sparse_decode(nv, h200, cluster).qm.wide);
+}
+
 // split=cluster: where the call splits and the device has clusters, the splits of a row run as one
 // cluster (capped at its largest size, no workspace); elsewhere blocks, and the plan says why.
 TEST(PlanDecode, SplitClusterWhereItRuns) {

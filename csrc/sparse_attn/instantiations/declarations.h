@@ -123,16 +123,32 @@ extern template void launch_query_major<__half, KvKind::kNvfp4, 1, true, false, 
 extern template int query_major_cluster_max<__half, KvKind::kNvfp4>(bool);
 
 // qm_wide_bf16_native.cu
-extern template void launch_query_major_wide<__nv_bfloat16, KvKind::kNative>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major_wide<__nv_bfloat16, KvKind::kNative, false>(const QueryMajorArgs&, cudaStream_t);
 
 // qm_wide_bf16_fp8.cu
-extern template void launch_query_major_wide<__nv_bfloat16, KvKind::kFp8>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major_wide<__nv_bfloat16, KvKind::kFp8, false>(const QueryMajorArgs&, cudaStream_t);
 
 // qm_wide_fp16_native.cu
-extern template void launch_query_major_wide<__half, KvKind::kNative>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major_wide<__half, KvKind::kNative, false>(const QueryMajorArgs&, cudaStream_t);
 
 // qm_wide_fp16_fp8.cu
-extern template void launch_query_major_wide<__half, KvKind::kFp8>(const QueryMajorArgs&, cudaStream_t);
+extern template void launch_query_major_wide<__half, KvKind::kFp8, false>(const QueryMajorArgs&, cudaStream_t);
+
+// qm_wide_cluster_bf16_native.cu
+extern template void launch_query_major_wide<__nv_bfloat16, KvKind::kNative, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_wide_cluster_max<__nv_bfloat16, KvKind::kNative>();
+
+// qm_wide_cluster_bf16_fp8.cu
+extern template void launch_query_major_wide<__nv_bfloat16, KvKind::kFp8, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_wide_cluster_max<__nv_bfloat16, KvKind::kFp8>();
+
+// qm_wide_cluster_fp16_native.cu
+extern template void launch_query_major_wide<__half, KvKind::kNative, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_wide_cluster_max<__half, KvKind::kNative>();
+
+// qm_wide_cluster_fp16_fp8.cu
+extern template void launch_query_major_wide<__half, KvKind::kFp8, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_wide_cluster_max<__half, KvKind::kFp8>();
 
 // union_tma_bf16.cu
 extern template void launch_union_tma_sm90<__nv_bfloat16>(const UnionArgs&, int, cudaStream_t);

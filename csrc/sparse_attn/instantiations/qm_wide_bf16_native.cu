@@ -6,6 +6,6 @@
 
 namespace flashmsa::sparse_attn {
 
-template void launch_query_major_wide<__nv_bfloat16, KvKind::kNative>(const QueryMajorArgs&, cudaStream_t);
+template void launch_query_major_wide<__nv_bfloat16, KvKind::kNative, false>(const QueryMajorArgs&, cudaStream_t);
 
 }  // namespace flashmsa::sparse_attn

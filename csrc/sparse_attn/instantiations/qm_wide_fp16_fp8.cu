@@ -6,6 +6,6 @@
 
 namespace flashmsa::sparse_attn {
 
-template void launch_query_major_wide<__half, KvKind::kFp8>(const QueryMajorArgs&, cudaStream_t);
+template void launch_query_major_wide<__half, KvKind::kFp8, false>(const QueryMajorArgs&, cudaStream_t);
 
 }  // namespace flashmsa::sparse_attn
