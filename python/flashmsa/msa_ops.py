@@ -868,7 +868,9 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # msa_sparse_decode_attention:
 # kernel = auto | smem | regs | wgmma (wgmma: bf16 / fp16 MTP union items on the sm_90a TMA +
 # wgmma kernel; other calls planned as auto), mtp = auto | per_token | union,
-# split = auto | blocks | cluster, split_warps = auto | 4 | 8 (8: decode with 8 warps per CTA
+# split = auto | blocks | cluster (cluster: a row's splits as one thread-block cluster merging in
+# shared memory, sm_90; on the 8-warp kernel where it applies, one CTA per SM; auto: blocks),
+# split_warps = auto | 4 | 8 (8: decode with 8 warps per CTA
 # sharing each 128-key block; 16-bit K/V, or fp8 K/V converted in registers under kernel=auto;
 # G <= 16, calls that split by blocks, and where forced fused calls; auto: 8 where it applies to
 # split calls, for fp8 where a split holds one block, 4 elsewhere), split_rule = auto | ceil | waves (how split-K decode picks its split count:
