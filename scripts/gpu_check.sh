@@ -53,7 +53,10 @@
 #              benchmarks/micro/kernel_gap.cu (the hand-off between two dependent kernels of a
 #              graph by grid size, shared-memory carveout and PDL) at 200 KB and 1 KB, and
 #              benchmarks/micro/l2_partials.cu (a KV-major group's partials kept in L2 against
-#              written to HBM, phases by launches or by grid barriers); to $OUT/micro.log
+#              written to HBM, phases by launches or by grid barriers), then
+#              benchmarks/micro/cluster_placement.cu (the SMs a thread-block cluster's CTAs land on,
+#              by shared memory and threads, and what sharing an SM costs a latency-bound CTA);
+#              to $OUT/micro.log
 #   profile    only with PROFILE=case,...: Nsight Compute (ncu) on each named case of
 #              benchmarks/profile_msa.py (--list), one call of the op, all its kernels, to
 #              $OUT/profile.log (SOL, memory, occupancy, warp stalls, source hot spots)
@@ -90,7 +93,9 @@
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
 #   FUZZ=seconds               run the fuzzer (fuzz step) for that long; FUZZ_ARGS="..." extra
 #                              fuzz_msa.py arguments (e.g. "--seed 1000000 --ops attention")
-#   MICRO=1                    run the micro step (needs an sm_90 GPU; independent of the build)
+#   MICRO=1                    run the micro step (needs an sm_90 GPU; independent of the build);
+#                              MICRO=name,... only those tools (kv_stream, kernel_gap, l2_partials,
+#                              cluster_placement)
 #   SWEEP="spec spec"          profile_stages.py --sweep specs KIND:TOKENS:W,... separated by spaces
 #                              (e.g. "pipeline:131072:default,kv_major_math=precise"; W: default, a
 #                              tile_max_waste bound or KEY=VALUE+...)
@@ -565,29 +570,44 @@ step_stages() {
 
 # ---- (d') load-form microbenchmark (only with MICRO=1) ----------------------------------------
 step_micro() {
-  local log="$OUT_DIR/micro.log" start=$SECONDS rc=0
+  local log="$OUT_DIR/micro.log" start=$SECONDS rc=0 ran=()
   : >"$log"
   mkdir -p build-gpu
-  run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a -Icsrc -Iinclude benchmarks/micro/kv_stream.cu -lcuda \
-    -o build-gpu/kv_stream || rc=1
-  if (( rc == 0 )); then
-    for units in 512 1024 2048 4096; do run_logged "$log" build-gpu/kv_stream "$units" || rc=1; done
-    run_logged "$log" build-gpu/kv_stream 4096 heads || rc=1
-    # A tenth of the SMs streaming while the rest idle: the per-SM rate of each load form.
-    run_logged "$log" build-gpu/kv_stream 1024 random 13 || rc=1
+  # MICRO=1: every tool; MICRO=name,...: those of kv_stream, kernel_gap, l2_partials, cluster_placement.
+  want() { [[ $MICRO == 1 || ,$MICRO, == *,$1,* ]] && ran+=("$1"); }
+  if want kv_stream; then
+    run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a -Icsrc -Iinclude benchmarks/micro/kv_stream.cu -lcuda \
+      -o build-gpu/kv_stream || rc=1
+    if (( rc == 0 )); then
+      for units in 512 1024 2048 4096; do run_logged "$log" build-gpu/kv_stream "$units" || rc=1; done
+      run_logged "$log" build-gpu/kv_stream 4096 heads || rc=1
+      # A tenth of the SMs streaming while the rest idle: the per-SM rate of each load form.
+      run_logged "$log" build-gpu/kv_stream 1024 random 13 || rc=1
+    fi
   fi
   # The hand-off between two dependent kernels of a graph, by grid size, shared-memory carveout
   # and programmatic dependent launch.
-  run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a benchmarks/micro/kernel_gap.cu -o build-gpu/kernel_gap || rc=1
-  if (( rc == 0 )); then
-    run_logged "$log" build-gpu/kernel_gap || rc=1
-    run_logged "$log" build-gpu/kernel_gap 1024 || rc=1
+  if want kernel_gap; then
+    run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a benchmarks/micro/kernel_gap.cu -o build-gpu/kernel_gap || rc=1
+    if (( rc == 0 )); then
+      run_logged "$log" build-gpu/kernel_gap || rc=1
+      run_logged "$log" build-gpu/kernel_gap 1024 || rc=1
+    fi
   fi
   # Partials of KV-major groups kept in L2 against written to HBM, by launches or grid barriers.
-  run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a benchmarks/micro/l2_partials.cu -o build-gpu/l2_partials || rc=1
-  (( rc == 0 )) && { run_logged "$log" build-gpu/l2_partials || rc=1; }
+  if want l2_partials; then
+    run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a benchmarks/micro/l2_partials.cu -o build-gpu/l2_partials || rc=1
+    (( rc == 0 )) && { run_logged "$log" build-gpu/l2_partials || rc=1; }
+  fi
+  # Where a thread-block cluster's CTAs land (SMs per cluster) by shared memory and threads.
+  if want cluster_placement; then
+    run_logged "$log" nvcc -std=c++20 -O3 -arch=sm_90a benchmarks/micro/cluster_placement.cu \
+      -o build-gpu/cluster_placement || rc=1
+    (( rc == 0 )) && { run_logged "$log" build-gpu/cluster_placement || rc=1; }
+  fi
+  (( ${#ran[@]} > 0 )) || { rc=1; echo "MICRO=$MICRO names no tool" >>"$log"; }
   record micro "$( ((rc == 0)) && echo PASS || echo FAIL)" $(( SECONDS - start )) \
-    "kv_stream, kernel_gap, l2_partials -> micro.log"
+    "${ran[*]:-none} -> micro.log"
 }
 
 # ---- (f) Nsight Compute profiles (only with PROFILE=case,case,...) ----------------------------
