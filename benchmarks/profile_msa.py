@@ -148,9 +148,15 @@ def cases(bench: bm.Bench) -> dict:
         "sparse_random_32k_kv_tma": sparse("random", options=dict(kv_major_kernel="tma")),
         "decode_b1": lambda: bench.build_decode(1, 32 * K, 1, "bf16"),
         # Batch 1 with the splits of a row as one cluster merging in distributed shared memory
-        # (split=cluster): one kernel instead of attention + combine.
+        # (split=cluster): one kernel instead of attention + combine; on 8 warps, one CTA per SM,
+        # where that kernel applies (docs/design/sparse_attention.md#b1-cluster8), and the 4-warp
+        # cluster kernel (split_warps=4) beside it.
         "decode_b1_split_cluster": lambda: bench.build_decode(1, 32 * K, 1, "bf16", dict(split="cluster")),
         "decode_b1_fp8_split_cluster": lambda: bench.build_decode(1, 32 * K, 1, "fp8", dict(split="cluster")),
+        "decode_b1_128k_fp8_split_cluster": lambda: bench.build_decode(1, 128 * K, 1, "fp8", dict(split="cluster")),
+        "decode_b1_128k_fp8": lambda: bench.build_decode(1, 128 * K, 1, "fp8"),
+        "decode_b1_fp8_split_cluster_w4": lambda: bench.build_decode(1, 32 * K, 1, "fp8",
+                                                                     dict(split="cluster", split_warps=4)),
         # Batch 1 split-K with 8 warps per CTA sharing each block (split_warps=8), at 32K and 128K.
         "decode_b1_split_warps8": lambda: bench.build_decode(1, 32 * K, 1, "bf16", dict(split_warps=8)),
         "decode_b1_128k_split_warps8": lambda: bench.build_decode(1, 128 * K, 1, "bf16", dict(split_warps=8)),
