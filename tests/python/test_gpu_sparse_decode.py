@@ -1088,93 +1088,6 @@ def test_split_cluster_bitwise_equals_blocks(case, kernel, partial_dtype):
         assert bits_equal(cluster, run_cluster(dp, kernel=kernel, **extra))
 
 
-# split=cluster on the 8-warp kernel (query_major_wide.cuh kCluster; split_warps=8 or auto where it
-# applies: per-token items of G <= 16 heads, 16-bit K/V of the compute dtype or fp8 K/V under
-# kernel=auto): one CTA per SM, the merged partial of each CTA kept in its shared memory and merged
-# by the cluster with the combine's code, so it equals split=blocks on 8 warps bit for bit where
-# the two split alike. Cases where the 8-warp kernel does not apply fall back (the plan says why)
-# and must still be right.
-WIDE_CLUSTER_CASES = [c for c in CLUSTER_CASES if c.name in (
-    "spec_8_1_8_2_bf16_flat", "spec_4_2_16_2_bf16_paged", "spec_8_1_8_2_fp8_paged",
-    "spec_16_1_4_4_topk8_fp8", "fp16", "fp8_q_fp8_kv", "fp8_q_bf16_kv", "g1_topk1", "g3_topk33",
-    "g4_topk64", "empty_and_tiny_sequences", "q_offset_tensor_negative", "non_causal", "duplicates",
-    "holes", "out_of_range", "some_empty_rows", "invalid_pages", "packed_hnd_fp8", "packed_nhd",
-    "scales", "m3_b1_cluster", "m3_b1_cluster_fp8", "m3_b4_cluster_nvfp4", "g32_bf16")]
-
-
-@pytest.mark.parametrize("force_fused", [None, False], ids=lambda f: f"fused={f}")
-@pytest.mark.parametrize("case", WIDE_CLUSTER_CASES, ids=str)
-def test_split_cluster_8_warps_matches_cpu_reference(case, force_fused):
-    dp, want, base_out = reference(case, seed=47)
-    got = run_cluster(dp, split_warps=8, force_fused=force_fused)
-    check_against_reference(dp, got, want, base_out, f"{case} cluster 8 warps fused={force_fused}")
-
-
-@pytest.mark.parametrize("partial_dtype", [None, torch.float32, FP16, FP8], ids=str)
-@pytest.mark.parametrize("case", [c for c in WIDE_CLUSTER_CASES if c.name in (
-    "spec_4_2_16_2_bf16_paged", "spec_8_1_8_2_fp8_paged", "fp16", "g1_topk1", "g3_topk33",
-    "g4_topk64", "some_empty_rows", "invalid_pages", "holes", "m3_b1_cluster", "m3_b1_cluster_fp8",
-    "m3_b4_cluster_nvfp4")], ids=str)
-def test_split_cluster_8_warps_bitwise_equals_blocks(case, partial_dtype):
-    """The 8-warp cluster kernel against split=blocks on 8 warps (partials + the combine kernel):
-    bit-identical with the same split count (the cluster plans for one CTA per SM, blocks for two,
-    so at some batches the counts differ: then within the fused vs split bound, the same -inf
-    pattern); right against the reference with every partial dtype; deterministic."""
-    dp = problem(case, seed=48)
-    extra = dict(force_fused=False, partial_dtype=partial_dtype)
-    cluster = run_cluster(dp, split_warps=8, **extra)
-    blocks = run_cluster(dp, split="blocks", split_warps=8, **extra)
-    text_c = _decode_plan_text(dp, dict(mtp="per_token", split="cluster", split_warps=8), **extra)
-    text_b = _decode_plan_text(dp, dict(mtp="per_token", split="blocks", split_warps=8), **extra)
-    wide = "; split_warps=8 (8 warps per CTA" in text_c
-    if HAS_CLUSTERS:
-        assert "split=cluster (a cluster of" in text_c, text_c
-        assert wide == (case.kv != "nvfp4"), text_c  # every case here but NVFP4 K/V is on 8 warps
-        assert (", one per SM," in text_c) == wide, text_c
-    if _splits_of(text_c) == _splits_of(text_b) and wide == ("; split_warps=8 (8 warps per CTA" in text_b):
-        assert bits_equal(cluster, blocks), f"{case}: 8-warp cluster vs blocks not bit-identical"
-    else:
-        assert torch.equal(torch.isinf(cluster[1]), torch.isinf(blocks[1]))
-        diff = float((cluster[0].double() - blocks[0].double()).abs().max())
-        assert diff < 5e-3, f"cluster vs blocks: max |diff| {diff:.3e}"
-    dp_r, want, base_out = reference(case, seed=48)
-    check_against_reference(dp_r, cluster, want, base_out, f"{case} cluster 8 warps partial {partial_dtype}",
-                            partial_dtype=partial_dtype)
-    assert bits_equal(cluster, run_cluster(dp, split_warps=8, **extra))  # deterministic
-
-
-def test_split_cluster_8_warps_plan_and_graph():
-    """B1 / M3 bf16 and fp8: auto's split_warps takes the 8-warp clusters under split=cluster (16
-    CTAs, one per SM, no workspace); a captured call replays bit-identically on new inputs."""
-    for kv in ("same", "fp8"):
-        dp = build_decode(DecodeCase("c8", 1, 1, 64, 4, kv=kv, seqlens=[32768]), seed=49)
-        text = _decode_plan_text(dp, dict(split="cluster")).split("): ", 1)[1]
-        if not HAS_CLUSTERS:
-            assert "split=cluster falls back to blocks" in text, text
-            continue
-        assert "split=cluster (a cluster of 16 CTAs per row, one per SM," in text, text
-        assert "; split_warps=8 (8 warps per CTA" in text and "workspace 0 bytes" in text, text
-        four = _decode_plan_text(dp, dict(split="cluster", split_warps=4)).split("): ", 1)[1]
-        assert ", one per SM," not in four and "split_warps=8" not in four, four
-        eager = run_cluster(dp, split_warps=8)
-        call = functools.partial(msa_ops._sparse_decode_planned, *dp.gpu_args, **dp.gpu_kwargs,
-                                 options=dict(split="cluster", split_warps=8))
-        call()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = call()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert bits_equal(tuple(out), eager), kv
-        q = dp.gpu_args[0]
-        q.copy_(torch.randn_like(q.float()).to(q.dtype))
-        want = run_cluster(dp, split_warps=8)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert bits_equal(tuple(out), want), kv
-
-
 @pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
 def test_split_cluster_paged_equals_flat(kv):
     case = DecodeCase("c", 2, 1, 64, 4, kv=kv, seqlens=[5000, 3000])
@@ -1347,3 +1260,87 @@ def test_split_warps8_plan_names_the_path(kv):
     mtp = build_decode(DecodeCase("w", 1, 4, 64, 4, kv=kv, seqlens=[32768]), seed=56)
     text = _decode_plan_text(mtp, dict(split_warps=8, mtp="union")).split("): ", 1)[1]
     assert "mtp=union" in text and "split_warps=8 falls back to 4 warps: MTP union items" in text, text
+
+
+# split=cluster on the 8-warp kernel (query_major_wide.cuh kCluster; split_warps=8 or auto where it
+# applies: per-token items of G <= 16 heads, 16-bit K/V of the compute dtype or fp8 K/V under
+# kernel=auto): one CTA per SM, the merged partial of each CTA kept in its shared memory and merged
+# by the cluster with the combine's code, so it equals split=blocks on 8 warps bit for bit where
+# the two split alike. Cases where the 8-warp kernel does not apply fall back (the plan says why)
+# and must still be right.
+WIDE_CLUSTER_CASES = WIDE_CASES + [c for c in CLUSTER_CASES if c.name == "m3_b4_cluster_nvfp4"]
+
+
+@pytest.mark.parametrize("force_fused", [None, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", WIDE_CLUSTER_CASES, ids=str)
+def test_split_cluster_8_warps_matches_cpu_reference(case, force_fused):
+    dp, want, base_out = reference(case, seed=47)
+    got = run_cluster(dp, split_warps=8, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} cluster 8 warps fused={force_fused}")
+
+
+@pytest.mark.parametrize("partial_dtype", [None, torch.float32, FP16, FP8], ids=str)
+@pytest.mark.parametrize("case", [c for c in WIDE_CLUSTER_CASES if c.name in (
+    "spec_4_2_16_2_bf16_paged", "spec_8_1_8_2_fp8_paged", "fp16", "g1_topk1", "g3_topk33",
+    "g4_topk64", "some_empty_rows", "invalid_pages", "holes", "m3_b1_cluster", "m3_b1_cluster_fp8",
+    "m3_b1_ctx128k_w8_fp8", "m3_b4_w8_partial_blocks", "m3_b4_w8_fp8_partial_blocks", "m3_b8_w8_fp8_fp16",
+    "w8_fp8_scales_invalid_pages", "m3_b4_cluster_nvfp4")], ids=str)
+def test_split_cluster_8_warps_bitwise_equals_blocks(case, partial_dtype):
+    """The 8-warp cluster kernel against split=blocks on 8 warps (partials + the combine kernel):
+    bit-identical with the same split count (the cluster plans for one CTA per SM, blocks for two,
+    so at some batches the counts differ: then within the fused vs split bound, the same -inf
+    pattern); right against the reference with every partial dtype; deterministic."""
+    dp = problem(case, seed=48)
+    extra = dict(force_fused=False, partial_dtype=partial_dtype)
+    cluster = run_cluster(dp, split_warps=8, **extra)
+    blocks = run_cluster(dp, split="blocks", split_warps=8, **extra)
+    text_c = _decode_plan_text(dp, dict(mtp="per_token", split="cluster", split_warps=8), **extra)
+    text_b = _decode_plan_text(dp, dict(mtp="per_token", split="blocks", split_warps=8), **extra)
+    wide = "; split_warps=8 (8 warps per CTA" in text_c
+    if HAS_CLUSTERS:
+        assert "split=cluster (a cluster of" in text_c, text_c
+        assert wide == (case.kv != "nvfp4"), text_c  # every case here but NVFP4 K/V is on 8 warps
+        assert "split_warps=8 falls back" in text_c or wide, text_c
+        assert (", one per SM," in text_c) == wide, text_c
+    if _splits_of(text_c) == _splits_of(text_b) and wide == ("; split_warps=8 (8 warps per CTA" in text_b):
+        assert bits_equal(cluster, blocks), f"{case}: 8-warp cluster vs blocks not bit-identical"
+    else:
+        assert torch.equal(torch.isinf(cluster[1]), torch.isinf(blocks[1]))
+        diff = float((cluster[0].double() - blocks[0].double()).abs().max())
+        assert diff < 5e-3, f"cluster vs blocks: max |diff| {diff:.3e}"
+    dp_r, want, base_out = reference(case, seed=48)
+    check_against_reference(dp_r, cluster, want, base_out, f"{case} cluster 8 warps partial {partial_dtype}",
+                            partial_dtype=partial_dtype)
+    assert bits_equal(cluster, run_cluster(dp, split_warps=8, **extra))  # deterministic
+
+
+def test_split_cluster_8_warps_plan_and_graph():
+    """B1 / M3 bf16 and fp8: auto's split_warps takes the 8-warp clusters under split=cluster (16
+    CTAs, one per SM, no workspace); a captured call replays bit-identically on new inputs."""
+    for kv in ("same", "fp8"):
+        dp = build_decode(DecodeCase("c8", 1, 1, 64, 4, kv=kv, seqlens=[32768]), seed=49)
+        text = _decode_plan_text(dp, dict(split="cluster")).split("): ", 1)[1]
+        if not HAS_CLUSTERS:
+            assert "split=cluster falls back to blocks" in text, text
+            continue
+        assert "split=cluster (a cluster of 16 CTAs per row, one per SM," in text, text
+        assert "; split_warps=8 (8 warps per CTA" in text and "workspace 0 bytes" in text, text
+        four = _decode_plan_text(dp, dict(split="cluster", split_warps=4)).split("): ", 1)[1]
+        assert ", one per SM," not in four and "split_warps=8" not in four, four
+        eager = run_cluster(dp, split_warps=8)
+        call = functools.partial(msa_ops._sparse_decode_planned, *dp.gpu_args, **dp.gpu_kwargs,
+                                 options=dict(split="cluster", split_warps=8))
+        call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bits_equal(tuple(out), eager), kv
+        q = dp.gpu_args[0]
+        q.copy_(torch.randn_like(q.float()).to(q.dtype))
+        want = run_cluster(dp, split_warps=8)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bits_equal(tuple(out), want), kv
