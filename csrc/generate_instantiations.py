@@ -114,6 +114,11 @@ KERNELS = [
     Kernel("mtp_wgmma_fp8_{e}",    "sparse_attn/mtp_wgmma_sm90.cuh", "int mtp_wgmma_fp8_sm90_ctas_per_sm<{E}>()"),
     Kernel("proxy_score_{e}",      "proxy_score/proxy_score_launch.cuh", "void launch_proxy_score<{E}>(const ProxyScoreParams&, cudaStream_t)"),
     Kernel("proxy_decode_{e}",     "proxy_score/proxy_decode.cuh",       "bool launch_proxy_decode<{E}>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t)"),
+    # ... its paths with many kernel variants, in units of their own so that they compile in parallel.
+    Kernel("proxy_decode_ring_{e}", "proxy_score/proxy_decode.cuh",      "void decode::launch_ring_fp8<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)"),
+    Kernel("proxy_decode_ring_fp4_{e}", "proxy_score/proxy_decode.cuh",  "void decode::launch_ring_fp4<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)", elems=("bf16",)),
+    Kernel("proxy_decode_tma_{e}", "proxy_score/proxy_decode.cuh",       "bool decode::tma::launch_fp8<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)"),
+    Kernel("proxy_decode_tma_{e}", "proxy_score/proxy_decode.cuh",       "bool decode::tma::launch_fp4<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)", elems=("bf16",)),
     Kernel("proxy_score_sm90_{e}", "proxy_score/proxy_score_sm90.cuh",   "bool sm90::launch<{E}>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t)"),
 ]
 # fmt: on

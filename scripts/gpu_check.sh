@@ -14,7 +14,8 @@
 #
 # Steps, each timed, each logging to $OUT/<step>.log ($OUT if set, else ./.out):
 #   build      pip install of the package with CUDA for sm_80 and sm_90a (build dir build-gpu/,
-#              incremental), then a check that the installed package has CUDA kernels
+#              incremental), then a check that the installed package has CUDA kernels; the
+#              build's longest steps (ninja's log) to $OUT/build_times.txt
 #   ctest      the C++ GoogleTest suites of that build (only when .deps/googletest is there)
 #   pytest     pytest tests/python -m "not cpu_only" (the whole suite but the tests marked cpu_only,
 #              which touch no CUDA tensor or kernel and which CI's CPU run covers: pyproject.toml,
@@ -215,6 +216,14 @@ step_build() {
   else
     run_logged "$log" "$PY" -m pip install --no-build-isolation --no-deps -v . "${defs[@]}"
     rc=$?
+    # Where the build's time goes (ninja's own log of this build's steps): the compile span and the
+    # longest steps, to $OUT/build_times.txt (which translation units bound a fresh build).
+    local nlog
+    nlog=$(find build-gpu -name .ninja_log -newer pyproject.toml 2>/dev/null | head -1)
+    [[ -n $nlog ]] && awk 'NR > 1 { t = ($2 - $1) / 1000; if ($2 > end) end = $2; n++; sum += t
+                                     print t, $4 }
+                           END { printf "%d steps, %.0f s of compile over a %.0f s span\n", n, sum, end / 1000 > "/dev/stderr" }' \
+      "$nlog" 2>"$OUT_DIR/build_times.txt" | sort -rn | head -12 >>"$OUT_DIR/build_times.txt"
   fi
   if (( rc == 0 )); then
     # The installed package must run a kernel: a CPU-only build would raise NotImplementedError.

@@ -26,6 +26,26 @@ void launch_proxy_score(const ProxyScoreParams& p, cudaStream_t stream);
 template <typename Element>
 bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream);
 
+namespace decode {
+struct Params;  // proxy_decode.cuh
+// launch_proxy_decode's paths with many kernel variants, each instantiated in a translation unit
+// of its own (they dominate the build otherwise): the cp.async ring over fp8 K (every decode_ctas,
+// decode_ilp and MMA type) and over NVFP4 q and K (bf16 only: every decode_ctas, decode_ilp and
+// nvfp4_cvt).
+template <typename Element>
+void launch_ring_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream);
+template <typename Element>
+void launch_ring_fp4(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream);
+namespace tma {
+// The TMA-fed warp-per-block kernel (proxy_decode_tma.cuh) over fp8 K, and over NVFP4 q and K
+// (bf16 only); false when it does not run the call (not sm_90a, reduce_heads).
+template <typename Element>
+bool launch_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream);
+template <typename Element>
+bool launch_fp4(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream);
+}  // namespace tma
+}  // namespace decode
+
 namespace sm90 {
 // Where the sm_90a kernel's wgmma A operand (Q) comes from:
 //   kSmem (SS): Q and K from shared memory. Two Q slots (the next tile's Q lands while this one is

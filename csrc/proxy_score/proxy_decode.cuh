@@ -655,6 +655,45 @@ void with_ilp(int ilp, F&& f) {
   }
 }
 
+// The cp.async ring over fp8 K (launch.h): f16_mma (fp16 MMAs; bf16 q rows scaled, fp8 q as it
+// is) or Element MMAs, at the plan's decode_ctas and decode_ilp.
+template <typename Element>
+void launch_ring_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
+  with_ilp(plan.decode_ilp, [&](auto u) {
+    constexpr int kIlp = u.value;
+    with_ctas(plan.decode_ctas, [&](auto c) {
+      if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+        if (plan.f16_mma) {
+          // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
+          if (dp.p.q_dtype == DType::kBF16) {
+            launch_kernel<__half, kK8, true, c.value, kIlp>(dp, stream);
+          } else {
+            launch_kernel<__half, kK8, false, c.value, kIlp>(dp, stream);
+          }
+          return;
+        }
+      }
+      launch_kernel<Element, kK8, false, c.value, kIlp>(dp, stream);
+    });
+  });
+}
+
+// The cp.async ring over NVFP4 q and K (launch.h): fp16 MMAs (every e2m1 x e4m3 value is exact in
+// fp16), the codes a word (nvfp4_cvt=word) or a byte at a time; instantiated for bf16 only.
+template <typename Element>
+void launch_ring_fp4(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
+  static_assert(std::is_same_v<Element, __nv_bfloat16>, "NVFP4 q and k: the bf16 unit");
+  with_ilp(plan.decode_ilp, [&](auto u) {
+    constexpr int kIlp = u.value;
+    with_ctas(plan.decode_ctas, [&](auto c) {
+      if (plan.nvfp4_word)  // nvfp4_cvt=word: the codes a word (8) at a time
+        launch_kernel<__half, kK4, false, c.value, kIlp, true>(dp, stream);
+      else
+        launch_kernel<__half, kK4, false, c.value, kIlp>(dp, stream);
+    });
+  });
+}
+
 }  // namespace flashmsa::cuda::proxy::decode
 
 #include "proxy_score/proxy_decode_tma.cuh"
@@ -695,42 +734,23 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
   // instantiates them.
   if (k4 && !std::is_same_v<Element, __nv_bfloat16>) return false;
   // decode_fp8=tma / decode_nvfp4=tma: the TMA-fed warp-per-block kernel of plan.tma_cols columns
-  // a pass where it applies (sm_90a, no reduce_heads), else the cp.async ring below.
+  // a pass where it applies (sm_90a, no reduce_heads), else the cp.async ring. The fp8 and NVFP4
+  // paths are instantiated in units of their own (launch.h).
   if (k8 && plan.tma && decode::tma::launch_fp8<Element>(dp, plan, stream)) return true;
   if constexpr (std::is_same_v<Element, __nv_bfloat16>) {  // decode_nvfp4=tma, likewise
-    if (k4 && plan.tma && decode::tma::launch_fp4(dp, plan, stream)) return true;
-  }
-  decode::with_ilp(plan.decode_ilp, [&](auto u) {
-    constexpr int kIlp = u.value;
+    if (k4 && plan.tma && decode::tma::launch_fp4<Element>(dp, plan, stream)) return true;
     if (k4) {
-      // NVFP4 q and k: fp16 MMAs (every e2m1 x e4m3 value is exact in fp16).
-      if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-        decode::with_ctas(plan.decode_ctas, [&](auto c) {
-          if (plan.nvfp4_word)  // nvfp4_cvt=word: the codes a word (8) at a time
-            decode::launch_kernel<__half, decode::kK4, false, c.value, kIlp, true>(dp, stream);
-          else
-            decode::launch_kernel<__half, decode::kK4, false, c.value, kIlp>(dp, stream);
-        });
-      }
-    } else if (k8) {
-      decode::with_ctas(plan.decode_ctas, [&](auto c) {
-        if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-          if (plan.f16_mma) {
-            // Every e4m3 value is an fp16 value: fp8 q goes in as it is, bf16 q rows scaled.
-            if (p.q_dtype == DType::kBF16) {
-              decode::launch_kernel<__half, decode::kK8, true, c.value, kIlp>(dp, stream);
-            } else {
-              decode::launch_kernel<__half, decode::kK8, false, c.value, kIlp>(dp, stream);
-            }
-            return;
-          }
-        }
-        decode::launch_kernel<Element, decode::kK8, false, c.value, kIlp>(dp, stream);
-      });
-    } else {
-      decode::launch_kernel<Element, decode::kK16, false, 2, kIlp>(dp, stream);
+      decode::launch_ring_fp4<Element>(dp, plan, stream);
+      return true;
     }
-  });
+  }
+  if (k8) {
+    decode::launch_ring_fp8<Element>(dp, plan, stream);
+  } else {
+    decode::with_ilp(plan.decode_ilp, [&](auto u) {
+      decode::launch_kernel<Element, decode::kK16, false, 2, u.value>(dp, stream);
+    });
+  }
   return true;
 }
 

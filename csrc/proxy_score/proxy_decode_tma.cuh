@@ -597,8 +597,9 @@ bool launch_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t strea
   return launch_cols<Element, kK8, false>(dp, plan, stream);
 }
 
-// NVFP4 q and K: fp16 MMAs.
-inline bool launch_fp4(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
+// NVFP4 q and K: fp16 MMAs (instantiated for bf16, the type proxy_score picks for NVFP4 q).
+template <typename Element>
+bool launch_fp4(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
   return launch_cols<__half, kK4, false>(dp, plan, stream);
 }
 

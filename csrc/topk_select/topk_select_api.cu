@@ -27,7 +27,7 @@
 #include "cuda_ops.h"
 #include "flashmsa/error.h"
 #include "flashmsa/plan.h"
-#include "topk_select/topk_net_kernel.cuh"
+#include "topk_select/topk_net_launch.h"
 #include "topk_select/topk_radix_kernel.cuh"
 #include "topk_select/topk_select_kernel.cuh"
 #include "topk_select/topk_split_kernel.cuh"
@@ -55,17 +55,9 @@ void launch_warp_rows(const TopkSelectParams& p, cudaStream_t stream) {
   MSA_CHECK_LAUNCH();
 }
 
-// The grid of a kernel with a CTA per (token, head) row: the row count, which must fit an int.
-int row_grid(const TopkSelectParams& p) {
-  const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
-  MSA_CHECK_SUPPORTED(rows <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
-                      " tokens exceed the kernel's work-item range");
-  return int(rows);
-}
-
 // warp_split: a CTA per (token, head) row (CTA b = row b of out[S, H, topk]).
 void launch_split_rows(const TopkSelectParams& p, cudaStream_t stream) {
-  const int rows = row_grid(p);
+  const int rows = topk::row_grid(p);
   prepare_launch(topk::split::topk_split_kernel, topk::kThreads, 0);
   topk::split::topk_split_kernel<<<dim3(unsigned(rows)), topk::kThreads, 0, stream>>>(p);
   MSA_CHECK_LAUNCH();
@@ -76,7 +68,7 @@ void launch_split_rows(const TopkSelectParams& p, cudaStream_t stream) {
 void launch_digit_rows(const TopkSelectParams& p, cudaStream_t stream) {
   static_assert(topk::kChunk == kTopkDigitsChunk, "plan.h's chunk of warp_digits is the kernel's");
   if (p.num_blocks > topk::kChunk) return launch_split_rows(p, stream);
-  const int rows = row_grid(p);
+  const int rows = topk::row_grid(p);
   prepare_launch(topk::split::topk_digits_kernel, 32, 0);
   topk::split::topk_digits_kernel<<<dim3(unsigned(rows)), 32, 0, stream>>>(p);
   MSA_CHECK_LAUNCH();
@@ -100,60 +92,6 @@ void launch_radix(const TopkSelectParams& p, int64_t groups, cudaStream_t stream
   MSA_CHECK_LAUNCH();
 }
 
-// net: a warp per 32 / L rows (32 / L consecutive tokens of one head), 4 warps a CTA.
-template <int K, int L, int N = 0>
-void launch_net_rows(const TopkSelectParams& p, cudaStream_t stream) {
-  topk::net::Params np{};
-  np.p = p;
-  np.token_groups = ceil_div_int(p.num_tokens, 32 / L);
-  const int64_t groups = int64_t(np.token_groups) * p.num_heads;
-  MSA_CHECK_SUPPORTED(groups <= INT_MAX, "topk_select: ", p.num_heads, " heads x ", p.num_tokens,
-                      " tokens exceed the kernel's work-item range");
-  np.groups = int(groups);
-  constexpr int kThreads = topk::net::kWarpsPerCta * 32;
-  prepare_launch(topk::net::topk_net_kernel<K, L, N>, kThreads, 0);
-  const int64_t ctas = ceil_div_int<int64_t>(groups, topk::net::kWarpsPerCta);
-  topk::net::topk_net_kernel<K, L, N><<<dim3(unsigned(ctas)), kThreads, 0, stream>>>(np);
-  MSA_CHECK_LAUNCH();
-}
-
-// net_pivot_mode=rank_cta: a CTA of 4 warps per (token, head) row.
-template <int N>
-void launch_pivot_cta(const TopkSelectParams& p, cudaStream_t stream) {
-  topk::net::Params np{};
-  np.p = p;
-  np.token_groups = p.num_tokens;
-  const int rows = row_grid(p);
-  np.groups = rows;
-  constexpr int kThreads = topk::net::kWarpsPerCta * 32;
-  prepare_launch(topk::net::topk_pivot_cta_kernel<N>, kThreads, 0);
-  topk::net::topk_pivot_cta_kernel<N><<<dim3(unsigned(rows)), kThreads, 0, stream>>>(np);
-  MSA_CHECK_LAUNCH();
-}
-
-// The pivot path's kernel for N scores a lane (plan.net_pivot) in the plan's mode.
-template <int N>
-void launch_pivot(const TopkSelectParams& p, TopkPivotMode mode, cudaStream_t stream) {
-  switch (mode) {
-    case TopkPivotMode::kSort: return launch_net_rows<16, 32, N>(p, stream);
-    case TopkPivotMode::kRankCta: return launch_pivot_cta<N>(p, stream);
-    default: MSA_FAIL("topk_select: the plan's pivot mode ", int(mode), " is not resolved");
-  }
-}
-
-template <int K>
-void launch_net_words(const TopkSelectParams& p, int lanes, cudaStream_t stream) {
-  switch (lanes) {
-    case 1: return launch_net_rows<K, 1>(p, stream);
-    case 2: return launch_net_rows<K, 2>(p, stream);
-    case 4: return launch_net_rows<K, 4>(p, stream);
-    case 8: return launch_net_rows<K, 8>(p, stream);
-    case 16: return launch_net_rows<K, 16>(p, stream);
-    case 32: return launch_net_rows<K, 32>(p, stream);
-    default: MSA_FAIL("topk_select: the plan's net_lanes ", lanes, " is not a power of two <= 32");
-  }
-}
-
 void launch_net(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStream_t stream) {
   // The plan's bounds (topk_net_unsupported), which the words rely on: a row chooses fewer
   // blocks than a lane keeps words, and an offset fits 15 bits.
@@ -164,15 +102,10 @@ void launch_net(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStrea
     // most 32 x net_pivot blocks).
     MSA_CHECK(plan.net_words == 16 && plan.net_lanes == 32 && p.num_blocks <= 32 * plan.net_pivot,
               "topk_select: the plan's net pivot does not fit the call");
-    switch (plan.net_pivot) {
-      case 8: return launch_pivot<8>(p, plan.net_pivot_mode, stream);
-      case 16: return launch_pivot<16>(p, plan.net_pivot_mode, stream);
-      case 32: return launch_pivot<32>(p, plan.net_pivot_mode, stream);
-      default: MSA_FAIL("topk_select: the plan's net_pivot ", plan.net_pivot, " is not 8, 16 or 32");
-    }
+    return topk::launch_net_pivot(p, plan.net_pivot, plan.net_pivot_mode, stream);
   }
-  if (plan.net_words == 16) return launch_net_words<16>(p, plan.net_lanes, stream);
-  if (plan.net_words == 32) return launch_net_words<32>(p, plan.net_lanes, stream);
+  if (plan.net_words == 16) return topk::launch_net_words16(p, plan.net_lanes, stream);
+  if (plan.net_words == 32) return topk::launch_net_words32(p, plan.net_lanes, stream);
   MSA_FAIL("topk_select: the plan's net_words ", plan.net_words, " is not 16 or 32");
 }
 

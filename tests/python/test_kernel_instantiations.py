@@ -94,7 +94,12 @@ def test_each_unit_instantiates_its_kernels():
 def test_entry_names_a_declared_and_defined_template(kernel):
     name = re.match(r"\w+ ([\w:]+)<", kernel.signature).group(1).split("::")[-1]
     op = gen.OPS[kernel.header.split("/")[0]]
-    definition = (CSRC / kernel.header).read_text()
+    # The header defines the launcher itself or in an op header it includes (proxy_decode.cuh
+    # includes proxy_decode_tma.cuh, whose launchers have units of their own).
+    header = (CSRC / kernel.header).read_text()
+    definition = header + "".join(
+        (CSRC / h).read_text() for h in re.findall(r'#include "([^"]+\.cuh)"', header)
+        if h.split("/")[0] == kernel.header.split("/")[0])
     launch_h = (CSRC / op.launch_header).read_text()
     # launch.h declares the launchers itself or through the op's headers it includes.
     declaration = launch_h + "".join(

@@ -18,6 +18,22 @@ extern template bool launch_proxy_decode<__nv_bfloat16>(const ProxyScoreParams&,
 // proxy_decode_fp16.cu
 extern template bool launch_proxy_decode<__half>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t);
 
+// proxy_decode_ring_bf16.cu
+extern template void decode::launch_ring_fp8<__nv_bfloat16>(const decode::Params&, const ProxyScorePlan&, cudaStream_t);
+
+// proxy_decode_ring_fp16.cu
+extern template void decode::launch_ring_fp8<__half>(const decode::Params&, const ProxyScorePlan&, cudaStream_t);
+
+// proxy_decode_ring_fp4_bf16.cu
+extern template void decode::launch_ring_fp4<__nv_bfloat16>(const decode::Params&, const ProxyScorePlan&, cudaStream_t);
+
+// proxy_decode_tma_bf16.cu
+extern template bool decode::tma::launch_fp8<__nv_bfloat16>(const decode::Params&, const ProxyScorePlan&, cudaStream_t);
+extern template bool decode::tma::launch_fp4<__nv_bfloat16>(const decode::Params&, const ProxyScorePlan&, cudaStream_t);
+
+// proxy_decode_tma_fp16.cu
+extern template bool decode::tma::launch_fp8<__half>(const decode::Params&, const ProxyScorePlan&, cudaStream_t);
+
 // proxy_score_sm90_bf16.cu
 extern template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t);
 
