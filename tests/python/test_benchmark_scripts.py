@@ -565,11 +565,12 @@ def find_nvcc():
 
 
 @pytest.mark.cpu_only
-@pytest.mark.parametrize("tool", ("kv_stream", "kernel_gap", "l2_partials"))
+@pytest.mark.parametrize("tool", ("kv_stream", "kernel_gap", "l2_partials", "cluster_placement"))
 def test_microbenchmarks_compile(tmp_path, tool):
     """benchmarks/micro/kv_stream.cu (docs/benchmarks.md#stream-ceiling), kernel_gap.cu (the
-    graph's kernel hand-offs, docs/design/sparse_attention.md#b1-budget) and l2_partials.cu
-    (partials kept in L2, docs/design/sparse_attention.md#l2-partials), gpu_check's MICRO=1 step,
+    graph's kernel hand-offs, docs/design/sparse_attention.md#b1-budget), l2_partials.cu
+    (partials kept in L2, docs/design/sparse_attention.md#l2-partials) and cluster_placement.cu
+    (a cluster's SMs, docs/design/sparse_attention.md#b1-cluster8), gpu_check's MICRO=1 step,
     compile with gpu_check's flags (kv_stream against the library's device headers): a change that
     breaks a tool fails here, not on the GPU machine. Compiled only (-c), not linked."""
     nvcc = find_nvcc()
