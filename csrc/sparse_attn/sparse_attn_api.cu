@@ -151,13 +151,23 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
     if (plan.cluster) {  // split=cluster: per-token items (the planner keeps MTP union items off it)
       MSA_CHECK(plan.mtp_tokens == 0 && !plan.fused, "msa_sparse_decode_attention: split=cluster "
                 "planned for MTP union items or a fused call (planner bug)");
-      if (plan.wide) {  // on 8 warps
-        if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8) {
+    }
+    if (plan.wide) {  // split_warps=8, as clusters under split=cluster
+      MSA_CHECK(plan.mtp_tokens == 0 && !plan.regs && plan.warps_m == 1,
+                "msa_sparse_decode_attention: split_warps=8 planned outside per-token items on 16-row "
+                "tiles (planner bug)");
+      if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8) {
+        if (plan.cluster)
           launch_query_major_wide<Elem, kKv, true>(a, stream);
-        } else {
-          MSA_FAIL("msa_sparse_decode_attention: split_warps=8 with NVFP4 K/V (planner bug)");
-        }
-      } else if (plan.regs && plan.nvfp4_word) {  // nvfp4_cvt=word (auto)
+        else
+          launch_query_major_wide<Elem, kKv, false>(a, stream);
+      } else {
+        MSA_FAIL("msa_sparse_decode_attention: split_warps=8 needs 16-bit or fp8 K/V (planner bug)");
+      }
+      return;
+    }
+    if (plan.cluster) {  // the 4-warp cluster kernels
+      if (plan.regs && plan.nvfp4_word) {  // nvfp4_cvt=word (auto)
         if constexpr (kKv == KvKind::kNvfp4) {
           launch_query_major<Elem, kKv, 1, true, false, true, true>(a, stream);
         } else {
@@ -169,17 +179,6 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
         launch_query_major<Elem, kKv, 1, false, false, false, true>(a, stream);
       } else {
         launch_query_major<Elem, kKv, 4, false, false, false, true>(a, stream);
-      }
-      return;
-    }
-    if (plan.wide) {  // split_warps=8
-      MSA_CHECK(plan.mtp_tokens == 0 && !plan.regs && plan.warps_m == 1,
-                "msa_sparse_decode_attention: split_warps=8 planned outside per-token items on 16-row "
-                "tiles (planner bug)");
-      if constexpr (kKv == KvKind::kNative || kKv == KvKind::kFp8) {
-        launch_query_major_wide<Elem, kKv, false>(a, stream);
-      } else {
-        MSA_FAIL("msa_sparse_decode_attention: split_warps=8 needs 16-bit or fp8 K/V (planner bug)");
       }
       return;
     }
