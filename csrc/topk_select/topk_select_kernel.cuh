@@ -44,6 +44,58 @@ __device__ __forceinline__ void write_row_frame(int* out_row, int topk, const Ro
   }
 }
 
+// The exact threshold of the `target` best of one warp's candidates (kKeysPerLane slots a lane,
+// `valid` marking the filled ones, plus with kCarry the two carried slots; target < their number)
+// by a bitwise search over warp-wide counts (redux.sync): the largest key that leaves fewer than
+// `target` keys below it. The rule: keys < thr are chosen, plus the first `need` (block order)
+// equal to thr.
+template <bool kCarry>
+__device__ __forceinline__ void bit_threshold(const uint32_t (&key)[kKeysPerLane], uint32_t valid,
+                                              const uint32_t (&ckey)[2], const bool (&cvalid)[2],
+                                              int target, uint32_t& thr, int& need) {
+  constexpr uint32_t kNone = 0xFFFFFFFFu;  // key of an empty slot
+  uint32_t lmin = kNone, lmax = 0;
+#pragma unroll
+  for (int i = 0; i < kKeysPerLane; ++i) {
+    lmin = min(lmin, key[i]);
+    if ((valid >> i) & 1u) lmax = max(lmax, key[i]);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    lmin = min(lmin, ckey[j]);
+    if (cvalid[j]) lmax = max(lmax, ckey[j]);
+  }
+  const uint32_t kmin = __reduce_min_sync(0xFFFFFFFFu, lmin);
+  const uint32_t kmax = __reduce_max_sync(0xFFFFFFFFu, lmax);
+  // Invariant: count(key < lo) = c_lo < target <= count(key < lo + 2^(b+1)). The bits above the
+  // highest bit where kmin and kmax differ are common to every candidate: start below them.
+  uint32_t lo = kmin;
+  int c_lo = 0;
+  if (kmin != kmax) {
+    const int hb = 31 - __clz(kmin ^ kmax);
+    lo = hb == 31 ? 0u : (kmin & ~((2u << hb) - 1u));
+    for (int b = hb; b >= 0; --b) {
+      const uint32_t mid = lo + (1u << b);
+      int c = 0;
+#pragma unroll
+      for (int i = 0; i < kKeysPerLane; ++i) c += int(key[i] < mid);
+      if constexpr (kCarry) c += int(ckey[0] < mid) + int(ckey[1] < mid);
+      c = __reduce_add_sync(0xFFFFFFFFu, c);
+      if (c == target) {  // exactly `target` keys below mid: no tie to break
+        lo = mid;
+        c_lo = c;
+        break;
+      }
+      if (c < target) {
+        lo = mid;
+        c_lo = c;
+      }
+    }
+  }
+  thr = lo;
+  need = target - c_lo;  // 0 after an exact hit
+}
+
 // One warp, one row, one chunk [p0, p0 + kChunk): choose among (the carried choice) + (this
 // chunk's candidates). On the row's last chunk the result goes to the output row, else to the
 // carry. Candidate order for ties is the block order: carry (ascending, all below p0), then chunk
@@ -90,48 +142,7 @@ __device__ __forceinline__ void select_chunk(int tok, const RowInfo& ri, const u
   bool take_all = total <= target;
   uint32_t thr = 0;
   int need = 0;
-  if (!take_all) {
-    uint32_t lmin = kNone, lmax = 0;
-#pragma unroll
-    for (int i = 0; i < kKeysPerLane; ++i) {
-      lmin = min(lmin, key[i]);
-      if ((valid >> i) & 1u) lmax = max(lmax, key[i]);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      lmin = min(lmin, ckey[j]);
-      if (cvalid[j]) lmax = max(lmax, ckey[j]);
-    }
-    const uint32_t kmin = __reduce_min_sync(0xFFFFFFFFu, lmin);
-    const uint32_t kmax = __reduce_max_sync(0xFFFFFFFFu, lmax);
-    // Invariant: count(key < lo) = c_lo < target <= count(key < lo + 2^(b+1)). The bits above the
-    // highest bit where kmin and kmax differ are common to every candidate: start below them.
-    uint32_t lo = kmin;
-    int c_lo = 0;
-    if (kmin != kmax) {
-      const int hb = 31 - __clz(kmin ^ kmax);
-      lo = hb == 31 ? 0u : (kmin & ~((2u << hb) - 1u));
-      for (int b = hb; b >= 0; --b) {
-        const uint32_t mid = lo + (1u << b);
-        int c = 0;
-#pragma unroll
-        for (int i = 0; i < kKeysPerLane; ++i) c += int(key[i] < mid);
-        if constexpr (kCarry) c += int(ckey[0] < mid) + int(ckey[1] < mid);
-        c = __reduce_add_sync(0xFFFFFFFFu, c);
-        if (c == target) {  // exactly `target` keys below mid: no tie to break
-          lo = mid;
-          c_lo = c;
-          break;
-        }
-        if (c < target) {
-          lo = mid;
-          c_lo = c;
-        }
-      }
-    }
-    thr = lo;
-    need = target - c_lo;  // 0 after an exact hit
-  }
+  if (!take_all) bit_threshold<kCarry>(key, valid, ckey, cvalid, target, thr, need);
 
   // Walk the slots in block order; ballots give each chosen candidate its output position.
   int n_sel = 0;

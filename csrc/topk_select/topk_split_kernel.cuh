@@ -141,44 +141,7 @@ __device__ __forceinline__ int select_slots(const uint32_t (&key)[kKeysPerLane],
   if (kDigits && !take_all) {
     digit_threshold(key, valid, target, hist, thr, need);
   } else if (!take_all) {
-    uint32_t lmin = kNone, lmax = 0;
-#pragma unroll
-    for (int i = 0; i < kKeysPerLane; ++i) {
-      lmin = min(lmin, key[i]);
-      if ((valid >> i) & 1u) lmax = max(lmax, key[i]);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      lmin = min(lmin, ckey[j]);
-      if (cvalid[j]) lmax = max(lmax, ckey[j]);
-    }
-    const uint32_t kmin = __reduce_min_sync(0xFFFFFFFFu, lmin);
-    const uint32_t kmax = __reduce_max_sync(0xFFFFFFFFu, lmax);
-    uint32_t lo = kmin;
-    int c_lo = 0;
-    if (kmin != kmax) {
-      const int hb = 31 - __clz(kmin ^ kmax);
-      lo = hb == 31 ? 0u : (kmin & ~((2u << hb) - 1u));
-      for (int b = hb; b >= 0; --b) {
-        const uint32_t mid = lo + (1u << b);
-        int c = 0;
-#pragma unroll
-        for (int i = 0; i < kKeysPerLane; ++i) c += int(key[i] < mid);
-        if constexpr (kCarry) c += int(ckey[0] < mid) + int(ckey[1] < mid);
-        c = __reduce_add_sync(0xFFFFFFFFu, c);
-        if (c == target) {  // exactly `target` keys below mid: no tie to break
-          lo = mid;
-          c_lo = c;
-          break;
-        }
-        if (c < target) {
-          lo = mid;
-          c_lo = c;
-        }
-      }
-    }
-    thr = lo;
-    need = target - c_lo;
+    bit_threshold<kCarry>(key, valid, ckey, cvalid, target, thr, need);
   }
 
   int n_sel = 0;
