@@ -96,6 +96,34 @@ __device__ __forceinline__ void bit_threshold(const uint32_t (&key)[kKeysPerLane
   need = target - c_lo;  // 0 after an exact hit
 }
 
+// The choice by that rule, one slot a lane at a time in block order: `take_all`, or key < thr, or
+// key == thr among the first `need` such (ballot ranks). Returns whether the lane's candidate is
+// chosen, and in `pos` its position among the chosen (the count so far plus the lower lanes').
+struct ThresholdPick {
+  bool take_all;
+  uint32_t thr;
+  int need;
+  uint32_t lt_mask;  // the lanes below this one
+  int n_sel = 0;     // chosen so far
+  int n_eq = 0;      // candidates equal to thr seen so far
+  __device__ __forceinline__ bool operator()(uint32_t k, bool v, int& pos) {
+    bool sel;
+    if (take_all) {
+      sel = v;
+    } else {
+      const bool eq = v && k == thr && need > 0;
+      const uint32_t eq_ballot = __ballot_sync(0xFFFFFFFFu, eq);
+      const int eq_rank = n_eq + __popc(eq_ballot & lt_mask);
+      n_eq += __popc(eq_ballot);
+      sel = k < thr || (eq && eq_rank < need);
+    }
+    const uint32_t sel_ballot = __ballot_sync(0xFFFFFFFFu, sel);
+    pos = n_sel + __popc(sel_ballot & lt_mask);
+    n_sel += __popc(sel_ballot);
+    return sel;
+  }
+};
+
 // One warp, one row, one chunk [p0, p0 + kChunk): choose among (the carried choice) + (this
 // chunk's candidates). On the row's last chunk the result goes to the output row, else to the
 // carry. Candidate order for ties is the block order: carry (ascending, all below p0), then chunk
@@ -145,23 +173,10 @@ __device__ __forceinline__ void select_chunk(int tok, const RowInfo& ri, const u
   if (!take_all) bit_threshold<kCarry>(key, valid, ckey, cvalid, target, thr, need);
 
   // Walk the slots in block order; ballots give each chosen candidate its output position.
-  int n_sel = 0;
-  int n_eq = 0;
+  ThresholdPick pick{take_all, thr, need, lt_mask};
   auto visit = [&](uint32_t k, bool v, int blk) {
-    bool sel;
-    if (take_all) {
-      sel = v;
-    } else {
-      const bool eq = v && k == thr && need > 0;
-      const uint32_t eq_ballot = __ballot_sync(0xFFFFFFFFu, eq);
-      const int eq_rank = n_eq + __popc(eq_ballot & lt_mask);
-      n_eq += __popc(eq_ballot);
-      sel = k < thr || (eq && eq_rank < need);
-    }
-    const uint32_t sel_ballot = __ballot_sync(0xFFFFFFFFu, sel);
-    const int pos = n_sel + __popc(sel_ballot & lt_mask);
-    n_sel += __popc(sel_ballot);
-    if (sel) {
+    int pos;
+    if (pick(k, v, pos)) {
       if (last) {
         out_row[ri.fb + pos] = blk;
       } else {
@@ -178,10 +193,10 @@ __device__ __forceinline__ void select_chunk(int tok, const RowInfo& ri, const u
   for (int i = 0; i < kKeysPerLane; ++i) visit(key[i], (valid >> i) & 1u, p0 + lane + 32 * i);
 
   if (last) {
-    write_row_frame(out_row, topk, ri, n_sel);
+    write_row_frame(out_row, topk, ri, pick.n_sel);
   } else {
     __syncwarp();
-    if (lane == 0) sm.rows[tok].n_carry = n_sel;
+    if (lane == 0) sm.rows[tok].n_carry = pick.n_sel;
   }
 }
 

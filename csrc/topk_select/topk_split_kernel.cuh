@@ -144,23 +144,10 @@ __device__ __forceinline__ int select_slots(const uint32_t (&key)[kKeysPerLane],
     bit_threshold<kCarry>(key, valid, ckey, cvalid, target, thr, need);
   }
 
-  int n_sel = 0;
-  int n_eq = 0;
+  ThresholdPick pick{take_all, thr, need, lt_mask};
   auto visit = [&](uint32_t k, bool v, int blk) {
-    bool sel;
-    if (take_all) {
-      sel = v;
-    } else {
-      const bool eq = v && k == thr && need > 0;
-      const uint32_t eq_ballot = __ballot_sync(0xFFFFFFFFu, eq);
-      const int eq_rank = n_eq + __popc(eq_ballot & lt_mask);
-      n_eq += __popc(eq_ballot);
-      sel = k < thr || (eq && eq_rank < need);
-    }
-    const uint32_t sel_ballot = __ballot_sync(0xFFFFFFFFu, sel);
-    const int pos = n_sel + __popc(sel_ballot & lt_mask);
-    n_sel += __popc(sel_ballot);
-    if (sel) {
+    int pos;
+    if (pick(k, v, pos)) {
       if (to_out) {
         out_row[pos] = blk;
       } else {
@@ -176,7 +163,7 @@ __device__ __forceinline__ int select_slots(const uint32_t (&key)[kKeysPerLane],
 #pragma unroll
   for (int i = 0; i < kKeysPerLane; ++i) visit(key[i], (valid >> i) & 1u, idx_of(i));
   __syncwarp();  // the new carry is visible to every lane of the warp
-  return n_sel;
+  return pick.n_sel;
 }
 
 // select_slots with the carry chosen at run time: a warp's first chunk has none.
