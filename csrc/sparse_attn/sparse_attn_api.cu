@@ -63,7 +63,7 @@ void check_params(const SparseAttnParams& p, const char* op) {
   MSA_CHECK(aligned16(p.q) && (p.q_stride_token * q_bytes) % 16 == 0 &&
                 (p.q_stride_head * q_bytes) % 16 == 0,
             op, ": q must be 16-byte aligned with 16-byte multiple strides");
-  MSA_CHECK(aligned16(p.out), op, ": output must be 16-byte aligned");
+  MSA_CHECK(aligned16(p.out), op, ": out must be 16-byte aligned");
   const int kv_bytes = p.k.dtype == DType::kBF16 || p.k.dtype == DType::kFP16 ? 2 : 1;
   check_kv("k", p.k, kv_bytes);
   check_kv("v", p.v, kv_bytes);

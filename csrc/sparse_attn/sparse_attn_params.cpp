@@ -52,16 +52,16 @@ float* check_row_output(const Ctx& c, const TensorRef& t, const char* name, int6
 // output (total_q, Hq, 128) of `dtype`, contiguous.
 void* check_attn_output(const Ctx& c, const TensorRef& out, int64_t total_q, int64_t hq,
                         DType dtype) {
-  MSA_OP_CHECK(c, out.defined(), "output must be given (the caller allocates it)");
-  check_tensor(c, out, "output", 16);
+  MSA_OP_CHECK(c, out.defined(), "out must be given (the caller allocates it)");
+  check_tensor(c, out, "out", 16);
   const ScalarType want = dtype == DType::kBF16 ? ScalarType::kBF16 : ScalarType::kFP16;
-  MSA_OP_CHECK(c, out.dtype == want, "output must be ", scalar_type_name(want), ", got ",
+  MSA_OP_CHECK(c, out.dtype == want, "out must be ", scalar_type_name(want), ", got ",
                dtype_str(out));
   MSA_OP_CHECK(c, out.ndim == 3 && out.size(0) == total_q && out.size(1) == hq &&
                       out.size(2) == kHeadDim,
-               "output must be (total_q, num_qo_heads, 128) = (", total_q, ", ", hq,
+               "out must be (total_q, num_qo_heads, 128) = (", total_q, ", ", hq,
                ", 128), got ", shape_str(out));
-  check_contiguous(c, out, "output");
+  check_contiguous(c, out, "out");
   return out.data;
 }
 
@@ -217,11 +217,11 @@ void check_outputs_apart(const Ctx& c, const Args& a, const TensorRef& lse_t,
       {"page_table", &a.page_table},
       {"seqused_k", &a.seqused_k},
       {"q_offset", &a.q_offset.tensor},
-      {"output", &a.output},
+      {"out", &a.output},
       {"lse", &a.lse},
       {"lse_temperature", &lse_t},
       {"workspace", &a.workspace}};
-  check_no_overlap(c, a.output, "output", all);
+  check_no_overlap(c, a.output, "out", all);
   check_no_overlap(c, a.lse, "lse", all);
   check_no_overlap(c, lse_t, "lse_temperature", all);
   check_no_overlap(c, a.workspace, "workspace", all);

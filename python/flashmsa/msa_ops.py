@@ -282,6 +282,7 @@ def msa_proxy_score(
     output: Optional[torch.Tensor] = None,
     reduce_heads: bool = False,
     q_offset=None,
+    use_fp32_acc: bool = True,
 ) -> torch.Tensor:
     """MSA stage 1: per-KV-block maximum of the unscaled, masked ``Q K^T`` logits.
 
@@ -318,6 +319,10 @@ def msa_proxy_score(
     q_offset : int or torch.Tensor, optional
         Position of each sequence's first query (int, or int32 ``(B,)``); default right-aligned
         ``seqlen_k - seqlen_q``.
+    use_fp32_acc : bool
+        FlashInfer's choice of accumulation precision (``False``: fp16 accumulation of fp8 products
+        in its Hopper prefill kernel). flashmsa accumulates in float32 on every path, which
+        satisfies either value; the result does not depend on it.
 
     Returns
     -------
@@ -330,11 +335,13 @@ def msa_proxy_score(
     return _proxy_score("", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                         page_table=page_table, seqused_k=seqused_k, causal=causal,
                         max_seqlen_q=max_seqlen_q, max_k_tiles=max_k_tiles, output=output,
-                        reduce_heads=reduce_heads, q_offset=q_offset)
+                        reduce_heads=reduce_heads, q_offset=q_offset, use_fp32_acc=use_fp32_acc)
 
 
 def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
-                 max_seqlen_q, max_k_tiles, output, reduce_heads, q_offset):
+                 max_seqlen_q, max_k_tiles, output, reduce_heads, q_offset, use_fp32_acc=True):
+    # use_fp32_acc: every flashmsa path accumulates in float32 (msa_proxy_score's docstring).
+    del use_fp32_acc
     op = "msa_proxy_score"
     q = _tensor("q", q)
     k = _tensor("k", k)
@@ -602,6 +609,7 @@ def msa_sparse_attention(
     return_temperature_lse: bool = False,
     lse_temperature_scale: float = 1.0,
     workspace: Optional[MSASparseAttentionWorkspace] = None,
+    out: Optional[torch.Tensor] = None,
 ):
     """MSA stage 3 (prefill / general varlen): exact attention over the selected KV blocks.
 
@@ -650,6 +658,10 @@ def msa_sparse_attention(
         ``T`` of the temperature LSE.
     workspace : MSASparseAttentionWorkspace, optional
         Caller-owned device scratch (CUDA graphs).
+    out : torch.Tensor, optional
+        Pre-allocated output: contiguous, shaped like ``q``, in q's dtype, on q's device, sharing
+        memory with no argument; written in place and returned (no copy). Every device and K/V
+        dtype takes it (FlashInfer: its Hopper backend only).
 
     Returns
     -------
@@ -663,13 +675,14 @@ def msa_sparse_attention(
                              v_scale=v_scale, k_global_scale=k_global_scale,
                              v_global_scale=v_global_scale, q_offset=q_offset,
                              return_temperature_lse=return_temperature_lse,
-                             lse_temperature_scale=lse_temperature_scale, workspace=workspace)
+                             lse_temperature_scale=lse_temperature_scale, workspace=workspace,
+                             out=out)
 
 
 def _sparse_attention(plan, q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale,
                       page_table, seqused_k, return_softmax_lse, k_scale, v_scale, k_global_scale,
                       v_global_scale, q_offset, return_temperature_lse, lse_temperature_scale,
-                      workspace):
+                      workspace, out=None):
     op = "msa_sparse_attention"
     q = _tensor("q", q)
     k = _tensor("k", k)
@@ -688,14 +701,16 @@ def _sparse_attention(plan, q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, ca
                                        optional=False)
     q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
     workspace = _workspace_arg(workspace)
+    out = _tensor_or_none("out", out)
     _check_devices(op, q=q, k=k, v=v, q2k_indices=q2k_indices, cu_seqlens_q=cu_seqlens_q,
                    cu_seqlens_k=cu_seqlens_k, page_table=page_table, seqused_k=seqused_k,
                    k_scale=k_scale, v_scale=v_scale, q_offset=q_offset_tensor,
-                   workspace=workspace.buffer if workspace is not None else None)
+                   workspace=workspace.buffer if workspace is not None else None, out=out)
 
     want_lse_t = bool(return_temperature_lse)
     want_lse = bool(return_softmax_lse) or want_lse_t
-    out = _outputs.empty(_shape3(q), q.dtype, q.device)
+    if out is None:
+        out = _outputs.empty(_shape3(q), q.dtype, q.device)
     lse, lse_t = _lse_outputs(q, want_lse, want_lse_t)
     args = (q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale,
             page_table, seqused_k, k_scale, v_scale, k_global_scale, v_global_scale,
@@ -732,6 +747,7 @@ def msa_sparse_decode_attention(
     partial_dtype: Optional[torch.dtype] = None,
     force_fused: Optional[bool] = None,
     workspace: Optional[MSASparseAttentionWorkspace] = None,
+    out: Optional[torch.Tensor] = None,
 ):
     """MSA stage 3 for decode / MTP: ``seqlen_q`` query tokens per request attend their selected
     KV blocks. Token ``i`` of request ``b`` is row ``b * seqlen_q + i`` at position
@@ -740,8 +756,8 @@ def msa_sparse_decode_attention(
     Parameters
     ----------
     q : torch.Tensor
-        ``(B * seqlen_q, Hq, 128)`` bf16 / fp16 / fp8 e4m3 (fp8 q computes in bf16);
-        ``G = Hq / Hkv <= 16``.
+        ``(B * seqlen_q, Hq, 128)`` bf16 / fp16 / fp8 e4m3 (fp8 q computes in bf16); any GQA
+        group ``G = Hq / Hkv`` (FlashInfer: ``G <= 16``).
     k, v : torch.Tensor
         Paged ``(num_pages, Hkv, 128, W)`` with ``page_table`` + ``seqused_k`` (packed K|V views
         allowed), or flat ``(total_k, Hkv, W)`` with ``cu_seqlens_k``; dtypes as in
@@ -767,6 +783,11 @@ def msa_sparse_decode_attention(
         True: one CTA per (token, kv head); False: split-K + combine; None: heuristic.
     workspace : MSASparseAttentionWorkspace, optional
         Caller-owned device scratch (CUDA graphs).
+    out : torch.Tensor, optional
+        Pre-allocated output: contiguous, shaped like ``q``, in the output dtype (q's; bf16 for
+        fp8 q), on q's device, sharing memory with no argument; written in place and returned (no
+        copy). Every device and K/V dtype takes it (FlashInfer: its Hopper backend and one
+        Blackwell NVFP4 route only).
 
     Returns
     -------
@@ -779,12 +800,12 @@ def msa_sparse_decode_attention(
                           return_softmax_lse=return_softmax_lse, k_scale=k_scale, v_scale=v_scale,
                           k_global_scale=k_global_scale, v_global_scale=v_global_scale,
                           q_offset=q_offset, partial_dtype=partial_dtype, force_fused=force_fused,
-                          workspace=workspace)
+                          workspace=workspace, out=out)
 
 
 def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q,
                    causal, softmax_scale, return_softmax_lse, k_scale, v_scale, k_global_scale,
-                   v_global_scale, q_offset, partial_dtype, force_fused, workspace):
+                   v_global_scale, q_offset, partial_dtype, force_fused, workspace, out=None):
     op = "msa_sparse_decode_attention"
     q = _tensor("q", q)
     k = _tensor("k", k)
@@ -806,13 +827,15 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
     if force_fused is not None and not isinstance(force_fused, bool):
         raise TypeError(f"force_fused must be a bool or None, got {type(force_fused).__name__}")
     workspace = _workspace_arg(workspace)
+    out = _tensor_or_none("out", out)
     _check_devices(op, q=q, k=k, v=v, q2k_indices=q2k_indices, page_table=page_table,
                    seqused_k=seqused_k, cu_seqlens_k=cu_seqlens_k, k_scale=k_scale,
                    v_scale=v_scale, q_offset=q_offset_tensor,
-                   workspace=workspace.buffer if workspace is not None else None)
+                   workspace=workspace.buffer if workspace is not None else None, out=out)
 
-    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-    out = _outputs.empty(_shape3(q), out_dtype, q.device)
+    if out is None:
+        out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+        out = _outputs.empty(_shape3(q), out_dtype, q.device)
     lse, _ = _lse_outputs(q, bool(return_softmax_lse), False)
     args = (q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q, bool(causal),
             softmax_scale, k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value,

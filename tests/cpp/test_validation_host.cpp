@@ -891,9 +891,9 @@ std::unique_ptr<AttnSetup> attn_packed() { return std::make_unique<AttnSetup>(KV
 std::unique_ptr<AttnSetup> attn_fp8() { return std::make_unique<AttnSetup>(KVKind::kPaged, ST::kBF16, ST::kFP8E4M3); }
 
 const std::vector<AttnReject> kAttnRejects = {
-    {"OutputOverQ", attn_flat, [](AttnSetup& s) { s.a.output.data = s.a.q.data; }, kV, "output", "output must not share memory with q"},
-    {"OutputOverV", attn_paged, [](AttnSetup& s) { s.a.output.data = s.a.kv.v.data; }, kV, "output", "output must not share memory with v"},
-    {"LseOverOutput", attn_flat, [](AttnSetup& s) { s.a.lse.data = s.a.output.data; }, kV, "output", "must not share memory with lse"},
+    {"OutputOverQ", attn_flat, [](AttnSetup& s) { s.a.output.data = s.a.q.data; }, kV, "out", "out must not share memory with q"},
+    {"OutputOverV", attn_paged, [](AttnSetup& s) { s.a.output.data = s.a.kv.v.data; }, kV, "out", "out must not share memory with v"},
+    {"LseOverOutput", attn_flat, [](AttnSetup& s) { s.a.lse.data = s.a.output.data; }, kV, "out", "must not share memory with lse"},
     {"LseOverQ2k", attn_flat, [](AttnSetup& s) { s.a.lse.data = s.a.q2k_indices.data; }, kV, "lse", "lse must not share memory with q2k_indices"},
     {"WorkspaceOverK", attn_flat, [](AttnSetup& s) { s.workspace = HostTensor(ST::kUInt8, {64}); s.a.workspace = s.workspace.ref(); s.a.workspace.data = s.a.kv.k.data; }, kV, "workspace", "workspace must not share memory with k"},
     {"LseTemperatureOverLse", attn_flat, [](AttnSetup& s) { s.a.lse_temperature = s.a.lse; }, kV, "lse", "must not share memory with lse_temperature"},
@@ -983,11 +983,11 @@ const std::vector<AttnReject> kAttnRejects = {
     {"TemperatureScaleZero", attn_flat, [](AttnSetup& s) { s.lse_t = HostTensor(ST::kFloat32, {8, 4}); s.a.lse_temperature = s.lse_t.ref(); s.a.lse_temperature_scale = 0.0; }, kNS, "lse_temperature_scale", "must be > 0"},
     {"TemperatureScaleNaN", attn_flat, [](AttnSetup& s) { s.lse_t = HostTensor(ST::kFloat32, {8, 4}); s.a.lse_temperature = s.lse_t.ref(); s.a.lse_temperature_scale = std::nan(""); }, kV, "lse_temperature_scale", "finite"},
     // outputs and workspace
-    {"OutputMissing", attn_flat, [](AttnSetup& s) { s.a.output = TensorRef{}; }, kV, "output", "must be given"},
-    {"OutputDtype", attn_flat, [](AttnSetup& s) { s.a.output.dtype = ST::kFP16; }, kV, "output", "output must be bfloat16, got float16"},
-    {"OutputShape", attn_flat, [](AttnSetup& s) { s.a.output = reshaped(s.a.output, {8, 2, 256}); }, kV, "output", "output must be (total_q, num_qo_heads, 128) = (8, 4, 128)"},
-    {"OutputNotContiguous", attn_flat, [](AttnSetup& s) { s.a.output = with_stride(s.a.output, 0, 1024); }, kV, "output", "output must be contiguous"},
-    {"OutputOtherDevice", attn_flat, [](AttnSetup& s) { s.a.output.device = 0; }, kV, "output", "same device as q"},
+    {"OutputMissing", attn_flat, [](AttnSetup& s) { s.a.output = TensorRef{}; }, kV, "out", "must be given"},
+    {"OutputDtype", attn_flat, [](AttnSetup& s) { s.a.output.dtype = ST::kFP16; }, kV, "out", "out must be bfloat16, got float16"},
+    {"OutputShape", attn_flat, [](AttnSetup& s) { s.a.output = reshaped(s.a.output, {8, 2, 256}); }, kV, "out", "out must be (total_q, num_qo_heads, 128) = (8, 4, 128)"},
+    {"OutputNotContiguous", attn_flat, [](AttnSetup& s) { s.a.output = with_stride(s.a.output, 0, 1024); }, kV, "out", "out must be contiguous"},
+    {"OutputOtherDevice", attn_flat, [](AttnSetup& s) { s.a.output.device = 0; }, kV, "out", "same device as q"},
     {"LseDtype", attn_flat, [](AttnSetup& s) { s.a.lse.dtype = ST::kBF16; }, kV, "lse", "lse must be float32"},
     {"LseShape", attn_flat, [](AttnSetup& s) { s.a.lse = reshaped(s.a.lse, {4, 8}); }, kV, "lse", "lse must be (total_q, num_qo_heads) = (8, 4)"},
     {"LseNotContiguous", attn_flat, [](AttnSetup& s) { s.a.lse = with_stride(s.a.lse, 0, 8); }, kV, "lse", "lse must be contiguous"},
@@ -1016,8 +1016,8 @@ std::unique_ptr<DecodeSetup> dec_fp8q() { return std::make_unique<DecodeSetup>(K
 std::unique_ptr<DecodeSetup> dec_nvfp4() { return std::make_unique<DecodeSetup>(KVKind::kPagedNvfp4); }
 
 const std::vector<DecodeReject> kDecodeRejects = {
-    {"OutputOverQ", dec_paged, [](DecodeSetup& s) { s.a.output.data = s.a.q.data; }, kV, "output", "output must not share memory with q"},
-    {"OutputOverSeqused", dec_paged, [](DecodeSetup& s) { s.a.output.data = s.a.seqused_k.data; }, kV, "output", "must not share memory with seqused_k"},
+    {"OutputOverQ", dec_paged, [](DecodeSetup& s) { s.a.output.data = s.a.q.data; }, kV, "out", "out must not share memory with q"},
+    {"OutputOverSeqused", dec_paged, [](DecodeSetup& s) { s.a.output.data = s.a.seqused_k.data; }, kV, "out", "must not share memory with seqused_k"},
     {"SeqlenQZero", dec_paged, [](DecodeSetup& s) { s.a.seqlen_q = 0; }, kV, "seqlen_q", "seqlen_q must be positive, got 0"},
     {"SeqlenQNegative", dec_paged, [](DecodeSetup& s) { s.a.seqlen_q = -2; }, kV, "seqlen_q", "must be positive"},
     {"RowsNotMultiple", dec_paged, [](DecodeSetup& s) { s.a.seqlen_q = 4; }, kV, "seqlen_q", "q rows (6) must be batch_size * seqlen_q (4)"},
@@ -1026,8 +1026,8 @@ const std::vector<DecodeReject> kDecodeRejects = {
     {"HeadDim", dec_paged, [](DecodeSetup& s) { s.a.q = reshaped(s.a.q, {6, 12, 64}); }, kV, "q", "head_dim must be 128"},
     {"HeadsNotMultiple", dec_paged, [](DecodeSetup& s) { s.a.q = reshaped(s.a.q, {6, 5, kD}); }, kV, "num_qo_heads", "must be a multiple of num_kv_heads"},
     {"Fp8QWithFp16K", dec_fp8q, [](DecodeSetup& s) { s.a.kv.k.dtype = ST::kFP16; s.a.kv.v.dtype = ST::kFP16; }, kV, "k", "expected bfloat16, got k float16"},
-    {"Fp8QOutputFp8", dec_fp8q, [](DecodeSetup& s) { s.a.output.dtype = ST::kFP8E4M3; }, kV, "output", "output must be bfloat16, got float8_e4m3fn"},
-    {"Fp16QOutputBf16", [] { return std::make_unique<DecodeSetup>(KVKind::kFlat, ST::kFP16, ST::kFP16); }, [](DecodeSetup& s) { s.a.output.dtype = ST::kBF16; }, kV, "output", "output must be float16"},
+    {"Fp8QOutputFp8", dec_fp8q, [](DecodeSetup& s) { s.a.output.dtype = ST::kFP8E4M3; }, kV, "out", "out must be bfloat16, got float8_e4m3fn"},
+    {"Fp16QOutputBf16", [] { return std::make_unique<DecodeSetup>(KVKind::kFlat, ST::kFP16, ST::kFP16); }, [](DecodeSetup& s) { s.a.output.dtype = ST::kBF16; }, kV, "out", "out must be float16"},
     {"PagedWithoutSeqused", dec_paged, [](DecodeSetup& s) { s.a.seqused_k = TensorRef{}; }, kV, "seqused_k", "paged decode requires seqused_k"},
     {"Seqused2D", dec_paged, [](DecodeSetup& s) { s.a.seqused_k = reshaped(s.a.seqused_k, {3, 1}); }, kV, "seqused_k", "must be 1-D int32"},
     {"SequsedCount", dec_paged, [](DecodeSetup& s) { s.a.seqused_k = reshaped(s.a.seqused_k, {2}); }, kV, "seqused_k", "= 3 entries, got 2"},
@@ -1050,7 +1050,7 @@ const std::vector<DecodeReject> kDecodeRejects = {
     {"QOffsetCount", dec_paged, [](DecodeSetup& s) { s.qoff = int_tensor({1, 2}); s.a.q_offset.tensor = s.qoff.ref(); }, kV, "q_offset", "batch_size = 3 entries, got 2"},
     {"QOffsetInt64", dec_paged, [](DecodeSetup& s) { s.qoff = HostTensor(ST::kInt64, {3}); s.a.q_offset.tensor = s.qoff.ref(); }, kV, "q_offset", "q_offset must be int32"},
     {"LseShape", dec_paged, [](DecodeSetup& s) { s.a.lse = reshaped(s.a.lse, {3, 12}); }, kV, "lse", "lse must be (total_q, num_qo_heads) = (6, 6)"},
-    {"OutputShape", dec_paged, [](DecodeSetup& s) { s.a.output = reshaped(s.a.output, {6, 3, 256}); }, kV, "output", "(total_q, num_qo_heads, 128) = (6, 6, 128)"},
+    {"OutputShape", dec_paged, [](DecodeSetup& s) { s.a.output = reshaped(s.a.output, {6, 3, 256}); }, kV, "out", "(total_q, num_qo_heads, 128) = (6, 6, 128)"},
     {"SoftmaxScaleInf", dec_paged, [](DecodeSetup& s) { s.a.softmax_scale = -std::numeric_limits<double>::infinity(); }, kV, "softmax_scale", "finite"},
     {"WorkspaceNotContiguous", dec_paged, [](DecodeSetup& s) { s.workspace = HostTensor(ST::kUInt8, {64}); s.a.workspace = with_stride(s.workspace.ref(), 0, 2); }, kV, "workspace", "workspace must be contiguous"},
     {"PagedStridedOverlapping", dec_paged, [](DecodeSetup& s) { s.a.kv.v = shifted(s.a.kv.k, 2 * kD); s.a.kv.k = with_stride(s.a.kv.k, 2, 2 * kD); s.a.kv.v = with_stride(s.a.kv.v, 2, 2 * kD); }, kV, "k", "k/v must be contiguous"},

@@ -91,6 +91,19 @@ def test_proxy_score_reduce_heads_is_amax(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k_dtype", [torch.bfloat16, FP8])
+def test_proxy_score_use_fp32_acc_accepted(device, k_dtype):
+    """use_fp32_acc (FlashInfer 0.7.4): every flashmsa path accumulates in float32, so False (a
+    request for at most fp16 precision) gives the same scores bit for bit, prefill and decode."""
+    for seqs_q in ([70, 3], [1, 1]):
+        case = ProxyCase("p", seqs_q, [900, 1200], 4, 1, k_dtype=k_dtype)
+        args, kwargs, *_ = make_inputs(case, device)
+        fp32 = msa_ops.msa_proxy_score(*args, **kwargs)
+        assert torch.equal(msa_ops.msa_proxy_score(*args, **kwargs, use_fp32_acc=True), fp32)
+        assert torch.equal(msa_ops.msa_proxy_score(*args, **kwargs, use_fp32_acc=False), fp32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_proxy_score_output_and_dims(device):
     case = ProxyCase("p", [17, 40], [600, 1300], 4, 2)
     args, kwargs, *_ = make_inputs(case, device)

@@ -1,8 +1,10 @@
 """Signature parity with flashinfer.msa_ops (docs/semantics.md#d1): the functions take the same
 parameters in the same order, with the same kinds (positional-or-keyword / keyword-only) and
 defaults, so ``import flashmsa.msa_ops as msa_ops`` replaces ``flashinfer.msa_ops`` in user code.
-The expected lists are FlashInfer main's (flashinfer/msa_ops/*.py), with ``workspace=None`` appended
-to both attention ops as FlashInfer PR #4355 does."""
+The expected lists are those of flashinfer-python 0.7.4 (2026-11, flashinfer/msa_ops/*.py): main's,
+with ``workspace=None`` (PR #4355) and ``out=None`` appended to both attention ops and
+``use_fp32_acc=True`` to ``msa_proxy_score``. What flashmsa does not provide of that release (its
+experimental Blackwell and multi-GPU functions) is listed in docs/semantics.md#differences."""
 
 import inspect
 
@@ -22,7 +24,7 @@ EXPECTED = {
         ("cu_seqlens_k", P, None),
         ("page_table", K, None), ("seqused_k", K, None), ("causal", K, True),
         ("max_seqlen_q", K, None), ("max_k_tiles", K, None), ("output", K, None),
-        ("reduce_heads", K, False), ("q_offset", K, None),
+        ("reduce_heads", K, False), ("q_offset", K, None), ("use_fp32_acc", K, True),
     ],
     "msa_proxy_score_fp4": [
         ("q_fp4", P, REQUIRED), ("k_fp4", P, REQUIRED), ("q_scale", P, REQUIRED),
@@ -43,7 +45,7 @@ EXPECTED = {
         ("return_softmax_lse", P, False), ("k_scale", P, None), ("v_scale", P, None),
         ("k_global_scale", P, None), ("v_global_scale", P, None), ("q_offset", P, None),
         ("return_temperature_lse", P, False), ("lse_temperature_scale", P, 1.0),
-        ("workspace", P, None),
+        ("workspace", P, None), ("out", P, None),
     ],
     "msa_sparse_decode_attention": [
         ("q", P, REQUIRED), ("k", P, REQUIRED), ("v", P, REQUIRED), ("q2k_indices", P, REQUIRED),
@@ -52,6 +54,7 @@ EXPECTED = {
         ("return_softmax_lse", K, False), ("k_scale", K, None), ("v_scale", K, None),
         ("k_global_scale", K, None), ("v_global_scale", K, None), ("q_offset", K, None),
         ("partial_dtype", K, None), ("force_fused", K, None), ("workspace", K, None),
+        ("out", K, None),
     ],
 }
 

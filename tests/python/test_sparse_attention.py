@@ -262,3 +262,41 @@ def test_sparse_attention_workspace(device):
     base = msa_ops.msa_sparse_attention(*b.args, **b.kwargs)
     with_ws = msa_ops.msa_sparse_attention(*b.args, **b.kwargs, workspace=ws)
     assert torch.equal(base[0], with_ws[0]) and torch.equal(base[1], with_ws[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv", ["same", "fp8", "nvfp4"])
+def test_sparse_attention_out_is_written_in_place(device, kv):
+    """out= (FlashInfer 0.7.4): the result is written into the given tensor, which is returned,
+    equal to the allocating call; lse and lse_t as before."""
+    case = AttnCase("c", [70, 31], [1100, 400], 4, 2, causal=True, kv=kv)
+    b = build(case, device)
+    want = msa_ops.msa_sparse_attention(*b.args, **b.kwargs, return_temperature_lse=True)
+    out = torch.full_like(b.args[0], float("nan"))
+    got = msa_ops.msa_sparse_attention(*b.args, **b.kwargs, return_temperature_lse=True, out=out)
+    assert got[0] is out
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_attention_out_bad(device):
+    case = AttnCase("c", [20], [500], 4, 2, causal=True)
+    b = build(case, device)
+    q = b.args[0]
+    bad = {
+        "out must be bfloat16|out must be float16": torch.empty(q.shape, dtype=torch.float32,
+                                                                device=device),
+        r"out must be \(total_q, num_qo_heads, 128\)": torch.empty(q.shape[0] + 1, *q.shape[1:],
+                                                                   dtype=q.dtype, device=device),
+        "out must be contiguous": torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=q.dtype,
+                                              device=device).transpose(1, 2),
+        "out must not share memory with q": q,
+    }
+    for message, out in bad.items():
+        with pytest.raises(ValueError, match=message):
+            msa_ops.msa_sparse_attention(*b.args, **b.kwargs, out=out)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor or None"):
+        msa_ops.msa_sparse_attention(*b.args, **b.kwargs, out=[1.0])
+    with pytest.raises(ValueError, match="out must be a CPU or CUDA tensor"):
+        msa_ops.msa_sparse_attention(*b.args, **b.kwargs, out=torch.empty_like(q, device="meta"))

@@ -161,3 +161,45 @@ def test_sparse_decode_equals_prefill(device):
     decode = msa_ops.msa_sparse_decode_attention(*args, **dict(kw, return_softmax_lse=False))
     ref.assert_close(decode, prefill.float(), atol=5e-3)
     ref.assert_close(prefill, exp_out, **_tolerance(case))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("q_dtype,kv,fused", [(torch.bfloat16, "same", None),
+                                              (torch.bfloat16, "same", False),
+                                              (torch.float16, "nvfp4", None),
+                                              (FP8, "fp8", None)])
+def test_sparse_decode_out_is_written_in_place(device, q_dtype, kv, fused):
+    """out= (FlashInfer 0.7.4, keyword-only): written in place (bf16 for fp8 q), returned, equal
+    to the allocating call, fused or split."""
+    case = DecodeCase("c", 5, 2, 16, 2, q_dtype=q_dtype, kv=kv, seqlens="multiples",
+                      selection="random", force_fused=fused)
+    args, kw, _, compute = build(case, device)
+    want = msa_ops.msa_sparse_decode_attention(*args, **kw)
+    out = torch.full(args[0].shape, float("nan"), dtype=compute, device=device)
+    got = msa_ops.msa_sparse_decode_attention(*args, **kw, out=out)
+    assert got[0] is out
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_decode_out_bad(device):
+    case = DecodeCase("c", 3, 1, 8, 2, q_dtype=FP8, kv="fp8", seqlens="multiples",
+                      selection="random")
+    args, kw, *_ = build(case, device)
+    q = args[0]
+    bad = {
+        "out must be bfloat16, got float8_e4m3fn": torch.empty_like(q),
+        r"out must be \(total_q, num_qo_heads, 128\)": torch.empty(q.shape[0], 4, 128,
+                                                                   dtype=torch.bfloat16,
+                                                                   device=device),
+        "out must be contiguous": torch.empty(q.shape[0], 128, q.shape[1], dtype=torch.bfloat16,
+                                              device=device).transpose(1, 2),
+    }
+    for message, out in bad.items():
+        with pytest.raises(ValueError, match=message):
+            msa_ops.msa_sparse_decode_attention(*args, **kw, out=out)
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=device)
+    seqused = out.view(torch.int32).view(-1)[: kw["seqused_k"].numel()]
+    seqused.copy_(kw["seqused_k"])  # seqused_k stored inside out
+    with pytest.raises(ValueError, match="out must not share memory with seqused_k"):
+        msa_ops.msa_sparse_decode_attention(*args, **dict(kw, seqused_k=seqused), out=out)

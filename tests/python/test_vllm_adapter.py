@@ -261,6 +261,15 @@ def test_decode_matches_float64(device, dql):
                                      .repeat_interleave(dql).to(torch.int32))
     torch.testing.assert_close(host(out2).double(), expect, rtol=2e-2, atol=2e-2)
 
+    # An output the op cannot write in place (a strided view): computed apart, then copied; the
+    # same values as the in-place call above.
+    wide = torch.full((*t["q"].shape[:2], 2 * D), float("nan"), dtype=t["q"].dtype, device=device)
+    strided = wide[..., :D]
+    fv.minimax_m3_sparse_attn_decode(t["q"], t["kv"], sel, t["block_table"], t["seq_lens"],
+                                     s["hkv"], sm_scale, strided, dql)
+    assert torch.equal(strided, output)
+    assert bool(torch.isnan(wide[..., D:]).all())  # nothing written beside the view
+
 
 def test_bad_arguments_name_them():
     t, s = make_problem("cpu", [300], [300])

@@ -136,12 +136,25 @@ def _kv_scales(kv_cache, q, sm_scale, k_scale, v_scale):
     return q, sm_scale, v_host, v_dev
 
 
+def _direct_out(output: torch.Tensor, q: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """``output`` where the op can write it in place (``out=``: contiguous, q's shape, the op's
+    output dtype, apart from q); else None, and the op's result is copied into it."""
+    if not (output.is_contiguous() and output.shape == q.shape and output.dtype == dtype
+            and output.device == q.device):
+        return None
+    lo, hi = output.data_ptr(), output.data_ptr() + output.numel() * output.element_size()
+    q_lo = q.data_ptr()
+    q_hi = q_lo + q.numel() * q.element_size()
+    return output if hi <= q_lo or q_hi <= lo else None
+
+
 def _write_output(output: torch.Tensor, out: torch.Tensor, v_dev: Optional[torch.Tensor]):
     if output.shape != out.shape:
         raise ValueError(f"output must be {tuple(out.shape)}, got {tuple(output.shape)}")
     if v_dev is not None:
         torch.mul(out, v_dev.to(out.dtype), out=out)
-    output.copy_(out)
+    if out is not output:
+        output.copy_(out)
 
 
 def _prefill_valid_pages(cu_seqlens_q: torch.Tensor, prefix_lens: torch.Tensor,
@@ -304,11 +317,13 @@ def minimax_m3_sparse_attn(
     seq_len`` of the blocks its KV head's ``topk_idx`` row names."""
     k, v = _kv_halves(kv_cache, num_kv_heads)
     q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
+    q_in = _contiguous(q_in)
     out = msa_ops.msa_sparse_attention(
-        _contiguous(q_in), k, v, _contiguous(_int32("topk_idx", topk_idx)),
+        q_in, k, v, _contiguous(_int32("topk_idx", topk_idx)),
         _int32("cu_seqlens_q", cu_seqlens_q), None, causal=True, softmax_scale=scale,
         page_table=_int32("block_table", block_table), seqused_k=_int32("seq_lens", seq_lens),
-        v_global_scale=v_host, q_offset=_int32("prefix_lens", prefix_lens))
+        v_global_scale=v_host, q_offset=_int32("prefix_lens", prefix_lens),
+        out=_direct_out(output, q_in, q_in.dtype))
     _write_output(output, out, v_dev)
 
 
@@ -344,16 +359,17 @@ def minimax_m3_sparse_attn_decode(
         out = msa_ops.msa_sparse_attention(
             q_in, k, v, idx, _int32("query_start_loc", query_start_loc), None, causal=True,
             softmax_scale=scale, page_table=page_table, seqused_k=seqused,
-            v_global_scale=v_host)
+            v_global_scale=v_host, out=_direct_out(output, q_in, q_in.dtype))
     else:
         if q.shape[0] != seqused.shape[0] * decode_query_len:
             raise ValueError(f"q has {q.shape[0]} rows; seq_lens ({seqused.shape[0]} requests) x "
                              f"decode_query_len ({decode_query_len}) = "
                              f"{seqused.shape[0] * decode_query_len}")
+        out_dtype = torch.bfloat16 if q_in.dtype == torch.float8_e4m3fn else q_in.dtype
         out = msa_ops.msa_sparse_decode_attention(
             q_in, k, v, idx, page_table=page_table, seqused_k=seqused,
             seqlen_q=int(decode_query_len), causal=True, softmax_scale=scale,
-            v_global_scale=v_host)
+            v_global_scale=v_host, out=_direct_out(output, q_in, out_dtype))
     _write_output(output, out, v_dev)
 
 
