@@ -93,7 +93,18 @@ QUICK = dict(
     + [(b, 32 * K, 1, "nvfp4", "fp8") for b in (1, 64)],
     budget_s=0.15, max_reps=50,
 )
-STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step")
+STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step", "flashinfer")
+# The default run's stages: flashinfer (FlashInfer's own ops beside flashmsa's, benchmarks/
+# flashinfer_ref.py) runs where --flashinfer names a prepared FlashInfer.
+DEFAULT_STAGES = STAGES[:-1]
+# The flashinfer stage's cases, where FlashInfer 0.7.4's SM90 backend serves M3's shapes: its
+# attention ops take paged fp8 K|V interleaved in one cache (vLLM's layout), bf16 q, no LSE, topk
+# 16; its proxy score a paged one-head index cache (bf16 in decode, fp8 q and K in prefill).
+FI_DECODE = ((1, 32 * K, 1), (1, 128 * K, 1), (64, 32 * K, 1), (64, 128 * K, 1), (64, 32 * K, 4))
+FI_PROXY_DECODE = ((1, 128 * K, 1), (64, 32 * K, 1), (64, 32 * K, 4))
+FI_PROXY_PREFILL = (8 * K, 32 * K)
+FI_TOPK = (("prefill", 32 * K, 4, 256), ("decode", 64, 4, 256), ("decode", 1, 4, 1024))
+FI_SPARSE = ((32 * K, "random"), (32 * K, "clustered"), (128 * K, "random"))
 # The top-k kernels each top-k case runs under: the library's choice, then forced ones: the
 # warp-per-row kernel, by_size, the radix kernel's lean variant radix_1buf (by_size's prefill
 # kernel until a1af6c4), radix_uniform (radix_1buf with branch-free passes of warp-uniform trip
@@ -447,6 +458,7 @@ class Bench:
         self.selection_cache: dict = {}
         self.dead = False
         self.seed = 1234
+        self.flashinfer = None  # (flashinfer.msa_ops, version) with --flashinfer
 
     # -- helpers --
     def gen(self):
@@ -905,6 +917,196 @@ class Bench:
                               lambda s=s, kv=kv, lay=layout, pat=pattern, o=plan_options(schedule):
                               self.build_sparse(s, kv, lay, pat, M3, o), "compute", ref)
 
+    # -- FlashInfer's ops on the same inputs (--flashinfer) --
+    def stage_flashinfer(self):
+        """Head-to-head with FlashInfer's own msa_ops on the cases of FI_*: each case's tensors
+        built once, FlashInfer's row first, then flashmsa's with FlashInfer's time as its reference
+        (speedup = FlashInfer's time / flashmsa's) and, in its notes, how far the two outputs are
+        apart. A FlashInfer route that needs a backend that is not installed is its row's SKIP."""
+        if self.flashinfer is None:
+            print("[bench] flashinfer: not run (no --flashinfer)", file=sys.stderr)
+            return
+        for b, ctx, sq in FI_DECODE:
+            self.head_to_head(f"decode B{b} ctx={size_name(ctx)} sq{sq} fp8 packed",
+                              lambda b=b, c=ctx, q=sq: self.fi_decode(b, c, q), "memory")
+        for b, ctx, sq in FI_PROXY_DECODE:
+            self.head_to_head(f"proxy decode B{b} ctx={size_name(ctx)} sq{sq} bf16",
+                              lambda b=b, c=ctx, q=sq: self.fi_proxy_decode(b, c, q), "memory")
+        for s in FI_PROXY_PREFILL:
+            self.head_to_head(f"proxy prefill S={size_name(s)} fp8 q+K paged",
+                              lambda s=s: self.fi_proxy_prefill(s), "compute")
+        for kind, s, h, p in FI_TOPK:
+            self.head_to_head(f"topk {kind} S={s} H{h} P={p}",
+                              lambda kind=kind, s=s, h=h, p=p: self.fi_topk(kind, s, h, p), "memory")
+        for s, pattern in FI_SPARSE:
+            self.head_to_head(f"sparse S={size_name(s)} fp8 packed {pattern}",
+                              lambda s=s, pat=pattern: self.fi_sparse(s, pat), "compute")
+
+    def head_to_head(self, name, builder, bound):
+        """builder() -> dict(fi=fn, fm=fn, flop=, bytes=, agree=fn(fi_result, fm_result) -> str)."""
+        fi_ops, version = self.flashinfer
+        case = {}
+
+        def build(which):
+            def b():
+                if not case:
+                    case.update(builder())
+                    fi_call = case["fi"]
+
+                    def fi():  # a route of FlashInfer's whose backend is not installed: a SKIP
+                        try:
+                            return fi_call()
+                        except ImportError as e:
+                            raise NotImplementedError(
+                                f"FlashInfer takes a backend here that is not installed ({e.name})") from e
+                    case["fi"] = fi
+                notes = []
+                if which == "fm" and "fi_result" in case:
+                    notes.append(case["agree"](case.pop("fi_result"), case["fm"]()))
+                return case[which], dict(flop=case.get("flop"), bytes=case.get("bytes"), notes=notes)
+            return b
+        fi_row = self.run_case("flashinfer", f"{name} [flashinfer {version}]", build("fi"), bound)
+        ref = None
+        if fi_row["status"] == "ok":
+            ref = (fi_row["median_us"] / 1000.0, f"FlashInfer {fi_row['median_us']:.1f} us")
+            try:
+                case["fi_result"] = case["fi"]()
+            except Exception as e:  # the comparison only; FlashInfer's row already has its time
+                print(f"[bench] flashinfer {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        self.run_case("flashinfer", f"{name} [flashmsa]", build("fm"), bound, ref)
+        case.clear()
+
+    @staticmethod
+    def agree_close(fi_out, fm_out) -> str:
+        a, b = fi_out.float(), fm_out.float()
+        finite = torch.isfinite(a) & torch.isfinite(b)
+        same_inf = bool(torch.equal(torch.isfinite(a), torch.isfinite(b)))
+        diff = (a[finite] - b[finite]).abs()
+        rel = float(diff.norm() / b[finite].norm().clamp_min(1e-30))
+        return (f"vs FlashInfer: max |d| {float(diff.max()) if diff.numel() else 0.0:.2e}, "
+                f"rel L2 {rel:.1e}" + ("" if same_inf else ", -inf patterns differ"))
+
+    @staticmethod
+    def agree_sets(fi_out, fm_out) -> str:
+        a, b = fi_out.sort(-1).values, fm_out.sort(-1).values
+        rows = a.reshape(-1, a.shape[-1])
+        same = (rows == b.reshape(-1, b.shape[-1])).all(-1).float().mean()
+        return f"vs FlashInfer: {100 * float(same):.2f} % of rows select the same blocks"
+
+    def fi_packed_kv(self, pages, hkv, g):
+        """K|V interleaved in one fp8 cache (pages, hkv, 128, 256): the layout FlashInfer's SM90
+        attention reads; flashmsa reads the same views."""
+        kv = self.rnd((pages, hkv, mi.BLOCK, 256), g).to(torch.float8_e4m3fn)
+        return kv[..., :128], kv[..., 128:]
+
+    def fi_decode(self, b, ctx, sq):
+        fi_ops, _ = self.flashinfer
+        g = self.gen()
+        hq, hkv = M3["hq"], M3["hkv"]
+        nb = ctx // mi.BLOCK
+        req_pos = torch.full((b,), ctx - 1, device=self.device)
+        sel_req = mi.random_selection(req_pos, hkv, TOPK, g)  # shared by a request's sq tokens
+        sel = sel_req.repeat_interleave(sq, dim=1).contiguous()
+        page_table, pages, unique_blocks = mi.decode_pages(sel_req, b, 1, nb)
+        k, v = self.fi_packed_kv(pages, hkv, g)
+        q = self.rnd((b * sq, hq, 128), g)
+        seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
+
+        def call(ops):
+            return lambda: ops.msa_sparse_decode_attention(q, k, v, sel, page_table=page_table,
+                                                           seqused_k=seqused, seqlen_q=sq,
+                                                           causal=True)
+        pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
+        keys = mi.visible_keys(sel, pos, ctx)
+        return dict(fi=call(fi_ops), fm=call(self.ops), agree=self.agree_close,
+                    flop=4 * 128 * (hq // hkv) * keys,
+                    bytes=unique_blocks * 2 * mi.BLOCK * 128 + 2 * q.nbytes)
+
+    def fi_proxy_decode(self, b, ctx, sq):
+        fi_ops, _ = self.flashinfer
+        g = self.gen()
+        hq, hk = M3["idx_hq"], M3["idx_hk"]
+        nb = ctx // mi.BLOCK
+        k = self.rnd((b * nb, hk, mi.BLOCK, 128), g)
+        page_table = torch.randperm(b * nb, generator=g, device=self.device).view(b, nb)
+        page_table = page_table.to(torch.int32).contiguous()
+        q = self.rnd((b * sq, hq, 128), g)
+        cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=self.device)
+        seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
+        outs = [torch.empty((hq, nb, b * sq), dtype=torch.float32, device=self.device)
+                for _ in range(2)]
+
+        def call(ops, out):
+            return lambda: ops.msa_proxy_score(q, k, cu_q, None, page_table=page_table,
+                                               seqused_k=seqused, causal=True, max_seqlen_q=sq,
+                                               max_k_tiles=nb, output=out)
+        pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
+        visible = int((pos + 1).sum().item())
+        return dict(fi=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
+                    agree=lambda a, c: self.agree_close(a.clone(), c),
+                    flop=2 * 128 * hq * visible, bytes=q.nbytes + k.nbytes + outs[0].nbytes)
+
+    def fi_proxy_prefill(self, s):
+        fi_ops, _ = self.flashinfer
+        g = self.gen()
+        hq, hk = M3["idx_hq"], M3["idx_hk"]
+        p = s // mi.BLOCK
+        q = self.rnd((s, hq, 128), g).to(torch.float8_e4m3fn)
+        perm = torch.randperm(p, generator=g, device=self.device)
+        k = paged_one_sequence(self.rnd((s, hk, 128), g), perm).to(torch.float8_e4m3fn)
+        page_table = perm.to(torch.int32).view(1, -1).contiguous()
+        seqused = torch.tensor([s], dtype=torch.int32, device=self.device)
+        cu = ft.cu_seqlens([s], self.device)
+        outs = [torch.empty((hq, p, s), dtype=torch.float32, device=self.device) for _ in range(2)]
+
+        def call(ops, out):
+            return lambda: ops.msa_proxy_score(q, k, cu, None, page_table=page_table,
+                                               seqused_k=seqused, causal=True, max_seqlen_q=s,
+                                               max_k_tiles=p, output=out)
+        return dict(fi=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
+                    agree=lambda a, c: self.agree_close(a.clone(), c),
+                    flop=2 * 128 * hq * (s * (s + 1) // 2),
+                    bytes=q.nbytes + k.nbytes + outs[0].nbytes)
+
+    def fi_topk(self, kind, s, h, p):
+        fi_ops, _ = self.flashinfer
+        g = self.gen()
+        scores = torch.randn((h, p, s), generator=g, device=self.device)
+        if kind == "prefill":  # the proxy's -inf past each token's causal block
+            blk = torch.arange(p, device=self.device).view(1, p, 1)
+            tok_blk = (torch.arange(s, device=self.device) // mi.BLOCK).view(1, 1, s)
+            scores.masked_fill_(blk > tok_blk, float("-inf"))
+            nvp = (torch.arange(s, device=self.device) // mi.BLOCK + 1).to(torch.int32)
+        else:
+            nvp = torch.full((s,), p, dtype=torch.int32, device=self.device)
+        outs = [torch.empty((s, h, TOPK), dtype=torch.int32, device=self.device) for _ in range(2)]
+
+        def call(ops, out):
+            return lambda: ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, output=out,
+                                               force_end_blocks=1)
+        return dict(fi=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
+                    agree=lambda a, c: self.agree_sets(a.clone(), c),
+                    bytes=h * p * s * 4 + s * h * TOPK * 4)
+
+    def fi_sparse(self, s, pattern):
+        fi_ops, _ = self.flashinfer
+        hq, hkv = M3["hq"], M3["hkv"]
+        sel = self.selection(s, pattern, hkv)
+        g = self.gen()
+        q = self.rnd((s, hq, 128), g)
+        k, v = self.fi_packed_kv(s // mi.BLOCK, hkv, g)
+        page_table = torch.randperm(s // mi.BLOCK, generator=g, device=self.device)
+        page_table = page_table.to(torch.int32).view(1, -1).contiguous()
+        seqused = torch.tensor([s], dtype=torch.int32, device=self.device)
+        cu = ft.cu_seqlens([s], self.device)
+
+        def call(ops):
+            return lambda: ops.msa_sparse_attention(q, k, v, sel, cu, None, causal=True,
+                                                    page_table=page_table, seqused_k=seqused)
+        keys = mi.visible_keys(sel, torch.arange(s, device=self.device), s)
+        return dict(fi=call(fi_ops), fm=call(self.ops), agree=self.agree_close,
+                    flop=4 * 128 * (hq // hkv) * keys)
+
     def build_sparse(self, s, kv, layout, pattern, geo, options=None):
         """options: plan options of flashmsa's private msa_ops._sparse_attention_planned (a forced
         schedule or kernel); None runs the public op (the library's own plan)."""
@@ -1355,8 +1557,12 @@ def parser() -> argparse.ArgumentParser:
                     help="comma-separated sparse-decode cases B/CTX[/SQ[/KV]] (KV: bf16, fp8 or "
                          "nvfp4; e.g. 64/32K/1/fp8) of the decode stage, instead of the quick / full "
                          "run's")
-    ap.add_argument("--stages", default=",".join(STAGES),
-                    help=f"comma-separated subset of {','.join(STAGES)}")
+    ap.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                    help=f"comma-separated subset of {','.join(STAGES)} (default: all but "
+                         "flashinfer)")
+    ap.add_argument("--flashinfer", metavar="DIR",
+                    help="a FlashInfer prepared by benchmarks/flashinfer_ref.py: adds the "
+                         "flashinfer stage, FlashInfer's own ops beside flashmsa's")
     return ap
 
 
@@ -1376,6 +1582,10 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     t0 = time.time()
     bench = Bench(args, msa_ops, device)
+    if args.flashinfer:
+        from flashinfer_ref import load
+        bench.flashinfer = load(args.flashinfer)
+        stages.append("flashinfer")
     bench.measure_ceilings()
     for stage in STAGES:  # fixed order: sparse fills the dense results the pipeline compares with
         if stage in stages:

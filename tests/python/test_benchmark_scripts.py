@@ -582,3 +582,70 @@ def test_microbenchmarks_compile(tmp_path, tool):
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     assert (tmp_path / f"{tool}.o").stat().st_size > 0
+
+
+def test_stage_flashinfer_on_cpu(cpu_bench, monkeypatch):
+    """The flashinfer stage on small shapes, with flashmsa's own ops standing in for FlashInfer's
+    (the same signatures): every case gives FlashInfer's row, then flashmsa's with FlashInfer's
+    time as its reference and the two outputs compared (identical here)."""
+    monkeypatch.setattr(bm, "FI_DECODE", ((2, 1024, 1), (2, 1024, 4)))
+    monkeypatch.setattr(bm, "FI_PROXY_DECODE", ((2, 1024, 1),))
+    monkeypatch.setattr(bm, "FI_PROXY_PREFILL", (512,))
+    monkeypatch.setattr(bm, "FI_TOPK", (("prefill", 512, 4, 4), ("decode", 4, 4, 32)))
+    monkeypatch.setattr(bm, "FI_SPARSE", ((1024, "random"),))
+    cpu_bench.stage_flashinfer()  # without --flashinfer: nothing
+    assert cpu_bench.rows == []
+    cpu_bench.flashinfer = (msa_ops, "stand-in")
+    cpu_bench.ceil["matmul_tflops"] = 1.0
+    cpu_bench.stage_flashinfer()
+    rows = cpu_bench.rows
+    assert len(rows) == 2 * 7 and all(r["status"] == "ok" for r in rows), rows
+    for fi_row, fm_row in zip(rows[::2], rows[1::2]):
+        assert fi_row["stage"] == fm_row["stage"] == "flashinfer"
+        assert fi_row["case"].endswith(" [flashinfer stand-in]")
+        assert fm_row["case"] == fi_row["case"].replace("[flashinfer stand-in]", "[flashmsa]")
+        assert fm_row["ref_ms"] == pytest.approx(fi_row["median_us"] / 1000)
+        assert fm_row["speedup_vs_ref"] == pytest.approx(fi_row["median_us"] / fm_row["median_us"])
+        assert "vs FlashInfer" in fm_row["notes"]
+    for fm_row in rows[1::2]:
+        assert ("rel L2 0.0e+00" in fm_row["notes"] or
+                "100.00 % of rows select the same blocks" in fm_row["notes"]), fm_row["notes"]
+    assert rows[0]["bytes"] > 0 and rows[-1]["flop"] > 0
+
+
+def test_flashinfer_ref_import_closure(tmp_path):
+    """flashinfer_ref.prepare's pruning: the modules a package imports at module level (relative,
+    absolute, inside try / if), not those its functions import lazily."""
+    fr = load_script("flashinfer_ref")
+    pkg = tmp_path / "flashinfer"
+    (pkg / "msa_ops").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import everything\n")
+    (pkg / "everything.py").write_text("")
+    (pkg / "utils.py").write_text("import os\n")
+    (pkg / "lazy.py").write_text("")
+    (pkg / "opt.py").write_text("")
+    (pkg / "msa_ops" / "__init__.py").write_text(
+        "from ..utils import x\nfrom .ops import f\ntry:\n    from flashinfer import opt\n"
+        "except ImportError:\n    pass\n")
+    (pkg / "msa_ops" / "ops.py").write_text("def f():\n    from .. import lazy\n")
+    assert fr.import_closure(tmp_path, ["flashinfer.msa_ops"]) == [
+        "flashinfer", "flashinfer.msa_ops", "flashinfer.msa_ops.ops", "flashinfer.opt",
+        "flashinfer.utils"]
+
+
+def test_stage_flashinfer_missing_backend_is_a_skip(cpu_bench, monkeypatch):
+    """A FlashInfer route whose backend is not installed (its CuTe DSL kernels: ImportError) is a
+    SKIP row; flashmsa's row beside it still runs, without a reference."""
+    for name in ("FI_DECODE", "FI_PROXY_DECODE", "FI_PROXY_PREFILL", "FI_TOPK"):
+        monkeypatch.setattr(bm, name, ())
+    monkeypatch.setattr(bm, "FI_SPARSE", ((1024, "random"),))
+
+    class NoCute:
+        def msa_sparse_attention(self, *args, **kwargs):
+            raise ModuleNotFoundError("No module named 'cutlass'", name="cutlass")
+    cpu_bench.flashinfer = (NoCute(), "stand-in")
+    cpu_bench.ceil["matmul_tflops"] = 1.0
+    cpu_bench.stage_flashinfer()
+    fi_row, fm_row = cpu_bench.rows
+    assert fi_row["status"] == "skip" and "not installed (cutlass)" in fi_row["notes"]
+    assert fm_row["status"] == "ok" and "ref_ms" not in fm_row
