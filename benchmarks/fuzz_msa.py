@@ -21,10 +21,11 @@ What a case may draw (docs/testing.md lists it in full):
   (clamped values), NaN (varied payloads) / +-inf / +-0 / tied scores, output=;
 * msa_sparse_attention: bf16 / fp16 q; bf16 / fp16 / fp8 / NVFP4 K and V; flat / paged / packed
   HND / packed NHD; G 1..64; causal; LSE; temperature LSE; softmax and V global scales from 1e-3
-  to 1e4; workspace; index lists mixing sorted / unsorted / duplicated / out-of-range / -1-holed /
-  empty rows; empty and full-page lengths; CUDA-graph replay;
+  to 1e4; workspace; out= (a caller's poisoned tensor, which must be the one returned); index
+  lists mixing sorted / unsorted / duplicated / out-of-range / -1-holed / empty rows; empty and
+  full-page lengths; CUDA-graph replay;
 * msa_sparse_decode_attention: seqlen_q 1..4, bf16 / fp16 / fp8 q, the same K/V forms, partial
-  dtype, force_fused, workspace, CUDA-graph replay;
+  dtype, force_fused, workspace, out=, CUDA-graph replay;
 * value ranges (attention, decode): V around large offsets (16-bit V past fp8's 448, bf16 V past
   fp16's 65504, fp8 V at 448, NVFP4 V with block scales near 448: what each partial dtype must
   hold), q and K near the top of their dtype with a compensating softmax scale; proxy inputs near
@@ -366,6 +367,7 @@ def gen_attention(rng: random.Random) -> dict:
     if p["dtype"] == "bf16" and rng.random() < 0.05:
         p["v_global_scale"] = 1e35  # outputs near 1e35, far inside bfloat16's range
     _value_ranges(rng, p, p["dtype"])
+    p["out"] = rng.random() < 0.3  # drawn last: out= (a caller's output tensor, poisoned first)
     return p
 
 
@@ -396,6 +398,7 @@ def gen_decode(rng: random.Random) -> dict:
     # Drawn last, so that the seeds' other parameters are what they were before them (a forced
     # option that cannot apply falls back and the plan says why).
     _late(rng, p, LATE_DECODE_OPTIONS)
+    p["out"] = rng.random() < 0.3  # drawn last: out= (a caller's output tensor, poisoned first)
     return p
 
 
@@ -904,9 +907,17 @@ class Problem:
         if self.op == "attention":
             cu_q = kw.pop("cu_seqlens_q")
             args = args + (cu_q,)
+        out = None
+        if self.p.get("out") and not reference:
+            # out=: the caller's tensor, NaN-poisoned, is written in place and returned
+            dtype = torch.bfloat16 if args[0].dtype == torch.float8_e4m3fn else args[0].dtype
+            out = kw["out"] = torch.full(args[0].shape, float("nan"), dtype=dtype, device=device)
         if not (self.p["graph"] and torch.device(device).type == "cuda"):
             res = fn(*args, **kw)
-            return res if isinstance(res, tuple) else (res,)
+            res = res if isinstance(res, tuple) else (res,)
+            if out is not None and res[0] is not out:
+                raise AssertionError("out= given: the op returned another tensor")
+            return res
         # CUDA graph: capture with a workspace (warm-up on a side stream), poison the outputs,
         # replay, return the replayed outputs.
         kw["workspace"] = msa_ops.MSASparseAttentionWorkspace(device)

@@ -652,6 +652,14 @@ class Smoke:
                                             page_table=table, seqused_k=used)
         run("paged bf16 packed K|V view", packed)
 
+        def packed_out():  # out=: the caller's tensor written in place
+            (qp, sel), (kc, table, used) = q_sel(), paged()
+            _, k_view, v_view = ft.pack_kv(kc, self.rnd(kc.shape))
+            return ops.msa_sparse_attention(qp, k_view, v_view, sel, cu_q, None, causal=True,
+                                            page_table=table, seqused_k=used,
+                                            out=torch.empty_like(qp))
+        run("paged bf16 packed K|V view out=", packed_out)
+
         def paged_nvfp4():
             (qp, sel), (kc, table, used) = q_sel(), paged()
             k4, ks, kg = ft.quantize_nvfp4(kc)
@@ -718,6 +726,15 @@ class Smoke:
                 self.rnd((b, 8, 128)).to(FP8), kc, self.rnd(kc.shape), sel(), page_table=table,
                 seqused_k=used)
         self.run("decode paged bf16 fp8 q", fp8_q)
+
+        def fp8_q_out(fused):  # out=: the caller's bf16 tensor written in place
+            kc, table, used = paged()
+            q = self.rnd((b, 8, 128)).to(FP8)
+            return ops.msa_sparse_decode_attention(
+                q, kc, self.rnd(kc.shape), sel(), page_table=table, seqused_k=used,
+                force_fused=fused, out=torch.empty(q.shape, dtype=BF16, device=self.dev))
+        for fused in (True, False):
+            self.run(f"decode paged bf16 fp8 q out= fused={fused}", lambda f=fused: fp8_q_out(f))
         self.run("decode flat bf16 cu_seqlens_k", lambda: ops.msa_sparse_decode_attention(
             self.rnd((b, 8, 128)), self.rnd((sum(lens), 2, 128)), self.rnd((sum(lens), 2, 128)),
             sel(), cu_seqlens_k=ft.cu_seqlens(lens, self.dev)))

@@ -62,7 +62,7 @@ def test_generators_cover_every_option():
                         ("decode", {"flat", "paged", "packed", "packed_nhd"})):
         assert _values(op, "layout") == layouts, op
         assert _values(op, "kv") == {"same", "fp8", "nvfp4"}, op
-        for key in ("workspace", "graph", "causal", "lse", "shared_pages", "invalid_pages"):
+        for key in ("workspace", "graph", "causal", "lse", "shared_pages", "invalid_pages", "out"):
             assert _values(op, key) == {"True", "False"}, (op, key)
         assert {"None", "0.001", "10000.0"} <= _values(op, "v_global_scale")
     assert _values("attention", "dtype") == {"bf16", "fp16"}
