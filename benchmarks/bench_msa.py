@@ -769,17 +769,23 @@ class Bench:
             return proxy_score(q, k, cu, cu, causal=True, max_seqlen_q=s, max_k_tiles=p, output=out)
         return fn, dict(flop=2 * 128 * hq * visible, bytes=q.nbytes + k.nbytes + out.nbytes)
 
-    def build_proxy_decode(self, b, ctx, sq, with_topk=False, fp4=False, k_fp8=False,
-                           options=None):
+    def proxy_decode_inputs(self, b, ctx, sq):
+        """M3's indexer at decode: q (b * sq, 4, 128), a paged one-head index cache of b requests
+        of ctx keys on shuffled pages; (q, k, page_table, cu_q, seqused, nb)."""
         g = self.gen()
-        hq, hk = M3["idx_hq"], M3["idx_hk"]
         nb = ctx // mi.BLOCK
-        k = self.rnd((b * nb, hk, mi.BLOCK, 128), g)
+        k = self.rnd((b * nb, M3["idx_hk"], mi.BLOCK, 128), g)
         page_table = torch.randperm(b * nb, generator=g, device=self.device).view(b, nb)
         page_table = page_table.to(torch.int32).contiguous()
-        q = self.rnd((b * sq, hq, 128), g)
+        q = self.rnd((b * sq, M3["idx_hq"], 128), g)
         cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=self.device)
         seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
+        return q, k, page_table, cu_q, seqused, nb
+
+    def build_proxy_decode(self, b, ctx, sq, with_topk=False, fp4=False, k_fp8=False,
+                           options=None):
+        hq = M3["idx_hq"]
+        q, k, page_table, cu_q, seqused, nb = self.proxy_decode_inputs(b, ctx, sq)
         out = torch.empty((hq, nb, b * sq), dtype=torch.float32, device=self.device)
         pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
         nvp = (pos // mi.BLOCK + 1).to(torch.int32)
@@ -1024,15 +1030,8 @@ class Bench:
 
     def fi_proxy_decode(self, b, ctx, sq):
         fi_ops, _ = self.flashinfer
-        g = self.gen()
-        hq, hk = M3["idx_hq"], M3["idx_hk"]
-        nb = ctx // mi.BLOCK
-        k = self.rnd((b * nb, hk, mi.BLOCK, 128), g)
-        page_table = torch.randperm(b * nb, generator=g, device=self.device).view(b, nb)
-        page_table = page_table.to(torch.int32).contiguous()
-        q = self.rnd((b * sq, hq, 128), g)
-        cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=self.device)
-        seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
+        hq = M3["idx_hq"]
+        q, k, page_table, cu_q, seqused, nb = self.proxy_decode_inputs(b, ctx, sq)
         outs = [torch.empty((hq, nb, b * sq), dtype=torch.float32, device=self.device)
                 for _ in range(2)]
 
