@@ -271,6 +271,92 @@ def test_decode_matches_float64(device, dql):
     assert bool(torch.isnan(wide[..., D:]).all())  # nothing written beside the view
 
 
+# ---- vLLM 0.34's buffers: out= / score_out= -------------------------------------------------------
+
+def poisoned_topk_buffer(rows, heads, topk, device):
+    """vLLM's shared top-k buffer: token-major (rows, H, topk) int32, filled with a poison value."""
+    return torch.full((rows, heads, topk), 77, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_topk_into_vllm_buffers(device):
+    seq_lens, q_lens = [700, 300], [200, 300]
+    t, s = make_problem(device, seq_lens, q_lens, seed=11)
+    topk, init, local = 4, 1, 1
+    score = fv.minimax_m3_index_score(t["idx_q"], t["index_k"], t["block_table"], t["cu"],
+                                      t["seq_lens"], t["prefix_lens"], max(q_lens),
+                                      max(seq_lens), s["hkv"])
+    fresh = fv.minimax_m3_index_topk(score, t["cu"], t["prefix_lens"], max(q_lens), topk, init,
+                                     local)
+    T, H = s["total_q"], s["hkv"]
+    # As vLLM 0.34's indexer passes it: the prefill part of the transposed token-major buffer.
+    nd, spare = 3, 5
+    buf = poisoned_topk_buffer(nd + T + spare, H, topk, device)
+    view = buf.transpose(0, 1)[:, nd:, :]
+    got = fv.minimax_m3_index_topk(score, t["cu"], t["prefix_lens"], max(q_lens), topk, init,
+                                   local, out=view)
+    assert got.shape == (H, T, topk) and got.data_ptr() == buf[nd].data_ptr()
+    assert torch.equal(host(got), host(fresh))
+    assert bool((buf[:nd] == 77).all()) and bool((buf[nd + T:] == 77).all())
+    # A contiguous head-major buffer with spare rows: out[:, :T] is neither layout flashmsa
+    # writes, so the result is computed apart and copied in.
+    wide = torch.full((H, T + spare, topk), 77, dtype=torch.int32, device=device)
+    got = fv.minimax_m3_index_topk(score, t["cu"], t["prefix_lens"], max(q_lens), topk, init,
+                                   local, out=wide)
+    assert got.data_ptr() == wide.data_ptr() and torch.equal(host(wide[:, :T]), host(fresh))
+    assert bool((wide[:, T:] == 77).all())
+    with pytest.raises(ValueError, match="out must be int32"):
+        fv.minimax_m3_index_topk(score, t["cu"], t["prefix_lens"], max(q_lens), topk, init,
+                                 local, out=wide[:, :T - 1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dql", [1, 2])
+def test_decode_into_vllm_buffers(device, dql):
+    seq_lens = [1000, 300, 129, 0]  # the last request is a CUDA-graph padding row
+    B = len(seq_lens)
+    t, s = make_problem(device, [max(x, 1) for x in seq_lens], [dql] * B, seed=21 + dql)
+    t["seq_lens"] = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    topk, init, local = 3, 1, 2
+    H, T = s["hkv"], B * dql
+    args = (t["idx_q"], t["index_k"], t["block_table"], t["seq_lens"], max(seq_lens))
+    fresh = fv.minimax_m3_index_decode(*args, topk, init, local, H, dql, 4)
+    # vLLM 0.34: top-k into the transposed shared buffer, scores into the transposed view of a
+    # token-major unified score buffer with spare columns.
+    buf = poisoned_topk_buffer(T + 2, H, topk, device)
+    columns = math.ceil(max(seq_lens) / BLK)
+    unified = torch.full((T, H, columns + 3), 5.0, dtype=torch.float32, device=device)
+    got = fv.minimax_m3_index_decode(*args, topk, init, local, H, dql, 4,
+                                     out=buf.transpose(0, 1),
+                                     score_out=unified.transpose(0, 1))
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(host(got), host(fresh))
+    assert bool((buf[T:] == 77).all())
+    scores = fv.minimax_m3_index_decode_score(*args, init, local, H, dql, 4)
+    assert scores.shape == (H, T, columns)
+    assert torch.equal(host(unified.transpose(0, 1)[:, :, :columns]), host(scores))
+    assert bool((unified[:, :, columns:] == 5.0).all())  # columns past the blocks: not written
+
+    def pos(b, r):
+        return seq_lens[b] - dql + (r - b * dql)
+    cu = torch.arange(0, T + 1, dql)
+    expect = ref_index_score(host(t["idx_q"]), host(t["index_k"]), host(t["block_table"]), cu,
+                             seq_lens, pos, columns)
+    for r in range(T):  # vLLM's forced blocks: init 1e30, local 1e29 (local wins)
+        n = max(pos(r // dql, r) // BLK + 1, 0) if pos(r // dql, r) >= 0 else 0
+        for blk in range(n):
+            if blk >= n - local:
+                expect[:, r, blk] = 1e29
+            elif blk < init:
+                expect[:, r, blk] = 1e30
+    got_scores = host(scores).double()
+    finite = torch.isfinite(expect)
+    assert torch.equal(torch.isfinite(got_scores), finite)
+    torch.testing.assert_close(got_scores[finite], expect[finite], rtol=1e-5, atol=1e-3)
+    with pytest.raises(ValueError, match="score_out must be float32"):
+        fv.minimax_m3_index_decode_score(*args, init, local, H, dql, 4,
+                                         score_out=unified.transpose(0, 1)[:, :, :columns - 1])
+
+
 def test_bad_arguments_name_them():
     t, s = make_problem("cpu", [300], [300])
     with pytest.raises(ValueError, match="num_idx_heads == num_kv_heads"):
@@ -294,58 +380,87 @@ def test_bad_arguments_name_them():
 NAMES = {fv.INDEX_TOPK_MODULE: ("minimax_m3_index_score", "minimax_m3_index_topk",
                                 "minimax_m3_index_decode"),
          fv.SPARSE_ATTN_MODULE: ("minimax_m3_sparse_attn", "minimax_m3_sparse_attn_decode")}
+OPTIONAL = {fv.INDEX_TOPK_MODULE: ("minimax_m3_index_decode_score",),
+            fv.HOPPER_PREFILL_MODULE: ("minimax_m3_sparse_attn",)}
 
 
-def fake_vllm(monkeypatch, missing=None):
-    """vllm.models.minimax_m3.common.ops.{index_topk, sparse_attn} with stand-in functions, and a
-    backend module that imported two of them by name."""
+def fake_vllm(monkeypatch, missing=None, optional=True):
+    """vllm.models.minimax_m3.common.ops.{index_topk, sparse_attn} with stand-in functions, a
+    backend module that imported two of them by name, and (``optional``) vLLM 0.34's additions:
+    ``minimax_m3_index_decode_score`` and Hopper's prefill module, whose function the attention
+    backend binds on Hopper (``hopper_backend``)."""
     originals = {}
-    parts = fv.INDEX_TOPK_MODULE.split(".")
-    for i in range(1, len(parts)):
-        name = ".".join(parts[:i])
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    for module_name, names in NAMES.items():
-        module = types.ModuleType(module_name)
-        for n in names:
-            if n != missing:
-                fn = (lambda n: lambda *a, **k: ("vllm", n))(n)
-                setattr(module, n, fn)
-                originals[n] = fn
-        monkeypatch.setitem(sys.modules, module_name, module)
+    for module_name in (fv.INDEX_TOPK_MODULE, fv.HOPPER_PREFILL_MODULE):
+        parts = module_name.split(".")
+        for i in range(1, len(parts)):
+            name = ".".join(parts[:i])
+            if name not in sys.modules or not getattr(sys.modules[name], "_fake", False):
+                package = types.ModuleType(name)
+                package._fake = True
+                monkeypatch.setitem(sys.modules, name, package)
+    monkeypatch.delitem(sys.modules, fv.HOPPER_PREFILL_MODULE, raising=False)
+    tables = [NAMES] + ([OPTIONAL] if optional else [])
+    for table in tables:
+        for module_name, names in table.items():
+            module = sys.modules.get(module_name)
+            if module is None or not getattr(module, "_fake", False):
+                module = types.ModuleType(module_name)
+                module._fake = True
+                monkeypatch.setitem(sys.modules, module_name, module)
+            for n in names:
+                if n != missing:
+                    fn = (lambda m, n: lambda *a, **k: ("vllm", m, n))(module_name, n)
+                    setattr(module, n, fn)
+                    originals[(module_name, n)] = fn
+    if not optional:  # an older vLLM: importing the Hopper module fails
+        monkeypatch.setitem(sys.modules, fv.HOPPER_PREFILL_MODULE, None)
     backend = types.ModuleType("vllm.models.minimax_m3.backend")
-    backend.minimax_m3_sparse_attn = originals.get("minimax_m3_sparse_attn")
-    backend.minimax_m3_index_decode = originals.get("minimax_m3_index_decode")
+    backend.minimax_m3_sparse_attn = originals.get((fv.SPARSE_ATTN_MODULE, "minimax_m3_sparse_attn"))
+    backend.minimax_m3_index_decode = originals.get((fv.INDEX_TOPK_MODULE,
+                                                     "minimax_m3_index_decode"))
     backend.unrelated = len
     monkeypatch.setitem(sys.modules, backend.__name__, backend)
-    return originals, backend
+    hopper_backend = types.ModuleType("vllm.models.minimax_m3.hopper_backend")
+    hopper_backend.minimax_m3_sparse_attn = originals.get((fv.HOPPER_PREFILL_MODULE,
+                                                           "minimax_m3_sparse_attn"))
+    monkeypatch.setitem(sys.modules, hopper_backend.__name__, hopper_backend)
+    return originals, backend, hopper_backend
 
 
-def test_patch_swaps_and_undoes(monkeypatch):
-    originals, backend = fake_vllm(monkeypatch)
+@pytest.mark.parametrize("optional", [True, False])
+def test_patch_swaps_and_undoes(monkeypatch, optional):
+    originals, backend, hopper_backend = fake_vllm(monkeypatch, optional=optional)
     handle = fv.patch()
-    for module_name, names in NAMES.items():
-        for n in names:
-            assert getattr(sys.modules[module_name], n) is getattr(fv, n)
+    for module_name, n in originals:
+        assert getattr(sys.modules[module_name], n) is getattr(fv, n)
     assert backend.minimax_m3_sparse_attn is fv.minimax_m3_sparse_attn
     assert backend.minimax_m3_index_decode is fv.minimax_m3_index_decode
     assert backend.unrelated is len
+    # vLLM 0.34 on Hopper: the attention backend bound the Hopper module's prefill function.
+    assert hopper_backend.minimax_m3_sparse_attn is (fv.minimax_m3_sparse_attn if optional
+                                                     else None)
     assert sorted(handle.replaced[fv.SPARSE_ATTN_MODULE]) == sorted(NAMES[fv.SPARSE_ATTN_MODULE])
+    assert ("minimax_m3_index_decode_score" in handle.replaced[fv.INDEX_TOPK_MODULE]) == optional
+    assert (fv.HOPPER_PREFILL_MODULE in handle.replaced) == optional
     again = fv.patch()  # already patched: nothing more to swap
     assert again.swaps == []
     handle.undo()
-    for module_name, names in NAMES.items():
-        for n in names:
-            assert getattr(sys.modules[module_name], n) is originals[n]
-    assert backend.minimax_m3_sparse_attn is originals["minimax_m3_sparse_attn"]
+    for (module_name, n), original in originals.items():
+        assert getattr(sys.modules[module_name], n) is original
+    assert backend.minimax_m3_sparse_attn is originals[(fv.SPARSE_ATTN_MODULE,
+                                                        "minimax_m3_sparse_attn")]
+    if optional:
+        assert hopper_backend.minimax_m3_sparse_attn is originals[(fv.HOPPER_PREFILL_MODULE,
+                                                                   "minimax_m3_sparse_attn")]
 
 
 def test_patch_refuses_other_vllm(monkeypatch):
-    originals, _ = fake_vllm(monkeypatch, missing="minimax_m3_index_topk")
+    originals, _, _ = fake_vllm(monkeypatch, missing="minimax_m3_index_topk")
     with pytest.raises(AttributeError, match="minimax_m3_index_topk"):
         fv.patch()
     # Nothing was replaced.
     assert sys.modules[fv.SPARSE_ATTN_MODULE].minimax_m3_sparse_attn is \
-        originals["minimax_m3_sparse_attn"]
+        originals[(fv.SPARSE_ATTN_MODULE, "minimax_m3_sparse_attn")]
 
 
 def test_patch_without_vllm(monkeypatch):
@@ -355,11 +470,11 @@ def test_patch_without_vllm(monkeypatch):
 
 
 def test_register_follows_environment(monkeypatch):
-    originals, _ = fake_vllm(monkeypatch)
+    originals, _, _ = fake_vllm(monkeypatch)
     monkeypatch.delenv("FLASHMSA_VLLM", raising=False)
     fv.register()
     assert sys.modules[fv.SPARSE_ATTN_MODULE].minimax_m3_sparse_attn is \
-        originals["minimax_m3_sparse_attn"]
+        originals[(fv.SPARSE_ATTN_MODULE, "minimax_m3_sparse_attn")]
     monkeypatch.setenv("FLASHMSA_VLLM", "1")
     fv.register()
     assert sys.modules[fv.SPARSE_ATTN_MODULE].minimax_m3_sparse_attn is fv.minimax_m3_sparse_attn

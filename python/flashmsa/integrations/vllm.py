@@ -1,10 +1,12 @@
 """vLLM's MiniMax-M3 sparse-attention ops, computed by flashmsa.
 
 vLLM runs MiniMax-M3's MSA through Triton ops in ``vllm.models.minimax_m3.common.ops``:
-``index_topk.minimax_m3_index_score`` / ``minimax_m3_index_topk`` / ``minimax_m3_index_decode``
-(the lightning indexer) and ``sparse_attn.minimax_m3_sparse_attn`` / ``minimax_m3_sparse_attn_decode``
-(block-sparse GQA attention). The functions below have their names, signatures, tensor layouts and
-results, and run flashmsa's kernels (or its CPU reference on CPU tensors):
+``index_topk.minimax_m3_index_score`` / ``minimax_m3_index_topk`` / ``minimax_m3_index_decode`` /
+``minimax_m3_index_decode_score`` (the lightning indexer) and ``sparse_attn.minimax_m3_sparse_attn``
+/ ``minimax_m3_sparse_attn_decode`` (block-sparse GQA attention; on Hopper, vLLM >= 0.34 binds the
+prefill attention from ``vllm.models.minimax_m3.nvidia.ops.sparse_prefill``). The functions below
+have their names and vLLM 0.34.0's signatures, tensor layouts and results, and run flashmsa's
+kernels (or its CPU reference on CPU tensors):
 
 * one paged K|V cache ``kv_cache (num_blocks, num_kv_heads, 128, 2 * head_dim)``, K in the first
   half of the last dim: read in place as flashmsa's packed K|V views ``kv_cache[..., :128]`` /
@@ -17,10 +19,11 @@ results, and run flashmsa's kernels (or its CPU reference on CPU tensors):
   ``seqused_k``; ``prefix_lens`` (tokens before a chunk's first query) = its per-sequence
   ``q_offset``.
 
-What is copied: the top-k result is transposed into vLLM's contiguous ``(H, total_q, topk)``
-(``topk`` int32 per token and head), the attention output is written into the caller's
-``output``, and ``q`` / ``idx_q`` are made contiguous only if they are not. The caches and the
-scores are never copied.
+What is copied: nothing of the caches or the prefill scores. The top-k is written head-major
+``(H, total_q, topk)``, or into ``out[:, :total_q]`` (in place when that is the transpose of a
+contiguous token-major block, vLLM's shared top-k buffer); the attention output into the caller's
+``output`` (in place where it can); a strided ``topk_idx`` (vLLM's transposed buffer view), ``q`` or
+``idx_q`` is made contiguous; decode scores asked for in ``score_out`` are copied there.
 
 Results are vLLM's with these differences, none of which a MiniMax-M3 forward pass meets:
 selected block ids come in ascending order (vLLM's come in score order; its attention reads them
@@ -53,6 +56,7 @@ from ..errors import NotSupportedError
 __all__ = [
     "PatchHandle",
     "minimax_m3_index_decode",
+    "minimax_m3_index_decode_score",
     "minimax_m3_index_score",
     "minimax_m3_index_topk",
     "minimax_m3_sparse_attn",
@@ -66,6 +70,8 @@ log = logging.getLogger("flashmsa")
 SPARSE_BLOCK_SIZE = 128  # one sparse block == one KV page, in vLLM and in flashmsa
 INDEX_TOPK_MODULE = "vllm.models.minimax_m3.common.ops.index_topk"
 SPARSE_ATTN_MODULE = "vllm.models.minimax_m3.common.ops.sparse_attn"
+# vLLM >= 0.34 on Hopper binds the prefill attention from here instead of SPARSE_ATTN_MODULE.
+HOPPER_PREFILL_MODULE = "vllm.models.minimax_m3.nvidia.ops.sparse_prefill"
 _FP8 = (torch.float8_e4m3fn,)
 
 
@@ -227,10 +233,13 @@ def minimax_m3_index_topk(
     topk: int,
     init_blocks: int,
     local_blocks: int,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Top-k blocks per (index head, query token) from ``score``: the first ``init_blocks`` and the
     last ``local_blocks`` visible blocks always, then the best scores, ``min(topk, visible)`` ids
-    (ascending) and ``-1`` padding. Returns ``(num_idx_heads, total_q, topk)`` int32."""
+    (ascending) and ``-1`` padding. Returns ``(num_idx_heads, total_q, topk)`` int32; with ``out``
+    (``(num_idx_heads, >= total_q, topk)`` int32, e.g. the transposed view of vLLM's token-major
+    top-k buffer) it writes ``out[:, :total_q]`` and returns that view."""
     if score.dim() != 3:
         raise ValueError(f"score must be (num_idx_heads, total_q, max_block), got "
                          f"{tuple(score.shape)}")
@@ -239,32 +248,13 @@ def minimax_m3_index_topk(
     scores_hpt = _contiguous(score.transpose(1, 2))
     cu = _int32("cu_seqlens_q", cu_seqlens_q)
     nvp = _prefill_valid_pages(cu, _int32("prefix_lens", prefix_lens), total_q)
-    # Written head-major directly (the attention ops' layout; no transposed copy).
-    q2k = torch.empty((scores_hpt.shape[0], total_q, int(topk)), dtype=torch.int32,
-                      device=score.device)
-    msa_ops.msa_topk_select(scores_hpt, int(topk), num_valid_pages=nvp, output=q2k.transpose(0, 1),
-                            force_begin_blocks=int(init_blocks),
-                            force_end_blocks=int(local_blocks))
-    return q2k
+    return _select(scores_hpt, int(topk), nvp, int(init_blocks), int(local_blocks), out)
 
 
-@torch.no_grad()
-def minimax_m3_index_decode(
-    idx_q: torch.Tensor,  # [total_q, num_idx_heads, head_dim]
-    index_kv_cache: torch.Tensor,  # [num_blocks, 128, head_dim]
-    block_table: torch.Tensor,  # [num_reqs, max_blocks]
-    seq_lens: torch.Tensor,  # [num_reqs] int32
-    max_seq_len: int,
-    topk: int,
-    init_blocks: int,
-    local_blocks: int,
-    num_kv_heads: int,
-    decode_query_len: int,
-    max_decode_query_len: int,
-) -> torch.Tensor:
-    """Decode block scores + top-k: request ``b`` owns rows ``[b * decode_query_len, (b + 1) *
-    decode_query_len)``, row ``i`` of it sits at ``seq_len - decode_query_len + i``. Returns
-    ``(num_idx_heads, total_q, topk)`` int32 (ascending ids, ``-1`` padding)."""
+def _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, num_kv_heads,
+                   decode_query_len, max_decode_query_len):
+    """flashmsa's decode block scores (H, columns, total_q), -inf where a row sees no key, and the
+    rows' visible block counts."""
     total_q, num_idx_heads, _ = idx_q.shape
     if num_idx_heads != num_kv_heads:
         raise ValueError(f"idx_q has {num_idx_heads} index heads; MiniMax-M3 expects "
@@ -286,12 +276,117 @@ def minimax_m3_index_decode(
         _contiguous(idx_q), _index_cache("index_kv_cache", index_kv_cache), cu_q,
         page_table=_int32("block_table", block_table), seqused_k=seq_lens, causal=True,
         max_seqlen_q=int(decode_query_len), max_k_tiles=columns, output=score)
-    q2k = torch.empty((num_idx_heads, total_q, int(topk)), dtype=torch.int32, device=idx_q.device)
-    msa_ops.msa_topk_select(score, int(topk),
-                            num_valid_pages=_decode_valid_pages(seq_lens, decode_query_len),
-                            output=q2k.transpose(0, 1), force_begin_blocks=int(init_blocks),
-                            force_end_blocks=int(local_blocks))
-    return q2k
+    return score, _decode_valid_pages(seq_lens, decode_query_len)
+
+
+def _force_scores(score_hpt: torch.Tensor, nvp: torch.Tensor, init_blocks: int,
+                  local_blocks: int) -> torch.Tensor:
+    """vLLM's decode score convention, in place on (H, P, total_q): of the blocks a row sees, the
+    first ``init_blocks`` score 1e30 and the last ``local_blocks`` 1e29 (local wins)."""
+    block = torch.arange(score_hpt.shape[1], device=score_hpt.device, dtype=torch.int32)[:, None]
+    visible = block < nvp[None, :]
+    score_hpt.masked_fill_(visible & (block < init_blocks), 1e30)
+    score_hpt.masked_fill_(visible & (block >= nvp[None, :] - local_blocks), 1e29)
+    return score_hpt
+
+
+def _score_into(score_hpt: torch.Tensor, score_out: Optional[torch.Tensor]) -> torch.Tensor:
+    """vLLM's (H, total_q, blocks) scores: the transposed view of ``score_hpt``, or ``score_out``
+    (``(H, total_q, >= blocks)`` float32, any strides) with ``score_hpt`` copied into its first
+    columns (the ones past them are not written)."""
+    view = score_hpt.transpose(1, 2)
+    if score_out is None:
+        return view
+    H, T, P = view.shape
+    if (score_out.dim() != 3 or score_out.dtype != torch.float32 or score_out.shape[0] != H
+            or score_out.shape[1] != T or score_out.shape[2] < P
+            or score_out.device != view.device):
+        raise ValueError(f"score_out must be float32 ({H}, {T}, >= {P}) on {view.device}, got "
+                         f"{score_out.dtype} {tuple(score_out.shape)} on {score_out.device}")
+    score_out[:, :, :P].copy_(view)
+    return score_out
+
+
+def _select(scores_hpt: torch.Tensor, topk: int, nvp: torch.Tensor, init_blocks: int,
+            local_blocks: int, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """msa_topk_select into vLLM's head-major (H, total_q, topk): a fresh contiguous tensor, or
+    ``out[:, :total_q]`` (``out`` int32 ``(H, >= total_q, topk)``), written in place when it is
+    the transpose of a contiguous token-major block (vLLM's shared top-k buffer) or contiguous
+    itself, else computed apart and copied in."""
+    H, _, total_q = scores_hpt.shape
+    if out is None:
+        result = torch.empty((H, total_q, topk), dtype=torch.int32, device=scores_hpt.device)
+    else:
+        if (out.dim() != 3 or out.dtype != torch.int32 or out.shape[0] != H
+                or out.shape[1] < total_q or out.shape[2] != topk
+                or out.device != scores_hpt.device):
+            raise ValueError(f"out must be int32 ({H}, >= {total_q}, {topk}) on "
+                             f"{scores_hpt.device}, got {out.dtype} {tuple(out.shape)} on "
+                             f"{out.device}")
+        result = out[:, :total_q]
+    token_major = result.transpose(0, 1)
+    direct = token_major.is_contiguous() or result.is_contiguous()
+    target = token_major if direct else torch.empty(
+        (total_q, H, topk), dtype=torch.int32, device=scores_hpt.device)
+    # Written directly in the layout asked for (no transposed copy) where flashmsa can.
+    msa_ops.msa_topk_select(scores_hpt, topk, num_valid_pages=nvp, output=target,
+                            force_begin_blocks=init_blocks, force_end_blocks=local_blocks)
+    if not direct:
+        token_major.copy_(target)
+    return result
+
+
+@torch.no_grad()
+def minimax_m3_index_decode_score(
+    idx_q: torch.Tensor,  # [total_q, num_idx_heads, head_dim]
+    index_kv_cache: torch.Tensor,  # [num_blocks, 128, head_dim]
+    block_table: torch.Tensor,  # [num_reqs, max_blocks]
+    seq_lens: torch.Tensor,  # [num_reqs] int32
+    max_seq_len: int,
+    init_blocks: int,
+    local_blocks: int,
+    num_kv_heads: int,
+    decode_query_len: int,
+    max_decode_query_len: int,
+    score_out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Decode block scores without the top-k: request ``b`` owns rows ``[b * decode_query_len,
+    (b + 1) * decode_query_len)``, row ``i`` of it sits at ``seq_len - decode_query_len + i``.
+    vLLM's convention: of the blocks a row sees, the first ``init_blocks`` score 1e30 and the last
+    ``local_blocks`` 1e29; ``-inf`` where it sees no key. Returns ``(num_idx_heads, total_q,
+    blocks)`` float32 (a transposed view), or ``score_out`` written (any strides)."""
+    score, nvp = _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len,
+                                num_kv_heads, decode_query_len, max_decode_query_len)
+    return _score_into(_force_scores(score, nvp, int(init_blocks), int(local_blocks)), score_out)
+
+
+@torch.no_grad()
+def minimax_m3_index_decode(
+    idx_q: torch.Tensor,  # [total_q, num_idx_heads, head_dim]
+    index_kv_cache: torch.Tensor,  # [num_blocks, 128, head_dim]
+    block_table: torch.Tensor,  # [num_reqs, max_blocks]
+    seq_lens: torch.Tensor,  # [num_reqs] int32
+    max_seq_len: int,
+    topk: int,
+    init_blocks: int,
+    local_blocks: int,
+    num_kv_heads: int,
+    decode_query_len: int,
+    max_decode_query_len: int,
+    out: Optional[torch.Tensor] = None,
+    score_out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Decode block scores + top-k: request ``b`` owns rows ``[b * decode_query_len, (b + 1) *
+    decode_query_len)``, row ``i`` of it sits at ``seq_len - decode_query_len + i``. Returns
+    ``(num_idx_heads, total_q, topk)`` int32 (ascending ids, ``-1`` padding), or ``out[:, :total_q]``
+    written when ``out`` is given; ``score_out`` receives the scores as
+    :func:`minimax_m3_index_decode_score` gives them."""
+    score, nvp = _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len,
+                                num_kv_heads, decode_query_len, max_decode_query_len)
+    result = _select(score, int(topk), nvp, int(init_blocks), int(local_blocks), out)
+    if score_out is not None:
+        _score_into(_force_scores(score, nvp, int(init_blocks), int(local_blocks)), score_out)
+    return result
 
 
 # ---- attention -----------------------------------------------------------------------------------
@@ -380,6 +475,12 @@ _REPLACEMENTS = {
                         "minimax_m3_index_decode"),
     SPARSE_ATTN_MODULE: ("minimax_m3_sparse_attn", "minimax_m3_sparse_attn_decode"),
 }
+# Replaced where this vLLM has them (0.34: the decode scores without top-k, which its Blackwell
+# indexer calls, and Hopper's own prefill attention module); absent ones are skipped.
+_OPTIONAL = {
+    INDEX_TOPK_MODULE: ("minimax_m3_index_decode_score",),
+    HOPPER_PREFILL_MODULE: ("minimax_m3_sparse_attn",),
+}
 
 
 class PatchHandle:
@@ -409,7 +510,9 @@ def patch() -> PatchHandle:
     the five ops there, and in every already imported ``vllm`` module that bound them by name
     (``from ... import minimax_m3_sparse_attn``). Raises ImportError when that vLLM module is not
     importable and AttributeError when it lacks one of the ops (another vLLM version): nothing is
-    replaced then. Returns a :class:`PatchHandle`; calling it twice is harmless.
+    replaced then. Where this vLLM has them, ``minimax_m3_index_decode_score`` and the Hopper
+    prefill module's ``minimax_m3_sparse_attn`` are replaced too (with their bindings). Returns a
+    :class:`PatchHandle`; calling it twice is harmless.
     """
     this = sys.modules[__name__]
     targets = []
@@ -424,6 +527,14 @@ def patch() -> PatchHandle:
                 raise AttributeError(f"flashmsa.integrations.vllm.patch: {module_name} has no "
                                      f"function {name}; this vLLM version is not supported")
             targets.append((module, name, getattr(module, name)))
+    for module_name, names in _OPTIONAL.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            log.debug("flashmsa: %s not in this vLLM; left as is", module_name)
+            continue
+        targets += [(module, n, getattr(module, n)) for n in names
+                    if callable(getattr(module, n, None))]
     swaps: List[Tuple[object, str, object]] = []
     originals = {}
     for module, name, original in targets:
@@ -436,7 +547,8 @@ def patch() -> PatchHandle:
     for mod_name, mod in list(sys.modules.items()):
         if mod is None or not (mod_name == "vllm" or mod_name.startswith("vllm.")):
             continue
-        for name in {n for names in _REPLACEMENTS.values() for n in names}:
+        for name in {n for table in (_REPLACEMENTS, _OPTIONAL) for names in table.values()
+                     for n in names}:
             value = getattr(mod, name, None)
             if value is not None and id(value) in originals:
                 swaps.append((mod, name, value))
