@@ -93,10 +93,12 @@ QUICK = dict(
     + [(b, 32 * K, 1, "nvfp4", "fp8") for b in (1, 64)],
     budget_s=0.15, max_reps=50,
 )
-STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step", "flashinfer")
+STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step", "flashinfer", "vllm")
 # The default run's stages: flashinfer (FlashInfer's own ops beside flashmsa's, benchmarks/
-# flashinfer_ref.py) runs where --flashinfer names a prepared FlashInfer.
-DEFAULT_STAGES = STAGES[:-1]
+# flashinfer_ref.py) runs where --flashinfer names a prepared FlashInfer, vllm (vLLM's Triton
+# MiniMax-M3 ops beside flashmsa's vLLM adapter, benchmarks/vllm_ref.py) where --vllm names
+# prepared vLLM ops.
+DEFAULT_STAGES = STAGES[:-2]
 # The flashinfer stage's cases, where FlashInfer 0.7.4's SM90 backend serves M3's shapes: its
 # attention ops take paged fp8 K|V interleaved in one cache (vLLM's layout), bf16 q, no LSE, topk
 # 16; its proxy score a paged one-head index cache (bf16 in decode, fp8 q and K in prefill).
@@ -105,6 +107,13 @@ FI_PROXY_DECODE = ((1, 128 * K, 1), (64, 32 * K, 1), (64, 32 * K, 4))
 FI_PROXY_PREFILL = (8 * K, 32 * K)
 FI_TOPK = (("prefill", 32 * K, 4, 256), ("decode", 64, 4, 256), ("decode", 1, 4, 1024))
 FI_SPARSE = ((32 * K, "random"), (32 * K, "clustered"), (128 * K, "random"))
+# The vllm stage's cases (vLLM 0.34's ops in its layouts: one packed bf16 K|V cache, the index-K
+# cache, its transposed token-major top-k buffer), each timed as vLLM calls it and through
+# flashmsa.integrations.vllm: index scores and the prefill top-k at 8K / 32K; prefill attention;
+# decode indexer (scores + top-k) and decode attention as (batch, context, tokens per request).
+VL_INDEX_PREFILL = (8 * K, 32 * K)
+VL_SPARSE = ((32 * K, "random"), (32 * K, "clustered"))
+VL_DECODE = ((64, 32 * K, 1), (1, 128 * K, 1), (64, 32 * K, 4))
 # The top-k kernels each top-k case runs under: the library's choice, then forced ones: the
 # warp-per-row kernel, by_size, the radix kernel's lean variant radix_1buf (by_size's prefill
 # kernel until a1af6c4), radix_uniform (radix_1buf with branch-free passes of warp-uniform trip
@@ -459,6 +468,7 @@ class Bench:
         self.dead = False
         self.seed = 1234
         self.flashinfer = None  # (flashinfer.msa_ops, version) with --flashinfer
+        self.vllm = None  # vLLM's op modules (benchmarks/vllm_ref.py load) with --vllm
 
     # -- helpers --
     def gen(self):
@@ -932,54 +942,61 @@ class Bench:
         if self.flashinfer is None:
             print("[bench] flashinfer: not run (no --flashinfer)", file=sys.stderr)
             return
+        _, version = self.flashinfer
+        ref = ("flashinfer", "FlashInfer", f"flashinfer {version}")
         for b, ctx, sq in FI_DECODE:
-            self.head_to_head(f"decode B{b} ctx={size_name(ctx)} sq{sq} fp8 packed",
+            self.head_to_head(ref, f"decode B{b} ctx={size_name(ctx)} sq{sq} fp8 packed",
                               lambda b=b, c=ctx, q=sq: self.fi_decode(b, c, q), "memory")
         for b, ctx, sq in FI_PROXY_DECODE:
-            self.head_to_head(f"proxy decode B{b} ctx={size_name(ctx)} sq{sq} bf16",
+            self.head_to_head(ref, f"proxy decode B{b} ctx={size_name(ctx)} sq{sq} bf16",
                               lambda b=b, c=ctx, q=sq: self.fi_proxy_decode(b, c, q), "memory")
         for s in FI_PROXY_PREFILL:
-            self.head_to_head(f"proxy prefill S={size_name(s)} fp8 q+K paged",
+            self.head_to_head(ref, f"proxy prefill S={size_name(s)} fp8 q+K paged",
                               lambda s=s: self.fi_proxy_prefill(s), "compute")
         for kind, s, h, p in FI_TOPK:
-            self.head_to_head(f"topk {kind} S={s} H{h} P={p}",
+            self.head_to_head(ref, f"topk {kind} S={s} H{h} P={p}",
                               lambda kind=kind, s=s, h=h, p=p: self.fi_topk(kind, s, h, p), "memory")
         for s, pattern in FI_SPARSE:
-            self.head_to_head(f"sparse S={size_name(s)} fp8 packed {pattern}",
+            self.head_to_head(ref, f"sparse S={size_name(s)} fp8 packed {pattern}",
                               lambda s=s, pat=pattern: self.fi_sparse(s, pat), "compute")
 
-    def head_to_head(self, name, builder, bound):
-        """builder() -> dict(fi=fn, fm=fn, flop=, bytes=, agree=fn(fi_result, fm_result) -> str)."""
-        fi_ops, version = self.flashinfer
+    def head_to_head(self, ref, name, builder, bound):
+        """ref = (stage, label, tag) of the other library; builder() -> dict(theirs=fn, fm=fn,
+        flop=, bytes=, agree=fn(their result, flashmsa's) -> str, and optionally theirs_out=fn:
+        the result to compare where ``theirs`` returns nothing to check). Its row first, then
+        flashmsa's with its time as the reference and, in the notes, how far the outputs are
+        apart. A route of theirs whose backend is not installed (ImportError) is a SKIP."""
+        stage, label, tag = ref
         case = {}
 
         def build(which):
             def b():
                 if not case:
                     case.update(builder())
-                    fi_call = case["fi"]
+                    their_call = case["theirs"]
 
-                    def fi():  # a route of FlashInfer's whose backend is not installed: a SKIP
+                    def theirs():  # a route whose backend is not installed: a SKIP
                         try:
-                            return fi_call()
+                            return their_call()
                         except ImportError as e:
                             raise NotImplementedError(
-                                f"FlashInfer takes a backend here that is not installed ({e.name})") from e
-                    case["fi"] = fi
+                                f"{label} takes a backend here that is not installed ({e.name})") from e
+                    case["theirs"] = theirs
                 notes = []
-                if which == "fm" and "fi_result" in case:
-                    notes.append(case["agree"](case.pop("fi_result"), case["fm"]()))
+                if which == "fm" and "their_result" in case:
+                    notes.append(f"vs {label}: " + case["agree"](case.pop("their_result"),
+                                                                 case["fm"]()))
                 return case[which], dict(flop=case.get("flop"), bytes=case.get("bytes"), notes=notes)
             return b
-        fi_row = self.run_case("flashinfer", f"{name} [flashinfer {version}]", build("fi"), bound)
-        ref = None
-        if fi_row["status"] == "ok":
-            ref = (fi_row["median_us"] / 1000.0, f"FlashInfer {fi_row['median_us']:.1f} us")
+        their_row = self.run_case(stage, f"{name} [{tag}]", build("theirs"), bound)
+        timing_ref = None
+        if their_row["status"] == "ok":
+            timing_ref = (their_row["median_us"] / 1000.0, f"{label} {their_row['median_us']:.1f} us")
             try:
-                case["fi_result"] = case["fi"]()
-            except Exception as e:  # the comparison only; FlashInfer's row already has its time
-                print(f"[bench] flashinfer {name}: {type(e).__name__}: {e}", file=sys.stderr)
-        self.run_case("flashinfer", f"{name} [flashmsa]", build("fm"), bound, ref)
+                case["their_result"] = case.get("theirs_out", case["theirs"])()
+            except Exception as e:  # the comparison only; their row already has its time
+                print(f"[bench] {stage} {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        self.run_case(stage, f"{name} [flashmsa]", build("fm"), bound, timing_ref)
         case.clear()
 
     @staticmethod
@@ -989,7 +1006,7 @@ class Bench:
         same_inf = bool(torch.equal(torch.isfinite(a), torch.isfinite(b)))
         diff = (a[finite] - b[finite]).abs()
         rel = float(diff.norm() / b[finite].norm().clamp_min(1e-30))
-        return (f"vs FlashInfer: max |d| {float(diff.max()) if diff.numel() else 0.0:.2e}, "
+        return (f"max |d| {float(diff.max()) if diff.numel() else 0.0:.2e}, "
                 f"rel L2 {rel:.1e}" + ("" if same_inf else ", -inf patterns differ"))
 
     @staticmethod
@@ -997,7 +1014,7 @@ class Bench:
         a, b = fi_out.sort(-1).values, fm_out.sort(-1).values
         rows = a.reshape(-1, a.shape[-1])
         same = (rows == b.reshape(-1, b.shape[-1])).all(-1).float().mean()
-        return f"vs FlashInfer: {100 * float(same):.2f} % of rows select the same blocks"
+        return f"{100 * float(same):.2f} % of rows select the same blocks"
 
     def fi_packed_kv(self, pages, hkv, g):
         """K|V interleaved in one fp8 cache (pages, hkv, 128, 256): the layout FlashInfer's SM90
@@ -1024,7 +1041,7 @@ class Bench:
                                                            causal=True)
         pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
         keys = mi.visible_keys(sel, pos, ctx)
-        return dict(fi=call(fi_ops), fm=call(self.ops), agree=self.agree_close,
+        return dict(theirs=call(fi_ops), fm=call(self.ops), agree=self.agree_close,
                     flop=4 * 128 * (hq // hkv) * keys,
                     bytes=unique_blocks * 2 * mi.BLOCK * 128 + 2 * q.nbytes)
 
@@ -1041,7 +1058,7 @@ class Bench:
                                                max_k_tiles=nb, output=out)
         pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
         visible = int((pos + 1).sum().item())
-        return dict(fi=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
+        return dict(theirs=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
                     agree=lambda a, c: self.agree_close(a.clone(), c),
                     flop=2 * 128 * hq * visible, bytes=q.nbytes + k.nbytes + outs[0].nbytes)
 
@@ -1062,7 +1079,7 @@ class Bench:
             return lambda: ops.msa_proxy_score(q, k, cu, None, page_table=page_table,
                                                seqused_k=seqused, causal=True, max_seqlen_q=s,
                                                max_k_tiles=p, output=out)
-        return dict(fi=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
+        return dict(theirs=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
                     agree=lambda a, c: self.agree_close(a.clone(), c),
                     flop=2 * 128 * hq * (s * (s + 1) // 2),
                     bytes=q.nbytes + k.nbytes + outs[0].nbytes)
@@ -1083,7 +1100,7 @@ class Bench:
         def call(ops, out):
             return lambda: ops.msa_topk_select(scores, TOPK, num_valid_pages=nvp, output=out,
                                                force_end_blocks=1)
-        return dict(fi=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
+        return dict(theirs=call(fi_ops, outs[0]), fm=call(self.ops, outs[1]),
                     agree=lambda a, c: self.agree_sets(a.clone(), c),
                     bytes=h * p * s * 4 + s * h * TOPK * 4)
 
@@ -1103,8 +1120,138 @@ class Bench:
             return lambda: ops.msa_sparse_attention(q, k, v, sel, cu, None, causal=True,
                                                     page_table=page_table, seqused_k=seqused)
         keys = mi.visible_keys(sel, torch.arange(s, device=self.device), s)
-        return dict(fi=call(fi_ops), fm=call(self.ops), agree=self.agree_close,
+        return dict(theirs=call(fi_ops), fm=call(self.ops), agree=self.agree_close,
                     flop=4 * 128 * (hq // hkv) * keys)
+
+    # -- vLLM's Triton ops on the same inputs (--vllm) --
+    def stage_vllm(self):
+        """Head-to-head with vLLM's own MiniMax-M3 Triton ops (benchmarks/vllm_ref.py), each case
+        in vLLM's layouts and called as vLLM 0.34 calls it (the top-k into the transposed view of
+        its token-major buffer, the attention reading that view), against the same call through
+        flashmsa.integrations.vllm: what a vLLM user gets from either. vLLM's row first, then
+        flashmsa's with vLLM's time as its reference."""
+        if self.vllm is None:
+            print("[bench] vllm: not run (no --vllm)", file=sys.stderr)
+            return
+        ref = ("vllm", "vLLM", f"vllm {self.vllm.version}")
+        for s in VL_INDEX_PREFILL:
+            self.head_to_head(ref, f"index score S={size_name(s)} bf16 paged",
+                              lambda s=s: self.vl_index_score(s), "compute")
+            self.head_to_head(ref, f"index topk S={size_name(s)}",
+                              lambda s=s: self.vl_index_topk(s), "memory")
+        for s, pattern in VL_SPARSE:
+            self.head_to_head(ref, f"sparse S={size_name(s)} bf16 packed {pattern}",
+                              lambda s=s, pat=pattern: self.vl_sparse(s, pat), "compute")
+        for b, ctx, sq in VL_DECODE:
+            self.head_to_head(ref, f"index decode B{b} ctx={size_name(ctx)} sq{sq} bf16",
+                              lambda b=b, c=ctx, q=sq: self.vl_index_decode(b, c, q), "memory")
+            self.head_to_head(ref, f"decode B{b} ctx={size_name(ctx)} sq{sq} bf16 packed",
+                              lambda b=b, c=ctx, q=sq: self.vl_decode(b, c, q), "memory")
+
+    def vl_prefill_indexer(self, s):
+        """One s-token prompt in vLLM's indexer layouts: idx_q (s, 4, 128), the index-K cache
+        (pages, 128, 128) on shuffled pages, its block table, cu_seqlens, seq_lens, prefix_lens."""
+        g = self.gen()
+        p = s // mi.BLOCK
+        idx_q = self.rnd((s, M3["idx_hq"], 128), g)
+        perm = torch.randperm(p, generator=g, device=self.device)
+        cache = paged_one_sequence(self.rnd((s, 1, 128), g), perm).view(p, mi.BLOCK, 128)
+        table = perm.to(torch.int32).view(1, -1).contiguous()
+        lens = torch.tensor([s], dtype=torch.int32, device=self.device)
+        return idx_q, cache, table, ft.cu_seqlens([s], self.device), lens, torch.zeros_like(lens)
+
+    def vl_index_score(self, s):
+        from flashmsa.integrations import vllm as fv
+        args = self.vl_prefill_indexer(s) + (s, s, M3["idx_hq"])
+        mod = self.vllm.index_topk
+
+        def finite_where_ours(theirs, ours):  # vLLM leaves blocks no query of a tile sees unwritten
+            seen = torch.isfinite(ours)
+            return self.agree_close(theirs[:, :, :ours.shape[2]][seen], ours[seen])
+        return dict(theirs=lambda: mod.minimax_m3_index_score(*args) is None,
+                    theirs_out=lambda: mod.minimax_m3_index_score(*args),
+                    fm=lambda: fv.minimax_m3_index_score(*args), agree=finite_where_ours,
+                    flop=2 * 128 * M3["idx_hq"] * (s * (s + 1) // 2))
+
+    def vl_topk_buffer(self, rows, heads):
+        """vLLM 0.34's shared top-k buffer (rows, H, topk) int32 and the view its indexer passes
+        as ``out`` (the transpose, (H, rows, topk))."""
+        buf = torch.full((rows, heads, TOPK), -1, dtype=torch.int32, device=self.device)
+        return buf, buf.transpose(0, 1)
+
+    def vl_index_topk(self, s):
+        from flashmsa.integrations import vllm as fv
+        idx_q, cache, table, cu, lens, pre = self.vl_prefill_indexer(s)
+        score = fv.minimax_m3_index_score(idx_q, cache, table, cu, lens, pre, s, s, M3["idx_hq"])
+        bufs = [self.vl_topk_buffer(s, M3["idx_hq"]) for _ in range(2)]
+
+        def call(mod, out):
+            return lambda: mod.minimax_m3_index_topk(score, cu, pre, s, TOPK, 1, 1, out=out)
+        return dict(theirs=call(self.vllm.index_topk, bufs[0][1]), fm=call(fv, bufs[1][1]),
+                    agree=lambda a, c: self.agree_sets(a.clone(), c),
+                    bytes=M3["idx_hq"] * (s // mi.BLOCK) * s * 4 + s * M3["idx_hq"] * TOPK * 4)
+
+    def vl_sparse(self, s, pattern):
+        from flashmsa.integrations import vllm as fv
+        hq, hkv = M3["hq"], M3["hkv"]
+        sel = self.selection(s, pattern, hkv)
+        topk_view = sel.transpose(0, 1).contiguous().transpose(0, 1)  # vLLM's buffer view
+        g = self.gen()
+        q = self.rnd((s, hq, 128), g)
+        kv = self.rnd((s // mi.BLOCK, hkv, mi.BLOCK, 256), g)
+        table = torch.randperm(s // mi.BLOCK, generator=g, device=self.device)
+        table = table.to(torch.int32).view(1, -1).contiguous()
+        lens = torch.tensor([s], dtype=torch.int32, device=self.device)
+        cu = ft.cu_seqlens([s], self.device)
+        outs = [torch.empty_like(q) for _ in range(2)]
+        # Hopper: vLLM 0.34 binds its query-tiled prefill kernel there (the common op elsewhere).
+        hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(self.device)[0] == 9
+        mod = self.vllm.sparse_prefill if hopper else self.vllm.sparse_attn
+
+        def call(m, out):
+            return lambda: m.minimax_m3_sparse_attn(q, kv, topk_view, table, cu, lens,
+                                                    torch.zeros_like(lens), s, hkv,
+                                                    128 ** -0.5, out) or out
+        keys = mi.visible_keys(sel, torch.arange(s, device=self.device), s)
+        return dict(theirs=call(mod, outs[0]), fm=call(fv, outs[1]),
+                    agree=lambda a, c: self.agree_close(a.clone(), c),
+                    flop=4 * 128 * (hq // hkv) * keys)
+
+    def vl_index_decode(self, b, ctx, sq):
+        from flashmsa.integrations import vllm as fv
+        hq = M3["idx_hq"]
+        q, k, page_table, _, seqused, nb = self.proxy_decode_inputs(b, ctx, sq)
+        cache = k.view(-1, mi.BLOCK, 128)
+        bufs = [self.vl_topk_buffer(b * sq, hq) for _ in range(2)]
+
+        def call(mod, out):
+            return lambda: mod.minimax_m3_index_decode(q, cache, page_table, seqused, ctx, TOPK, 1,
+                                                       1, hq, sq, sq, out=out)
+        return dict(theirs=call(self.vllm.index_topk, bufs[0][1]), fm=call(fv, bufs[1][1]),
+                    agree=lambda a, c: self.agree_sets(a.clone(), c),
+                    bytes=b * nb * mi.BLOCK * 128 * 2 + q.nbytes)
+
+    def vl_decode(self, b, ctx, sq):
+        from flashmsa.integrations import vllm as fv
+        g = self.gen()
+        hq, hkv = M3["hq"], M3["hkv"]
+        nb = ctx // mi.BLOCK
+        req_pos = torch.full((b,), ctx - 1, device=self.device)
+        sel_req = mi.random_selection(req_pos, hkv, TOPK, g)  # shared by a request's sq tokens
+        sel = sel_req.repeat_interleave(sq, dim=1)
+        page_table, pages, unique_blocks = mi.decode_pages(sel_req, b, 1, nb)
+        topk_view = sel.transpose(0, 1).contiguous().transpose(0, 1)  # vLLM's buffer view
+        kv = self.rnd((pages, hkv, mi.BLOCK, 256), g)
+        q = self.rnd((b * sq, hq, 128), g)
+        seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
+        outs = [torch.empty_like(q) for _ in range(2)]
+
+        def call(mod, out):
+            return lambda: mod.minimax_m3_sparse_attn_decode(q, kv, topk_view, page_table, seqused,
+                                                             hkv, 128 ** -0.5, out, sq) or out
+        return dict(theirs=call(self.vllm.sparse_attn, outs[0]), fm=call(fv, outs[1]),
+                    agree=lambda a, c: self.agree_close(a.clone(), c),
+                    bytes=unique_blocks * 2 * mi.BLOCK * 128 * 2 + 2 * q.nbytes)
 
     def build_sparse(self, s, kv, layout, pattern, geo, options=None):
         """options: plan options of flashmsa's private msa_ops._sparse_attention_planned (a forced
@@ -1558,10 +1705,13 @@ def parser() -> argparse.ArgumentParser:
                          "run's")
     ap.add_argument("--stages", default=",".join(DEFAULT_STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)} (default: all but "
-                         "flashinfer)")
+                         "flashinfer and vllm)")
     ap.add_argument("--flashinfer", metavar="DIR",
                     help="a FlashInfer prepared by benchmarks/flashinfer_ref.py: adds the "
                          "flashinfer stage, FlashInfer's own ops beside flashmsa's")
+    ap.add_argument("--vllm", metavar="DIR",
+                    help="vLLM ops prepared by benchmarks/vllm_ref.py: adds the vllm stage, vLLM's "
+                         "Triton MiniMax-M3 ops beside flashmsa's vLLM adapter")
     return ap
 
 
@@ -1585,6 +1735,10 @@ def main(argv=None) -> int:
         from flashinfer_ref import load
         bench.flashinfer = load(args.flashinfer)
         stages.append("flashinfer")
+    if args.vllm:
+        import vllm_ref
+        bench.vllm = vllm_ref.load(args.vllm)
+        stages.append("vllm")
     bench.measure_ceilings()
     for stage in STAGES:  # fixed order: sparse fills the dense results the pipeline compares with
         if stage in stages:

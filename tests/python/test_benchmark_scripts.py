@@ -7,6 +7,7 @@ import importlib.util
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 from unittest import mock
 
@@ -649,3 +650,57 @@ def test_stage_flashinfer_missing_backend_is_a_skip(cpu_bench, monkeypatch):
     fi_row, fm_row = cpu_bench.rows
     assert fi_row["status"] == "skip" and "not installed (cutlass)" in fi_row["notes"]
     assert fm_row["status"] == "ok" and "ref_ms" not in fm_row
+
+
+def test_stage_vllm_on_cpu(cpu_bench, monkeypatch):
+    """The vllm stage on small shapes, with flashmsa's vLLM adapter standing in for vLLM's op
+    modules (the same functions and signatures): every case gives vLLM's row, then flashmsa's with
+    vLLM's time as its reference and the outputs compared (identical here)."""
+    from flashmsa.integrations import vllm as fv
+
+    monkeypatch.setattr(bm, "VL_INDEX_PREFILL", (512,))
+    monkeypatch.setattr(bm, "VL_SPARSE", ((1024, "random"),))
+    monkeypatch.setattr(bm, "VL_DECODE", ((2, 1024, 1), (2, 1024, 4)))
+    cpu_bench.stage_vllm()  # without --vllm: nothing
+    assert cpu_bench.rows == []
+    cpu_bench.vllm = types.SimpleNamespace(index_topk=fv, sparse_attn=fv, sparse_prefill=fv,
+                                           version="stand-in")
+    cpu_bench.ceil["matmul_tflops"] = 1.0
+    cpu_bench.stage_vllm()
+    rows = cpu_bench.rows
+    assert len(rows) == 2 * 7 and all(r["status"] == "ok" for r in rows), rows
+    for their_row, fm_row in zip(rows[::2], rows[1::2]):
+        assert their_row["stage"] == fm_row["stage"] == "vllm"
+        assert their_row["case"].endswith(" [vllm stand-in]")
+        assert fm_row["case"] == their_row["case"].replace("[vllm stand-in]", "[flashmsa]")
+        assert fm_row["speedup_vs_ref"] == pytest.approx(their_row["median_us"] /
+                                                         fm_row["median_us"])
+        assert ("vs vLLM: " in fm_row["notes"] and ("rel L2 0.0e+00" in fm_row["notes"] or
+                "100.00 % of rows select the same blocks" in fm_row["notes"])), fm_row["notes"]
+    assert rows[0]["flop"] > 0 and rows[3]["bytes"] > 0
+
+
+def test_vllm_ref_stand_ins(tmp_path):
+    """vllm_ref's stand-in vllm package around the op modules: load() imports them with it, and its
+    current_platform answers as vLLM's CUDA platform does (here: no CUDA device, or the device's)."""
+    vr = load_script("vllm_ref")
+    site = tmp_path / "site"
+    for key, module in vr.OPS.items():
+        path = site / (module.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("from vllm.platforms import current_platform\n"
+                        "from vllm.triton_utils import tl, triton\n"
+                        f"NAME = {key!r}\n"
+                        "PDL = current_platform.is_arch_support_pdl()\n"
+                        "HOPPER = current_platform.is_device_capability_family(90)\n")
+    vr.write_stand_ins(site, "9.9.9")
+    code = (f"import sys, torch; sys.path.insert(0, {str(BENCH_DIR)!r}); import vllm_ref; "
+            f"r = vllm_ref.load({str(tmp_path)!r}); "
+            "cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None; "
+            "assert r.version == '9.9.9' and r.index_topk.NAME == 'index_topk'; "
+            "assert r.sparse_prefill.HOPPER == (cap is not None and cap[0] == 9); "
+            "assert r.sparse_attn.PDL == (cap is not None and cap[0] >= 9); print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    with pytest.raises(FileNotFoundError, match="vllm_ref.py prepare"):
+        vr.load(tmp_path / "missing")
