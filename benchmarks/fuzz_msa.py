@@ -368,6 +368,9 @@ def gen_attention(rng: random.Random) -> dict:
         p["v_global_scale"] = 1e35  # outputs near 1e35, far inside bfloat16's range
     _value_ranges(rng, p, p["dtype"])
     p["out"] = rng.random() < 0.3  # drawn last: out= (a caller's output tensor, poisoned first)
+    # Drawn after it: q2k handed over token-major (the transpose of a contiguous (total_q, Hkv,
+    # topk) row range of a larger buffer, docs/semantics.md#q2k-layout) instead of contiguous.
+    p["q2k_token_major"] = rng.random() < 0.3
     return p
 
 
@@ -399,6 +402,9 @@ def gen_decode(rng: random.Random) -> dict:
     # option that cannot apply falls back and the plan says why).
     _late(rng, p, LATE_DECODE_OPTIONS)
     p["out"] = rng.random() < 0.3  # drawn last: out= (a caller's output tensor, poisoned first)
+    # Drawn after it: q2k handed over token-major (the transpose of a contiguous (total_q, Hkv,
+    # topk) row range of a larger buffer, docs/semantics.md#q2k-layout) instead of contiguous.
+    p["q2k_token_major"] = rng.random() < 0.3
     return p
 
 
@@ -896,7 +902,15 @@ class Problem:
             if _WORKSPACES.get(str(device)) is None:
                 _WORKSPACES[str(device)] = msa_ops.MSASparseAttentionWorkspace(device)
             kw["workspace"] = _WORKSPACES[str(device)]
-        return (self.q.to(device), k, v, self.q2k.to(device)), kw
+        q2k = self.q2k.to(device)
+        if self.p.get("q2k_token_major") and not reference:
+            torch = _torch()
+            hkv, total_q, topk = q2k.shape
+            buf = torch.full((total_q + 2, hkv, topk), 2**30, dtype=torch.int32, device=device)
+            view = buf.transpose(0, 1)[:, 1:1 + total_q]
+            view.copy_(q2k)
+            q2k = view
+        return (self.q.to(device), k, v, q2k), kw
 
     def _run_attention(self, device, reference: bool = False):
         torch = _torch()

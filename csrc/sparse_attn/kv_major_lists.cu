@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kPairWarpsPerCta * 32, 2) pair_kernel(const __
     if (!(done && (kScatter || !a.lists_once || j > 0))) {
       // lists=once: the -inf LSEs of the later groups' non-pair slots come from the combine's reset.
       const bool mark = j == 0;
-      const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
+      const int* list = q2k_row(p, kh, r);
       RowContext c;
       const bool covered = !done && row_context(a, r, c);
       const WarpQ2k wl = warp_q2k_list(list, p.topk, covered ? c.nb : 0, lane);

@@ -107,7 +107,7 @@ template <int kWarpsM, int kTileKeys = kQmTileKeys>
 MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, int split,
                                      TileDesc* s_tiles, int lane) {
   const SparseAttnParams& p = args.p;
-  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
+  const int* list = q2k_row(p, kh, r);
   int v[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) v[h] = lane + 32 * h < p.topk ? list[lane + 32 * h] : -1;
@@ -220,7 +220,7 @@ MSA_DEVICE MtpUnionEntries mtp_union_entries(const QueryMajorArgs& args, int b, 
   for (int h = 0; h < 2; ++h) {
     const int e = lane + 32 * h;
     tok[h] = e < n_e ? e / p.topk : 0;
-    v[h] = e < n_e ? p.q2k[(int64_t(kh) * p.total_q + rr.begin + tok[h]) * p.topk + (e - tok[h] * p.topk)] : -1;
+    v[h] = e < n_e ? q2k_row(p, kh, rr.begin + tok[h])[e - tok[h] * p.topk] : -1;
   }
   const int seqlen_k = kv_seqlen(p.kv, b);
   const int nb = num_blocks(seqlen_k);

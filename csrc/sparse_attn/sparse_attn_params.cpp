@@ -65,21 +65,35 @@ void* check_attn_output(const Ctx& c, const TensorRef& out, int64_t total_q, int
   return out.data;
 }
 
-// q2k_indices (Hkv, total_q, topk) int32 contiguous, 1 <= topk <= 64 (D4). Returns topk.
-int check_q2k(const Ctx& c, const TensorRef& t, int64_t hkv, int64_t total_q) {
+// q2k_indices (Hkv, total_q, topk) int32, 1 <= topk <= 64 (D4): contiguous, or the transpose(0, 1)
+// of a contiguous token-major (total_q, Hkv, topk) (top-k's own layout, as a caller that keeps it
+// hands it over: docs/semantics.md#q2k-layout). Sets p.topk and the row strides.
+void check_q2k(const Ctx& c, const TensorRef& t, int64_t hkv, int64_t total_q, SparseAttnParams& p) {
   check_tensor(c, t, "q2k_indices");
   MSA_OP_CHECK(c, t.dtype == ScalarType::kInt32 && t.ndim == 3 && t.size(0) == hkv &&
                       t.size(1) == total_q,
                "q2k_indices must be int32 of shape (Hkv, total_q, topk) = (", hkv, ", ", total_q,
                ", topk), got ", dtype_str(t), " of shape ", shape_str(t));
-  MSA_OP_CHECK(c, t.is_contiguous(), "q2k_indices must be contiguous (e.g. ",
-               "topk.transpose(0, 1).contiguous()), got strides ", strides_str(t));
   const int64_t topk = t.size(2);
   MSA_OP_CHECK(c, topk >= 1, "q2k_indices topk dimension must be positive, got shape ",
                shape_str(t));
   MSA_OP_CHECK_SUPPORTED(c, topk <= kMaxTopk, "q2k_indices topk (q2k_indices.shape[2]) must be <= ",
                          kMaxTopk, " in flashmsa, got ", topk);
-  return int(topk);
+  // A size-1 dim's stride is free (torch's rule); so is every stride of an empty tensor.
+  auto fits = [&](int64_t head_stride, int64_t row_stride) {
+    return t.numel() == 0 ||
+           ((hkv == 1 || t.stride(0) == head_stride) && (total_q == 1 || t.stride(1) == row_stride) &&
+            (topk == 1 || t.stride(2) == 1));
+  };
+  const bool head_major = fits(total_q * topk, topk);
+  const bool token_major = fits(topk, hkv * topk);
+  MSA_OP_CHECK(c, head_major || token_major,
+               "q2k_indices must be contiguous or the transpose(0, 1) of a contiguous (total_q, "
+               "Hkv, topk) tensor (e.g. topk.transpose(0, 1).contiguous()), got strides ",
+               strides_str(t));
+  p.topk = int(topk);
+  p.q2k_head_stride = head_major ? total_q * topk : topk;
+  p.q2k_row_stride = head_major ? topk : hkv * topk;
 }
 
 // ---- K/V of the attention ops ----------------------------------------------------------------
@@ -234,7 +248,7 @@ KVPair check_operands(const Ctx& c, const Args& a, bool paged, DType compute, Sp
   // k's rank and last dims are checked before its head count is read.
   const KVPair kv = check_kv(c, a.kv, paged, compute);
   check_heads(c, a.q.size(1), a.kv.k);
-  p.topk = check_q2k(c, a.q2k_indices, kv.num_kv_heads, a.q.size(0));
+  check_q2k(c, a.q2k_indices, kv.num_kv_heads, a.q.size(0), p);
   return kv;
 }
 

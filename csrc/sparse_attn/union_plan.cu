@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kPlanWarpsPerCta * 32) union_plan_kernel(const
     blk[e][0] = blk[e][1] = -1;
     if (e >= t) continue;  // warp-uniform
     const int r = r0 + e;
-    const WarpQ2k wl = warp_q2k_list(p.q2k + (int64_t(kh) * p.total_q + r) * topk, topk, nb, lane);
+    const WarpQ2k wl = warp_q2k_list(q2k_row(p, kh, r), topk, nb, lane);
     const int lim = col_limit(p.causal, q_off, r - rr.begin, seqlen_k);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {

@@ -87,7 +87,7 @@ struct KVArgs {
 struct SparseAttnArgs {
   TensorRef q;            // (total_q, Hq, 128) bf16/fp16
   KVArgs kv;
-  TensorRef q2k_indices;  // (Hkv, total_q, topk) int32 contiguous
+  TensorRef q2k_indices;  // (Hkv, total_q, topk) int32: contiguous or the transpose of a contiguous (total_q, Hkv, topk)
   TensorRef cu_seqlens_q; // (B+1,)
   TensorRef cu_seqlens_k; // (B+1,) flat; optional paged
   bool causal = false;
@@ -115,7 +115,7 @@ void run_sparse_attention(const SparseAttnParams& p, const SparseAttnPlan& plan,
 struct SparseDecodeArgs {
   TensorRef q;            // (B * seqlen_q, Hq, 128) bf16/fp16/fp8
   KVArgs kv;
-  TensorRef q2k_indices;  // (Hkv, total_q, topk) int32 contiguous
+  TensorRef q2k_indices;  // (Hkv, total_q, topk) int32: contiguous or the transpose of a contiguous (total_q, Hkv, topk)
   TensorRef page_table;
   TensorRef seqused_k;
   TensorRef cu_seqlens_k;

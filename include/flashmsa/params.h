@@ -131,7 +131,9 @@ struct SparseAttnParams {
   KVIndex kv;
   QIndex qi;
   QOffset q_offset;
-  const int* q2k;               // [Hkv, total_q, topk] contiguous: batch-local block ids, set semantics (D5)
+  const int* q2k;               // batch-local block ids, set semantics (D5); row (kh, r) at q2k_row()
+  int64_t q2k_head_stride;      // total_q * topk (contiguous (Hkv, total_q, topk)) or topk (the
+  int64_t q2k_row_stride;       // transpose of a contiguous token-major (total_q, Hkv, topk)): Hkv * topk
   void* out;                    // [total_q, Hq, 128] contiguous, out_dtype
   DType out_dtype;              // bf16 / fp16
   float* lse;                   // [total_q, Hq] natural log, or nullptr
@@ -139,6 +141,11 @@ struct SparseAttnParams {
   void* workspace;              // caller-owned device scratch, or nullptr (see api.h workspace sizes)
   size_t workspace_bytes;
 };
+
+// The q2k list of (kv head kh, query row r): topk consecutive entries.
+MSA_HOST_DEVICE const int* q2k_row(const SparseAttnParams& p, int kh, int64_t r) {
+  return p.q2k + kh * p.q2k_head_stride + r * p.q2k_row_stride;
+}
 
 // Decode / MTP shares the math of SparseAttnParams (qi.cu_seqlens_q == nullptr, uniform seqlen_q);
 // these are the schedule knobs only decode has.

@@ -15,9 +15,8 @@ allocate more than the inputs describe before the core has checked it. Pipeline:
 
     scores = msa_proxy_score(index_q, index_k, cu_q, cu_k)              # (H, P, total_q) fp32
     sel    = msa_topk_select(scores, 16, nvp, force_end_blocks=1)       # (total_q, H, 16) int32
-    q2k    = sel.transpose(0, 1).contiguous()                           # (Hkv, total_q, 16)
-    # or, with no copy: q2k = torch.empty(H, total_q, 16, dtype=torch.int32, device=...)
-    #                   msa_topk_select(scores, 16, nvp, output=q2k.transpose(0, 1), ...)
+    q2k    = sel.transpose(0, 1)                                        # (Hkv, total_q, 16), a view
+    # (FlashInfer needs the copy .contiguous(); flashmsa reads the view in place)
     out    = msa_sparse_attention(q, k, v, q2k, cu_q, cu_k, causal=True)
 """
 
@@ -541,9 +540,9 @@ def msa_topk_select(
     Returns
     -------
     torch.Tensor
-        int32 ``(total_q, H, topk)`` (``output`` when given). Attention wants ``(Hkv, total_q,
-        topk)`` contiguous: ``out.transpose(0, 1).contiguous()``, or write it there directly
-        through ``output=q2k.transpose(0, 1)``.
+        int32 ``(total_q, H, topk)`` (``output`` when given). Attention takes ``(Hkv, total_q,
+        topk)``: ``out.transpose(0, 1)`` as it is (read in place), its contiguous copy, or a
+        head-major tensor written directly through ``output=q2k.transpose(0, 1)``.
     """
     return _topk_select("", max_score=max_score, topk=topk, num_valid_pages=num_valid_pages,
                         output=output, force_begin_blocks=force_begin_blocks,
@@ -628,8 +627,9 @@ def msa_sparse_attention(
         (uint8, with ``k_scale`` / ``v_scale``). Paged K/V may be packed K|V views of one cache
         (:func:`supports_packed_kv`).
     q2k_indices : torch.Tensor
-        int32 contiguous ``(Hkv, total_q, topk)``, ``1 <= topk <= 64``: batch-local block ids,
-        ascending, ``-1`` tail padded (``msa_topk_select(...).transpose(0, 1).contiguous()``).
+        int32 ``(Hkv, total_q, topk)``, ``1 <= topk <= 64``: batch-local block ids, ascending,
+        ``-1`` tail padded; contiguous, or ``msa_topk_select(...).transpose(0, 1)`` as it is (the
+        transpose of a contiguous token-major tensor, read in place; docs/semantics.md#q2k-layout).
     cu_seqlens_q : torch.Tensor
         ``(B + 1,)`` int32.
     cu_seqlens_k : torch.Tensor, optional
@@ -763,7 +763,8 @@ def msa_sparse_decode_attention(
         allowed), or flat ``(total_k, Hkv, W)`` with ``cu_seqlens_k``; dtypes as in
         :func:`msa_sparse_attention`.
     q2k_indices : torch.Tensor
-        int32 contiguous ``(Hkv, B * seqlen_q, topk)``, ascending, ``-1`` tail padded.
+        int32 ``(Hkv, B * seqlen_q, topk)``, ascending, ``-1`` tail padded; contiguous or the
+        transpose of a contiguous token-major tensor (docs/semantics.md#q2k-layout).
     page_table, seqused_k, cu_seqlens_k : torch.Tensor, optional
         ``(B, max_pages)`` / ``(B,)`` paged, or ``(B + 1,)`` flat; int32.
     seqlen_q : int

@@ -276,7 +276,7 @@ void select_blocks(const SparseAttnParams& p, int b, int r, int kh,
   const int nb = num_blocks(seqlen_k);
   const int64_t q_off = q_offset_of(p.q_offset, b, rows.len, seqlen_k);
   const int limit = col_limit(p.causal, q_off, i, seqlen_k);
-  const int* list = p.q2k + (int64_t(kh) * p.total_q + r) * p.topk;
+  const int* list = q2k_row(p, kh, r);
   const int len = q2k_length(list, p.topk);
   blocks.clear();
   for (int e = 0; e < len; ++e) {

@@ -589,6 +589,8 @@ inline Result run_reference(const Data& d, const Storage& s, const std::vector<i
   p.q_offset = QOffset{pb.offset_mode, pb.offset_value,
                        pb.offset_mode == QOffsetMode::kPerSequence ? pb.offset_per_seq.data() : nullptr};
   p.q2k = q2k.data();
+  p.q2k_head_stride = int64_t(p.total_q) * p.topk;  // contiguous (Hkv, total_q, topk)
+  p.q2k_row_stride = p.topk;
   p.out = res.out.data();
   p.out_dtype = pb.out_dtype;
   p.lse = o.lse ? res.lse.data() : nullptr;

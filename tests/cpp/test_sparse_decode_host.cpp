@@ -229,6 +229,8 @@ TEST(SparseDecodeReference, RejectsNonUniformQueries) {
   p.v = s.v;
   p.kv = s.kv;
   p.q2k = d.q2k.data();
+  p.q2k_head_stride = int64_t(p.total_q) * p.topk;  // contiguous (Hkv, total_q, topk)
+  p.q2k_row_stride = p.topk;
   p.out = out.data();
   p.out_dtype = DType::kBF16;
   p.qi = QIndex{d.cu_q.data(), 0, 1};

@@ -5,6 +5,7 @@
 flat, packed views == contiguous) and the return conventions."""
 
 import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -225,6 +226,38 @@ def test_sparse_attention_packed_equals_contiguous(device, layout, kv):
     a = msa_ops.msa_sparse_attention(*contiguous.args, **contiguous.kwargs)
     c = msa_ops.msa_sparse_attention(*packed.args, **packed.kwargs)
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+
+
+def token_major(q2k: torch.Tensor) -> torch.Tensor:
+    """q2k (Hkv, total_q, topk) as the transpose of a contiguous token-major (total_q, Hkv, topk),
+    a slice of a larger buffer as vLLM hands it over (docs/semantics.md#q2k-layout)."""
+    hkv, total_q, topk = q2k.shape
+    buf = torch.full((total_q + 5, hkv, topk), 7, dtype=torch.int32, device=q2k.device)
+    view = buf.transpose(0, 1)[:, 3:3 + total_q]
+    view.copy_(q2k)
+    assert not view.is_contiguous() and view.stride() == (topk, hkv * topk, 1)
+    return view
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("schedule", ["auto", "query_major", "kv_major", "hybrid"])
+def test_sparse_attention_token_major_q2k(device, schedule):
+    """A token-major q2k (top-k's own layout, transposed) gives bit for bit the contiguous q2k's
+    results on every schedule: the query-major items, the KV-major work lists and the tile plan
+    each read the rows by the q2k strides."""
+    case = AttnCase("c", [700, 500], [2100, 900], 8, 2, causal=True, topk=8,
+                    selection="random")
+    q2k = make_selection(case)
+    torch.manual_seed(3)
+    b = build(case, device, q2k)
+    args = list(b.args)
+    planned = functools.partial(msa_ops._sparse_attention_planned, options=dict(schedule=schedule))
+    want = planned(*args, **b.kwargs)
+    args[3] = token_major(args[3])
+    got = planned(*args, **b.kwargs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    if schedule == "auto":
+        ref.assert_close(got[0], expected(case, b)[0], **OUT_TOL)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -3,6 +3,7 @@ uniform seqlen_q per request, right-aligned positions, GQA up to 16, fp8 q (bf16
 NVFP4 K/V, paged / flat / packed caches, every partial dtype and schedule, index-list semantics and
 the return conventions."""
 
+import functools
 import math
 from typing import List
 
@@ -134,6 +135,30 @@ def test_sparse_decode_schedules_agree(device):
     for out, lse in runs[1:]:
         ref.assert_close(out, out0.float(), atol=5e-3, what="out across schedules")
         ref.assert_close(lse, lse0, atol=1e-3, what="lse across schedules")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seqlen_q,options", [(1, {}), (4, dict(mtp="per_token")),
+                                              (4, dict(mtp="union")),
+                                              (4, dict(mtp="union", kernel="wgmma"))],
+                         ids=["sq1", "per_token", "union", "union_wgmma"])
+def test_sparse_decode_token_major_q2k(device, seqlen_q, options):
+    """A token-major q2k (the transpose of a contiguous (total_q, Hkv, topk), as vLLM passes its
+    top-k buffer) gives bit for bit the contiguous q2k's results: per-token items and MTP union
+    items (whose plan reads the tokens' rows by the q2k strides; on sm_90a also the TMA-fed MTP
+    kernel's)."""
+    case = DecodeCase("c", 5, seqlen_q, 16, 2, seqlens="multiples", selection="random", topk=8)
+    args, kw, expected, _ = build(case, device)
+    planned = functools.partial(msa_ops._sparse_decode_planned, options=options)
+    want = planned(*args, **kw)
+    q2k = args[3]
+    hkv, total_q, topk = q2k.shape
+    buf = torch.full((total_q + 2, hkv, topk), 7, dtype=torch.int32, device=q2k.device)
+    view = buf.transpose(0, 1)[:, 1:1 + total_q]
+    view.copy_(q2k)
+    got = planned(*args[:3], view, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ref.assert_close(got[0], expected[0], **_tolerance(case))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -298,6 +298,13 @@ def test_topk_into_vllm_buffers(device):
     assert got.shape == (H, T, topk) and got.data_ptr() == buf[nd].data_ptr()
     assert torch.equal(host(got), host(fresh))
     assert bool((buf[:nd] == 77).all()) and bool((buf[nd + T:] == 77).all())
+    # The attention reads that view as vLLM 0.34 hands it over (strided), with the results of the
+    # contiguous selection.
+    outs = [torch.full_like(t["q"], float("nan")) for _ in range(2)]
+    for sel, out in ((fresh, outs[0]), (got, outs[1])):
+        fv.minimax_m3_sparse_attn(t["q"], t["kv"], sel, t["block_table"], t["cu"], t["seq_lens"],
+                                  t["prefix_lens"], max(q_lens), H, D ** -0.5, out)
+    assert torch.equal(outs[0], outs[1])
     # A contiguous head-major buffer with spare rows: out[:, :T] is neither layout flashmsa
     # writes, so the result is computed apart and copied in.
     wide = torch.full((H, T + spare, topk), 77, dtype=torch.int32, device=device)
@@ -331,6 +338,11 @@ def test_decode_into_vllm_buffers(device, dql):
                                      score_out=unified.transpose(0, 1))
     assert got.data_ptr() == buf.data_ptr() and torch.equal(host(got), host(fresh))
     assert bool((buf[T:] == 77).all())
+    outs = [torch.full_like(t["q"], float("nan")) for _ in range(2)]
+    for sel, out in ((fresh, outs[0]), (buf[:T].transpose(0, 1), outs[1])):
+        fv.minimax_m3_sparse_attn_decode(t["q"], t["kv"], sel, t["block_table"], t["seq_lens"], H,
+                                         D ** -0.5, out, dql)
+    assert torch.equal(outs[0], outs[1])
     scores = fv.minimax_m3_index_decode_score(*args, init, local, H, dql, 4)
     assert scores.shape == (H, T, columns)
     assert torch.equal(host(unified.transpose(0, 1)[:, :, :columns]), host(scores))

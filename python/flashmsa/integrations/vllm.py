@@ -22,8 +22,9 @@ kernels (or its CPU reference on CPU tensors):
 What is copied: nothing of the caches or the prefill scores. The top-k is written head-major
 ``(H, total_q, topk)``, or into ``out[:, :total_q]`` (in place when that is the transpose of a
 contiguous token-major block, vLLM's shared top-k buffer); the attention output into the caller's
-``output`` (in place where it can); a strided ``topk_idx`` (vLLM's transposed buffer view), ``q`` or
-``idx_q`` is made contiguous; decode scores asked for in ``score_out`` are copied there.
+``output`` (in place where it can); ``topk_idx`` is read in place when it is contiguous or vLLM's
+transposed buffer view, other strided ``topk_idx``, ``q`` or ``idx_q`` are made contiguous; decode
+scores asked for in ``score_out`` are copied there.
 
 Results are vLLM's with these differences, none of which a MiniMax-M3 forward pass meets:
 selected block ids come in ascending order (vLLM's come in score order; its attention reads them
@@ -91,6 +92,14 @@ def _int32(name: str, t: torch.Tensor) -> torch.Tensor:
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _q2k(topk_idx: torch.Tensor) -> torch.Tensor:
+    """vLLM's top-k for the attention ops: as it is when contiguous or the transposed view of a
+    contiguous token-major block (vLLM 0.34 hands over its shared top-k buffer that way; flashmsa
+    reads either layout, docs/semantics.md#q2k-layout), else a contiguous copy."""
+    t = _int32("topk_idx", topk_idx)
+    return t if t.is_contiguous() or t.transpose(0, 1).is_contiguous() else t.contiguous()
 
 
 def _index_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
@@ -414,7 +423,7 @@ def minimax_m3_sparse_attn(
     q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
     q_in = _contiguous(q_in)
     out = msa_ops.msa_sparse_attention(
-        q_in, k, v, _contiguous(_int32("topk_idx", topk_idx)),
+        q_in, k, v, _q2k(topk_idx),
         _int32("cu_seqlens_q", cu_seqlens_q), None, causal=True, softmax_scale=scale,
         page_table=_int32("block_table", block_table), seqused_k=_int32("seq_lens", seq_lens),
         v_global_scale=v_host, q_offset=_int32("prefix_lens", prefix_lens),
@@ -445,7 +454,7 @@ def minimax_m3_sparse_attn_decode(
     k, v = _kv_halves(kv_cache, num_kv_heads)
     q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
     q_in = _contiguous(q_in)
-    idx = _contiguous(_int32("topk_idx", topk_idx))
+    idx = _q2k(topk_idx)
     page_table, seqused = _int32("block_table", block_table), _int32("seq_lens", seq_lens)
     if query_start_loc is not None:
         if query_start_loc.shape[0] != seqused.shape[0] + 1:
