@@ -205,6 +205,16 @@ def test_fp8_cache_with_scalar_scales(device):
     expect = ref_attention(host(t["q"]), host(t["kv"]), host(sel), host(t["block_table"]), rows,
                            host(t["seq_lens"]), 0.1, k_mult=0.5, v_mult=2.0)
     torch.testing.assert_close(host(output).double(), expect, rtol=3e-2, atol=3e-2)
+    # The scales' values are read on the host once per tensor: an in-place update (a new tensor
+    # version) is seen by the next call.
+    k_scale.fill_(0.25)
+    v_scale.fill_(4.0)
+    fv.minimax_m3_sparse_attn(t["q"], t["kv"], sel, t["block_table"], t["cu"], t["seq_lens"],
+                              t["prefix_lens"], max(q_lens), s["hkv"], 0.1, output,
+                              k_scale=k_scale, v_scale=v_scale)
+    expect = ref_attention(host(t["q"]), host(t["kv"]), host(sel), host(t["block_table"]), rows,
+                           host(t["seq_lens"]), 0.1, k_mult=0.25, v_mult=4.0)
+    torch.testing.assert_close(host(output).double(), expect, rtol=3e-2, atol=3e-2)
     with pytest.raises(NotSupportedError, match="k_scale"):
         fv.minimax_m3_sparse_attn(t["q"], t["kv"], sel, t["block_table"], t["cu"],
                                   t["seq_lens"], t["prefix_lens"], max(q_lens), s["hkv"], 0.1,
@@ -367,6 +377,34 @@ def test_decode_into_vllm_buffers(device, dql):
     with pytest.raises(ValueError, match="score_out must be float32"):
         fv.minimax_m3_index_decode_score(*args, init, local, H, dql, 4,
                                          score_out=unified.transpose(0, 1)[:, :, :columns - 1])
+
+
+def test_decode_index_launches_few_kernels():
+    """The decode indexer runs once per layer of every decode step (in a CUDA graph, each small
+    kernel costs its launch): besides the proxy score and the top-k, only the three element-wise
+    ops of the rows' visible block counts run; the constants they need are made once."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    free = {"view", "reshape", "transpose", "slice", "unsqueeze", "as_strided", "t", "expand",
+            "alias", "_unsafe_view", "select", "squeeze", "detach", "empty", "empty_strided"}
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] not in free:
+                self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    t, s = make_problem("cpu", [700, 300, 129], [2, 2, 2])
+    args = (t["idx_q"], t["index_k"], t["block_table"], t["seq_lens"], 700, 3, 1, 1, s["hkv"], 2, 2)
+    want = fv.minimax_m3_index_decode(*args)
+    with Ops() as ops:
+        got = fv.minimax_m3_index_decode(*args)
+    assert torch.equal(got, want)
+    assert ops.names == ["proxy_score", "add", "div", "clamp_min_", "topk_select"], ops.names
 
 
 def test_bad_arguments_name_them():

@@ -31,8 +31,9 @@ selected block ids come in ascending order (vLLM's come in score order; its atte
 as a set, as flashmsa's does); exact score ties go to the lower block; NaN scores rank first
 (vLLM ranks them last); score columns that vLLM leaves unwritten (blocks no query of a 64-token
 tile sees) hold ``-inf``; padded query rows give ``-1`` selections and zero outputs.
-fp8 K/V: scalar ``k_scale`` / ``v_scale`` are applied (K's folded into ``q``, V's into the output);
-per-token scales raise :class:`flashmsa.NotSupportedError`.
+fp8 K/V: scalar ``k_scale`` / ``v_scale`` are applied, folded exactly into the softmax scale and
+``v_global_scale`` (their values read on the host once per scale tensor and version); per-token
+scales raise :class:`flashmsa.NotSupportedError`.
 
 Turning it on in vLLM: ``FLASHMSA_VLLM=1`` in the environment of a vLLM with flashmsa installed
 (flashmsa registers a ``vllm.general_plugins`` entry point, which vLLM loads in every process and
@@ -47,6 +48,7 @@ import logging
 import math
 import os
 import sys
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -126,11 +128,33 @@ def _kv_halves(kv_cache: torch.Tensor, num_kv_heads: int) -> Tuple[torch.Tensor,
     return kv_cache[..., :d], kv_cache[..., d:]
 
 
+_SCALES: Dict[int, Tuple[object, int, float]] = {}
+
+
+def _host_scale(scale: torch.Tensor) -> Optional[float]:
+    """A scalar scale tensor's value on the host, read once per tensor and version (a device
+    tensor's first read is one synchronisation; vLLM's layer scales are set at loading and kept),
+    or None for a device tensor not read yet while a CUDA graph is being captured."""
+    if scale.device.type == "cpu":
+        return float(scale)
+    entry = _SCALES.get(id(scale))
+    if entry is not None and entry[0]() is scale and entry[1] == scale._version:
+        return entry[2]
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    value = float(scale.item())
+    if len(_SCALES) >= 4096:
+        _SCALES.clear()
+    _SCALES[id(scale)] = (weakref.ref(scale), scale._version, value)
+    return value
+
+
 def _kv_scales(kv_cache, q, sm_scale, k_scale, v_scale):
     """vLLM's fp8 KV scales -> (q to use, softmax scale, host V multiplier, device V multiplier).
-    Scales apply to fp8 caches only, as in vLLM. A host scale is folded exactly (into the softmax
-    scale / flashmsa's v_global_scale); a device scale multiplies q (K's) and the output (V's),
-    which reads no value back to the host."""
+    Scales apply to fp8 caches only, as in vLLM. A scale's value is folded exactly into the softmax
+    scale (K's) and flashmsa's v_global_scale (V's), read on the host once per scale tensor; only a
+    device scale first seen inside a CUDA graph capture multiplies q (K's) and the output (V's)
+    instead, reading nothing back to the host."""
     if kv_cache.dtype not in _FP8 or (k_scale is None and v_scale is None):
         return q, sm_scale, None, None
     if k_scale is None or v_scale is None:
@@ -140,13 +164,13 @@ def _kv_scales(kv_cache, q, sm_scale, k_scale, v_scale):
             "k_scale: flashmsa applies scalar fp8 KV scales only, not per-token/head scales "
             f"(got k_scale {tuple(k_scale.shape)}, v_scale {tuple(v_scale.shape)})")
     v_host = v_dev = None
-    if k_scale.device.type == "cpu":
-        sm_scale = sm_scale * float(k_scale)
+    k_value = _host_scale(k_scale)
+    if k_value is not None:
+        sm_scale = sm_scale * k_value
     else:
         q = (q.float() * k_scale.float()).to(q.dtype)
-    if v_scale.device.type == "cpu":
-        v_host = float(v_scale)
-    else:
+    v_host = _host_scale(v_scale)
+    if v_host is None:
         v_dev = v_scale
     return q, sm_scale, v_host, v_dev
 
@@ -187,15 +211,39 @@ def _prefill_valid_pages(cu_seqlens_q: torch.Tensor, prefix_lens: torch.Tensor,
     return torch.where(valid & (pos >= 0), nvp, torch.zeros_like(nvp)).to(torch.int32)
 
 
+def _constant(key: tuple, make) -> torch.Tensor:
+    """A read-only tensor made once per key and kept (``make()`` fills it eagerly). One made while
+    a CUDA graph is being captured is not kept: its values would exist only when that graph
+    replays."""
+    value = _CONSTANTS.get(key)
+    if value is None:
+        value = make()
+        if not (value.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if len(_CONSTANTS) >= 512:
+                _CONSTANTS.clear()
+            _CONSTANTS[key] = value
+    return value
+
+
+_CONSTANTS: Dict[tuple, torch.Tensor] = {}
+
+
 def _decode_valid_pages(seq_lens: torch.Tensor, decode_query_len: int) -> torch.Tensor:
     """Per decode row (request-major, decode_query_len per request): position // 128 + 1 with
-    position = seq_len - decode_query_len + offset; 0 where the position is negative."""
+    position = seq_len - decode_query_len + offset; 0 where the position is negative. Three
+    element-wise kernels (it runs once per layer of every decode step): floor((seq_len - n + i +
+    128) / 128) clamped at 0."""
     batch = seq_lens.shape[0]
-    offs = torch.arange(decode_query_len, device=seq_lens.device, dtype=torch.int64)
-    pos = (seq_lens.long().repeat_interleave(decode_query_len, output_size=batch * decode_query_len)
-           - decode_query_len + offs.repeat(batch))
-    nvp = torch.div(pos, SPARSE_BLOCK_SIZE, rounding_mode="floor") + 1
-    return torch.where(pos >= 0, nvp, torch.zeros_like(nvp)).to(torch.int32)
+    offsets = _constant(("decode_offsets", decode_query_len, seq_lens.device), lambda: torch.arange(
+        SPARSE_BLOCK_SIZE - decode_query_len, SPARSE_BLOCK_SIZE, dtype=torch.int32,
+        device=seq_lens.device))
+    shifted = seq_lens.reshape(batch, 1) + offsets  # int32 (batch, decode_query_len)
+    return torch.div(shifted, SPARSE_BLOCK_SIZE, rounding_mode="floor").clamp_min_(0).view(-1)
+
+
+def _decode_cu_seqlens(total_q: int, decode_query_len: int, device) -> torch.Tensor:
+    return _constant(("decode_cu_q", total_q, decode_query_len, device), lambda: torch.arange(
+        0, total_q + 1, decode_query_len, dtype=torch.int32, device=device))
 
 
 # ---- the indexer ---------------------------------------------------------------------------------
@@ -277,7 +325,7 @@ def _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, nu
                          f"decode_query_len ({decode_query_len}) = "
                          f"{seq_lens.shape[0] * decode_query_len}")
     columns = max(math.ceil(max_seq_len / SPARSE_BLOCK_SIZE), 1)
-    cu_q = torch.arange(0, total_q + 1, decode_query_len, dtype=torch.int32, device=idx_q.device)
+    cu_q = _decode_cu_seqlens(total_q, decode_query_len, idx_q.device)
     score = torch.empty((num_idx_heads, columns, total_q), dtype=torch.float32,
                         device=idx_q.device)
     # Right-aligned causal positions (flashmsa's default q_offset = seq_len - decode_query_len).
