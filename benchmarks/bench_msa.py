@@ -114,6 +114,9 @@ FI_SPARSE = ((32 * K, "random"), (32 * K, "clustered"), (128 * K, "random"))
 VL_INDEX_PREFILL = (8 * K, 32 * K)
 VL_SPARSE = ((32 * K, "random"), (32 * K, "clustered"))
 VL_DECODE = ((64, 32 * K, 1), (1, 128 * K, 1), (64, 32 * K, 4))
+# ... and the decode step as vLLM runs it inside its CUDA graph (indexer into the shared top-k
+# buffer, then the attention reading it), bf16 index-K and K/V: (batch, context, tokens).
+VL_STEP = ((1, 128 * K, 1), (64, 32 * K, 1), (64, 32 * K, 4))
 # The top-k kernels each top-k case runs under: the library's choice, then forced ones: the
 # warp-per-row kernel, by_size, the radix kernel's lean variant radix_1buf (by_size's prefill
 # kernel until a1af6c4), radix_uniform (radix_1buf with branch-free passes of warp-uniform trip
@@ -1147,6 +1150,9 @@ class Bench:
                               lambda b=b, c=ctx, q=sq: self.vl_index_decode(b, c, q), "memory")
             self.head_to_head(ref, f"decode B{b} ctx={size_name(ctx)} sq{sq} bf16 packed",
                               lambda b=b, c=ctx, q=sq: self.vl_decode(b, c, q), "memory")
+        for b, ctx, sq in VL_STEP:
+            self.head_to_head(ref, f"step graph B{b} ctx={size_name(ctx)} sq{sq} bf16",
+                              lambda b=b, c=ctx, q=sq: self.vl_step(b, c, q), "memory")
 
     def vl_prefill_indexer(self, s):
         """One s-token prompt in vLLM's indexer layouts: idx_q (s, 4, 128), the index-K cache
@@ -1252,6 +1258,43 @@ class Bench:
         return dict(theirs=call(self.vllm.sparse_attn, outs[0]), fm=call(fv, outs[1]),
                     agree=lambda a, c: self.agree_close(a.clone(), c),
                     bytes=unique_blocks * 2 * mi.BLOCK * 128 * 2 + 2 * q.nbytes)
+
+    def vl_step(self, b, ctx, sq):
+        """vLLM 0.34's decode step of one sparse layer: minimax_m3_index_decode into the shared
+        token-major top-k buffer (its transposed view as out=), then minimax_m3_sparse_attn_decode
+        reading that view, one page table for the index-K and the K|V cache (as vLLM's). Captured
+        into a CUDA graph per side; the timed call is the replay."""
+        from flashmsa.integrations import vllm as fv
+        hq, hkv = M3["hq"], M3["hkv"]
+        q_idx, k, page_table, _, seqused, nb = self.proxy_decode_inputs(b, ctx, sq)
+        index_cache = k.view(-1, mi.BLOCK, 128)
+        g = self.gen()
+        kv = self.rnd((index_cache.shape[0], hkv, mi.BLOCK, 256), g)
+        q = self.rnd((b * sq, hq, 128), g)
+        total = b * sq
+
+        def graphed(index_mod, attn_mod):
+            buf = torch.full((total, hkv, TOPK), -1, dtype=torch.int32, device=self.device)
+            out = torch.empty_like(q)
+
+            def step():
+                index_mod.minimax_m3_index_decode(q_idx, index_cache, page_table, seqused, ctx, TOPK,
+                                                  1, 1, hkv, sq, sq, out=buf.transpose(0, 1))
+                attn_mod.minimax_m3_sparse_attn_decode(q, kv, buf.transpose(0, 1), page_table,
+                                                       seqused, hkv, 128 ** -0.5, out, sq)
+                return out, buf
+            step()  # warm-up: compilation, plans, constants made outside the capture
+            torch.cuda.synchronize()
+            graph, static = capture_graph(step)
+            return GraphedStep(graph, step, static)
+
+        def agree(theirs, ours):
+            return (self.agree_close(theirs[0].clone(), ours[0]) + "; "
+                    + self.agree_sets(theirs[1].clone(), ours[1]))
+        selected = b * hkv * min(TOPK, nb) * mi.BLOCK * 256 * 2  # at most: distinct blocks
+        return dict(theirs=graphed(self.vllm.index_topk, self.vllm.sparse_attn),
+                    fm=graphed(fv, fv), agree=agree,
+                    bytes=index_cache[:b * nb].nbytes + selected)
 
     def build_sparse(self, s, kv, layout, pattern, geo, options=None):
         """options: plan options of flashmsa's private msa_ops._sparse_attention_planned (a forced

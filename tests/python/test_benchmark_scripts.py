@@ -600,7 +600,8 @@ def test_stage_flashinfer_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.ceil["matmul_tflops"] = 1.0
     cpu_bench.stage_flashinfer()
     rows = cpu_bench.rows
-    assert len(rows) == 2 * 7 and all(r["status"] == "ok" for r in rows), rows
+    assert len(rows) == 2 * 8 and all(r["status"] == "ok" for r in rows), rows
+    assert rows[-1]["case"] == "step graph B2 ctx=1K sq4 bf16 [flashmsa]"
     for fi_row, fm_row in zip(rows[::2], rows[1::2]):
         assert fi_row["stage"] == fm_row["stage"] == "flashinfer"
         assert fi_row["case"].endswith(" [flashinfer stand-in]")
@@ -661,6 +662,12 @@ def test_stage_vllm_on_cpu(cpu_bench, monkeypatch):
     monkeypatch.setattr(bm, "VL_INDEX_PREFILL", (512,))
     monkeypatch.setattr(bm, "VL_SPARSE", ((1024, "random"),))
     monkeypatch.setattr(bm, "VL_DECODE", ((2, 1024, 1), (2, 1024, 4)))
+    monkeypatch.setattr(bm, "VL_STEP", ((2, 1024, 4),))
+
+    def capture(fn):
+        graph = HostGraph(fn)
+        return graph, graph.static
+    monkeypatch.setattr(bm, "capture_graph", capture)
     cpu_bench.stage_vllm()  # without --vllm: nothing
     assert cpu_bench.rows == []
     cpu_bench.vllm = types.SimpleNamespace(index_topk=fv, sparse_attn=fv, sparse_prefill=fv,
@@ -668,7 +675,8 @@ def test_stage_vllm_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.ceil["matmul_tflops"] = 1.0
     cpu_bench.stage_vllm()
     rows = cpu_bench.rows
-    assert len(rows) == 2 * 7 and all(r["status"] == "ok" for r in rows), rows
+    assert len(rows) == 2 * 8 and all(r["status"] == "ok" for r in rows), rows
+    assert rows[-1]["case"] == "step graph B2 ctx=1K sq4 bf16 [flashmsa]"
     for their_row, fm_row in zip(rows[::2], rows[1::2]):
         assert their_row["stage"] == fm_row["stage"] == "vllm"
         assert their_row["case"].endswith(" [vllm stand-in]")
@@ -677,6 +685,7 @@ def test_stage_vllm_on_cpu(cpu_bench, monkeypatch):
                                                          fm_row["median_us"])
         assert ("vs vLLM: " in fm_row["notes"] and ("rel L2 0.0e+00" in fm_row["notes"] or
                 "100.00 % of rows select the same blocks" in fm_row["notes"])), fm_row["notes"]
+    assert "100.00 % of rows select the same blocks" in rows[-1]["notes"], rows[-1]["notes"]
     assert rows[0]["flop"] > 0 and rows[3]["bytes"] > 0
 
 
