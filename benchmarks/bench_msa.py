@@ -531,6 +531,8 @@ class Bench:
             if ref:
                 row["speedup_vs_ref"] = ref[0] * 1000.0 / row["median_us"]
             notes = list(info.get("notes", []))
+            if info.get("show_host") and row.get("host_us") is not None:
+                notes.append(f"host {row['host_us']:.0f} us a call")
             if row["host_sync"]:
                 notes.append("op synchronizes with the host")
             eager = info.get("eager")  # the timing of the same work run eagerly (stage step)
@@ -989,7 +991,8 @@ class Bench:
                 if which == "fm" and "their_result" in case:
                     notes.append(f"vs {label}: " + case["agree"](case.pop("their_result"),
                                                                  case["fm"]()))
-                return case[which], dict(flop=case.get("flop"), bytes=case.get("bytes"), notes=notes)
+                return case[which], dict(flop=case.get("flop"), bytes=case.get("bytes"), notes=notes,
+                                         show_host=case.get("show_host", False))
             return b
         their_row = self.run_case(stage, f"{name} [{tag}]", build("theirs"), bound)
         timing_ref = None
@@ -1151,8 +1154,11 @@ class Bench:
             self.head_to_head(ref, f"decode B{b} ctx={size_name(ctx)} sq{sq} bf16 packed",
                               lambda b=b, c=ctx, q=sq: self.vl_decode(b, c, q), "memory")
         for b, ctx, sq in VL_STEP:
-            self.head_to_head(ref, f"step graph B{b} ctx={size_name(ctx)} sq{sq} bf16",
-                              lambda b=b, c=ctx, q=sq: self.vl_step(b, c, q), "memory")
+            for graph in (False, True):
+                self.head_to_head(ref, f"step {'graph' if graph else 'eager'} B{b} "
+                                       f"ctx={size_name(ctx)} sq{sq} bf16",
+                                  lambda b=b, c=ctx, q=sq, gr=graph: self.vl_step(b, c, q, gr),
+                                  "memory")
 
     def vl_prefill_indexer(self, s):
         """One s-token prompt in vLLM's indexer layouts: idx_q (s, 4, 128), the index-K cache
@@ -1259,11 +1265,13 @@ class Bench:
                     agree=lambda a, c: self.agree_close(a.clone(), c),
                     bytes=unique_blocks * 2 * mi.BLOCK * 128 * 2 + 2 * q.nbytes)
 
-    def vl_step(self, b, ctx, sq):
+    def vl_step(self, b, ctx, sq, graph):
         """vLLM 0.34's decode step of one sparse layer: minimax_m3_index_decode into the shared
         token-major top-k buffer (its transposed view as out=), then minimax_m3_sparse_attn_decode
-        reading that view, one page table for the index-K and the K|V cache (as vLLM's). Captured
-        into a CUDA graph per side; the timed call is the replay."""
+        reading that view, one page table for the index-K and the K|V cache (as vLLM's). Eager, as
+        vLLM 0.34 runs it (its model breaks the piecewise CUDA graph around the indexer and the
+        attention: the row's notes give the host time of a call), or captured into a CUDA graph
+        per side (the timed call is the replay)."""
         from flashmsa.integrations import vllm as fv
         hq, hkv = M3["hq"], M3["hkv"]
         q_idx, k, page_table, _, seqused, nb = self.proxy_decode_inputs(b, ctx, sq)
@@ -1285,15 +1293,17 @@ class Bench:
                 return out, buf
             step()  # warm-up: compilation, plans, constants made outside the capture
             torch.cuda.synchronize()
-            graph, static = capture_graph(step)
-            return GraphedStep(graph, step, static)
+            if not graph:
+                return step
+            captured, static = capture_graph(step)
+            return GraphedStep(captured, step, static)
 
         def agree(theirs, ours):
             return (self.agree_close(theirs[0].clone(), ours[0]) + "; "
                     + self.agree_sets(theirs[1].clone(), ours[1]))
         selected = b * hkv * min(TOPK, nb) * mi.BLOCK * 256 * 2  # at most: distinct blocks
         return dict(theirs=graphed(self.vllm.index_topk, self.vllm.sparse_attn),
-                    fm=graphed(fv, fv), agree=agree,
+                    fm=graphed(fv, fv), agree=agree, show_host=not graph,
                     bytes=index_cache[:b * nb].nbytes + selected)
 
     def build_sparse(self, s, kv, layout, pattern, geo, options=None):
