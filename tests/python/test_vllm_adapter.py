@@ -379,6 +379,34 @@ def test_decode_into_vllm_buffers(device, dql):
                                          score_out=unified.transpose(0, 1)[:, :, :columns - 1])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_workspace_per_stream(device):
+    """The adapter's attention calls share one workspace per (GPU, stream), so that an eager call
+    allocates no scratch; another stream gets its own; none on the CPU."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        assert fv._workspace(dev) is None
+        return
+    dev = torch.device("cuda", torch.cuda.current_device())
+    t, s = make_problem(dev, [900, 300], [2, 2], seed=9)
+    sel = torch.randint(0, 2, (s["hkv"], 4, 4), dtype=torch.int32, device=dev)
+    outs = [torch.full_like(t["q"], float("nan")) for _ in range(3)]
+    fv.minimax_m3_sparse_attn_decode(t["q"], t["kv"], sel, t["block_table"], t["seq_lens"],
+                                     s["hkv"], 0.1, outs[0], 2)
+    first = fv._workspace(dev)
+    assert first is not None and first.nbytes > 0 and fv._workspace(dev) is first
+    fv.minimax_m3_sparse_attn_decode(t["q"], t["kv"], sel, t["block_table"], t["seq_lens"],
+                                     s["hkv"], 0.1, outs[1], 2)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        assert fv._workspace(dev) is not first
+        fv.minimax_m3_sparse_attn_decode(t["q"], t["kv"], sel, t["block_table"], t["seq_lens"],
+                                         s["hkv"], 0.1, outs[2], 2)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_decode_index_launches_few_kernels():
     """The decode indexer runs once per layer of every decode step (in a CUDA graph, each small
     kernel costs its launch): besides the proxy score and the top-k, only the three element-wise

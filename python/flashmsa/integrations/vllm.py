@@ -175,6 +175,23 @@ def _kv_scales(kv_cache, q, sm_scale, k_scale, v_scale):
     return q, sm_scale, v_host, v_dev
 
 
+_WORKSPACES: Dict[Tuple[int, int], "msa_ops.MSASparseAttentionWorkspace"] = {}
+
+
+def _workspace(device: torch.device) -> Optional["msa_ops.MSASparseAttentionWorkspace"]:
+    """The attention ops' scratch, one per (GPU, stream), reused by every call there: a call then
+    allocates no workspace (an allocation is ~15 us of host time, and vLLM 0.34 runs these ops
+    eagerly at every decode step of every layer). None on the CPU, and while a CUDA graph is being
+    captured (the op then takes its scratch from the graph's pool, as without the workspace)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return None
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    workspace = _WORKSPACES.get(key)
+    if workspace is None:
+        workspace = _WORKSPACES[key] = msa_ops.MSASparseAttentionWorkspace(device)
+    return workspace
+
+
 def _direct_out(output: torch.Tensor, q: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
     """``output`` where the op can write it in place (``out=``: contiguous, q's shape, the op's
     output dtype, apart from q); else None, and the op's result is copied into it."""
@@ -475,7 +492,7 @@ def minimax_m3_sparse_attn(
         _int32("cu_seqlens_q", cu_seqlens_q), None, causal=True, softmax_scale=scale,
         page_table=_int32("block_table", block_table), seqused_k=_int32("seq_lens", seq_lens),
         v_global_scale=v_host, q_offset=_int32("prefix_lens", prefix_lens),
-        out=_direct_out(output, q_in, q_in.dtype))
+        workspace=_workspace(q_in.device), out=_direct_out(output, q_in, q_in.dtype))
     _write_output(output, out, v_dev)
 
 
@@ -511,7 +528,8 @@ def minimax_m3_sparse_attn_decode(
         out = msa_ops.msa_sparse_attention(
             q_in, k, v, idx, _int32("query_start_loc", query_start_loc), None, causal=True,
             softmax_scale=scale, page_table=page_table, seqused_k=seqused,
-            v_global_scale=v_host, out=_direct_out(output, q_in, q_in.dtype))
+            v_global_scale=v_host, workspace=_workspace(q_in.device),
+            out=_direct_out(output, q_in, q_in.dtype))
     else:
         if q.shape[0] != seqused.shape[0] * decode_query_len:
             raise ValueError(f"q has {q.shape[0]} rows; seq_lens ({seqused.shape[0]} requests) x "
@@ -521,7 +539,8 @@ def minimax_m3_sparse_attn_decode(
         out = msa_ops.msa_sparse_decode_attention(
             q_in, k, v, idx, page_table=page_table, seqused_k=seqused,
             seqlen_q=int(decode_query_len), causal=True, softmax_scale=scale,
-            v_global_scale=v_host, out=_direct_out(output, q_in, out_dtype))
+            v_global_scale=v_host, workspace=_workspace(q_in.device),
+            out=_direct_out(output, q_in, out_dtype))
     _write_output(output, out, v_dev)
 
 
