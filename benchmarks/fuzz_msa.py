@@ -371,6 +371,9 @@ def gen_attention(rng: random.Random) -> dict:
     # Drawn after it: q2k handed over token-major (the transpose of a contiguous (total_q, Hkv,
     # topk) row range of a larger buffer, docs/semantics.md#q2k-layout) instead of contiguous.
     p["q2k_token_major"] = rng.random() < 0.3
+    # Drawn after that: a paged non-NVFP4 cache as separate K and V caches with NHD pages, passed
+    # as (P, H, 128, W) views (docs/semantics.md#packed-kv).
+    p["nhd_views"] = rng.random() < 0.3
     return p
 
 
@@ -405,6 +408,9 @@ def gen_decode(rng: random.Random) -> dict:
     # Drawn after it: q2k handed over token-major (the transpose of a contiguous (total_q, Hkv,
     # topk) row range of a larger buffer, docs/semantics.md#q2k-layout) instead of contiguous.
     p["q2k_token_major"] = rng.random() < 0.3
+    # Drawn after that: a paged non-NVFP4 cache as separate K and V caches with NHD pages, passed
+    # as (P, H, 128, W) views (docs/semantics.md#packed-kv).
+    p["nhd_views"] = rng.random() < 0.3
     return p
 
 
@@ -895,6 +901,9 @@ class Problem:
             k, v = _packed_on(self.cache.args["packed"], device)
         else:
             k, v = self.cache.args["k"].to(device), self.cache.args["v"].to(device)
+            if (self.p.get("nhd_views") and not reference and self.p["layout"] == "paged"
+                    and self.p["kv"] != "nvfp4"):
+                k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
         kw = {n: _to(x, device) for n, x in self.kwargs.items()}
         if self.p["workspace"] and not reference:
             # one workspace per process, reused by every case: it grows and is reused across

@@ -63,14 +63,14 @@ KVIndex flat_index(const TensorRef& cu_k, int batch, int64_t total_k) {
   return kv;
 }
 
-KVTensor kv_tensor(const TensorRef& t, DType dtype, bool paged, bool packed) {
+KVTensor kv_tensor(const TensorRef& t, DType dtype, bool paged, bool strided) {
   KVTensor r{};
   r.data = t.data;
   r.dtype = dtype;
   std::array<int64_t, kMaxDims> s{};
-  if (packed) {
-    // A size-1 dim may carry any stride; give it the packed cache's total size, like a compact
-    // outermost dim, so strides stay multiples of the 256-value token row.
+  if (strided) {
+    // A size-1 dim may carry any stride; give it twice the view's size (a packed cache's total
+    // size), like a compact outermost dim, so strides stay multiples of the token row.
     for (int d = 0; d < t.ndim; ++d) s[d] = t.sizes[d] == 1 ? 2 * t.numel() : t.strides[d];
   } else {
     s = contiguous_strides(t);

@@ -28,8 +28,9 @@ KVIndex paged_index(const TensorRef& pt, int batch, int64_t num_pages);
 KVIndex flat_index(const TensorRef& cu_k, int batch, int64_t total_k);
 
 // KVTensor of a flat (total_k, Hkv, W) or paged (P, Hkv, 128, W) cache whose shape was checked:
-// strides of a contiguous tensor, or of a packed K|V view (is_packed_kv). No scales.
-KVTensor kv_tensor(const TensorRef& t, DType dtype, bool paged, bool packed);
+// strides of a contiguous tensor, or (`strided`) the view's own strides: a packed K|V view
+// (is_packed_kv) or a compact cache in another dim order (is_permuted_kv). No scales.
+KVTensor kv_tensor(const TensorRef& t, DType dtype, bool paged, bool strided);
 
 // Lengths of a paged cache read from seqused_k (B,), checked on the host when it can read them.
 void fill_seqused(const Ctx& c, const TensorRef& seqused_k, int batch, const char* batch_what,

@@ -160,19 +160,23 @@ KVPair check_kv(const Ctx& c, const KVArgs& a, bool paged, DType compute) {
   MSA_OP_CHECK(c, same_shape, "v must have the same shape and dtype as k, got k ", shape_str(k),
                " and v ", shape_str(v));
 
-  bool packed = false;
+  // Read through the views' own strides: packed K|V views, or paged K and V each a compact buffer
+  // in another dim order (NHD pages); docs/semantics.md#packed-kv.
+  bool strided = false;
   if (!(k.is_contiguous() && v.is_contiguous())) {
-    packed = paged && !nvfp4 && is_packed_kv(k, v);
-    MSA_OP_CHECK(c, packed,
-                 "k/v must be contiguous, or K/V views split from a paged KV cache that packs K "
-                 "and V in one 2*head_dim content dim per token (bf16/fp16/fp8 only); got k strides ",
+    strided = paged && !nvfp4 && (is_packed_kv(k, v) || is_permuted_kv(k, v));
+    MSA_OP_CHECK(c, strided,
+                 "k/v must be contiguous, paged K and V views of compact caches in another dim "
+                 "order (e.g. NHD pages (num_pages, 128, num_kv_heads, 128).transpose(1, 2)), or "
+                 "K/V views split from a paged KV cache that packs K and V in one 2*head_dim "
+                 "content dim per token (bf16/fp16/fp8 only); got k strides ",
                  strides_str(k), ", v strides ", strides_str(v), ", v - k = ",
                  byte_distance(k.data, v.data), " bytes");
   }
 
   KVPair r;
-  r.k = kv_tensor(k, kv_dtype, paged, packed);
-  r.v = kv_tensor(v, kv_dtype, paged, packed);
+  r.k = kv_tensor(k, kv_dtype, paged, strided);
+  r.v = kv_tensor(v, kv_dtype, paged, strided);
   r.num_kv_heads = to_int(c, k.size(1), "num_kv_heads");
   if (paged) to_int(c, k.size(0), "k.shape[0] (num_pages)");
 
@@ -283,22 +287,14 @@ void fill_common(const Ctx& c, const Args& a, const KVPair& kv, DType compute, i
 
 }  // namespace
 
-bool is_packed_kv(const TensorRef& k, const TensorRef& v) {
-  if (k.ndim != 4 || v.ndim != 4 || k.dtype != v.dtype) return false;
-  // NVFP4 caches are never packed (docs/semantics.md#packed-kv).
-  if (k.dtype == ScalarType::kUInt8) return false;
-  const int64_t elt = elt_size(k.dtype);
-  if (elt == 0) return false;
-  for (int d = 0; d < 4; ++d)
-    if (k.sizes[d] != v.sizes[d] || k.strides[d] != v.strides[d]) return false;
-  if (k.size(3) != kHeadDim || k.stride(3) != 1) return false;
-  if (byte_distance(k.data, v.data) != kHeadDim * elt) return false;
-  // The cache behind the views: (P, Hkv, 128, 2, 128), K in plane 0 and V in plane 1 of dim 3.
-  // Its sized dims, taken by increasing stride, must each step exactly over the ones before
-  // (a compact buffer in some dim order, e.g. HND or NHD pages); size-1 dims take no part.
-  const std::array<int64_t, 5> size = {k.size(0), k.size(1), k.size(2), 2, kHeadDim};
-  const std::array<int64_t, 5> stride = {k.stride(0), k.stride(1), k.stride(2), kHeadDim, 1};
-  std::array<int, 5> order = {0, 1, 2, 3, 4};
+namespace {
+
+// Whether dims of the given sizes and strides, taken by increasing stride, each step exactly over
+// the ones before: a compact buffer in some dim order. Size-1 dims take no part.
+template <size_t N>
+bool compact_in_some_order(const std::array<int64_t, N>& size, const std::array<int64_t, N>& stride) {
+  std::array<int, N> order{};
+  for (size_t d = 0; d < N; ++d) order[d] = int(d);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return stride[a] < stride[b]; });
   int64_t expected = 1;
   for (int d : order) {
@@ -307,6 +303,34 @@ bool is_packed_kv(const TensorRef& k, const TensorRef& v) {
     expected *= size[d];
   }
   return true;
+}
+
+bool same_views(const TensorRef& k, const TensorRef& v) {
+  if (k.ndim != 4 || v.ndim != 4 || k.dtype != v.dtype) return false;
+  // NVFP4 caches are read contiguous only (docs/semantics.md#packed-kv).
+  if (k.dtype == ScalarType::kUInt8 || elt_size(k.dtype) == 0) return false;
+  for (int d = 0; d < 4; ++d)
+    if (k.sizes[d] != v.sizes[d] || k.strides[d] != v.strides[d]) return false;
+  return k.size(3) == kHeadDim && k.stride(3) == 1;
+}
+
+}  // namespace
+
+bool is_packed_kv(const TensorRef& k, const TensorRef& v) {
+  if (!same_views(k, v)) return false;
+  if (byte_distance(k.data, v.data) != kHeadDim * elt_size(k.dtype)) return false;
+  // The cache behind the views: (P, Hkv, 128, 2, 128), K in plane 0 and V in plane 1 of dim 3,
+  // compact in some dim order (e.g. HND or NHD pages).
+  return compact_in_some_order<5>({k.size(0), k.size(1), k.size(2), 2, kHeadDim},
+                                  {k.stride(0), k.stride(1), k.stride(2), kHeadDim, 1});
+}
+
+bool is_permuted_kv(const TensorRef& k, const TensorRef& v) {
+  // Each a compact (P, Hkv, 128, 128) buffer in some dim order, e.g. NHD pages (P, 128, Hkv, 128)
+  // seen through transpose(1, 2); K and V alike.
+  return same_views(k, v) &&
+         compact_in_some_order<4>({k.size(0), k.size(1), k.size(2), kHeadDim},
+                                  {k.stride(0), k.stride(1), k.stride(2), 1});
 }
 
 // ---- msa_sparse_attention ----------------------------------------------------------------------

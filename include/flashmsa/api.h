@@ -151,8 +151,14 @@ void check_seqused_k(const int* host_values, int64_t count, const char* name);
 // Whether k and v are the K and V halves of one paged cache that stores 2 * 128 values per token
 // (docs/semantics.md#packed-kv, HND or NHD): same shape and strides, unit last stride, v starting
 // 128 elements after k, and the sized dims of the (P, Hkv, 128, 2, 128) cache covering a compact
-// buffer in some order. The only non-contiguous K/V the attention ops accept (paged, non-NVFP4).
+// buffer in some order. One of the two kinds of non-contiguous K/V the attention ops accept (paged,
+// non-NVFP4); is_permuted_kv is the other.
 bool is_packed_kv(const TensorRef& k, const TensorRef& v);
+
+// Whether k and v are each a paged (P, Hkv, 128, 128) view of a compact buffer in another dim order
+// (docs/semantics.md#packed-kv), e.g. NHD pages (P, 128, Hkv, 128).transpose(1, 2): same shape and
+// strides, unit last stride, non-NVFP4. Read in place through their strides.
+bool is_permuted_kv(const TensorRef& k, const TensorRef& v);
 
 // One line naming the schedule / kernel the call's plan chose and why (plan_describe.h), for logs;
 // host memory: the CPU reference, which has no kernel plan.

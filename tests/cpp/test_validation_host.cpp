@@ -700,6 +700,24 @@ TEST(ValidationPackedKV, AcceptsHndNhdAndSizeOneDims) {
   EXPECT_TRUE(is_packed_kv(one, shifted(one, kD)));
 }
 
+TEST(ValidationPackedKV, PermutedSeparateViews) {
+  // Separate K and V caches with NHD pages (P, 128, Hkv, 128), seen as (P, Hkv, 128, 128).
+  HostTensor kc(ST::kBF16, {4, 128, 2, kD}), vc(ST::kBF16, {4, 128, 2, kD});
+  TensorRef k = strided_ref(kc.bytes.data(), ST::kBF16, {4, 2, 128, kD}, {128 * 2 * kD, kD, 2 * kD, 1});
+  TensorRef v = strided_ref(vc.bytes.data(), ST::kBF16, {4, 2, 128, kD}, {128 * 2 * kD, kD, 2 * kD, 1});
+  EXPECT_TRUE(is_permuted_kv(k, v));
+  EXPECT_FALSE(is_packed_kv(k, v));  // two caches, not one packed cache
+  EXPECT_TRUE(is_permuted_kv(with_dtype(k, ST::kFP8E4M3), with_dtype(v, ST::kFP8E4M3)));
+  EXPECT_FALSE(is_permuted_kv(k, with_stride(v, 2, 4 * kD)));     // strides differ
+  EXPECT_FALSE(is_permuted_kv(with_dtype(k, ST::kUInt8), with_dtype(v, ST::kUInt8)));  // NVFP4
+  TensorRef padded = strided_ref(kc.bytes.data(), ST::kBF16, {4, 2, 128, kD}, {128 * 2 * 144, 144, 2 * 144, 1});
+  EXPECT_FALSE(is_permuted_kv(padded, padded));                    // token rows padded: not compact
+  TensorRef overlap = with_stride(k, 0, kD);
+  EXPECT_FALSE(is_permuted_kv(overlap, overlap));                  // pages overlap heads
+  TensorRef last = with_stride(k, 3, 2);
+  EXPECT_FALSE(is_permuted_kv(last, last));                        // non-unit last stride
+}
+
 TEST(ValidationPackedKV, RejectsOtherGeometries) {
   PackedGeometry g;
   EXPECT_FALSE(is_packed_kv(g.k, shifted(g.k, kD * 2 + 2)));  // v not 128 elements after k
@@ -949,7 +967,7 @@ const std::vector<AttnReject> kAttnRejects = {
     {"VShapePaged", attn_paged, [](AttnSetup& s) { s.a.kv.v = reshaped(s.a.kv.v, {kPages, 1, 128, kD}); }, kV, "v", "v must have the same shape and dtype as k"},
     {"VOtherDevice", attn_flat, [](AttnSetup& s) { s.a.kv.v.device = 0; }, kV, "v", "v must be on the same device as q (cpu), got cuda:0"},
     {"KMisaligned", attn_flat, [](AttnSetup& s) { s.a.kv.k = shifted(s.a.kv.k, 4); }, kV, "k", "16-byte aligned"},
-    {"FlatKStrided", attn_flat, [](AttnSetup& s) { s.a.kv.k = with_stride(s.a.kv.k, 0, 4 * kD); }, kV, "k", "k/v must be contiguous, or K/V views split from a paged KV cache"},
+    {"FlatKStrided", attn_flat, [](AttnSetup& s) { s.a.kv.k = with_stride(s.a.kv.k, 0, 4 * kD); }, kV, "k", "k/v must be contiguous, paged K and V views of compact caches in another dim order"},
     {"FlatPackedViews", attn_flat, [](AttnSetup& s) { s.a.kv.k = with_stride(with_stride(s.a.kv.k, 0, 4 * kD), 1, 2 * kD); s.a.kv.v = shifted(s.a.kv.k, 2 * kD); }, kV, "k", "k/v must be contiguous"},
     {"PagedNhdUnpacked", attn_paged, [](AttnSetup& s) { s.a.kv.k = strided_ref(s.a.kv.k.data, ST::kBF16, {kPages, 2, 128, kD}, {2 * 128 * kD, kD, 2 * kD, 1}); }, kV, "k", "k/v must be contiguous"},
     {"PackedWrongOffset", attn_packed, [](AttnSetup& s) { s.a.kv.v = shifted(s.a.kv.k, 64 * 2); }, kV, "k", "v - k = 128 bytes"},

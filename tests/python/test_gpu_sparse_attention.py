@@ -293,6 +293,10 @@ def build(case: GpuCase, seed: int = 0, q2k: Optional[torch.Tensor] = None) -> P
         cpu_kv = (kv_k, kv_v)
         gpu_kv = _views_on(cache, kv_k, kv_v, DEV)
         assert not gpu_kv[0].is_contiguous()
+    elif case.layout == "nhd":  # separate K and V caches, NHD pages seen as (P, H, 128, W)
+        cpu_kv = tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k_st, v_st))
+        gpu_kv = tuple(x.transpose(1, 2).contiguous().to(DEV).transpose(1, 2) for x in (k_st, v_st))
+        assert not gpu_kv[0].is_contiguous()
     else:
         gpu_kv = (k_st.to(DEV), v_st.to(DEV))
     cpu_args = (q, *cpu_kv, q2k, cu_q)
@@ -582,7 +586,7 @@ def test_paged_equals_flat(kv, schedule):
 
 
 @each_schedule
-@pytest.mark.parametrize("layout", ["packed", "packed_nhd"])
+@pytest.mark.parametrize("layout", ["packed", "packed_nhd", "nhd"])
 @pytest.mark.parametrize("kv", ["same", "fp8"])
 def test_packed_equals_contiguous(layout, kv, schedule):
     case = GpuCase("c", [64, 33], [1500, 700], 8, 2, causal=True, kv=kv, layout="paged")

@@ -320,6 +320,21 @@ def test_paged_equals_flat(kv, force_fused):
                       run(paged, gpu=True, force_fused=force_fused))
 
 
+@pytest.mark.parametrize("seqlen_q,options", [(1, None), (1, dict(kernel="regs")),
+                                              (4, dict(mtp="union")),
+                                              (4, dict(mtp="union", kernel="wgmma"))],
+                         ids=["sq1", "sq1_regs", "mtp_union", "mtp_wgmma"])
+@pytest.mark.parametrize("kv", ["same", "fp8"])
+def test_nhd_equals_contiguous(kv, seqlen_q, options):
+    """Separate K and V caches with NHD pages, passed as (P, H, 128, W) views: bit-identical to
+    the contiguous HND caches on every decode kernel, the TMA-fed MTP kernel included."""
+    case = DecodeCase("c", 6, seqlen_q, 16, 2, kv=kv)
+    hnd = problem(case, seed=4, layout="paged")
+    nhd = problem(case, seed=4, layout="nhd")
+    assert not nhd.gpu_args[1].is_contiguous()
+    assert bits_equal(run(hnd, gpu=True, options=options), run(nhd, gpu=True, options=options))
+
+
 # The M3 batch-64 decode shape at a 2K context: the same items, fused / split choices and combine
 # as at 8K (they depend on batch x heads, not on the context), with a quarter of the 8K case's
 # inputs, which the CPU builds (~1 GB per K / V tensor at 8K: over a minute per run under xdist).

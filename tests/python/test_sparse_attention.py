@@ -111,6 +111,8 @@ def build(case: AttnCase, device: str, q2k: Optional[torch.Tensor] = None) -> Bu
         k_deq, v_deq = ref.f64(k_st), ref.f64(v_st)
     if case.layout.startswith("packed"):
         _, k_st, v_st = pack_kv(k_st, v_st, nhd=case.layout == "packed_nhd")
+    elif case.layout == "nhd":  # separate K and V caches, NHD pages seen as (P, H, 128, W)
+        k_st, v_st = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k_st, v_st))
     if case.v_global_scale is not None:
         kw["v_global_scale"] = case.v_global_scale
         out_scale = case.v_global_scale
@@ -213,7 +215,7 @@ def test_sparse_attention_paged_equals_flat(device, kv):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["packed", "packed_nhd"])
+@pytest.mark.parametrize("layout", ["packed", "packed_nhd", "nhd"])
 @pytest.mark.parametrize("kv", ["same", "fp8"])
 def test_sparse_attention_packed_equals_contiguous(device, layout, kv):
     case = AttnCase("c", [64, 33], [1500, 700], 8, 2, causal=True, kv=kv, layout="paged")

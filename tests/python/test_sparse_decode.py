@@ -3,6 +3,7 @@ uniform seqlen_q per request, right-aligned positions, GQA up to 16, fp8 q (bf16
 NVFP4 K/V, paged / flat / packed caches, every partial dtype and schedule, index-list semantics and
 the return conventions."""
 
+import dataclasses
 import functools
 import math
 from typing import List
@@ -50,7 +51,7 @@ def build(case: DecodeCase, device: str):
     else:
         raise ValueError(f"{case}: seqlens {case.seqlens!r} is not one of this builder's")
     if case.invalid_pages or case.softmax_scale is not None or case.v_global_scale is not None \
-            or case.layout not in ("flat", "paged", "packed"):
+            or case.layout not in ("flat", "paged", "packed", "nhd"):
         raise ValueError(f"{case}: an option this builder does not implement")
     total_q = case.batch * case.seqlen_q
     compute = torch.bfloat16 if case.q_dtype == FP8 else case.q_dtype
@@ -86,6 +87,8 @@ def build(case: DecodeCase, device: str):
         cache, k_st, v_st = pack_kv(k_st, v_st)
         cache = cache.to(device)
         k_st, v_st = cache[..., :128], cache[..., 128:]
+    elif case.layout == "nhd":  # separate K and V caches, NHD pages seen as (P, H, 128, W)
+        k_st, v_st = (x.transpose(1, 2).contiguous().to(device).transpose(1, 2) for x in (k_st, v_st))
     else:
         k_st, v_st = k_st.to(device), v_st.to(device)
     q_offset = case.q_offset
@@ -159,6 +162,23 @@ def test_sparse_decode_token_major_q2k(device, seqlen_q, options):
     got = planned(*args[:3], view, **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     ref.assert_close(got[0], expected[0], **_tolerance(case))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv", ["same", "fp8"])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+def test_sparse_decode_nhd_equals_paged(device, kv, seqlen_q):
+    """Separate K and V caches with NHD pages, passed as (P, H, 128, W) views
+    (docs/semantics.md#packed-kv): bit for bit the contiguous caches' results."""
+    case = DecodeCase("c", 5, seqlen_q, 16, 2, kv=kv, seqlens="multiples", selection="random")
+    torch.manual_seed(5)
+    args, kw, *_ = build(case, device)
+    torch.manual_seed(5)
+    nhd_args, nhd_kw, *_ = build(dataclasses.replace(case, layout="nhd"), device)
+    assert not nhd_args[1].is_contiguous() and torch.equal(nhd_args[1], args[1])
+    a = msa_ops.msa_sparse_decode_attention(*args, **kw)
+    c = msa_ops.msa_sparse_decode_attention(*nhd_args, **nhd_kw)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
 
 
 @pytest.mark.parametrize("device", DEVICES)

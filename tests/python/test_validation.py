@@ -286,7 +286,7 @@ CASES = [
         r"seqused_k must be 1-D int32"),
     Bad("packed_views_misaligned", "attn_paged",
         lambda a: a.update(**dict(zip(("k", "v"), _misaligned_views(a)))),
-        r"k/v must be contiguous, or K/V views"),
+        r"k/v must be contiguous, paged K and V views"),
     Bad("nvfp4_missing_scales", "attn_nvfp4", drop("v_scale"),
         r"NVFP4 KV requires k_scale and v_scale", arg="v_scale"),
     Bad("nvfp4_scale_dtype", "attn_nvfp4", cast("k_scale", torch.int32),
