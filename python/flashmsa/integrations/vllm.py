@@ -229,15 +229,14 @@ def _prefill_valid_pages(cu_seqlens_q: torch.Tensor, prefix_lens: torch.Tensor,
 
 
 def _constant(key: tuple, make) -> torch.Tensor:
-    """A read-only tensor made once per key and kept (``make()`` fills it eagerly). One made while
-    a CUDA graph is being captured is not kept: its values would exist only when that graph
-    replays."""
+    """A read-only tensor made once per key and kept for good (``make()`` fills it eagerly): a
+    CUDA graph captured with it reads it by address, so it is never dropped. One made while a
+    graph is being captured is not kept (its values would exist only when that graph replays),
+    nor any beyond 4096 keys (then made per call)."""
     value = _CONSTANTS.get(key)
     if value is None:
         value = make()
-        if not (value.is_cuda and torch.cuda.is_current_stream_capturing()):
-            if len(_CONSTANTS) >= 512:
-                _CONSTANTS.clear()
+        if len(_CONSTANTS) < 4096 and not (value.is_cuda and torch.cuda.is_current_stream_capturing()):
             _CONSTANTS[key] = value
     return value
 
