@@ -1,5 +1,7 @@
-"""vLLM's own MiniMax-M3 MSA kernels as a reference: for bench_msa.py (``--vllm``, on the GPU) and
-for checking flashmsa's vLLM adapter against them (``check``, on the CPU).
+"""vLLM's own MiniMax-M3 MSA kernels as a reference (bench_msa.py --vllm; check on the CPU).
+
+They serve bench_msa.py (``--vllm``, on the GPU) and the check of flashmsa's vLLM adapter against
+them (``check``, on the CPU).
 
 vLLM serves MiniMax-M3's MSA through Triton ops: ``vllm.models.minimax_m3.common.ops.index_topk``
 (the indexer: block scores, top-k, the decode pair), ``...common.ops.sparse_attn`` (prefill and
