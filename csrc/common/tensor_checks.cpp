@@ -70,6 +70,14 @@ std::array<int64_t, kMaxDims> contiguous_strides(const TensorRef& t) {
   return s;
 }
 
+bool has_strides_3d(const TensorRef& t, int64_t s0, int64_t s1, int64_t s2) {
+  if (t.numel() == 0) return true;
+  const int64_t want[3] = {s0, s1, s2};
+  for (int d = 0; d < 3; ++d)
+    if (t.size(d) != 1 && t.stride(d) != want[d]) return false;
+  return true;
+}
+
 void check_tensor(const Ctx& c, const TensorRef& t, const char* name, int64_t align) {
   MSA_OP_CHECK(c, t.defined(), name, " must be given");
   MSA_OP_CHECK(c, t.ndim <= kMaxDims, name, " must have at most ", kMaxDims, " dims, got ", t.ndim,

@@ -44,6 +44,10 @@ struct Ctx {
 // dim have any stride; kernels that build descriptors from strides should not see such values.
 std::array<int64_t, kMaxDims> contiguous_strides(const TensorRef& t);
 
+// Whether a 3-D t has the strides (s0, s1, s2), by torch's rule: a size-1 dim may have any stride
+// and a tensor with no elements any strides (the transposed layouts of top-k's output and q2k).
+bool has_strides_3d(const TensorRef& t, int64_t s0, int64_t s1, int64_t s2);
+
 // Every defined tensor: a shape the TensorRef can hold, memory behind its elements, the anchor's
 // device, and an address aligned to `align` bytes (its element size when 0, or 16 for the operands
 // the kernels load and store in 16-byte vectors).

@@ -79,14 +79,8 @@ void check_q2k(const Ctx& c, const TensorRef& t, int64_t hkv, int64_t total_q, S
                shape_str(t));
   MSA_OP_CHECK_SUPPORTED(c, topk <= kMaxTopk, "q2k_indices topk (q2k_indices.shape[2]) must be <= ",
                          kMaxTopk, " in flashmsa, got ", topk);
-  // A size-1 dim's stride is free (torch's rule); so is every stride of an empty tensor.
-  auto fits = [&](int64_t head_stride, int64_t row_stride) {
-    return t.numel() == 0 ||
-           ((hkv == 1 || t.stride(0) == head_stride) && (total_q == 1 || t.stride(1) == row_stride) &&
-            (topk == 1 || t.stride(2) == 1));
-  };
-  const bool head_major = fits(total_q * topk, topk);
-  const bool token_major = fits(topk, hkv * topk);
+  const bool head_major = has_strides_3d(t, total_q * topk, topk, 1);
+  const bool token_major = has_strides_3d(t, topk, hkv * topk, 1);
   MSA_OP_CHECK(c, head_major || token_major,
                "q2k_indices must be contiguous or the transpose(0, 1) of a contiguous (total_q, "
                "Hkv, topk) tensor (e.g. topk.transpose(0, 1).contiguous()), got strides ",

@@ -66,14 +66,8 @@ TopkSelectParams make_topk_select_params(const TopkSelectArgs& a) {
                ") = (total_qo_len, num_qo_heads, topk), got ", shape_str(out));
   // Contiguous (FlashInfer's layout), or the transpose of a contiguous (H, S, topk): the
   // head-major layout the attention ops take, written directly (docs/semantics.md#topk-output).
-  // A size-1 dim's stride is free (torch's rule); so is every stride of an empty tensor.
-  auto fits = [&](int64_t token_stride, int64_t head_stride) {
-    return out.numel() == 0 ||
-           ((tokens == 1 || out.stride(0) == token_stride) && (h == 1 || out.stride(1) == head_stride) &&
-            (a.topk == 1 || out.stride(2) == 1));
-  };
-  const bool token_major = fits(h * a.topk, a.topk);
-  const bool head_major = fits(a.topk, tokens * a.topk);
+  const bool token_major = has_strides_3d(out, h * a.topk, a.topk, 1);
+  const bool head_major = has_strides_3d(out, a.topk, tokens * a.topk, 1);
   MSA_OP_CHECK(c, token_major || head_major,
                "output must be contiguous or the transpose(0, 1) of a contiguous (num_qo_heads, "
                "total_qo_len, topk) tensor, got shape ", shape_str(out), " with strides ",

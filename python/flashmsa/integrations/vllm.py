@@ -163,16 +163,13 @@ def _kv_scales(kv_cache, q, sm_scale, k_scale, v_scale):
         raise NotSupportedError(
             "k_scale: flashmsa applies scalar fp8 KV scales only, not per-token/head scales "
             f"(got k_scale {tuple(k_scale.shape)}, v_scale {tuple(v_scale.shape)})")
-    v_host = v_dev = None
     k_value = _host_scale(k_scale)
     if k_value is not None:
         sm_scale = sm_scale * k_value
     else:
         q = (q.float() * k_scale.float()).to(q.dtype)
     v_host = _host_scale(v_scale)
-    if v_host is None:
-        v_dev = v_scale
-    return q, sm_scale, v_host, v_dev
+    return q, sm_scale, v_host, v_scale if v_host is None else None
 
 
 _WORKSPACES: Dict[Tuple[int, int], "msa_ops.MSASparseAttentionWorkspace"] = {}
