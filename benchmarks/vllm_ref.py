@@ -34,16 +34,13 @@ returns them in score order), attention outputs within fp16 tolerances.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import types
-import zipfile
 from pathlib import Path
+
+from engine_ref import Rows, add_package_inits, extract_from_wheel, first_configs, install_triton
+from engine_ref import interpreter, load_site, sorted_sets
 
 VLLM_VERSION = "0.34.0"
 TRITON_VERSION = "3.7.1"  # the interpreter that still runs tl.make_block_ptr (vLLM 0.34's Hopper prefill)
@@ -113,9 +110,7 @@ def write_stand_ins(site: Path, version: str) -> None:
     """The parts of the ``vllm`` package the op modules import, as our stand-ins: empty package
     ``__init__``s (vLLM's own import the whole engine), ``vllm.platforms`` and
     ``vllm.triton_utils``."""
-    for directory, _, files in os.walk(site / "vllm"):
-        if "__init__.py" not in files:
-            Path(directory, "__init__.py").write_text("")
+    add_package_inits(site / "vllm")
     (site / "vllm/platforms").mkdir(parents=True, exist_ok=True)
     (site / "vllm/platforms/__init__.py").write_text(PLATFORMS_SHIM)
     (site / "vllm/triton_utils").mkdir(exist_ok=True)
@@ -125,40 +120,17 @@ def write_stand_ins(site: Path, version: str) -> None:
 
 def prepare(dest: Path, version: str, triton_version: str | None) -> list[str]:
     site = dest / "site"
-    shutil.rmtree(site, ignore_errors=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "-d", tmp, f"vllm=={version}"], check=True)
-        wheel = next(Path(tmp).glob(f"vllm-{version}-*.whl"))
-        with zipfile.ZipFile(wheel) as z:
-            for name in FILES:
-                target = site / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(z.read(name))
+    files = extract_from_wheel("vllm", version, site, lambda name: name in FILES)
     write_stand_ins(site, version)
     if triton_version:
-        shutil.rmtree(dest / "triton", ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                        str(dest / "triton"), f"triton=={triton_version}"], check=True)
-    return FILES
+        install_triton(dest, triton_version)
+    return files
 
 
 def load(path) -> types.SimpleNamespace:
-    """vLLM's three MSA op modules from what ``prepare`` put under ``path``, and its version.
-
-    The stand-in ``vllm`` package goes first on ``sys.path``: not for a process that has imported
-    the real vLLM."""
-    site = Path(path).resolve() / "site"
-    if not (site / "vllm/models/minimax_m3/common/ops/index_topk.py").exists():
-        raise FileNotFoundError(f"{path}: no prepared vLLM ops (run vllm_ref.py prepare)")
-    real = sys.modules.get("vllm")
-    if real is not None and not str(getattr(real, "__file__", "")).startswith(str(site)):
-        raise RuntimeError("vllm_ref.load: a vLLM is already imported in this process")
-    if str(site) not in sys.path:
-        sys.path.insert(0, str(site))
-    vllm = importlib.import_module("vllm")
-    mods = {key: importlib.import_module(name) for key, name in OPS.items()}
-    return types.SimpleNamespace(version=vllm.__version__, **mods)
+    """vLLM's three MSA op modules from what ``prepare`` put under ``path``, and its version
+    (engine_ref.load_site)."""
+    return load_site(path, "vllm", OPS, "vllm/models/minimax_m3/common/ops/index_topk.py", "vllm_ref.py")
 
 
 # ---- check: the adapter against vLLM's kernels (CPU, Triton interpreter) --------------------------
@@ -191,51 +163,17 @@ def _problem(seq_lens, q_lens, prefix_lens, hkv, g, seed, kv_dtype):
         pre=torch.tensor(prefix_lens, dtype=torch.int32))
 
 
-def _sets(sel):
-    """Selections as sorted rows (vLLM: score order; flashmsa: ascending), -1 padding last."""
-    import torch
-
-    key = torch.where(sel < 0, torch.iinfo(torch.int32).max, sel)
-    return torch.sort(key, dim=-1).values
-
-
-def check(path) -> list[tuple[str, str, bool]]:
-    """Each op of flashmsa's vLLM adapter against vLLM's kernel on the same inputs; returns
-    (case, what was compared, ok) rows."""
-    os.environ["TRITON_INTERPRET"] = "1"  # before vLLM's kernels are defined
-    triton_dir = Path(path).resolve() / "triton"
-    if triton_dir.is_dir() and str(triton_dir) not in sys.path:
-        sys.path.insert(0, str(triton_dir))
+def check(path) -> Rows:
+    """Each op of flashmsa's vLLM adapter against vLLM's kernel on the same inputs."""
+    interpreter(path)
     ref = load(path)
     import torch
-    from triton.runtime.autotuner import Autotuner
 
     from flashmsa.integrations import vllm as fv
 
-    # The interpreter has no device to time configurations on: each autotuned kernel runs its
-    # first one (they differ in warps and stages, not in what is computed).
-    for module in (ref.index_topk, ref.sparse_attn, ref.sparse_prefill):
-        for value in vars(module).values():
-            while value is not None:  # under triton.heuristics wrappers too
-                if isinstance(value, Autotuner):
-                    value.configs = value.configs[:1]
-                value = getattr(value, "fn", None)
-
-    rows = []
-
-    def close(case, got, want, rtol, atol, mask=None):
-        if mask is not None:
-            got, want = got[mask], want[mask]
-        err = (got.double() - want.double()).abs()
-        ok = bool((err <= atol + rtol * want.double().abs()).all()) and got.numel() > 0
-        worst = float(err.max()) if got.numel() else float("nan")
-        rows.append((case, f"{got.numel()} values, max |difference| {worst:.2e} (allowed "
-                           f"{atol:g} + {rtol:g} |vLLM's|)", ok))
-
-    def equal(case, got, want):
-        ok = got.shape == want.shape and bool(torch.equal(got, want))
-        rows.append((case, f"{got.shape[0] * got.shape[1] if got.dim() > 1 else got.numel()} "
-                           f"rows, {'equal' if ok else 'differ'}", ok))
+    first_configs((ref.index_topk, ref.sparse_attn, ref.sparse_prefill))
+    rows = Rows("vLLM")
+    close, equal = rows.close, rows.equal
 
     hkv, g, topk, init, local = 2, 4, 4, 1, 1
     for fp8 in (False, True):
@@ -263,7 +201,8 @@ def check(path) -> list[tuple[str, str, bool]]:
                                             local)
         sel_theirs = ref.index_topk.minimax_m3_index_topk(ours.contiguous(), t["cu"], t["pre"],
                                                           max(q_lens), topk, init, local)
-        equal(f"{kind} prefill top-k (same scores)", _sets(sel_ours), _sets(sel_theirs))
+        equal(f"{kind} prefill top-k (same scores)", sorted_sets(sel_ours),
+              sorted_sets(sel_theirs))
         out_ours, out_theirs, out_hopper = (torch.zeros_like(t["q"]) for _ in range(3))
         attn = (t["kv"], sel_ours, t["table"], t["cu"], t["seq"], t["pre"], max(q_lens), hkv, 0.1)
         fv.minimax_m3_sparse_attn(t["q"], *attn, out_ours, **scales)
@@ -286,7 +225,8 @@ def check(path) -> list[tuple[str, str, bool]]:
             sel_ours = fv.minimax_m3_index_decode(*args, topk, init, local, hkv, dql, 4)
             sel_theirs = ref.index_topk.minimax_m3_index_decode(*args, topk, init, local, hkv,
                                                                 dql, 4)
-            equal(f"{kind} decode top-k, {dql} token(s)", _sets(sel_ours), _sets(sel_theirs))
+            equal(f"{kind} decode top-k, {dql} token(s)", sorted_sets(sel_ours),
+                  sorted_sets(sel_theirs))
             o_ours, o_theirs = torch.zeros_like(t["q"]), torch.zeros_like(t["q"])
             attn = (t["kv"], sel_ours, t["table"], t["seq"], hkv, 0.1)
             fv.minimax_m3_sparse_attn_decode(t["q"], *attn, o_ours, dql, **scales)
@@ -313,14 +253,7 @@ def main(argv=None) -> int:
               f"{args.dest / 'site'}" + (f", Triton {args.triton} under {args.dest / 'triton'}"
                                           if args.triton else ""))
         return 0
-    rows = check(args.dest)
-    width = max(len(case) for case, _, _ in rows)
-    for case, what, ok in rows:
-        print(f"{'ok  ' if ok else 'FAIL'} {case:<{width}}  {what}")
-    failed = sum(not ok for _, _, ok in rows)
-    print(f"vllm_ref check: {len(rows) - failed} of {len(rows)} agree")
-    return 1 if failed else 0
-
+    return check(args.dest).report("vllm_ref")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,6 @@
 with the arguments those builders take (a renamed builder or a changed signature fails here, not
 on the GPU machine); bench_msa's command line and configurations; the decode-step stage (step) run
 on the CPU reference with a stand-in for the CUDA graph, its byte floor and its replay check."""
-import argparse
 import importlib.util
 import shutil
 import subprocess
@@ -25,6 +24,8 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 def load_script(name: str):
     """benchmarks/<name>.py as module <name> (the scripts import each other by name, as they do
     when run from that directory)."""
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR))
     spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -43,17 +43,19 @@ model is built. See docs/vllm.md.
 
 from __future__ import annotations
 
-import importlib
-import logging
 import math
-import os
 import sys
 import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from .. import msa_ops
+from ._common import SPARSE_BLOCK_SIZE, PatchHandle, env_flag, int32 as _int32, swap_in
+from ._common import contiguous as _contiguous, q2k as _q2k, workspace as _workspace
+from ._common import decode_cu_seqlens as _decode_cu_seqlens, select as _select
+from ._common import decode_valid_pages as _decode_valid_pages
+from ._common import prefill_valid_pages as _prefill_valid_pages
 from ..errors import NotSupportedError
 
 __all__ = [
@@ -68,9 +70,7 @@ __all__ = [
     "register",
 ]
 
-log = logging.getLogger("flashmsa")
 
-SPARSE_BLOCK_SIZE = 128  # one sparse block == one KV page, in vLLM and in flashmsa
 INDEX_TOPK_MODULE = "vllm.models.minimax_m3.common.ops.index_topk"
 SPARSE_ATTN_MODULE = "vllm.models.minimax_m3.common.ops.sparse_attn"
 # vLLM >= 0.34 on Hopper binds the prefill attention from here instead of SPARSE_ATTN_MODULE.
@@ -82,26 +82,6 @@ _FP8 = (torch.float8_e4m3fn,)
 
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
-
-
-def _int32(name: str, t: torch.Tensor) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must be int32 (or int64), got {t.dtype}")
-    return t if t.dtype == torch.int32 else t.to(torch.int32)
-
-
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _q2k(topk_idx: torch.Tensor) -> torch.Tensor:
-    """vLLM's top-k for the attention ops: as it is when contiguous or the transposed view of a
-    contiguous token-major block (vLLM 0.34 hands over its shared top-k buffer that way; flashmsa
-    reads either layout, docs/semantics.md#q2k-layout), else a contiguous copy."""
-    t = _int32("topk_idx", topk_idx)
-    return t if t.is_contiguous() or t.transpose(0, 1).is_contiguous() else t.contiguous()
 
 
 def _index_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
@@ -172,23 +152,6 @@ def _kv_scales(kv_cache, q, sm_scale, k_scale, v_scale):
     return q, sm_scale, v_host, v_scale if v_host is None else None
 
 
-_WORKSPACES: Dict[Tuple[int, int], "msa_ops.MSASparseAttentionWorkspace"] = {}
-
-
-def _workspace(device: torch.device) -> Optional["msa_ops.MSASparseAttentionWorkspace"]:
-    """The attention ops' scratch, one per (GPU, stream), reused by every call there: a call then
-    allocates no workspace (an allocation is ~15 us of host time, and vLLM 0.34 runs these ops
-    eagerly at every decode step of every layer). None on the CPU, and while a CUDA graph is being
-    captured (the op then takes its scratch from the graph's pool, as without the workspace)."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return None
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    workspace = _WORKSPACES.get(key)
-    if workspace is None:
-        workspace = _WORKSPACES[key] = msa_ops.MSASparseAttentionWorkspace(device)
-    return workspace
-
-
 def _direct_out(output: torch.Tensor, q: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
     """``output`` where the op can write it in place (``out=``: contiguous, q's shape, the op's
     output dtype, apart from q); else None, and the op's result is copied into it."""
@@ -208,55 +171,6 @@ def _write_output(output: torch.Tensor, out: torch.Tensor, v_dev: Optional[torch
         torch.mul(out, v_dev.to(out.dtype), out=out)
     if out is not output:
         output.copy_(out)
-
-
-def _prefill_valid_pages(cu_seqlens_q: torch.Tensor, prefix_lens: torch.Tensor,
-                         total_q: int) -> torch.Tensor:
-    """Per query row: blocks it may see, position // 128 + 1 with position = prefix_len + local
-    index; 0 for rows past cu_seqlens_q[-1]. Computed on the device, no host read."""
-    device = cu_seqlens_q.device
-    rows = torch.arange(total_q, device=device, dtype=torch.int32)
-    batch = cu_seqlens_q.shape[0] - 1
-    seq = torch.searchsorted(cu_seqlens_q[1:].contiguous(), rows, right=True)
-    valid = seq < batch
-    seq = seq.clamp(max=max(batch - 1, 0))
-    pos = rows.long() - cu_seqlens_q.long()[seq] + prefix_lens.long()[seq]
-    nvp = torch.div(pos, SPARSE_BLOCK_SIZE, rounding_mode="floor") + 1
-    return torch.where(valid & (pos >= 0), nvp, torch.zeros_like(nvp)).to(torch.int32)
-
-
-def _constant(key: tuple, make) -> torch.Tensor:
-    """A read-only tensor made once per key and kept for good (``make()`` fills it eagerly): a
-    CUDA graph captured with it reads it by address, so it is never dropped. One made while a
-    graph is being captured is not kept (its values would exist only when that graph replays),
-    nor any beyond 4096 keys (then made per call)."""
-    value = _CONSTANTS.get(key)
-    if value is None:
-        value = make()
-        if len(_CONSTANTS) < 4096 and not (value.is_cuda and torch.cuda.is_current_stream_capturing()):
-            _CONSTANTS[key] = value
-    return value
-
-
-_CONSTANTS: Dict[tuple, torch.Tensor] = {}
-
-
-def _decode_valid_pages(seq_lens: torch.Tensor, decode_query_len: int) -> torch.Tensor:
-    """Per decode row (request-major, decode_query_len per request): position // 128 + 1 with
-    position = seq_len - decode_query_len + offset; 0 where the position is negative. Three
-    element-wise kernels (it runs once per layer of every decode step): floor((seq_len - n + i +
-    128) / 128) clamped at 0."""
-    batch = seq_lens.shape[0]
-    offsets = _constant(("decode_offsets", decode_query_len, seq_lens.device), lambda: torch.arange(
-        SPARSE_BLOCK_SIZE - decode_query_len, SPARSE_BLOCK_SIZE, dtype=torch.int32,
-        device=seq_lens.device))
-    shifted = seq_lens.reshape(batch, 1) + offsets  # int32 (batch, decode_query_len)
-    return torch.div(shifted, SPARSE_BLOCK_SIZE, rounding_mode="floor").clamp_min_(0).view(-1)
-
-
-def _decode_cu_seqlens(total_q: int, decode_query_len: int, device) -> torch.Tensor:
-    return _constant(("decode_cu_q", total_q, decode_query_len, device), lambda: torch.arange(
-        0, total_q + 1, decode_query_len, dtype=torch.int32, device=device))
 
 
 # ---- the indexer ---------------------------------------------------------------------------------
@@ -377,35 +291,6 @@ def _score_into(score_hpt: torch.Tensor, score_out: Optional[torch.Tensor]) -> t
     return score_out
 
 
-def _select(scores_hpt: torch.Tensor, topk: int, nvp: torch.Tensor, init_blocks: int,
-            local_blocks: int, out: Optional[torch.Tensor]) -> torch.Tensor:
-    """msa_topk_select into vLLM's head-major (H, total_q, topk): a fresh contiguous tensor, or
-    ``out[:, :total_q]`` (``out`` int32 ``(H, >= total_q, topk)``), written in place when it is
-    the transpose of a contiguous token-major block (vLLM's shared top-k buffer) or contiguous
-    itself, else computed apart and copied in."""
-    H, _, total_q = scores_hpt.shape
-    if out is None:
-        result = torch.empty((H, total_q, topk), dtype=torch.int32, device=scores_hpt.device)
-    else:
-        if (out.dim() != 3 or out.dtype != torch.int32 or out.shape[0] != H
-                or out.shape[1] < total_q or out.shape[2] != topk
-                or out.device != scores_hpt.device):
-            raise ValueError(f"out must be int32 ({H}, >= {total_q}, {topk}) on "
-                             f"{scores_hpt.device}, got {out.dtype} {tuple(out.shape)} on "
-                             f"{out.device}")
-        result = out[:, :total_q]
-    token_major = result.transpose(0, 1)
-    direct = token_major.is_contiguous() or result.is_contiguous()
-    target = token_major if direct else torch.empty(
-        (total_q, H, topk), dtype=torch.int32, device=scores_hpt.device)
-    # Written directly in the layout asked for (no transposed copy) where flashmsa can.
-    msa_ops.msa_topk_select(scores_hpt, topk, num_valid_pages=nvp, output=target,
-                            force_begin_blocks=init_blocks, force_end_blocks=local_blocks)
-    if not direct:
-        token_major.copy_(target)
-    return result
-
-
 @torch.no_grad()
 def minimax_m3_index_decode_score(
     idx_q: torch.Tensor,  # [total_q, num_idx_heads, head_dim]
@@ -484,7 +369,7 @@ def minimax_m3_sparse_attn(
     q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
     q_in = _contiguous(q_in)
     out = msa_ops.msa_sparse_attention(
-        q_in, k, v, _q2k(topk_idx),
+        q_in, k, v, _q2k("topk_idx", topk_idx),
         _int32("cu_seqlens_q", cu_seqlens_q), None, causal=True, softmax_scale=scale,
         page_table=_int32("block_table", block_table), seqused_k=_int32("seq_lens", seq_lens),
         v_global_scale=v_host, q_offset=_int32("prefix_lens", prefix_lens),
@@ -515,7 +400,7 @@ def minimax_m3_sparse_attn_decode(
     k, v = _kv_halves(kv_cache, num_kv_heads)
     q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
     q_in = _contiguous(q_in)
-    idx = _q2k(topk_idx)
+    idx = _q2k("topk_idx", topk_idx)
     page_table, seqused = _int32("block_table", block_table), _int32("seq_lens", seq_lens)
     if query_start_loc is not None:
         if query_start_loc.shape[0] != seqused.shape[0] + 1:
@@ -555,26 +440,6 @@ _OPTIONAL = {
 }
 
 
-class PatchHandle:
-    """What :func:`patch` replaced; :meth:`undo` puts the originals back."""
-
-    def __init__(self, swaps: List[Tuple[object, str, object]]):
-        self.swaps = swaps
-
-    @property
-    def replaced(self) -> Dict[str, List[str]]:
-        """module name -> names replaced in it."""
-        out: Dict[str, List[str]] = {}
-        for module, name, _ in self.swaps:
-            out.setdefault(module.__name__, []).append(name)
-        return out
-
-    def undo(self) -> None:
-        for module, name, original in reversed(self.swaps):
-            setattr(module, name, original)
-        self.swaps = []
-
-
 def patch() -> PatchHandle:
     """Swap flashmsa's implementations into vLLM's MiniMax-M3 ops modules.
 
@@ -586,52 +451,11 @@ def patch() -> PatchHandle:
     prefill module's ``minimax_m3_sparse_attn`` are replaced too (with their bindings). Returns a
     :class:`PatchHandle`; calling it twice is harmless.
     """
-    this = sys.modules[__name__]
-    targets = []
-    for module_name, names in _REPLACEMENTS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ImportError(f"flashmsa.integrations.vllm.patch: cannot import {module_name} "
-                              f"(is a vLLM with MiniMax-M3 support installed?): {e}") from e
-        for name in names:
-            if not callable(getattr(module, name, None)):
-                raise AttributeError(f"flashmsa.integrations.vllm.patch: {module_name} has no "
-                                     f"function {name}; this vLLM version is not supported")
-            targets.append((module, name, getattr(module, name)))
-    for module_name, names in _OPTIONAL.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            log.debug("flashmsa: %s not in this vLLM; left as is", module_name)
-            continue
-        targets += [(module, n, getattr(module, n)) for n in names
-                    if callable(getattr(module, n, None))]
-    swaps: List[Tuple[object, str, object]] = []
-    originals = {}
-    for module, name, original in targets:
-        ours = getattr(this, name)
-        if original is not ours:
-            originals[id(original)] = ours
-            swaps.append((module, name, original))
-            setattr(module, name, ours)
-    # Modules that imported an op by name hold the original: rebind those too.
-    for mod_name, mod in list(sys.modules.items()):
-        if mod is None or not (mod_name == "vllm" or mod_name.startswith("vllm.")):
-            continue
-        for name in {n for table in (_REPLACEMENTS, _OPTIONAL) for names in table.values()
-                     for n in names}:
-            value = getattr(mod, name, None)
-            if value is not None and id(value) in originals:
-                swaps.append((mod, name, value))
-                setattr(mod, name, originals[id(value)])
-    handle = PatchHandle(swaps)
-    log.info("flashmsa: vLLM MiniMax-M3 ops replaced: %s", handle.replaced)
-    return handle
+    return swap_in(sys.modules[__name__], "vllm", _REPLACEMENTS, _OPTIONAL)
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (vLLM calls it in every process): patches vLLM
     when ``FLASHMSA_VLLM`` is ``1`` / ``true`` / ``on``, does nothing otherwise."""
-    if os.environ.get("FLASHMSA_VLLM", "").strip().lower() in ("1", "true", "yes", "on"):
+    if env_flag("FLASHMSA_VLLM"):
         patch()
