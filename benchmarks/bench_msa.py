@@ -93,12 +93,13 @@ QUICK = dict(
     + [(b, 32 * K, 1, "nvfp4", "fp8") for b in (1, 64)],
     budget_s=0.15, max_reps=50,
 )
-STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step", "flashinfer", "vllm")
+STAGES = ("proxy", "topk", "sparse", "decode", "pipeline", "step", "flashinfer", "vllm", "sglang")
 # The default run's stages: flashinfer (FlashInfer's own ops beside flashmsa's, benchmarks/
 # flashinfer_ref.py) runs where --flashinfer names a prepared FlashInfer, vllm (vLLM's Triton
 # MiniMax-M3 ops beside flashmsa's vLLM adapter, benchmarks/vllm_ref.py) where --vllm names
-# prepared vLLM ops.
-DEFAULT_STAGES = STAGES[:-2]
+# prepared vLLM ops, sglang (SGLang's Triton MiniMax-M3 kernels beside flashmsa's SGLang adapter,
+# benchmarks/sglang_ref.py) where --sglang names prepared SGLang kernels.
+DEFAULT_STAGES = STAGES[:-3]
 # The flashinfer stage's cases, where FlashInfer 0.7.4's SM90 backend serves M3's shapes: its
 # attention ops take paged fp8 K|V interleaved in one cache (vLLM's layout), bf16 q, no LSE, topk
 # 16; its proxy score a paged one-head index cache (bf16 in decode, fp8 q and K in prefill).
@@ -117,6 +118,15 @@ VL_DECODE = ((64, 32 * K, 1), (1, 128 * K, 1), (64, 32 * K, 4))
 # ... and the decode step as vLLM runs it inside its CUDA graph (indexer into the shared top-k
 # buffer, then the attention reading it), bf16 index-K and K/V: (batch, context, tokens).
 VL_STEP = ((1, 128 * K, 1), (64, 32 * K, 1), (64, 32 * K, 4))
+# The sglang stage's cases (SGLang 0.5.23's kernels in its layouts: slot-major K / V and index-K
+# caches of 128-slot pages, req_to_token, [Hkv, tokens, topk] selections), each timed as SGLang
+# calls it and through flashmsa.integrations.sglang: the prefill indexer (scores + top-k) at
+# 8K / 32K; prefill attention; the decode indexer and decode attention as (batch, context); the
+# decode step of one layer (indexer, then attention), eager and graphed.
+SG_INDEX_PREFILL = (8 * K, 32 * K)
+SG_SPARSE = ((32 * K, "random"), (32 * K, "clustered"))
+SG_DECODE = ((64, 32 * K), (1, 128 * K))
+SG_STEP = ((1, 128 * K), (64, 32 * K))
 # The top-k kernels each top-k case runs under: the library's choice, then forced ones: the
 # warp-per-row kernel, by_size, the radix kernel's lean variant radix_1buf (by_size's prefill
 # kernel until a1af6c4), radix_uniform (radix_1buf with branch-free passes of warp-uniform trip
@@ -472,6 +482,7 @@ class Bench:
         self.seed = 1234
         self.flashinfer = None  # (flashinfer.msa_ops, version) with --flashinfer
         self.vllm = None  # vLLM's op modules (benchmarks/vllm_ref.py load) with --vllm
+        self.sglang = None  # SGLang's kernel modules (benchmarks/sglang_ref.py load) with --sglang
 
     # -- helpers --
     def gen(self):
@@ -1265,6 +1276,18 @@ class Bench:
                     agree=lambda a, c: self.agree_close(a.clone(), c),
                     bytes=unique_blocks * 2 * mi.BLOCK * 128 * 2 + 2 * q.nbytes)
 
+    @staticmethod
+    def step_call(step, graph):
+        """An engine's decode step as the timed call: ``step`` itself after one warm-up call
+        (compilation, plans, constants made outside any capture), or with ``graph`` the replay of
+        its CUDA graph."""
+        step()
+        torch.cuda.synchronize()
+        if not graph:
+            return step
+        captured, static = capture_graph(step)
+        return GraphedStep(captured, step, static)
+
     def vl_step(self, b, ctx, sq, graph):
         """vLLM 0.34's decode step of one sparse layer: minimax_m3_index_decode into the shared
         token-major top-k buffer (its transposed view as out=), then minimax_m3_sparse_attn_decode
@@ -1291,12 +1314,7 @@ class Bench:
                 attn_mod.minimax_m3_sparse_attn_decode(q, kv, buf.transpose(0, 1), page_table,
                                                        seqused, hkv, 128 ** -0.5, out, sq)
                 return out, buf
-            step()  # warm-up: compilation, plans, constants made outside the capture
-            torch.cuda.synchronize()
-            if not graph:
-                return step
-            captured, static = capture_graph(step)
-            return GraphedStep(captured, step, static)
+            return self.step_call(step, graph)
 
         def agree(theirs, ours):
             return (self.agree_close(theirs[0].clone(), ours[0]) + "; "
@@ -1305,6 +1323,160 @@ class Bench:
         return dict(theirs=graphed(self.vllm.index_topk, self.vllm.sparse_attn),
                     fm=graphed(fv, fv), agree=agree, show_host=not graph,
                     bytes=index_cache[:b * nb].nbytes + selected)
+
+    # -- SGLang's Triton kernels on the same inputs (--sglang) --
+    def stage_sglang(self):
+        """Head-to-head with SGLang's own MiniMax-M3 Triton kernels (benchmarks/sglang_ref.py),
+        each case in SGLang's layouts and called as SGLang calls it, against the same call through
+        flashmsa.integrations.sglang: what an SGLang user gets from either. SGLang's decode top-k
+        runs its Triton kernels: its default, a JIT-compiled CUDA radix select, needs SGLang's JIT
+        toolchain, which the prepared kernels do not carry."""
+        if self.sglang is None:
+            print("[bench] sglang: not run (no --sglang)", file=sys.stderr)
+            return
+        os.environ["SGLANG_OPT_USE_MINIMAX_DECODE_TOPK_RADIX"] = "0"
+        ref = ("sglang", "SGLang", f"sglang {self.sglang.version}")
+        for s in SG_INDEX_PREFILL:
+            self.head_to_head(ref, f"index prefill S={size_name(s)} bf16",
+                              lambda s=s: self.sg_index_prefill(s), "compute")
+        for s, pattern in SG_SPARSE:
+            self.head_to_head(ref, f"sparse S={size_name(s)} bf16 {pattern}",
+                              lambda s=s, pat=pattern: self.sg_sparse(s, pat), "compute")
+        for b, ctx in SG_DECODE:
+            self.head_to_head(ref, f"index decode B{b} ctx={size_name(ctx)} bf16",
+                              lambda b=b, c=ctx: self.sg_index_decode(b, c), "memory")
+            self.head_to_head(ref, f"decode B{b} ctx={size_name(ctx)} bf16",
+                              lambda b=b, c=ctx: self.sg_decode(b, c), "memory")
+        for b, ctx in SG_STEP:
+            for graph in (False, True):
+                self.head_to_head(ref, f"step {'graph' if graph else 'eager'} B{b} "
+                                       f"ctx={size_name(ctx)} bf16",
+                                  lambda b=b, c=ctx, gr=graph: self.sg_step(b, c, gr), "memory")
+
+    def sg_pool(self, b, ctx, heads, g):
+        """b requests of ctx tokens in SGLang's slot pool: req_to_token (b, ctx) int32 onto
+        shuffled 128-slot pages, the request slots (int64, as SGLang's), slot-major caches of
+        ``heads`` (name -> count) random bf16 tensors (slots, count, 128)."""
+        nb = ctx // mi.BLOCK
+        pages = torch.randperm(b * nb, generator=g, device=self.device).view(b, nb, 1)
+        r2t = (pages * mi.BLOCK + torch.arange(mi.BLOCK, device=self.device)).view(b, ctx)
+        caches = {name: self.rnd((b * ctx, n, 128), g) for name, n in heads.items()}
+        return r2t.to(torch.int32).contiguous(), torch.arange(b, device=self.device), caches
+
+    def sg_index_prefill(self, s):
+        from flashmsa.integrations import sglang as fs
+        g = self.gen()
+        r2t, slots, caches = self.sg_pool(1, s, dict(idx_k=M3["idx_hk"]), g)
+        idx_q = self.rnd((s, M3["idx_hq"], 128), g)
+        lens = torch.tensor([s], dtype=torch.int32, device=self.device)
+        args = (idx_q, caches["idx_k"], None, None, r2t, slots, ft.cu_seqlens([s], self.device),
+                lens, torch.zeros_like(lens), s, s, 1, mi.BLOCK, TOPK)
+        kw = dict(init_blocks=1, local_blocks=1, sm_scale=128 ** -0.5, disable_index_value=True,
+                  page_size=mi.BLOCK)
+        mod = self.sglang.prefill_index
+        return dict(theirs=lambda: mod.flash_prefill_with_topk_index(*args, **kw)[1],
+                    fm=lambda: fs.flash_prefill_with_topk_index(*args, **kw)[1],
+                    agree=lambda a, c: self.agree_sets(a.clone(), c),
+                    flop=2 * 128 * M3["idx_hq"] * (s * (s + 1) // 2))
+
+    def sg_sparse(self, s, pattern):
+        from flashmsa.integrations import sglang as fs
+        hq, hkv = M3["hq"], M3["hkv"]
+        sel = self.selection(s, pattern, hkv)
+        g = self.gen()
+        r2t, slots, caches = self.sg_pool(1, s, dict(k=hkv, v=hkv), g)
+        q = self.rnd((s, hq, 128), g)
+        lens = torch.tensor([s], dtype=torch.int32, device=self.device)
+        cu, pre = ft.cu_seqlens([s], self.device), torch.zeros_like(lens)
+        mod = self.sglang.prefill_attn
+        keys = mi.visible_keys(sel, torch.arange(s, device=self.device), s)
+        return dict(
+            theirs=lambda: mod.flash_prefill_with_gqa_share_sparse(
+                q, caches["k"], caches["v"], None, r2t, slots, sel, 1, mi.BLOCK, cu, lens, pre, s,
+                sm_scale=128 ** -0.5),
+            fm=lambda: fs.msa_sparse_prefill_main(q, caches["k"], caches["v"], sel, r2t, slots, cu,
+                                                  lens, pre, mi.BLOCK, sm_scale=128 ** -0.5),
+            agree=lambda a, c: self.agree_close(a.clone(), c), flop=4 * 128 * (hq // hkv) * keys)
+
+    def sg_decode_inputs(self, b, ctx, g):
+        """A decode batch in SGLang's layouts: index queries, queries, the pool, the selections
+        (Hkv, b, topk) and the distinct selected (request, head, block) count."""
+        hkv = M3["hkv"]
+        r2t, slots, caches = self.sg_pool(b, ctx, dict(idx_k=M3["idx_hk"], k=hkv, v=hkv), g)
+        idx_q = self.rnd((b, M3["idx_hq"], 128), g)
+        q = self.rnd((b, M3["hq"], 128), g)
+        lens = torch.full((b,), ctx, dtype=torch.int64, device=self.device)  # SGLang's int64
+        sel = mi.random_selection(torch.full((b,), ctx - 1, device=self.device), hkv, TOPK, g)
+        unique = mi.decode_pages(sel, b, 1, ctx // mi.BLOCK)[2]
+        return idx_q, q, r2t, slots, caches, lens, sel.contiguous(), unique
+
+    def sg_decode_plan(self, b, ctx, r2t, slots, lens):
+        """SGLang's per-forward decode metadata through the adapter (built once per forward for
+        all layers, outside the CUDA graph): (kv_indices, plan)."""
+        from flashmsa.integrations import sglang as fs
+        plan = fs.build_msa_decode_cg_plan(M3["hq"], M3["hkv"], mi.BLOCK, TOPK, b,
+                                           device=self.device)
+        buf = torch.zeros(b * (ctx // mi.BLOCK), dtype=torch.int32, device=self.device)
+        fs.update_msa_decode_cg_meta(plan, buf, r2t, slots, lens, mi.BLOCK, TOPK, M3["hq"],
+                                     M3["hkv"])
+        return buf, plan
+
+    def sg_index_decode(self, b, ctx):
+        from flashmsa.integrations import sglang as fs
+        idx_q, _, r2t, slots, caches, lens, _, _ = self.sg_decode_inputs(b, ctx, self.gen())
+        args = (idx_q, None, caches["idx_k"], None, r2t, lens, ctx, slots, mi.BLOCK, TOPK, 1, 1)
+        kw = dict(sm_scale=128 ** -0.5, disable_index_value=True, page_size=mi.BLOCK)
+        mod = self.sglang.decode_index
+        return dict(theirs=lambda: mod.flash_decode_with_topk_idx(*args, **kw)[1],
+                    fm=lambda: fs.flash_decode_with_topk_idx(*args, **kw)[1],
+                    agree=lambda a, c: self.agree_sets(a.clone(), c),
+                    bytes=caches["idx_k"].nbytes + idx_q.nbytes)
+
+    def sg_decode(self, b, ctx):
+        from flashmsa.integrations import sglang as fs
+        _, q, r2t, slots, caches, lens, sel, unique = self.sg_decode_inputs(b, ctx, self.gen())
+        buf, plan = self.sg_decode_plan(b, ctx, r2t, slots, lens)
+        mod = self.sglang.decode_attn
+        return dict(
+            theirs=lambda: mod.flash_decode_with_gqa_share_sparse(
+                q, None, caches["k"], caches["v"], r2t, lens, slots, mi.BLOCK, sel,
+                sm_scale=128 ** -0.5, page_size=mi.BLOCK),
+            fm=lambda: fs.msa_sparse_decode_main(q, caches["k"], caches["v"], sel, r2t, slots,
+                                                 lens, mi.BLOCK, sm_scale=128 ** -0.5,
+                                                 kv_indices=buf, plan=plan),
+            agree=lambda a, c: self.agree_close(a.clone(), c),
+            bytes=unique * 2 * mi.BLOCK * 128 * 2 + 2 * q.nbytes)
+
+    def sg_step(self, b, ctx, graph):
+        """SGLang's decode step of one sparse layer on its MSA path: the indexer, then the
+        attention over its selection (the flashmsa side with the per-forward plan, made outside
+        the step as SGLang makes it); eager with the host time in the notes, or graphed."""
+        from flashmsa.integrations import sglang as fs
+        idx_q, q, r2t, slots, caches, lens, _, _ = self.sg_decode_inputs(b, ctx, self.gen())
+        buf, plan = self.sg_decode_plan(b, ctx, r2t, slots, lens)
+        index = (idx_q, None, caches["idx_k"], None, r2t, lens, ctx, slots, mi.BLOCK, TOPK, 1, 1)
+        index_kw = dict(sm_scale=128 ** -0.5, disable_index_value=True, page_size=mi.BLOCK)
+        ref_index, ref_attn = self.sglang.decode_index, self.sglang.decode_attn
+
+        def theirs():
+            sel = ref_index.flash_decode_with_topk_idx(*index, **index_kw)[1]
+            return ref_attn.flash_decode_with_gqa_share_sparse(
+                q, None, caches["k"], caches["v"], r2t, lens, slots, mi.BLOCK, sel,
+                sm_scale=128 ** -0.5, page_size=mi.BLOCK), sel
+
+        def ours():
+            sel = fs.flash_decode_with_topk_idx(*index, **index_kw)[1]
+            return fs.msa_sparse_decode_main(q, caches["k"], caches["v"], sel, r2t, slots, lens,
+                                             mi.BLOCK, sm_scale=128 ** -0.5, kv_indices=buf,
+                                             plan=plan), sel
+
+        def agree(a, c):
+            return (self.agree_close(a[0].clone(), c[0]) + "; "
+                    + self.agree_sets(a[1].clone(), c[1]))
+        selected = b * M3["hkv"] * min(TOPK, ctx // mi.BLOCK) * mi.BLOCK * 256 * 2
+        return dict(theirs=self.step_call(theirs, graph), fm=self.step_call(ours, graph),
+                    agree=agree, show_host=not graph,
+                    bytes=caches["idx_k"].nbytes + selected)
 
     def build_sparse(self, s, kv, layout, pattern, geo, options=None):
         """options: plan options of flashmsa's private msa_ops._sparse_attention_planned (a forced
@@ -1758,13 +1930,17 @@ def parser() -> argparse.ArgumentParser:
                          "run's")
     ap.add_argument("--stages", default=",".join(DEFAULT_STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)} (default: all but "
-                         "flashinfer and vllm)")
+                         "flashinfer, vllm and sglang)")
     ap.add_argument("--flashinfer", metavar="DIR",
                     help="a FlashInfer prepared by benchmarks/flashinfer_ref.py: adds the "
                          "flashinfer stage, FlashInfer's own ops beside flashmsa's")
     ap.add_argument("--vllm", metavar="DIR",
                     help="vLLM ops prepared by benchmarks/vllm_ref.py: adds the vllm stage, vLLM's "
                          "Triton MiniMax-M3 ops beside flashmsa's vLLM adapter")
+    ap.add_argument("--sglang", metavar="DIR",
+                    help="SGLang kernels prepared by benchmarks/sglang_ref.py: adds the sglang "
+                         "stage, SGLang's Triton MiniMax-M3 kernels beside flashmsa's SGLang "
+                         "adapter")
     return ap
 
 
@@ -1792,6 +1968,10 @@ def main(argv=None) -> int:
         import vllm_ref
         bench.vllm = vllm_ref.load(args.vllm)
         stages.append("vllm")
+    if args.sglang:
+        import sglang_ref
+        bench.sglang = sglang_ref.load(args.sglang)
+        stages.append("sglang")
     bench.measure_ceilings()
     for stage in STAGES:  # fixed order: sparse fills the dense results the pipeline compares with
         if stage in stages:

@@ -3,6 +3,7 @@ with the arguments those builders take (a renamed builder or a changed signature
 on the GPU machine); bench_msa's command line and configurations; the decode-step stage (step) run
 on the CPU reference with a stand-in for the CUDA graph, its byte floor and its replay check."""
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -688,6 +689,85 @@ def test_stage_vllm_on_cpu(cpu_bench, monkeypatch):
                 "100.00 % of rows select the same blocks" in fm_row["notes"])), fm_row["notes"]
     assert "100.00 % of rows select the same blocks" in rows[-1]["notes"], rows[-1]["notes"]
     assert rows[0]["flop"] > 0 and rows[3]["bytes"] > 0
+
+
+def test_stage_sglang_on_cpu(cpu_bench, monkeypatch):
+    """The sglang stage on small shapes, with flashmsa's SGLang adapter standing in for SGLang's
+    kernels (its indexer functions have their signatures; the attention kernels' are wrapped
+    here): every case gives SGLang's row, then flashmsa's with SGLang's time as its reference and
+    the outputs compared (identical here)."""
+    from flashmsa.integrations import sglang as fs
+
+    monkeypatch.setattr(bm, "SG_INDEX_PREFILL", (512,))
+    monkeypatch.setattr(bm, "SG_SPARSE", ((1024, "random"),))
+    monkeypatch.setattr(bm, "SG_DECODE", ((2, 1024),))
+    monkeypatch.setattr(bm, "SG_STEP", ((2, 1024),))
+
+    def capture(fn):
+        graph = HostGraph(fn)
+        return graph, graph.static
+    monkeypatch.setattr(bm, "capture_graph", capture)
+    cpu_bench.stage_sglang()  # without --sglang: nothing
+    assert cpu_bench.rows == []
+
+    def prefill_attn(q, k, v, sink, r2t, slots, sel, bsq, bsk, cu, lens, pre, max_q, sm_scale=None):
+        return fs.msa_sparse_prefill_main(q, k, v, sel, r2t, slots, cu, lens, pre, bsk, sm_scale)
+
+    def decode_attn(q, sink, k, v, r2t, lens, slots, block, sel, sm_scale=None, page_size=0):
+        return fs.msa_sparse_decode_main(q, k, v, sel, r2t, slots, lens, block, sm_scale)
+    cpu_bench.sglang = types.SimpleNamespace(
+        prefill_index=fs, decode_index=fs, version="stand-in",
+        prefill_attn=types.SimpleNamespace(flash_prefill_with_gqa_share_sparse=prefill_attn),
+        decode_attn=types.SimpleNamespace(flash_decode_with_gqa_share_sparse=decode_attn))
+    cpu_bench.ceil["matmul_tflops"] = 1.0
+    cpu_bench.stage_sglang()
+    rows = cpu_bench.rows
+    assert len(rows) == 2 * 6 and all(r["status"] == "ok" for r in rows), rows
+    assert rows[-1]["case"] == "step graph B2 ctx=1K bf16 [flashmsa]"
+    for their_row, fm_row in zip(rows[::2], rows[1::2]):
+        assert their_row["stage"] == fm_row["stage"] == "sglang"
+        assert fm_row["case"] == their_row["case"].replace("[sglang stand-in]", "[flashmsa]")
+        assert ("vs SGLang: " in fm_row["notes"] and ("rel L2 0.0e+00" in fm_row["notes"] or
+                "100.00 % of rows select the same blocks" in fm_row["notes"])), fm_row["notes"]
+    assert "100.00 % of rows select the same blocks" in rows[-1]["notes"], rows[-1]["notes"]
+    assert rows[0]["flop"] > 0 and rows[5]["bytes"] > 0
+
+
+def test_sglang_ref_stand_ins(tmp_path):
+    """sglang_ref's stand-in sglang package around the kernel files: load() imports them with it;
+    its platform answers as SGLang's on this machine, its probes as on an NVIDIA GPU, its flags
+    with SGLang's defaults unless the environment sets them."""
+    sr = load_script("sglang_ref")
+    site = tmp_path / "site"
+    for key, module in sr.OPS.items():
+        path = site / (module.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("from sglang.srt.runtime_context import get_platform\n"
+                        "from sglang.srt.utils import is_gfx95_supported, is_xpu\n"
+                        "from sglang.srt.environ import envs\n"
+                        f"NAME = {key!r}\n"
+                        "SM90 = get_platform().is_sm90\n"
+                        "AMD = is_gfx95_supported() or is_xpu()\n"
+                        "RADIX = envs.SGLANG_OPT_USE_MINIMAX_DECODE_TOPK_RADIX.get()\n"
+                        "OTHER = envs.SGLANG_SOMETHING_ELSE.get()\n")
+    sr.write_stand_ins(site, "9.9.9")
+    code = (f"import sys, torch; sys.path.insert(0, {str(BENCH_DIR)!r}); import sglang_ref; "
+            f"r = sglang_ref.load({str(tmp_path)!r}); "
+            "cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None; "
+            "m = r.decode_index; "
+            "assert r.version == '9.9.9' and m.NAME == 'decode_index'; "
+            "assert m.SM90 == (cap is not None and cap[0] == 9) and not m.AMD; "
+            "assert m.RADIX is False and m.OTHER is False; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "SGLANG_OPT_USE_MINIMAX_DECODE_TOPK_RADIX": "0"})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    done = subprocess.run([sys.executable, "-c", code.replace("m.RADIX is False", "m.RADIX")],
+                          capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items()
+                               if k != "SGLANG_OPT_USE_MINIMAX_DECODE_TOPK_RADIX"})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    with pytest.raises(FileNotFoundError, match="sglang_ref.py prepare"):
+        sr.load(tmp_path / "missing")
 
 
 def test_vllm_ref_stand_ins(tmp_path):
