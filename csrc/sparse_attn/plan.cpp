@@ -18,6 +18,10 @@ namespace {
 
 using namespace sparse_attn;
 
+// Why split=cluster falls back to splitting by blocks (the plan text names it).
+constexpr const char* kClusterOneSplit = "one split a row at the cluster kernel's CTAs per SM (nothing to merge)";
+constexpr const char* kClusterGridTooLarge = "more items than one grid holds";
+
 bool compute_is_bf16(const SparseAttnParams& p) { return p.q_dtype != DType::kFP16; }
 
 DType compute_dtype(const SparseAttnParams& p) { return compute_is_bf16(p) ? DType::kBF16 : DType::kFP16; }
@@ -110,10 +114,17 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     else if (cluster_max < 2)
       plan.cluster_fallback = "no thread-block clusters here (needs an sm_90 GPU and the library's sm_90a image)";
     else if (items * std::min(plan.splits, cluster_max) > INT_MAX)
-      plan.cluster_fallback = "more items than one grid holds";
+      plan.cluster_fallback = kClusterGridTooLarge;
     if (plan.cluster_fallback == nullptr) {
-      plan.cluster = true;
-      plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, cluster_max, waves);
+      // The split count again, capped at the largest cluster: where that leaves one split a row,
+      // there is nothing to merge, and the call splits by blocks as planned above.
+      const int splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, cluster_max, waves);
+      if (splits >= 2) {
+        plan.cluster = true;
+        plan.splits = splits;
+      } else {
+        plan.cluster_fallback = kClusterOneSplit;
+      }
     }
   }
   // split_warps=8: 8 warps per split CTA (query_major_wide.cuh) where the call splits by blocks on
@@ -150,10 +161,19 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     if (why == nullptr) {
       plan.wide = true;
       plan.regs = false;  // fp8: the 8-warp kernel converts in registers itself
-      // split=cluster: one CTA per SM (kQmWideClusterCtasPerSm), at most the largest cluster.
+      // split=cluster: one CTA per SM (kQmWideClusterCtasPerSm), at most the largest cluster;
+      // where that leaves one split a row (e.g. M3 at B31 on 132 SMs: 124 items) or more CTAs
+      // than one grid holds, the call splits by blocks on 8 warps instead.
+      const int cluster_splits =
+          plan.cluster ? query_major_splits(items, p.topk, num_sms, force_fused, kQmWideClusterCtasPerSm,
+                                            facts.decode_wide_cluster_max, waves)
+                       : 0;
+      if (plan.cluster && (cluster_splits < 2 || items * cluster_splits > INT_MAX)) {
+        plan.cluster = false;
+        plan.cluster_fallback = cluster_splits < 2 ? kClusterOneSplit : kClusterGridTooLarge;
+      }
       if (plan.cluster)
-        plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, kQmWideClusterCtasPerSm,
-                                         facts.decode_wide_cluster_max, waves);
+        plan.splits = cluster_splits;
       else if (!plan.fused)
         plan.splits = wide_splits;
     } else if (forced) {

@@ -979,6 +979,17 @@ TEST(PlanDecode, SplitClusterOn8Warps) {
   EXPECT_FALSE(nw8.qm.wide);
   ASSERT_NE(nw8.qm.split_warps_fallback, nullptr);
   EXPECT_NE(std::string(nw8.qm.split_warps_fallback).find("no 8-warp cluster kernel"), std::string::npos);
+  // Where one CTA per SM leaves one split a row (M3 at B31: 124 items on 132 SMs; the blocks split
+  // on 8 warps takes 2), there is nothing to merge in a cluster: the blocks split, and the plan
+  // says why.
+  const SparseAttnPlan b31 = plan_sparse_decode(decode(31, -1), h200, cluster);
+  EXPECT_FALSE(b31.qm.cluster || b31.qm.fused);
+  EXPECT_TRUE(b31.qm.wide);
+  EXPECT_EQ(b31.qm.splits, plan_sparse_decode(decode(31, -1), h200, {}).qm.splits);
+  EXPECT_GE(b31.qm.splits, 2);
+  ASSERT_NE(b31.qm.cluster_fallback, nullptr);
+  EXPECT_NE(std::string(b31.qm.cluster_fallback).find("nothing to merge"), std::string::npos);
+  EXPECT_GT(b31.bytes, 0u);  // the partials and the combine, as split=blocks
   // MTP union items and NVFP4 K/V stay off the 8-warp clusters.
   SparseDecodeParams nv = decode(1, -1);
   nv.attn.k.dtype = nv.attn.v.dtype = DType::kNVFP4;
