@@ -359,6 +359,14 @@ def test_bad_arguments_name_them():
                                      t["slot_ids"], t["seq_lens"], BLK, 4, 8, 2)
     with pytest.raises(ValueError, match="q_scale must be finite"):
         fs.msa_sparse_decode_main(*args, BLK, q_scale=float("nan"))
+    with pytest.raises(ValueError, match="req_to_token must be 2-D"):
+        fs.msa_sparse_decode_main(*args[:4], t["req_to_token"][0], *args[5:], BLK)
+    with pytest.raises(ValueError, match="slot_ids must be int32"):
+        fs.msa_sparse_decode_main(*args[:5], t["slot_ids"].float(), t["seq_lens"], BLK)
+    with pytest.raises(ValueError, match="v_cache must be a"):
+        fs.msa_sparse_decode_main(t["q"], t["k_cache"], None, *args[3:], BLK)
+    with pytest.raises(ValueError, match="seq_lens must have 2 entries"):
+        fs.msa_sparse_decode_main(*args[:6], t["seq_lens"][:1], BLK)
     with pytest.raises(ValueError, match="topk_idx must be int32"):
         fs.msa_sparse_decode_main(t["q"], t["k_cache"], t["v_cache"], t["topk_idx"].float(),
                                   *args[4:], BLK)

@@ -129,12 +129,20 @@ def _lengths(name: str, t: torch.Tensor, batch: int) -> int:
     return batch
 
 
+def _kv_len(req_to_token: torch.Tensor) -> int:
+    """req_to_token's width (max_kv_len), after checking it is a 2-D int tensor."""
+    if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2:
+        got = tuple(req_to_token.shape) if isinstance(req_to_token, torch.Tensor) else \
+            type(req_to_token).__name__
+        raise ValueError(f"req_to_token must be 2-D (max_reqs, max_kv_len), got {got}")
+    int32("req_to_token", req_to_token)
+    return req_to_token.shape[1]
+
+
 def _page_table_into(table: torch.Tensor, req_to_token: torch.Tensor, slot_ids: torch.Tensor) -> None:
     """table[b, t] = req_to_token[slot_ids[b], 128 t] // 128 (columns past req_to_token's width
     read its last column; never used, as they lie past the request's length). Device ops only."""
-    if req_to_token.dim() != 2:
-        raise ValueError(f"req_to_token must be 2-D (max_reqs, max_kv_len), got "
-                         f"{tuple(req_to_token.shape)}")
+    _kv_len(req_to_token)
     _lengths("slot_ids", slot_ids, table.shape[0])
     width, kv_len, device = table.shape[1], req_to_token.shape[1], req_to_token.device
     cols = constant(("sglang_cols", width, kv_len, device), lambda: (
@@ -150,7 +158,8 @@ def _page_table(req_to_token: torch.Tensor, slot_ids: torch.Tensor, batch: int,
                 max_len: Optional[int] = None) -> torch.Tensor:
     """The (batch, ceil(max_len / 128)) page table of a call (max_len: req_to_token's width by
     default), no host read."""
-    length = req_to_token.shape[1] if max_len is None else min(int(max_len), req_to_token.shape[1])
+    kv_len = _kv_len(req_to_token)
+    length = kv_len if max_len is None else min(int(max_len), kv_len)
     table = torch.empty((batch, max(-(-length // PAGE_SIZE), 1)), dtype=torch.int32,
                         device=req_to_token.device)
     _page_table_into(table, req_to_token, slot_ids)
@@ -482,7 +491,7 @@ def flash_decode_with_topk_idx(
     batch, heads, _ = q.shape
     seq = int32("seq_lens", seq_lens)
     _lengths("seq_lens", seq, batch)
-    length = min(int(max_seqlen), req_to_token.shape[1])
+    length = min(int(max_seqlen), _kv_len(req_to_token))
     columns = max(-(-length // PAGE_SIZE), 1)
     if batch == 0:
         return None, torch.empty((heads, 0, int(topk)), dtype=torch.int32, device=q.device), None
