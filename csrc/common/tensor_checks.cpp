@@ -70,13 +70,28 @@ std::array<int64_t, kMaxDims> contiguous_strides(const TensorRef& t) {
   return s;
 }
 
-bool has_strides_3d(const TensorRef& t, int64_t s0, int64_t s1, int64_t s2) {
+bool has_unit_rows_3d(const TensorRef& t) {
+  if (t.ndim != 3) return false;
   if (t.numel() == 0) return true;
-  const int64_t want[3] = {s0, s1, s2};
-  for (int d = 0; d < 3; ++d)
-    if (t.size(d) != 1 && t.stride(d) != want[d]) return false;
+  for (int d = 0; d < 2; ++d)
+    if (used_stride(t, d) < 0) return false;
+  return used_stride(t, 2) == (t.size(2) == 1 ? 0 : 1);
+}
+
+bool has_disjoint_unit_rows_3d(const TensorRef& t) {
+  if (!has_unit_rows_3d(t)) return false;
+  if (t.numel() == 0) return true;
+  const bool dim0_first = used_stride(t, 0) <= used_stride(t, 1);
+  int64_t span = t.size(2);  // elements covered by the rows of the dims taken so far
+  for (const int d : {dim0_first ? 0 : 1, dim0_first ? 1 : 0}) {
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) < span) return false;
+    span += (t.size(d) - 1) * t.stride(d);
+  }
   return true;
 }
+
+int64_t used_stride(const TensorRef& t, int d) { return t.size(d) == 1 ? 0 : t.stride(d); }
 
 void check_tensor(const Ctx& c, const TensorRef& t, const char* name, int64_t align) {
   MSA_OP_CHECK(c, t.defined(), name, " must be given");

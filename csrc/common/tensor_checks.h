@@ -44,9 +44,18 @@ struct Ctx {
 // dim have any stride; kernels that build descriptors from strides should not see such values.
 std::array<int64_t, kMaxDims> contiguous_strides(const TensorRef& t);
 
-// Whether a 3-D t has the strides (s0, s1, s2), by torch's rule: a size-1 dim may have any stride
-// and a tensor with no elements any strides (the transposed layouts of top-k's output and q2k).
-bool has_strides_3d(const TensorRef& t, int64_t s0, int64_t s1, int64_t s2);
+// Whether a 3-D t is rows of t.size(2) consecutive elements (unit last stride) placed by any
+// non-negative strides of dims 0 and 1, by torch's rule for size-1 dims. Rows may overlap (an
+// input the kernels only read, e.g. an expand()): q2k_indices.
+bool has_unit_rows_3d(const TensorRef& t);
+
+// has_unit_rows_3d, and no two rows share an element (an output the kernels write row by row:
+// top-k's output). Sufficient test: the sized row dims, by increasing stride, each step over the
+// whole span of the rows before.
+bool has_disjoint_unit_rows_3d(const TensorRef& t);
+
+// t.stride(d), or 0 for a dim of size 1 (whose stride torch leaves arbitrary and no index uses).
+int64_t used_stride(const TensorRef& t, int d);
 
 // Every defined tensor: a shape the TensorRef can hold, memory behind its elements, the anchor's
 // device, and an address aligned to `align` bytes (its element size when 0, or 16 for the operands

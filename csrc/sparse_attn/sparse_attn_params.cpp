@@ -65,9 +65,10 @@ void* check_attn_output(const Ctx& c, const TensorRef& out, int64_t total_q, int
   return out.data;
 }
 
-// q2k_indices (Hkv, total_q, topk) int32, 1 <= topk <= 64 (D4): contiguous, or the transpose(0, 1)
-// of a contiguous token-major (total_q, Hkv, topk) (top-k's own layout, as a caller that keeps it
-// hands it over: docs/semantics.md#q2k-layout). Sets p.topk and the row strides.
+// q2k_indices (Hkv, total_q, topk) int32, 1 <= topk <= 64 (D4): rows of topk consecutive entries at
+// any non-negative head / row strides (docs/semantics.md#q2k-layout): contiguous, the transpose(0,
+// 1) of a token-major (total_q, Hkv, topk) (top-k's own layout), a row range or a padded buffer,
+// an expand() of one head's rows. Every read goes through q2k_row(). Sets p.topk and the strides.
 void check_q2k(const Ctx& c, const TensorRef& t, int64_t hkv, int64_t total_q, SparseAttnParams& p) {
   check_tensor(c, t, "q2k_indices");
   MSA_OP_CHECK(c, t.dtype == ScalarType::kInt32 && t.ndim == 3 && t.size(0) == hkv &&
@@ -79,15 +80,13 @@ void check_q2k(const Ctx& c, const TensorRef& t, int64_t hkv, int64_t total_q, S
                shape_str(t));
   MSA_OP_CHECK_SUPPORTED(c, topk <= kMaxTopk, "q2k_indices topk (q2k_indices.shape[2]) must be <= ",
                          kMaxTopk, " in flashmsa, got ", topk);
-  const bool head_major = has_strides_3d(t, total_q * topk, topk, 1);
-  const bool token_major = has_strides_3d(t, topk, hkv * topk, 1);
-  MSA_OP_CHECK(c, head_major || token_major,
-               "q2k_indices must be contiguous or the transpose(0, 1) of a contiguous (total_q, "
-               "Hkv, topk) tensor (e.g. topk.transpose(0, 1).contiguous()), got strides ",
+  MSA_OP_CHECK(c, has_unit_rows_3d(t),
+               "q2k_indices must have unit stride in its last dim and non-negative strides (rows "
+               "of topk consecutive int32, e.g. contiguous or topk.transpose(0, 1)), got strides ",
                strides_str(t));
   p.topk = int(topk);
-  p.q2k_head_stride = head_major ? total_q * topk : topk;
-  p.q2k_row_stride = head_major ? topk : hkv * topk;
+  p.q2k_head_stride = used_stride(t, 0);
+  p.q2k_row_stride = used_stride(t, 1);
 }
 
 // ---- K/V of the attention ops ----------------------------------------------------------------

@@ -64,16 +64,15 @@ TopkSelectParams make_topk_select_params(const TopkSelectArgs& a) {
                       out.size(2) == a.topk,
                "output shape must be (", tokens, ", ", h, ", ", a.topk,
                ") = (total_qo_len, num_qo_heads, topk), got ", shape_str(out));
-  // Contiguous (FlashInfer's layout), or the transpose of a contiguous (H, S, topk): the
-  // head-major layout the attention ops take, written directly (docs/semantics.md#topk-output).
-  const bool token_major = has_strides_3d(out, h * a.topk, a.topk, 1);
-  const bool head_major = has_strides_3d(out, a.topk, tokens * a.topk, 1);
-  MSA_OP_CHECK(c, token_major || head_major,
-               "output must be contiguous or the transpose(0, 1) of a contiguous (num_qo_heads, "
-               "total_qo_len, topk) tensor, got shape ", shape_str(out), " with strides ",
-               strides_str(out));
-  p.out_token_stride = token_major ? h * a.topk : a.topk;
-  p.out_head_stride = token_major ? a.topk : tokens * a.topk;
+  // Rows of topk consecutive int32 that do not overlap: contiguous (FlashInfer's layout), the
+  // transpose of a contiguous (H, S, topk) (the head-major layout the attention ops take, written
+  // directly), a row range or padded rows of a larger buffer (docs/semantics.md#topk-output).
+  MSA_OP_CHECK(c, has_disjoint_unit_rows_3d(out),
+               "output must have unit stride in its last dim and rows that do not overlap (e.g. "
+               "contiguous, or the transpose(0, 1) of a contiguous (num_qo_heads, total_qo_len, "
+               "topk) tensor), got shape ", shape_str(out), " with strides ", strides_str(out));
+  p.out_token_stride = used_stride(out, 0);
+  p.out_head_stride = used_stride(out, 1);
 
   p.num_heads = to_int(c, h, "max_score.shape[0] (num_qo_heads)");
   p.num_blocks = to_int(c, num_blocks, "max_score.shape[1] (max_k_tiles)");

@@ -106,8 +106,8 @@ struct TopkSelectParams {
   const int* num_valid_pages;   // [S] int32 per-token nvp (clamped to [0, P]), or nullptr
   int num_valid_pages_value;    // scalar nvp when num_valid_pages == nullptr (validated 0 < nvp <= P)
   int* out;                     // [S, H, topk], row (s, h) at out + s * out_token_stride + h * out_head_stride
-  int64_t out_token_stride;     // H * topk (token-major, contiguous) or topk (head-major: a
-  int64_t out_head_stride;      // transposed view of a contiguous (H, S, topk)): S * topk
+  int64_t out_token_stride;     // any >= 0 with rows disjoint, e.g. H * topk (contiguous) or topk
+  int64_t out_head_stride;      // (head-major: a transposed view of a contiguous (H, S, topk)): S * topk
 };
 
 // Stage 3 (prefill and general varlen): exact attention over the selected blocks.
@@ -132,8 +132,8 @@ struct SparseAttnParams {
   QIndex qi;
   QOffset q_offset;
   const int* q2k;               // batch-local block ids, set semantics (D5); row (kh, r) at q2k_row()
-  int64_t q2k_head_stride;      // total_q * topk (contiguous (Hkv, total_q, topk)) or topk (the
-  int64_t q2k_row_stride;       // transpose of a contiguous token-major (total_q, Hkv, topk)): Hkv * topk
+  int64_t q2k_head_stride;      // any >= 0, e.g. total_q * topk (contiguous) or topk (the transpose
+  int64_t q2k_row_stride;       // of a token-major (total_q, Hkv, topk): row stride Hkv * topk)
   void* out;                    // [total_q, Hq, 128] contiguous, out_dtype
   DType out_dtype;              // bf16 / fp16
   float* lse;                   // [total_q, Hq] natural log, or nullptr

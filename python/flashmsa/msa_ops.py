@@ -530,9 +530,10 @@ def msa_topk_select(
         tensor of per-token counts (clamped to ``[0, max_k_tiles]`` on the device). Default:
         ``max_k_tiles``.
     output : torch.Tensor, optional
-        Pre-allocated int32 ``(total_q, H, topk)``: contiguous, or ``q2k.transpose(0, 1)`` of a
-        contiguous ``(H, total_q, topk)`` tensor ``q2k``, which the attention ops then take as it
-        is (no transposed copy; a flashmsa extension, docs/semantics.md#topk-output).
+        Pre-allocated int32 ``(total_q, H, topk)`` with unit last stride and rows that do not
+        overlap: contiguous, or e.g. ``q2k.transpose(0, 1)`` of a head-major ``(H, total_q,
+        topk)`` tensor ``q2k`` (or a row range of a larger one), which the attention ops then take
+        as it is (no transposed copy; a flashmsa extension, docs/semantics.md#topk-output).
     force_begin_blocks, force_end_blocks : int
         Sink blocks ``[0, fb)`` and local-window blocks ``[nvp - fe, nvp)`` always selected;
         ``fb + fe <= topk``.
@@ -628,8 +629,9 @@ def msa_sparse_attention(
         (:func:`supports_packed_kv`).
     q2k_indices : torch.Tensor
         int32 ``(Hkv, total_q, topk)``, ``1 <= topk <= 64``: batch-local block ids, ascending,
-        ``-1`` tail padded; contiguous, or ``msa_topk_select(...).transpose(0, 1)`` as it is (the
-        transpose of a contiguous token-major tensor, read in place; docs/semantics.md#q2k-layout).
+        ``-1`` tail padded; rows of ``topk`` consecutive entries at any strides (contiguous,
+        ``msa_topk_select(...).transpose(0, 1)``, a row range of a larger buffer, an ``expand``
+        of one head), read in place (docs/semantics.md#q2k-layout).
     cu_seqlens_q : torch.Tensor
         ``(B + 1,)`` int32.
     cu_seqlens_k : torch.Tensor, optional
@@ -763,8 +765,8 @@ def msa_sparse_decode_attention(
         allowed), or flat ``(total_k, Hkv, W)`` with ``cu_seqlens_k``; dtypes as in
         :func:`msa_sparse_attention`.
     q2k_indices : torch.Tensor
-        int32 ``(Hkv, B * seqlen_q, topk)``, ascending, ``-1`` tail padded; contiguous or the
-        transpose of a contiguous token-major tensor (docs/semantics.md#q2k-layout).
+        int32 ``(Hkv, B * seqlen_q, topk)``, ascending, ``-1`` tail padded; rows of ``topk``
+        consecutive entries at any strides, read in place (docs/semantics.md#q2k-layout).
     page_table, seqused_k, cu_seqlens_k : torch.Tensor, optional
         ``(B, max_pages)`` / ``(B,)`` paged, or ``(B + 1,)`` flat; int32.
     seqlen_q : int

@@ -418,6 +418,14 @@ TEST(ValidationTopk, OutputHeadMajorView) {
   t.a.max_score = t.score.ref();
   t.a.output = with_stride(single.ref(), 0, 12345);
   EXPECT_EQ(t.make().out_head_stride, 4);
+  EXPECT_EQ(t.make().out_token_stride, 0);
+  // A row range of a larger head-major buffer with rows padded past topk: disjoint rows.
+  TopkSetup r;
+  HostTensor buf(ST::kInt32, {TopkSetup::kH, TopkSetup::kS + 3, 6});
+  r.a.output = strided_ref(buf.as<int>() + 2 * 6, ST::kInt32, {TopkSetup::kS, TopkSetup::kH, 4},
+                           {6, (TopkSetup::kS + 3) * 6, 1});
+  const TopkSelectParams q = r.make();
+  EXPECT_EQ(topk_out_row(q, 3, 1), buf.as<int>() + (1 * (TopkSetup::kS + 3) + 2 + 3) * 6);
 }
 
 TEST(ValidationTopk, ExplicitScalarAndTensorNvp) {
@@ -486,6 +494,31 @@ TEST(ValidationAttention, PaddedRowsAccepted) {
   const SparseAttnParams p = s.make();
   EXPECT_EQ(p.total_q, 8);
   EXPECT_EQ(p.qi.max_seqlen_q, 5);
+}
+
+// q2k_indices: rows of topk consecutive entries at any non-negative strides, read through
+// q2k_row() (docs/semantics.md#q2k-layout); a size-1 dim's stride is not used.
+TEST(ValidationAttention, Q2kRowsAtAnyStrides) {
+  AttnSetup s;  // q2k (2, 8, 4)
+  HostTensor buf(ST::kInt32, {2, 12, 6});
+  const auto rows_at = [&](std::initializer_list<int64_t> strides, int64_t offset = 0) {
+    s.a.q2k_indices = strided_ref(buf.as<int>() + offset, ST::kInt32, {2, 8, 4}, strides);
+    return s.make();
+  };
+  SparseAttnParams p = rows_at({72, 6, 1}, 12);  // a row range of a padded head-major buffer
+  EXPECT_EQ(p.q2k_head_stride, 72);
+  EXPECT_EQ(p.q2k_row_stride, 6);
+  EXPECT_EQ(q2k_row(p, 1, 5), buf.as<int>() + 12 + 72 + 5 * 6);
+  p = rows_at({4, 8, 1});  // the transpose of a token-major buffer
+  EXPECT_EQ(q2k_row(p, 1, 5), buf.as<int>() + 4 + 5 * 8);
+  p = rows_at({0, 4, 1});  // one head's rows expanded over both heads
+  EXPECT_EQ(q2k_row(p, 1, 5), q2k_row(p, 0, 5));
+  AttnSetup one(KVKind::kFlat, ST::kBF16, ST::kBF16, 2, 1, 4);  // Hkv 1: dim 0's stride unused
+  one.a.q2k_indices = with_stride(one.a.q2k_indices, 0, -7);
+  EXPECT_EQ(one.make().q2k_head_stride, 0);
+  AttnSetup topk1(KVKind::kFlat, ST::kBF16, ST::kBF16, 4, 2, 1);  // topk 1: last stride unused
+  topk1.a.q2k_indices = with_stride(topk1.a.q2k_indices, 2, 3);
+  EXPECT_NO_THROW(topk1.make());
 }
 
 TEST(ValidationAttention, PagedLengthsFromSequsedOrCuSeqlensK) {
@@ -880,9 +913,10 @@ const std::vector<TopkReject> kTopkRejects = {
     {"OutputShape", topk4, [](TopkSetup& s) { s.a.output = reshaped(s.a.output, {2, 5, 4}); }, kV, "output", "output shape must be (5, 2, 4)"},
     {"OutputTopk", topk4, [](TopkSetup& s) { s.a.output = reshaped(s.a.output, {5, 2, 16}); }, kV, "output", "output shape must be (5, 2, 4)"},
     {"OutputDtype", topk4, [](TopkSetup& s) { s.a.output.dtype = ST::kInt64; }, kV, "output", "output must be int32, got int64"},
-    {"OutputNotContiguous", topk4, [](TopkSetup& s) { s.a.output = with_stride(s.a.output, 0, 16); }, kV, "output", "output must be contiguous or the transpose(0, 1) of a contiguous (num_qo_heads, total_qo_len, topk) tensor"},
-    {"OutputRowsNotContiguous", topk4, [](TopkSetup& s) { s.a.output = with_stride(with_stride(with_stride(s.a.output, 2, 2), 1, 8), 0, 16); }, kV, "output", "output must be contiguous or the transpose"},
-    {"OutputHeadMajorWrongStride", topk4, [](TopkSetup& s) { s.a.output = with_stride(with_stride(s.a.output, 0, 4), 1, 24); }, kV, "output", "output must be contiguous or the transpose"},
+    {"OutputTokensOverlap", topk4, [](TopkSetup& s) { s.a.output = with_stride(s.a.output, 0, 4); }, kV, "output", "output must have unit stride in its last dim and rows that do not overlap"},
+    {"OutputRowsNotContiguous", topk4, [](TopkSetup& s) { s.a.output = with_stride(with_stride(with_stride(s.a.output, 2, 2), 1, 8), 0, 16); }, kV, "output", "output must have unit stride in its last dim"},
+    {"OutputHeadMajorOverlap", topk4, [](TopkSetup& s) { s.a.output = with_stride(with_stride(s.a.output, 0, 4), 1, 16); }, kV, "output", "rows that do not overlap"},
+    {"OutputHeadsShareRows", topk4, [](TopkSetup& s) { s.a.output = with_stride(s.a.output, 1, 0); }, kV, "output", "rows that do not overlap"},
     {"OutputOtherDevice", topk4, [](TopkSetup& s) { s.a.output.device = 0; }, kV, "output", "same device as max_score"},
 };
 
@@ -932,7 +966,8 @@ const std::vector<AttnReject> kAttnRejects = {
     {"Q2kHeads", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = reshaped(s.a.q2k_indices, {1, 8, 8}); }, kV, "q2k_indices", "= (2, 8, topk), got int32 of shape (1, 8, 8)"},
     {"Q2kTokenMajor", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = reshaped(s.a.q2k_indices, {8, 2, 4}); }, kV, "q2k_indices", "(Hkv, total_q, topk)"},
     {"Q2kRows", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = reshaped(s.a.q2k_indices, {2, 4, 8}); }, kV, "q2k_indices", "(Hkv, total_q, topk)"},
-    {"Q2kPaddedRows", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = strided_ref(s.q2k.bytes.data(), ST::kInt32, {2, 8, 4}, {64, 8, 1}); }, kV, "q2k_indices", "q2k_indices must be contiguous or the transpose(0, 1) of a contiguous (total_q, Hkv, topk)"},
+    {"Q2kStridedRows", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = strided_ref(s.q2k.bytes.data(), ST::kInt32, {2, 8, 4}, {64, 8, 2}); }, kV, "q2k_indices", "q2k_indices must have unit stride in its last dim and non-negative strides"},
+    {"Q2kNegativeStride", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = strided_ref(s.q2k.bytes.data() + 4 * 56, ST::kInt32, {2, 8, 4}, {32, -4, 1}); }, kV, "q2k_indices", "got strides (32, -4, 1)"},
     {"Q2kHeadsSwapped", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = strided_ref(s.q2k.bytes.data(), ST::kInt32, {2, 8, 4}, {4, 8, 2}); }, kV, "q2k_indices", "got strides"},
     {"Q2kTopkZero", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = reshaped(s.a.q2k_indices, {2, 8, 0}); }, kV, "q2k_indices", "topk dimension must be positive"},
     {"Q2kTopk65", attn_flat, [](AttnSetup& s) { s.a.q2k_indices = reshaped(s.a.q2k_indices, {2, 8, 65}); }, kNS, "q2k_indices", "must be <= 64"},
@@ -1061,7 +1096,7 @@ const std::vector<DecodeReject> kDecodeRejects = {
     {"FlatCuSeqlensKTotal", dec_flat, [](DecodeSetup& s) { s.cu_k.as<int>()[3] = 331; }, kV, "cu_seqlens_k", "[-1] must be <= k.shape[0] (total_k) (330), got 331"},
     {"FlatK4D", dec_flat, [](DecodeSetup& s) { s.a.kv.k = reshaped(s.a.kv.k, {1, 330, 2, kD}); }, kV, "k", "flat k/v must be"},
     {"Q2kRows", dec_paged, [](DecodeSetup& s) { s.a.q2k_indices = reshaped(s.a.q2k_indices, {2, 3, 8}); }, kV, "q2k_indices", "q2k_indices must be int32 of shape (Hkv, total_q, topk) = (2, 6, topk)"},
-    {"Q2kNotContiguous", dec_paged, [](DecodeSetup& s) { s.a.q2k_indices = with_stride(s.a.q2k_indices, 0, 4); }, kV, "q2k_indices", "q2k_indices must be contiguous"},
+    {"Q2kColumnStride", dec_paged, [](DecodeSetup& s) { s.a.q2k_indices = with_stride(s.a.q2k_indices, 2, 2); }, kV, "q2k_indices", "q2k_indices must have unit stride in its last dim"},
     {"Q2kTopk128", dec_paged, [](DecodeSetup& s) { s.a.q2k_indices = reshaped(s.a.q2k_indices, {2, 6, 128}); }, kNS, "q2k_indices", "must be <= 64 in flashmsa, got 128"},
     {"Nvfp4ScaleSmall", dec_nvfp4, [](DecodeSetup& s) { s.a.kv.v_scale = reshaped(s.a.kv.v_scale, {100}); }, kV, "v_scale", "swizzled scale layout for 1280 KV rows"},
     {"Nvfp4ScaleInt32", dec_nvfp4, [](DecodeSetup& s) { s.a.kv.k_scale.dtype = ST::kInt32; }, kV, "k_scale", "k_scale/v_scale must be uint8"},

@@ -605,14 +605,14 @@ def test_token_major_q2k_and_nhd_on_tiles(hq, hkv, topk, kv, selection, schedule
     """The shared-selection tiles (planned where G is 16 to 128, so the other layout tests, G <= 8,
     never reach them) read a token-major q2k (union_plan_kernel, by the q2k strides) and NHD K / V
     views bit for bit as the contiguous ones."""
-    from test_sparse_attention import token_major
+    from test_sparse_attention import q2k_view
 
     case = GpuCase("c", [700, 300], [9000, 4000], hq, hkv, topk=topk, causal=True,
                    layout="paged", selection=selection, kv=kv)
     base = problem(case, seed=12, q2k_seed=13)
     views = problem(dataclasses.replace(case, layout="nhd"), seed=12, q2k_seed=13)
     args = list(views.gpu_args)
-    args[3] = token_major(args[3])
+    args[3] = q2k_view(args[3], "token_major")
     options = plan_options(schedule)
     want = msa_ops._sparse_attention_planned(*base.gpu_args, **base.gpu_kwargs, options=options)
     got = msa_ops._sparse_attention_planned(*args, **views.gpu_kwargs, options=options)

@@ -230,35 +230,59 @@ def test_sparse_attention_packed_equals_contiguous(device, layout, kv):
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
 
 
-def token_major(q2k: torch.Tensor) -> torch.Tensor:
-    """q2k (Hkv, total_q, topk) as the transpose of a contiguous token-major (total_q, Hkv, topk),
-    a slice of a larger buffer as vLLM hands it over (docs/semantics.md#q2k-layout)."""
+Q2K_VIEWS = ["token_major", "head_major_rows", "expand"]
+
+
+def shared_rows(q2k: torch.Tensor) -> torch.Tensor:
+    """q2k with every KV head's rows set to head 0's (a shared selection), contiguous."""
+    return q2k[:1].expand_as(q2k).contiguous()
+
+
+def q2k_view(q2k: torch.Tensor, layout: str = "token_major") -> torch.Tensor:
+    """q2k (Hkv, total_q, topk) as a non-contiguous view with the same values, in a layout the
+    attention ops read in place (docs/semantics.md#q2k-layout):
+      token_major      the transpose of a row range of a larger token-major buffer (vLLM's);
+      head_major_rows  a row range of a larger head-major buffer with rows padded past topk;
+      expand           head 0's rows at stride 0 over the heads (q2k must be shared_rows)."""
     hkv, total_q, topk = q2k.shape
-    buf = torch.full((total_q + 5, hkv, topk), 7, dtype=torch.int32, device=q2k.device)
-    view = buf.transpose(0, 1)[:, 3:3 + total_q]
+    if layout == "expand":
+        assert torch.equal(q2k, shared_rows(q2k))
+        return q2k[:1].clone().expand(hkv, total_q, topk)
+    if layout == "token_major":
+        buf = torch.full((total_q + 5, hkv, topk), 7, dtype=torch.int32, device=q2k.device)
+        view = buf.transpose(0, 1)[:, 3:3 + total_q]
+        assert view.stride() == (topk, hkv * topk, 1)
+    else:
+        assert layout == "head_major_rows", layout
+        buf = torch.full((hkv, total_q + 5, topk + 3), 7, dtype=torch.int32, device=q2k.device)
+        view = buf[:, 3:3 + total_q, :topk]
     view.copy_(q2k)
-    assert not view.is_contiguous() and view.stride() == (topk, hkv * topk, 1)
+    assert not view.is_contiguous()
     return view
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("schedule", ["auto", "query_major", "kv_major", "hybrid"])
-def test_sparse_attention_token_major_q2k(device, schedule):
-    """A token-major q2k (top-k's own layout, transposed) gives bit for bit the contiguous q2k's
-    results on every schedule: the query-major items, the KV-major work lists and the tile plan
-    each read the rows by the q2k strides."""
+@pytest.mark.parametrize("layout", Q2K_VIEWS)
+def test_sparse_attention_strided_q2k(device, schedule, layout):
+    """A strided q2k (top-k's own layout transposed, a row range of a padded head-major buffer, an
+    expand over the heads) gives bit for bit the contiguous q2k's results on every schedule: the
+    query-major items, the KV-major work lists and the tile plan each read the rows by the q2k
+    strides."""
     case = AttnCase("c", [700, 500], [2100, 900], 8, 2, causal=True, topk=8,
                     selection="random")
     q2k = make_selection(case)
     torch.manual_seed(3)
     b = build(case, device, q2k)
     args = list(b.args)
+    if layout == "expand":
+        args[3] = shared_rows(args[3])
     planned = functools.partial(msa_ops._sparse_attention_planned, options=dict(schedule=schedule))
     want = planned(*args, **b.kwargs)
-    args[3] = token_major(args[3])
+    args[3] = q2k_view(args[3], layout)
     got = planned(*args, **b.kwargs)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    if schedule == "auto":
+    if schedule == "auto" and layout == "token_major":
         ref.assert_close(got[0], expected(case, b)[0], **OUT_TOL)
 
 

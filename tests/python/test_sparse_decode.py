@@ -13,6 +13,7 @@ import torch
 
 from flashmsa.testing import reference as ref
 from conftest import DEVICES
+from test_sparse_attention import Q2K_VIEWS, q2k_view, shared_rows
 from flashmsa import msa_ops
 from flashmsa.testing import cases, pack_kv, paginate, quantize_nvfp4
 
@@ -145,23 +146,23 @@ def test_sparse_decode_schedules_agree(device):
                                               (4, dict(mtp="union")),
                                               (4, dict(mtp="union", kernel="wgmma"))],
                          ids=["sq1", "per_token", "union", "union_wgmma"])
-def test_sparse_decode_token_major_q2k(device, seqlen_q, options):
-    """A token-major q2k (the transpose of a contiguous (total_q, Hkv, topk), as vLLM passes its
-    top-k buffer) gives bit for bit the contiguous q2k's results: per-token items and MTP union
-    items (whose plan reads the tokens' rows by the q2k strides; on sm_90a also the TMA-fed MTP
-    kernel's)."""
+@pytest.mark.parametrize("layout", Q2K_VIEWS)
+def test_sparse_decode_strided_q2k(device, seqlen_q, options, layout):
+    """A strided q2k (the transpose of a token-major buffer's row range, as vLLM passes its top-k
+    buffer; a head-major buffer's row range with padded rows; an expand over the heads) gives bit
+    for bit the contiguous q2k's results: per-token items and MTP union items (whose plan reads
+    the tokens' rows by the q2k strides; on sm_90a also the TMA-fed MTP kernel's)."""
     case = DecodeCase("c", 5, seqlen_q, 16, 2, seqlens="multiples", selection="random", topk=8)
     args, kw, expected, _ = build(case, device)
+    args = list(args)
+    if layout == "expand":
+        args[3] = shared_rows(args[3])
     planned = functools.partial(msa_ops._sparse_decode_planned, options=options)
     want = planned(*args, **kw)
-    q2k = args[3]
-    hkv, total_q, topk = q2k.shape
-    buf = torch.full((total_q + 2, hkv, topk), 7, dtype=torch.int32, device=q2k.device)
-    view = buf.transpose(0, 1)[:, 1:1 + total_q]
-    view.copy_(q2k)
-    got = planned(*args[:3], view, **kw)
+    got = planned(*args[:3], q2k_view(args[3], layout), **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    ref.assert_close(got[0], expected[0], **_tolerance(case))
+    if layout != "expand":
+        ref.assert_close(got[0], expected[0], **_tolerance(case))
 
 
 @pytest.mark.parametrize("device", DEVICES)

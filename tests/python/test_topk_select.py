@@ -120,9 +120,10 @@ def test_topk_select_output_argument(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("H,S", [(3, 9), (1, 9), (3, 1), (1, 1)])
 def test_topk_select_output_head_major_view(device, H, S):
-    """output may be q2k.transpose(0, 1) for a contiguous (H, S, topk) q2k: the attention ops'
-    layout, written directly; every element written, the same values as the token-major
-    output's transpose. Other strides are refused."""
+    """output may be q2k.transpose(0, 1) for a head-major (H, S, topk) q2k: the attention ops'
+    layout, written directly, also as a row range of a larger buffer with padded rows; every
+    element of the rows written, nothing else, the same values as the token-major output's
+    transpose. A last stride other than 1 or overlapping rows are refused."""
     scores = make_scores(TopkCase("p", H, 40, S, scores="distinct")).to(device)
     nvp = torch.tensor([40, 3, 17, 0, 40, 1, 25, 40, 9][:S], dtype=torch.int32, device=device)
     want = msa_ops.msa_topk_select(scores, 16, num_valid_pages=nvp, force_end_blocks=1)
@@ -131,13 +132,28 @@ def test_topk_select_output_head_major_view(device, H, S):
                                   force_end_blocks=1)
     assert got.data_ptr() == q2k.data_ptr() and got.shape == (S, H, 16)
     assert torch.equal(q2k, want.transpose(0, 1))
+    buf = torch.full((H, S + 3, 19), 99, dtype=torch.int32, device=device)
+    rows = buf[:, 2:2 + S, :16]
+    msa_ops.msa_topk_select(scores, 16, num_valid_pages=nvp, output=rows.transpose(0, 1),
+                            force_end_blocks=1)
+    assert torch.equal(rows, want.transpose(0, 1))
+    rows.fill_(99)
+    assert bool((buf == 99).all())  # nothing outside the rows was written
     if H > 1 and S > 1:
+        message = "output must have unit stride in its last dim and rows that do not overlap"
         bad = torch.empty((S, 16, H), dtype=torch.int32, device=device).transpose(1, 2)
-        with pytest.raises(ValueError, match="output must be contiguous or the transpose"):
+        with pytest.raises(ValueError, match=message):
             msa_ops.msa_topk_select(scores, 16, output=bad)
         every_other = torch.empty((S, H, 32), dtype=torch.int32, device=device)[:, :, ::2]
-        with pytest.raises(ValueError, match="output must be contiguous or the transpose"):
+        with pytest.raises(ValueError, match=message):
             msa_ops.msa_topk_select(scores, 16, output=every_other)
+        shared = torch.empty((S, 1, 16), dtype=torch.int32, device=device).expand(S, H, 16)
+        with pytest.raises(ValueError, match=message):
+            msa_ops.msa_topk_select(scores, 16, output=shared)
+        halves = torch.empty((S * H * 8 + 8,), dtype=torch.int32, device=device).as_strided(
+            (S, H, 16), (H * 8, 8, 1))  # each row overlaps the next one's first half
+        with pytest.raises(ValueError, match=message):
+            msa_ops.msa_topk_select(scores, 16, output=halves)
 
 
 @pytest.mark.parametrize("device", DEVICES)

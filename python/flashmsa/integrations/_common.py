@@ -29,12 +29,30 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _unit_rows(t: torch.Tensor) -> bool:
+    """Rows of t.shape[-1] consecutive elements: the layouts flashmsa reads q2k_indices in and
+    writes top-k's output in (docs/semantics.md#q2k-layout)."""
+    return t.dim() == 3 and (t.shape[2] <= 1 or t.stride(2) == 1)
+
+
+def _disjoint_rows(t: torch.Tensor) -> bool:
+    """_unit_rows, and no two rows share an element (by the test the top-k op applies)."""
+    if not _unit_rows(t):
+        return False
+    span = t.shape[2]
+    for d in sorted((0, 1), key=lambda d: t.stride(d) if t.shape[d] != 1 else 0):
+        if t.shape[d] != 1:
+            if t.stride(d) < span:
+                return False
+            span += (t.shape[d] - 1) * t.stride(d)
+    return True
+
+
 def q2k(name: str, topk_idx: torch.Tensor) -> torch.Tensor:
-    """An engine's top-k for the attention ops: as it is when contiguous or the transposed view of a
-    contiguous token-major block (flashmsa reads either layout, docs/semantics.md#q2k-layout), else
-    a contiguous copy."""
+    """An engine's top-k for the attention ops: as it is when its rows are consecutive (flashmsa
+    reads them at any strides, docs/semantics.md#q2k-layout), else a contiguous copy."""
     t = int32(name, topk_idx)
-    return t if t.is_contiguous() or t.transpose(0, 1).is_contiguous() else t.contiguous()
+    return t if _unit_rows(t) else t.contiguous()
 
 
 _WORKSPACES: Dict[Tuple[int, int], "msa_ops.MSASparseAttentionWorkspace"] = {}
@@ -111,9 +129,9 @@ def decode_cu_seqlens(total_q: int, decode_query_len: int, device) -> torch.Tens
 def select(scores_hpt: torch.Tensor, topk: int, nvp: torch.Tensor, init_blocks: int,
             local_blocks: int, out: Optional[torch.Tensor]) -> torch.Tensor:
     """msa_topk_select into the engines' head-major (H, total_q, topk): a fresh contiguous tensor, or
-    ``out[:, :total_q]`` (``out`` int32 ``(H, >= total_q, topk)``), written in place when it is
-    the transpose of a contiguous token-major block (vLLM's shared top-k buffer) or contiguous
-    itself, else computed apart and copied in."""
+    ``out[:, :total_q]`` (``out`` int32 ``(H, >= total_q, topk)``), written in place when its rows
+    are consecutive and disjoint (vLLM's shared token-major buffer, a head-major buffer), else
+    computed apart and copied in."""
     H, _, total_q = scores_hpt.shape
     if out is None:
         result = torch.empty((H, total_q, topk), dtype=torch.int32, device=scores_hpt.device)
@@ -126,7 +144,7 @@ def select(scores_hpt: torch.Tensor, topk: int, nvp: torch.Tensor, init_blocks: 
                              f"{out.device}")
         result = out[:, :total_q]
     token_major = result.transpose(0, 1)
-    direct = token_major.is_contiguous() or result.is_contiguous()
+    direct = _disjoint_rows(token_major)
     target = token_major if direct else torch.empty(
         (total_q, H, topk), dtype=torch.int32, device=scores_hpt.device)
     # Written directly in the layout asked for (no transposed copy) where flashmsa can.
