@@ -18,12 +18,14 @@ What a case may draw (docs/testing.md lists it in full):
   hints that are too small, rows of no sequence, NaN keys, empty sequences;
 * msa_proxy_score_fp4: the same over NVFP4 q and K with global scales;
 * msa_topk_select: topk 1..64, forced begin / end blocks, nvp None / scalar / per-token tensor
-  (clamped values), NaN (varied payloads) / +-inf / +-0 / tied scores, output=;
+  (clamped values), NaN (varied payloads) / +-inf / +-0 / tied scores, output= (contiguous or a
+  head-major view, also a padded row range of a larger buffer);
 * msa_sparse_attention: bf16 / fp16 q; bf16 / fp16 / fp8 / NVFP4 K and V; flat / paged / packed
   HND / packed NHD; G 1..64; causal; LSE; temperature LSE; softmax and V global scales from 1e-3
   to 1e4; workspace; out= (a caller's poisoned tensor, which must be the one returned); index
-  lists mixing sorted / unsorted / duplicated / out-of-range / -1-holed / empty rows; empty and
-  full-page lengths; CUDA-graph replay;
+  lists mixing sorted / unsorted / duplicated / out-of-range / -1-holed / empty rows, handed over
+  contiguous, token-major or as a padded row range of a head-major buffer; empty and full-page
+  lengths; CUDA-graph replay;
 * msa_sparse_decode_attention: seqlen_q 1..4, bf16 / fp16 / fp8 q, the same K/V forms, partial
   dtype, force_fused, workspace, out=, CUDA-graph replay;
 * value ranges (attention, decode): V around large offsets (16-bit V past fp8's 448, bf16 V past
@@ -269,6 +271,9 @@ def gen_topk(rng: random.Random) -> dict:
                   output=rng.random() < 0.5, misaligned=rng.random() < 0.2,
                   options=_options(rng, "topk"))
     _late(rng, params, LATE_TOPK_OPTIONS)  # drawn last: the seeds' other parameters as before
+    # Drawn after them: output= as a head-major view (the transpose of (H, S, topk), or of a row
+    # range of a larger buffer with rows padded past topk: docs/semantics.md#topk-output).
+    params["output_layout"] = rng.choice(("contiguous", "contiguous", "head_major", "head_rows"))
     return params
 
 
@@ -374,6 +379,8 @@ def gen_attention(rng: random.Random) -> dict:
     # Drawn after that: a paged non-NVFP4 cache as separate K and V caches with NHD pages, passed
     # as (P, H, 128, W) views (docs/semantics.md#packed-kv).
     p["nhd_views"] = rng.random() < 0.3
+    # Drawn after that: a head-major q2k as a row range of a larger buffer, rows padded past topk.
+    p["q2k_head_rows"] = rng.random() < 0.2
     return p
 
 
@@ -411,6 +418,8 @@ def gen_decode(rng: random.Random) -> dict:
     # Drawn after that: a paged non-NVFP4 cache as separate K and V caches with NHD pages, passed
     # as (P, H, 128, W) views (docs/semantics.md#packed-kv).
     p["nhd_views"] = rng.random() < 0.3
+    # Drawn after that: a head-major q2k as a row range of a larger buffer, rows padded past topk.
+    p["q2k_head_rows"] = rng.random() < 0.2
     return p
 
 
@@ -753,10 +762,16 @@ class Problem:
         torch = _torch()
         from flashmsa import msa_ops
         kw = {k: _to(v, device) for k, v in self.kwargs.items()}
-        out = None
+        out = buf = None
         if self.p["output"]:
-            out = torch.full((self.p["s"], self.p["h"], self.p["topk"]), -7, dtype=torch.int32,
-                             device=device)
+            s, h, topk = self.p["s"], self.p["h"], self.p["topk"]
+            layout = self.p.get("output_layout", "contiguous")
+            if layout == "contiguous":
+                out = torch.full((s, h, topk), -7, dtype=torch.int32, device=device)
+            else:
+                pad = 3 if layout == "head_rows" else 0
+                buf = torch.full((h, s + pad, topk + pad), -7, dtype=torch.int32, device=device)
+                out = buf[:, pad:, :topk].transpose(0, 1)
             kw["output"] = out
         score = self.args[0].to(device)
         if self.p["misaligned"]:
@@ -767,6 +782,11 @@ class Problem:
         res = _planned("msa_topk_select", self.p.get("options"))(score, self.args[1], **kw)
         if out is not None and res.data_ptr() != out.data_ptr():
             raise AssertionError("output= was not returned")
+        if buf is not None and self.p["s"]:
+            outside = buf.clone()
+            outside[:, -self.p["s"]:, :self.p["topk"]] = -7  # the rows: (H, S, topk) at the end
+            if not bool((outside == -7).all()):
+                raise AssertionError("output= written outside its rows")
         return res
 
     def _check_topk(self, got, want) -> Optional[str]:
@@ -917,6 +937,14 @@ class Problem:
             hkv, total_q, topk = q2k.shape
             buf = torch.full((total_q + 2, hkv, topk), 2**30, dtype=torch.int32, device=device)
             view = buf.transpose(0, 1)[:, 1:1 + total_q]
+            view.copy_(q2k)
+            q2k = view
+        elif self.p.get("q2k_head_rows") and not reference:
+            torch = _torch()
+            hkv, total_q, topk = q2k.shape
+            buf = torch.full((hkv, total_q + 3, topk + 2), 2**30, dtype=torch.int32,
+                             device=device)
+            view = buf[:, 2:2 + total_q, :topk]
             view.copy_(q2k)
             q2k = view
         return (self.q.to(device), k, v, q2k), kw
