@@ -1180,7 +1180,7 @@ def plant_fault(op: str, params: dict, got):
     ``(result, planted)``; nothing is planted in an empty result."""
     torch = _torch()
     if op in ("proxy", "proxy_fp4", "topk"):
-        x = got.clone()
+        x = got.clone(memory_format=torch.contiguous_format)  # top-k's output= may be a view
         flat = x.view(-1)
         if flat.numel() == 0:
             return got, False
