@@ -302,8 +302,9 @@ bool same_views(const TensorRef& k, const TensorRef& v) {
   if (k.ndim != 4 || v.ndim != 4 || k.dtype != v.dtype) return false;
   // NVFP4 caches are read contiguous only (docs/semantics.md#packed-kv).
   if (k.dtype == ScalarType::kUInt8 || elt_size(k.dtype) == 0) return false;
+  // A size-1 dim's stride is never used (kv_tensor gives it one value for both).
   for (int d = 0; d < 4; ++d)
-    if (k.sizes[d] != v.sizes[d] || k.strides[d] != v.strides[d]) return false;
+    if (k.sizes[d] != v.sizes[d] || (k.sizes[d] != 1 && k.strides[d] != v.strides[d])) return false;
   return k.size(3) == kHeadDim && k.stride(3) == 1;
 }
 

@@ -749,6 +749,11 @@ TEST(ValidationPackedKV, PermutedSeparateViews) {
   EXPECT_FALSE(is_permuted_kv(overlap, overlap));                  // pages overlap heads
   TensorRef last = with_stride(k, 3, 2);
   EXPECT_FALSE(is_permuted_kv(last, last));                        // non-unit last stride
+  // One page: its stride may differ between K and V (never used; kv_tensor sets one value).
+  TensorRef k1 = strided_ref(kc.bytes.data(), ST::kBF16, {1, 2, 128, kD}, {7, kD, 2 * kD, 1});
+  TensorRef v1 = with_stride(k1, 0, 128 * 2 * kD);
+  v1.data = vc.bytes.data();
+  EXPECT_TRUE(is_permuted_kv(k1, v1));
 }
 
 TEST(ValidationPackedKV, RejectsOtherGeometries) {

@@ -183,6 +183,32 @@ def test_sparse_decode_nhd_equals_paged(device, kv, seqlen_q):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_sparse_decode_nhd_views_one_page(device):
+    """One page of separate NHD K and V caches whose page strides differ (a size-1 dim's stride
+    is never read): accepted, and bit for bit the contiguous caches' results."""
+    torch.manual_seed(6)
+    hkv, hq = 2, 8
+    kc = torch.randn(1, 128, hkv, 128).to(torch.bfloat16).to(device)
+    vbuf = torch.randn(1, 130, hkv, 128).to(torch.bfloat16).to(device)
+    k, v = kc.transpose(1, 2), vbuf[:, :128].transpose(1, 2)  # views made on the device
+    assert k.stride(0) != v.stride(0) and k.stride()[1:] == v.stride()[1:]
+    assert not k.is_contiguous() and not v.is_contiguous()
+    q = (torch.randn(1, hq, 128) / 3).to(torch.bfloat16)
+    q2k = torch.zeros(hkv, 1, 1, dtype=torch.int32)
+    extra = dict(page_table=torch.zeros(1, 1, dtype=torch.int32),
+                 seqused_k=torch.tensor([100], dtype=torch.int32))
+
+    def on(*tensors, **kw):
+        kw = {n: x.to(device) for n, x in kw.items()}
+        return msa_ops.msa_sparse_decode_attention(*(x.to(device) for x in tensors), **kw,
+                                                   return_softmax_lse=True)
+
+    got = on(q, k, v, q2k, **extra)
+    want = on(q, k.contiguous(), v.contiguous(), q2k, **extra)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_sparse_decode_return_conventions_and_workspace(device):
     case = DecodeCase("c", 4, 1, 8, 2, seqlens="multiples", selection="random")
     args, kw, *_ = build(case, device)
