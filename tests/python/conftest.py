@@ -74,6 +74,30 @@ class Memo:
 
 
 
+def dispatched_ops(fn):
+    """fn()'s result and the names of the ATen / flashmsa ops it dispatched, views and
+    allocations left out: each one left is a kernel launch on a GPU (the adapters' per-layer
+    costs inside a CUDA graph)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    free = {"view", "reshape", "transpose", "slice", "unsqueeze", "as_strided", "t", "expand",
+            "alias", "_unsafe_view", "select", "squeeze", "detach", "empty", "empty_strided"}
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] not in free:
+                self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    with Ops() as ops:
+        result = fn()
+    return result, ops.names
+
+
 def pytest_configure(config):
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not os.environ.get("PYTEST_XDIST_WORKER") or not workers or "OMP_NUM_THREADS" in os.environ:

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from conftest import DEVICES
+from conftest import DEVICES, dispatched_ops
 from flashmsa import NotSupportedError
 from flashmsa.integrations import sglang as fs
 
@@ -291,6 +291,26 @@ def test_decode_indexer_matches_float64(device):
         t["idx_q"][:0], None, t["idx_k"], None, t["req_to_token"], t["seq_lens"][:0], 2000,
         t["slot_ids"][:0], BLK, 8, 1, 2, disable_index_value=True, page_size=BLK)
     assert sel.shape == (4, 0, 8)
+
+
+def test_decode_indexer_launches_few_kernels():
+    """The decode indexer runs once per layer of every decode step (in a CUDA graph each small
+    kernel costs its launch): besides the proxy score and the top-k, the page table's gather
+    from req_to_token and its division, and the rows' visible block counts (an add and a
+    division); seq_lens converted only where it is not int32."""
+    t = make_problem("cpu", [900, 300, 129], [1] * 3, seed=13)
+    for seq_lens, convert in ((t["seq_lens"].to(torch.int32), []), (t["seq_lens"], ["_to_copy"])):
+        args = (t["idx_q"], None, t["idx_k"], None, t["req_to_token"], seq_lens, 900,
+                t["slot_ids"], BLK, 8, 1, 2)
+        kw = dict(disable_index_value=True, page_size=BLK)
+        fs.flash_decode_with_topk_idx(*args, **kw)  # the constants, made once
+        (_, got, _), names = dispatched_ops(lambda: fs.flash_decode_with_topk_idx(*args, **kw))
+        assert torch.equal(got, ref_index_topk(t, 8, 1, 2))
+        gather = names[len(convert):names.index("proxy_score")]
+        assert names[:len(convert)] == convert, names
+        assert names[names.index("proxy_score"):] == ["proxy_score", "add", "div",
+                                                      "topk_select"], names
+        assert gather == ["index", "div"], names  # slot_ids (int64) used as they are
 
 
 @pytest.mark.parametrize("case", ["index_value", "sink", "lse", "block_size_q", "page_size",

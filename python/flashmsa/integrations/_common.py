@@ -16,12 +16,20 @@ from .. import msa_ops
 log = logging.getLogger("flashmsa")
 
 
-def int32(name: str, t: torch.Tensor) -> torch.Tensor:
-    """An engine's int32 / int64 index tensor as int32 (int64 is converted, on its device)."""
+def check_int(name: str, t: torch.Tensor) -> torch.Tensor:
+    """Checks an engine's index tensor is an int32 / int64 tensor; returns it (no conversion, so
+    no kernel)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     if t.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name} must be int32 (or int64), got {t.dtype}")
+    return t
+
+
+def int32(name: str, t: torch.Tensor) -> torch.Tensor:
+    """An engine's int32 / int64 index tensor as int32 (int64 is converted, on its device: a
+    kernel)."""
+    check_int(name, t)
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 
@@ -110,15 +118,16 @@ def prefill_valid_pages(cu_seqlens_q: torch.Tensor, prefix_lens: torch.Tensor,
 
 def decode_valid_pages(seq_lens: torch.Tensor, decode_query_len: int) -> torch.Tensor:
     """Per decode row (request-major, decode_query_len per request): position // 128 + 1 with
-    position = seq_len - decode_query_len + offset; 0 where the position is negative. Three
-    element-wise kernels (it runs once per layer of every decode step): floor((seq_len - n + i +
-    128) / 128) clamped at 0."""
+    position = seq_len - decode_query_len + offset. Two element-wise kernels (it runs once per
+    layer of every decode step): floor((seq_len - n + i + 128) / 128). Never negative for
+    lengths >= 0 and n <= 128; msa_topk_select clamps the counts to [0, max_k_tiles] on the
+    device anyway (docs/semantics.md#topk-select), so no clamp kernel."""
     batch = seq_lens.shape[0]
     offsets = constant(("decode_offsets", decode_query_len, seq_lens.device), lambda: torch.arange(
         SPARSE_BLOCK_SIZE - decode_query_len, SPARSE_BLOCK_SIZE, dtype=torch.int32,
         device=seq_lens.device))
     shifted = seq_lens.reshape(batch, 1) + offsets  # int32 (batch, decode_query_len)
-    return torch.div(shifted, SPARSE_BLOCK_SIZE, rounding_mode="floor").clamp_min_(0).view(-1)
+    return torch.div(shifted, SPARSE_BLOCK_SIZE, rounding_mode="floor").view(-1)
 
 
 def decode_cu_seqlens(total_q: int, decode_query_len: int, device) -> torch.Tensor:

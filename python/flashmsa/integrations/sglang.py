@@ -48,7 +48,7 @@ import torch
 from .. import msa_ops
 from ..errors import NotSupportedError
 from ._common import PatchHandle, constant, contiguous, decode_cu_seqlens, decode_valid_pages
-from ._common import env_flag, int32, prefill_valid_pages, q2k, select, swap_in, workspace
+from ._common import check_int, env_flag, int32, prefill_valid_pages, q2k, select, swap_in, workspace
 
 __all__ = [
     "MSADecodePlan",
@@ -122,7 +122,7 @@ def _paged(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Tuple[torch.Tensor, 
 
 def _lengths(name: str, t: torch.Tensor, batch: int) -> int:
     """Checks a per-request int tensor has ``batch`` entries; returns ``batch``."""
-    int32(name, t)
+    check_int(name, t)
     if t.dim() != 1 or t.shape[0] != batch:
         raise ValueError(f"{name} must have {batch} entries (one per request), got "
                          f"{tuple(t.shape)}")
@@ -135,7 +135,7 @@ def _kv_len(req_to_token: torch.Tensor) -> int:
         got = tuple(req_to_token.shape) if isinstance(req_to_token, torch.Tensor) else \
             type(req_to_token).__name__
         raise ValueError(f"req_to_token must be 2-D (max_reqs, max_kv_len), got {got}")
-    int32("req_to_token", req_to_token)
+    check_int("req_to_token", req_to_token)
     return req_to_token.shape[1]
 
 
@@ -437,12 +437,13 @@ def flash_prefill_with_topk_index(
     batch = cu.shape[0] - 1
     columns = max(-(-int(max_seqlen_k) // PAGE_SIZE), 1)
     score = torch.empty((heads, columns, total_q), dtype=torch.float32, device=q.device)
+    prefix = int32("prefix_lens", prefix_lens)
     msa_ops.msa_proxy_score(
         contiguous(q), _pages("k_cache", k_cache), cu,
         page_table=_page_table(req_to_token, slot_ids, batch, int(max_seqlen_k)),
         seqused_k=int32("seq_lens", seq_lens), causal=True, max_seqlen_q=int(max_seqlen_q),
-        max_k_tiles=columns, output=score, q_offset=int32("prefix_lens", prefix_lens))
-    nvp = prefill_valid_pages(cu, int32("prefix_lens", prefix_lens), total_q)
+        max_k_tiles=columns, output=score, q_offset=prefix)
+    nvp = prefill_valid_pages(cu, prefix, total_q)
     return None, select(score, int(topk), nvp, int(init_blocks), int(local_blocks), None)
 
 
