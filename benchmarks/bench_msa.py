@@ -1228,7 +1228,8 @@ class Bench:
         cu = ft.cu_seqlens([s], self.device)
         outs = [torch.empty_like(q) for _ in range(2)]
         # Hopper: vLLM 0.34 binds its query-tiled prefill kernel there (the common op elsewhere).
-        hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(self.device)[0] == 9
+        hopper = (torch.device(self.device).type == "cuda"
+                  and torch.cuda.get_device_capability(self.device)[0] == 9)
         mod = self.vllm.sparse_prefill if hopper else self.vllm.sparse_attn
 
         def call(m, out):
