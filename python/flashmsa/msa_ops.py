@@ -164,6 +164,16 @@ def _index_tensor(name: str, value) -> Optional[torch.Tensor]:
     return value.contiguous() if value is not None else None
 
 
+def _page_table_tensor(value) -> Optional[torch.Tensor]:
+    """page_table is read in place when its rows are contiguous (a column range of a wider table,
+    e.g. an engine's per-forward table, is taken as it is: the core reads rows by their stride),
+    and copied otherwise."""
+    value = _tensor_or_none("page_table", value)
+    if value is None or (value.dim() == 2 and (value.shape[1] <= 1 or value.stride(1) == 1)):
+        return value
+    return value.contiguous()
+
+
 def _q_offset_args(op: str, q_offset) -> Tuple[Optional[int], Optional[torch.Tensor]]:
     """q_offset is None, a Python int (one offset for every sequence) or an int32 (B,) tensor."""
     if q_offset is None:
@@ -346,7 +356,7 @@ def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
     k = _tensor("k", k)
     cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
     cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
-    page_table = _index_tensor("page_table", page_table)
+    page_table = _page_table_tensor(page_table)
     seqused_k = _index_tensor("seqused_k", seqused_k)
     output = _tensor_or_none("output", output)
     q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
@@ -482,7 +492,7 @@ def _proxy_score_fp4(plan, q_fp4, k_fp4, q_scale, k_scale, q_global_scale, k_glo
     k_global_scale = _float_arg("k_global_scale", k_global_scale, optional=False)
     cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
     cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
-    page_table = _index_tensor("page_table", page_table)
+    page_table = _page_table_tensor(page_table)
     seqused_k = _index_tensor("seqused_k", seqused_k)
     output = _tensor_or_none("output", output)
     q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
@@ -692,7 +702,7 @@ def _sparse_attention(plan, q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, ca
     q2k_indices = _tensor("q2k_indices", q2k_indices)
     cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
     cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
-    page_table = _index_tensor("page_table", page_table)
+    page_table = _page_table_tensor(page_table)
     seqused_k = _index_tensor("seqused_k", seqused_k)
     k_scale = _tensor_or_none("k_scale", k_scale)
     v_scale = _tensor_or_none("v_scale", v_scale)
@@ -814,7 +824,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
     k = _tensor("k", k)
     v = _tensor("v", v)
     q2k_indices = _tensor("q2k_indices", q2k_indices)
-    page_table = _index_tensor("page_table", page_table)
+    page_table = _page_table_tensor(page_table)
     seqused_k = _index_tensor("seqused_k", seqused_k)
     cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
     seqlen_q = _int_arg(op, "seqlen_q", seqlen_q)

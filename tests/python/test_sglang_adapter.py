@@ -313,6 +313,42 @@ def test_decode_indexer_launches_few_kernels():
         assert gather == ["index", "div"], names  # slot_ids (int64) used as they are
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_indexer_shares_the_forward_metadata(device):
+    """Called with the very tensors this forward's decode metadata was built from (SGLang's decode
+    layers are), the indexer takes the plan's page table, lengths and visible block counts: only
+    the proxy score and the top-k run, and the selection is the same. Any other tensors (a later
+    forward's, equal in value; a batch the plan does not hold) build their own."""
+    t = make_problem(device, [900, 300, 129], [1] * 3, seed=14)
+    want = ref_index_topk(t, 8, 1, 2)
+    slots, seq = t["slot_ids"].clone(), t["seq_lens"].clone()
+    plan = fs.build_msa_decode_cg_plan(8, 2, BLK, 8, 3, device=torch.device(device))
+    buf = torch.zeros(3 * 16, dtype=torch.int32, device=device)
+    fs.update_msa_decode_cg_meta(plan, buf, t["req_to_token"], slots, seq, BLK, 8, 8, 2)
+
+    def index(slot_ids, seq_lens, max_seqlen=2000):
+        return fs.flash_decode_with_topk_idx(
+            t["idx_q"][:slot_ids.shape[0]], None, t["idx_k"], None, t["req_to_token"], seq_lens,
+            max_seqlen, slot_ids, BLK, 8, 1, 2, disable_index_value=True, page_size=BLK)[1]
+
+    index(slots, seq)  # the constants, made once
+    got, names = dispatched_ops(lambda: index(slots, seq))
+    assert torch.equal(got.cpu(), want)
+    assert names == ["proxy_score", "topk_select"], names
+    for other in ((t["slot_ids"], seq), (slots, t["seq_lens"]), (slots, seq.clone()),
+                  (slots[:2], seq[:2])):
+        index(*other)  # constants of a new batch size, made once
+        got, names = dispatched_ops(lambda: index(*other))
+        assert torch.equal(got.cpu(), want[:, :other[0].shape[0]])
+        assert names[-5:] == ["index", "div", "proxy_score", "add", "div", "topk_select"][-5:] \
+            and "index" in names, names
+    # A plan table narrower than the call's columns (4 pages a row, the call's 9): built apart.
+    narrow = torch.zeros(3 * 4, dtype=torch.int32, device=device)
+    fs.update_msa_decode_cg_meta(plan, narrow, t["req_to_token"], slots, seq, BLK, 8, 8, 2)
+    got, names = dispatched_ops(lambda: index(slots, seq))
+    assert torch.equal(got.cpu(), want) and "index" in names, names
+
+
 @pytest.mark.parametrize("case", ["index_value", "sink", "lse", "block_size_q", "page_size",
                                   "dense_main_attn", "negative_scale"])
 def test_indexer_leaves_other_calls_to_sglang(monkeypatch, case):

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -215,15 +215,24 @@ def msa_sparse_prefill_main(
 
 
 class MSADecodePlan:
-    """One decode batch size's lengths, read by the decode attention (also inside a CUDA graph,
-    by address). ``seq_lens`` is rewritten in place by :func:`update_msa_decode_cg_meta`; the page
-    table lives in SGLang's ``kv_indices`` buffer, viewed ``(batch_size, -1)``."""
+    """One decode batch size's lengths, read by the decode attention and the decode indexer (also
+    inside a CUDA graph, by address). ``seq_lens`` and ``valid_pages`` (each request's visible
+    block count, the decode top-k's candidate range) are rewritten in place by
+    :func:`update_msa_decode_cg_meta`; the page table lives in SGLang's ``kv_indices`` buffer,
+    viewed ``(batch_size, -1)``."""
 
     def __init__(self, batch_size: int, device: torch.device):
         if batch_size < 0:
             raise ValueError(f"batch_size must be >= 0, got {batch_size}")
         self.batch_size = int(batch_size)
         self.seq_lens = torch.zeros(self.batch_size, dtype=torch.int32, device=device)
+        self.valid_pages = torch.zeros(self.batch_size, dtype=torch.int32, device=device)
+
+    def refresh(self, seq_lens: torch.Tensor) -> None:
+        """The lengths and visible block counts of this forward, in place (3 small kernels)."""
+        self.seq_lens.copy_(seq_lens)
+        torch.div(self.seq_lens + (PAGE_SIZE - 1), PAGE_SIZE, rounding_mode="floor",
+                  out=self.valid_pages)
 
     def __repr__(self) -> str:
         return f"MSADecodePlan(batch_size={self.batch_size}, device={self.seq_lens.device})"
@@ -246,8 +255,10 @@ def build_msa_decode_meta(
                          f"multiple of {PAGE_SIZE}, got {tuple(k_cache.shape)}")
     batch = _lengths("seq_lens", seq_lens, seq_lens.shape[0] if seq_lens.dim() == 1 else -1)
     plan = MSADecodePlan(batch, req_to_token.device)
-    plan.seq_lens.copy_(seq_lens)
-    return _page_table(req_to_token, slot_ids, batch).view(-1), plan
+    plan.refresh(seq_lens)
+    table = _page_table(req_to_token, slot_ids, batch)
+    _remember_forward(req_to_token, slot_ids, seq_lens, table, plan)
+    return table.view(-1), plan
 
 
 def build_msa_decode_cg_plan(
@@ -295,8 +306,44 @@ def update_msa_decode_cg_meta(
         raise ValueError(f"kv_indices_buf must be a contiguous int32 (batch * max_pages,) buffer, "
                          f"got {kv_indices_buf.dtype} {tuple(kv_indices_buf.shape)}")
     _lengths("seq_lens", seq_lens, batch)
-    plan.seq_lens.copy_(seq_lens)
-    _page_table_into(kv_indices_buf.view(batch, -1), req_to_token, slot_ids)
+    plan.refresh(seq_lens)
+    table = kv_indices_buf.view(batch, -1)
+    _page_table_into(table, req_to_token, slot_ids)
+    _remember_forward(req_to_token, slot_ids, seq_lens, table, plan)
+
+
+class _ForwardMeta(NamedTuple):
+    """The decode metadata SGLang's backend last built (once per decode forward, before its layers
+    run: ``init_forward_metadata_out_graph``), and the tensors it was built from."""
+    req_to_token: torch.Tensor
+    slot_ids: torch.Tensor
+    seq_lens: torch.Tensor
+    table: torch.Tensor  # (batch, max_pages) int32
+    plan: MSADecodePlan
+
+
+_FORWARD: List[Optional[_ForwardMeta]] = [None]
+
+
+def _remember_forward(req_to_token, slot_ids, seq_lens, table, plan) -> None:
+    # Strong references: an object of a later forward can never be one of these (``is`` below).
+    _FORWARD[0] = _ForwardMeta(req_to_token, slot_ids, seq_lens, table, plan)
+
+
+def _forward_meta(req_to_token: torch.Tensor, slot_ids: torch.Tensor, seq_lens: torch.Tensor,
+                  columns: int) -> Optional[_ForwardMeta]:
+    """The decode indexer's page table, lengths and visible block counts from this forward's
+    metadata, when the indexer is called with the very tensors it was built from (SGLang's decode
+    layers all are: ``minimax_sparse_decode`` passes ``req_to_token``, ``req_pool_indices`` and
+    ``seq_lens`` of the forward whose metadata it also hands the attention) and its table holds
+    ``columns`` pages a row; else None (the indexer builds its own). Inside a CUDA graph the shared
+    buffers are read by address, rewritten before each replay as the attention's are."""
+    meta = _FORWARD[0]
+    if (meta is None or meta.req_to_token is not req_to_token or meta.slot_ids is not slot_ids
+            or meta.seq_lens is not seq_lens or meta.table.shape[1] < columns
+            or meta.plan.batch_size != seq_lens.shape[0]):
+        return None
+    return meta
 
 
 @torch.no_grad()
@@ -490,19 +537,26 @@ def flash_decode_with_topk_idx(
             use_dense_main_attn=use_dense_main_attn, page_size=page_size, q_scale=q_scale,
             k_scale=k_scale, v_scale=v_scale)
     batch, heads, _ = q.shape
-    seq = int32("seq_lens", seq_lens)
-    _lengths("seq_lens", seq, batch)
+    _lengths("seq_lens", seq_lens, batch)
     length = min(int(max_seqlen), _kv_len(req_to_token))
     columns = max(-(-length // PAGE_SIZE), 1)
     if batch == 0:
         return None, torch.empty((heads, 0, int(topk)), dtype=torch.int32, device=q.device), None
+    _lengths("slot_ids", slot_ids, batch)
+    meta = _forward_meta(req_to_token, slot_ids, seq_lens, columns)
+    if meta is not None:  # this forward's metadata: no kernel besides the proxy and the top-k
+        table, seq, nvp = meta.table[:, :columns], meta.plan.seq_lens, meta.plan.valid_pages
+    else:
+        seq = int32("seq_lens", seq_lens)
+        table, nvp = _page_table(req_to_token, slot_ids, batch, length), None
     score = torch.empty((heads, columns, batch), dtype=torch.float32, device=q.device)
     msa_ops.msa_proxy_score(
         contiguous(q), _pages("k_cache", k_cache), decode_cu_seqlens(batch, 1, q.device),
-        page_table=_page_table(req_to_token, slot_ids, batch, length), seqused_k=seq,
-        causal=True, max_seqlen_q=1, max_k_tiles=columns, output=score)
-    return None, select(score, int(topk), decode_valid_pages(seq, 1), int(init_blocks),
-                        int(local_blocks), None), None
+        page_table=table, seqused_k=seq, causal=True, max_seqlen_q=1, max_k_tiles=columns,
+        output=score)
+    if nvp is None:
+        nvp = decode_valid_pages(seq, 1)
+    return None, select(score, int(topk), nvp, int(init_blocks), int(local_blocks), None), None
 
 
 # ---- patching SGLang -----------------------------------------------------------------------------
