@@ -1344,8 +1344,11 @@ class Bench:
             self.head_to_head(ref, f"sparse S={size_name(s)} bf16 {pattern}",
                               lambda s=s, pat=pattern: self.sg_sparse(s, pat), "compute")
         for b, ctx in SG_DECODE:
-            self.head_to_head(ref, f"index decode B{b} ctx={size_name(ctx)} bf16",
-                              lambda b=b, c=ctx: self.sg_index_decode(b, c), "memory")
+            for plan in (False, True):
+                self.head_to_head(ref, f"index decode B{b} ctx={size_name(ctx)} bf16"
+                                       + (", forward plan" if plan else ""),
+                                  lambda b=b, c=ctx, p=plan: self.sg_index_decode(b, c, p),
+                                  "memory")
             self.head_to_head(ref, f"decode B{b} ctx={size_name(ctx)} bf16",
                               lambda b=b, c=ctx: self.sg_decode(b, c), "memory")
         for b, ctx in SG_STEP:
@@ -1422,9 +1425,14 @@ class Bench:
                                      M3["hkv"])
         return buf, plan
 
-    def sg_index_decode(self, b, ctx):
+    def sg_index_decode(self, b, ctx, plan=False):
+        """The decode indexer alone; with ``plan`` after SGLang's per-forward decode metadata was
+        built from the same tensors (its MSA backend's serving path: the adapter then reads the
+        page table, lengths and block counts from it), else building its own per call."""
         from flashmsa.integrations import sglang as fs
         idx_q, _, r2t, slots, caches, lens, _, _ = self.sg_decode_inputs(b, ctx, self.gen())
+        if plan:
+            self.sg_decode_plan(b, ctx, r2t, slots, lens)
         args = (idx_q, None, caches["idx_k"], None, r2t, lens, ctx, slots, mi.BLOCK, TOPK, 1, 1)
         kw = dict(sm_scale=128 ** -0.5, disable_index_value=True, page_size=mi.BLOCK)
         mod = self.sglang.decode_index

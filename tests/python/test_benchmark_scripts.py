@@ -722,8 +722,9 @@ def test_stage_sglang_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.ceil["matmul_tflops"] = 1.0
     cpu_bench.stage_sglang()
     rows = cpu_bench.rows
-    assert len(rows) == 2 * 6 and all(r["status"] == "ok" for r in rows), rows
+    assert len(rows) == 2 * 7 and all(r["status"] == "ok" for r in rows), rows
     assert rows[-1]["case"] == "step graph B2 ctx=1K bf16 [flashmsa]"
+    assert rows[7]["case"] == "index decode B2 ctx=1K bf16, forward plan [flashmsa]"
     for their_row, fm_row in zip(rows[::2], rows[1::2]):
         assert their_row["stage"] == fm_row["stage"] == "sglang"
         assert fm_row["case"] == their_row["case"].replace("[sglang stand-in]", "[flashmsa]")
