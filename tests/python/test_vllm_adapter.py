@@ -419,6 +419,38 @@ def test_decode_index_launches_few_kernels():
     assert names == ["proxy_score", "add", "div", "topk_select"], names
 
 
+def test_decode_index_block_counts_once_per_forward(monkeypatch):
+    """Inside one vLLM forward (one ForwardContext) every decode layer's indexer gets the same
+    seq_lens tensor: the layers after the first reuse the first one's block counts (only the proxy
+    score and the top-k run); a new forward context, or another seq_lens tensor with the same
+    values, computes them again; outside a forward (no context) every call does."""
+    t, s = make_problem("cpu", [700, 300, 129], [2, 2, 2])
+    args = (t["idx_q"], t["index_k"], t["block_table"], t["seq_lens"], 700, 3, 1, 1, s["hkv"], 2, 2)
+    want = fv.minimax_m3_index_decode(*args)
+    context = [None]
+
+    def get_forward_context():
+        assert context[0] is not None, "Forward context is not set."
+        return context[0]
+    monkeypatch.setitem(sys.modules, "vllm.forward_context",
+                        types.SimpleNamespace(get_forward_context=get_forward_context))
+    first, second = object(), object()
+    for ctx, layers in ((None, ["add", "div"]), (first, ["add", "div"]), (first, []),
+                        (first, []), (second, ["add", "div"]), (second, [])):
+        context[0] = ctx
+        got, names = dispatched_ops(lambda: fv.minimax_m3_index_decode(*args))
+        assert torch.equal(got, want)
+        assert names == ["proxy_score", *layers, "topk_select"], (ctx, names)
+    other = (*args[:3], t["seq_lens"].clone(), *args[4:])  # the same values, another tensor
+    got, names = dispatched_ops(lambda: fv.minimax_m3_index_decode(*other))
+    assert torch.equal(got, want) and names == ["proxy_score", "add", "div", "topk_select"]
+    # Another decode_query_len in the same forward: its own counts.
+    one = (t["idx_q"][::2].contiguous(), *args[1:9], 1, 2)
+    fv.minimax_m3_index_decode(*one)
+    got, names = dispatched_ops(lambda: fv.minimax_m3_index_decode(*args))
+    assert names == ["proxy_score", "add", "div", "topk_select"], names
+
+
 def test_bad_arguments_name_them():
     t, s = make_problem("cpu", [300], [300])
     with pytest.raises(ValueError, match="num_idx_heads == num_kv_heads"):

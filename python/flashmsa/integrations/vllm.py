@@ -235,6 +235,39 @@ def minimax_m3_index_topk(
     return _select(scores_hpt, int(topk), nvp, int(init_blocks), int(local_blocks), out)
 
 
+_FORWARD_NVP: list = [None]  # (vLLM's forward context, seq_lens, decode_query_len, block counts)
+
+
+def _vllm_forward_context():
+    """vLLM's current ForwardContext (a new object per forward: ``set_forward_context``), or None
+    outside a forward or without vLLM."""
+    module = sys.modules.get("vllm.forward_context")
+    if module is None:
+        return None
+    try:
+        return module.get_forward_context()
+    except (AssertionError, AttributeError):  # no forward context set
+        return None
+
+
+def _forward_valid_pages(given: torch.Tensor, seq_lens: torch.Tensor,
+                         decode_query_len: int) -> torch.Tensor:
+    """The rows' visible block counts, made once per vLLM forward: every decode layer's indexer
+    gets the same ``seq_lens`` tensor (the forward's indexer metadata), so the layers after the
+    first reuse the first one's counts (two small kernels a layer fewer; vLLM runs the indexer
+    eagerly, where each costs ~10 us of host time). Keyed on the forward context and ``given``
+    by identity, both held, so a later forward (a new context) always recomputes them; inside a
+    CUDA graph the first layer's kernels are captured and the others read their output."""
+    context = _vllm_forward_context()
+    hit = _FORWARD_NVP[0]
+    if (context is not None and hit is not None and hit[0] is context and hit[1] is given
+            and hit[2] == decode_query_len):
+        return hit[3]
+    nvp = _decode_valid_pages(seq_lens, decode_query_len)
+    _FORWARD_NVP[0] = None if context is None else (context, given, decode_query_len, nvp)
+    return nvp
+
+
 def _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, num_kv_heads,
                    decode_query_len, max_decode_query_len):
     """flashmsa's decode block scores (H, columns, total_q), -inf where a row sees no key, and the
@@ -246,7 +279,7 @@ def _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, nu
     if not 1 <= decode_query_len <= max_decode_query_len:
         raise ValueError(f"decode_query_len must be in [1, max_decode_query_len = "
                          f"{max_decode_query_len}], got {decode_query_len}")
-    seq_lens = _int32("seq_lens", seq_lens)
+    given, seq_lens = seq_lens, _int32("seq_lens", seq_lens)
     if total_q != seq_lens.shape[0] * decode_query_len:
         raise ValueError(f"idx_q has {total_q} rows; seq_lens ({seq_lens.shape[0]} requests) x "
                          f"decode_query_len ({decode_query_len}) = "
@@ -260,7 +293,7 @@ def _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, nu
         _contiguous(idx_q), _index_cache("index_kv_cache", index_kv_cache), cu_q,
         page_table=_int32("block_table", block_table), seqused_k=seq_lens, causal=True,
         max_seqlen_q=int(decode_query_len), max_k_tiles=columns, output=score)
-    return score, _decode_valid_pages(seq_lens, decode_query_len)
+    return score, _forward_valid_pages(given, seq_lens, int(decode_query_len))
 
 
 def _force_scores(score_hpt: torch.Tensor, nvp: torch.Tensor, init_blocks: int,
