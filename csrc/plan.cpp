@@ -403,6 +403,21 @@ const char* topk_net_pivot_unsupported(const TopkSelectParams& p) {
   return nullptr;
 }
 
+const char* proxy_select_unsupported(const ProxyScoreParams& p, const ProxyScorePlan& plan,
+                                     const TopkSelectParams& tp) {
+  if (plan.kernel != ProxyKernel::kDecode || !proxy_decode_runs(p))
+    return "the proxy plan does not run the decode kernel";
+  if (p.reduce_heads) return "reduce_heads";
+  if (p.total_q <= 0 || p.max_k_tiles <= 0) return "no rows or no columns";
+  if (tp.score != p.out || tp.num_heads != p.num_heads || tp.num_blocks != p.max_k_tiles ||
+      tp.num_tokens != p.total_q)
+    return "the top-k call does not select from this call's scores";
+  if (const char* why = topk_net_pivot_unsupported(tp)) return why;
+  if (p.k.dtype == DType::kNVFP4) return "NVFP4 index-K (no select tail built)";
+  if (p.k.dtype == DType::kFP8E4M3 && !plan.tma) return "fp8 index-K on the cp.async ring (decode_fp8=cta)";
+  return nullptr;
+}
+
 int topk_net_lanes(const TopkSelectParams& p, int num_sms) {
   const int64_t rows = int64_t(p.num_tokens) * int64_t(p.num_heads);
   const int64_t want = int64_t(kTopkNetMinWarpsPerSm) * num_sms * 32;  // lanes
@@ -469,7 +484,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     }
     if (pivot) {
       plan.net_lanes = 32;
-      plan.net_pivot = p.num_blocks <= 256 ? 8 : p.num_blocks <= 512 ? 16 : 32;
+      plan.net_pivot = topk_pivot_scores(p.num_blocks);
       // auto: rank_cta from 16 scores a lane, sort at 8 (TopkPivotMode; H200 at 0e3ed29 / 9903d0a).
       plan.net_pivot_mode = options.net_pivot_mode != TopkPivotMode::kAuto ? options.net_pivot_mode
                             : plan.net_pivot >= kTopkPivotCtaMinSlots      ? TopkPivotMode::kRankCta

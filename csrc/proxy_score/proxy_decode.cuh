@@ -78,12 +78,20 @@ __device__ __forceinline__ int chunk_offset(int row, int chunk) {
 // 128-byte rows wrote with the 128-byte swizzle (chunk ^ row % 8; decode_fp8=tma, proxy_decode_tma.cuh).
 __device__ __forceinline__ int tma_sw128_offset(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
+// The top-k a kernel built with kSelect runs after its scores (proxy_select.cuh).
+struct SelectTail {
+  TopkSelectParams tp;  // tp.score is p.out: the call's rows, heads and columns
+  uint32_t* arrivals;   // [B + 1] arrival counters: zero before the call, left zero by it
+  int pivot;            // scores a lane of the row's warp: 8, 16 or 32 (rows of <= 32 x pivot blocks)
+};
+
 struct Params {
   ProxyScoreParams p;
   int group;     // G = Hq / Hkv (<= 16)
   int tokens;    // T = 16 / G: tokens per 16-row pass; row r = (head r / T, token r % T)
   int64_t units; // B * Hkv * P
   float scale;   // every logit times this (NVFP4: logit_scale * 2^7, see load_k_frags)
+  SelectTail sel;  // kernels built with kSelect only
 };
 
 __device__ __forceinline__ float max_nan(float a, float b) {
@@ -466,11 +474,18 @@ __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
   }
 }
 
+}  // namespace flashmsa::cuda::proxy::decode
+
+#include "proxy_score/proxy_select.cuh"
+
+namespace flashmsa::cuda::proxy::decode {
+
 // kIlp = 2 (plan option decode_ilp=2): an iteration waits for units i and i + 1 and, where both
 // are loaded blocks of the same single-pass request, multiplies them together (multiply_pair)
 // with one barrier and one store round for the pair, then moves on by two; otherwise it runs
 // unit i alone as kIlp = 1 does (unit i + 1 already waited for).
-template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp, bool kWord>
+// kSelect: the select tail runs after the scores (proxy_select.cuh).
+template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp, bool kWord, bool kSelect = false>
 __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __grid_constant__ Params dp) {
   using St = Stage<kK, kCtas>;
   constexpr int S = St::kStages;
@@ -618,12 +633,14 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   }
   cp_async_wait<0>();
   fill_uncovered_rows(dp);
+  if constexpr (kSelect) select_tail<kThreads>(dp, u0, n);
 }
 
-template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, int kIlp = 1, bool kWord = false>
+template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, int kIlp = 1, bool kWord = false,
+          bool kSelect = false>
 void launch_kernel(const Params& dp, cudaStream_t stream) {
   static_assert(!kWord || kK == kK4, "nvfp4_cvt=word converts NVFP4 K");
-  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas, kIlp, kWord>;
+  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas, kIlp, kWord, kSelect>;
   const size_t smem = Stage<kK, kCtas>::kSmemBytes;
   const int resident = prepare_launch(kernel, kThreads, smem);
   const DeviceLimits& limits = current_device_limits();
@@ -700,22 +717,15 @@ void launch_ring_fp4(const Params& dp, const ProxyScorePlan& plan, cudaStream_t 
 
 namespace flashmsa::cuda::proxy {
 
-// The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
-// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call. From the plan:
-// f16_mma (fp8 K with bf16 or fp8 q runs fp16 MMAs, bf16 q scaled per row), decode_ctas (the
-// CTAs per SM that fp8 / NVFP4 K are built for; 16-bit K always 2), decode_ilp and nvfp4_word
-// (NVFP4 K converted a word at a time).
-template <typename Element>
-bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream) {
-  if (!proxy_decode_runs(p)) return false;
-  MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
-            "proxy_score: NVFP4 q / k need their block scales");
-  if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
+namespace decode {
 
-  decode::Params dp{};
+// The decode kernels' Params of a call the decode kernel runs (proxy_decode_runs) with rows and
+// columns, after the checks of what the kernels' loads assume (16-byte aligned q and k rows).
+inline Params make_params(const ProxyScoreParams& p) {
+  Params dp{};
   dp.p = p;
   dp.group = p.num_heads / p.num_kv_heads;
-  dp.tokens = decode::kRows / dp.group;
+  dp.tokens = kRows / dp.group;
   dp.units = proxy_decode_units(p);
   dp.scale = p.q_dtype == DType::kNVFP4 ? p.logit_scale * 128.0f : 1.0f;
 
@@ -729,6 +739,26 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
   MSA_CHECK(aligned(p.k.data, 16) && (p.k.stride_token * k_elt) % 16 == 0 &&
                 (p.k.stride_head * k_elt) % 16 == 0 && (p.k.stride_page * k_elt) % 16 == 0,
             "proxy_score: k must be 16-byte aligned with 16-byte multiple strides");
+  return dp;
+}
+
+}  // namespace decode
+
+// The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
+// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call. From the plan:
+// f16_mma (fp8 K with bf16 or fp8 q runs fp16 MMAs, bf16 q scaled per row), decode_ctas (the
+// CTAs per SM that fp8 / NVFP4 K are built for; 16-bit K always 2), decode_ilp and nvfp4_word
+// (NVFP4 K converted a word at a time).
+template <typename Element>
+bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream) {
+  if (!proxy_decode_runs(p)) return false;
+  MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
+            "proxy_score: NVFP4 q / k need their block scales");
+  if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
+
+  const decode::Params dp = decode::make_params(p);
+  const bool k8 = p.k.dtype == DType::kFP8E4M3;
+  const bool k4 = p.k.dtype == DType::kNVFP4;
 
   // NVFP4 q and k run fp16 MMAs: only the bf16 unit (the type proxy_score picks for NVFP4 q)
   // instantiates them.
@@ -751,6 +781,28 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
       decode::launch_kernel<Element, decode::kK16, false, 2, u.value>(dp, stream);
     });
   }
+  return true;
+}
+
+// The decode kernel with the select tail (proxy_select.cuh): the call's scores and then tp's
+// selection from them, one launch; false (nothing launched) where the plan's kernel has no select
+// tail (the caller then runs the two ops). The caller checked proxy_select_unsupported (plan.h):
+// the decode kernel, rows and columns, tp reading p.out with the pivot's bounds. Built for 16-bit
+// K (the cp.async ring, 2 CTAs per SM) and fp8 K on the TMA kernel with fp16 MMAs.
+template <typename Element>
+bool launch_proxy_decode_select(const ProxyScoreParams& p, const ProxyScorePlan& plan, const TopkSelectParams& tp,
+                                uint32_t* arrivals, cudaStream_t stream) {
+  MSA_CHECK(proxy_select_unsupported(p, plan, tp) == nullptr && arrivals != nullptr,
+            "proxy_score_select: the select tail does not apply (caller bug)");
+  decode::Params dp = decode::make_params(p);
+  dp.sel.tp = tp;
+  dp.sel.arrivals = arrivals;
+  dp.sel.pivot = topk_pivot_scores(tp.num_blocks);
+  if (p.k.dtype == DType::kFP8E4M3) return plan.tma && decode::tma::launch_fp8_select<Element>(dp, plan, stream);
+  if (p.k.dtype != p.q_dtype) return false;  // NVFP4: not built
+  decode::with_ilp(plan.decode_ilp, [&](auto u) {
+    decode::launch_kernel<Element, decode::kK16, false, 2, u.value, false, true>(dp, stream);
+  });
   return true;
 }
 

@@ -509,7 +509,8 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
 }
 #endif
 
-template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
+// kSelect: the select tail runs after the scores (proxy_select.cuh).
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf, bool kSelect = false>
 __global__ void __launch_bounds__(Ring<kK, kSelf>::kCtaThreads, 1)
     proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
@@ -540,13 +541,15 @@ __global__ void __launch_bounds__(Ring<kK, kSelf>::kCtaThreads, 1)
   else
     consume<Mma, kK, kScaleQ, kCols, kSelf>(tp, smem, flags, full0, empty0, u0, n, warp, lane);
   fill_uncovered_rows<R::kCtaThreads>(dp);
+  if constexpr (kSelect) select_tail<R::kCtaThreads>(dp, u0, n);
 #endif
 }
 
 // Launches the kernel of kCols columns a pass for fp8 or NVFP4 K where it applies (sm_90a device
 // and binary, G <= kCols, no reduce_heads, a K map TMA can address; NVFP4: a 16-byte aligned scale
 // tensor); false (nothing launched) otherwise. kSelf: the consumer warps issue their own loads.
-template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
+// kSelect: with the select tail (dp.sel).
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf, bool kSelect = false>
 bool launch(const Params& dp, cudaStream_t stream) {
   using R = Ring<kK, kSelf>;
   constexpr int kThreads = R::kCtaThreads;
@@ -556,7 +559,7 @@ bool launch(const Params& dp, cudaStream_t stream) {
   // NVFP4: the maxima are scaled after the max, which equals scaling each logit first only for a
   // positive finite scale (q_global_scale x k_global_scale x 2^7); any other takes the cp.async ring.
   if (kK == kK4 && !(dp.scale > 0.0f && dp.scale <= FLT_MAX)) return false;
-  auto kernel = proxy_decode_tma_kernel<Mma, kK, kScaleQ, kCols, kSelf>;
+  auto kernel = proxy_decode_tma_kernel<Mma, kK, kScaleQ, kCols, kSelf, kSelect>;
   const int resident = prepare_sm90a_launch(kernel, kThreads, R::kSmemBytes);
   if (resident == 0) return false;
   TmaParams tp{};
@@ -575,11 +578,11 @@ bool launch(const Params& dp, cudaStream_t stream) {
 }
 
 // The plan's columns per pass (tma_cols: 16 or else 8) and load issue (tma_self_issue).
-template <typename Mma, int kK, bool kScaleQ>
+template <typename Mma, int kK, bool kScaleQ, bool kSelect = false>
 bool launch_cols(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
   auto with_issue = [&](auto cols) {
-    return plan.tma_self_issue ? launch<Mma, kK, kScaleQ, decltype(cols)::value, true>(dp, stream)
-                               : launch<Mma, kK, kScaleQ, decltype(cols)::value, false>(dp, stream);
+    return plan.tma_self_issue ? launch<Mma, kK, kScaleQ, decltype(cols)::value, true, kSelect>(dp, stream)
+                               : launch<Mma, kK, kScaleQ, decltype(cols)::value, false, kSelect>(dp, stream);
   };
   return plan.tma_cols == kProxyDecodeTmaMaxCols ? with_issue(std::integral_constant<int, kProxyDecodeTmaMaxCols>{})
                                                  : with_issue(std::integral_constant<int, kProxyDecodeTmaCols>{});
@@ -595,6 +598,16 @@ bool launch_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t strea
     }
   }
   return launch_cols<Element, kK8, false>(dp, plan, stream);
+}
+
+// launch_fp8 with the select tail (dp.sel), on fp16 MMAs only (auto's for fp8 K: plan.f16_mma
+// with bf16 / fp8 q; fp16 q's own); false (nothing launched) otherwise or where the kernel does
+// not apply.
+template <typename Element>
+bool launch_fp8_select(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
+  if (std::is_same_v<Element, __nv_bfloat16> && !plan.f16_mma) return false;
+  return dp.p.q_dtype == DType::kBF16 ? launch_cols<__half, kK8, true, true>(dp, plan, stream)
+                                      : launch_cols<__half, kK8, false, true>(dp, plan, stream);
 }
 
 // NVFP4 q and K: fp16 MMAs (instantiated for bf16, the type proxy_score picks for NVFP4 q).

@@ -51,16 +51,26 @@ struct Params {
   int groups;        // H * token_groups (< 2^31, checked on the host)
 };
 
+// How a kernel reads the scores: through the read-only cache (the top-k kernels: scores written
+// by an earlier kernel), or from L2 only (ld.global.cg: the proxy kernel's select tail reads
+// scores other CTAs of its own grid wrote, which the read-only path may not).
+struct LoadReadOnly {
+  __device__ __forceinline__ float operator()(const float* ptr) const { return __ldg(ptr); }
+};
+struct LoadL2 {
+  __device__ __forceinline__ float operator()(const float* ptr) const { return __ldcg(ptr); }
+};
+
 // One pass over this lane's share of the row: best := the K smallest words of best (all kSent on
 // entry) and the words `word(score, block - lo)` of blocks lo + part + L j in [lo, hi) (those
 // outside [r_lo, r_hi) when kRange: kSent, not loaded). col: the row's score column (block b at
 // col[b * stride]). Warp-uniform trip counts; no shuffles. The loads of batch j0 + 16 are issued
 // before the network of batch j0, so that they are in flight while it runs. first,
 // with have_first, the first batch's scores, already loaded (every block of it below num_blocks).
-template <int K, int L, bool kRange, class Word>
+template <int K, int L, bool kRange, class Word, class Ld>
 __device__ __forceinline__ void scan_share(uint32_t (&best)[K], const float* col, int64_t stride,
                                            int lo, int hi, int part, int r_lo, int r_hi, Word word,
-                                           const float (&first)[kBatch], bool have_first) {
+                                           const float (&first)[kBatch], bool have_first, Ld ld) {
   const int span = hi - lo;
   const int n_full = span / L;            // every part has its elements j < n_full
   const int n_any = (span + L - 1) / L;   // part 0 has the most
@@ -74,10 +84,10 @@ __device__ __forceinline__ void scan_share(uint32_t (&best)[K], const float* col
   const auto load = [&](int j0, const float* ptr, float (&v)[kBatch]) {
     if (full(j0)) {
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = __ldg(ptr + i * step);
+      for (int i = 0; i < kBatch; ++i) v[i] = ld(ptr + i * step);
     } else {
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = in_share(j0 + i) ? __ldg(ptr + i * step) : 0.0f;
+      for (int i = 0; i < kBatch; ++i) v[i] = in_share(j0 + i) ? ld(ptr + i * step) : 0.0f;
     }
   };
   const float* ptr = col + int64_t(lo + part) * stride;
@@ -256,11 +266,11 @@ __device__ __forceinline__ void choose_staged(const uint2* stage, int total, int
 // The network path of the warp's rows (lo, hi: the union of its candidate ranges; first, with
 // have_first, the first batch's scores already loaded): pass 1, the rare exact second pass, the
 // choice written at out_row[r.fb ..) of each active row.
-template <int K, int L>
+template <int K, int L, class Ld = LoadReadOnly>
 __device__ __forceinline__ void network_rows(const float* col, int64_t stride, bool active,
                                              const TopkRanges& r, int lo, int hi, int part,
                                              int* out_row, const float (&first)[kBatch],
-                                             bool have_first) {
+                                             bool have_first, Ld ld = {}) {
   const int n_sel = active ? r.target : 0;
   const bool uniform = __all_sync(0xFFFFFFFFu, active && r.mid_begin == lo && r.mid_end == hi);
   const int b = offset_bits(hi - lo);  // hi - lo <= kMaxSpan (the plan's bound)
@@ -273,9 +283,9 @@ __device__ __forceinline__ void network_rows(const float* col, int64_t stride, b
   for (int i = 0; i < K; ++i) best[i] = kSent;
   const auto w1 = [high_mask](float v, int off) { return word1(v, off, high_mask); };
   if (uniform) {
-    scan_share<K, L, false>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
+    scan_share<K, L, false>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first, ld);
   } else {
-    scan_share<K, L, true>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
+    scan_share<K, L, true>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first, ld);
   }
   team_merge<K, L>(best);
 
@@ -290,7 +300,7 @@ __device__ __forceinline__ void network_rows(const float* col, int64_t stride, b
     const uint32_t cut = t_word & high_mask;
     const auto w2 = [b, high_mask, cut](float v, int off) { return word2(v, off, b, high_mask, cut); };
     scan_share<K, L, true>(best2, col, stride, lo, hi, part, straddle ? r_lo : 0, straddle ? r_hi : 0,
-                           w2, first, false);
+                           w2, first, false, ld);
     team_merge<K, L>(best2);
   }
   if (!active) return;
@@ -308,13 +318,68 @@ __device__ __forceinline__ void network_rows(const float* col, int64_t stride, b
 template <int K>
 inline constexpr int kMinCtasPerSm = K == 16 ? 5 : 4;
 
-// N: the pivot path's scores a lane (0: none; else L = 32 and rows of at most 32 N candidates;
-// decode-sized calls, so up to 128 registers: 32 scores and keys stay live through the pivot).
+// One row (s, h) by a whole warp with the pivot first (N scores a lane: rows of at most 32 N
+// candidates), the networks where the pivot does not settle it: the frame (forced blocks, -1
+// tail) and the choice written. Slot i of lane l is block force_begin + l + 32 i. ld: how the
+// scores are read (LoadReadOnly, LoadL2). stage: this warp's 32 entries of shared memory.
+template <int N, class Ld>
+__device__ __forceinline__ void pivot_warp_row(const TopkSelectParams& p, int s, int h, int lane, uint2* stage,
+                                               Ld ld) {
+  static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 scores a lane");
+  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
+  const int64_t stride = p.num_tokens;
+  // num_valid_pages first (its load must not queue behind the scores'), then the lane's slots as
+  // if the candidates start at force_begin (they do whenever the row has any), loaded before
+  // num_valid_pages arrives: decode-sized calls are latency, and the loads after the ranges would
+  // wait a second DRAM round trip. Fewer address instructions per load than a general share: one
+  // pointer step of 32 rows apart, present while i < the lane's count.
+  const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s))
+                                                      : int64_t(p.num_valid_pages_value);
+  constexpr int kMore = N > kBatch ? N - kBatch : 1;  // the slots past the first batch
+  float first[kBatch];
+  float more[kMore];
+  {
+    const int count = (p.num_blocks - p.force_begin - lane + 31) >> 5;
+    const float* ptr = col + int64_t(p.force_begin + lane) * stride;
+    const int64_t step = 32 * stride;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) first[i] = i < count ? ld(ptr + i * step) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMore; ++i)
+      more[i] = N > kBatch && kBatch + i < count ? ld(ptr + (kBatch + i) * step) : 0.0f;
+  }
+  const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
+  int* const out_row = topk_out_row(p, s, h);
+  const bool active = r.target > 0;
+  // Forced blocks and the -1 tail ([0, fb) | target chosen | [nvp - fe, nvp) | -1 ...).
+  write_topk_frame(out_row, p.topk, r, active ? r.target : 0, lane, 32);
+  // The row's range (as warp reductions: the same instructions as the kernels of several rows a
+  // warp, whose SASS this form keeps).
+  const int lo = __reduce_min_sync(0xFFFFFFFFu, active ? r.mid_begin : INT_MAX);
+  const int hi = __reduce_max_sync(0xFFFFFFFFu, active ? r.mid_end : 0);
+  if (lo >= hi) return;  // warp-uniform
+  const bool have = lo == p.force_begin;  // the loads above are this range's
+  if (hi - lo <= 32 * N) {
+    float v[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int blk = lo + lane + 32 * i;
+      const float spec = i < kBatch ? first[i < kBatch ? i : 0] : more[i < kBatch ? 0 : i - kBatch];
+      v[i] = have ? spec : blk < hi ? ld(col + int64_t(blk) * stride) : 0.0f;
+    }
+    if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, stage)) return;
+  }
+  network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have, ld);
+}
+
+// N: the pivot path's scores a lane (0: none; else L = 32 and rows of at most 32 N candidates,
+// pivot_warp_row; decode-sized calls, so up to 128 registers: 32 scores and keys stay live
+// through the pivot).
 template <int K, int L, int N = 0>
 __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K>)
     topk_net_kernel(const __grid_constant__ Params np) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "lanes per row: a power of two <= 32");
-  static_assert(N == 0 || (L == 32 && (N == 8 || N == 16 || N == 32)), "the pivot: a warp per row");
+  static_assert(N == 0 || (L == 32 && K == 16), "the pivot: a warp per row, 16 words");
   const TopkSelectParams& p = np.p;
   const int lane = threadIdx.x & 31;
   const int g = blockIdx.x * kWarpsPerCta + (threadIdx.x >> 5);
@@ -323,6 +388,12 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   const int part = lane % L;
   const int h = g % p.num_heads;
   const int s = (np.token_groups - 1 - g / p.num_heads) * kRows + lane / L;
+  if constexpr (N > 0) {
+    // One row a warp: token groups are tokens, so s < num_tokens.
+    __shared__ uint2 stage[kWarpsPerCta][32];
+    pivot_warp_row<N>(p, s, h, lane, stage[threadIdx.x >> 5], LoadReadOnly{});
+    return;
+  }
   const bool has_row = s < p.num_tokens;
   const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + (has_row ? s : 0);
   const int64_t stride = p.num_tokens;
@@ -337,27 +408,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
                                           : int64_t(p.num_valid_pages_value);
   }
   float first[kBatch];
-  // The pivot's slots past the first batch, loaded the same way.
-  constexpr int kMore = N > kBatch ? N - kBatch : 1;
-  float more[kMore];
-  if constexpr (N == 0) {
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int blk = p.force_begin + part + L * i;
-      first[i] = has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
-    }
-  } else {
-    // A warp per row (L = 32): slot i is block force_begin + lane + 32 i, one pointer step of
-    // 32 rows apart, present while i < the lane's count (fewer address instructions per load
-    // than the general form above: this kernel is decode-sized, its prologue on the chain).
-    const int count = has_row ? (p.num_blocks - p.force_begin - part + 31) >> 5 : 0;
-    const float* ptr = col + int64_t(p.force_begin + part) * stride;
-    const int64_t step = 32 * stride;
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) first[i] = i < count ? __ldg(ptr + i * step) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMore; ++i)
-      more[i] = N > kBatch && kBatch + i < count ? __ldg(ptr + (kBatch + i) * step) : 0.0f;
+  for (int i = 0; i < kBatch; ++i) {
+    const int blk = p.force_begin + part + L * i;
+    first[i] = has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
   }
 
   TopkRanges r{};
@@ -376,21 +430,6 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   const int lo = __reduce_min_sync(0xFFFFFFFFu, active ? r.mid_begin : INT_MAX);
   const int hi = __reduce_max_sync(0xFFFFFFFFu, active ? r.mid_end : 0);
   if (lo >= hi) return;  // warp-uniform
-  if constexpr (N > 0) {
-    // One row a warp (L = 32): active, lo and hi are the row's.
-    __shared__ uint2 stage[kWarpsPerCta][32];
-    if (hi - lo <= 32 * N) {  // warp-uniform
-      const bool have = lo == p.force_begin;
-      float v[N];
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const int blk = lo + lane + 32 * i;
-        const float spec = i < kBatch ? first[i < kBatch ? i : 0] : more[i < kBatch ? 0 : i - kBatch];
-        v[i] = have ? spec : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
-      }
-      if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, stage[threadIdx.x >> 5])) return;
-    }
-  }
   network_rows<K, L>(col, stride, active, r, lo, hi, part, out_row, first, lo == p.force_begin);
 }
 

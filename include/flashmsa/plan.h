@@ -696,6 +696,15 @@ int topk_net_lanes(const TopkSelectParams& p, int num_sms);
 // Why the pivot path cannot run the call (nullptr: it can): the scores a lane holds (rows of at
 // most kTopkNetPivotMaxSpan blocks) and the words (rows choosing at most 15).
 const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
+// The pivot's scores a lane for rows of num_blocks (<= kTopkNetPivotMaxSpan) blocks: 8, 16 or 32.
+inline int topk_pivot_scores(int num_blocks) { return num_blocks <= 256 ? 8 : num_blocks <= 512 ? 16 : 32; }
+// Why the proxy decode kernel cannot select tp's rows in its own launch (run_proxy_score_select;
+// nullptr: it can, where the kernel itself then applies): the plan runs the decode kernel, without
+// reduce_heads, on rows and columns; tp reads this call's scores (its output, all its rows, heads
+// and columns), its rows within the pivot's bounds (topk_net_pivot_unsupported); 16-bit index-K,
+// or fp8 on the TMA kernel (NVFP4 index-K: not built).
+const char* proxy_select_unsupported(const ProxyScoreParams& p, const ProxyScorePlan& plan,
+                                     const TopkSelectParams& tp);
 
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);

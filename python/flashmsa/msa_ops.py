@@ -560,6 +560,17 @@ def msa_topk_select(
                         force_end_blocks=force_end_blocks)
 
 
+def _nvp_args(op, num_valid_pages):
+    """num_valid_pages as the ops' (value, tensor) pair: None, a Python int or an int32 tensor."""
+    if num_valid_pages is None or isinstance(num_valid_pages, torch.Tensor):
+        return None, num_valid_pages
+    if isinstance(num_valid_pages, numbers.Integral) and not isinstance(num_valid_pages, bool):
+        return _int64(op, "num_valid_pages", num_valid_pages), None
+    raise TypeError(
+        f"num_valid_pages must be None, an int or an int32 tensor, got "
+        f"{type(num_valid_pages).__name__}")
+
+
 def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blocks,
                  force_end_blocks):
     op = "msa_topk_select"
@@ -568,15 +579,7 @@ def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blo
     output = _tensor_or_none("output", output)
     force_begin_blocks = _int_arg(op, "force_begin_blocks", force_begin_blocks)
     force_end_blocks = _int_arg(op, "force_end_blocks", force_end_blocks)
-    if num_valid_pages is None or isinstance(num_valid_pages, torch.Tensor):
-        nvp_value, nvp_tensor = None, num_valid_pages
-    elif isinstance(num_valid_pages, numbers.Integral) and not isinstance(num_valid_pages, bool):
-        nvp_value, nvp_tensor = _int64(op, "num_valid_pages", num_valid_pages), None
-    else:
-        raise TypeError(
-            f"num_valid_pages must be None, an int or an int32 tensor, got "
-            f"{type(num_valid_pages).__name__}")
-
+    nvp_value, nvp_tensor = _nvp_args(op, num_valid_pages)
     _check_devices(op, max_score=max_score, num_valid_pages=nvp_tensor, output=output)
     if output is None:
         num_heads, _, total_q = _shape3(max_score)
@@ -588,6 +591,93 @@ def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blo
     _call(_ops.topk_select, *args)
     _log.log_plan("msa_topk_select", _ops.topk_select_describe, args)
     return output
+
+
+# ---- extension: a decode step's index side (proxy score and top-k) in one call -------------------
+
+def proxy_score_select(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    *,
+    topk: int = 16,
+    num_valid_pages: Optional[Union[int, torch.Tensor]] = None,
+    force_begin_blocks: int = 0,
+    force_end_blocks: int = 0,
+    page_table: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    causal: bool = True,
+    max_seqlen_q: Optional[int] = None,
+    max_k_tiles: Optional[int] = None,
+    output: Optional[torch.Tensor] = None,
+    indices: Optional[torch.Tensor] = None,
+    q_offset=None,
+    arrivals: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """flashmsa's extension (not in FlashInfer): :func:`msa_proxy_score` and then
+    :func:`msa_topk_select` of its scores, in one call; returns ``(max_score, indices)``.
+
+    The proxy's arguments and result are :func:`msa_proxy_score`'s (without ``reduce_heads``);
+    ``topk``, ``num_valid_pages``, ``force_begin_blocks`` and ``force_end_blocks`` and the
+    ``indices`` ``(total_q, Hq, topk)`` (pre-allocated as :func:`msa_topk_select`'s ``output``,
+    any layout it takes) are the top-k's. Both equal those of the two ops called in turn, bit for
+    bit.
+
+    On the GPU, for decode-sized calls that the proxy's decode kernel runs (16-bit index-K, or fp8
+    on its Hopper TMA kernel) with rows that choose at most 15 of at most 1024 blocks, one kernel
+    does both: each request's last CTA to store its scores selects the request's rows from them
+    (no top-k launch; docs/design/proxy_score.md#select-tail). Elsewhere the two ops run.
+
+    ``arrivals``: the one-kernel path's int32 counters, at least ``len(cu_seqlens_q)`` entries,
+    zero before the first call; every call leaves them zero, so one buffer serves every call on
+    its stream and every CUDA-graph replay. Calls that may run concurrently (other streams) need
+    buffers of their own. ``None``: a zeroed buffer per call (one more small kernel).
+    """
+    return _proxy_score_select("", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                               topk=topk, num_valid_pages=num_valid_pages,
+                               force_begin_blocks=force_begin_blocks,
+                               force_end_blocks=force_end_blocks, page_table=page_table,
+                               seqused_k=seqused_k, causal=causal, max_seqlen_q=max_seqlen_q,
+                               max_k_tiles=max_k_tiles, output=output, indices=indices,
+                               q_offset=q_offset, arrivals=arrivals)
+
+
+def _proxy_score_select(plan, q, k, cu_seqlens_q, cu_seqlens_k, topk, num_valid_pages,
+                        force_begin_blocks, force_end_blocks, page_table, seqused_k, causal,
+                        max_seqlen_q, max_k_tiles, output, indices, q_offset, arrivals):
+    op = "proxy_score_select"
+    q = _tensor("q", q)
+    k = _tensor("k", k)
+    cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
+    cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
+    page_table = _page_table_tensor(page_table)
+    seqused_k = _index_tensor("seqused_k", seqused_k)
+    output = _tensor_or_none("output", output)
+    indices = _tensor_or_none("indices", indices)
+    arrivals = _tensor_or_none("arrivals", arrivals)
+    topk = _int_arg(op, "topk", topk)
+    force_begin_blocks = _int_arg(op, "force_begin_blocks", force_begin_blocks)
+    force_end_blocks = _int_arg(op, "force_end_blocks", force_end_blocks)
+    nvp_value, nvp_tensor = _nvp_args(op, num_valid_pages)
+    q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
+    _check_devices(op, q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                   page_table=page_table, seqused_k=seqused_k, output=output,
+                   q_offset=q_offset_tensor, num_valid_pages=nvp_tensor, indices=indices,
+                   arrivals=arrivals)
+    max_seqlen_q, max_k_tiles, output = _proxy_dims(
+        op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q, max_k_tiles,
+        output, False)
+    if indices is None:
+        num_heads, _, total_q = _shape3(output)
+        slots = topk if 1 <= topk <= _MAX_TOPK else 0
+        indices = _outputs.empty((total_q, num_heads, slots), torch.int32, q.device)
+    args = (q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal), max_seqlen_q,
+            max_k_tiles, q_offset_value, q_offset_tensor, False, output, topk, nvp_value,
+            nvp_tensor, force_begin_blocks, force_end_blocks, indices, arrivals, plan)
+    _call(_ops.proxy_score_select, *args)
+    _log.log_plan(op, _ops.proxy_score_select_describe, args)
+    return output, indices
 
 
 # ---- stage 3: prefill / general varlen ---------------------------------------------------------
@@ -950,3 +1040,4 @@ _proxy_score_fp4_planned = _planned(msa_proxy_score_fp4, _proxy_score_fp4)
 _topk_select_planned = _planned(msa_topk_select, _topk_select)
 _sparse_attention_planned = _planned(msa_sparse_attention, _sparse_attention)
 _sparse_decode_planned = _planned(msa_sparse_decode_attention, _sparse_decode)
+_proxy_score_select_planned = _planned(proxy_score_select, _proxy_score_select)

@@ -2136,6 +2136,77 @@ TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
     }
 }
 
+// proxy_select_unsupported: the decode kernel's select tail takes a decode-sized call whose
+// top-k reads this call's scores within the pivot's bounds, on 16-bit index-K or fp8 on the TMA
+// kernel; everything else names why (and run_proxy_score_select runs the two ops).
+TEST(PlanProxy, SelectTailWhereItApplies) {
+  float scores = 0.0f;
+  auto call = [&](DType k, int tokens, int blocks) {
+    ProxyScoreParams p{};
+    p.batch = tokens;
+    p.total_q = tokens;
+    p.num_heads = 4;
+    p.num_kv_heads = 1;
+    p.max_k_tiles = blocks;
+    p.q_dtype = k == DType::kNVFP4 ? DType::kNVFP4 : DType::kBF16;
+    p.k.dtype = k;
+    p.out = &scores;
+    return p;
+  };
+  auto select = [&](const ProxyScoreParams& p) {
+    TopkSelectParams t = m3_topk(p.total_q, p.max_k_tiles);
+    t.score = p.out;
+    return t;
+  };
+  for (DType k : {DType::kBF16, DType::kFP8E4M3}) {
+    for (int blocks : {1, 256, 1024}) {
+      const ProxyScoreParams p = call(k, 64, blocks);
+      EXPECT_EQ(proxy_select_unsupported(p, plan_proxy_score(p, {}), select(p)), nullptr) << blocks;
+    }
+  }
+  const ProxyScoreParams m3 = call(DType::kFP8E4M3, 1, 1024);
+  const ProxyScorePlan dflt = plan_proxy_score(m3, {});
+  const TopkSelectParams t = select(m3);
+  // The proxy off the decode kernel: a prefill-sized call, or a plan naming another kernel.
+  ProxyScoreParams prefill = m3;
+  prefill.qi.max_seqlen_q = 64;
+  EXPECT_STREQ(proxy_select_unsupported(prefill, plan_proxy_score(prefill, {}), t),
+               "the proxy plan does not run the decode kernel");
+  EXPECT_STREQ(proxy_select_unsupported(m3, plan_proxy_score(m3, parse_proxy_score_options("kernel=mma_sync")), t),
+               "the proxy plan does not run the decode kernel");
+  EXPECT_STREQ(proxy_select_unsupported(m3, plan_proxy_score(m3, parse_proxy_score_options("decode_fp8=cta")), t),
+               "fp8 index-K on the cp.async ring (decode_fp8=cta)");
+  const ProxyScoreParams fp4 = call(DType::kNVFP4, 1, 1024);
+  EXPECT_STREQ(proxy_select_unsupported(fp4, plan_proxy_score(fp4, {}), select(fp4)),
+               "NVFP4 index-K (no select tail built)");
+  ProxyScoreParams reduce = m3;
+  reduce.reduce_heads = true;
+  EXPECT_STREQ(proxy_select_unsupported(reduce, plan_proxy_score(reduce, {}), t), "reduce_heads");
+  // The top-k's rows: this call's scores, heads, columns and tokens, within the pivot's bounds.
+  TopkSelectParams other = t;
+  float elsewhere = 0.0f;
+  other.score = &elsewhere;
+  EXPECT_STREQ(proxy_select_unsupported(m3, dflt, other), "the top-k call does not select from this call's scores");
+  other = t;
+  other.num_tokens = 2;
+  EXPECT_STREQ(proxy_select_unsupported(m3, dflt, other), "the top-k call does not select from this call's scores");
+  other = t;
+  other.force_end = 0;  // 16 chosen by score
+  EXPECT_STREQ(proxy_select_unsupported(m3, dflt, other), "rows choose more than 15 blocks");
+  const ProxyScoreParams wide = call(DType::kBF16, 1, 1025);
+  EXPECT_STREQ(proxy_select_unsupported(wide, plan_proxy_score(wide, {}), select(wide)),
+               "more than 1024 blocks per row");
+  ProxyScoreParams empty = m3;
+  empty.total_q = 0;
+  EXPECT_STREQ(proxy_select_unsupported(empty, dflt, t), "no rows or no columns");
+  // The pivot's scores a lane, as the top-k plan's.
+  EXPECT_EQ(topk_pivot_scores(1), 8);
+  EXPECT_EQ(topk_pivot_scores(256), 8);
+  EXPECT_EQ(topk_pivot_scores(257), 16);
+  EXPECT_EQ(topk_pivot_scores(512), 16);
+  EXPECT_EQ(topk_pivot_scores(1024), 32);
+}
+
 // kernel=decode: the decode kernel where it runs (G <= 16 heads per KV head, reduce_heads only with
 // one KV head), else mma_sync; auto takes it for short queries (G x max_seqlen_q <= 16), else sm90.
 TEST(PlanOptions, ProxyDecodeWhereItRuns) {

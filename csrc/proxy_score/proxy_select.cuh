@@ -1,0 +1,123 @@
+// The proxy decode kernels' select tail (template flag kSelect; flashmsa's extension op
+// proxy_score_select, the core's run_proxy_score_select): msa_topk_select of a decode-sized call
+// run by the proxy kernel itself, so that a decode step's index side is one kernel, not two
+// (docs/design/proxy_score.md#select-tail).
+//
+// Each CTA of the grid streams an equal contiguous share of the B x Hkv x P units, so a request's
+// units lie on a contiguous run of CTAs, computable from the unit range alone (cta_of below). When
+// a CTA has stored its scores (and its part of the -inf fill of uncovered rows) it arrives once on
+// the arrival counter of every request its share touched; the CTA whose arrival completes a
+// request's count (it saw count - 1) selects that request's rows (its tokens x all Hq heads) from
+// the scores, which all CTAs of the request have stored by then. Rows no request covers get their
+// scores from every CTA's fill, so with such rows every CTA also arrives on counter B, and the last
+// one selects those. The counters are atom.inc with the wrap value count - 1: the last arrival
+// stores 0, so a call leaves them as it found them (zero; the caller zeroes them once).
+//
+// Memory order: every thread fences its stores (gpu scope) and the CTA meets at a barrier before
+// its arrivals; the arrivals are acq_rel atomics, and the last arriver's CTA meets at a barrier
+// before it reads the scores, from L2 (ld.global.cg: the read-only path may not be used for data
+// the grid writes).
+//
+// A row is selected by one warp (topk_net_kernel.cuh's pivot_warp_row, the top-k's own code for
+// decode-sized rows: the exact order and tie-break of every other path), rows over the CTA's warps.
+#pragma once
+
+#include <cstdint>
+
+#include "topk_select/topk_net_kernel.cuh"
+
+namespace flashmsa::cuda::proxy::decode {
+
+// Arrives on *counter, whose arrivals complete at `count`: true for the arrival that completes
+// them (which stores 0). acq_rel at gpu scope: releases this CTA's stores (fenced and met at a
+// barrier before), acquires those of the CTAs that arrived before.
+__device__ __forceinline__ bool arrive_last(uint32_t* counter, uint32_t count) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(counter), "r"(count - 1u)
+               : "memory");
+  return old == count - 1u;
+}
+
+// The rows of arrival slot `slot` (request b < B: its tokens; B: the uncovered rows), each (token,
+// head) by one warp of the CTA's kWarps, from the scores in L2.
+template <int kWarps>
+__device__ __forceinline__ void select_slot_rows(const Params& dp, int slot, const UncoveredRows& unc, int warp,
+                                                 int lane, uint2* stage) {
+  const ProxyScoreParams& p = dp.p;
+  const TopkSelectParams& tp = dp.sel.tp;
+  const bool uncovered = slot == p.batch;
+  int64_t begin = 0;
+  int64_t tokens = unc.count;
+  if (!uncovered) {
+    const RowRange rows = q_rows(p.qi, p.total_q, slot);
+    begin = rows.begin;
+    tokens = rows.len;
+  }
+  const int heads = p.num_heads;
+#pragma unroll 1
+  for (int64_t j = warp; j < tokens * heads; j += kWarps) {  // warp-uniform
+    const int64_t t = j / heads;
+    const int h = int(j - t * heads);
+    const int s = int(uncovered ? unc.row(t) : begin + t);
+    __syncwarp();  // the previous row's reads of stage are done before this row writes it
+    switch (dp.sel.pivot) {
+      case 8: topk::net::pivot_warp_row<8>(tp, s, h, lane, stage, topk::net::LoadL2{}); break;
+      case 16: topk::net::pivot_warp_row<16>(tp, s, h, lane, stage, topk::net::LoadL2{}); break;
+      default: topk::net::pivot_warp_row<32>(tp, s, h, lane, stage, topk::net::LoadL2{}); break;
+    }
+  }
+}
+
+// The tail: called by every thread of the CTA once its share [u0, u0 + n) of the units and its
+// part of fill_uncovered_rows are stored.
+template <int kCtaThreads>
+__device__ __forceinline__ void select_tail(const Params& dp, int64_t u0, int64_t n) {
+  constexpr int kWarps = kCtaThreads / 32;
+  __shared__ uint2 stage[kWarps][32];
+  __shared__ int last[kCtaThreads];
+  __shared__ int n_last;
+  const ProxyScoreParams& p = dp.p;
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  __threadfence();  // this thread's score stores reach gpu scope before the CTA arrives
+  const int64_t per_request = int64_t(p.num_kv_heads) * p.max_k_tiles;
+  const int64_t units = dp.units;
+  const int64_t ctas = gridDim.x;
+  // The CTA whose share holds unit u: the largest c with units * c / ctas <= u (the shares'
+  // floor division), i.e. c < (u + 1) * ctas / units.
+  const auto cta_of = [&](int64_t u) { return ((u + 1) * ctas + units - 1) / units - 1; };
+  const UncoveredRows unc = uncovered_q_rows(p.qi, p.batch, p.total_q);
+  int64_t b0 = 0, requests = 0;
+  if (n > 0) {
+    b0 = u0 / per_request;
+    requests = (u0 + n - 1) / per_request - b0 + 1;
+  }
+  const int64_t slots = requests + (unc.count > 0 ? 1 : 0);
+#pragma unroll 1
+  for (int64_t base = 0; base < slots; base += kCtaThreads) {  // CTA-uniform
+    if (threadIdx.x == 0) n_last = 0;
+    __syncthreads();  // the stores fenced (first round); n_last and last[] free (later rounds)
+    const int64_t i = base + threadIdx.x;
+    if (i < slots) {
+      int slot;
+      uint32_t count;
+      if (i < requests) {
+        const int64_t b = b0 + i;
+        slot = int(b);
+        count = uint32_t(cta_of((b + 1) * per_request - 1) - cta_of(b * per_request) + 1);
+      } else {
+        slot = p.batch;
+        count = uint32_t(ctas);
+      }
+      if (arrive_last(dp.sel.arrivals + slot, count)) last[atomicAdd(&n_last, 1)] = slot;
+    }
+    __syncthreads();
+    const int mine = n_last;
+#pragma unroll 1
+    for (int k = 0; k < mine; ++k) select_slot_rows<kWarps>(dp, last[k], unc, warp, lane, stage[warp]);
+    __syncthreads();  // every warp done with last[] before the next round resets it
+  }
+}
+
+}  // namespace flashmsa::cuda::proxy::decode
