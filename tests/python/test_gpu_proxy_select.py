@@ -105,10 +105,12 @@ def make_inputs(c: Case, seed: int):
         for t in range(c.tokens):
             pos = n - c.tokens + t
             nvp[c.lead + i * c.tokens + t] = max(pos // BLK + 1, 0)
-    if c.nvp == "tensor":
+    # A scalar count (or the default, p) must hold the forced blocks; else per-token counts.
+    mode = c.nvp if sum(c.force) <= p else "tensor"
+    if mode == "tensor":
         inputs["num_valid_pages"] = nvp.to(DEV)
-    elif c.nvp == "int":
-        inputs["num_valid_pages"] = max(p // 2, 1)
+    elif mode == "int":
+        inputs["num_valid_pages"] = max(p // 2, sum(c.force), 1)
     select = dict(topk=c.topk, force_begin_blocks=c.force[0], force_end_blocks=c.force[1])
     return inputs, select
 
