@@ -314,6 +314,17 @@ struct ProxyScoreFp4Op {
 
 // ---- msa_topk_select ---------------------------------------------------------------------------
 
+// The top-k's own arguments, in msa_topk_select's order around its output (TopkSelectOp's and
+// ProxyScoreSelectOp's tables; topk_args(a) is the TopkSelectArgs within a).
+inline TopkSelectArgs& topk_args(TopkSelectArgs& a) { return a; }
+#define MSA_TOPK_PARAMS                                                                              \
+  {"int topk", [](auto& a, const In& v) { topk_args(a).topk = v.integer(); }},                        \
+  {"int? num_valid_pages_value",                                                                     \
+   [](auto& a, const In& v) { topk_args(a).num_valid_pages_value = v.opt_integer(); }},              \
+  {"Tensor? num_valid_pages", [](auto& a, const In& v) { topk_args(a).num_valid_pages = v.tensor(); }}, \
+  {"int force_begin_blocks", [](auto& a, const In& v) { topk_args(a).force_begin_blocks = v.integer(); }}, \
+  {"int force_end_blocks", [](auto& a, const In& v) { topk_args(a).force_end_blocks = v.integer(); }}
+
 struct TopkSelectOp {
   using Args = TopkSelectArgs;
   static constexpr const char* kName = "topk_select";
@@ -323,11 +334,7 @@ struct TopkSelectOp {
   static const std::vector<Param<Args>>& params() {
     static const std::vector<Param<Args>> table = {
         {"Tensor max_score", [](Args& a, const In& v) { a.max_score = v.tensor(); }},
-        {"int topk", [](Args& a, const In& v) { a.topk = v.integer(); }},
-        {"int? num_valid_pages_value", [](Args& a, const In& v) { a.num_valid_pages_value = v.opt_integer(); }},
-        {"Tensor? num_valid_pages", [](Args& a, const In& v) { a.num_valid_pages = v.tensor(); }},
-        {"int force_begin_blocks", [](Args& a, const In& v) { a.force_begin_blocks = v.integer(); }},
-        {"int force_end_blocks", [](Args& a, const In& v) { a.force_end_blocks = v.integer(); }},
+        MSA_TOPK_PARAMS,
         {"Tensor(a!) output", [](Args& a, const In& v) { a.output = v.tensor(); }},
     };
     return table;
@@ -356,6 +363,7 @@ struct ProxySelectArgs : ProxyScoreArgs {
   TopkSelectArgs t;
   TensorRef arrivals;
 };
+inline TopkSelectArgs& topk_args(ProxySelectArgs& a) { return a.t; }
 
 struct ProxyScoreSelectOp {
   using Args = ProxySelectArgs;
@@ -368,11 +376,7 @@ struct ProxyScoreSelectOp {
         {"Tensor q", [](Args& a, const In& v) { a.q = v.tensor(); }},
         {"Tensor k", [](Args& a, const In& v) { a.k = v.tensor(); }},
         MSA_PROXY_COMMON_PARAMS,
-        {"int topk", [](Args& a, const In& v) { a.t.topk = v.integer(); }},
-        {"int? num_valid_pages_value", [](Args& a, const In& v) { a.t.num_valid_pages_value = v.opt_integer(); }},
-        {"Tensor? num_valid_pages", [](Args& a, const In& v) { a.t.num_valid_pages = v.tensor(); }},
-        {"int force_begin_blocks", [](Args& a, const In& v) { a.t.force_begin_blocks = v.integer(); }},
-        {"int force_end_blocks", [](Args& a, const In& v) { a.t.force_end_blocks = v.integer(); }},
+        MSA_TOPK_PARAMS,
         {"Tensor(b!) indices", [](Args& a, const In& v) { a.t.output = v.tensor(); }},
         {"Tensor(c!)? arrivals", [](Args& a, const In& v) { a.arrivals = v.tensor(); }},
     };

@@ -174,17 +174,19 @@ def _page_table_tensor(value) -> Optional[torch.Tensor]:
     return value.contiguous()
 
 
+def _int_or_tensor(op: str, name: str, value, tensor: str) -> Tuple[Optional[int], Optional[torch.Tensor]]:
+    """An argument that is None, a Python int or an int32 tensor, as the ops' (value, tensor) pair."""
+    if value is None or isinstance(value, torch.Tensor):
+        return None, value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return _int64(op, name, value), None
+    raise TypeError(f"{name} must be None, an int or an int32 tensor{tensor}, got "
+                    f"{type(value).__name__}")
+
+
 def _q_offset_args(op: str, q_offset) -> Tuple[Optional[int], Optional[torch.Tensor]]:
     """q_offset is None, a Python int (one offset for every sequence) or an int32 (B,) tensor."""
-    if q_offset is None:
-        return None, None
-    if isinstance(q_offset, torch.Tensor):
-        return None, q_offset
-    if isinstance(q_offset, numbers.Integral) and not isinstance(q_offset, bool):
-        return _int64(op, "q_offset", q_offset), None
-    raise TypeError(
-        f"q_offset must be None, an int or an int32 tensor of shape (batch,), got "
-        f"{type(q_offset).__name__}")
+    return _int_or_tensor(op, "q_offset", q_offset, " of shape (batch,)")
 
 
 def _workspace_arg(workspace) -> Optional[MSASparseAttentionWorkspace]:
@@ -352,6 +354,18 @@ def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
     # use_fp32_acc: every flashmsa path accumulates in float32 (msa_proxy_score's docstring).
     del use_fp32_acc
     op = "msa_proxy_score"
+    args = _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
+                       max_seqlen_q, max_k_tiles, output, reduce_heads, q_offset)
+    args = (*args, plan)
+    _call(_ops.proxy_score, *args)
+    _log.log_plan(op, _ops.proxy_score_describe, args)
+    return args[-2]
+
+
+def _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
+                max_seqlen_q, max_k_tiles, output, reduce_heads, q_offset, **others):
+    """msa_proxy_score's arguments as its op takes them (the output last: allocated when not
+    given), every tensor on q's device (``others``: more tensors of the call, checked with them)."""
     q = _tensor("q", q)
     k = _tensor("k", k)
     cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
@@ -362,15 +376,12 @@ def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
     q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
     _check_devices(op, q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                    page_table=page_table, seqused_k=seqused_k, output=output,
-                   q_offset=q_offset_tensor)
+                   q_offset=q_offset_tensor, **others)
     max_seqlen_q, max_k_tiles, output = _proxy_dims(
         op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q, max_k_tiles,
         output, reduce_heads)
-    args = (q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal), max_seqlen_q,
-            max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output, plan)
-    _call(_ops.proxy_score, *args)
-    _log.log_plan(op, _ops.proxy_score_describe, args)
-    return output
+    return (q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal), max_seqlen_q,
+            max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output)
 
 
 def _proxy_dims(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q,
@@ -562,13 +573,7 @@ def msa_topk_select(
 
 def _nvp_args(op, num_valid_pages):
     """num_valid_pages as the ops' (value, tensor) pair: None, a Python int or an int32 tensor."""
-    if num_valid_pages is None or isinstance(num_valid_pages, torch.Tensor):
-        return None, num_valid_pages
-    if isinstance(num_valid_pages, numbers.Integral) and not isinstance(num_valid_pages, bool):
-        return _int64(op, "num_valid_pages", num_valid_pages), None
-    raise TypeError(
-        f"num_valid_pages must be None, an int or an int32 tensor, got "
-        f"{type(num_valid_pages).__name__}")
+    return _int_or_tensor(op, "num_valid_pages", num_valid_pages, "")
 
 
 def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blocks,
@@ -647,34 +652,22 @@ def _proxy_score_select(plan, q, k, cu_seqlens_q, cu_seqlens_k, topk, num_valid_
                         force_begin_blocks, force_end_blocks, page_table, seqused_k, causal,
                         max_seqlen_q, max_k_tiles, output, indices, q_offset, arrivals):
     op = "proxy_score_select"
-    q = _tensor("q", q)
-    k = _tensor("k", k)
-    cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
-    cu_seqlens_k = _index_tensor("cu_seqlens_k", cu_seqlens_k)
-    page_table = _page_table_tensor(page_table)
-    seqused_k = _index_tensor("seqused_k", seqused_k)
-    output = _tensor_or_none("output", output)
     indices = _tensor_or_none("indices", indices)
     arrivals = _tensor_or_none("arrivals", arrivals)
     topk = _int_arg(op, "topk", topk)
     force_begin_blocks = _int_arg(op, "force_begin_blocks", force_begin_blocks)
     force_end_blocks = _int_arg(op, "force_end_blocks", force_end_blocks)
     nvp_value, nvp_tensor = _nvp_args(op, num_valid_pages)
-    q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
-    _check_devices(op, q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                   page_table=page_table, seqused_k=seqused_k, output=output,
-                   q_offset=q_offset_tensor, num_valid_pages=nvp_tensor, indices=indices,
-                   arrivals=arrivals)
-    max_seqlen_q, max_k_tiles, output = _proxy_dims(
-        op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q, max_k_tiles,
-        output, False)
+    proxy = _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
+                        max_seqlen_q, max_k_tiles, output, False, q_offset,
+                        num_valid_pages=nvp_tensor, indices=indices, arrivals=arrivals)
+    output = proxy[-1]
     if indices is None:
         num_heads, _, total_q = _shape3(output)
         slots = topk if 1 <= topk <= _MAX_TOPK else 0
-        indices = _outputs.empty((total_q, num_heads, slots), torch.int32, q.device)
-    args = (q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal), max_seqlen_q,
-            max_k_tiles, q_offset_value, q_offset_tensor, False, output, topk, nvp_value,
-            nvp_tensor, force_begin_blocks, force_end_blocks, indices, arrivals, plan)
+        indices = _outputs.empty((total_q, num_heads, slots), torch.int32, output.device)
+    args = (*proxy, topk, nvp_value, nvp_tensor, force_begin_blocks, force_end_blocks, indices,
+            arrivals, plan)
     _call(_ops.proxy_score_select, *args)
     _log.log_plan(op, _ops.proxy_score_select_describe, args)
     return output, indices
