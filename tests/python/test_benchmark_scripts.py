@@ -182,6 +182,17 @@ def test_profile_stages_plan_options():
             profile_stages.main(["--timeline", "1/32K", "--proxy-options", bad])
 
 
+def test_profile_stages_timeline_select(monkeypatch):
+    """--select: the timeline's steps with the proxy and the top-k as one op (DecodeStep select)."""
+    profile_stages = load_script("profile_stages")
+    seen = []
+    monkeypatch.setattr(profile_stages, "timeline", lambda cases, **kw: seen.append((cases, kw)))
+    profile_stages.main(["--timeline", "1/128K/1/fp8/fp8", "--select"])
+    profile_stages.main(["--timeline", "1/32K"])
+    assert [kw["select"] for _, kw in seen] == [True, False]
+    assert seen[0][0] == [(1, 131072, 1, "fp8", "fp8")]
+
+
 def test_profile_list_needs_no_device(capsys):
     assert profile_msa.main(["--list"]) == 0
     names = capsys.readouterr().out.split()
