@@ -223,8 +223,10 @@ STEP_PROXY_VARIANTS = ((" [decode_tma_issue=warps]", dict(decode_tma_issue="warp
 # ... and one token per request with the selection copied (FlashInfer's token-major top-k output,
 # then q2k = its transpose, contiguous) instead of written head-major by top-k.
 STEP_COPY_SUFFIX = " [q2k copy]"
-# ... and (16-bit or fp8 index-K) with the proxy and the top-k as one op, proxy_score_select.
+# ... and (16-bit or fp8 index-K) with the proxy and the top-k as one op, proxy_score_select (its
+# select tail's auto form, the CTA a row); one token per request also with a warp a row.
 STEP_SELECT_SUFFIX = " [index_select]"
+STEP_SELECT_WARP = (" [index_select select_tail=warp]", dict(select_tail="warp"))
 # Decode batches whose M3 calls split by blocks on an H200 (B x 4 kv heads < 132 SMs): their bf16
 # sq 1 rows also run split-K on 4 warps per CTA (split_warps=4) beside auto's 8.
 SPLIT_K_MAX_BATCH = 32
@@ -299,7 +301,8 @@ class DecodeStep:
     msa_proxy_score_fp4; the index q's quantization is not part of the step (an engine fuses it
     into the op that produces the index q, as it produces the bf16 one). `select`: the proxy and
     the top-k as flashmsa's one op proxy_score_select (on the GPU one kernel where its select tail
-    applies; docs/design/proxy_score.md#select-tail), with static arrival counters.
+    applies; docs/design/proxy_score.md#select-tail), with static arrival counters; a dict: that
+    op's plan options (e.g. select_tail).
 
     `batch` requests of `ctx` tokens (a multiple of 128), `seqlen_q` query tokens each (1, or more
     for MTP) at positions ctx - seqlen_q .. ctx - 1. One shuffled page table serves the index-K
@@ -328,6 +331,8 @@ class DecodeStep:
             raise ValueError("decode step: select takes neither the NVFP4 indexer, q2k_copy nor "
                              "proxy / top-k options")
         self.select = select
+        self.proxy_select = ops.proxy_score_select if not isinstance(select, dict) else \
+            functools.partial(ops._proxy_score_select_planned, options=select)
         public, planned = ((ops.msa_proxy_score_fp4, ops._proxy_score_fp4_planned) if self.index_fp4
                            else (ops.msa_proxy_score, ops._proxy_score_planned))
         self.proxy_score = public if proxy_options is None else \
@@ -369,9 +374,9 @@ class DecodeStep:
         kw = dict(page_table=self.page_table, seqused_k=self.seqused, causal=True,
                   max_seqlen_q=self.seqlen_q, max_k_tiles=self.nb, output=self.scores)
         if self.select:
-            self.ops.proxy_score_select(self.index_q, self.index_k, self.cu_q, None, topk=self.topk,
-                                        num_valid_pages=self.nvp, force_end_blocks=1,
-                                        indices=self.sel, arrivals=self.arrivals, **kw)
+            self.proxy_select(self.index_q, self.index_k, self.cu_q, None, topk=self.topk,
+                              num_valid_pages=self.nvp, force_end_blocks=1, indices=self.sel,
+                              arrivals=self.arrivals, **kw)
         else:
             if self.index_fp4:
                 self.proxy_score(self.index_q4, self.index_k, self.index_q_scale,
@@ -1756,6 +1761,8 @@ class Bench:
                     variants += proxy if idx == "fp8" else []
                     variants.append((STEP_COPY_SUFFIX, dict(q2k_copy=True)))
                 variants.append((STEP_SELECT_SUFFIX, dict(select=True)))
+                if small:
+                    variants.append((STEP_SELECT_WARP[0], dict(select=STEP_SELECT_WARP[1])))
             for suffix, kwargs in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
                               lambda b=b, c=ctx, q=sq, i=idx, v=kv, kw=kwargs:

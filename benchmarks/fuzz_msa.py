@@ -145,7 +145,8 @@ KERNELS = {
                          "warp_split", "radix_uniform", "warp_digits", "net"))],
     "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],
     # proxy_score_select: the proxy's options (cta: fp8 K off the TMA kernel, so two ops run).
-    "proxy_select": [("decode_fp8", ("cta", "tma")), ("decode_tma_issue", ("producer", "warps"))],
+    "proxy_select": [("decode_fp8", ("cta", "tma")), ("decode_tma_issue", ("producer", "warps")),
+                     ("select_tail", ("warp", "cta"))],
 }
 
 

@@ -396,9 +396,9 @@ class Smoke:
 
     def proxy_select(self):
         """flashmsa's proxy_score_select: the proxy decode kernel's select tail (each request's
-        last CTA selects its rows; docs/design/proxy_score.md#select-tail). Paged bf16 index-K
-        (the cp.async ring) and fp8 (the TMA kernel, its producer warp or each warp issuing), sq 1
-        and 4, ragged and empty contexts, an invalid page, per-token visible blocks, caller-owned
+        last CTA selects its rows; docs/design/proxy_score.md#select-tail), both forms of the tail
+        (the CTA a row, a warp a row). Paged bf16 index-K (the cp.async ring) and fp8 (the TMA
+        kernel, its producer warp or each warp issuing), sq 1 and 4, ragged and empty contexts, an invalid page, per-token visible blocks, caller-owned
         counters; flat with rows of no request after the batch."""
         lens = [700, 2048, 129, 0, 1000, 1]
         b = len(lens)
@@ -408,9 +408,9 @@ class Smoke:
                 table[0, 2] = -1  # an invalid page: its column is -inf, nothing read
                 return cache, table, used
             paged = self.lazy(build)
-            for issue in issues:
+            for issue, form in [(i, f) for i in issues for f in ("cta", "warp")]:
                 for sq in (1, 4):
-                    def call(paged=paged, sq=sq, issue=issue):
+                    def call(paged=paged, sq=sq, issue=issue, form=form):
                         cache, table, used = paged()
                         nvp = [max((n - sq + t) // mi.BLOCK + 1, 0) for n in lens for t in range(sq)]
                         return self.ops._proxy_score_select_planned(
@@ -419,9 +419,9 @@ class Smoke:
                             max_k_tiles=table.shape[1] + 2, topk=8, num_valid_pages=self.i32(nvp),
                             force_end_blocks=1, arrivals=torch.zeros(b + 1, dtype=torch.int32,
                                                                      device=self.dev),
-                            options=dict(decode_tma_issue=issue))
+                            options=dict(decode_tma_issue=issue, select_tail=form))
                     self.run(f"proxy_select paged {str(dtype)[6:]} k, sq{sq}, "
-                             f"decode_tma_issue={issue}", call)
+                             f"decode_tma_issue={issue} select_tail={form}", call)
         sk = [300, 1000, 256, 129]
         cu_k = ft.cu_seqlens(sk, self.dev)
         for dtype in (BF16, FP8):

@@ -82,6 +82,8 @@ constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "a
 constexpr Named<DecodeTma> kDecodeTmas[] = {{DecodeTma::kAuto, "auto"}, {DecodeTma::kCta, "cta"}, {DecodeTma::kTma, "tma"}};
 constexpr Named<DecodeTmaIssue> kDecodeTmaIssues[] = {
     {DecodeTmaIssue::kAuto, "auto"}, {DecodeTmaIssue::kProducer, "producer"}, {DecodeTmaIssue::kWarps, "warps"}};
+constexpr Named<SelectTail> kSelectTails[] = {
+    {SelectTail::kAuto, "auto"}, {SelectTail::kWarp, "warp"}, {SelectTail::kCta, "cta"}};
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
@@ -180,6 +182,7 @@ const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
 const char* option_name(DecodeTma v) { return name_of(kDecodeTmas, v); }
 const char* option_name(DecodeTmaIssue v) { return name_of(kDecodeTmaIssues, v); }
+const char* option_name(SelectTail v) { return name_of(kSelectTails, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v); }
@@ -264,9 +267,12 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.decode_nvfp4 = parse_enum(kDecodeTmas, name, value);
     } else if (name == "decode_tma_issue") {
       o.decode_tma_issue = parse_enum(kDecodeTmaIssues, name, value);
+    } else if (name == "select_tail") {
+      o.select_tail = parse_enum(kSelectTails, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4, decode_tma_issue)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4, decode_tma_issue, "
+               "select_tail)");
     }
   });
   return o;
@@ -387,6 +393,7 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
                                      (options.decode_tma_issue == DecodeTmaIssue::kAuto && plan.tma_nvfp4 &&
                                       units > kProxyDecodeTmaProducerMaxUnits));
   plan.tma_cols = plan.tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
+  plan.select_cta = options.select_tail != SelectTail::kWarp;
   return plan;
 }
 

@@ -395,7 +395,9 @@ struct ProxyScoreSelectOp {
     const char* why = device < 0 ? "CPU tensors" : proxy_select_unsupported(p, plan, tp);
     if (mode == Mode::kDescribe) {
       t_description = describe_proxy_score_plan(p, options, device) + "; the selection: " +
-                      (why == nullptr ? std::string("in the proxy kernel's select tail (where the kernel applies)")
+                      (why == nullptr ? std::string("in the proxy kernel's select tail (select_tail=") +
+                                            (plan.select_cta ? "cta: the CTA a row" : "warp: a warp a row") +
+                                            "; where the kernel applies)"
                                       : "msa_topk_select after it (" + std::string(why) + ")\n" +
                                             describe_topk_select_plan(tp, topk_options, device));
       return 0;

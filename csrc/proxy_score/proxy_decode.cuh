@@ -484,8 +484,8 @@ namespace flashmsa::cuda::proxy::decode {
 // are loaded blocks of the same single-pass request, multiplies them together (multiply_pair)
 // with one barrier and one store round for the pair, then moves on by two; otherwise it runs
 // unit i alone as kIlp = 1 does (unit i + 1 already waited for).
-// kSelect: the select tail runs after the scores (proxy_select.cuh).
-template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp, bool kWord, bool kSelect = false>
+// kSelect: the select tail in that form runs after the scores (proxy_select.cuh), or none.
+template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp, bool kWord, int kSelect = kSelectNone>
 __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __grid_constant__ Params dp) {
   using St = Stage<kK, kCtas>;
   constexpr int S = St::kStages;
@@ -633,11 +633,11 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
   }
   cp_async_wait<0>();
   fill_uncovered_rows(dp);
-  if constexpr (kSelect) select_tail<kThreads>(dp, u0, n);
+  if constexpr (kSelect != kSelectNone) select_tail<kThreads, kSelect>(dp, u0, n);
 }
 
 template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, int kIlp = 1, bool kWord = false,
-          bool kSelect = false>
+          int kSelect = kSelectNone>
 void launch_kernel(const Params& dp, cudaStream_t stream) {
   static_assert(!kWord || kK == kK4, "nvfp4_cvt=word converts NVFP4 K");
   auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas, kIlp, kWord, kSelect>;
@@ -801,7 +801,10 @@ bool launch_proxy_decode_select(const ProxyScoreParams& p, const ProxyScorePlan&
   if (p.k.dtype == DType::kFP8E4M3) return plan.tma && decode::tma::launch_fp8_select<Element>(dp, plan, stream);
   if (p.k.dtype != p.q_dtype) return false;  // NVFP4: not built
   decode::with_ilp(plan.decode_ilp, [&](auto u) {
-    decode::launch_kernel<Element, decode::kK16, false, 2, u.value, false, true>(dp, stream);
+    if (plan.select_cta)
+      decode::launch_kernel<Element, decode::kK16, false, 2, u.value, false, decode::kSelectCta>(dp, stream);
+    else
+      decode::launch_kernel<Element, decode::kK16, false, 2, u.value, false, decode::kSelectWarp>(dp, stream);
   });
   return true;
 }

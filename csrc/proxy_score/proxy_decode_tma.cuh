@@ -509,8 +509,8 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
 }
 #endif
 
-// kSelect: the select tail runs after the scores (proxy_select.cuh).
-template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf, bool kSelect = false>
+// kSelect: the select tail in that form runs after the scores (proxy_select.cuh), or none.
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf, int kSelect = kSelectNone>
 __global__ void __launch_bounds__(Ring<kK, kSelf>::kCtaThreads, 1)
     proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
@@ -541,15 +541,15 @@ __global__ void __launch_bounds__(Ring<kK, kSelf>::kCtaThreads, 1)
   else
     consume<Mma, kK, kScaleQ, kCols, kSelf>(tp, smem, flags, full0, empty0, u0, n, warp, lane);
   fill_uncovered_rows<R::kCtaThreads>(dp);
-  if constexpr (kSelect) select_tail<R::kCtaThreads>(dp, u0, n);
+  if constexpr (kSelect != kSelectNone) select_tail<R::kCtaThreads, kSelect>(dp, u0, n);
 #endif
 }
 
 // Launches the kernel of kCols columns a pass for fp8 or NVFP4 K where it applies (sm_90a device
 // and binary, G <= kCols, no reduce_heads, a K map TMA can address; NVFP4: a 16-byte aligned scale
 // tensor); false (nothing launched) otherwise. kSelf: the consumer warps issue their own loads.
-// kSelect: with the select tail (dp.sel).
-template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf, bool kSelect = false>
+// kSelect: with the select tail in that form (dp.sel).
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf, int kSelect = kSelectNone>
 bool launch(const Params& dp, cudaStream_t stream) {
   using R = Ring<kK, kSelf>;
   constexpr int kThreads = R::kCtaThreads;
@@ -578,7 +578,7 @@ bool launch(const Params& dp, cudaStream_t stream) {
 }
 
 // The plan's columns per pass (tma_cols: 16 or else 8) and load issue (tma_self_issue).
-template <typename Mma, int kK, bool kScaleQ, bool kSelect = false>
+template <typename Mma, int kK, bool kScaleQ, int kSelect = kSelectNone>
 bool launch_cols(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
   auto with_issue = [&](auto cols) {
     return plan.tma_self_issue ? launch<Mma, kK, kScaleQ, decltype(cols)::value, true, kSelect>(dp, stream)
@@ -606,8 +606,12 @@ bool launch_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t strea
 template <typename Element>
 bool launch_fp8_select(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
   if (std::is_same_v<Element, __nv_bfloat16> && !plan.f16_mma) return false;
-  return dp.p.q_dtype == DType::kBF16 ? launch_cols<__half, kK8, true, true>(dp, plan, stream)
-                                      : launch_cols<__half, kK8, false, true>(dp, plan, stream);
+  auto with_form = [&](auto form) {
+    return dp.p.q_dtype == DType::kBF16 ? launch_cols<__half, kK8, true, decltype(form)::value>(dp, plan, stream)
+                                        : launch_cols<__half, kK8, false, decltype(form)::value>(dp, plan, stream);
+  };
+  return plan.select_cta ? with_form(std::integral_constant<int, kSelectCta>{})
+                         : with_form(std::integral_constant<int, kSelectWarp>{});
 }
 
 // NVFP4 q and K: fp16 MMAs (instantiated for bf16, the type proxy_score picks for NVFP4 q).

@@ -18,8 +18,11 @@
 // before it reads the scores, from L2 (ld.global.cg: the read-only path may not be used for data
 // the grid writes).
 //
-// A row is selected by one warp (topk_net_kernel.cuh's pivot_warp_row, the top-k's own code for
-// decode-sized rows: the exact order and tie-break of every other path), rows over the CTA's warps.
+// A row is selected with the top-k's own code for decode-sized rows (topk_net_kernel.cuh: the
+// exact order and tie-break of every other path), in one of two forms (the plan's select_tail):
+// kSelectCta, the whole CTA a row (pivot_cta_row, net_pivot_mode=rank_cta's counting over all the
+// CTA's warps), rows in turn with the next rows' scores loaded ahead; kSelectWarp, a warp a row
+// (pivot_warp_row, net_pivot_mode=sort's), rows over the CTA's warps.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,11 @@
 #include "topk_select/topk_net_kernel.cuh"
 
 namespace flashmsa::cuda::proxy::decode {
+
+// The kernels' kSelect: no tail, or the tail in either form.
+inline constexpr int kSelectNone = 0;
+inline constexpr int kSelectWarp = 1;
+inline constexpr int kSelectCta = 2;
 
 // Arrives on *counter, whose arrivals complete at `count`: true for the arrival that completes
 // them (which stores 0). acq_rel at gpu scope: releases this CTA's stores (fenced and met at a
@@ -40,27 +48,40 @@ __device__ __forceinline__ bool arrive_last(uint32_t* counter, uint32_t count) {
   return old == count - 1u;
 }
 
-// The rows of arrival slot `slot` (request b < B: its tokens; B: the uncovered rows), each (token,
-// head) by one warp of the CTA's kWarps, from the scores in L2.
-template <int kWarps>
-__device__ __forceinline__ void select_slot_rows(const Params& dp, int slot, const UncoveredRows& unc, int warp,
-                                                 int lane, uint2* stage) {
-  const ProxyScoreParams& p = dp.p;
-  const TopkSelectParams& tp = dp.sel.tp;
-  const bool uncovered = slot == p.batch;
-  int64_t begin = 0;
-  int64_t tokens = unc.count;
-  if (!uncovered) {
-    const RowRange rows = q_rows(p.qi, p.total_q, slot);
-    begin = rows.begin;
-    tokens = rows.len;
-  }
-  const int heads = p.num_heads;
-#pragma unroll 1
-  for (int64_t j = warp; j < tokens * heads; j += kWarps) {  // warp-uniform
+// The rows of arrival slot `slot` (request b < B: its tokens; B: the uncovered rows): row j is
+// (token of(j / Hq), head j % Hq).
+struct SlotRows {
+  bool uncovered;
+  int64_t begin;
+  int64_t tokens;
+  int heads;
+  UncoveredRows unc;
+  __device__ __forceinline__ int64_t count() const { return tokens * heads; }
+  __device__ __forceinline__ void row(int64_t j, int& s, int& h) const {
     const int64_t t = j / heads;
-    const int h = int(j - t * heads);
-    const int s = int(uncovered ? unc.row(t) : begin + t);
+    h = int(j - t * heads);
+    s = int(uncovered ? unc.row(t) : begin + t);
+  }
+};
+__device__ __forceinline__ SlotRows slot_rows(const ProxyScoreParams& p, int slot, const UncoveredRows& unc) {
+  SlotRows r{slot == p.batch, 0, unc.count, p.num_heads, unc};
+  if (!r.uncovered) {
+    const RowRange rows = q_rows(p.qi, p.total_q, slot);
+    r.begin = rows.begin;
+    r.tokens = rows.len;
+  }
+  return r;
+}
+
+// kSelectWarp: each row by one warp of the CTA's kWarps, from the scores in L2.
+template <int kWarps>
+__device__ __forceinline__ void select_rows_warp(const Params& dp, const SlotRows& rows, int warp, int lane,
+                                                 uint2* stage) {
+  const TopkSelectParams& tp = dp.sel.tp;
+#pragma unroll 1
+  for (int64_t j = warp; j < rows.count(); j += kWarps) {  // warp-uniform
+    int s, h;
+    rows.row(j, s, h);
     __syncwarp();  // the previous row's reads of stage are done before this row writes it
     switch (dp.sel.pivot) {
       case 8: topk::net::pivot_warp_row<8>(tp, s, h, lane, stage, topk::net::LoadL2{}); break;
@@ -70,12 +91,46 @@ __device__ __forceinline__ void select_slot_rows(const Params& dp, int slot, con
   }
 }
 
+// kSelectCta: each row by the whole CTA (N scores a lane over the row, Q = N / kWarps rounded up
+// a warp), rows in turn, each row's visible count and scores loaded two rows ahead (the first two
+// rows' loads in flight together, each later row's behind the row before it).
+template <int kWarps, int N>
+__device__ __forceinline__ void select_rows_cta(const Params& dp, const SlotRows& rows, int warp, int lane,
+                                                topk::net::CtaRowScratch<kWarps> sm) {
+  constexpr int Q = (N + kWarps - 1) / kWarps;
+  const TopkSelectParams& tp = dp.sel.tp;
+  const int64_t n = rows.count();
+  float va[Q], vb[Q];
+  int64_t na = 0, nb = 0;
+  auto load = [&](int64_t j, float (&v)[Q], int64_t& nvp) {
+    int s, h;
+    rows.row(j, s, h);
+    nvp = topk::net::row_nvp(tp, s);
+    topk::net::cta_row_slots<Q>(tp, s, h, warp, lane, v, topk::net::LoadL2{});
+  };
+  if (n > 0) load(0, va, na);
+  if (n > 1) load(1, vb, nb);
+#pragma unroll 1
+  for (int64_t j = 0; j < n; ++j) {  // CTA-uniform
+    int s, h;
+    rows.row(j, s, h);
+    topk::net::pivot_cta_row<kWarps, Q>(tp, s, h, na, va, warp, lane, sm, topk::net::LoadL2{});
+#pragma unroll
+    for (int i = 0; i < Q; ++i) va[i] = vb[i];
+    na = nb;
+    if (j + 2 < n) load(j + 2, vb, nb);
+  }
+}
+
 // The tail: called by every thread of the CTA once its share [u0, u0 + n) of the units and its
-// part of fill_uncovered_rows are stored.
-template <int kCtaThreads>
+// part of fill_uncovered_rows are stored. kForm: kSelectWarp or kSelectCta.
+template <int kCtaThreads, int kForm>
 __device__ __forceinline__ void select_tail(const Params& dp, int64_t u0, int64_t n) {
+  static_assert(kForm == kSelectWarp || kForm == kSelectCta, "a select tail's form");
   constexpr int kWarps = kCtaThreads / 32;
   __shared__ uint2 stage[kWarps][32];
+  __shared__ uint32_t lane_mins[kWarps][32];
+  __shared__ int counts[kWarps];
   __shared__ int last[kCtaThreads];
   __shared__ int n_last;
   const ProxyScoreParams& p = dp.p;
@@ -115,7 +170,19 @@ __device__ __forceinline__ void select_tail(const Params& dp, int64_t u0, int64_
     __syncthreads();
     const int mine = n_last;
 #pragma unroll 1
-    for (int k = 0; k < mine; ++k) select_slot_rows<kWarps>(dp, last[k], unc, warp, lane, stage[warp]);
+    for (int k = 0; k < mine; ++k) {
+      const SlotRows rows = slot_rows(p, last[k], unc);
+      if constexpr (kForm == kSelectWarp) {
+        select_rows_warp<kWarps>(dp, rows, warp, lane, stage[warp]);
+      } else {
+        const topk::net::CtaRowScratch<kWarps> sm{lane_mins, counts, stage[0]};
+        switch (dp.sel.pivot) {
+          case 8: select_rows_cta<kWarps, 8>(dp, rows, warp, lane, sm); break;
+          case 16: select_rows_cta<kWarps, 16>(dp, rows, warp, lane, sm); break;
+          default: select_rows_cta<kWarps, 32>(dp, rows, warp, lane, sm); break;
+        }
+      }
+    }
     __syncthreads();  // every warp done with last[] before the next round resets it
   }
 }

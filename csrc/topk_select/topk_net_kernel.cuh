@@ -61,6 +61,11 @@ struct LoadL2 {
   __device__ __forceinline__ float operator()(const float* ptr) const { return __ldcg(ptr); }
 };
 
+// num_valid_pages of token s (the tensor's, or the scalar).
+__device__ __forceinline__ int64_t row_nvp(const TopkSelectParams& p, int s) {
+  return p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s)) : int64_t(p.num_valid_pages_value);
+}
+
 // One pass over this lane's share of the row: best := the K smallest words of best (all kSent on
 // entry) and the words `word(score, block - lo)` of blocks lo + part + L j in [lo, hi) (those
 // outside [r_lo, r_hi) when kRange: kSent, not loaded). col: the row's score column (block b at
@@ -313,6 +318,22 @@ __device__ __forceinline__ void network_rows(const float* col, int64_t stride, b
   }
 }
 
+// One row's network path by its warp (a pivot path's fallback: more than 32 keys survive the
+// pivot), network_rows<16, 32>. Inlined into the top-k kernels; a call where the scores come from
+// L2 (LoadL2: the proxy's select tail, whose every row form and width would otherwise inline its
+// own copy of the networks for a path rows rarely take).
+template <class Ld>
+__device__ __forceinline__ void network_row(const float* col, int64_t stride, bool active, const TopkRanges& r,
+                                            int lo, int hi, int lane, int* out_row, const float (&first)[kBatch],
+                                            bool have_first, Ld ld) {
+  network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
+}
+__device__ __noinline__ void network_row(const float* col, int64_t stride, bool active, const TopkRanges& r,
+                                         int lo, int hi, int lane, int* out_row, const float (&first)[kBatch],
+                                         bool have_first, LoadL2 ld) {
+  network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
+}
+
 // CTAs per SM the registers must allow: K = 16 at <= 102 registers (20 warps per SM), K = 32 at
 // <= 128 (16 warps).
 template <int K>
@@ -333,8 +354,7 @@ __device__ __forceinline__ void pivot_warp_row(const TopkSelectParams& p, int s,
   // num_valid_pages arrives: decode-sized calls are latency, and the loads after the ranges would
   // wait a second DRAM round trip. Fewer address instructions per load than a general share: one
   // pointer step of 32 rows apart, present while i < the lane's count.
-  const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s))
-                                                      : int64_t(p.num_valid_pages_value);
+  const int64_t nvp_in = row_nvp(p, s);
   constexpr int kMore = N > kBatch ? N - kBatch : 1;  // the slots past the first batch
   float first[kBatch];
   float more[kMore];
@@ -369,7 +389,7 @@ __device__ __forceinline__ void pivot_warp_row(const TopkSelectParams& p, int s,
     }
     if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, stage)) return;
   }
-  network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have, ld);
+  network_row(col, stride, active, r, lo, hi, lane, out_row, first, have, ld);
 }
 
 // N: the pivot path's scores a lane (0: none; else L = 32 and rows of at most 32 N candidates,
@@ -433,14 +453,97 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   network_rows<K, L>(col, stride, active, r, lo, hi, part, out_row, first, lo == p.force_begin);
 }
 
-// net_pivot_mode=rank_cta (auto's above 256 blocks): a CTA of kWarpsPerCta warps a row (np.groups rows, L = 32); warp w
-// holds slots [N / 4 w, N / 4 (w + 1)) of the row's N a lane (slot j of lane l: block lo + l +
-// 32 j, as pivot_row's), so lane l's minimum over the row is the minimum of the 4 warps' lane-l
-// minima (shared memory), and the pivot is pivot_row's. Every warp computes it (no barrier for a
-// broadcast); the survivors are compacted in block order across the warps (their counts through
-// shared memory) and warp 0 chooses from them. More than 32 survivors, or a pivot of 0xFFFFFFFF:
-// warp 0 runs the networks over the row (the CTA decides together: every warp sees the same
-// pivot and counts).
+// The shared memory of pivot_cta_row over W warps.
+template <int W>
+struct CtaRowScratch {
+  uint32_t (*lane_mins)[32];  // [W][32]
+  int* counts;                // [W]
+  uint2* stage;               // [32]
+};
+
+// Warp `warp`'s Q slots a lane of row (s, h) for pivot_cta_row (slot i of lane l: block
+// force_begin + 32 (Q warp + i) + l), loaded as if the candidates start at force_begin (they do
+// whenever the row has any), so that they can be in flight before the row's ranges are known.
+template <int Q, class Ld>
+__device__ __forceinline__ void cta_row_slots(const TopkSelectParams& p, int s, int h, int warp, int lane,
+                                              float (&v)[Q], Ld ld) {
+  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
+  const int64_t stride = p.num_tokens;
+  const int first = Q * warp * 32;
+  const int blk0 = p.force_begin + first + lane;
+  const float* ptr = col + int64_t(blk0) * stride;
+  const int64_t step = 32 * stride;
+#pragma unroll
+  for (int i = 0; i < Q; ++i) v[i] = blk0 + 32 * i < p.num_blocks ? ld(ptr + i * step) : 0.0f;
+}
+
+// net_pivot_mode=rank_cta's row: W warps of a CTA (all of them: its barriers are the CTA's), warp w
+// holding slots [Q w, Q (w + 1)) of the row's W Q a lane (slot j of lane l: block lo + l + 32 j, as
+// pivot_row's; W Q x 32 >= the row's candidates), so lane l's minimum over the row is the minimum
+// of the W warps' lane-l minima (shared memory), and the pivot is pivot_row's. Every warp computes
+// it (no barrier for a broadcast); the survivors are compacted in block order across the warps
+// (their counts through shared memory) and warp 0 chooses from them. More than 32 survivors, or a
+// pivot of 0xFFFFFFFF: warp 0 runs the networks over the row (the CTA decides together: every warp
+// sees the same pivot and counts). nvp_in and v: row_nvp and cta_row_slots, loaded ahead. Rows
+// may follow each other through the same scratch without a barrier between them (each use of a
+// scratch array is two barriers from its next write).
+template <int W, int Q, class Ld>
+__device__ __forceinline__ void pivot_cta_row(const TopkSelectParams& p, int s, int h, int64_t nvp_in,
+                                              const float (&v)[Q], int warp, int lane, CtaRowScratch<W> sm,
+                                              Ld ld) {
+  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
+  const int64_t stride = p.num_tokens;
+  const int first = Q * warp * 32;  // this warp's first offset in the row's candidate range
+  const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
+  int* const out_row = topk_out_row(p, s, h);
+  const int n_sel = r.target > 0 ? r.target : 0;
+  write_topk_frame(out_row, p.topk, r, n_sel, int(threadIdx.x), W * 32);  // the CTA is the W warps
+  const int lo = r.mid_begin;
+  const int hi = r.mid_end;
+  if (r.target <= 0 || lo >= hi) return;  // CTA-uniform
+
+  const bool have = lo == p.force_begin;  // the loads ahead are this range's
+  uint32_t key[Q];
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+    const int blk = lo + first + lane + 32 * i;
+    const float x = have ? v[i] : blk < hi ? ld(col + int64_t(blk) * stride) : 0.0f;
+    key[i] = blk < hi ? topk_order_key(x) : 0xFFFFFFFFu;
+  }
+  sm.lane_mins[warp][lane] = keys_min(key);
+  __syncthreads();
+  uint32_t lane_min = sm.lane_mins[0][lane];
+#pragma unroll
+  for (int w = 1; w < W; ++w) lane_min = umin(lane_min, sm.lane_mins[w][lane]);
+  const uint32_t pivot = warp_kth_smallest(lane_min, r.target);  // the same in every warp
+  const int mine = pivot != 0xFFFFFFFFu ? count_survivors(key, pivot) : 0;
+  if (lane == 0) sm.counts[warp] = mine;
+  __syncthreads();
+  int base = 0;
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    const int c = sm.counts[w];
+    base += w < warp ? c : 0;
+    total += c;
+  }
+  const bool staged = pivot != 0xFFFFFFFFu && total <= 32;  // CTA-uniform
+  if (staged) stage_survivors(key, pivot, base, lane, first, sm.stage);
+  __syncthreads();
+  if (warp != 0) return;
+  if (staged) {
+    choose_staged(sm.stage, total, lane, r.target, lo, out_row + r.fb);
+    return;
+  }
+  float none[kBatch];
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) none[i] = 0.0f;
+  network_row(col, stride, true, r, lo, hi, lane, out_row, none, false, ld);
+}
+
+// net_pivot_mode=rank_cta (auto's above 256 blocks): a CTA of kWarpsPerCta warps a row (np.groups
+// rows, L = 32), pivot_cta_row with N / 4 slots a lane per warp. num_valid_pages, then this
+// warp's scores, before the ranges: one DRAM round trip for both (see topk_net_kernel).
 template <int N>
 __global__ void __launch_bounds__(kWarpsPerCta * 32) topk_pivot_cta_kernel(const __grid_constant__ Params np) {
   static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 scores a lane over the row");
@@ -452,70 +555,13 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) topk_pivot_cta_kernel(const
   const int g = blockIdx.x;  // < np.groups: the grid is the rows
   const int h = g % p.num_heads;
   const int s = np.token_groups - 1 - g / p.num_heads;  // L = 32: a token group is a token
-  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
-  const int64_t stride = p.num_tokens;
-  // num_valid_pages, then this warp's scores as if the candidates start at force_begin (they do
-  // whenever the row has any), before the ranges: one DRAM round trip for both (see
-  // topk_net_kernel).
-  const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s))
-                                                      : int64_t(p.num_valid_pages_value);
-  const int first = Q * warp * 32;  // this warp's first offset in the row's candidate range
+  const int64_t nvp_in = row_nvp(p, s);
   float v[Q];
-  {
-    const int blk0 = p.force_begin + first + lane;
-    const float* ptr = col + int64_t(blk0) * stride;
-    const int64_t step = 32 * stride;
-#pragma unroll
-    for (int i = 0; i < Q; ++i) v[i] = blk0 + 32 * i < p.num_blocks ? __ldg(ptr + i * step) : 0.0f;
-  }
-  const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
-  int* const out_row = topk_out_row(p, s, h);
-  const int n_sel = r.target > 0 ? r.target : 0;
-  write_topk_frame(out_row, p.topk, r, n_sel, int(threadIdx.x), W * 32);
-  const int lo = r.mid_begin;
-  const int hi = r.mid_end;
-  if (r.target <= 0 || lo >= hi) return;  // CTA-uniform
-
+  cta_row_slots<Q>(p, s, h, warp, lane, v, LoadReadOnly{});
   __shared__ uint32_t lane_mins[W][32];
   __shared__ int counts[W];
   __shared__ uint2 stage[32];
-  const bool have = lo == p.force_begin;  // the loads above are this range's
-  uint32_t key[Q];
-#pragma unroll
-  for (int i = 0; i < Q; ++i) {
-    const int blk = lo + first + lane + 32 * i;
-    const float x = have ? v[i] : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
-    key[i] = blk < hi ? topk_order_key(x) : 0xFFFFFFFFu;
-  }
-  lane_mins[warp][lane] = keys_min(key);
-  __syncthreads();
-  uint32_t lane_min = lane_mins[0][lane];
-#pragma unroll
-  for (int w = 1; w < W; ++w) lane_min = umin(lane_min, lane_mins[w][lane]);
-  const uint32_t pivot = warp_kth_smallest(lane_min, r.target);  // the same in every warp
-  const int mine = pivot != 0xFFFFFFFFu ? count_survivors(key, pivot) : 0;
-  if (lane == 0) counts[warp] = mine;
-  __syncthreads();
-  int base = 0;
-  int total = 0;
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    const int c = counts[w];
-    base += w < warp ? c : 0;
-    total += c;
-  }
-  const bool staged = pivot != 0xFFFFFFFFu && total <= 32;  // CTA-uniform
-  if (staged) stage_survivors(key, pivot, base, lane, first, stage);
-  __syncthreads();
-  if (warp != 0) return;
-  if (staged) {
-    choose_staged(stage, total, lane, r.target, lo, out_row + r.fb);
-    return;
-  }
-  float none[kBatch];
-#pragma unroll
-  for (int i = 0; i < kBatch; ++i) none[i] = 0.0f;
-  network_rows<16, 32>(col, stride, true, r, lo, hi, lane, out_row, none, false);
+  pivot_cta_row<W, Q>(p, s, h, nvp_in, v, warp, lane, CtaRowScratch<W>{lane_mins, counts, stage}, LoadReadOnly{});
 }
 
 }  // namespace flashmsa::cuda::topk::net

@@ -251,6 +251,13 @@ enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // above kProxyDecodeTmaProducerMaxUnits units (H200 at 9738086, B64 / 32K: 55.8 vs 73.4 us),
 // producer for NVFP4 K up to them and for fp8 K (72.3 vs 71.4 us).
 enum class DecodeTmaIssue : int32_t { kAuto = 0, kProducer = 1, kWarps = 2 };
+// How the proxy decode kernel's select tail (proxy_score_select; docs/design/proxy_score.md,
+// "The select tail") selects a request's rows (option select_tail): warp (a warp a row, the
+// top-k's net_pivot_mode=sort code, the CTA's warps on different rows) or cta (the whole CTA a row,
+// rows in turn, net_pivot_mode=rank_cta's counting over all the CTA's warps; the next rows' scores
+// loaded ahead). auto = cta (not yet measured: the counting form is the faster top-k at B1 / 128K,
+// docs/design/topk_select.md#counting). Calls without the tail ignore it.
+enum class SelectTail : int32_t { kAuto = 0, kWarp = 1, kCta = 2 };
 // Units (requests x kv heads x key blocks) up to which auto keeps the producer warp for NVFP4 K:
 // a CTA then holds <= ~16 blocks (132 SMs), and one warp resolving and issuing them beats each
 // consumer warp doing its own. H200 at ca714f5 (us, producer vs warps): sq 1 B1 / 32K (256 units)
@@ -406,6 +413,8 @@ struct ProxyScoreOptions {
   // decode_tma_issue=auto|producer|warps: the TMA kernel's loads by a producer warp or by each
   // consumer warp for itself (DecodeTmaIssue); calls not on the TMA kernel ignore it.
   DecodeTmaIssue decode_tma_issue = DecodeTmaIssue::kAuto;
+  // select_tail=auto|warp|cta: proxy_score_select's select tail (SelectTail).
+  SelectTail select_tail = SelectTail::kAuto;
 };
 // net_pivot: a warp per row (32 lanes), whose lanes' score minima give a pivot at or above the
 // row's target-th best key; the keys at or below it (at most 32, else the networks run) are sorted
@@ -641,6 +650,8 @@ struct ProxyScorePlan {
   // Its query columns per pass (G heads x tokens): kProxyDecodeTmaCols (8) where G x max_seqlen_q
   // fits them, else kProxyDecodeTmaMaxCols (16); 8 without tma.
   int tma_cols = kProxyDecodeTmaCols;
+  // proxy_score_select's select tail: the whole CTA a row (select_tail=cta, auto), else a warp a row.
+  bool select_cta = true;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
@@ -722,6 +733,7 @@ const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
 const char* option_name(DecodeTma v);
 const char* option_name(DecodeTmaIssue v);
+const char* option_name(SelectTail v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeWgmmaFp8 v);

@@ -973,7 +973,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # NVFP4 K on the decode kernel's CTA-wide cp.async ring or, sm_90a, its TMA-fed warp-per-block
 # kernel; auto: tma where one pass fits, at any batch), decode_tma_issue = auto |
 # producer | warps (that kernel's loads by a producer warp or by each consumer warp; auto: warps
-# for NVFP4 K, producer for fp8 K);
+# for NVFP4 K, producer for fp8 K), select_tail = auto | warp | cta (proxy_score_select's select
+# tail: a warp a row or the whole CTA a row; auto: cta; other calls ignore it);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
 # warp_split | radix_uniform | warp_digits (warp_split with one-chunk rows' thresholds by
 # 8-bit radix digits) | net (sorting networks over words of truncated order key and block offset,

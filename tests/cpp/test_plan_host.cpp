@@ -1701,7 +1701,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, "
-               "decode_nvfp4, decode_tma_issue)");
+               "decode_nvfp4, decode_tma_issue, select_tail)");
   expect_error([] { parse_proxy_score_options("decode_tma_issue=lane"); }, ErrorKind::kValue,
                "decode_tma_issue must be auto, producer or warps, got 'lane'");
   expect_error([] { parse_proxy_score_options("decode_nvfp4=wgmma"); }, ErrorKind::kValue,
@@ -2199,6 +2199,12 @@ TEST(PlanProxy, SelectTailWhereItApplies) {
   ProxyScoreParams empty = m3;
   empty.total_q = 0;
   EXPECT_STREQ(proxy_select_unsupported(empty, dflt, t), "no rows or no columns");
+  // The tail's form: the CTA a row (auto) or a warp a row.
+  EXPECT_TRUE(dflt.select_cta);
+  EXPECT_TRUE(plan_proxy_score(m3, parse_proxy_score_options("select_tail=cta")).select_cta);
+  EXPECT_FALSE(plan_proxy_score(m3, parse_proxy_score_options("select_tail=warp")).select_cta);
+  EXPECT_STREQ(option_name(SelectTail::kWarp), "warp");
+  expect_error([] { parse_proxy_score_options("select_tail=lanes"); }, ErrorKind::kValue, "select_tail");
   // The pivot's scores a lane, as the top-k plan's.
   EXPECT_EQ(topk_pivot_scores(1), 8);
   EXPECT_EQ(topk_pivot_scores(256), 8);

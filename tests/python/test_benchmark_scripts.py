@@ -326,8 +326,11 @@ def test_stage_step_runs_each_config_case():
                 want.append((case, bm.STEP_COPY_SUFFIX, dict(q2k_copy=True)))
         elif case[2] == 1 and case[4] == "fp8":  # larger batches: the 8-warp kernel, fused
             want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_FP8_WIDE_VARIANTS]
-        # Every 16-bit / fp8 index row: the proxy and the top-k as one op.
+        # Every 16-bit / fp8 index row: the proxy and the top-k as one op (small sq 1 batches also
+        # with the tail's other form).
         want.append((case, bm.STEP_SELECT_SUFFIX, dict(select=True)))
+        if case[0] <= bm.STEP_VARIANT_MAX_BATCH and case[2] == 1:
+            want.append((case, bm.STEP_SELECT_WARP[0], dict(select=bm.STEP_SELECT_WARP[1])))
     suffixes = [w[1] for w in want]
     assert suffixes.count(" [split=cluster]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [combine_loads=after]") == 2  # B1 bf16, fp8
@@ -485,6 +488,10 @@ def test_decode_step_with_index_select_on_cpu(sq, idx):
     assert int(step.arrivals.abs().sum()) == 0
     with pytest.raises(ValueError, match="select takes neither"):
         make_step(1, "nvfp4", "fp8", select=True)
+    warp = make_step(sq, idx, "fp8", select=dict(select_tail="warp"))
+    assert warp.proxy_select.keywords == dict(options=dict(select_tail="warp"))
+    got = warp()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 class HostGraph:
@@ -530,10 +537,10 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
     # [combine_loads=after] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
     # top-k variant rows ([net_pivot=off], the two pivot forms) and [q2k copy] row, and every
-    # 16-bit / fp8 index case its [index_select] row; the NVFP4 indexer's case its proxy variant
-    # rows.
+    # 16-bit / fp8 index case its [index_select] row (sq 1: also [index_select select_tail=warp]);
+    # the NVFP4 indexer's case its proxy variant rows.
     n_topk = len(bm.STEP_TOPK_VARIANTS)
-    first = 6 + n_topk  # the first case's rows
+    first = 7 + n_topk  # the first case's rows
     n_fp4 = 1 + len(bm.STEP_PROXY_VARIANTS)
     assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 4 + n_fp4), cpu_bench.rows
     fp4_rows, cpu_bench.rows = cpu_bench.rows[-n_fp4:], cpu_bench.rows[:-n_fp4]
@@ -558,8 +565,11 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     copy_row = cpu_bench.rows[4 + n_topk]
     assert copy_row["case"] == name + " [q2k copy]" and copy_row["q2k_copy"]
     for select_row in (cpu_bench.rows[5 + n_topk], cpu_bench.rows[-1]):
-        assert select_row["case"].endswith(bm.STEP_SELECT_SUFFIX) and select_row["select"]
+        assert select_row["case"].endswith(bm.STEP_SELECT_SUFFIX) and select_row["select"] is True
         assert select_row["bit_identical"]
+    warp_row = cpu_bench.rows[6 + n_topk]
+    assert warp_row["case"] == name + bm.STEP_SELECT_WARP[0]
+    assert warp_row["select"] == dict(select_tail="warp") and warp_row["bit_identical"]
     assert "decode_options" not in cpu_bench.rows[0] and "topk_options" not in cpu_bench.rows[0]
     cpu_bench.rows = cpu_bench.rows[::first]
     graphs = graphs[::first]

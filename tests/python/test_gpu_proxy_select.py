@@ -8,7 +8,8 @@ with msa_proxy_score's on the GPU (the same kernel code, the tail runs after it)
 exactly with msa_topk_select's of those scores (the same selection code, exact by D3) and with
 the CPU reference's top-k of the GPU's scores. The tests also check that the one-kernel path ran
 where it should (one kernel launched, with caller-owned arrivals) and that it leaves the arrival
-counters zero, eagerly and across CUDA-graph replays whose inputs change between replays.
+counters zero, eagerly and across CUDA-graph replays whose inputs change between replays, for
+both forms of the tail (plan option select_tail: the CTA a row, auto's, and a warp a row).
 
 Skipped (not passed) without CUDA.
 """
@@ -134,10 +135,14 @@ def two_ops(c: Case, inputs, select):
     return scores, indices
 
 
-def fused(c: Case, inputs, select, arrivals=None):
+FORMS = ("cta", "warp")  # the select tail's forms (plan option select_tail; auto: cta)
+
+
+def fused(c: Case, inputs, select, arrivals=None, form=None):
     scores, indices = poisoned(c, inputs)
-    got = msa_ops.proxy_score_select(**inputs, **select, output=scores, indices=indices,
-                                     arrivals=arrivals)
+    options = None if form is None else dict(select_tail=form)
+    got = msa_ops._proxy_score_select_planned(**inputs, **select, output=scores, indices=indices,
+                                              arrivals=arrivals, options=options)
     assert got[0] is scores and got[1] is indices
     return scores, indices
 
@@ -165,11 +170,12 @@ def test_proxy_score_select_equals_two_ops(case: Case):
     inputs, select = make_inputs(case, seed=zlib.crc32(case.name.encode()) % 10000)
     arrivals = torch.zeros(len(case.seqs_k) + 5, dtype=torch.int32, device=DEV)
     want = two_ops(case, inputs, select)
-    for _ in range(3):  # the counters must be back at zero for the next call
-        got = fused(case, inputs, select, arrivals)
-        assert_same(got, want, str(case))
-        assert int(arrivals.abs().sum()) == 0, arrivals.tolist()
-    # Without arrivals: a zeroed buffer per call.
+    for form in FORMS:
+        for _ in range(2):  # the counters must be back at zero for the next call
+            got = fused(case, inputs, select, arrivals, form)
+            assert_same(got, want, f"{case} select_tail={form}")
+            assert int(arrivals.abs().sum()) == 0, arrivals.tolist()
+    # Without arrivals: a zeroed buffer per call; auto's form.
     assert_same(fused(case, inputs, select), want, f"{case} (arrivals=None)")
     # The top-k of the GPU's scores on the CPU reference.
     cpu_nvp = inputs.get("num_valid_pages")
@@ -179,17 +185,19 @@ def test_proxy_score_select_equals_two_ops(case: Case):
     assert torch.equal(got[1].cpu(), ref), f"{case}: indices against the CPU reference"
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case", [c for c in CASES if c.k_dtype != torch.float16
                                   and c.name.startswith(("b1_128k", "b64_32k", "mtp4", "uncovered"))],
                          ids=str)
-def test_proxy_score_select_is_one_kernel(case: Case):
+def test_proxy_score_select_is_one_kernel(case: Case, form: str):
     inputs, select = make_inputs(case, seed=7)
     arrivals = torch.zeros(len(case.seqs_k) + 1, dtype=torch.int32, device=DEV)
     scores, indices = poisoned(case, inputs)
-    n = kernels_launched(lambda: msa_ops.proxy_score_select(
-        **inputs, **select, output=scores, indices=indices, arrivals=arrivals))
+    n = kernels_launched(lambda: msa_ops._proxy_score_select_planned(
+        **inputs, **select, output=scores, indices=indices, arrivals=arrivals,
+        options=dict(select_tail=form)))
     assert n == 1, f"{n} kernels"
-    assert_same((scores, indices), two_ops(case, inputs, select), str(case))
+    assert_same((scores, indices), two_ops(case, inputs, select), f"{case} select_tail={form}")
 
 
 def test_proxy_score_select_falls_back_to_two_ops():
@@ -210,8 +218,9 @@ def test_proxy_score_select_falls_back_to_two_ops():
         assert_same((scores, indices), two_ops(case, inputs, select), f"{case} {options}")
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("k_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
-def test_proxy_score_select_graph_replays(k_dtype):
+def test_proxy_score_select_graph_replays(k_dtype, form):
     """Captured once, replayed with new q, new keys in the same pages and new visible-block counts:
     each replay equals the two ops on that replay's inputs, and the counters stay zero."""
     case = Case("graph", (131072, 32768, 5000, 129), k_dtype=k_dtype)
@@ -220,8 +229,8 @@ def test_proxy_score_select_graph_replays(k_dtype):
     scores, indices = poisoned(case, inputs)
 
     def step():
-        msa_ops.proxy_score_select(**inputs, **select, output=scores, indices=indices,
-                                   arrivals=arrivals)
+        msa_ops._proxy_score_select_planned(**inputs, **select, output=scores, indices=indices,
+                                            arrivals=arrivals, options=dict(select_tail=form))
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -267,5 +276,7 @@ def test_proxy_score_select_random_shapes():
                     lead=rng.choice([0, 0, 1]), tail=rng.choice([0, 0, 2]))
         inputs, select = make_inputs(case, seed=trial)
         arrivals = torch.zeros(b + 1, dtype=torch.int32, device=DEV)
-        assert_same(fused(case, inputs, select, arrivals), two_ops(case, inputs, select), str(case))
-        assert int(arrivals.abs().sum()) == 0, (case, arrivals.tolist())
+        want = two_ops(case, inputs, select)
+        for form in FORMS:
+            assert_same(fused(case, inputs, select, arrivals, form), want, f"{case} {form}")
+            assert int(arrivals.abs().sum()) == 0, (case, form, arrivals.tolist())
