@@ -280,3 +280,48 @@ def test_proxy_score_select_random_shapes():
         for form in FORMS:
             assert_same(fused(case, inputs, select, arrivals, form), want, f"{case} {form}")
             assert int(arrivals.abs().sum()) == 0, (case, form, arrivals.tolist())
+
+
+def _valid_rows(indices: torch.Tensor, p: int) -> bool:
+    """Every row: ascending distinct block ids in [0, p), then -1 padding."""
+    x = indices.cpu().reshape(-1, indices.shape[-1])
+    used = x >= 0
+    if bool(((x < -1) | (x >= p)).any()):
+        return False
+    # -1 only after the ids; ids strictly ascending
+    if bool((used[:, 1:] & ~used[:, :-1]).any()):
+        return False
+    big = torch.where(used, x, torch.full_like(x, 1 << 30))
+    return bool(((big[:, 1:] > big[:, :-1]) | ~used[:, 1:]).all())
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_proxy_score_select_hostile_metadata(form):
+    """Device metadata the host cannot check: page ids outside the cache, seqused_k beyond the
+    page table, visible-block counts out of range (each the same as the two ops, bit for bit), and
+    requests whose rows overlap (cu_seqlens_q not non-decreasing: two requests race on the shared
+    rows' scores, in the two ops as here; the call completes, every row is a valid selection and
+    the counters are left zero)."""
+    case = Case("hostile", (40000, 3000, 900, 129), k_dtype=torch.float8_e4m3fn)
+    inputs, select = make_inputs(case, seed=21)
+    table = inputs["page_table"]
+    table[0, 3] = 1 << 30          # a page id outside the cache
+    table[1, 0] = -5
+    inputs["seqused_k"][2] = 1 << 20  # beyond its page-table row: clamped to it
+    inputs["num_valid_pages"][:] = torch.tensor([-3, 10 ** 6, 0, 7], dtype=torch.int32)
+    arrivals = torch.zeros(len(case.seqs_k) + 1, dtype=torch.int32, device=DEV)
+    opts = dict(select_tail=form)
+    scores, indices = poisoned(case, inputs)
+    msa_ops._proxy_score_select_planned(**inputs, **select, output=scores, indices=indices,
+                                        arrivals=arrivals, options=opts)
+    assert_same((scores, indices), two_ops(case, inputs, select), f"hostile {form}")
+    assert int(arrivals.abs().sum()) == 0
+    # Overlapping requests: rows 1 and 2 belong to requests 0 and 2.
+    overlap = dict(inputs, cu_seqlens_q=torch.tensor([0, 3, 1, 4, 4], dtype=torch.int32, device=DEV))
+    scores, indices = poisoned(case, overlap)
+    msa_ops._proxy_score_select_planned(**overlap, **select, output=scores, indices=indices,
+                                        arrivals=arrivals, options=opts)
+    torch.cuda.synchronize()
+    assert not bool(scores.isnan().any()), "a score left unwritten"
+    assert _valid_rows(indices, inputs["max_k_tiles"])
+    assert int(arrivals.abs().sum()) == 0
