@@ -101,6 +101,9 @@
 #                              (e.g. "pipeline:131072:default,kv_major_math=precise"; W: default, a
 #                              tile_max_waste bound or KEY=VALUE+...)
 #   TIMELINE=B/CTX[/SQ[/IDX[/KV]]],...  profile_stages.py --timeline cases (the graphed decode step)
+#   STAGES_ARGS="..."          extra profile_stages.py arguments (e.g. "--select" for the timeline's
+#                              steps with the proxy and the top-k as proxy_score_select, or
+#                              "--proxy-options select_tail=warp")
 #   HOST_TIME=8K,32K,1/32K     profile_stages.py --host items: prefill sizes (each pipeline op's host time
 #                              per call) and decode step cases B/CTX[/SQ[/IDX[/KV]]] (each step op's),
 #                              the GPU idle before each call and busy throughout
@@ -563,6 +566,11 @@ step_stages() {
   for s in ${SWEEP:-}; do args+=(--sweep "$s"); done
   [[ -n ${TIMELINE:-} ]] && args+=(--timeline "$TIMELINE")
   [[ -n ${HOST_TIME:-} ]] && args+=(--host "$HOST_TIME")
+  if [[ -n ${STAGES_ARGS:-} ]]; then
+    local extra
+    mapfile -t extra < <("$PY" -c 'import shlex, sys; print("\n".join(shlex.split(sys.argv[1])))' "$STAGES_ARGS")
+    args+=("${extra[@]}")
+  fi
   run_logged "$log" "$PY" benchmarks/profile_stages.py "${args[@]}" || rc=$?
   trim_log "$log"
   # One "point: X ms" per sweep point, in the order run.

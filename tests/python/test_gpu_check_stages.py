@@ -55,6 +55,16 @@ def test_sweep_and_timeline_reach_profile_stages_and_the_summary(tmp_path):
             "pipeline 131072 kv_major_math=precise: 45.200 ms; host 8192: ") in lines[0], lines[0]
 
 
+def test_stages_args_reach_profile_stages(tmp_path):
+    """STAGES_ARGS: more profile_stages.py arguments, split with shell quoting."""
+    proc, lines, out = run_stages(tmp_path, TIMELINE="1/128K/1/fp8/fp8",
+                                  STAGES_ARGS="--select --proxy-options 'select_tail=warp'")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (out / "stages.log").read_text()
+    assert ("wrapper args: benchmarks/profile_stages.py --timeline 1/128K/1/fp8/fp8 --select "
+            "--proxy-options select_tail=warp") in log, log
+
+
 def test_a_failing_run_fails_the_step(tmp_path):
     proc, lines, _ = run_stages(tmp_path, TIMELINE="1/128K", FAKE_STAGES_RC="3")
     assert proc.returncode == 1
