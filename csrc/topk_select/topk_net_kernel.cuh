@@ -36,6 +36,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "flashmsa/params.h"
 #include "flashmsa/semantics.h"
@@ -322,16 +323,22 @@ __device__ __forceinline__ void network_rows(const float* col, int64_t stride, b
 // pivot), network_rows<16, 32>. Inlined into the top-k kernels; a call where the scores come from
 // L2 (LoadL2: the proxy's select tail, whose every row form and width would otherwise inline its
 // own copy of the networks for a path rows rarely take).
+// (A template, as every function of this header: its definition in many units is one function.)
+template <class Ld>
+__device__ __noinline__ void network_row_out_of_line(const float* col, int64_t stride, bool active,
+                                                     const TopkRanges& r, int lo, int hi, int lane, int* out_row,
+                                                     const float (&first)[kBatch], bool have_first, Ld ld) {
+  network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
+}
 template <class Ld>
 __device__ __forceinline__ void network_row(const float* col, int64_t stride, bool active, const TopkRanges& r,
                                             int lo, int hi, int lane, int* out_row, const float (&first)[kBatch],
                                             bool have_first, Ld ld) {
-  network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
-}
-__device__ __noinline__ void network_row(const float* col, int64_t stride, bool active, const TopkRanges& r,
-                                         int lo, int hi, int lane, int* out_row, const float (&first)[kBatch],
-                                         bool have_first, LoadL2 ld) {
-  network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
+  if constexpr (std::is_same_v<Ld, LoadL2>) {
+    network_row_out_of_line(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
+  } else {
+    network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
+  }
 }
 
 // CTAs per SM the registers must allow: K = 16 at <= 102 registers (20 warps per SM), K = 32 at
