@@ -169,15 +169,17 @@ void check_proxy_select_args(const ProxyScoreArgs& p, const TopkSelectArgs& t, c
   // The selection is written while the proxy's inputs are still read (by other CTAs of the one
   // launch), so it shares no memory with them; with the proxy's output make_topk_select_params
   // checks it.
-  const std::initializer_list<NamedRef> inputs = {
-      {"q", &p.q},           {"k", &p.k},                {"cu_seqlens_q", &p.cu_seqlens_q},
-      {"cu_seqlens_k", &p.cu_seqlens_k}, {"page_table", &p.page_table}, {"seqused_k", &p.seqused_k},
-      {"q_offset", &p.q_offset.tensor}, {"q_scale", &p.q_scale}, {"k_scale", &p.k_scale},
-      {"num_valid_pages", &t.num_valid_pages}, {"output", &p.output}, {"indices", &t.output}};
-  check_no_overlap(c, t.output, "indices",
-                   {{"q", &p.q}, {"k", &p.k}, {"cu_seqlens_q", &p.cu_seqlens_q}, {"cu_seqlens_k", &p.cu_seqlens_k},
-                    {"page_table", &p.page_table}, {"seqused_k", &p.seqused_k}, {"q_offset", &p.q_offset.tensor},
-                    {"q_scale", &p.q_scale}, {"k_scale", &p.k_scale}});
+  const std::initializer_list<NamedRef> proxy_inputs = {
+      {"q", &p.q},
+      {"k", &p.k},
+      {"cu_seqlens_q", &p.cu_seqlens_q},
+      {"cu_seqlens_k", &p.cu_seqlens_k},
+      {"page_table", &p.page_table},
+      {"seqused_k", &p.seqused_k},
+      {"q_offset", &p.q_offset.tensor},
+      {"q_scale", &p.q_scale},
+      {"k_scale", &p.k_scale}};
+  check_no_overlap(c, t.output, "indices", proxy_inputs);
   if (!arrivals.defined()) return;
   check_tensor(c, arrivals, "arrivals");
   const int64_t need = p.cu_seqlens_q.defined() ? p.cu_seqlens_q.size(0) : 1;  // B + 1
@@ -186,7 +188,9 @@ void check_proxy_select_args(const ProxyScoreArgs& p, const TopkSelectArgs& t, c
                " entries (zeroed once; every call leaves them zero), got ", dtype_str(arrivals), " ",
                shape_str(arrivals));
   check_contiguous(c, arrivals, "arrivals");
-  check_no_overlap(c, arrivals, "arrivals", inputs);
+  check_no_overlap(c, arrivals, "arrivals", proxy_inputs);
+  check_no_overlap(c, arrivals, "arrivals",
+                   {{"num_valid_pages", &t.num_valid_pages}, {"output", &p.output}, {"indices", &t.output}});
 }
 
 

@@ -356,10 +356,11 @@ def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
     op = "msa_proxy_score"
     args = _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
                        max_seqlen_q, max_k_tiles, output, reduce_heads, q_offset)
+    output = args[-1]
     args = (*args, plan)
     _call(_ops.proxy_score, *args)
     _log.log_plan(op, _ops.proxy_score_describe, args)
-    return args[-2]
+    return output
 
 
 def _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
