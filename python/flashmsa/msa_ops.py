@@ -128,6 +128,8 @@ def _int64(op: str, name: str, value) -> int:
 
 
 def _int_arg(op: str, name: str, value, *, optional: bool = False) -> Optional[int]:
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the common case, first: the
+        return value  # abstract-class test below costs more than the rest of the check
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -169,7 +171,8 @@ def _page_table_tensor(value) -> Optional[torch.Tensor]:
     e.g. an engine's per-forward table, is taken as it is: the core reads rows by their stride),
     and copied otherwise."""
     value = _tensor_or_none("page_table", value)
-    if value is None or (value.dim() == 2 and (value.shape[1] <= 1 or value.stride(1) == 1)):
+    if value is None or value.is_contiguous() or (
+            value.dim() == 2 and (value.shape[1] <= 1 or value.stride(1) == 1)):
         return value
     return value.contiguous()
 
@@ -178,7 +181,7 @@ def _int_or_tensor(op: str, name: str, value, tensor: str) -> Tuple[Optional[int
     """An argument that is None, a Python int or an int32 tensor, as the ops' (value, tensor) pair."""
     if value is None or isinstance(value, torch.Tensor):
         return None, value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    if type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
         return _int64(op, name, value), None
     raise TypeError(f"{name} must be None, an int or an int32 tensor{tensor}, got "
                     f"{type(value).__name__}")
@@ -201,8 +204,8 @@ def _check_devices(op: str, **tensors) -> None:
     """Every tensor argument on a CPU or CUDA device. The core checks that they share one device,
     but a tensor on another device type (``meta``) never reaches it: the dispatcher would route the
     whole call to the op's fake implementation, which writes nothing."""
-    for name, t in tensors.items():
-        if t is not None and t.device.type not in ("cpu", "cuda"):
+    for name, t in tensors.items():  # is_cuda / is_cpu: no torch.device made per tensor
+        if t is not None and not (t.is_cuda or t.is_cpu):
             raise ValueError(f"{op}: {name} must be a CPU or CUDA tensor, got device {t.device}")
 
 
@@ -677,6 +680,8 @@ def _proxy_score_select(plan, q, k, cu_seqlens_q, cu_seqlens_k, topk, num_valid_
 # ---- stage 3: prefill / general varlen ---------------------------------------------------------
 
 def _lse_outputs(q: torch.Tensor, want_lse: bool, want_lse_t: bool):
+    if not (want_lse or want_lse_t):
+        return None, None
     total_q, num_heads, _ = _shape3(q)
     lse = _outputs.empty((total_q, num_heads), torch.float32, q.device) if want_lse else None
     lse_t = _outputs.empty((total_q, num_heads), torch.float32, q.device) if want_lse_t else None

@@ -3,6 +3,7 @@ with the arguments those builders take (a renamed builder or a changed signature
 on the GPU machine); bench_msa's command line and configurations; the decode-step stage (step) run
 on the CPU reference with a stand-in for the CUDA graph, its byte floor and its replay check."""
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -840,3 +841,19 @@ def test_vllm_ref_stand_ins(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     with pytest.raises(FileNotFoundError, match="vllm_ref.py prepare"):
         vr.load(tmp_path / "missing")
+
+
+def test_host_python_measures_valid_calls(capsys):
+    """host_python's calls are calls the core accepts (run for real here, on the CPU reference),
+    so the stubbed timing measures the path an engine's call takes, not an error path; the native
+    ops come back after the measurement."""
+    host_python = load_script("host_python")
+    for name, fn in host_python.calls():
+        result = fn()
+        assert result is not None, name
+    before = {n: getattr(msa_ops._ops, n) for n in host_python._NATIVE}
+    assert host_python.main(["--calls", "3", "--repeat", "1", "--json"]) == 0
+    times = json.loads(capsys.readouterr().out)
+    assert set(times) == {"control: torch add_"} | {n for n, _ in host_python.calls()}
+    assert all(us > 0 for us in times.values())
+    assert {n: getattr(msa_ops._ops, n) for n in host_python._NATIVE} == before
