@@ -1761,7 +1761,9 @@ class Bench:
                     variants += proxy if idx == "fp8" else []
                     variants.append((STEP_COPY_SUFFIX, dict(q2k_copy=True)))
                 variants.append((STEP_SELECT_SUFFIX, dict(select=True)))
-                if small:
+                # the warp form too where a request's rows are few (small batch) or many (MTP:
+                # the cta form takes them in turn, the warp form over the CTA's warps)
+                if small or sq > 1:
                     variants.append((STEP_SELECT_WARP[0], dict(select=STEP_SELECT_WARP[1])))
             for suffix, kwargs in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,

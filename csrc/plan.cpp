@@ -420,8 +420,12 @@ const char* proxy_select_unsupported(const ProxyScoreParams& p, const ProxyScore
       tp.num_tokens != p.total_q)
     return "the top-k call does not select from this call's scores";
   if (const char* why = topk_net_pivot_unsupported(tp)) return why;
+  if (int64_t(p.num_heads) * std::max(p.qi.max_seqlen_q, 1) > kProxySelectMaxRowsPerRequest)
+    return "more than 16 rows a request (heads x max_seqlen_q): one CTA would select them";
   if (p.k.dtype == DType::kNVFP4) return "NVFP4 index-K (no select tail built)";
   if (p.k.dtype == DType::kFP8E4M3 && !plan.tma) return "fp8 index-K on the cp.async ring (decode_fp8=cta)";
+  if (p.k.dtype == DType::kFP8E4M3 && p.q_dtype != DType::kFP16 && !plan.f16_mma)
+    return "fp8 index-K on bf16 MMAs (kernel=decode; the tail is built on the fp16 MMAs auto takes)";
   return nullptr;
 }
 

@@ -461,13 +461,24 @@ __device__ __forceinline__ void store_pass(const Params& dp, const Request& r, i
 }
 
 // -inf for the rows of out no request covers: [0, cu_seqlens_q[0]) and [cu_seqlens_q[B], total_q).
-template <int kCtaThreads = kThreads>
+// kByRow (the kernels with a select tail): CTA c fills whole rows, the uncovered rows u = c (mod
+// the grid), so that it can select them itself (proxy_select.cuh); else the grid's threads stride
+// over the elements (consecutive threads: consecutive rows of one (head, column)).
+template <int kCtaThreads = kThreads, bool kByRow = false>
 __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
   const ProxyScoreParams& p = dp.p;
   const int64_t total_q = p.total_q;
   const UncoveredRows rows = uncovered_q_rows(p.qi, p.batch, total_q);
   if (rows.count == 0) return;
-  const int64_t n = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles * rows.count;
+  const int64_t cols = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles;
+  if constexpr (kByRow) {
+    for (int64_t u = blockIdx.x; u < rows.count; u += gridDim.x) {
+      const int64_t row = rows.row(u);
+      for (int64_t ht = threadIdx.x; ht < cols; ht += kCtaThreads) p.out[ht * total_q + row] = neg_inf();
+    }
+    return;
+  }
+  const int64_t n = cols * rows.count;
   for (int64_t e = int64_t(blockIdx.x) * kCtaThreads + threadIdx.x; e < n; e += int64_t(gridDim.x) * kCtaThreads) {
     const int64_t ht = e / rows.count;
     p.out[ht * total_q + rows.row(e % rows.count)] = neg_inf();
@@ -632,7 +643,7 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
     }
   }
   cp_async_wait<0>();
-  fill_uncovered_rows(dp);
+  fill_uncovered_rows<kThreads, kSelect != kSelectNone>(dp);
   if constexpr (kSelect != kSelectNone) select_tail<kThreads, kSelect>(dp, u0, n);
 }
 

@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(Ring<kK, kSelf>::kCtaThreads, 1)
     produce<kK>(tp, stage0, flags, full0, empty0, u0, n, lane);
   else
     consume<Mma, kK, kScaleQ, kCols, kSelf>(tp, smem, flags, full0, empty0, u0, n, warp, lane);
-  fill_uncovered_rows<R::kCtaThreads>(dp);
+  fill_uncovered_rows<R::kCtaThreads, kSelect != kSelectNone>(dp);
   if constexpr (kSelect != kSelectNone) select_tail<R::kCtaThreads, kSelect>(dp, u0, n);
 #endif
 }

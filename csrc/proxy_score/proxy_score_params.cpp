@@ -180,6 +180,8 @@ void check_proxy_select_args(const ProxyScoreArgs& p, const TopkSelectArgs& t, c
       {"q_scale", &p.q_scale},
       {"k_scale", &p.k_scale}};
   check_no_overlap(c, t.output, "indices", proxy_inputs);
+  // The select tail reads the visible block counts while other CTAs still write scores.
+  check_no_overlap(c, p.output, "output", {{"num_valid_pages", &t.num_valid_pages}});
   if (!arrivals.defined()) return;
   check_tensor(c, arrivals, "arrivals");
   const int64_t need = p.cu_seqlens_q.defined() ? p.cu_seqlens_q.size(0) : 1;  // B + 1

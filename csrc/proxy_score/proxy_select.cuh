@@ -5,13 +5,14 @@
 //
 // Each CTA of the grid streams an equal contiguous share of the B x Hkv x P units, so a request's
 // units lie on a contiguous run of CTAs, computable from the unit range alone (cta_of below). When
-// a CTA has stored its scores (and its part of the -inf fill of uncovered rows) it arrives once on
-// the arrival counter of every request its share touched; the CTA whose arrival completes a
-// request's count (it saw count - 1) selects that request's rows (its tokens x all Hq heads) from
-// the scores, which all CTAs of the request have stored by then. Rows no request covers get their
-// scores from every CTA's fill, so with such rows every CTA also arrives on counter B, and the last
-// one selects those. The counters are atom.inc with the wrap value count - 1: the last arrival
-// stores 0, so a call leaves them as it found them (zero; the caller zeroes them once).
+// a CTA has stored its scores it arrives once on the arrival counter of every request its share
+// touched; the CTA whose arrival completes a request's count (it saw count - 1) selects that
+// request's rows (its tokens x all Hq heads) from the scores, which all CTAs of the request have
+// stored by then. Rows no request covers (-inf scores) need no counter: CTA c fills the uncovered
+// rows u = c (mod the grid) whole (fill_uncovered_rows<.., true>) and selects them itself, so
+// graph-padded rows spread over the grid instead of queueing on one CTA. The counters are atom.inc
+// with the wrap value count - 1: the last arrival stores 0, so a call leaves them as it found them
+// (zero; the caller zeroes them once).
 //
 // Memory order: every thread fences its stores (gpu scope) and the CTA meets at a barrier before
 // its arrivals; the arrivals are acq_rel atomics, and the last arriver's CTA meets at a barrier
@@ -48,11 +49,12 @@ __device__ __forceinline__ bool arrive_last(uint32_t* counter, uint32_t count) {
   return old == count - 1u;
 }
 
-// The rows of arrival slot `slot` (request b < B: its tokens; B: the uncovered rows): row j is
-// (token of(j / Hq), head j % Hq).
+// The rows one CTA selects: a request's (its tokens) or this CTA's uncovered rows (u = begin +
+// t x step of UncoveredRows), each token with all Hq heads: row j is (token of(j / Hq), head j % Hq).
 struct SlotRows {
   bool uncovered;
   int64_t begin;
+  int64_t step;
   int64_t tokens;
   int heads;
   UncoveredRows unc;
@@ -60,17 +62,18 @@ struct SlotRows {
   __device__ __forceinline__ void row(int64_t j, int& s, int& h) const {
     const int64_t t = j / heads;
     h = int(j - t * heads);
-    s = int(uncovered ? unc.row(t) : begin + t);
+    s = int(uncovered ? unc.row(begin + t * step) : begin + t);
   }
 };
-__device__ __forceinline__ SlotRows slot_rows(const ProxyScoreParams& p, int slot, const UncoveredRows& unc) {
-  SlotRows r{slot == p.batch, 0, unc.count, p.num_heads, unc};
-  if (!r.uncovered) {
-    const RowRange rows = q_rows(p.qi, p.total_q, slot);
-    r.begin = rows.begin;
-    r.tokens = rows.len;
-  }
-  return r;
+__device__ __forceinline__ SlotRows request_rows(const ProxyScoreParams& p, int b) {
+  const RowRange rows = q_rows(p.qi, p.total_q, b);
+  return SlotRows{false, rows.begin, 1, rows.len, p.num_heads, UncoveredRows{}};
+}
+// CTA c of `ctas`: the uncovered rows c, c + ctas, ... (fill_uncovered_rows<.., true>'s).
+__device__ __forceinline__ SlotRows own_uncovered_rows(const ProxyScoreParams& p, const UncoveredRows& unc,
+                                                       int64_t c, int64_t ctas) {
+  const int64_t tokens = c < unc.count ? (unc.count - c + ctas - 1) / ctas : 0;
+  return SlotRows{true, c, ctas, tokens, p.num_heads, unc};
 }
 
 // kSelectWarp: each row by one warp of the CTA's kWarps, from the scores in L2.
@@ -123,7 +126,7 @@ __device__ __forceinline__ void select_rows_cta(const Params& dp, const SlotRows
 }
 
 // The tail: called by every thread of the CTA once its share [u0, u0 + n) of the units and its
-// part of fill_uncovered_rows are stored. kForm: kSelectWarp or kSelectCta.
+// uncovered rows (fill_uncovered_rows<.., true>) are stored. kForm: kSelectWarp or kSelectCta.
 template <int kCtaThreads, int kForm>
 __device__ __forceinline__ void select_tail(const Params& dp, int64_t u0, int64_t n) {
   static_assert(kForm == kSelectWarp || kForm == kSelectCta, "a select tail's form");
@@ -135,6 +138,18 @@ __device__ __forceinline__ void select_tail(const Params& dp, int64_t u0, int64_
   __shared__ int n_last;
   const ProxyScoreParams& p = dp.p;
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  const auto select = [&](const SlotRows& rows) {  // CTA-uniform
+    if constexpr (kForm == kSelectWarp) {
+      select_rows_warp<kWarps>(dp, rows, warp, lane, stage[warp]);
+    } else {
+      const topk::net::CtaRowScratch<kWarps> sm{lane_mins, counts, stage[0]};
+      switch (dp.sel.pivot) {
+        case 8: select_rows_cta<kWarps, 8>(dp, rows, warp, lane, sm); break;
+        case 16: select_rows_cta<kWarps, 16>(dp, rows, warp, lane, sm); break;
+        default: select_rows_cta<kWarps, 32>(dp, rows, warp, lane, sm); break;
+      }
+    }
+  };
   __threadfence();  // this thread's score stores reach gpu scope before the CTA arrives
   const int64_t per_request = int64_t(p.num_kv_heads) * p.max_k_tiles;
   const int64_t units = dp.units;
@@ -142,48 +157,31 @@ __device__ __forceinline__ void select_tail(const Params& dp, int64_t u0, int64_
   // The CTA whose share holds unit u: the largest c with units * c / ctas <= u (the shares'
   // floor division), i.e. c < (u + 1) * ctas / units.
   const auto cta_of = [&](int64_t u) { return ((u + 1) * ctas + units - 1) / units - 1; };
-  const UncoveredRows unc = uncovered_q_rows(p.qi, p.batch, p.total_q);
   int64_t b0 = 0, requests = 0;
   if (n > 0) {
     b0 = u0 / per_request;
     requests = (u0 + n - 1) / per_request - b0 + 1;
   }
-  const int64_t slots = requests + (unc.count > 0 ? 1 : 0);
 #pragma unroll 1
-  for (int64_t base = 0; base < slots; base += kCtaThreads) {  // CTA-uniform
+  for (int64_t base = 0; base < requests; base += kCtaThreads) {  // CTA-uniform
     if (threadIdx.x == 0) n_last = 0;
     __syncthreads();  // the stores fenced (first round); n_last and last[] free (later rounds)
     const int64_t i = base + threadIdx.x;
-    if (i < slots) {
-      int slot;
-      uint32_t count;
-      if (i < requests) {
-        const int64_t b = b0 + i;
-        slot = int(b);
-        count = uint32_t(cta_of((b + 1) * per_request - 1) - cta_of(b * per_request) + 1);
-      } else {
-        slot = p.batch;
-        count = uint32_t(ctas);
-      }
-      if (arrive_last(dp.sel.arrivals + slot, count)) last[atomicAdd(&n_last, 1)] = slot;
+    if (i < requests) {
+      const int64_t b = b0 + i;
+      const uint32_t count = uint32_t(cta_of((b + 1) * per_request - 1) - cta_of(b * per_request) + 1);
+      if (arrive_last(dp.sel.arrivals + b, count)) last[atomicAdd(&n_last, 1)] = int(b);
     }
     __syncthreads();
     const int mine = n_last;
 #pragma unroll 1
-    for (int k = 0; k < mine; ++k) {
-      const SlotRows rows = slot_rows(p, last[k], unc);
-      if constexpr (kForm == kSelectWarp) {
-        select_rows_warp<kWarps>(dp, rows, warp, lane, stage[warp]);
-      } else {
-        const topk::net::CtaRowScratch<kWarps> sm{lane_mins, counts, stage[0]};
-        switch (dp.sel.pivot) {
-          case 8: select_rows_cta<kWarps, 8>(dp, rows, warp, lane, sm); break;
-          case 16: select_rows_cta<kWarps, 16>(dp, rows, warp, lane, sm); break;
-          default: select_rows_cta<kWarps, 32>(dp, rows, warp, lane, sm); break;
-        }
-      }
-    }
+    for (int k = 0; k < mine; ++k) select(request_rows(p, last[k]));
     __syncthreads();  // every warp done with last[] before the next round resets it
+  }
+  const UncoveredRows unc = uncovered_q_rows(p.qi, p.batch, p.total_q);
+  if (int64_t(blockIdx.x) < unc.count) {  // CTA-uniform
+    __syncthreads();  // this CTA's fill of its uncovered rows (fenced above) seen by all its threads
+    select(own_uncovered_rows(p, unc, blockIdx.x, ctas));
   }
 }
 

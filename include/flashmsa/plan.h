@@ -193,6 +193,12 @@ inline constexpr int kTopkNetMinWarpsPerSm = 48;
 // up to 4 tokens, the calls measured. Without max_seqlen_q the bound is total_q (device
 // cu_seqlens_q), so decode callers pass it.
 inline constexpr int kProxyDecodeAutoMaxRows = 16;
+// proxy_score_select's tail: a request's rows (its heads x max_seqlen_q tokens) are selected by one
+// CTA, in turn (kSelectCta) or over its warps (kSelectWarp), where msa_topk_select spreads them over
+// the GPU; at most this many a request take the tail (M3's decode: 4; its MTP of 4 tokens: 16),
+// more take the two ops. A bound set before any GPU run: the tail's rows are to be timed against
+// the two ops' (docs/design/proxy_score.md#select-tail).
+inline constexpr int kProxySelectMaxRowsPerRequest = 16;
 // Decode kernels for 16-row tiles (G <= 16): smem (the query-major kernel as prefill runs it: fp8
 // K/V dequantized in shared memory, 2 stages of bf16 / fp16 K/V), regs (the streaming variant: 3
 // stages of 32 KB at 2 CTAs per SM, fp8 K/V converted in registers into fp16 MMAs; NVFP4 K/V: 5
@@ -712,8 +718,9 @@ inline int topk_pivot_scores(int num_blocks) { return num_blocks <= 256 ? 8 : nu
 // Why the proxy decode kernel cannot select tp's rows in its own launch (run_proxy_score_select;
 // nullptr: it can, where the kernel itself then applies): the plan runs the decode kernel, without
 // reduce_heads, on rows and columns; tp reads this call's scores (its output, all its rows, heads
-// and columns), its rows within the pivot's bounds (topk_net_pivot_unsupported); 16-bit index-K,
-// or fp8 on the TMA kernel (NVFP4 index-K: not built).
+// and columns), its rows within the pivot's bounds (topk_net_pivot_unsupported), at most
+// kProxySelectMaxRowsPerRequest a request; 16-bit index-K, or fp8 on the TMA kernel with fp16 MMAs
+// (NVFP4 index-K: not built).
 const char* proxy_select_unsupported(const ProxyScoreParams& p, const ProxyScorePlan& plan,
                                      const TopkSelectParams& tp);
 

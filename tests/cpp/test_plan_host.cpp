@@ -2199,6 +2199,35 @@ TEST(PlanProxy, SelectTailWhereItApplies) {
   ProxyScoreParams empty = m3;
   empty.total_q = 0;
   EXPECT_STREQ(proxy_select_unsupported(empty, dflt, t), "no rows or no columns");
+  // At most 16 rows a request (heads x max_seqlen_q): M3's MTP of 4 tokens takes the tail, 5
+  // tokens (forced onto the decode kernel) or 16 heads over 2 KV heads at 2 tokens do not.
+  for (int sq : {4, 5}) {
+    ProxyScoreParams mtp = m3;
+    mtp.qi.max_seqlen_q = sq;
+    const ProxyScorePlan plan = plan_proxy_score(mtp, parse_proxy_score_options("kernel=decode_f16"));
+    const char* why = proxy_select_unsupported(mtp, plan, t);
+    if (sq == 4)
+      EXPECT_EQ(why, nullptr);
+    else
+      EXPECT_STREQ(why, "more than 16 rows a request (heads x max_seqlen_q): one CTA would select them");
+  }
+  ProxyScoreParams heads = call(DType::kBF16, 1, 1024);
+  heads.num_heads = 16;
+  heads.num_kv_heads = 2;
+  heads.qi.max_seqlen_q = 2;
+  TopkSelectParams heads_t = select(heads);
+  heads_t.num_heads = 16;
+  EXPECT_STREQ(proxy_select_unsupported(heads, plan_proxy_score(heads, parse_proxy_score_options("kernel=decode")),
+                                        heads_t),
+               "more than 16 rows a request (heads x max_seqlen_q): one CTA would select them");
+  // fp8 index-K with bf16 q: the tail runs the fp16 MMAs auto takes, not kernel=decode's bf16 ones
+  // (fp16 q has its own).
+  EXPECT_STREQ(proxy_select_unsupported(m3, plan_proxy_score(m3, parse_proxy_score_options("kernel=decode")), t),
+               "fp8 index-K on bf16 MMAs (kernel=decode; the tail is built on the fp16 MMAs auto takes)");
+  ProxyScoreParams fp16_q = m3;
+  fp16_q.q_dtype = DType::kFP16;
+  EXPECT_EQ(proxy_select_unsupported(fp16_q, plan_proxy_score(fp16_q, parse_proxy_score_options("kernel=decode")), t),
+            nullptr);
   // The tail's form: the CTA a row (auto) or a warp a row.
   EXPECT_TRUE(dflt.select_cta);
   EXPECT_TRUE(plan_proxy_score(m3, parse_proxy_score_options("select_tail=cta")).select_cta);

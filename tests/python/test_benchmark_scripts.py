@@ -538,12 +538,12 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
     # [combine_loads=after] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
     # top-k variant rows ([net_pivot=off], the two pivot forms) and [q2k copy] row, and every
-    # 16-bit / fp8 index case its [index_select] row (sq 1: also [index_select select_tail=warp]);
-    # the NVFP4 indexer's case its proxy variant rows.
+    # 16-bit / fp8 index case its [index_select] row (sq 1 at a small batch, and MTP: also
+    # [index_select select_tail=warp]); the NVFP4 indexer's case its proxy variant rows.
     n_topk = len(bm.STEP_TOPK_VARIANTS)
     first = 7 + n_topk  # the first case's rows
     n_fp4 = 1 + len(bm.STEP_PROXY_VARIANTS)
-    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 4 + n_fp4), cpu_bench.rows
+    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 5 + n_fp4), cpu_bench.rows
     fp4_rows, cpu_bench.rows = cpu_bench.rows[-n_fp4:], cpu_bench.rows[:-n_fp4]
     graphs = graphs[:-n_fp4]
     assert fp4_rows[0]["case"] == bm.step_case_name(2, 1024, 1, "nvfp4", "fp8")
@@ -565,12 +565,13 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     assert cpu_bench.rows[4]["topk_options"] == dict(net_pivot="off")
     copy_row = cpu_bench.rows[4 + n_topk]
     assert copy_row["case"] == name + " [q2k copy]" and copy_row["q2k_copy"]
-    for select_row in (cpu_bench.rows[5 + n_topk], cpu_bench.rows[-1]):
+    for select_row in (cpu_bench.rows[5 + n_topk], cpu_bench.rows[-2]):
         assert select_row["case"].endswith(bm.STEP_SELECT_SUFFIX) and select_row["select"] is True
         assert select_row["bit_identical"]
-    warp_row = cpu_bench.rows[6 + n_topk]
-    assert warp_row["case"] == name + bm.STEP_SELECT_WARP[0]
-    assert warp_row["select"] == dict(select_tail="warp") and warp_row["bit_identical"]
+    for warp_row in (cpu_bench.rows[6 + n_topk], cpu_bench.rows[-1]):  # sq 1 at B2, and MTP
+        assert warp_row["case"].endswith(bm.STEP_SELECT_WARP[0])
+        assert warp_row["select"] == dict(select_tail="warp") and warp_row["bit_identical"]
+    assert cpu_bench.rows[6 + n_topk]["case"] == name + bm.STEP_SELECT_WARP[0]
     assert "decode_options" not in cpu_bench.rows[0] and "topk_options" not in cpu_bench.rows[0]
     cpu_bench.rows = cpu_bench.rows[::first]
     graphs = graphs[::first]

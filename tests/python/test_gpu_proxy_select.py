@@ -72,6 +72,8 @@ BASE = [
     Case("no_force", (40000, 2000), force=(0, 1), topk=8),
     Case("sinks_locals", (40000, 2000, 100000), force=(2, 3), topk=16),
     Case("uncovered_rows", (30000, 4000, 700), lead=2, tail=3),
+    # Graph padding: more rows of no request than CTAs hold (each CTA selects its own share).
+    Case("padded_rows", (32768, 700), tail=700),
     Case("flat", (32768, 1000, 77777), paged=False),
     Case("wide_columns", (3000, 100), max_k_tiles=1024),
 ]
@@ -127,9 +129,12 @@ def poisoned(c: Case, inputs):
     return scores, indices
 
 
-def two_ops(c: Case, inputs, select):
+def two_ops(c: Case, inputs, select, options=None):
+    """The two ops in turn; options: the proxy's plan options (the scores of two proxy kernels are
+    only asserted equal within the proxy tolerance elsewhere, so a fallback is compared with the
+    proxy kernel it ran)."""
     scores, indices = poisoned(c, inputs)
-    msa_ops.msa_proxy_score(**proxy_args(inputs), output=scores)
+    msa_ops._proxy_score_planned(**proxy_args(inputs), output=scores, options=options)
     msa_ops.msa_topk_select(scores, num_valid_pages=inputs.get("num_valid_pages"), output=indices,
                             **select)
     return scores, indices
@@ -202,12 +207,13 @@ def test_proxy_score_select_is_one_kernel(case: Case, form: str):
 
 def test_proxy_score_select_falls_back_to_two_ops():
     """Where the tail does not apply (rows choosing 16, more than 1024 blocks, a forced cp.async
-    ring for fp8, reduce-free prefill-sized calls), the two ops run: same results, two kernels."""
+    ring for fp8, more than 16 rows a request), the two ops run: same results, two kernels."""
     base = Case("fallback", (40000, 3000), k_dtype=torch.float8_e4m3fn)
     for case, options in [
         (dataclasses.replace(base, force=(0, 0)), None),          # 16 chosen by score
         (dataclasses.replace(base, max_k_tiles=1025), None),      # rows of 1025 blocks
         (base, {"decode_fp8": "cta"}),                            # fp8 on the cp.async ring
+        (dataclasses.replace(base, hq=16, hkv=2, tokens=2), None),  # 32 rows a request
     ]:
         inputs, select = make_inputs(case, seed=3)
         scores, indices = poisoned(case, inputs)
@@ -215,7 +221,7 @@ def test_proxy_score_select_falls_back_to_two_ops():
         run = (lambda: msa_ops._proxy_score_select_planned(
             **inputs, **select, output=scores, indices=indices, arrivals=arrivals, options=options))
         assert kernels_launched(run) >= 2
-        assert_same((scores, indices), two_ops(case, inputs, select), f"{case} {options}")
+        assert_same((scores, indices), two_ops(case, inputs, select, options), f"{case} {options}")
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -282,26 +288,15 @@ def test_proxy_score_select_random_shapes():
             assert int(arrivals.abs().sum()) == 0, (case, form, arrivals.tolist())
 
 
-def _valid_rows(indices: torch.Tensor, p: int) -> bool:
-    """Every row: ascending distinct block ids in [0, p), then -1 padding."""
-    x = indices.cpu().reshape(-1, indices.shape[-1])
-    used = x >= 0
-    if bool(((x < -1) | (x >= p)).any()):
-        return False
-    # -1 only after the ids; ids strictly ascending
-    if bool((used[:, 1:] & ~used[:, :-1]).any()):
-        return False
-    big = torch.where(used, x, torch.full_like(x, 1 << 30))
-    return bool(((big[:, 1:] > big[:, :-1]) | ~used[:, 1:]).all())
-
-
 @pytest.mark.parametrize("form", FORMS)
 def test_proxy_score_select_hostile_metadata(form):
     """Device metadata the host cannot check: page ids outside the cache, seqused_k beyond the
     page table, visible-block counts out of range (each the same as the two ops, bit for bit), and
     requests whose rows overlap (cu_seqlens_q not non-decreasing: two requests race on the shared
-    rows' scores, in the two ops as here; the call completes, every row is a valid selection and
-    the counters are left zero)."""
+    rows' scores, in the two ops as here, and a request's last CTA may select a shared row while
+    the other request's CTAs still write it, so its ids are unspecified (docs/semantics.md,
+    device values); the call completes, writes every score and every index slot, and leaves the
+    counters zero)."""
     case = Case("hostile", (40000, 3000, 900, 129), k_dtype=torch.float8_e4m3fn)
     inputs, select = make_inputs(case, seed=21)
     table = inputs["page_table"]
@@ -323,5 +318,5 @@ def test_proxy_score_select_hostile_metadata(form):
                                         arrivals=arrivals, options=opts)
     torch.cuda.synchronize()
     assert not bool(scores.isnan().any()), "a score left unwritten"
-    assert _valid_rows(indices, inputs["max_k_tiles"])
+    assert bool((indices >= -1).all()), "an index slot left unwritten"
     assert int(arrivals.abs().sum()) == 0

@@ -97,6 +97,11 @@ def test_arrivals_and_indices_share_no_memory_with_the_inputs():
     q_words = args["q"].view(torch.int32)  # (2, 4, 64) int32 over q's bytes
     with pytest.raises(ValueError, match="indices"):
         msa_ops.proxy_score_select(**args, topk=4, force_end_blocks=1, indices=q_words[..., :4])
+    # The visible block counts in the scores' storage: the select tail would read them while other
+    # CTAs write the scores (the standalone top-k, which only reads both, allows it).
+    with pytest.raises(ValueError, match="output must not share memory with num_valid_pages"):
+        msa_ops.proxy_score_select(**args, topk=4, force_end_blocks=1, output=scores,
+                                   num_valid_pages=scores.view(torch.int32).reshape(-1)[:2])
 
 
 def test_top_k_arguments_checked_as_the_top_k_checks_them():
