@@ -223,10 +223,6 @@ STEP_PROXY_VARIANTS = ((" [decode_tma_issue=warps]", dict(decode_tma_issue="warp
 # ... and one token per request with the selection copied (FlashInfer's token-major top-k output,
 # then q2k = its transpose, contiguous) instead of written head-major by top-k.
 STEP_COPY_SUFFIX = " [q2k copy]"
-# ... and (16-bit or fp8 index-K) with the proxy and the top-k as one op, proxy_score_select (its
-# select tail's auto form, the CTA a row); one token per request also with a warp a row.
-STEP_SELECT_SUFFIX = " [index_select]"
-STEP_SELECT_WARP = (" [index_select select_tail=warp]", dict(select_tail="warp"))
 # Decode batches whose M3 calls split by blocks on an H200 (B x 4 kv heads < 132 SMs): their bf16
 # sq 1 rows also run split-K on 4 warps per CTA (split_warps=4) beside auto's 8.
 SPLIT_K_MAX_BATCH = 32
@@ -299,10 +295,7 @@ class DecodeStep:
     for KV head h (M3: 4 and 4). `index_dtype` NVFP4 (the name) is the NVFP4 indexer: the index
     q and the index-K cache quantized (flashmsa.testing.quantize_nvfp4) once here, the proxy by
     msa_proxy_score_fp4; the index q's quantization is not part of the step (an engine fuses it
-    into the op that produces the index q, as it produces the bf16 one). `select`: the proxy and
-    the top-k as flashmsa's one op proxy_score_select (on the GPU one kernel where its select tail
-    applies; docs/design/proxy_score.md#select-tail), with static arrival counters; a dict: that
-    op's plan options (e.g. select_tail).
+    into the op that produces the index q, as it produces the bf16 one).
 
     `batch` requests of `ctx` tokens (a multiple of 128), `seqlen_q` query tokens each (1, or more
     for MTP) at positions ctx - seqlen_q .. ctx - 1. One shuffled page table serves the index-K
@@ -313,7 +306,7 @@ class DecodeStep:
 
     def __init__(self, ops, batch: int, ctx: int, seqlen_q: int, index_dtype, kv_dtype, gen,
                  device, geo=M3, topk: int = TOPK, decode_options=None, topk_options=None,
-                 q2k_copy: bool = False, proxy_options=None, select: bool = False):
+                 q2k_copy: bool = False, proxy_options=None):
         if ctx % mi.BLOCK or ctx < seqlen_q or seqlen_q < 1 or batch < 1:
             raise ValueError(f"decode step: batch {batch}, ctx {ctx} (a multiple of "
                              f"{mi.BLOCK}), seqlen_q {seqlen_q} (1..ctx)")
@@ -327,12 +320,6 @@ class DecodeStep:
         self.topk_select = ops.msa_topk_select if topk_options is None else \
             functools.partial(ops._topk_select_planned, options=topk_options)
         self.index_fp4 = index_dtype == NVFP4
-        if select and (self.index_fp4 or q2k_copy or proxy_options is not None or topk_options is not None):
-            raise ValueError("decode step: select takes neither the NVFP4 indexer, q2k_copy nor "
-                             "proxy / top-k options")
-        self.select = select
-        self.proxy_select = ops.proxy_score_select if not isinstance(select, dict) else \
-            functools.partial(ops._proxy_score_select_planned, options=select)
         public, planned = ((ops.msa_proxy_score_fp4, ops._proxy_score_fp4_planned) if self.index_fp4
                            else (ops.msa_proxy_score, ops._proxy_score_planned))
         self.proxy_score = public if proxy_options is None else \
@@ -367,25 +354,18 @@ class DecodeStep:
         self.sel = torch.empty((rows, geo["idx_hq"], topk), **i32) if q2k_copy else \
             self.q2k.transpose(0, 1)
         self.workspace = ops.MSASparseAttentionWorkspace(device)
-        self.arrivals = torch.zeros(batch + 1, **i32) if select else None
 
     def __call__(self):
         """The step: returns (attention output, top-k selection (tokens, heads, topk))."""
         kw = dict(page_table=self.page_table, seqused_k=self.seqused, causal=True,
                   max_seqlen_q=self.seqlen_q, max_k_tiles=self.nb, output=self.scores)
-        if self.select:
-            self.proxy_select(self.index_q, self.index_k, self.cu_q, None, topk=self.topk,
-                              num_valid_pages=self.nvp, force_end_blocks=1, indices=self.sel,
-                              arrivals=self.arrivals, **kw)
+        if self.index_fp4:
+            self.proxy_score(self.index_q4, self.index_k, self.index_q_scale, self.index_k_scale,
+                             self.index_q_gs, self.index_k_gs, self.cu_q, None, **kw)
         else:
-            if self.index_fp4:
-                self.proxy_score(self.index_q4, self.index_k, self.index_q_scale,
-                                 self.index_k_scale, self.index_q_gs, self.index_k_gs, self.cu_q,
-                                 None, **kw)
-            else:
-                self.proxy_score(self.index_q, self.index_k, self.cu_q, None, **kw)
-            self.topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
-                             force_end_blocks=1)
+            self.proxy_score(self.index_q, self.index_k, self.cu_q, None, **kw)
+        self.topk_select(self.scores, self.topk, num_valid_pages=self.nvp, output=self.sel,
+                         force_end_blocks=1)
         if self.q2k_copy:
             self.q2k.copy_(self.sel.transpose(0, 1))
         out = self.decode(self.q, self.k, self.v, self.q2k, page_table=self.page_table,
@@ -1760,11 +1740,6 @@ class Bench:
                                  for suffix, options in STEP_TOPK_VARIANTS]
                     variants += proxy if idx == "fp8" else []
                     variants.append((STEP_COPY_SUFFIX, dict(q2k_copy=True)))
-                variants.append((STEP_SELECT_SUFFIX, dict(select=True)))
-                # the warp form too where a request's rows are few (small batch) or many (MTP:
-                # the cta form takes them in turn, the warp form over the CTA's warps)
-                if small or sq > 1:
-                    variants.append((STEP_SELECT_WARP[0], dict(select=STEP_SELECT_WARP[1])))
             for suffix, kwargs in variants:
                 self.run_case("step", step_case_name(b, ctx, sq, idx, kv) + suffix,
                               lambda b=b, c=ctx, q=sq, i=idx, v=kv, kw=kwargs:
@@ -1774,14 +1749,14 @@ class Bench:
                                          kv_dtype=kv, **kwargs))
 
     def build_step(self, b, ctx, sq, idx="bf16", kv="bf16", decode_options=None,
-                   topk_options=None, q2k_copy=False, proxy_options=None, select=False):
+                   topk_options=None, q2k_copy=False, proxy_options=None):
         """The decode step (DecodeStep) captured in one CUDA graph; the timed call is
         graph.replay(). Before returning: the eager step timed the same way (info "eager"), two
         replays checked bit-identical with each other and with the eager step (else an error
         row), the selection checked, and the byte floor taken from it."""
         step = DecodeStep(self.ops, b, ctx, sq, STEP_INDEX_DTYPES[idx], STEP_DTYPES[kv], self.gen(),
                           self.device, decode_options=decode_options, topk_options=topk_options,
-                          q2k_copy=q2k_copy, proxy_options=proxy_options, select=select)
+                          q2k_copy=q2k_copy, proxy_options=proxy_options)
         step()  # warm-up: plans, kernels, the workspace grown to this shape before capture
         torch.cuda.synchronize()
         eager_timing = self.timer.time(step)

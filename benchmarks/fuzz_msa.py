@@ -1,4 +1,4 @@
-"""Seeded random fuzzing of the five MSA ops (and flashmsa's proxy_score_select): the op on the device against the same op on the same
+"""Seeded random fuzzing of the five MSA ops: the op on the device against the same op on the same
 data as CPU tensors (flashmsa's exact C++ reference), case after case, until a time budget or a
 case count runs out.
 
@@ -6,7 +6,7 @@ case count runs out.
     python benchmarks/fuzz_msa.py --replay attention:1234        # rerun one case, verbose
     python benchmarks/fuzz_msa.py --device cpu --cases 200       # harness self-check (no GPU)
 
-Case ``i`` of a run is op ``OPS[i % len(OPS)]`` with case seed ``--seed + i``; every parameter of the case
+Case ``i`` of a run is op ``OPS[i % 5]`` with case seed ``--seed + i``; every parameter of the case
 (shapes, dtypes, layout, options, the selection kinds, the data) follows from ``(op, seed)`` alone,
 so a failure prints as one line ending in ``--replay op:seed``, which rebuilds exactly that case.
 
@@ -17,13 +17,6 @@ What a case may draw (docs/testing.md lists it in full):
   the keys), max_k_tiles (padding or truncating columns), reduce_heads, output=, max_seqlen_q
   hints that are too small, rows of no sequence, NaN keys, empty sequences;
 * msa_proxy_score_fp4: the same over NVFP4 q and K with global scales;
-* proxy_score_select (flashmsa's extension: the proxy and the top-k in one call, one kernel on
-  the GPU where the proxy's decode kernel selects in its tail): decode-shaped batches (1..70
-  requests of 1..4 tokens, G x tokens <= 16 mostly, bf16 / fp16 / fp8 K, flat or paged with the
-  proxy's page forms, rows of no request after the batch, NaN keys), topk 1..16 with forced
-  blocks, nvp None / scalar / per-token (clamped values), indices contiguous or head-major,
-  caller-owned counters or none, the proxy's decode plan options; the scores as the proxy's,
-  the indices exactly the CPU top-k of the device's scores, the counters left zero;
 * msa_topk_select: topk 1..64, forced begin / end blocks, nvp None / scalar / per-token tensor
   (clamped values), NaN (varied payloads) / +-inf / +-0 / tied scores, output= (contiguous or a
   head-major view, also a padded row range of a larger buffer);
@@ -68,7 +61,7 @@ import time
 import traceback
 from typing import Callable, Dict, List, Optional, Tuple
 
-OPS = ("proxy", "proxy_fp4", "topk", "attention", "decode", "proxy_select")
+OPS = ("proxy", "proxy_fp4", "topk", "attention", "decode")
 BLOCK = 128
 
 # --plant-fault (the harness self-test): plant_fault corrupts each device result, to prove that a
@@ -144,9 +137,6 @@ KERNELS = {
     "topk": [("kernel", ("warp_per_row", "warp_per_row_8", "radix", "by_size", "radix_1buf",
                          "warp_split", "radix_uniform", "warp_digits", "net"))],
     "decode": [("kernel", ("smem", "regs", "wgmma")), ("mtp", ("per_token", "union"))],
-    # proxy_score_select: the proxy's options (cta: fp8 K off the TMA kernel, so two ops run).
-    "proxy_select": [("decode_fp8", ("cta", "tma")), ("decode_tma_issue", ("producer", "warps")),
-                     ("select_tail", ("warp", "cta"))],
 }
 
 
@@ -194,8 +184,7 @@ def _planned(public, options):
                "msa_proxy_score_fp4": "_proxy_score_fp4_planned",
                "msa_topk_select": "_topk_select_planned",
                "msa_sparse_attention": "_sparse_attention_planned",
-               "msa_sparse_decode_attention": "_sparse_decode_planned",
-               "proxy_score_select": "_proxy_score_select_planned"}[public]
+               "msa_sparse_decode_attention": "_sparse_decode_planned"}[public]
     return functools.partial(getattr(msa_ops, private), options=options)
 
 
@@ -258,51 +247,6 @@ def gen_proxy(rng: random.Random, fp4: bool) -> dict:
     # with bf16 q and for NVFP4 q and K (kernel=sm90_f16), in one case of five with those pairs.
     if (fp4 or (q_dtype, k_dtype) == ("bf16", "fp8")) and rng.random() < 0.2:
         p["options"]["kernel"] = "sm90_f16"
-    return p
-
-
-def gen_proxy_select(rng: random.Random) -> dict:
-    """A decode step's index side (proxy_score_select): the proxy's parameters on decode-shaped
-    batches (the decode kernel's select tail runs where G x tokens <= 16, rows choose <= 15 of
-    <= 1024 blocks, and K is 16-bit or fp8 on the TMA kernel; other draws run the two ops), then
-    the top-k's."""
-    b = rng.choice((1, 1, 2, 3, 8, rng.randint(1, 70)))
-    tokens = rng.choice((1, 1, 1, 2, 4))
-    seqs_q = [tokens] * b if rng.random() < 0.8 else _lengths(rng, b, (0, 1, 2, 4))
-    big = b <= 2 and rng.random() < 0.1
-    seqs_k = _lengths(rng, b, (0, 1, 127, 128, 129, lambda: _logu(rng, 1, 4000),
-                               lambda: 128 * _logu(rng, 1, 30)))
-    if big:
-        seqs_k = _long(rng, seqs_k, 4000, 131072)
-    hkv = rng.choice((1, 1, 1, 2))
-    g = rng.choice((1, 2, 4, 4, 4, 8, 16)) if rng.random() < 0.9 else 32
-    q_dtype = rng.choice(("bf16", "bf16", "fp16", "fp8"))
-    k_dtype = "fp8" if q_dtype == "fp8" else rng.choice((q_dtype, "fp8"))
-    nb = [math.ceil(s / BLOCK) for s in seqs_k]
-    default_tiles = max(max(nb, default=0), 1)
-    tiles = rng.choice((None, None, default_tiles, default_tiles + rng.randint(1, 4),
-                        max(1, default_tiles - 1)))
-    p = dict(
-        seqs_q=seqs_q, seqs_k=seqs_k, hq=hkv * g, hkv=hkv, q_dtype=q_dtype, k_dtype=k_dtype,
-        paged=rng.random() < 0.8, shared_pages=rng.random() < 0.2,
-        invalid_pages=rng.random() < 0.2, causal=rng.random() < 0.9,
-        q_offset=_q_offset(rng, seqs_k) if rng.random() < 0.3 else None, max_k_tiles=tiles,
-        max_seqlen_q=rng.choice((None, max(seqs_q, default=0) or 1)), reduce_heads=False,
-        output=rng.random() < 0.5, extra_rows=rng.choice((0, 0, 0, 1, 7)),
-        nan_keys=rng.random() < 0.1, data_scale=rng.choice((1.0, 1.0, 0.1, 4.0)),
-        options=_options(rng, "proxy_select"))
-    _paged_lengths(rng, p, p["paged"], huge=False)
-    cols = p["max_k_tiles"] or default_tiles
-    topk = rng.choice((1, 2, 4, 8, 16, 16, 16, rng.randint(1, 17)))
-    fe = rng.choice((0, 1, 1, 2)) if topk > 1 else 0
-    fb = rng.choice((0, 0, 1)) if topk - fe > 1 else 0
-    form = rng.choice(("none", "scalar", "tensor", "tensor", "clamp"))
-    if form in ("none", "scalar") and fb + fe > cols:
-        form = "tensor"
-    p.update(topk=topk, fb=fb, fe=fe, nvp_form=form,
-             nvp=rng.randint(max(1, fb + fe), cols) if form == "scalar" else None,
-             indices_layout=rng.choice(("none", "contiguous", "head_major")),
-             arrivals=rng.choice(("none", "exact", "longer")))
     return p
 
 
@@ -492,8 +436,6 @@ def case_params(op: str, seed: int) -> dict:
         return gen_attention(rng)
     if op == "decode":
         return gen_decode(rng)
-    if op == "proxy_select":
-        return gen_proxy_select(rng)
     raise ValueError(f"op must be one of {OPS}, got {op!r}")
 
 
@@ -774,69 +716,6 @@ class Problem:
                 return (f"|diff| {float(diff.view(-1)[worst]):.3g} > {tol:.3g} at (head, block, "
                         f"row) {i}: got {got[i].item()}, want {want[i].item()}")
         return None
-
-    # -- proxy_score_select ---------------------------------------------------------------------
-
-    def _build_proxy_select(self):
-        torch = _torch()
-        self._build_proxy()
-        p = self.p
-        total_q = self.out_shape[2]
-        nvp = p["nvp"]
-        if p["nvp_form"] == "tensor":
-            nvp = torch.randint(0, self.tiles + 1, (total_q,), generator=self.gen, dtype=torch.int32)
-        elif p["nvp_form"] == "clamp":
-            vals = [self.tiles + 1, 2 ** 31 - 1, 0, -5, self.tiles, 1]
-            nvp = torch.tensor([vals[self.rng.randrange(len(vals))] for _ in range(total_q)],
-                               dtype=torch.int32)
-        self.topk_kw = dict(num_valid_pages=nvp, force_begin_blocks=p["fb"],
-                            force_end_blocks=p["fe"])
-
-    def _run_proxy_select(self, device, reference: bool = False):
-        torch = _torch()
-        p = self.p
-        args = [_to(a, device) for a in self.args]
-        kw = {k: _to(v, device) for k, v in self.kwargs.items() if k != "reduce_heads"}
-        kw.update({k: _to(v, device) for k, v in self.topk_kw.items()})
-        total_q, heads = self.out_shape[2], self.out_shape[0]
-        out = indices = buf = arrivals = None
-        if p["output"]:
-            out = kw["output"] = torch.full(self.out_shape, float("nan"), device=device)
-        if p["indices_layout"] == "contiguous":
-            indices = torch.full((total_q, heads, p["topk"]), -7, dtype=torch.int32, device=device)
-        elif p["indices_layout"] == "head_major":
-            buf = torch.full((heads, total_q + 2, p["topk"] + 1), -7, dtype=torch.int32, device=device)
-            indices = buf[:, 2:, :p["topk"]].transpose(0, 1)
-        if indices is not None:
-            kw["indices"] = indices
-        if p["arrivals"] != "none":
-            extra = 3 if p["arrivals"] == "longer" else 0
-            arrivals = kw["arrivals"] = torch.zeros(len(p["seqs_q"]) + 1 + extra, dtype=torch.int32,
-                                                    device=device)
-        scores, sel = _planned("proxy_score_select", p.get("options"))(*args, topk=p["topk"], **kw)
-        for given, res in ((out, scores), (indices, sel)):
-            if given is not None and res.data_ptr() != given.data_ptr():
-                raise AssertionError("output= / indices= was not returned")
-        if buf is not None:
-            outside = buf.clone()
-            outside[:, 2:, :p["topk"]] = -7
-            if not bool((outside == -7).all()):
-                raise AssertionError("indices= written outside its rows")
-        if arrivals is not None and bool((arrivals != 0).any()):
-            raise AssertionError(f"the arrival counters were left {arrivals.tolist()}")
-        return scores, sel
-
-    def _check_proxy_select(self, got, want) -> Optional[str]:
-        from flashmsa import msa_ops
-        msg = self._check_proxy(got[0], want[0])
-        if msg is not None:
-            return "scores: " + msg
-        # The device's indices are the top-k of the device's scores (which may differ from the
-        # reference's in the last bits, and so in the order of near-ties).
-        scores = got[0].cpu()
-        expect = msa_ops.msa_topk_select(scores, self.p["topk"], **self.topk_kw)
-        msg = self._check_topk(got[1], expect)
-        return None if msg is None else "indices: " + msg
 
     # -- topk -----------------------------------------------------------------------------------
 
@@ -1300,12 +1179,6 @@ def plant_fault(op: str, params: dict, got):
     off by one, a score or an output value moved, a -inf score made finite). Returns
     ``(result, planted)``; nothing is planted in an empty result."""
     torch = _torch()
-    if op == "proxy_select":  # an index off by one (the scores as the proxy's are checked first)
-        sel = got[1].clone(memory_format=torch.contiguous_format)
-        if sel.numel() == 0:
-            return got, False
-        sel.view(-1)[0] += 1
-        return (got[0], sel), True
     if op in ("proxy", "proxy_fp4", "topk"):
         x = got.clone(memory_format=torch.contiguous_format)  # top-k's output= may be a view
         flat = x.view(-1)

@@ -19,7 +19,7 @@ import torch
 
 import flashmsa.msa_ops as msa_ops
 
-_NATIVE = ("proxy_score", "topk_select", "proxy_score_select", "sparse_attention", "sparse_decode")
+_NATIVE = ("proxy_score", "topk_select", "sparse_attention", "sparse_decode")
 
 
 @contextmanager
@@ -58,8 +58,6 @@ def calls():
         ("msa_proxy_score", lambda: msa_ops.msa_proxy_score(index_q, index_k, cu_q, **proxy)),
         ("msa_topk_select", lambda: msa_ops.msa_topk_select(scores, 16, num_valid_pages=pages,
                                                             force_end_blocks=1)),
-        ("proxy_score_select", lambda: msa_ops.proxy_score_select(
-            index_q, index_k, cu_q, topk=16, num_valid_pages=pages, **proxy)),
         ("msa_sparse_decode_attention", lambda: msa_ops.msa_sparse_decode_attention(
             q, k, k, q2k, page_table=page_table, seqused_k=seqused_k)),
         ("msa_sparse_attention", lambda: msa_ops.msa_sparse_attention(

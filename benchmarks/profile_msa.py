@@ -206,12 +206,6 @@ def cases(bench: bm.Bench) -> dict:
         "step_b1_128k": lambda: bench.build_step(1, 128 * K, 1),
         "step_b1_128k_split_cluster": lambda: bench.build_step(1, 128 * K, 1,
                                                                decode_options=dict(split="cluster")),
-        # ... with the proxy and the top-k as proxy_score_select (the proxy kernel's select tail,
-        # both forms; docs/design/proxy_score.md#select-tail), fp8 index-K and K/V as the target's.
-        "step_b1_128k_fp8_select": lambda: bench.build_step(1, 128 * K, 1, "fp8", "fp8", select=True),
-        "step_b1_128k_fp8_select_warp": lambda: bench.build_step(
-            1, 128 * K, 1, "fp8", "fp8", select=dict(select_tail="warp")),
-        "step_b64_fp8_select": lambda: bench.build_step(64, 32 * K, 1, "fp8", "fp8", select=True),
     }
 
 

@@ -30,8 +30,7 @@ decode step (bench_msa's build_step: proxy -> top-k -> sparse decode in one CUDA
 flushed before each replay, as bench_msa times it, and prints each kernel's start, duration and the
 gap before it inside the graph (medians over the replays, from torch.profiler's kernel records):
 where a latency-bound step's time goes between and inside its kernels, without Nsight Compute's
-per-kernel cache flushes and serialization. --select: the step's proxy and top-k as one op
-(proxy_score_select: one kernel where the proxy's select tail applies).
+per-kernel cache flushes and serialization.
 """
 import argparse
 
@@ -182,8 +181,7 @@ def parse_plan_options(text: str) -> dict:
     return out
 
 
-def timeline(cases, reps=20, proxy_options=None, topk_options=None, decode_options=None,
-             select=False):
+def timeline(cases, reps=20, proxy_options=None, topk_options=None, decode_options=None):
     from profile_msa import make_bench  # the same directory
 
     bench = make_bench(msa_ops, torch.device("cuda", torch.cuda.current_device()))
@@ -194,8 +192,7 @@ def timeline(cases, reps=20, proxy_options=None, topk_options=None, decode_optio
     flush_names = {k[2] for k in cuda_kernels(prof)}
     for b, ctx, sq, idx, kv in cases:
         graphed, _ = bench.build_step(b, ctx, sq, idx, kv, decode_options=decode_options or None,
-                                      topk_options=topk_options or None, proxy_options=proxy_options or None,
-                                      select=select)
+                                      topk_options=topk_options or None, proxy_options=proxy_options or None)
         for _ in range(3):
             graphed()
         torch.cuda.synchronize()
@@ -208,7 +205,6 @@ def timeline(cases, reps=20, proxy_options=None, topk_options=None, decode_optio
         rows, span = replay_timeline([k for k in cuda_kernels(prof) if k[2] not in flush_names], reps)
         opts = "".join(f" [{k}: {v}]" for k, v in (("proxy", proxy_options), ("topk", topk_options),
                                                      ("decode", decode_options)) if v)
-        opts += " [index_select]" if select else ""
         print(f"\n## timeline B{b} ctx={ctx} sq{sq} idx-K {idx} K/V {kv}{opts}: {span:.1f} us from the first "
               f"kernel's start to the last one's end (median of {reps} replays, L2 flushed before each)")
         print(f"  {'start':>8} {'gap':>6} {'kernel':>8}  name")
@@ -387,8 +383,6 @@ def main(argv=None):
     for stage in ("proxy", "topk", "decode"):
         ap.add_argument(f"--{stage}-options", default="",
                         help=f"with --timeline: the step's {stage} plan options, NAME=VALUE,...")
-    ap.add_argument("--select", action="store_true",
-                    help="with --timeline: the step's proxy and top-k as one op (proxy_score_select)")
     ap.add_argument("--host", default=None,
                     help="SIZES (e.g. 8K,32K): each pipeline op's host time per call (after --sweep, --timeline)")
     args = ap.parse_args(argv)
@@ -420,7 +414,7 @@ def main(argv=None):
     if args.sweep:
         sweep(args.sweep)
     if cases is not None:
-        timeline(cases, **options, select=args.select)
+        timeline(cases, **options)
     if host_sizes is not None:
         host(host_sizes)
     if args.sweep or cases is not None or host_sizes is not None:

@@ -45,8 +45,8 @@ from flashmsa.testing import inputs as mi
 BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 
 
-PARTS = ("proxy", "proxy_sm90", "proxy_decode", "proxy_select", "proxy_fp4", "topk",
-         "sparse_attention", "decode", "pipeline", "hostile")
+PARTS = ("proxy", "proxy_sm90", "proxy_decode", "proxy_fp4", "topk", "sparse_attention", "decode",
+         "pipeline", "hostile")
 # The top-k kernels (plan option kernel) whose calls the topk and hostile parts make.
 TOPK_KERNELS = ("warp_per_row", "warp_per_row_8", "radix", "radix_1buf", "warp_split",
                 "radix_uniform", "warp_digits", "net", "net net_pivot=on", "net net_pivot=off",
@@ -393,43 +393,6 @@ class Smoke:
                 lambda dtype, hkv, q_dtype, sq, k=kernel: f"proxy decode_fp8=tma {k} paged "
                                                           f"{str(dtype)[6:]} k, {str(q_dtype)[6:]} q, sq{sq}",
                 reduce_sq=None)
-
-    def proxy_select(self):
-        """flashmsa's proxy_score_select: the proxy decode kernel's select tail (each request's
-        last CTA selects its rows; docs/design/proxy_score.md#select-tail), both forms of the tail
-        (the CTA a row, a warp a row). Paged bf16 index-K (the cp.async ring) and fp8 (the TMA
-        kernel, its producer warp or each warp issuing), sq 1 and 4, ragged and empty contexts, an invalid page, per-token visible blocks, caller-owned
-        counters; flat with rows of no request after the batch."""
-        lens = [700, 2048, 129, 0, 1000, 1]
-        b = len(lens)
-        for dtype, issues in ((BF16, ("producer",)), (FP8, ("producer", "warps"))):
-            def build(dtype=dtype):
-                cache, table, used = self.paged(lens, 1, dtype)
-                table[0, 2] = -1  # an invalid page: its column is -inf, nothing read
-                return cache, table, used
-            paged = self.lazy(build)
-            for issue, form in [(i, f) for i in issues for f in ("cta", "warp")]:
-                for sq in (1, 4):
-                    def call(paged=paged, sq=sq, issue=issue, form=form):
-                        cache, table, used = paged()
-                        nvp = [max((n - sq + t) // mi.BLOCK + 1, 0) for n in lens for t in range(sq)]
-                        return self.ops._proxy_score_select_planned(
-                            self.rnd((b * sq, 4, 128)), cache, self.cu_rows(b, sq), None,
-                            page_table=table, seqused_k=used, max_seqlen_q=sq,
-                            max_k_tiles=table.shape[1] + 2, topk=8, num_valid_pages=self.i32(nvp),
-                            force_end_blocks=1, arrivals=torch.zeros(b + 1, dtype=torch.int32,
-                                                                     device=self.dev),
-                            options=dict(decode_tma_issue=issue, select_tail=form))
-                    self.run(f"proxy_select paged {str(dtype)[6:]} k, sq{sq}, "
-                             f"decode_tma_issue={issue} select_tail={form}", call)
-        sk = [300, 1000, 256, 129]
-        cu_k = ft.cu_seqlens(sk, self.dev)
-        for dtype in (BF16, FP8):
-            self.run(f"proxy_select flat {str(dtype)[6:]} k, rows of no request",
-                     lambda dtype=dtype: self.ops.proxy_score_select(
-                         self.rnd((12, 4, 128)), self.rnd((sum(sk), 1, 128)).to(dtype),
-                         self.i32([0, 1, 5, 5, 7]), cu_k, topk=4, force_begin_blocks=1,
-                         force_end_blocks=1, max_seqlen_q=4, max_k_tiles=9))
 
     def _proxy_decode_paged(self, ops, kinds, q_dtypes, seqlens_q, name, reduce_sq=3):
         """Paged decode calls: ragged and empty contexts, an invalid page, q_offset, padding

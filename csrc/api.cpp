@@ -138,21 +138,6 @@ void run_topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, int 
   dispatch("msa_topk_select", p, plan, device, stream, reference::topk_select, MSA_CUDA_FN(topk_select));
 }
 
-bool run_proxy_score_select(const ProxyScoreParams& p, const ProxyScorePlan& plan, const TopkSelectParams& tp,
-                            const TopkSelectPlan& tplan, uint32_t* arrivals, int device, cudaStream_t stream) {
-#if defined(FLASHMSA_WITH_CUDA)
-  if (device >= 0 && arrivals != nullptr && proxy_select_unsupported(p, plan, tp) == nullptr) {
-    check_current_device(device);
-    if (cuda::proxy_score_select(p, plan, tp, arrivals, stream)) return true;
-  }
-#else
-  (void)arrivals;
-#endif
-  run_proxy_score(p, plan, device, stream);
-  run_topk_select(tp, tplan, device, stream);
-  return false;
-}
-
 // Host memory: the reference needs no plan (and no scratch). Device memory: the planner over the
 // facts of the current device (the bindings make q's device current before planning).
 SparseAttnPlan make_sparse_attention_plan(const SparseAttnParams& p, const SparseAttnOptions& options,

@@ -12,11 +12,6 @@ void proxy_score(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStre
 void topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, cudaStream_t stream);
 void sparse_attention(const SparseAttnParams& p, const SparseAttnPlan& plan, cudaStream_t stream);
 void sparse_decode(const SparseDecodeParams& p, const SparseAttnPlan& plan, cudaStream_t stream);
-// proxy_score with tp's selection in the same launch (the decode kernel's select tail); false
-// (nothing launched) where the plan's kernel has none. Only where proxy_select_unsupported(p,
-// plan, tp) is nullptr; arrivals: B + 1 zeroed counters, left zero.
-bool proxy_score_select(const ProxyScoreParams& p, const ProxyScorePlan& plan, const TopkSelectParams& tp,
-                        uint32_t* arrivals, cudaStream_t stream);
 
 // What the planners need to know about the current device (for these params).
 TopkSelectDeviceFacts topk_select_facts();

@@ -118,8 +118,6 @@ KERNELS = [
     Kernel("proxy_decode_ring_{e}", "proxy_score/proxy_decode.cuh",      "void decode::launch_ring_fp8<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)"),
     Kernel("proxy_decode_ring_fp4_{e}", "proxy_score/proxy_decode.cuh",  "void decode::launch_ring_fp4<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)", elems=("bf16",)),
     Kernel("proxy_decode_tma_{e}", "proxy_score/proxy_decode.cuh",       "bool decode::tma::launch_fp8<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)"),
-    # ... with the select tail (the top-k in the same launch), in a unit of its own.
-    Kernel("proxy_select_{e}",     "proxy_score/proxy_decode.cuh",       "bool launch_proxy_decode_select<{E}>(const ProxyScoreParams&, const ProxyScorePlan&, const TopkSelectParams&, uint32_t*, cudaStream_t)"),
     Kernel("proxy_decode_tma_{e}", "proxy_score/proxy_decode.cuh",       "bool decode::tma::launch_fp4<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)", elems=("bf16",)),
     Kernel("proxy_score_sm90_{e}", "proxy_score/proxy_score_sm90.cuh",   "bool sm90::launch<{E}>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t)"),
 ]

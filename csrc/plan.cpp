@@ -82,8 +82,6 @@ constexpr Named<DecodeNvfp4Cvt> kDecodeNvfp4Cvts[] = {{DecodeNvfp4Cvt::kAuto, "a
 constexpr Named<DecodeTma> kDecodeTmas[] = {{DecodeTma::kAuto, "auto"}, {DecodeTma::kCta, "cta"}, {DecodeTma::kTma, "tma"}};
 constexpr Named<DecodeTmaIssue> kDecodeTmaIssues[] = {
     {DecodeTmaIssue::kAuto, "auto"}, {DecodeTmaIssue::kProducer, "producer"}, {DecodeTmaIssue::kWarps, "warps"}};
-constexpr Named<SelectTail> kSelectTails[] = {
-    {SelectTail::kAuto, "auto"}, {SelectTail::kWarp, "warp"}, {SelectTail::kCta, "cta"}};
 constexpr Named<DecodeSplit> kDecodeSplits[] = {{DecodeSplit::kAuto, "auto"},
                                                {DecodeSplit::kBlocks, "blocks"},
                                                {DecodeSplit::kCluster, "cluster"}};
@@ -182,7 +180,6 @@ const char* option_name(DecodeMtp v) { return name_of(kDecodeMtps, v); }
 const char* option_name(DecodeNvfp4Cvt v) { return name_of(kDecodeNvfp4Cvts, v); }
 const char* option_name(DecodeTma v) { return name_of(kDecodeTmas, v); }
 const char* option_name(DecodeTmaIssue v) { return name_of(kDecodeTmaIssues, v); }
-const char* option_name(SelectTail v) { return name_of(kSelectTails, v); }
 const char* option_name(DecodeSplit v) { return name_of(kDecodeSplits, v); }
 const char* option_name(DecodeWgmmaPipe v) { return name_of(kDecodeWgmmaPipes, v); }
 const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v); }
@@ -267,12 +264,9 @@ ProxyScoreOptions parse_proxy_score_options(std::string_view text) {
       o.decode_nvfp4 = parse_enum(kDecodeTmas, name, value);
     } else if (name == "decode_tma_issue") {
       o.decode_tma_issue = parse_enum(kDecodeTmaIssues, name, value);
-    } else if (name == "select_tail") {
-      o.select_tail = parse_enum(kSelectTails, name, value);
     } else {
       MSA_FAIL("msa_proxy_score: unknown plan option '", name,
-               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4, decode_tma_issue, "
-               "select_tail)");
+               "' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, decode_nvfp4, decode_tma_issue)");
     }
   });
   return o;
@@ -393,7 +387,6 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
                                      (options.decode_tma_issue == DecodeTmaIssue::kAuto && plan.tma_nvfp4 &&
                                       units > kProxyDecodeTmaProducerMaxUnits));
   plan.tma_cols = plan.tma && !fits8 ? kProxyDecodeTmaMaxCols : kProxyDecodeTmaCols;
-  plan.select_cta = options.select_tail != SelectTail::kWarp;
   return plan;
 }
 
@@ -407,25 +400,6 @@ const char* topk_net_unsupported(const TopkSelectParams& p) {
 const char* topk_net_pivot_unsupported(const TopkSelectParams& p) {
   if (topk_carry(p) >= 16) return "rows choose more than 15 blocks";
   if (p.num_blocks > kTopkNetPivotMaxSpan) return "more than 1024 blocks per row";
-  return nullptr;
-}
-
-const char* proxy_select_unsupported(const ProxyScoreParams& p, const ProxyScorePlan& plan,
-                                     const TopkSelectParams& tp) {
-  if (plan.kernel != ProxyKernel::kDecode || !proxy_decode_runs(p))
-    return "the proxy plan does not run the decode kernel";
-  if (p.reduce_heads) return "reduce_heads";
-  if (p.total_q <= 0 || p.max_k_tiles <= 0) return "no rows or no columns";
-  if (tp.score != p.out || tp.num_heads != p.num_heads || tp.num_blocks != p.max_k_tiles ||
-      tp.num_tokens != p.total_q)
-    return "the top-k call does not select from this call's scores";
-  if (const char* why = topk_net_pivot_unsupported(tp)) return why;
-  if (int64_t(p.num_heads) * std::max(p.qi.max_seqlen_q, 1) > kProxySelectMaxRowsPerRequest)
-    return "more than 16 rows a request (heads x max_seqlen_q): one CTA would select them";
-  if (p.k.dtype == DType::kNVFP4) return "NVFP4 index-K (no select tail built)";
-  if (p.k.dtype == DType::kFP8E4M3 && !plan.tma) return "fp8 index-K on the cp.async ring (decode_fp8=cta)";
-  if (p.k.dtype == DType::kFP8E4M3 && p.q_dtype != DType::kFP16 && !plan.f16_mma)
-    return "fp8 index-K on bf16 MMAs (kernel=decode; the tail is built on the fp16 MMAs auto takes)";
   return nullptr;
 }
 
@@ -495,7 +469,7 @@ TopkSelectPlan plan_topk_select(const TopkSelectParams& p, const TopkSelectOptio
     }
     if (pivot) {
       plan.net_lanes = 32;
-      plan.net_pivot = topk_pivot_scores(p.num_blocks);
+      plan.net_pivot = p.num_blocks <= 256 ? 8 : p.num_blocks <= 512 ? 16 : 32;
       // auto: rank_cta from 16 scores a lane, sort at 8 (TopkPivotMode; H200 at 0e3ed29 / 9903d0a).
       plan.net_pivot_mode = options.net_pivot_mode != TopkPivotMode::kAuto ? options.net_pivot_mode
                             : plan.net_pivot >= kTopkPivotCtaMinSlots      ? TopkPivotMode::kRankCta

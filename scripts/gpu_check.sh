@@ -101,9 +101,8 @@
 #                              (e.g. "pipeline:131072:default,kv_major_math=precise"; W: default, a
 #                              tile_max_waste bound or KEY=VALUE+...)
 #   TIMELINE=B/CTX[/SQ[/IDX[/KV]]],...  profile_stages.py --timeline cases (the graphed decode step)
-#   STAGES_ARGS="..."          extra profile_stages.py arguments (e.g. "--select" for the timeline's
-#                              steps with the proxy and the top-k as proxy_score_select, or
-#                              "--proxy-options select_tail=warp")
+#   STAGES_ARGS="..."          extra profile_stages.py arguments (e.g. "--proxy-options
+#                              decode_tma_issue=warps" for the timeline's steps)
 #   HOST_TIME=8K,32K,1/32K     profile_stages.py --host items: prefill sizes (each pipeline op's host time
 #                              per call) and decode step cases B/CTX[/SQ[/IDX[/KV]]] (each step op's),
 #                              the GPU idle before each call and busy throughout

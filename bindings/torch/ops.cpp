@@ -24,7 +24,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -314,17 +313,6 @@ struct ProxyScoreFp4Op {
 
 // ---- msa_topk_select ---------------------------------------------------------------------------
 
-// The top-k's own arguments, in msa_topk_select's order around its output (TopkSelectOp's and
-// ProxyScoreSelectOp's tables; topk_args(a) is the TopkSelectArgs within a).
-inline TopkSelectArgs& topk_args(TopkSelectArgs& a) { return a; }
-#define MSA_TOPK_PARAMS                                                                              \
-  {"int topk", [](auto& a, const In& v) { topk_args(a).topk = v.integer(); }},                        \
-  {"int? num_valid_pages_value",                                                                     \
-   [](auto& a, const In& v) { topk_args(a).num_valid_pages_value = v.opt_integer(); }},              \
-  {"Tensor? num_valid_pages", [](auto& a, const In& v) { topk_args(a).num_valid_pages = v.tensor(); }}, \
-  {"int force_begin_blocks", [](auto& a, const In& v) { topk_args(a).force_begin_blocks = v.integer(); }}, \
-  {"int force_end_blocks", [](auto& a, const In& v) { topk_args(a).force_end_blocks = v.integer(); }}
-
 struct TopkSelectOp {
   using Args = TopkSelectArgs;
   static constexpr const char* kName = "topk_select";
@@ -334,7 +322,11 @@ struct TopkSelectOp {
   static const std::vector<Param<Args>>& params() {
     static const std::vector<Param<Args>> table = {
         {"Tensor max_score", [](Args& a, const In& v) { a.max_score = v.tensor(); }},
-        MSA_TOPK_PARAMS,
+        {"int topk", [](Args& a, const In& v) { a.topk = v.integer(); }},
+        {"int? num_valid_pages_value", [](Args& a, const In& v) { a.num_valid_pages_value = v.opt_integer(); }},
+        {"Tensor? num_valid_pages", [](Args& a, const In& v) { a.num_valid_pages = v.tensor(); }},
+        {"int force_begin_blocks", [](Args& a, const In& v) { a.force_begin_blocks = v.integer(); }},
+        {"int force_end_blocks", [](Args& a, const In& v) { a.force_end_blocks = v.integer(); }},
         {"Tensor(a!) output", [](Args& a, const In& v) { a.output = v.tensor(); }},
     };
     return table;
@@ -350,66 +342,6 @@ struct TopkSelectOp {
     }
     const TopkSelectPlan plan = make_topk_select_plan(p, options, device);
     run_topk_select(p, plan, device, scope.stream());
-    return 0;
-  }
-};
-
-// ---- proxy_score_select (flashmsa's extension) ---------------------------------------------------
-// A decode step's msa_proxy_score and msa_topk_select in one call (msa_ops.proxy_score_select):
-// the proxy's arguments, the top-k's (its max_score is the proxy's output), the selection's
-// output and the select tail's arrival counters (allocated zeroed here when not given); one
-// launch where run_proxy_score_select allows, else the two ops. The plan options are the proxy's.
-struct ProxySelectArgs : ProxyScoreArgs {
-  TopkSelectArgs t;
-  TensorRef arrivals;
-};
-inline TopkSelectArgs& topk_args(ProxySelectArgs& a) { return a.t; }
-
-struct ProxyScoreSelectOp {
-  using Args = ProxySelectArgs;
-  static constexpr const char* kName = "proxy_score_select";
-  static constexpr const char* kPublicName = "proxy_score_select";
-  static constexpr bool kHasPlan = true;
-  static constexpr bool kWorkspaceQuery = false;
-  static const std::vector<Param<Args>>& params() {
-    static const std::vector<Param<Args>> table = {
-        {"Tensor q", [](Args& a, const In& v) { a.q = v.tensor(); }},
-        {"Tensor k", [](Args& a, const In& v) { a.k = v.tensor(); }},
-        MSA_PROXY_COMMON_PARAMS,
-        MSA_TOPK_PARAMS,
-        {"Tensor(b!) indices", [](Args& a, const In& v) { a.t.output = v.tensor(); }},
-        {"Tensor(c!)? arrivals", [](Args& a, const In& v) { a.arrivals = v.tensor(); }},
-    };
-    return table;
-  }
-  static int64_t exec(Args& a, std::string_view plan_text, Mode mode) {
-    a.t.max_score = a.output;
-    const ProxyScoreParams p = make_proxy_score_params(a);
-    const TopkSelectParams tp = make_topk_select_params(a.t);
-    check_proxy_select_args(a, a.t, a.arrivals);
-    const int device = a.q.device;
-    DeviceScope scope(device);
-    const ProxyScoreOptions options = parse_proxy_score_options(plan_text);
-    const TopkSelectOptions topk_options{};
-    const ProxyScorePlan plan = make_proxy_score_plan(p, options, device);
-    const char* why = device < 0 ? "CPU tensors" : proxy_select_unsupported(p, plan, tp);
-    if (mode == Mode::kDescribe) {
-      t_description = describe_proxy_score_plan(p, options, device) + "; the selection: " +
-                      (why == nullptr ? std::string("in the proxy kernel's select tail (select_tail=") +
-                                            (plan.select_cta ? "cta: the CTA a row" : "warp: a warp a row") +
-                                            "; where the kernel applies)"
-                                      : "msa_topk_select after it (" + std::string(why) + ")\n" +
-                                            describe_topk_select_plan(tp, topk_options, device));
-      return 0;
-    }
-    const TopkSelectPlan tplan = make_topk_select_plan(tp, topk_options, device);
-    auto* arrivals = static_cast<uint32_t*>(a.arrivals.data);
-    std::optional<at::Tensor> zeroed;
-    if (why == nullptr && arrivals == nullptr) {
-      zeroed = at::zeros({int64_t(p.batch) + 1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device));
-      arrivals = static_cast<uint32_t*>(zeroed->data_ptr());
-    }
-    run_proxy_score_select(p, plan, tp, tplan, arrivals, device, scope.stream());
     return 0;
   }
 };
@@ -569,7 +501,6 @@ void implement_all(torch::Library& m) {
   implement<ProxyScoreOp>(m);
   implement<ProxyScoreFp4Op>(m);
   implement<TopkSelectOp>(m);
-  implement<ProxyScoreSelectOp>(m);
   implement<SparseAttentionOp>(m);
   implement<SparseDecodeOp>(m);
 }
@@ -582,7 +513,6 @@ TORCH_LIBRARY(flashmsa, m) {
   define<ProxyScoreOp>(m);
   define<ProxyScoreFp4Op>(m);
   define<TopkSelectOp>(m);
-  define<ProxyScoreSelectOp>(m);
   define<SparseAttentionOp>(m);
   define<SparseDecodeOp>(m);
   m.def("check_cu_seqlens(Tensor host_values, int total, str name) -> ()");

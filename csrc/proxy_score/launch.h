@@ -26,13 +26,6 @@ void launch_proxy_score(const ProxyScoreParams& p, cudaStream_t stream);
 template <typename Element>
 bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream);
 
-// The decode kernel with its select tail (proxy_select.cuh): the scores, then tp's selection from
-// them in the same launch (arrivals: B + 1 zeroed counters); false (nothing launched) where the
-// plan's kernel has none. Only where proxy_select_unsupported (plan.h) is nullptr.
-template <typename Element>
-bool launch_proxy_decode_select(const ProxyScoreParams& p, const ProxyScorePlan& plan, const TopkSelectParams& tp,
-                                uint32_t* arrivals, cudaStream_t stream);
-
 namespace decode {
 struct Params;  // proxy_decode.cuh
 // launch_proxy_decode's paths with many kernel variants, each instantiated in a translation unit

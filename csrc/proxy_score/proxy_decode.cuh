@@ -78,20 +78,12 @@ __device__ __forceinline__ int chunk_offset(int row, int chunk) {
 // 128-byte rows wrote with the 128-byte swizzle (chunk ^ row % 8; decode_fp8=tma, proxy_decode_tma.cuh).
 __device__ __forceinline__ int tma_sw128_offset(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
-// The top-k a kernel built with kSelect runs after its scores (proxy_select.cuh).
-struct SelectTail {
-  TopkSelectParams tp;  // tp.score is p.out: the call's rows, heads and columns
-  uint32_t* arrivals;   // [B + 1] arrival counters: zero before the call, left zero by it
-  int pivot;            // scores a lane of the row's warp: 8, 16 or 32 (rows of <= 32 x pivot blocks)
-};
-
 struct Params {
   ProxyScoreParams p;
   int group;     // G = Hq / Hkv (<= 16)
   int tokens;    // T = 16 / G: tokens per 16-row pass; row r = (head r / T, token r % T)
   int64_t units; // B * Hkv * P
   float scale;   // every logit times this (NVFP4: logit_scale * 2^7, see load_k_frags)
-  SelectTail sel;  // kernels built with kSelect only
 };
 
 __device__ __forceinline__ float max_nan(float a, float b) {
@@ -461,42 +453,24 @@ __device__ __forceinline__ void store_pass(const Params& dp, const Request& r, i
 }
 
 // -inf for the rows of out no request covers: [0, cu_seqlens_q[0]) and [cu_seqlens_q[B], total_q).
-// kByRow (the kernels with a select tail): CTA c fills whole rows, the uncovered rows u = c (mod
-// the grid), so that it can select them itself (proxy_select.cuh); else the grid's threads stride
-// over the elements (consecutive threads: consecutive rows of one (head, column)).
-template <int kCtaThreads = kThreads, bool kByRow = false>
+template <int kCtaThreads = kThreads>
 __device__ __forceinline__ void fill_uncovered_rows(const Params& dp) {
   const ProxyScoreParams& p = dp.p;
   const int64_t total_q = p.total_q;
   const UncoveredRows rows = uncovered_q_rows(p.qi, p.batch, total_q);
   if (rows.count == 0) return;
-  const int64_t cols = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles;
-  if constexpr (kByRow) {
-    for (int64_t u = blockIdx.x; u < rows.count; u += gridDim.x) {
-      const int64_t row = rows.row(u);
-      for (int64_t ht = threadIdx.x; ht < cols; ht += kCtaThreads) p.out[ht * total_q + row] = neg_inf();
-    }
-    return;
-  }
-  const int64_t n = cols * rows.count;
+  const int64_t n = int64_t(p.reduce_heads ? 1 : p.num_heads) * p.max_k_tiles * rows.count;
   for (int64_t e = int64_t(blockIdx.x) * kCtaThreads + threadIdx.x; e < n; e += int64_t(gridDim.x) * kCtaThreads) {
     const int64_t ht = e / rows.count;
     p.out[ht * total_q + rows.row(e % rows.count)] = neg_inf();
   }
 }
 
-}  // namespace flashmsa::cuda::proxy::decode
-
-#include "proxy_score/proxy_select.cuh"
-
-namespace flashmsa::cuda::proxy::decode {
-
 // kIlp = 2 (plan option decode_ilp=2): an iteration waits for units i and i + 1 and, where both
 // are loaded blocks of the same single-pass request, multiplies them together (multiply_pair)
 // with one barrier and one store round for the pair, then moves on by two; otherwise it runs
 // unit i alone as kIlp = 1 does (unit i + 1 already waited for).
-// kSelect: the select tail in that form runs after the scores (proxy_select.cuh), or none.
-template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp, bool kWord, int kSelect = kSelectNone>
+template <typename Mma, int kK, bool kScaleQ, int kCtas, int kIlp, bool kWord>
 __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __grid_constant__ Params dp) {
   using St = Stage<kK, kCtas>;
   constexpr int S = St::kStages;
@@ -643,15 +617,13 @@ __global__ void __launch_bounds__(kThreads, kCtas) proxy_decode_kernel(const __g
     }
   }
   cp_async_wait<0>();
-  fill_uncovered_rows<kThreads, kSelect != kSelectNone>(dp);
-  if constexpr (kSelect != kSelectNone) select_tail<kThreads, kSelect>(dp, u0, n);
+  fill_uncovered_rows(dp);
 }
 
-template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, int kIlp = 1, bool kWord = false,
-          int kSelect = kSelectNone>
+template <typename Mma, int kK, bool kScaleQ = false, int kCtas = 2, int kIlp = 1, bool kWord = false>
 void launch_kernel(const Params& dp, cudaStream_t stream) {
   static_assert(!kWord || kK == kK4, "nvfp4_cvt=word converts NVFP4 K");
-  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas, kIlp, kWord, kSelect>;
+  auto kernel = proxy_decode_kernel<Mma, kK, kScaleQ, kCtas, kIlp, kWord>;
   const size_t smem = Stage<kK, kCtas>::kSmemBytes;
   const int resident = prepare_launch(kernel, kThreads, smem);
   const DeviceLimits& limits = current_device_limits();
@@ -728,15 +700,22 @@ void launch_ring_fp4(const Params& dp, const ProxyScorePlan& plan, cudaStream_t 
 
 namespace flashmsa::cuda::proxy {
 
-namespace decode {
+// The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
+// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call. From the plan:
+// f16_mma (fp8 K with bf16 or fp8 q runs fp16 MMAs, bf16 q scaled per row), decode_ctas (the
+// CTAs per SM that fp8 / NVFP4 K are built for; 16-bit K always 2), decode_ilp and nvfp4_word
+// (NVFP4 K converted a word at a time).
+template <typename Element>
+bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream) {
+  if (!proxy_decode_runs(p)) return false;
+  MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
+            "proxy_score: NVFP4 q / k need their block scales");
+  if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
 
-// The decode kernels' Params of a call the decode kernel runs (proxy_decode_runs) with rows and
-// columns, after the checks of what the kernels' loads assume (16-byte aligned q and k rows).
-inline Params make_params(const ProxyScoreParams& p) {
-  Params dp{};
+  decode::Params dp{};
   dp.p = p;
   dp.group = p.num_heads / p.num_kv_heads;
-  dp.tokens = kRows / dp.group;
+  dp.tokens = decode::kRows / dp.group;
   dp.units = proxy_decode_units(p);
   dp.scale = p.q_dtype == DType::kNVFP4 ? p.logit_scale * 128.0f : 1.0f;
 
@@ -750,26 +729,6 @@ inline Params make_params(const ProxyScoreParams& p) {
   MSA_CHECK(aligned(p.k.data, 16) && (p.k.stride_token * k_elt) % 16 == 0 &&
                 (p.k.stride_head * k_elt) % 16 == 0 && (p.k.stride_page * k_elt) % 16 == 0,
             "proxy_score: k must be 16-byte aligned with 16-byte multiple strides");
-  return dp;
-}
-
-}  // namespace decode
-
-// The decode kernel for Element (bf16 or fp16, the q-derived MMA type of proxy_score); false
-// (nothing launched) when proxy_decode_runs (plan.h) says it does not run the call. From the plan:
-// f16_mma (fp8 K with bf16 or fp8 q runs fp16 MMAs, bf16 q scaled per row), decode_ctas (the
-// CTAs per SM that fp8 / NVFP4 K are built for; 16-bit K always 2), decode_ilp and nvfp4_word
-// (NVFP4 K converted a word at a time).
-template <typename Element>
-bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t stream) {
-  if (!proxy_decode_runs(p)) return false;
-  MSA_CHECK(p.q_dtype != DType::kNVFP4 || (p.q_scale != nullptr && p.k.scale != nullptr),
-            "proxy_score: NVFP4 q / k need their block scales");
-  if (p.total_q <= 0 || p.max_k_tiles <= 0) return true;  // an empty output: nothing to write
-
-  const decode::Params dp = decode::make_params(p);
-  const bool k8 = p.k.dtype == DType::kFP8E4M3;
-  const bool k4 = p.k.dtype == DType::kNVFP4;
 
   // NVFP4 q and k run fp16 MMAs: only the bf16 unit (the type proxy_score picks for NVFP4 q)
   // instantiates them.
@@ -792,31 +751,6 @@ bool launch_proxy_decode(const ProxyScoreParams& p, const ProxyScorePlan& plan, 
       decode::launch_kernel<Element, decode::kK16, false, 2, u.value>(dp, stream);
     });
   }
-  return true;
-}
-
-// The decode kernel with the select tail (proxy_select.cuh): the call's scores and then tp's
-// selection from them, one launch; false (nothing launched) where the plan's kernel has no select
-// tail (the caller then runs the two ops). The caller checked proxy_select_unsupported (plan.h):
-// the decode kernel, rows and columns, tp reading p.out with the pivot's bounds. Built for 16-bit
-// K (the cp.async ring, 2 CTAs per SM) and fp8 K on the TMA kernel with fp16 MMAs.
-template <typename Element>
-bool launch_proxy_decode_select(const ProxyScoreParams& p, const ProxyScorePlan& plan, const TopkSelectParams& tp,
-                                uint32_t* arrivals, cudaStream_t stream) {
-  MSA_CHECK(proxy_select_unsupported(p, plan, tp) == nullptr && arrivals != nullptr,
-            "proxy_score_select: the select tail does not apply (caller bug)");
-  decode::Params dp = decode::make_params(p);
-  dp.sel.tp = tp;
-  dp.sel.arrivals = arrivals;
-  dp.sel.pivot = topk_pivot_scores(tp.num_blocks);
-  if (p.k.dtype == DType::kFP8E4M3) return plan.tma && decode::tma::launch_fp8_select<Element>(dp, plan, stream);
-  if (p.k.dtype != p.q_dtype) return false;  // NVFP4: not built
-  decode::with_ilp(plan.decode_ilp, [&](auto u) {
-    if (plan.select_cta)
-      decode::launch_kernel<Element, decode::kK16, false, 2, u.value, false, decode::kSelectCta>(dp, stream);
-    else
-      decode::launch_kernel<Element, decode::kK16, false, 2, u.value, false, decode::kSelectWarp>(dp, stream);
-  });
   return true;
 }
 

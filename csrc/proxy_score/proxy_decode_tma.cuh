@@ -509,8 +509,7 @@ __device__ __forceinline__ void consume(const TmaParams& tp, uint8_t* stages, in
 }
 #endif
 
-// kSelect: the select tail in that form runs after the scores (proxy_select.cuh), or none.
-template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf, int kSelect = kSelectNone>
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
 __global__ void __launch_bounds__(Ring<kK, kSelf>::kCtaThreads, 1)
     proxy_decode_tma_kernel(const __grid_constant__ TmaParams tp) {
   static_assert(kCols == kProxyDecodeTmaCols || kCols == kProxyDecodeTmaMaxCols, "8 or 16 columns a pass");
@@ -540,16 +539,14 @@ __global__ void __launch_bounds__(Ring<kK, kSelf>::kCtaThreads, 1)
     produce<kK>(tp, stage0, flags, full0, empty0, u0, n, lane);
   else
     consume<Mma, kK, kScaleQ, kCols, kSelf>(tp, smem, flags, full0, empty0, u0, n, warp, lane);
-  fill_uncovered_rows<R::kCtaThreads, kSelect != kSelectNone>(dp);
-  if constexpr (kSelect != kSelectNone) select_tail<R::kCtaThreads, kSelect>(dp, u0, n);
+  fill_uncovered_rows<R::kCtaThreads>(dp);
 #endif
 }
 
 // Launches the kernel of kCols columns a pass for fp8 or NVFP4 K where it applies (sm_90a device
 // and binary, G <= kCols, no reduce_heads, a K map TMA can address; NVFP4: a 16-byte aligned scale
 // tensor); false (nothing launched) otherwise. kSelf: the consumer warps issue their own loads.
-// kSelect: with the select tail in that form (dp.sel).
-template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf, int kSelect = kSelectNone>
+template <typename Mma, int kK, bool kScaleQ, int kCols, bool kSelf>
 bool launch(const Params& dp, cudaStream_t stream) {
   using R = Ring<kK, kSelf>;
   constexpr int kThreads = R::kCtaThreads;
@@ -559,7 +556,7 @@ bool launch(const Params& dp, cudaStream_t stream) {
   // NVFP4: the maxima are scaled after the max, which equals scaling each logit first only for a
   // positive finite scale (q_global_scale x k_global_scale x 2^7); any other takes the cp.async ring.
   if (kK == kK4 && !(dp.scale > 0.0f && dp.scale <= FLT_MAX)) return false;
-  auto kernel = proxy_decode_tma_kernel<Mma, kK, kScaleQ, kCols, kSelf, kSelect>;
+  auto kernel = proxy_decode_tma_kernel<Mma, kK, kScaleQ, kCols, kSelf>;
   const int resident = prepare_sm90a_launch(kernel, kThreads, R::kSmemBytes);
   if (resident == 0) return false;
   TmaParams tp{};
@@ -578,11 +575,11 @@ bool launch(const Params& dp, cudaStream_t stream) {
 }
 
 // The plan's columns per pass (tma_cols: 16 or else 8) and load issue (tma_self_issue).
-template <typename Mma, int kK, bool kScaleQ, int kSelect = kSelectNone>
+template <typename Mma, int kK, bool kScaleQ>
 bool launch_cols(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
   auto with_issue = [&](auto cols) {
-    return plan.tma_self_issue ? launch<Mma, kK, kScaleQ, decltype(cols)::value, true, kSelect>(dp, stream)
-                               : launch<Mma, kK, kScaleQ, decltype(cols)::value, false, kSelect>(dp, stream);
+    return plan.tma_self_issue ? launch<Mma, kK, kScaleQ, decltype(cols)::value, true>(dp, stream)
+                               : launch<Mma, kK, kScaleQ, decltype(cols)::value, false>(dp, stream);
   };
   return plan.tma_cols == kProxyDecodeTmaMaxCols ? with_issue(std::integral_constant<int, kProxyDecodeTmaMaxCols>{})
                                                  : with_issue(std::integral_constant<int, kProxyDecodeTmaCols>{});
@@ -598,20 +595,6 @@ bool launch_fp8(const Params& dp, const ProxyScorePlan& plan, cudaStream_t strea
     }
   }
   return launch_cols<Element, kK8, false>(dp, plan, stream);
-}
-
-// launch_fp8 with the select tail (dp.sel), on fp16 MMAs only (auto's for fp8 K: plan.f16_mma
-// with bf16 / fp8 q; fp16 q's own); false (nothing launched) otherwise or where the kernel does
-// not apply.
-template <typename Element>
-bool launch_fp8_select(const Params& dp, const ProxyScorePlan& plan, cudaStream_t stream) {
-  if (std::is_same_v<Element, __nv_bfloat16> && !plan.f16_mma) return false;
-  auto with_form = [&](auto form) {
-    return dp.p.q_dtype == DType::kBF16 ? launch_cols<__half, kK8, true, decltype(form)::value>(dp, plan, stream)
-                                        : launch_cols<__half, kK8, false, decltype(form)::value>(dp, plan, stream);
-  };
-  return plan.select_cta ? with_form(std::integral_constant<int, kSelectCta>{})
-                         : with_form(std::integral_constant<int, kSelectWarp>{});
 }
 
 // NVFP4 q and K: fp16 MMAs (instantiated for bf16, the type proxy_score picks for NVFP4 q).

@@ -63,17 +63,4 @@ void proxy_score(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStre
   }
 }
 
-bool proxy_score_select(const ProxyScoreParams& p, const ProxyScorePlan& plan, const TopkSelectParams& tp,
-                        uint32_t* arrivals, cudaStream_t stream) {
-  switch (p.q_dtype) {
-    case DType::kBF16:
-    case DType::kFP8E4M3:
-      return proxy::launch_proxy_decode_select<__nv_bfloat16>(p, plan, tp, arrivals, stream);
-    case DType::kFP16:
-      return proxy::launch_proxy_decode_select<__half>(p, plan, tp, arrivals, stream);
-    default:
-      return false;  // NVFP4: no select tail built
-  }
-}
-
 }  // namespace flashmsa::cuda

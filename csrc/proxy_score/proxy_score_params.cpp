@@ -163,37 +163,5 @@ ProxyScoreParams make_proxy_params(const ProxyScoreArgs& a, bool fp4) {
 ProxyScoreParams make_proxy_score_params(const ProxyScoreArgs& a) { return make_proxy_params(a, false); }
 ProxyScoreParams make_proxy_score_fp4_params(const ProxyScoreArgs& a) { return make_proxy_params(a, true); }
 
-void check_proxy_select_args(const ProxyScoreArgs& p, const TopkSelectArgs& t, const TensorRef& arrivals) {
-  const Ctx c{"proxy_score_select", "q", p.q.device};
-  MSA_OP_CHECK(c, t.max_score.data == p.output.data, "the top-k's max_score must be the proxy's output");
-  // The selection is written while the proxy's inputs are still read (by other CTAs of the one
-  // launch), so it shares no memory with them; with the proxy's output make_topk_select_params
-  // checks it.
-  const std::initializer_list<NamedRef> proxy_inputs = {
-      {"q", &p.q},
-      {"k", &p.k},
-      {"cu_seqlens_q", &p.cu_seqlens_q},
-      {"cu_seqlens_k", &p.cu_seqlens_k},
-      {"page_table", &p.page_table},
-      {"seqused_k", &p.seqused_k},
-      {"q_offset", &p.q_offset.tensor},
-      {"q_scale", &p.q_scale},
-      {"k_scale", &p.k_scale}};
-  check_no_overlap(c, t.output, "indices", proxy_inputs);
-  // The select tail reads the visible block counts while other CTAs still write scores.
-  check_no_overlap(c, p.output, "output", {{"num_valid_pages", &t.num_valid_pages}});
-  if (!arrivals.defined()) return;
-  check_tensor(c, arrivals, "arrivals");
-  const int64_t need = p.cu_seqlens_q.defined() ? p.cu_seqlens_q.size(0) : 1;  // B + 1
-  MSA_OP_CHECK(c, arrivals.dtype == ScalarType::kInt32 && arrivals.ndim == 1 && arrivals.size(0) >= need,
-               "arrivals must be a 1-D int32 tensor of at least len(cu_seqlens_q) = ", need,
-               " entries (zeroed once; every call leaves them zero), got ", dtype_str(arrivals), " ",
-               shape_str(arrivals));
-  check_contiguous(c, arrivals, "arrivals");
-  check_no_overlap(c, arrivals, "arrivals", proxy_inputs);
-  check_no_overlap(c, arrivals, "arrivals",
-                   {{"num_valid_pages", &t.num_valid_pages}, {"output", &p.output}, {"indices", &t.output}});
-}
-
 
 }  // namespace flashmsa

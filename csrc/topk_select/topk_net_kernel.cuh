@@ -36,7 +36,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
 #include "flashmsa/params.h"
 #include "flashmsa/semantics.h"
@@ -52,31 +51,16 @@ struct Params {
   int groups;        // H * token_groups (< 2^31, checked on the host)
 };
 
-// How a kernel reads the scores: through the read-only cache (the top-k kernels: scores written
-// by an earlier kernel), or from L2 only (ld.global.cg: the proxy kernel's select tail reads
-// scores other CTAs of its own grid wrote, which the read-only path may not).
-struct LoadReadOnly {
-  __device__ __forceinline__ float operator()(const float* ptr) const { return __ldg(ptr); }
-};
-struct LoadL2 {
-  __device__ __forceinline__ float operator()(const float* ptr) const { return __ldcg(ptr); }
-};
-
-// num_valid_pages of token s (the tensor's, or the scalar).
-__device__ __forceinline__ int64_t row_nvp(const TopkSelectParams& p, int s) {
-  return p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s)) : int64_t(p.num_valid_pages_value);
-}
-
 // One pass over this lane's share of the row: best := the K smallest words of best (all kSent on
 // entry) and the words `word(score, block - lo)` of blocks lo + part + L j in [lo, hi) (those
 // outside [r_lo, r_hi) when kRange: kSent, not loaded). col: the row's score column (block b at
 // col[b * stride]). Warp-uniform trip counts; no shuffles. The loads of batch j0 + 16 are issued
 // before the network of batch j0, so that they are in flight while it runs. first,
 // with have_first, the first batch's scores, already loaded (every block of it below num_blocks).
-template <int K, int L, bool kRange, class Word, class Ld>
+template <int K, int L, bool kRange, class Word>
 __device__ __forceinline__ void scan_share(uint32_t (&best)[K], const float* col, int64_t stride,
                                            int lo, int hi, int part, int r_lo, int r_hi, Word word,
-                                           const float (&first)[kBatch], bool have_first, Ld ld) {
+                                           const float (&first)[kBatch], bool have_first) {
   const int span = hi - lo;
   const int n_full = span / L;            // every part has its elements j < n_full
   const int n_any = (span + L - 1) / L;   // part 0 has the most
@@ -90,10 +74,10 @@ __device__ __forceinline__ void scan_share(uint32_t (&best)[K], const float* col
   const auto load = [&](int j0, const float* ptr, float (&v)[kBatch]) {
     if (full(j0)) {
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = ld(ptr + i * step);
+      for (int i = 0; i < kBatch; ++i) v[i] = __ldg(ptr + i * step);
     } else {
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = in_share(j0 + i) ? ld(ptr + i * step) : 0.0f;
+      for (int i = 0; i < kBatch; ++i) v[i] = in_share(j0 + i) ? __ldg(ptr + i * step) : 0.0f;
     }
   };
   const float* ptr = col + int64_t(lo + part) * stride;
@@ -272,11 +256,11 @@ __device__ __forceinline__ void choose_staged(const uint2* stage, int total, int
 // The network path of the warp's rows (lo, hi: the union of its candidate ranges; first, with
 // have_first, the first batch's scores already loaded): pass 1, the rare exact second pass, the
 // choice written at out_row[r.fb ..) of each active row.
-template <int K, int L, class Ld = LoadReadOnly>
+template <int K, int L>
 __device__ __forceinline__ void network_rows(const float* col, int64_t stride, bool active,
                                              const TopkRanges& r, int lo, int hi, int part,
                                              int* out_row, const float (&first)[kBatch],
-                                             bool have_first, Ld ld = {}) {
+                                             bool have_first) {
   const int n_sel = active ? r.target : 0;
   const bool uniform = __all_sync(0xFFFFFFFFu, active && r.mid_begin == lo && r.mid_end == hi);
   const int b = offset_bits(hi - lo);  // hi - lo <= kMaxSpan (the plan's bound)
@@ -289,9 +273,9 @@ __device__ __forceinline__ void network_rows(const float* col, int64_t stride, b
   for (int i = 0; i < K; ++i) best[i] = kSent;
   const auto w1 = [high_mask](float v, int off) { return word1(v, off, high_mask); };
   if (uniform) {
-    scan_share<K, L, false>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first, ld);
+    scan_share<K, L, false>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
   } else {
-    scan_share<K, L, true>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first, ld);
+    scan_share<K, L, true>(best, col, stride, lo, hi, part, r_lo, r_hi, w1, first, have_first);
   }
   team_merge<K, L>(best);
 
@@ -306,7 +290,7 @@ __device__ __forceinline__ void network_rows(const float* col, int64_t stride, b
     const uint32_t cut = t_word & high_mask;
     const auto w2 = [b, high_mask, cut](float v, int off) { return word2(v, off, b, high_mask, cut); };
     scan_share<K, L, true>(best2, col, stride, lo, hi, part, straddle ? r_lo : 0, straddle ? r_hi : 0,
-                           w2, first, false, ld);
+                           w2, first, false);
     team_merge<K, L>(best2);
   }
   if (!active) return;
@@ -319,94 +303,18 @@ __device__ __forceinline__ void network_rows(const float* col, int64_t stride, b
   }
 }
 
-// One row's network path by its warp (a pivot path's fallback: more than 32 keys survive the
-// pivot), network_rows<16, 32>. Inlined into the top-k kernels; a call where the scores come from
-// L2 (LoadL2: the proxy's select tail, whose every row form and width would otherwise inline its
-// own copy of the networks for a path rows rarely take).
-// (A template, as every function of this header: its definition in many units is one function.)
-template <class Ld>
-__device__ __noinline__ void network_row_out_of_line(const float* col, int64_t stride, bool active,
-                                                     const TopkRanges& r, int lo, int hi, int lane, int* out_row,
-                                                     const float (&first)[kBatch], bool have_first, Ld ld) {
-  network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
-}
-template <class Ld>
-__device__ __forceinline__ void network_row(const float* col, int64_t stride, bool active, const TopkRanges& r,
-                                            int lo, int hi, int lane, int* out_row, const float (&first)[kBatch],
-                                            bool have_first, Ld ld) {
-  if constexpr (std::is_same_v<Ld, LoadL2>) {
-    network_row_out_of_line(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
-  } else {
-    network_rows<16, 32>(col, stride, active, r, lo, hi, lane, out_row, first, have_first, ld);
-  }
-}
-
 // CTAs per SM the registers must allow: K = 16 at <= 102 registers (20 warps per SM), K = 32 at
 // <= 128 (16 warps).
 template <int K>
 inline constexpr int kMinCtasPerSm = K == 16 ? 5 : 4;
 
-// One row (s, h) by a whole warp with the pivot first (N scores a lane: rows of at most 32 N
-// candidates), the networks where the pivot does not settle it: the frame (forced blocks, -1
-// tail) and the choice written. Slot i of lane l is block force_begin + l + 32 i. ld: how the
-// scores are read (LoadReadOnly, LoadL2). stage: this warp's 32 entries of shared memory.
-template <int N, class Ld>
-__device__ __forceinline__ void pivot_warp_row(const TopkSelectParams& p, int s, int h, int lane, uint2* stage,
-                                               Ld ld) {
-  static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 scores a lane");
-  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
-  const int64_t stride = p.num_tokens;
-  // num_valid_pages first (its load must not queue behind the scores'), then the lane's slots as
-  // if the candidates start at force_begin (they do whenever the row has any), loaded before
-  // num_valid_pages arrives: decode-sized calls are latency, and the loads after the ranges would
-  // wait a second DRAM round trip. Fewer address instructions per load than a general share: one
-  // pointer step of 32 rows apart, present while i < the lane's count.
-  const int64_t nvp_in = row_nvp(p, s);
-  constexpr int kMore = N > kBatch ? N - kBatch : 1;  // the slots past the first batch
-  float first[kBatch];
-  float more[kMore];
-  {
-    const int count = (p.num_blocks - p.force_begin - lane + 31) >> 5;
-    const float* ptr = col + int64_t(p.force_begin + lane) * stride;
-    const int64_t step = 32 * stride;
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) first[i] = i < count ? ld(ptr + i * step) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMore; ++i)
-      more[i] = N > kBatch && kBatch + i < count ? ld(ptr + (kBatch + i) * step) : 0.0f;
-  }
-  const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
-  int* const out_row = topk_out_row(p, s, h);
-  const bool active = r.target > 0;
-  // Forced blocks and the -1 tail ([0, fb) | target chosen | [nvp - fe, nvp) | -1 ...).
-  write_topk_frame(out_row, p.topk, r, active ? r.target : 0, lane, 32);
-  // The row's range (as warp reductions: the same instructions as the kernels of several rows a
-  // warp, whose SASS this form keeps).
-  const int lo = __reduce_min_sync(0xFFFFFFFFu, active ? r.mid_begin : INT_MAX);
-  const int hi = __reduce_max_sync(0xFFFFFFFFu, active ? r.mid_end : 0);
-  if (lo >= hi) return;  // warp-uniform
-  const bool have = lo == p.force_begin;  // the loads above are this range's
-  if (hi - lo <= 32 * N) {
-    float v[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int blk = lo + lane + 32 * i;
-      const float spec = i < kBatch ? first[i < kBatch ? i : 0] : more[i < kBatch ? 0 : i - kBatch];
-      v[i] = have ? spec : blk < hi ? ld(col + int64_t(blk) * stride) : 0.0f;
-    }
-    if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, stage)) return;
-  }
-  network_row(col, stride, active, r, lo, hi, lane, out_row, first, have, ld);
-}
-
-// N: the pivot path's scores a lane (0: none; else L = 32 and rows of at most 32 N candidates,
-// pivot_warp_row; decode-sized calls, so up to 128 registers: 32 scores and keys stay live
-// through the pivot).
+// N: the pivot path's scores a lane (0: none; else L = 32 and rows of at most 32 N candidates;
+// decode-sized calls, so up to 128 registers: 32 scores and keys stay live through the pivot).
 template <int K, int L, int N = 0>
 __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K>)
     topk_net_kernel(const __grid_constant__ Params np) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "lanes per row: a power of two <= 32");
-  static_assert(N == 0 || (L == 32 && K == 16), "the pivot: a warp per row, 16 words");
+  static_assert(N == 0 || (L == 32 && (N == 8 || N == 16 || N == 32)), "the pivot: a warp per row");
   const TopkSelectParams& p = np.p;
   const int lane = threadIdx.x & 31;
   const int g = blockIdx.x * kWarpsPerCta + (threadIdx.x >> 5);
@@ -415,12 +323,6 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   const int part = lane % L;
   const int h = g % p.num_heads;
   const int s = (np.token_groups - 1 - g / p.num_heads) * kRows + lane / L;
-  if constexpr (N > 0) {
-    // One row a warp: token groups are tokens, so s < num_tokens.
-    __shared__ uint2 stage[kWarpsPerCta][32];
-    pivot_warp_row<N>(p, s, h, lane, stage[threadIdx.x >> 5], LoadReadOnly{});
-    return;
-  }
   const bool has_row = s < p.num_tokens;
   const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + (has_row ? s : 0);
   const int64_t stride = p.num_tokens;
@@ -435,10 +337,27 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
                                           : int64_t(p.num_valid_pages_value);
   }
   float first[kBatch];
+  // The pivot's slots past the first batch, loaded the same way.
+  constexpr int kMore = N > kBatch ? N - kBatch : 1;
+  float more[kMore];
+  if constexpr (N == 0) {
 #pragma unroll
-  for (int i = 0; i < kBatch; ++i) {
-    const int blk = p.force_begin + part + L * i;
-    first[i] = has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+    for (int i = 0; i < kBatch; ++i) {
+      const int blk = p.force_begin + part + L * i;
+      first[i] = has_row && blk < p.num_blocks ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+    }
+  } else {
+    // A warp per row (L = 32): slot i is block force_begin + lane + 32 i, one pointer step of
+    // 32 rows apart, present while i < the lane's count (fewer address instructions per load
+    // than the general form above: this kernel is decode-sized, its prologue on the chain).
+    const int count = has_row ? (p.num_blocks - p.force_begin - part + 31) >> 5 : 0;
+    const float* ptr = col + int64_t(p.force_begin + part) * stride;
+    const int64_t step = 32 * stride;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) first[i] = i < count ? __ldg(ptr + i * step) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMore; ++i)
+      more[i] = N > kBatch && kBatch + i < count ? __ldg(ptr + (kBatch + i) * step) : 0.0f;
   }
 
   TopkRanges r{};
@@ -457,100 +376,32 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, N > 0 ? 4 : kMinCtasPerSm<K
   const int lo = __reduce_min_sync(0xFFFFFFFFu, active ? r.mid_begin : INT_MAX);
   const int hi = __reduce_max_sync(0xFFFFFFFFu, active ? r.mid_end : 0);
   if (lo >= hi) return;  // warp-uniform
+  if constexpr (N > 0) {
+    // One row a warp (L = 32): active, lo and hi are the row's.
+    __shared__ uint2 stage[kWarpsPerCta][32];
+    if (hi - lo <= 32 * N) {  // warp-uniform
+      const bool have = lo == p.force_begin;
+      float v[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int blk = lo + lane + 32 * i;
+        const float spec = i < kBatch ? first[i < kBatch ? i : 0] : more[i < kBatch ? 0 : i - kBatch];
+        v[i] = have ? spec : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+      }
+      if (pivot_row<N>(v, lo, hi, lane, r.target, out_row + r.fb, stage[threadIdx.x >> 5])) return;
+    }
+  }
   network_rows<K, L>(col, stride, active, r, lo, hi, part, out_row, first, lo == p.force_begin);
 }
 
-// The shared memory of pivot_cta_row over W warps.
-template <int W>
-struct CtaRowScratch {
-  uint32_t (*lane_mins)[32];  // [W][32]
-  int* counts;                // [W]
-  uint2* stage;               // [32]
-};
-
-// Warp `warp`'s Q slots a lane of row (s, h) for pivot_cta_row (slot i of lane l: block
-// force_begin + 32 (Q warp + i) + l), loaded as if the candidates start at force_begin (they do
-// whenever the row has any), so that they can be in flight before the row's ranges are known.
-template <int Q, class Ld>
-__device__ __forceinline__ void cta_row_slots(const TopkSelectParams& p, int s, int h, int warp, int lane,
-                                              float (&v)[Q], Ld ld) {
-  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
-  const int64_t stride = p.num_tokens;
-  const int first = Q * warp * 32;
-  const int blk0 = p.force_begin + first + lane;
-  const float* ptr = col + int64_t(blk0) * stride;
-  const int64_t step = 32 * stride;
-#pragma unroll
-  for (int i = 0; i < Q; ++i) v[i] = blk0 + 32 * i < p.num_blocks ? ld(ptr + i * step) : 0.0f;
-}
-
-// net_pivot_mode=rank_cta's row: W warps of a CTA (all of them: its barriers are the CTA's), warp w
-// holding slots [Q w, Q (w + 1)) of the row's W Q a lane (slot j of lane l: block lo + l + 32 j, as
-// pivot_row's; W Q x 32 >= the row's candidates), so lane l's minimum over the row is the minimum
-// of the W warps' lane-l minima (shared memory), and the pivot is pivot_row's. Every warp computes
-// it (no barrier for a broadcast); the survivors are compacted in block order across the warps
-// (their counts through shared memory) and warp 0 chooses from them. More than 32 survivors, or a
-// pivot of 0xFFFFFFFF: warp 0 runs the networks over the row (the CTA decides together: every warp
-// sees the same pivot and counts). nvp_in and v: row_nvp and cta_row_slots, loaded ahead. Rows
-// may follow each other through the same scratch without a barrier between them (each use of a
-// scratch array is two barriers from its next write).
-template <int W, int Q, class Ld>
-__device__ __forceinline__ void pivot_cta_row(const TopkSelectParams& p, int s, int h, int64_t nvp_in,
-                                              const float (&v)[Q], int warp, int lane, CtaRowScratch<W> sm,
-                                              Ld ld) {
-  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
-  const int64_t stride = p.num_tokens;
-  const int first = Q * warp * 32;  // this warp's first offset in the row's candidate range
-  const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
-  int* const out_row = topk_out_row(p, s, h);
-  const int n_sel = r.target > 0 ? r.target : 0;
-  write_topk_frame(out_row, p.topk, r, n_sel, int(threadIdx.x), W * 32);  // the CTA is the W warps
-  const int lo = r.mid_begin;
-  const int hi = r.mid_end;
-  if (r.target <= 0 || lo >= hi) return;  // CTA-uniform
-
-  const bool have = lo == p.force_begin;  // the loads ahead are this range's
-  uint32_t key[Q];
-#pragma unroll
-  for (int i = 0; i < Q; ++i) {
-    const int blk = lo + first + lane + 32 * i;
-    const float x = have ? v[i] : blk < hi ? ld(col + int64_t(blk) * stride) : 0.0f;
-    key[i] = blk < hi ? topk_order_key(x) : 0xFFFFFFFFu;
-  }
-  sm.lane_mins[warp][lane] = keys_min(key);
-  __syncthreads();
-  uint32_t lane_min = sm.lane_mins[0][lane];
-#pragma unroll
-  for (int w = 1; w < W; ++w) lane_min = umin(lane_min, sm.lane_mins[w][lane]);
-  const uint32_t pivot = warp_kth_smallest(lane_min, r.target);  // the same in every warp
-  const int mine = pivot != 0xFFFFFFFFu ? count_survivors(key, pivot) : 0;
-  if (lane == 0) sm.counts[warp] = mine;
-  __syncthreads();
-  int base = 0;
-  int total = 0;
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    const int c = sm.counts[w];
-    base += w < warp ? c : 0;
-    total += c;
-  }
-  const bool staged = pivot != 0xFFFFFFFFu && total <= 32;  // CTA-uniform
-  if (staged) stage_survivors(key, pivot, base, lane, first, sm.stage);
-  __syncthreads();
-  if (warp != 0) return;
-  if (staged) {
-    choose_staged(sm.stage, total, lane, r.target, lo, out_row + r.fb);
-    return;
-  }
-  float none[kBatch];
-#pragma unroll
-  for (int i = 0; i < kBatch; ++i) none[i] = 0.0f;
-  network_row(col, stride, true, r, lo, hi, lane, out_row, none, false, ld);
-}
-
-// net_pivot_mode=rank_cta (auto's above 256 blocks): a CTA of kWarpsPerCta warps a row (np.groups
-// rows, L = 32), pivot_cta_row with N / 4 slots a lane per warp. num_valid_pages, then this
-// warp's scores, before the ranges: one DRAM round trip for both (see topk_net_kernel).
+// net_pivot_mode=rank_cta (auto's above 256 blocks): a CTA of kWarpsPerCta warps a row (np.groups rows, L = 32); warp w
+// holds slots [N / 4 w, N / 4 (w + 1)) of the row's N a lane (slot j of lane l: block lo + l +
+// 32 j, as pivot_row's), so lane l's minimum over the row is the minimum of the 4 warps' lane-l
+// minima (shared memory), and the pivot is pivot_row's. Every warp computes it (no barrier for a
+// broadcast); the survivors are compacted in block order across the warps (their counts through
+// shared memory) and warp 0 chooses from them. More than 32 survivors, or a pivot of 0xFFFFFFFF:
+// warp 0 runs the networks over the row (the CTA decides together: every warp sees the same
+// pivot and counts).
 template <int N>
 __global__ void __launch_bounds__(kWarpsPerCta * 32) topk_pivot_cta_kernel(const __grid_constant__ Params np) {
   static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 scores a lane over the row");
@@ -562,13 +413,70 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) topk_pivot_cta_kernel(const
   const int g = blockIdx.x;  // < np.groups: the grid is the rows
   const int h = g % p.num_heads;
   const int s = np.token_groups - 1 - g / p.num_heads;  // L = 32: a token group is a token
-  const int64_t nvp_in = row_nvp(p, s);
+  const float* col = p.score + int64_t(h) * p.num_blocks * p.num_tokens + s;
+  const int64_t stride = p.num_tokens;
+  // num_valid_pages, then this warp's scores as if the candidates start at force_begin (they do
+  // whenever the row has any), before the ranges: one DRAM round trip for both (see
+  // topk_net_kernel).
+  const int64_t nvp_in = p.num_valid_pages != nullptr ? int64_t(__ldg(p.num_valid_pages + s))
+                                                      : int64_t(p.num_valid_pages_value);
+  const int first = Q * warp * 32;  // this warp's first offset in the row's candidate range
   float v[Q];
-  cta_row_slots<Q>(p, s, h, warp, lane, v, LoadReadOnly{});
+  {
+    const int blk0 = p.force_begin + first + lane;
+    const float* ptr = col + int64_t(blk0) * stride;
+    const int64_t step = 32 * stride;
+#pragma unroll
+    for (int i = 0; i < Q; ++i) v[i] = blk0 + 32 * i < p.num_blocks ? __ldg(ptr + i * step) : 0.0f;
+  }
+  const TopkRanges r = topk_ranges(nvp_in, p.num_blocks, p.force_begin, p.force_end, p.topk);
+  int* const out_row = topk_out_row(p, s, h);
+  const int n_sel = r.target > 0 ? r.target : 0;
+  write_topk_frame(out_row, p.topk, r, n_sel, int(threadIdx.x), W * 32);
+  const int lo = r.mid_begin;
+  const int hi = r.mid_end;
+  if (r.target <= 0 || lo >= hi) return;  // CTA-uniform
+
   __shared__ uint32_t lane_mins[W][32];
   __shared__ int counts[W];
   __shared__ uint2 stage[32];
-  pivot_cta_row<W, Q>(p, s, h, nvp_in, v, warp, lane, CtaRowScratch<W>{lane_mins, counts, stage}, LoadReadOnly{});
+  const bool have = lo == p.force_begin;  // the loads above are this range's
+  uint32_t key[Q];
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+    const int blk = lo + first + lane + 32 * i;
+    const float x = have ? v[i] : blk < hi ? __ldg(col + int64_t(blk) * stride) : 0.0f;
+    key[i] = blk < hi ? topk_order_key(x) : 0xFFFFFFFFu;
+  }
+  lane_mins[warp][lane] = keys_min(key);
+  __syncthreads();
+  uint32_t lane_min = lane_mins[0][lane];
+#pragma unroll
+  for (int w = 1; w < W; ++w) lane_min = umin(lane_min, lane_mins[w][lane]);
+  const uint32_t pivot = warp_kth_smallest(lane_min, r.target);  // the same in every warp
+  const int mine = pivot != 0xFFFFFFFFu ? count_survivors(key, pivot) : 0;
+  if (lane == 0) counts[warp] = mine;
+  __syncthreads();
+  int base = 0;
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    const int c = counts[w];
+    base += w < warp ? c : 0;
+    total += c;
+  }
+  const bool staged = pivot != 0xFFFFFFFFu && total <= 32;  // CTA-uniform
+  if (staged) stage_survivors(key, pivot, base, lane, first, stage);
+  __syncthreads();
+  if (warp != 0) return;
+  if (staged) {
+    choose_staged(stage, total, lane, r.target, lo, out_row + r.fb);
+    return;
+  }
+  float none[kBatch];
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) none[i] = 0.0f;
+  network_rows<16, 32>(col, stride, true, r, lo, hi, lane, out_row, none, false);
 }
 
 }  // namespace flashmsa::cuda::topk::net

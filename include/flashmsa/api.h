@@ -74,19 +74,6 @@ TopkSelectPlan make_topk_select_plan(const TopkSelectParams& p, const TopkSelect
 void run_topk_select(const TopkSelectParams& p, const TopkSelectPlan& plan, int device,
                      cudaStream_t stream);
 
-// A decode step's index side in one call (flashmsa's extension op proxy_score_select): the proxy
-// scores, then the top-k of those scores. The checks of the pair beyond each op's own make_*:
-// the top-k reads the proxy's output; its output ("indices", written while the proxy's inputs are
-// still read) shares no memory with those inputs; arrivals (when given: the select tail's B + 1
-// zeroed int32 counters, contiguous) shares none with any argument.
-void check_proxy_select_args(const ProxyScoreArgs& p, const TopkSelectArgs& t, const TensorRef& arrivals);
-// On the GPU, where proxy_select_unsupported (plan.h) allows and the plan's kernel has a select
-// tail, one launch: the proxy decode kernel selects each request's rows once all its scores are
-// stored (returns true; arrivals: B + 1 int32 counters, zero before and after). Else, and on the
-// CPU, run_proxy_score then run_topk_select (returns false). The same scores and indices either way.
-bool run_proxy_score_select(const ProxyScoreParams& p, const ProxyScorePlan& plan, const TopkSelectParams& tp,
-                            const TopkSelectPlan& tplan, uint32_t* arrivals, int device, cudaStream_t stream);
-
 // Shared by prefill and decode: K/V with their NVFP4 scales and global scales.
 struct KVArgs {
   TensorRef k;                          // flat (total_k, Hkv, W) | paged (P, Hkv, 128, W)

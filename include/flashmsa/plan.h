@@ -193,12 +193,6 @@ inline constexpr int kTopkNetMinWarpsPerSm = 48;
 // up to 4 tokens, the calls measured. Without max_seqlen_q the bound is total_q (device
 // cu_seqlens_q), so decode callers pass it.
 inline constexpr int kProxyDecodeAutoMaxRows = 16;
-// proxy_score_select's tail: a request's rows (its heads x max_seqlen_q tokens) are selected by one
-// CTA, in turn (kSelectCta) or over its warps (kSelectWarp), where msa_topk_select spreads them over
-// the GPU; at most this many a request take the tail (M3's decode: 4; its MTP of 4 tokens: 16),
-// more take the two ops. A bound set before any GPU run: the tail's rows are to be timed against
-// the two ops' (docs/design/proxy_score.md#select-tail).
-inline constexpr int kProxySelectMaxRowsPerRequest = 16;
 // Decode kernels for 16-row tiles (G <= 16): smem (the query-major kernel as prefill runs it: fp8
 // K/V dequantized in shared memory, 2 stages of bf16 / fp16 K/V), regs (the streaming variant: 3
 // stages of 32 KB at 2 CTAs per SM, fp8 K/V converted in registers into fp16 MMAs; NVFP4 K/V: 5
@@ -257,13 +251,6 @@ enum class DecodeTma : int32_t { kAuto = 0, kCta = 1, kTma = 2 };
 // above kProxyDecodeTmaProducerMaxUnits units (H200 at 9738086, B64 / 32K: 55.8 vs 73.4 us),
 // producer for NVFP4 K up to them and for fp8 K (72.3 vs 71.4 us).
 enum class DecodeTmaIssue : int32_t { kAuto = 0, kProducer = 1, kWarps = 2 };
-// How the proxy decode kernel's select tail (proxy_score_select; docs/design/proxy_score.md,
-// "The select tail") selects a request's rows (option select_tail): warp (a warp a row, the
-// top-k's net_pivot_mode=sort code, the CTA's warps on different rows) or cta (the whole CTA a row,
-// rows in turn, net_pivot_mode=rank_cta's counting over all the CTA's warps; the next rows' scores
-// loaded ahead). auto = cta (not yet measured: the counting form is the faster top-k at B1 / 128K,
-// docs/design/topk_select.md#counting). Calls without the tail ignore it.
-enum class SelectTail : int32_t { kAuto = 0, kWarp = 1, kCta = 2 };
 // Units (requests x kv heads x key blocks) up to which auto keeps the producer warp for NVFP4 K:
 // a CTA then holds <= ~16 blocks (132 SMs), and one warp resolving and issuing them beats each
 // consumer warp doing its own. H200 at ca714f5 (us, producer vs warps): sq 1 B1 / 32K (256 units)
@@ -419,8 +406,6 @@ struct ProxyScoreOptions {
   // decode_tma_issue=auto|producer|warps: the TMA kernel's loads by a producer warp or by each
   // consumer warp for itself (DecodeTmaIssue); calls not on the TMA kernel ignore it.
   DecodeTmaIssue decode_tma_issue = DecodeTmaIssue::kAuto;
-  // select_tail=auto|warp|cta: proxy_score_select's select tail (SelectTail).
-  SelectTail select_tail = SelectTail::kAuto;
 };
 // net_pivot: a warp per row (32 lanes), whose lanes' score minima give a pivot at or above the
 // row's target-th best key; the keys at or below it (at most 32, else the networks run) are sorted
@@ -656,8 +641,6 @@ struct ProxyScorePlan {
   // Its query columns per pass (G heads x tokens): kProxyDecodeTmaCols (8) where G x max_seqlen_q
   // fits them, else kProxyDecodeTmaMaxCols (16); 8 without tma.
   int tma_cols = kProxyDecodeTmaCols;
-  // proxy_score_select's select tail: the whole CTA a row (select_tail=cta, auto), else a warp a row.
-  bool select_cta = true;
 };
 struct TopkSelectPlan {
   TopkKernel kernel = TopkKernel::kWarpPerRow;  // resolved: any but kAuto and kBySize
@@ -713,16 +696,6 @@ int topk_net_lanes(const TopkSelectParams& p, int num_sms);
 // Why the pivot path cannot run the call (nullptr: it can): the scores a lane holds (rows of at
 // most kTopkNetPivotMaxSpan blocks) and the words (rows choosing at most 15).
 const char* topk_net_pivot_unsupported(const TopkSelectParams& p);
-// The pivot's scores a lane for rows of num_blocks (<= kTopkNetPivotMaxSpan) blocks: 8, 16 or 32.
-inline int topk_pivot_scores(int num_blocks) { return num_blocks <= 256 ? 8 : num_blocks <= 512 ? 16 : 32; }
-// Why the proxy decode kernel cannot select tp's rows in its own launch (run_proxy_score_select;
-// nullptr: it can, where the kernel itself then applies): the plan runs the decode kernel, without
-// reduce_heads, on rows and columns; tp reads this call's scores (its output, all its rows, heads
-// and columns), its rows within the pivot's bounds (topk_net_pivot_unsupported), at most
-// kProxySelectMaxRowsPerRequest a request; 16-bit index-K, or fp8 on the TMA kernel with fp16 MMAs
-// (NVFP4 index-K: not built).
-const char* proxy_select_unsupported(const ProxyScoreParams& p, const ProxyScorePlan& plan,
-                                     const TopkSelectParams& tp);
 
 // Option names (for messages and tests).
 const char* option_name(PrefillSchedule v);
@@ -740,7 +713,6 @@ const char* option_name(DecodeMtp v);
 const char* option_name(DecodeNvfp4Cvt v);
 const char* option_name(DecodeTma v);
 const char* option_name(DecodeTmaIssue v);
-const char* option_name(SelectTail v);
 const char* option_name(DecodeSplit v);
 const char* option_name(DecodeWgmmaPipe v);
 const char* option_name(DecodeWgmmaFp8 v);

@@ -1,7 +1,7 @@
 """Loads the native extension ``flashmsa._C`` and registers fake implementations of its ops.
 
 Importing ``_C`` registers ``torch.ops.flashmsa.{proxy_score, proxy_score_fp4, topk_select,
-sparse_attention, sparse_decode, proxy_score_select}`` (and the two workspace-size queries); each takes a trailing
+sparse_attention, sparse_decode}`` (and the two workspace-size queries); each takes a trailing
 ``plan`` string of plan options (empty: the library's own choices; see the private
 ``*_planned`` functions at the end of :mod:`flashmsa.msa_ops`). Every op writes into caller-allocated
 outputs passed as mutable arguments and returns nothing, so its fake (meta) implementation has
@@ -33,6 +33,5 @@ def _writes_its_outputs(*args, **kwargs):
     return None
 
 
-for _op in ("proxy_score", "proxy_score_fp4", "topk_select", "sparse_attention", "sparse_decode",
-            "proxy_score_select"):
+for _op in ("proxy_score", "proxy_score_fp4", "topk_select", "sparse_attention", "sparse_decode"):
     torch.library.register_fake(f"flashmsa::{_op}")(_writes_its_outputs)

@@ -357,19 +357,6 @@ def _proxy_score(plan, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, 
     # use_fp32_acc: every flashmsa path accumulates in float32 (msa_proxy_score's docstring).
     del use_fp32_acc
     op = "msa_proxy_score"
-    args = _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
-                       max_seqlen_q, max_k_tiles, output, reduce_heads, q_offset)
-    output = args[-1]
-    args = (*args, plan)
-    _call(_ops.proxy_score, *args)
-    _log.log_plan(op, _ops.proxy_score_describe, args)
-    return output
-
-
-def _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
-                max_seqlen_q, max_k_tiles, output, reduce_heads, q_offset, **others):
-    """msa_proxy_score's arguments as its op takes them (the output last: allocated when not
-    given), every tensor on q's device (``others``: more tensors of the call, checked with them)."""
     q = _tensor("q", q)
     k = _tensor("k", k)
     cu_seqlens_q = _index_tensor("cu_seqlens_q", cu_seqlens_q)
@@ -380,12 +367,15 @@ def _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, cau
     q_offset_value, q_offset_tensor = _q_offset_args(op, q_offset)
     _check_devices(op, q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                    page_table=page_table, seqused_k=seqused_k, output=output,
-                   q_offset=q_offset_tensor, **others)
+                   q_offset=q_offset_tensor)
     max_seqlen_q, max_k_tiles, output = _proxy_dims(
         op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q, max_k_tiles,
         output, reduce_heads)
-    return (q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal), max_seqlen_q,
-            max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output)
+    args = (q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, bool(causal), max_seqlen_q,
+            max_k_tiles, q_offset_value, q_offset_tensor, bool(reduce_heads), output, plan)
+    _call(_ops.proxy_score, *args)
+    _log.log_plan(op, _ops.proxy_score_describe, args)
+    return output
 
 
 def _proxy_dims(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, max_seqlen_q,
@@ -575,11 +565,6 @@ def msa_topk_select(
                         force_end_blocks=force_end_blocks)
 
 
-def _nvp_args(op, num_valid_pages):
-    """num_valid_pages as the ops' (value, tensor) pair: None, a Python int or an int32 tensor."""
-    return _int_or_tensor(op, "num_valid_pages", num_valid_pages, "")
-
-
 def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blocks,
                  force_end_blocks):
     op = "msa_topk_select"
@@ -588,7 +573,7 @@ def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blo
     output = _tensor_or_none("output", output)
     force_begin_blocks = _int_arg(op, "force_begin_blocks", force_begin_blocks)
     force_end_blocks = _int_arg(op, "force_end_blocks", force_end_blocks)
-    nvp_value, nvp_tensor = _nvp_args(op, num_valid_pages)
+    nvp_value, nvp_tensor = _int_or_tensor(op, "num_valid_pages", num_valid_pages, "")
     _check_devices(op, max_score=max_score, num_valid_pages=nvp_tensor, output=output)
     if output is None:
         num_heads, _, total_q = _shape3(max_score)
@@ -600,81 +585,6 @@ def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blo
     _call(_ops.topk_select, *args)
     _log.log_plan("msa_topk_select", _ops.topk_select_describe, args)
     return output
-
-
-# ---- extension: a decode step's index side (proxy score and top-k) in one call -------------------
-
-def proxy_score_select(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: Optional[torch.Tensor] = None,
-    *,
-    topk: int = 16,
-    num_valid_pages: Optional[Union[int, torch.Tensor]] = None,
-    force_begin_blocks: int = 0,
-    force_end_blocks: int = 0,
-    page_table: Optional[torch.Tensor] = None,
-    seqused_k: Optional[torch.Tensor] = None,
-    causal: bool = True,
-    max_seqlen_q: Optional[int] = None,
-    max_k_tiles: Optional[int] = None,
-    output: Optional[torch.Tensor] = None,
-    indices: Optional[torch.Tensor] = None,
-    q_offset=None,
-    arrivals: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """flashmsa's extension (not in FlashInfer): :func:`msa_proxy_score` and then
-    :func:`msa_topk_select` of its scores, in one call; returns ``(max_score, indices)``.
-
-    The proxy's arguments and result are :func:`msa_proxy_score`'s (without ``reduce_heads``);
-    ``topk``, ``num_valid_pages``, ``force_begin_blocks`` and ``force_end_blocks`` and the
-    ``indices`` ``(total_q, Hq, topk)`` (pre-allocated as :func:`msa_topk_select`'s ``output``,
-    any layout it takes) are the top-k's. Both equal those of the two ops called in turn, bit for
-    bit.
-
-    On the GPU, for decode-sized calls that the proxy's decode kernel runs (16-bit index-K, or fp8
-    on its Hopper TMA kernel) with rows that choose at most 15 of at most 1024 blocks, one kernel
-    does both: each request's last CTA to store its scores selects the request's rows from them
-    (no top-k launch; docs/design/proxy_score.md#select-tail). Elsewhere the two ops run.
-
-    ``arrivals``: the one-kernel path's int32 counters, at least ``len(cu_seqlens_q)`` entries,
-    zero before the first call; every call leaves them zero, so one buffer serves every call on
-    its stream and every CUDA-graph replay. Calls that may run concurrently (other streams) need
-    buffers of their own. ``None``: a zeroed buffer per call (one more small kernel).
-    """
-    return _proxy_score_select("", q=q, k=k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                               topk=topk, num_valid_pages=num_valid_pages,
-                               force_begin_blocks=force_begin_blocks,
-                               force_end_blocks=force_end_blocks, page_table=page_table,
-                               seqused_k=seqused_k, causal=causal, max_seqlen_q=max_seqlen_q,
-                               max_k_tiles=max_k_tiles, output=output, indices=indices,
-                               q_offset=q_offset, arrivals=arrivals)
-
-
-def _proxy_score_select(plan, q, k, cu_seqlens_q, cu_seqlens_k, topk, num_valid_pages,
-                        force_begin_blocks, force_end_blocks, page_table, seqused_k, causal,
-                        max_seqlen_q, max_k_tiles, output, indices, q_offset, arrivals):
-    op = "proxy_score_select"
-    indices = _tensor_or_none("indices", indices)
-    arrivals = _tensor_or_none("arrivals", arrivals)
-    topk = _int_arg(op, "topk", topk)
-    force_begin_blocks = _int_arg(op, "force_begin_blocks", force_begin_blocks)
-    force_end_blocks = _int_arg(op, "force_end_blocks", force_end_blocks)
-    nvp_value, nvp_tensor = _nvp_args(op, num_valid_pages)
-    proxy = _proxy_args(op, q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, causal,
-                        max_seqlen_q, max_k_tiles, output, False, q_offset,
-                        num_valid_pages=nvp_tensor, indices=indices, arrivals=arrivals)
-    output = proxy[-1]
-    if indices is None:
-        num_heads, _, total_q = _shape3(output)
-        slots = topk if 1 <= topk <= _MAX_TOPK else 0
-        indices = _outputs.empty((total_q, num_heads, slots), torch.int32, output.device)
-    args = (*proxy, topk, nvp_value, nvp_tensor, force_begin_blocks, force_end_blocks, indices,
-            arrivals, plan)
-    _call(_ops.proxy_score_select, *args)
-    _log.log_plan(op, _ops.proxy_score_select_describe, args)
-    return output, indices
 
 
 # ---- stage 3: prefill / general varlen ---------------------------------------------------------
@@ -979,8 +889,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # NVFP4 K on the decode kernel's CTA-wide cp.async ring or, sm_90a, its TMA-fed warp-per-block
 # kernel; auto: tma where one pass fits, at any batch), decode_tma_issue = auto |
 # producer | warps (that kernel's loads by a producer warp or by each consumer warp; auto: warps
-# for NVFP4 K, producer for fp8 K), select_tail = auto | warp | cta (proxy_score_select's select
-# tail: a warp a row or the whole CTA a row; auto: cta; other calls ignore it);
+# for NVFP4 K, producer for fp8 K);
 # msa_topk_select: kernel = auto | warp_per_row | warp_per_row_8 | radix | by_size | radix_1buf |
 # warp_split | radix_uniform | warp_digits (warp_split with one-chunk rows' thresholds by
 # 8-bit radix digits) | net (sorting networks over words of truncated order key and block offset,
@@ -1040,4 +949,3 @@ _proxy_score_fp4_planned = _planned(msa_proxy_score_fp4, _proxy_score_fp4)
 _topk_select_planned = _planned(msa_topk_select, _topk_select)
 _sparse_attention_planned = _planned(msa_sparse_attention, _sparse_attention)
 _sparse_decode_planned = _planned(msa_sparse_decode_attention, _sparse_decode)
-_proxy_score_select_planned = _planned(proxy_score_select, _proxy_score_select)

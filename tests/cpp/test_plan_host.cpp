@@ -1701,7 +1701,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
                "option decode_ilp given twice");
   expect_error([] { parse_proxy_score_options("stages=4"); }, ErrorKind::kValue,
                "unknown plan option 'stages' (options: kernel, decode_ctas, decode_ilp, nvfp4_cvt, decode_fp8, "
-               "decode_nvfp4, decode_tma_issue, select_tail)");
+               "decode_nvfp4, decode_tma_issue)");
   expect_error([] { parse_proxy_score_options("decode_tma_issue=lane"); }, ErrorKind::kValue,
                "decode_tma_issue must be auto, producer or warps, got 'lane'");
   expect_error([] { parse_proxy_score_options("decode_nvfp4=wgmma"); }, ErrorKind::kValue,
@@ -2134,112 +2134,6 @@ TEST(PlanTopk, BySizeTakesRadixUniformFromFourGroupsPerSm) {
       EXPECT_NE(plan_topk_select(topk_call(4, tokens), by_size, f).kernel, TopkKernel::kRadix1Buf);
       EXPECT_NE(plan_topk_select(topk_call(4, tokens), {}, f).kernel, TopkKernel::kRadix1Buf);
     }
-}
-
-// proxy_select_unsupported: the decode kernel's select tail takes a decode-sized call whose
-// top-k reads this call's scores within the pivot's bounds, on 16-bit index-K or fp8 on the TMA
-// kernel; everything else names why (and run_proxy_score_select runs the two ops).
-TEST(PlanProxy, SelectTailWhereItApplies) {
-  float scores = 0.0f;
-  auto call = [&](DType k, int tokens, int blocks) {
-    ProxyScoreParams p{};
-    p.batch = tokens;
-    p.total_q = tokens;
-    p.num_heads = 4;
-    p.num_kv_heads = 1;
-    p.max_k_tiles = blocks;
-    p.q_dtype = k == DType::kNVFP4 ? DType::kNVFP4 : DType::kBF16;
-    p.k.dtype = k;
-    p.out = &scores;
-    return p;
-  };
-  auto select = [&](const ProxyScoreParams& p) {
-    TopkSelectParams t = m3_topk(p.total_q, p.max_k_tiles);
-    t.score = p.out;
-    return t;
-  };
-  for (DType k : {DType::kBF16, DType::kFP8E4M3}) {
-    for (int blocks : {1, 256, 1024}) {
-      const ProxyScoreParams p = call(k, 64, blocks);
-      EXPECT_EQ(proxy_select_unsupported(p, plan_proxy_score(p, {}), select(p)), nullptr) << blocks;
-    }
-  }
-  const ProxyScoreParams m3 = call(DType::kFP8E4M3, 1, 1024);
-  const ProxyScorePlan dflt = plan_proxy_score(m3, {});
-  const TopkSelectParams t = select(m3);
-  // The proxy off the decode kernel: a prefill-sized call, or a plan naming another kernel.
-  ProxyScoreParams prefill = m3;
-  prefill.qi.max_seqlen_q = 64;
-  EXPECT_STREQ(proxy_select_unsupported(prefill, plan_proxy_score(prefill, {}), t),
-               "the proxy plan does not run the decode kernel");
-  EXPECT_STREQ(proxy_select_unsupported(m3, plan_proxy_score(m3, parse_proxy_score_options("kernel=mma_sync")), t),
-               "the proxy plan does not run the decode kernel");
-  EXPECT_STREQ(proxy_select_unsupported(m3, plan_proxy_score(m3, parse_proxy_score_options("decode_fp8=cta")), t),
-               "fp8 index-K on the cp.async ring (decode_fp8=cta)");
-  const ProxyScoreParams fp4 = call(DType::kNVFP4, 1, 1024);
-  EXPECT_STREQ(proxy_select_unsupported(fp4, plan_proxy_score(fp4, {}), select(fp4)),
-               "NVFP4 index-K (no select tail built)");
-  ProxyScoreParams reduce = m3;
-  reduce.reduce_heads = true;
-  EXPECT_STREQ(proxy_select_unsupported(reduce, plan_proxy_score(reduce, {}), t), "reduce_heads");
-  // The top-k's rows: this call's scores, heads, columns and tokens, within the pivot's bounds.
-  TopkSelectParams other = t;
-  float elsewhere = 0.0f;
-  other.score = &elsewhere;
-  EXPECT_STREQ(proxy_select_unsupported(m3, dflt, other), "the top-k call does not select from this call's scores");
-  other = t;
-  other.num_tokens = 2;
-  EXPECT_STREQ(proxy_select_unsupported(m3, dflt, other), "the top-k call does not select from this call's scores");
-  other = t;
-  other.force_end = 0;  // 16 chosen by score
-  EXPECT_STREQ(proxy_select_unsupported(m3, dflt, other), "rows choose more than 15 blocks");
-  const ProxyScoreParams wide = call(DType::kBF16, 1, 1025);
-  EXPECT_STREQ(proxy_select_unsupported(wide, plan_proxy_score(wide, {}), select(wide)),
-               "more than 1024 blocks per row");
-  ProxyScoreParams empty = m3;
-  empty.total_q = 0;
-  EXPECT_STREQ(proxy_select_unsupported(empty, dflt, t), "no rows or no columns");
-  // At most 16 rows a request (heads x max_seqlen_q): M3's MTP of 4 tokens takes the tail, 5
-  // tokens (forced onto the decode kernel) or 16 heads over 2 KV heads at 2 tokens do not.
-  for (int sq : {4, 5}) {
-    ProxyScoreParams mtp = m3;
-    mtp.qi.max_seqlen_q = sq;
-    const ProxyScorePlan plan = plan_proxy_score(mtp, parse_proxy_score_options("kernel=decode_f16"));
-    const char* why = proxy_select_unsupported(mtp, plan, t);
-    if (sq == 4)
-      EXPECT_EQ(why, nullptr);
-    else
-      EXPECT_STREQ(why, "more than 16 rows a request (heads x max_seqlen_q): one CTA would select them");
-  }
-  ProxyScoreParams heads = call(DType::kBF16, 1, 1024);
-  heads.num_heads = 16;
-  heads.num_kv_heads = 2;
-  heads.qi.max_seqlen_q = 2;
-  TopkSelectParams heads_t = select(heads);
-  heads_t.num_heads = 16;
-  EXPECT_STREQ(proxy_select_unsupported(heads, plan_proxy_score(heads, parse_proxy_score_options("kernel=decode")),
-                                        heads_t),
-               "more than 16 rows a request (heads x max_seqlen_q): one CTA would select them");
-  // fp8 index-K with bf16 q: the tail runs the fp16 MMAs auto takes, not kernel=decode's bf16 ones
-  // (fp16 q has its own).
-  EXPECT_STREQ(proxy_select_unsupported(m3, plan_proxy_score(m3, parse_proxy_score_options("kernel=decode")), t),
-               "fp8 index-K on bf16 MMAs (kernel=decode; the tail is built on the fp16 MMAs auto takes)");
-  ProxyScoreParams fp16_q = m3;
-  fp16_q.q_dtype = DType::kFP16;
-  EXPECT_EQ(proxy_select_unsupported(fp16_q, plan_proxy_score(fp16_q, parse_proxy_score_options("kernel=decode")), t),
-            nullptr);
-  // The tail's form: the CTA a row (auto) or a warp a row.
-  EXPECT_TRUE(dflt.select_cta);
-  EXPECT_TRUE(plan_proxy_score(m3, parse_proxy_score_options("select_tail=cta")).select_cta);
-  EXPECT_FALSE(plan_proxy_score(m3, parse_proxy_score_options("select_tail=warp")).select_cta);
-  EXPECT_STREQ(option_name(SelectTail::kWarp), "warp");
-  expect_error([] { parse_proxy_score_options("select_tail=lanes"); }, ErrorKind::kValue, "select_tail");
-  // The pivot's scores a lane, as the top-k plan's.
-  EXPECT_EQ(topk_pivot_scores(1), 8);
-  EXPECT_EQ(topk_pivot_scores(256), 8);
-  EXPECT_EQ(topk_pivot_scores(257), 16);
-  EXPECT_EQ(topk_pivot_scores(512), 16);
-  EXPECT_EQ(topk_pivot_scores(1024), 32);
 }
 
 // kernel=decode: the decode kernel where it runs (G <= 16 heads per KV head, reduce_heads only with

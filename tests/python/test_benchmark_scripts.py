@@ -183,17 +183,6 @@ def test_profile_stages_plan_options():
             profile_stages.main(["--timeline", "1/32K", "--proxy-options", bad])
 
 
-def test_profile_stages_timeline_select(monkeypatch):
-    """--select: the timeline's steps with the proxy and the top-k as one op (DecodeStep select)."""
-    profile_stages = load_script("profile_stages")
-    seen = []
-    monkeypatch.setattr(profile_stages, "timeline", lambda cases, **kw: seen.append((cases, kw)))
-    profile_stages.main(["--timeline", "1/128K/1/fp8/fp8", "--select"])
-    profile_stages.main(["--timeline", "1/32K"])
-    assert [kw["select"] for _, kw in seen] == [True, False]
-    assert seen[0][0] == [(1, 131072, 1, "fp8", "fp8")]
-
-
 def test_profile_list_needs_no_device(capsys):
     assert profile_msa.main(["--list"]) == 0
     names = capsys.readouterr().out.split()
@@ -305,8 +294,7 @@ def test_stage_step_runs_each_config_case():
     # batches by one row per sparse-decode variant (plan options: split=cluster; bf16 K/V sq 1 also
     # split_warps=4, fp8 K/V sq 1 split_warps=4 and 8) and, one token per request, per top-k
     # variant (net_pivot=off, net_pivot_mode=sort and rank_cta); NVFP4 index rows only by the
-    # proxy variants (their top-k and decode are the fp8 index rows'); the other rows also with
-    # the index side as one op (proxy_score_select).
+    # proxy variants (their top-k and decode are the fp8 index rows').
     want = []
     for case in bm.QUICK["step"]:
         want.append((case, "", {}))
@@ -327,11 +315,6 @@ def test_stage_step_runs_each_config_case():
                 want.append((case, bm.STEP_COPY_SUFFIX, dict(q2k_copy=True)))
         elif case[2] == 1 and case[4] == "fp8":  # larger batches: the 8-warp kernel, fused
             want += [(case, suffix, dict(decode_options=o)) for suffix, o in bm.STEP_FP8_WIDE_VARIANTS]
-        # Every 16-bit / fp8 index row: the proxy and the top-k as one op (small sq 1 batches also
-        # with the tail's other form).
-        want.append((case, bm.STEP_SELECT_SUFFIX, dict(select=True)))
-        if case[0] <= bm.STEP_VARIANT_MAX_BATCH and case[2] == 1:
-            want.append((case, bm.STEP_SELECT_WARP[0], dict(select=bm.STEP_SELECT_WARP[1])))
     suffixes = [w[1] for w in want]
     assert suffixes.count(" [split=cluster]") == 2  # B1 bf16, fp8
     assert suffixes.count(" [combine_loads=after]") == 2  # B1 bf16, fp8
@@ -404,10 +387,10 @@ def test_replay_mismatch():
 
 # ---- the decode step on the CPU reference ------------------------------------------------------
 
-def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3, decode_options=None, select=False):
+def make_step(sq, idx="bf16", kv="bf16", b=2, ctx=4096, seed=3, decode_options=None):
     return bm.DecodeStep(msa_ops, b, ctx, sq, bm.STEP_INDEX_DTYPES[idx], bm.STEP_DTYPES[kv],
                          torch.Generator().manual_seed(seed), torch.device("cpu"),
-                         decode_options=decode_options, select=select)
+                         decode_options=decode_options)
 
 
 @pytest.mark.parametrize("sq,idx,kv", [(1, "bf16", "bf16"), (1, "fp8", "fp8"),
@@ -475,26 +458,6 @@ def test_decode_step_with_decode_options_on_cpu():
         bad()
 
 
-@pytest.mark.parametrize("sq,idx", [(1, "bf16"), (4, "fp8")])
-def test_decode_step_with_index_select_on_cpu(sq, idx):
-    """The step's [index_select] rows: the proxy and the top-k as proxy_score_select, the same
-    step results; static arrival counters (left zero); the NVFP4 indexer and the other index
-    options refused."""
-    plain = make_step(sq, idx, "fp8")
-    step = make_step(sq, idx, "fp8", select=True)
-    assert step.arrivals.shape == (3,) and step.arrivals.dtype == torch.int32
-    got, want = step(), plain()
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert torch.equal(step.scores, plain.scores)
-    assert int(step.arrivals.abs().sum()) == 0
-    with pytest.raises(ValueError, match="select takes neither"):
-        make_step(1, "nvfp4", "fp8", select=True)
-    warp = make_step(sq, idx, "fp8", select=dict(select_tail="warp"))
-    assert warp.proxy_select.keywords == dict(options=dict(select_tail="warp"))
-    got = warp()
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
 class HostGraph:
     """Stands in for a captured CUDA graph on the CPU: replay() runs the step again and copies
     its results into the outputs the capture returned (as a replay writes its static outputs)."""
@@ -537,13 +500,12 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     cpu_bench.stage_step()
     # Each case, then (batch <= STEP_VARIANT_MAX_BATCH) its [split=cluster] and
     # [combine_loads=after] rows, (bf16 K/V, sq 1) its [split_warps=4] row and (sq 1) its
-    # top-k variant rows ([net_pivot=off], the two pivot forms) and [q2k copy] row, and every
-    # 16-bit / fp8 index case its [index_select] row (sq 1 at a small batch, and MTP: also
-    # [index_select select_tail=warp]); the NVFP4 indexer's case its proxy variant rows.
+    # top-k variant rows ([net_pivot=off], the two pivot forms) and [q2k copy] row; the NVFP4
+    # indexer's case its proxy variant rows.
     n_topk = len(bm.STEP_TOPK_VARIANTS)
-    first = 7 + n_topk  # the first case's rows
+    first = 5 + n_topk  # the first case's rows
     n_fp4 = 1 + len(bm.STEP_PROXY_VARIANTS)
-    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 5 + n_fp4), cpu_bench.rows
+    assert [r["status"] for r in cpu_bench.rows] == ["ok"] * (first + 3 + n_fp4), cpu_bench.rows
     fp4_rows, cpu_bench.rows = cpu_bench.rows[-n_fp4:], cpu_bench.rows[:-n_fp4]
     graphs = graphs[:-n_fp4]
     assert fp4_rows[0]["case"] == bm.step_case_name(2, 1024, 1, "nvfp4", "fp8")
@@ -565,13 +527,6 @@ def test_stage_step_on_cpu(cpu_bench, monkeypatch):
     assert cpu_bench.rows[4]["topk_options"] == dict(net_pivot="off")
     copy_row = cpu_bench.rows[4 + n_topk]
     assert copy_row["case"] == name + " [q2k copy]" and copy_row["q2k_copy"]
-    for select_row in (cpu_bench.rows[5 + n_topk], cpu_bench.rows[-2]):
-        assert select_row["case"].endswith(bm.STEP_SELECT_SUFFIX) and select_row["select"] is True
-        assert select_row["bit_identical"]
-    for warp_row in (cpu_bench.rows[6 + n_topk], cpu_bench.rows[-1]):  # sq 1 at B2, and MTP
-        assert warp_row["case"].endswith(bm.STEP_SELECT_WARP[0])
-        assert warp_row["select"] == dict(select_tail="warp") and warp_row["bit_identical"]
-    assert cpu_bench.rows[6 + n_topk]["case"] == name + bm.STEP_SELECT_WARP[0]
     assert "decode_options" not in cpu_bench.rows[0] and "topk_options" not in cpu_bench.rows[0]
     cpu_bench.rows = cpu_bench.rows[::first]
     graphs = graphs[::first]
@@ -600,10 +555,9 @@ def test_stage_step_replay_mismatch_is_an_error_row(cpu_bench, monkeypatch):
     monkeypatch.setattr(bm, "STEP_VARIANT_MAX_BATCH", 0)
     cpu_bench.cfg = dict(cpu_bench.cfg, step=[(1, 512, 1, "bf16", "bf16")])
     cpu_bench.stage_step()
-    assert [row["case"][-len(bm.STEP_SELECT_SUFFIX):] for row in cpu_bench.rows][1:] == [bm.STEP_SELECT_SUFFIX]
-    for row in cpu_bench.rows:  # the case and its [index_select] row
-        assert row["status"] == "error"
-        assert "not bit-identical: output: the second replay differs" in row["notes"]
+    (row,) = cpu_bench.rows
+    assert row["status"] == "error"
+    assert "not bit-identical: output: the second replay differs" in row["notes"]
 
 
 def find_nvcc():

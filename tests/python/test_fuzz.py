@@ -52,16 +52,6 @@ def test_generators_cover_every_option():
     assert any(isinstance(o, int) and o < 0 for o in offsets)
     assert "None" in _values("proxy", "max_k_tiles") and len(_values("proxy", "max_k_tiles")) > 5
     assert _values("topk", "nvp_form") == {"none", "scalar", "tensor", "clamp"}
-    # proxy_score_select: decode-shaped batches, the top-k's forms, the outputs' layouts, counters
-    assert _values("proxy_select", "nvp_form") == {"none", "scalar", "tensor", "clamp"}
-    assert _values("proxy_select", "indices_layout") == {"none", "contiguous", "head_major"}
-    assert _values("proxy_select", "arrivals") == {"none", "exact", "longer"}
-    assert _values("proxy_select", "k_dtype") == {"bf16", "fp16", "fp8"}
-    assert {"1", "16"} <= _values("proxy_select", "topk")
-    assert max(len(fuzz_msa.case_params("proxy_select", s)["seqs_q"]) for s in range(400)) > 32
-    assert max(max(fuzz_msa.case_params("proxy_select", s)["seqs_k"]) for s in range(400)) > 2 ** 16
-    for key in ("paged", "invalid_pages", "nan_keys", "output"):
-        assert _values("proxy_select", key) == {"True", "False"}, key
     topks = {int(t) for t in _values("topk", "topk")}
     assert {1, 16, 64} <= topks and len(topks) > 20
     assert any(int(x) > 0 for x in _values("topk", "fb")) and any(
@@ -369,8 +359,6 @@ def _tiny_call(op: str, options: dict):
     q2k = torch.zeros(1, 1, 1, dtype=i32)
     if op in ("proxy", "proxy_fp4"):  # both parse msa_proxy_score's options
         msa_ops._proxy_score_planned(q, kv, cu_q, cu_k, options=options)
-    elif op == "proxy_select":
-        msa_ops._proxy_score_select_planned(q, kv, cu_q, cu_k, topk=1, options=options)
     elif op == "topk":
         msa_ops._topk_select_planned(torch.zeros(1, 1, 1), 1, options=options)
     elif op == "attention":
@@ -460,14 +448,13 @@ def test_command_line_pool_cpu(capsys):
     """The whole run on the CPU through the process pool: counts per op, exit status 0; with
     --plant-fault every planted case is reported and the exit status is 1; a zero budget stops
     at once."""
-    n = len(fuzz_msa.OPS)  # one case an op
-    argv = ["--device", "cpu", "--cases", str(n), "--workers", "1", "--seconds", "120"]
+    argv = ["--device", "cpu", "--cases", "5", "--workers", "1", "--seconds", "120"]
     assert fuzz_msa.main(argv) == 0
     out = capsys.readouterr().out
-    assert f"cases={n} failed=0" in out
+    assert "cases=5 failed=0" in out
     for op in fuzz_msa.OPS:
         assert f"  {op:<10}       1 cases     0 failed" in out
-    argv = ["--device", "cpu", "--cases", str(2 * n), "--workers", "2", "--seconds", "120"]
+    argv = ["--device", "cpu", "--cases", "10", "--workers", "2", "--seconds", "120"]
     assert fuzz_msa.main(argv + ["--plant-fault", "--seed", "100"]) == 1
     out = capsys.readouterr().out
     summary = next(line for line in out.splitlines() if line.startswith("fuzz_msa:"))

@@ -58,11 +58,11 @@ def test_sweep_and_timeline_reach_profile_stages_and_the_summary(tmp_path):
 def test_stages_args_reach_profile_stages(tmp_path):
     """STAGES_ARGS: more profile_stages.py arguments, split with shell quoting."""
     proc, lines, out = run_stages(tmp_path, TIMELINE="1/128K/1/fp8/fp8",
-                                  STAGES_ARGS="--select --proxy-options 'select_tail=warp'")
+                                  STAGES_ARGS="--proxy-options 'decode_tma_issue=warps' --decode-options 'split_warps=8'")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (out / "stages.log").read_text()
-    assert ("wrapper args: benchmarks/profile_stages.py --timeline 1/128K/1/fp8/fp8 --select "
-            "--proxy-options select_tail=warp") in log, log
+    assert ("wrapper args: benchmarks/profile_stages.py --timeline 1/128K/1/fp8/fp8 "
+            "--proxy-options decode_tma_issue=warps --decode-options split_warps=8") in log, log
 
 
 def test_a_failing_run_fails_the_step(tmp_path):

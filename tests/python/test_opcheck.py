@@ -57,14 +57,6 @@ def _opcheck_cases():
     # The head-major output view (docs/semantics.md#topk-output).
     yield "topk_select_head_major", ops.topk_select.default, (
         score, 16, None, None, 0, 1, torch.empty(2, 9, 16, dtype=torch.int32).transpose(0, 1))
-    # flashmsa's extension: the proxy and the top-k in one call (output, indices, arrivals).
-    yield "proxy_score_select", ops.proxy_score_select.default, (
-        q, k, cu_q, cu_k, None, None, True, 12, 3, None, None, False, torch.empty(4, 3, 20), 2,
-        None, torch.randint(0, 4, (20,), dtype=torch.int32), 0, 1,
-        torch.empty(20, 4, 2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
-    yield "proxy_score_select_paged", ops.proxy_score_select.default, (
-        q, cache, cu_q, None, table, used, True, None, 3, None, None, False,
-        torch.empty(4, 3, 20), 3, 2, None, 1, 1, torch.empty(20, 4, 3, dtype=torch.int32), None)
     q, k, v, q2k, cu_q, cu_k = _attn_inputs()
     yield "sparse_attention", ops.sparse_attention.default, (
         q, k, v, q2k, cu_q, cu_k, True, None, None, None, None, None, None, None, None, None, 1.0,
@@ -129,21 +121,6 @@ def test_torch_compile_each_op(backend):
 
     eager = proxy_then_topk(q, k, cu_q, cu_k)
     compiled = torch.compile(proxy_then_topk, fullgraph=True, backend=backend)(q, k, cu_q, cu_k)
-    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
-
-
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_torch_compile_proxy_score_select(backend):
-    torch._dynamo.reset()
-    q, k, cu_q, cu_k = _proxy_inputs()
-    nvp = torch.tensor([1, 2, 3] * 6 + [2, 2], dtype=torch.int32)
-
-    def index(q, k, cu_q, cu_k, nvp):
-        return msa_ops.proxy_score_select(q, k, cu_q, cu_k, topk=2, num_valid_pages=nvp,
-                                          force_end_blocks=1, max_seqlen_q=12, max_k_tiles=3)
-
-    eager = index(q, k, cu_q, cu_k, nvp)
-    compiled = torch.compile(index, fullgraph=True, backend=backend)(q, k, cu_q, cu_k, nvp)
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
 
 

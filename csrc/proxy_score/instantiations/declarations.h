@@ -34,12 +34,6 @@ extern template bool decode::tma::launch_fp4<__nv_bfloat16>(const decode::Params
 // proxy_decode_tma_fp16.cu
 extern template bool decode::tma::launch_fp8<__half>(const decode::Params&, const ProxyScorePlan&, cudaStream_t);
 
-// proxy_select_bf16.cu
-extern template bool launch_proxy_decode_select<__nv_bfloat16>(const ProxyScoreParams&, const ProxyScorePlan&, const TopkSelectParams&, uint32_t*, cudaStream_t);
-
-// proxy_select_fp16.cu
-extern template bool launch_proxy_decode_select<__half>(const ProxyScoreParams&, const ProxyScorePlan&, const TopkSelectParams&, uint32_t*, cudaStream_t);
-
 // proxy_score_sm90_bf16.cu
 extern template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t);
 
