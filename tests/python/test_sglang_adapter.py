@@ -519,3 +519,53 @@ def test_register_follows_environment(monkeypatch):
     assert modules[fs.MSA_MODULE].msa_available is fs.msa_available
     assert modules[fs.PREFILL_INDEX_MODULE].flash_prefill_with_topk_index is \
         fs.flash_prefill_with_topk_index
+
+
+def test_patch_indexer_only(monkeypatch):
+    """attention=False (FLASHMSA_SGLANG=indexer): the indexer's entry points only; SGLang's MSA
+    hook, msa_available() among it, stays SGLang's, so its MSA path stays as it was (off on Hopper
+    and Ampere), e.g. for speculative decoding under CUDA graphs, which that path refuses."""
+    modules, originals, user = fake_sglang(monkeypatch)
+    handle = fs.patch(attention=False)
+    assert fs.MSA_MODULE not in handle.replaced
+    for n in NAMES:
+        assert getattr(modules[fs.MSA_MODULE], n) is originals[n]
+    assert user.msa_available is originals["msa_available"]
+    assert user.flash_prefill_with_topk_index is fs.flash_prefill_with_topk_index
+    assert modules[fs.DECODE_INDEX_MODULE].flash_decode_with_topk_idx is fs.flash_decode_with_topk_idx
+    handle.undo()
+    with pytest.raises(ValueError, match="nothing to swap"):
+        fs.patch(indexer=False, attention=False)
+    monkeypatch.setenv("FLASHMSA_SGLANG", "indexer")
+    fs.register()
+    assert modules[fs.MSA_MODULE].msa_available is originals["msa_available"]
+    assert modules[fs.PREFILL_INDEX_MODULE].flash_prefill_with_topk_index is \
+        fs.flash_prefill_with_topk_index
+
+
+def test_refusals_become_sglangs_msa_unavailable(monkeypatch):
+    """A call the attention functions refuse (NotSupportedError, or ValueError from flashmsa's
+    checks) raises, where SGLang's msa module is loaded, an error of its MSAUnavailableError class
+    too: SGLang catches that around these calls and runs its Triton attention instead. Without
+    SGLang the error is flashmsa's alone."""
+    modules, _, _ = fake_sglang(monkeypatch)
+
+    class MSAUnavailableError(RuntimeError):
+        pass
+    modules[fs.MSA_MODULE].MSAUnavailableError = MSAUnavailableError
+    bad = dict(q=torch.zeros(4, 8, 128, dtype=torch.bfloat16),
+               k_cache=torch.zeros(256, 2, 128, dtype=torch.float8_e5m2),
+               v_cache=torch.zeros(256, 2, 128, dtype=torch.float8_e5m2),
+               topk_idx=torch.zeros(2, 4, 4, dtype=torch.int32),
+               req_to_token=torch.zeros(1, 256, dtype=torch.int32),
+               slot_ids=torch.zeros(1, dtype=torch.int32),
+               cu_seqlens=torch.tensor([0, 4], dtype=torch.int32),
+               seq_lens=torch.tensor([4], dtype=torch.int32),
+               prefix_lens=torch.tensor([0], dtype=torch.int32), block_size_k=128)
+    with pytest.raises(MSAUnavailableError) as info:
+        fs.msa_sparse_prefill_main(**bad)
+    assert isinstance(info.value, NotSupportedError) and str(info.value).startswith("flashmsa: ")
+    monkeypatch.delattr(modules[fs.MSA_MODULE], "MSAUnavailableError")
+    with pytest.raises(ValueError) as info:
+        fs.msa_sparse_prefill_main(**bad)
+    assert not isinstance(info.value, MSAUnavailableError)

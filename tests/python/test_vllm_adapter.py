@@ -456,7 +456,7 @@ def test_bad_arguments_name_them():
     with pytest.raises(ValueError, match="num_idx_heads == num_kv_heads"):
         fv.minimax_m3_index_score(t["idx_q"], t["index_k"], t["block_table"], t["cu"],
                                   t["seq_lens"], t["prefix_lens"], 300, 300, s["hkv"] + 1)
-    with pytest.raises(ValueError, match="index_kv_cache must be contiguous"):
+    with pytest.raises(NotSupportedError, match="strided index-K cache"):  # without patch()
         fv.minimax_m3_index_score(t["idx_q"], t["index_k"].transpose(1, 2).contiguous()
                                   .transpose(1, 2), t["block_table"], t["cu"], t["seq_lens"],
                                   t["prefix_lens"], 300, 300, s["hkv"])
@@ -572,3 +572,67 @@ def test_register_follows_environment(monkeypatch):
     monkeypatch.setenv("FLASHMSA_VLLM", "1")
     fv.register()
     assert sys.modules[fv.SPARSE_ATTN_MODULE].minimax_m3_sparse_attn is fv.minimax_m3_sparse_attn
+
+
+# ---- calls flashmsa does not take: vLLM's own kernels --------------------------------------------
+
+def _gapped(t: torch.Tensor) -> torch.Tensor:
+    """t as a view of a larger buffer with a gap after every page (vLLM's block-outermost layouts
+    and padded pages)."""
+    page = t[0].numel()
+    big = torch.zeros((t.shape[0], page + 64), dtype=t.dtype)
+    big[:, :page] = t.reshape(t.shape[0], page)
+    return big[:, :page].view(t.shape)
+
+
+def test_unsupported_caches_run_vllms_kernels(monkeypatch, caplog):
+    """An fp8 e5m2 K|V cache and caches with gaps between their pages, which vLLM serves and
+    flashmsa's ops refuse, run the vLLM function patch() replaced (logged once per kind); called
+    without patch() they raise NotSupportedError naming what flashmsa does not take."""
+    t, s = make_problem("cpu", [300], [1], seed=3)
+    sel = fv.minimax_m3_index_decode(t["idx_q"], t["index_k"], t["block_table"], t["seq_lens"],
+                                     300, 4, 1, 1, s["hkv"], 1, 4)
+    output = torch.empty_like(t["q"])
+    e5m2 = t["kv"].to(torch.float8_e5m2)
+    kv_gapped, index_gapped = _gapped(t["kv"]), _gapped(t["index_k"])
+    assert not fv._dense(kv_gapped) and not index_gapped.is_contiguous()
+    calls = {
+        "minimax_m3_sparse_attn_decode": lambda kv: fv.minimax_m3_sparse_attn_decode(
+            t["q"], kv, sel, t["block_table"], t["seq_lens"], s["hkv"], 0.1, output, 1),
+        "minimax_m3_sparse_attn": lambda kv: fv.minimax_m3_sparse_attn(
+            t["q"], kv, sel, t["block_table"], t["cu"], t["seq_lens"], t["prefix_lens"], 1,
+            s["hkv"], 0.1, output),
+        "minimax_m3_index_decode": lambda ik: fv.minimax_m3_index_decode(
+            t["idx_q"], ik, t["block_table"], t["seq_lens"], 300, 4, 1, 1, s["hkv"], 1, 4),
+        "minimax_m3_index_decode_score": lambda ik: fv.minimax_m3_index_decode_score(
+            t["idx_q"], ik, t["block_table"], t["seq_lens"], 300, 1, 1, s["hkv"], 1, 4),
+        "minimax_m3_index_score": lambda ik: fv.minimax_m3_index_score(
+            t["idx_q"], ik, t["block_table"], t["cu"], t["seq_lens"], t["prefix_lens"], 1, 300,
+            s["hkv"]),
+    }
+    cases = [(n, e5m2, "float8_e5m2") for n in calls if "sparse" in n]
+    cases += [(n, kv_gapped, "gaps between its pages") for n in calls if "sparse" in n]
+    cases += [(n, index_gapped, "strided index-K cache") for n in calls if "index" in n]
+    monkeypatch.setattr(fv, "_VLLM_ORIGINALS", {})
+    for name, cache, why in cases:
+        with pytest.raises(NotSupportedError, match=why):
+            calls[name](cache)
+    originals, _, _ = fake_vllm(monkeypatch)
+    handle = fv.patch()
+    try:
+        monkeypatch.setattr(fv, "_FALLBACKS_LOGGED", set())
+        with caplog.at_level("WARNING", logger="flashmsa"):
+            for name, cache, why in cases:
+                module = fv.SPARSE_ATTN_MODULE if "sparse" in name else fv.INDEX_TOPK_MODULE
+                assert calls[name](cache) == ("vllm", module, name), name
+                calls[name](cache)  # logged once
+        assert len(caplog.records) == len(cases)  # each (function, reason) once, of two calls
+        # vLLM on Hopper binds the Hopper module's prefill attention: its calls fall back there.
+        monkeypatch.setattr(fv, "_on_hopper", lambda t: True)
+        assert calls["minimax_m3_sparse_attn"](e5m2) == (
+            "vllm", fv.HOPPER_PREFILL_MODULE, "minimax_m3_sparse_attn")
+        # What flashmsa takes still runs flashmsa.
+        assert calls["minimax_m3_sparse_attn_decode"](t["kv"]) is None
+        assert torch.isfinite(output).all()
+    finally:
+        handle.undo()

@@ -39,7 +39,9 @@ own condition for its MSA path) and, for decode inside CUDA graphs,
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import sys
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -181,6 +183,34 @@ def msa_available() -> bool:
         return False
 
 
+_UNAVAILABLE: Dict[type, type] = {}
+
+
+def _sglang_falls_back(fn: Callable) -> Callable:
+    """fn (an attention function of SGLang's MSA hook) with a call flashmsa refuses
+    (NotSupportedError, or ValueError from its checks) raised as an error of SGLang's own
+    ``msa.MSAUnavailableError`` class as well: SGLang catches that around these calls, warns and
+    runs its Triton attention instead, as when its own MSA kernels cannot run a batch. Outside
+    SGLang (its msa module not loaded) the error is flashmsa's as it was."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as e:
+            base = getattr(sys.modules.get(MSA_MODULE), "MSAUnavailableError", None)
+            if not (isinstance(base, type) and issubclass(base, Exception)):
+                raise
+            cls = _UNAVAILABLE.get(base)
+            if cls is None:
+                cls = _UNAVAILABLE[base] = type(
+                    "MSAUnavailableError", (NotSupportedError, base),
+                    {"__module__": __name__, "__doc__": "A call flashmsa refuses, SGLang's "
+                     "MSAUnavailableError too (SGLang then runs its Triton kernel)."})
+            raise cls(f"flashmsa: {e}") from e
+    return call
+
+
+@_sglang_falls_back
 @torch.no_grad()
 def msa_sparse_prefill_main(
     q: torch.Tensor,  # [total_q, num_q_heads, head_dim]
@@ -346,6 +376,7 @@ def _forward_meta(req_to_token: torch.Tensor, slot_ids: torch.Tensor, seq_lens: 
     return meta
 
 
+@_sglang_falls_back
 @torch.no_grad()
 def msa_sparse_decode_main(
     q: torch.Tensor,  # [batch, num_q_heads, head_dim] (1 query token per request)
@@ -572,17 +603,22 @@ _INDEXER = {
 }
 
 
-def patch(indexer: bool = True) -> PatchHandle:
-    """Swap flashmsa's functions into SGLang: the six of its MSA hook module
-    (``sglang.srt.layers.attention.minimax_sparse_ops.msa``: step 3, the attention) and, with
+def patch(indexer: bool = True, attention: bool = True) -> PatchHandle:
+    """Swap flashmsa's functions into SGLang: with ``attention``, the six of its MSA hook module
+    (``sglang.srt.layers.attention.minimax_sparse_ops.msa``: step 3, the attention; its
+    ``msa_available()`` then turns SGLang's MSA path on, on any GPU from sm_80) and, with
     ``indexer``, its Triton indexer's prefill and decode entry points (steps 1-2; the calls
     flashmsa does not take still run SGLang's kernels), in their modules and in every already
-    imported ``sglang`` module that bound them by name. Raises ImportError when one of those
+    imported ``sglang`` module that bound them by name. ``attention=False`` leaves SGLang's MSA
+    hook as it is (its Triton attention on Hopper and Ampere), e.g. with speculative decoding under
+    CUDA graphs, which SGLang's MSA path refuses at start-up. Raises ImportError when one of those
     modules is not importable and AttributeError when one lacks a function (another SGLang
     version): nothing is replaced then. Returns a :class:`PatchHandle`; calling it twice is
     harmless. Call it before the model's attention backend is built (it asks ``msa_available()``
     then)."""
-    targets = dict(_REPLACEMENTS, **(_INDEXER if indexer else {}))
+    if not (indexer or attention):
+        raise ValueError("patch: nothing to swap in (indexer=False and attention=False)")
+    targets = dict(_REPLACEMENTS if attention else {}, **(_INDEXER if indexer else {}))
     handle = swap_in(sys.modules[__name__], "sglang", targets)
     for module, name, original in handle.swaps:
         if module.__name__ in _INDEXER and name in _INDEXER[module.__name__]:
@@ -592,6 +628,9 @@ def patch(indexer: bool = True) -> PatchHandle:
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point (SGLang calls it early in every process): patches
-    SGLang when ``FLASHMSA_SGLANG`` is ``1`` / ``true`` / ``on``, does nothing otherwise."""
-    if env_flag("FLASHMSA_SGLANG"):
+    SGLang when ``FLASHMSA_SGLANG`` is ``1`` / ``true`` / ``on`` (the indexer and the attention),
+    or ``indexer`` (the indexer only: ``patch(attention=False)``); does nothing otherwise."""
+    if os.environ.get("FLASHMSA_SGLANG", "").strip().lower() == "indexer":
+        patch(attention=False)
+    elif env_flag("FLASHMSA_SGLANG"):
         patch()

@@ -46,12 +46,12 @@ from __future__ import annotations
 import math
 import sys
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
 from .. import msa_ops
-from ._common import SPARSE_BLOCK_SIZE, PatchHandle, env_flag, int32 as _int32, swap_in
+from ._common import SPARSE_BLOCK_SIZE, PatchHandle, env_flag, int32 as _int32, log, swap_in
 from ._common import contiguous as _contiguous, q2k as _q2k, workspace as _workspace
 from ._common import decode_cu_seqlens as _decode_cu_seqlens, select as _select
 from ._common import decode_valid_pages as _decode_valid_pages
@@ -78,6 +78,67 @@ HOPPER_PREFILL_MODULE = "vllm.models.minimax_m3.nvidia.ops.sparse_prefill"
 _FP8 = (torch.float8_e4m3fn,)
 
 
+# ---- calls flashmsa does not take: vLLM's own kernels ------------------------------------------
+# vLLM serves configurations flashmsa's ops refuse: an fp8 e5m2 K|V cache (flashmsa reads e4m3),
+# and caches with gaps between their pages (vLLM's block-outermost layouts and padded pages,
+# e.g. VLLM_KV_CACHE_LAYOUT=BLHNC: one block holds every layer's, so a layer's cache is a view
+# with a page stride larger than its page). Such a call runs the vLLM function patch() replaced,
+# so turning flashmsa on never stops a configuration vLLM runs; the first call of each kind is
+# logged at WARNING.
+
+_VLLM_ORIGINALS: Dict[Tuple[str, str], Callable] = {}  # (defining module, name): kept by patch()
+_FALLBACKS_LOGGED: set = set()
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one block of memory in some dim order (no gaps, no overlap)."""
+    expected = 1
+    for stride, size in sorted((t.stride(d), t.shape[d]) for d in range(t.dim()) if t.shape[d] != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _kv_cache_unsupported(kv_cache: torch.Tensor) -> Optional[str]:
+    """Why flashmsa does not read this K|V cache, or None."""
+    if kv_cache.dtype not in (torch.bfloat16, torch.float16) + _FP8:
+        return f"a {kv_cache.dtype} K|V cache (flashmsa reads bf16, fp16 and fp8 e4m3)"
+    if kv_cache.dim() == 4 and not (kv_cache.stride(-1) == 1 and _dense(kv_cache)):
+        return ("a K|V cache view with gaps between its pages or a strided content dim (flashmsa "
+                "reads a compact cache)")
+    return None
+
+
+def _index_cache_unsupported(cache: torch.Tensor) -> Optional[str]:
+    """Why flashmsa does not read this index-K cache, or None (a wrong shape is _index_cache's)."""
+    if cache.dim() == 3 and not cache.is_contiguous():
+        return "a strided index-K cache view (flashmsa reads a contiguous one in place)"
+    return None
+
+
+def _on_hopper(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
+
+
+def _vllm(name: str, why: str, t: torch.Tensor) -> Callable:
+    """vLLM's own function ``name`` for a call flashmsa does not take (``t``: a tensor of the
+    call, whose GPU picks the prefill attention vLLM binds: Hopper's module on sm_90)."""
+    module = SPARSE_ATTN_MODULE if name.startswith("minimax_m3_sparse") else INDEX_TOPK_MODULE
+    if (name == "minimax_m3_sparse_attn" and (HOPPER_PREFILL_MODULE, name) in _VLLM_ORIGINALS
+            and _on_hopper(t)):
+        module = HOPPER_PREFILL_MODULE
+    original = _VLLM_ORIGINALS.get((module, name))
+    patched = getattr(sys.modules.get(module), name, None) is globals()[name]  # not undone
+    if original is None or not patched:
+        raise NotSupportedError(f"{name}: {why} (flashmsa does not take it, and vLLM's own kernel "
+                                "is not at hand: call this through patch())")
+    if (name, why) not in _FALLBACKS_LOGGED:
+        _FALLBACKS_LOGGED.add((name, why))
+        log.warning("flashmsa: %s: %s; vLLM's own kernel runs such calls", name, why)
+    return original
+
+
 # ---- helpers -------------------------------------------------------------------------------------
 
 def _round_up(x: int, m: int) -> int:
@@ -86,13 +147,10 @@ def _round_up(x: int, m: int) -> int:
 
 def _index_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
     """vLLM's index-K cache (num_blocks, 128, D) as a one-head paged cache (num_blocks, 1, 128, D),
-    a view."""
+    a view (a strided one never gets here: _index_cache_unsupported sends it to vLLM's kernel)."""
     if cache.dim() != 3 or cache.shape[1] != SPARSE_BLOCK_SIZE:
         raise ValueError(f"{name} must be (num_blocks, {SPARSE_BLOCK_SIZE}, head_dim), got "
                          f"{tuple(cache.shape)}")
-    if not cache.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (flashmsa reads the cache in place and does "
-                         "not copy it)")
     return cache.unsqueeze(1)
 
 
@@ -191,6 +249,11 @@ def minimax_m3_index_score(
     ``r`` sees (position ``prefix_len + i``, causal) of the unscaled ``idx_q . index_k``; ``-inf``
     for blocks it does not see. Returns ``(num_idx_heads, total_q, round_up(max_block, 16))``
     float32 (a transposed view of flashmsa's ``(H, P, total_q)`` output)."""
+    why = _index_cache_unsupported(index_kv_cache)
+    if why is not None:
+        return _vllm("minimax_m3_index_score", why, idx_q)(
+            idx_q, index_kv_cache, block_table, cu_seqlens_q, seq_lens, prefix_lens,
+            max_query_len, max_seq_len, num_kv_heads)
     total_q, num_idx_heads, _ = idx_q.shape
     if num_idx_heads != num_kv_heads:
         raise ValueError(f"idx_q has {num_idx_heads} index heads; MiniMax-M3 expects "
@@ -343,6 +406,11 @@ def minimax_m3_index_decode_score(
     vLLM's convention: of the blocks a row sees, the first ``init_blocks`` score 1e30 and the last
     ``local_blocks`` 1e29; ``-inf`` where it sees no key. Returns ``(num_idx_heads, total_q,
     blocks)`` float32 (a transposed view), or ``score_out`` written (any strides)."""
+    why = _index_cache_unsupported(index_kv_cache)
+    if why is not None:
+        return _vllm("minimax_m3_index_decode_score", why, idx_q)(
+            idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, init_blocks, local_blocks,
+            num_kv_heads, decode_query_len, max_decode_query_len, score_out=score_out)
     score, nvp = _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len,
                                 num_kv_heads, decode_query_len, max_decode_query_len)
     return _score_into(_force_scores(score, nvp, int(init_blocks), int(local_blocks)), score_out)
@@ -369,6 +437,12 @@ def minimax_m3_index_decode(
     ``(num_idx_heads, total_q, topk)`` int32 (ascending ids, ``-1`` padding), or ``out[:, :total_q]``
     written when ``out`` is given; ``score_out`` receives the scores as
     :func:`minimax_m3_index_decode_score` gives them."""
+    why = _index_cache_unsupported(index_kv_cache)
+    if why is not None:
+        return _vllm("minimax_m3_index_decode", why, idx_q)(
+            idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, topk, init_blocks,
+            local_blocks, num_kv_heads, decode_query_len, max_decode_query_len, out=out,
+            score_out=score_out)
     score, nvp = _decode_scores(idx_q, index_kv_cache, block_table, seq_lens, max_seq_len,
                                 num_kv_heads, decode_query_len, max_decode_query_len)
     result = _select(score, int(topk), nvp, int(init_blocks), int(local_blocks), out)
@@ -398,6 +472,11 @@ def minimax_m3_sparse_attn(
     """GQA block-sparse prefill attention over the selected blocks, into ``output``: query ``i`` of
     sequence ``b`` (position ``prefix_len + i``) attends the keys ``j <= position``, ``j <
     seq_len`` of the blocks its KV head's ``topk_idx`` row names."""
+    why = _kv_cache_unsupported(kv_cache)
+    if why is not None:
+        return _vllm("minimax_m3_sparse_attn", why, q)(
+            q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, prefix_lens, max_query_len,
+            num_kv_heads, sm_scale, output, k_scale=k_scale, v_scale=v_scale)
     k, v = _kv_halves(kv_cache, num_kv_heads)
     q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
     q_in = _contiguous(q_in)
@@ -430,6 +509,12 @@ def minimax_m3_sparse_attn_decode(
     ``decode_query_len`` rows per request; ragged ones: ``query_start_loc`` (``num_reqs + 1``
     offsets; ``token_to_req_indices`` is implied by it and not read). Row ``i`` of a request of
     ``n`` rows sits at ``seq_len - n + i``."""
+    why = _kv_cache_unsupported(kv_cache)
+    if why is not None:
+        return _vllm("minimax_m3_sparse_attn_decode", why, q)(
+            q, kv_cache, topk_idx, block_table, seq_lens, num_kv_heads, sm_scale, output,
+            decode_query_len, k_scale=k_scale, v_scale=v_scale, query_start_loc=query_start_loc,
+            token_to_req_indices=token_to_req_indices)
     k, v = _kv_halves(kv_cache, num_kv_heads)
     q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
     q_in = _contiguous(q_in)
@@ -481,10 +566,16 @@ def patch() -> PatchHandle:
     (``from ... import minimax_m3_sparse_attn``). Raises ImportError when that vLLM module is not
     importable and AttributeError when it lacks one of the ops (another vLLM version): nothing is
     replaced then. Where this vLLM has them, ``minimax_m3_index_decode_score`` and the Hopper
-    prefill module's ``minimax_m3_sparse_attn`` are replaced too (with their bindings). Returns a
-    :class:`PatchHandle`; calling it twice is harmless.
+    prefill module's ``minimax_m3_sparse_attn`` are replaced too (with their bindings). vLLM's own
+    functions are kept for the calls flashmsa does not take (an fp8 e5m2 K|V cache, a cache view
+    with gaps between its pages): those run them. Returns a :class:`PatchHandle`; calling it twice
+    is harmless.
     """
-    return swap_in(sys.modules[__name__], "vllm", _REPLACEMENTS, _OPTIONAL)
+    handle = swap_in(sys.modules[__name__], "vllm", _REPLACEMENTS, _OPTIONAL)
+    for module, name, original in handle.swaps:  # vLLM's own, for the calls flashmsa does not take
+        if module.__name__ in (INDEX_TOPK_MODULE, SPARSE_ATTN_MODULE, HOPPER_PREFILL_MODULE):
+            _VLLM_ORIGINALS[(module.__name__, name)] = original
+    return handle
 
 
 def register() -> None:
