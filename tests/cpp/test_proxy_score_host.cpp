@@ -355,7 +355,8 @@ int compare_all(const ProxyInstance& in, const std::vector<float>& got, const st
 }
 
 bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // (memcmp of two empty vectors' null data() is undefined behaviour: UBSan)
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Every property one case can check: oracle match in its layout, paged == flat, fp8 == bf16.
