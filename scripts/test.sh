@@ -44,6 +44,29 @@ else
   fi
 fi
 
+echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer =="
+# The same suites built with FLASHMSA_SANITIZE=address,undefined (no recovery: a finding fails
+# its test). On in CI (CI=true) and with FLASHMSA_TEST_SANITIZE=1; ~3 min on 2 cores.
+if [[ "${FLASHMSA_TEST_SANITIZE:-${CI:-0}}" =~ ^(1|true|yes|on)$ ]]; then
+  if [[ $cpp_tests != ON ]]; then
+    echo "not run: no GoogleTest"
+  elif ! "$cmake" -S . -B build/cpp-sanitize -G Ninja -DFLASHMSA_ENABLE_CUDA=OFF -DFLASHMSA_BUILD_TESTS=ON \
+       -DFLASHMSA_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+       ${FLASHMSA_GTEST_SOURCE_DIR:+-DFLASHMSA_GTEST_SOURCE_DIR="$FLASHMSA_GTEST_SOURCE_DIR"} \
+       >build/cpp-sanitize-configure.log 2>&1; then
+    cat build/cpp-sanitize-configure.log
+    status=1
+  elif ! "$cmake" --build build/cpp-sanitize -j "$jobs" >build/cpp-sanitize-build.log 2>&1; then
+    tail -50 build/cpp-sanitize-build.log
+    status=1
+  else
+    (cd build/cpp-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+       "$ctest" --output-on-failure -j "$jobs" ${CTEST_ARGS:-}) || status=1
+  fi
+else
+  echo "not run (set FLASHMSA_TEST_SANITIZE=1; CI runs it)"
+fi
+
 echo "== C++ package example =="
 # Installs the C++ package of the build above (headers, static libraries, CMake config) to a
 # temporary prefix, builds examples/cpp against it with find_package(flashmsa) and runs it (host
