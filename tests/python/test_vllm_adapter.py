@@ -618,6 +618,30 @@ def test_unsupported_caches_run_vllms_kernels(monkeypatch, caplog):
         with pytest.raises(NotSupportedError, match=why):
             calls[name](cache)
     originals, _, _ = fake_vllm(monkeypatch)
+    # vLLM 0.34.0's parameter lists (read from its wheel), so that a fallback passing an argument
+    # vLLM's function lacks fails here.
+    params = {
+        "minimax_m3_index_score": "idx_q, index_kv_cache, block_table, cu_seqlens_q, seq_lens, "
+                                  "prefix_lens, max_query_len, max_seq_len, num_kv_heads",
+        "minimax_m3_index_decode_score": "idx_q, index_kv_cache, block_table, seq_lens, "
+                                         "max_seq_len, init_blocks, local_blocks, num_kv_heads, "
+                                         "decode_query_len, max_decode_query_len, score_out=None",
+        "minimax_m3_index_decode": "idx_q, index_kv_cache, block_table, seq_lens, max_seq_len, "
+                                   "topk, init_blocks, local_blocks, num_kv_heads, "
+                                   "decode_query_len, max_decode_query_len, out=None, "
+                                   "score_out=None",
+        "minimax_m3_sparse_attn": "q, kv_cache, topk_idx, block_table, cu_seqlens_q, seq_lens, "
+                                  "prefix_lens, max_query_len, num_kv_heads, sm_scale, output, "
+                                  "k_scale=None, v_scale=None",
+        "minimax_m3_sparse_attn_decode": "q, kv_cache, topk_idx, block_table, seq_lens, "
+                                         "num_kv_heads, sm_scale, output, decode_query_len, "
+                                         "k_scale=None, v_scale=None",
+    }
+    for (module_name, n) in list(originals):
+        if n in params:
+            scope = {}
+            exec(f"def {n}({params[n]}): return ('vllm', {module_name!r}, {n!r})", scope)
+            setattr(sys.modules[module_name], n, scope[n])
     handle = fv.patch()
     try:
         monkeypatch.setattr(fv, "_FALLBACKS_LOGGED", set())

@@ -511,10 +511,11 @@ def minimax_m3_sparse_attn_decode(
     ``n`` rows sits at ``seq_len - n + i``."""
     why = _kv_cache_unsupported(kv_cache)
     if why is not None:
-        return _vllm("minimax_m3_sparse_attn_decode", why, q)(
+        ragged = {} if query_start_loc is None and token_to_req_indices is None else dict(
+            query_start_loc=query_start_loc, token_to_req_indices=token_to_req_indices)
+        return _vllm("minimax_m3_sparse_attn_decode", why, q)(  # (0.34's has no ragged arguments)
             q, kv_cache, topk_idx, block_table, seq_lens, num_kv_heads, sm_scale, output,
-            decode_query_len, k_scale=k_scale, v_scale=v_scale, query_start_loc=query_start_loc,
-            token_to_req_indices=token_to_req_indices)
+            decode_query_len, k_scale=k_scale, v_scale=v_scale, **ragged)
     k, v = _kv_halves(kv_cache, num_kv_heads)
     q_in, scale, v_host, v_dev = _kv_scales(kv_cache, q, float(sm_scale), k_scale, v_scale)
     q_in = _contiguous(q_in)
