@@ -43,11 +43,16 @@ def run_stages(tmp_path, **env):
     return proc, lines, out
 
 
+def passed_log(proc, out) -> str:
+    """stages.log of a gpu_check run that passed."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return (out / "stages.log").read_text()
+
+
 def test_sweep_and_timeline_reach_profile_stages_and_the_summary(tmp_path):
     proc, lines, out = run_stages(tmp_path, SWEEP="pipeline:131072:default,kv_major_math=precise random:32768:2",
                                   TIMELINE="1/128K,64/32K")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    log = (out / "stages.log").read_text()
+    log = passed_log(proc, out)
     assert ("wrapper args: benchmarks/profile_stages.py --sweep pipeline:131072:default,kv_major_math=precise "
             "--sweep random:32768:2 --timeline 1/128K,64/32K") in log, log
     assert len(lines) == 1 and " PASS " in lines[0], lines
@@ -59,8 +64,7 @@ def test_stages_args_reach_profile_stages(tmp_path):
     """STAGES_ARGS: more profile_stages.py arguments, split with shell quoting."""
     proc, lines, out = run_stages(tmp_path, TIMELINE="1/128K/1/fp8/fp8",
                                   STAGES_ARGS="--proxy-options 'decode_tma_issue=warps' --decode-options 'split_warps=8'")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    log = (out / "stages.log").read_text()
+    log = passed_log(proc, out)
     assert ("wrapper args: benchmarks/profile_stages.py --timeline 1/128K/1/fp8/fp8 "
             "--proxy-options decode_tma_issue=warps --decode-options split_warps=8") in log, log
 
@@ -73,8 +77,7 @@ def test_a_failing_run_fails_the_step(tmp_path):
 
 def test_host_time_reaches_profile_stages_and_the_summary(tmp_path):
     proc, lines, out = run_stages(tmp_path, HOST_TIME="8K,32K,1/32K")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    log = (out / "stages.log").read_text()
+    log = passed_log(proc, out)
     assert "wrapper args: benchmarks/profile_stages.py --host 8K,32K,1/32K" in log, log
     assert len(lines) == 1 and " PASS " in lines[0], lines
     assert lines[0].endswith("host 8192: proxy 29.0, top-k 22.3, transpose 16.2, sparse attention 130.3 us; "
