@@ -1572,6 +1572,9 @@ class Bench:
                 variants += [(f" [{k}]", dict(kernel=k)) for k in ("smem", "regs")]
                 if kv == "nvfp4":
                     variants.append((" [nvfp4_cvt=byte]", dict(kernel="regs", nvfp4_cvt="byte")))
+                # fp8: the register kernel's stages filled by TMA (regs_feed=tma; off by default).
+                if kv == "fp8":
+                    variants.append((" [regs_feed=tma]", dict(kernel="regs", regs_feed="tma")))
             # Split-K batches (<= 8) of 16-bit and fp8 K/V: the splits of a row as one cluster
             # merging in distributed shared memory instead of partials + combine.
             if sq == 1 and b <= STEP_VARIANT_MAX_BATCH and kv in ("bf16", "fp8"):

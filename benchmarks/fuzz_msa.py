@@ -143,11 +143,11 @@ KERNELS = {
 # Decode options drawn after every other parameter of a case, each on its own, in this order
 # (gen_decode; added after the seeds' cases were in use, so that a seed's other parameters stay
 # what they were): fp8 K/V on the MTP wgmma kernel, the warps per decode CTA (8: the 8-warp kernel,
-# split or fused), the splits of a row as one cluster, the split-count rule, and when the combine
-# loads the partial values.
+# split or fused), the splits of a row as one cluster, the split-count rule, when the combine
+# loads the partial values, and how the fp8 register kernel fills its stages (tma: sm_90a).
 LATE_DECODE_OPTIONS = [("wgmma_fp8", ("off", "on")), ("split_warps", ("4", "8")),
                        ("split", ("blocks", "cluster")), ("split_rule", ("ceil", "waves")),
-                       ("combine_loads", ("after", "with"))]
+                       ("combine_loads", ("after", "with")), ("regs_feed", ("cp_async", "tma"))]
 
 
 # Top-k options drawn after every other parameter of a case, each on its own (gen_topk, as above):

@@ -874,6 +874,9 @@ class Smoke:
         # union items, which do not convert in registers).
         word_ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs",
                                                                          nvfp4_cvt="word"))
+        # fp8 K/V at one token a request also with the stages filled by TMA (regs_feed=tma, sm_90a;
+        # elsewhere the cp.async feed runs).
+        tma_ops = PlannedOps(self.ops, msa_sparse_decode_attention=dict(kernel="regs", regs_feed="tma"))
         b = len(lens)
         for hq, hkv, q_dtype, kv_dtype in ((64, 4, BF16, FP8), (8, 2, FP16, FP8), (16, 4, FP8, FP8),
                                            (64, 4, BF16, BF16), (8, 2, FP16, FP16)):
@@ -884,10 +887,15 @@ class Smoke:
                     sel[:, ::3, 5] = 10 ** 6  # out of range: ignored
                     sel[:, 1::4, 9] = -1      # the list ends there
                     return self.rnd((b * sqd, hq, 128)).to(q_dtype), sel
-                self._decode_fused_and_split(
-                    ops, cache, self.lazy(build), seqlen_q, (True, False, None),
-                    f"decode regs paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} {hq}/{hkv} "
-                    f"sq{seqlen_q}")
+                feeds = [(ops, "")]
+                if kv_dtype == FP8 and seqlen_q == 1:
+                    feeds.append((tma_ops, " regs_feed=tma"))
+                inputs = self.lazy(build)
+                for feed_ops, tag in feeds:
+                    self._decode_fused_and_split(
+                        feed_ops, cache, inputs, seqlen_q, (True, False, None),
+                        f"decode regs{tag} paged {str(kv_dtype)[6:]} q={str(q_dtype)[6:]} {hq}/{hkv} "
+                        f"sq{seqlen_q}")
         # NVFP4 K/V converted in registers (raw blocks with their scales, 5 stages).
         for hq, hkv, q_dtype in ((64, 4, BF16), (8, 2, FP8)):
             def build_fp4(hkv=hkv):

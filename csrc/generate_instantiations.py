@@ -112,6 +112,9 @@ KERNELS = [
     Kernel("mtp_wgmma_{e}",        "sparse_attn/mtp_wgmma_sm90.cuh", "int mtp_wgmma_sm90_ctas_per_sm<{E}>()"),
     Kernel("mtp_wgmma_fp8_{e}",    "sparse_attn/mtp_wgmma_sm90.cuh", "void launch_mtp_wgmma_fp8_sm90<{E}>(const QueryMajorArgs&, int, cudaStream_t)"),
     Kernel("mtp_wgmma_fp8_{e}",    "sparse_attn/mtp_wgmma_sm90.cuh", "int mtp_wgmma_fp8_sm90_ctas_per_sm<{E}>()"),
+    # regs_feed=tma: the 16-row fp8 register kernel with its stages filled by TMA (sm_90a).
+    Kernel("qm_regs_tma_{e}",      "sparse_attn/query_major.cuh",   "void launch_query_major<{E}, KvKind::kFp8, 1, true, false, false, false, true>(const QueryMajorArgs&, cudaStream_t)"),
+    Kernel("qm_regs_tma_{e}",      "sparse_attn/query_major.cuh",   "int query_major_regs_tma_ctas_per_sm<{E}>()"),
     Kernel("proxy_score_{e}",      "proxy_score/proxy_score_launch.cuh", "void launch_proxy_score<{E}>(const ProxyScoreParams&, cudaStream_t)"),
     Kernel("proxy_decode_{e}",     "proxy_score/proxy_decode.cuh",       "bool launch_proxy_decode<{E}>(const ProxyScoreParams&, const ProxyScorePlan&, cudaStream_t)"),
     # ... its paths with many kernel variants, in units of their own so that they compile in parallel.

@@ -95,6 +95,8 @@ constexpr Named<DecodeWgmmaPipe> kDecodeWgmmaPipes[] = {
     {DecodeWgmmaPipe::kAuto, "auto"}, {DecodeWgmmaPipe::kInline, "inline"}, {DecodeWgmmaPipe::kAhead, "ahead"}};
 constexpr Named<DecodeWgmmaFp8> kDecodeWgmmaFp8s[] = {
     {DecodeWgmmaFp8::kAuto, "auto"}, {DecodeWgmmaFp8::kOff, "off"}, {DecodeWgmmaFp8::kOn, "on"}};
+constexpr Named<DecodeRegsFeed> kDecodeRegsFeeds[] = {
+    {DecodeRegsFeed::kAuto, "auto"}, {DecodeRegsFeed::kCpAsync, "cp_async"}, {DecodeRegsFeed::kTma, "tma"}};
 
 template <typename E, size_t N>
 const char* name_of(const Named<E> (&table)[N], E v) {
@@ -186,6 +188,7 @@ const char* option_name(DecodeWgmmaFp8 v) { return name_of(kDecodeWgmmaFp8s, v);
 const char* option_name(DecodeSplitWarps v) { return name_of(kDecodeSplitWarps, v); }
 const char* option_name(DecodeSplitRule v) { return name_of(kDecodeSplitRules, v); }
 const char* option_name(DecodeCombineLoads v) { return name_of(kDecodeCombineLoads, v); }
+const char* option_name(DecodeRegsFeed v) { return name_of(kDecodeRegsFeeds, v); }
 
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
   SparseDecodeOptions o;
@@ -208,10 +211,12 @@ SparseDecodeOptions parse_sparse_decode_options(std::string_view text) {
       o.split_rule = parse_enum(kDecodeSplitRules, name, value);
     } else if (name == "combine_loads") {
       o.combine_loads = parse_enum(kDecodeCombineLoads, name, value);
+    } else if (name == "regs_feed") {
+      o.regs_feed = parse_enum(kDecodeRegsFeeds, name, value);
     } else {
       MSA_FAIL("msa_sparse_decode_attention: unknown plan option '", name,
                "' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule, "
-               "combine_loads)");
+               "combine_loads, regs_feed)");
     }
   });
   return o;

@@ -167,10 +167,15 @@ std::string describe_decode(const SparseAttnPlan& plan, const SparseAttnParams& 
       s << "; kernel=regs (5 stages at 2 CTAs per SM; NVFP4 K/V converted in registers"
         << (plan.qm.nvfp4_word ? ", nvfp4_cvt=word: a word of 8 codes at a time)" : ")");
     else if (p.k.dtype == DType::kFP8E4M3)
-      s << "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers)";
+      s << "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers"
+        << (plan.qm.regs_tma ? "; regs_feed=tma: each block's raw K and V loaded by one thread as two TMA "
+                               "boxes, the warps waiting and releasing stages on mbarriers)"
+                             : ")");
     else
       s << "; kernel=regs (3 stages at 2 CTAs per SM)";
   }
+  if (plan.qm.regs_tma_fallback != nullptr)
+    s << "; regs_feed=tma falls back to cp_async: " << plan.qm.regs_tma_fallback;
   if (plan.qm.wide && p.k.dtype == DType::kFP8E4M3)
     s << "; fp8 K/V converted in registers by the 8-warp kernel (16 keys a warp)";
   query_major_details(s, plan.qm);

@@ -21,10 +21,14 @@ namespace flashmsa::sparse_attn {
 // a word at a time (decode plan option nvfp4_cvt=word; kv_regs.cuh qk_nvfp4_regs / pv_nvfp4_regs).
 // kCluster (decode plan option split=cluster, sm_90): split calls only; the splits of one (row, kv
 // head, row tile) run as a thread-block cluster that merges its partials through distributed shared
-// memory (no workspace partials, no combine).
+// memory (no workspace partials, no combine). kTma (decode plan option regs_feed=tma, sm_90a): the
+// 16-row fp8 register variant with its stages filled by TMA (kv_regs_tma.cuh).
 template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs = false, bool kMtp = false,
-          bool kWordCvt = false, bool kCluster = false>
+          bool kWordCvt = false, bool kCluster = false, bool kTma = false>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream);
+// CTAs per SM of the kTma kernel on the current device (0 where it cannot run).
+template <typename Elem>
+int query_major_regs_tma_ctas_per_sm();
 // The largest cluster every kCluster kernel of this compute dtype and KV kind gets on the current
 // device (regs: the streaming variant's too); 0 where clusters cannot run.
 template <typename Elem, KvKind kKv>

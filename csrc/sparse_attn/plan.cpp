@@ -22,6 +22,8 @@ using namespace sparse_attn;
 constexpr const char* kClusterOneSplit = "one split a row at the cluster kernel's CTAs per SM (nothing to merge)";
 constexpr const char* kClusterGridTooLarge = "more items than one grid holds";
 
+const char* tma_rows_unsupported(const SparseAttnParams& p);  // below
+
 bool compute_is_bf16(const SparseAttnParams& p) { return p.q_dtype != DType::kFP16; }
 
 DType compute_dtype(const SparseAttnParams& p) { return compute_is_bf16(p) ? DType::kBF16 : DType::kFP16; }
@@ -179,6 +181,25 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     } else if (forced) {
       plan.split_warps_fallback = why;
     }
+  }
+  // regs_feed=tma: the 16-row fp8 register kernel's stages filled by TMA where it runs (auto:
+  // cp_async, the kernel not yet measured on the GPU); a call it does not take names why.
+  if (options.regs_feed == DecodeRegsFeed::kTma) {
+    const bool fp8_kv = p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3;
+    const char* why = nullptr;
+    if (!fp8_kv)
+      why = "16-bit or NVFP4 K/V (the TMA feed loads raw fp8 blocks)";
+    else if (!plan.regs || plan.mtp_tokens > 0 || plan.warps_m != 1)
+      why = "not the 16-row register kernel (kernel=smem / wgmma, the 8-warp kernel, MTP union items or G > 16)";
+    else if (plan.cluster)
+      why = "split=cluster (its cluster kernels fill their stages by cp.async)";
+    else if (facts.decode_regs_tma_ctas <= 0)
+      why = "the TMA-fed register kernel cannot run on this device (needs an sm_90 GPU and the library's "
+            "sm_90a image)";
+    else
+      why = tma_rows_unsupported(p);
+    plan.regs_tma_fallback = why;
+    plan.regs_tma = why == nullptr;
   }
   plan.num_items = items * plan.splits;
   // combine_loads: with (auto, H200 at dda49c5) or after, where a combine runs.

@@ -22,6 +22,7 @@
 #include "sparse_attn/attention_core.cuh"
 #include "sparse_attn/combine.cuh"
 #include "sparse_attn/kv_regs.cuh"
+#include "sparse_attn/kv_regs_tma.cuh"
 #include "sparse_attn/launch.h"
 
 namespace flashmsa::sparse_attn {
@@ -80,6 +81,11 @@ struct QueryMajorConfig {
   static constexpr int kMiscOffset = kTilesOffset + kQmMaxTiles * int(sizeof(TileDesc));
   // kCoop: the step's row maxima of each warp, [64 rows][4 warps].
   static constexpr int kRowMaxOffset = kMiscOffset + 128;
+  // regs_feed=tma (kv_regs_tma.cuh): each stage's full and empty mbarriers, in the misc words' upper half.
+  static constexpr int kBarOffset = kMiscOffset + 64;
+  static_assert(!(kRegConvert && kKv == KvKind::kFp8 && kWarpsM == 1) ||
+                    (kMiscOffset % 8 == 0 && 2 * kStages * 8 <= 64),
+                "the TMA feed's barriers in the misc words");
   static constexpr int kUnionOffset = (kRowMaxOffset + (kCoop ? 64 * 4 * 4 : 0) + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes = kUnionOffset + kUnionBytes;
   // ldm_base_* fold the swizzle into an XOR, which needs 256-byte aligned tiles.
@@ -103,7 +109,9 @@ struct QueryMajorConfig {
 // overlaps the sequence's; the list length and the repeats (semantics.h q2k_length and
 // q2k_entry_used) come from ballots and __match_any_sync instead of per-lane loops over a shared
 // copy, which were a serial chain of shared loads on the way to the first K / V copy.
-template <int kWarpsM, int kTileKeys = kQmTileKeys>
+// kTmaCoord (regs_feed=tma, one tile a block): each tile's TileDesc::pad holds the block's TMA
+// coordinate (kv_regs_tma.cuh qm_tma_coord), 0 otherwise.
+template <int kWarpsM, int kTileKeys = kQmTileKeys, bool kTmaCoord = false>
 MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, int split,
                                      TileDesc* s_tiles, int lane) {
   const SparseAttnParams& p = args.p;
@@ -141,6 +149,7 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
   // Entries lane and lane + 32 (topk <= 64).
   bool used[2], two[2];
   int blk[2], vis[2];
+  int64_t page[2] = {0, 0};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int e = lane + 32 * h;
@@ -149,7 +158,10 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
     const int64_t vis64 = int64_t(lim) - int64_t(blk[h]) * kBlockSize;
     vis[h] = used[h] ? int(vis64 < kBlockSize ? vis64 : int64_t(kBlockSize)) : 0;
     used[h] = used[h] && vis[h] > 0;
-    if (used[h] && p.kv.paged) used[h] = kv_page(p.kv, b, blk[h]) >= 0;
+    if (used[h] && p.kv.paged) {
+      page[h] = kv_page(p.kv, b, blk[h]);
+      used[h] = page[h] >= 0;
+    }
     two[h] = used[h] && vis[h] > kTileKeys;
   }
   const uint32_t u0 = __ballot_sync(0xffffffffu, used[0]);
@@ -178,6 +190,10 @@ MSA_DEVICE int plan_query_major_item(const QueryMajorArgs& args, int r, int kh, 
     d.scale_row = p.k.dtype == DType::kNVFP4 ? kv_scale_row(p.kv, p.num_kv_heads, b, kh, j0) : 0;
     d.n_valid = min(kTileKeys, vis[h]);
     d.pad = 0;
+    if constexpr (kTmaCoord) {
+      static_assert(kTileKeys == kBlockSize, "one tile a block");
+      d.pad = qm_tma_coord(p, b, page[h], j0);
+    }
     s_tiles[idx] = d;
     if (two[h]) {
       // Second half of the block: keys 64 .. vis; rows of a block are stride_token apart.
@@ -665,11 +681,16 @@ MSA_DEVICE void cluster_merge(const QueryMajorArgs& args, uint8_t* smem, int r, 
 // tiles, whose shared memory allows no more and which need ~170 registers, and for the register
 // variant (105 KB of shared memory; MTP union items in registers: 86 KB and 64 rows of S per
 // warp).
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster>
+// kTma (regs_feed=tma, kv_regs_tma.cuh): the 16-row fp8 register variant with its stages filled by
+// TMA (sm_90a; the parameters carry the K / V maps).
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster,
+          bool kTma = false>
 __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
-    query_major_kernel(const __grid_constant__ QueryMajorArgs args) {
+    query_major_kernel(const __grid_constant__ std::conditional_t<kTma, QueryMajorTmaArgs, QueryMajorArgs> args) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
   using Cl = QueryMajorClusterLayout<Cfg>;
+  static_assert(!kTma || (kRegs && kKv == KvKind::kFp8 && kWarpsM == 1 && !kMtp && !kCluster),
+                "regs_feed=tma: the 16-row fp8 register variant, per-token items");
   static_assert(!kMtp || kWarpsM == 4, "MTP union items: 64-row tiles");
   static_assert(!kWordCvt || (kKv == KvKind::kNvfp4 && kRegs && kWarpsM == 1),
                 "nvfp4_cvt=word: the 16-row register variant with NVFP4 K/V");
@@ -696,6 +717,14 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
   check_smem_base(smem);
   const int scale_step = scale_row_step(p);
   const float temp = p.lse_temperature;
+  // kTma: the stages' barriers, and the blocks this CTA has consumed over its items (block g uses
+  // stage g % kStages).
+  [[maybe_unused]] const QmTmaBars<Cfg::kStages> tma_bars{smem_addr(smem + Cfg::kBarOffset)};
+  [[maybe_unused]] uint32_t fed = 0;
+  if constexpr (kTma) {
+    if (tid == 0) qm_tma_init<Cfg::kStages, Cfg::kWarps>(args, tma_bars);
+    // The item loop's first barrier publishes the barriers' initialization.
+  }
 
   for (int64_t item = blockIdx.x; item < args.num_items; item += gridDim.x) {
     const int split = int(item % args.splits);
@@ -712,13 +741,16 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       n_tok = min(rr.len, args.mtp_tokens);
     }
 
+    // kTma: this thread's generic writes of the previous item (merge, staging) over the stages,
+    // ordered before the async proxy's loads into them (thread 0 issues after the barriers below).
+    if constexpr (kTma) qm_tma_fence();
     __syncthreads();  // the previous item is done with every shared buffer
     if (warp == 0) {
       int n;
       if constexpr (kMtp) {
         n = plan_mtp_item<Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
       } else {
-        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys>(args, r, kh, split, s_tiles, lane);
+        n = plan_query_major_item<kWarpsM, Cfg::kTileKeys, kTma>(args, r, kh, split, s_tiles, lane);
       }
       if (lane == 0) s_misc[0] = n;
     }
@@ -749,10 +781,17 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
                                                          d.n_valid, stage_addr(st) + kHalf, tid);
       }
     };
+    if constexpr (kTma) {  // the first kStages - 1 blocks, by thread 0
+      if (tid == 0) {
+        for (int t = 0; t < Cfg::kStages - 1 && t < n_tiles; ++t)
+          qm_tma_load(args, tma_bars, s_tiles[t], kh, stage_addr(int((fed + t) % Cfg::kStages)), fed + t);
+      }
+    } else {
 #pragma unroll
-    for (int st = 0; st < Cfg::kStages - 1; ++st) {
-      if (st < n_tiles) issue_tile(st, st);
-      cp_async_commit();
+      for (int st = 0; st < Cfg::kStages - 1; ++st) {
+        if (st < n_tiles) issue_tile(st, st);
+        cp_async_commit();
+      }
     }
     if constexpr (Cfg::kCoop) {  // MTP union items, fp8 K/V in registers, warps cooperating
       mtp_coop_item<Cfg, Elem>(args, r0, n_tok, kh, split, n_tiles, s_tiles, sQ, s_union, s_rowmax,
@@ -766,9 +805,14 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     if constexpr (Cfg::kRegConvert) {
       if (n_tiles > 0) {  // uniform
         // Q landed once all but the kStages - 1 tile groups are done (its copies are the first
-        // group). Every warp reads its 16 rows and keeps its row factors; then warp 0 (every warp
-        // has the same rows) overwrites the Q tile with the fp16 fragments read from here on.
-        cp_async_wait<Cfg::kStages - 1>();
+        // group; kTma: the only group). Every warp reads its 16 rows and keeps its row factors;
+        // then warp 0 (every warp has the same rows) overwrites the Q tile with the fp16 fragments
+        // read from here on.
+        if constexpr (kTma) {
+          cp_async_wait<0>();
+        } else {
+          cp_async_wait<Cfg::kStages - 1>();
+        }
         __syncthreads();
         uint32_t qa[8][4];
         load_q_frags_f16<Elem>(sQ, w_m * 16, lane, args.scale_log2, qa, row_mul);
@@ -779,7 +823,9 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
         if constexpr (kWordCvt) q_frags_word_order(qa);  // the dims of qk_nvfp4_regs<.., true>
         __syncthreads();
         if (warp == 0) stash_q_frags(qa, sQf, lane);
-        // The first iteration's barrier orders these stores before any warp reads them.
+        // The first iteration's barrier orders these stores before any warp reads them (kTma:
+        // no barrier per block, so one here).
+        if constexpr (kTma) __syncthreads();
       }
     }
 
@@ -803,17 +849,35 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
     st.init();
 
     for (int i = 0; i < n_tiles; ++i) {
-      cp_async_wait<Cfg::kStages - 2>();
-      __syncthreads();  // tile i landed for every thread; everyone is done with tile i - 1
-      const int nx = i + Cfg::kStages - 1;
-      if (nx < n_tiles) issue_tile(nx, nx % Cfg::kStages);
-      cp_async_commit();
+      [[maybe_unused]] const uint32_t g = fed + uint32_t(i);  // kTma: the block over the CTA's items
+      if constexpr (kTma) {
+        // Thread 0 refills the stage of block g - 1 with block g + kStages - 1 once every warp
+        // released it; every warp then waits for block g only.
+        const int nx = i + Cfg::kStages - 1;
+        if (tid == 0 && nx < n_tiles)
+          qm_tma_load(args, tma_bars, s_tiles[nx], kh, stage_addr(int((g + Cfg::kStages - 1) % Cfg::kStages)),
+                      g + Cfg::kStages - 1);
+        __syncwarp();
+        qm_tma_wait(tma_bars, g);
+      } else {
+        cp_async_wait<Cfg::kStages - 2>();
+        __syncthreads();  // tile i landed for every thread; everyone is done with tile i - 1
+        const int nx = i + Cfg::kStages - 1;
+        if (nx < n_tiles) issue_tile(nx, nx % Cfg::kStages);
+        cp_async_commit();
+      }
 
       if constexpr (Cfg::kRegConvert) {
-        const uint8_t* raw = s_union + (i % Cfg::kStages) * Cfg::kStageBytes;
+        const int stage = kTma ? int(g % Cfg::kStages) : i % Cfg::kStages;
+        uint8_t* const raw = s_union + stage * Cfg::kStageBytes;
         const int key0 = w_n * Cfg::kWarpKeys;
         const int lim_rel = s_tiles[i].n_valid - key0;
         int lim[1][2] = {{lim_rel, lim_rel}};
+        // kTma: V rows past the block's last visible key hold what the page holds there.
+        if constexpr (kTma) {
+          if (lim_rel > 0 && lim_rel < Cfg::kWarpKeys)  // warp-uniform
+            qm_tma_zero_v_rows<Cfg::kWarpKeys>(raw + Cfg::kStageBytes / 2, key0, s_tiles[i].n_valid, lane);
+        }
         if (lim_rel > 0) {  // warp-uniform
           float s[1][Cfg::kNT][4];
           if constexpr (kKv == KvKind::kNvfp4) {
@@ -828,6 +892,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
             pv_fp8_regs<Cfg::kNT>(o[0], s[0], raw + Cfg::kStageBytes / 2, key0, lane);
           }
         }
+        if constexpr (kTma) qm_tma_release(tma_bars, g, lane);
       } else {
         uint32_t sK, sV;
         if constexpr (kKv == KvKind::kNative) {
@@ -865,6 +930,7 @@ __global__ void __launch_bounds__(kQmThreads, kWarpsM == 1 && !kRegs ? 3 : 2)
       }
     }
     st.quad_reduce();
+    if constexpr (kTma) fed += uint32_t(n_tiles);  // each waited for by every warp: all landed
     cp_async_wait<0>();
     __syncthreads();  // pipeline buffers are free for the merge / staging
 
@@ -1041,11 +1107,22 @@ inline void launch_cluster(void (*kernel)(QueryMajorArgs), const QueryMajorArgs&
   MSA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
 }
 
-template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster>
+template <typename Elem, KvKind kKv, int kWarpsM, bool kRegs, bool kMtp, bool kWordCvt, bool kCluster, bool kTma>
 void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
   using Cfg = QueryMajorConfig<Elem, kKv, kWarpsM, kRegs>;
-  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kWordCvt, kCluster>;
-  if constexpr (kCluster) {
+  auto* kernel = query_major_kernel<Elem, kKv, kWarpsM, kRegs, kMtp, kWordCvt, kCluster, kTma>;
+  if constexpr (kTma) {
+    // regs_feed=tma: the K / V maps (NotSupported where the driver rejects them; the planner's
+    // regs_feed rule keeps the calls it sends here within TMA's coordinates).
+    QueryMajorTmaArgs ta{};
+    static_cast<QueryMajorArgs&>(ta) = args;
+    MSA_CHECK_SUPPORTED(encode_qm_tma_maps(ta),
+                        "regs_feed=tma: the driver rejected the TMA descriptors of k / v");
+    flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
+    const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
+    kernel<<<unsigned(grid), kQmThreads, Cfg::kSmemBytes, stream>>>(ta);
+    MSA_CUDA_CHECK(cudaGetLastError());
+  } else if constexpr (kCluster) {
     // One cluster per (row, kv head, row tile): its splits are consecutive items, one CTA each
     // (no grid-stride loop: every CTA of a cluster must reach its barriers).
     constexpr int kSmem = QueryMajorClusterLayout<Cfg>::kSmemBytes;
@@ -1062,6 +1139,16 @@ void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
     kernel<<<unsigned(grid), kQmThreads, Cfg::kSmemBytes, stream>>>(args);
     MSA_CUDA_CHECK(cudaGetLastError());
   }
+}
+
+// CTAs per SM of regs_feed=tma's kernel (16-row fp8 register variant fed by TMA) on the current
+// device: 0 where it cannot run (not an sm_90 device, or the library's image is not sm_90a).
+template <typename Elem>
+int query_major_regs_tma_ctas_per_sm() {
+  using Cfg = QueryMajorConfig<Elem, KvKind::kFp8, 1, true>;
+  return flashmsa::cuda::prepare_sm90a_launch(
+      query_major_kernel<Elem, KvKind::kFp8, 1, true, false, false, false, true>, kQmThreads,
+      size_t(Cfg::kSmemBytes));
 }
 
 // split=cluster: the largest cluster (in CTAs, 0 where clusters cannot run) that every split=cluster

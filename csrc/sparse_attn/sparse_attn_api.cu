@@ -213,6 +213,14 @@ void run_query_major(const SparseAttnParams& p, const QueryMajorPlan& plan, cuda
       }
       return;
     }
+    if (plan.regs && plan.regs_tma) {  // regs_feed=tma
+      if constexpr (kKv == KvKind::kFp8) {
+        launch_query_major<Elem, kKv, 1, true, false, false, false, true>(a, stream);
+      } else {
+        MSA_FAIL("msa_sparse_decode_attention: regs_feed=tma needs fp8 K/V (planner bug)");
+      }
+      return;
+    }
     if (plan.regs) {
       launch_query_major<Elem, kKv, 1, true>(a, stream);
       return;
@@ -360,6 +368,7 @@ SparseAttnDeviceFacts device_facts(const SparseAttnParams& p, bool decode) {
         f.decode_wide_cluster_max = query_major_wide_cluster_max<Elem, kKv>();
       if constexpr (kKv == KvKind::kNative) f.decode_mtp_wgmma_ctas = mtp_wgmma_sm90_ctas_per_sm<Elem>();
       if constexpr (kKv == KvKind::kFp8) f.decode_mtp_wgmma_ctas = mtp_wgmma_fp8_sm90_ctas_per_sm<Elem>();
+      if constexpr (kKv == KvKind::kFp8) f.decode_regs_tma_ctas = query_major_regs_tma_ctas_per_sm<Elem>();
     });
     return f;
   }

@@ -336,6 +336,22 @@ enum class DecodeWgmmaPipe : int32_t { kAuto = 0, kInline = 1, kAhead = 2 };
 // docs/design/sparse_attention.md, "fp8 K/V on the MTP wgmma kernel, in fp16".
 enum class DecodeWgmmaFp8 : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
 
+// How the fp8 register kernel (kernel=regs with fp8 K/V on per-token 16-row items: 4 warps, each
+// 32 keys of every 128-key block, 3 raw stages of 32 KB) fills its stages: cp_async (every thread
+// copies 16-byte chunks of the next block's K and V, and each block step waits for its copies and
+// for every warp at a CTA barrier) or tma (sm_90a: one thread loads a block's raw K and V as two
+// TMA boxes of 128 keys x 128 bytes, announced on the stage's full barrier; each warp waits for the
+// stage's full barrier and releases it on an empty barrier once its keys are done, so the warps
+// meet no CTA barrier per block, and the loading thread refills a stage once all 4 warps released
+// it). The raw layout is the same (TMA's 128-byte swizzle is the kernel's chunk swizzle), so the
+// results are bit-identical; rows past a partial block's last visible key are zeroed by their warp
+// instead of zero-filled by the copy. tma applies to per-token items that run the 16-row register
+// kernel with fp8 K and V on a device with the library's sm_90a image, within TMA's coordinates
+// (not split=cluster, not the 8-warp kernel); elsewhere it falls back to cp_async and the plan text
+// says why. auto: cp_async (tma not yet measured on the GPU).
+// docs/design/sparse_attention.md, "The fp8 register kernel fed by TMA".
+enum class DecodeRegsFeed : int32_t { kAuto = 0, kCpAsync = 1, kTma = 2 };
+
 struct SparseDecodeOptions {
   DecodeKernel kernel = DecodeKernel::kAuto;
   DecodeMtp mtp = DecodeMtp::kAuto;
@@ -346,6 +362,7 @@ struct SparseDecodeOptions {
   DecodeSplitWarps split_warps = DecodeSplitWarps::kAuto;
   DecodeSplitRule split_rule = DecodeSplitRule::kAuto;
   DecodeCombineLoads combine_loads = DecodeCombineLoads::kAuto;
+  DecodeRegsFeed regs_feed = DecodeRegsFeed::kAuto;
 };
 
 struct SparseAttnOptions {
@@ -457,7 +474,7 @@ SparseAttnOptions parse_sparse_attention_options(std::string_view text);
 // Options of msa_sparse_decode_attention: kernel=auto|smem|regs|wgmma, mtp=auto|per_token|union,
 // nvfp4_cvt=auto|byte|word, split=auto|blocks|cluster, wgmma_pipe=auto|inline|ahead,
 // wgmma_fp8=auto|off|on, split_warps=auto|4|8, split_rule=auto|ceil|waves,
-// combine_loads=auto|after|with.
+// combine_loads=auto|after|with, regs_feed=auto|cp_async|tma.
 SparseDecodeOptions parse_sparse_decode_options(std::string_view text);
 // Options of msa_proxy_score / msa_proxy_score_fp4:
 // kernel=auto|mma_sync|sm90|sm90_only|sm90_ss|sm90_ss_only|decode|decode_only|decode_f16|decode_f16_only|
@@ -486,6 +503,7 @@ struct SparseAttnDeviceFacts {
   int decode_cluster_max = 0;              // split=cluster: largest cluster (0: no clusters)
   int decode_wide_cluster_max = 0;         // ... of the 8-warp cluster kernel (one CTA per SM)
   int decode_mtp_wgmma_ctas = 0;           // kernel=wgmma's MTP union kernel (16-bit K/V only)
+  int decode_regs_tma_ctas = 0;            // regs_feed=tma's register kernel (fp8 K/V, sm_90a)
 };
 
 // Of a top-k call on the current device (0: unknown; by_size then takes the radix kernel).
@@ -532,6 +550,10 @@ struct QueryMajorPlan {
   int warps_m = 0;    // 1 (G <= 16: one m16 tile per token) or 4 (64-row tiles)
   bool regs = false;  // decode: the streaming variant (DecodeKernel::kRegs where it applies)
   bool nvfp4_word = false;  // regs with NVFP4 K/V (16-row tiles): nvfp4_cvt=word's conversion
+  // regs_feed=tma where it runs (fp8 K/V, 16-row tiles: stages filled by TMA); regs_tma_fallback: why
+  // a regs_feed=tma call fills them by cp.async instead (static), nullptr otherwise.
+  bool regs_tma = false;
+  const char* regs_tma_fallback = nullptr;
   int mtp_tokens = 0; // decode: > 0 for MTP union items of this many tokens per request
   int row_tiles = 0;  // ceil(G / (16 * warps_m))
   int splits = 1;     // chunks of each row's used blocks
@@ -719,5 +741,6 @@ const char* option_name(DecodeWgmmaFp8 v);
 const char* option_name(DecodeSplitWarps v);
 const char* option_name(DecodeSplitRule v);
 const char* option_name(DecodeCombineLoads v);
+const char* option_name(DecodeRegsFeed v);
 
 }  // namespace flashmsa

@@ -71,6 +71,12 @@ SparseAttnDeviceFacts ampere() {
   return f;
 }
 
+// The same device without the TMA-fed register kernel (an sm_90 GPU without the sm_90a image).
+SparseAttnDeviceFacts hopper_without_regs_tma(SparseAttnDeviceFacts f) {
+  f.decode_regs_tma_ctas = 0;
+  return f;
+}
+
 SparseAttnOptions opts(PrefillSchedule s, KvMajorKernel k = KvMajorKernel::kAuto) {
   SparseAttnOptions o;
   o.schedule = s;
@@ -1755,7 +1761,7 @@ TEST(PlanOptions, BadOptionsNameTheOption) {
   expect_error([] { parse_sparse_decode_options("mtp=shared"); }, ErrorKind::kValue,
                "mtp must be auto, per_token or union, got 'shared'");
   expect_error([] { parse_sparse_decode_options("splits=2"); }, ErrorKind::kValue,
-               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule, combine_loads)");
+               "unknown plan option 'splits' (options: kernel, mtp, nvfp4_cvt, split, wgmma_fp8, wgmma_pipe, split_warps, split_rule, combine_loads, regs_feed)");
   expect_error([] { parse_sparse_decode_options("split_warps=16"); }, ErrorKind::kValue,
                "split_warps must be auto, 4 or 8, got '16'");
   expect_error([] { parse_sparse_decode_options("split_warps=8,split_warps=4"); }, ErrorKind::kValue,
@@ -2478,6 +2484,63 @@ TEST(PlanDecode, CombineLoadsWith) {
   const SparseAttnPlan c = plan_sparse_decode(decode(1, -1), h200, cluster);
   EXPECT_EQ(c.qm.cluster, c.qm.cluster_fallback == nullptr);
   EXPECT_EQ(c.qm.combine_with, !c.qm.cluster);
+}
+
+TEST(PlanDecode, RegsFeedTmaWhereItRuns) {
+  SparseAttnDeviceFacts h200 = hopper();
+  h200.decode_regs_ctas = 2;
+  h200.decode_regs_tma_ctas = 2;
+  h200.decode_cluster_max = 16;
+  EXPECT_EQ(parse_sparse_decode_options("regs_feed=tma").regs_feed, DecodeRegsFeed::kTma);
+  EXPECT_EQ(parse_sparse_decode_options("regs_feed=cp_async").regs_feed, DecodeRegsFeed::kCpAsync);
+  EXPECT_EQ(parse_sparse_decode_options("").regs_feed, DecodeRegsFeed::kAuto);
+  expect_error([] { parse_sparse_decode_options("regs_feed=bulk"); }, ErrorKind::kValue,
+               "regs_feed must be auto, cp_async or tma, got 'bulk'");
+  auto fp8 = [](int batch, int force_fused = -1) {
+    SparseDecodeParams d = decode(batch, force_fused);
+    d.attn.k.dtype = d.attn.v.dtype = DType::kFP8E4M3;
+    return d;
+  };
+  const SparseDecodeOptions tma = parse_sparse_decode_options("regs_feed=tma");
+  // The 16-row fp8 register kernel, fused (B64) and split (B8, forced splits at B64).
+  for (const SparseDecodeParams& d : {fp8(64), fp8(8), fp8(64, 0)}) {
+    const SparseAttnPlan plan = plan_sparse_decode(d, h200, tma);
+    EXPECT_TRUE(plan.qm.regs && plan.qm.regs_tma) << d.attn.batch;
+    EXPECT_EQ(plan.qm.regs_tma_fallback, nullptr) << d.attn.batch;
+    // The same kernel, items and splits as the cp.async feed.
+    const SparseAttnPlan cp = plan_sparse_decode(d, h200, parse_sparse_decode_options("regs_feed=cp_async"));
+    EXPECT_FALSE(cp.qm.regs_tma);
+    EXPECT_EQ(cp.qm.splits, plan.qm.splits);
+    EXPECT_EQ(cp.qm.fused, plan.qm.fused);
+    EXPECT_EQ(cp.qm.num_items, plan.qm.num_items);
+    EXPECT_FALSE(plan_sparse_decode(d, h200, {}).qm.regs_tma);  // auto: cp_async
+  }
+  // Where it does not run, the cp.async feed with the reason.
+  auto fallback = [&](const SparseDecodeParams& d, const SparseAttnDeviceFacts& f, const SparseDecodeOptions& o) {
+    const SparseAttnPlan plan = plan_sparse_decode(d, f, o);
+    EXPECT_FALSE(plan.qm.regs_tma);
+    return std::string(plan.qm.regs_tma_fallback != nullptr ? plan.qm.regs_tma_fallback : "");
+  };
+  EXPECT_NE(fallback(decode(64, -1), h200, tma).find("16-bit or NVFP4 K/V"), std::string::npos);
+  SparseDecodeParams nvfp4 = decode(64, -1);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  EXPECT_NE(fallback(nvfp4, h200, tma).find("16-bit or NVFP4 K/V"), std::string::npos);
+  SparseDecodeOptions smem = tma;
+  smem.kernel = DecodeKernel::kSmem;
+  EXPECT_NE(fallback(fp8(64), h200, smem).find("not the 16-row register kernel"), std::string::npos);
+  // B1: auto runs the 8-warp kernel (each split one block), which has no TMA feed.
+  EXPECT_NE(fallback(fp8(1), h200, tma).find("not the 16-row register kernel"), std::string::npos);
+  SparseDecodeParams mtp = mtp_decode(64, 4);
+  mtp.attn.k.dtype = mtp.attn.v.dtype = DType::kFP8E4M3;
+  SparseDecodeOptions mtp_union = tma;
+  mtp_union.mtp = DecodeMtp::kUnion;
+  EXPECT_NE(fallback(mtp, h200, mtp_union).find("not the 16-row register kernel"), std::string::npos);
+  SparseDecodeOptions cluster = tma;
+  cluster.split = DecodeSplit::kCluster;
+  cluster.split_warps = DecodeSplitWarps::k4;
+  EXPECT_NE(fallback(fp8(8), h200, cluster).find("split=cluster"), std::string::npos);
+  EXPECT_NE(fallback(fp8(64), hopper_without_regs_tma(h200), tma).find("cannot run on this device"),
+            std::string::npos);
 }
 
 }  // namespace

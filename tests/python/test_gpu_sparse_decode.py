@@ -594,6 +594,62 @@ def test_regs_kernel_q_row_scales(q_dtype):
     check_against_reference(dp, got, want, base_out, f"row scales {q_dtype}")
 
 
+# regs_feed=tma (kv_regs_tma.cuh, sm_90): the fp8 register kernel's stages filled by TMA. The same
+# bytes at the same places in shared memory and the same arithmetic, so the outputs, LSEs and
+# partials are the cp.async feed's bit for bit on every fp8 case of the register kernel (paged and
+# flat, split and fused, partial blocks, empty rows, invalid pages, G < 16, topk 1 .. 64), and
+# match the CPU reference. TMA reads a partial block's rows past its last visible key from the
+# page (cp.async zero-fills them): the cases with NaN there check that each warp zeroes its V rows.
+REGS_TMA_CASES = [c for c in REGS_CASES if c.kv == "fp8"] + [
+    DecodeCase("m3_b64_fp8_regs_tma", 64, 1, 64, 4, kv="fp8"),
+    DecodeCase("m3_b8_flat_fp8_regs_tma", 8, 1, 64, 4, kv="fp8", layout="flat")]
+
+
+def _nan_rows_no_sequence_owns(dp: DecodeProblem) -> DecodeProblem:
+    """dp with every row of its paged fp8 K and V caches (num_pages, H, 128, W) that no sequence
+    owns set to NaN (0x7F): a kernel that multiplies such a V row by P = 0 returns NaN."""
+    q, k, v, q2k = dp.gpu_args
+    pt, used = dp.gpu_kwargs["page_table"].cpu(), dp.gpu_kwargs["seqused_k"].cpu()
+    owned = torch.zeros(k.shape[0], k.shape[2], dtype=torch.bool)
+    for b in range(pt.shape[0]):
+        n = int(used[b])
+        for j in range((n + 127) // 128):
+            owned[int(pt[b, j]), : min(128, n - 128 * j)] = True
+    mask = (~owned).to(DEV)[:, None, :, None].expand(k.shape)
+    k, v = k.clone(), v.clone()
+    for t in (k, v):
+        t.view(torch.uint8)[mask] = 0x7F
+    return dataclasses.replace(dp, gpu_args=(q, k, v, q2k))
+
+
+@pytest.mark.parametrize("force_fused", [None, True, False], ids=lambda f: f"fused={f}")
+@pytest.mark.parametrize("case", REGS_TMA_CASES, ids=str)
+def test_regs_feed_tma_is_bit_identical(case, force_fused):
+    if not HAS_CLUSTERS:
+        pytest.skip("the TMA feed runs on sm_90 GPUs only (elsewhere the call falls back)")
+    dp, want, base_out = reference(case, seed=61)
+    tma, cp = dict(kernel="regs", regs_feed="tma"), dict(kernel="regs", regs_feed="cp_async")
+    if case.name == "m3_b64_fp8_regs_tma":
+        text = _decode_plan_text(dp, tma, force_fused=force_fused)
+        assert "; regs_feed=tma: each block's raw K and V" in text, text
+    got = run_poisoned(dp, tma, force_fused=force_fused)
+    check_against_reference(dp, got, want, base_out, f"{case} regs_feed=tma fused={force_fused}")
+    assert bits_equal(got, run_poisoned(dp, cp, force_fused=force_fused))
+    if case.layout == "paged" and dp.gcase.layout == "paged" and case.kv == "fp8":
+        nan = _nan_rows_no_sequence_owns(dp)
+        got_nan = run_poisoned(nan, tma, force_fused=force_fused)
+        assert bits_equal(got_nan, got), f"{case}: NaN rows past the sequences changed the result"
+
+
+def test_regs_feed_tma_plan_names_why_not():
+    """regs_feed=tma where it does not apply (bf16 K/V here) runs the cp.async feed and says why."""
+    case = DecodeCase("m3_b8_bf16_regs_tma", 8, 1, 64, 4)
+    dp, want, base_out = reference(case, seed=62)
+    text = _decode_plan_text(dp, dict(regs_feed="tma"))
+    assert "regs_feed=tma falls back to cp_async: 16-bit or NVFP4 K/V" in text, text
+    check_against_reference(dp, run_poisoned(dp, dict(regs_feed="tma")), want, base_out, "bf16 regs_feed=tma")
+
+
 def test_decode_kernel_option_rejects_unknown_values():
     dp = build_decode(CASES[1], seed=16)
     with pytest.raises(ValueError, match="kernel must be auto, smem, regs or wgmma, got 'fastest'"):

@@ -80,7 +80,9 @@ VALID = {
                       dict(split_warps="auto"), "split=blocks,split_warps=8", dict(kernel="regs", split_warps="8"),
                       dict(split_rule="waves"), dict(split_rule="ceil"), "split_rule=auto,split_warps=4",
                       dict(combine_loads="with"), dict(combine_loads="after"), "combine_loads=auto",
-                      dict(combine_loads="with", split_warps="8", mtp="per_token")],
+                      dict(combine_loads="with", split_warps="8", mtp="per_token"),
+                      dict(regs_feed="tma"), dict(regs_feed="cp_async"), "kernel=regs,regs_feed=tma",
+                      dict(regs_feed="auto", split="cluster")],
 }
 
 
@@ -179,6 +181,7 @@ def test_valid_options_leave_cpu_results_unchanged(op, options):
     ("sparse_decode", dict(split_warps="16"), "split_warps must be auto, 4 or 8, got '16'"),
     ("sparse_decode", dict(split_rule="floor"), "split_rule must be auto, ceil or waves, got 'floor'"),
     ("sparse_decode", dict(combine_loads="before"), "combine_loads must be auto, after or with, got 'before'"),
+    ("sparse_decode", dict(regs_feed="bulk"), "regs_feed must be auto, cp_async or tma, got 'bulk'"),
     ("topk_select", dict(net_pivot="yes"), "net_pivot must be auto, off or on, got 'yes'"),
     ("topk_select", dict(net_pivot="on", net_lanes=16), "net_pivot=on runs 32 lanes per row, got net_lanes=16"),
     ("topk_select", dict(net_pivot_mode="bitonic"),

@@ -182,4 +182,12 @@ extern template int mtp_wgmma_fp8_sm90_ctas_per_sm<__nv_bfloat16>();
 extern template void launch_mtp_wgmma_fp8_sm90<__half>(const QueryMajorArgs&, int, cudaStream_t);
 extern template int mtp_wgmma_fp8_sm90_ctas_per_sm<__half>();
 
+// qm_regs_tma_bf16.cu
+extern template void launch_query_major<__nv_bfloat16, KvKind::kFp8, 1, true, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_regs_tma_ctas_per_sm<__nv_bfloat16>();
+
+// qm_regs_tma_fp16.cu
+extern template void launch_query_major<__half, KvKind::kFp8, 1, true, false, false, false, true>(const QueryMajorArgs&, cudaStream_t);
+extern template int query_major_regs_tma_ctas_per_sm<__half>();
+
 }  // namespace flashmsa::sparse_attn
