@@ -175,6 +175,9 @@ def cases(bench: bm.Bench) -> dict:
         "decode_b64_regs": lambda: bench.build_decode(64, 32 * K, 1, "bf16", dict(kernel="regs")),
         "decode_b64_fp8_smem": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="smem")),
         "decode_b64_fp8_regs": lambda: bench.build_decode(64, 32 * K, 1, "fp8", dict(kernel="regs")),
+        # ... with its stages filled by TMA (regs_feed=tma; off by default).
+        "decode_b64_fp8_regs_tma": lambda: bench.build_decode(64, 32 * K, 1, "fp8",
+                                                              dict(kernel="regs", regs_feed="tma")),
         # NVFP4 K/V converted a byte at a time (nvfp4_cvt=byte; auto: word since f4fdc62).
         "decode_b64_nvfp4_byte": lambda: bench.build_decode(64, 32 * K, 1, "nvfp4",
                                                             dict(kernel="regs", nvfp4_cvt="byte")),
