@@ -272,6 +272,27 @@ TEST(PlanDescribe, DecodeRegsNamesItsConversion) {
   EXPECT_FALSE(has(d, "kernel=regs")) << d;
 }
 
+TEST(PlanDescribe, DecodeRegsFeedTmaOrWhyNot) {
+  SparseAttnDeviceFacts f = hopper();
+  f.decode_regs_ctas = 2;
+  f.decode_regs_tma_ctas = 2;
+  SparseDecodeParams dp{};
+  dp.attn = attn(64);
+  dp.force_fused = -1;
+  dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
+  const SparseDecodeOptions tma = parse_sparse_decode_options("regs_feed=tma");
+  const std::string on = describe_decode(plan_sparse_decode(dp, f, tma), dp.attn);
+  EXPECT_TRUE(has(on, "; kernel=regs (3 stages at 2 CTAs per SM; fp8 K/V converted in registers; regs_feed=tma: "
+                      "each block's raw K and V loaded by one thread as two TMA boxes")) << on;
+  EXPECT_FALSE(has(on, "falls back")) << on;
+  // auto and cp_async name nothing; where tma does not apply the plan says why.
+  EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f), dp.attn), "regs_feed"));
+  f.decode_regs_tma_ctas = 0;
+  const std::string off = describe_decode(plan_sparse_decode(dp, f, tma), dp.attn);
+  EXPECT_TRUE(has(off, "; regs_feed=tma falls back to cp_async: the TMA-fed register kernel cannot run on this "
+                       "device")) << off;
+}
+
 TEST(PlanDescribe, DecodeMtpUnionRegsNamesItsConversion) {
   SparseDecodeOptions both;
   both.kernel = DecodeKernel::kRegs;
