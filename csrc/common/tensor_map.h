@@ -45,6 +45,15 @@ inline bool encode_kv_maps_sw128(CUtensorMap& k_map, CUtensorMap& v_map, CUtenso
          encode_kv_block_map(v_map, dtype, p.v, p.kv, p.num_kv_heads, 128, 64, 2, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// The maps of an attention call's raw fp8 K and V blocks (encode_kv_block_map: uint8, 128-byte rows
+// as one 128-byte box, 128-byte swizzle: the raw tile's chunk swizzle); false as above.
+inline bool encode_kv_maps_raw8(CUtensorMap& k_map, CUtensorMap& v_map, const SparseAttnParams& p) {
+  return encode_kv_block_map(k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k, p.kv, p.num_kv_heads, 128, 128, 1,
+                             CU_TENSOR_MAP_SWIZZLE_128B) &&
+         encode_kv_block_map(v_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.v, p.kv, p.num_kv_heads, 128, 128, 1,
+                             CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 // The map of an attention call's q, (total_q, Hq, 128) 16-bit rows at its strides, as the sm_90a
 // TMA kernels read it: boxes of 64 dims x box_heads heads x box_tokens tokens, 128-byte swizzle;
 // false as above.

@@ -5,7 +5,7 @@
 // block step waits for its own copies and then for every warp at a CTA barrier (the barrier also
 // tells the issuing threads that the stage they refill is free). Here:
 //   * thread 0 loads a block's raw K and V as two TMA boxes of 128 keys x 128 bytes (the maps of
-//     common/tensor_map.h encode_kv_block_map: uint8, 128-byte swizzle, which is the raw tile's
+//     common/tensor_map.h encode_kv_maps_raw8: uint8, 128-byte swizzle, which is the raw tile's
 //     chunk swizzle `chunk ^ (key % 8)` of kv_regs.cuh raw8_at, so the stage holds the same bytes
 //     at the same places), announced on the stage's full barrier (expect_tx of 32 KB);
 //   * each warp waits for the stage's full barrier, computes its 32 keys and releases the stage on
@@ -37,7 +37,7 @@ namespace flashmsa::sparse_attn {
 
 // query_major_kernel's parameters with kTma: the maps of the raw fp8 K and V blocks.
 struct QueryMajorTmaArgs : QueryMajorArgs {
-  CUtensorMap k_map;  // encode_kv_block_map, uint8, box (128 bytes, 128 keys), 128-byte swizzle
+  CUtensorMap k_map;  // common/tensor_map.h encode_kv_maps_raw8
   CUtensorMap v_map;
 };
 
@@ -140,15 +140,6 @@ MSA_DEVICE void qm_tma_fence() {
 #else
   __trap();
 #endif
-}
-
-// Host: the maps of the call's raw fp8 K and V blocks; false where the driver rejects them.
-inline bool encode_qm_tma_maps(QueryMajorTmaArgs& ta) {
-  const SparseAttnParams& p = ta.p;
-  return flashmsa::cuda::encode_kv_block_map(ta.k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k, p.kv, p.num_kv_heads, 128,
-                                             128, 1, CU_TENSOR_MAP_SWIZZLE_128B) &&
-         flashmsa::cuda::encode_kv_block_map(ta.v_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.v, p.kv, p.num_kv_heads, 128,
-                                             128, 1, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace flashmsa::sparse_attn

@@ -821,10 +821,7 @@ void launch_mtp_wgmma_fp8_sm90(const QueryMajorArgs& args, int grid, cudaStream_
   const bool ok =
       flashmsa::cuda::encode_q_map_sw128(ta.q_map, flashmsa::cuda::tma_dtype_16<Elem>(), p, uint32_t(args.group),
                                          uint32_t(args.mtp_tokens)) &&
-      flashmsa::cuda::encode_kv_block_map(ta.k_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k, p.kv, p.num_kv_heads, 128, 128,
-                                          1, CU_TENSOR_MAP_SWIZZLE_128B) &&
-      flashmsa::cuda::encode_kv_block_map(ta.v_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.v, p.kv, p.num_kv_heads, 128, 128,
-                                          1, CU_TENSOR_MAP_SWIZZLE_128B);
+      flashmsa::cuda::encode_kv_maps_raw8(ta.k_map, ta.v_map, p);
   MSA_CHECK_SUPPORTED(ok, "kernel=wgmma, wgmma_fp8=on: the driver rejected the TMA descriptors of q / k / v");
   auto* kernel = mtp_wgmma_sm90_kernel<Elem, true, true>;
   const int smem = MtpWgmmaFp8Config::kSmemBytes;

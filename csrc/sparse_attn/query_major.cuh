@@ -1116,7 +1116,7 @@ void launch_query_major(const QueryMajorArgs& args, cudaStream_t stream) {
     // regs_feed rule keeps the calls it sends here within TMA's coordinates).
     QueryMajorTmaArgs ta{};
     static_cast<QueryMajorArgs&>(ta) = args;
-    MSA_CHECK_SUPPORTED(encode_qm_tma_maps(ta),
+    MSA_CHECK_SUPPORTED(flashmsa::cuda::encode_kv_maps_raw8(ta.k_map, ta.v_map, ta.p),
                         "regs_feed=tma: the driver rejected the TMA descriptors of k / v");
     flashmsa::cuda::prepare_launch(kernel, kQmThreads, Cfg::kSmemBytes);  // cached smem opt-in
     const int64_t grid = args.num_items < int64_t(INT_MAX) ? args.num_items : int64_t(INT_MAX);
