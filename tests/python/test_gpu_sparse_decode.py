@@ -607,14 +607,17 @@ REGS_TMA_CASES = [c for c in REGS_CASES if c.kv == "fp8"] + [
 
 def _nan_rows_no_sequence_owns(dp: DecodeProblem) -> DecodeProblem:
     """dp with every row of its paged fp8 K and V caches (num_pages, H, 128, W) that no sequence
-    owns set to NaN (0x7F): a kernel that multiplies such a V row by P = 0 returns NaN."""
+    owns set to NaN (0x7F): a kernel that multiplies such a V row by P = 0 returns NaN. Page
+    table entries out of [0, num_pages) (the invalid-page cases) own nothing."""
     q, k, v, q2k = dp.gpu_args
     pt, used = dp.gpu_kwargs["page_table"].cpu(), dp.gpu_kwargs["seqused_k"].cpu()
     owned = torch.zeros(k.shape[0], k.shape[2], dtype=torch.bool)
     for b in range(pt.shape[0]):
         n = int(used[b])
         for j in range((n + 127) // 128):
-            owned[int(pt[b, j]), : min(128, n - 128 * j)] = True
+            page = int(pt[b, j])
+            if 0 <= page < k.shape[0]:  # an invalid page reads nothing (its keys are masked)
+                owned[page, : min(128, n - 128 * j)] = True
     mask = (~owned).to(DEV)[:, None, :, None].expand(k.shape)
     k, v = k.clone(), v.clone()
     for t in (k, v):
