@@ -348,7 +348,7 @@ enum class DecodeWgmmaFp8 : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
 // instead of zero-filled by the copy. tma applies to per-token items that run the 16-row register
 // kernel with fp8 K and V on a device with the library's sm_90a image, within TMA's coordinates
 // (not split=cluster, not the 8-warp kernel); elsewhere it falls back to cp_async and the plan text
-// says why. auto: cp_async (tma not yet measured on the GPU).
+// says why. auto: cp_async (tma measured slower, H100: docs/design/sparse_attention.md#regs-feed-tma).
 // docs/design/sparse_attention.md, "The fp8 register kernel fed by TMA".
 enum class DecodeRegsFeed : int32_t { kAuto = 0, kCpAsync = 1, kTma = 2 };
 
