@@ -34,6 +34,17 @@ for ((k = 0; k < ${#args[@]}; k++)); do
     --shard) shard=${args[k + 1]} ;;
   esac
 done
+if [[ " $* " == *"/initcheck_tma_store "* ]]; then
+  # tests/sanitizer/run_initcheck_tma_store.sh's program (built by the fake NVCC) under initcheck:
+  # mode 0 st.global, 1 TMA store, 2 bulk store, 3 nothing written. FAKE_SAN_TMA: "unseen" (the
+  # TMA-stored bytes reported), "seen" (not reported) or "broken" (st.global reported too).
+  mode=${args[${#args[@]} - 1]}
+  echo "mode $mode (fake): bytes as written (sum 1, expected 1)"
+  case $mode:${FAKE_SAN_TMA:-seen} in
+    3:*|1:unseen|2:unseen|0:broken|1:broken) echo "========= Uninitialized __global__ memory read of size 16 bytes" ;;
+  esac
+  exit 0
+fi
 if [[ " $* " == *"initcheck_control.py"* ]]; then
   # initcheck's positive control: the real tool reports the uninitialized read in a flashmsa kernel.
   if [[ -z ${FAKE_SAN_CONTROL_SILENT:-} ]]; then
@@ -81,13 +92,23 @@ def gpu_check(out, **env):
                           capture_output=True, text=True, timeout=120)
 
 
+# fake nvcc: creates the -o file (run_initcheck_tma_store.sh builds its program with NVCC).
+FAKE_NVCC = r"""#!/usr/bin/env bash
+while (( $# )); do [[ $1 == -o ]] && : >"$2"; shift; done
+"""
+
+
 def run_check(tmp_path, **env):
     fake = tmp_path / "fake-compute-sanitizer"
     fake.write_text(FAKE)
     fake.chmod(0o755)
+    nvcc = tmp_path / "fake-nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
     out = tmp_path / "out"
     proc = gpu_check(out, **dict(dict(SKIP_TESTS="1", SKIP_BENCH="1", COMPUTE_SANITIZER=str(fake),
-                                      FAKE_SAN_TRACE=str(tmp_path / "trace"), PYTHON=sys.executable),
+                                      NVCC=str(nvcc), FAKE_SAN_TRACE=str(tmp_path / "trace"),
+                                      PYTHON=sys.executable),
                                  **env))
     summary = (out / "summary.txt").read_text()
     line = next(ln for ln in summary.splitlines() if ln.startswith("sanitizer "))
@@ -136,7 +157,8 @@ def test_a_failing_shard_fails_its_tool(tmp_path):
                                 FAKE_SAN_FAILED="initcheck:4", SANITIZER_KEEP_SHARD_LOGS="1")
     assert proc.returncode == 1
     assert " FAIL " in line, line
-    memcheck, racecheck, initcheck, control = line.split(" | ")
+    tma, memcheck, racecheck, initcheck, control = line.split(" | ")
+    assert tma.endswith("initcheck sees TMA stores (control): its smoke calls as they are"), tma
     assert control.startswith("initcheck control: uninitialized reads reported"), control
     assert "memcheck: 0 errors, 20/20 calls" in memcheck and "; shard" not in memcheck
     assert "racecheck: 2 errors, 20/20 calls" in racecheck and "shard 2/4 2 errors" in racecheck
@@ -185,6 +207,31 @@ def test_initcheck_without_its_positive_control_fails(tmp_path):
     assert " FAIL " in line and "initcheck: 0 errors, 20/20 calls" in line, line
     assert "initcheck control: no uninitialized read reported in a flashmsa kernel" in line, line
     assert (out / "sanitizer-initcheck-control.log").exists()
+
+
+@pytest.mark.parametrize("tma", ["unseen", "seen", "broken"])
+def test_initcheck_smoke_without_tma_stores_only_where_its_control_says(tmp_path, tma):
+    # tests/sanitizer/run_initcheck_tma_store.sh first: where initcheck reports the TMA-stored
+    # bytes (and not the st.global ones, and the unwritten ones), initcheck's shards, and only
+    # theirs, run the smoke with --no-tma-stores; otherwise the calls stay as they are.
+    proc, line, out = run_check(tmp_path, SANITIZER_TOOLS="memcheck initcheck", SANITIZER_JOBS="2",
+                                FAKE_SAN_TMA=tma)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    initcheck = (out / "sanitizer-initcheck.log").read_text()
+    assert "--no-tma-stores" not in (out / "sanitizer-memcheck.log").read_text()
+    control = (out / "sanitizer-initcheck-control.log").read_text()
+    assert "===== tests/sanitizer/run_initcheck_tma_store.sh" in control
+    assert "mode 1 (fake): bytes as written" in control
+    if tma == "unseen":
+        args = [ln for ln in initcheck.splitlines() if ln.startswith("fake args: ")]
+        assert len(args) == 2 and all(ln.endswith(" --no-tma-stores") for ln in args), args
+        assert "initcheck does not see TMA stores (control: 1 reports on TMA-stored bytes, " \
+               "0 on st.global): its smoke calls with --no-tma-stores" in line, line
+    else:
+        assert "--no-tma-stores" not in initcheck
+        want = ("initcheck sees TMA stores (control)" if tma == "seen" else
+                "initcheck's TMA-store control inconclusive (st.global 1, TMA 1, nothing written 1")
+        assert want in line, line
 
 
 def test_pytest_args_keep_quoted_words(tmp_path):

@@ -149,3 +149,47 @@ def test_unselected_cases_build_nothing(monkeypatch):
     assert built == []
     recorded(only="hostile proxy flat no query rows")
     assert built == ["rnd", "rnd"]  # its own q and k, none of the shared inputs
+
+
+# ---- --no-tma-stores (initcheck) ----------------------------------------------------------------
+
+class PlannedTwinOps:
+    """Stands in for msa_ops: each planned twin returns its options."""
+
+    def _sparse_attention_planned(self, *args, options, **kwargs):
+        return ("attention", options)
+
+    def _sparse_decode_planned(self, *args, options, **kwargs):
+        return ("decode", options)
+
+
+def test_no_tma_stores_plans_stg_under_every_tag_and_skips_the_tma_kernel():
+    ops = sanitize_smoke.no_tma_stores(PlannedTwinOps())
+    planned = sanitize_smoke.PlannedOps
+    assert ops.msa_sparse_attention() == ("attention", {"kv_major_store": "stg"})
+    tag = planned(ops, msa_sparse_attention=dict(schedule="kv_major", chunk_rows=100))
+    assert tag.msa_sparse_attention() == (
+        "attention", {"kv_major_store": "stg", "schedule": "kv_major", "chunk_rows": 100})
+    # Options of another op keep the attention's.
+    decode = planned(ops, msa_sparse_decode_attention=dict(kernel="regs"))
+    assert decode.msa_sparse_decode_attention() == ("decode", {"kernel": "regs"})
+    assert decode.msa_sparse_attention() == ("attention", {"kv_major_store": "stg"})
+    for options in (dict(schedule="kv_major", kv_major_kernel="tma"), dict(kv_major_store="tma")):
+        with pytest.raises(NotImplementedError, match="--no-tma-stores: initcheck does not see"):
+            planned(ops, msa_sparse_attention=options).msa_sparse_attention()
+    # Without the flag nothing changes.
+    plain = planned(PlannedTwinOps(), msa_sparse_attention=dict(kv_major_kernel="tma"))
+    assert plain.msa_sparse_attention() == ("attention", {"kv_major_kernel": "tma"})
+
+
+def test_no_tma_stores_runs_the_smoke_with_the_tma_kernel_calls_skipped(capsys):
+    only = "sparse [kv_major/tma] flat bf16 2/2 topk32|sparse [kv_major] flat bf16 2/2 topk32"
+    assert sanitize_smoke.main(["--no-tma-stores", "--list", "--only", only]) == 0
+    assert capsys.readouterr().out.splitlines() == listed(only)
+    smoke = sanitize_smoke.Smoke(sanitize_smoke.no_tma_stores(msa_ops), torch.device("cpu"), only)
+    smoke.run_parts()
+    out = capsys.readouterr().out
+    assert smoke.failed == [], out
+    assert smoke.passed == ["sparse [kv_major] flat bf16 2/2 topk32"]
+    assert smoke.skipped == ["sparse [kv_major/tma] flat bf16 2/2 topk32"]
+    assert "SKIP sparse [kv_major/tma] flat bf16 2/2 topk32: NotImplementedError: --no-tma-stores" in out
