@@ -42,7 +42,8 @@
 #              its positive control tests/sanitizer/initcheck_control.py (an uninitialized read
 #              in a flashmsa kernel must be reported, else the step fails) to
 #              $OUT/sanitizer-initcheck-control.log. H200, 482 calls, 16 shards: memcheck,
-#              initcheck and synccheck ~2 min together, racecheck ~4.5 min by itself
+#              initcheck and synccheck ~2 min together, racecheck ~4.5 min by itself; H100 at
+#              b1dd4fa, 1289 calls, 8 shards each: memcheck 37-44 s a shard, synccheck 22-25 s
 #   bench      benchmarks/bench_msa.py (--quick unless FULL=1), JSON to $OUT/bench.json
 #   stages     only with SWEEP=..., TIMELINE=... or HOST_TIME=...: benchmarks/profile_stages.py, the kernels of a
 #              call by torch.profiler (no Nsight Compute replay): --sweep per SWEEP spec (kernel
