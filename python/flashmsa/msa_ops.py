@@ -589,10 +589,29 @@ def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blo
 
 # ---- stage 3: prefill / general varlen ---------------------------------------------------------
 
-def _lse_outputs(q: torch.Tensor, want_lse: bool, want_lse_t: bool):
+# The attention ops' q dtypes (the decode op also takes fp8 q with fp8 K, its output then bf16).
+_Q_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _q_shape(q: torch.Tensor, dtypes=_Q_DTYPES) -> Tuple[int, int, int]:
+    """q's (total_q, Hq, d) for sizing the attention ops' outputs; zeros for a q the core rejects
+    (not 3-D, or a dtype not in `dtypes`), so that no output is sized or typed by a bad q before
+    the core names it."""
+    return _shape3(q) if q.dtype in dtypes else (0, 0, 0)
+
+
+def _attention_out(q: torch.Tensor, dtypes=_Q_DTYPES) -> torch.Tensor:
+    """The attention ops' output: q's shape, in q's dtype (bf16 for fp8 q); an empty bf16 tensor
+    for a q the core rejects."""
+    shape = _q_shape(q, dtypes)
+    dtype = q.dtype if q.dtype in _Q_DTYPES else torch.bfloat16
+    return _outputs.empty(shape, dtype, q.device)
+
+
+def _lse_outputs(q: torch.Tensor, want_lse: bool, want_lse_t: bool, dtypes=_Q_DTYPES):
     if not (want_lse or want_lse_t):
         return None, None
-    total_q, num_heads, _ = _shape3(q)
+    total_q, num_heads, _ = _q_shape(q, dtypes)
     lse = _outputs.empty((total_q, num_heads), torch.float32, q.device) if want_lse else None
     lse_t = _outputs.empty((total_q, num_heads), torch.float32, q.device) if want_lse_t else None
     return lse, lse_t
@@ -721,7 +740,7 @@ def _sparse_attention(plan, q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, ca
     want_lse_t = bool(return_temperature_lse)
     want_lse = bool(return_softmax_lse) or want_lse_t
     if out is None:
-        out = _outputs.empty(_shape3(q), q.dtype, q.device)
+        out = _attention_out(q)
     lse, lse_t = _lse_outputs(q, want_lse, want_lse_t)
     args = (q, k, v, q2k_indices, cu_seqlens_q, cu_seqlens_k, bool(causal), softmax_scale,
             page_table, seqused_k, k_scale, v_scale, k_global_scale, v_global_scale,
@@ -845,10 +864,10 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
                    v_scale=v_scale, q_offset=q_offset_tensor,
                    workspace=workspace.buffer if workspace is not None else None, out=out)
 
+    decode_q = (*_Q_DTYPES, torch.float8_e4m3fn)
     if out is None:
-        out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-        out = _outputs.empty(_shape3(q), out_dtype, q.device)
-    lse, _ = _lse_outputs(q, bool(return_softmax_lse), False)
+        out = _attention_out(q, decode_q)
+    lse, _ = _lse_outputs(q, bool(return_softmax_lse), False, decode_q)
     args = (q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q, bool(causal),
             softmax_scale, k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value,
             q_offset_tensor, partial_dtype, force_fused, out, lse)
