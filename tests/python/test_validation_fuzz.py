@@ -1,12 +1,15 @@
 """Random bad input: each op's valid baseline call (test_validation.py's) with one or two random
 mutations of its arguments (another dtype, a dimension dropped, added, shortened or doubled, a
 strided or empty view, an index value out of range or a cumulative-length tensor out of order,
-a Python value of the wrong kind or out of range), called on the CPU. The call either works or
-raises FlashInfer's classes for bad input (ValueError, NotSupportedError, TypeError) with a
-message naming the op or an argument; anything else (an IndexError, a RuntimeError from torch
-or the core's internals, a crash) fails. Seeded: a failure prints the seed, the op and the
-mutations, and `test_mutation[<op>-<seed>]` reruns it. test_validation.py pins each documented
-error exactly; this one searches the space around the baselines for paths they do not name."""
+a Python value of the wrong kind or out of range; on the GPU also a tensor moved to the CPU),
+called on the CPU (the reference) and on the GPU (the CUDA build's checks and kernels). The call
+either works or raises FlashInfer's classes for bad input (ValueError, NotSupportedError,
+TypeError) with a message naming the op or an argument; anything else (an IndexError, a
+RuntimeError from torch or the core's internals, a crash, on the GPU a kernel's fault) fails.
+Seeded: a failure prints the device, the op, the seed and the mutations, and
+`test_mutation[<device>-<op>-<seed>]` reruns it. test_validation.py pins each documented error
+exactly; this one searches the space around the baselines for paths those cases do not name.
+Not ``cpu_only``: an argument-validation test runs in the GPU suite too (conftest.py)."""
 
 import random
 import re
@@ -14,16 +17,14 @@ import re
 import pytest
 import torch
 
-from conftest import cpu_only
+from conftest import ALL_DEVICES
 from flashmsa.errors import NotSupportedError
 from test_validation import OPS
-
-pytestmark = cpu_only
 
 FP8 = torch.float8_e4m3fn
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
           FP8, torch.bool)
-CASES_PER_OP = 400
+CASES_PER_OP = 250
 # Every op's Python name and every argument name any op takes: a message names one of them.
 NAMES = ("msa_", "q", "k", "v", "q2k_indices", "cu_seqlens_q", "cu_seqlens_k", "page_table",
          "seqused_k", "max_score", "topk", "num_valid_pages", "output", "out", "k_scale",
@@ -49,6 +50,8 @@ def _tensor_mutations(t: torch.Tensor):
             out.append(("last dim one shorter", lambda t=t: t[..., :-1]))
     if t.dim() >= 2:
         out.append(("transpose last two dims", lambda t=t: t.transpose(-1, -2)))
+    if t.is_cuda:
+        out.append(("on the CPU", lambda t=t: t.cpu()))
     if t.dtype in (torch.int32, torch.int64) and t.numel() > 0:
         for v in (-7, 2**31 - 1, -(2**31), 10**6):
             def poke(t=t, v=v):
@@ -91,12 +94,14 @@ def _cases():
 
 
 @pytest.mark.parametrize("op,seed", list(_cases()), ids=lambda x: str(x))
-def test_mutation(op, seed):
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_mutation(device, op, seed):
     fn, baseline = OPS[op]
     rng = random.Random(seed)
     random.seed(seed)  # the element pokes
     torch.manual_seed(seed)
-    args = baseline()
+    args = {name: value.to(device) if isinstance(value, torch.Tensor) else value
+            for name, value in baseline().items()}
     done = [_mutate(args, rng) for _ in range(1 + (rng.random() < 0.3))]
     try:
         fn(**args)
@@ -106,4 +111,6 @@ def test_mutation(op, seed):
         message = str(err)
         assert any(re.search(rf"\b{n}", message) for n in NAMES), (done, message)
     except Exception as err:  # noqa: BLE001: any other class is the finding
-        pytest.fail(f"{op} seed {seed} with {done}: {type(err).__name__}: {err}")
+        pytest.fail(f"{device} {op} seed {seed} with {done}: {type(err).__name__}: {err}")
+    if device == "cuda":
+        torch.cuda.synchronize()  # a kernel's fault surfaces here, naming this case
