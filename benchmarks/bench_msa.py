@@ -669,6 +669,13 @@ class Bench:
                         self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k {fmt} {variant}",
                                       lambda s=s, f=fmt, o=dict(kernel=variant + "_only"):
                                       self.build_proxy_prefill(s, o, fmt=f), "compute")
+                # fp8 q and K (vLLM's indexer with an fp8 index cache): auto (the mma.sync kernel)
+                # against the sm_90a kernel's fp8-q form (sm90_f16_only; not auto's until measured).
+                self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k fp8q",
+                              lambda s=s: self.build_proxy_prefill(s, fmt="fp8q"), "compute")
+                self.run_case("proxy", f"prefill S={size_name(s)} idx 4q/1k fp8q sm90_f16",
+                              lambda s=s: self.build_proxy_prefill(s, dict(kernel="sm90_f16_only"), fmt="fp8q"),
+                              "compute")
         for b, ctx, sq in self.cfg["decode"]:
             name = f"decode B{b} ctx={size_name(ctx)} sq{sq}"
             ref = REF_DECODE_INDEX if (b, ctx, sq) == (64, 32 * K, 1) else None
@@ -769,7 +776,8 @@ class Bench:
                                   "memory")
 
     def build_proxy_prefill(self, s, options=None, fmt="bf16"):
-        """fmt: bf16 q and k; fp8 (bf16 q, e4m3 k); nvfp4 (msa_proxy_score_fp4: q and k)."""
+        """fmt: bf16 q and k; fp8 (bf16 q, e4m3 k); fp8q (e4m3 q and k: vLLM's indexer with an
+        fp8 index cache); nvfp4 (msa_proxy_score_fp4: q and k)."""
         g = self.gen()
         hq, hk = M3["idx_hq"], M3["idx_hk"]
         q, k = self.rnd((s, hq, 128), g), self.rnd((s, hk, 128), g)
@@ -787,8 +795,10 @@ class Bench:
                                        max_seqlen_q=s, max_k_tiles=p, output=out)
             nbytes = q4.nbytes + q_sc.nbytes + k4.nbytes + k_sc.nbytes + out.nbytes
             return fn4, dict(flop=2 * 128 * hq * visible, bytes=nbytes)
-        if fmt == "fp8":
+        if fmt in ("fp8", "fp8q"):
             k = k.to(torch.float8_e4m3fn)
+        if fmt == "fp8q":
+            q = q.to(torch.float8_e4m3fn)
         proxy_score = self.planned("msa_proxy_score", options)
 
         def fn():

@@ -34,6 +34,9 @@ def cases(bench: bm.Bench) -> dict:
             32 * K, dict(kernel="sm90_f16_only"), fmt="fp8"),
         "proxy_prefill_32k_sm90_nvfp4_f16": lambda: bench.build_proxy_prefill(
             32 * K, dict(kernel="sm90_f16_only"), fmt="nvfp4"),
+        # fp8 q and K on the sm_90a kernel (Q's fragments converted in registers).
+        "proxy_prefill_32k_sm90_fp8q_f16": lambda: bench.build_proxy_prefill(
+            32 * K, dict(kernel="sm90_f16_only"), fmt="fp8q"),
         "proxy_prefill_32k_sm90_ss": lambda: bench.build_proxy_prefill(32 * K,
                                                                        dict(kernel="sm90_ss_only")),
         "proxy_decode_b64": lambda: bench.build_proxy_decode(64, 32 * K, 1),

@@ -255,7 +255,8 @@ class Smoke:
         ragged and empty sequences, several tiles per CTA, q_offset, padding columns, non-causal,
         G = 1 / 2 / 8, fp16, rows of no sequence, paged K with an invalid page id; fp8 K and NVFP4
         q / K (converted by the producer warpgroup), flat and paged; sm90_f16_only: fp8 K with bf16 q
-        on fp16 MMAs (q rows scaled into fp16 in registers; the other calls as sm90_only)."""
+        on fp16 MMAs (q rows scaled into fp16 in registers), fp8 q and K (Q's raw bytes by TMA, its
+        fragments converted in registers; the other calls as sm90_only)."""
         for variant in ("sm90", "sm90_ss", "sm90_f16"):
             options = dict(kernel=variant + "_only")
             self._proxy_sm90_cases(variant, PlannedOps(self.ops, msa_proxy_score=options,
@@ -305,6 +306,21 @@ class Smoke:
             return ops.msa_proxy_score(qk()[0], cache.to(fp8), cu_q, None, page_table=table,
                                        seqused_k=used, max_seqlen_q=max(sq), max_k_tiles=table.shape[1])
         self.run(f"proxy {tag} paged fp8 k G4 (invalid page)", invalid_page_fp8)
+        if tag == "sm90_f16":
+            # fp8 q and K (their raw Q by TMA, the fragments converted in registers): sm90_f16's
+            # only (sm90_only / sm90_ss_only refuse fp8 q).
+            self.run(f"proxy {tag} flat fp8 q + fp8 k causal G4 ragged+empty+uncovered",
+                     lambda: ops.msa_proxy_score(
+                         qk()[0].to(fp8), qk()[1].to(fp8), cu_q, cu_k, max_seqlen_q=max(sq),
+                         max_k_tiles=p, q_offset=self.i32([-5, 100, 0, 1500])))
+
+            def invalid_page_fp8_q():
+                cache, table, used = self.paged(sk, 1)
+                table[0, 2] = -1
+                return ops.msa_proxy_score(qk()[0].to(fp8), cache.to(fp8), cu_q, None, page_table=table,
+                                           seqused_k=used, max_seqlen_q=max(sq),
+                                           max_k_tiles=table.shape[1])
+            self.run(f"proxy {tag} paged fp8 q + fp8 k G4 (invalid page)", invalid_page_fp8_q)
         self.run(f"proxy {tag} flat fp8 k prefill 2 x 4096", lambda: ops.msa_proxy_score(
             self.rnd((2 * s, 4, 128)), self.rnd((2 * s, 1, 128)).to(fp8), cu, cu, max_seqlen_q=s,
             max_k_tiles=s // 128))

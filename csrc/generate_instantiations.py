@@ -122,7 +122,7 @@ KERNELS = [
     Kernel("proxy_decode_ring_fp4_{e}", "proxy_score/proxy_decode.cuh",  "void decode::launch_ring_fp4<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)", elems=("bf16",)),
     Kernel("proxy_decode_tma_{e}", "proxy_score/proxy_decode.cuh",       "bool decode::tma::launch_fp8<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)"),
     Kernel("proxy_decode_tma_{e}", "proxy_score/proxy_decode.cuh",       "bool decode::tma::launch_fp4<{E}>(const decode::Params&, const ProxyScorePlan&, cudaStream_t)", elems=("bf16",)),
-    Kernel("proxy_score_sm90_{e}", "proxy_score/proxy_score_sm90.cuh",   "bool sm90::launch<{E}>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t)"),
+    Kernel("proxy_score_sm90_{e}", "proxy_score/proxy_score_sm90.cuh",   "bool sm90::launch<{E}>(const ProxyScoreParams&, sm90::QSource, bool, bool, cudaStream_t)"),
 ]
 # fmt: on
 

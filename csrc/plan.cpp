@@ -338,8 +338,8 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
       plan.f16_mma = plan.kernel == ProxyKernel::kDecode;
       break;
     case ProxyKernel::kDecodeF16Only: plan = {ProxyKernel::kDecode, true, true}; break;
-    case ProxyKernel::kSm90F16: plan = {ProxyKernel::kSm90, false, true}; break;
-    case ProxyKernel::kSm90F16Only: plan = {ProxyKernel::kSm90, true, true}; break;
+    case ProxyKernel::kSm90F16: plan = {ProxyKernel::kSm90, false, true, true}; break;
+    case ProxyKernel::kSm90F16Only: plan = {ProxyKernel::kSm90, true, true, true}; break;
   }
   // CTAs per SM of the decode kernel for fp8 / NVFP4 K: the option, else 3 for fp8 and 4 for NVFP4
   // (H200 at b1fafdd, B64/32K: fp8 87.5 us at 3, 88.2 at 4, 105.0 at 2; NVFP4 119.6 at 4, 122.8 at

@@ -205,7 +205,8 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
                        : "");
   else if (named == plan.kernel && plan.f16_mma && plan.kernel == ProxyKernel::kSm90)
     s << "forced by the option kernel=" << option_name(o.kernel)
-      << "; fp16 MMAs for fp8 K with bf16 q (Q in registers) and for NVFP4 q and K (other operands: as sm90)";
+      << "; fp16 MMAs for fp8 K with bf16 or fp8 q (Q in registers) and for NVFP4 q and K (other operands: "
+         "as sm90)";
   else if (named == plan.kernel && plan.f16_mma)
     s << "forced by the option kernel=" << option_name(o.kernel) << "; fp16 MMAs for fp8 K";
   else if (named == plan.kernel)

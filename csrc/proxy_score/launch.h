@@ -57,12 +57,13 @@ namespace sm90 {
 enum class QSource { kSmem, kRegs };
 
 // The sm_90a prefill kernel; false (nothing launched) when the call or the device is not one it
-// runs (reduce_heads, fp8 q, not an sm_90 device, ...): the caller then launches the mma.sync
-// kernel. fp8 K and NVFP4 q / K are converted exactly into 16-bit by its producer warpgroup.
-// f16_mma (ProxyScorePlan::f16_mma): fp8 K with bf16 q on fp16 MMAs (KFormat::kFp8F16, Q in
-// registers whatever q_source says), NVFP4 q and K too (KFormat::kNvfp4F16).
+// runs (reduce_heads, fp8 q without fp8_q, not an sm_90 device, ...): the caller then launches the
+// mma.sync kernel. fp8 K and NVFP4 q / K are converted exactly into 16-bit by its producer
+// warpgroup. f16_mma (ProxyScorePlan::f16_mma): fp8 K with bf16 q on fp16 MMAs (KFormat::kFp8F16,
+// Q in registers whatever q_source says), NVFP4 q and K too (KFormat::kNvfp4F16). fp8_q
+// (ProxyScorePlan::fp8_q): fp8 q and K on fp16 MMAs (KFormat::kFp8Q, Q in registers).
 template <typename Elem>
-bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, cudaStream_t stream);
+bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, bool fp8_q, cudaStream_t stream);
 }  // namespace sm90
 
 }  // namespace flashmsa::cuda::proxy

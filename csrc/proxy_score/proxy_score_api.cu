@@ -33,11 +33,12 @@ void run(const ProxyScoreParams& p, const ProxyScorePlan& plan, cudaStream_t str
     case ProxyKernel::kSm90:
     case ProxyKernel::kSm90Ss: {
       const auto q_source = plan.kernel == ProxyKernel::kSm90 ? sm90::QSource::kRegs : sm90::QSource::kSmem;
-      if (sm90::launch<Elem>(p, q_source, plan.f16_mma, stream)) return;
+      if (sm90::launch<Elem>(p, q_source, plan.f16_mma, plan.fp8_q, stream)) return;
       MSA_CHECK_SUPPORTED(!plan.strict,
                           "msa_proxy_score: the sm_90a kernel does not run this call (it needs an "
-                          "sm_90 device and bf16 / fp16 q with k of q's dtype or fp8 k, or NVFP4 q "
-                          "and k with positive global scales, flat or paged, without reduce_heads); "
+                          "sm_90 device and bf16 / fp16 q with k of q's dtype or fp8 k, fp8 q and k "
+                          "with kernel=sm90_f16_only, or NVFP4 q and k with positive global scales, "
+                          "flat or paged, without reduce_heads); "
                           "kernel=", option_name(plan.kernel), "_only forbids the fallback");
       break;
     }

@@ -75,9 +75,16 @@ inline constexpr int kConverterThreads = 96;
 //            its block scale x 2^7 in one HMUL2 (common/ptx.cuh: value x 2^-7, exact in fp16), q
 //            and K alike, so every logit is the exact product sum times 2^-14; the block maxima
 //            are multiplied by logit_scale x 2^14 (a positive power of two times kNvfp4's factor)
-enum class KFormat { kNative, kFp8, kNvfp4, kFp8F16, kNvfp4F16 };
+//   kFp8Q    fp8 e4m3 q and K on fp16 MMAs (plan option kernel=sm90_f16 / sm90_f16_only, not
+//            auto's until measured; Q in registers only): Q's raw bytes land by TMA in the Q slot
+//            (128-byte rows, 128-byte swizzle) and each consumer builds its A fragments from them
+//            with one cvt.rn.f16x2.e4m3x2 a pair (exact: e4m3 is a subset of fp16), K as kFp8F16;
+//            so every logit is the exact product sum, as the mma.sync kernel's bf16 MMAs give
+enum class KFormat { kNative, kFp8, kNvfp4, kFp8F16, kNvfp4F16, kFp8Q };
 // The formats whose K arrives as e4m3 bytes, and those of NVFP4 q and K.
-__host__ __device__ constexpr bool is_fp8_k(KFormat f) { return f == KFormat::kFp8 || f == KFormat::kFp8F16; }
+__host__ __device__ constexpr bool is_fp8_k(KFormat f) {
+  return f == KFormat::kFp8 || f == KFormat::kFp8F16 || f == KFormat::kFp8Q;
+}
 __host__ __device__ constexpr bool is_fp4(KFormat f) { return f == KFormat::kNvfp4 || f == KFormat::kNvfp4F16; }
 
 // Shared memory plan of each variant (QSource: proxy_score/launch.h): Q slots, the K ring, the raw
@@ -279,6 +286,27 @@ MSA_DEVICE uint32_t q_fragments_to_f16(uint32_t (&qa)[8][4]) {
     fields |= (__float_as_uint(sc.down) >> 23) << (8 * h);
   }
   return fields;
+}
+
+// kFp8Q: this warp's A fragments of one sub-tile (the load_q_fragments layout, in fp16) from its
+// raw e4m3 rows (64 rows x 128 bytes at raw_sub, 128-byte swizzle: 16-byte chunk c of row r at
+// chunk c ^ (r & 7)): the pair of dims (16 ks + 2 tig + 8 c, + 1) of rows gid and gid + 8, one
+// 16-bit shared load and one exact cvt each. Once per tile, so the 8-way bank conflicts of rows
+// 128 bytes apart (the 8 rows of a quad column) cost nothing that matters.
+MSA_DEVICE void load_q_fragments_fp8(uint32_t (&qa)[8][4], const uint8_t* raw_sub, int warp, int lane) {
+  const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * warp + gid + 8 * h;
+    const uint8_t* row = raw_sub + r * 128;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint16_t two = *reinterpret_cast<const uint16_t*>(row + ((ks ^ (r & 7)) << 4) + 2 * tig + 8 * c);
+        qa[ks][h + 2 * c] = e4m3x2_to_f16x2_bits(two);
+      }
+  }
 }
 
 // ---- the converting threads (fp8 / NVFP4 K) ----
@@ -509,7 +537,9 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
   using L = Layout<kQ, kFmt>;
   static_assert(kFmt != KFormat::kFp8F16 || (kQ == QSource::kRegs && std::is_same_v<Elem, __nv_bfloat16>),
                 "kFp8F16: bf16 q scaled into fp16 in registers");
-  using Mma = std::conditional_t<kFmt == KFormat::kFp8F16 || kFmt == KFormat::kNvfp4F16, __half, Elem>;  // wgmma operands
+  static_assert(kFmt != KFormat::kFp8Q || kQ == QSource::kRegs, "kFp8Q: fp8 q converted in registers");
+  using Mma = std::conditional_t<kFmt == KFormat::kFp8F16 || kFmt == KFormat::kNvfp4F16 || kFmt == KFormat::kFp8Q,
+                                 __half, Elem>;  // wgmma operands
   constexpr int kQSlots = L::kQSlots, kKStages = L::kKStages, kRawStages = L::kRawStages;
   constexpr bool kQConvert = is_fp4(kFmt);  // Q converted by the producer warpgroup too
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -653,6 +683,18 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
           const int row = int(tile.row_begin) + chunk * kSubRows;
           tma_load_3d(sQRaw + uint32_t(j) * (kSubRows * 64), &kp.q_map, q_raw_full, 0, tile.head0 + hl, row);
         }
+      } else if constexpr (kFmt == KFormat::kFp8Q) {
+        // Raw e4m3 Q: 4 sub-tiles of 64 tokens x 128 bytes (8 KB each) into the Q slot.
+        const int qs = int(nq % kQSlots);
+        mbar_wait_loop(q_empty(qs), ((nq / kQSlots) & 1u) ^ 1u);
+        mbar_expect_tx(q_full(qs), kSubTiles * kSubRows * kHeadDim);
+#pragma unroll 1
+        for (int j = 0; j < kSubTiles; ++j) {
+          const int hl = j / kp.chunks, chunk = j - hl * kp.chunks;
+          const int row = int(tile.row_begin) + chunk * kSubRows;
+          tma_load_3d(sQ + uint32_t(qs) * kQTileBytes + uint32_t(j) * (kSubRows * kHeadDim), &kp.q_map, q_full(qs),
+                      0, tile.head0 + hl, row);
+        }
       } else {
         const int qs = int(nq % kQSlots);
         mbar_wait_loop(q_empty(qs), ((nq / kQSlots) & 1u) ^ 1u);
@@ -783,7 +825,12 @@ __global__ void __launch_bounds__(kThreads, 1) proxy_score_sm90_kernel(const __g
     float acc0[16][4], acc1[16][4];
     uint32_t qa0[8][4], qa1[8][4];  // kRegs: A fragments of both sub-tiles, for the whole tile
     uint32_t row_exp = 0u;          // kFp8F16: the rows' down-scale exponents (sub-tile 1 in bits 16-31)
-    if constexpr (kQ == QSource::kRegs) {
+    if constexpr (kFmt == KFormat::kFp8Q) {
+      const uint8_t* raw_q = smem + L::kQOffset + qs * kQTileBytes + (2 * cwg) * (kSubRows * kHeadDim);
+      load_q_fragments_fp8(qa0, raw_q, warp, lane);
+      load_q_fragments_fp8(qa1, raw_q + kSubRows * kHeadDim, warp, lane);
+      mbar_arrive(q_empty(qs));  // the slot is free for the next tile's Q
+    } else if constexpr (kQ == QSource::kRegs) {
       load_q_fragments(qa0, q0, warp, lane);
       load_q_fragments(qa1, q1, warp, lane);
       mbar_arrive(q_empty(qs));  // the slot is free for the next tile's Q
@@ -854,6 +901,8 @@ inline bool operand_format(const ProxyScoreParams& p, KFormat& fmt) {
     fmt = KFormat::kNative;
   } else if (q16 && p.k.dtype == DType::kFP8E4M3) {
     fmt = KFormat::kFp8;
+  } else if (p.q_dtype == DType::kFP8E4M3 && p.k.dtype == DType::kFP8E4M3) {
+    fmt = KFormat::kFp8Q;  // launched only where the plan asks (fp8_q)
   } else if (p.q_dtype == DType::kNVFP4 && p.k.dtype == DType::kNVFP4 && p.q_scale != nullptr &&
              p.k.scale != nullptr && p.logit_scale > 0.0f && std::isfinite(p.logit_scale)) {
     fmt = KFormat::kNvfp4;
@@ -873,9 +922,10 @@ inline bool supports(const ProxyScoreParams& p) {
 
 template <typename Elem, KFormat kFmt>
 bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t stream) {
-  // kFp8F16 scales Q in registers: no shared-memory-Q instantiation.
-  constexpr QSource kSmemQ = kFmt == KFormat::kFp8F16 ? QSource::kRegs : QSource::kSmem;
-  if constexpr (kFmt == KFormat::kFp8F16) q_source = QSource::kRegs;
+  // kFp8F16 and kFp8Q make Q's fp16 fragments in registers: no shared-memory-Q instantiation.
+  constexpr bool kRegsOnly = kFmt == KFormat::kFp8F16 || kFmt == KFormat::kFp8Q;
+  constexpr QSource kSmemQ = kRegsOnly ? QSource::kRegs : QSource::kSmem;
+  if constexpr (kRegsOnly) q_source = QSource::kRegs;
   auto kernel = q_source == QSource::kRegs ? proxy_score_sm90_kernel<Elem, QSource::kRegs, kFmt>
                                            : proxy_score_sm90_kernel<Elem, kSmemQ, kFmt>;
   const int smem_bytes = q_source == QSource::kRegs ? Layout<QSource::kRegs, kFmt>::kSmemBytes
@@ -883,7 +933,7 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
   if (prepare_sm90a_launch(kernel, kThreads, size_t(smem_bytes)) <= 0) return false;
   // TMA: 16-byte aligned base and strides (the mma.sync kernel's cp.async needs the same). Strides
   // are in elements: 2 bytes for 16-bit operands, 1 for fp8 and NVFP4 (bytes).
-  const int64_t q_elt = is_fp4(kFmt) ? 1 : 2;
+  const int64_t q_elt = is_fp4(kFmt) || kFmt == KFormat::kFp8Q ? 1 : 2;
   const int64_t k_elt = kFmt == KFormat::kNative ? 2 : 1;
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned16(p.q) || !aligned16(p.k.data) || (p.q_stride_token * q_elt) % 16 != 0 ||
@@ -927,6 +977,13 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
     if (!encode_tensor_map(kp.q_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.q, 3, q_dims, q_strides, q_box,
                            CU_TENSOR_MAP_SWIZZLE_64B))
       return false;
+  } else if constexpr (kFmt == KFormat::kFp8Q) {
+    // Raw e4m3 q: 128-byte rows, one box per sub-tile, 128-byte swizzle (load_q_fragments_fp8).
+    const uint64_t q_dims[3] = {kHeadDim, uint64_t(p.num_heads), uint64_t(p.total_q)};
+    const uint64_t q_strides[2] = {uint64_t(p.q_stride_head), uint64_t(p.q_stride_token)};
+    const uint32_t q_box[3] = {kHeadDim, 1, kSubRows};
+    if (!encode_tensor_map_sw128(kp.q_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.q, 3, q_dims, q_strides, q_box))
+      return false;
   } else {
     const uint64_t q_dims[3] = {kHeadDim, uint64_t(p.num_heads), uint64_t(p.total_q)};
     const uint64_t q_strides[2] = {uint64_t(p.q_stride_head) * 2, uint64_t(p.q_stride_token) * 2};
@@ -950,10 +1007,15 @@ bool launch_format(const ProxyScoreParams& p, QSource q_source, cudaStream_t str
 }
 
 template <typename Elem>
-bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, cudaStream_t stream) {
+bool launch(const ProxyScoreParams& p, QSource q_source, bool f16_mma, bool fp8_q, cudaStream_t stream) {
   KFormat fmt;
   if (!supports(p) || !operand_format(p, fmt)) return false;
   switch (fmt) {
+    case KFormat::kFp8Q:
+      // fp8 q and K (the api's bf16 instantiation): only where the plan asks (ProxyScorePlan::fp8_q).
+      if constexpr (std::is_same_v<Elem, __nv_bfloat16>)
+        if (fp8_q) return launch_format<Elem, KFormat::kFp8Q>(p, QSource::kRegs, stream);
+      return false;
     case KFormat::kNative: return launch_format<Elem, KFormat::kNative>(p, q_source, stream);
     case KFormat::kFp8:
       // fp16 q already multiplies in fp16; f16_mma changes bf16 q only.

@@ -87,8 +87,9 @@ enum class TileBound : int32_t { kAuto = 0, kFixed = 1, kAdaptive = 2 };
 // decode_f16 / decode_f16_only: the decode kernel with fp16 MMAs for fp8 K with bf16 or fp8 q
 // (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only). sm90_f16 / sm90_f16_only:
 // the sm_90a kernel with fp16 MMAs for fp8 K with bf16 q (Q in registers, its rows scaled into
-// fp16 by powers of two) and for NVFP4 q and K (value x 2^-7); otherwise the
-// same as sm90 / sm90_only.
+// fp16 by powers of two), for fp8 q and K (ProxyScorePlan::fp8_q: Q's raw bytes by TMA, converted
+// exactly in registers; only here, not auto's, until an H200 run measures it) and for NVFP4 q and
+// K (value x 2^-7); otherwise the same as sm90 / sm90_only.
 // auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block; with
 // fp16 MMAs for fp8 K, as decode_f16), else
 // sm90 (which itself falls back to mma_sync where it does not apply; fp8 K with bf16 q on its fp16
@@ -645,6 +646,10 @@ struct ProxyScorePlan {
   // bit-identical, 32K prefill 874.8 vs 1067.6 us): the same for fp8 K with bf16 q, Q in registers,
   // and NVFP4 q and K as value x 2^-7 (auto's since the H200 run at 5cb9800: 1352.0 vs 1805.0 us).
   bool f16_mma = false;
+  // fp8 q (with fp8 K) on the sm_90a kernel's fp16 MMAs (KFormat::kFp8Q: Q's raw bytes by TMA, its
+  // fragments converted exactly in registers). Set by sm90_f16 / sm90_f16_only only: auto keeps
+  // fp8 q on the mma.sync kernel until an H200 run shows this correct and faster.
+  bool fp8_q = false;
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.
   int decode_ctas = 2;

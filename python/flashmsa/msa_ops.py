@@ -901,8 +901,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # special-function unit's approximations, auto's: other last bits, deterministic);
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K) |
-# sm90_f16 | sm90_f16_only (the sm_90a kernel with fp16 MMAs for fp8 K and bf16 q, and for NVFP4
-# q and K),
+# sm90_f16 | sm90_f16_only (the sm_90a kernel with fp16 MMAs for fp8 K with bf16 or fp8 q, and
+# for NVFP4 q and K; fp8 q there only: not auto's until measured),
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the
 # decode kernel's NVFP4 conversion; auto: word), decode_fp8 / decode_nvfp4 = auto | cta | tma (fp8 /
 # NVFP4 K on the decode kernel's CTA-wide cp.async ring or, sm_90a, its TMA-fed warp-per-block

@@ -607,7 +607,8 @@ TEST(PlanDescribe, ProxyAndTopk) {
   } forced_cases[] = {
       {ProxyKernel::kSm90Only, "kernel=sm90 (forced by the option kernel=sm90_only)"},
       {ProxyKernel::kSm90F16Only, "kernel=sm90 (forced by the option kernel=sm90_f16_only; fp16 MMAs for fp8 K "
-                                  "with bf16 q (Q in registers) and for NVFP4 q and K (other operands: as sm90))"},
+                                  "with bf16 or fp8 q (Q in registers) and for NVFP4 q and K (other operands: "
+                                  "as sm90))"},
       {ProxyKernel::kMmaSync, "kernel=mma_sync (forced by the option kernel=mma_sync)"},
       {ProxyKernel::kDecodeF16, "kernel=decode (forced by the option kernel=decode_f16; fp16 MMAs for fp8 K)"
        "; decode_ctas=2 (auto: CTAs per SM; fp8 K 3, NVFP4 4, 16-bit K 2)"

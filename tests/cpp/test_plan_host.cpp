@@ -1800,9 +1800,11 @@ ProxyScorePlan proxy_plan(ProxyKernel k) {
 TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
   // f16_mma (the decode kernel's fp16 MMAs): decode_f16 / decode_f16_only, and auto for fp8 K
   // (PlanProxy.AutoTakesSm90ForEveryKDtype; these params have bf16 K).
+  // fp8_q (fp8 q and K on the sm_90a kernel's fp16 MMAs): sm90_f16 / sm90_f16_only only, never
+  // auto's (not yet measured on the H200).
   struct Case {
     ProxyKernel option, kernel;
-    bool strict, f16_mma = false;
+    bool strict, f16_mma = false, fp8_q = false;
   } cases[] = {{ProxyKernel::kAuto, ProxyKernel::kSm90, false},  // no heads: not the decode kernel
                {ProxyKernel::kMmaSync, ProxyKernel::kMmaSync, false},
                {ProxyKernel::kSm90, ProxyKernel::kSm90, false},
@@ -1817,15 +1819,20 @@ TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
                {ProxyKernel::kDecodeF16, ProxyKernel::kMmaSync, false, false},
                {ProxyKernel::kDecodeF16Only, ProxyKernel::kDecode, true, true},
                // sm90_f16 / sm90_f16_only: the sm_90a kernel with its fp16 MMAs for fp8 K (the
-               // launcher applies them to bf16 q with fp8 K only).
-               {ProxyKernel::kSm90F16, ProxyKernel::kSm90, false, true},
-               {ProxyKernel::kSm90F16Only, ProxyKernel::kSm90, true, true}};
+               // launcher applies them to bf16 or fp8 q with fp8 K, and to NVFP4 q and K).
+               {ProxyKernel::kSm90F16, ProxyKernel::kSm90, false, true, true},
+               {ProxyKernel::kSm90F16Only, ProxyKernel::kSm90, true, true, true}};
   for (const Case& c : cases) {
     const ProxyScorePlan plan = proxy_plan(c.option);
     EXPECT_EQ(plan.kernel, c.kernel) << option_name(c.option);
     EXPECT_EQ(plan.strict, c.strict) << option_name(c.option);
     EXPECT_EQ(plan.f16_mma, c.f16_mma) << option_name(c.option);
+    EXPECT_EQ(plan.fp8_q, c.fp8_q) << option_name(c.option);
   }
+  // Nor with fp8 q and K: auto keeps them off the sm_90a kernel's fp8-q form.
+  ProxyScoreParams fp8{};
+  fp8.q_dtype = fp8.k.dtype = DType::kFP8E4M3;
+  EXPECT_FALSE(plan_proxy_score(fp8, ProxyScoreOptions{}).fp8_q);
 }
 
 // An M3-like prefill call of the proxy (32K queries, 64 heads over 1 KV head) with K of dtype k

@@ -478,6 +478,42 @@ def test_proxy_sm90_f16_row_scales_equal_bf16_mma():
     check_f16_row_scales(case, dict(kernel="sm90_f16_only"), dict(kernel="sm90_only"))
 
 
+# fp8 q and K on the sm_90a kernel (kernel=sm90_f16 / sm90_f16_only only; auto keeps them on the
+# mma.sync kernel until an H200 run shows the form correct and faster): Q's raw bytes by TMA, its
+# fragments converted exactly to fp16 in registers, K as with bf16 q. Every product is exact and the
+# accumulation order is the bf16-MMA kernel's, so the result equals sm90_only on the bf16 upcasts
+# of q and K bit for bit; against the CPU reference the usual PROXY_ATOL.
+SM90_FP8_Q_CASES = [_twin(c, name=c.name.replace("sm90_fp8", "sm90_fp8q"), q_dtype=FP8)
+                    for c in SM90_FP8_CASES if c.q_dtype != FP16]
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", SM90_FP8_Q_CASES, ids=str)
+def test_proxy_sm90_fp8_q(case: ProxyCase):
+    """fp8 q and K on the sm_90a kernel (sm90_f16_only): against the CPU reference (PROXY_ATOL,
+    exact -inf / NaN patterns, every element written), bit for bit equal to sm90_only on the bf16
+    upcasts, and run-to-run bit-identical over differently poisoned outputs."""
+    inputs, want = proxy_reference(case)
+    got = run_proxy(case, inputs, DEV, fill=0.0, kernel="sm90_f16_only")
+    assert_proxy_close(got, want, case.name)
+    twin_inputs = dict(inputs, q=inputs["q"].to(BF16), k=inputs["k"].to(BF16))
+    upcast = run_proxy(_twin(case, q_dtype=BF16, k_dtype=BF16), twin_inputs, DEV, kernel="sm90_only")
+    assert torch.equal(got.view(torch.int32), upcast.view(torch.int32)), case.name
+    again = run_proxy(case, inputs, DEV, fill=-7.0, kernel="sm90_f16_only")
+    assert torch.equal(got.view(torch.int32), again.view(torch.int32)), case.name
+
+
+@needs_sm90
+def test_proxy_sm90_fp8_q_is_not_autos():
+    """auto (and sm90 / sm90_ss) keep fp8 q on the mma.sync kernel: bit for bit its result."""
+    case = ProxyCase("sm90_fp8q_auto", [300, 2], [512, 4000], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8)
+    inputs = make_proxy_inputs(case, seed=5)
+    want = run_proxy(case, inputs, DEV, kernel="mma_sync")
+    for variant in ("auto", "sm90", "sm90_ss"):
+        got = run_proxy(case, inputs, DEV, kernel=variant)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), variant
+
+
 @pytest.mark.parametrize("case", [
     ProxyCase("sm90_fallback_fp8_q", [300, 2], [512, 4000], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8,
               paged=True),
@@ -489,10 +525,12 @@ def test_proxy_sm90_falls_back(case: ProxyCase):
     """Plan option kernel=sm90 / sm90_ss: calls the sm_90a kernel does not cover (fp8 q,
     reduce_heads; any call on other devices) run on the mma.sync kernel, still exact; the _only
     forms refuse them with NotImplementedError. (fp8 K with 16-bit q, and NVFP4, now run on it:
-    test_proxy_sm90_fp8_k, test_proxy_sm90_fp4.)"""
+    test_proxy_sm90_fp8_k, test_proxy_sm90_fp4; fp8 q with sm90_f16 on an sm_90 device:
+    test_proxy_sm90_fp8_q.)"""
     inputs = make_proxy_inputs(case, seed=zlib.crc32(case.name.encode()))
     want = run_proxy(case, inputs, "cpu")
-    for variant in ("sm90", "sm90_ss", "sm90_f16"):
+    variants = ("sm90", "sm90_ss") + (("sm90_f16",) if case.q_dtype != FP8 or not IS_SM90 else ())
+    for variant in variants:
         assert_proxy_close(run_proxy(case, inputs, DEV, kernel=variant), want,
                            f"{case.name} {variant}")
         with pytest.raises(NotImplementedError, match="sm_90a kernel"):

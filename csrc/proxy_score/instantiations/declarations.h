@@ -35,9 +35,9 @@ extern template bool decode::tma::launch_fp4<__nv_bfloat16>(const decode::Params
 extern template bool decode::tma::launch_fp8<__half>(const decode::Params&, const ProxyScorePlan&, cudaStream_t);
 
 // proxy_score_sm90_bf16.cu
-extern template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t);
+extern template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, bool, bool, cudaStream_t);
 
 // proxy_score_sm90_fp16.cu
-extern template bool sm90::launch<__half>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t);
+extern template bool sm90::launch<__half>(const ProxyScoreParams&, sm90::QSource, bool, bool, cudaStream_t);
 
 }  // namespace flashmsa::cuda::proxy

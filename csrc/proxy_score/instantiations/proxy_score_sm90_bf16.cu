@@ -6,6 +6,6 @@
 
 namespace flashmsa::cuda::proxy {
 
-template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, bool, cudaStream_t);
+template bool sm90::launch<__nv_bfloat16>(const ProxyScoreParams&, sm90::QSource, bool, bool, cudaStream_t);
 
 }  // namespace flashmsa::cuda::proxy
