@@ -1605,6 +1605,11 @@ class Bench:
             # (split_rule=ceil) instead of auto's fewest waves x blocks per split.
             if 1 < b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
                 variants.append((" [split_rule=ceil]", dict(split_rule="ceil")))
+            # ... and split-K batches forced fused (force_fused=True: one CTA a (request, kv
+            # head), no combine; auto splits below one item per SM), the question of the B32
+            # target (docs/design/sparse_attention.md#decode-b32).
+            if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
+                variants.append((" [fused]", dict(force_fused=True)))
             # ... and split-K batches whose combine loads the partial values after the LSEs
             # (combine_loads=after) instead of with them (auto since dda49c5).
             if sq == 1 and b <= SPLIT_K_MAX_BATCH:
@@ -1661,6 +1666,9 @@ class Bench:
                         notes=notes)
 
     def build_decode(self, b, ctx, sq, kv, options=None):
+        """options: plan options; its key force_fused (not a plan option) goes to the op."""
+        options = dict(options or {})
+        force_fused = options.pop("force_fused", None)
         g = self.gen()
         hq, hkv = M3["hq"], M3["hkv"]
         nb = ctx // mi.BLOCK
@@ -1682,11 +1690,11 @@ class Bench:
             row_bytes = 64 + 8  # e2m1 pairs and one e4m3 scale per 16 values
         q = self.rnd((b * sq, hq, 128), g)
         seqused = torch.full((b,), ctx, dtype=torch.int32, device=self.device)
-        decode = self.planned("msa_sparse_decode_attention", options)
+        decode = self.planned("msa_sparse_decode_attention", options or None)
 
         def fn():
             return decode(q, k, v, sel, page_table=page_table, seqused_k=seqused, seqlen_q=sq,
-                          causal=True, **scales)
+                          causal=True, force_fused=force_fused, **scales)
         pos = (ctx - sq + torch.arange(sq, device=self.device)).repeat(b)
         keys = mi.visible_keys(sel, pos, ctx)
         nbytes = unique_blocks * 2 * mi.BLOCK * row_bytes + 2 * q.nbytes  # K+V, q, out (bf16)
