@@ -480,9 +480,8 @@ step_sanitizer() {
     local tlog=$dir/tma-store.log m0 m1 m3
     COMPUTE_SANITIZER=$SAN timeout 180 bash tests/sanitizer/run_initcheck_tma_store.sh "$dir/tma-store" \
       >"$tlog" 2>&1
-    m0=$(sed -n 's/^mode 0 .*| initcheck: \([0-9]*\) report.*/\1/p' "$tlog")
-    m1=$(sed -n 's/^mode 1 .*| initcheck: \([0-9]*\) report.*/\1/p' "$tlog")
-    m3=$(sed -n 's/^mode 3 .*| initcheck: \([0-9]*\) report.*/\1/p' "$tlog")
+    reports() { sed -n "s/^mode $1 .*| initcheck: \([0-9]*\) report.*/\1/p" "$tlog"; }
+    m0=$(reports 0) m1=$(reports 1) m3=$(reports 3)
     if [[ $m0 == 0 && -n $m3 && $m3 != 0 && -n $m1 && $m1 != 0 ]]; then
       INITCHECK_SMOKE_ARGS=(--no-tma-stores)
       detail+="initcheck does not see TMA stores (control: $m1 reports on TMA-stored bytes, 0 on st.global): its smoke calls with --no-tma-stores | "

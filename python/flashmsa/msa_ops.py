@@ -591,6 +591,7 @@ def _topk_select(plan, max_score, topk, num_valid_pages, output, force_begin_blo
 
 # The attention ops' q dtypes (the decode op also takes fp8 q with fp8 K, its output then bf16).
 _Q_DTYPES = (torch.bfloat16, torch.float16)
+_DECODE_Q_DTYPES = (*_Q_DTYPES, torch.float8_e4m3fn)
 
 
 def _q_shape(q: torch.Tensor, dtypes=_Q_DTYPES) -> Tuple[int, int, int]:
@@ -864,10 +865,9 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
                    v_scale=v_scale, q_offset=q_offset_tensor,
                    workspace=workspace.buffer if workspace is not None else None, out=out)
 
-    decode_q = (*_Q_DTYPES, torch.float8_e4m3fn)
     if out is None:
-        out = _attention_out(q, decode_q)
-    lse, _ = _lse_outputs(q, bool(return_softmax_lse), False, decode_q)
+        out = _attention_out(q, _DECODE_Q_DTYPES)
+    lse, _ = _lse_outputs(q, bool(return_softmax_lse), False, _DECODE_Q_DTYPES)
     args = (q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens_k, seqlen_q, bool(causal),
             softmax_scale, k_scale, v_scale, k_global_scale, v_global_scale, q_offset_value,
             q_offset_tensor, partial_dtype, force_fused, out, lse)
