@@ -21,10 +21,12 @@ Results are checked only for NaN: correctness is the test suites' job.
 Selecting cases: --only SUBSTRING runs just the cases whose name (as printed) contains SUBSTRING
 (or one of "A|B|..."); --shard I/N runs every N-th of those from the I-th (1-based, in case order),
 so that N sanitizer processes share the work (scripts/gpu_check.sh, SANITIZER_JOBS); --list prints
-the selected names and calls no op. Nothing is built for the other cases, and a case's data do not
-depend on which other cases run (see Smoke): a shard or an --only run reproduces exactly what the
-full run does for its cases. The summary line names the shard and how many of the selected calls
-it ran.
+the selected names and calls no op; --resume LOG leaves out the cases that LOG (the output of an
+earlier run of this script, e.g. a cut sanitizer run's merged log) names as PASS or SKIP, before
+--shard splits the rest, so a run that a time limit cut can be finished by another. Nothing is
+built for the other cases, and a case's data do not depend on which other cases run (see Smoke): a
+shard, an --only or a --resume run reproduces exactly what the full run does for its cases. The
+summary line names the shard and how many of the selected calls it ran.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import argparse
 import functools
 import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -76,15 +79,17 @@ class Smoke:
     place in the part (both independent of which cases run). So a case sees the same data in a
     full run, a shard or an --only run."""
 
-    def __init__(self, ops, device, only=None, shard=None, listing=False):
+    def __init__(self, ops, device, only=None, shard=None, listing=False, done=frozenset()):
         self.ops = ops
         self.dev = device
         self.only = only
         self.shard = shard
+        self.done = done    # names an earlier run passed or skipped (--resume): not selected
         self.listing = listing
         self.gen = mi.cuda_generator(7, device)  # builders draw from it: a case's or a Lazy's own
         self.passed, self.skipped, self.failed, self.listed = [], [], [], []
         self.filtered = 0   # cases not matching `only`
+        self.resumed = 0    # cases matching `only` that are in `done`
         self.matched = 0    # cases matching `only`: the shard takes every n-th of them
         self.part, self.inputs = "", 0
 
@@ -102,6 +107,9 @@ class Smoke:
     def selected(self, name) -> bool:
         if self.only is not None and not any(part in name for part in self.only.split("|")):
             self.filtered += 1
+            return False
+        if name in self.done:
+            self.resumed += 1
             return False
         index = self.matched
         self.matched += 1
@@ -1353,6 +1361,25 @@ def no_tma_stores(ops) -> PlannedOps:
     return PlannedOps(ops, skip, msa_sparse_attention=dict(kv_major_store="stg"))
 
 
+_RESULT_LINE = re.compile(r"^(?:PASS (.*) \([0-9.]+ s\)|SKIP (.*?): (?:NotImplementedError|AttributeError): .*)$")
+
+
+def finished_cases(path: str) -> frozenset:
+    """The case names an earlier run's output at `path` reports as PASS or SKIP (a FAIL, or a case
+    cut before its result line, runs again)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise SystemExit(f"sanitize_smoke: --resume {path}: {e.strerror}") from None
+    names = set()
+    for line in lines:
+        m = _RESULT_LINE.match(line)
+        if m:
+            names.add(m.group(1) if m.group(1) is not None else m.group(2))
+    return frozenset(names)
+
+
 def parse_shard(text: str):
     try:
         i, n = (int(x) for x in text.split("/"))
@@ -1375,6 +1402,10 @@ def main(argv=None) -> int:
                         help="for initcheck, which does not count TMA stores as writes: the "
                              "KV-major partials by each lane's stores (kv_major_store=stg), the "
                              "TMA KV-major kernel's calls skipped (see no_tma_stores)")
+    parser.add_argument("--resume", metavar="LOG", default=None,
+                        help="leave out the cases that LOG, an earlier run's output, reports as "
+                             "PASS or SKIP (finishing a run a time limit cut); applied before "
+                             "--shard")
     parser.add_argument("--list", action="store_true",
                         help="print the names of the selected cases, one a line, and call no op "
                              "(builds the inputs; on the CPU where there is no CUDA device)")
@@ -1390,12 +1421,15 @@ def main(argv=None) -> int:
     from flashmsa import msa_ops
     start = time.monotonic()
     ops = no_tma_stores(msa_ops) if args.no_tma_stores else msa_ops
-    smoke = Smoke(ops, dev, args.only, args.shard, listing=args.list)
+    done = finished_cases(args.resume) if args.resume is not None else frozenset()
+    smoke = Smoke(ops, dev, args.only, args.shard, listing=args.list, done=done)
     smoke.run_parts()
     ran = len(smoke.listed) + len(smoke.passed) + len(smoke.skipped) + len(smoke.failed)
     scope = ""
     if args.only is not None:
         scope += f", {smoke.filtered} not matching --only {args.only!r}"
+    if args.resume is not None:
+        scope += f", {smoke.resumed} done in {args.resume}"
     if args.shard is not None:
         scope += f", shard {args.shard[0]}/{args.shard[1]} ({ran} of {smoke.matched} calls)"
     if args.list:
@@ -1405,7 +1439,7 @@ def main(argv=None) -> int:
               f"{len(smoke.failed)} failed{scope} in {time.monotonic() - start:.1f} s", flush=True)
         for name in smoke.failed:
             print(f"  failed: {name}")
-    if args.only is not None and smoke.matched == 0:
+    if args.only is not None and smoke.matched + smoke.resumed == 0:
         print(f"sanitize_smoke: no case name contains {args.only!r}", file=sys.stderr)
         return 2
     return 1 if smoke.failed else 0

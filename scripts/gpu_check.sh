@@ -96,6 +96,11 @@
 #   COMPUTE_SANITIZER=path     the compute-sanitizer to run (default: found on PATH or in CUDA)
 #   SANITIZER_ONLY=substring   only the smoke calls whose name holds it (sanitize_smoke.py --only;
 #                              alternatives separated by '|', e.g. "hybrid|proxy")
+#   SANITIZER_RESUME=file      finish a cut run of one tool (SANITIZER_TOOLS names exactly that
+#                              one): the smoke calls that file, that tool's merged log of the
+#                              earlier run (a path in the repository, so that it travels), reports
+#                              as PASS or SKIP are left out (sanitize_smoke.py --resume), the rest
+#                              shared by the shards; the summary says how many were done before
 #   BENCH_ARGS="..."           extra bench_msa.py arguments (e.g. "--stages decode")
 #   FUZZ=seconds               run the fuzzer (fuzz step) for that long; FUZZ_ARGS="..." extra
 #                              fuzz_msa.py arguments (e.g. "--seed 1000000 --ops attention")
@@ -389,6 +394,7 @@ san_shard() {
   [[ -n ${SANITIZER_KERNEL_FILTER:-} && $tool != initcheck ]] && args+=(--kernel-name "$SANITIZER_KERNEL_FILTER")
   local smoke=(benchmarks/sanitize_smoke.py --shard "$i/$n")
   [[ -n ${SANITIZER_ONLY:-} ]] && smoke+=(--only "$SANITIZER_ONLY")
+  [[ -n ${SANITIZER_RESUME:-} ]] && smoke+=(--resume "$SANITIZER_RESUME")
   [[ $tool == initcheck ]] && smoke+=("${INITCHECK_SMOKE_ARGS[@]}")
   echo "===== compute-sanitizer ${args[*]} ${smoke[*]}" >"$log"
   # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
@@ -404,7 +410,7 @@ san_shard() {
 # prints "<0|1> <detail>" (1: the tool failed).
 san_summary() {
   local tool=$1 n=$2 dir=$3 i log summary smoke errors rc secs bad=0
-  local total_errors=0 passed=0 skipped=0 failed=0 matched="" calls problems="" tmin="" tmax=0
+  local total_errors=0 passed=0 skipped=0 failed=0 matched="" resumed="" calls problems="" tmin="" tmax=0
   local merged=$OUT_DIR/sanitizer-$tool.log
   : >"$merged"
   for (( i = 1; i <= n; i++ )); do
@@ -421,6 +427,7 @@ san_summary() {
       failed=$(( failed + BASH_REMATCH[3] ))
     fi
     [[ $smoke =~ \(([0-9]+)\ of\ ([0-9]+)\ calls\) ]] && matched=${BASH_REMATCH[2]}
+    [[ $smoke =~ ,\ ([0-9]+)\ done\ in\  ]] && resumed=${BASH_REMATCH[1]}
     (( secs > tmax )) && tmax=$secs
     [[ -z $tmin ]] || (( secs < tmin )) && tmin=$secs
     local why=""
@@ -443,7 +450,9 @@ san_summary() {
   done
   trim_log "$merged"
   calls=$(( passed + skipped + failed ))
-  local detail="$tool: $total_errors errors, ${calls}/${matched:-?} calls ($passed passed, $skipped skipped, $failed failed), $n shard(s) of ${tmin:-0}-${tmax} s"
+  local detail="$tool: $total_errors errors, ${calls}/${matched:-?} calls ($passed passed, $skipped skipped, $failed failed)"
+  [[ -n $resumed ]] && detail+=" besides $resumed done in $SANITIZER_RESUME"
+  detail+=", $n shard(s) of ${tmin:-0}-${tmax} s"
   [[ $calls != "${matched:-?}" ]] && bad=1
   echo "$bad $detail$problems"
 }
@@ -461,6 +470,16 @@ step_sanitizer() {
   if ! [[ $n =~ ^[1-9][0-9]*$ && $parallel =~ ^[1-9][0-9]*$ ]]; then
     record sanitizer FAIL 0 "SANITIZER_JOBS / SANITIZER_PARALLEL must be positive numbers"
     return
+  fi
+  if [[ -n ${SANITIZER_RESUME:-} ]]; then
+    if [[ $(wc -w <<<"$tools") != 1 ]]; then
+      record sanitizer FAIL 0 "SANITIZER_RESUME needs exactly one tool in SANITIZER_TOOLS (the one whose log it is), got '$tools'"
+      return
+    fi
+    if [[ ! -f $SANITIZER_RESUME ]]; then
+      record sanitizer FAIL 0 "SANITIZER_RESUME: no file $SANITIZER_RESUME"
+      return
+    fi
   fi
   if ! SAN=$(find_sanitizer); then
     record sanitizer FAIL 0 "compute-sanitizer not found"

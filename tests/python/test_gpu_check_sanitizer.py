@@ -26,12 +26,13 @@ CALLS = 20
 
 FAKE = r"""#!/usr/bin/env bash
 # fake compute-sanitizer: --tool T [options] PYTHON benchmarks/sanitize_smoke.py --shard I/N [--only X]
-tool="" shard=""
+tool="" shard="" resume=""
 args=("$@")
 for ((k = 0; k < ${#args[@]}; k++)); do
   case ${args[k]} in
     --tool) tool=${args[k + 1]} ;;
     --shard) shard=${args[k + 1]} ;;
+    --resume) resume=", $(grep -c '^PASS ' "${args[k + 1]}") done in ${args[k + 1]}" ;;
   esac
 done
 if [[ " $* " == *"/initcheck_tma_store "* ]]; then
@@ -68,7 +69,7 @@ for ((c = 0; c < mine; c++)); do
 done
 errors=0
 [[ " ${FAKE_SAN_ERRORS:-} " == *" $tool:$i "* ]] && errors=2
-echo "sanitize_smoke: $(( mine - failed )) passed, 0 skipped, $failed failed, shard $shard ($mine of $total calls) in 0.1 s"
+echo "sanitize_smoke: $(( mine - failed )) passed, 0 skipped, $failed failed$resume, shard $shard ($mine of $total calls) in 0.1 s"
 if [[ $tool == racecheck ]]; then
   echo "========= RACECHECK SUMMARY: $errors hazards displayed ($errors errors, 0 warnings)"
 else
@@ -272,3 +273,27 @@ def test_profile_case_that_hangs_is_cut(tmp_path):
     assert "profiled: fine" in log, log
     line = next(ln for ln in (out / "summary.txt").read_text().splitlines() if ln.startswith("profile "))
     assert " FAIL " in line and "2 case(s): hang,fine" in line, line
+
+
+def test_resume_finishes_one_tools_cut_run(tmp_path):
+    earlier = tmp_path / "racecheck-earlier.log"
+    earlier.write_text("".join(f"PASS case {k} (1.0 s)\n" for k in range(7)))
+    proc, line, out = run_check(tmp_path, SANITIZER_TOOLS="racecheck", SANITIZER_JOBS="2",
+                                SANITIZER_RESUME=str(earlier))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"racecheck: 0 errors, {CALLS}/{CALLS} calls ({CALLS} passed, 0 skipped, 0 failed) " \
+           f"besides 7 done in {earlier}, 2 shard(s) of " in line, line
+    assert f"--resume {earlier}" in (out / "sanitizer-racecheck.log").read_text()
+
+
+@pytest.mark.parametrize("tools,file,why", [
+    ("memcheck racecheck", True, "SANITIZER_RESUME needs exactly one tool"),
+    ("racecheck", False, "SANITIZER_RESUME: no file"),
+])
+def test_resume_refuses_what_it_cannot_mean(tmp_path, tools, file, why):
+    earlier = tmp_path / "earlier.log"
+    if file:
+        earlier.write_text("PASS case 0 (1.0 s)\n")
+    proc, line, _ = run_check(tmp_path, SANITIZER_TOOLS=tools, SANITIZER_RESUME=str(earlier))
+    assert proc.returncode == 1
+    assert " FAIL " in line and why in line, line

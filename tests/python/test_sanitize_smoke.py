@@ -77,6 +77,41 @@ def test_shard_summary_line(capsys):
         sanitize_smoke.main(["--list", "--shard", "9/8"])
 
 
+def test_resume_leaves_out_what_an_earlier_run_passed_or_skipped(tmp_path, capsys):
+    full = listed("hostile")
+    # An earlier run's merged log: shard headers and sanitizer lines around the results; a FAIL
+    # and a case cut before its result line run again.
+    log = tmp_path / "racecheck.log"
+    log.write_text("\n".join([
+        "##### shard 1/2: exit 124, 531s",
+        "===== compute-sanitizer --tool racecheck ...",
+        f"PASS {full[0]} (9.4 s)",
+        f"SKIP {full[1]}: NotImplementedError: not on this device",
+        f"FAIL {full[2]}: RuntimeError: output contains NaN",
+        "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)",
+        f"PASS {full[3]} (0.2 s)",
+        f"PASS not a case of this run (1.0 s)",
+    ]) + "\n")
+    done = sanitize_smoke.finished_cases(str(log))
+    assert done == {full[0], full[1], full[3], "not a case of this run"}
+    rest = [n for n in full if n not in done]
+    smoke = sanitize_smoke.Smoke(msa_ops, torch.device("cpu"), "hostile", (2, 3), listing=True,
+                                 done=done)
+    smoke.run_parts()
+    assert smoke.listed == rest[1::3]  # the shard splits what is left
+    assert smoke.resumed == 3 and smoke.matched == len(rest)
+    capsys.readouterr()
+    assert sanitize_smoke.main(["--list", "--only", "hostile", "--resume", str(log)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == rest
+    assert f"3 done in {log}" in err
+    # Everything done: nothing to run, and that is not "no case matches --only".
+    log.write_text("".join(f"PASS {n} (0.1 s)\n" for n in full))
+    assert sanitize_smoke.main(["--list", "--only", "hostile", "--resume", str(log)]) == 0
+    with pytest.raises(SystemExit, match="--resume"):
+        sanitize_smoke.main(["--list", "--resume", str(tmp_path / "missing.log")])
+
+
 class RecordingOps:
     """Any op (public or planned twin): records a digest of its arguments under the running case."""
 
