@@ -1610,6 +1610,12 @@ class Bench:
             # target (docs/design/sparse_attention.md#decode-b32).
             if sq == 1 and b <= SPLIT_K_MAX_BATCH and kv in ("bf16", "fp8"):
                 variants.append((" [fused]", dict(force_fused=True)))
+            # ... and fused batches (one item per SM or more) forced to split (force_fused=False:
+            # the fewest waves x blocks per split, at least 2 splits, then the combine): where the
+            # items overrun a wave of resident CTAs by a fraction (B96 / M3: 384 items for 264
+            # slots of the register kernel), the split may beat the fused call's second wave.
+            if b > SPLIT_K_MAX_BATCH and (sq == 1 or kv == "fp8"):
+                variants.append((" [split]", dict(force_fused=False)))
             # ... and split-K batches whose combine loads the partial values after the LSEs
             # (combine_loads=after) instead of with them (auto since dda49c5).
             if sq == 1 and b <= SPLIT_K_MAX_BATCH:
