@@ -199,10 +199,12 @@ std::string describe(const ProxyScorePlan& plan, const ProxyScoreOptions& o) {
       << " rows (heads x max_seqlen_q) per request and KV head: the decode streaming kernel"
       << (plan.f16_mma ? ", fp16 MMAs for fp8 K" : "");
   else if (o.kernel == ProxyKernel::kAuto)
-    s << "auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit q with K of its "
-         "dtype or fp8 K, or NVFP4 q and K; no reduce_heads), else the portable mma.sync kernel"
-      << (plan.f16_mma ? "; fp16 MMAs for fp8 K with bf16 q (Q in registers) or NVFP4 q and K (value x 2^-7)"
-                       : "");
+    s << "auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit or fp8 q with K "
+         "of its dtype, 16-bit q with fp8 K, or NVFP4 q and K; no reduce_heads), else the portable "
+         "mma.sync kernel"
+      << (plan.fp8_q ? "; fp16 MMAs for fp8 q and K (Q's raw bytes converted in registers)"
+          : plan.f16_mma ? "; fp16 MMAs for fp8 K with bf16 q (Q in registers) or NVFP4 q and K (value x 2^-7)"
+                         : "");
   else if (named == plan.kernel && plan.f16_mma && plan.kernel == ProxyKernel::kSm90)
     s << "forced by the option kernel=" << option_name(o.kernel)
       << "; fp16 MMAs for fp8 K with bf16 or fp8 q (Q in registers) and for NVFP4 q and K (other operands: "

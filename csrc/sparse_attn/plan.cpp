@@ -71,9 +71,9 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     // wgmma_pipe=ahead: the planner warp ahead of the loader, auto's too (H200 at 42bbb91: B64 /
     // 32K MTP sq 4 bf16 91.7 vs 98.7 us inline).
     plan.wgmma_ahead = plan.wgmma && options.wgmma_pipe != DecodeWgmmaPipe::kInline;
-    // wgmma_fp8=on: fp8 K/V converted in place by the kernel's converter warps (auto: off; H200 at
-    // this commit's parent: B64 / 32K sq 4 74.5 / 75.3 vs 77.4 us for auto's union register kernel,
-    // measured at that one batch).
+    // wgmma_fp8: fp8 K/V converted in place by the kernel's converter warps (on, and auto where
+    // mtp_wgmma_unsupported says: H200 at e5d3136, B34-B128 / 32K sq 4, never slower than auto's
+    // union register kernel before it, B96 103.7 vs 151.4 us).
     plan.wgmma_fp8 = plan.wgmma && p.k.dtype == DType::kFP8E4M3;
   }
   const DecodeKernel kernel = options.kernel == DecodeKernel::kWgmma ? DecodeKernel::kAuto : options.kernel;
@@ -105,7 +105,13 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // split_rule: auto = waves (H200 at 43dca7a, 32K paged: B32 bf16 49.1 vs 57.7 us, fp8 35.6 vs 46.4;
   // B1 / B8 / B16 the same counts).
   const bool waves = options.split_rule != DecodeSplitRule::kCeil;
-  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, 64, waves);
+  // The fp8 register kernel on per-token 16-row items runs fused from 70 % of an item per SM
+  // (query_major_fused_items; H200 at e5d3136). split=cluster keeps one item per SM: its rows
+  // merge in distributed shared memory without the combine.
+  const bool fp8_regs_rows16 = plan.regs && !mtp && plan.warps_m == 1 &&
+                               p.k.dtype == DType::kFP8E4M3 && options.split != DecodeSplit::kCluster;
+  plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, 64, waves,
+                                   query_major_fused_items(num_sms, fp8_regs_rows16));
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
   // split=cluster: where the call splits, the splits of a row as one cluster of at most
@@ -252,9 +258,17 @@ const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const Spa
   const DType compute = compute_dtype(p);
   if (p.q_dtype != compute) return "fp8 q (the wgmma kernel loads bf16 / fp16 q by TMA)";
   const bool fp8_kv = p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3;
-  if (fp8_kv && options.wgmma_fp8 != DecodeWgmmaFp8::kOn)
-    return "fp8 K/V (the wgmma kernel converts them only with wgmma_fp8=on: off by default, 3-4 % "
-           "faster than auto's kernel at the one batch measured)";
+  // wgmma_fp8=auto: on where kernel=wgmma is named, and for auto's pick from more union items than
+  // SMs (H200 at e5d3136, 32K, 4 tokens, us, auto's union register kernel / wgmma_fp8=on: B34 75.3 /
+  // 74.0, B48 77.0 / 74.4, B64 78.0 / 74.8, B80 149.9 / 102.9, B96 151.4 / 103.7, B128 153.8 /
+  // 133.1; smaller batches run per-token items, mtp_union_pays).
+  const int64_t union_items = int64_t(p.batch) * p.num_kv_heads;
+  if (fp8_kv && options.wgmma_fp8 == DecodeWgmmaFp8::kOff)
+    return "fp8 K/V with wgmma_fp8=off (the wgmma kernel converts them only with wgmma_fp8=on or auto)";
+  if (fp8_kv && options.wgmma_fp8 == DecodeWgmmaFp8::kAuto && options.kernel != DecodeKernel::kWgmma &&
+      union_items <= facts.num_sms)
+    return "fp8 K/V with at most one union item per SM (wgmma_fp8=auto converts them on the wgmma "
+           "kernel from more union items than SMs, where it was measured faster; wgmma_fp8=on forces it)";
   if (fp8_kv && options.wgmma_pipe == DecodeWgmmaPipe::kInline)
     return "fp8 K/V with wgmma_pipe=inline (wgmma_fp8=on runs the ahead pipe's planner and loader warps)";
   if (!fp8_kv && !kv_in_compute_dtype(p))

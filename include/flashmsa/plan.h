@@ -88,13 +88,14 @@ enum class TileBound : int32_t { kAuto = 0, kFixed = 1, kAdaptive = 2 };
 // (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only). sm90_f16 / sm90_f16_only:
 // the sm_90a kernel with fp16 MMAs for fp8 K with bf16 q (Q in registers, its rows scaled into
 // fp16 by powers of two), for fp8 q and K (ProxyScorePlan::fp8_q: Q's raw bytes by TMA, converted
-// exactly in registers; only here, not auto's, until an H200 run measures it) and for NVFP4 q and
-// K (value x 2^-7); otherwise the same as sm90 / sm90_only.
+// exactly in registers; auto's too since the H200 run at e5d3136) and for NVFP4 q and K (value x
+// 2^-7); otherwise the same as sm90 / sm90_only.
 // auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block; with
 // fp16 MMAs for fp8 K, as decode_f16), else
 // sm90 (which itself falls back to mma_sync where it does not apply; fp8 K with bf16 q on its fp16
 // MMAs, as sm90_f16, since b66f97b: 874.8 vs 1067.6 us at 32K; NVFP4 q and K likewise since the H200
-// run at 5cb9800: 1352.0 vs 1805.0 us). H200 at 162e97a: 32K prefill
+// run at 5cb9800: 1352.0 vs 1805.0 us; fp8 q and K likewise since the H200 run at e5d3136: 854.3
+// vs 1736.5 us). H200 at 162e97a: 32K prefill
 // 658 us vs mma_sync 1624; decode B64/32K 139 vs 190 us (bf16), 125 vs 216 (fp8), 145 vs 271 (NVFP4);
 // at c7709c9, 32K prefill with fp8 K 1076 vs 1739 us, NVFP4 q / K 1806 vs 2038 us (auto took
 // mma_sync for them until then).
@@ -203,15 +204,16 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // 153.1 us at 5b22cb3, and was removed).
 // auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee:
 // 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us); MTP union items:
-// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us); wgmma for 16-bit union items where
+// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us) up to one union item per SM, wgmma
+// with fp8 K/V above (wgmma_fp8, since e5d3136); wgmma for 16-bit union items where
 // it runs and there are more items than half the SMs (32K, 4 tokens, bf16: B64 99.0 vs 104.1 us at
 // 054c9ce; B32 54.9 vs 74.1, B24 77.2 vs 93.8 at 37fd6f5; B16 even, B8 / B1 slower there); smem
 // where neither applies.
 // wgmma: MTP union items with bf16 / fp16 q, K and V on the sm_90a kernel of warpgroup MMAs and TMA
 // loads (csrc/sparse_attn/mtp_wgmma_sm90.cuh: a persistent CTA per SM, a producer warp streaming
 // each item's union blocks through a 3-stage K / V ring, one consumer warpgroup computing all 64
-// rows), and fp8 K/V with wgmma_fp8=on (DecodeWgmmaFp8); every other call (per-token items, fp8
-// K/V without that option, NVFP4 K/V, fp8 q, no sm_90a image or device,
+// rows), and fp8 K/V unless wgmma_fp8=off (DecodeWgmmaFp8); every other call (per-token items, fp8
+// K/V with wgmma_fp8=off, NVFP4 K/V, fp8 q, no sm_90a image or device,
 // q / K / V beyond TMA's 32-bit coordinates) is planned as auto and the plan text says why
 // (mtp_wgmma_unsupported).
 enum class DecodeKernel : int32_t {
@@ -332,8 +334,10 @@ enum class DecodeWgmmaPipe : int32_t { kAuto = 0, kInline = 1, kAhead = 2 };
 // converter warps converts it exactly into fp16 in place, and the consumers compute in fp16: fp16 q
 // as the 16-bit kernel on the dequantized K and V, bit for bit; bf16 q scaled into fp16 by a power
 // of two per item, as kernel=regs scales it per row; needs wgmma_pipe=ahead's warps, so
-// wgmma_pipe=inline falls back), off. auto: off (H200: 3-4 % faster than auto's union register
-// kernel at B64 / 32K / 4 tokens, the one batch measured). Other kernels and K/V dtypes ignore it.
+// wgmma_pipe=inline falls back), off. auto: on where kernel=wgmma is named, and where auto takes the
+// wgmma kernel for more union items than SMs (H200 at e5d3136, 32K / 4 tokens: never slower than
+// auto's union register kernel from B34 to B128, B96 103.7 vs 151.4 us); off below (the register
+// kernel). Other kernels and K/V dtypes ignore it.
 // docs/design/sparse_attention.md, "fp8 K/V on the MTP wgmma kernel, in fp16".
 enum class DecodeWgmmaFp8 : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
 
@@ -647,8 +651,9 @@ struct ProxyScorePlan {
   // and NVFP4 q and K as value x 2^-7 (auto's since the H200 run at 5cb9800: 1352.0 vs 1805.0 us).
   bool f16_mma = false;
   // fp8 q (with fp8 K) on the sm_90a kernel's fp16 MMAs (KFormat::kFp8Q: Q's raw bytes by TMA, its
-  // fragments converted exactly in registers). Set by sm90_f16 / sm90_f16_only only: auto keeps
-  // fp8 q on the mma.sync kernel until an H200 run shows this correct and faster.
+  // fragments converted exactly in registers). Set by sm90_f16 / sm90_f16_only, and by auto for fp8
+  // q and K on the sm_90a kernel since the H200 run at e5d3136 (32K prefill 854.3 vs 1736.5 us on
+  // mma.sync); sm90 / sm90_ss keep fp8 q on mma.sync.
   bool fp8_q = false;
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's
   // 3 / 4 (H200 at b1fafdd), 16-bit K 2.
@@ -703,8 +708,9 @@ SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnD
                                   const SparseDecodeOptions& options = {});
 // Why kernel=wgmma's MTP union kernel does not run these params with these facts (a static string,
 // kept in QueryMajorPlan::wgmma_fallback for the plan text), or nullptr where it runs. mtp: whether
-// the call has MTP union items; options: wgmma_fp8 and wgmma_pipe (fp8 K/V run only with
-// wgmma_fp8=on and the ahead pipe).
+// the call has MTP union items; options: kernel, wgmma_fp8 and wgmma_pipe (fp8 K/V run with
+// wgmma_fp8=on, or auto where kernel=wgmma is named or the union items outnumber the SMs, and only
+// on the ahead pipe).
 const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts,
                                   const SparseDecodeOptions& options = {});
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);

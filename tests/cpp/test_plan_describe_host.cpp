@@ -362,11 +362,15 @@ TEST(PlanDescribe, DecodeNamesTheWgmmaKernelOrWhyNot) {
   EXPECT_TRUE(has(no_dev, "kernel=wgmma falls back to auto's kernel: the wgmma kernel cannot run on this device"))
       << no_dev;
   dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
-  const std::string fp8 = describe_decode(plan_sparse_decode(dp, f, w), dp.attn);
-  EXPECT_TRUE(has(fp8, "kernel=wgmma falls back to auto's kernel: fp8 K/V (the wgmma kernel converts them only "
-                       "with wgmma_fp8=on")) << fp8;
+  SparseDecodeOptions w_off = w;
+  w_off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
+  const std::string fp8 = describe_decode(plan_sparse_decode(dp, f, w_off), dp.attn);
+  EXPECT_TRUE(has(fp8, "kernel=wgmma falls back to auto's kernel: fp8 K/V with wgmma_fp8=off")) << fp8;
   EXPECT_TRUE(has(fp8, "; kernel=regs (the 4 warps split")) << fp8;
   EXPECT_FALSE(has(fp8, "wgmma_fp8=on (")) << fp8;
+  // wgmma_fp8=auto where kernel=wgmma is named: as on.
+  const std::string fp8_auto = describe_decode(plan_sparse_decode(dp, f, w), dp.attn);
+  EXPECT_TRUE(has(fp8_auto, "; wgmma_fp8=on (fp8 K/V: each raw 16 KB K or V block by TMA")) << fp8_auto;
   SparseDecodeOptions w8 = w;
   w8.wgmma_fp8 = DecodeWgmmaFp8::kOn;
   const std::string on = describe_decode(plan_sparse_decode(dp, f, w8), dp.attn);
@@ -378,8 +382,10 @@ TEST(PlanDescribe, DecodeNamesTheWgmmaKernelOrWhyNot) {
   w8.wgmma_pipe = DecodeWgmmaPipe::kInline;
   const std::string inl = describe_decode(plan_sparse_decode(dp, f, w8), dp.attn);
   EXPECT_TRUE(has(inl, "kernel=wgmma falls back to auto's kernel: fp8 K/V with wgmma_pipe=inline")) << inl;
-  // auto never names it.
-  EXPECT_FALSE(has(describe_decode(plan_sparse_decode(dp, f), dp.attn), "wgmma"));
+  // auto takes it for these fp8 union items (256, more than the SMs: wgmma_fp8=auto) and names it.
+  const std::string fp8_auto_kernel = describe_decode(plan_sparse_decode(dp, f), dp.attn);
+  EXPECT_TRUE(has(fp8_auto_kernel, "; kernel=wgmma (sm_90a")) << fp8_auto_kernel;
+  EXPECT_TRUE(has(fp8_auto_kernel, "; wgmma_fp8=on (fp8 K/V")) << fp8_auto_kernel;
 }
 
 // auto takes the wgmma kernel for 16-bit MTP union items when there are more items (requests x kv
@@ -397,10 +403,11 @@ TEST(PlanDescribe, DecodeAutoTakesWgmmaAboveHalfTheSms) {
     const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);
     EXPECT_EQ(has(d, "mtp=union"), batch >= 4) << d;  // per-token items at B1 (mtp_union_pays)
     EXPECT_EQ(has(d, "kernel=wgmma"), 2 * batch * 4 > 132) << "batch " << batch << ": " << d;
-    // fp8 K/V: the register union kernel at every batch.
+    // fp8 K/V: union items only past one per SM (mtp_union_pays), and there on the wgmma kernel
+    // (wgmma_fp8=auto, since the H200 run at e5d3136): B64 here.
     dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
     const std::string q = describe_decode(plan_sparse_decode(dp, f), dp.attn);
-    EXPECT_FALSE(has(q, "wgmma")) << q;
+    EXPECT_EQ(has(q, "kernel=wgmma"), batch * 4 > 132) << q;
   }
 }
 
@@ -492,8 +499,8 @@ TEST(PlanDescribe, ProxyAndTopk) {
   ProxyScoreParams pp{};
   const ProxyScoreOptions auto_o;
   EXPECT_EQ(describe(plan_proxy_score(pp, auto_o), auto_o),
-            "kernel=sm90 (auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit q "
-            "with K of its dtype or fp8 K, or NVFP4 q and K; no reduce_heads), else the portable "
+            "kernel=sm90 (auto: the sm_90a TMA + wgmma kernel where it runs (an sm_90 GPU, 16-bit or "
+            "fp8 q with K of its dtype, 16-bit q with fp8 K, or NVFP4 q and K; no reduce_heads), else the portable "
             "mma.sync kernel)");
   pp.num_heads = 4;  // M3's indexer decode: 4 heads over one index-K head, one token per request
   pp.num_kv_heads = 1;

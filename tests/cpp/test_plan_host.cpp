@@ -787,14 +787,26 @@ TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
   sm89.decode_regs_ctas = 0;  // below the kernel's 105 KB of shared memory
   EXPECT_FALSE(plan_sparse_decode(fp8(30), sm89, regs).qm.regs);
   EXPECT_TRUE(plan_sparse_decode(fp8(30), a100, regs).qm.regs);
-  // Its 2 resident CTAs per SM set the split target: 30 x 4 = 120 items want ceil(264 / 120) = 3
-  // splits under split_rule=ceil (3 CTAs per SM: ceil(396 / 120) = 4).
+  // Its 2 resident CTAs per SM set the split target: 22 x 4 = 88 items want ceil(264 / 88) = 3
+  // splits under split_rule=ceil (3 CTAs per SM: ceil(396 / 88) = 5, rounded to 4 splits of 4
+  // blocks).
   SparseDecodeOptions regs_ceil = regs, smem_ceil = smem;
   regs_ceil.split_rule = smem_ceil.split_rule = DecodeSplitRule::kCeil;
-  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, regs_ceil).qm.splits, 3);
-  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, smem_ceil).qm.splits, 4);
-  // auto's waves: 2 splits (240 CTAs, one wave at 264; 3 would spill 96 CTAs into a second).
-  EXPECT_EQ(plan_sparse_decode(fp8(30), h200, regs).qm.splits, 2);
+  EXPECT_EQ(plan_sparse_decode(fp8(22), h200, regs_ceil).qm.splits, 3);
+  EXPECT_EQ(plan_sparse_decode(fp8(22), h200, smem_ceil).qm.splits, 4);
+  // auto's waves: 3 splits (264 CTAs, one wave at 264; 4 would spill 88 CTAs into a second).
+  EXPECT_EQ(plan_sparse_decode(fp8(22), h200, regs).qm.splits, 3);
+  // From 70 % of an item per SM the fp8 register kernel runs fused (query_major_fused_items): 30 x
+  // 4 = 120 and 24 x 4 = 96 items of 132 SMs, not 23 x 4 = 92; the smem kernel and NVFP4 keep one
+  // item per SM; a forced split still splits.
+  EXPECT_TRUE(plan_sparse_decode(fp8(30), h200, regs).qm.fused);
+  EXPECT_TRUE(plan_sparse_decode(fp8(24), h200, {}).qm.fused);
+  EXPECT_FALSE(plan_sparse_decode(fp8(23), h200, {}).qm.fused);
+  EXPECT_FALSE(plan_sparse_decode(fp8(30), h200, smem).qm.fused);
+  EXPECT_FALSE(plan_sparse_decode(nvfp4, h200, {}).qm.fused);
+  SparseDecodeParams forced_split = fp8(30);
+  forced_split.force_fused = 0;
+  EXPECT_EQ(plan_sparse_decode(forced_split, h200, {}).qm.splits, 2);
   // Prefill never takes it.
   SparseAttnParams p = fp8(30).attn;
   EXPECT_FALSE(plan_sparse_attention(p, {}, h200).qm.regs);
@@ -1322,8 +1334,15 @@ TEST(PlanDecode, MtpWgmmaWhereItRunsElseAuto) {
   EXPECT_FALSE(plan_sparse_decode(mtp_call(8, 4), h200, wp).qm.wgmma);
   SparseDecodeParams fp8 = mtp_call(64, 4);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
-  expect_auto(fp8, h200, "fp8 K/V (the wgmma kernel converts them only with wgmma_fp8=on");
-  EXPECT_TRUE(plan_sparse_decode(fp8, h200, w).qm.regs);  // auto's fp8 union register kernel
+  // fp8 K/V: kernel=wgmma runs them (wgmma_fp8=auto converts them where the kernel is named).
+  EXPECT_TRUE(plan_sparse_decode(fp8, h200, w).qm.wgmma_fp8);
+  SparseDecodeOptions w_off = w;
+  w_off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
+  const QueryMajorPlan fp8_off = plan_sparse_decode(fp8, h200, w_off).qm;
+  EXPECT_FALSE(fp8_off.wgmma);
+  EXPECT_TRUE(fp8_off.regs);  // the fp8 union register kernel
+  ASSERT_NE(fp8_off.wgmma_fallback, nullptr);
+  EXPECT_NE(std::string(fp8_off.wgmma_fallback).find("fp8 K/V with wgmma_fp8=off"), std::string::npos);
   SparseDecodeParams nvfp4 = mtp_call(64, 4);
   nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
   expect_auto(nvfp4, h200, "NVFP4 K/V");
@@ -1381,9 +1400,9 @@ TEST(PlanDecode, MtpWgmmaPipeAhead) {
   EXPECT_FALSE(plan_sparse_decode(mtp_call(64, 4), h200, wi).qm.wgmma_ahead);
   EXPECT_TRUE(plan_sparse_decode(mtp_call(64, 4), h200, wi).qm.wgmma);
   // Where the wgmma kernel does not run, the option changes nothing.
-  SparseDecodeParams fp8 = mtp_call(64, 4);
-  fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
-  for (const SparseDecodeParams& dp : {fp8, mtp_call(16, 4), mtp_call(64, 1)}) {
+  SparseDecodeParams nvfp4 = mtp_call(64, 4);
+  nvfp4.attn.k.dtype = nvfp4.attn.v.dtype = DType::kNVFP4;
+  for (const SparseDecodeParams& dp : {nvfp4, mtp_call(16, 4), mtp_call(64, 1)}) {
     const QueryMajorPlan got = plan_sparse_decode(dp, h200, aa).qm, want = plan_sparse_decode(dp, h200, {}).qm;
     EXPECT_FALSE(got.wgmma_ahead);
     EXPECT_EQ(got.wgmma, want.wgmma);
@@ -1394,8 +1413,10 @@ TEST(PlanDecode, MtpWgmmaPipeAhead) {
 }
 
 // wgmma_fp8=on: fp8 K/V on the wgmma kernel (forced, or auto's pick where it takes the wgmma
-// kernel), on the ahead pipe, with the 16-bit kernel's items, splits, grid and workspace; off
-// (auto's value) keeps kernel=regs; inline pipe, NVFP4 K/V, fp8 q and other devices fall back.
+// kernel), on the ahead pipe, with the 16-bit kernel's items, splits, grid and workspace; auto: the
+// same where kernel=wgmma is named or the union items outnumber the SMs (since the H200 run at
+// e5d3136), else kernel=regs; off keeps kernel=regs; inline pipe, NVFP4 K/V, fp8 q and other
+// devices fall back.
 TEST(PlanDecode, MtpWgmmaFp8) {
   const SparseAttnDeviceFacts h200 = mtp_wgmma_hopper();
   SparseDecodeOptions w, on, auto_on;
@@ -1420,17 +1441,33 @@ TEST(PlanDecode, MtpWgmmaFp8) {
   }
   SparseDecodeParams fp8 = mtp_call(64, 4);
   fp8.attn.k.dtype = fp8.attn.v.dtype = DType::kFP8E4M3;
-  // Off by default: auto and kernel=wgmma without the option keep the register kernel.
+  // auto: B64 (256 union items, more than the SMs) and kernel=wgmma take it, as on does.
   for (const SparseDecodeOptions& o : {SparseDecodeOptions{}, w}) {
-    const QueryMajorPlan got = plan_sparse_decode(fp8, h200, o).qm;
-    EXPECT_FALSE(got.wgmma);
-    EXPECT_FALSE(got.wgmma_fp8);
-    EXPECT_TRUE(got.regs);
+    const SparseAttnPlan got = plan_sparse_decode(fp8, h200, o);
+    EXPECT_TRUE(got.qm.wgmma);
+    EXPECT_TRUE(got.qm.wgmma_fp8);
+    EXPECT_FALSE(got.qm.regs);
+    expect_same_wgmma_schedule(got, plan_sparse_decode(fp8, h200, on));
   }
   SparseDecodeOptions off = on;
   off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
   EXPECT_FALSE(plan_sparse_decode(fp8, h200, off).qm.wgmma);
   EXPECT_TRUE(plan_sparse_decode(fp8, h200, off).qm.regs);
+  SparseDecodeOptions auto_off;
+  auto_off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
+  EXPECT_FALSE(plan_sparse_decode(fp8, h200, auto_off).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(fp8, h200, auto_off).qm.regs);
+  // auto with forced union items at most one per SM (B32: 128 items for 132 SMs) keeps the
+  // register kernel; kernel=wgmma or wgmma_fp8=on there takes the wgmma kernel.
+  SparseDecodeParams fp8_b32u = mtp_call(32, 4);
+  fp8_b32u.attn.k.dtype = fp8_b32u.attn.v.dtype = DType::kFP8E4M3;
+  SparseDecodeOptions union_auto, union_on;
+  union_auto.mtp = union_on.mtp = DecodeMtp::kUnion;
+  union_on.wgmma_fp8 = DecodeWgmmaFp8::kOn;
+  EXPECT_FALSE(plan_sparse_decode(fp8_b32u, h200, union_auto).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b32u, h200, union_auto).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b32u, h200, union_on).qm.wgmma_fp8);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b32u, h200, w).qm.wgmma_fp8);
   // auto with the option takes it where auto takes the wgmma kernel (an item per SM).
   EXPECT_TRUE(plan_sparse_decode(fp8, h200, auto_on).qm.wgmma_fp8);
   SparseDecodeParams fp8_b32 = mtp_call(32, 4);
@@ -1447,8 +1484,15 @@ TEST(PlanDecode, MtpWgmmaFp8) {
     ASSERT_NE(got.wgmma_fallback, nullptr) << why;
     EXPECT_NE(std::string(got.wgmma_fallback).find(why), std::string::npos) << got.wgmma_fallback;
   };
-  expect_fallback(fp8, h200, w, "only with wgmma_fp8=on");
-  expect_fallback(fp8, h200, off, "only with wgmma_fp8=on");
+  SparseDecodeOptions w_off = w;
+  w_off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
+  expect_fallback(fp8, h200, w_off, "fp8 K/V with wgmma_fp8=off");
+  SparseDecodeOptions w_b32 = w;
+  w_b32.kernel = DecodeKernel::kAuto;
+  w_b32.mtp = DecodeMtp::kUnion;
+  EXPECT_EQ(plan_sparse_decode(fp8_b32u, h200, w_b32).qm.wgmma_fallback, nullptr);  // only when named
+  EXPECT_NE(std::string(mtp_wgmma_unsupported(fp8_b32u.attn, true, h200, w_b32)).find("at most one union item per SM"),
+            std::string::npos);
   SparseDecodeOptions inl = on;
   inl.wgmma_pipe = DecodeWgmmaPipe::kInline;
   expect_fallback(fp8, h200, inl, "fp8 K/V with wgmma_pipe=inline");
@@ -1800,8 +1844,8 @@ ProxyScorePlan proxy_plan(ProxyKernel k) {
 TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
   // f16_mma (the decode kernel's fp16 MMAs): decode_f16 / decode_f16_only, and auto for fp8 K
   // (PlanProxy.AutoTakesSm90ForEveryKDtype; these params have bf16 K).
-  // fp8_q (fp8 q and K on the sm_90a kernel's fp16 MMAs): sm90_f16 / sm90_f16_only only, never
-  // auto's (not yet measured on the H200).
+  // fp8_q (fp8 q and K on the sm_90a kernel's fp16 MMAs): sm90_f16 / sm90_f16_only, and auto's
+  // only for fp8 q and K (below; these params have bf16 q and K).
   struct Case {
     ProxyKernel option, kernel;
     bool strict, f16_mma = false, fp8_q = false;
@@ -1829,10 +1873,22 @@ TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
     EXPECT_EQ(plan.f16_mma, c.f16_mma) << option_name(c.option);
     EXPECT_EQ(plan.fp8_q, c.fp8_q) << option_name(c.option);
   }
-  // Nor with fp8 q and K: auto keeps them off the sm_90a kernel's fp8-q form.
+  // With fp8 q and K, auto takes the sm_90a kernel's fp8-q form (since the H200 run at e5d3136);
+  // sm90 and sm90_ss do not, and neither does auto for fp8 q over bf16 K.
   ProxyScoreParams fp8{};
   fp8.q_dtype = fp8.k.dtype = DType::kFP8E4M3;
-  EXPECT_FALSE(plan_proxy_score(fp8, ProxyScoreOptions{}).fp8_q);
+  const ProxyScorePlan fp8_auto = plan_proxy_score(fp8, ProxyScoreOptions{});
+  EXPECT_EQ(fp8_auto.kernel, ProxyKernel::kSm90);
+  EXPECT_TRUE(fp8_auto.fp8_q);
+  EXPECT_TRUE(fp8_auto.f16_mma);
+  for (ProxyKernel k : {ProxyKernel::kSm90, ProxyKernel::kSm90Ss}) {
+    ProxyScoreOptions o;
+    o.kernel = k;
+    EXPECT_FALSE(plan_proxy_score(fp8, o).fp8_q) << option_name(k);
+  }
+  ProxyScoreParams fp8_q_bf16_k = fp8;
+  fp8_q_bf16_k.k.dtype = DType::kBF16;
+  EXPECT_FALSE(plan_proxy_score(fp8_q_bf16_k, ProxyScoreOptions{}).fp8_q);
 }
 
 // An M3-like prefill call of the proxy (32K queries, 64 heads over 1 KV head) with K of dtype k
@@ -2455,6 +2511,15 @@ TEST(PlanDecode, SplitRuleWaves) {
   }
   EXPECT_EQ(plan_sparse_decode(decode(64, -1), h200, waves).qm.splits, 1);   // fused
   EXPECT_EQ(plan_sparse_decode(decode(64, 0), h200, waves).qm.splits, 2);    // forced split
+  // A split's start costs a block (kSplitStartBlocks): between the batches above, one wave of a few
+  // splits instead of waves of one-block splits (H200 at e5d3136: B28 bf16 67.2 us on 16 splits,
+  // B24 49.1 on 8, against B32's 48.3 on 2). 16-bit K/V here (the 8-warp kernel, 264 slots).
+  const struct { int batch, splits; } between[] = {{12, 4}, {17, 3}, {20, 3}, {23, 2}, {24, 2}, {28, 2}};
+  for (const auto& b : between) {
+    const SparseAttnPlan pl = plan_sparse_decode(decode(b.batch, -1), h200, {});
+    EXPECT_EQ(pl.qm.splits, b.splits) << b.batch;
+    EXPECT_LE(int64_t(b.batch) * 4 * pl.qm.splits, 264) << b.batch;  // one wave
+  }
   EXPECT_EQ(parse_sparse_decode_options("split_rule=waves").split_rule, DecodeSplitRule::kWaves);
   EXPECT_EQ(parse_sparse_decode_options("split_rule=ceil").split_rule, DecodeSplitRule::kCeil);
   expect_error([] { parse_sparse_decode_options("split_rule=floor"); }, ErrorKind::kValue, "split_rule");

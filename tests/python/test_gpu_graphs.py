@@ -312,6 +312,26 @@ def test_sparse_decode_mtp_union_regs_graph_replay(fused):
                      "union regs decode replay on new inputs")
 
 
+@pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
+def test_sparse_decode_mtp_auto_b64_graph_replay(kv_dtype):
+    """auto's MTP plan at B64 / 4 tokens / M3 heads: the sm_90a wgmma union kernel on an sm_90 GPU
+    (bf16, and fp8 K/V converted by its converter warps: wgmma_fp8=auto), the union kernels
+    elsewhere. Captured once, replayed bit for bit, also on new inputs; run twice eagerly, the same
+    bits."""
+    gen = mi.cuda_generator(17, DEV)
+    x = Decode(64, 2048, 4, gen, kv_dtype=kv_dtype)
+    a, b = twice(lambda: x.run())
+    assert_bitwise_equal(b, a, "auto MTP B64 decode run twice")
+    static_out = torch.empty_like(x.q)
+    ws = new_workspace()
+    kw = graph_kwargs(msa_ops.msa_sparse_decode_attention, output=static_out, workspace=ws)
+    graph, out = capture(lambda: x.run(**kw))
+    replay_and_check(graph, out, lambda: x.run(), "auto MTP B64 decode replay")
+    refill(x.q, gen=gen)
+    x.v.copy_(mi.randn(x.v.shape, gen, DEV, torch.float32).to(x.v.dtype))
+    replay_and_check(graph, out, lambda: x.run(), "auto MTP B64 decode replay on new inputs")
+
+
 @pytest.mark.parametrize("kv_dtype", [BF16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("b", [1, 8, 64])
 def test_sparse_decode_split_warps8_graph_replay(b, kv_dtype):

@@ -504,12 +504,17 @@ def test_proxy_sm90_fp8_q(case: ProxyCase):
 
 
 @needs_sm90
-def test_proxy_sm90_fp8_q_is_not_autos():
-    """auto (and sm90 / sm90_ss) keep fp8 q on the mma.sync kernel: bit for bit its result."""
+def test_proxy_sm90_fp8_q_is_autos():
+    """auto runs fp8 q and K prefill on the sm_90a kernel's fp8-q form (since the H200 run at
+    e5d3136): bit for bit sm90_f16_only; sm90 / sm90_ss keep them on the mma.sync kernel, bit for
+    bit its result."""
     case = ProxyCase("sm90_fp8q_auto", [300, 2], [512, 4000], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8)
     inputs = make_proxy_inputs(case, seed=5)
+    fp8_q = run_proxy(case, inputs, DEV, kernel="sm90_f16_only")
+    got = run_proxy(case, inputs, DEV, kernel="auto")
+    assert torch.equal(got.view(torch.int32), fp8_q.view(torch.int32)), "auto"
     want = run_proxy(case, inputs, DEV, kernel="mma_sync")
-    for variant in ("auto", "sm90", "sm90_ss"):
+    for variant in ("sm90", "sm90_ss"):
         got = run_proxy(case, inputs, DEV, kernel=variant)
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), variant
 

@@ -846,13 +846,14 @@ def test_tma_kernels_with_no_key_rows_fall_back(kv, lengths):
 
 @pytest.mark.parametrize("kv", ["same", "fp8"])
 def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
-    """kernel=wgmma names the sm_90a kernel for 16-bit union items on an sm_90 GPU with the
-    sm_90a image; elsewhere (fp8 K/V, other GPUs, per-token items) the plan text says why it
-    falls back to auto's kernel."""
+    """kernel=wgmma names the sm_90a kernel for 16-bit and fp8 union items on an sm_90 GPU with the
+    sm_90a image (fp8: wgmma_fp8=auto converts them where the kernel is named); elsewhere (other
+    GPUs, per-token items, fp8 with wgmma_fp8=off) the plan text says why it falls back to auto's
+    kernel."""
     dp = build_decode(DecodeCase("c", 4, 4, 64, 4, kv=kv), seed=38)
     text = _decode_plan_text(dp, dict(kernel="wgmma")).split("): ", 1)[1]
     assert "mtp=union" in text, text
-    runs = kv == "same" and HAS_CLUSTERS  # an sm_90 device (the library is built for sm_90a there)
+    runs = HAS_CLUSTERS  # an sm_90 device (the library is built for sm_90a there)
     assert ("; kernel=wgmma (sm_90a" in text) == runs, text
     assert ("kernel=wgmma falls back to auto's kernel" in text) == (not runs), text
     per_token = _decode_plan_text(dp, dict(kernel="wgmma", mtp="per_token")).split("): ", 1)[1]
@@ -862,13 +863,17 @@ def test_mtp_wgmma_plan_names_the_kernel_or_why_not(kv):
     assert ("; wgmma_pipe=ahead (a planner warp" in text) == runs, text  # auto's pipe
     inline = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_pipe="inline")).split("): ", 1)[1]
     assert "wgmma_pipe=ahead" not in inline, inline
-    # wgmma_fp8=on: fp8 K/V on the kernel where it runs; without it (auto: off) fp8 falls back.
+    # wgmma_fp8=on (and auto, kernel=wgmma being named): fp8 K/V on the kernel where it runs;
+    # wgmma_fp8=off: fp8 falls back.
     on = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_fp8="on")).split("): ", 1)[1]
     assert ("; kernel=wgmma (sm_90a" in on) == HAS_CLUSTERS, on
     assert ("; wgmma_fp8=on (fp8 K/V" in on) == (kv == "fp8" and HAS_CLUSTERS), on
+    assert ("; wgmma_fp8=on (fp8 K/V" in text) == (kv == "fp8" and HAS_CLUSTERS), text
     if kv == "fp8":
-        assert "only with wgmma_fp8=on" in text, text
-        assert "kernel=regs" in _decode_plan_text(dp, None).split("): ", 1)[1]  # auto: regs
+        off = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_fp8="off"))
+        assert "fp8 K/V with wgmma_fp8=off" in off, off
+        # auto at B4: per-token items (fp8 union items only past one per SM), the register kernel
+        assert "kernel=regs" in _decode_plan_text(dp, None).split("): ", 1)[1]
         inl = _decode_plan_text(dp, dict(kernel="wgmma", wgmma_fp8="on", wgmma_pipe="inline"))
         assert "fp8 K/V with wgmma_pipe=inline" in inl, inl
 
