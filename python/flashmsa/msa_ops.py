@@ -902,7 +902,7 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # msa_proxy_score(_fp4): kernel = auto | mma_sync | sm90 | sm90_only | sm90_ss | sm90_ss_only |
 # decode | decode_only | decode_f16 | decode_f16_only (the decode kernel with fp16 MMAs for fp8 K) |
 # sm90_f16 | sm90_f16_only (the sm_90a kernel with fp16 MMAs for fp8 K with bf16 or fp8 q, and
-# for NVFP4 q and K; fp8 q there only: not auto's until measured),
+# for NVFP4 q and K; auto takes each of them there),
 # decode_ctas = auto | 2 | 3 | 4, decode_ilp = auto | 1 | 2, nvfp4_cvt = auto | byte | word (the
 # decode kernel's NVFP4 conversion; auto: word), decode_fp8 / decode_nvfp4 = auto | cta | tma (fp8 /
 # NVFP4 K on the decode kernel's CTA-wide cp.async ring or, sm_90a, its TMA-fed warp-per-block
@@ -935,7 +935,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # combine loads the partial values after the LSEs, or the first 16 slots' with them;
 # bit-identical; auto: with),
 # wgmma_fp8 = auto | off | on (on: fp8 K/V on the wgmma kernel, copied raw and converted in place
-# into fp16 by its converter warps, computed in fp16; with the ahead pipe only; auto: off),
+# into fp16 by its converter warps, computed in fp16; with the ahead pipe only; auto: on where
+# kernel=wgmma is named or auto takes the wgmma kernel for more union items than SMs, else off),
 # regs_feed = auto | cp_async | tma (tma: the 16-row fp8 register kernel's stages filled by TMA,
 # sm_90a; bit-identical, measured slower; auto: cp_async)
 # (include/flashmsa/plan.h). An
