@@ -132,7 +132,10 @@
 #                              600 s device call ends; a cut step counts as failed
 #   GPU_ARCHS="80;90a"         CUDA architectures of the build (e.g. 90a: a faster build on an H200,
 #                              without the portable sm_80 image the other GPUs run)
-#   PYTHON=python3  CMAKE_BUILD_PARALLEL_LEVEL=16  FLASHMSA_COMMIT=<sha> (when the copy has no .git)
+#   PYTHON=python3  CMAKE_BUILD_PARALLEL_LEVEL=16  FLASHMSA_COMMIT=<sha> (when the copy has no .git;
+#                              the sha written out: "$(git rev-parse ...)" in the command runs on the
+#                              GPU machine, whose copied .git may hold an older commit than the tree,
+#                              and names that one; left unset, the header marks such a copy -dirty)
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
