@@ -377,6 +377,12 @@ DECODE = [
         DecodeCase("nvfp4_flat_mtp", 4, 4, 16, 2, kv="nvfp4", layout="flat"),
         # M3 decode (64 q / 4 kv heads, top-16) and its TP4 slice (16 / 1).
         DecodeCase("m3_b64_ctx8k_fp8", 64, 1, 64, 4, kv="fp8", seqlens=[8192] * 64),
+        # Between the split rule's measured batches (132 SMs: 92 / 112 items): bf16 B28 one wave
+        # of 2 splits on the 8-warp kernel (16 one-block splits before the split's start was
+        # priced), fp8 B28 fused (from 70 % of an item per SM), fp8 B23 split.
+        DecodeCase("m3_b28_bf16", 28, 1, 64, 4),
+        DecodeCase("m3_b28_fp8", 28, 1, 64, 4, kv="fp8"),
+        DecodeCase("m3_b23_fp8", 23, 1, 64, 4, kv="fp8"),
         DecodeCase("m3_tp4_mtp2", 16, 2, 16, 1, seqlens="ragged"),
         # q dtypes.
         DecodeCase("fp16", 8, 1, 8, 2, q_dtype=FP16),
