@@ -101,6 +101,20 @@ inline int64_t query_major_fused_items(int num_sms, bool fp8_regs_rows16) {
   return fp8_regs_rows16 ? (int64_t(7) * num_sms + 9) / 10 : int64_t(num_sms);
 }
 
+// 16-bit K/V on per-token 16-row items that run fused (items >= SMs): auto's shared-memory kernel
+// (3 CTAs per SM) unless its items spill past one wave and the register kernel's waves (2 CTAs per
+// SM, regs_ctas) leave fewer CTA slots idle in their last one. H200, M3 paged, one token, us, smem
+// / regs: B64 (256 items, one wave of either) 72.5 / 72.1 (673903e) and within 1 % in every run
+// since 054c9ce, B96 (384: one wave of 396 slots) 101.8 / 121.2, B128 (512: 396 + 116 against 264
+// + 248) 162.0 / 136.9 (831d3e5; 161.3 / 137.1 at a9d99bd, 162.8 / 137.0 at 673903e; 128K context
+// 173-174 / 137).
+inline bool decode_16bit_takes_regs(int64_t items, int num_sms, int regs_ctas) {
+  const int64_t smem_slots = int64_t(kQmTargetCtasPerSm) * num_sms, regs_slots = int64_t(regs_ctas) * num_sms;
+  if (regs_ctas <= 0 || num_sms <= 0 || items <= smem_slots) return false;
+  auto idle = [items](int64_t slots) { return (items + slots - 1) / slots * slots - items; };
+  return idle(regs_slots) < idle(smem_slots);
+}
+
 inline int query_major_target_ctas(bool regs, bool mtp_union) {
   return regs || mtp_union ? 2 : kQmTargetCtasPerSm;
 }

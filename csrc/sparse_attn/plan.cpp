@@ -88,9 +88,15 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // with fp8 K/V (64-row tiles, 86 KB: every SM80+ GPU); NVFP4 / bf16 / fp16 union items and
   // G > 16 keep smem (NVFP4 union items in registers: 168.3 vs 153.1 us for the smem union kernel
   // at 5b22cb3, removed).
+  // 16-bit K/V: auto takes regs for fused calls whose items overrun the smem kernel's wave and
+  // fill the register kernel's better (decode_16bit_takes_regs: B128 / M3 on the H200 at 831d3e5,
+  // 136.9 vs 162.0 us); a forced split keeps smem.
   const bool quantized_kv = p.k.dtype == DType::kFP8E4M3 || p.k.dtype == DType::kNVFP4;
+  const bool regs_16bit = kernel == DecodeKernel::kAuto && !quantized_kv && !mtp && plan.warps_m == 1 &&
+                          force_fused != 0 &&
+                          decode_16bit_takes_regs(int64_t(p.total_q) * p.num_kv_heads, num_sms, regs_ctas);
   const bool want_regs = !plan.wgmma && (kernel == DecodeKernel::kRegs ||
-                                         (kernel == DecodeKernel::kAuto && quantized_kv));
+                                         (kernel == DecodeKernel::kAuto && (quantized_kv || regs_16bit)));
   plan.regs = want_regs && (mtp ? p.k.dtype == DType::kFP8E4M3 : plan.warps_m == 1 && regs_ctas > 0);
   // nvfp4_cvt: the 16-row register kernel's NVFP4 conversion a word at a time (auto, word) or a
   // byte at a time (H200 at f4fdc62, B64/32K: word 61.4 vs 67.8 us; B1 30.0 vs 29.3 us).

@@ -203,7 +203,9 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // P V); NVFP4 / bf16 / fp16 union items keep smem (NVFP4 in registers measured slower, 168.3 vs
 // 153.1 us at 5b22cb3, and was removed).
 // auto: regs for fp8 K/V (H200 at 162e97a, B64/32K: 53.5 vs 73.5 us) and NVFP4 K/V (at 1aad2ee:
-// 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us); MTP union items:
+// 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us) but for fused calls
+// whose items overrun smem's one wave and fill regs' waves better (B128 / M3: 136.9 vs 162.0 us at
+// 831d3e5; decode_16bit_takes_regs); MTP union items:
 // regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us) up to one union item per SM, wgmma
 // with fp8 K/V above (wgmma_fp8, since e5d3136); wgmma for 16-bit union items where
 // it runs and there are more items than half the SMs (32K, 4 tokens, bf16: B64 99.0 vs 104.1 us at

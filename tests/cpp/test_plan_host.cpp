@@ -807,6 +807,21 @@ TEST(PlanDecode, RegsKernelOnlyWhereItApplies) {
   SparseDecodeParams forced_split = fp8(30);
   forced_split.force_fused = 0;
   EXPECT_EQ(plan_sparse_decode(forced_split, h200, {}).qm.splits, 2);
+  // 16-bit K/V: auto takes regs for fused calls past the smem kernel's one wave (396 slots on 132
+  // SMs) whose last register-kernel wave (264 slots) idles fewer slots: B128 (512 items: 16 idle
+  // against 280), B100 (400: 128 against 392), B256 (1024: 32 against 164); not B96 (384: one smem
+  // wave), B64, nor the ties B133 (532: 260 idle either way) and B192 (768: 24 either way).
+  const struct { int batch; bool regs; } sixteen[] = {{32, false}, {64, false}, {96, false}, {99, false},
+                                                      {100, true}, {112, true}, {128, true}, {132, true},
+                                                      {133, false}, {192, false}, {256, true}};
+  for (const auto& c : sixteen) {
+    const QueryMajorPlan got = plan_sparse_decode(decode(c.batch, -1), h200, {}).qm;
+    EXPECT_EQ(got.regs, c.regs) << c.batch;
+    EXPECT_TRUE(got.fused || c.batch < 33) << c.batch;
+  }
+  EXPECT_FALSE(plan_sparse_decode(decode(128, 0), h200, {}).qm.regs);  // a forced split keeps smem
+  EXPECT_FALSE(plan_sparse_decode(decode(128, -1), h200, smem).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(decode(128, -1), sm89, {}).qm.regs);  // no register kernel there
   // Prefill never takes it.
   SparseAttnParams p = fp8(30).attn;
   EXPECT_FALSE(plan_sparse_attention(p, {}, h200).qm.regs);

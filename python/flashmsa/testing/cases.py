@@ -383,6 +383,9 @@ DECODE = [
         DecodeCase("m3_b28_bf16", 28, 1, 64, 4),
         DecodeCase("m3_b28_fp8", 28, 1, 64, 4, kv="fp8"),
         DecodeCase("m3_b23_fp8", 23, 1, 64, 4, kv="fp8"),
+        # Past the shared-memory kernel's one wave (512 items for 396 slots): bf16 on the register
+        # kernel (decode_16bit_takes_regs).
+        DecodeCase("m3_b128_bf16", 128, 1, 64, 4),
         DecodeCase("m3_tp4_mtp2", 16, 2, 16, 1, seqlens="ragged"),
         # q dtypes.
         DecodeCase("fp16", 8, 1, 8, 2, q_dtype=FP16),
