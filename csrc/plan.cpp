@@ -322,8 +322,8 @@ ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptio
       plan.f16_mma = p.k.dtype == DType::kFP8E4M3 ||
                      (p.k.dtype == DType::kNVFP4 && plan.kernel == ProxyKernel::kSm90);
       // fp8 q with fp8 K on the sm_90a kernel (Q's raw bytes by TMA, converted exactly in
-      // registers; bit for bit the bf16 upcasts on its bf16 MMAs): H200 at e5d3136, 32K prefill
-      // 854.3 vs 1736.5 us on mma.sync (H100 the same run: 836.1 vs 1724.0).
+      // registers; bit for bit the bf16 upcasts on its bf16 MMAs): H200 at 831d3e5, 32K prefill
+      // 854.3 vs 1736.5 us on mma.sync (H100 at e5d3136: 836.1 vs 1724.0).
       plan.fp8_q = plan.kernel == ProxyKernel::kSm90 && p.q_dtype == DType::kFP8E4M3 &&
                    p.k.dtype == DType::kFP8E4M3;
       break;

@@ -33,7 +33,7 @@ inline constexpr int kSplitStartBlocks = 1;
 // A split's start (its plan, Q and first block's latency) costs about a block of its stream. Without
 // it the waves rule priced a wave of one-block splits like one block, so between its measured
 // batches it chose many waves of them: M3 B28 (112 items, 2 CTAs per SM) 16 splits = 1792 CTAs, B24
-// 8 = 768, where one wave of 2 splits holds them (H200 at e5d3136, 32K paged, us: fp8 B28 71.2 and
+// 8 = 768, where one wave of 2 splits holds them (H200 at 831d3e5, 32K paged, us: fp8 B28 71.2 and
 // B24 42.2 against B32's 35.4 on 2 splits; bf16 B28 67.2, B24 49.1 against B32's 48.3). The term
 // changes no count at the batches measured before it (B1, B8, B16, B32: the same counts).
 inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fused,
@@ -90,12 +90,10 @@ inline bool mtp_union_pays(DType kv, int seqlen_q, int64_t items, int num_sms) {
   }
 }
 
-// Resident CTAs per SM that split-K aims at: the streaming decode variant and MTP union items keep
-// 2 (105 KB of shared memory; 64-row tiles), the other query-major configurations 3.
 // The items from which a decode call runs fused. The fp8 register kernel on per-token 16-row items:
 // from 70 % of one item per SM; one CTA streaming its item's 16 fp8 blocks beats 2 splits a row
-// sharing the SMs plus the combine (H200 at e5d3136, M3 paged 32K, us, auto's split / fused: B24 (96
-// items) 42.2 / 28.2, B28 (112) 71.2 / 28.4, B32 (128) 35.4 / 28.8; H100 the same run, B32 41.3 /
+// sharing the SMs plus the combine (H200 at 831d3e5, M3 paged 32K, us, auto's split / fused: B24 (96
+// items) 42.2 / 28.2, B28 (112) 71.2 / 28.4, B32 (128) 35.4 / 28.8; H100 at e5d3136, B32 41.3 /
 // 35.0). Every other kernel: one item per SM (bf16 at B32: 48.3 split / 49.9 fused).
 inline int64_t query_major_fused_items(int num_sms, bool fp8_regs_rows16) {
   return fp8_regs_rows16 ? (int64_t(7) * num_sms + 9) / 10 : int64_t(num_sms);
@@ -115,6 +113,8 @@ inline bool decode_16bit_takes_regs(int64_t items, int num_sms, int regs_ctas) {
   return idle(regs_slots) < idle(smem_slots);
 }
 
+// Resident CTAs per SM that split-K aims at: the streaming decode variant and MTP union items keep
+// 2 (105 KB of shared memory; 64-row tiles), the other query-major configurations 3.
 inline int query_major_target_ctas(bool regs, bool mtp_union) {
   return regs || mtp_union ? 2 : kQmTargetCtasPerSm;
 }

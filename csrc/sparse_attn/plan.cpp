@@ -72,7 +72,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     // 32K MTP sq 4 bf16 91.7 vs 98.7 us inline).
     plan.wgmma_ahead = plan.wgmma && options.wgmma_pipe != DecodeWgmmaPipe::kInline;
     // wgmma_fp8: fp8 K/V converted in place by the kernel's converter warps (on, and auto where
-    // mtp_wgmma_unsupported says: H200 at e5d3136, B34-B128 / 32K sq 4, never slower than auto's
+    // mtp_wgmma_unsupported says: H200 at 831d3e5, B34-B128 / 32K sq 4, never slower than auto's
     // union register kernel before it, B96 103.7 vs 151.4 us).
     plan.wgmma_fp8 = plan.wgmma && p.k.dtype == DType::kFP8E4M3;
   }
@@ -112,7 +112,7 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   // B1 / B8 / B16 the same counts).
   const bool waves = options.split_rule != DecodeSplitRule::kCeil;
   // The fp8 register kernel on per-token 16-row items runs fused from 70 % of an item per SM
-  // (query_major_fused_items; H200 at e5d3136). split=cluster keeps one item per SM: its rows
+  // (query_major_fused_items; H200 at 831d3e5). split=cluster keeps one item per SM: its rows
   // merge in distributed shared memory without the combine.
   const bool fp8_regs_rows16 = plan.regs && !mtp && plan.warps_m == 1 &&
                                p.k.dtype == DType::kFP8E4M3 && options.split != DecodeSplit::kCluster;
@@ -265,7 +265,7 @@ const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const Spa
   if (p.q_dtype != compute) return "fp8 q (the wgmma kernel loads bf16 / fp16 q by TMA)";
   const bool fp8_kv = p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3;
   // wgmma_fp8=auto: on where kernel=wgmma is named, and for auto's pick from more union items than
-  // SMs (H200 at e5d3136, 32K, 4 tokens, us, auto's union register kernel / wgmma_fp8=on: B34 75.3 /
+  // SMs (H200 at 831d3e5, 32K, 4 tokens, us, auto's union register kernel / wgmma_fp8=on: B34 75.3 /
   // 74.0, B48 77.0 / 74.4, B64 78.0 / 74.8, B80 149.9 / 102.9, B96 151.4 / 103.7, B128 153.8 /
   // 133.1; smaller batches run per-token items, mtp_union_pays).
   const int64_t union_items = int64_t(p.batch) * p.num_kv_heads;

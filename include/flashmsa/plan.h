@@ -88,13 +88,13 @@ enum class TileBound : int32_t { kAuto = 0, kFixed = 1, kAdaptive = 2 };
 // (ProxyScorePlan::f16_mma; otherwise the same as decode / decode_only). sm90_f16 / sm90_f16_only:
 // the sm_90a kernel with fp16 MMAs for fp8 K with bf16 q (Q in registers, its rows scaled into
 // fp16 by powers of two), for fp8 q and K (ProxyScorePlan::fp8_q: Q's raw bytes by TMA, converted
-// exactly in registers; auto's too since the H200 run at e5d3136) and for NVFP4 q and K (value x
+// exactly in registers; auto's too since the H200 run at 831d3e5) and for NVFP4 q and K (value x
 // 2^-7); otherwise the same as sm90 / sm90_only.
 // auto: decode where proxy_auto_takes_decode (short queries: one 16-row pass per key block; with
 // fp16 MMAs for fp8 K, as decode_f16), else
 // sm90 (which itself falls back to mma_sync where it does not apply; fp8 K with bf16 q on its fp16
 // MMAs, as sm90_f16, since b66f97b: 874.8 vs 1067.6 us at 32K; NVFP4 q and K likewise since the H200
-// run at 5cb9800: 1352.0 vs 1805.0 us; fp8 q and K likewise since the H200 run at e5d3136: 854.3
+// run at 5cb9800: 1352.0 vs 1805.0 us; fp8 q and K likewise since the H200 run at 831d3e5: 854.3
 // vs 1736.5 us). H200 at 162e97a: 32K prefill
 // 658 us vs mma_sync 1624; decode B64/32K 139 vs 190 us (bf16), 125 vs 216 (fp8), 145 vs 271 (NVFP4);
 // at c7709c9, 32K prefill with fp8 K 1076 vs 1739 us, NVFP4 q / K 1806 vs 2038 us (auto took
@@ -207,7 +207,7 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // whose items overrun smem's one wave and fill regs' waves better (B128 / M3: 136.9 vs 162.0 us at
 // 831d3e5; decode_16bit_takes_regs); MTP union items:
 // regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us) up to one union item per SM, wgmma
-// with fp8 K/V above (wgmma_fp8, since e5d3136); wgmma for 16-bit union items where
+// with fp8 K/V above (wgmma_fp8, since 831d3e5); wgmma for 16-bit union items where
 // it runs and there are more items than half the SMs (32K, 4 tokens, bf16: B64 99.0 vs 104.1 us at
 // 054c9ce; B32 54.9 vs 74.1, B24 77.2 vs 93.8 at 37fd6f5; B16 even, B8 / B1 slower there); smem
 // where neither applies.
@@ -337,7 +337,7 @@ enum class DecodeWgmmaPipe : int32_t { kAuto = 0, kInline = 1, kAhead = 2 };
 // as the 16-bit kernel on the dequantized K and V, bit for bit; bf16 q scaled into fp16 by a power
 // of two per item, as kernel=regs scales it per row; needs wgmma_pipe=ahead's warps, so
 // wgmma_pipe=inline falls back), off. auto: on where kernel=wgmma is named, and where auto takes the
-// wgmma kernel for more union items than SMs (H200 at e5d3136, 32K / 4 tokens: never slower than
+// wgmma kernel for more union items than SMs (H200 at 831d3e5, 32K / 4 tokens: never slower than
 // auto's union register kernel from B34 to B128, B96 103.7 vs 151.4 us); off below (the register
 // kernel). Other kernels and K/V dtypes ignore it.
 // docs/design/sparse_attention.md, "fp8 K/V on the MTP wgmma kernel, in fp16".
@@ -654,7 +654,7 @@ struct ProxyScorePlan {
   bool f16_mma = false;
   // fp8 q (with fp8 K) on the sm_90a kernel's fp16 MMAs (KFormat::kFp8Q: Q's raw bytes by TMA, its
   // fragments converted exactly in registers). Set by sm90_f16 / sm90_f16_only, and by auto for fp8
-  // q and K on the sm_90a kernel since the H200 run at e5d3136 (32K prefill 854.3 vs 1736.5 us on
+  // q and K on the sm_90a kernel since the H200 run at 831d3e5 (32K prefill 854.3 vs 1736.5 us on
   // mma.sync); sm90 / sm90_ss keep fp8 q on mma.sync.
   bool fp8_q = false;
   // The decode kernel's CTAs per SM (2, 3 or 4): fp8 / NVFP4 K the option decode_ctas or auto's

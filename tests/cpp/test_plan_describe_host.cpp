@@ -404,7 +404,7 @@ TEST(PlanDescribe, DecodeAutoTakesWgmmaAboveHalfTheSms) {
     EXPECT_EQ(has(d, "mtp=union"), batch >= 4) << d;  // per-token items at B1 (mtp_union_pays)
     EXPECT_EQ(has(d, "kernel=wgmma"), 2 * batch * 4 > 132) << "batch " << batch << ": " << d;
     // fp8 K/V: union items only past one per SM (mtp_union_pays), and there on the wgmma kernel
-    // (wgmma_fp8=auto, since the H200 run at e5d3136): B64 here.
+    // (wgmma_fp8=auto, since the H200 run at 831d3e5): B64 here.
     dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
     const std::string q = describe_decode(plan_sparse_decode(dp, f), dp.attn);
     EXPECT_EQ(has(q, "kernel=wgmma"), batch * 4 > 132) << q;

@@ -1430,7 +1430,7 @@ TEST(PlanDecode, MtpWgmmaPipeAhead) {
 // wgmma_fp8=on: fp8 K/V on the wgmma kernel (forced, or auto's pick where it takes the wgmma
 // kernel), on the ahead pipe, with the 16-bit kernel's items, splits, grid and workspace; auto: the
 // same where kernel=wgmma is named or the union items outnumber the SMs (since the H200 run at
-// e5d3136), else kernel=regs; off keeps kernel=regs; inline pipe, NVFP4 K/V, fp8 q and other
+// 831d3e5), else kernel=regs; off keeps kernel=regs; inline pipe, NVFP4 K/V, fp8 q and other
 // devices fall back.
 TEST(PlanDecode, MtpWgmmaFp8) {
   const SparseAttnDeviceFacts h200 = mtp_wgmma_hopper();
@@ -1888,7 +1888,7 @@ TEST(PlanProxy, AutoIsSm90AndTheSm90VariantsKeepOrForbidTheFallback) {
     EXPECT_EQ(plan.f16_mma, c.f16_mma) << option_name(c.option);
     EXPECT_EQ(plan.fp8_q, c.fp8_q) << option_name(c.option);
   }
-  // With fp8 q and K, auto takes the sm_90a kernel's fp8-q form (since the H200 run at e5d3136);
+  // With fp8 q and K, auto takes the sm_90a kernel's fp8-q form (since the H200 run at 831d3e5);
   // sm90 and sm90_ss do not, and neither does auto for fp8 q over bf16 K.
   ProxyScoreParams fp8{};
   fp8.q_dtype = fp8.k.dtype = DType::kFP8E4M3;
@@ -2527,7 +2527,7 @@ TEST(PlanDecode, SplitRuleWaves) {
   EXPECT_EQ(plan_sparse_decode(decode(64, -1), h200, waves).qm.splits, 1);   // fused
   EXPECT_EQ(plan_sparse_decode(decode(64, 0), h200, waves).qm.splits, 2);    // forced split
   // A split's start costs a block (kSplitStartBlocks): between the batches above, one wave of a few
-  // splits instead of waves of one-block splits (H200 at e5d3136: B28 bf16 67.2 us on 16 splits,
+  // splits instead of waves of one-block splits (H200 at 831d3e5: B28 bf16 67.2 us on 16 splits,
   // B24 49.1 on 8, against B32's 48.3 on 2). 16-bit K/V here (the 8-warp kernel, 264 slots).
   const struct { int batch, splits; } between[] = {{12, 4}, {17, 3}, {20, 3}, {23, 2}, {24, 2}, {28, 2}};
   for (const auto& b : between) {

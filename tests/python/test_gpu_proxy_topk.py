@@ -506,7 +506,7 @@ def test_proxy_sm90_fp8_q(case: ProxyCase):
 @needs_sm90
 def test_proxy_sm90_fp8_q_is_autos():
     """auto runs fp8 q and K prefill on the sm_90a kernel's fp8-q form (since the H200 run at
-    e5d3136): bit for bit sm90_f16_only; sm90 / sm90_ss keep them on the mma.sync kernel, bit for
+    831d3e5): bit for bit sm90_f16_only; sm90 / sm90_ss keep them on the mma.sync kernel, bit for
     bit its result."""
     case = ProxyCase("sm90_fp8q_auto", [300, 2], [512, 4000], hq=4, hkv=1, q_dtype=FP8, k_dtype=FP8)
     inputs = make_proxy_inputs(case, seed=5)
