@@ -2540,6 +2540,37 @@ TEST(PlanDecode, SplitRuleWaves) {
   expect_error([] { parse_sparse_decode_options("split_rule=floor"); }, ErrorKind::kValue, "split_rule");
 }
 
+// Every split-K decode plan of M3 shapes from B1 to B33, for 16-bit, fp8 and NVFP4 K/V on an H200-
+// and an A100-like device, runs its CTAs in one wave of the kernel's resident slots (2 per SM for
+// the register and 8-warp kernels, 3 for the 4-warp shared-memory one): a one-wave count always
+// exists below one item per SM, and pricing a split's start makes the rule take it (the B24 / B28
+// plans of 8 and 16 one-block splits were 2-3 waves). Fused plans have items from 70 % of the SMs
+// (the fp8 register kernel) or from one item per SM (every other).
+TEST(PlanDecode, SplitCallsRunInOneWave) {
+  SparseAttnDeviceFacts h200 = hopper(), a100 = ampere();
+  h200.decode_regs_ctas = a100.decode_regs_ctas = 2;
+  for (const SparseAttnDeviceFacts& f : {h200, a100}) {
+    for (DType kv : {DType::kBF16, DType::kFP8E4M3, DType::kNVFP4}) {
+      for (int batch = 1; batch <= 33; ++batch) {
+        SparseDecodeParams dp = decode(batch, -1);
+        dp.attn.k.dtype = dp.attn.v.dtype = kv;
+        const QueryMajorPlan qm = plan_sparse_decode(dp, f, {}).qm;
+        const int64_t items = int64_t(batch) * 4;
+        const std::string at = std::string("batch ") + std::to_string(batch) + " kv " + dtype_name(kv) +
+                               " sms " + std::to_string(f.num_sms);
+        if (qm.fused) {
+          EXPECT_GE(items * 10, int64_t(f.num_sms) * (kv == DType::kFP8E4M3 ? 7 : 10)) << at;
+          continue;
+        }
+        ASSERT_GE(qm.splits, 2) << at;
+        EXPECT_LE(qm.splits, 16) << at;
+        const int per_sm = qm.regs || qm.wide ? 2 : 3;
+        EXPECT_LE(items * qm.splits, int64_t(per_sm) * f.num_sms) << at << ": " << qm.splits << " splits";
+      }
+    }
+  }
+}
+
 // combine_loads=with: the combine of a split call loads the first slots' values with the LSEs;
 // fused calls and split=cluster run no combine; auto is with (H200 at dda49c5).
 TEST(PlanDecode, CombineLoadsWith) {
