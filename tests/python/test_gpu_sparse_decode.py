@@ -1056,8 +1056,10 @@ def test_nvfp4_word_plan_names_the_conversion(kv):
 @pytest.mark.parametrize("kv", ["fp8", "nvfp4", "same"])
 def test_mtp_union_regs_plan_names_the_path(kv):
     """kernel=regs with mtp=union names the register conversion for fp8 K/V (NVFP4 and bf16: the
-    smem union kernel, no register conversion named); auto takes it for fp8 (H200 at 441d02d) and
-    keeps the shared-memory union kernel for NVFP4 and 16-bit K/V."""
+    smem union kernel, no register conversion named). auto's union items past one per SM: fp8 on
+    the sm_90a wgmma kernel converting in place (wgmma_fp8=auto, H200 at 831d3e5) where it runs,
+    else on the union register kernel (H200 at 441d02d); NVFP4 and 16-bit K/V on the shared-memory
+    union kernel (16-bit: the wgmma kernel on sm_90)."""
     dp = build_decode(DecodeCase("c", 4, 4, 64, 4, kv=kv), seed=36)
     # The text echoes the call (with its plan= options) before "): "; the plan is what follows.
     forced = _decode_plan_text(dp, dict(kernel="regs", mtp="union")).split("): ", 1)[1]
@@ -1072,7 +1074,11 @@ def test_mtp_union_regs_plan_names_the_path(kv):
     assert "kernel=regs (the 4 warps split" not in auto, auto  # the union register kernel's text
     big = build_decode(DecodeCase("c", 64, 4, 64, 4, kv=kv, seqlens=[300] * 64), seed=36)
     auto = _decode_plan_text(big, None).split("): ", 1)[1]
-    assert "mtp=union" in auto and ("kernel=regs" in auto) == (kv == "fp8"), auto
+    assert "mtp=union" in auto, auto
+    on_wgmma = HAS_CLUSTERS and kv in ("fp8", "same")  # an sm_90 device: the sm_90a image runs
+    assert ("; kernel=wgmma (sm_90a" in auto) == on_wgmma, auto
+    assert ("; wgmma_fp8=on (fp8 K/V" in auto) == (kv == "fp8" and HAS_CLUSTERS), auto
+    assert ("kernel=regs" in auto) == (kv == "fp8" and not HAS_CLUSTERS), auto
 
 
 # ---- split=cluster (plan option split=cluster, sm_90) ---------------------------------------------
