@@ -1626,7 +1626,7 @@ class Bench:
                     variants.append((" [union regs]", dict(kernel="regs", mtp="union")))
                     # fp8 K/V on the wgmma kernel: raw copies converted to fp16 in place by its
                     # converter warps (wgmma_fp8=on; auto's where the union items outnumber the
-                    # SMs since 831d3e5's run).
+                    # SMs since 831d3e5's run, half the SMs since 455afa9's).
                     variants.append((" [wgmma_fp8=on]", dict(kernel="wgmma", wgmma_fp8="on")))
                 # 16-bit union items on the sm_90a TMA + wgmma kernel (kernel=wgmma; planned as
                 # auto where it cannot run: the plan text says why).

@@ -36,9 +36,18 @@ inline constexpr int kSplitStartBlocks = 1;
 // 8 = 768, where one wave of 2 splits holds them (H200 at 831d3e5, 32K paged, us: fp8 B28 71.2 and
 // B24 42.2 against B32's 35.4 on 2 splits; bf16 B28 67.2, B24 49.1 against B32's 48.3). The term
 // changes no count at the batches measured before it (B1, B8, B16, B32: the same counts).
+// The sm_90a MTP wgmma kernel's split starts at ~5 blocks: a union item's ~10 us start (its plan,
+// Q, the ring's first stages) against ~2.1 us a block (profile at 4e71e32: B32 fp8, DRAM 41 %,
+// issue 28 %). Priced at one block, the waves rule split 64-96 union items 3-4 ways into 2-3 rounds
+// of the 132 persistent CTAs (H200 at 455afa9, 32K paged, 4 tokens, fp8, us: B17 3 splits 52.3, B20
+// 3 splits 55.1, B24 4 splits 61.9, against B28 and B33 fused, one item a CTA, 46.3 and 46.2).
+// At 5 they run fused from 66 items (B17 at M3); 64 items (B16) keep 2 splits, one round.
+inline constexpr int kWgmmaSplitStartBlocks = 5;
+
+// start_blocks: a split's start in blocks of its stream (kSplitStartBlocks, or the wgmma kernel's).
 inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fused,
                               int ctas_per_sm = kQmTargetCtasPerSm, int max_splits = 64, bool waves = false,
-                              int64_t fused_items = -1) {
+                              int64_t fused_items = -1, int start_blocks = kSplitStartBlocks) {
   if (force_fused == 1 || items <= 0) return 1;
   const int64_t target = int64_t(ctas_per_sm) * num_sms;
   int64_t splits = items >= (fused_items < 0 ? num_sms : fused_items) ? 1 : (target + items - 1) / items;
@@ -46,7 +55,7 @@ inline int query_major_splits(int64_t items, int topk, int num_sms, int force_fu
   if (waves && splits > 1) {
     int64_t best = 0, best_cost = 0;
     for (int64_t s = 1; s <= std::min<int64_t>(topk, max_splits); ++s) {
-      const int64_t cost = ((items * s + target - 1) / target) * ((topk + s - 1) / s + kSplitStartBlocks);
+      const int64_t cost = ((items * s + target - 1) / target) * ((topk + s - 1) / s + start_blocks);
       if (best == 0 || cost < best_cost) best = s, best_cost = cost;
     }
     splits = best;
@@ -79,10 +88,15 @@ inline bool mtp_union_applies(bool has_cu_seqlens_q, int seqlen_q, int group, in
 //   NVFP4 4 tokens: B16 63.1 / 64.1, B24 112.8 / 105.6, B32 112.7 / 100.5;
 //   NVFP4 3 tokens: B16 62.7 / 63.4, B32 113.0 / 99.4, B64 162.1 / 145.3; NVFP4 2 tokens: B64 114.3 / 139.7.
 // items: batch x kv heads (the union items).
-inline bool mtp_union_pays(DType kv, int seqlen_q, int64_t items, int num_sms) {
+// fp8_wgmma: fp8 union items would run on the sm_90a wgmma kernel (wgmma_fp8; mtp_wgmma_unsupported
+// says where), which pays from more items than half the SMs, as for 16-bit K/V: H200 at 455afa9,
+// 4 tokens, per-token / union on wgmma (fused from B17, kWgmmaSplitStartBlocks): B16 34.4 / 42.8 (2
+// splits), B28 62.9 / 46.3, B32 63.5 / 46.0, B33 63.8 / 46.2; the register union kernel elsewhere
+// pays only past a wave (B32 63.7 / 65.9 above).
+inline bool mtp_union_pays(DType kv, int seqlen_q, int64_t items, int num_sms, bool fp8_wgmma = false) {
   switch (kv) {
-    case DType::kFP8E4M3:  // the fp8 union kernel converts in registers: only 4 tokens, past a wave
-      return seqlen_q == 4 && items > num_sms;
+    case DType::kFP8E4M3:  // 4 tokens only; past a wave on the register kernel, half one on wgmma
+      return seqlen_q == 4 && (fp8_wgmma ? 2 * items > num_sms : items > num_sms);
     case DType::kNVFP4:
       return seqlen_q >= 3 && 2 * items > num_sms;
     default:  // 16-bit K/V

@@ -46,12 +46,14 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t union_items = int64_t(p.batch) * p.num_kv_heads;  // one per (request, kv head)
   // mtp: union (or kernel=wgmma, which runs union items only) takes union items where they apply;
-  // auto where they also pay (heuristics.h).
+  // auto where they also pay (heuristics.h), fp8 ones on the wgmma kernel where auto would take it.
+  const bool fp8_wgmma = options.kernel == DecodeKernel::kAuto && p.k.dtype == DType::kFP8E4M3 &&
+                         mtp_wgmma_unsupported(p, true, facts, options) == nullptr;
   const bool mtp = options.mtp != DecodeMtp::kPerToken &&
                    mtp_union_applies(p.qi.cu_seqlens_q != nullptr, p.qi.seqlen_q, group, p.topk,
                                      p.batch, p.total_q) &&
                    (options.mtp == DecodeMtp::kUnion || options.kernel == DecodeKernel::kWgmma ||
-                    mtp_union_pays(p.k.dtype, p.qi.seqlen_q, union_items, num_sms));
+                    mtp_union_pays(p.k.dtype, p.qi.seqlen_q, union_items, num_sms, fp8_wgmma));
   plan.mtp_tokens = mtp ? p.qi.seqlen_q : 0;
   // kernel=wgmma: the sm_90a union kernel where it runs; elsewhere the call is planned as auto.
   // auto takes it for the MTP union items it runs (16-bit q, K and V) when there are more items
@@ -73,7 +75,8 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
     plan.wgmma_ahead = plan.wgmma && options.wgmma_pipe != DecodeWgmmaPipe::kInline;
     // wgmma_fp8: fp8 K/V converted in place by the kernel's converter warps (on, and auto where
     // mtp_wgmma_unsupported says: H200 at 831d3e5, B34-B128 / 32K sq 4, never slower than auto's
-    // union register kernel before it, B96 103.7 vs 151.4 us).
+    // union register kernel before it, B96 103.7 vs 151.4 us; at 455afa9 B28-B33 46.2-46.3 us
+    // against per-token items' 62.9-63.8).
     plan.wgmma_fp8 = plan.wgmma && p.k.dtype == DType::kFP8E4M3;
   }
   const DecodeKernel kernel = options.kernel == DecodeKernel::kWgmma ? DecodeKernel::kAuto : options.kernel;
@@ -117,7 +120,8 @@ QueryMajorPlan plan_query_major(const SparseAttnParams& p, int num_sms, int forc
   const bool fp8_regs_rows16 = plan.regs && !mtp && plan.warps_m == 1 &&
                                p.k.dtype == DType::kFP8E4M3 && options.split != DecodeSplit::kCluster;
   plan.splits = query_major_splits(items, p.topk, num_sms, force_fused, target_ctas, 64, waves,
-                                   query_major_fused_items(num_sms, fp8_regs_rows16));
+                                   query_major_fused_items(num_sms, fp8_regs_rows16),
+                                   plan.wgmma ? kWgmmaSplitStartBlocks : kSplitStartBlocks);
   plan.fused = plan.splits == 1 && force_fused != 0;
   plan.part_kind = part_kind;
   // split=cluster: where the call splits, the splits of a row as one cluster of at most
@@ -265,16 +269,18 @@ const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const Spa
   if (p.q_dtype != compute) return "fp8 q (the wgmma kernel loads bf16 / fp16 q by TMA)";
   const bool fp8_kv = p.k.dtype == DType::kFP8E4M3 && p.v.dtype == DType::kFP8E4M3;
   // wgmma_fp8=auto: on where kernel=wgmma is named, and for auto's pick from more union items than
-  // SMs (H200 at 831d3e5, 32K, 4 tokens, us, auto's union register kernel / wgmma_fp8=on: B34 75.3 /
-  // 74.0, B48 77.0 / 74.4, B64 78.0 / 74.8, B80 149.9 / 102.9, B96 151.4 / 103.7, B128 153.8 /
-  // 133.1; smaller batches run per-token items, mtp_union_pays).
+  // half the SMs, as for 16-bit K/V (H200 at 831d3e5, 32K, 4 tokens, us, auto's union register
+  // kernel / wgmma_fp8=on: B34 75.3 / 74.0, B48 77.0 / 74.4, B64 78.0 / 74.8, B80 149.9 / 102.9, B96
+  // 151.4 / 103.7, B128 153.8 / 133.1; at 455afa9, per-token items / wgmma_fp8=on: B16 34.4 / 42.8,
+  // B28 62.9 / 46.3, B33 63.8 / 46.2; mtp_union_pays).
   const int64_t union_items = int64_t(p.batch) * p.num_kv_heads;
   if (fp8_kv && options.wgmma_fp8 == DecodeWgmmaFp8::kOff)
     return "fp8 K/V with wgmma_fp8=off (the wgmma kernel converts them only with wgmma_fp8=on or auto)";
   if (fp8_kv && options.wgmma_fp8 == DecodeWgmmaFp8::kAuto && options.kernel != DecodeKernel::kWgmma &&
-      union_items <= facts.num_sms)
-    return "fp8 K/V with at most one union item per SM (wgmma_fp8=auto converts them on the wgmma "
-           "kernel from more union items than SMs, where it was measured faster; wgmma_fp8=on forces it)";
+      2 * union_items <= facts.num_sms)
+    return "fp8 K/V with at most one union item per two SMs (wgmma_fp8=auto converts them on the wgmma "
+           "kernel from more union items than half the SMs, where it was measured faster; wgmma_fp8=on "
+           "forces it)";
   if (fp8_kv && options.wgmma_pipe == DecodeWgmmaPipe::kInline)
     return "fp8 K/V with wgmma_pipe=inline (wgmma_fp8=on runs the ahead pipe's planner and loader warps)";
   if (!fp8_kv && !kv_in_compute_dtype(p))

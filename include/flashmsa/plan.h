@@ -206,8 +206,9 @@ inline constexpr int kProxyDecodeAutoMaxRows = 16;
 // 66.7 vs 101.7 us), smem for 16-bit K/V (the two within 1%: 81.6 vs 80.9 us) but for fused calls
 // whose items overrun smem's one wave and fill regs' waves better (B128 / M3: 136.9 vs 162.0 us at
 // 831d3e5; decode_16bit_takes_regs); MTP union items:
-// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us) up to one union item per SM, wgmma
-// with fp8 K/V above (wgmma_fp8, since 831d3e5); wgmma for 16-bit union items where
+// regs for fp8 K/V (at 441d02d, 4 tokens: 79.7 vs 119.7 us) where wgmma does not run, wgmma with
+// fp8 K/V from more union items than half the SMs where it does (wgmma_fp8, since 831d3e5 and
+// 455afa9); wgmma for 16-bit union items where
 // it runs and there are more items than half the SMs (32K, 4 tokens, bf16: B64 99.0 vs 104.1 us at
 // 054c9ce; B32 54.9 vs 74.1, B24 77.2 vs 93.8 at 37fd6f5; B16 even, B8 / B1 slower there); smem
 // where neither applies.
@@ -337,9 +338,10 @@ enum class DecodeWgmmaPipe : int32_t { kAuto = 0, kInline = 1, kAhead = 2 };
 // as the 16-bit kernel on the dequantized K and V, bit for bit; bf16 q scaled into fp16 by a power
 // of two per item, as kernel=regs scales it per row; needs wgmma_pipe=ahead's warps, so
 // wgmma_pipe=inline falls back), off. auto: on where kernel=wgmma is named, and where auto takes the
-// wgmma kernel for more union items than SMs (H200 at 831d3e5, 32K / 4 tokens: never slower than
-// auto's union register kernel from B34 to B128, B96 103.7 vs 151.4 us); off below (the register
-// kernel). Other kernels and K/V dtypes ignore it.
+// wgmma kernel for more union items than half the SMs (H200 at 831d3e5, 32K / 4 tokens: never
+// slower than auto's union register kernel from B34 to B128, B96 103.7 vs 151.4 us; at 455afa9,
+// B28-B33 46.2-46.3 us against per-token items' 62.9-63.8); off below (per-token items on the
+// register kernel). Other kernels and K/V dtypes ignore it.
 // docs/design/sparse_attention.md, "fp8 K/V on the MTP wgmma kernel, in fp16".
 enum class DecodeWgmmaFp8 : int32_t { kAuto = 0, kOff = 1, kOn = 2 };
 
@@ -711,8 +713,8 @@ SparseAttnPlan plan_sparse_decode(const SparseDecodeParams& p, const SparseAttnD
 // Why kernel=wgmma's MTP union kernel does not run these params with these facts (a static string,
 // kept in QueryMajorPlan::wgmma_fallback for the plan text), or nullptr where it runs. mtp: whether
 // the call has MTP union items; options: kernel, wgmma_fp8 and wgmma_pipe (fp8 K/V run with
-// wgmma_fp8=on, or auto where kernel=wgmma is named or the union items outnumber the SMs, and only
-// on the ahead pipe).
+// wgmma_fp8=on, or auto where kernel=wgmma is named or the union items outnumber half the SMs, and
+// only on the ahead pipe).
 const char* mtp_wgmma_unsupported(const SparseAttnParams& p, bool mtp, const SparseAttnDeviceFacts& facts,
                                   const SparseDecodeOptions& options = {});
 ProxyScorePlan plan_proxy_score(const ProxyScoreParams& p, const ProxyScoreOptions& options);

@@ -936,7 +936,8 @@ def _sparse_decode(plan, q, k, v, q2k_indices, page_table, seqused_k, cu_seqlens
 # bit-identical; auto: with),
 # wgmma_fp8 = auto | off | on (on: fp8 K/V on the wgmma kernel, copied raw and converted in place
 # into fp16 by its converter warps, computed in fp16; with the ahead pipe only; auto: on where
-# kernel=wgmma is named or auto takes the wgmma kernel for more union items than SMs, else off),
+# kernel=wgmma is named or auto takes the wgmma kernel for more union items than half the SMs,
+# else off),
 # regs_feed = auto | cp_async | tma (tma: the 16-row fp8 register kernel's stages filled by TMA,
 # sm_90a; bit-identical, measured slower; auto: cp_async)
 # (include/flashmsa/plan.h). An

@@ -403,11 +403,12 @@ TEST(PlanDescribe, DecodeAutoTakesWgmmaAboveHalfTheSms) {
     const std::string d = describe_decode(plan_sparse_decode(dp, f), dp.attn);
     EXPECT_EQ(has(d, "mtp=union"), batch >= 4) << d;  // per-token items at B1 (mtp_union_pays)
     EXPECT_EQ(has(d, "kernel=wgmma"), 2 * batch * 4 > 132) << "batch " << batch << ": " << d;
-    // fp8 K/V: union items only past one per SM (mtp_union_pays), and there on the wgmma kernel
-    // (wgmma_fp8=auto, since the H200 run at 831d3e5): B64 here.
+    // fp8 K/V: union items on the wgmma kernel from more than half the SMs too (mtp_union_pays,
+    // wgmma_fp8=auto: the H200 runs at 831d3e5 and 455afa9): B17 up here; per-token items below.
     dp.attn.k.dtype = dp.attn.v.dtype = DType::kFP8E4M3;
     const std::string q = describe_decode(plan_sparse_decode(dp, f), dp.attn);
-    EXPECT_EQ(has(q, "kernel=wgmma"), batch * 4 > 132) << q;
+    EXPECT_EQ(has(q, "kernel=wgmma"), 2 * batch * 4 > 132) << q;
+    EXPECT_EQ(has(q, "mtp=union"), 2 * batch * 4 > 132) << q;
   }
 }
 

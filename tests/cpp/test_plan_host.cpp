@@ -10,6 +10,7 @@
 #include "flashmsa/error.h"
 #include "flashmsa/plan.h"
 #include "flashmsa/types.h"
+#include "sparse_attn/heuristics.h"
 #include "sparse_attn/kernel_traits.h"
 
 namespace flashmsa {
@@ -1229,9 +1230,23 @@ TEST(PlanDecode, MtpAutoTakesUnionItemsWhereTheyPay) {
   EXPECT_EQ(tokens(17, 4, nvfp4), 4);
   EXPECT_EQ(tokens(32, 3, nvfp4), 3);
   EXPECT_EQ(tokens(64, 2, nvfp4), 0);
-  // fp8: 4 tokens with more items than SMs (B34: 136 items); 2-3 tokens never.
-  EXPECT_EQ(tokens(32, 4, fp8), 0);
-  EXPECT_EQ(tokens(34, 4, fp8), 4);
+  // fp8, 4 tokens: on the sm_90a wgmma kernel (wgmma_fp8=auto) from more items than half the SMs
+  // (B17: 68 items > 66); where it does not run (wgmma_fp8=off, kernel=regs, no sm_90a kernel) on
+  // the union register kernel from more items than SMs (B34: 136 items); 2-3 tokens never.
+  EXPECT_EQ(tokens(16, 4, fp8), 0);
+  EXPECT_EQ(tokens(17, 4, fp8), 4);
+  EXPECT_EQ(tokens(32, 4, fp8), 4);
+  SparseDecodeOptions fp8_off, fp8_regs;
+  fp8_off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
+  fp8_regs.kernel = DecodeKernel::kRegs;
+  for (const SparseDecodeOptions& o : {fp8_off, fp8_regs}) {
+    EXPECT_EQ(tokens(32, 4, fp8, o), 0);
+    EXPECT_EQ(tokens(34, 4, fp8, o), 4);
+  }
+  SparseAttnDeviceFacts no_wgmma = h200;
+  no_wgmma.decode_mtp_wgmma_ctas = 0;
+  EXPECT_EQ(tokens(32, 4, fp8, {}, &no_wgmma), 0);
+  EXPECT_EQ(tokens(34, 4, fp8, {}, &no_wgmma), 4);
   EXPECT_EQ(tokens(64, 3, fp8), 0);
   EXPECT_EQ(tokens(128, 2, fp8), 0);
   // Fewer SMs, the same rule: 108 SMs take 16-bit union items from 13 items (B4), 2 tokens from
@@ -1277,6 +1292,49 @@ SparseAttnDeviceFacts mtp_wgmma_hopper() {
   f.decode_regs_ctas = 2;
   f.decode_mtp_wgmma_ctas = 1;
   return f;
+}
+
+// The wgmma kernel's splits are priced with its ~10 us item start (kWgmmaSplitStartBlocks = 5
+// blocks): auto's fp8 and 16-bit union items on it run fused, one item a persistent CTA, from 66
+// items up (B17-B33 at M3; at one block's price B17-B24 split 3-4 ways into 2-3 rounds: H200 at
+// 455afa9, fp8 B24 61.9 us against B28's fused 46.3); B16 (64 items) keeps 2 splits in one round.
+// The other kernels keep one block's price (the same counts as before).
+TEST(PlanDecode, WgmmaSplitsPriceTheItemStart) {
+  const SparseAttnDeviceFacts h200 = mtp_wgmma_hopper();
+  SparseDecodeOptions w;
+  w.kernel = DecodeKernel::kWgmma;
+  for (DType kv : {DType::kBF16, DType::kFP8E4M3}) {
+    for (int batch = 16; batch <= 40; ++batch) {
+      SparseDecodeParams dp = mtp_call(batch, 4);
+      dp.attn.k.dtype = dp.attn.v.dtype = kv;
+      for (const SparseDecodeOptions& o : {SparseDecodeOptions{}, w}) {
+        const QueryMajorPlan qm = plan_sparse_decode(dp, h200, o).qm;
+        const std::string at = "batch " + std::to_string(batch) + " " + dtype_name(kv);
+        if (batch == 16 && o.kernel == DecodeKernel::kAuto) {  // per-token items there
+          EXPECT_FALSE(qm.wgmma) << at;
+          continue;
+        }
+        ASSERT_TRUE(qm.wgmma) << at;
+        EXPECT_EQ(qm.splits, batch == 16 ? 2 : 1) << at;
+        EXPECT_EQ(qm.fused, batch > 16) << at;
+      }
+    }
+  }
+  // One block's price splits B24 4 ways (3 rounds of 132 CTAs); the register kernel keeps it.
+  EXPECT_EQ(sparse_attn::query_major_splits(96, 16, 132, -1, 1, 64, true, 132, sparse_attn::kSplitStartBlocks), 4);
+  EXPECT_EQ(sparse_attn::query_major_splits(96, 16, 132, -1, 1, 64, true, 132, sparse_attn::kWgmmaSplitStartBlocks), 1);
+  SparseDecodeParams regs = mtp_call(64, 4);
+  regs.attn.k.dtype = regs.attn.v.dtype = DType::kFP8E4M3;
+  SparseDecodeOptions union_regs;
+  union_regs.kernel = DecodeKernel::kRegs;
+  union_regs.mtp = DecodeMtp::kUnion;
+  for (int batch : {8, 16, 24}) {
+    regs = mtp_call(batch, 4);
+    regs.attn.k.dtype = regs.attn.v.dtype = DType::kFP8E4M3;
+    const QueryMajorPlan qm = plan_sparse_decode(regs, h200, union_regs).qm;
+    EXPECT_TRUE(qm.regs && !qm.wgmma) << batch;
+    EXPECT_EQ(qm.splits, sparse_attn::query_major_splits(int64_t(batch) * 4, 16, 132, -1, 2, 64, true)) << batch;
+  }
 }
 
 // A wgmma variant's plan schedules what `base` does: items, splits, grid, workspace.
@@ -1429,8 +1487,8 @@ TEST(PlanDecode, MtpWgmmaPipeAhead) {
 
 // wgmma_fp8=on: fp8 K/V on the wgmma kernel (forced, or auto's pick where it takes the wgmma
 // kernel), on the ahead pipe, with the 16-bit kernel's items, splits, grid and workspace; auto: the
-// same where kernel=wgmma is named or the union items outnumber the SMs (since the H200 run at
-// 831d3e5), else kernel=regs; off keeps kernel=regs; inline pipe, NVFP4 K/V, fp8 q and other
+// same where kernel=wgmma is named or the union items outnumber half the SMs (since the H200 runs
+// at 831d3e5 and 455afa9), else kernel=regs; off keeps kernel=regs; inline pipe, NVFP4 K/V, fp8 q and other
 // devices fall back.
 TEST(PlanDecode, MtpWgmmaFp8) {
   const SparseAttnDeviceFacts h200 = mtp_wgmma_hopper();
@@ -1472,24 +1530,31 @@ TEST(PlanDecode, MtpWgmmaFp8) {
   auto_off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
   EXPECT_FALSE(plan_sparse_decode(fp8, h200, auto_off).qm.wgmma);
   EXPECT_TRUE(plan_sparse_decode(fp8, h200, auto_off).qm.regs);
-  // auto with forced union items at most one per SM (B32: 128 items for 132 SMs) keeps the
-  // register kernel; kernel=wgmma or wgmma_fp8=on there takes the wgmma kernel.
-  SparseDecodeParams fp8_b32u = mtp_call(32, 4);
-  fp8_b32u.attn.k.dtype = fp8_b32u.attn.v.dtype = DType::kFP8E4M3;
+  // auto with forced union items at most one per two SMs (B16: 64 items for 132 SMs) keeps the
+  // register kernel, wgmma_fp8=on too (auto takes the wgmma kernel from more items than half the
+  // SMs, for 16-bit K/V alike); kernel=wgmma there takes it.
+  SparseDecodeParams fp8_b16u = mtp_call(16, 4);
+  fp8_b16u.attn.k.dtype = fp8_b16u.attn.v.dtype = DType::kFP8E4M3;
   SparseDecodeOptions union_auto, union_on;
   union_auto.mtp = union_on.mtp = DecodeMtp::kUnion;
   union_on.wgmma_fp8 = DecodeWgmmaFp8::kOn;
-  EXPECT_FALSE(plan_sparse_decode(fp8_b32u, h200, union_auto).qm.wgmma);
-  EXPECT_TRUE(plan_sparse_decode(fp8_b32u, h200, union_auto).qm.regs);
-  EXPECT_TRUE(plan_sparse_decode(fp8_b32u, h200, union_on).qm.wgmma_fp8);
-  EXPECT_TRUE(plan_sparse_decode(fp8_b32u, h200, w).qm.wgmma_fp8);
-  // auto with the option takes it where auto takes the wgmma kernel (an item per SM).
+  EXPECT_FALSE(plan_sparse_decode(fp8_b16u, h200, union_auto).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b16u, h200, union_auto).qm.regs);
+  EXPECT_FALSE(plan_sparse_decode(fp8_b16u, h200, union_on).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b16u, h200, union_on).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b16u, h200, w).qm.wgmma_fp8);
+  SparseDecodeParams fp8_b17u = mtp_call(17, 4);
+  fp8_b17u.attn.k.dtype = fp8_b17u.attn.v.dtype = DType::kFP8E4M3;
+  EXPECT_TRUE(plan_sparse_decode(fp8_b17u, h200, union_auto).qm.wgmma_fp8);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b17u, h200, union_on).qm.wgmma_fp8);
+  // auto with the option takes it where auto takes the wgmma kernel (an item per two SMs), and
+  // B16 keeps per-token items on the register kernel.
   EXPECT_TRUE(plan_sparse_decode(fp8, h200, auto_on).qm.wgmma_fp8);
-  SparseDecodeParams fp8_b32 = mtp_call(32, 4);
-  fp8_b32.attn.k.dtype = fp8_b32.attn.v.dtype = DType::kFP8E4M3;
-  EXPECT_FALSE(plan_sparse_decode(fp8_b32, h200, auto_on).qm.wgmma);
-  EXPECT_TRUE(plan_sparse_decode(fp8_b32, h200, auto_on).qm.regs);
-  EXPECT_TRUE(plan_sparse_decode(fp8_b32, h200, on).qm.wgmma_fp8);
+  SparseDecodeParams fp8_b16 = mtp_call(16, 4);
+  fp8_b16.attn.k.dtype = fp8_b16.attn.v.dtype = DType::kFP8E4M3;
+  EXPECT_FALSE(plan_sparse_decode(fp8_b16, h200, auto_on).qm.wgmma);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b16, h200, auto_on).qm.regs);
+  EXPECT_TRUE(plan_sparse_decode(fp8_b16, h200, on).qm.wgmma_fp8);
   // Fallbacks with the reason.
   auto expect_fallback = [&](const SparseDecodeParams& dp, const SparseAttnDeviceFacts& f,
                              const SparseDecodeOptions& o, const char* why) {
@@ -1502,11 +1567,11 @@ TEST(PlanDecode, MtpWgmmaFp8) {
   SparseDecodeOptions w_off = w;
   w_off.wgmma_fp8 = DecodeWgmmaFp8::kOff;
   expect_fallback(fp8, h200, w_off, "fp8 K/V with wgmma_fp8=off");
-  SparseDecodeOptions w_b32 = w;
-  w_b32.kernel = DecodeKernel::kAuto;
-  w_b32.mtp = DecodeMtp::kUnion;
-  EXPECT_EQ(plan_sparse_decode(fp8_b32u, h200, w_b32).qm.wgmma_fallback, nullptr);  // only when named
-  EXPECT_NE(std::string(mtp_wgmma_unsupported(fp8_b32u.attn, true, h200, w_b32)).find("at most one union item per SM"),
+  SparseDecodeOptions w_b16 = w;
+  w_b16.kernel = DecodeKernel::kAuto;
+  w_b16.mtp = DecodeMtp::kUnion;
+  EXPECT_EQ(plan_sparse_decode(fp8_b16u, h200, w_b16).qm.wgmma_fallback, nullptr);  // only when named
+  EXPECT_NE(std::string(mtp_wgmma_unsupported(fp8_b16u.attn, true, h200, w_b16)).find("at most one union item per two SMs"),
             std::string::npos);
   SparseDecodeOptions inl = on;
   inl.wgmma_pipe = DecodeWgmmaPipe::kInline;

@@ -1068,7 +1068,8 @@ def test_mtp_union_regs_plan_names_the_path(kv):
     assert ("kernel=regs" in forced) == (kv == "fp8"), forced
     assert ("kernel=regs (the 4 warps split" in forced) == (kv == "fp8"), forced
     # auto at B4 (16 items): union items for 16-bit K/V only (heuristics.h mtp_union_pays; fp8
-    # union items from more items than SMs at 4 tokens, NVFP4 from more than half the SMs).
+    # union items at 4 tokens from more items than half the SMs on the sm_90a wgmma kernel, than
+    # the SMs elsewhere; NVFP4 from more than half the SMs).
     auto = _decode_plan_text(dp, None).split("): ", 1)[1]
     assert ("mtp=union" in auto) == (kv == "same"), auto
     assert "kernel=regs (the 4 warps split" not in auto, auto  # the union register kernel's text
