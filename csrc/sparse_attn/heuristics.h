@@ -36,12 +36,14 @@ inline constexpr int kSplitStartBlocks = 1;
 // 8 = 768, where one wave of 2 splits holds them (H200 at 831d3e5, 32K paged, us: fp8 B28 71.2 and
 // B24 42.2 against B32's 35.4 on 2 splits; bf16 B28 67.2, B24 49.1 against B32's 48.3). The term
 // changes no count at the batches measured before it (B1, B8, B16, B32: the same counts).
+
 // The sm_90a MTP wgmma kernel's split starts at ~5 blocks: a union item's ~10 us start (its plan,
 // Q, the ring's first stages) against ~2.1 us a block (profile at 4e71e32: B32 fp8, DRAM 41 %,
 // issue 28 %). Priced at one block, the waves rule split 64-96 union items 3-4 ways into 2-3 rounds
 // of the 132 persistent CTAs (H200 at 455afa9, 32K paged, 4 tokens, fp8, us: B17 3 splits 52.3, B20
 // 3 splits 55.1, B24 4 splits 61.9, against B28 and B33 fused, one item a CTA, 46.3 and 46.2).
-// At 5 they run fused from 66 items (B17 at M3); 64 items (B16) keep 2 splits, one round.
+// At 5 they run fused from 66 items (B17 at M3); 64 items (B16) keep 2 splits, one round. Fused
+// (H200 at 7ba3923): B17 44.3, B20 45.1, B24 45.8 us; bf16 B24 41.6 (77.2 on 4 splits at 37fd6f5).
 inline constexpr int kWgmmaSplitStartBlocks = 5;
 
 // start_blocks: a split's start in blocks of its stream (kSplitStartBlocks, or the wgmma kernel's).
@@ -91,8 +93,9 @@ inline bool mtp_union_applies(bool has_cu_seqlens_q, int seqlen_q, int group, in
 // fp8_wgmma: fp8 union items would run on the sm_90a wgmma kernel (wgmma_fp8; mtp_wgmma_unsupported
 // says where), which pays from more items than half the SMs, as for 16-bit K/V: H200 at 455afa9,
 // 4 tokens, per-token / union on wgmma (fused from B17, kWgmmaSplitStartBlocks): B16 34.4 / 42.8 (2
-// splits), B28 62.9 / 46.3, B32 63.5 / 46.0, B33 63.8 / 46.2; the register union kernel elsewhere
-// pays only past a wave (B32 63.7 / 65.9 above).
+// splits), B28 62.9 / 46.3, B32 63.5 / 46.0, B33 63.8 / 46.2; at 7ba3923 B17 53.3 / 44.3, B20 53.8
+// / 45.1, B24 54.7 / 45.8; the register union kernel elsewhere pays only past a wave (B32 63.7 /
+// 65.9 above).
 inline bool mtp_union_pays(DType kv, int seqlen_q, int64_t items, int num_sms, bool fp8_wgmma = false) {
   switch (kv) {
     case DType::kFP8E4M3:  // 4 tokens only; past a wave on the register kernel, half one on wgmma
